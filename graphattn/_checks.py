@@ -1,0 +1,58 @@
+"""Argument checks shared by the functional API and the layers.
+
+Every check raises before any indexing happens: on CUDA an out-of-range gather is an unrecoverable
+device-side assert, so ``edge_index`` is validated against the node counts first.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def check_edge_index(edge_index: Tensor, num_src: int, num_dst: int) -> None:
+    """Raise if ``edge_index`` is not an integer ``[2, E]`` tensor with valid node ids.
+
+    Row 0 (sources j) must lie in ``[0, num_src)``, row 1 (targets i) in ``[0, num_dst)``.
+    """
+    if not isinstance(edge_index, Tensor):
+        raise TypeError(f"edge_index must be a torch.Tensor, got {type(edge_index).__name__}")
+    if edge_index.dim() != 2 or edge_index.size(0) != 2:
+        raise ValueError(f"edge_index must have shape [2, E], got {list(edge_index.shape)}")
+    if edge_index.dtype.is_floating_point or edge_index.dtype in (torch.bool, torch.complex64,
+                                                                  torch.complex128):
+        raise TypeError(f"edge_index must have an integer dtype (int64 or int32), "
+                        f"got {edge_index.dtype}")
+    if edge_index.numel() == 0:
+        return
+    lo = int(edge_index.min())
+    if lo < 0:
+        raise ValueError(f"edge_index must hold node ids >= 0, got a minimum of {lo}")
+    src_max, dst_max = (int(m) for m in edge_index.amax(dim=1))
+    if src_max >= num_src:
+        raise ValueError(f"edge_index[0] (sources) must be < the number of source nodes "
+                         f"{num_src}, got a maximum of {src_max}")
+    if dst_max >= num_dst:
+        raise ValueError(f"edge_index[1] (targets) must be < the number of target nodes "
+                         f"{num_dst}, got a maximum of {dst_max}")
+
+
+def check_same_device(**tensors: Tensor | None) -> None:
+    """Raise if the given tensors do not all live on one device; the message names each."""
+    present = {name: t for name, t in tensors.items() if t is not None}
+    devices = {t.device for t in present.values()}
+    if len(devices) > 1:
+        where = ", ".join(f"{name} on {t.device}" for name, t in present.items())
+        raise ValueError(f"all inputs must be on one device, got {where}")
+
+
+def check_dropout(p: float, name: str = "dropout") -> None:
+    """Raise unless ``0 <= p < 1``."""
+    if not 0.0 <= float(p) < 1.0:
+        raise ValueError(f"{name} must be in [0, 1), got {p}")
+
+
+def check_positive(value: int, name: str) -> None:
+    """Raise unless ``value`` is an int > 0."""
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")

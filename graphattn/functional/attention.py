@@ -1,0 +1,237 @@
+"""Attention over the edges of a graph, and its dense twin.
+
+``edge_attention`` is the library's one operator. It checks its arguments, draws the dropout mask,
+picks a backend and hands the work over; every backend computes the same function and is tested
+against :func:`reference_edge_attention`, the readable path made of plain torch ops.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from graphattn._checks import check_dropout, check_edge_index, check_same_device
+from graphattn.functional.softmax import scatter_softmax
+
+SCORES = ("dot", "additive")
+
+
+def reference_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
+                             scale: float, bias: Tensor | None, dropout_mask: Tensor | None,
+                             score: str, negative_slope: float,
+                             need_alpha: bool) -> tuple[Tensor, Tensor | None]:
+    """The readable reference backend: gather per edge, scatter-softmax, scatter-add.
+
+    Arguments are already checked by :func:`edge_attention`; ``dropout_mask`` is ``None`` or an
+    ``[E, H]`` multiplier (0 or ``1 / (1 - p)``). Keeps ``[E, H, C]`` tensors for autograd.
+    """
+    src, dst = edge_index[0], edge_index[1]
+    if score == "dot":
+        s = (q[dst] * k[src]).sum(dim=-1) * scale  # (E, H)
+        if bias is not None:
+            s = s + bias
+    else:
+        s = q[dst] + k[src]  # (E, H)
+        if bias is not None:
+            s = s + bias
+        s = F.leaky_relu(s, negative_slope) * scale
+    alpha = scatter_softmax(s, dst, num_segments=q.size(0))  # (E, H)
+    weight = alpha if dropout_mask is None else alpha * dropout_mask  # (E, H)
+    msg = weight.unsqueeze(-1) * v[src]  # (E, H, C)
+    out = v.new_zeros(q.size(0), *v.shape[1:]).index_add_(0, dst, msg)  # (N_dst, H, C)
+    return out, (alpha if need_alpha else None)
+
+
+Backend = Callable[..., tuple[Tensor, Tensor | None]]
+BACKENDS: dict[str, Backend] = {"reference": reference_edge_attention}
+
+
+def available_backends() -> list[str]:
+    """Names accepted by ``edge_attention(..., backend=name)`` in this installation."""
+    return list(BACKENDS)
+
+
+def select_backend(q: Tensor, edge_index: Tensor) -> str:
+    """The backend that ``backend="auto"`` picks for these inputs."""
+    return "reference"
+
+
+def _check_attention_inputs(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor,
+                            bias: Tensor | None, score: str) -> None:
+    if score not in SCORES:
+        raise ValueError(f"score must be one of {SCORES}, got {score!r}")
+    if v.dim() != 3:
+        raise ValueError(f"v must have shape [N_src, H, C], got {list(v.shape)}")
+    n_src, heads, _ = v.shape
+    qk_rank = 3 if score == "dot" else 2
+    layout = "[N, H, C]" if score == "dot" else "[N, H]"
+    for name, t in (("q", q), ("k", k)):
+        if t.dim() != qk_rank:
+            raise ValueError(f"{name} must have shape {layout} for score={score!r}, "
+                             f"got {list(t.shape)}")
+        if t.size(1) != heads:
+            raise ValueError(f"{name} must have H = {heads} heads like v, got {list(t.shape)}")
+    if k.size(0) != n_src:
+        raise ValueError(f"k and v must have the same number of source nodes, "
+                         f"got k {list(k.shape)} and v {list(v.shape)}")
+    if score == "dot" and q.size(-1) != k.size(-1):
+        raise ValueError(f"q and k must have the same channels C, "
+                         f"got q {list(q.shape)} and k {list(k.shape)}")
+    check_same_device(q=q, k=k, v=v, edge_index=edge_index, bias=bias)
+    check_edge_index(edge_index, num_src=n_src, num_dst=q.size(0))
+    if bias is not None and tuple(bias.shape) != (edge_index.size(1), heads):
+        raise ValueError(f"bias must have shape [E, H] = [{edge_index.size(1)}, {heads}], "
+                         f"got {list(bias.shape)}")
+
+
+def edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
+                   scale: float | None = None, bias: Tensor | None = None,
+                   dropout_p: float = 0.0, training: bool = True,
+                   return_attention: bool = False, backend: str = "auto",
+                   score: str = "dot", negative_slope: float = 0.2,
+                   ) -> Tensor | tuple[Tensor, Tensor]:
+    r"""Multi-head self-attention restricted to the edges of a graph.
+
+    Node i attends to node j when the edge j -> i exists (``edge_index[:, e] = (j, i)``):
+
+    .. math::
+        s_{ij} = \text{scale} \cdot q_i \cdot k_j + b_{ij}, \qquad
+        \alpha_{ij} = \operatorname{softmax}_{j \in \mathcal{N}(i)} s_{ij}, \qquad
+        \mathrm{out}_i = \sum_{j \in \mathcal{N}(i)} \alpha_{ij} \, v_j
+
+    for every head separately. With ``score="additive"`` (GAT's score) ``q`` and ``k`` hold one
+    number per node and head, and :math:`s_{ij} = \text{scale} \cdot
+    \mathrm{LeakyReLU}(q_i + k_j + b_{ij})`. A target with no incoming edge gets exactly 0.
+    On the complete graph this is ordinary scaled dot-product attention.
+
+    Args:
+        q (Tensor): queries of the targets, ``[N_dst, H, C]`` (``[N_dst, H]`` when additive).
+        k (Tensor): keys of the sources, ``[N_src, H, C]`` (``[N_src, H]`` when additive).
+        v (Tensor): values of the sources, ``[N_src, H, C]``.
+        edge_index (Tensor): ``[2, E]`` integer; row 0 the source j, row 1 the target i.
+        scale (float, optional): score multiplier. (default: :math:`1/\sqrt{C}` for ``"dot"``,
+            ``1`` for ``"additive"``)
+        bias (Tensor, optional): ``[E, H]`` added to the scores before the softmax.
+            (default: ``None``)
+        dropout_p (float, optional): dropout probability on the attention weights, applied when
+            ``training``. (default: ``0.0``)
+        training (bool, optional): apply dropout. (default: ``True``)
+        return_attention (bool, optional): also return :math:`\alpha` (before dropout).
+            (default: ``False``)
+        backend (str, optional): ``"auto"`` or one of :func:`available_backends`.
+            (default: ``"auto"``)
+        score (str, optional): ``"dot"`` or ``"additive"``. (default: ``"dot"``)
+        negative_slope (float, optional): LeakyReLU slope of the additive score.
+            (default: ``0.2``)
+
+    Shapes:
+        - **input:** q ``(N_dst, H, C)``, k and v ``(N_src, H, C)``, edge_index ``(2, E)``,
+          bias ``(E, H)``
+        - **output:** out ``(N_dst, H, C)``; alpha ``(E, H)`` when ``return_attention``
+    """
+    _check_attention_inputs(q, k, v, edge_index, bias, score)
+    check_dropout(dropout_p, "dropout_p")
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.size(-1)) if score == "dot" else 1.0
+    if backend == "auto":
+        backend = select_backend(q, edge_index)
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be 'auto' or one of {available_backends()}, "
+                         f"got {backend!r}")
+    dropout_mask = None
+    if training and dropout_p > 0.0:
+        keep = torch.empty(edge_index.size(1), v.size(1), device=v.device, dtype=v.dtype)
+        dropout_mask = keep.bernoulli_(1.0 - dropout_p).div_(1.0 - dropout_p)  # (E, H)
+    out, alpha = BACKENDS[backend](q, k, v, edge_index.long(), scale=float(scale), bias=bias,
+                                   dropout_mask=dropout_mask, score=score,
+                                   negative_slope=float(negative_slope),
+                                   need_alpha=return_attention)
+    return (out, alpha) if return_attention else out
+
+
+def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *,
+                    is_causal: bool = False, scale: float | None = None, dropout_p: float = 0.0,
+                    training: bool = True, return_attention: bool = False,
+                    ) -> Tensor | tuple[Tensor, Tensor]:
+    r"""Multi-head scaled dot-product attention with an optional boolean mask.
+
+    .. math::
+        \alpha = \operatorname{softmax}\big(\text{scale} \cdot Q K^\top
+        + \log \text{mask}\big), \qquad \mathrm{out} = \alpha V
+
+    per head, through :func:`torch.nn.functional.scaled_dot_product_attention`.
+    ``mask[i, j] = True`` means query i may attend to key j (the edge j -> i), so
+    ``dense_attention(q, k, v, graphs.to_dense_mask(edge_index, N))`` equals
+    ``edge_attention(q, k, v, edge_index)`` for a graph without multi-edges.
+    A query row with no allowed key gets exactly 0.
+
+    Args:
+        q (Tensor): ``[..., L_q, H, C]``.
+        k (Tensor): ``[..., L_k, H, C]``.
+        v (Tensor): ``[..., L_k, H, C]``.
+        mask (Tensor, optional): bool ``[..., L_q, L_k]`` (broadcast over leading dims).
+            (default: ``None``, attend everywhere)
+        is_causal (bool, optional): also forbid keys j > i. (default: ``False``)
+        scale (float, optional): (default: :math:`1/\sqrt{C}`)
+        dropout_p (float, optional): dropout on the attention weights when ``training``.
+            (default: ``0.0``)
+        training (bool, optional): (default: ``True``)
+        return_attention (bool, optional): also return the weights ``[..., H, L_q, L_k]``
+            (before dropout), computed by the explicit path. (default: ``False``)
+
+    Shapes:
+        - **input:** q ``(..., L_q, H, C)``, k and v ``(..., L_k, H, C)``,
+          mask ``(..., L_q, L_k)``
+        - **output:** ``(..., L_q, H, C)``; weights ``(..., H, L_q, L_k)``
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() < 3:
+            raise ValueError(f"{name} must have shape [..., L, H, C], got {list(t.shape)}")
+    if k.shape[-3:-1] != v.shape[-3:-1] or q.size(-2) != k.size(-2) or q.size(-1) != k.size(-1):
+        raise ValueError(f"q [..., L_q, H, C], k and v [..., L_k, H, C] do not fit together: "
+                         f"got q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)}")
+    check_dropout(dropout_p, "dropout_p")
+    check_same_device(q=q, k=k, v=v, mask=mask)
+    L_q, L_k = q.size(-3), k.size(-3)
+    if mask is not None:
+        if mask.dtype != torch.bool:
+            raise TypeError(f"mask must be a bool tensor, got {mask.dtype}")
+        if mask.dim() < 2 or tuple(mask.shape[-2:]) != (L_q, L_k):
+            raise ValueError(f"mask must have shape [..., L_q, L_k] = [..., {L_q}, {L_k}], "
+                             f"got {list(mask.shape)}")
+        if is_causal:
+            mask = mask & torch.ones(L_q, L_k, dtype=torch.bool, device=q.device).tril()
+            is_causal = False
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.size(-1))
+    p = dropout_p if training else 0.0
+
+    qh, kh, vh = (t.transpose(-3, -2) for t in (q, k, v))  # (..., H, L, C)
+    empty_rows = None
+    if mask is not None:
+        empty_rows = ~mask.any(dim=-1)  # (..., L_q)
+        # A fully masked row would give NaN: let it attend everywhere, then zero its output.
+        mask = (mask | empty_rows.unsqueeze(-1)).unsqueeze(-3)  # (..., 1, L_q, L_k)
+
+    weights = None
+    if return_attention:
+        scores = (qh @ kh.transpose(-2, -1)) * scale  # (..., H, L_q, L_k)
+        if is_causal:
+            mask = torch.ones(L_q, L_k, dtype=torch.bool, device=q.device).tril()
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+        if empty_rows is not None:
+            weights = weights.masked_fill(empty_rows.unsqueeze(-1).unsqueeze(-3), 0.0)
+        out = F.dropout(weights, p) @ vh  # (..., H, L_q, C)
+    else:
+        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, dropout_p=p,
+                                             is_causal=is_causal, scale=scale)
+    out = out.transpose(-3, -2)  # (..., L_q, H, C)
+    if empty_rows is not None:
+        out = out.masked_fill(empty_rows.unsqueeze(-1).unsqueeze(-1), 0.0)
+    return (out, weights) if return_attention else out

@@ -1,0 +1,57 @@
+"""Softmax grouped by an index: the normalisation step of edge attention."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def scatter_softmax(src: Tensor, index: Tensor, num_segments: int | None = None) -> Tensor:
+    r"""Softmax of ``src`` over the groups that ``index`` defines along dim 0.
+
+    .. math::
+        \mathrm{out}_e = \frac{\exp(s_e - m_{g(e)})}{\sum_{e' : g(e') = g(e)} \exp(s_{e'} - m_{g(e)})},
+        \qquad m_g = \max_{e : g(e) = g} s_e
+
+    Each group subtracts its own maximum, so groups of wildly different scales are stable in one
+    call. A group whose scores are all ``-inf`` gives zeros, never NaN; empty groups are fine.
+    Half-precision inputs (fp16, bf16) are computed in fp32 and returned in their own dtype.
+
+    Args:
+        src (Tensor): scores, ``[E]`` or ``[E, H]``.
+        index (Tensor): group of each row of ``src``, ``[E]``, integer, values in
+            ``[0, num_segments)``.
+        num_segments (int, optional): number of groups. (default: ``index.max() + 1``)
+
+    Shapes:
+        - **input:** src ``(E)`` or ``(E, H)``, index ``(E)``
+        - **output:** ``(E)`` or ``(E, H)``, same dtype as ``src``
+
+    Example:
+        >>> scatter_softmax(torch.tensor([1.0, 1.0, 5.0]), torch.tensor([0, 0, 1]))
+        tensor([0.5000, 0.5000, 1.0000])
+    """
+    if src.dim() not in (1, 2):
+        raise ValueError(f"src must have shape [E] or [E, H], got {list(src.shape)}")
+    if index.dim() != 1 or index.numel() != src.size(0):
+        raise ValueError(f"index must have shape [E] = [{src.size(0)}] to match src, "
+                         f"got {list(index.shape)}")
+    if index.dtype.is_floating_point:
+        raise TypeError(f"index must have an integer dtype, got {index.dtype}")
+    if num_segments is None:
+        num_segments = int(index.max()) + 1 if index.numel() > 0 else 0
+    out_dtype = src.dtype
+    s = src.float() if src.dtype in (torch.float16, torch.bfloat16) else src
+    index = index.long()
+    group = index.view(-1, *([1] * (s.dim() - 1))).expand_as(s)  # (E) or (E, H)
+
+    # The shift only stabilises exp(); softmax does not depend on it, so no gradient flows there.
+    with torch.no_grad():
+        seg_max = s.new_full((num_segments, *s.shape[1:]), float("-inf"))
+        seg_max.scatter_reduce_(0, group, s, reduce="amax", include_self=True)
+        seg_max = seg_max.masked_fill_(torch.isinf(seg_max), 0.0)
+    exp = torch.exp(s - seg_max[index])  # (E, H); exactly 0 for -inf scores
+    seg_sum = exp.new_zeros((num_segments, *s.shape[1:])).index_add_(0, index, exp)
+    # A group of all -inf has seg_sum 0 and exp 0: the clamp turns 0/0 into 0 instead of NaN.
+    out = exp / seg_sum.clamp_min(torch.finfo(s.dtype).tiny)[index]
+    return out.to(out_dtype)

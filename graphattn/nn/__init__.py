@@ -1,0 +1,5 @@
+"""torch.nn modules built on the edge-attention operator."""
+
+from graphattn.nn.attention import DenseSelfAttention, GraphSelfAttention
+
+__all__ = ["DenseSelfAttention", "GraphSelfAttention"]

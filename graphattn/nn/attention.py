@@ -1,0 +1,269 @@
+"""Self-attention layers: over the edges of a graph, and its dense twin.
+
+Both share one projection base, so their parameters have the same names and shapes and a
+``state_dict`` loads from one into the other.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torch.nn import Linear
+from torch_geometric.nn import MessagePassing
+
+from graphattn._checks import check_dropout, check_edge_index, check_positive, check_same_device
+from graphattn.functional.attention import SCORES, dense_attention, edge_attention
+
+
+class _SelfAttentionBase(torch.nn.Module):
+    """Projections ``lin_q, lin_k, lin_v`` and ``lin_out`` and the head merge, for both layers."""
+
+    def __init__(self, in_channels: int | tuple[int, int], out_channels: int, heads: int,
+                 concat: bool, dropout: float, bias: bool, out_proj: bool, score_channels: int,
+                 **kwargs) -> None:
+        super().__init__(**kwargs)
+        check_positive(heads, "heads")
+        check_positive(out_channels, "out_channels")
+        check_dropout(dropout)
+        in_src, in_dst = (in_channels, in_channels) if isinstance(in_channels, int) else in_channels
+        check_positive(in_src, "in_channels")
+        check_positive(in_dst, "in_channels")
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.heads = heads
+        self.concat = concat
+        self.dropout = float(dropout)
+        H, C = heads, out_channels
+        self.lin_q = Linear(in_dst, H * score_channels, bias=bias)
+        self.lin_k = Linear(in_src, H * score_channels, bias=bias)
+        self.lin_v = Linear(in_src, H * C, bias=bias)
+        out_dim = H * C if concat else C
+        self.lin_out = Linear(out_dim, out_dim, bias=bias) if out_proj else None
+
+    def reset_parameters(self) -> None:
+        """Glorot-uniform weights and zero biases, as ``torch.nn.MultiheadAttention`` does."""
+        for lin in (self.lin_q, self.lin_k, self.lin_v, self.lin_out):
+            if lin is None:
+                continue
+            torch.nn.init.xavier_uniform_(lin.weight)
+            if lin.bias is not None:
+                torch.nn.init.zeros_(lin.bias)
+
+    def _merge_heads(self, out: Tensor) -> Tensor:
+        """``[..., H, C]`` -> ``[..., H*C]`` (concat) or ``[..., C]`` (mean), then ``lin_out``."""
+        out = out.flatten(-2) if self.concat else out.mean(dim=-2)
+        return out if self.lin_out is None else self.lin_out(out)
+
+    def _check_features(self, x: Tensor, expected: int, name: str) -> None:
+        if not isinstance(x, Tensor) or x.dim() != 2:
+            shape = list(x.shape) if isinstance(x, Tensor) else type(x).__name__
+            raise ValueError(f"{name} must have shape [N, F], got {shape}")
+        if x.size(-1) != expected:
+            raise ValueError(f"{name} must have F = in_channels = {expected} features, "
+                             f"got {list(x.shape)}")
+
+    def extra_repr_args(self) -> str:
+        return f"{self.in_channels}, {self.out_channels}, heads={self.heads}"
+
+
+class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
+    r"""Multi-head self-attention over the edges of a graph.
+
+    Node i attends to its in-neighbours j (edges j -> i), per head h:
+
+    .. math::
+        q_i = W^Q x_i,\; k_j = W^K x_j,\; v_j = W^V x_j, \qquad
+        \alpha_{ij} = \operatorname{softmax}_{j \in \mathcal{N}(i)}
+            \Big(\frac{q_i \cdot k_j}{\sqrt{C}} + w_h^\top e_{ij}\Big), \qquad
+        x'_i = W^O \big\Vert_{h=1}^{H} \sum_{j \in \mathcal{N}(i)} \alpha_{ij} v_j
+
+    With ``attention="additive"`` the score is GAT's
+    :math:`\mathrm{LeakyReLU}_{0.2}(a_l^\top W x_i + a_r^\top W x_j + w_h^\top e_{ij})`;
+    then ``lin_q`` and ``lin_k`` map to one number per head (``Linear(in, H)``), which is that
+    score term folded into one matrix. On the complete graph with self-loops, ``concat=True``,
+    ``out_proj=True`` and ``bias=True``, the layer computes exactly what
+    ``torch.nn.MultiheadAttention(H * C, H)`` computes.
+
+    Args:
+        in_channels (int or tuple): input features F, or ``(F_src, F_dst)`` for bipartite graphs.
+        out_channels (int): channels per head C.
+        heads (int, optional): number of heads H. (default: ``1``)
+        concat (bool, optional): concatenate the heads (``H * C`` outputs); if ``False`` average
+            them (``C`` outputs). (default: ``True``)
+        dropout (float, optional): dropout on the attention weights. (default: ``0.0``)
+        bias (bool, optional): biases in the projections. (default: ``True``)
+        out_proj (bool, optional): apply the output projection ``lin_out`` (W^O).
+            (default: ``True``)
+        add_self_loops (bool, optional): give every target exactly one self-loop (existing ones
+            are not doubled; for bipartite inputs the first ``min(N_src, N_dst)`` nodes).
+            (default: ``True``)
+        edge_dim (int, optional): edge feature size; ``edge_attr`` then adds a per-head score
+            bias through ``lin_edge = Linear(edge_dim, H)``. (default: ``None``)
+        attention (str, optional): ``"dot"`` (scaled dot product) or ``"additive"`` (GAT).
+            (default: ``"dot"``)
+        backend (str, optional): backend of :func:`~graphattn.functional.edge_attention`.
+            (default: ``"auto"``)
+
+    Shapes:
+        - **input:** x ``(|V|, F)`` or ``((|V_src|, F_src), (|V_dst|, F_dst))``,
+          edge_index ``(2, |E|)``, edge_attr ``(|E|, D_e)`` (optional)
+        - **output:** ``(|V_dst|, H * C)`` (concat) or ``(|V_dst|, C)``; with
+          ``return_attention_weights=True`` also ``(edge_index (2, |E'|), alpha (|E'|, H))``,
+          where E' includes the added self-loops.
+    """
+
+    def __init__(self, in_channels: int | tuple[int, int], out_channels: int, heads: int = 1, *,
+                 concat: bool = True, dropout: float = 0.0, bias: bool = True,
+                 out_proj: bool = True, add_self_loops: bool = True, edge_dim: int | None = None,
+                 attention: str = "dot", backend: str = "auto") -> None:
+        if attention not in SCORES:
+            raise ValueError(f"attention must be one of {SCORES}, got {attention!r}")
+        super().__init__(in_channels, out_channels, heads, concat, dropout, bias, out_proj,
+                         score_channels=out_channels if attention == "dot" else 1,
+                         aggr="add", node_dim=0)
+        if edge_dim is not None:
+            check_positive(edge_dim, "edge_dim")
+        self.add_self_loops = add_self_loops
+        self.edge_dim = edge_dim
+        self.attention = attention
+        self.backend = backend
+        self.lin_edge = Linear(edge_dim, heads, bias=False) if edge_dim is not None else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        super().reset_parameters()
+        if self.lin_edge is not None:
+            torch.nn.init.xavier_uniform_(self.lin_edge.weight)
+
+    def forward(self, x: Tensor | tuple[Tensor, Tensor], edge_index: Tensor,
+                edge_attr: Tensor | None = None, return_attention_weights: bool = False,
+                ) -> Tensor | tuple[Tensor, tuple[Tensor, Tensor]]:
+        """Attend along ``edge_index``; see the class docstring for shapes."""
+        H, C = self.heads, self.out_channels
+        x_src, x_dst = x if isinstance(x, (tuple, list)) else (x, x)
+        in_src, in_dst = ((self.in_channels, self.in_channels)
+                          if isinstance(self.in_channels, int) else self.in_channels)
+        self._check_features(x_src, in_src, "x" if x_src is x_dst else "x_src")
+        self._check_features(x_dst, in_dst, "x" if x_src is x_dst else "x_dst")
+        check_same_device(x=x_src, x_dst=x_dst, edge_index=edge_index, edge_attr=edge_attr)
+        N_src, N_dst = x_src.size(0), x_dst.size(0)
+        check_edge_index(edge_index, num_src=N_src, num_dst=N_dst)
+        edge_attr = self._check_edge_attr(edge_attr, edge_index.size(1))
+        if self.add_self_loops:
+            edge_index, edge_attr = add_remaining_self_loops(edge_index, edge_attr,
+                                                             min(N_src, N_dst))
+
+        q = self.lin_q(x_dst).view(N_dst, H, -1)  # (N_dst, H, C) or (N_dst, H, 1)
+        k = self.lin_k(x_src).view(N_src, H, -1)  # (N_src, H, C) or (N_src, H, 1)
+        v = self.lin_v(x_src).view(N_src, H, C)  # (N_src, H, C)
+        if self.attention == "additive":
+            q, k = q.squeeze(-1), k.squeeze(-1)  # (N, H)
+        bias = None
+        if self.lin_edge is not None and edge_attr is not None:
+            bias = self.lin_edge(edge_attr)  # (E, H)
+        out, alpha = edge_attention(q, k, v, edge_index, bias=bias, dropout_p=self.dropout,
+                                    training=self.training, return_attention=True,
+                                    backend=self.backend, score=self.attention)
+        out = self._merge_heads(out)  # (N_dst, H*C) or (N_dst, C)
+        if return_attention_weights:
+            return out, (edge_index, alpha)
+        return out
+
+    def _check_edge_attr(self, edge_attr: Tensor | None, num_edges: int) -> Tensor | None:
+        if edge_attr is None:
+            return None
+        if self.lin_edge is None:
+            raise ValueError("edge_attr was given but the layer has edge_dim=None; "
+                             "construct it with edge_dim=<number of edge features>")
+        if edge_attr.dim() == 1 and self.edge_dim == 1:
+            edge_attr = edge_attr.view(-1, 1)
+        if edge_attr.dim() != 2 or tuple(edge_attr.shape) != (num_edges, self.edge_dim):
+            raise ValueError(f"edge_attr must have shape [E, edge_dim] = "
+                             f"[{num_edges}, {self.edge_dim}], got {list(edge_attr.shape)}")
+        return edge_attr
+
+    def __repr__(self) -> str:
+        extra = "" if self.attention == "dot" else f", attention={self.attention!r}"
+        return f"{self.__class__.__name__}({self.extra_repr_args()}{extra})"
+
+
+def add_remaining_self_loops(edge_index: Tensor, edge_attr: Tensor | None, num_nodes: int,
+                             ) -> tuple[Tensor, Tensor | None]:
+    """Replace all self-loops by exactly one loop ``i -> i`` for each ``i < num_nodes``.
+
+    The loops' ``edge_attr`` is the mean of the target's other incoming edge features
+    (0 for a target without any), as PyG's ``fill_value="mean"``.
+    """
+    keep = edge_index[0] != edge_index[1]
+    edge_index = edge_index[:, keep]  # (2, E_kept)
+    loops = torch.arange(num_nodes, device=edge_index.device, dtype=edge_index.dtype)
+    new_index = torch.cat([edge_index, loops.expand(2, -1)], dim=1)  # (2, E_kept + N)
+    if edge_attr is None:
+        return new_index, None
+    edge_attr = edge_attr[keep]  # (E_kept, D_e)
+    dst = edge_index[1]
+    inside = dst < num_nodes
+    total = edge_attr.new_zeros(num_nodes, edge_attr.size(1)).index_add_(
+        0, dst[inside], edge_attr[inside])
+    count = torch.bincount(dst[inside], minlength=num_nodes).clamp_min(1)
+    loop_attr = total / count.unsqueeze(-1).to(total.dtype)  # (N, D_e)
+    return new_index, torch.cat([edge_attr, loop_attr], dim=0)
+
+
+class DenseSelfAttention(_SelfAttentionBase):
+    r"""Multi-head self-attention over all positions, with an optional boolean mask.
+
+    .. math::
+        \mathrm{out} = W^O \big\Vert_{h=1}^{H} \operatorname{softmax}\Big(
+            \frac{Q_h K_h^\top}{\sqrt{C}} + \log \text{mask}\Big) V_h
+
+    The dense twin of :class:`GraphSelfAttention`: the same parameter names and shapes, so a
+    ``state_dict`` loads across the two, and with ``mask = graphs.to_dense_mask(edge_index, L)``
+    both compute the same function. A fully masked query row gets 0 before ``lin_out``.
+
+    Args:
+        in_channels (int): input features F.
+        out_channels (int): channels per head C.
+        heads (int, optional): number of heads H. (default: ``1``)
+        concat (bool, optional): concatenate (``True``) or average the heads.
+            (default: ``True``)
+        dropout (float, optional): dropout on the attention weights. (default: ``0.0``)
+        bias (bool, optional): biases in the projections. (default: ``True``)
+        out_proj (bool, optional): apply ``lin_out``. (default: ``True``)
+
+    Shapes:
+        - **input:** x ``(L, F)`` or ``(B, L, F)``, mask bool ``(L, L)`` or ``(B, L, L)``
+        - **output:** ``(L, H * C)`` or ``(B, L, H * C)`` (``C`` when ``concat=False``); with
+          ``return_attention_weights=True`` also the weights ``([B,] H, L, L)``
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, heads: int = 1, *,
+                 concat: bool = True, dropout: float = 0.0, bias: bool = True,
+                 out_proj: bool = True) -> None:
+        super().__init__(in_channels, out_channels, heads, concat, dropout, bias, out_proj,
+                         score_channels=out_channels)
+        self.reset_parameters()
+
+    def forward(self, x: Tensor, mask: Tensor | None = None, is_causal: bool = False,
+                return_attention_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        """Attend over all positions allowed by ``mask``; see the class docstring for shapes."""
+        H, C = self.heads, self.out_channels
+        if not isinstance(x, Tensor) or x.dim() not in (2, 3):
+            shape = list(x.shape) if isinstance(x, Tensor) else type(x).__name__
+            raise ValueError(f"x must have shape [L, F] or [B, L, F], got {shape}")
+        if x.size(-1) != self.in_channels:
+            raise ValueError(f"x must have F = in_channels = {self.in_channels} features, "
+                             f"got {list(x.shape)}")
+        q = self.lin_q(x).unflatten(-1, (H, C))  # (B, L, H, C)
+        k = self.lin_k(x).unflatten(-1, (H, C))  # (B, L, H, C)
+        v = self.lin_v(x).unflatten(-1, (H, C))  # (B, L, H, C)
+        result = dense_attention(q, k, v, mask, is_causal=is_causal, dropout_p=self.dropout,
+                                 training=self.training,
+                                 return_attention=return_attention_weights)
+        if return_attention_weights:
+            out, weights = result
+            return self._merge_heads(out), weights
+        return self._merge_heads(result)
+
+    def __repr__(self) -> str:
+        return f"{self.__class__.__name__}({self.extra_repr_args()})"
