@@ -1,0 +1,96 @@
+"""Shared tolerances and the registry of small named test graphs.
+
+Every layer and backend runs through all of ``GRAPHS`` (tagged like DGL's graph cases), with
+int64 and int32 ids.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+# Tolerances live here and nowhere else.
+TOL = {
+    torch.float64: dict(atol=1e-10, rtol=1e-8),
+    torch.float32: dict(atol=1e-5, rtol=1e-5),
+    torch.float16: dict(atol=1e-3, rtol=1e-3),
+    torch.bfloat16: dict(atol=1.6e-2, rtol=1.6e-2),
+}
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype | None = None,
+                 **overrides) -> None:
+    """``torch.testing.assert_close`` with the project's tolerance for ``dtype``."""
+    tol = dict(TOL[dtype or expected.dtype])
+    tol.update(overrides)
+    torch.testing.assert_close(actual, expected.to(actual.dtype), **tol)
+
+
+@dataclass(frozen=True)
+class GraphCase:
+    """A small named graph: ``edge_index`` with ``num_src`` sources and ``num_dst`` targets."""
+
+    name: str
+    edge_index: torch.Tensor
+    num_src: int
+    num_dst: int
+    tags: tuple[str, ...]
+
+    @property
+    def bipartite(self) -> bool:
+        return "bipartite" in self.tags
+
+
+def _ei(pairs: list[tuple[int, int]]) -> torch.Tensor:
+    if not pairs:
+        return torch.empty(2, 0, dtype=torch.long)
+    return torch.tensor(pairs, dtype=torch.long).t().contiguous()
+
+
+def _complete(n: int) -> list[tuple[int, int]]:
+    return [(j, i) for i in range(n) for j in range(n)]
+
+
+GRAPHS: list[GraphCase] = [
+    GraphCase("no-edges", _ei([]), 4, 4, ("zero-degree",)),
+    GraphCase("single-edge", _ei([(0, 1)]), 3, 3, ("zero-degree",)),
+    GraphCase("isolated-middle", _ei([(0, 1), (1, 0), (3, 4), (4, 3)]), 5, 5, ("zero-degree",)),
+    GraphCase("trailing-isolated", _ei([(0, 1), (1, 2), (2, 0)]), 6, 6, ("zero-degree",)),
+    GraphCase("self-loops", _ei([(0, 0), (1, 1), (0, 1), (2, 2), (1, 2)]), 3, 3, ("self-loop",)),
+    GraphCase("multi-edges", _ei([(0, 1), (0, 1), (0, 1), (2, 1), (1, 0), (1, 0)]), 3, 3,
+              ("multi-edge", "zero-degree")),
+    GraphCase("chain", _ei([(i - 1, i) for i in range(1, 7)] + [(i, i - 1) for i in range(1, 7)]),
+              7, 7, ("chain",)),
+    GraphCase("complete", _ei(_complete(5)), 5, 5, ("complete", "self-loop")),
+    GraphCase("star-in", _ei([(j, 0) for j in range(1, 9)]), 9, 9, ("zero-degree",)),
+    GraphCase("bipartite", _ei([(0, 0), (1, 0), (4, 1), (2, 1), (3, 1), (0, 2)]), 5, 4,
+              ("bipartite", "zero-degree")),
+]
+
+
+@pytest.fixture(params=GRAPHS, ids=[g.name for g in GRAPHS])
+def graph_case(request) -> GraphCase:
+    return request.param
+
+
+@pytest.fixture(params=[torch.int64, torch.int32], ids=["int64", "int32"])
+def index_dtype(request) -> torch.dtype:
+    return request.param
+
+
+def random_graph(num_nodes: int, num_edges: int, seed: int = 0,
+                 num_dst: int | None = None) -> torch.Tensor:
+    """Uniform random ``[2, E]`` edges (multi-edges and self-loops allowed)."""
+    gen = torch.Generator().manual_seed(seed)
+    src = torch.randint(0, num_nodes, (num_edges,), generator=gen)
+    dst = torch.randint(0, num_dst or num_nodes, (num_edges,), generator=gen)
+    return torch.stack([src, dst])
+
+
+def dense_mask(edge_index: torch.Tensor, num_dst: int, num_src: int) -> torch.Tensor:
+    """``mask[i, j] = True`` for every edge j -> i (the convention of ``dense_attention``)."""
+    mask = torch.zeros(num_dst, num_src, dtype=torch.bool)
+    mask[edge_index[1], edge_index[0]] = True
+    return mask
