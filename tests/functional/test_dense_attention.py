@@ -1,0 +1,76 @@
+import math
+
+import pytest
+import torch
+from conftest import assert_close
+
+from graphattn.functional import dense_attention
+
+
+def explicit_attention(q, k, v, mask, scale):
+    """Independent reference in einsum, [..., L, H, C] layout; empty rows give 0."""
+    scores = torch.einsum("...ihc,...jhc->...hij", q, k) * scale
+    scores = scores.masked_fill(~mask.unsqueeze(-3), float("-inf"))
+    weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+    return torch.einsum("...hij,...jhc->...ihc", weights, v), weights
+
+
+def qkv(*lead, L=6, S=6, H=2, C=4, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(*lead, L, H, C, generator=gen, requires_grad=True)
+    k = torch.randn(*lead, S, H, C, generator=gen, requires_grad=True)
+    v = torch.randn(*lead, S, H, C, generator=gen, requires_grad=True)
+    return q, k, v
+
+
+@pytest.mark.parametrize("lead", [(), (3,)])
+def test_mask_matches_explicit_and_returns_weights(lead):
+    q, k, v = qkv(*lead, L=5, S=7)
+    mask = torch.rand(*lead, 5, 7, generator=torch.Generator().manual_seed(1)) < 0.5
+    mask[..., 0, :] = False  # one fully masked query row
+    out = dense_attention(q, k, v, mask)
+    out_w, weights = dense_attention(q, k, v, mask, return_attention=True)
+    ref, ref_w = explicit_attention(q, k, v, mask, 1 / math.sqrt(4))
+    assert_close(out, ref)
+    assert_close(out_w, ref)
+    assert_close(weights, ref_w)
+    assert (out[..., 0, :, :] == 0).all()
+    grads = torch.autograd.grad(out.sum(), (q, k, v))
+    ref_grads = torch.autograd.grad(ref.sum(), (q, k, v))
+    for g, r in zip(grads, ref_grads, strict=True):
+        assert torch.isfinite(g).all()
+        assert_close(g, r)
+
+
+def test_causal_flag_equals_lower_triangular_mask():
+    q, k, v = qkv(2)
+    tril = torch.ones(6, 6, dtype=torch.bool).tril()
+    assert_close(dense_attention(q, k, v, is_causal=True), dense_attention(q, k, v, tril))
+    mask = torch.rand(6, 6, generator=torch.Generator().manual_seed(3)) < 0.7
+    assert_close(dense_attention(q, k, v, mask, is_causal=True),
+                 dense_attention(q, k, v, mask & tril))
+    _, weights = dense_attention(q, k, v, is_causal=True, return_attention=True)
+    assert (weights[..., ~tril] == 0).all()
+
+
+def test_no_mask_is_full_softmax_and_eval_ignores_dropout():
+    q, k, v = qkv()
+    full = torch.ones(6, 6, dtype=torch.bool)
+    ref, _ = explicit_attention(q, k, v, full, 0.5)
+    assert_close(dense_attention(q, k, v, scale=0.5), ref)
+    assert_close(dense_attention(q, k, v, scale=0.5, dropout_p=0.9, training=False), ref)
+
+
+def test_errors():
+    q, k, v = qkv()
+    with pytest.raises(TypeError, match="mask must be a bool tensor, got torch.float32"):
+        dense_attention(q, k, v, torch.ones(6, 6))
+    with pytest.raises(ValueError, match=r"mask must have shape \[..., L_q, L_k\] = "
+                                         r"\[..., 6, 6\], got \[6, 5\]"):
+        dense_attention(q, k, v, torch.ones(6, 5, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"q must have shape \[..., L, H, C\], got \[6, 8\]"):
+        dense_attention(q.flatten(-2), k, v)
+    with pytest.raises(ValueError, match="do not fit together"):
+        dense_attention(q, k[:, :1], v)
+    with pytest.raises(ValueError, match=r"dropout_p must be in \[0, 1\), got -0.1"):
+        dense_attention(q, k, v, dropout_p=-0.1)

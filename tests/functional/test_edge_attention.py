@@ -1,0 +1,190 @@
+import math
+
+import pytest
+import torch
+from conftest import GRAPHS, assert_close, dense_mask, random_graph
+
+from graphattn.functional import available_backends, dense_attention, edge_attention
+
+# Backends that run on CPU tensors here (the Triton kernels have their own interpreter tests).
+CPU_BACKENDS = [b for b in available_backends() if b != "triton"]
+
+
+def qkv(n_dst, n_src, H=2, C=4, dtype=torch.float32, seed=0, grad=False):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(n_dst, H, C, generator=gen, dtype=dtype)
+    k = torch.randn(n_src, H, C, generator=gen, dtype=dtype)
+    v = torch.randn(n_src, H, C, generator=gen, dtype=dtype)
+    return [t.requires_grad_(grad) for t in (q, k, v)]
+
+
+def unique_edges(edge_index):
+    return torch.unique(edge_index, dim=1)
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_equals_dense_attention_with_mask(backend, seed):
+    n_dst, n_src = 12, 9
+    edge_index = unique_edges(random_graph(n_src, 40, seed=seed, num_dst=n_dst))
+    q, k, v = qkv(n_dst, n_src, grad=True, seed=seed)
+    out = edge_attention(q, k, v, edge_index, backend=backend)
+    grads = torch.autograd.grad(out.square().sum(), (q, k, v))
+
+    q2, k2, v2 = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    mask = dense_mask(edge_index, n_dst, n_src)
+    ref = dense_attention(q2, k2, v2, mask)
+    ref_grads = torch.autograd.grad(ref.square().sum(), (q2, k2, v2))
+    assert_close(out, ref)
+    for g, r in zip(grads, ref_grads, strict=True):
+        assert_close(g, r)
+
+
+def test_complete_graph_is_scaled_dot_product_attention():
+    n, H, C = 7, 3, 5
+    q, k, v = qkv(n, n, H, C)
+    edge_index = torch.cartesian_prod(torch.arange(n), torch.arange(n)).t()
+    out = edge_attention(q, k, v, edge_index)
+    scores = torch.einsum("ihc,jhc->hij", q, k) / math.sqrt(C)  # (H, N, N)
+    expected = torch.einsum("hij,jhc->ihc", torch.softmax(scores, dim=-1), v)
+    assert_close(out, expected)
+
+
+def test_bias_and_scale_enter_the_scores():
+    n = 6
+    q, k, v = qkv(n, n)
+    edge_index = unique_edges(random_graph(n, 20, seed=3))
+    bias = torch.randn(edge_index.size(1), 2)
+    out, alpha = edge_attention(q, k, v, edge_index, bias=bias, scale=0.3, return_attention=True)
+    mask = dense_mask(edge_index, n, n)
+    dense_bias = torch.full((2, n, n), float("-inf"))
+    dense_bias[:, edge_index[1], edge_index[0]] = bias.t()
+    scores = 0.3 * torch.einsum("ihc,jhc->hij", q, k) + dense_bias  # (H, N, N)
+    weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+    assert_close(out, torch.einsum("hij,jhc->ihc", weights, v))
+    assert_close(alpha, weights[:, edge_index[1], edge_index[0]].t())
+    assert mask.any()
+
+
+def test_additive_score_is_gat():
+    n, H, C = 6, 2, 3
+    gen = torch.Generator().manual_seed(0)
+    a_dst, a_src = torch.randn(n, H, generator=gen), torch.randn(n, H, generator=gen)
+    v = torch.randn(n, H, C, generator=gen)
+    edge_index = unique_edges(random_graph(n, 18, seed=5))
+    out, alpha = edge_attention(a_dst, a_src, v, edge_index, score="additive",
+                                return_attention=True)
+    expected = torch.zeros(n, H, C)
+    for i in range(n):
+        js = edge_index[0, edge_index[1] == i]
+        if js.numel() == 0:
+            continue
+        s = torch.nn.functional.leaky_relu(a_dst[i] + a_src[js], 0.2)  # (deg, H)
+        expected[i] = torch.einsum("jh,jhc->hc", torch.softmax(s, dim=0), v[js])
+    assert_close(out, expected)
+    assert alpha.shape == (edge_index.size(1), H)
+
+
+@pytest.mark.parametrize("score", ["dot", "additive"])
+def test_gradcheck_float64(score):
+    n, H, C = 5, 2, 3
+    gen = torch.Generator().manual_seed(0)
+    shape = (n, H, C) if score == "dot" else (n, H)
+    q = torch.randn(*shape, dtype=torch.float64, generator=gen, requires_grad=True)
+    k = torch.randn(*shape, dtype=torch.float64, generator=gen, requires_grad=True)
+    v = torch.randn(n, H, C, dtype=torch.float64, generator=gen, requires_grad=True)
+    edge_index = torch.tensor([[0, 1, 2, 3, 1, 4, 4], [1, 1, 1, 0, 0, 2, 4]])
+    bias = torch.randn(7, H, dtype=torch.float64, generator=gen, requires_grad=True)
+    for backend in CPU_BACKENDS:
+        assert torch.autograd.gradcheck(
+            lambda q, k, v, b, be=backend: edge_attention(q, k, v, edge_index, bias=b,
+                                                          score=score, backend=be),
+            (q, k, v, bias))
+
+
+def test_relabelling_nodes_permutes_the_output():
+    n = 10
+    q, k, v = qkv(n, n)
+    edge_index = random_graph(n, 30, seed=7)
+    out = edge_attention(q, k, v, edge_index)
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(1))
+    inv = torch.empty_like(perm)
+    inv[perm] = torch.arange(n)  # new id of old node u is inv[u]
+    out_p = edge_attention(q[perm], k[perm], v[perm], inv[edge_index])
+    assert_close(out_p, out[perm])
+
+
+def test_shuffling_the_edges_changes_nothing():
+    n = 10
+    q, k, v = qkv(n, n)
+    edge_index = random_graph(n, 30, seed=8)
+    bias = torch.randn(30, 2)
+    out, alpha = edge_attention(q, k, v, edge_index, bias=bias, return_attention=True)
+    order = torch.randperm(30, generator=torch.Generator().manual_seed(2))
+    out_s, alpha_s = edge_attention(q, k, v, edge_index[:, order], bias=bias[order],
+                                    return_attention=True)
+    assert_close(out_s, out)
+    assert_close(alpha_s, alpha[order])
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+@pytest.mark.parametrize("case", GRAPHS, ids=[g.name for g in GRAPHS])
+def test_registry_graphs(case, backend, index_dtype):
+    q, k, v = qkv(case.num_dst, case.num_src, grad=True)
+    edge_index = case.edge_index.to(index_dtype)
+    out, alpha = edge_attention(q, k, v, edge_index, return_attention=True, backend=backend)
+    assert out.shape == (case.num_dst, 2, 4) and alpha.shape == (edge_index.size(1), 2)
+    assert torch.isfinite(out).all() and torch.isfinite(alpha).all()
+    assert ((alpha >= 0) & (alpha <= 1)).all()
+    dst = case.edge_index[1]
+    sums = torch.zeros(case.num_dst, 2).index_add_(0, dst, alpha)
+    has_in = torch.bincount(dst, minlength=case.num_dst) > 0
+    assert_close(sums[has_in], torch.ones(int(has_in.sum()), 2))
+    assert (out[~has_in] == 0).all()  # exactly zero for targets without in-edges
+    out.square().sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
+
+
+def test_dropout_mask_drops_weights_and_is_off_in_eval():
+    n = 40
+    q, k, v = qkv(n, n)
+    edge_index = torch.cartesian_prod(torch.arange(n), torch.arange(n)).t()
+    ones = torch.ones(n, 2, 4)
+    plain = edge_attention(q, k, ones, edge_index)
+    assert_close(plain, ones)  # weights sum to 1
+    assert_close(edge_attention(q, k, ones, edge_index, dropout_p=0.5, training=False), ones)
+    torch.manual_seed(0)
+    dropped = edge_attention(q, k, ones, edge_index, dropout_p=0.5)
+    torch.manual_seed(0)
+    again = edge_attention(q, k, ones, edge_index, dropout_p=0.5)
+    assert torch.equal(dropped, again)
+    assert not torch.allclose(dropped, ones)
+    # Inverted dropout keeps the expectation: the mean row sum stays near 1.
+    assert abs(dropped.mean().item() - 1.0) < 0.1
+
+
+def test_errors_name_the_argument_and_value():
+    q, k, v = qkv(4, 4)
+    good = torch.tensor([[0, 1], [1, 2]])
+    with pytest.raises(ValueError, match=r"edge_index must have shape \[2, E\], got \[3, 2\]"):
+        edge_attention(q, k, v, torch.zeros(3, 2, dtype=torch.long))
+    with pytest.raises(TypeError, match="edge_index must have an integer dtype.*torch.float32"):
+        edge_attention(q, k, v, good.float())
+    with pytest.raises(ValueError, match="edge_index must hold node ids >= 0, got a minimum of -1"):
+        edge_attention(q, k, v, torch.tensor([[0, -1], [1, 2]]))
+    with pytest.raises(ValueError, match=r"edge_index\[0\].*< the number of source nodes 4.*5"):
+        edge_attention(q, k, v, torch.tensor([[5, 1], [1, 2]]))
+    with pytest.raises(ValueError, match=r"edge_index\[1\].*< the number of target nodes 4.*4"):
+        edge_attention(q, k, v, torch.tensor([[0, 1], [4, 2]]))
+    with pytest.raises(ValueError, match=r"q must have shape \[N, H, C\].*got \[4, 8\]"):
+        edge_attention(q.flatten(1), k, v, good)
+    with pytest.raises(ValueError, match=r"bias must have shape \[E, H\] = \[2, 2\], got \[2\]"):
+        edge_attention(q, k, v, good, bias=torch.zeros(2))
+    with pytest.raises(ValueError, match=r"dropout_p must be in \[0, 1\), got 1.0"):
+        edge_attention(q, k, v, good, dropout_p=1.0)
+    with pytest.raises(ValueError, match="backend must be 'auto' or one of .* got 'magic'"):
+        edge_attention(q, k, v, good, backend="magic")
+    with pytest.raises(ValueError, match="score must be one of"):
+        edge_attention(q, k, v, good, score="cosine")
+    with pytest.raises(ValueError, match="all inputs must be on one device.*meta"):
+        edge_attention(q, k, v, good.to("meta"))

@@ -1,0 +1,94 @@
+import pytest
+import torch
+from conftest import assert_close
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from graphattn.functional import scatter_softmax
+
+
+def per_group_softmax(src: torch.Tensor, index: torch.Tensor, num_segments: int) -> torch.Tensor:
+    """Independent reference: torch.softmax on each group separately."""
+    out = torch.zeros_like(src)
+    for g in range(num_segments):
+        sel = index == g
+        if sel.any():
+            out[sel] = torch.softmax(src[sel], dim=0)
+    return out
+
+
+@pytest.mark.parametrize("shape", [(9,), (9, 3)])
+def test_matches_per_group_softmax(shape):
+    torch.manual_seed(0)
+    src = torch.randn(shape)
+    index = torch.tensor([0, 2, 2, 0, 1, 2, 4, 4, 0])
+    out = scatter_softmax(src, index, num_segments=5)
+    assert_close(out, per_group_softmax(src, index, 5))
+
+
+def test_groups_of_wildly_different_scales():
+    src = torch.tensor([-1000.0, 0.0, 1e4, 3.0, 3.0, -5e3])
+    index = torch.tensor([0, 0, 1, 2, 2, 3])
+    out = scatter_softmax(src, index)
+    assert_close(out, torch.tensor([0.0, 1.0, 1.0, 0.5, 0.5, 1.0]))
+    assert_close(out, per_group_softmax(src, index, 4))
+
+
+def test_all_minus_inf_group_gives_zero_not_nan():
+    src = torch.tensor([float("-inf"), float("-inf"), 1.0, float("-inf")], requires_grad=True)
+    index = torch.tensor([0, 0, 1, 1])
+    out = scatter_softmax(src, index)
+    assert_close(out, torch.tensor([0.0, 0.0, 1.0, 0.0]))
+    out.sum().backward()
+    assert torch.isfinite(src.grad).all()
+
+
+def test_empty_groups_and_empty_input():
+    out = scatter_softmax(torch.tensor([2.0, 5.0]), torch.tensor([1, 4]), num_segments=7)
+    assert_close(out, torch.ones(2))
+    empty = scatter_softmax(torch.empty(0, 3), torch.empty(0, dtype=torch.long))
+    assert empty.shape == (0, 3)
+
+
+def test_int32_index():
+    src = torch.randn(6, 2)
+    index = torch.tensor([0, 1, 0, 1, 1, 2])
+    assert_close(scatter_softmax(src, index.int()), scatter_softmax(src, index))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_accumulates_in_fp32(dtype):
+    torch.manual_seed(0)
+    src = torch.randn(200, 2) * 4
+    index = torch.randint(0, 3, (200,))
+    out = scatter_softmax(src.to(dtype), index)
+    assert out.dtype == dtype
+    assert_close(out, per_group_softmax(src, index, 3), dtype=dtype)
+
+
+def test_gradcheck_float64():
+    torch.manual_seed(0)
+    src = torch.randn(10, 2, dtype=torch.float64, requires_grad=True)
+    index = torch.tensor([0, 0, 1, 3, 3, 3, 1, 0, 3, 1])
+    assert torch.autograd.gradcheck(lambda s: scatter_softmax(s, index, 5), (src,))
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.floats(-50, 50)), min_size=1, max_size=40))
+def test_property_sums_to_one_per_group(pairs):
+    index = torch.tensor([g for g, _ in pairs])
+    src = torch.tensor([s for _, s in pairs], dtype=torch.float64)
+    out = scatter_softmax(src, index, num_segments=6)
+    assert (out >= 0).all() and (out <= 1).all()
+    sums = torch.zeros(6, dtype=torch.float64).index_add_(0, index, out)
+    present = torch.bincount(index, minlength=6) > 0
+    assert_close(sums[present], torch.ones(int(present.sum()), dtype=torch.float64))
+
+
+def test_errors():
+    with pytest.raises(ValueError, match=r"src must have shape \[E\] or \[E, H\], got \[2, 2, 2\]"):
+        scatter_softmax(torch.zeros(2, 2, 2), torch.zeros(2, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"index must have shape \[E\] = \[3\].*got \[2\]"):
+        scatter_softmax(torch.zeros(3), torch.zeros(2, dtype=torch.long))
+    with pytest.raises(TypeError, match="index must have an integer dtype, got torch.float32"):
+        scatter_softmax(torch.zeros(3), torch.zeros(3))

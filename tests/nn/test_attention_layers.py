@@ -1,0 +1,197 @@
+import pytest
+import torch
+from conftest import GRAPHS, assert_close, dense_mask
+
+from graphattn.nn import DenseSelfAttention, GraphSelfAttention
+
+
+def complete_edges(n):
+    return torch.cartesian_prod(torch.arange(n), torch.arange(n)).t()  # j -> i for all pairs
+
+
+def causal_edges(n):
+    j, i = torch.tril_indices(n, n, offset=0).flip(0)  # rows (i >= j) -> edge j -> i
+    return torch.stack([j, i])
+
+
+def copy_into_mha(layer, mha):
+    with torch.no_grad():
+        mha.in_proj_weight.copy_(torch.cat([layer.lin_q.weight, layer.lin_k.weight,
+                                            layer.lin_v.weight]))
+        mha.in_proj_bias.copy_(torch.cat([layer.lin_q.bias, layer.lin_k.bias, layer.lin_v.bias]))
+        mha.out_proj.weight.copy_(layer.lin_out.weight)
+        mha.out_proj.bias.copy_(layer.lin_out.bias)
+
+
+def param_grads(module):
+    return {name: p.grad.clone() for name, p in module.named_parameters()}
+
+
+def test_complete_graph_equals_dense_and_multihead_attention():
+    torch.manual_seed(0)
+    N, H, C = 9, 4, 6
+    graph = GraphSelfAttention(H * C, C, heads=H)
+    dense = DenseSelfAttention(H * C, C, heads=H)
+    dense.load_state_dict(graph.state_dict())
+    mha = torch.nn.MultiheadAttention(H * C, H)
+    copy_into_mha(graph, mha)
+
+    x = torch.randn(N, H * C)
+    xs = [x.clone().requires_grad_() for _ in range(3)]
+    out_g = graph(xs[0], complete_edges(N))
+    out_d = dense(xs[1])
+    out_m, _ = mha(xs[2], xs[2], xs[2], need_weights=False)
+    assert_close(out_g, out_m)
+    assert_close(out_d, out_m)
+
+    for out in (out_g, out_d, out_m):
+        out.square().sum().backward()
+    assert_close(xs[0].grad, xs[2].grad)
+    assert_close(xs[1].grad, xs[2].grad)
+    g_graph, g_dense = param_grads(graph), param_grads(dense)
+    for name in g_graph:
+        assert_close(g_graph[name], g_dense[name])
+    assert_close(torch.cat([g_graph[f"lin_{p}.weight"] for p in "qkv"]), mha.in_proj_weight.grad)
+    assert_close(g_graph["lin_out.weight"], mha.out_proj.weight.grad)
+
+
+def test_causal_graph_equals_dense_is_causal():
+    torch.manual_seed(1)
+    N, H, C = 8, 2, 4
+    graph = GraphSelfAttention(5, C, heads=H)
+    dense = DenseSelfAttention(5, C, heads=H)
+    dense.load_state_dict(graph.state_dict())
+    x = torch.randn(N, 5, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_()
+    out_g = graph(x, causal_edges(N))
+    out_d = dense(x2, is_causal=True)
+    assert_close(out_g, out_d)
+    out_g.sum().backward()
+    out_d.sum().backward()
+    assert_close(x.grad, x2.grad)
+    for name, grad in param_grads(graph).items():
+        assert_close(grad, param_grads(dense)[name])
+
+
+def test_batched_dense_matches_per_sequence_graph():
+    torch.manual_seed(2)
+    B, L = 3, 5
+    graph = GraphSelfAttention(6, 3, heads=2, concat=False)
+    dense = DenseSelfAttention(6, 3, heads=2, concat=False)
+    dense.load_state_dict(graph.state_dict())
+    x = torch.randn(B, L, 6)
+    masks = torch.rand(B, L, L, generator=torch.Generator().manual_seed(0)) < 0.5
+    masks |= torch.eye(L, dtype=torch.bool)  # the graph layer adds self-loops
+    out = dense(x, masks)
+    for b in range(B):
+        i, j = masks[b].nonzero().t()
+        assert_close(out[b], graph(x[b], torch.stack([j, i])))
+    assert out.shape == (B, L, 3)
+
+
+@pytest.mark.parametrize("case", GRAPHS, ids=[g.name for g in GRAPHS])
+@pytest.mark.parametrize("add_self_loops", [True, False])
+def test_registry_graphs_through_both_layers(case, add_self_loops, index_dtype):
+    torch.manual_seed(0)
+    in_ch = (5, 3) if case.bipartite else 5
+    graph = GraphSelfAttention(in_ch, 4, heads=2, add_self_loops=add_self_loops, dropout=0.1)
+    x_src = torch.randn(case.num_src, 5, requires_grad=True)
+    x_dst = torch.randn(case.num_dst, 3, requires_grad=True) if case.bipartite else x_src
+    x = (x_src, x_dst) if case.bipartite else x_src
+    out, (ei, alpha) = graph(x, case.edge_index.to(index_dtype), return_attention_weights=True)
+    assert out.shape == (case.num_dst, 8)
+    assert torch.isfinite(out).all() and ((alpha >= 0) & (alpha <= 1)).all()
+    out.sum().backward()
+    assert torch.isfinite(x_src.grad).all()
+    assert all(torch.isfinite(p.grad).all() for p in graph.parameters())
+    if add_self_loops:
+        loops = ei[:, ei[0] == ei[1]]
+        n_loops = min(case.num_src, case.num_dst)
+        assert torch.equal(loops[0].sort().values, torch.arange(n_loops))
+
+    if case.bipartite or "multi-edge" in case.tags:
+        return
+    dense = DenseSelfAttention(5, 4, heads=2, dropout=0.1).eval()
+    dense.load_state_dict(graph.state_dict())
+    graph.eval()
+    edges = ei if add_self_loops else case.edge_index
+    mask = dense_mask(edges, case.num_dst, case.num_src)
+    assert_close(dense(x_src, mask), graph(x, case.edge_index))
+
+
+def test_self_loops_are_not_doubled_and_edge_attr_fills_with_mean():
+    layer = GraphSelfAttention(4, 2, edge_dim=3)
+    edge_index = torch.tensor([[0, 1, 1, 2, 2], [0, 0, 1, 0, 2]])
+    edge_attr = torch.arange(15.0).view(5, 3)
+    _, (ei, alpha) = layer(torch.randn(4, 4), edge_index, edge_attr,
+                           return_attention_weights=True)
+    loops = ei[:, ei[0] == ei[1]]
+    assert torch.equal(loops[0], torch.arange(4))
+    assert ei.size(1) == 2 + 4 and alpha.shape == (6, 1)
+
+
+def test_edge_attr_bias_changes_attention():
+    torch.manual_seed(0)
+    layer = GraphSelfAttention(4, 2, heads=3, edge_dim=2, add_self_loops=False)
+    x, edge_index = torch.randn(3, 4), torch.tensor([[0, 1, 2], [2, 2, 2]])
+    edge_attr = torch.randn(3, 2)
+    _, (_, alpha) = layer(x, edge_index, edge_attr, return_attention_weights=True)
+    _, (_, plain) = layer(x, edge_index, return_attention_weights=True)
+    bias = layer.lin_edge(edge_attr)  # (E, H)
+    expected = torch.softmax(torch.log(plain) + bias, dim=0)  # one target: softmax over edges
+    assert_close(alpha, expected)
+
+
+def test_out_proj_false_and_mean_heads_shapes():
+    layer = GraphSelfAttention(6, 5, heads=3, concat=False, out_proj=False)
+    assert layer.lin_out is None
+    out = layer(torch.randn(4, 6), torch.tensor([[0, 1], [1, 2]]))
+    assert out.shape == (4, 5)
+
+
+def test_number_of_nodes_comes_from_x():
+    layer = GraphSelfAttention(3, 2, add_self_loops=False)
+    out = layer(torch.randn(10, 3), torch.tensor([[0, 1], [1, 0]]))
+    assert out.shape == (10, 2)
+    assert (out[2:] == layer.lin_out.bias).all()  # no in-edges: attention gives 0
+
+
+def test_repr_and_reset_parameters():
+    layer = GraphSelfAttention(16, 8, heads=2)
+    assert repr(layer) == "GraphSelfAttention(16, 8, heads=2)"
+    assert repr(GraphSelfAttention(16, 8, attention="additive")) == (
+        "GraphSelfAttention(16, 8, heads=1, attention='additive')")
+    assert repr(DenseSelfAttention(16, 8, heads=4)) == "DenseSelfAttention(16, 8, heads=4)"
+    with torch.no_grad():
+        layer.lin_q.bias.fill_(3.0)
+    layer.reset_parameters()
+    assert (layer.lin_q.bias == 0).all()
+
+
+def test_errors_name_the_argument_and_value():
+    with pytest.raises(ValueError, match="heads must be a positive integer, got 0"):
+        GraphSelfAttention(4, 2, heads=0)
+    with pytest.raises(ValueError, match="out_channels must be a positive integer, got -1"):
+        DenseSelfAttention(4, -1)
+    with pytest.raises(ValueError, match=r"dropout must be in \[0, 1\), got 1.5"):
+        GraphSelfAttention(4, 2, dropout=1.5)
+    with pytest.raises(ValueError, match="attention must be one of .* got 'cosine'"):
+        GraphSelfAttention(4, 2, attention="cosine")
+    layer = GraphSelfAttention(4, 2)
+    edge_index = torch.tensor([[0, 1], [1, 0]])
+    with pytest.raises(ValueError, match=r"x must have shape \[N, F\], got \[2, 3, 4\]"):
+        layer(torch.randn(2, 3, 4), edge_index)
+    with pytest.raises(ValueError, match=r"x must have F = in_channels = 4 features, got \[2, 5\]"):
+        layer(torch.randn(2, 5), edge_index)
+    with pytest.raises(ValueError, match=r"edge_index must have shape \[2, E\], got \[1, 2\]"):
+        layer(torch.randn(2, 4), edge_index[:1])
+    with pytest.raises(ValueError, match="edge_index.*< the number of target nodes 2.*2"):
+        layer(torch.randn(2, 4), torch.tensor([[0], [2]]))
+    with pytest.raises(ValueError, match="all inputs must be on one device"):
+        layer(torch.randn(2, 4), edge_index.to("meta"))
+    with pytest.raises(ValueError, match="edge_attr was given but the layer has edge_dim=None"):
+        layer(torch.randn(2, 4), edge_index, torch.randn(2, 3))
+    with pytest.raises(ValueError, match=r"edge_attr must have shape \[E, edge_dim\] = \[2, 3\]"):
+        GraphSelfAttention(4, 2, edge_dim=3)(torch.randn(2, 4), edge_index, torch.randn(2, 2))
+    with pytest.raises(ValueError, match=r"x must have shape \[L, F\] or \[B, L, F\], got \[4\]"):
+        DenseSelfAttention(4, 2)(torch.randn(4))
