@@ -10,7 +10,8 @@ def scatter_softmax(src: Tensor, index: Tensor, num_segments: int | None = None)
     r"""Softmax of ``src`` over the groups that ``index`` defines along dim 0.
 
     .. math::
-        \mathrm{out}_e = \frac{\exp(s_e - m_{g(e)})}{\sum_{e' : g(e') = g(e)} \exp(s_{e'} - m_{g(e)})},
+        \mathrm{out}_e = \frac{\exp(s_e - m_{g(e)})}
+                              {\sum_{e' : g(e') = g(e)} \exp(s_{e'} - m_{g(e)})},
         \qquad m_g = \max_{e : g(e) = g} s_e
 
     Each group subtracts its own maximum, so groups of wildly different scales are stable in one
