@@ -1,0 +1,299 @@
+"""Attention patterns as graphs, and conversions to dense masks and networkx.
+
+Every self-attention variant is :func:`~graphattn.functional.edge_attention` on one of these
+graphs: the complete graph is ordinary (transformer) attention, the causal graph masked decoder
+attention, a window graph truncated attention, a grid graph image attention with a
+convolution-sized receptive field.
+
+All builders return ``edge_index`` ``[2, E]`` int64 with row 0 the source j and row 1 the
+target i (node i attends to node j), sorted by target and then by source, so
+``to_dense_mask(edge_index, N)`` read row by row lists the edges in order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import networkx as nx
+import torch
+from torch import Tensor
+
+from graphattn._checks import check_edge_index
+
+
+def _check_size(value: int, name: str) -> None:
+    """Raise unless ``value`` is an int >= 0."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+
+
+def _window_edges(n: int, offsets: Tensor) -> Tensor:
+    """Edges ``i + d -> i`` for every target i and ascending offset d that stays in ``[0, n)``."""
+    dst = torch.arange(n).repeat_interleave(offsets.numel())  # (n * D,)
+    src = dst + offsets.repeat(n)  # (n * D,)
+    keep = (src >= 0) & (src < n)
+    return torch.stack([src[keep], dst[keep]])  # (2, E), sorted by target, then source
+
+
+def complete_graph(n: int, self_loops: bool = True) -> Tensor:
+    r"""Every node attends to every node: ordinary dense self-attention.
+
+    .. math::
+        \mathcal{E} = \{(j, i) : 0 \le i, j < n\} \quad (\text{without } j = i
+        \text{ when } \texttt{self\_loops=False})
+
+    Args:
+        n (int): number of nodes (sequence length L).
+        self_loops (bool, optional): include the edges ``i -> i``. (default: ``True``)
+
+    Shapes:
+        - **output:** edge_index ``(2, n^2)`` or ``(2, n^2 - n)``, int64
+    """
+    _check_size(n, "n")
+    dst = torch.arange(n).repeat_interleave(n)  # (n^2,)
+    src = torch.arange(n).repeat(n)  # (n^2,)
+    if not self_loops:
+        keep = src != dst
+        src, dst = src[keep], dst[keep]
+    return torch.stack([src, dst])
+
+
+def chain_graph(n: int, directed: bool = False) -> Tensor:
+    r"""The path ``0 - 1 - ... - n-1``: each position sees its direct neighbours.
+
+    .. math::
+        \mathcal{E} = \{(i-1, i)\} \cup \{(i+1, i)\ \text{unless}\ \texttt{directed}\}
+
+    The chain is the graph of a plain sequence; its Laplacian eigenvectors are the cosines
+    that :func:`graphattn.pe.laplacian_pe` returns (see :mod:`graphattn.pe`). There are no
+    self-loops (``GraphSelfAttention`` adds them by default).
+
+    Args:
+        n (int): number of nodes.
+        directed (bool, optional): only the forward edges ``i-1 -> i``. (default: ``False``)
+
+    Shapes:
+        - **output:** edge_index ``(2, n - 1)`` (directed) or ``(2, 2 (n - 1))``, int64
+    """
+    _check_size(n, "n")
+    offsets = torch.tensor([-1]) if directed else torch.tensor([-1, 1])
+    return _window_edges(n, offsets)
+
+
+def causal_graph(n: int) -> Tensor:
+    r"""Node i attends to every j <= i: masked (decoder) self-attention.
+
+    .. math::
+        \mathcal{E} = \{(j, i) : 0 \le j \le i < n\}
+
+    Equal to ``dense_attention(..., is_causal=True)``.
+
+    Args:
+        n (int): number of nodes.
+
+    Shapes:
+        - **output:** edge_index ``(2, n (n + 1) / 2)``, int64
+    """
+    _check_size(n, "n")
+    dst, src = torch.tril_indices(n, n)  # row-major: sorted by target, then source
+    return torch.stack([src, dst])
+
+
+def window_graph(n: int, radius: int, causal: bool = False) -> Tensor:
+    r"""Node i attends to the positions within ``radius``: truncated self-attention.
+
+    .. math::
+        \mathcal{E} = \{(j, i) : |i - j| \le r\} \quad \text{or, causal,} \quad
+        \{(j, i) : 0 \le i - j \le r\}
+
+    Used for long sequences (speech) where full attention costs too much: E is about
+    ``(2r + 1) n`` (``(r + 1) n`` when causal) instead of ``n^2``. Self-loops are included.
+
+    Args:
+        n (int): number of nodes.
+        radius (int): window radius r >= 0 (0 leaves only the self-loops).
+        causal (bool, optional): only look back, ``j <= i``. (default: ``False``)
+
+    Shapes:
+        - **output:** edge_index ``(2, E)``, int64
+    """
+    _check_size(n, "n")
+    _check_size(radius, "radius")
+    r = min(radius, max(n - 1, 0))
+    offsets = torch.arange(-r, 1) if causal else torch.arange(-r, r + 1)
+    return _window_edges(n, offsets)
+
+
+def grid_graph(height: int, width: int, radius: int = 1) -> Tensor:
+    r"""Pixels of a ``height x width`` image attend to their square neighbourhood.
+
+    Pixel ``(r, c)`` is node ``r * width + c`` (row-major). Pixel p attends to q when both
+    coordinates differ by at most ``radius`` (Chebyshev distance):
+
+    .. math::
+        \mathcal{E} = \{(q, p) : |r_p - r_q| \le \rho,\ |c_p - c_q| \le \rho\}
+
+    ``radius=1`` is the 3x3 neighbourhood of a convolution, the pixel itself included.
+
+    Args:
+        height (int): number of rows.
+        width (int): number of columns.
+        radius (int, optional): neighbourhood radius rho >= 0. (default: ``1``)
+
+    Shapes:
+        - **output:** edge_index ``(2, E)``, int64, E <= ``(2 rho + 1)^2 * height * width``
+    """
+    _check_size(height, "height")
+    _check_size(width, "width")
+    _check_size(radius, "radius")
+    rad = min(radius, max(height - 1, width - 1, 0))
+    d = torch.arange(-rad, rad + 1)
+    dr, dc = d.repeat_interleave(d.numel()), d.repeat(d.numel())  # (D,) row-major offsets
+    row = torch.arange(height).repeat_interleave(width)  # (N,)
+    col = torch.arange(width).repeat(height)  # (N,)
+    src_row = row.unsqueeze(1) + dr  # (N, D)
+    src_col = col.unsqueeze(1) + dc  # (N, D)
+    keep = (src_row >= 0) & (src_row < height) & (src_col >= 0) & (src_col < width)
+    src = (src_row * width + src_col)[keep]  # ascending per target: rows, then columns
+    dst = torch.arange(height * width).unsqueeze(1).expand_as(keep)[keep]
+    return torch.stack([src, dst])
+
+
+def to_dense_mask(edge_index: Tensor, num_nodes: int) -> Tensor:
+    r"""The boolean attention mask of a graph: ``mask[i, j] = True`` for every edge j -> i.
+
+    ``dense_attention(q, k, v, to_dense_mask(edge_index, N))`` computes what
+    ``edge_attention(q, k, v, edge_index)`` computes (multi-edges collapse into one entry).
+
+    Args:
+        edge_index (Tensor): ``[2, E]`` integer, row 0 the sources, row 1 the targets.
+        num_nodes (int): number of nodes N.
+
+    Shapes:
+        - **input:** edge_index ``(2, E)``
+        - **output:** mask ``(N, N)``, bool, on the device of ``edge_index``
+    """
+    _check_size(num_nodes, "num_nodes")
+    check_edge_index(edge_index, num_src=num_nodes, num_dst=num_nodes)
+    mask = torch.zeros(num_nodes, num_nodes, dtype=torch.bool, device=edge_index.device)
+    mask[edge_index[1].long(), edge_index[0].long()] = True
+    return mask
+
+
+def from_dense_mask(mask: Tensor) -> Tensor:
+    r"""The graph of a boolean attention mask: one edge j -> i for every ``mask[i, j] = True``.
+
+    The inverse of :func:`to_dense_mask`.
+
+    Args:
+        mask (Tensor): bool ``[N, N]``; ``mask[i, j]`` says query i may attend to key j.
+
+    Shapes:
+        - **input:** mask ``(N, N)``
+        - **output:** edge_index ``(2, E)``, int64, sorted by target, then source
+    """
+    if not isinstance(mask, Tensor):
+        raise TypeError(f"mask must be a torch.Tensor, got {type(mask).__name__}")
+    if mask.dtype != torch.bool:
+        raise TypeError(f"mask must be a bool tensor, got {mask.dtype}")
+    if mask.dim() != 2 or mask.size(0) != mask.size(1):
+        raise ValueError(f"mask must be square, [N, N], got {list(mask.shape)}")
+    dst, src = mask.nonzero().t()  # row-major: sorted by target, then source
+    return torch.stack([src, dst])
+
+
+def from_networkx(G: nx.Graph, edge_attrs: Sequence[str] | None = None,
+                  ) -> Tensor | tuple[Tensor, Tensor]:
+    r"""The ``edge_index`` of a networkx graph, nodes relabelled ``0..N-1`` in ``G``'s order.
+
+    A directed edge ``u -> v`` becomes the edge ``(index(u), index(v))`` (u is the source). An
+    undirected edge ``{u, v}`` becomes both directions (a self-loop stays one edge). Multigraphs
+    keep every parallel edge. Nodes without edges remain nodes: N is ``G.number_of_nodes()``.
+
+    Args:
+        G (networkx.Graph): a ``Graph``, ``DiGraph``, ``MultiGraph`` or ``MultiDiGraph``.
+        edge_attrs (list of str, optional): edge attributes to collect into ``edge_attr``;
+            each must be a number or a sequence of numbers on every edge, and they are
+            concatenated in the given order. (default: ``None``, return ``edge_index`` only)
+
+    Shapes:
+        - **output:** edge_index ``(2, E)``, int64, sorted by target, then source; with
+          ``edge_attrs`` also edge_attr ``(E, D)`` in the default float dtype, D the total size
+          of the attributes
+    """
+    if not isinstance(G, nx.Graph):
+        raise TypeError(f"G must be a networkx graph, got {type(G).__name__}")
+    index = {node: i for i, node in enumerate(G.nodes)}
+    names = list(edge_attrs) if edge_attrs is not None else []
+    src: list[int] = []
+    dst: list[int] = []
+    rows: list[Tensor] = []
+    for u, v, data in G.edges(data=True):
+        row = _edge_attr_row(data, names, (u, v)) if names else None
+        pairs = [(u, v)] if G.is_directed() or u == v else [(u, v), (v, u)]
+        for a, b in pairs:
+            src.append(index[a])
+            dst.append(index[b])
+            if row is not None:
+                rows.append(row)
+    n = G.number_of_nodes()
+    edge_index = torch.tensor([src, dst], dtype=torch.long).view(2, -1)
+    order = torch.sort(edge_index[1] * n + edge_index[0], stable=True).indices
+    edge_index = edge_index[:, order]
+    if not names:
+        return edge_index
+    if rows and len({r.numel() for r in rows}) > 1:
+        sizes = sorted({r.numel() for r in rows})
+        raise ValueError(f"edge attributes {names} must have the same total size on every "
+                         f"edge, got sizes {sizes}")
+    edge_attr = (torch.stack(rows) if rows
+                 else torch.empty(0, len(names), dtype=torch.get_default_dtype()))
+    return edge_index, edge_attr[order]
+
+
+def _edge_attr_row(data: dict, names: list[str], edge: tuple) -> Tensor:
+    """Concatenate the attributes ``names`` of one networkx edge into a flat float tensor."""
+    parts = []
+    for name in names:
+        if name not in data:
+            raise ValueError(f"edge_attrs: edge {edge} has no attribute {name!r}")
+        parts.append(torch.as_tensor(data[name], dtype=torch.get_default_dtype()).reshape(-1))
+    return torch.cat(parts)
+
+
+def to_networkx(edge_index: Tensor, num_nodes: int, edge_attr: Tensor | None = None, *,
+                undirected: bool = False) -> nx.Graph:
+    r"""A networkx graph with nodes ``0..N-1`` and the edges of ``edge_index``.
+
+    Every node is added, with or without edges. Parallel edges collapse into one (the
+    attribute of the last one is kept).
+
+    Args:
+        edge_index (Tensor): ``[2, E]`` integer, row 0 the sources, row 1 the targets.
+        num_nodes (int): number of nodes N.
+        edge_attr (Tensor, optional): ``[E]`` or ``[E, D]`` edge features, stored on each edge
+            as the attribute ``"edge_attr"`` (a float, or a list of D floats).
+            (default: ``None``)
+        undirected (bool, optional): return a ``networkx.Graph`` in which ``j -> i`` and
+            ``i -> j`` are the one edge ``{i, j}``; otherwise a ``networkx.DiGraph``.
+            (default: ``False``)
+
+    Shapes:
+        - **input:** edge_index ``(2, E)``, edge_attr ``(E)`` or ``(E, D)``
+    """
+    _check_size(num_nodes, "num_nodes")
+    check_edge_index(edge_index, num_src=num_nodes, num_dst=num_nodes)
+    if edge_attr is not None and (edge_attr.dim() not in (1, 2)
+                                  or edge_attr.size(0) != edge_index.size(1)):
+        raise ValueError(f"edge_attr must have shape [E] or [E, D] with E = "
+                         f"{edge_index.size(1)}, got {list(edge_attr.shape)}")
+    G = nx.Graph() if undirected else nx.DiGraph()
+    G.add_nodes_from(range(num_nodes))
+    src, dst = edge_index.tolist()
+    if edge_attr is None:
+        G.add_edges_from(zip(src, dst, strict=True))
+    else:
+        values = edge_attr.tolist()
+        G.add_edges_from((j, i, {"edge_attr": a}) for j, i, a in zip(src, dst, values,
+                                                                      strict=True))
+    return G

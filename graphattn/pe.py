@@ -1,0 +1,454 @@
+r"""Positional encodings for sequences and graphs, and PyG transforms that attach them.
+
+Self-attention is blind to order: it sees a set. Sequences add the sinusoidal encoding
+(Vaswani et al., 2017), whose columns are pairs
+
+.. math::
+    \mathrm{PE}[t, 2i] = \sin(\omega_i t), \qquad \mathrm{PE}[t, 2i + 1] = \cos(\omega_i t),
+    \qquad \omega_i = 10000^{-2i/d}.
+
+Graphs use the eigenvectors of the symmetric normalized Laplacian
+:math:`\mathcal{L} = I - D^{-1/2} A D^{-1/2}` (:func:`laplacian_pe`), and the sequence case is
+the chain graph case of it:
+
+- **Cycle** ``0 - 1 - ... - n-1 - 0`` (a periodic sequence). :math:`\mathcal{L} = I - A / 2`
+  has the eigenvalues :math:`\lambda_m = 1 - \cos(2 \pi m / n)`, ``m = 0 .. n // 2``; for
+  ``0 < m < n / 2`` the eigenspace of :math:`\lambda_m` is two-dimensional and spanned by
+  :math:`\sin(\omega t)` and :math:`\cos(\omega t)` with :math:`\omega = 2 \pi m / n` -- exactly
+  the column pair of the sinusoidal encoding at the frequency :math:`\omega_i = 2 \pi m / n`
+  (period ``n / m`` positions). Small eigenvalues are low frequencies: the ``k`` eigenvectors
+  that ``laplacian_pe`` keeps are the ``k / 2`` slowest pairs, ``m = 1 .. k / 2``, which play the
+  part of the last (large ``i``) columns of the sinusoidal encoding. The two differ in which
+  frequencies they sample: the Transformer spaces its ``d / 2`` frequencies geometrically from
+  1 down to 1/10000, for any length; the cycle's Laplacian has exactly the ``n / 2`` frequencies
+  ``2 pi m / n`` that fit around it, so a Transformer pair lies in an eigenspace only when its
+  :math:`\omega_i` is one of them. The basis inside a
+  two-dimensional eigenspace is arbitrary (any rotation of the sin/cos pair is as good), so
+  only the span is determined: what matches is the subspace, not the columns.
+- **Path** ``0 - 1 - ... - n-1`` (:func:`graphattn.graphs.chain_graph`, an open sequence). The
+  eigenvalues :math:`1 - \cos(\pi m / (n - 1))` are simple and the eigenvectors are cosines,
+  :math:`u_m(t) \propto \sqrt{d_t} \cos(\pi m t / (n - 1))` (:math:`d_t` is 1 at the two ends
+  and 2 inside): the cosine column at :math:`\omega = \pi m / (n - 1)`, corrected at the ends.
+
+On a general graph the same eigenvectors are the graph's "frequencies"; an eigenvector is
+defined only up to sign (up to rotation inside a repeated eigenvalue), which is why
+:func:`laplacian_pe` fixes a sign convention and can flip signs at random for training.
+:func:`random_walk_pe` (Dwivedi et al., 2022) has no sign ambiguity at all.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+from scipy.sparse.csgraph import connected_components
+from scipy.sparse.linalg import LinearOperator, eigsh
+from torch import Tensor
+from torch_geometric.data import Data
+from torch_geometric.transforms import BaseTransform
+
+from graphattn._checks import check_edge_index, check_positive
+
+#: ``laplacian_pe(solver="auto")`` uses the dense eigensolver up to this many nodes.
+DENSE_SOLVER_MAX_NODES = 2000
+
+# Entries whose magnitude is within this relative distance of the largest one count as tied
+# when fixing eigenvector signs (mirror-symmetric graphs have exact ties).
+_SIGN_TIE_RTOL = 1e-6
+
+SOLVERS = ("auto", "dense", "sparse")
+
+
+def _check_count(value: int, name: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+
+
+def _sinusoid(positions: Tensor, dim: int, base: float) -> Tensor:
+    """The sinusoidal encoding of arbitrary (float64) positions, ``[L]`` -> ``[L, dim]``."""
+    steps = torch.arange(0, dim, 2, dtype=torch.float64, device=positions.device)
+    omega = base ** (-steps / dim)  # (dim / 2,)
+    angle = positions.to(torch.float64).unsqueeze(-1) * omega  # (L, dim / 2)
+    return torch.stack([angle.sin(), angle.cos()], dim=-1).flatten(-2)  # (L, dim): sin, cos, ..
+
+
+def _check_dim(dim: int) -> None:
+    check_positive(dim, "dim")
+    if dim % 2:
+        raise ValueError(f"dim must be even (one sin and one cos column per frequency), "
+                         f"got {dim}")
+
+
+def sinusoidal(num_positions: int, dim: int, *, base: float = 10000.0) -> Tensor:
+    r"""The Transformer's sinusoidal positional encoding.
+
+    .. math::
+        \mathrm{PE}[t, 2i] = \sin(\omega_i t), \qquad \mathrm{PE}[t, 2i + 1] = \cos(\omega_i t),
+        \qquad \omega_i = \text{base}^{-2i/d}
+
+    Computed in float64 and returned in the default float dtype.
+
+    Args:
+        num_positions (int): number of positions L (``t = 0 .. L-1``).
+        dim (int): encoding size d; must be even.
+        base (float, optional): frequency base. (default: ``10000.0``)
+
+    Shapes:
+        - **output:** ``(L, d)``
+    """
+    _check_count(num_positions, "num_positions")
+    _check_dim(dim)
+    positions = torch.arange(num_positions, dtype=torch.float64)
+    return _sinusoid(positions, dim, base).to(torch.get_default_dtype())
+
+
+class SinusoidalPE(torch.nn.Module):
+    r"""Adds :func:`sinusoidal` to its input: :math:`x_t + \mathrm{PE}[t]`.
+
+    Args:
+        dim (int): feature size d of the input; must be even.
+        base (float, optional): frequency base. (default: ``10000.0``)
+
+    Shapes:
+        - **input:** x ``(..., L, d)``; positions ``(L)`` integer (optional, default
+          ``0 .. L-1``)
+        - **output:** ``(..., L, d)``
+    """
+
+    def __init__(self, dim: int, *, base: float = 10000.0) -> None:
+        super().__init__()
+        _check_dim(dim)
+        self.dim = dim
+        self.base = float(base)
+
+    def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
+        """Add the encoding of ``positions`` (default ``0 .. L-1``) along dim -2 of ``x``."""
+        if x.dim() < 2 or x.size(-1) != self.dim:
+            raise ValueError(f"x must have shape [..., L, dim] with dim = {self.dim}, "
+                             f"got {list(x.shape)}")
+        if positions is None:
+            positions = torch.arange(x.size(-2), device=x.device)
+        pe = _sinusoid(positions, self.dim, self.base)  # (L, d)
+        return x + pe.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.dim}"
+
+
+class LearnablePE(torch.nn.Module):
+    r"""A learned embedding per position, added to the input: :math:`x_t + P_t`.
+
+    As in BERT and GPT-2; ``P`` starts as :math:`\mathcal{N}(0, 0.02^2)`.
+
+    Args:
+        max_len (int): number of positions that have an embedding; a position >= max_len
+            raises an ``IndexError``.
+        dim (int): feature size d of the input.
+
+    Shapes:
+        - **input:** x ``(..., L, d)``; positions ``(L)`` integer (optional, default
+          ``0 .. L-1``)
+        - **output:** ``(..., L, d)``
+    """
+
+    def __init__(self, max_len: int, dim: int) -> None:
+        super().__init__()
+        check_positive(max_len, "max_len")
+        check_positive(dim, "dim")
+        self.max_len = max_len
+        self.dim = dim
+        self.weight = torch.nn.Parameter(torch.empty(max_len, dim))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Draw the embeddings from a normal distribution with standard deviation 0.02."""
+        torch.nn.init.normal_(self.weight, std=0.02)
+
+    def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
+        """Add the embedding of ``positions`` (default ``0 .. L-1``) along dim -2 of ``x``."""
+        if x.dim() < 2 or x.size(-1) != self.dim:
+            raise ValueError(f"x must have shape [..., L, dim] with dim = {self.dim}, "
+                             f"got {list(x.shape)}")
+        if positions is None:
+            if x.size(-2) > self.max_len:
+                raise IndexError(f"LearnablePE has max_len={self.max_len} positions, got a "
+                                 f"sequence of length {x.size(-2)} (positions up to "
+                                 f"{x.size(-2) - 1})")
+            positions = torch.arange(x.size(-2), device=x.device)
+        elif positions.numel() and (int(positions.min()) < 0
+                                    or int(positions.max()) >= self.max_len):
+            lo, hi = int(positions.min()), int(positions.max())
+            raise IndexError(f"positions must lie in [0, max_len) = [0, {self.max_len}), "
+                             f"got values in [{lo}, {hi}]")
+        return x + self.weight[positions]
+
+    def extra_repr(self) -> str:
+        return f"{self.max_len}, {self.dim}"
+
+
+def _adjacency(edge_index: Tensor, num_nodes: int) -> sp.csr_matrix:
+    """Binary symmetric adjacency without self-loops (float64 CSR)."""
+    src, dst = edge_index.long().cpu().numpy()
+    keep = src != dst
+    src, dst = src[keep], dst[keep]
+    rows = np.concatenate([src, dst])
+    cols = np.concatenate([dst, src])
+    adj = sp.csr_matrix((np.ones(rows.size), (rows, cols)), shape=(num_nodes, num_nodes))
+    adj.data[:] = 1.0  # duplicates were summed; keep one unit weight per pair
+    return adj
+
+
+def _fix_signs(vecs: np.ndarray) -> np.ndarray:
+    """Flip each column so that its largest-magnitude entry (first one on a tie) is positive."""
+    if vecs.size == 0:
+        return vecs
+    mag = np.abs(vecs)  # (N, k)
+    tied = mag >= mag.max(axis=0, keepdims=True) * (1.0 - _SIGN_TIE_RTOL)
+    first = tied.argmax(axis=0)  # (k,) first row of each column's top entries
+    signs = np.sign(vecs[first, np.arange(vecs.shape[1])])
+    return vecs * np.where(signs == 0, 1.0, signs)
+
+
+def laplacian_pe(edge_index: Tensor, num_nodes: int, k: int, *, pad: bool = False,
+                 random_sign_flip: bool = False, generator: torch.Generator | None = None,
+                 solver: str = "auto", return_eigenvalues: bool = False,
+                 ) -> Tensor | tuple[Tensor, Tensor]:
+    r"""Laplacian eigenvector positional encoding: the k lowest non-trivial graph frequencies.
+
+    The graph is made undirected and unweighted (an edge in either direction connects the two
+    nodes; multi-edges count once, self-loops are dropped), and with the symmetric normalized
+    Laplacian (:math:`D^{-1/2}_{ii} = 0` for an isolated node, so its row and column are 0)
+
+    .. math::
+        \mathcal{L} = D^{-1/2} (D - A) D^{-1/2}, \qquad
+        \mathcal{L} u_m = \lambda_m u_m, \qquad \mathrm{PE} = [u_1, \dots, u_k],
+        \qquad 0 < \lambda_1 \le \dots \le \lambda_k
+
+    On the nodes with an edge this is :math:`I - D^{-1/2} A D^{-1/2}`. The trivial
+    eigenvectors, :math:`\lambda = 0`, one per connected component C (:math:`D^{1/2}
+    \mathbb{1}_C`, or :math:`e_i` for an isolated node i), say only which component a node is
+    in and are left out: a graph with c components has ``N - c`` non-trivial eigenvectors
+    (``N - 1`` when connected), and an isolated node's encoding is 0. Each column gets a
+    deterministic sign: its largest-magnitude entry is positive (the first such entry, in node
+    order, on a tie). When eigenvalues repeat (symmetric graphs) the basis inside an eigenspace
+    is arbitrary; only the span is determined. On chains and cycles the columns are the
+    sinusoidal encoding's cosines and sin/cos pairs (see :mod:`graphattn.pe`).
+
+    Up to :data:`DENSE_SOLVER_MAX_NODES` nodes the dense ``numpy.linalg.eigh`` runs; above it
+    ``scipy.sparse.linalg.eigsh`` (Lanczos) runs on :math:`\mathcal{L}` with the trivial
+    eigenvectors shifted to eigenvalue 2, from a fixed start vector.
+
+    Args:
+        edge_index (Tensor): ``[2, E]`` integer.
+        num_nodes (int): number of nodes N.
+        k (int): number of eigenvectors.
+        pad (bool, optional): if the graph has fewer than k non-trivial eigenvectors (always
+            when ``k >= N``), fill the missing columns (and eigenvalues) with zeros instead of
+            raising. (default: ``False``)
+        random_sign_flip (bool, optional): multiply each column by a random sign, the usual
+            training augmentation that teaches a model the sign does not matter.
+            (default: ``False``)
+        generator (torch.Generator, optional): source of the random signs. (default: ``None``)
+        solver (str, optional): ``"auto"``, ``"dense"`` or ``"sparse"``; ``"sparse"`` falls
+            back to dense when ``k >= N - c - 1`` (too few eigenpairs left for Lanczos).
+            (default: ``"auto"``)
+        return_eigenvalues (bool, optional): also return :math:`\lambda_1 .. \lambda_k`.
+            (default: ``False``)
+
+    Shapes:
+        - **input:** edge_index ``(2, E)``
+        - **output:** ``(N, k)`` in the default float dtype on the device of ``edge_index``;
+          eigenvalues ``(k)`` when ``return_eigenvalues``
+    """
+    _check_count(num_nodes, "num_nodes")
+    check_positive(k, "k")
+    if solver not in SOLVERS:
+        raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}")
+    check_edge_index(edge_index, num_src=num_nodes, num_dst=num_nodes)
+    adj = _adjacency(edge_index, num_nodes)
+    deg = np.asarray(adj.sum(axis=1)).ravel()  # (N,)
+    active = deg > 0
+    inv_sqrt = np.zeros_like(deg)
+    np.divide(1.0, np.sqrt(deg), out=inv_sqrt, where=active)
+    scale = sp.diags(inv_sqrt)
+    lap = (sp.diags(active.astype(np.float64)) - scale @ adj @ scale).tocsr()  # (N, N)
+
+    num_trivial, labels = (connected_components(adj, directed=False) if num_nodes
+                           else (0, np.zeros(0, dtype=np.int64)))  # labels: (N,) component
+    available = num_nodes - num_trivial
+    if k > available and not pad:
+        raise ValueError(f"k must be at most the number of non-trivial eigenvectors, "
+                         f"N - c = {num_nodes} - {num_trivial} = {available} (c = connected "
+                         f"components, isolated nodes included), got k={k}; pass pad=True "
+                         f"to fill the missing columns with zeros")
+    n_eig = min(k, available)
+
+    vals, vecs = np.zeros(0), np.zeros((num_nodes, 0))
+    use_sparse = solver == "sparse" or (solver == "auto" and num_nodes > DENSE_SOLVER_MAX_NODES)
+    if n_eig > 0 and use_sparse and n_eig < available - 1:
+        vals, vecs = _sparse_smallest(lap, deg, labels, num_trivial, n_eig)
+    elif n_eig > 0:
+        all_vals, all_vecs = np.linalg.eigh(lap.toarray())  # ascending; c zeros first
+        vals = all_vals[num_trivial:num_trivial + n_eig]
+        vecs = all_vecs[:, num_trivial:num_trivial + n_eig]
+    vecs[~active] = 0.0  # exactly: orthogonal to every e_i of an isolated node
+    vecs = _fix_signs(vecs)
+
+    pe = torch.zeros(num_nodes, k, dtype=torch.float64)
+    pe[:, :n_eig] = torch.from_numpy(vecs)
+    eigenvalues = torch.zeros(k, dtype=torch.float64)
+    eigenvalues[:n_eig] = torch.from_numpy(vals)
+    if random_sign_flip:
+        signs = torch.randint(0, 2, (k,), generator=generator) * 2 - 1  # (k,) in {-1, 1}
+        pe = pe * signs
+    dtype, device = torch.get_default_dtype(), edge_index.device
+    pe = pe.to(device=device, dtype=dtype)
+    if return_eigenvalues:
+        return pe, eigenvalues.to(device=device, dtype=dtype)
+    return pe
+
+
+def _sparse_smallest(lap: sp.csr_matrix, deg: np.ndarray, labels: np.ndarray,
+                     num_trivial: int, n_eig: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``n_eig`` smallest eigenpairs of ``lap`` orthogonal to its null space, by Lanczos.
+
+    The null space is known in closed form (``D^{1/2} 1_C`` per component C, ``e_i`` for an
+    isolated node); adding ``2 U U^T`` moves it to the top of the spectrum, so ``eigsh`` never
+    has to resolve the repeated eigenvalue 0.
+    """
+    num_nodes = lap.shape[0]
+    values = np.where(deg > 0, np.sqrt(deg), 1.0)  # (N,) unnormalized null vectors
+    norms = np.sqrt(np.bincount(labels, weights=values**2, minlength=num_trivial))
+    null = sp.csr_matrix((values / norms[labels], (np.arange(num_nodes), labels)),
+                         shape=(num_nodes, num_trivial))  # (N, c), orthonormal columns
+
+    def matvec(x: np.ndarray) -> np.ndarray:
+        x = x.reshape(num_nodes, -1)
+        return lap @ x + 2.0 * (null @ (null.T @ x))
+
+    op = LinearOperator((num_nodes, num_nodes), matvec=matvec, matmat=matvec, dtype=np.float64)
+    v0 = np.random.default_rng(0).standard_normal(num_nodes)
+    vals, vecs = eigsh(op, k=n_eig, which="SA", v0=v0)
+    order = np.argsort(vals)
+    return vals[order], vecs[:, order]
+
+
+def random_walk_pe(edge_index: Tensor, num_nodes: int, k: int) -> Tensor:
+    r"""Random-walk positional encoding: the return probabilities of 1..k-step walks.
+
+    A walker at node j moves along one of j's outgoing edges ``j -> i``, chosen uniformly
+    (parallel edges count separately, a self-loop lets it stay):
+
+    .. math::
+        P = D_{\text{out}}^{-1} A, \qquad A_{ji} = \#\{\text{edges } j \to i\}, \qquad
+        \mathrm{PE}[i, t - 1] = (P^t)_{ii}, \quad t = 1 .. k
+
+    A node without outgoing edges ends every walk: its return probabilities are 0. Unlike
+    :func:`laplacian_pe` the encoding is unique (no sign or basis choice) and relabelling the
+    nodes permutes its rows. Computed in float64 by sparse products on blocks of columns of the
+    identity, so memory stays ``O(E + N * block)``.
+
+    Args:
+        edge_index (Tensor): ``[2, E]`` integer.
+        num_nodes (int): number of nodes N.
+        k (int): number of walk lengths.
+
+    Shapes:
+        - **input:** edge_index ``(2, E)``
+        - **output:** ``(N, k)`` in the default float dtype on the device of ``edge_index``
+    """
+    _check_count(num_nodes, "num_nodes")
+    check_positive(k, "k")
+    check_edge_index(edge_index, num_src=num_nodes, num_dst=num_nodes)
+    src, dst = edge_index.long().cpu().numpy()
+    adj = sp.csr_matrix((np.ones(src.size), (src, dst)), shape=(num_nodes, num_nodes))
+    out_deg = np.asarray(adj.sum(axis=1)).ravel()
+    inv_deg = np.zeros_like(out_deg)
+    np.divide(1.0, out_deg, out=inv_deg, where=out_deg > 0)
+    walk = (sp.diags(inv_deg) @ adj).tocsr()  # (N, N) row-stochastic (or zero rows)
+
+    pe = np.zeros((num_nodes, k))
+    block = max(1, min(num_nodes, (1 << 23) // max(num_nodes, 1)))
+    for start in range(0, num_nodes, block):
+        nodes = np.arange(start, min(start + block, num_nodes))
+        cols = np.arange(nodes.size)
+        y = np.zeros((num_nodes, nodes.size))
+        y[nodes, cols] = 1.0  # columns of the identity
+        for t in range(k):
+            y = walk @ y  # (N, block): columns of P^(t+1)
+            pe[nodes, t] = y[nodes, cols]
+    return torch.from_numpy(pe).to(device=edge_index.device, dtype=torch.get_default_dtype())
+
+
+def _add_node_attr(data: Data, value: Tensor, attr_name: str | None) -> Data:
+    """Store ``value`` as ``data[attr_name]``, or concatenate it to ``data.x`` when ``None``."""
+    if attr_name is not None:
+        data[attr_name] = value
+    elif data.x is None:
+        data.x = value
+    else:
+        x = data.x.view(-1, 1) if data.x.dim() == 1 else data.x
+        data.x = torch.cat([x, value.to(x.device, x.dtype)], dim=-1)
+    return data
+
+
+class AddLaplacianPE(BaseTransform):
+    r"""PyG transform that stores :func:`laplacian_pe` of ``data.edge_index`` on the graph.
+
+    Args:
+        k (int): number of eigenvectors.
+        attr_name (str, optional): attribute to store the ``[N, k]`` encoding in; ``None``
+            concatenates it to ``data.x``. (default: ``"laplacian_pe"``)
+        pad (bool, optional): zero columns for graphs with too few eigenvectors.
+            (default: ``False``)
+        random_sign_flip (bool, optional): flip signs at random on every call (use as a
+            per-access ``transform``, not a one-off ``pre_transform``). (default: ``False``)
+        solver (str, optional): see :func:`laplacian_pe`. (default: ``"auto"``)
+
+    Shapes:
+        - **input:** ``Data`` with ``edge_index (2, E)`` and ``num_nodes`` N
+        - **output:** the same ``Data`` (shallow copy) with ``laplacian_pe (N, k)``
+    """
+
+    def __init__(self, k: int, attr_name: str | None = "laplacian_pe", *, pad: bool = False,
+                 random_sign_flip: bool = False, solver: str = "auto") -> None:
+        check_positive(k, "k")
+        self.k = k
+        self.attr_name = attr_name
+        self.pad = pad
+        self.random_sign_flip = random_sign_flip
+        self.solver = solver
+
+    def forward(self, data: Data) -> Data:
+        pe = laplacian_pe(data.edge_index, data.num_nodes, self.k, pad=self.pad,
+                          random_sign_flip=self.random_sign_flip, solver=self.solver)
+        return _add_node_attr(data, pe, self.attr_name)
+
+    def __repr__(self) -> str:
+        return f"{self.__class__.__name__}(k={self.k})"
+
+
+class AddRandomWalkPE(BaseTransform):
+    r"""PyG transform that stores :func:`random_walk_pe` of ``data.edge_index`` on the graph.
+
+    Args:
+        k (int): number of walk lengths.
+        attr_name (str, optional): attribute to store the ``[N, k]`` encoding in; ``None``
+            concatenates it to ``data.x``. (default: ``"random_walk_pe"``)
+
+    Shapes:
+        - **input:** ``Data`` with ``edge_index (2, E)`` and ``num_nodes`` N
+        - **output:** the same ``Data`` (shallow copy) with ``random_walk_pe (N, k)``
+    """
+
+    def __init__(self, k: int, attr_name: str | None = "random_walk_pe") -> None:
+        check_positive(k, "k")
+        self.k = k
+        self.attr_name = attr_name
+
+    def forward(self, data: Data) -> Data:
+        pe = random_walk_pe(data.edge_index, data.num_nodes, self.k)
+        return _add_node_attr(data, pe, self.attr_name)
+
+    def __repr__(self) -> str:
+        return f"{self.__class__.__name__}(k={self.k})"

@@ -1,0 +1,241 @@
+"""Attention-pattern builders and conversions, against brute-force edge lists."""
+
+from __future__ import annotations
+
+import networkx as nx
+import pytest
+import torch
+
+from graphattn import graphs
+
+
+def brute_force(n: int, allowed) -> torch.Tensor:
+    """Every edge j -> i with ``allowed(i, j)``, sorted by target, then source."""
+    pairs = [(j, i) for i in range(n) for j in range(n) if allowed(i, j)]
+    if not pairs:
+        return torch.empty(2, 0, dtype=torch.long)
+    return torch.tensor(pairs, dtype=torch.long).t()
+
+
+def assert_edges_equal(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    assert actual.dtype == torch.int64
+    assert actual.shape == (2, expected.size(1))
+    assert torch.equal(actual, expected)
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 7])
+@pytest.mark.parametrize("self_loops", [True, False])
+def test_complete_graph(n, self_loops):
+    expected = brute_force(n, lambda i, j: self_loops or i != j)
+    assert_edges_equal(graphs.complete_graph(n, self_loops=self_loops), expected)
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 6])
+def test_chain_graph(n):
+    assert_edges_equal(graphs.chain_graph(n), brute_force(n, lambda i, j: abs(i - j) == 1))
+    assert_edges_equal(graphs.chain_graph(n, directed=True),
+                       brute_force(n, lambda i, j: i - j == 1))
+
+
+@pytest.mark.parametrize("n", [0, 1, 5])
+def test_causal_graph(n):
+    assert_edges_equal(graphs.causal_graph(n), brute_force(n, lambda i, j: j <= i))
+
+
+@pytest.mark.parametrize("n,radius", [(0, 1), (1, 0), (6, 0), (9, 2), (5, 4), (4, 10)])
+def test_window_graph(n, radius):
+    assert_edges_equal(graphs.window_graph(n, radius),
+                       brute_force(n, lambda i, j: abs(i - j) <= radius))
+    assert_edges_equal(graphs.window_graph(n, radius, causal=True),
+                       brute_force(n, lambda i, j: 0 <= i - j <= radius))
+
+
+def test_window_graph_special_cases():
+    n = 7
+    assert_edges_equal(graphs.window_graph(n, n - 1), graphs.complete_graph(n))
+    assert_edges_equal(graphs.window_graph(n, n - 1, causal=True), graphs.causal_graph(n))
+
+
+@pytest.mark.parametrize("height,width,radius", [(1, 1, 1), (3, 4, 1), (4, 3, 0), (5, 6, 2),
+                                                 (2, 7, 3), (0, 3, 1)])
+def test_grid_graph(height, width, radius):
+    def allowed(p, q):
+        (rp, cp), (rq, cq) = divmod(p, width), divmod(q, width)
+        return abs(rp - rq) <= radius and abs(cp - cq) <= radius
+
+    expected = brute_force(height * width, allowed)
+    assert_edges_equal(graphs.grid_graph(height, width, radius), expected)
+
+
+def test_grid_graph_radius_one_is_3x3_neighbourhood():
+    edge_index = graphs.grid_graph(5, 5)
+    centre = 2 * 5 + 2
+    sources = edge_index[0, edge_index[1] == centre].tolist()
+    assert sources == [6, 7, 8, 11, 12, 13, 16, 17, 18]
+    corner_sources = edge_index[0, edge_index[1] == 0].tolist()
+    assert corner_sources == [0, 1, 5, 6]
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: graphs.complete_graph(-1), r"n must be a non-negative integer, got -1"),
+    (lambda: graphs.complete_graph(2.0), r"n must be a non-negative integer, got 2.0"),
+    (lambda: graphs.chain_graph(-3), r"n must be a non-negative integer, got -3"),
+    (lambda: graphs.causal_graph(True), r"n must be a non-negative integer, got True"),
+    (lambda: graphs.window_graph(-1, 1), r"n must be a non-negative integer, got -1"),
+    (lambda: graphs.window_graph(4, -1), r"radius must be a non-negative integer, got -1"),
+    (lambda: graphs.grid_graph(-2, 3), r"height must be a non-negative integer, got -2"),
+    (lambda: graphs.grid_graph(2, -3), r"width must be a non-negative integer, got -3"),
+    (lambda: graphs.grid_graph(2, 3, radius=-1), r"radius must be a non-negative integer"),
+    (lambda: graphs.to_dense_mask(graphs.chain_graph(3), -1), r"num_nodes must be a non"),
+])
+def test_builder_errors(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_to_dense_mask():
+    edge_index = torch.tensor([[0, 2, 1, 1], [1, 1, 2, 2]])  # 0->1, 2->1, 1->2 twice
+    mask = graphs.to_dense_mask(edge_index, 4)
+    expected = torch.zeros(4, 4, dtype=torch.bool)
+    expected[1, 0] = expected[1, 2] = expected[2, 1] = True
+    assert mask.dtype == torch.bool
+    assert torch.equal(mask, expected)
+    assert torch.equal(graphs.to_dense_mask(edge_index.int(), 4), expected)
+
+
+def test_to_dense_mask_of_patterns():
+    n = 6
+    assert graphs.to_dense_mask(graphs.complete_graph(n), n).all()
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    assert torch.equal(graphs.to_dense_mask(graphs.causal_graph(n), n), causal)
+    band = torch.ones(n, n, dtype=torch.bool).triu(-2).tril(2)
+    assert torch.equal(graphs.to_dense_mask(graphs.window_graph(n, 2), n), band)
+
+
+def test_to_dense_mask_rejects_out_of_range_ids():
+    with pytest.raises(ValueError, match=r"edge_index\[0\] \(sources\) must be < .* 3"):
+        graphs.to_dense_mask(torch.tensor([[3], [0]]), 3)
+    with pytest.raises(ValueError, match=r"edge_index must have shape \[2, E\]"):
+        graphs.to_dense_mask(torch.zeros(3, 2, dtype=torch.long), 3)
+
+
+def test_from_dense_mask_round_trip():
+    gen = torch.Generator().manual_seed(0)
+    mask = torch.rand(7, 7, generator=gen) < 0.4
+    edge_index = graphs.from_dense_mask(mask)
+    expected = brute_force(7, lambda i, j: bool(mask[i, j]))
+    assert_edges_equal(edge_index, expected)
+    assert torch.equal(graphs.to_dense_mask(edge_index, 7), mask)
+    for builder in (graphs.causal_graph(5), graphs.window_graph(5, 1), graphs.grid_graph(2, 3)):
+        n = int(builder.max()) + 1
+        assert torch.equal(graphs.from_dense_mask(graphs.to_dense_mask(builder, n)), builder)
+    assert graphs.from_dense_mask(torch.zeros(0, 0, dtype=torch.bool)).shape == (2, 0)
+
+
+def test_from_dense_mask_errors():
+    with pytest.raises(ValueError, match=r"mask must be square, \[N, N\], got \[3, 4\]"):
+        graphs.from_dense_mask(torch.ones(3, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"mask must be square, \[N, N\], got \[2, 2, 2\]"):
+        graphs.from_dense_mask(torch.ones(2, 2, 2, dtype=torch.bool))
+    with pytest.raises(TypeError, match=r"mask must be a bool tensor, got torch.float32"):
+        graphs.from_dense_mask(torch.ones(3, 3))
+    with pytest.raises(TypeError, match=r"mask must be a torch.Tensor, got list"):
+        graphs.from_dense_mask([[True]])
+
+
+def test_from_networkx_node_order_and_directions():
+    G = nx.Graph()
+    G.add_nodes_from(["c", "a", "b", "lonely"])
+    G.add_edges_from([("c", "a"), ("a", "b"), ("b", "b")])
+    edge_index = graphs.from_networkx(G)
+    # c=0, a=1, b=2, lonely=3; undirected edges in both directions, the self-loop once
+    expected = torch.tensor([[1, 0, 2, 1, 2], [0, 1, 1, 2, 2]])
+    assert_edges_equal(edge_index, expected)
+
+    D = nx.DiGraph()
+    D.add_nodes_from([10, 20, 30])
+    D.add_edges_from([(30, 10), (10, 20)])
+    assert_edges_equal(graphs.from_networkx(D), torch.tensor([[2, 0], [0, 1]]))  # 30->10, 10->20
+
+
+def test_from_networkx_multigraph_keeps_parallel_edges():
+    M = nx.MultiDiGraph()
+    M.add_edges_from([(0, 1), (0, 1), (2, 1)])
+    assert_edges_equal(graphs.from_networkx(M), torch.tensor([[0, 0, 2], [1, 1, 1]]))
+
+
+def test_from_networkx_edge_attrs():
+    D = nx.DiGraph()
+    D.add_edge(2, 0, weight=0.5, feat=[1.0, 2.0])
+    D.add_edge(1, 0, weight=1.5, feat=[3.0, 4.0])
+    D.add_edge(0, 2, weight=2.5, feat=[5.0, 6.0])
+    edge_index, edge_attr = graphs.from_networkx(D, edge_attrs=["weight", "feat"])
+    # node order 2, 0, 1 -> ids 0, 1, 2
+    assert_edges_equal(edge_index, torch.tensor([[1, 0, 2], [0, 1, 1]]))
+    expected = torch.tensor([[2.5, 5.0, 6.0], [0.5, 1.0, 2.0], [1.5, 3.0, 4.0]])
+    assert torch.equal(edge_attr, expected)
+
+    G = nx.Graph()
+    G.add_edge("x", "y", weight=3.0)
+    edge_index, edge_attr = graphs.from_networkx(G, edge_attrs=["weight"])
+    assert_edges_equal(edge_index, torch.tensor([[1, 0], [0, 1]]))
+    assert torch.equal(edge_attr, torch.tensor([[3.0], [3.0]]))
+
+
+def test_from_networkx_errors():
+    G = nx.Graph()
+    G.add_edge(0, 1, weight=1.0)
+    G.add_edge(1, 2)
+    with pytest.raises(ValueError, match=r"edge \(1, 2\) has no attribute 'weight'"):
+        graphs.from_networkx(G, edge_attrs=["weight"])
+    G.edges[1, 2]["weight"] = [1.0, 2.0]
+    with pytest.raises(ValueError, match=r"same total size on every edge, got sizes \[1, 2\]"):
+        graphs.from_networkx(G, edge_attrs=["weight"])
+    with pytest.raises(TypeError, match=r"G must be a networkx graph, got Tensor"):
+        graphs.from_networkx(torch.zeros(2, 2))
+
+
+def test_to_networkx():
+    edge_index = torch.tensor([[0, 1, 2], [1, 0, 1]])
+    D = graphs.to_networkx(edge_index, 5)
+    assert isinstance(D, nx.DiGraph)
+    assert list(D.nodes) == [0, 1, 2, 3, 4]
+    assert sorted(D.edges) == [(0, 1), (1, 0), (2, 1)]
+
+    U = graphs.to_networkx(edge_index, 5, undirected=True)
+    assert not U.is_directed()
+    assert sorted(tuple(sorted(e)) for e in U.edges) == [(0, 1), (1, 2)]
+
+    attr = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
+    A = graphs.to_networkx(edge_index, 3, edge_attr=attr)
+    assert A.edges[2, 1]["edge_attr"] == [5.0, 6.0]
+    S = graphs.to_networkx(edge_index, 3, edge_attr=attr[:, 0])
+    assert S.edges[1, 0]["edge_attr"] == 3.0
+
+    with pytest.raises(ValueError, match=r"edge_attr must have shape \[E\] or \[E, D\] with "
+                                         r"E = 3, got \[2, 2\]"):
+        graphs.to_networkx(edge_index, 3, edge_attr=attr[:2])
+    with pytest.raises(ValueError, match=r"edge_index\[0\] \(sources\) must be <"):
+        graphs.to_networkx(edge_index, 2)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: nx.gnp_random_graph(15, 0.3, seed=4),
+    lambda: nx.gnp_random_graph(15, 0.2, seed=5, directed=True),
+    lambda: nx.barabasi_albert_graph(15, 2, seed=6),
+], ids=["gnp", "directed-gnp", "barabasi-albert"])
+def test_networkx_round_trip(make):
+    G = make()
+    for u, v in G.edges:
+        G.edges[u, v]["w"] = float(u * 100 + v)
+    edge_index, edge_attr = graphs.from_networkx(G, edge_attrs=["w"])
+    n = G.number_of_nodes()
+    H = graphs.to_networkx(edge_index, n, edge_attr=edge_attr[:, 0],
+                           undirected=not G.is_directed())
+    assert H.is_directed() == G.is_directed()
+    assert nx.utils.edges_equal(G.edges, H.edges)
+    for u, v in G.edges:
+        assert H.edges[u, v]["edge_attr"] == G.edges[u, v]["w"]
+    assert_edges_equal(graphs.from_networkx(H), edge_index)
+    mask = nx.to_numpy_array(G, nodelist=range(n), weight=None).T > 0  # mask[i, j]: edge j -> i
+    assert torch.equal(graphs.to_dense_mask(edge_index, n), torch.from_numpy(mask))

@@ -1,0 +1,361 @@
+"""Positional encodings: sinusoidal and learned, Laplacian and random-walk, PyG transforms.
+
+References are independent: closed forms (path and cycle spectra, walks on a chain), networkx's
+normalized Laplacian with numpy's eigensolver, and numpy matrix powers.
+"""
+
+from __future__ import annotations
+
+import math
+
+import networkx as nx
+import numpy as np
+import pytest
+import torch
+import torch_geometric.transforms as T
+from conftest import assert_close
+from torch_geometric.data import Data
+
+from graphattn import graphs, pe
+
+# ---------------------------------------------------------------- sinusoidal and learned
+
+
+def test_sinusoidal_matches_transformer_formula():
+    L, d = 12, 6
+    expected = torch.empty(L, d)
+    for t in range(L):
+        for i in range(d // 2):
+            omega = 1.0 / 10000 ** (2 * i / d)
+            expected[t, 2 * i] = math.sin(t * omega)
+            expected[t, 2 * i + 1] = math.cos(t * omega)
+    assert_close(pe.sinusoidal(L, d), expected)
+    assert pe.sinusoidal(0, 4).shape == (0, 4)
+
+
+@pytest.mark.parametrize("args,match", [
+    ((5, 7), r"dim must be even .* got 7"),
+    ((5, 0), r"dim must be a positive integer, got 0"),
+    ((-1, 4), r"num_positions must be a non-negative integer, got -1"),
+])
+def test_sinusoidal_errors(args, match):
+    with pytest.raises(ValueError, match=match):
+        pe.sinusoidal(*args)
+
+
+def test_sinusoidal_pe_module():
+    module = pe.SinusoidalPE(8)
+    x = torch.randn(3, 5, 8)
+    assert_close(module(x), x + pe.sinusoidal(5, 8))
+    positions = torch.tensor([4, 0, 9])
+    assert_close(module(x[0, :3], positions), x[0, :3] + pe.sinusoidal(10, 8)[positions])
+    with pytest.raises(ValueError, match=r"dim must be even"):
+        pe.SinusoidalPE(5)
+    with pytest.raises(ValueError, match=r"x must have shape \[..., L, dim\] with dim = 8, "
+                                         r"got \[5, 6\]"):
+        module(torch.randn(5, 6))
+    assert repr(module) == "SinusoidalPE(8)"
+
+
+def test_learnable_pe():
+    torch.manual_seed(0)
+    module = pe.LearnablePE(10, 4)
+    x = torch.randn(2, 6, 4)
+    assert_close(module(x), x + module.weight[:6])
+    positions = torch.tensor([9, 0, 3])
+    assert_close(module(x[0, :3], positions), x[0, :3] + module.weight[positions])
+    module(x).sum().backward()
+    assert torch.equal(module.weight.grad[:6], torch.full((6, 4), 2.0))
+    assert torch.equal(module.weight.grad[6:], torch.zeros(4, 4))
+    assert repr(module) == "LearnablePE(10, 4)"
+
+
+def test_learnable_pe_out_of_range():
+    module = pe.LearnablePE(5, 4)
+    with pytest.raises(IndexError, match=r"max_len=5 positions, got a sequence of length 6"):
+        module(torch.zeros(6, 4))
+    with pytest.raises(IndexError, match=r"positions must lie in \[0, max_len\) = \[0, 5\), "
+                                         r"got values in \[0, 5\]"):
+        module(torch.zeros(2, 4), torch.tensor([0, 5]))
+    with pytest.raises(IndexError, match=r"got values in \[-1, 2\]"):
+        module(torch.zeros(2, 4), torch.tensor([-1, 2]))
+    with pytest.raises(ValueError, match=r"max_len must be a positive integer, got 0"):
+        pe.LearnablePE(0, 4)
+
+
+# ---------------------------------------------------------------- Laplacian: closed forms
+
+
+def expected_sign_rule(vec: np.ndarray) -> np.ndarray:
+    """The documented sign convention, written out: the first largest-magnitude entry > 0."""
+    mag = np.abs(vec)
+    first = next(t for t in range(vec.size) if mag[t] >= mag.max() * (1 - 1e-9))
+    return vec if vec[first] > 0 else -vec
+
+
+@pytest.mark.parametrize("n,k,solver", [(12, 11, "dense"), (40, 6, "sparse"), (40, 6, "dense")])
+def test_laplacian_pe_path_is_cosines(n, k, solver):
+    """Path 0-1-..-n-1: u_m(t) ~ sqrt(d_t) cos(pi m t / (n-1)), lambda_m = 1 - cos(pi m/(n-1))."""
+    enc, lam = pe.laplacian_pe(graphs.chain_graph(n), n, k, solver=solver,
+                               return_eigenvalues=True)
+    t = np.arange(n)
+    sqrt_deg = np.where((t == 0) | (t == n - 1), 1.0, math.sqrt(2.0))
+    for m in range(1, k + 1):
+        u = sqrt_deg * np.cos(math.pi * m * t / (n - 1))
+        u = u / np.linalg.norm(u)
+        col = enc[:, m - 1].double()
+        sign = torch.sign(col @ torch.from_numpy(u))
+        assert_close(col * sign, torch.from_numpy(u), dtype=torch.float32)  # up to sign
+        assert_close(col, torch.from_numpy(expected_sign_rule(u)), dtype=torch.float32)
+        assert lam[m - 1].item() == pytest.approx(1 - math.cos(math.pi * m / (n - 1)), abs=1e-6)
+
+
+def test_laplacian_pe_cycle_eigenspaces_are_sinusoid_pairs():
+    """Cycle C_n: the eigenspace of 1 - cos(2 pi m / n) is span{sin, cos}(2 pi m t / n).
+
+    The sinusoidal encoding's column pair at frequency omega_i = base^(-2i/d) is that pair when
+    omega_i = 2 pi m / n; with d = 4 the second pair has omega_1 = base^(-1/2), so
+    base = (n / (2 pi m))^2 puts it on the m-th eigenspace. Eigenvectors inside a 2-d eigenspace
+    are arbitrary, so the test projects the pair onto the span and checks the residual.
+    """
+    n, pairs = 16, 3
+    cycle = torch.cat([graphs.chain_graph(n), torch.tensor([[0, n - 1], [n - 1, 0]])], dim=1)
+    enc, lam = pe.laplacian_pe(cycle, n, 2 * pairs, return_eigenvalues=True)
+    enc = enc.double()
+    for m in range(1, pairs + 1):
+        expected_lam = 1 - math.cos(2 * math.pi * m / n)
+        assert lam[2 * m - 2: 2 * m].tolist() == pytest.approx([expected_lam] * 2, abs=1e-6)
+        base = (n / (2 * math.pi * m)) ** 2
+        pair = pe.sinusoidal(n, 4, base=base)[:, 2:].double()  # sin, cos at omega = 2 pi m / n
+        t = torch.arange(n, dtype=torch.float64)
+        assert_close(pair[:, 0], torch.sin(2 * math.pi * m * t / n), dtype=torch.float32)
+        for m_space in range(1, pairs + 1):
+            basis = enc[:, 2 * m_space - 2: 2 * m_space]  # (n, 2), orthonormal
+            residual = pair - basis @ (basis.t() @ pair)
+            relative = (residual.norm() / pair.norm()).item()
+            if m_space == m:
+                assert relative < 1e-5
+            else:
+                assert relative > 0.99  # orthogonal to the other eigenspaces
+
+
+# ---------------------------------------------------------------- Laplacian: general graphs
+
+
+def mixed_graph() -> tuple[torch.Tensor, int]:
+    """Two components with edges (given in one direction only) and two isolated nodes, 18, 19."""
+    G = nx.disjoint_union(nx.gnp_random_graph(12, 0.35, seed=11), nx.path_graph(6))
+    G.add_nodes_from([18, 19])
+    assert nx.number_connected_components(G) == 4 and nx.is_connected(G.subgraph(range(12)))
+    edge_index = torch.tensor([(min(u, v), max(u, v)) for u, v in G.edges]).t()
+    return edge_index, 20
+
+
+def reference_laplacian(edge_index: torch.Tensor, n: int) -> tuple[np.ndarray, int]:
+    """networkx's normalized Laplacian (0 rows at isolated nodes) and the number of components."""
+    G = graphs.to_networkx(edge_index, n, undirected=True)
+    G.remove_edges_from(list(nx.selfloop_edges(G)))
+    lap = nx.normalized_laplacian_matrix(G, nodelist=range(n)).toarray()
+    return lap, nx.number_connected_components(G)
+
+
+@pytest.mark.parametrize("solver", ["dense", "sparse"])
+def test_laplacian_pe_against_networkx(solver):
+    edge_index, n = mixed_graph()
+    lap, c = reference_laplacian(edge_index, n)
+    assert c == 4
+    k = 8
+    enc, lam = pe.laplacian_pe(edge_index, n, k, solver=solver, return_eigenvalues=True)
+    enc, lam = enc.double().numpy(), lam.double().numpy()
+    expected_lam = np.linalg.eigvalsh(lap)[c:c + k]
+    np.testing.assert_allclose(lam, expected_lam, atol=1e-5)
+    np.testing.assert_allclose(lap @ enc, enc * lam, atol=1e-5)  # eigenvectors
+    np.testing.assert_allclose(enc.T @ enc, np.eye(k), atol=1e-5)  # orthonormal
+    G = graphs.to_networkx(edge_index, n, undirected=True)
+    for comp in nx.connected_components(G):  # orthogonal to each trivial eigenvector
+        trivial = np.zeros(n)
+        trivial[list(comp)] = [math.sqrt(G.degree(v)) for v in comp]
+        np.testing.assert_allclose(trivial @ enc, 0.0, atol=1e-5)
+    assert np.isfinite(enc).all()
+    assert (enc[18:] == 0).all()  # isolated nodes have no position
+
+
+def test_laplacian_pe_ignores_direction_multi_edges_and_self_loops():
+    edge_index, n = mixed_graph()
+    expected = pe.laplacian_pe(edge_index, n, 5)
+    noisy = torch.cat([edge_index.flip(0), edge_index, torch.tensor([[0, 3, 3], [0, 3, 3]])],
+                      dim=1)
+    assert_close(pe.laplacian_pe(noisy, n, 5), expected)
+
+
+def well_separated_graph(n: int) -> tuple[torch.Tensor, int]:
+    """A connected small-world graph whose lowest eigenvalues are simple."""
+    G = nx.connected_watts_strogatz_graph(n, 4, 0.4, seed=3)
+    return graphs.from_networkx(G), n
+
+
+def test_laplacian_pe_dense_and_sparse_agree_with_signs():
+    edge_index, n = well_separated_graph(150)
+    k = 6
+    lap, _ = reference_laplacian(edge_index, n)
+    vals = np.linalg.eigvalsh(lap)[: k + 2]
+    assert np.diff(vals).min() > 1e-3  # simple eigenvalues: eigenvectors unique up to sign
+    dense = pe.laplacian_pe(edge_index, n, k, solver="dense")
+    sparse = pe.laplacian_pe(edge_index, n, k, solver="sparse")
+    assert_close(sparse, dense)
+    for col in dense.t().double().numpy():
+        assert_close(torch.from_numpy(col), torch.from_numpy(expected_sign_rule(col)))
+
+
+def test_relabelling_permutes_encodings():
+    edge_index, n = well_separated_graph(40)
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(5))  # new id of node i
+    relabelled = perm[edge_index]
+    k = 5
+    lap_pe = pe.laplacian_pe(edge_index, n, k)
+    mag = lap_pe.abs()
+    top2 = mag.topk(2, dim=0).values
+    assert ((top2[0] - top2[1]) > 1e-4).all()  # a unique largest entry fixes each sign
+    assert_close(pe.laplacian_pe(relabelled, n, k)[perm], lap_pe)
+    assert_close(pe.random_walk_pe(relabelled, n, 6)[perm], pe.random_walk_pe(edge_index, n, 6))
+
+
+def test_laplacian_pe_random_sign_flip():
+    edge_index, n = well_separated_graph(30)
+    base = pe.laplacian_pe(edge_index, n, 4)
+    seen = set()
+    for seed in range(8):
+        flipped = pe.laplacian_pe(edge_index, n, 4, random_sign_flip=True,
+                                  generator=torch.Generator().manual_seed(seed))
+        signs = (flipped * base).sum(dim=0).sign()
+        assert set(signs.tolist()) <= {-1.0, 1.0}
+        assert_close(flipped, base * signs)
+        again = pe.laplacian_pe(edge_index, n, 4, random_sign_flip=True,
+                                generator=torch.Generator().manual_seed(seed))
+        assert torch.equal(again, flipped)
+        seen.update(signs.tolist())
+    assert seen == {-1.0, 1.0}
+
+
+def test_laplacian_pe_k_limits_and_padding():
+    n = 6
+    chain = graphs.chain_graph(n)
+    with pytest.raises(ValueError, match=r"N - c = 6 - 1 = 5 .* got k=6; pass pad=True"):
+        pe.laplacian_pe(chain, n, n)
+    padded, lam = pe.laplacian_pe(chain, n, n + 2, pad=True, return_eigenvalues=True)
+    assert padded.shape == (n, n + 2)
+    assert_close(padded[:, :5], pe.laplacian_pe(chain, n, 5))
+    assert torch.equal(padded[:, 5:], torch.zeros(n, 3))
+    assert torch.equal(lam[5:], torch.zeros(3))
+
+    edge_index, m = mixed_graph()  # 20 nodes, 4 components (2 of them isolated nodes)
+    pe.laplacian_pe(edge_index, m, 16)
+    with pytest.raises(ValueError, match=r"N - c = 20 - 4 = 16 .* got k=17"):
+        pe.laplacian_pe(edge_index, m, 17)
+    no_edges = torch.empty(2, 0, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"N - c = 3 - 3 = 0 .* got k=1"):
+        pe.laplacian_pe(no_edges, 3, 1)
+    assert torch.equal(pe.laplacian_pe(no_edges, 3, 2, pad=True), torch.zeros(3, 2))
+    assert pe.laplacian_pe(no_edges, 0, 3, pad=True).shape == (0, 3)
+
+
+@pytest.mark.parametrize("call,error,match", [
+    (lambda: pe.laplacian_pe(graphs.chain_graph(4), 4, 0), ValueError,
+     r"k must be a positive integer, got 0"),
+    (lambda: pe.laplacian_pe(graphs.chain_graph(4), -4, 2), ValueError,
+     r"num_nodes must be a non-negative integer, got -4"),
+    (lambda: pe.laplacian_pe(graphs.chain_graph(4), 3, 1), ValueError,
+     r"edge_index\[0\] \(sources\) must be < the number of source nodes 3"),
+    (lambda: pe.laplacian_pe(graphs.chain_graph(4), 4, 1, solver="lobpcg"), ValueError,
+     r"solver must be one of \('auto', 'dense', 'sparse'\), got 'lobpcg'"),
+    (lambda: pe.random_walk_pe(graphs.chain_graph(4), 4, 0), ValueError,
+     r"k must be a positive integer, got 0"),
+    (lambda: pe.random_walk_pe(graphs.chain_graph(4).float(), 4, 2), TypeError,
+     r"edge_index must have an integer dtype"),
+])
+def test_pe_errors(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+# ---------------------------------------------------------------- random walks
+
+
+def test_random_walk_pe_chain_closed_form():
+    n, k = 40, 8
+    enc = pe.random_walk_pe(graphs.chain_graph(n), n, k).double()
+    # Far from the ends (2 * distance > t) the walk is the infinite line's: C(t, t/2) / 2^t.
+    line = torch.tensor([math.comb(t, t // 2) / 2**t if t % 2 == 0 else 0.0
+                         for t in range(1, k + 1)], dtype=torch.float64)
+    for i in range(k // 2 + 1, n - k // 2 - 1):
+        assert_close(enc[i], line, dtype=torch.float32)
+    # Near an end, counted by hand (node 0 has degree 1).
+    by_hand = torch.tensor([[0, 1 / 2, 0, 3 / 8], [0, 3 / 4, 0, 5 / 8], [0, 1 / 2, 0, 7 / 16]],
+                           dtype=torch.float64)
+    assert_close(enc[:3, :4], by_hand, dtype=torch.float32)
+    assert_close(enc[-3:, :4], by_hand.flip(0), dtype=torch.float32)
+
+
+def test_random_walk_pe_directed_cycle_and_sinks():
+    n, k = 3, 7
+    cycle = torch.tensor([[0, 1, 2], [1, 2, 0]])
+    expected = torch.tensor([[1.0 if t % n == 0 else 0.0 for t in range(1, k + 1)]] * n)
+    assert torch.equal(pe.random_walk_pe(cycle, n, k), expected)
+    assert torch.equal(pe.random_walk_pe(graphs.chain_graph(5, directed=True), 5, 4),
+                       torch.zeros(5, 4))  # no walk ever returns
+
+
+def test_random_walk_pe_against_matrix_powers():
+    n, k = 15, 6
+    gen = torch.Generator().manual_seed(2)
+    edge_index = torch.randint(0, n, (2, 40), generator=gen)  # multi-edges, loops, sinks
+    adj = np.zeros((n, n))
+    np.add.at(adj, (edge_index[0].numpy(), edge_index[1].numpy()), 1.0)
+    out_deg = adj.sum(axis=1, keepdims=True)
+    walk = np.divide(adj, out_deg, out=np.zeros_like(adj), where=out_deg > 0)
+    expected = np.stack([np.diag(np.linalg.matrix_power(walk, t)) for t in range(1, k + 1)], 1)
+    assert_close(pe.random_walk_pe(edge_index, n, k), torch.from_numpy(expected),
+                 dtype=torch.float32)
+
+
+def test_random_walk_pe_in_several_blocks():
+    n, k = 3000, 4  # more than 2^23 / n columns: computed in two blocks of nodes
+    enc = pe.random_walk_pe(graphs.chain_graph(n), n, k)
+    assert_close(enc[[0, 1, 1500, n - 1]],
+                 torch.tensor([[0, 1 / 2, 0, 3 / 8], [0, 3 / 4, 0, 5 / 8],
+                               [0, 1 / 2, 0, 3 / 8], [0, 1 / 2, 0, 3 / 8]]))
+
+
+# ---------------------------------------------------------------- PyG transforms
+
+
+def test_transforms_store_encodings():
+    edge_index, n = well_separated_graph(25)
+    data = Data(x=torch.randn(n, 3), edge_index=edge_index)
+    transform = T.Compose([pe.AddLaplacianPE(4), pe.AddRandomWalkPE(5)])
+    out = transform(data)
+    assert_close(out.laplacian_pe, pe.laplacian_pe(edge_index, n, 4))
+    assert_close(out.random_walk_pe, pe.random_walk_pe(edge_index, n, 5))
+    assert "laplacian_pe" not in data  # the input is not modified
+
+    named = pe.AddRandomWalkPE(2, attr_name="rw")(data)
+    assert_close(named.rw, pe.random_walk_pe(edge_index, n, 2))
+    into_x = pe.AddLaplacianPE(3, attr_name=None)(data)
+    assert_close(into_x.x, torch.cat([data.x, pe.laplacian_pe(edge_index, n, 3)], dim=1))
+    no_x = pe.AddRandomWalkPE(2, attr_name=None)(Data(edge_index=edge_index, num_nodes=n))
+    assert_close(no_x.x, pe.random_walk_pe(edge_index, n, 2))
+
+
+def test_transform_padding_sign_flips_and_repr():
+    data = Data(edge_index=graphs.chain_graph(3), num_nodes=3)
+    with pytest.raises(ValueError, match=r"pass pad=True"):
+        pe.AddLaplacianPE(4)(data)
+    assert pe.AddLaplacianPE(4, pad=True)(data).laplacian_pe.shape == (3, 4)
+    base = pe.AddLaplacianPE(2)(data).laplacian_pe
+    torch.manual_seed(0)
+    flipped = pe.AddLaplacianPE(2, random_sign_flip=True)(data).laplacian_pe
+    assert_close(flipped.abs(), base.abs())
+    assert repr(pe.AddLaplacianPE(4)) == "AddLaplacianPE(k=4)"
+    assert repr(pe.AddRandomWalkPE(3)) == "AddRandomWalkPE(k=3)"
+    with pytest.raises(ValueError, match=r"k must be a positive integer, got -1"):
+        pe.AddRandomWalkPE(-1)
