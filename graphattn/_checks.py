@@ -56,3 +56,9 @@ def check_positive(value: int, name: str) -> None:
     """Raise unless ``value`` is an int > 0."""
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def check_non_negative(value: int, name: str) -> None:
+    """Raise unless ``value`` is an int >= 0."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be a non-negative integer, got {value!r}")

@@ -18,13 +18,7 @@ import networkx as nx
 import torch
 from torch import Tensor
 
-from graphattn._checks import check_edge_index
-
-
-def _check_size(value: int, name: str) -> None:
-    """Raise unless ``value`` is an int >= 0."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+from graphattn._checks import check_edge_index, check_non_negative
 
 
 def _window_edges(n: int, offsets: Tensor) -> Tensor:
@@ -49,7 +43,7 @@ def complete_graph(n: int, self_loops: bool = True) -> Tensor:
     Shapes:
         - **output:** edge_index ``(2, n^2)`` or ``(2, n^2 - n)``, int64
     """
-    _check_size(n, "n")
+    check_non_negative(n, "n")
     dst = torch.arange(n).repeat_interleave(n)  # (n^2,)
     src = torch.arange(n).repeat(n)  # (n^2,)
     if not self_loops:
@@ -75,7 +69,7 @@ def chain_graph(n: int, directed: bool = False) -> Tensor:
     Shapes:
         - **output:** edge_index ``(2, n - 1)`` (directed) or ``(2, 2 (n - 1))``, int64
     """
-    _check_size(n, "n")
+    check_non_negative(n, "n")
     offsets = torch.tensor([-1]) if directed else torch.tensor([-1, 1])
     return _window_edges(n, offsets)
 
@@ -94,7 +88,7 @@ def causal_graph(n: int) -> Tensor:
     Shapes:
         - **output:** edge_index ``(2, n (n + 1) / 2)``, int64
     """
-    _check_size(n, "n")
+    check_non_negative(n, "n")
     dst, src = torch.tril_indices(n, n)  # row-major: sorted by target, then source
     return torch.stack([src, dst])
 
@@ -117,8 +111,8 @@ def window_graph(n: int, radius: int, causal: bool = False) -> Tensor:
     Shapes:
         - **output:** edge_index ``(2, E)``, int64
     """
-    _check_size(n, "n")
-    _check_size(radius, "radius")
+    check_non_negative(n, "n")
+    check_non_negative(radius, "radius")
     r = min(radius, max(n - 1, 0))
     offsets = torch.arange(-r, 1) if causal else torch.arange(-r, r + 1)
     return _window_edges(n, offsets)
@@ -143,9 +137,9 @@ def grid_graph(height: int, width: int, radius: int = 1) -> Tensor:
     Shapes:
         - **output:** edge_index ``(2, E)``, int64, E <= ``(2 rho + 1)^2 * height * width``
     """
-    _check_size(height, "height")
-    _check_size(width, "width")
-    _check_size(radius, "radius")
+    check_non_negative(height, "height")
+    check_non_negative(width, "width")
+    check_non_negative(radius, "radius")
     rad = min(radius, max(height - 1, width - 1, 0))
     d = torch.arange(-rad, rad + 1)
     dr, dc = d.repeat_interleave(d.numel()), d.repeat(d.numel())  # (D,) row-major offsets
@@ -173,7 +167,7 @@ def to_dense_mask(edge_index: Tensor, num_nodes: int) -> Tensor:
         - **input:** edge_index ``(2, E)``
         - **output:** mask ``(N, N)``, bool, on the device of ``edge_index``
     """
-    _check_size(num_nodes, "num_nodes")
+    check_non_negative(num_nodes, "num_nodes")
     check_edge_index(edge_index, num_src=num_nodes, num_dst=num_nodes)
     mask = torch.zeros(num_nodes, num_nodes, dtype=torch.bool, device=edge_index.device)
     mask[edge_index[1].long(), edge_index[0].long()] = True
@@ -281,7 +275,7 @@ def to_networkx(edge_index: Tensor, num_nodes: int, edge_attr: Tensor | None = N
     Shapes:
         - **input:** edge_index ``(2, E)``, edge_attr ``(E)`` or ``(E, D)``
     """
-    _check_size(num_nodes, "num_nodes")
+    check_non_negative(num_nodes, "num_nodes")
     check_edge_index(edge_index, num_src=num_nodes, num_dst=num_nodes)
     if edge_attr is not None and (edge_attr.dim() not in (1, 2)
                                   or edge_attr.size(0) != edge_index.size(1)):

@@ -47,7 +47,7 @@ from torch import Tensor
 from torch_geometric.data import Data
 from torch_geometric.transforms import BaseTransform
 
-from graphattn._checks import check_edge_index, check_positive
+from graphattn._checks import check_edge_index, check_non_negative, check_positive
 
 #: ``laplacian_pe(solver="auto")`` uses the dense eigensolver up to this many nodes.
 DENSE_SOLVER_MAX_NODES = 2000
@@ -57,11 +57,6 @@ DENSE_SOLVER_MAX_NODES = 2000
 _SIGN_TIE_RTOL = 1e-6
 
 SOLVERS = ("auto", "dense", "sparse")
-
-
-def _check_count(value: int, name: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
 
 
 def _sinusoid(positions: Tensor, dim: int, base: float) -> Tensor:
@@ -96,7 +91,7 @@ def sinusoidal(num_positions: int, dim: int, *, base: float = 10000.0) -> Tensor
     Shapes:
         - **output:** ``(L, d)``
     """
-    _check_count(num_positions, "num_positions")
+    check_non_negative(num_positions, "num_positions")
     _check_dim(dim)
     positions = torch.arange(num_positions, dtype=torch.float64)
     return _sinusoid(positions, dim, base).to(torch.get_default_dtype())
@@ -260,7 +255,7 @@ def laplacian_pe(edge_index: Tensor, num_nodes: int, k: int, *, pad: bool = Fals
         - **output:** ``(N, k)`` in the default float dtype on the device of ``edge_index``;
           eigenvalues ``(k)`` when ``return_eigenvalues``
     """
-    _check_count(num_nodes, "num_nodes")
+    check_non_negative(num_nodes, "num_nodes")
     check_positive(k, "k")
     if solver not in SOLVERS:
         raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}")
@@ -357,7 +352,7 @@ def random_walk_pe(edge_index: Tensor, num_nodes: int, k: int) -> Tensor:
         - **input:** edge_index ``(2, E)``
         - **output:** ``(N, k)`` in the default float dtype on the device of ``edge_index``
     """
-    _check_count(num_nodes, "num_nodes")
+    check_non_negative(num_nodes, "num_nodes")
     check_positive(k, "k")
     check_edge_index(edge_index, num_src=num_nodes, num_dst=num_nodes)
     src, dst = edge_index.long().cpu().numpy()
