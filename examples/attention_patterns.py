@@ -93,6 +93,8 @@ def main() -> None:
     parser.add_argument("--channels", type=int, default=8, help="channels per head")
     parser.add_argument("--radius", type=int, default=4, help="window radius")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--backend", default="cpu",
+                        help="sparse edge_attention backend of the graph layer (default: cpu)")
     parser.add_argument("--out", type=Path, default=Path("out/attention_patterns"),
                         help="folder for the heatmaps")
     parser.add_argument("--no-plot", action="store_true", help="skip the heatmaps")
@@ -101,7 +103,8 @@ def main() -> None:
     torch.manual_seed(args.seed)
     L, F = args.length, args.features
     x = pe.SinusoidalPE(F)(torch.randn(L, F))  # (L, F): one sequence with positions
-    graph_layer = GraphSelfAttention(F, args.channels, args.heads, add_self_loops=False)
+    graph_layer = GraphSelfAttention(F, args.channels, args.heads, add_self_loops=False,
+                                     backend=args.backend)
     dense_layer = DenseSelfAttention(F, args.channels, args.heads)
     dense_layer.load_state_dict(graph_layer.state_dict())
 
