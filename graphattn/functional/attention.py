@@ -15,7 +15,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from graphattn._checks import check_dropout, check_edge_index, check_same_device
+from graphattn.functional.cpu import cpu_edge_attention
+from graphattn.functional.dense_backend import dense_edge_attention, dense_peak_bytes
 from graphattn.functional.softmax import scatter_softmax
+from graphattn.functional.triton_kernels import triton_edge_attention, use_triton_for
 
 SCORES = ("dot", "additive")
 
@@ -47,7 +50,10 @@ def reference_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor
 
 
 Backend = Callable[..., tuple[Tensor, Tensor | None]]
-BACKENDS: dict[str, Backend] = {"reference": reference_edge_attention}
+BACKENDS: dict[str, Backend] = {"reference": reference_edge_attention,
+                               "cpu": cpu_edge_attention,
+                               "triton": triton_edge_attention,
+                               "dense": dense_edge_attention}
 
 
 def available_backends() -> list[str]:
@@ -55,8 +61,42 @@ def available_backends() -> list[str]:
     return list(BACKENDS)
 
 
-def select_backend(q: Tensor, edge_index: Tensor) -> str:
-    """The backend that ``backend="auto"`` picks for these inputs."""
+# The rule of backend="auto" on CPU, from benchmarks/sparse_vs_dense.py (see select_backend).
+DENSE_MIN_DENSITY_CPU = 0.1
+DENSE_MAX_BYTES_CPU = 2 * 2**30
+
+
+def select_backend(q: Tensor, edge_index: Tensor, num_src: int | None = None) -> str:
+    r"""The backend that ``backend="auto"`` picks for these inputs.
+
+    On CPU the choice is between the sparse path (``"cpu"``) and dense masked attention
+    (``"dense"``), by the density of the graph
+
+    .. math::
+        \rho = \frac{E}{N_{dst} \cdot N_{src}}
+
+    ``"dense"`` when :math:`\rho \ge` ``DENSE_MIN_DENSITY_CPU`` and its matrices fit:
+    :func:`~graphattn.functional.dense_backend.dense_peak_bytes` :math:`\le`
+    ``DENSE_MAX_BYTES_CPU`` (2 GiB); ``"cpu"`` otherwise. The threshold is the crossover
+    measured by ``benchmarks/sparse_vs_dense.py`` on 2 cores.
+
+    On CUDA: ``"triton"`` when Triton is installed (a placeholder rule: the dense path is not
+    chosen on GPUs until GPU measurements exist), else ``"reference"``.
+
+    Args:
+        q (Tensor): queries ``[N_dst, H, C]`` (or ``[N_dst, H]``): device, N_dst, H, dtype.
+        edge_index (Tensor): ``[2, E]``.
+        num_src (int, optional): number of sources N_src. (default: N_dst)
+    """
+    if q.device.type == "cpu":
+        n_dst = q.size(0)
+        n_src = n_dst if num_src is None else num_src
+        pairs = n_dst * n_src
+        density = edge_index.size(1) / pairs if pairs > 0 else 0.0
+        fits = dense_peak_bytes(n_dst, n_src, q.size(1), q.element_size()) <= DENSE_MAX_BYTES_CPU
+        return "dense" if density >= DENSE_MIN_DENSITY_CPU and fits else "cpu"
+    if use_triton_for(q):
+        return "triton"
     return "reference"
 
 
@@ -138,7 +178,7 @@ def edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
     if scale is None:
         scale = 1.0 / math.sqrt(q.size(-1)) if score == "dot" else 1.0
     if backend == "auto":
-        backend = select_backend(q, edge_index)
+        backend = select_backend(q, edge_index, num_src=k.size(0))
     if backend not in BACKENDS:
         raise ValueError(f"backend must be 'auto' or one of {available_backends()}, "
                          f"got {backend!r}")

@@ -62,7 +62,7 @@ class _SelfAttentionBase(torch.nn.Module):
             raise ValueError(f"{name} must have F = in_channels = {expected} features, "
                              f"got {list(x.shape)}")
 
-    def extra_repr_args(self) -> str:
+    def _repr_args(self) -> str:
         return f"{self.in_channels}, {self.out_channels}, heads={self.heads}"
 
 
@@ -184,7 +184,7 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
 
     def __repr__(self) -> str:
         extra = "" if self.attention == "dot" else f", attention={self.attention!r}"
-        return f"{self.__class__.__name__}({self.extra_repr_args()}{extra})"
+        return f"{self.__class__.__name__}({self._repr_args()}{extra})"
 
 
 def add_remaining_self_loops(edge_index: Tensor, edge_attr: Tensor | None, num_nodes: int,
@@ -266,4 +266,4 @@ class DenseSelfAttention(_SelfAttentionBase):
         return self._merge_heads(result)
 
     def __repr__(self) -> str:
-        return f"{self.__class__.__name__}({self.extra_repr_args()})"
+        return f"{self.__class__.__name__}({self._repr_args()})"

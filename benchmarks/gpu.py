@@ -1,0 +1,592 @@
+"""Fused Triton edge attention on a CUDA GPU: time, peak memory and memory bandwidth.
+
+On each graph (Cora, the PubMed graph, a uniform random graph with 1M edges, and 50M-edge
+graphs, uniform and local), times the forward (inference, ``torch.no_grad``) and the
+forward+backward of
+
+- ``edge_attention`` with ``backend="triton"`` (the fused kernels) and ``backend="reference"``,
+  on given q, k, v ``[N, H, C]``;
+- the layers, from node features x ``[N, H*C]`` (three projections, then attention, no output
+  projection): ``GraphSelfAttention`` (dot, triton) against PyG's ``TransformerConv``
+  (``root_weight=False``) and ``GraphSelfAttention`` (additive, triton) against PyG's
+  ``GATConv``;
+- ``dense_attention`` (SDPA) with the graph's ``[N, N]`` bool mask (built outside the timing),
+
+and the peak memory of each call (``torch.cuda.max_memory_allocated`` above the memory held
+before it). What does not fit is skipped with a printed reason. Before timing, the fused kernels
+are checked against the reference backend on the device (outputs and gradients, dot and
+additive, with and without bias).
+
+Memory bandwidth of the fused forward kernel (CSR built outside the timing) is reported as a
+fraction of the device's peak HBM bandwidth, from the bytes a minimal kernel must move: read
+every input once, write every output once,
+
+    bytes = e * (N * H * Cq        [q]
+                 + N * H * Cq      [k]
+                 + N * H * C       [v]
+                 + N * H * C)      [out]
+            + 4 * N * H            [lse, fp32]
+            + 4 * E                [the source id of each edge, int32]
+            + 4 * (N + 1)          [CSR row pointers, int32]
+
+with e the bytes per element of the dtype and Cq = C for dot attention (1 for additive);
+GB/s = bytes / kernel time and % of peak = GB/s / peak. On a graph whose k and v rows do not
+fit in L2, each edge gathers its k and v rows from HBM again (2 * H * C * e bytes per edge), so
+the figure stays far below 100% on random graphs; the local graph (sources near their target)
+shows what the kernel reaches when the gathers hit the cache.
+
+Usage (one line; ``--quick`` runs Cora and the 1M-edge graph with fewer repeats):
+
+    python benchmarks/gpu.py [--quick]
+
+Writes ``results/gpu.md`` (or ``--out``). Exits with a message on a machine without CUDA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import shlex
+import statistics
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch_geometric.data import Data
+
+RESULTS = Path(__file__).resolve().parent / "results"
+MIB = 2**20
+
+# Peak HBM bandwidth in bytes/s by a substring of torch.cuda.get_device_name(); the first match
+# wins, so the more specific names come first. Vendor data sheets.
+PEAK_BANDWIDTH = (
+    ("H200", 4.8e12),
+    ("H100 PCIe", 2.0e12),
+    ("H100 NVL", 3.9e12),
+    ("H100", 3.35e12),
+    ("A100 80GB PCIe", 1.935e12),
+    ("A100-SXM4-80GB", 2.039e12),
+    ("A100", 1.555e12),
+    ("B200", 8.0e12),
+    ("L40S", 0.864e12),
+    ("L4", 0.3e12),
+    ("V100", 0.9e12),
+    ("RTX 4090", 1.008e12),
+)
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+GRAPHS = ("cora", "pubmed", "random-1m", "random-50m", "local-50m")
+QUICK_GRAPHS = ("cora", "random-1m")
+# name -> (nodes, edges, window): window None draws sources uniformly, else from i-w..i+w.
+SYNTHETIC = {
+    "random-1m": (100_000, 1_000_000, None),
+    "random-50m": (2_000_000, 50_000_000, None),
+    "local-50m": (2_000_000, 50_000_000, 512),
+}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true",
+                        help=f"graphs {', '.join(QUICK_GRAPHS)}; 1 warm-up and 5 repeats")
+    parser.add_argument("--graphs", default=None,
+                        help=f"comma-separated subset of {', '.join(GRAPHS)} (default: all)")
+    parser.add_argument("--heads", type=int, default=4, help="H (default: 4)")
+    parser.add_argument("--channels", type=int, default=32, help="C per head (default: 32)")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32",
+                        help="dtype of features and weights (default: fp32)")
+    parser.add_argument("--warmup", type=int, default=None, help="warm-up calls (default: 3)")
+    parser.add_argument("--repeats", type=int, default=None,
+                        help="timed repeats; the median is kept (default: 20)")
+    parser.add_argument("--peak-bandwidth", type=float, default=None,
+                        help="peak HBM bandwidth in TB/s (default: looked up by device name)")
+    parser.add_argument("--data-root", default=None,
+                        help="root of <Name>/raw/ind.* Planetoid files (default: the data root "
+                             "of graphattn.datasets, then ../shared/datasets)")
+    parser.add_argument("--out", default=str(RESULTS / "gpu.md"),
+                        help="markdown table to write (default: benchmarks/results/gpu.md)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    names = QUICK_GRAPHS if args.quick and args.graphs is None else (
+        tuple(args.graphs.split(",")) if args.graphs else GRAPHS)
+    unknown = [n for n in names if n not in GRAPHS]
+    if unknown:
+        parser.error(f"--graphs must name graphs among {', '.join(GRAPHS)}, got {unknown}")
+    args.graph_names = names
+    args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 3)
+    args.repeats = args.repeats if args.repeats is not None else (5 if args.quick else 20)
+    for name in ("heads", "channels", "repeats"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    return args
+
+
+def peak_bandwidth(device_name: str, override_tbs: float | None) -> tuple[float | None, str]:
+    """Peak HBM bandwidth in bytes/s and where the number comes from."""
+    if override_tbs is not None:
+        return override_tbs * 1e12, "--peak-bandwidth"
+    for key, value in PEAK_BANDWIDTH:
+        if key in device_name:
+            return value, f"table entry {key!r}"
+    return None, "unknown device: pass --peak-bandwidth TB/s"
+
+
+def minimal_forward_bytes(num_nodes: int, num_edges: int, heads: int, channels: int,
+                          element_size: int, additive: bool) -> int:
+    """Bytes a minimal forward must move (formula in the module docstring)."""
+    score_channels = 1 if additive else channels
+    features = num_nodes * heads * (2 * score_channels + 2 * channels) * element_size
+    return features + 4 * num_nodes * heads + 4 * num_edges + 4 * (num_nodes + 1)
+
+
+# ----------------------------------------------------------------------------------------------
+# Graphs
+
+
+@dataclass
+class Graph:
+    name: str
+    num_nodes: int
+    edge_index: torch.Tensor  # (2, E) int64 on the device
+
+    @property
+    def num_edges(self) -> int:
+        return self.edge_index.size(1)
+
+
+def synthetic_graph(num_nodes: int, num_edges: int, window: int | None, device: str | torch.device,
+                    seed: int = 0) -> torch.Tensor:
+    """``[2, E]`` random edges: sources uniform over all nodes (``window=None``) or uniform over
+    ``target - window .. target + window`` (clipped), targets uniform."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    dst = torch.randint(0, num_nodes, (num_edges,), generator=gen, device=device)
+    if window is None:
+        src = torch.randint(0, num_nodes, (num_edges,), generator=gen, device=device)
+    else:
+        offset = torch.randint(-window, window + 1, (num_edges,), generator=gen, device=device)
+        src = (dst + offset).clamp_(0, num_nodes - 1)
+    return torch.stack([src, dst])
+
+
+def data_roots(data_root: str | None) -> list[Path]:
+    """Where to look for the Planetoid raw files, in order."""
+    if data_root is not None:
+        return [Path(data_root)]
+    from graphattn.datasets import default_root
+
+    repo = Path(__file__).resolve().parent.parent
+    return [default_root(), repo.parent / "shared" / "datasets"]
+
+
+def planetoid_graph(name: str, roots: list[Path]) -> tuple[Data | None, str]:
+    """The citation graph (structure only, no download), or None and why not."""
+    from graphattn.datasets import load_planetoid
+
+    reasons = []
+    for root in roots:
+        try:
+            data = load_planetoid(name, root, structure_only=True, download=False,
+                                  progress=False)
+        except (FileNotFoundError, OSError, ValueError) as err:
+            reasons.append(f"{root}: {type(err).__name__}: {str(err).splitlines()[0]}")
+            continue
+        return data, ""
+    return None, "; ".join(reasons)
+
+
+def build_graph(name: str, args: argparse.Namespace, device: str | torch.device,
+                free_bytes: int) -> tuple[Graph | None, str]:
+    """The named graph on ``device``, or None and the reason it is skipped."""
+    if name in ("cora", "pubmed"):
+        data, reason = planetoid_graph("Cora" if name == "cora" else "PubMed",
+                                       data_roots(args.data_root))
+        if data is None:
+            return None, f"raw files not found ({reason})"
+        return Graph(name, data.num_nodes, data.edge_index.to(device)), ""
+    num_nodes, num_edges, window = SYNTHETIC[name]
+    # The graph, features and the fused kernels' CSR take roughly 64 bytes per edge.
+    if 64 * num_edges > free_bytes:
+        return None, (f"needs about {64 * num_edges / MIB:.0f} MiB, "
+                      f"{free_bytes / MIB:.0f} MiB free")
+    return Graph(name, num_nodes, synthetic_graph(num_nodes, num_edges, window, device,
+                                                  args.seed)), ""
+
+
+# ----------------------------------------------------------------------------------------------
+# Methods: each builds, for a graph, a forward callable and the tensors whose gradients
+# forward+backward computes.
+
+
+@dataclass
+class Case:
+    forward: Callable[[], torch.Tensor]
+    grad_of: list[torch.Tensor] = field(default_factory=list)
+    modules: list[torch.nn.Module] = field(default_factory=list)
+
+
+def _qkv(graph: Graph, heads: int, channels: int, dtype: torch.dtype, additive: bool = False):
+    n, device = graph.num_nodes, graph.edge_index.device
+    score_shape = (n, heads) if additive else (n, heads, channels)
+    q = torch.randn(score_shape, device=device, dtype=dtype, requires_grad=True)
+    k = torch.randn(score_shape, device=device, dtype=dtype, requires_grad=True)
+    v = torch.randn(n, heads, channels, device=device, dtype=dtype, requires_grad=True)
+    return q, k, v
+
+
+def op_case(backend: str) -> Callable[..., Case]:
+    def make(graph: Graph, heads: int, channels: int, dtype: torch.dtype) -> Case:
+        from graphattn.functional import edge_attention
+
+        q, k, v = _qkv(graph, heads, channels, dtype)
+        return Case(lambda: edge_attention(q, k, v, graph.edge_index, backend=backend), [q, k, v])
+    return make
+
+
+def layer_case(kind: str) -> Callable[..., Case]:
+    def make(graph: Graph, heads: int, channels: int, dtype: torch.dtype) -> Case:
+        from torch_geometric.nn import GATConv, TransformerConv
+
+        from graphattn.nn import GraphSelfAttention
+
+        features = heads * channels
+        if kind == "transformer":
+            layer = TransformerConv(features, channels, heads=heads, root_weight=False)
+        elif kind == "gat":
+            layer = GATConv(features, channels, heads=heads, add_self_loops=False)
+        else:
+            layer = GraphSelfAttention(features, channels, heads, out_proj=False,
+                                       add_self_loops=False, attention=kind, backend="triton")
+        layer = layer.to(graph.edge_index.device, dtype)
+        x = torch.randn(graph.num_nodes, features, device=graph.edge_index.device, dtype=dtype)
+        return Case(lambda: layer(x, graph.edge_index), list(layer.parameters()), [layer])
+    return make
+
+
+def dense_case(graph: Graph, heads: int, channels: int, dtype: torch.dtype) -> Case:
+    from graphattn.functional import dense_attention
+
+    n = graph.num_nodes
+    mask = torch.zeros(n, n, dtype=torch.bool, device=graph.edge_index.device)
+    mask[graph.edge_index[1], graph.edge_index[0]] = True
+    q, k, v = _qkv(graph, heads, channels, dtype)
+    return Case(lambda: dense_attention(q, k, v, mask), [q, k, v])
+
+
+METHODS: dict[str, Callable[..., Case]] = {
+    "edge_attention triton": op_case("triton"),
+    "edge_attention reference": op_case("reference"),
+    "GraphSelfAttention dot, triton": layer_case("dot"),
+    "PyG TransformerConv": layer_case("transformer"),
+    "GraphSelfAttention additive, triton": layer_case("additive"),
+    "PyG GATConv": layer_case("gat"),
+    "dense SDPA + mask": dense_case,
+}
+
+
+def dense_skip_reason(graph: Graph, heads: int, element_size: int, free_bytes: int) -> str:
+    """Dense attention holds the [N, N] bool mask plus a float bias of the same size per head
+    group; skip it when that would take more than a quarter of free memory."""
+    need = graph.num_nodes**2 * (2 + element_size)
+    if need > free_bytes // 4:
+        return (f"the [N, N] mask needs about {need / MIB:.0f} MiB, more than a quarter of the "
+                f"{free_bytes / MIB:.0f} MiB free")
+    return ""
+
+
+# ----------------------------------------------------------------------------------------------
+# Measuring
+
+
+@dataclass
+class Result:
+    graph: str
+    num_nodes: int
+    num_edges: int
+    method: str
+    forward_ms: float | None = None
+    train_ms: float | None = None
+    forward_mib: float | None = None
+    train_mib: float | None = None
+    kernel_ms: float | None = None
+    bandwidth_gbs: float | None = None
+    peak_percent: float | None = None
+    note: str = ""
+
+
+def _clear_grads(case: Case) -> None:
+    for t in case.grad_of:
+        t.grad = None
+
+
+def _time_ms(fn: Callable[[], object]) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
+def _peak_mib(fn: Callable[[], object]) -> float:
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - before) / MIB
+
+
+def _train_step(case: Case) -> None:
+    out = case.forward()
+    out.backward(torch.ones_like(out))
+
+
+def _inference(case: Case) -> None:
+    with torch.no_grad():
+        case.forward()
+
+
+def measure_graph(graph: Graph, args: argparse.Namespace, dtype: torch.dtype,
+                  peak: float | None) -> list[Result]:
+    """Every method on one graph, interleaved repeat by repeat (rotating order)."""
+    element_size = torch.empty(0, dtype=dtype).element_size()
+    free_bytes = torch.cuda.mem_get_info()[0]
+    results, cases = {}, {}
+    for name, make in METHODS.items():
+        result = Result(graph.name, graph.num_nodes, graph.num_edges, name)
+        results[name] = result
+        if name.startswith("dense"):
+            result.note = dense_skip_reason(graph, args.heads, element_size, free_bytes)
+            if result.note:
+                print(f"  skip {name}: {result.note}")
+                continue
+        try:
+            case = make(graph, args.heads, args.channels, dtype)
+            result.forward_mib = _peak_mib(lambda c=case: _inference(c))
+            result.train_mib = _peak_mib(lambda c=case: _train_step(c))
+            for _ in range(args.warmup):
+                _inference(case)
+                _clear_grads(case)
+                _train_step(case)
+            _clear_grads(case)
+            cases[name] = case
+        except torch.cuda.OutOfMemoryError:
+            result.note = "out of memory"
+            print(f"  skip {name}: out of memory")
+            torch.cuda.empty_cache()
+    forward_times = {name: [] for name in cases}
+    train_times = {name: [] for name in cases}
+    order = list(cases)
+    for rep in range(args.repeats):
+        rotated = order[rep % len(order):] + order[:rep % len(order)] if order else []
+        for name in rotated:
+            case = cases[name]
+            forward_times[name].append(_time_ms(lambda c=case: _inference(c)))
+            train_times[name].append(_time_ms(lambda c=case: _train_step(c)))
+            _clear_grads(case)
+    for name in cases:
+        results[name].forward_ms = statistics.median(forward_times[name])
+        results[name].train_ms = statistics.median(train_times[name])
+    del cases
+    torch.cuda.empty_cache()
+    fused = results["edge_attention triton"]
+    if fused.forward_ms is not None:
+        fused.kernel_ms = forward_kernel_ms(graph, args, dtype)
+        moved = minimal_forward_bytes(graph.num_nodes, graph.num_edges, args.heads,
+                                      args.channels, element_size, additive=False)
+        fused.bandwidth_gbs = moved / (fused.kernel_ms * 1e-3) / 1e9
+        if peak is not None:
+            fused.peak_percent = 100 * moved / (fused.kernel_ms * 1e-3) / peak
+    return list(results.values())
+
+
+def forward_kernel_ms(graph: Graph, args: argparse.Namespace, dtype: torch.dtype) -> float:
+    """Median time of the fused forward kernel alone (CSR built before)."""
+    from graphattn.functional.triton_kernels import build_csr, fused_forward
+
+    q, k, v = (t.detach() for t in _qkv(graph, args.heads, args.channels, dtype))
+    csr = build_csr(graph.edge_index[1], graph.edge_index[0], graph.num_nodes,
+                    graph.num_nodes)
+
+    def run():
+        fused_forward(q, k, v, None, None, csr, scale=args.channels**-0.5, additive=False,
+                      negative_slope=0.2, need_scores=False)
+
+    for _ in range(args.warmup):
+        run()
+    return statistics.median(_time_ms(run) for _ in range(args.repeats))
+
+
+# ----------------------------------------------------------------------------------------------
+# Correctness on the device
+
+
+def check_on_device(graph: Graph, dtype: torch.dtype, heads: int = 2,
+                    channels: int = 16) -> list[tuple[str, float]]:
+    """Max abs difference fused vs reference (fp32 math) of out, alpha and every gradient."""
+    from graphattn.functional import edge_attention
+
+    rows = []
+    gen = torch.Generator(device=graph.edge_index.device).manual_seed(0)
+    for score in ("dot", "additive"):
+        for with_bias in (False, True):
+            n, e, dev = graph.num_nodes, graph.num_edges, graph.edge_index.device
+            shape = (n, heads, channels) if score == "dot" else (n, heads)
+            tensors = [torch.randn(shape, device=dev, generator=gen),
+                       torch.randn(shape, device=dev, generator=gen),
+                       torch.randn(n, heads, channels, device=dev, generator=gen),
+                       torch.randn(e, heads, device=dev, generator=gen) if with_bias else None]
+            leaves = [t.to(dtype).requires_grad_() for t in tensors if t is not None]
+            outputs = {}
+            for backend in ("triton", "reference"):
+                q, k, v, *bias = leaves
+                out, alpha = edge_attention(q, k, v, graph.edge_index, bias=bias[0] if bias
+                                            else None, return_attention=True, score=score,
+                                            backend=backend)
+                weight = torch.linspace(-1, 1, out.numel(), device=dev).view_as(out)
+                loss = (out.float() * weight).sum() + alpha.float().square().sum()
+                outputs[backend] = [out, alpha, *torch.autograd.grad(loss, leaves)]
+            names = ["out", "alpha", "dq", "dk", "dv", "dbias"][:len(outputs["triton"])]
+            for name, got, want in zip(names, outputs["triton"], outputs["reference"],
+                                       strict=True):
+                err = (got.float() - want.float()).abs().max().item() if got.numel() else 0.0
+                rows.append((f"{score}, {'bias' if with_bias else 'no bias'}: {name}", err))
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------
+# Report
+
+
+def _fmt(value: float | None, digits: int = 2) -> str:
+    return "" if value is None else f"{value:.{digits}f}"
+
+
+def goals(results: list[Result]) -> list[str]:
+    """The three H200 goals of the fused kernels, evaluated on these results."""
+    by = {(r.graph, r.method): r for r in results}
+    lines = []
+    for r in results:
+        if r.method != "GraphSelfAttention dot, triton" or r.num_edges < 1_000_000:
+            continue
+        pyg = by.get((r.graph, "PyG TransformerConv"))
+        if r.train_ms and pyg and pyg.train_ms:
+            speedup = pyg.train_ms / r.train_ms
+            lines.append(f"- {r.graph}: forward+backward {speedup:.2f}x faster than "
+                         f"TransformerConv (goal >= 3x: {'met' if speedup >= 3 else 'not met'})")
+        if r.num_edges >= 10_000_000 and r.train_mib and pyg and pyg.train_mib:
+            ratio = pyg.train_mib / r.train_mib
+            lines.append(f"- {r.graph}: peak memory {ratio:.1f}x lower than TransformerConv "
+                         f"(goal >= 5x: {'met' if ratio >= 5 else 'not met'})")
+        elif r.num_edges >= 10_000_000 and r.train_mib and pyg and pyg.note:
+            lines.append(f"- {r.graph}: TransformerConv {pyg.note}; the fused layer peaks at "
+                         f"{r.train_mib:.0f} MiB")
+    for r in results:
+        if r.method == "edge_attention triton" and r.num_edges >= 50_000_000 and r.peak_percent:
+            lines.append(f"- {r.graph}: forward kernel at {r.peak_percent:.0f}% of peak HBM "
+                         f"bandwidth (goal >= 50%: {'met' if r.peak_percent >= 50 else 'not met'})")
+    return lines or ["- no graph of >= 1M edges was measured"]
+
+
+def render_markdown(results: list[Result], header: list[str], checks: list[tuple[str, float]],
+                    skipped: list[str]) -> str:
+    lines = ["# Fused Triton edge attention on GPU", "", *header, ""]
+    lines += ["| graph | N | E | method | fwd ms | fwd+bwd ms | peak fwd MiB | peak fwd+bwd MiB "
+              "| fwd kernel ms | GB/s | % peak HBM | note |",
+              "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in results:
+        lines.append(f"| {r.graph} | {r.num_nodes:,} | {r.num_edges:,} | {r.method} "
+                     f"| {_fmt(r.forward_ms, 3)} | {_fmt(r.train_ms, 3)} "
+                     f"| {_fmt(r.forward_mib, 1)} | {_fmt(r.train_mib, 1)} "
+                     f"| {_fmt(r.kernel_ms, 3)} | {_fmt(r.bandwidth_gbs, 0)} "
+                     f"| {_fmt(r.peak_percent, 1)} | {r.note} |")
+    lines += ["", "## Goals (H200)", "", *goals(results)]
+    if skipped:
+        lines += ["", "## Skipped graphs", "", *(f"- {s}" for s in skipped)]
+    if checks:
+        lines += ["", "## Fused vs reference on the device (max abs difference)", "",
+                  "| case | max abs diff |", "|---|---:|"]
+        lines += [f"| {name} | {err:.2e} |" for name, err in checks]
+    return "\n".join(lines) + "\n"
+
+
+def environment(args: argparse.Namespace, peak: float | None, peak_source: str) -> list[str]:
+    import triton
+
+    device = torch.cuda.get_device_name()
+    command = "python " + " ".join(shlex.quote(a) for a in [
+        os.path.relpath(sys.argv[0]) if sys.argv[0] else "benchmarks/gpu.py", *sys.argv[1:]])
+    peak_text = f"{peak / 1e12:.2f} TB/s ({peak_source})" if peak else peak_source
+    return [f"- command: `{command}`",
+            f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}",
+            f"- device: {device}; peak HBM bandwidth {peak_text}",
+            f"- torch {torch.__version__} (CUDA {torch.version.cuda}), "
+            f"triton {triton.__version__}, python {platform.python_version()}",
+            f"- H = {args.heads}, C = {args.channels}, dtype {args.dtype}; "
+            f"median of {args.repeats} repeats after {args.warmup} warm-up calls, methods "
+            f"interleaved",
+            "- minimal forward bytes = e * N * H * (2 Cq + 2 C) + 4 N H + 4 E + 4 (N + 1); "
+            "% peak = bytes / fused forward kernel time / peak"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        print("benchmarks/gpu.py needs a CUDA GPU (torch.cuda.is_available() is False); "
+              "nothing was measured.", file=sys.stderr)
+        return 2
+    from graphattn.functional.triton_kernels import triton_available
+
+    if not triton_available():
+        print("benchmarks/gpu.py needs triton: pip install 'graphattn[gpu]'", file=sys.stderr)
+        return 2
+    dtype = DTYPES[args.dtype]
+    device = torch.device("cuda")
+    peak, peak_source = peak_bandwidth(torch.cuda.get_device_name(), args.peak_bandwidth)
+    header = environment(args, peak, peak_source)
+    print("\n".join(header))
+
+    checks = []
+    check_graph = None
+    if "cora" in args.graph_names:
+        check_graph, _ = build_graph("cora", args, device, torch.cuda.mem_get_info()[0])
+    if check_graph is None:
+        check_graph = Graph("random", 2000, synthetic_graph(2000, 20_000, None, device))
+    checks = check_on_device(check_graph, torch.float32)
+    worst = max(err for _, err in checks)
+    print(f"fused vs reference on {check_graph.name}: max abs difference {worst:.2e}")
+
+    results, skipped = [], []
+    for name in args.graph_names:
+        graph, reason = build_graph(name, args, device, torch.cuda.mem_get_info()[0])
+        if graph is None:
+            print(f"skip graph {name}: {reason}")
+            skipped.append(f"{name}: {reason}")
+            continue
+        print(f"{name}: N = {graph.num_nodes:,}, E = {graph.num_edges:,}")
+        for r in measure_graph(graph, args, dtype, peak):
+            results.append(r)
+            print(f"  {r.method:38s} fwd {_fmt(r.forward_ms, 3):>9s} ms  fwd+bwd "
+                  f"{_fmt(r.train_ms, 3):>9s} ms  peak {_fmt(r.train_mib, 1):>9s} MiB  {r.note}")
+        del graph
+        torch.cuda.empty_cache()
+
+    text = render_markdown(results, header, checks, skipped)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    print(f"wrote {out}")
+    if not worst < 1e-3:  # also catches NaN
+        print(f"the fused kernels differ from the reference by {worst:.2e} (> 1e-3)",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,405 @@
+"""GraphSelfAttention against PyG's TransformerConv and GATConv on CPU: time and peak memory.
+
+One configuration for all layers: input dim 64, 8 heads x 8 channels (concatenated, 64 outputs),
+fp32, projections included, on the same edge set with one self-loop per node (added once with
+``torch_geometric.utils.add_remaining_self_loops``; GraphSelfAttention and GATConv get
+``add_self_loops=False`` so that no layer redoes it; TransformerConv has no such option).
+Features are random (the PubMed mirror has no feature file; only the graph matters here).
+Graphs: Cora, CiteSeer, PubMed, a uniform random graph with 100k nodes and 1M edges and one with
+1M nodes and 10M edges (plus the self-loops).
+
+Time: each graph runs in its own subprocess, where the three layers are interleaved (rotating
+order) after two warm-up calls each, and the median of the repeats is kept: the forward
+(inference, ``torch.no_grad``) and the training step (forward, ``out.sum().backward()``).
+
+Peak memory: each (graph, layer) runs in a fresh subprocess that builds its inputs, warms the
+layer up on a 10-node graph (so numba's kernels are loaded), resets the peak resident set size
+(VmHWM, through ``/proc/self/clear_refs``) and runs one training step; the figure is VmHWM after
+the step minus VmRSS before it: every byte the step holds at once (activations kept for backward,
+gradients, temporaries), whichever allocator asked for it. glibc serves allocations above
+256 KiB with mmap, so freed tensors leave the resident set.
+
+Every subprocess runs under an address-space limit (``RLIMIT_AS``, ``--memory-limit``, default
+12 GiB) so that a layer that needs more fails with an out-of-memory error instead of taking the
+machine down; such a layer is reported as "out of memory". For PyG on the largest graph the
+peak is then extrapolated from two smaller graphs with the same node count (``--probe-edges``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import gc
+import json
+import os
+import platform
+import resource
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numba
+import torch
+import torch_geometric
+from torch_geometric.nn import GATConv, TransformerConv
+from torch_geometric.utils import add_remaining_self_loops
+
+from graphattn.datasets import load_planetoid
+from graphattn.nn import GraphSelfAttention
+
+IN_CHANNELS, HEADS, CHANNELS = 64, 8, 8
+LAYERS = ("GraphSelfAttention", "TransformerConv", "GATConv")
+PYG_LAYERS = LAYERS[1:]
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Case:
+    """A graph: a Planetoid dataset's structure, or a uniform random graph."""
+
+    name: str
+    dataset: str | None = None
+    num_nodes: int = 0
+    num_edges: int = 0
+    repeats: int = 10
+
+
+CASES = {c.name: c for c in (
+    Case("Cora", dataset="Cora", repeats=20),
+    Case("CiteSeer", dataset="CiteSeer", repeats=20),
+    Case("PubMed", dataset="PubMed", repeats=10),
+    Case("random-100k-1M", num_nodes=100_000, num_edges=1_000_000, repeats=5),
+    Case("random-1M-10M", num_nodes=1_000_000, num_edges=10_000_000, repeats=3),
+)}
+LARGEST = "random-1M-10M"
+
+
+def make_graph(case: Case, root: str | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Features ``[N, 64]`` and ``edge_index`` with one self-loop per node."""
+    gen = torch.Generator().manual_seed(0)
+    if case.dataset is not None:
+        data = load_planetoid(case.dataset, root, structure_only=True)
+        num_nodes, edge_index = data.num_nodes, data.edge_index
+    else:
+        num_nodes = case.num_nodes
+        edge_index = torch.randint(0, num_nodes, (2, case.num_edges), generator=gen)
+    edge_index, _ = add_remaining_self_loops(edge_index, num_nodes=num_nodes)
+    x = torch.randn(num_nodes, IN_CHANNELS, generator=gen)
+    return x, edge_index
+
+
+def make_layer(name: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    if name == "GraphSelfAttention":
+        return GraphSelfAttention(IN_CHANNELS, CHANNELS, heads=HEADS, add_self_loops=False)
+    if name == "TransformerConv":
+        return TransformerConv(IN_CHANNELS, CHANNELS, heads=HEADS)
+    return GATConv(IN_CHANNELS, CHANNELS, heads=HEADS, add_self_loops=False)
+
+
+def forward(layer: torch.nn.Module, x: torch.Tensor, edge_index: torch.Tensor) -> None:
+    with torch.no_grad():
+        layer(x, edge_index)
+
+
+def train_step(layer: torch.nn.Module, x: torch.Tensor, edge_index: torch.Tensor) -> None:
+    layer.zero_grad(set_to_none=True)
+    layer(x, edge_index).sum().backward()
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    return isinstance(err, MemoryError) or "alloc" in str(err).lower()
+
+
+# ----------------------------------------------------------------------------------------------
+# Workers (each in its own subprocess)
+
+
+def time_worker(case: Case, root: str | None, repeats: int) -> dict:
+    """Interleaved medians of the forward and the training step of every layer on one graph."""
+    x, edge_index = make_graph(case, root)
+    layers = {name: make_layer(name) for name in LAYERS}
+    result: dict = {"num_nodes": x.size(0), "num_edges": edge_index.size(1), "layers": {}}
+    times: dict[str, dict[str, list[float]]] = {n: {"forward": [], "train": []} for n in layers}
+    for name, layer in list(layers.items()):
+        try:
+            for _ in range(2):
+                forward(layer, x, edge_index)
+                train_step(layer, x, edge_index)
+        except (RuntimeError, MemoryError) as err:
+            if not is_out_of_memory(err):
+                raise
+            result["layers"][name] = {"error": "out of memory"}
+            del layers[name]
+            gc.collect()
+    for r in range(repeats):
+        names = list(layers)
+        names = names[r % len(names):] + names[:r % len(names)] if names else names
+        for name in names:
+            for kind, fn in (("forward", forward), ("train", train_step)):
+                t0 = time.perf_counter()
+                fn(layers[name], x, edge_index)
+                times[name][kind].append(time.perf_counter() - t0)
+    for name in layers:
+        result["layers"][name] = {kind: statistics.median(ts) for kind, ts in
+                                  times[name].items()}
+    return result
+
+
+def _status_bytes(key: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    raise OSError(f"/proc/self/status has no {key}")
+
+
+def memory_worker(case: Case, root: str | None, layer_name: str) -> dict:
+    """Peak resident memory of one training step above the memory before it."""
+    libc = ctypes.CDLL("libc.so.6")
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    libc.mallopt(m_mmap_threshold, 256 * 1024)
+    libc.mallopt(m_trim_threshold, 256 * 1024)
+    x, edge_index = make_graph(case, root)
+    layer = make_layer(layer_name)
+    tiny = torch.arange(10)
+    train_step(layer, x[:10], torch.stack([tiny, tiny.roll(1)]))
+    gc.collect()
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # reset VmHWM to the current resident set size
+    start = _status_bytes("VmRSS")
+    try:
+        train_step(layer, x, edge_index)
+    except (RuntimeError, MemoryError) as err:
+        if not is_out_of_memory(err):
+            raise
+        return {"error": "out of memory"}
+    return {"peak": _status_bytes("VmHWM") - start, "inputs": start,
+            "num_edges": edge_index.size(1)}
+
+
+def compile_worker() -> dict:
+    """numba's compile time (empty cache) or load time (warm cache) for the fp32 kernels."""
+    x, edge_index = make_graph(Case("tiny", num_nodes=100, num_edges=500), None)
+    layer = make_layer("GraphSelfAttention")
+    t0 = time.perf_counter()
+    train_step(layer, x, edge_index)
+    first = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    train_step(layer, x, edge_index)
+    return {"first_call": first, "steady": time.perf_counter() - t0}
+
+
+# ----------------------------------------------------------------------------------------------
+# Driver
+
+
+def run_worker(args: list[str], memory_limit: float, env: dict | None = None) -> dict:
+    """Run this script as a worker under an address-space limit; its JSON result."""
+    limit = int(memory_limit * GIB)
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    proc = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True,
+                          preexec_fn=cap, env=env)
+    if proc.returncode != 0:
+        tail = proc.stderr.strip().splitlines()[-1:] or [f"exit code {proc.returncode}"]
+        if proc.returncode < 0 or "MemoryError" in proc.stderr:
+            return {"error": "out of memory"}
+        return {"error": tail[0][:200]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def cpu_name() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+        for line in out.splitlines():
+            if line.startswith("Model name:"):
+                return line.split(":", 1)[1].strip()
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    return platform.processor() or platform.machine()
+
+
+def fmt_ms(seconds: float | None) -> str:
+    return "" if seconds is None else f"{seconds * 1e3:.1f}"
+
+
+def fmt_mb(nbytes: float | None) -> str:
+    return "" if nbytes is None else f"{nbytes / 2**20:.0f}"
+
+
+def fmt_ratio(ours: float | None, theirs: float | None) -> str:
+    return "" if ours is None or theirs is None else f"{ours / theirs:.2f}"
+
+
+def extrapolate(points: list[tuple[int, int]], num_edges: int) -> float:
+    """Least-squares line through (edges, peak bytes), evaluated at ``num_edges``."""
+    n = len(points)
+    mean_e = sum(e for e, _ in points) / n
+    mean_p = sum(p for _, p in points) / n
+    slope = (sum((e - mean_e) * (p - mean_p) for e, p in points)
+             / sum((e - mean_e) ** 2 for e, _ in points))
+    return mean_p + slope * (num_edges - mean_e)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES),
+                        help="graphs to run (default: all)")
+    parser.add_argument("--repeats", type=float, default=1.0,
+                        help="multiply every graph's number of timed repeats (default: 1)")
+    parser.add_argument("--memory-limit", type=float, default=12.0,
+                        help="address-space limit of every subprocess in GiB (default: 12)")
+    parser.add_argument("--probe-edges", type=int, nargs="*", default=[2_000_000, 4_000_000],
+                        help="random edges of the 1M-node graphs on which PyG's peak is "
+                             "measured to extrapolate it to the largest graph (default: 2M 4M)")
+    parser.add_argument("--root", default=None,
+                        help="root of the Planetoid raw files (default: load_planetoid's; "
+                             "missing files are downloaded)")
+    parser.add_argument("--output", default=str(Path(__file__).parent / "results" / "vs_pyg.md"))
+    parser.add_argument("--worker", choices=["time", "memory", "compile"], help=argparse.SUPPRESS)
+    parser.add_argument("--case", help=argparse.SUPPRESS)
+    parser.add_argument("--layer", help=argparse.SUPPRESS)
+    parser.add_argument("--num-edges", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    if args.worker is not None:
+        case = CASES.get(args.case)
+        if args.num_edges is not None:
+            case = Case(f"probe-{args.num_edges}", num_nodes=CASES[LARGEST].num_nodes,
+                        num_edges=args.num_edges)
+        if args.worker == "time":
+            result = time_worker(case, args.root, max(1, round(case.repeats * args.repeats)))
+        elif args.worker == "memory":
+            result = memory_worker(case, args.root, args.layer)
+        else:
+            result = compile_worker()
+        print(json.dumps(result))
+        return
+
+    command = "python " + " ".join(shlex.quote(a) for a in [
+        str(Path(__file__).relative_to(Path.cwd()) if Path(__file__).is_relative_to(Path.cwd())
+            else __file__), *sys.argv[1:]])
+    header = [
+        f"command: `{command}`",
+        f"torch {torch.__version__}, torch_geometric {torch_geometric.__version__}, "
+        f"numba {numba.__version__}, python {platform.python_version()}",
+        f"CPU: {cpu_name()}, torch threads: {torch.get_num_threads()}",
+        f"memory limit per subprocess: {args.memory_limit:g} GiB (RLIMIT_AS)",
+    ]
+    for line in header:
+        print(line)
+    common = ["--root", args.root] if args.root else []
+
+    with tempfile.TemporaryDirectory() as cache_dir:
+        env = {**os.environ, "NUMBA_CACHE_DIR": cache_dir}
+        cold = run_worker(["--worker", "compile"], args.memory_limit, env)
+        warm = run_worker(["--worker", "compile"], args.memory_limit, env)
+    if "error" in cold or "error" in warm:
+        jit_line = f"numba compile time not measured: {cold.get('error') or warm.get('error')}"
+    else:
+        jit_line = (f"numba kernels (fp32): compiled in {cold['first_call'] - cold['steady']:.1f}"
+                    f" s with an empty cache, loaded in {warm['first_call'] - warm['steady']:.2f}"
+                    f" s from the cache; both happen in the warm-up, outside the timings")
+    print(jit_line)
+
+    rows = []
+    for name in args.cases:
+        print(f"{name}: timing ...", flush=True)
+        timing = run_worker(["--worker", "time", "--case", name, "--repeats",
+                             str(args.repeats), *common], args.memory_limit)
+        memory = {}
+        for layer in LAYERS:
+            print(f"{name}: peak memory of {layer} ...", flush=True)
+            memory[layer] = run_worker(["--worker", "memory", "--case", name, "--layer", layer,
+                                        *common], args.memory_limit)
+        rows.append((name, timing, memory))
+
+    probe_lines = []
+    if LARGEST in args.cases and args.probe_edges:
+        for layer in PYG_LAYERS:
+            largest = next(memory for name, _, memory in rows if name == LARGEST)[layer]
+            if "error" not in largest:
+                continue
+            points = []
+            for num_edges in args.probe_edges:
+                print(f"probe {num_edges} edges: peak memory of {layer} ...", flush=True)
+                probe = run_worker(["--worker", "memory", "--case", LARGEST, "--layer", layer,
+                                    "--num-edges", str(num_edges)], args.memory_limit)
+                if "error" not in probe:
+                    points.append((probe["num_edges"], probe["peak"], probe["inputs"]))
+            if len(points) >= 2:
+                timing = next(t for n, t, _ in rows if n == LARGEST)
+                target = timing.get("num_edges", CASES[LARGEST].num_edges)
+                peak = extrapolate([(e, p) for e, p, _ in points], target)
+                inputs = points[-1][2]
+                probe_lines.append(
+                    f"- {layer} on {LARGEST}: out of memory under the {args.memory_limit:g} GiB "
+                    f"limit. Its peak measured on the same 1M nodes with "
+                    + ", ".join(f"{e / 1e6:.1f}M edges: {p / GIB:.2f} GiB" for e, p, _ in points)
+                    + f" extrapolates linearly to {peak / GIB:.1f} GiB at {target / 1e6:.1f}M "
+                    f"edges; with the inputs and the process (~{inputs / GIB:.1f} GiB) that is "
+                    f"{(peak + inputs) / GIB:.1f} GiB, "
+                    + ("within" if peak + inputs <= 24 * GIB else "beyond") + " 24 GB.")
+
+    table = [
+        "| graph | nodes | edges | layer | forward ms | fwd+bwd ms | peak MB (fwd+bwd) "
+        "| forward ours/PyG | fwd+bwd ours/PyG | peak ours/PyG |",
+        "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name, timing, memory in rows:
+        if "error" in timing and "layers" not in timing:
+            table.append(f"| {name} | | | | {timing['error']} | | | | | |")
+            continue
+        ours_t = timing["layers"].get(LAYERS[0], {})
+        ours_m = memory[LAYERS[0]].get("peak")
+        for layer in LAYERS:
+            t = timing["layers"].get(layer, {})
+            m = memory[layer]
+            fwd, train = t.get("forward"), t.get("train")
+            peak = m.get("peak")
+            note = t.get("error") or m.get("error")
+            fwd_cell = fmt_ms(fwd) if fwd is not None else (note or "")
+            ratios = ["", "", ""] if layer == LAYERS[0] else [
+                fmt_ratio(ours_t.get("forward"), fwd), fmt_ratio(ours_t.get("train"), train),
+                fmt_ratio(ours_m, peak)]
+            table.append(f"| {name} | {timing['num_nodes']} | {timing['num_edges']} | {layer} "
+                         f"| {fwd_cell} | {fmt_ms(train)} | "
+                         f"{fmt_mb(peak) if peak is not None else (m.get('error') or '')} | "
+                         + " | ".join(ratios) + " |")
+    print()
+    print("\n".join(table))
+    for line in probe_lines:
+        print(line)
+
+    output = Path(args.output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text("\n".join([
+        "# GraphSelfAttention vs PyG (TransformerConv, GATConv) on CPU",
+        "",
+        *(f"- {line}" for line in [*header, jit_line]),
+        "",
+        f"Input dim {IN_CHANNELS}, {HEADS} heads x {CHANNELS} channels, fp32, projections "
+        "included, one self-loop per node (the same edge set for every layer). forward: "
+        "inference under `torch.no_grad`; fwd+bwd: forward and `out.sum().backward()`; medians "
+        "of interleaved repeats after warm-up. Peak MB: resident memory of one fwd+bwd step "
+        "above the memory before it, in a fresh process per layer and graph. Ratios below 1 "
+        "favour GraphSelfAttention.",
+        "",
+        *table,
+        "",
+        *probe_lines,
+        "",
+    ]))
+    print(f"wrote {output}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,285 @@
+"""The Triton kernels of edge attention (see :mod:`graphattn.functional.triton_kernels`).
+
+Imported only through :func:`graphattn.functional.triton_kernels.kernels`, which loads this file
+once per Triton mode: ``triton.jit`` decides at definition time whether a kernel is compiled or
+interpreted (``TRITON_INTERPRET=1``), and the interpreter resolves helpers through module
+globals, so each mode needs its own copy of the module.
+
+Layout: a program owns one node (grid axis 0) and ``BLOCK_H`` heads (grid axis 1); tiles are
+``(BE, BH, BC)`` = (edges, heads, channels), statistics ``(BH)``, all in fp32.
+"""
+
+import triton
+import triton.language as tl
+from triton.runtime.jit import JITFunction
+
+from graphattn.functional.triton_kernels import interpret_mode
+
+
+def _for_this_mode(fn):
+    """A function of Triton's standard library, usable by kernels of this module's mode.
+
+    ``triton.language`` defines ``tl.sum``, ``tl.max``... with ``triton.jit`` when it is first
+    imported (torch_geometric imports it), in the mode of that moment. An interpreted kernel
+    cannot call a compiled-mode function, so in interpreter mode the function is wrapped again.
+    """
+    if isinstance(fn, JITFunction) and interpret_mode():
+        return triton.jit(fn.fn)
+    return fn
+
+
+_sum = _for_this_mode(tl.sum)
+_max = _for_this_mode(tl.max)
+
+
+@triton.jit
+def _edge_values(ptr, edge_id, offs_h, ok2, H: tl.constexpr):
+    """Load an ``[E, H]`` tensor at ``(edge_id, offs_h)`` as fp32 ``(BE, BH)``."""
+    return tl.load(ptr + edge_id[:, None] * H + offs_h[None, :], mask=ok2,
+                   other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _node_rows(ptr, node, hc, ok3, H: tl.constexpr, C: tl.constexpr):
+    """Load an ``[N, H, C]`` tensor at rows ``node`` as fp32 ``(BE, BH, BC)``."""
+    return tl.load(ptr + node[:, None, None] * (H * C) + hc[None, :, :], mask=ok3,
+                   other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _score_operand(ptr, node, offs_h, hc, ok2, ok3, H: tl.constexpr, C: tl.constexpr,
+                   ADDITIVE: tl.constexpr):
+    """q or k at rows ``node``: ``(BE, BH)`` when additive, ``(BE, BH, BC)`` for dot."""
+    if ADDITIVE:
+        return tl.load(ptr + node[:, None] * H + offs_h[None, :], mask=ok2,
+                       other=0.0).to(tl.float32)
+    else:
+        return _node_rows(ptr, node, hc, ok3, H, C)
+
+
+@triton.jit
+def _scores(q, k, b, scale, slope, ADDITIVE: tl.constexpr):
+    """Scores ``(BE, BH)`` from broadcastable q, k operands and bias b."""
+    if ADDITIVE:
+        z = q + k + b
+        return tl.where(z > 0, z, z * slope) * scale
+    else:
+        return _sum(q * k, axis=2) * scale + b
+
+
+@triton.jit
+def _pre_activation_grad(ds, q, k, b, scale, slope, ADDITIVE: tl.constexpr):
+    """Gradient with respect to the bias term: ``ds`` for dot, through LeakyReLU for
+    additive (slope at 0 like torch)."""
+    if ADDITIVE:
+        z = q + k + b
+        return ds * scale * tl.where(z > 0, 1.0, slope)
+    else:
+        return ds
+
+
+@triton.jit
+def forward_kernel(q, k, v, bias, drop, rowptr, col, eid, out, lse, scores, scale, slope,
+                   H: tl.constexpr, C: tl.constexpr, ADDITIVE: tl.constexpr,
+                   HAS_BIAS: tl.constexpr, HAS_DROP: tl.constexpr, NEED_SCORES: tl.constexpr,
+                   BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Grid (N_dst, head blocks). Online softmax over the incoming edges of one target (CSR
+    ``rowptr``, ``col`` = sources, ``eid`` = edge ids); writes ``out`` ``[N_dst, H, C]`` and
+    ``lse`` ``[N_dst, H]`` (fp32), and the scores ``[E, H]`` when ``NEED_SCORES``."""
+    row = tl.program_id(0).to(tl.int64)
+    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)  # (BH)
+    offs_c = tl.arange(0, BLOCK_C)  # (BC)
+    h_ok = offs_h < H
+    hc = offs_h[:, None] * C + offs_c[None, :]  # (BH, BC)
+    hc_ok = h_ok[:, None] & (offs_c < C)[None, :]
+    start = tl.load(rowptr + row)
+    end = tl.load(rowptr + row + 1)
+    this_row = tl.full([1], 0, tl.int64) + row  # (1)
+    q_i = _score_operand(q, this_row, offs_h, hc, h_ok[None, :], hc_ok[None, :, :], H, C,
+                         ADDITIVE)  # (1, BH) or (1, BH, BC)
+
+    m = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_sum = tl.full([BLOCK_H], 0, tl.float32)
+    acc = tl.full([BLOCK_H, BLOCK_C], 0, tl.float32)
+    for e0 in range(start, end, BLOCK_E):
+        offs_e = e0 + tl.arange(0, BLOCK_E)  # (BE)
+        e_ok = offs_e < end
+        ok2 = e_ok[:, None] & h_ok[None, :]  # (BE, BH)
+        ok3 = e_ok[:, None, None] & hc_ok[None, :, :]  # (BE, BH, BC)
+        src = tl.load(col + offs_e, mask=e_ok, other=0).to(tl.int64)
+        edge = tl.load(eid + offs_e, mask=e_ok, other=0).to(tl.int64)
+        b = 0.0
+        if HAS_BIAS:
+            b = _edge_values(bias, edge, offs_h, ok2, H)
+        k_j = _score_operand(k, src, offs_h, hc, ok2, ok3, H, C, ADDITIVE)
+        s = tl.where(ok2, _scores(q_i, k_j, b, scale, slope, ADDITIVE), float("-inf"))
+        if NEED_SCORES:
+            tl.store(scores + edge[:, None] * H + offs_h[None, :], s, mask=ok2)
+        m_new = tl.maximum(m, _max(s, axis=0))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # all -inf so far: no shift
+        rescale = tl.exp(m - m_safe)
+        p = tl.exp(s - m_safe[None, :])  # (BE, BH)
+        l_sum = l_sum * rescale + _sum(p, axis=0)
+        if HAS_DROP:
+            p = p * _edge_values(drop, edge, offs_h, ok2, H)
+        v_j = _node_rows(v, src, hc, ok3, H, C)  # (BE, BH, BC)
+        acc = acc * rescale[:, None] + _sum(p[:, :, None] * v_j, axis=0)
+        m = m_new
+
+    has_weight = l_sum > 0.0
+    l_safe = tl.where(has_weight, l_sum, 1.0)
+    lse_i = tl.where(has_weight, tl.where(m == float("-inf"), 0.0, m) + tl.log(l_safe),
+                     float("inf"))  # (BH)
+    o = acc / l_safe[:, None]
+    tl.store(out + row * (H * C) + hc, o.to(out.dtype.element_ty), mask=hc_ok)
+    tl.store(lse + row * H + offs_h, lse_i, mask=h_ok)
+
+
+@triton.jit
+def backward_target_kernel(q, k, v, bias, drop, out, dout, lse, dalpha, rowptr, col, eid,
+                           dq, dbias, delta, scale, slope,
+                           H: tl.constexpr, C: tl.constexpr, ADDITIVE: tl.constexpr,
+                           HAS_BIAS: tl.constexpr, HAS_DROP: tl.constexpr,
+                           HAS_DALPHA: tl.constexpr, NEED_DBIAS: tl.constexpr,
+                           BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
+                           BLOCK_C: tl.constexpr):
+    """Grid (N_dst, head blocks). Over the incoming edges of one target: writes ``delta``
+    ``[N_dst, H]`` (dout . out, plus sum alpha * dalpha), ``dq`` and, when ``NEED_DBIAS``, the
+    bias gradient of each of its edges."""
+    row = tl.program_id(0).to(tl.int64)
+    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)  # (BH)
+    offs_c = tl.arange(0, BLOCK_C)  # (BC)
+    h_ok = offs_h < H
+    hc = offs_h[:, None] * C + offs_c[None, :]  # (BH, BC)
+    hc_ok = h_ok[:, None] & (offs_c < C)[None, :]
+    start = tl.load(rowptr + row)
+    end = tl.load(rowptr + row + 1)
+    this_row = tl.full([1], 0, tl.int64) + row  # (1)
+    q_i = _score_operand(q, this_row, offs_h, hc, h_ok[None, :], hc_ok[None, :, :], H, C,
+                         ADDITIVE)  # (1, BH) or (1, BH, BC)
+    do_i = tl.load(dout + row * (H * C) + hc, mask=hc_ok, other=0.0).to(tl.float32)
+    o_i = tl.load(out + row * (H * C) + hc, mask=hc_ok, other=0.0).to(tl.float32)
+    lse_i = tl.load(lse + row * H + offs_h, mask=h_ok, other=float("inf"))  # (BH)
+    delta_i = _sum(do_i * o_i, axis=1)  # (BH)
+    if HAS_DALPHA:
+        for e0 in range(start, end, BLOCK_E):
+            offs_e = e0 + tl.arange(0, BLOCK_E)
+            e_ok = offs_e < end
+            ok2 = e_ok[:, None] & h_ok[None, :]
+            ok3 = e_ok[:, None, None] & hc_ok[None, :, :]
+            src = tl.load(col + offs_e, mask=e_ok, other=0).to(tl.int64)
+            edge = tl.load(eid + offs_e, mask=e_ok, other=0).to(tl.int64)
+            b = 0.0
+            if HAS_BIAS:
+                b = _edge_values(bias, edge, offs_h, ok2, H)
+            k_j = _score_operand(k, src, offs_h, hc, ok2, ok3, H, C, ADDITIVE)
+            s = tl.where(ok2, _scores(q_i, k_j, b, scale, slope, ADDITIVE), float("-inf"))
+            a = tl.exp(s - lse_i[None, :])
+            delta_i += _sum(a * _edge_values(dalpha, edge, offs_h, ok2, H), axis=0)
+    tl.store(delta + row * H + offs_h, delta_i, mask=h_ok)
+
+    if ADDITIVE:
+        dq_i = tl.full([BLOCK_H], 0, tl.float32)
+    else:
+        dq_i = tl.full([BLOCK_H, BLOCK_C], 0, tl.float32)
+    for e0 in range(start, end, BLOCK_E):
+        offs_e = e0 + tl.arange(0, BLOCK_E)  # (BE)
+        e_ok = offs_e < end
+        ok2 = e_ok[:, None] & h_ok[None, :]  # (BE, BH)
+        ok3 = e_ok[:, None, None] & hc_ok[None, :, :]  # (BE, BH, BC)
+        src = tl.load(col + offs_e, mask=e_ok, other=0).to(tl.int64)
+        edge = tl.load(eid + offs_e, mask=e_ok, other=0).to(tl.int64)
+        b = 0.0
+        if HAS_BIAS:
+            b = _edge_values(bias, edge, offs_h, ok2, H)
+        k_j = _score_operand(k, src, offs_h, hc, ok2, ok3, H, C, ADDITIVE)
+        s = tl.where(ok2, _scores(q_i, k_j, b, scale, slope, ADDITIVE), float("-inf"))
+        a = tl.exp(s - lse_i[None, :])  # (BE, BH)
+        v_j = _node_rows(v, src, hc, ok3, H, C)  # (BE, BH, BC)
+        dp = _sum(do_i[None, :, :] * v_j, axis=2)  # (BE, BH)
+        if HAS_DROP:
+            dp = dp * _edge_values(drop, edge, offs_h, ok2, H)
+        if HAS_DALPHA:
+            dp = dp + _edge_values(dalpha, edge, offs_h, ok2, H)
+        dz = _pre_activation_grad(a * (dp - delta_i[None, :]), q_i, k_j, b, scale, slope,
+                                  ADDITIVE)  # (BE, BH)
+        if ADDITIVE:
+            dq_i += _sum(dz, axis=0)
+        else:
+            dq_i += _sum(dz[:, :, None] * k_j, axis=0)
+        if NEED_DBIAS:
+            tl.store(dbias + edge[:, None] * H + offs_h[None, :],
+                     dz.to(dbias.dtype.element_ty), mask=ok2)
+    if ADDITIVE:
+        tl.store(dq + row * H + offs_h, dq_i.to(dq.dtype.element_ty), mask=h_ok)
+    else:
+        tl.store(dq + row * (H * C) + hc, (dq_i * scale).to(dq.dtype.element_ty),
+                 mask=hc_ok)
+
+
+@triton.jit
+def backward_source_kernel(q, k, v, bias, drop, dout, lse, delta, dalpha, colptr, row_t,
+                           eid_t, dk, dv, scale, slope,
+                           H: tl.constexpr, C: tl.constexpr, ADDITIVE: tl.constexpr,
+                           HAS_BIAS: tl.constexpr, HAS_DROP: tl.constexpr,
+                           HAS_DALPHA: tl.constexpr,
+                           BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
+                           BLOCK_C: tl.constexpr):
+    """Grid (N_src, head blocks). Over the outgoing edges of one source (transposed CSR
+    ``colptr``, ``row_t`` = targets, ``eid_t`` = edge ids): writes ``dk`` and ``dv``."""
+    node = tl.program_id(0).to(tl.int64)
+    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)  # (BH)
+    offs_c = tl.arange(0, BLOCK_C)  # (BC)
+    h_ok = offs_h < H
+    hc = offs_h[:, None] * C + offs_c[None, :]  # (BH, BC)
+    hc_ok = h_ok[:, None] & (offs_c < C)[None, :]
+    start = tl.load(colptr + node)
+    end = tl.load(colptr + node + 1)
+    this_node = tl.full([1], 0, tl.int64) + node  # (1)
+    k_j = _score_operand(k, this_node, offs_h, hc, h_ok[None, :], hc_ok[None, :, :], H, C,
+                         ADDITIVE)  # (1, BH) or (1, BH, BC)
+    v_j = tl.load(v + node * (H * C) + hc, mask=hc_ok, other=0.0).to(tl.float32)  # (BH, BC)
+
+    if ADDITIVE:
+        dk_j = tl.full([BLOCK_H], 0, tl.float32)
+    else:
+        dk_j = tl.full([BLOCK_H, BLOCK_C], 0, tl.float32)
+    dv_j = tl.full([BLOCK_H, BLOCK_C], 0, tl.float32)
+    for e0 in range(start, end, BLOCK_E):
+        offs_e = e0 + tl.arange(0, BLOCK_E)  # (BE)
+        e_ok = offs_e < end
+        ok2 = e_ok[:, None] & h_ok[None, :]  # (BE, BH)
+        ok3 = e_ok[:, None, None] & hc_ok[None, :, :]  # (BE, BH, BC)
+        dst = tl.load(row_t + offs_e, mask=e_ok, other=0).to(tl.int64)
+        edge = tl.load(eid_t + offs_e, mask=e_ok, other=0).to(tl.int64)
+        b = 0.0
+        if HAS_BIAS:
+            b = _edge_values(bias, edge, offs_h, ok2, H)
+        q_i = _score_operand(q, dst, offs_h, hc, ok2, ok3, H, C, ADDITIVE)
+        s = tl.where(ok2, _scores(q_i, k_j, b, scale, slope, ADDITIVE), float("-inf"))
+        lse_i = tl.load(lse + dst[:, None] * H + offs_h[None, :], mask=ok2,
+                        other=float("inf"))
+        a = tl.exp(s - lse_i)  # (BE, BH)
+        do_i = _node_rows(dout, dst, hc, ok3, H, C)  # (BE, BH, BC)
+        dp = _sum(do_i * v_j[None, :, :], axis=2)  # (BE, BH)
+        w = a
+        if HAS_DROP:
+            d = _edge_values(drop, edge, offs_h, ok2, H)
+            dp = dp * d
+            w = a * d
+        dv_j += _sum(w[:, :, None] * do_i, axis=0)
+        if HAS_DALPHA:
+            dp = dp + _edge_values(dalpha, edge, offs_h, ok2, H)
+        delta_i = _edge_values(delta, dst, offs_h, ok2, H)
+        dz = _pre_activation_grad(a * (dp - delta_i), q_i, k_j, b, scale, slope,
+                                  ADDITIVE)  # (BE, BH)
+        if ADDITIVE:
+            dk_j += _sum(dz, axis=0)
+        else:
+            dk_j += _sum(dz[:, :, None] * q_i, axis=0)
+    if ADDITIVE:
+        tl.store(dk + node * H + offs_h, dk_j.to(dk.dtype.element_ty), mask=h_ok)
+    else:
+        tl.store(dk + node * (H * C) + hc, (dk_j * scale).to(dk.dtype.element_ty),
+                 mask=hc_ok)
+    tl.store(dv + node * (H * C) + hc, dv_j.to(dv.dtype.element_ty), mask=hc_ok)

@@ -1,0 +1,451 @@
+r"""The CPU backend of edge attention: fused numba kernels over edges sorted by target.
+
+The reference backend gathers ``q_i``, ``k_j`` and ``v_j`` per edge and autograd keeps those
+``[E, H, C]`` tensors for backward. Here one pass over each target's in-edges computes the scores,
+an online softmax and the weighted sum of the values, without any per-edge ``[E, H, C]`` tensor.
+For backward only a log-sum-exp per target and head, ``[N_dst, H]``, and the target-sorted edge
+order (CSR) are kept; the scores are recomputed:
+
+.. math::
+    \alpha_{ij} = \exp(s_{ij} - \mathrm{lse}_i), \qquad
+    \frac{\partial L}{\partial s_{ij}} = \alpha_{ij}\Big(m_{ij}\, g_i \cdot v_j
+        + \bar\alpha_{ij} - D_i\Big), \qquad
+    D_i = g_i \cdot \mathrm{out}_i + \sum_j \alpha_{ij} \bar\alpha_{ij}
+
+with ``g = dL/d out``, ``m`` the dropout multiplier and :math:`\bar\alpha` the gradient reaching
+the returned attention weights. ``dq`` (and the bias gradient) is summed per target in CSR order,
+``dk`` and ``dv`` per source in source-sorted (CSC) order: every output row is written by one
+thread in a fixed order, so results are the same bit for bit on every run and for any number of
+threads, with no atomics.
+
+The kernels are bound by gathering rows of ``k, v`` (forward) and ``q, dL/d out`` (backward) at
+random node ids; they prefetch the rows a few edges ahead, which halves their time on graphs
+larger than the cache.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numba
+import numpy as np
+import torch
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+CHUNKS_PER_THREAD = 4  # the rows are split into this many chunks of equal work per thread
+MIN_PARALLEL_WORK = 2**15  # rows + edges below which one thread does all
+PREFETCH_DISTANCE = 4  # edges ahead whose rows are prefetched
+CACHE_LINE = 64  # bytes
+
+
+def _jit(inline: str = "never"):
+    """``numba.njit`` with an on-disk cache, or without one when no cache directory is writable.
+
+    numba caches next to this file, else in the user's cache directory; when neither can be
+    written (a read-only install and no writable home) the kernels compile in each process.
+    """
+    def wrap(fn):
+        try:
+            return numba.njit(cache=True, nogil=True, inline=inline)(fn)
+        except RuntimeError:
+            return numba.njit(nogil=True, inline=inline)(fn)
+    return wrap
+
+
+@intrinsic
+def _prefetch(typingctx, array, row, offset, write):
+    """Hint the CPU to fetch the cache line at byte ``offset`` of ``array[row]``.
+
+    ``write`` must be a literal: 0 to fetch for reading, 1 for writing.
+    """
+    if not isinstance(write, types.IntegerLiteral):
+        return None
+    access = write.literal_value
+
+    def codegen(context, builder, signature, args):
+        ary = context.make_array(signature.args[0])(context, builder, args[0])
+        row_stride = cgutils.unpack_tuple(builder, ary.strides)[0]
+        base = builder.ptrtoint(ary.data, ir.IntType(64))
+        address = builder.add(base, builder.add(builder.mul(args[1], row_stride), args[2]))
+        i8_ptr, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+        prefetch = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [i8_ptr, i32, i32, i32]),
+            "llvm.prefetch.p0i8")
+        # (address, read 0 / write 1, high temporal locality 3, data cache 1)
+        builder.call(prefetch, [builder.inttoptr(address, i8_ptr), i32(access), i32(3), i32(1)])
+        return context.get_dummy_value()
+    return types.void(array, types.int64, types.int64, write), codegen
+
+
+@_jit(inline="always")
+def _prefetch_row(array, row):
+    for offset in range(0, array.strides[0], CACHE_LINE):
+        _prefetch(array, row, offset, 0)
+
+
+@_jit(inline="always")
+def _prefetch_row_for_write(array, row):
+    for offset in range(0, array.strides[0], CACHE_LINE):
+        _prefetch(array, row, offset, 1)
+
+
+@_jit()
+def _csr(src, dst, num_dst):
+    """Stable counting sort of the edges by target: ``rowptr [N_dst+1]``, ``perm``, sources."""
+    num_edges = dst.shape[0]
+    rowptr = np.zeros(num_dst + 1, dtype=np.int64)
+    for e in range(num_edges):
+        rowptr[dst[e] + 1] += 1
+    for i in range(num_dst):
+        rowptr[i + 1] += rowptr[i]
+    cursor = rowptr[:-1].copy()
+    perm = np.empty(num_edges, dtype=np.int64)  # CSR position -> edge id
+    src_sorted = np.empty(num_edges, dtype=np.int64)
+    for e in range(num_edges):
+        p = cursor[dst[e]]
+        cursor[dst[e]] += 1
+        perm[p] = e
+        src_sorted[p] = src[e]
+    return rowptr, perm, src_sorted
+
+
+@_jit()
+def _csc(rowptr, src_sorted, num_src):
+    """Transpose of the CSR: ``colptr [N_src+1]``, each CSR entry's CSC position, the targets."""
+    num_dst = rowptr.shape[0] - 1
+    num_edges = src_sorted.shape[0]
+    colptr = np.zeros(num_src + 1, dtype=np.int64)
+    for p in range(num_edges):
+        colptr[src_sorted[p] + 1] += 1
+    for j in range(num_src):
+        colptr[j + 1] += colptr[j]
+    cursor = colptr[:-1].copy()
+    csc_position = np.empty(num_edges, dtype=np.int64)  # CSR position -> CSC position
+    target = np.empty(num_edges, dtype=np.int64)  # CSC position -> target
+    for i in range(num_dst):
+        for p in range(rowptr[i], rowptr[i + 1]):
+            t = cursor[src_sorted[p]]
+            cursor[src_sorted[p]] += 1
+            csc_position[p] = t
+            target[t] = i
+    return colptr, csc_position, target
+
+
+@_jit(inline="always")
+def _score(q, k, bias, i, j, e, h, scale, slope, additive, has_bias):
+    """Score of edge ``e = (j -> i)`` in head h, and ds/d(pre-activation) (``scale`` for dot)."""
+    if additive:
+        u = q[i, h, 0] + k[j, h, 0]
+        if has_bias:
+            u += bias[e, h]
+        if u > 0:
+            return scale * u, scale
+        return scale * slope * u, scale * slope
+    s = q[i, h, 0] * k[j, h, 0]
+    for x in range(1, q.shape[2]):
+        s += q[i, h, x] * k[j, h, x]
+    s *= scale
+    if has_bias:
+        s += bias[e, h]
+    return s, scale
+
+
+@_jit(inline="always")
+def _prefetch_edge(p, perm, src, k, v, bias, mask, has_bias, has_mask):
+    """Prefetch what the kernels read for the edge at CSR position ``p``, if there is one."""
+    if p < src.shape[0]:
+        _prefetch_row(k, src[p])
+        _prefetch_row(v, src[p])
+        if has_bias:
+            _prefetch_row(bias, perm[p])
+        if has_mask:
+            _prefetch_row(mask, perm[p])
+
+
+@_jit()
+def _forward_kernel(q, k, v, bias, mask, rowptr, perm, src, scale, slope, additive, has_bias,
+                    has_mask, need_alpha, out, lse, alpha, first, last):
+    """Targets ``first..last-1``: online softmax over the in-edges, weighted sum of values."""
+    H, C = v.shape[1], v.shape[2]
+    run_max = np.empty(H, dtype=out.dtype)
+    run_sum = np.empty(H, dtype=out.dtype)
+    for i in range(first, last):
+        out[i] = 0
+        run_max[:] = -np.inf
+        run_sum[:] = 0
+        for p in range(rowptr[i], rowptr[i + 1]):
+            _prefetch_edge(p + PREFETCH_DISTANCE, perm, src, k, v, bias, mask, has_bias,
+                           has_mask)
+            if need_alpha and p + PREFETCH_DISTANCE < src.shape[0]:
+                _prefetch_row_for_write(alpha, perm[p + PREFETCH_DISTANCE])
+            j, e = src[p], perm[p]
+            for h in range(H):
+                s, _ = _score(q, k, bias, i, j, e, h, scale, slope, additive, has_bias)
+                if need_alpha:
+                    alpha[e, h] = s
+                if s > run_max[h]:  # new maximum: rescale what was summed so far
+                    rescale = np.exp(run_max[h] - s)
+                    run_sum[h] = run_sum[h] * rescale + 1
+                    w = mask[e, h] if has_mask else 1
+                    for x in range(C):
+                        out[i, h, x] = out[i, h, x] * rescale + w * v[j, h, x]
+                    run_max[h] = s
+                elif run_max[h] > -np.inf:  # (a score of -inf before any finite one adds 0)
+                    weight = np.exp(s - run_max[h])
+                    run_sum[h] += weight
+                    if has_mask:
+                        weight *= mask[e, h]
+                    for x in range(C):
+                        out[i, h, x] += weight * v[j, h, x]
+        for h in range(H):
+            if run_sum[h] > 0:
+                inv = 1 / run_sum[h]
+                for x in range(C):
+                    out[i, h, x] *= inv
+                lse[i, h] = run_max[h] + np.log(run_sum[h])
+            else:  # no edge, or all scores -inf: every alpha of the row is exp(-inf) = 0
+                lse[i, h] = np.inf
+        if need_alpha:
+            for p in range(rowptr[i], rowptr[i + 1]):
+                e = perm[p]
+                for h in range(H):
+                    alpha[e, h] = np.exp(alpha[e, h] - lse[i, h])
+
+
+@_jit()
+def _backward_target_kernel(q, k, v, bias, mask, out, grad_out, grad_alpha, lse, rowptr, perm,
+                            src, csc_position, scale, slope, additive, has_bias, has_mask,
+                            has_grad_alpha, grad_q, grad_bias, grad_key, weight, first, last):
+    """Targets ``first..last-1``: dL/ds of each in-edge, ``grad_q`` and the bias gradient.
+
+    Also writes, in CSC order, each edge's factor of ``q_i`` in ``grad_k`` (``grad_key``) and its
+    factor of ``grad_out_i`` in ``grad_v`` (``weight``: alpha times the dropout multiplier).
+    """
+    H, C = v.shape[1], v.shape[2]
+    Cq = q.shape[2]
+    delta = np.empty(H, dtype=out.dtype)
+    for i in range(first, last):
+        grad_q[i] = 0
+        for h in range(H):
+            d = grad_out[i, h, 0] * out[i, h, 0]
+            for x in range(1, C):
+                d += grad_out[i, h, x] * out[i, h, x]
+            delta[h] = d
+        if has_grad_alpha:
+            for p in range(rowptr[i], rowptr[i + 1]):
+                j, e = src[p], perm[p]
+                for h in range(H):
+                    s, _ = _score(q, k, bias, i, j, e, h, scale, slope, additive, has_bias)
+                    delta[h] += np.exp(s - lse[i, h]) * grad_alpha[e, h]
+        for p in range(rowptr[i], rowptr[i + 1]):
+            _prefetch_edge(p + PREFETCH_DISTANCE, perm, src, k, v, bias, mask, has_bias,
+                           has_mask)
+            if p + PREFETCH_DISTANCE < src.shape[0]:
+                _prefetch_row_for_write(grad_key, csc_position[p + PREFETCH_DISTANCE])
+                _prefetch_row_for_write(weight, csc_position[p + PREFETCH_DISTANCE])
+            j, e, t = src[p], perm[p], csc_position[p]
+            for h in range(H):
+                s, d_pre = _score(q, k, bias, i, j, e, h, scale, slope, additive, has_bias)
+                a = np.exp(s - lse[i, h])
+                d_alpha = grad_out[i, h, 0] * v[j, h, 0]
+                for x in range(1, C):
+                    d_alpha += grad_out[i, h, x] * v[j, h, x]
+                if has_mask:
+                    d_alpha *= mask[e, h]
+                    weight[t, h] = a * mask[e, h]
+                else:
+                    weight[t, h] = a
+                if has_grad_alpha:
+                    d_alpha += grad_alpha[e, h]
+                d_score = a * (d_alpha - delta[h])  # dL/ds
+                # dL/d(q.k) for "dot" (s = scale q.k + b), dL/d(q + k + b) for "additive"
+                d_pre *= d_score
+                grad_key[t, h] = d_pre
+                if additive:
+                    grad_q[i, h, 0] += d_pre
+                else:
+                    for x in range(Cq):
+                        grad_q[i, h, x] += d_pre * k[j, h, x]
+                if has_bias:
+                    grad_bias[e, h] = d_pre if additive else d_score
+
+
+@_jit()
+def _backward_source_kernel(q, grad_out, colptr, target, grad_key, weight, additive, grad_k,
+                            grad_v, first, last):
+    """Sources ``first..last-1``: ``grad_k`` and ``grad_v`` summed over their out-edges."""
+    H, C = grad_v.shape[1], grad_v.shape[2]
+    Cq = q.shape[2]
+    num_edges = target.shape[0]
+    for j in range(first, last):
+        grad_k[j] = 0
+        grad_v[j] = 0
+        for t in range(colptr[j], colptr[j + 1]):
+            if t + PREFETCH_DISTANCE < num_edges:
+                _prefetch_row(q, target[t + PREFETCH_DISTANCE])
+                _prefetch_row(grad_out, target[t + PREFETCH_DISTANCE])
+            i = target[t]
+            for h in range(H):
+                g = grad_key[t, h]
+                if additive:
+                    grad_k[j, h, 0] += g
+                else:
+                    for x in range(Cq):
+                        grad_k[j, h, x] += g * q[i, h, x]
+                w = weight[t, h]
+                for x in range(C):
+                    grad_v[j, h, x] += w * grad_out[i, h, x]
+
+
+def _balanced_chunks(ptr: np.ndarray, parts: int) -> np.ndarray:
+    """Row boundaries that split ``rows + edges`` into at most ``parts`` chunks of equal work."""
+    rows = ptr.shape[0] - 1
+    work = ptr + np.arange(rows + 1)  # (rows + 1,) work done before each row
+    bounds = np.searchsorted(work, np.linspace(0, work[-1], parts + 1)).astype(np.int64)
+    bounds[0], bounds[-1] = 0, rows
+    return np.unique(bounds)
+
+
+_pools: dict[int, ThreadPoolExecutor] = {}  # thread count -> pool
+_pools_lock = threading.Lock()
+
+
+def _run_rows(kernel, ptr: np.ndarray, *args) -> None:
+    """Run ``kernel(*args, first, last)`` over all rows of ``ptr``, on torch's thread count.
+
+    The rows are cut into chunks of equal work that the threads of a pool take in turn (the
+    kernels release the GIL); every row is computed by one call in the same way whatever the
+    chunking, so the result does not depend on the number of threads.
+    """
+    threads = torch.get_num_threads()
+    work = ptr[-1] + ptr.shape[0]
+    if threads == 1 or work < MIN_PARALLEL_WORK:
+        kernel(*args, 0, ptr.shape[0] - 1)
+        return
+    with _pools_lock:
+        if threads not in _pools:
+            _pools[threads] = ThreadPoolExecutor(threads, thread_name_prefix="graphattn-cpu")
+        pool = _pools[threads]
+    bounds = _balanced_chunks(ptr, CHUNKS_PER_THREAD * threads)
+    jobs = [pool.submit(kernel, *args, first, last)
+            for first, last in zip(bounds[:-1], bounds[1:], strict=True)]
+    for job in jobs:
+        job.result()
+
+
+def _np(t: Tensor) -> np.ndarray:
+    return t.detach().numpy()
+
+
+class _EdgeAttentionCPU(torch.autograd.Function):
+    """Fused edge attention; keeps ``lse [N_dst, H]`` and the CSR order for backward."""
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None,
+                dropout_mask: Tensor | None, edge_index: Tensor, scale: float,
+                negative_slope: float, additive: bool, need_alpha: bool,
+                ) -> tuple[Tensor, Tensor]:
+        n_dst, H, C = q.size(0), v.size(1), v.size(2)
+        real = _np(v).dtype.type  # the kernels compute in the dtype of their inputs
+        none = np.zeros((1, H), dtype=real)  # stands in for an absent bias or mask
+        rowptr, perm, src = _csr(_np(edge_index[0]), _np(edge_index[1]), n_dst)
+        out = torch.empty(n_dst, H, C, dtype=v.dtype)
+        lse = torch.empty(n_dst, H, dtype=v.dtype)
+        alpha = torch.empty(edge_index.size(1) if need_alpha else 0, H, dtype=v.dtype)
+        _run_rows(_forward_kernel, rowptr, _np(q), _np(k), _np(v),
+                  none if bias is None else _np(bias),
+                  none if dropout_mask is None else _np(dropout_mask), rowptr, perm, src,
+                  real(scale), real(negative_slope), additive, bias is not None,
+                  dropout_mask is not None, need_alpha, out.numpy(), lse.numpy(), alpha.numpy())
+        ctx.save_for_backward(q, k, v, bias, dropout_mask, out, lse)
+        ctx.set_materialize_grads(False)  # an unused alpha gets no gradient pass
+        ctx.csr = (rowptr, perm, src)
+        ctx.options = (scale, negative_slope, additive)
+        if not need_alpha:
+            ctx.mark_non_differentiable(alpha)
+        return out, alpha
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out: Tensor | None, grad_alpha: Tensor | None):
+        q, k, v, bias, dropout_mask, out, lse = ctx.saved_tensors
+        rowptr, perm, src = ctx.csr
+        scale, negative_slope, additive = ctx.options
+        real = _np(v).dtype.type
+        none = np.zeros((1, v.size(1)), dtype=real)
+        has_grad_alpha = grad_alpha is not None and grad_alpha.numel() > 0
+        grad_out = torch.zeros_like(out) if grad_out is None else grad_out.contiguous()
+        colptr, csc_position, target = _csc(rowptr, src, k.size(0))
+        grad_q = torch.empty_like(q)
+        grad_bias = None if bias is None else torch.empty_like(bias)
+        grad_key = torch.empty(perm.shape[0], v.size(1), dtype=v.dtype)  # (E, H) CSC order
+        weight = torch.empty(perm.shape[0], v.size(1), dtype=v.dtype)  # (E, H) CSC order
+        _run_rows(_backward_target_kernel, rowptr, _np(q), _np(k), _np(v),
+                  none if bias is None else _np(bias),
+                  none if dropout_mask is None else _np(dropout_mask), _np(out), _np(grad_out),
+                  _np(grad_alpha.contiguous()) if has_grad_alpha else none, _np(lse), rowptr,
+                  perm, src, csc_position, real(scale), real(negative_slope), additive,
+                  bias is not None, dropout_mask is not None, has_grad_alpha, grad_q.numpy(),
+                  none if grad_bias is None else grad_bias.numpy(), grad_key.numpy(),
+                  weight.numpy())
+        grad_k, grad_v = torch.empty_like(k), torch.empty_like(v)
+        _run_rows(_backward_source_kernel, colptr, _np(q), _np(grad_out), colptr, target,
+                  grad_key.numpy(), weight.numpy(), additive, grad_k.numpy(), grad_v.numpy())
+        return grad_q, grad_k, grad_v, grad_bias, None, None, None, None, None, None
+
+
+def cpu_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *, scale: float,
+                       bias: Tensor | None, dropout_mask: Tensor | None, score: str,
+                       negative_slope: float, need_alpha: bool,
+                       ) -> tuple[Tensor, Tensor | None]:
+    r"""Edge attention on CPU with fused kernels and O(E * H) memory for training.
+
+    Computes the function of the reference backend (see
+    :func:`~graphattn.functional.edge_attention` for the math) in one pass per target over its
+    in-edges, sorted by target with a stable O(E) counting sort on every call. Autograd keeps
+    ``q, k, v``, ``bias``, the dropout mask, the output, a log-sum-exp per target and head, and
+    the sort order (two int64 per edge); backward recomputes the scores and allocates
+    ``[E, H]`` scratch only. Results are the same bit for bit on every run. fp32 and fp64 are
+    computed in their own dtype; fp16 and bf16 are computed in fp32 and returned in their own
+    dtype. Double backward is not supported.
+
+    Args:
+        q (Tensor): ``[N_dst, H, C]`` (``[N_dst, H]`` when ``score="additive"``).
+        k (Tensor): ``[N_src, H, C]`` (``[N_src, H]`` when ``score="additive"``).
+        v (Tensor): ``[N_src, H, C]``.
+        edge_index (Tensor): ``[2, E]`` int64, row 0 sources, row 1 targets, in any order.
+        scale (float): score multiplier.
+        bias (Tensor, optional): ``[E, H]`` score bias.
+        dropout_mask (Tensor, optional): ``[E, H]`` multiplier of the attention weights.
+        score (str): ``"dot"`` or ``"additive"``.
+        negative_slope (float): LeakyReLU slope of the additive score.
+        need_alpha (bool): also return the attention weights.
+
+    Shapes:
+        - **input:** q ``(N_dst, H, C)`` or ``(N_dst, H)``, k ``(N_src, H, C)`` or
+          ``(N_src, H)``, v ``(N_src, H, C)``, edge_index ``(2, E)``, bias and dropout_mask
+          ``(E, H)``
+        - **output:** out ``(N_dst, H, C)``; alpha ``(E, H)`` (before dropout) or ``None``
+    """
+    for name, t in (("q", q), ("k", k), ("v", v), ("edge_index", edge_index)):
+        if t.device.type != "cpu":
+            raise ValueError(f"the cpu backend needs CPU tensors, got {name} on {t.device}")
+    dtype = v.dtype
+    work = dtype if dtype in (torch.float32, torch.float64) else torch.float32
+    additive = score == "additive"
+    if additive:
+        q, k = q.unsqueeze(-1), k.unsqueeze(-1)  # (N, H, 1)
+    q, k, v = (t.to(work).contiguous() for t in (q, k, v))
+    if bias is not None:
+        bias = bias.to(work).contiguous()
+    if dropout_mask is not None:
+        dropout_mask = dropout_mask.to(work).contiguous()
+    out, alpha = _EdgeAttentionCPU.apply(q, k, v, bias, dropout_mask, edge_index.contiguous(),
+                                         scale, negative_slope, additive, need_alpha)
+    return out.to(dtype), (alpha.to(dtype) if need_alpha else None)

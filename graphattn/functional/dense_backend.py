@@ -1,0 +1,178 @@
+"""The ``"dense"`` backend of edge attention: the graph as a dense mask, the work done by BLAS.
+
+Edge attention on a graph with E edges costs O(E H C) memory traffic on the sparse path (a gather,
+a product and a scatter per edge); dense masked attention costs O(N_dst N_src H C) arithmetic in
+matrix products, which run an order of magnitude faster per element. On a dense enough graph the
+dense path wins; :func:`~graphattn.functional.attention.select_backend` decides from the measured
+crossover, and :func:`dense_peak_bytes` keeps it from picking dense when the matrices would not fit.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+# [H, N_dst, N_src] tensors alive at the peak of the explicit forward+backward (scores, weights,
+# weights after dropout, and the gradients of two of them), measured with the benchmark.
+DENSE_TENSORS_AT_PEAK = 5
+
+
+def dense_peak_bytes(num_dst: int, num_src: int, heads: int, itemsize: int = 4) -> int:
+    r"""Upper estimate of the extra memory the ``"dense"`` backend needs for forward+backward.
+
+    .. math::
+        \text{bytes} = 5 \cdot H \cdot N_{dst} \cdot N_{src} \cdot \text{itemsize}
+        + 2 \cdot N_{dst} \cdot N_{src}
+
+    (five ``[H, N_dst, N_src]`` tensors at the peak of the explicit path, plus the bool mask and
+    its pair counts); the SDPA path needs less.
+
+    Args:
+        num_dst (int): number of targets N_dst.
+        num_src (int): number of sources N_src.
+        heads (int): number of heads H.
+        itemsize (int, optional): bytes per element of q, k, v. (default: ``4``)
+    """
+    pairs = num_dst * num_src
+    return DENSE_TENSORS_AT_PEAK * heads * pairs * itemsize + 2 * pairs
+
+
+def _softmax_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Half precision is normalised in fp32, like :func:`~graphattn.functional.scatter_softmax`."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def _pair_log_weights(t: Tensor | None, pair: Tensor, mask: Tensor, simple: bool,
+                      dtype: torch.dtype) -> tuple[Tensor | None, Tensor | None]:
+    """Sum the per-edge log-weights ``t`` of each (target, source) pair in log space.
+
+    Returns ``T [H, N_dst * N_src]`` with ``T_p = log sum_{e in p} exp(t_e)`` (``-inf`` where no
+    edge lies; ``None`` when the graph is simple and ``t`` is ``None``, i.e. all zeros on the
+    mask) and ``r [E, H]``, each edge's share ``exp(t_e - T_p)`` of its pair (``None`` when every
+    share is 1).
+    """
+    flat = mask.view(-1)  # (P,)
+    if t is None:
+        if simple:
+            return None, None
+        count = torch.zeros(flat.numel(), dtype=dtype, device=pair.device).index_add_(
+            0, pair, torch.ones(pair.numel(), dtype=dtype, device=pair.device))  # (P,)
+        T = count.log().unsqueeze(0)  # (1, P); log(0) = -inf off the graph
+        r = (1.0 / count[pair]).unsqueeze(-1)  # (E, 1)
+        return T, r
+    heads = t.size(1)
+    if simple:
+        T = t.new_full((heads, flat.numel()), float("-inf")).index_copy(1, pair, t.t())
+        return T, None
+    # logsumexp per pair: shift by the pair maximum (no gradient flows through a shift).
+    with torch.no_grad():
+        m = t.new_full((heads, flat.numel()), float("-inf"))
+        m.scatter_reduce_(1, pair.expand(heads, -1), t.t(), reduce="amax", include_self=True)
+        m = m.masked_fill_(~flat, 0.0)  # (H, P)
+    w = torch.exp(t.t() - m[:, pair])  # (H, E)
+    total = t.new_zeros(heads, flat.numel()).index_add(1, pair, w)  # (H, P)
+    T = torch.where(flat, total.clamp_min(torch.finfo(t.dtype).tiny).log() + m,
+                    t.new_tensor(float("-inf")))
+    r = (w / total[:, pair]).t()  # (E, H)
+    return T, r
+
+
+def dense_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
+                         scale: float, bias: Tensor | None, dropout_mask: Tensor | None,
+                         score: str, negative_slope: float,
+                         need_alpha: bool) -> tuple[Tensor, Tensor | None]:
+    r"""Edge attention computed as dense masked attention over ``[H, N_dst, N_src]`` scores.
+
+    Computes exactly what :func:`~graphattn.functional.attention.reference_edge_attention`
+    computes. Edges of one (target i, source j) pair enter as one dense entry with the summed
+    weight of its edges: with per-edge scores :math:`t_e` (the bias :math:`b_e` for ``"dot"``,
+    the whole score for ``"additive"``)
+
+    .. math::
+        L_{ij} = \text{scale} \cdot q_i \cdot k_j + \log \sum_{e : j \to i} e^{t_e}, \qquad
+        P = \operatorname{softmax}_j L, \qquad
+        \alpha_e = P_{ij} \, \frac{e^{t_e}}{\sum_{e' : j \to i} e^{t_{e'}}}
+
+    (:math:`-\infty` where no edge lies; a simple graph without bias has :math:`L_{ij} =
+    \text{scale} \cdot q_i \cdot k_j`, a multigraph without bias adds the log of the edge count).
+    The per-edge dropout multiplier :math:`m_e` enters as the dense matrix
+    :math:`D_{ij} = \sum_e \alpha_e m_e / P_{ij}`, so ``out = (P * D) V`` equals the reference.
+    Without bias, dropout, multi-edges or ``need_alpha``, the dot score runs as one
+    :func:`torch.nn.functional.scaled_dot_product_attention` call with the bool mask; with a bias
+    or multi-edges, SDPA gets the float mask :math:`L - \text{scale}\, q k^\top`; otherwise the
+    weights are explicit. Targets without an incoming edge get exactly 0.
+
+    Memory grows as :math:`H \cdot N_{dst} \cdot N_{src}` (see :func:`dense_peak_bytes`), whatever
+    the number of edges.
+
+    Args:
+        q (Tensor): ``[N_dst, H, C]`` (``[N_dst, H]`` when additive).
+        k (Tensor): ``[N_src, H, C]`` (``[N_src, H]`` when additive).
+        v (Tensor): ``[N_src, H, C]``.
+        edge_index (Tensor): ``[2, E]`` int64, already checked.
+        scale (float): score multiplier.
+        bias (Tensor, optional): ``[E, H]`` added to the scores.
+        dropout_mask (Tensor, optional): ``[E, H]`` multiplier of the weights (0 or
+            ``1 / (1 - p)``).
+        score (str): ``"dot"`` or ``"additive"``.
+        negative_slope (float): LeakyReLU slope of the additive score.
+        need_alpha (bool): also return the weights per edge.
+
+    Shapes:
+        - **input:** q ``(N_dst, H, C)``, k and v ``(N_src, H, C)``, edge_index ``(2, E)``,
+          bias and dropout_mask ``(E, H)``
+        - **output:** out ``(N_dst, H, C)``; alpha ``(E, H)`` or ``None``
+    """
+    n_dst, n_src = q.size(0), v.size(0)
+    src, dst = edge_index[0].long(), edge_index[1].long()
+    pair = dst * n_src + src  # (E,) flat index of (i, j) in [N_dst, N_src]
+    mask = torch.zeros(n_dst * n_src, dtype=torch.bool, device=q.device)
+    mask[pair] = True
+    mask = mask.view(n_dst, n_src)  # (N_dst, N_src)
+    simple = int(mask.sum()) == pair.numel()
+    empty_rows = ~mask.any(dim=-1)  # (N_dst,)
+    vh = v.transpose(0, 1)  # (H, N_src, C)
+
+    if score == "dot":
+        t = bias
+    else:
+        t = q[dst] + k[src]  # (E, H)
+        if bias is not None:
+            t = t + bias
+        t = F.leaky_relu(t, negative_slope) * scale
+    T, share = _pair_log_weights(t, pair, mask, simple, v.dtype)
+
+    explicit = score == "additive" or need_alpha or dropout_mask is not None
+    if not explicit:
+        qh, kh = q.transpose(0, 1), k.transpose(0, 1)  # (H, N, C)
+        if T is None:
+            attn_mask = mask | empty_rows.unsqueeze(-1)  # (N_dst, N_src); empty rows see all
+        else:
+            attn_mask = T.view(-1, n_dst, n_src).to(q.dtype).masked_fill(
+                empty_rows.unsqueeze(-1), 0.0)  # (H or 1, N_dst, N_src)
+        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=attn_mask,
+                                             scale=scale)  # (H, N_dst, C)
+        out = out.transpose(0, 1).masked_fill(empty_rows.view(-1, 1, 1), 0.0)
+        return out, None
+
+    if score == "dot":
+        L = (q.transpose(0, 1) @ k.permute(1, 2, 0)) * scale  # (H, N_dst, N_src)
+        L = L.masked_fill(~mask, float("-inf")) if T is None else L + T.view(-1, n_dst, n_src)
+    else:
+        L = T.view(-1, n_dst, n_src)  # (H, N_dst, N_src)
+    L = L.masked_fill(empty_rows.unsqueeze(-1), 0.0)
+    P = torch.softmax(L, dim=-1, dtype=_softmax_dtype(L.dtype)).to(v.dtype)  # (H, N_dst, N_src)
+    alpha = None
+    if need_alpha:
+        alpha = P[:, dst, src].t()  # (E, H)
+        if share is not None:
+            alpha = alpha * share
+    W = P
+    if dropout_mask is not None:
+        kept = dropout_mask if share is None else dropout_mask * share  # (E, H)
+        D = P.new_zeros(P.size(0), n_dst * n_src).index_add(1, pair, kept.t().to(P.dtype))
+        W = P * D.view(-1, n_dst, n_src)
+    out = (W @ vh).transpose(0, 1)  # (N_dst, H, C)
+    out = out.masked_fill(empty_rows.view(-1, 1, 1), 0.0)
+    return out, alpha

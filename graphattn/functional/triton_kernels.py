@@ -1,0 +1,329 @@
+r"""Fused Triton kernels for edge attention: online softmax over CSR rows, forward and backward.
+
+The reference backend materialises ``[E, H, C]`` messages and runs several kernels. Here the
+whole operator is three kernels in the FlashAttention style; scores and weights live in
+registers and nothing of size ``[E, H, C]`` is ever written.
+
+**Forward** (one program per target node i and block of heads). The edges sorted by target form
+a CSR matrix; the program walks row i in blocks of ``BLOCK_E`` edges and keeps, per head, a
+running maximum :math:`m`, a running sum :math:`\ell` and an accumulator :math:`a`:
+
+.. math::
+    m' = \max(m, \max_e s_e), \quad
+    \ell' = e^{m - m'} \ell + \sum_e e^{s_e - m'}, \quad
+    a' = e^{m - m'} a + \sum_e e^{s_e - m'} d_e \, v_{j(e)}
+
+with :math:`d_e` the dropout multiplier (1 without dropout). It writes
+:math:`\mathrm{out}_i = a / \ell` ``[N_dst, H, C]`` and the log-sum-exp
+:math:`\mathrm{lse}_i = m + \log \ell` ``[N_dst, H]``, both in fp32 (out is returned in the
+dtype of v; the fp32 copy is what backward reads, so half-precision rounding of out does not
+enter the gradients). A row without weight (no incoming
+edge, or every score :math:`-\infty`) gets out 0 and lse :math:`+\infty`, so every
+:math:`\alpha_e = e^{s_e - \mathrm{lse}_i}` recomputed from it is exactly 0, never NaN.
+When the attention weights are asked for, the kernel also writes the scores :math:`s_e`
+``[E, H]`` and :math:`\alpha_e = e^{s_e - \mathrm{lse}_i}` is one elementwise pass afterwards.
+
+**Backward** recomputes :math:`\alpha_e` from q, k, bias and the saved lse. With
+:math:`\delta_i = \sum_c \mathrm{dout}_{ic} \mathrm{out}_{ic}` (plus
+:math:`\sum_e \alpha_e \, \mathrm{d}\alpha_e` when the returned attention weights carry a
+gradient) the softmax gradient of an edge is
+
+.. math::
+    \mathrm{d}s_e = \alpha_e \big(d_e \, \mathrm{dout}_i \cdot v_j + \mathrm{d}\alpha_e
+    - \delta_i\big).
+
+A pass over target rows gives dq, :math:`\delta` and the bias gradient; a pass over source rows
+(the transposed CSR: edges sorted by source) gives dk and dv. Each program owns the rows it
+writes, so there are no atomics and the gradients are bit-for-bit deterministic.
+
+**Dropout** is supported: ``edge_attention`` draws the ``[E, H]`` multiplier, the kernels apply
+it to the weights and the same tensor is saved for backward.
+
+**Triton is optional.** This module imports it lazily; kernels are defined on first use. With
+``TRITON_INTERPRET=1`` in the environment at that moment they run in Triton's interpreter,
+which accepts CPU tensors (slowly): this is how the tests check them without a GPU. The mode is
+read at every call, and kernels are kept per mode.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import torch
+from torch import Tensor
+
+INSTALL_HINT = "pip install 'graphattn[gpu]'"
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@functools.cache
+def triton_available() -> bool:
+    """Whether ``import triton`` works in this installation."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def use_triton_for(q: Tensor) -> bool:
+    """Whether ``backend="auto"`` picks the fused kernels: CUDA tensors of a supported dtype
+    (fp32, fp16, bf16) and triton importable."""
+    return q.device.type == "cuda" and q.dtype in DTYPES and triton_available()
+
+
+def interpret_mode() -> bool:
+    """Whether Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``) right now."""
+    import triton
+
+    knobs = getattr(triton, "knobs", None)
+    if knobs is not None:
+        return bool(knobs.runtime.interpret)
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Tile sizes of the kernels for one (H, C).
+
+    A program handles ``block_h`` heads of one node; a tile is ``[block_e, block_h, block_c]``
+    (edges, heads, channels), with ``block_c`` the next power of two >= C (masked).
+    """
+
+    block_e: int
+    block_h: int
+    block_c: int
+    num_warps: int
+
+
+def _next_power_of_2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def launch_config(heads: int, channels: int) -> LaunchConfig:
+    """Tiles of at most 2048 values (16 fp32 registers per thread and operand at 4 warps):
+    up to 128 values of a node per program and up to 32 edges per step."""
+    block_c = _next_power_of_2(channels)
+    block_h = min(_next_power_of_2(heads), max(1, 128 // block_c))
+    block_e = max(1, min(32, 2048 // (block_h * block_c)))
+    tile = block_e * block_h * block_c
+    return LaunchConfig(block_e=block_e, block_h=block_h, block_c=block_c,
+                        num_warps=max(1, min(4, tile // 512)))
+
+
+@dataclass(frozen=True)
+class CSR:
+    """Edges grouped by one endpoint: row r owns positions ``ptr[r]:ptr[r + 1]``.
+
+    ``other[p]`` is the opposite endpoint of the edge at position p and ``edge_id[p]`` its column
+    in ``edge_index`` (where bias, dropout mask and alpha live).
+    """
+
+    ptr: Tensor
+    other: Tensor
+    edge_id: Tensor
+
+
+def build_csr(rows: Tensor, other: Tensor, num_rows: int, num_other: int) -> CSR:
+    """Group edges by ``rows`` with a stable sort (so the summation order is deterministic).
+
+    Args:
+        rows (Tensor): ``[E]`` integer, the endpoint to group by, values in ``[0, num_rows)``.
+        other (Tensor): ``[E]`` integer, the opposite endpoint, values in ``[0, num_other)``.
+        num_rows (int): number of rows.
+        num_other (int): number of nodes on the opposite side.
+
+    Shapes:
+        - **output:** ptr ``(num_rows + 1)``, other and edge_id ``(E)``; int32 when every value
+          fits, int64 otherwise.
+    """
+    num_edges = rows.numel()
+    largest = max(num_edges, num_rows, num_other)
+    index_dtype = torch.int32 if largest < 2**31 - 1 else torch.int64
+    rows = rows.to(index_dtype)
+    perm = torch.argsort(rows, stable=True)  # (E)
+    counts = torch.bincount(rows, minlength=num_rows)  # (num_rows)
+    ptr = torch.zeros(num_rows + 1, dtype=torch.int64, device=rows.device)
+    torch.cumsum(counts, dim=0, out=ptr[1:])
+    return CSR(ptr=ptr.to(index_dtype), other=other[perm].to(index_dtype),
+               edge_id=perm.to(index_dtype))
+
+
+def _load_kernel_module(interpret: bool) -> ModuleType:
+    """Load ``_triton_jit.py`` as a module of its own for this mode (see its docstring)."""
+    path = Path(__file__).with_name("_triton_jit.py")
+    name = f"graphattn.functional._triton_jit_{'interpreted' if interpret else 'compiled'}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_KERNEL_MODULES: dict[bool, ModuleType] = {}
+
+
+def kernels() -> ModuleType:
+    """The kernel module for the current mode (compiled, or interpreted under
+    ``TRITON_INTERPRET=1``): ``forward_kernel``, ``backward_target_kernel``,
+    ``backward_source_kernel``."""
+    mode = interpret_mode()
+    if mode not in _KERNEL_MODULES:
+        _KERNEL_MODULES[mode] = _load_kernel_module(mode)
+    return _KERNEL_MODULES[mode]
+
+
+def fused_forward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None,
+                  dropout_mask: Tensor | None, csr: CSR, *, scale: float, additive: bool,
+                  negative_slope: float, need_scores: bool,
+                  ) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Launch the forward kernel on contiguous inputs and the target CSR of the graph.
+
+    Returns out ``[N_dst, H, C]`` and lse ``[N_dst, H]`` in fp32, and the scores ``[E, H]``
+    (fp32, in ``edge_index`` order) when ``need_scores``.
+    """
+    n_dst, (heads, channels) = q.size(0), v.shape[1:]
+    cfg = launch_config(heads, channels)
+    out32 = torch.empty(n_dst, heads, channels, device=v.device, dtype=torch.float32)
+    lse = torch.empty(n_dst, heads, device=v.device, dtype=torch.float32)
+    scores = (torch.empty(csr.other.numel(), heads, device=v.device, dtype=torch.float32)
+              if need_scores else None)
+    if n_dst > 0:
+        kernels().forward_kernel[(n_dst, -(-heads // cfg.block_h))](
+            q, k, v, _or(bias, q), _or(dropout_mask, q), csr.ptr, csr.other, csr.edge_id,
+            out32, lse, _or(scores, lse), scale, negative_slope,
+            H=heads, C=channels, ADDITIVE=additive, HAS_BIAS=bias is not None,
+            HAS_DROP=dropout_mask is not None, NEED_SCORES=need_scores,
+            BLOCK_E=cfg.block_e, BLOCK_H=cfg.block_h, BLOCK_C=cfg.block_c,
+            num_warps=cfg.num_warps)
+    return out32, lse, scores
+
+
+class FusedEdgeAttention(torch.autograd.Function):
+    """Autograd wrapper around the three kernels; see the module docstring for the math."""
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None,
+                dropout_mask: Tensor | None, edge_index: Tensor, scale: float, additive: bool,
+                negative_slope: float, need_alpha: bool) -> tuple[Tensor, Tensor]:
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        bias = bias.contiguous() if bias is not None else None
+        dropout_mask = dropout_mask.contiguous() if dropout_mask is not None else None
+        csr = build_csr(edge_index[1], edge_index[0], q.size(0), v.size(0))
+        # fp32 out: backward's delta = dout . out must not see the rounding of a half out.
+        out32, lse, scores = fused_forward(q, k, v, bias, dropout_mask, csr, scale=scale,
+                                           additive=additive, negative_slope=negative_slope,
+                                           need_scores=need_alpha)
+        alpha_dtype = torch.promote_types(q.dtype, k.dtype)
+        if bias is not None:
+            alpha_dtype = torch.promote_types(alpha_dtype, bias.dtype)
+        if need_alpha:
+            # lse = +inf on rows without weight, scores -inf on masked edges: exp gives 0.
+            alpha = torch.exp(scores - lse[edge_index[1]]).to(alpha_dtype)  # (E, H)
+        else:
+            alpha = torch.empty(0, v.size(1), device=v.device, dtype=alpha_dtype)
+
+        ctx.save_for_backward(q, k, v, bias, dropout_mask, edge_index, out32, lse, csr.ptr,
+                              csr.other, csr.edge_id)
+        ctx.scale, ctx.additive, ctx.negative_slope = scale, additive, negative_slope
+        ctx.set_materialize_grads(False)
+        if not need_alpha:
+            ctx.mark_non_differentiable(alpha)
+        return out32.to(v.dtype), alpha
+
+    @staticmethod
+    def backward(ctx, dout: Tensor | None, dalpha: Tensor | None):
+        q, k, v, bias, dropout_mask, edge_index, out32, lse, rowptr, col, eid = ctx.saved_tensors
+        n_dst, (n_src, heads, channels) = q.size(0), v.shape
+        cfg = launch_config(heads, channels)
+        dout = v.new_zeros(out32.shape) if dout is None else dout.contiguous()
+        dalpha = dalpha.contiguous() if dalpha is not None else None
+        need_dbias = bias is not None and ctx.needs_input_grad[3]
+        flags = dict(H=heads, C=channels, ADDITIVE=ctx.additive, HAS_BIAS=bias is not None,
+                     HAS_DROP=dropout_mask is not None, HAS_DALPHA=dalpha is not None,
+                     BLOCK_E=cfg.block_e, BLOCK_H=cfg.block_h, BLOCK_C=cfg.block_c,
+                     num_warps=cfg.num_warps)
+        head_blocks = -(-heads // cfg.block_h)
+
+        dq = torch.empty_like(q)
+        dk = torch.empty_like(k)
+        dv = torch.empty_like(v)
+        dbias = torch.empty_like(bias) if need_dbias else None
+        delta = torch.empty(n_dst, heads, device=v.device, dtype=torch.float32)
+        if n_dst > 0:
+            kernels().backward_target_kernel[(n_dst, head_blocks)](
+                q, k, v, _or(bias, q), _or(dropout_mask, q), out32, dout, lse, _or(dalpha, lse),
+                rowptr, col, eid, dq, _or(dbias, lse), delta, ctx.scale, ctx.negative_slope,
+                NEED_DBIAS=need_dbias, **flags)
+        if n_src > 0:
+            csc = build_csr(edge_index[0], edge_index[1], n_src, n_dst)
+            kernels().backward_source_kernel[(n_src, head_blocks)](
+                q, k, v, _or(bias, q), _or(dropout_mask, q), dout, lse, delta, _or(dalpha, lse),
+                csc.ptr, csc.other, csc.edge_id, dk, dv, ctx.scale, ctx.negative_slope,
+                **flags)
+        return dq, dk, dv, dbias, None, None, None, None, None, None
+
+
+def _or(tensor: Tensor | None, placeholder: Tensor) -> Tensor:
+    """A pointer argument the kernel never reads when its flag is off."""
+    return placeholder if tensor is None else tensor
+
+
+def triton_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
+                          scale: float, bias: Tensor | None, dropout_mask: Tensor | None,
+                          score: str, negative_slope: float,
+                          need_alpha: bool) -> tuple[Tensor, Tensor | None]:
+    r"""The ``"triton"`` backend of :func:`~graphattn.functional.edge_attention`: fused kernels.
+
+    Computes exactly what :func:`~graphattn.functional.attention.reference_edge_attention`
+    computes,
+
+    .. math::
+        \alpha_{ij} = \operatorname{softmax}_{j \in \mathcal{N}(i)} s_{ij}, \qquad
+        \mathrm{out}_i = \sum_{j \in \mathcal{N}(i)} \alpha_{ij} \, d_{ij} \, v_j
+
+    with :math:`s_{ij} = \text{scale} \cdot q_i \cdot k_j + b_{ij}` (``"dot"``) or
+    :math:`\text{scale} \cdot \mathrm{LeakyReLU}(q_i + k_j + b_{ij})` (``"additive"``) and
+    :math:`d_{ij}` the dropout multiplier, with online softmax over CSR rows (see the module
+    docstring). Statistics are fp32 whatever the input dtype (fp32, fp16, bf16); out has the
+    dtype of ``v``. Gradients flow to q, k, v, bias and through the returned alpha; they are
+    deterministic (no atomics).
+
+    Args:
+        q (Tensor): ``[N_dst, H, C]`` (``[N_dst, H]`` when additive).
+        k (Tensor): ``[N_src, H, C]`` (``[N_src, H]`` when additive).
+        v (Tensor): ``[N_src, H, C]``.
+        edge_index (Tensor): ``[2, E]`` int64, checked by the caller.
+        scale (float): score multiplier.
+        bias (Tensor, optional): ``[E, H]`` added to the scores.
+        dropout_mask (Tensor, optional): ``[E, H]`` multiplier on the weights (0 or
+            ``1 / (1 - p)``).
+        score (str): ``"dot"`` or ``"additive"``.
+        negative_slope (float): LeakyReLU slope of the additive score.
+        need_alpha (bool): also return :math:`\alpha` (before dropout).
+
+    Shapes:
+        - **output:** out ``(N_dst, H, C)``; alpha ``(E, H)`` or ``None``
+
+    Raises:
+        ImportError: triton is not installed.
+        TypeError: an input is not fp32, fp16 or bf16.
+        ValueError: the tensors are not on a CUDA device and Triton's interpreter is off.
+    """
+    if not triton_available():
+        raise ImportError(f"backend='triton' needs the optional package triton, which is not "
+                          f"installed: {INSTALL_HINT}")
+    for name, t in (("q", q), ("k", k), ("v", v), ("bias", bias)):
+        if t is not None and t.dtype not in DTYPES:
+            raise TypeError(f"backend='triton' supports float32, float16 and bfloat16 inputs, "
+                            f"got {name} of dtype {t.dtype}")
+    if q.device.type != "cuda" and not interpret_mode():
+        raise ValueError(f"backend='triton' runs on CUDA tensors, got q on {q.device} (on CPU, "
+                         f"set TRITON_INTERPRET=1 to run the kernels in Triton's interpreter)")
+    out, alpha = FusedEdgeAttention.apply(q, k, v, bias, dropout_mask, edge_index, scale,
+                                          score == "additive", negative_slope, need_alpha)
+    return out, (alpha if need_alpha else None)

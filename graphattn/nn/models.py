@@ -1,0 +1,213 @@
+"""Node-classification models built from :class:`~graphattn.nn.GraphSelfAttention`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.nn import LayerNorm, Linear
+
+from graphattn._checks import check_dropout, check_positive
+from graphattn.nn.attention import GraphSelfAttention
+
+ConvFactory = Callable[..., torch.nn.Module]
+
+
+def feature_dropout(x: Tensor, p: float, training: bool) -> Tensor:
+    """Dropout that also takes sparse (COO or CSR) features, dropping their stored values.
+
+    Zeros stay zero under dropout, so dropping only the stored values of a sparse matrix draws
+    from the same distribution as dense dropout, at the cost of its nonzeros alone.
+    """
+    if not training or p == 0.0:
+        return x
+    if x.layout == torch.sparse_csr:
+        return torch.sparse_csr_tensor(x.crow_indices(), x.col_indices(),
+                                       F.dropout(x.values(), p), x.shape,
+                                       check_invariants=False)
+    if x.layout == torch.sparse_coo:
+        x = x.coalesce()
+        return torch.sparse_coo_tensor(x.indices(), F.dropout(x.values(), p), x.shape,
+                                       is_coalesced=True, check_invariants=False)
+    return F.dropout(x, p)
+
+
+class GAT(torch.nn.Module):
+    r"""The two-layer graph attention network of Veličković et al. (ICLR 2018).
+
+    .. math::
+        h = \mathrm{ELU}\Big(\big\Vert_{k=1}^{H} \sum_{j \in \mathcal{N}(i) \cup \{i\}}
+            \alpha^{k}_{ij} W^{k} \tilde x_j\Big), \qquad
+        \mathrm{logits}_i = \frac{1}{H_\mathrm{out}} \sum_{k=1}^{H_\mathrm{out}}
+            \sum_{j \in \mathcal{N}(i) \cup \{i\}} \beta^{k}_{ij} U^{k} \tilde h_j
+
+    where :math:`\tilde x, \tilde h` are the inputs after dropout (``x`` may be a sparse CSR
+    or COO tensor: bag-of-words features are mostly zeros, and dropout then touches only the
+    stored values) and
+    :math:`\alpha, \beta` the attention weights of :class:`GraphSelfAttention` (with dropout
+    during training). With ``attention="additive"`` the score is GAT's
+    :math:`\mathrm{LeakyReLU}_{0.2}(a_l^\top W x_i + a_r^\top W x_j)`; ``"dot"`` swaps in the
+    scaled dot product of a transformer and keeps everything else. Both layers have
+    ``out_proj=False`` and add self-loops, like ``torch_geometric.nn.GATConv``.
+
+    The defaults are the paper's Cora setup: 8 heads of 8 channels, one output head, dropout
+    0.6 on the inputs of both layers and on the attention weights. (The paper averages 8 output
+    heads on PubMed: ``out_heads=8``.)
+
+    Args:
+        in_channels (int): input features F.
+        out_channels (int): classes.
+        hidden_channels (int, optional): channels per head of the hidden layer.
+            (default: ``8``)
+        heads (int, optional): heads of the hidden layer, concatenated. (default: ``8``)
+        out_heads (int, optional): heads of the output layer, averaged. (default: ``1``)
+        dropout (float, optional): dropout on each layer's input features.
+            (default: ``0.6``)
+        attention_dropout (float, optional): dropout on the attention weights.
+            (default: ``dropout``)
+        attention (str, optional): ``"additive"`` (GAT) or ``"dot"``. (default: ``"additive"``)
+        backend (str, optional): edge-attention backend of both layers. (default: ``"auto"``)
+        conv (callable, optional): builds each layer instead of :class:`GraphSelfAttention`,
+            called as ``conv(in_channels, out_channels, heads=..., concat=..., dropout=...)``
+            (e.g. ``torch_geometric.nn.GATConv``), to train another layer under the same
+            architecture. ``attention`` and ``backend`` are then unused. (default: ``None``)
+
+    Shapes:
+        - **input:** x ``(|V|, F)``, edge_index ``(2, |E|)``
+        - **output:** logits ``(|V|, out_channels)``
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, hidden_channels: int = 8,
+                 heads: int = 8, out_heads: int = 1, *, dropout: float = 0.6,
+                 attention_dropout: float | None = None, attention: str = "additive",
+                 backend: str = "auto", conv: ConvFactory | None = None) -> None:
+        super().__init__()
+        for value, name in ((in_channels, "in_channels"), (out_channels, "out_channels"),
+                            (hidden_channels, "hidden_channels"), (heads, "heads"),
+                            (out_heads, "out_heads")):
+            check_positive(value, name)
+        check_dropout(dropout)
+        attention_dropout = dropout if attention_dropout is None else attention_dropout
+        check_dropout(attention_dropout, "attention_dropout")
+        if conv is None:
+            def conv(i: int, o: int, **kwargs) -> GraphSelfAttention:
+                return GraphSelfAttention(i, o, **kwargs, out_proj=False,
+                                          attention=attention, backend=backend)
+        self.dropout = float(dropout)
+        self.conv1 = conv(in_channels, hidden_channels, heads=heads, concat=True,
+                          dropout=attention_dropout)
+        self.conv2 = conv(heads * hidden_channels, out_channels, heads=out_heads, concat=False,
+                          dropout=attention_dropout)
+
+    def reset_parameters(self) -> None:
+        """Re-initialise both layers."""
+        self.conv1.reset_parameters()
+        self.conv2.reset_parameters()
+
+    def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
+        """Class logits of every node; see the class docstring for shapes."""
+        x = feature_dropout(x, self.dropout, self.training)  # (N, F)
+        x = F.elu(self.conv1(x, edge_index))  # (N, H * C)
+        x = F.dropout(x, self.dropout, self.training)
+        return self.conv2(x, edge_index)  # (N, classes)
+
+
+class GraphTransformer(torch.nn.Module):
+    r"""A pre-norm transformer encoder whose attention runs over the edges of a graph.
+
+    .. math::
+        h^{(0)} = W_\mathrm{in} x + W_\mathrm{pe}\, p, \qquad
+        h \leftarrow h + \mathrm{Dropout}\big(\mathrm{Attn}(\mathrm{LN}(h), \mathcal{E})\big),
+        \qquad h \leftarrow h + \mathrm{Dropout}\big(\mathrm{FFN}(\mathrm{LN}(h))\big),
+
+    repeated ``num_layers`` times, then :math:`\mathrm{logits} = W_\mathrm{out}\,
+    \mathrm{LN}(h)`. :math:`\mathrm{Attn}` is :class:`GraphSelfAttention` (``heads`` heads of
+    ``hidden_channels / heads`` channels, output projection, self-loops), :math:`\mathrm{FFN}(h)
+    = W_2\,\mathrm{GELU}(W_1 h)` with ``ffn_ratio * hidden_channels`` inner units, and
+    :math:`p` optional positional encodings (e.g. Laplacian eigenvectors), extra input
+    features: :math:`W_\mathrm{in} x + W_\mathrm{pe} p` is :math:`[W_\mathrm{in}\;
+    W_\mathrm{pe}]` applied to :math:`x \Vert p`. ``x`` may be a sparse (CSR or COO) tensor.
+
+    Args:
+        in_channels (int): input features F.
+        hidden_channels (int): model width D, divisible by ``heads``.
+        out_channels (int): classes (or outputs).
+        num_layers (int, optional): transformer blocks. (default: ``2``)
+        heads (int, optional): attention heads. (default: ``4``)
+        pe_channels (int, optional): size P of the positional encodings passed to ``forward``
+            as ``pe``; ``0`` for none. (default: ``0``)
+        dropout (float, optional): dropout on the input features and after the attention and
+            feed-forward sublayers. (default: ``0.5``)
+        attention_dropout (float, optional): dropout on the attention weights.
+            (default: ``dropout``)
+        ffn_ratio (int, optional): feed-forward width as a multiple of D. (default: ``2``)
+        attention (str, optional): ``"dot"`` or ``"additive"``. (default: ``"dot"``)
+        backend (str, optional): edge-attention backend. (default: ``"auto"``)
+
+    Shapes:
+        - **input:** x ``(|V|, F)``, edge_index ``(2, |E|)``, pe ``(|V|, P)`` (when
+          ``pe_channels > 0``)
+        - **output:** ``(|V|, out_channels)``
+    """
+
+    def __init__(self, in_channels: int, hidden_channels: int, out_channels: int,
+                 num_layers: int = 2, heads: int = 4, *, pe_channels: int = 0,
+                 dropout: float = 0.5, attention_dropout: float | None = None,
+                 ffn_ratio: int = 2, attention: str = "dot", backend: str = "auto") -> None:
+        super().__init__()
+        for value, name in ((in_channels, "in_channels"), (hidden_channels, "hidden_channels"),
+                            (out_channels, "out_channels"), (num_layers, "num_layers"),
+                            (heads, "heads"), (ffn_ratio, "ffn_ratio")):
+            check_positive(value, name)
+        if isinstance(pe_channels, bool) or not isinstance(pe_channels, int) or pe_channels < 0:
+            raise ValueError(f"pe_channels must be an integer >= 0, got {pe_channels!r}")
+        if hidden_channels % heads != 0:
+            raise ValueError(f"hidden_channels must be divisible by heads, got "
+                             f"hidden_channels={hidden_channels} and heads={heads}")
+        check_dropout(dropout)
+        attention_dropout = dropout if attention_dropout is None else attention_dropout
+        check_dropout(attention_dropout, "attention_dropout")
+        self.pe_channels = pe_channels
+        self.dropout = float(dropout)
+        D = hidden_channels
+        self.lin_in = Linear(in_channels, D)
+        self.lin_pe = Linear(pe_channels, D, bias=False) if pe_channels > 0 else None
+        self.attn_norms = torch.nn.ModuleList(LayerNorm(D) for _ in range(num_layers))
+        self.attns = torch.nn.ModuleList(
+            GraphSelfAttention(D, D // heads, heads, dropout=attention_dropout,
+                               attention=attention, backend=backend)
+            for _ in range(num_layers))
+        self.ffn_norms = torch.nn.ModuleList(LayerNorm(D) for _ in range(num_layers))
+        self.ffns = torch.nn.ModuleList(
+            torch.nn.Sequential(Linear(D, ffn_ratio * D), torch.nn.GELU(),
+                                torch.nn.Dropout(dropout), Linear(ffn_ratio * D, D))
+            for _ in range(num_layers))
+        self.norm_out = LayerNorm(D)
+        self.lin_out = Linear(D, out_channels)
+
+    def reset_parameters(self) -> None:
+        """Re-initialise every submodule."""
+        for module in self.modules():
+            if module is not self and hasattr(module, "reset_parameters"):
+                module.reset_parameters()
+
+    def forward(self, x: Tensor, edge_index: Tensor, pe: Tensor | None = None) -> Tensor:
+        """Outputs of every node; see the class docstring for shapes."""
+        if self.pe_channels > 0:
+            if pe is None or pe.dim() != 2 or tuple(pe.shape) != (x.size(0), self.pe_channels):
+                got = None if pe is None else list(pe.shape)
+                raise ValueError(f"pe must have shape [N, pe_channels] = "
+                                 f"[{x.size(0)}, {self.pe_channels}], got {got}")
+        elif pe is not None:
+            raise ValueError("pe was given but the model has pe_channels=0; construct it with "
+                             "pe_channels=<size of the encodings>")
+        h = self.lin_in(feature_dropout(x, self.dropout, self.training))  # (N, D)
+        if self.lin_pe is not None:
+            h = h + self.lin_pe(pe.to(h.dtype))  # (N, D)
+        for attn_norm, attn, ffn_norm, ffn in zip(self.attn_norms, self.attns, self.ffn_norms,
+                                                  self.ffns, strict=True):
+            h = h + F.dropout(attn(attn_norm(h), edge_index), self.dropout, self.training)
+            h = h + F.dropout(ffn(ffn_norm(h)), self.dropout, self.training)
+        return self.lin_out(self.norm_out(h))  # (N, out_channels)

@@ -1,0 +1,128 @@
+import math
+
+import pytest
+import torch
+from conftest import assert_close
+
+from graphattn.functional import attention, available_backends, edge_attention, select_backend
+from graphattn.functional.dense_backend import dense_peak_bytes
+from graphattn.nn import GraphSelfAttention
+
+CPU_BACKENDS = [b for b in available_backends() if b != "triton"]
+THRESHOLD = attention.DENSE_MIN_DENSITY_CPU
+
+
+def graph_with_density(n_dst: int, n_src: int, density: float, seed: int) -> torch.Tensor:
+    """A simple graph (no repeated edge) with round(density * N_dst * N_src) random edges."""
+    num_edges = round(density * n_dst * n_src)
+    gen = torch.Generator().manual_seed(seed)
+    pair = torch.randperm(n_dst * n_src, generator=gen)[:num_edges]
+    return torch.stack([pair % n_src, pair // n_src])  # (2, E): source j, target i
+
+
+# Graphs on both sides of the threshold: (N_dst, N_src, density, the side auto must pick).
+SIDES = [
+    (48, 48, THRESHOLD / 4, "cpu"),
+    (48, 48, min(1.0, THRESHOLD * 4), "dense"),
+    (30, 64, THRESHOLD / 3, "cpu"),
+    (30, 64, min(1.0, THRESHOLD * 3), "dense"),
+    (40, 40, 1.0, "dense"),
+]
+
+
+@pytest.mark.parametrize("n_dst,n_src,density,expected", SIDES,
+                         ids=[f"{a}x{b}-{d:.3g}" for a, b, d, _ in SIDES])
+def test_rule_picks_the_expected_side(n_dst, n_src, density, expected):
+    edge_index = graph_with_density(n_dst, n_src, density, seed=0)
+    q = torch.randn(n_dst, 2, 4)
+    assert select_backend(q, edge_index, num_src=n_src) == expected
+
+
+def test_threshold_is_inclusive_and_counts_sources():
+    n_dst, n_src = 20, 50
+    at = math.ceil(THRESHOLD * n_dst * n_src)
+    q = torch.randn(n_dst, 2, 4)
+    assert select_backend(q, torch.zeros(2, at, dtype=torch.long), num_src=n_src) == "dense"
+    assert select_backend(q, torch.zeros(2, at - 1, dtype=torch.long), num_src=n_src) == "cpu"
+    # Without num_src the sources are counted as N_dst = 20: the same E is 2.5x denser.
+    below = torch.zeros(2, round(at / 2), dtype=torch.long)
+    assert select_backend(q, below, num_src=n_src) == "cpu"
+    assert select_backend(q, below) == "dense"
+
+
+def test_never_dense_when_the_matrices_do_not_fit():
+    n, heads = 20_000, 8  # 5 * 8 * 20000^2 * 4 bytes = 64 GB
+    assert dense_peak_bytes(n, n, heads) > attention.DENSE_MAX_BYTES_CPU
+    q = torch.empty(1, 1, 1).expand(n, heads, 16)  # the shape without the memory
+    complete = torch.zeros(2, 1, dtype=torch.long).expand(2, n * n)
+    assert select_backend(q, complete) == "cpu"
+    # The largest complete graph that fits goes dense.
+    fits = int(math.sqrt(attention.DENSE_MAX_BYTES_CPU / (5 * heads * 4 + 2)))
+    q = torch.empty(1, 1, 1).expand(fits, heads, 16)
+    assert select_backend(q, torch.zeros(2, 1, dtype=torch.long).expand(2, fits**2)) == "dense"
+
+
+def test_empty_graphs_take_the_sparse_path():
+    assert select_backend(torch.randn(0, 2, 4), torch.zeros(2, 0, dtype=torch.long)) == "cpu"
+    assert select_backend(torch.randn(5, 2, 4), torch.zeros(2, 0, dtype=torch.long)) == "cpu"
+
+
+@pytest.mark.parametrize("score", ["dot", "additive"])
+@pytest.mark.parametrize("n_dst,n_src,density,expected", SIDES,
+                         ids=[f"{a}x{b}-{d:.3g}" for a, b, d, _ in SIDES])
+def test_auto_equals_every_backend(n_dst, n_src, density, expected, score, monkeypatch):
+    edge_index = graph_with_density(n_dst, n_src, density, seed=1)
+    E, H, C = edge_index.size(1), 2, 4
+    gen = torch.Generator().manual_seed(2)
+    shape = (H, C) if score == "dot" else (H,)
+    q, k = (torch.randn(n, *shape, generator=gen, dtype=torch.float64) for n in (n_dst, n_src))
+    v = torch.randn(n_src, H, C, generator=gen, dtype=torch.float64)
+    bias = torch.randn(E, H, generator=gen, dtype=torch.float64)
+    weights = torch.randn(n_dst, H, C, generator=gen, dtype=torch.float64)
+
+    calls = []
+    chosen = attention.BACKENDS[expected]
+
+    def spy(*args, **kwargs):
+        calls.append(expected)
+        return chosen(*args, **kwargs)
+
+    def run(backend):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v, bias)]
+        out, alpha = edge_attention(*leaves[:3], edge_index, bias=leaves[3], score=score,
+                                    return_attention=True, backend=backend)
+        loss = (out * weights).sum() + alpha.square().sum()
+        return out, alpha, torch.autograd.grad(loss, leaves)
+
+    with monkeypatch.context() as m:
+        m.setitem(attention.BACKENDS, expected, spy)
+        auto = run("auto")
+    assert calls == [expected]  # auto went to the side the rule promises
+    for backend in CPU_BACKENDS:
+        out, alpha, grads = run(backend)
+        assert_close(auto[0], out)
+        assert_close(auto[1], alpha)
+        for g, r in zip(auto[2], grads, strict=True):
+            assert_close(g, r)
+
+
+def test_layer_auto_equals_reference_on_a_dense_graph():
+    n = 32
+    edge_index = graph_with_density(n, n, 0.9, seed=3)
+    x = torch.randn(n, 16, generator=torch.Generator().manual_seed(4))
+    torch.manual_seed(0)
+    auto = GraphSelfAttention(16, 8, heads=2, backend="auto")
+    ref = GraphSelfAttention(16, 8, heads=2, backend="reference")
+    ref.load_state_dict(auto.state_dict())
+    out, (ei, alpha) = auto(x, edge_index, return_attention_weights=True)
+    ref_out, (_, ref_alpha) = ref(x, edge_index, return_attention_weights=True)
+    assert select_backend(torch.empty(n, 2, 8), ei) == "dense"
+    assert_close(out, ref_out)
+    assert_close(alpha, ref_alpha)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_does_not_pick_dense_without_gpu_measurements():
+    q = torch.randn(8, 2, 4, device="cuda")
+    complete = torch.cartesian_prod(torch.arange(8), torch.arange(8)).t().cuda()
+    assert select_backend(q, complete) in ("triton", "reference")  # never "dense" (yet)

@@ -1,0 +1,208 @@
+import numba
+import pytest
+import torch
+from conftest import GRAPHS, assert_close, random_graph
+
+from graphattn.functional import cpu as cpu_module
+from graphattn.functional import edge_attention, reference_edge_attention, select_backend
+from graphattn.functional.cpu import cpu_edge_attention
+
+H, C = 3, 4
+
+
+def make_inputs(num_src, num_dst, num_edges, score="dot", dtype=torch.float32, seed=0,
+                dropout=0.0):
+    """Random q, k, v, bias (all requiring grad) and a dropout multiplier like edge_attention's."""
+    gen = torch.Generator().manual_seed(seed)
+    shape = (H, C) if score == "dot" else (H,)
+    q = torch.randn(num_dst, *shape, generator=gen, dtype=dtype)
+    k = torch.randn(num_src, *shape, generator=gen, dtype=dtype)
+    v = torch.randn(num_src, H, C, generator=gen, dtype=dtype)
+    bias = torch.randn(num_edges, H, generator=gen, dtype=dtype)
+    mask = None
+    if dropout > 0:
+        keep = torch.rand(num_edges, H, generator=gen, dtype=dtype) >= dropout
+        mask = keep.to(dtype) / (1 - dropout)  # (E, H): 0 or 1/(1-p)
+    return [t.requires_grad_() for t in (q, k, v, bias)], mask
+
+
+def run(backend, q, k, v, edge_index, bias, mask, score, alpha_weight=None):
+    """Output, alpha and the gradients of q, k, v, bias for a loss on out and on alpha."""
+    out, alpha = backend(q, k, v, edge_index, scale=0.7, bias=bias, dropout_mask=mask,
+                         score=score, negative_slope=0.2, need_alpha=True)
+    loss = (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)).sum()
+    if alpha_weight is not None:
+        loss = loss + (alpha * alpha_weight).sum()
+    grads = torch.autograd.grad(loss, (q, k, v, bias))
+    return (out, alpha, *grads)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("score", ["dot", "additive"])
+@pytest.mark.parametrize("case", GRAPHS, ids=[g.name for g in GRAPHS])
+def test_equals_reference_on_registry_graphs(case, score, dtype):
+    E = case.edge_index.size(1)
+    (q, k, v, bias), mask = make_inputs(case.num_src, case.num_dst, E, score, dtype, dropout=0.3)
+    alpha_weight = torch.randn(E, H, dtype=dtype, generator=torch.Generator().manual_seed(1))
+    ours = run(cpu_edge_attention, q, k, v, case.edge_index, bias, mask, score, alpha_weight)
+    ref = run(reference_edge_attention, q, k, v, case.edge_index, bias, mask, score,
+              alpha_weight)
+    for name, a, b in zip(("out", "alpha", "dq", "dk", "dv", "dbias"), ours, ref, strict=True):
+        assert a.dtype == dtype, name
+        assert_close(a, b)
+
+
+@pytest.mark.parametrize("score", ["dot", "additive"])
+def test_equals_reference_on_a_skewed_random_graph(score):
+    # hubs with hundreds of in-edges next to nodes with none, plus multi-edges and self-loops
+    n = 300
+    hubs = torch.stack([torch.randint(0, n, (2000,), generator=torch.Generator().manual_seed(2)),
+                        torch.randint(0, 3, (2000,), generator=torch.Generator().manual_seed(3))])
+    edge_index = torch.cat([random_graph(n, 3000, seed=4, num_dst=n // 2), hubs], dim=1)
+    (q, k, v, bias), mask = make_inputs(n, n, edge_index.size(1), score, dropout=0.1)
+    ours = run(cpu_edge_attention, q, k, v, edge_index, bias, mask, score)
+    ref = run(reference_edge_attention, q, k, v, edge_index, bias, mask, score)
+    for a, b in zip(ours, ref, strict=True):
+        assert_close(a, b)
+
+
+@pytest.mark.parametrize("score", ["dot", "additive"])
+def test_dropout_through_edge_attention_uses_the_same_mask(score):
+    edge_index = random_graph(20, 120, seed=5)
+    (q, k, v, _), _ = make_inputs(20, 20, 120, score)
+    results = []
+    for backend in ("cpu", "reference"):
+        torch.manual_seed(7)
+        out, alpha = edge_attention(q, k, v, edge_index, dropout_p=0.5, return_attention=True,
+                                    backend=backend, score=score)
+        results.append((out, alpha, *torch.autograd.grad(out.square().sum(), (q, k, v))))
+    for a, b in zip(*results, strict=True):
+        assert_close(a, b)
+
+
+@pytest.mark.parametrize("with_mask", [False, True])
+@pytest.mark.parametrize("score", ["dot", "additive"])
+def test_gradcheck_float64(score, with_mask):
+    edge_index = torch.tensor([[0, 1, 2, 3, 1, 4, 4, 0, 0], [1, 1, 1, 0, 0, 2, 4, 1, 3]])
+    (q, k, v, bias), mask = make_inputs(5, 5, 9, score, torch.float64,
+                                        dropout=0.4 if with_mask else 0.0)
+
+    def fn(q, k, v, bias):
+        return cpu_edge_attention(q, k, v, edge_index, scale=0.8, bias=bias, dropout_mask=mask,
+                                  score=score, negative_slope=0.2, need_alpha=True)
+
+    assert torch.autograd.gradcheck(fn, (q, k, v, bias))
+
+
+def test_scores_of_minus_infinity_give_zero_not_nan():
+    edge_index = torch.tensor([[0, 1, 2, 0, 1], [0, 0, 0, 1, 1]])
+    (q, k, v, bias), _ = make_inputs(3, 3, 5)
+    bias = bias.detach().clone()
+    bias[:3] = float("-inf")  # every in-edge of target 0 is masked
+    bias[3, 0] = float("-inf")  # one edge of target 1 in head 0
+    out, alpha = cpu_edge_attention(q, k, v, edge_index, scale=1.0, bias=bias,
+                                    dropout_mask=None, score="dot", negative_slope=0.2,
+                                    need_alpha=True)
+    ref_out, ref_alpha = reference_edge_attention(q, k, v, edge_index, scale=1.0, bias=bias,
+                                                  dropout_mask=None, score="dot",
+                                                  negative_slope=0.2, need_alpha=True)
+    assert (out[0] == 0).all() and (out[2] == 0).all() and (alpha[:3] == 0).all()
+    assert_close(out, ref_out)
+    assert_close(alpha, ref_alpha)
+    out.sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
+
+
+def test_empty_edge_set_gives_zero_output_and_gradients():
+    (q, k, v, _), _ = make_inputs(4, 6, 0)
+    out = edge_attention(q, k, v, torch.empty(2, 0, dtype=torch.long), backend="cpu")
+    assert out.shape == (6, H, C) and (out == 0).all()
+    out.sum().backward()
+    assert all((t.grad == 0).all() for t in (q, k, v))
+
+
+def test_repeat_runs_and_thread_counts_are_bitwise_identical():
+    n = 2000
+    edge_index = random_graph(n, 40000, seed=6)
+    (q, k, v, bias), mask = make_inputs(n, n, 40000, dropout=0.2)
+    threads = torch.get_num_threads()
+    results = []
+    try:
+        for num_threads in (threads, threads, 1):
+            torch.set_num_threads(num_threads)
+            results.append(run(cpu_edge_attention, q, k, v, edge_index, bias, mask, "dot"))
+    finally:
+        torch.set_num_threads(threads)
+    for again in results[1:]:
+        for a, b in zip(results[0], again, strict=True):
+            assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_is_computed_in_float32(dtype):
+    edge_index = random_graph(10, 40, seed=7)
+    (q, k, v, bias), _ = make_inputs(10, 10, 40, dtype=dtype)
+    out, alpha = cpu_edge_attention(q, k, v, edge_index, scale=0.5, bias=bias, dropout_mask=None,
+                                    score="dot", negative_slope=0.2, need_alpha=True)
+    ref_out, ref_alpha = reference_edge_attention(
+        *(t.float() for t in (q, k, v)), edge_index, scale=0.5, bias=bias.float(),
+        dropout_mask=None, score="dot", negative_slope=0.2, need_alpha=True)
+    assert out.dtype == dtype and alpha.dtype == dtype
+    assert_close(out, ref_out.to(dtype))
+    assert_close(alpha, ref_alpha.to(dtype))
+    out.float().sum().backward()
+    assert q.grad.dtype == dtype and bias.grad.dtype == dtype
+
+
+def saved_tensor_sizes(fn):
+    sizes = []
+
+    def pack(t):
+        sizes.append(t.numel())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return sizes
+
+
+def test_autograd_keeps_no_per_edge_feature_tensor():
+    n, E = 50, 2000  # E * H * C is far above anything of size N * H * C or E * H
+    edge_index = random_graph(n, E, seed=8)
+    (q, k, v, bias), mask = make_inputs(n, n, E, dropout=0.2)
+
+    def call(backend):
+        return lambda: backend(q, k, v, edge_index, scale=1.0, bias=bias, dropout_mask=mask,
+                               score="dot", negative_slope=0.2, need_alpha=True)
+
+    assert max(saved_tensor_sizes(call(reference_edge_attention))) >= E * H * C
+    assert max(saved_tensor_sizes(call(cpu_edge_attention))) <= max(n * H * C, E * H)
+
+
+def test_auto_picks_the_cpu_backend_for_sparse_graphs_on_cpu():
+    q = torch.randn(1000, 2, 4)
+    assert select_backend(q, random_graph(1000, 5000)) == "cpu"
+
+
+def test_rejects_tensors_off_the_cpu():
+    q = torch.empty(3, 2, 4, device="meta")
+    with pytest.raises(ValueError, match="needs CPU tensors, got q on meta"):
+        cpu_edge_attention(q, q, q, torch.zeros(2, 1, dtype=torch.long), scale=1.0, bias=None,
+                           dropout_mask=None, score="dot", negative_slope=0.2, need_alpha=False)
+
+
+def test_compiles_without_a_cache_when_no_cache_directory_is_writable(monkeypatch):
+    njit = numba.njit
+
+    def njit_without_cache_dir(*args, cache=False, **kwargs):
+        if cache:
+            raise RuntimeError("cannot cache function: no locator available")
+        return njit(*args, **kwargs)
+
+    monkeypatch.setattr(numba, "njit", njit_without_cache_dir)
+
+    @cpu_module._jit()
+    def add_one(x):
+        return x + 1
+
+    assert add_one(1) == 2

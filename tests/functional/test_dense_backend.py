@@ -1,0 +1,114 @@
+import math
+
+import pytest
+import torch
+from conftest import GRAPHS, assert_close, dense_mask, random_graph
+
+from graphattn.functional import dense_attention, edge_attention
+from graphattn.functional.dense_backend import dense_edge_attention, dense_peak_bytes
+
+
+def inputs(case_dst, case_src, score, E, H=2, C=3, dtype=torch.float64, seed=0, bias=True):
+    gen = torch.Generator().manual_seed(seed)
+    shape = (H, C) if score == "dot" else (H,)
+    q = torch.randn(case_dst, *shape, generator=gen, dtype=dtype)
+    k = torch.randn(case_src, *shape, generator=gen, dtype=dtype)
+    v = torch.randn(case_src, H, C, generator=gen, dtype=dtype)
+    b = torch.randn(E, H, generator=gen, dtype=dtype) if bias else None
+    return q, k, v, b
+
+
+def run(backend, q, k, v, edge_index, bias, *, score, dropout_p, need_alpha, seed=0):
+    """Out, alpha and the gradients of every input under one loss that also uses alpha."""
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    b = None if bias is None else bias.detach().clone().requires_grad_()
+    torch.manual_seed(seed)  # the same dropout mask for every backend
+    result = edge_attention(*leaves, edge_index, bias=b, score=score, dropout_p=dropout_p,
+                            return_attention=need_alpha, backend=backend, scale=0.7)
+    out, alpha = result if need_alpha else (result, None)
+    weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=out.dtype)
+    loss = (out * weights).sum() + (alpha.square().sum() if alpha is not None else 0.0)
+    grads = torch.autograd.grad(loss, leaves + ([b] if b is not None else []))
+    return out, alpha, grads
+
+
+@pytest.mark.parametrize("need_alpha", [False, True], ids=["out", "alpha"])
+@pytest.mark.parametrize("dropout_p", [0.0, 0.4], ids=["nodrop", "dropout"])
+@pytest.mark.parametrize("with_bias", [False, True], ids=["nobias", "bias"])
+@pytest.mark.parametrize("score", ["dot", "additive"])
+@pytest.mark.parametrize("case", GRAPHS, ids=[g.name for g in GRAPHS])
+def test_equals_reference(case, score, with_bias, dropout_p, need_alpha):
+    q, k, v, bias = inputs(case.num_dst, case.num_src, score, case.edge_index.size(1),
+                           bias=with_bias)
+    kw = dict(score=score, dropout_p=dropout_p, need_alpha=need_alpha)
+    out, alpha, grads = run("dense", q, k, v, case.edge_index, bias, **kw)
+    ref_out, ref_alpha, ref_grads = run("reference", q, k, v, case.edge_index, bias, **kw)
+    assert_close(out, ref_out)
+    if need_alpha:
+        assert_close(alpha, ref_alpha)
+    for g, r in zip(grads, ref_grads, strict=True):
+        assert torch.isfinite(g).all()
+        assert_close(g, r)
+
+
+def test_multi_edges_add_their_weights():
+    # Target 0 has the edge 1 -> 0 three times with biases b1, b2, b3 and the edge 2 -> 0 once:
+    # by hand, weight(1) = sum_e exp(s_10 + b_e), weight(2) = exp(s_20 + b_4).
+    q = torch.tensor([[[1.0, 0.5]]]).repeat(3, 1, 1)  # (3, 1, 2)
+    k = torch.tensor([[[0.0, 0.0]], [[1.0, -1.0]], [[0.5, 2.0]]])  # (3, 1, 2)
+    v = torch.tensor([[[0.0]], [[1.0]], [[10.0]]])  # (3, 1, 1)
+    edge_index = torch.tensor([[1, 1, 1, 2], [0, 0, 0, 0]])
+    bias = torch.tensor([[0.1], [-0.3], [0.7], [0.2]])
+    out, alpha = edge_attention(q, k, v, edge_index, bias=bias, scale=1.0, return_attention=True,
+                                backend="dense")
+    s1, s2 = (q[0, 0] @ k[1, 0]).item(), (q[0, 0] @ k[2, 0]).item()
+    w = [math.exp(s1 + b) for b in (0.1, -0.3, 0.7)] + [math.exp(s2 + 0.2)]
+    total = sum(w)
+    assert_close(alpha[:, 0], torch.tensor(w) / total)
+    assert_close(out[0, 0, 0], torch.tensor((sum(w[:3]) * 1.0 + w[3] * 10.0) / total))
+    assert (out[1:] == 0).all()  # targets 1 and 2 have no in-edge
+
+
+def test_sdpa_path_equals_dense_attention_fp32():
+    n_dst, n_src = 70, 50
+    edge_index = torch.unique(random_graph(n_src, 900, seed=4, num_dst=n_dst), dim=1)
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(n_dst, 4, 8, generator=gen, requires_grad=True)
+    k, v = (torch.randn(n_src, 4, 8, generator=gen, requires_grad=True) for _ in range(2))
+    out = edge_attention(q, k, v, edge_index, backend="dense")
+    grads = torch.autograd.grad(out.square().sum(), (q, k, v))
+    ref = dense_attention(q, k, v, dense_mask(edge_index, n_dst, n_src))
+    ref_grads = torch.autograd.grad(ref.square().sum(), (q, k, v))
+    assert_close(out, ref)
+    for g, r in zip(grads, ref_grads, strict=True):
+        assert_close(g, r)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_follows_the_fp32_result(dtype):
+    n = 40
+    edge_index = random_graph(n, 300, seed=2)  # with multi-edges
+    q, k, v, bias = (t.to(dtype) for t in inputs(n, n, "dot", 300, H=2, C=8))
+    out = edge_attention(q, k, v, edge_index, bias=bias, backend="dense")
+    ref = edge_attention(q.float(), k.float(), v.float(), edge_index, bias=bias.float(),
+                         backend="reference")  # the same rounded inputs, computed in fp32
+    assert out.dtype == dtype
+    assert_close(out, ref, dtype=dtype)
+
+
+def test_called_directly_takes_int32_indices():
+    q, k, v, _ = inputs(5, 5, "dot", 0, dtype=torch.float32, bias=False)
+    edge_index = torch.tensor([[0, 1, 2, 2], [1, 1, 3, 3]], dtype=torch.int32)
+    out, alpha = dense_edge_attention(q, k, v, edge_index, scale=0.5, bias=None,
+                                      dropout_mask=None, score="dot", negative_slope=0.2,
+                                      need_alpha=True)
+    ref, ref_alpha = edge_attention(q, k, v, edge_index.long(), scale=0.5,
+                                    return_attention=True, backend="reference")
+    assert_close(out, ref)
+    assert_close(alpha, ref_alpha)
+
+
+def test_peak_bytes_grow_with_heads_and_pairs():
+    assert dense_peak_bytes(3, 5, 2) == 5 * 2 * 15 * 4 + 2 * 15
+    assert dense_peak_bytes(3, 5, 4, itemsize=2) == dense_peak_bytes(3, 5, 2)
+    assert dense_peak_bytes(100, 100, 8) == 100 * dense_peak_bytes(10, 10, 8)

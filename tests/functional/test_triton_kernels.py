@@ -1,0 +1,314 @@
+"""The fused Triton kernels against the reference backend, run in Triton's CPU interpreter.
+
+Every kernel test runs under ``TRITON_INTERPRET=1`` (set for this module only): the kernels are
+defined per mode at first use, so importing graphattn earlier does not matter. The truth is
+:func:`reference_edge_attention` in float64 on the same inputs; outputs, attention weights and
+the gradients of q, k, v and bias (through out and alpha) are compared with the tolerance of
+the kernel's dtype. Sizes stay tiny: the interpreter runs one Python step per tile operation.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import GRAPHS, assert_close, random_graph
+
+from graphattn.functional import attention, edge_attention, reference_edge_attention
+from graphattn.functional import triton_kernels as tk
+
+HAS_TRITON = tk.triton_available()
+needs_triton = pytest.mark.skipif(not HAS_TRITON,
+                                  reason="triton is not installed (pip install 'graphattn[gpu]')")
+
+
+@pytest.fixture(scope="module")
+def interpreter():
+    """Triton's interpreter on for the tests of this module, restored afterwards."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRITON_INTERPRET", "1")
+        if not tk.interpret_mode():
+            pytest.skip("TRITON_INTERPRET=1 did not switch this triton to its interpreter")
+        yield
+
+
+def make_inputs(num_src: int, num_dst: int, num_edges: int, heads: int, channels: int, *,
+                score: str = "dot", bias: bool = True, dtype: torch.dtype = torch.float32,
+                seed: int = 0) -> dict[str, torch.Tensor | None]:
+    """Random q, k, v (and bias) in ``dtype``, leaves that require grad."""
+    gen = torch.Generator().manual_seed(seed)
+    qk_shape = (heads, channels) if score == "dot" else (heads,)
+    tensors = {
+        "q": torch.randn(num_dst, *qk_shape, generator=gen),
+        "k": torch.randn(num_src, *qk_shape, generator=gen),
+        "v": torch.randn(num_src, heads, channels, generator=gen),
+        "bias": torch.randn(num_edges, heads, generator=gen) if bias else None,
+    }
+    return {name: None if t is None else t.to(dtype).requires_grad_()
+            for name, t in tensors.items()}
+
+
+def run_backend(backend, inputs, edge_index, *, score="dot", scale=0.5, dropout_mask=None,
+                compute_dtype=None, seed=1):
+    """out, alpha and the gradients of a fixed random loss on both (computed in compute_dtype)."""
+    leaves = {n: t for n, t in inputs.items() if t is not None}
+    cast = {n: (t.to(compute_dtype) if compute_dtype else t) for n, t in leaves.items()}
+    mask = None if dropout_mask is None else dropout_mask.to(compute_dtype or dropout_mask.dtype)
+    out, alpha = backend(cast["q"], cast["k"], cast["v"], edge_index, scale=scale,
+                         bias=cast.get("bias"), dropout_mask=mask, score=score,
+                         negative_slope=0.2, need_alpha=True)
+    gen = torch.Generator().manual_seed(seed)
+    w_out = torch.randn(out.shape, generator=gen, dtype=torch.float64)
+    w_alpha = torch.randn(alpha.shape, generator=gen, dtype=torch.float64)
+    loss = (out.double() * w_out).sum() + (alpha.double() * w_alpha).sum()
+    grads = torch.autograd.grad(loss, list(leaves.values()))
+    return {"out": out, "alpha": alpha, **{"d" + n: g for n, g in zip(leaves, grads, strict=True)}}
+
+
+def check_against_reference(inputs, edge_index, *, score="dot", scale=0.5, dropout_mask=None,
+                            dtype=torch.float32):
+    got = run_backend(tk.triton_edge_attention, inputs, edge_index, score=score, scale=scale,
+                      dropout_mask=dropout_mask)
+    want = run_backend(reference_edge_attention, inputs, edge_index, score=score, scale=scale,
+                       dropout_mask=dropout_mask, compute_dtype=torch.float64)
+    assert got.keys() == want.keys()
+    assert got["out"].dtype == inputs["v"].dtype
+    for name in got:
+        if name.startswith("d"):
+            assert got[name].dtype == inputs[name[1:]].dtype, name
+        assert torch.isfinite(got[name]).all(), name
+        assert_close(got[name], want[name], dtype=dtype)
+    return got
+
+
+@needs_triton
+@pytest.mark.parametrize("score", ["dot", "additive"])
+def test_matches_reference_on_graph_registry(interpreter, graph_case, score):
+    ei = graph_case.edge_index
+    inputs = make_inputs(graph_case.num_src, graph_case.num_dst, ei.size(1), 2, 8, score=score)
+    got = check_against_reference(inputs, ei, score=score)
+    isolated = torch.ones(graph_case.num_dst, dtype=torch.bool)
+    isolated[ei[1]] = False
+    assert (got["out"][isolated] == 0).all()
+
+
+@needs_triton
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+@pytest.mark.parametrize("heads,channels",
+                         [(1, 8), (1, 16), (1, 64), (4, 8), (4, 16), (4, 64), (3, 64), (2, 12)])
+def test_heads_and_channels(interpreter, heads, channels, bias):
+    ei = random_graph(16, 48, seed=heads * 100 + channels)
+    inputs = make_inputs(16, 16, 48, heads, channels, bias=bias, seed=channels)
+    check_against_reference(inputs, ei, scale=channels ** -0.5)
+
+
+def star_graph(degree: int, extra: int = 6, seed: int = 0) -> torch.Tensor:
+    """Target 0 with ``degree`` incoming edges (repeats and a self-loop included) plus a few
+    random edges elsewhere; every other node has degree 0 or small."""
+    gen = torch.Generator().manual_seed(seed)
+    num_nodes = 40
+    src = torch.cat([torch.arange(degree) % num_nodes, torch.randint(0, num_nodes, (extra,),
+                                                                     generator=gen)])
+    dst = torch.cat([torch.zeros(degree, dtype=torch.long),
+                     torch.randint(1, num_nodes, (extra,), generator=gen)])
+    return torch.stack([src, dst])
+
+
+@needs_triton
+@pytest.mark.parametrize("score", ["dot", "additive"])
+def test_degree_200_row(interpreter, score):
+    ei = star_graph(200)
+    inputs = make_inputs(40, 40, ei.size(1), 2, 8, score=score, seed=3)
+    check_against_reference(inputs, ei, score=score, scale=2.0)
+
+
+@needs_triton
+@pytest.mark.parametrize("score", ["dot", "additive"])
+def test_dropout_mask_in_forward_and_backward(interpreter, score):
+    ei = random_graph(12, 40, seed=5)
+    inputs = make_inputs(12, 12, 40, 2, 8, score=score)
+    p = 0.4
+    keep = torch.rand(40, 2, generator=torch.Generator().manual_seed(9)) > p
+    mask = keep.float() / (1 - p)
+    check_against_reference(inputs, ei, score=score, dropout_mask=mask)
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("score", ["dot", "additive"])
+def test_half_precision(interpreter, dtype, score):
+    ei = random_graph(12, 40, seed=6)
+    inputs = make_inputs(12, 12, 40, 2, 16, score=score, dtype=dtype)
+    got = check_against_reference(inputs, ei, score=score, dtype=dtype)
+    assert got["out"].dtype == dtype and got["dq"].dtype == dtype and got["alpha"].dtype == dtype
+
+
+@needs_triton
+@pytest.mark.parametrize("score", ["dot", "additive"])
+def test_fully_masked_row_gives_zero_without_nan(interpreter, score):
+    ei = torch.tensor([[0, 1, 2, 0, 2], [1, 1, 1, 2, 2]])
+    inputs = make_inputs(3, 3, 5, 1, 8, score=score)
+    with torch.no_grad():
+        inputs["bias"][:3] = float("-inf")  # every edge into node 1
+    got = check_against_reference(inputs, ei, score=score)
+    assert (got["out"][1] == 0).all() and (got["alpha"][:3] == 0).all()
+
+
+def test_kernels_use_no_atomics():
+    """Each program owns the rows it writes: no atomics, so gradients are deterministic."""
+    source = Path(tk.__file__).with_name("_triton_jit.py").read_text()
+    assert "tl.store" in source
+    assert "atomic" not in source
+
+
+@needs_triton
+@pytest.mark.parametrize("score", ["dot", "additive"])
+def test_edge_attention_dispatches_by_name(interpreter, index_dtype, score):
+    case = next(g for g in GRAPHS if g.name == "multi-edges")
+    inputs = make_inputs(case.num_src, case.num_dst, case.edge_index.size(1), 2, 8, score=score)
+    kwargs = dict(bias=inputs["bias"], return_attention=True, score=score)
+    args = (inputs["q"], inputs["k"], inputs["v"], case.edge_index.to(index_dtype))
+    out, alpha = edge_attention(*args, backend="triton", **kwargs)
+    want_out, want_alpha = edge_attention(*args, backend="reference", **kwargs)
+    assert_close(out, want_out)
+    assert_close(alpha, want_alpha)
+    assert attention.BACKENDS["triton"] is tk.triton_edge_attention
+
+
+@needs_triton
+def test_edge_attention_dropout_uses_one_mask(interpreter):
+    ei = random_graph(10, 30, seed=2)
+    inputs = make_inputs(10, 10, 30, 2, 8, bias=False)
+    args = (inputs["q"], inputs["k"], inputs["v"], ei)
+    torch.manual_seed(11)
+    out = edge_attention(*args, dropout_p=0.5, backend="triton")
+    torch.manual_seed(11)
+    want = edge_attention(*args, dropout_p=0.5, backend="reference")
+    assert_close(out, want)
+    assert not torch.equal(out, edge_attention(*args, dropout_p=0.5, training=False,
+                                               backend="triton"))
+
+
+def test_auto_picks_triton_only_for_cuda(monkeypatch):
+    q = torch.randn(3, 2, 8)
+    ei = torch.tensor([[0], [1]])
+    assert attention.select_backend(q, ei) != "triton"
+    assert not tk.use_triton_for(q)
+    meta = torch.empty(3, 2, 8, device="meta")
+    monkeypatch.setattr(tk, "triton_available", lambda: True)
+    assert not tk.use_triton_for(meta)
+    cuda_like = type("CudaLike", (), {"device": torch.device("cuda"), "dtype": torch.float16})()
+    assert tk.use_triton_for(cuda_like)
+    monkeypatch.setattr(tk, "triton_available", lambda: False)
+    assert not tk.use_triton_for(cuda_like)
+
+
+def test_clear_error_without_triton(monkeypatch):
+    monkeypatch.setattr(tk, "triton_available", lambda: False)
+    inputs = make_inputs(3, 3, 1, 1, 8)
+    with pytest.raises(ImportError, match=r"needs the optional package triton.*graphattn\[gpu\]"):
+        edge_attention(inputs["q"], inputs["k"], inputs["v"], torch.tensor([[0], [1]]),
+                       backend="triton")
+
+
+@needs_triton
+def test_clear_error_for_cpu_tensors_outside_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    inputs = make_inputs(3, 3, 1, 1, 8)
+    with pytest.raises(ValueError, match="runs on CUDA tensors, got q on cpu"):
+        edge_attention(inputs["q"], inputs["k"], inputs["v"], torch.tensor([[0], [1]]),
+                       backend="triton")
+
+
+@needs_triton
+def test_clear_error_for_float64(interpreter):
+    inputs = make_inputs(3, 3, 1, 1, 8, dtype=torch.float64)
+    with pytest.raises(TypeError, match="float32, float16 and bfloat16 inputs, got q of dtype"):
+        edge_attention(inputs["q"], inputs["k"], inputs["v"], torch.tensor([[0], [1]]),
+                       backend="triton")
+
+
+@pytest.mark.parametrize("heads,channels,expected", [
+    (1, 8, (32, 1, 8)), (4, 16, (32, 4, 16)), (8, 64, (16, 2, 64)), (3, 12, (32, 4, 16)),
+    (1, 1000, (2, 1, 1024)),
+])
+def test_launch_config_tiles(heads, channels, expected):
+    cfg = tk.launch_config(heads, channels)
+    assert (cfg.block_e, cfg.block_h, cfg.block_c) == expected
+    assert cfg.block_e * cfg.block_h * cfg.block_c <= 2048
+    assert 1 <= cfg.num_warps <= 4
+
+
+def test_build_csr_groups_rows_stably():
+    rows = torch.tensor([2, 0, 2, 1, 0, 2])
+    other = torch.tensor([10, 11, 12, 13, 14, 15])
+    csr = tk.build_csr(rows, other, num_rows=4, num_other=16)
+    assert csr.ptr.tolist() == [0, 2, 3, 6, 6]
+    assert csr.edge_id.tolist() == [1, 4, 3, 0, 2, 5]
+    assert csr.other.tolist() == [11, 14, 13, 10, 12, 15]
+    assert csr.ptr.dtype == torch.int32
+
+
+COMPILE_FOR_SM90 = """
+from triton import compile
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from graphattn.functional import triton_kernels as tk
+
+module = tk.kernels()
+cfg = tk.launch_config(4, 16)
+pointer = {"lse": "*fp32", "delta": "*fp32", "rowptr": "*i32", "col": "*i32", "eid": "*i32",
+           "colptr": "*i32", "row_t": "*i32", "eid_t": "*i32"}
+for additive in (False, True):
+    constants = dict(H=4, C=16, ADDITIVE=additive, HAS_BIAS=True, HAS_DROP=True,
+                     NEED_SCORES=True, HAS_DALPHA=True, NEED_DBIAS=True, BLOCK_E=cfg.block_e,
+                     BLOCK_H=cfg.block_h, BLOCK_C=cfg.block_c)
+    for kernel in (module.forward_kernel, module.backward_target_kernel,
+                   module.backward_source_kernel):
+        assert type(kernel).__name__ == "JITFunction", type(kernel)
+        signature = {}
+        for name in kernel.arg_names:
+            if name in constants:
+                signature[name] = "constexpr"
+            elif name in ("scale", "slope"):
+                signature[name] = "fp32"
+            else:
+                signature[name] = pointer.get(name, "*fp16")
+        used = {n: v for n, v in constants.items() if n in kernel.arg_names}
+        compiled = compile(ASTSource(kernel, signature=signature, constexprs=used),
+                           target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg.num_warps})
+        assert compiled.asm["cubin"], kernel
+        print("compiled", kernel.__name__, "additive" if additive else "dot")
+"""
+
+
+@needs_triton
+def test_kernels_compile_for_sm90():
+    """The interpreter does not run Triton's compiler, so compile every kernel (all features on,
+    fp16, both scores) for sm_90 (H100/H200) ahead of time; no GPU needed. In a fresh process:
+    Triton's interpreter leaves ``triton.language`` patched after it ran."""
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    done = subprocess.run([sys.executable, "-c", COMPILE_FOR_SM90], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("compiled") == 6
+
+
+@needs_triton
+def test_gradient_through_alpha_alone(interpreter):
+    ei = random_graph(10, 30, seed=4)
+    inputs = make_inputs(10, 10, 30, 2, 8)
+    grads = []
+    for backend in (tk.triton_edge_attention, reference_edge_attention):
+        _, alpha = backend(inputs["q"], inputs["k"], inputs["v"], ei, scale=0.5,
+                           bias=inputs["bias"], dropout_mask=None, score="dot",
+                           negative_slope=0.2, need_alpha=True)
+        weight = torch.linspace(-1, 1, alpha.numel()).view_as(alpha)
+        grads.append(torch.autograd.grad((alpha * weight).sum(), [inputs["q"], inputs["bias"]]))
+    for got, want in zip(*grads, strict=True):
+        assert_close(got, want)

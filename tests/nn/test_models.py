@@ -1,0 +1,171 @@
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import assert_close, random_graph
+from torch_geometric.nn import GATConv, TransformerConv
+
+from graphattn.nn import GAT, GraphTransformer
+from graphattn.nn.models import feature_dropout
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def sparse_features(n, f, density=0.05, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.rand(n, f, generator=gen) * (torch.rand(n, f, generator=gen) < density)
+    return x
+
+
+@pytest.mark.parametrize("attention", ["additive", "dot"])
+@pytest.mark.parametrize("out_heads", [1, 3])
+def test_gat_shapes_and_layers(attention, out_heads):
+    torch.manual_seed(0)
+    model = GAT(12, 5, hidden_channels=4, heads=3, out_heads=out_heads, attention=attention)
+    x, ei = torch.randn(20, 12), random_graph(20, 60)
+    assert model(x, ei).shape == (20, 5)
+    assert model.conv1.heads == 3 and model.conv1.concat and model.conv1.lin_out is None
+    assert model.conv2.heads == out_heads and not model.conv2.concat
+    assert model.conv1.attention == attention
+    assert model.conv1.dropout == model.conv2.dropout == 0.6
+
+
+def test_gat_with_gatconv_layers_equals_graphattn_with_copied_weights():
+    """The model's wiring (dropout, ELU, concat/mean) matches the same network built of GATConv."""
+    from test_additive_attention import copy_gat_into
+
+    torch.manual_seed(0)
+    ours = GAT(10, 4, hidden_channels=3, heads=2, out_heads=2).double().eval()
+    ref = GAT(10, 4, hidden_channels=3, heads=2, out_heads=2, conv=GATConv).double().eval()
+    for layer, gat in ((ours.conv1, ref.conv1), (ours.conv2, ref.conv2)):
+        with torch.no_grad():
+            gat.bias.normal_()
+        copy_gat_into(layer, gat)
+    x, ei = torch.randn(15, 10, dtype=torch.float64), random_graph(15, 40)
+    assert_close(ours(x, ei), ref(x, ei))
+
+
+def test_gat_accepts_other_convs():
+    model = GAT(8, 3, hidden_channels=4, heads=2, conv=TransformerConv)
+    assert isinstance(model.conv1, TransformerConv)
+    assert model(torch.randn(10, 8), random_graph(10, 30)).shape == (10, 3)
+
+
+@pytest.mark.parametrize("layout", [torch.sparse_csr, torch.sparse_coo])
+def test_sparse_features_give_dense_results(layout):
+    torch.manual_seed(0)
+    x, ei = sparse_features(30, 40), random_graph(30, 90)
+    xs = x.to_sparse_csr() if layout == torch.sparse_csr else x.to_sparse()
+    model = GAT(40, 4, hidden_channels=4, heads=2).eval()
+    out_dense = model(x, ei)
+    out_dense.square().sum().backward()
+    dense_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    out_sparse = model(xs, ei)
+    out_sparse.square().sum().backward()
+    assert_close(out_sparse, out_dense)
+    for g_sparse, g_dense in zip((p.grad for p in model.parameters()), dense_grads, strict=True):
+        assert_close(g_sparse, g_dense)
+
+
+@pytest.mark.parametrize("layout", [torch.strided, torch.sparse_csr, torch.sparse_coo])
+def test_feature_dropout(layout):
+    x = sparse_features(200, 50, density=0.2) + 0.0
+    xs = {torch.strided: x, torch.sparse_csr: x.to_sparse_csr(), torch.sparse_coo: x.to_sparse()}
+    torch.manual_seed(0)
+    out = feature_dropout(xs[layout], 0.25, training=True)
+    out = out if layout == torch.strided else out.to_dense()
+    kept = out != 0
+    assert not (kept & (x == 0)).any()  # zeros stay zero
+    assert_close(out[kept], x[kept] / 0.75)  # survivors are rescaled by 1 / (1 - p)
+    frac = kept.sum() / (x != 0).sum()
+    assert 0.70 < frac < 0.80, frac
+    assert feature_dropout(xs[layout], 0.25, training=False) is xs[layout]
+
+
+def test_gat_rejects_bad_sizes():
+    with pytest.raises(ValueError, match="heads must be a positive integer, got 0"):
+        GAT(8, 3, heads=0)
+    with pytest.raises(ValueError, match=r"dropout must be in \[0, 1\), got 1.0"):
+        GAT(8, 3, dropout=1.0)
+    with pytest.raises(ValueError, match=r"attention_dropout must be in \[0, 1\), got -0.1"):
+        GAT(8, 3, attention_dropout=-0.1)
+
+
+def copy_into_encoder_layer(model, i, layer):
+    attn = model.attns[i]
+    with torch.no_grad():
+        layer.self_attn.in_proj_weight.copy_(
+            torch.cat([attn.lin_q.weight, attn.lin_k.weight, attn.lin_v.weight]))
+        layer.self_attn.in_proj_bias.copy_(
+            torch.cat([attn.lin_q.bias, attn.lin_k.bias, attn.lin_v.bias]))
+        layer.self_attn.out_proj.weight.copy_(attn.lin_out.weight)
+        layer.self_attn.out_proj.bias.copy_(attn.lin_out.bias)
+        layer.linear1.load_state_dict(model.ffns[i][0].state_dict())
+        layer.linear2.load_state_dict(model.ffns[i][3].state_dict())
+        layer.norm1.load_state_dict(model.attn_norms[i].state_dict())
+        layer.norm2.load_state_dict(model.ffn_norms[i].state_dict())
+
+
+def test_graph_transformer_on_complete_graph_is_a_pre_norm_transformer_encoder():
+    torch.manual_seed(0)
+    N, F, D, H, L, P = 7, 5, 12, 3, 2, 4
+    model = GraphTransformer(F, D, 3, num_layers=L, heads=H, pe_channels=P, ffn_ratio=2).eval()
+    layers = [torch.nn.TransformerEncoderLayer(D, H, dim_feedforward=2 * D, dropout=0.0,
+                                               activation="gelu", batch_first=True,
+                                               norm_first=True) for _ in range(L)]
+    for i, layer in enumerate(layers):
+        copy_into_encoder_layer(model, i, layer.eval())
+    x, pe = torch.randn(N, F), torch.randn(N, P)
+    complete = torch.cartesian_prod(torch.arange(N), torch.arange(N)).t()
+
+    # Reference: positional encodings as extra input features, then standard encoder layers.
+    w_in = torch.cat([model.lin_in.weight, model.lin_pe.weight], dim=1)  # (D, F + P)
+    h = (torch.cat([x, pe], dim=1) @ w_in.t() + model.lin_in.bias).unsqueeze(0)  # (1, N, D)
+    for layer in layers:
+        h = layer(h)
+    expected = model.lin_out(model.norm_out(h[0]))
+    assert_close(model(x, complete, pe), expected)
+
+
+def test_graph_transformer_pe_checks_and_gradients():
+    torch.manual_seed(0)
+    x, ei = torch.randn(10, 6), random_graph(10, 30)
+    model = GraphTransformer(6, 8, 2, heads=2, pe_channels=3)
+    with pytest.raises(ValueError, match=r"pe must have shape \[N, pe_channels\] = \[10, 3\], "
+                                         r"got None"):
+        model(x, ei)
+    with pytest.raises(ValueError, match=r"got \[10, 4\]"):
+        model(x, ei, torch.randn(10, 4))
+    model(x, ei, torch.randn(10, 3)).sum().backward()
+    assert model.lin_pe.weight.grad.abs().sum() > 0
+    plain = GraphTransformer(6, 8, 2, heads=2)
+    with pytest.raises(ValueError, match="pe was given but the model has pe_channels=0"):
+        plain(x, ei, torch.randn(10, 3))
+    with pytest.raises(ValueError, match="hidden_channels must be divisible by heads"):
+        GraphTransformer(6, 10, 2, heads=4)
+    assert plain(x.to_sparse_csr(), ei).shape == (10, 2)
+
+
+def test_example_trains_gat_on_cora_smoke(tmp_path, capsys):
+    """A few epochs of the example end to end: training, early-stopping bookkeeping, table, PNG."""
+    from test_datasets import PARTS, source_dir
+
+    root = source_dir("Cora", PARTS).parent.parent
+    sys.path.insert(0, str(REPO / "examples"))
+    try:
+        import node_classification
+    finally:
+        sys.path.remove(str(REPO / "examples"))
+    results = node_classification.main(["--epochs", "40", "--runs", "2", "--root", str(root),
+                                        "--out", str(tmp_path), "--no-progress",
+                                        "--device", "cpu"])
+    out = capsys.readouterr().out
+    assert "| Cora | gat | additive | 2 |" in out
+    assert (tmp_path / "cora_gat_additive.png").is_file()
+    for r in results:
+        assert r.epochs == 40 and 1 <= r.best_epoch <= 40
+        assert r.train_loss[-1] < r.train_loss[0]
+        assert r.val_acc == r.val_accs[r.best_epoch - 1]
+        assert r.val_acc > 0.5 and r.test_acc > 0.5  # chance is 1/7 (most frequent class 0.32)

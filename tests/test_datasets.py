@@ -1,0 +1,294 @@
+import datetime
+import hashlib
+import io
+import os
+import pickle
+import shutil
+from pathlib import Path
+from urllib.error import URLError
+
+import pytest
+import torch
+
+import graphattn.datasets as ds
+from graphattn.datasets import (
+    ChecksumError,
+    CorruptFileError,
+    MissingFilesError,
+    load_planetoid,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+PARTS = ["x", "tx", "allx", "y", "ty", "ally", "graph", "test.index"]
+STRUCTURE = ["y", "ty", "ally", "graph", "test.index"]
+# Documented statistics of the Planetoid datasets (torch_geometric.datasets.Planetoid docs).
+STATS = {"Cora": (2708, 10556, 1433, 7), "CiteSeer": (3327, 9104, 3703, 6),
+         "PubMed": (19717, 88648, 500, 3)}
+
+
+def published_sums() -> dict[str, str]:
+    """``datasets/SHA256SUMS`` read as file name -> sum."""
+    sums = {}
+    for line in (REPO / "datasets" / "SHA256SUMS").read_text().splitlines():
+        digest, path = line.split()
+        sums[Path(path).name] = digest
+    return sums
+
+
+def source_dir(name: str, parts: list[str]) -> Path:
+    """A folder holding the given raw files of ``name``, or skip."""
+    candidates = [Path(os.environ["GRAPHATTN_DATA"])] if os.environ.get("GRAPHATTN_DATA") else []
+    candidates += [REPO / "datasets", REPO.parent / "shared" / "datasets"]
+    for root in candidates:
+        folder = root / name / "raw"
+        if all((folder / f"ind.{name.lower()}.{p}").is_file() for p in parts):
+            return folder
+    pytest.skip(f"raw {name} files ({', '.join(parts)}) not found under "
+                f"{[str(c) for c in candidates]}; .ci/run copies them into datasets/")
+
+
+def copy_raw(name: str, root: Path, parts: list[str]) -> Path:
+    """Copy the given raw files of ``name`` into ``root/<Name>/raw``; returns that folder."""
+    src = source_dir(name, parts)
+    dst = root / name / "raw"
+    dst.mkdir(parents=True)
+    for p in parts:
+        shutil.copyfile(src / f"ind.{name.lower()}.{p}", dst / f"ind.{name.lower()}.{p}")
+    return dst
+
+
+@pytest.fixture
+def offline(monkeypatch):
+    """No network: every download attempt fails like a machine without internet."""
+    calls = []
+
+    def refuse(url, timeout=None):
+        calls.append(url)
+        raise URLError("[Errno -2] Name or service not known")
+
+    monkeypatch.setattr(ds, "urlopen", refuse)
+    return calls
+
+
+class FakeResponse(io.BytesIO):
+    def __init__(self, payload: bytes):
+        super().__init__(payload)
+        self.headers = {"Content-Length": str(len(payload))}
+
+
+def serve(monkeypatch, files: dict[str, bytes]) -> list[str]:
+    """Make ``urlopen`` answer Planetoid URLs with ``files`` (name -> bytes)."""
+    calls = []
+
+    def fake_urlopen(url, timeout=None):
+        calls.append(url)
+        assert url.startswith(ds.PLANETOID_URL + "/"), url
+        return FakeResponse(files[url.rsplit("/", 1)[1]])
+
+    monkeypatch.setattr(ds, "urlopen", fake_urlopen)
+    return calls
+
+
+@pytest.mark.parametrize("name", ["Cora", "CiteSeer"])
+def test_documented_statistics_and_split(name):
+    source_dir(name, PARTS)
+    num_nodes, num_edges, num_features, num_classes = STATS[name]
+    root = source_dir(name, PARTS).parent.parent
+    data = load_planetoid(name, root, download=False)
+    assert data.num_nodes == num_nodes and data.x.shape == (num_nodes, num_features)
+    assert data.edge_index.shape == (2, num_edges) and data.edge_index.dtype == torch.int64
+    assert int(data.y.max()) + 1 == num_classes and data.y.dtype == torch.int64
+    assert data.x.dtype == torch.float32
+
+    # 20 per class for training, then 500 validation nodes, 1000 test nodes, all disjoint.
+    assert torch.equal(data.y[data.train_mask].bincount(), torch.full((num_classes,), 20))
+    assert int(data.val_mask.sum()) == 500 and int(data.test_mask.sum()) == 1000
+    assert not (data.train_mask & data.val_mask).any()
+    assert not ((data.train_mask | data.val_mask) & data.test_mask).any()
+
+    # Undirected, no self-loops, no duplicates.
+    pairs = set(map(tuple, data.edge_index.t().tolist()))
+    assert len(pairs) == num_edges
+    assert all((j, i) in pairs for i, j in pairs)
+    assert all(i != j for i, j in pairs)
+
+    # Row-normalised: each row sums to 1, or is all zero.
+    sums = data.x.sum(dim=1)
+    ones = torch.isclose(sums, torch.ones_like(sums))
+    assert (ones | (sums == 0)).all()
+    assert ones.float().mean() > 0.99
+
+
+@pytest.mark.parametrize("name", ["Cora", "CiteSeer"])
+def test_matches_torch_geometric_planetoid(name, tmp_path):
+    from torch_geometric.datasets import Planetoid
+    from torch_geometric.transforms import NormalizeFeatures
+
+    copy_raw(name, tmp_path, PARTS)
+    ref = Planetoid(str(tmp_path), name, transform=NormalizeFeatures())[0]
+    data = load_planetoid(name, tmp_path, download=False)
+    torch.testing.assert_close(data.x, ref.x)
+    for key in ("y", "edge_index", "train_mask", "val_mask", "test_mask"):
+        assert torch.equal(getattr(data, key), getattr(ref, key)), key
+
+
+def test_citeseer_isolated_test_nodes_are_zero_padded():
+    root = source_dir("CiteSeer", PARTS).parent.parent
+    data = load_planetoid("CiteSeer", root, download=False)
+    split = data.train_mask | data.val_mask | data.test_mask
+    padded = (data.x.abs().sum(dim=1) == 0) & (torch.arange(data.num_nodes) >= 2312) & ~split
+    assert int(padded.sum()) == 15  # 3327 - 2312 - 1000 test nodes
+    assert (data.y[padded] == 0).all()
+
+
+def test_name_is_case_insensitive():
+    root = source_dir("Cora", PARTS).parent.parent
+    a = load_planetoid("cora", root, download=False)
+    b = load_planetoid("CORA", root, download=False)
+    assert torch.equal(a.edge_index, b.edge_index) and torch.equal(a.x, b.x)
+
+
+def test_unknown_name_lists_known_ones(tmp_path):
+    with pytest.raises(ValueError, match=r"name must be one of \['Cora', 'CiteSeer', 'PubMed'\]"
+                                         r".*got 'Reddit'"):
+        load_planetoid("Reddit", tmp_path)
+
+
+def test_offline_and_missing_names_files_source_and_folder(tmp_path, offline):
+    with pytest.raises(MissingFilesError) as info:
+        load_planetoid("Cora", tmp_path)
+    msg = str(info.value)
+    folder = tmp_path / "Cora" / "raw"
+    assert "8 raw file(s) missing" in msg and str(folder) in msg
+    assert "Name or service not known" in msg
+    assert "github.com/kimiyoung/planetoid" in msg
+    for part in PARTS:
+        assert f"https://github.com/kimiyoung/planetoid/raw/master/data/ind.cora.{part}" in msg
+    assert len(offline) == 1  # gives up after the first failed download
+    assert not list(folder.glob("*")), "no partial files may be left behind"
+
+
+def test_download_false_never_touches_the_network(tmp_path, offline):
+    with pytest.raises(MissingFilesError, match="download=False"):
+        load_planetoid("Cora", tmp_path, download=False)
+    assert offline == []
+
+
+def test_pubmed_without_allx_raises_clear_error(tmp_path, offline):
+    copy_raw("PubMed", tmp_path, [p for p in PARTS if p != "allx"])
+    with pytest.raises(MissingFilesError) as info:
+        load_planetoid("pubmed", tmp_path)
+    msg = str(info.value)
+    assert "1 raw file(s) missing" in msg and "ind.pubmed.allx" in msg
+    assert "https://github.com/kimiyoung/planetoid/raw/master/data/ind.pubmed.allx" in msg
+    assert str(tmp_path / "PubMed" / "raw") in msg
+    assert "structure_only=True" in msg
+
+
+def test_pubmed_structure_only(tmp_path, offline):
+    copy_raw("PubMed", tmp_path, STRUCTURE)
+    data = load_planetoid("PubMed", tmp_path, structure_only=True)
+    num_nodes, num_edges, _, num_classes = STATS["PubMed"]
+    assert data.x is None and data.num_nodes == num_nodes
+    assert data.edge_index.shape == (2, num_edges)
+    assert torch.equal(data.y[data.train_mask].bincount(), torch.full((num_classes,), 20))
+    assert int(data.val_mask.sum()) == 500 and int(data.test_mask.sum()) == 1000
+    assert offline == []
+
+
+def test_download_verifies_and_renames(tmp_path, monkeypatch):
+    src = source_dir("Cora", PARTS)
+    files = {f"ind.cora.{p}": (src / f"ind.cora.{p}").read_bytes() for p in PARTS}
+    calls = serve(monkeypatch, files)
+    data = load_planetoid("Cora", tmp_path, progress=False)
+    assert len(calls) == 8
+    folder = tmp_path / "Cora" / "raw"
+    assert sorted(p.name for p in folder.iterdir()) == sorted(files)
+    reference = load_planetoid("Cora", src.parent.parent, download=False)
+    assert torch.equal(data.x, reference.x) and torch.equal(data.edge_index, reference.edge_index)
+
+
+def test_download_with_wrong_checksum_is_discarded(tmp_path, monkeypatch):
+    src = source_dir("Cora", PARTS)
+    files = {f"ind.cora.{p}": (src / f"ind.cora.{p}").read_bytes() for p in PARTS}
+    files["ind.cora.x"] = files["ind.cora.x"] + b"tampered"
+    serve(monkeypatch, files)
+    actual = hashlib.sha256(files["ind.cora.x"]).hexdigest()
+    with pytest.raises(ChecksumError) as info:
+        load_planetoid("Cora", tmp_path, progress=False)
+    msg = str(info.value)
+    assert "ind.cora.x" in msg and actual in msg and published_sums()["ind.cora.x"] in msg
+    assert not (tmp_path / "Cora" / "raw" / "ind.cora.x").exists()
+    assert not list((tmp_path / "Cora" / "raw").glob(".*part"))
+
+
+def test_local_checksum_mismatch_is_never_parsed(tmp_path, monkeypatch, offline):
+    folder = copy_raw("Cora", tmp_path, PARTS)
+    with open(folder / "ind.cora.graph", "ab") as f:
+        f.write(b"\0")
+    actual = hashlib.sha256((folder / "ind.cora.graph").read_bytes()).hexdigest()
+
+    def no_parsing(*args):
+        raise AssertionError("a file with a wrong checksum was parsed")
+
+    monkeypatch.setattr(ds, "_read_part", no_parsing)
+    with pytest.raises(ChecksumError) as info:
+        load_planetoid("Cora", tmp_path)
+    msg = str(info.value)
+    assert "ind.cora.graph" in msg and actual in msg
+    assert published_sums()["ind.cora.graph"] in msg
+
+
+@pytest.mark.parametrize("part, message", [
+    ("x", r"ind\.cora\.x cannot be read as a Planetoid file \(UnpicklingError"),
+    ("graph", r"ind\.cora\.graph cannot be read as a Planetoid file \(EOFError"),
+    ("ally", r"ind\.cora\.ally cannot be read as a Planetoid file"),
+    ("test.index", r"do not fit together: ind\.cora\.test\.index lists 500 nodes but ty has "
+                   r"1000 rows"),
+])
+def test_truncated_file_gives_clear_error(tmp_path, monkeypatch, offline, part, message):
+    folder = copy_raw("Cora", tmp_path, PARTS)
+    path = folder / f"ind.cora.{part}"
+    payload = path.read_bytes()
+    path.write_bytes(payload[: len(payload) // 2])
+    # The checksum would stop the truncated file; accept it so the parser meets it.
+    monkeypatch.setitem(ds.SHA256, path.name, hashlib.sha256(path.read_bytes()).hexdigest())
+    with pytest.raises(CorruptFileError, match=message) as info:
+        load_planetoid("Cora", tmp_path)
+    assert "Delete" in str(info.value)
+
+
+def test_unpickler_refuses_foreign_objects(tmp_path, monkeypatch, offline):
+    folder = copy_raw("Cora", tmp_path, PARTS)
+    path = folder / "ind.cora.y"
+    path.write_bytes(pickle.dumps(datetime.date(2020, 1, 1), protocol=2))
+    monkeypatch.setitem(ds.SHA256, path.name, hashlib.sha256(path.read_bytes()).hexdigest())
+    with pytest.raises(CorruptFileError, match=r"refusing to build datetime\.date"):
+        load_planetoid("Cora", tmp_path)
+
+
+def test_sha256sums_file_matches_table_and_files():
+    assert published_sums() == ds.SHA256
+    for name in ("Cora", "CiteSeer", "PubMed"):
+        for part in PARTS:
+            fname = f"ind.{name.lower()}.{part}"
+            for root in (REPO / "datasets", REPO.parent / "shared" / "datasets"):
+                path = root / name / "raw" / fname
+                if path.is_file():
+                    assert hashlib.sha256(path.read_bytes()).hexdigest() == ds.SHA256[fname]
+
+
+def test_default_root(monkeypatch, tmp_path):
+    monkeypatch.setenv("GRAPHATTN_DATA", str(tmp_path / "data"))
+    assert ds.default_root() == tmp_path / "data"
+    assert ds.raw_dir("citeseer") == tmp_path / "data" / "CiteSeer" / "raw"
+
+    monkeypatch.delenv("GRAPHATTN_DATA")
+    assert ds.default_root() == REPO / "datasets"  # editable install: the checkout's datasets/
+
+    # Installed as a wheel: no datasets/SHA256SUMS next to the package -> the user cache.
+    wheel = tmp_path / "site-packages" / "graphattn"
+    wheel.mkdir(parents=True)
+    monkeypatch.setattr(ds, "__file__", str(wheel / "datasets.py"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert ds.default_root() == tmp_path / "cache" / "graphattn"
