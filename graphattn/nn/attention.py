@@ -161,13 +161,13 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         bias = None
         if self.lin_edge is not None and edge_attr is not None:
             bias = self.lin_edge(edge_attr)  # (E, H)
-        out, alpha = edge_attention(q, k, v, edge_index, bias=bias, dropout_p=self.dropout,
-                                    training=self.training, return_attention=True,
-                                    backend=self.backend, score=self.attention)
-        out = self._merge_heads(out)  # (N_dst, H*C) or (N_dst, C)
+        result = edge_attention(q, k, v, edge_index, bias=bias, dropout_p=self.dropout,
+                                training=self.training, return_attention=return_attention_weights,
+                                backend=self.backend, score=self.attention)
         if return_attention_weights:
-            return out, (edge_index, alpha)
-        return out
+            out, alpha = result
+            return self._merge_heads(out), (edge_index, alpha)
+        return self._merge_heads(result)  # (N_dst, H*C) or (N_dst, C)
 
     def _check_edge_attr(self, edge_attr: Tensor | None, num_edges: int) -> Tensor | None:
         if edge_attr is None:
