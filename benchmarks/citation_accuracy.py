@@ -9,7 +9,8 @@ and PyG's GATConv and TransformerConv, each inside the same two-layer GAT archit
     python benchmarks/citation_accuracy.py                  # Cora, CiteSeer, PubMed; 10 seeds
     python benchmarks/citation_accuracy.py --datasets Cora --seeds 3 --jobs 2
 
-Writes benchmarks/results/citation_accuracy.{md,csv,png}.
+It never downloads: a dataset whose raw files are missing is skipped with the loader's message
+(``load_planetoid(name)`` downloads them). Writes benchmarks/results/citation_accuracy.{md,csv,png}.
 """
 
 from __future__ import annotations

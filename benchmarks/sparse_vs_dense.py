@@ -36,6 +36,7 @@ import csv
 import ctypes
 import gc
 import math
+import os
 import platform
 import shlex
 import statistics
@@ -113,17 +114,15 @@ def sweep_points(args: argparse.Namespace) -> tuple[list[Point], list[str]]:
     points: list[Point] = []
     notes: list[str] = []
     sizes = (256, 1024) if args.quick else (256, 1024, 4096, 16384)
-    degrees = (2, 32, "complete") if args.quick else (2, 8, 32, 128, 512, "complete")
     for n in sizes:
-        for d in degrees:
-            degree = n if d == "complete" else d
-            if degree > n:
-                continue
+        fixed = (2, 32) if args.quick else (2, 8, 32, 128, 512)
+        relative = (n // 4, n) if args.quick else (n // 4, n // 2, n)  # densities 1/4, 1/2, 1
+        for degree in sorted({d for d in (*fixed, *relative) if d <= n}):
             if n >= 16384 and degree > 32:
                 notes.append(f"er N={n} degree {degree}: left out, beyond the sweep's time budget "
                              f"(the sparse path alone takes seconds per call; dense does not fit)")
                 continue
-            name = f"er-{n}-complete" if d == "complete" else f"er-{n}-d{degree}"
+            name = f"er-{n}-complete" if degree == n else f"er-{n}-d{degree}"
             points.append(Point("er", name, n, erdos_renyi(n, degree, args.seed + n + degree)))
     structured = [("window", "window-1024-r16", 1024, lambda: graphs.window_graph(1024, 16))]
     if not args.quick:
@@ -261,12 +260,19 @@ class Flex:
     def __init__(self) -> None:
         from torch.nn.attention.flex_attention import flex_attention
 
+        # Probe backward support eagerly on a tiny input, before compiling: an exception inside
+        # the compiled function would make dynamo run every later call eagerly (unfused).
+        self.bwd_error = None
+        try:
+            q = torch.randn(1, 1, BLOCK, 16, requires_grad=True)
+            flex_attention(q, q, q).sum().backward()
+        except Exception as err:  # noqa: BLE001 - the message is the result
+            self.bwd_error = f"{err.__class__.__name__}: {err}"
         self.fn = torch.compile(flex_attention, dynamic=True)
         self.compile_s = math.nan
-        self.bwd_error = None
 
     def first_call(self, q, k, v, block_mask) -> None:
-        """Compile on the first real inputs; record the compile time and the backward error."""
+        """Compile on the first real inputs; the compile time is the first call minus the next."""
         t0 = time.perf_counter()
         with torch.no_grad():
             self.fn(q, k, v, block_mask=block_mask)
@@ -275,11 +281,6 @@ class Flex:
         with torch.no_grad():
             self.fn(q, k, v, block_mask=block_mask)
         self.compile_s = first - (time.perf_counter() - t0)
-        try:
-            qg = q.detach().requires_grad_()
-            self.fn(qg, k, v, block_mask=block_mask).sum().backward()
-        except Exception as err:  # noqa: BLE001 - the message is the result
-            self.bwd_error = f"{err.__class__.__name__}: {err}"
 
 
 def make_methods(point: Point, args, flex: Flex | None, flex_reason: str | None,
@@ -364,7 +365,7 @@ def make_methods(point: Point, args, flex: Flex | None, flex_reason: str | None,
         perm = order if reorder else torch.arange(n)
         qf, kf, vf = (t[perm].transpose(0, 1).unsqueeze(0).contiguous()
                       for t in (q, k, v))  # (1, H, N, C), nodes in the block mask's order
-        if flex.bwd_error is None and math.isnan(flex.compile_s):
+        if math.isnan(flex.compile_s):
             flex.first_call(qf, kf, vf, block_mask)
 
         def flex_fwd(qf=qf, kf=kf, vf=vf, block_mask=block_mask):
@@ -377,7 +378,7 @@ def make_methods(point: Point, args, flex: Flex | None, flex_reason: str | None,
 
 def check_methods_agree(args, flex: Flex | None) -> None:
     """Every method computes the same attention on a small random graph (fails loudly if not)."""
-    n = 300
+    n = 384
     point = Point("er", "check", n, with_self_loops(erdos_renyi(n, 20, args.seed), n))
     methods = {m.name: m for m in make_methods(point, args, flex, None, args.seed)}
     with torch.no_grad():
@@ -440,7 +441,8 @@ def run_point(point: Point, methods: list[Method], args, memory: PeakMemory) -> 
     for m in methods:
         row = dict(graph=point.name, family=point.family, N=point.num_nodes, E=point.num_edges,
                    density=point.density, method=m.name, fwd_ms=math.nan, fwd_bwd_ms=math.nan,
-                   fwd_mib=math.nan, fwd_bwd_mib=math.nan, fwd_reps=0, fwd_bwd_reps=0,
+                   fwd_min_ms=math.nan, fwd_bwd_min_ms=math.nan, fwd_mib=math.nan,
+                   fwd_bwd_mib=math.nan, fwd_reps=0, fwd_bwd_reps=0,
                    auto_choice=m.extra.get("choice", ""), blocks=m.extra.get("blocks", ""),
                    skipped=m.skip or (f"backward: {m.skip_bwd}" if m.skip_bwd else ""))
         if m.name in rows:
@@ -448,6 +450,7 @@ def run_point(point: Point, methods: list[Method], args, memory: PeakMemory) -> 
             for phase in ("fwd", "fwd_bwd"):
                 if r[phase]:
                     row[f"{phase}_ms"] = statistics.median(r[phase]) * 1e3
+                    row[f"{phase}_min_ms"] = min(r[phase]) * 1e3
                     row[f"{phase}_reps"] = len(r[phase])
             row["fwd_mib"], row["fwd_bwd_mib"] = r["fwd_mib"], r["fwd_bwd_mib"]
         out.append(row)
@@ -501,7 +504,8 @@ def fmt(x: float, digits: int = 1) -> str:
 
 
 def write_markdown(rows, header, notes, summary, path: Path) -> None:
-    methods = list(dict.fromkeys(r["method"] for r in rows))
+    methods = [m for m in dict.fromkeys(r["method"] for r in rows)
+               if any(not math.isnan(r["fwd_ms"]) for r in rows if r["method"] == m)]
     graph_rows = list(dict.fromkeys(r["graph"] for r in rows))
     lines = ["# Sparse vs dense attention", "", *[f"- {h}" for h in header], ""]
     lines += ["## Summary", "", *[f"- {s}" for s in summary], ""]
@@ -524,11 +528,15 @@ def write_markdown(rows, header, notes, summary, path: Path) -> None:
                 cell = fmt(x, 0 if "mib" in key else 1)
                 if "ms" in key and x == best:
                     cell = f"**{cell}**"
+                if "ms" in key and m in rs and rs[m][f"{phase}_reps"] == 1:
+                    cell += "¹"
                 cells.append(cell)
             lines.append(f"| {g} | {first['N']} | {first['E']} | {first['density']:.2e} | "
                          f"{rs.get('auto', {}).get('auto_choice', '')} | " + " | ".join(cells)
                          + " |")
         lines.append("")
+    lines += ["¹ one call only (the warm-up): more than --slow-factor times slower than the "
+              "fastest method at that point, so not repeated.", ""]
     skipped = sorted({(r["method"], r["skipped"]) for r in rows if r["skipped"]})
     lines += ["## Skipped", "", *[f"- {g}" for g in notes]]
     for m, why in skipped:
@@ -542,11 +550,14 @@ def plot(rows, crossovers, path_time: Path, path_mem: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
 
     sizes = sorted({r["N"] for r in rows if r["family"] == "er"})
     methods = list(dict.fromkeys(r["method"] for r in rows))
-    styles = {m: dict(marker=mk, linestyle="--" if m == "auto" else "-")
-              for m, mk in zip(methods, "osD^v<>px*", strict=False)}
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    styles = {m: dict(marker=mk, color=colors[i % len(colors)],
+                      linestyle="--" if m == "auto" else "-")
+              for i, (m, mk) in enumerate(zip(methods, "osD^v<>px*", strict=False))}
     for key_kind, path in (("ms", path_time), ("mib", path_mem)):
         fig, axes = plt.subplots(2, len(sizes), figsize=(4.2 * len(sizes), 7.5), squeeze=False)
         for col, n in enumerate(sizes):
@@ -565,13 +576,18 @@ def plot(rows, crossovers, path_time: Path, path_mem: Path) -> None:
                                 xycoords=("data", "axes fraction"), fontsize=8, color="grey")
                 ax.set_xscale("log")
                 ax.set_yscale("log")
+                ax.xaxis.set_minor_formatter(NullFormatter())
                 ax.set_title(f"N = {n}, {'forward+backward' if phase == 'fwd_bwd' else 'forward'}",
                              fontsize=10)
                 ax.set_xlabel("density E / N^2")
                 ax.set_ylabel("time (ms)" if key_kind == "ms" else "peak memory (MiB)")
                 ax.grid(True, which="major", alpha=0.3)
-        handles, labels = axes[0][0].get_legend_handles_labels()
-        fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=9)
+        legend = {}
+        for ax in axes.flat:
+            for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+                legend.setdefault(label, handle)
+        fig.legend(legend.values(), legend.keys(), loc="lower center", ncol=len(legend),
+                   fontsize=9)
         fig.suptitle("Erdos-Renyi graphs: " + ("time" if key_kind == "ms" else "peak memory")
                      + " against density (crossover: dense backend vs fastest sparse backend)",
                      fontsize=11)
@@ -635,6 +651,8 @@ def main(argv: list[str] | None = None) -> None:
               f"python {platform.python_version()}",
               f"H = {args.heads} heads, C = {args.channels} channels per head, fp32, "
               f"dot-product score, no bias, no dropout; FlexAttention block {BLOCK}"]
+    header.append("load average (1, 5, 15 min) at start: "
+                  + ", ".join(f"{x:.1f}" for x in os.getloadavg()))
     for h in header:
         print(h.replace("`", ""))
 
@@ -700,7 +718,8 @@ def main(argv: list[str] | None = None) -> None:
                        f"{flex.bwd_error or 'works'}")
     elif flex_reason:
         summary.append(f"FlexAttention not run: {flex_reason}")
-    summary.append(f"sweep wall time {time.perf_counter() - started:.0f} s")
+    summary.append(f"sweep wall time {time.perf_counter() - started:.0f} s; load average at the "
+                   f"end: " + ", ".join(f"{x:.1f}" for x in os.getloadavg()))
 
     args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / ("sparse_vs_dense_quick" if args.quick else "sparse_vs_dense")

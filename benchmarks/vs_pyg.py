@@ -13,7 +13,7 @@ order) after two warm-up calls each, and the median of the repeats is kept: the 
 (inference, ``torch.no_grad``) and the training step (forward, ``out.sum().backward()``).
 
 Peak memory: each (graph, layer) runs in a fresh subprocess that builds its inputs, warms the
-layer up on a 10-node graph (so numba's kernels are loaded), resets the peak resident set size
+layer up on a 1000-node ring (so numba's kernels are loaded), resets the peak resident set size
 (VmHWM, through ``/proc/self/clear_refs``) and runs one training step; the figure is VmHWM after
 the step minus VmRSS before it: every byte the step holds at once (activations kept for backward,
 gradients, temporaries), whichever allocator asked for it. glibc serves allocations above
@@ -167,8 +167,8 @@ def memory_worker(case: Case, root: str | None, layer_name: str) -> dict:
     libc.mallopt(m_trim_threshold, 256 * 1024)
     x, edge_index = make_graph(case, root)
     layer = make_layer(layer_name)
-    tiny = torch.arange(10)
-    train_step(layer, x[:10], torch.stack([tiny, tiny.roll(1)]))
+    ring = torch.arange(1000)  # sparse enough for backend="auto" to pick the sparse kernels
+    train_step(layer, x[:1000], torch.stack([ring, ring.roll(1)]))
     gc.collect()
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # reset VmHWM to the current resident set size
@@ -257,9 +257,9 @@ def main() -> None:
                         help="multiply every graph's number of timed repeats (default: 1)")
     parser.add_argument("--memory-limit", type=float, default=12.0,
                         help="address-space limit of every subprocess in GiB (default: 12)")
-    parser.add_argument("--probe-edges", type=int, nargs="*", default=[2_000_000, 4_000_000],
+    parser.add_argument("--probe-edges", type=int, nargs="*", default=[1_000_000, 3_000_000],
                         help="random edges of the 1M-node graphs on which PyG's peak is "
-                             "measured to extrapolate it to the largest graph (default: 2M 4M)")
+                             "measured to extrapolate it to the largest graph (default: 1M 3M)")
     parser.add_argument("--root", default=None,
                         help="root of the Planetoid raw files (default: load_planetoid's; "
                              "missing files are downloaded)")
@@ -293,6 +293,7 @@ def main() -> None:
         f"numba {numba.__version__}, python {platform.python_version()}",
         f"CPU: {cpu_name()}, torch threads: {torch.get_num_threads()}",
         f"memory limit per subprocess: {args.memory_limit:g} GiB (RLIMIT_AS)",
+        f"load average (1 min) at the start: {os.getloadavg()[0]:.1f}",
     ]
     for line in header:
         print(line)
@@ -374,6 +375,10 @@ def main() -> None:
                          f"| {fwd_cell} | {fmt_ms(train)} | "
                          f"{fmt_mb(peak) if peak is not None else (m.get('error') or '')} | "
                          + " | ".join(ratios) + " |")
+    load = os.getloadavg()[0]
+    header.append(f"load average (1 min) at the end: {load:.1f} (the machine may be shared: "
+                  "other jobs slow every layer; the ratios come from interleaved runs)")
+    print(header[-1])
     print()
     print("\n".join(table))
     for line in probe_lines:

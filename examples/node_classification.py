@@ -19,6 +19,7 @@ import argparse
 import copy
 import statistics
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -197,6 +198,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> list[RunResult]:
     args = parse_args(argv)
     data = load_planetoid(args.dataset, args.root).to(args.device)
+    warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
     data.x = data.x.to_sparse_csr()  # ~1% nonzeros: sparse input layers, same results
     num_classes = int(data.y.max()) + 1
     print(f"{args.dataset}: {data.num_nodes} nodes, {data.num_edges} edges, "

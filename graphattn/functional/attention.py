@@ -61,8 +61,10 @@ def available_backends() -> list[str]:
     return list(BACKENDS)
 
 
-# The rule of backend="auto" on CPU, from benchmarks/sparse_vs_dense.py (see select_backend).
-DENSE_MIN_DENSITY_CPU = 0.1
+# The rule of backend="auto" on CPU: crossover densities measured by
+# benchmarks/sparse_vs_dense.py (see select_backend for the numbers).
+DENSE_MIN_DENSITY_CPU = 0.2  # with autograd: forward+backward
+DENSE_MIN_DENSITY_CPU_INFERENCE = 0.3  # forward only
 DENSE_MAX_BYTES_CPU = 2 * 2**30
 
 
@@ -75,16 +77,27 @@ def select_backend(q: Tensor, edge_index: Tensor, num_src: int | None = None) ->
     .. math::
         \rho = \frac{E}{N_{dst} \cdot N_{src}}
 
-    ``"dense"`` when :math:`\rho \ge` ``DENSE_MIN_DENSITY_CPU`` and its matrices fit:
+    ``"dense"`` when :math:`\rho \ge \rho^*` and the dense matrices fit comfortably:
     :func:`~graphattn.functional.dense_backend.dense_peak_bytes` :math:`\le`
-    ``DENSE_MAX_BYTES_CPU`` (2 GiB); ``"cpu"`` otherwise. The threshold is the crossover
-    measured by ``benchmarks/sparse_vs_dense.py`` on 2 cores.
+    ``DENSE_MAX_BYTES_CPU`` (2 GiB; 4 heads in fp32 stop there at about 4700 nodes); ``"cpu"``
+    otherwise. :math:`\rho^*` is ``DENSE_MIN_DENSITY_CPU`` = 0.2 when q requires a gradient
+    under grad mode (training: forward+backward), ``DENSE_MIN_DENSITY_CPU_INFERENCE`` = 0.3
+    otherwise (forward only).
 
-    On CUDA: ``"triton"`` when Triton is installed (a placeholder rule: the dense path is not
-    chosen on GPUs until GPU measurements exist), else ``"reference"``.
+    The thresholds are the crossovers that ``benchmarks/sparse_vs_dense.py`` measured on
+    2 AMD EPYC cores (one torch and numba thread, the other core busy with other jobs;
+    Erdos-Renyi graphs, H = 4, C = 32, fp32): the density at which the dense backend becomes
+    as fast as the ``"cpu"`` backend was, forward+backward, 0.17 (N = 256), 0.21 (N = 1024) and
+    0.17 (N = 4096); forward only, 0.25, 0.38 and 0.29. Each backend is several times slower
+    than the other a factor 4 away from the crossover (Cora, density 0.0018: ``"cpu"`` 10 ms,
+    ``"dense"`` 670 ms forward+backward), so the choice matters far more than its exact place.
+
+    On CUDA: ``"triton"`` when Triton is installed, else ``"reference"``. This is a placeholder
+    rule: the dense path is not chosen on GPUs until GPU measurements exist.
 
     Args:
-        q (Tensor): queries ``[N_dst, H, C]`` (or ``[N_dst, H]``): device, N_dst, H, dtype.
+        q (Tensor): queries ``[N_dst, H, C]`` (or ``[N_dst, H]``): device, N_dst, H, dtype and
+            whether a gradient is needed.
         edge_index (Tensor): ``[2, E]``.
         num_src (int, optional): number of sources N_src. (default: N_dst)
     """
@@ -93,8 +106,10 @@ def select_backend(q: Tensor, edge_index: Tensor, num_src: int | None = None) ->
         n_src = n_dst if num_src is None else num_src
         pairs = n_dst * n_src
         density = edge_index.size(1) / pairs if pairs > 0 else 0.0
+        training = q.requires_grad and torch.is_grad_enabled()
+        threshold = DENSE_MIN_DENSITY_CPU if training else DENSE_MIN_DENSITY_CPU_INFERENCE
         fits = dense_peak_bytes(n_dst, n_src, q.size(1), q.element_size()) <= DENSE_MAX_BYTES_CPU
-        return "dense" if density >= DENSE_MIN_DENSITY_CPU and fits else "cpu"
+        return "dense" if density >= threshold and fits else "cpu"
     if use_triton_for(q):
         return "triton"
     return "reference"

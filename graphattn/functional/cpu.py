@@ -25,12 +25,14 @@ larger than the cache.
 
 from __future__ import annotations
 
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numba
 import numpy as np
 import torch
+import torch.nn.functional as F
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
@@ -314,6 +316,7 @@ def _balanced_chunks(ptr: np.ndarray, parts: int) -> np.ndarray:
 
 _pools: dict[int, ThreadPoolExecutor] = {}  # thread count -> pool
 _pools_lock = threading.Lock()
+os.register_at_fork(after_in_child=_pools.clear)  # a forked child has none of the threads
 
 
 def _run_rows(kernel, ptr: np.ndarray, *args) -> None:
@@ -394,9 +397,12 @@ class _EdgeAttentionCPU(torch.autograd.Function):
                   bias is not None, dropout_mask is not None, has_grad_alpha, grad_q.numpy(),
                   none if grad_bias is None else grad_bias.numpy(), grad_key.numpy(),
                   weight.numpy())
-        grad_k, grad_v = torch.empty_like(k), torch.empty_like(v)
-        _run_rows(_backward_source_kernel, colptr, _np(q), _np(grad_out), colptr, target,
-                  grad_key.numpy(), weight.numpy(), additive, grad_k.numpy(), grad_v.numpy())
+        grad_k = grad_v = None
+        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
+            grad_k, grad_v = torch.empty_like(k), torch.empty_like(v)
+            _run_rows(_backward_source_kernel, colptr, _np(q), _np(grad_out), colptr, target,
+                      grad_key.numpy(), weight.numpy(), additive, grad_k.numpy(),
+                      grad_v.numpy())
         return grad_q, grad_k, grad_v, grad_bias, None, None, None, None, None, None
 
 
@@ -436,11 +442,15 @@ def cpu_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *, s
     for name, t in (("q", q), ("k", k), ("v", v), ("edge_index", edge_index)):
         if t.device.type != "cpu":
             raise ValueError(f"the cpu backend needs CPU tensors, got {name} on {t.device}")
-    dtype = v.dtype
+    dtype, channels = v.dtype, v.size(-1)
     work = dtype if dtype in (torch.float32, torch.float64) else torch.float32
     additive = score == "additive"
     if additive:
         q, k = q.unsqueeze(-1), k.unsqueeze(-1)  # (N, H, 1)
+    elif q.size(-1) == 0:  # the kernels read channel 0: an empty q.k is a zero channel's
+        q, k = F.pad(q, (0, 1)), F.pad(k, (0, 1))  # (N, H, 1)
+    if channels == 0:
+        v = F.pad(v, (0, 1))  # (N_src, H, 1); the extra output channel is cut off below
     q, k, v = (t.to(work).contiguous() for t in (q, k, v))
     if bias is not None:
         bias = bias.to(work).contiguous()
@@ -448,4 +458,4 @@ def cpu_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *, s
         dropout_mask = dropout_mask.to(work).contiguous()
     out, alpha = _EdgeAttentionCPU.apply(q, k, v, bias, dropout_mask, edge_index.contiguous(),
                                          scale, negative_slope, additive, need_alpha)
-    return out.to(dtype), (alpha.to(dtype) if need_alpha else None)
+    return out[..., :channels].to(dtype), (alpha.to(dtype) if need_alpha else None)

@@ -5,11 +5,12 @@ import torch
 from conftest import assert_close
 
 from graphattn.functional import attention, available_backends, edge_attention, select_backend
-from graphattn.functional.dense_backend import dense_peak_bytes
+from graphattn.functional.dense_backend import DENSE_TENSORS_AT_PEAK, dense_peak_bytes
 from graphattn.nn import GraphSelfAttention
 
 CPU_BACKENDS = [b for b in available_backends() if b != "triton"]
-THRESHOLD = attention.DENSE_MIN_DENSITY_CPU
+THRESHOLD = attention.DENSE_MIN_DENSITY_CPU  # training: q requires grad
+THRESHOLD_INFERENCE = attention.DENSE_MIN_DENSITY_CPU_INFERENCE
 
 
 def graph_with_density(n_dst: int, n_src: int, density: float, seed: int) -> torch.Tensor:
@@ -34,14 +35,27 @@ SIDES = [
                          ids=[f"{a}x{b}-{d:.3g}" for a, b, d, _ in SIDES])
 def test_rule_picks_the_expected_side(n_dst, n_src, density, expected):
     edge_index = graph_with_density(n_dst, n_src, density, seed=0)
-    q = torch.randn(n_dst, 2, 4)
+    q = torch.randn(n_dst, 2, 4, requires_grad=True)
     assert select_backend(q, edge_index, num_src=n_src) == expected
+
+
+def test_inference_has_its_own_threshold():
+    n = 50
+    q = torch.randn(n, 2, 4, requires_grad=True)
+    for density in (THRESHOLD, THRESHOLD_INFERENCE):
+        edge_index = torch.zeros(2, math.ceil(density * n * n), dtype=torch.long)
+        training = select_backend(q, edge_index)
+        with torch.no_grad():
+            no_grad = select_backend(q, edge_index)
+        inference = select_backend(q.detach(), edge_index)
+        assert training == ("dense" if density >= THRESHOLD else "cpu")
+        assert no_grad == inference == ("dense" if density >= THRESHOLD_INFERENCE else "cpu")
 
 
 def test_threshold_is_inclusive_and_counts_sources():
     n_dst, n_src = 20, 50
     at = math.ceil(THRESHOLD * n_dst * n_src)
-    q = torch.randn(n_dst, 2, 4)
+    q = torch.randn(n_dst, 2, 4, requires_grad=True)
     assert select_backend(q, torch.zeros(2, at, dtype=torch.long), num_src=n_src) == "dense"
     assert select_backend(q, torch.zeros(2, at - 1, dtype=torch.long), num_src=n_src) == "cpu"
     # Without num_src the sources are counted as N_dst = 20: the same E is 2.5x denser.
@@ -51,13 +65,13 @@ def test_threshold_is_inclusive_and_counts_sources():
 
 
 def test_never_dense_when_the_matrices_do_not_fit():
-    n, heads = 20_000, 8  # 5 * 8 * 20000^2 * 4 bytes = 64 GB
+    n, heads = 20_000, 8  # 6 * 8 * 20000^2 * 4 bytes = 77 GB
     assert dense_peak_bytes(n, n, heads) > attention.DENSE_MAX_BYTES_CPU
     q = torch.empty(1, 1, 1).expand(n, heads, 16)  # the shape without the memory
     complete = torch.zeros(2, 1, dtype=torch.long).expand(2, n * n)
     assert select_backend(q, complete) == "cpu"
     # The largest complete graph that fits goes dense.
-    fits = int(math.sqrt(attention.DENSE_MAX_BYTES_CPU / (5 * heads * 4 + 2)))
+    fits = int(math.sqrt(attention.DENSE_MAX_BYTES_CPU / (DENSE_TENSORS_AT_PEAK * heads * 4 + 2)))
     q = torch.empty(1, 1, 1).expand(fits, heads, 16)
     assert select_backend(q, torch.zeros(2, 1, dtype=torch.long).expand(2, fits**2)) == "dense"
 
@@ -104,6 +118,32 @@ def test_auto_equals_every_backend(n_dst, n_src, density, expected, score, monke
         assert_close(auto[1], alpha)
         for g, r in zip(auto[2], grads, strict=True):
             assert_close(g, r)
+
+
+@pytest.mark.parametrize("density", [THRESHOLD_INFERENCE / 2, min(1.0, THRESHOLD_INFERENCE * 2)])
+def test_auto_equals_every_backend_without_grad(density, monkeypatch):
+    n = 40
+    edge_index = graph_with_density(n, n, density, seed=5)
+    gen = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(n, 2, 4, generator=gen, dtype=torch.float64) for _ in range(3))
+    expected = "dense" if density >= THRESHOLD_INFERENCE else "cpu"
+    calls = []
+    chosen = attention.BACKENDS[expected]
+
+    def spy(*args, **kwargs):
+        calls.append(expected)
+        return chosen(*args, **kwargs)
+
+    with torch.no_grad():
+        with monkeypatch.context() as m:
+            m.setitem(attention.BACKENDS, expected, spy)
+            auto = edge_attention(q, k, v, edge_index, return_attention=True)
+        assert calls == [expected]
+        for backend in CPU_BACKENDS:
+            out, alpha = edge_attention(q, k, v, edge_index, return_attention=True,
+                                        backend=backend)
+            assert_close(auto[0], out)
+            assert_close(auto[1], alpha)
 
 
 def test_layer_auto_equals_reference_on_a_dense_graph():

@@ -26,15 +26,15 @@ def make_inputs(num_src, num_dst, num_edges, score="dot", dtype=torch.float32, s
     return [t.requires_grad_() for t in (q, k, v, bias)], mask
 
 
-def run(backend, q, k, v, edge_index, bias, mask, score, alpha_weight=None):
-    """Output, alpha and the gradients of q, k, v, bias for a loss on out and on alpha."""
+def run(backend, q, k, v, edge_index, bias, mask, score, alpha_weight=None, need_alpha=True):
+    """Output, alpha and the gradients of q, k, v, bias for a loss on out (and on alpha)."""
     out, alpha = backend(q, k, v, edge_index, scale=0.7, bias=bias, dropout_mask=mask,
-                         score=score, negative_slope=0.2, need_alpha=True)
+                         score=score, negative_slope=0.2, need_alpha=need_alpha)
     loss = (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)).sum()
     if alpha_weight is not None:
         loss = loss + (alpha * alpha_weight).sum()
     grads = torch.autograd.grad(loss, (q, k, v, bias))
-    return (out, alpha, *grads)
+    return (out, *grads) if alpha is None else (out, alpha, *grads)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -52,16 +52,20 @@ def test_equals_reference_on_registry_graphs(case, score, dtype):
         assert_close(a, b)
 
 
+@pytest.mark.parametrize("need_alpha", [True, False])
 @pytest.mark.parametrize("score", ["dot", "additive"])
-def test_equals_reference_on_a_skewed_random_graph(score):
-    # hubs with hundreds of in-edges next to nodes with none, plus multi-edges and self-loops
-    n = 300
-    hubs = torch.stack([torch.randint(0, n, (2000,), generator=torch.Generator().manual_seed(2)),
-                        torch.randint(0, 3, (2000,), generator=torch.Generator().manual_seed(3))])
-    edge_index = torch.cat([random_graph(n, 3000, seed=4, num_dst=n // 2), hubs], dim=1)
+def test_equals_reference_on_a_skewed_random_graph(score, need_alpha):
+    # hubs with thousands of in-edges next to nodes with none, plus multi-edges and self-loops;
+    # more rows + edges than MIN_PARALLEL_WORK, so that the thread pool runs the kernels
+    n = 3000
+    hubs = torch.stack([torch.randint(0, n, (6000,), generator=torch.Generator().manual_seed(2)),
+                        torch.randint(0, 3, (6000,), generator=torch.Generator().manual_seed(3))])
+    edge_index = torch.cat([random_graph(n, 30000, seed=4, num_dst=n // 2), hubs], dim=1)
+    assert edge_index.size(1) + n > cpu_module.MIN_PARALLEL_WORK
     (q, k, v, bias), mask = make_inputs(n, n, edge_index.size(1), score, dropout=0.1)
-    ours = run(cpu_edge_attention, q, k, v, edge_index, bias, mask, score)
-    ref = run(reference_edge_attention, q, k, v, edge_index, bias, mask, score)
+    ours = run(cpu_edge_attention, q, k, v, edge_index, bias, mask, score, need_alpha=need_alpha)
+    ref = run(reference_edge_attention, q, k, v, edge_index, bias, mask, score,
+              need_alpha=need_alpha)
     for a, b in zip(ours, ref, strict=True):
         assert_close(a, b)
 
@@ -113,6 +117,20 @@ def test_scores_of_minus_infinity_give_zero_not_nan():
     assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
 
 
+@pytest.mark.parametrize("qk_channels, v_channels", [(0, 4), (4, 0), (0, 0)])
+def test_zero_channels(qk_channels, v_channels):
+    edge_index = random_graph(6, 20, seed=9)
+    gen = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(6, H, qk_channels, generator=gen, requires_grad=True) for _ in range(2))
+    v = torch.randn(6, H, v_channels, generator=gen, requires_grad=True)
+    bias = torch.randn(20, H, generator=gen, requires_grad=True)
+    ours = run(cpu_edge_attention, q, k, v, edge_index, bias, None, "dot")
+    ref = run(reference_edge_attention, q, k, v, edge_index, bias, None, "dot")
+    for a, b in zip(ours, ref, strict=True):
+        assert a.shape == b.shape
+        assert_close(a, b)
+
+
 def test_empty_edge_set_gives_zero_output_and_gradients():
     (q, k, v, _), _ = make_inputs(4, 6, 0)
     out = edge_attention(q, k, v, torch.empty(2, 0, dtype=torch.long), backend="cpu")
@@ -128,7 +146,7 @@ def test_repeat_runs_and_thread_counts_are_bitwise_identical():
     threads = torch.get_num_threads()
     results = []
     try:
-        for num_threads in (threads, threads, 1):
+        for num_threads in (2, 2, 1):  # the thread pool twice, then the caller's thread alone
             torch.set_num_threads(num_threads)
             results.append(run(cpu_edge_attention, q, k, v, edge_index, bias, mask, "dot"))
     finally:

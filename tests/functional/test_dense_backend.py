@@ -109,6 +109,6 @@ def test_called_directly_takes_int32_indices():
 
 
 def test_peak_bytes_grow_with_heads_and_pairs():
-    assert dense_peak_bytes(3, 5, 2) == 5 * 2 * 15 * 4 + 2 * 15
+    assert dense_peak_bytes(3, 5, 2) == 6 * 2 * 15 * 4 + 2 * 15
     assert dense_peak_bytes(3, 5, 4, itemsize=2) == dense_peak_bytes(3, 5, 2)
     assert dense_peak_bytes(100, 100, 8) == 100 * dense_peak_bytes(10, 10, 8)
