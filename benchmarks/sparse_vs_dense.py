@@ -39,9 +39,11 @@ import math
 import os
 import platform
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -323,8 +325,10 @@ def make_methods(point: Point, args, flex: Flex | None, flex_reason: str | None,
         elif backend == "dense":
             m.skip = dense_skip
         elif backend == "auto":
-            m.extra["choice"] = select_backend(q, ei, num_src=n)
-            if m.extra["choice"] == "dense":
+            with torch.no_grad():
+                m.extra["auto_fwd"] = select_backend(q, ei, num_src=n)  # inference
+            m.extra["auto_fwd_bwd"] = select_backend(leaves[0], ei, num_src=n)  # training
+            if "dense" in (m.extra["auto_fwd"], m.extra["auto_fwd_bwd"]):
                 m.skip = dense_skip
         methods.append(m)
 
@@ -443,7 +447,8 @@ def run_point(point: Point, methods: list[Method], args, memory: PeakMemory) -> 
                    density=point.density, method=m.name, fwd_ms=math.nan, fwd_bwd_ms=math.nan,
                    fwd_min_ms=math.nan, fwd_bwd_min_ms=math.nan, fwd_mib=math.nan,
                    fwd_bwd_mib=math.nan, fwd_reps=0, fwd_bwd_reps=0,
-                   auto_choice=m.extra.get("choice", ""), blocks=m.extra.get("blocks", ""),
+                   auto_fwd=m.extra.get("auto_fwd", ""),
+                   auto_fwd_bwd=m.extra.get("auto_fwd_bwd", ""), blocks=m.extra.get("blocks", ""),
                    skipped=m.skip or (f"backward: {m.skip_bwd}" if m.skip_bwd else ""))
         if m.name in rows:
             r = rows[m.name]
@@ -483,13 +488,15 @@ def crossover(rows: list[dict], n: int, phase: str, dense: str = "dense") -> flo
     return math.nan
 
 
-def auto_report(rows: list[dict], phase: str) -> tuple[float, dict | None]:
-    """Worst ratio auto / fastest edge_attention backend over all points (and that point)."""
+def auto_report(rows: list[dict], phase: str,
+                against: tuple[str, ...] | None = EDGE_BACKENDS) -> tuple[float, dict | None]:
+    """Worst ratio auto / fastest of ``against`` (every other method when ``None``) over all
+    points, and the auto row of that point."""
     worst, where = 0.0, None
     for graph in dict.fromkeys(r["graph"] for r in rows):
         t = {r["method"]: r[f"{phase}_ms"] for r in rows if r["graph"] == graph}
-        best = min((t[b] for b in EDGE_BACKENDS if b in t and not math.isnan(t[b])),
-                   default=math.nan)
+        best = min((x for b, x in t.items() if b != "auto" and not math.isnan(x)
+                    and (against is None or b in against)), default=math.nan)
         if math.isnan(best) or math.isnan(t.get("auto", math.nan)):
             continue
         ratio = t["auto"] / best
@@ -532,7 +539,7 @@ def write_markdown(rows, header, notes, summary, path: Path) -> None:
                     cell += "¹"
                 cells.append(cell)
             lines.append(f"| {g} | {first['N']} | {first['E']} | {first['density']:.2e} | "
-                         f"{rs.get('auto', {}).get('auto_choice', '')} | " + " | ".join(cells)
+                         f"{rs.get('auto', {}).get(f'auto_{phase}', '')} | " + " | ".join(cells)
                          + " |")
         lines.append("")
     lines += ["¹ one call only (the warm-up): more than --slow-factor times slower than the "
@@ -656,6 +663,11 @@ def main(argv: list[str] | None = None) -> None:
     for h in header:
         print(h.replace("`", ""))
 
+    compile_cache = "warm or cold: torch's default on-disk cache (--quick)"
+    if not args.quick:
+        # A fresh inductor cache: the compile time reported is that of a first run.
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="graphattn-inductor-")
+        compile_cache = "cold: an empty inductor cache"
     flex, flex_reason = None, None
     if args.no_flex:
         flex_reason = "--no-flex"
@@ -694,14 +706,18 @@ def main(argv: list[str] | None = None) -> None:
     for phase, label in (("fwd_bwd", "forward+backward"), ("fwd", "forward")):
         xs = ", ".join(f"N={n}: {fmt(x, 3) if math.isnan(x) else f'{x:.3g}'}"
                        for (n, p), x in crossovers.items() if p == phase)
+        found = [x for (n, p), x in crossovers.items() if p == phase and not math.isnan(x)]
+        median = f"; median {statistics.median(found):.2g}" if found else ""
         summary.append(f"crossover density (dense backend as fast as the fastest sparse one, "
-                       f"{label}): {xs}")
-    for phase, label in (("fwd_bwd", "forward+backward"), ("fwd", "forward")):
-        worst, where = auto_report(rows, phase)
-        if where is not None:
-            summary.append(f"auto vs fastest edge_attention backend, {label}: worst "
-                           f"{worst:.2f}x at {where['graph']} (density {where['density']:.2e}, "
-                           f"auto picks {where['auto_choice']})")
+                       f"{label}): {xs}{median}")
+    for against, what in ((EDGE_BACKENDS, "the fastest edge_attention backend"),
+                          (None, "the fastest method (SDPA and FlexAttention included)")):
+        for phase, label in (("fwd_bwd", "forward+backward"), ("fwd", "forward")):
+            worst, where = auto_report(rows, phase, against)
+            if where is not None:
+                summary.append(f"auto vs {what}, {label}: worst {worst:.2f}x at "
+                               f"{where['graph']} (density {where['density']:.2e}, auto picks "
+                               f"{where[f'auto_{phase}']})")
     for name in ("Cora", "CiteSeer", "PubMed"):
         t = {r["method"]: r for r in rows if r["graph"] == name}
         if not t:
@@ -714,8 +730,8 @@ def main(argv: list[str] | None = None) -> None:
                                f"{t[dense]['fwd_bwd_ms'] / sparse:.1f}x faster")
     if flex is not None:
         summary.append(f"FlexAttention compile (first call minus a warm call, dynamic shapes, "
-                       f"one compile for every N): {flex.compile_s:.1f} s; backward on CPU: "
-                       f"{flex.bwd_error or 'works'}")
+                       f"one compile for every N; {compile_cache}): {flex.compile_s:.1f} s; "
+                       f"backward on CPU: {flex.bwd_error or 'works'}")
     elif flex_reason:
         summary.append(f"FlexAttention not run: {flex_reason}")
     summary.append(f"sweep wall time {time.perf_counter() - started:.0f} s; load average at the "
@@ -729,6 +745,8 @@ def main(argv: list[str] | None = None) -> None:
         writer.writerows(rows)
     write_markdown(rows, header, notes, summary, stem.with_suffix(".md"))
     plot(rows, crossovers, Path(f"{stem}_time.png"), Path(f"{stem}_memory.png"))
+    if not args.quick:
+        shutil.rmtree(os.environ["TORCHINDUCTOR_CACHE_DIR"], ignore_errors=True)
     print("\n".join(summary))
     print(f"wrote {stem}.csv, {stem}.md, {stem}_time.png, {stem}_memory.png")
 

@@ -91,7 +91,6 @@ def serve(monkeypatch, files: dict[str, bytes]) -> list[str]:
 
 @pytest.mark.parametrize("name", ["Cora", "CiteSeer"])
 def test_documented_statistics_and_split(name):
-    source_dir(name, PARTS)
     num_nodes, num_edges, num_features, num_classes = STATS[name]
     root = source_dir(name, PARTS).parent.parent
     data = load_planetoid(name, root, download=False)
