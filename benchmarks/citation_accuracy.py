@@ -22,7 +22,6 @@ import os
 import platform
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 import warnings
@@ -36,7 +35,9 @@ from torch_geometric.nn import GATConv, TransformerConv
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "examples"))
+sys.path.insert(0, str(REPO / "benchmarks"))
 
+from _machine import cpu_name  # noqa: E402
 from node_classification import summarise, train_node_classifier  # noqa: E402
 
 from graphattn.datasets import MissingFilesError, load_planetoid  # noqa: E402
@@ -92,17 +93,6 @@ def run_job(job: Job) -> dict:
             "selected_epoch": r.best_epoch, "epochs": r.epochs,
             "median_epoch_ms": round(1000 * statistics.median(r.epoch_times), 2),
             "result": r}
-
-
-def cpu_name() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        for line in out.splitlines():
-            if line.startswith("Model name:"):
-                return line.split(":", 1)[1].strip()
-    except (OSError, subprocess.CalledProcessError):
-        pass
-    return platform.processor() or platform.machine()
 
 
 def write_results(rows: list[dict], skipped: dict[str, str], args: argparse.Namespace,

@@ -46,6 +46,7 @@ from pathlib import Path
 import numba
 import torch
 import torch_geometric
+from _machine import cpu_name
 from torch_geometric.nn import GATConv, TransformerConv
 from torch_geometric.utils import add_remaining_self_loops
 
@@ -214,17 +215,6 @@ def run_worker(args: list[str], memory_limit: float, env: dict | None = None) ->
             return {"error": "out of memory"}
         return {"error": tail[0][:200]}
     return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def cpu_name() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        for line in out.splitlines():
-            if line.startswith("Model name:"):
-                return line.split(":", 1)[1].strip()
-    except (OSError, subprocess.CalledProcessError):
-        pass
-    return platform.processor() or platform.machine()
 
 
 def fmt_ms(seconds: float | None) -> str:
