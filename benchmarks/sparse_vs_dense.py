@@ -17,10 +17,10 @@ against the reference on a small graph at start). Writes ``results/sparse_vs_den
 ``results/sparse_vs_dense.md`` and the plots ``results/sparse_vs_dense_time.png`` and
 ``results/sparse_vs_dense_memory.png``; ``--quick`` runs a small sweep in under two minutes.
 
-Timing: methods are interleaved within each point (rotating order), after one warm-up call
-(which is also the memory measurement), and the median of the repeats is kept. A method that is
-clearly slower than the fastest at its point (``--slow-factor``) keeps its warm-up time and skips
-the repeats.
+Timing: methods are interleaved within each point (a new random order each round), after one
+warm-up call (which is also the memory measurement), and the median of the repeats is kept. A
+method that is clearly slower than the fastest at its point (``--slow-factor``) keeps its warm-up
+time and skips the repeats.
 
 Memory: the peak resident set size (VmHWM) of this process above its size before the call, after
 resetting the high-water mark through ``/proc/self/clear_refs`` (Linux). glibc is told to serve
@@ -38,6 +38,7 @@ import gc
 import math
 import os
 import platform
+import random
 import shlex
 import shutil
 import statistics
@@ -320,7 +321,7 @@ def make_methods(point: Point, args, flex: Flex | None, flex_reason: str | None,
         elif backend == "reference":
             need = 4 * point.num_edges * H * C * 4  # a few [E, H, C] fp32 tensors
             if need > args.mem_limit_gib * 2**30:
-                m.skip = (f"its [E, H, C] per-edge tensors need ~{need / 2**30:.1f} GiB "
+                m.skip = (f"its [E, H, C] per-edge tensors need ~{need / 2**30:.2f} GiB "
                           f"(> --mem-limit-gib {args.mem_limit_gib:g})")
         elif backend == "dense":
             m.skip = dense_skip
@@ -406,8 +407,10 @@ def check_methods_agree(args, flex: Flex | None) -> None:
 # Measurement
 
 
-def run_point(point: Point, methods: list[Method], args, memory: PeakMemory) -> list[dict]:
+def run_point(point: Point, methods: list[Method], args, memory: PeakMemory,
+              seed: int) -> list[dict]:
     """Warm-up (= memory) call of every method, then interleaved repeats; medians per method."""
+    rng = random.Random(seed)
     runnable = [m for m in methods if m.skip is None and m.fwd is not None]
     rows = {m.name: dict(fwd=[], fwd_bwd=[], fwd_mib=math.nan, fwd_bwd_mib=math.nan)
             for m in runnable}
@@ -427,11 +430,13 @@ def run_point(point: Point, methods: list[Method], args, memory: PeakMemory) -> 
         best = min(rows[m.name][phase][0] for m in timed)
         keep = max(args.slow_factor * best, args.min_repeat_s)
         fast = [m for m in timed if m.name == "auto" or rows[m.name][phase][0] <= keep]
-        # At least --repeats rounds, more while the rounds are short (up to --min-time-s).
+        # At least --repeats rounds, more while the rounds are short (up to --min-time-s). Each
+        # round runs the methods in a new random order, so that none always follows the same
+        # method (the worker threads of one library still spin for a while after its call).
         start, r = time.perf_counter(), 0
         while r < args.repeats or (r < args.max_repeats
                                    and time.perf_counter() - start < args.min_time_s):
-            for m in fast[r % len(fast):] + fast[:r % len(fast)]:  # rotate the order
+            for m in rng.sample(fast, len(fast)):
                 fn = getattr(m, phase)
                 t0 = time.perf_counter()
                 result = fn()
@@ -548,7 +553,8 @@ def write_markdown(rows, header, notes, summary, path: Path) -> None:
     lines += ["## Skipped", "", *[f"- {g}" for g in notes]]
     for m, why in skipped:
         where = [r["graph"] for r in rows if r["method"] == m and r["skipped"] == why]
-        lines.append(f"- **{m}** on {', '.join(where)}: {why}")
+        on = "every graph" if len(where) == len(graph_rows) else ", ".join(where)
+        lines.append(f"- **{m}** on {on}: {why}")
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -571,9 +577,11 @@ def plot(rows, crossovers, path_time: Path, path_mem: Path) -> None:
             for row_i, phase in enumerate(("fwd_bwd", "fwd")):
                 ax = axes[row_i][col]
                 for m in methods:
+                    # Memory below the mmap threshold (256 KiB) is not resolved: left out.
+                    floor = 0.25 if key_kind == "mib" else 0.0
                     pts = sorted((r["density"], r[f"{phase}_{key_kind}"]) for r in rows
                                  if r["family"] == "er" and r["N"] == n and r["method"] == m
-                                 and not math.isnan(r[f"{phase}_{key_kind}"]))
+                                 and r[f"{phase}_{key_kind}"] >= floor)
                     if pts:
                         ax.plot(*zip(*pts, strict=True), label=m, **styles[m])
                 x = crossovers.get((n, phase), math.nan)
@@ -657,7 +665,8 @@ def main(argv: list[str] | None = None) -> None:
               f"{torch.get_num_threads()} torch threads, {numba.get_num_threads()} numba threads, "
               f"python {platform.python_version()}",
               f"H = {args.heads} heads, C = {args.channels} channels per head, fp32, "
-              f"dot-product score, no bias, no dropout; FlexAttention block {BLOCK}"]
+              f"dot-product score, no bias, no dropout, weights not returned; FlexAttention "
+              f"block {BLOCK}"]
     header.append("load average (1, 5, 15 min) at start: "
                   + ", ".join(f"{x:.1f}" for x in os.getloadavg()))
     for h in header:
@@ -695,7 +704,7 @@ def main(argv: list[str] | None = None) -> None:
                 if why and (m.name, why) not in told:
                     told.add((m.name, why))
                     tqdm.write(f"{point.name}: skip {m.name}: {why}")
-        rows += run_point(point, methods, args, memory)
+        rows += run_point(point, methods, args, memory, args.seed + i)
         del methods
         gc.collect()
 

@@ -61,11 +61,34 @@ def available_backends() -> list[str]:
     return list(BACKENDS)
 
 
-# The rule of backend="auto" on CPU: crossover densities measured by
-# benchmarks/sparse_vs_dense.py (see select_backend for the numbers).
-DENSE_MIN_DENSITY_CPU = 0.2  # with autograd: forward+backward
-DENSE_MIN_DENSITY_CPU_INFERENCE = 0.3  # forward only
+# The rule of backend="auto" on CPU: the crossover densities that benchmarks/sparse_vs_dense.py
+# measured on 2 cores, by size sqrt(N_dst * N_src): (size, forward+backward, forward only).
+DENSE_CROSSOVER_CPU = ((256, 0.14, 0.21), (1024, 0.20, 0.34), (4096, 0.19, 0.35))
 DENSE_MAX_BYTES_CPU = 2 * 2**30
+
+
+def dense_min_density(num_dst: int, num_src: int, *, training: bool) -> float:
+    r"""The density from which ``backend="auto"`` takes the dense path on CPU.
+
+    Interpolates the measured crossovers ``DENSE_CROSSOVER_CPU`` linearly in
+    :math:`\log \sqrt{N_{dst} N_{src}}` (held constant below the smallest and above the
+    largest size measured).
+
+    Args:
+        num_dst (int): number of targets N_dst.
+        num_src (int): number of sources N_src.
+        training (bool): forward+backward (``True``) or forward only (``False``).
+    """
+    column = 1 if training else 2
+    size = math.sqrt(num_dst * num_src)
+    points = [(math.log(row[0]), row[column]) for row in DENSE_CROSSOVER_CPU]
+    x = math.log(size) if size > 0 else points[0][0]
+    if x <= points[0][0]:
+        return points[0][1]
+    for (x0, y0), (x1, y1) in zip(points, points[1:], strict=False):
+        if x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return points[-1][1]
 
 
 def select_backend(q: Tensor, edge_index: Tensor, num_src: int | None = None) -> str:
@@ -80,17 +103,25 @@ def select_backend(q: Tensor, edge_index: Tensor, num_src: int | None = None) ->
     ``"dense"`` when :math:`\rho \ge \rho^*` and the dense matrices fit comfortably:
     :func:`~graphattn.functional.dense_backend.dense_peak_bytes` :math:`\le`
     ``DENSE_MAX_BYTES_CPU`` (2 GiB; 4 heads in fp32 stop there at about 4700 nodes); ``"cpu"``
-    otherwise. :math:`\rho^*` is ``DENSE_MIN_DENSITY_CPU`` = 0.2 when q requires a gradient
-    under grad mode (training: forward+backward), ``DENSE_MIN_DENSITY_CPU_INFERENCE`` = 0.3
-    otherwise (forward only).
+    otherwise. :math:`\rho^*` (:func:`dense_min_density`) is the crossover measured by
+    ``benchmarks/sparse_vs_dense.py`` on 2 AMD EPYC cores (Erdos-Renyi graphs, H = 4, C = 32,
+    fp32): the density at which the dense backend is as fast as the ``"cpu"`` backend, mean
+    (and range) of four runs,
 
-    The thresholds are the crossovers that ``benchmarks/sparse_vs_dense.py`` measured on
-    2 AMD EPYC cores (one torch and numba thread, the other core busy with other jobs;
-    Erdos-Renyi graphs, H = 4, C = 32, fp32): the density at which the dense backend becomes
-    as fast as the ``"cpu"`` backend was, forward+backward, 0.17 (N = 256), 0.21 (N = 1024) and
-    0.17 (N = 4096); forward only, 0.25, 0.38 and 0.29. Each backend is several times slower
-    than the other a factor 4 away from the crossover (Cora, density 0.0018: ``"cpu"`` 10 ms,
-    ``"dense"`` 670 ms forward+backward), so the choice matters far more than its exact place.
+    ======================  ================  ================  ================
+    size sqrt(N_dst N_src)  256               1024              4096
+    ======================  ================  ================  ================
+    forward+backward        0.14 (0.12-0.15)  0.20 (0.19-0.21)  0.19 (0.18-0.19)
+    forward only            0.21 (0.19-0.23)  0.34 (0.33-0.36)  0.35 (0.34-0.36)
+    ======================  ================  ================  ================
+
+    interpolated in log size. The forward+backward column applies when q requires a gradient
+    under grad mode, the forward column otherwise. Small graphs cross over earlier (their
+    dense matrices stay in cache); from about 1000 nodes on the crossover stays put, as both
+    paths scale with the work they do (E, and N_dst N_src). A factor 4 away from it one
+    backend is already several times slower than the other (Cora, density 0.0018: ``"cpu"``
+    10 ms, ``"dense"`` 349 ms forward+backward), so the choice matters far more than its
+    exact place.
 
     On CUDA: ``"triton"`` when Triton is installed, else ``"reference"``. This is a placeholder
     rule: the dense path is not chosen on GPUs until GPU measurements exist.
@@ -107,7 +138,7 @@ def select_backend(q: Tensor, edge_index: Tensor, num_src: int | None = None) ->
         pairs = n_dst * n_src
         density = edge_index.size(1) / pairs if pairs > 0 else 0.0
         training = q.requires_grad and torch.is_grad_enabled()
-        threshold = DENSE_MIN_DENSITY_CPU if training else DENSE_MIN_DENSITY_CPU_INFERENCE
+        threshold = dense_min_density(n_dst, n_src, training=training)
         fits = dense_peak_bytes(n_dst, n_src, q.size(1), q.element_size()) <= DENSE_MAX_BYTES_CPU
         return "dense" if density >= threshold and fits else "cpu"
     if use_triton_for(q):

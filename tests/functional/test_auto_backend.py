@@ -5,12 +5,27 @@ import torch
 from conftest import assert_close
 
 from graphattn.functional import attention, available_backends, edge_attention, select_backend
+from graphattn.functional.attention import dense_min_density
 from graphattn.functional.dense_backend import DENSE_TENSORS_AT_PEAK, dense_peak_bytes
 from graphattn.nn import GraphSelfAttention
 
 CPU_BACKENDS = [b for b in available_backends() if b != "triton"]
-THRESHOLD = attention.DENSE_MIN_DENSITY_CPU  # training: q requires grad
-THRESHOLD_INFERENCE = attention.DENSE_MIN_DENSITY_CPU_INFERENCE
+# Every graph below is smaller than the first measured size: the first crossovers apply.
+_, THRESHOLD, THRESHOLD_INFERENCE = attention.DENSE_CROSSOVER_CPU[0]  # training, inference
+
+
+def test_min_density_follows_the_measured_crossovers():
+    table = attention.DENSE_CROSSOVER_CPU
+    for size, training, inference in table:
+        assert dense_min_density(size, size, training=True) == pytest.approx(training)
+        assert dense_min_density(size, size, training=False) == pytest.approx(inference)
+    assert dense_min_density(10, 10, training=True) == table[0][1]  # constant outside
+    assert dense_min_density(10**5, 10**5, training=False) == table[-1][2]
+    (s0, t0, _), (s1, t1, _) = table[0], table[1]
+    half_way = round(math.sqrt(s0 * s1))  # half way between the two in log size
+    assert dense_min_density(half_way, half_way, training=True) == pytest.approx((t0 + t1) / 2)
+    # The size of a bipartite graph is the geometric mean of its two sides.
+    assert dense_min_density(s0, s1, training=True) == pytest.approx((t0 + t1) / 2)
 
 
 def graph_with_density(n_dst: int, n_src: int, density: float, seed: int) -> torch.Tensor:
