@@ -42,7 +42,6 @@ import random
 import shlex
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -53,6 +52,7 @@ from pathlib import Path
 import numba
 import numpy as np
 import torch
+from _machine import cpu_name
 from tqdm import tqdm
 
 from graphattn import graphs
@@ -614,17 +614,6 @@ def plot(rows, crossovers, path_time: Path, path_mem: Path) -> None:
 # ----------------------------------------------------------------------------------------------
 
 
-def cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        for line in out.splitlines():
-            if line.startswith("Model name:"):
-                return line.split(":", 1)[1].strip()
-    except (OSError, subprocess.CalledProcessError):
-        pass
-    return platform.processor() or platform.machine()
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sweep, under two minutes")
@@ -661,7 +650,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(args.seed)
     command = "python " + " ".join(shlex.quote(a) for a in [sys.argv[0], *(argv or sys.argv[1:])])
     header = [f"command: `{command}`",
-              f"torch {torch.__version__}, device cpu ({cpu_model()}), "
+              f"torch {torch.__version__}, device cpu ({cpu_name()}), "
               f"{torch.get_num_threads()} torch threads, {numba.get_num_threads()} numba threads, "
               f"python {platform.python_version()}",
               f"H = {args.heads} heads, C = {args.channels} channels per head, fp32, "
