@@ -48,6 +48,7 @@ RESULTS = REPO / "benchmarks" / "results"
 MODELS = {  # name -> GAT(...) keyword arguments
     "graphattn additive": dict(attention="additive"),
     "graphattn dot": dict(attention="dot"),
+    "graphattn additive, no value dropout": dict(attention="additive", value_dropout=0.0),
     "PyG GATConv": dict(conv=GATConv),
     "PyG TransformerConv": dict(conv=TransformerConv),
 }
@@ -125,9 +126,11 @@ def write_results(rows: list[dict], skipped: dict[str, str], args: argparse.Name
         "attention layer (1 head on Cora and CiteSeer, 8 averaged heads on PubMed); dropout 0.6 "
         "on the attention weights. Only the attention layer differs: graphattn's "
         "`GraphSelfAttention(attention=\"additive\")` (GAT's score) and "
-        "`(attention=\"dot\")` (scaled dot product), both with self-loops and no output "
-        "projection; PyG's `GATConv` (self-loops); PyG's `TransformerConv` (its defaults: no "
-        "self-loops, a root/skip weight instead).",
+        "`(attention=\"dot\")` (scaled dot product), both with self-loops, no output "
+        "projection and, as in the GAT authors' reference code, dropout 0.6 on the projected "
+        "values (`value_dropout`; the row \"no value dropout\" leaves it out); PyG's "
+        "`GATConv` (self-loops); PyG's `TransformerConv` (its defaults: no self-loops, a "
+        "root/skip weight instead). PyG's layers have no dropout on the values.",
         f"- Adam, lr 0.005, weight decay 5e-4 (PubMed: 0.01 and 1e-3); full batch; at most "
         f"{args.epochs} epochs. Early stopping as in the GAT reference code: stop when neither "
         f"the validation loss nor the validation accuracy has improved for {args.patience} "

@@ -2,7 +2,8 @@
 
 The defaults reproduce the GAT paper's Cora setup (Veličković et al., ICLR 2018): two
 GraphSelfAttention layers with GAT's additive score, 8 heads x 8 channels, ELU, dropout 0.6 on
-inputs and attention, Adam with lr 0.005 and weight decay 5e-4, early stopping with patience 100.
+inputs, projected values and attention (as in the authors' reference code), Adam with lr 0.005
+and weight decay 5e-4, early stopping with patience 100.
 
 Early stopping follows the GAT reference code: training stops when neither the validation loss
 nor the validation accuracy has improved for ``--patience`` epochs; the model evaluated on the

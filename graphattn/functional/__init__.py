@@ -7,11 +7,14 @@ from graphattn.functional.attention import (
     reference_edge_attention,
     select_backend,
 )
+from graphattn.functional.dropout import dropout, dropout_mask
 from graphattn.functional.softmax import scatter_softmax
 
 __all__ = [
     "available_backends",
     "dense_attention",
+    "dropout",
+    "dropout_mask",
     "edge_attention",
     "reference_edge_attention",
     "scatter_softmax",

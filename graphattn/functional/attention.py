@@ -17,8 +17,13 @@ from torch import Tensor
 from graphattn._checks import check_dropout, check_edge_index, check_same_device
 from graphattn.functional.cpu import cpu_edge_attention
 from graphattn.functional.dense_backend import dense_edge_attention, dense_peak_bytes
+from graphattn.functional.dropout import dropout_mask as make_dropout_mask
 from graphattn.functional.softmax import scatter_softmax
-from graphattn.functional.triton_kernels import triton_edge_attention, use_triton_for
+from graphattn.functional.triton_kernels import (
+    triton_available,
+    triton_edge_attention,
+    use_triton_for,
+)
 
 SCORES = ("dot", "additive")
 
@@ -57,8 +62,11 @@ BACKENDS: dict[str, Backend] = {"reference": reference_edge_attention,
 
 
 def available_backends() -> list[str]:
-    """Names accepted by ``edge_attention(..., backend=name)`` in this installation."""
-    return list(BACKENDS)
+    """Names accepted by ``edge_attention(..., backend=name)`` in this installation.
+
+    ``"triton"`` is listed only when the optional package triton imports.
+    """
+    return [name for name in BACKENDS if name != "triton" or triton_available()]
 
 
 # The rule of backend="auto" on CPU: the crossover densities that benchmarks/sparse_vs_dense.py
@@ -221,6 +229,23 @@ def edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
     """
     _check_attention_inputs(q, k, v, edge_index, bias, score)
     check_dropout(dropout_p, "dropout_p")
+    return edge_attention_unchecked(q, k, v, edge_index, scale=scale, bias=bias,
+                                    dropout_p=dropout_p, training=training,
+                                    return_attention=return_attention, backend=backend,
+                                    score=score, negative_slope=negative_slope)
+
+
+def edge_attention_unchecked(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
+                             scale: float | None, bias: Tensor | None, dropout_p: float,
+                             training: bool, return_attention: bool, backend: str, score: str,
+                             negative_slope: float = 0.2) -> Tensor | tuple[Tensor, Tensor]:
+    """:func:`edge_attention` without the argument checks, for callers that made them.
+
+    :class:`~graphattn.nn.GraphSelfAttention` validates ``edge_index`` once and builds q, k, v
+    and the self-loops itself, so their shapes and node ids are valid by construction; checking
+    again would cost two more passes over the edges (and, on CUDA, two device syncs). Only the
+    backend name is still checked. Everything else is as in :func:`edge_attention`.
+    """
     if scale is None:
         scale = 1.0 / math.sqrt(q.size(-1)) if score == "dot" else 1.0
     if backend == "auto":
@@ -230,8 +255,8 @@ def edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
                          f"got {backend!r}")
     dropout_mask = None
     if training and dropout_p > 0.0:
-        keep = torch.empty(edge_index.size(1), v.size(1), device=v.device, dtype=v.dtype)
-        dropout_mask = keep.bernoulli_(1.0 - dropout_p).div_(1.0 - dropout_p)  # (E, H)
+        dropout_mask = make_dropout_mask((edge_index.size(1), v.size(1)), dropout_p,
+                                         device=v.device, dtype=v.dtype)  # (E, H)
     out, alpha = BACKENDS[backend](q, k, v, edge_index.long(), scale=float(scale), bias=bias,
                                    dropout_mask=dropout_mask, score=score,
                                    negative_slope=float(negative_slope),

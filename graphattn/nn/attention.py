@@ -12,7 +12,13 @@ from torch.nn import Linear
 from torch_geometric.nn import MessagePassing
 
 from graphattn._checks import check_dropout, check_edge_index, check_positive, check_same_device
-from graphattn.functional.attention import SCORES, dense_attention, edge_attention
+from graphattn.functional.attention import (
+    BACKENDS,
+    SCORES,
+    dense_attention,
+    edge_attention_unchecked,
+)
+from graphattn.functional.dropout import dropout
 
 
 class _SelfAttentionBase(torch.nn.Module):
@@ -20,11 +26,12 @@ class _SelfAttentionBase(torch.nn.Module):
 
     def __init__(self, in_channels: int | tuple[int, int], out_channels: int, heads: int,
                  concat: bool, dropout: float, bias: bool, out_proj: bool, score_channels: int,
-                 **kwargs) -> None:
+                 value_dropout: float = 0.0, **kwargs) -> None:
         super().__init__(**kwargs)
         check_positive(heads, "heads")
         check_positive(out_channels, "out_channels")
         check_dropout(dropout)
+        check_dropout(value_dropout, "value_dropout")
         in_src, in_dst = (in_channels, in_channels) if isinstance(in_channels, int) else in_channels
         check_positive(in_src, "in_channels")
         check_positive(in_dst, "in_channels")
@@ -33,6 +40,7 @@ class _SelfAttentionBase(torch.nn.Module):
         self.heads = heads
         self.concat = concat
         self.dropout = float(dropout)
+        self.value_dropout = float(value_dropout)
         H, C = heads, out_channels
         self.lin_q = Linear(in_dst, H * score_channels, bias=bias)
         self.lin_k = Linear(in_src, H * score_channels, bias=bias)
@@ -91,6 +99,9 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         concat (bool, optional): concatenate the heads (``H * C`` outputs); if ``False`` average
             them (``C`` outputs). (default: ``True``)
         dropout (float, optional): dropout on the attention weights. (default: ``0.0``)
+        value_dropout (float, optional): dropout on the projected values :math:`v_j`, once per
+            node before they are weighted and summed (every target of j sees the same dropped
+            :math:`v_j`), as the GAT reference code drops :math:`W x_j`. (default: ``0.0``)
         bias (bool, optional): biases in the projections. (default: ``True``)
         out_proj (bool, optional): apply the output projection ``lin_out`` (W^O).
             (default: ``True``)
@@ -115,12 +126,16 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
     def __init__(self, in_channels: int | tuple[int, int], out_channels: int, heads: int = 1, *,
                  concat: bool = True, dropout: float = 0.0, bias: bool = True,
                  out_proj: bool = True, add_self_loops: bool = True, edge_dim: int | None = None,
-                 attention: str = "dot", backend: str = "auto") -> None:
+                 attention: str = "dot", backend: str = "auto", value_dropout: float = 0.0,
+                 ) -> None:
         if attention not in SCORES:
             raise ValueError(f"attention must be one of {SCORES}, got {attention!r}")
+        if backend != "auto" and backend not in BACKENDS:
+            raise ValueError(f"backend must be 'auto' or one of {list(BACKENDS)}, "
+                             f"got {backend!r}")
         super().__init__(in_channels, out_channels, heads, concat, dropout, bias, out_proj,
                          score_channels=out_channels if attention == "dot" else 1,
-                         aggr="add", node_dim=0)
+                         value_dropout=value_dropout, aggr="add", node_dim=0)
         if edge_dim is not None:
             check_positive(edge_dim, "edge_dim")
         self.add_self_loops = add_self_loops
@@ -155,15 +170,18 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
 
         q = self.lin_q(x_dst).view(N_dst, H, -1)  # (N_dst, H, C) or (N_dst, H, 1)
         k = self.lin_k(x_src).view(N_src, H, -1)  # (N_src, H, C) or (N_src, H, 1)
-        v = self.lin_v(x_src).view(N_src, H, C)  # (N_src, H, C)
+        v = dropout(self.lin_v(x_src).view(N_src, H, C), self.value_dropout,
+                    self.training)  # (N_src, H, C)
         if self.attention == "additive":
             q, k = q.squeeze(-1), k.squeeze(-1)  # (N, H)
         bias = None
         if self.lin_edge is not None and edge_attr is not None:
             bias = self.lin_edge(edge_attr)  # (E, H)
-        result = edge_attention(q, k, v, edge_index, bias=bias, dropout_p=self.dropout,
-                                training=self.training, return_attention=return_attention_weights,
-                                backend=self.backend, score=self.attention)
+        # edge_index was checked above and q, k, v are built to match it: skip the re-check.
+        result = edge_attention_unchecked(q, k, v, edge_index, scale=None, bias=bias,
+                                          dropout_p=self.dropout, training=self.training,
+                                          return_attention=return_attention_weights,
+                                          backend=self.backend, score=self.attention)
         if return_attention_weights:
             out, alpha = result
             return self._merge_heads(out), (edge_index, alpha)
@@ -228,6 +246,9 @@ class DenseSelfAttention(_SelfAttentionBase):
         concat (bool, optional): concatenate (``True``) or average the heads.
             (default: ``True``)
         dropout (float, optional): dropout on the attention weights. (default: ``0.0``)
+        value_dropout (float, optional): dropout on the projected values :math:`v_j`, once per
+            node before they are weighted and summed (every target of j sees the same dropped
+            :math:`v_j`), as the GAT reference code drops :math:`W x_j`. (default: ``0.0``)
         bias (bool, optional): biases in the projections. (default: ``True``)
         out_proj (bool, optional): apply ``lin_out``. (default: ``True``)
 
@@ -239,9 +260,9 @@ class DenseSelfAttention(_SelfAttentionBase):
 
     def __init__(self, in_channels: int, out_channels: int, heads: int = 1, *,
                  concat: bool = True, dropout: float = 0.0, bias: bool = True,
-                 out_proj: bool = True) -> None:
+                 out_proj: bool = True, value_dropout: float = 0.0) -> None:
         super().__init__(in_channels, out_channels, heads, concat, dropout, bias, out_proj,
-                         score_channels=out_channels)
+                         score_channels=out_channels, value_dropout=value_dropout)
         self.reset_parameters()
 
     def forward(self, x: Tensor, mask: Tensor | None = None, is_causal: bool = False,
@@ -256,7 +277,8 @@ class DenseSelfAttention(_SelfAttentionBase):
                              f"got {list(x.shape)}")
         q = self.lin_q(x).unflatten(-1, (H, C))  # (B, L, H, C)
         k = self.lin_k(x).unflatten(-1, (H, C))  # (B, L, H, C)
-        v = self.lin_v(x).unflatten(-1, (H, C))  # (B, L, H, C)
+        v = dropout(self.lin_v(x).unflatten(-1, (H, C)), self.value_dropout,
+                    self.training)  # (B, L, H, C)
         result = dense_attention(q, k, v, mask, is_causal=is_causal, dropout_p=self.dropout,
                                  training=self.training,
                                  return_attention=return_attention_weights)

@@ -10,6 +10,7 @@ from torch import Tensor
 from torch.nn import LayerNorm, Linear
 
 from graphattn._checks import check_dropout, check_positive
+from graphattn.functional.dropout import dropout
 from graphattn.nn.attention import GraphSelfAttention
 
 ConvFactory = Callable[..., torch.nn.Module]
@@ -25,13 +26,13 @@ def feature_dropout(x: Tensor, p: float, training: bool) -> Tensor:
         return x
     if x.layout == torch.sparse_csr:
         return torch.sparse_csr_tensor(x.crow_indices(), x.col_indices(),
-                                       F.dropout(x.values(), p), x.shape,
+                                       dropout(x.values(), p), x.shape,
                                        check_invariants=False)
     if x.layout == torch.sparse_coo:
         x = x.coalesce()
-        return torch.sparse_coo_tensor(x.indices(), F.dropout(x.values(), p), x.shape,
+        return torch.sparse_coo_tensor(x.indices(), dropout(x.values(), p), x.shape,
                                        is_coalesced=True, check_invariants=False)
-    return F.dropout(x, p)
+    return dropout(x, p)
 
 
 class GAT(torch.nn.Module):
@@ -39,22 +40,23 @@ class GAT(torch.nn.Module):
 
     .. math::
         h = \mathrm{ELU}\Big(\big\Vert_{k=1}^{H} \sum_{j \in \mathcal{N}(i) \cup \{i\}}
-            \alpha^{k}_{ij} W^{k} \tilde x_j\Big), \qquad
+            \alpha^{k}_{ij}\, m_j \odot W^{k} \tilde x_j\Big), \qquad
         \mathrm{logits}_i = \frac{1}{H_\mathrm{out}} \sum_{k=1}^{H_\mathrm{out}}
-            \sum_{j \in \mathcal{N}(i) \cup \{i\}} \beta^{k}_{ij} U^{k} \tilde h_j
+            \sum_{j \in \mathcal{N}(i) \cup \{i\}} \beta^{k}_{ij}\, m'_j \odot U^{k} \tilde h_j
 
     where :math:`\tilde x, \tilde h` are the inputs after dropout (``x`` may be a sparse CSR
     or COO tensor: bag-of-words features are mostly zeros, and dropout then touches only the
-    stored values) and
-    :math:`\alpha, \beta` the attention weights of :class:`GraphSelfAttention` (with dropout
+    stored values), :math:`m, m'` dropout masks on the projected values (``value_dropout``)
+    and :math:`\alpha, \beta` the attention weights of :class:`GraphSelfAttention` (with dropout
     during training). With ``attention="additive"`` the score is GAT's
     :math:`\mathrm{LeakyReLU}_{0.2}(a_l^\top W x_i + a_r^\top W x_j)`; ``"dot"`` swaps in the
     scaled dot product of a transformer and keeps everything else. Both layers have
     ``out_proj=False`` and add self-loops, like ``torch_geometric.nn.GATConv``.
 
     The defaults are the paper's Cora setup: 8 heads of 8 channels, one output head, dropout
-    0.6 on the inputs of both layers and on the attention weights. (The paper averages 8 output
-    heads on PubMed: ``out_heads=8``.)
+    0.6 on the inputs of both layers and on the attention weights, and, as in the authors'
+    reference code, also on the projected values. (The paper averages 8 output heads on
+    PubMed: ``out_heads=8``.)
 
     Args:
         in_channels (int): input features F.
@@ -67,12 +69,16 @@ class GAT(torch.nn.Module):
             (default: ``0.6``)
         attention_dropout (float, optional): dropout on the attention weights.
             (default: ``dropout``)
+        value_dropout (float, optional): dropout on each layer's projected values
+            :math:`W \tilde x_j` before aggregation, the second dropout of the GAT reference
+            code (``GraphSelfAttention``'s ``value_dropout``). (default: ``dropout``)
         attention (str, optional): ``"additive"`` (GAT) or ``"dot"``. (default: ``"additive"``)
         backend (str, optional): edge-attention backend of both layers. (default: ``"auto"``)
         conv (callable, optional): builds each layer instead of :class:`GraphSelfAttention`,
             called as ``conv(in_channels, out_channels, heads=..., concat=..., dropout=...)``
             (e.g. ``torch_geometric.nn.GATConv``), to train another layer under the same
-            architecture. ``attention`` and ``backend`` are then unused. (default: ``None``)
+            architecture. ``attention``, ``backend`` and ``value_dropout`` are then unused.
+            (default: ``None``)
 
     Shapes:
         - **input:** x ``(|V|, F)``, edge_index ``(2, |E|)``
@@ -81,8 +87,9 @@ class GAT(torch.nn.Module):
 
     def __init__(self, in_channels: int, out_channels: int, hidden_channels: int = 8,
                  heads: int = 8, out_heads: int = 1, *, dropout: float = 0.6,
-                 attention_dropout: float | None = None, attention: str = "additive",
-                 backend: str = "auto", conv: ConvFactory | None = None) -> None:
+                 attention_dropout: float | None = None, value_dropout: float | None = None,
+                 attention: str = "additive", backend: str = "auto",
+                 conv: ConvFactory | None = None) -> None:
         super().__init__()
         for value, name in ((in_channels, "in_channels"), (out_channels, "out_channels"),
                             (hidden_channels, "hidden_channels"), (heads, "heads"),
@@ -91,10 +98,12 @@ class GAT(torch.nn.Module):
         check_dropout(dropout)
         attention_dropout = dropout if attention_dropout is None else attention_dropout
         check_dropout(attention_dropout, "attention_dropout")
+        value_dropout = dropout if value_dropout is None else value_dropout
+        check_dropout(value_dropout, "value_dropout")
         if conv is None:
             def conv(i: int, o: int, **kwargs) -> GraphSelfAttention:
-                return GraphSelfAttention(i, o, **kwargs, out_proj=False,
-                                          attention=attention, backend=backend)
+                return GraphSelfAttention(i, o, **kwargs, out_proj=False, attention=attention,
+                                          backend=backend, value_dropout=value_dropout)
         self.dropout = float(dropout)
         self.conv1 = conv(in_channels, hidden_channels, heads=heads, concat=True,
                           dropout=attention_dropout)
@@ -110,7 +119,7 @@ class GAT(torch.nn.Module):
         """Class logits of every node; see the class docstring for shapes."""
         x = feature_dropout(x, self.dropout, self.training)  # (N, F)
         x = F.elu(self.conv1(x, edge_index))  # (N, H * C)
-        x = F.dropout(x, self.dropout, self.training)
+        x = dropout(x, self.dropout, self.training)
         return self.conv2(x, edge_index)  # (N, classes)
 
 
@@ -208,6 +217,6 @@ class GraphTransformer(torch.nn.Module):
             h = h + self.lin_pe(pe.to(h.dtype))  # (N, D)
         for attn_norm, attn, ffn_norm, ffn in zip(self.attn_norms, self.attns, self.ffn_norms,
                                                   self.ffns, strict=True):
-            h = h + F.dropout(attn(attn_norm(h), edge_index), self.dropout, self.training)
-            h = h + F.dropout(ffn(ffn_norm(h)), self.dropout, self.training)
+            h = h + dropout(attn(attn_norm(h), edge_index), self.dropout, self.training)
+            h = h + dropout(ffn(ffn_norm(h)), self.dropout, self.training)
         return self.lin_out(self.norm_out(h))  # (N, out_channels)

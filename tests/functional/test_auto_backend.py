@@ -181,3 +181,10 @@ def test_cuda_does_not_pick_dense_without_gpu_measurements():
     q = torch.randn(8, 2, 4, device="cuda")
     complete = torch.cartesian_prod(torch.arange(8), torch.arange(8)).t().cuda()
     assert select_backend(q, complete) in ("triton", "reference")  # never "dense" (yet)
+
+
+def test_available_backends_lists_triton_only_when_it_imports(monkeypatch):
+    monkeypatch.setattr(attention, "triton_available", lambda: False)
+    assert available_backends() == ["reference", "cpu", "dense"]
+    monkeypatch.setattr(attention, "triton_available", lambda: True)
+    assert available_backends() == ["reference", "cpu", "triton", "dense"]

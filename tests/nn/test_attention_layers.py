@@ -2,6 +2,7 @@ import pytest
 import torch
 from conftest import GRAPHS, assert_close, dense_mask
 
+from graphattn.functional import dropout_mask, edge_attention
 from graphattn.nn import DenseSelfAttention, GraphSelfAttention
 
 
@@ -177,6 +178,10 @@ def test_errors_name_the_argument_and_value():
         GraphSelfAttention(4, 2, dropout=1.5)
     with pytest.raises(ValueError, match="attention must be one of .* got 'cosine'"):
         GraphSelfAttention(4, 2, attention="cosine")
+    with pytest.raises(ValueError, match="backend must be 'auto' or one of .* got 'magic'"):
+        GraphSelfAttention(4, 2, backend="magic")
+    with pytest.raises(ValueError, match=r"value_dropout must be in \[0, 1\), got 1.0"):
+        DenseSelfAttention(4, 2, value_dropout=1.0)
     layer = GraphSelfAttention(4, 2)
     edge_index = torch.tensor([[0, 1], [1, 0]])
     with pytest.raises(ValueError, match=r"x must have shape \[N, F\], got \[2, 3, 4\]"):
@@ -195,3 +200,66 @@ def test_errors_name_the_argument_and_value():
         GraphSelfAttention(4, 2, edge_dim=3)(torch.randn(2, 4), edge_index, torch.randn(2, 2))
     with pytest.raises(ValueError, match=r"x must have shape \[L, F\] or \[B, L, F\], got \[4\]"):
         DenseSelfAttention(4, 2)(torch.randn(4))
+
+
+def test_layer_checks_edge_index_once_per_call(monkeypatch):
+    # The layer validates edge_index itself and then skips edge_attention's re-check, which
+    # would cost two more passes over the edges and, on CUDA, two device syncs.
+    import graphattn._checks as checks
+    import graphattn.functional.attention as functional_attention
+    import graphattn.nn.attention as nn_attention
+
+    calls = []
+
+    def counting_check(edge_index, num_src, num_dst):
+        calls.append(edge_index.size(1))
+        return checks.check_edge_index(edge_index, num_src, num_dst)
+
+    monkeypatch.setattr(nn_attention, "check_edge_index", counting_check)
+    monkeypatch.setattr(functional_attention, "check_edge_index", counting_check)
+    layer = GraphSelfAttention(4, 2, heads=2, edge_dim=1)
+    edge_index = torch.tensor([[0, 1, 2], [1, 2, 0]])
+    layer(torch.randn(3, 4), edge_index, torch.randn(3, 1)).sum().backward()
+    assert calls == [3]
+
+
+@pytest.mark.parametrize("attention", ["dot", "additive"])
+def test_value_dropout_drops_each_source_value_once(attention):
+    # Every target of j must see the same dropped v_j: out_i = sum_j alpha_ij (m_j * v_j).
+    torch.manual_seed(0)
+    N, H, C = 7, 2, 3
+    layer = GraphSelfAttention(5, C, heads=H, value_dropout=0.5, attention=attention,
+                               add_self_loops=False, out_proj=False)
+    x, edge_index = torch.randn(N, 5), complete_edges(N)
+    torch.manual_seed(1)
+    out = layer(x, edge_index)
+    torch.manual_seed(1)
+    mask = dropout_mask((N, H, C), 0.5)  # drawn exactly once per forward
+    assert (mask == 0).any() and (mask != 0).any()
+    q, k = layer.lin_q(x).view(N, H, -1), layer.lin_k(x).view(N, H, -1)
+    if attention == "additive":
+        q, k = q.squeeze(-1), k.squeeze(-1)
+    v = layer.lin_v(x).view(N, H, C) * mask
+    expected = edge_attention(q, k, v, edge_index, score=attention, backend="reference")
+    assert_close(out, expected.flatten(-2))
+    layer.eval()
+    no_drop = GraphSelfAttention(5, C, heads=H, attention=attention, add_self_loops=False,
+                                 out_proj=False)
+    no_drop.load_state_dict(layer.state_dict())
+    assert_close(layer(x, edge_index), no_drop(x, edge_index))
+
+
+def test_value_dropout_is_the_same_in_the_dense_twin():
+    torch.manual_seed(0)
+    N, H, C = 6, 2, 4
+    graph = GraphSelfAttention(8, C, heads=H, value_dropout=0.4)
+    dense = DenseSelfAttention(8, C, heads=H, value_dropout=0.4)
+    dense.load_state_dict(graph.state_dict())
+    x = torch.randn(N, 8)
+    torch.manual_seed(3)
+    out_graph = graph(x, complete_edges(N))
+    torch.manual_seed(3)
+    out_dense = dense(x)
+    assert_close(out_graph, out_dense)
+    torch.manual_seed(4)
+    assert not torch.allclose(graph(x, complete_edges(N)), out_graph)  # a fresh mask per call

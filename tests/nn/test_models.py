@@ -29,6 +29,9 @@ def test_gat_shapes_and_layers(attention, out_heads):
     assert model.conv2.heads == out_heads and not model.conv2.concat
     assert model.conv1.attention == attention
     assert model.conv1.dropout == model.conv2.dropout == 0.6
+    assert model.conv1.value_dropout == model.conv2.value_dropout == 0.6  # as the reference code
+    model = GAT(12, 5, dropout=0.5, attention_dropout=0.2, value_dropout=0.1)
+    assert (model.dropout, model.conv1.dropout, model.conv2.value_dropout) == (0.5, 0.2, 0.1)
 
 
 def test_gat_with_gatconv_layers_equals_graphattn_with_copied_weights():
@@ -91,6 +94,8 @@ def test_gat_rejects_bad_sizes():
         GAT(8, 3, dropout=1.0)
     with pytest.raises(ValueError, match=r"attention_dropout must be in \[0, 1\), got -0.1"):
         GAT(8, 3, attention_dropout=-0.1)
+    with pytest.raises(ValueError, match=r"value_dropout must be in \[0, 1\), got 2"):
+        GAT(8, 3, value_dropout=2)
 
 
 def copy_into_encoder_layer(model, i, layer):

@@ -1,0 +1,36 @@
+import math
+
+import pytest
+import torch
+
+from graphattn.functional import dropout, dropout_mask
+
+
+@pytest.mark.parametrize("p", [0.1, 0.6])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_mask_is_zero_with_probability_p_else_inverse_keep(p, dtype):
+    torch.manual_seed(0)
+    n = 200_000
+    mask = dropout_mask((n,), p, dtype=dtype)
+    assert mask.dtype == dtype and mask.shape == (n,)
+    kept = mask != 0
+    expected = torch.tensor(1.0 / (1.0 - p), dtype=dtype)
+    assert (mask[kept] == expected).all()
+    # Fraction dropped: within 5 standard deviations of the binomial mean.
+    dropped = 1.0 - kept.double().mean().item()
+    assert abs(dropped - p) < 5 * math.sqrt(p * (1 - p) / n)
+
+
+def test_dropout_gradient_is_the_mask_and_eval_is_identity():
+    torch.manual_seed(1)
+    x = torch.randn(50, 7, requires_grad=True)
+    torch.manual_seed(2)
+    y = dropout(x, 0.3)
+    g = torch.randn_like(y)
+    y.backward(g)
+    torch.manual_seed(2)
+    mask = dropout_mask((50, 7), 0.3)
+    assert torch.equal(y, x.detach() * mask)
+    assert torch.equal(x.grad, g * mask)
+    assert dropout(x, 0.3, training=False) is x
+    assert dropout(x, 0.0) is x
