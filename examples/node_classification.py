@@ -167,7 +167,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model", default="gat", choices=["gat", "transformer"])
     parser.add_argument("--attention", default=None, choices=["additive", "dot"],
                         help="score function (default: additive for gat, dot for transformer)")
-    parser.add_argument("--epochs", type=int, default=1000, help="maximum epochs per run")
+    parser.add_argument("--epochs", type=int, default=100_000,
+                        help="maximum epochs per run (early stopping ends runs long before)")
     parser.add_argument("--runs", type=int, default=3, help="runs with seeds seed, seed+1, ...")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lr", type=float, default=0.005)

@@ -7,6 +7,7 @@ Both share one projection base, so their parameters have the same names and shap
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from torch.nn import Linear
 from torch_geometric.nn import MessagePassing
@@ -56,6 +57,20 @@ class _SelfAttentionBase(torch.nn.Module):
             torch.nn.init.xavier_uniform_(lin.weight)
             if lin.bias is not None:
                 torch.nn.init.zeros_(lin.bias)
+
+    def _project(self, x_src: Tensor, x_dst: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """``lin_q(x_dst), lin_k(x_src), lin_v(x_src)``; one matrix product when x_src is x_dst.
+
+        Self-attention multiplies x once by the stacked weights ``[W^Q; W^K; W^V]``: one pass
+        over x (and, for sparse features, one sparse product and one transpose in backward)
+        instead of three. Parameters stay three ``Linear`` modules.
+        """
+        if x_src is not x_dst:
+            return self.lin_q(x_dst), self.lin_k(x_src), self.lin_v(x_src)
+        lins = (self.lin_q, self.lin_k, self.lin_v)
+        weight = torch.cat([lin.weight for lin in lins])  # (2 * H * C_qk + H * C, F)
+        bias = None if lins[0].bias is None else torch.cat([lin.bias for lin in lins])
+        return F.linear(x_src, weight, bias).split([lin.out_features for lin in lins], dim=-1)
 
     def _merge_heads(self, out: Tensor) -> Tensor:
         """``[..., H, C]`` -> ``[..., H*C]`` (concat) or ``[..., C]`` (mean), then ``lin_out``."""
@@ -168,9 +183,10 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             edge_index, edge_attr = add_remaining_self_loops(edge_index, edge_attr,
                                                              min(N_src, N_dst))
 
-        q = self.lin_q(x_dst).view(N_dst, H, -1)  # (N_dst, H, C) or (N_dst, H, 1)
-        k = self.lin_k(x_src).view(N_src, H, -1)  # (N_src, H, C) or (N_src, H, 1)
-        v = dropout(self.lin_v(x_src).view(N_src, H, C), self.value_dropout,
+        q, k, v = self._project(x_src, x_dst)
+        q = q.view(N_dst, H, -1)  # (N_dst, H, C) or (N_dst, H, 1)
+        k = k.view(N_src, H, -1)  # (N_src, H, C) or (N_src, H, 1)
+        v = dropout(v.view(N_src, H, C), self.value_dropout,
                     self.training)  # (N_src, H, C)
         if self.attention == "additive":
             q, k = q.squeeze(-1), k.squeeze(-1)  # (N, H)
@@ -275,9 +291,8 @@ class DenseSelfAttention(_SelfAttentionBase):
         if x.size(-1) != self.in_channels:
             raise ValueError(f"x must have F = in_channels = {self.in_channels} features, "
                              f"got {list(x.shape)}")
-        q = self.lin_q(x).unflatten(-1, (H, C))  # (B, L, H, C)
-        k = self.lin_k(x).unflatten(-1, (H, C))  # (B, L, H, C)
-        v = dropout(self.lin_v(x).unflatten(-1, (H, C)), self.value_dropout,
+        q, k, v = (t.unflatten(-1, (H, C)) for t in self._project(x, x))  # (B, L, H, C)
+        v = dropout(v, self.value_dropout,
                     self.training)  # (B, L, H, C)
         result = dense_attention(q, k, v, mask, is_causal=is_causal, dropout_p=self.dropout,
                                  training=self.training,
