@@ -45,6 +45,7 @@ from graphattn.nn import GAT  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
 
+DEFAULT_MODEL = "graphattn additive"  # graphattn.nn.GAT with its defaults
 MODELS = {  # name -> GAT(...) keyword arguments
     "graphattn additive": dict(attention="additive"),
     "graphattn dot": dict(attention="dot"),
@@ -164,16 +165,22 @@ def write_results(rows: list[dict], skipped: dict[str, str], args: argparse.Name
     for method, accs in PUBLISHED.items():
         lines.append(f"| {method} | " + " | ".join(accs[d] for d in SETUPS) + " |")
     goals = {"Cora": 83.0, "CiteSeer": 72.5}
-    lines += ["", "## Against the goal", ""]
+    lines += ["", "## Against the goal", "",
+              f"The library's model is `{DEFAULT_MODEL}` (`graphattn.nn.GAT` with its defaults). "
+              "The graphattn row with the best validation accuracy is shown beside it; test "
+              "accuracy chooses nothing.", ""]
     for dataset, goal in goals.items():
-        best = [(summarise([r["result"] for r in g])["test_mean"], model)
-                for (d, model), g in groups.items()
-                if d == dataset and model.startswith("graphattn")]
-        if best:
-            acc, model = max(best)
-            verdict = "meets" if acc >= goal else "falls short of"
-            lines.append(f"- {dataset}: best graphattn model ({model}) {acc:.1f} {verdict} the "
-                         f"GAT paper's {goal}.")
+        stats = {model: summarise([r["result"] for r in g])
+                 for (d, model), g in groups.items() if d == dataset}
+        if DEFAULT_MODEL not in stats:
+            continue
+        acc = stats[DEFAULT_MODEL]["test_mean"]
+        verdict = "meets" if acc >= goal else "falls short of"
+        ours = {m: s for m, s in stats.items() if m.startswith("graphattn")}
+        by_val = max(ours, key=lambda m: ours[m]["val_mean"])
+        lines.append(f"- {dataset}: {DEFAULT_MODEL} {acc:.1f} {verdict} the GAT paper's {goal}. "
+                     f"Best on validation: {by_val} (val {ours[by_val]['val_mean']:.2f}), "
+                     f"test {ours[by_val]['test_mean']:.1f}.")
     if skipped:
         lines += ["", "## Skipped", ""]
         for dataset, reason in skipped.items():
