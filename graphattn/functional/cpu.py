@@ -1,8 +1,8 @@
 r"""The CPU backend of edge attention: fused numba kernels over edges sorted by target.
 
 The reference backend gathers ``q_i``, ``k_j`` and ``v_j`` per edge and autograd keeps those
-``[E, H, C]`` tensors for backward. Here one pass over each target's in-edges computes the scores,
-an online softmax and the weighted sum of the values, without any per-edge ``[E, H, C]`` tensor.
+``[E, H, C]`` tensors for backward. Here each target's in-edges are walked in turn to compute the
+scores, their softmax and the weighted sum of the values, without any per-edge ``[E, H, C]`` tensor.
 For backward only a log-sum-exp per target and head, ``[N_dst, H]``, and the target-sorted edge
 order (CSR) are kept; the scores are recomputed:
 
@@ -18,12 +18,20 @@ the returned attention weights. ``dq`` (and the bias gradient) is summed per tar
 thread in a fixed order, so results are the same bit for bit on every run and for any number of
 threads, with no atomics.
 
-The kernels are bound by gathering rows of ``k, v`` (forward) and ``q, dL/d out`` (backward) at
-random node ids; they prefetch the rows a few edges ahead, which halves their time on graphs
-larger than the cache. Each kernel is compiled once per combination of its flags (score, bias,
-dropout mask, attention weights wanted), which are constants of that compiled kernel: numba then
-drops their branches from the inner loops, 1.7x (H = 8) to 2.2x (H = 1) faster on a Cora-sized
-forward than flags passed as arguments. Every variant is cached on disk like the others.
+Forward takes two passes over each target's in-edges: the scores and their maximum per head,
+then the exponentials and the weighted sum of the values. Unlike a running (online) maximum this
+has no data-dependent branch per edge and head, and the weighted sum runs over all ``H * C``
+channels of a row at once, which the compiler vectorises. The target pass of backward writes
+each edge's two factors of ``dk`` and ``dv`` (``[E, H]`` each) in CSR order, sequentially; the
+source pass gathers them, which costs less than scattering them would.
+
+On graphs larger than the cache the kernels are bound by gathering rows of ``k, v`` (forward) and
+``q, dL/d out`` (backward) at random node ids; they prefetch the rows a few edges ahead. Each
+kernel is compiled once per combination of its flags (score, bias, dropout mask, attention weights
+wanted) and channel counts: these are constants of the compiled kernel, so numba drops the flags'
+branches from the inner loops and unrolls the channel loops.
+Channel counts in ``SPECIALISED_CHANNELS`` (powers of two up to 128) are compiled as constants;
+others are read at run time by one shared variant. Every variant is cached on disk.
 """
 
 from __future__ import annotations
@@ -95,24 +103,21 @@ def _prefetch_row(array, row):
         _prefetch(array, row, offset, 0)
 
 
-@_jit(inline="always")
-def _prefetch_row_for_write(array, row):
-    for offset in range(0, array.strides[0], CACHE_LINE):
-        _prefetch(array, row, offset, 1)
-
-
 @_jit()
 def _csr(src, dst, num_dst):
-    """Stable counting sort of the edges by target: ``rowptr [N_dst+1]``, ``perm``, sources."""
+    """Stable counting sort of the edges by target: ``rowptr [N_dst+1]``, ``perm``, sources.
+
+    The index arrays have the integer type of ``src`` and ``dst``.
+    """
     num_edges = dst.shape[0]
-    rowptr = np.zeros(num_dst + 1, dtype=np.int64)
+    rowptr = np.zeros(num_dst + 1, dtype=dst.dtype)
     for e in range(num_edges):
         rowptr[dst[e] + 1] += 1
     for i in range(num_dst):
         rowptr[i + 1] += rowptr[i]
     cursor = rowptr[:-1].copy()
-    perm = np.empty(num_edges, dtype=np.int64)  # CSR position -> edge id
-    src_sorted = np.empty(num_edges, dtype=np.int64)
+    perm = np.empty(num_edges, dtype=dst.dtype)  # CSR position -> edge id
+    src_sorted = np.empty(num_edges, dtype=dst.dtype)
     for e in range(num_edges):
         p = cursor[dst[e]]
         cursor[dst[e]] += 1
@@ -123,39 +128,50 @@ def _csr(src, dst, num_dst):
 
 @_jit()
 def _csc(rowptr, src_sorted, num_src):
-    """Transpose of the CSR: ``colptr [N_src+1]``, each CSR entry's CSC position, the targets."""
+    """Transpose of the CSR: ``colptr [N_src+1]``, the targets and CSR positions in CSC order."""
     num_dst = rowptr.shape[0] - 1
     num_edges = src_sorted.shape[0]
-    colptr = np.zeros(num_src + 1, dtype=np.int64)
+    colptr = np.zeros(num_src + 1, dtype=rowptr.dtype)
     for p in range(num_edges):
         colptr[src_sorted[p] + 1] += 1
     for j in range(num_src):
         colptr[j + 1] += colptr[j]
     cursor = colptr[:-1].copy()
-    csc_position = np.empty(num_edges, dtype=np.int64)  # CSR position -> CSC position
-    target = np.empty(num_edges, dtype=np.int64)  # CSC position -> target
+    target = np.empty(num_edges, dtype=rowptr.dtype)  # CSC position -> target
+    csr_position = np.empty(num_edges, dtype=rowptr.dtype)  # CSC position -> CSR position
     for i in range(num_dst):
         for p in range(rowptr[i], rowptr[i + 1]):
             t = cursor[src_sorted[p]]
             cursor[src_sorted[p]] += 1
-            csc_position[p] = t
             target[t] = i
-    return colptr, csc_position, target
+            csr_position[t] = p
+    return colptr, target, csr_position
+
+
+SPECIALISED_CHANNELS = frozenset({1, 2, 4, 8, 16, 32, 64, 128})  # compiled as constants
+
+
+def _channels(channels: int) -> int:
+    """The channel count a kernel is compiled for: ``channels``, or 0 for "read it at run time"."""
+    return channels if channels in SPECIALISED_CHANNELS else 0
 
 
 @_jit(inline="always")
-def _score(q, k, bias, i, j, e, h, scale, slope, additive, has_bias):
-    """Score of edge ``e = (j -> i)`` in head h, and ds/d(pre-activation) (``scale`` for dot)."""
+def _score(q, k, bias, i, j, e, h, Cq, scale, slope, additive, has_bias):
+    """Score of edge ``e = (j -> i)`` in head h, and ds/d(pre-activation) (``scale`` for dot).
+
+    ``q, k`` are ``[N, H * Cq]`` (``Cq = 1`` for the additive score).
+    """
     if additive:
-        u = q[i, h, 0] + k[j, h, 0]
+        u = q[i, h] + k[j, h]
         if has_bias:
             u += bias[e, h]
         if u > 0:
             return scale * u, scale
         return scale * slope * u, scale * slope
-    s = q[i, h, 0] * k[j, h, 0]
-    for x in range(1, q.shape[2]):
-        s += q[i, h, x] * k[j, h, x]
+    s = q[i, h * Cq] * k[j, h * Cq]
+    for x in range(1, Cq):
+        s += q[i, h * Cq + x] * k[j, h * Cq + x]
     s *= scale
     if has_bias:
         s += bias[e, h]
@@ -163,162 +179,207 @@ def _score(q, k, bias, i, j, e, h, scale, slope, additive, has_bias):
 
 
 @_jit(inline="always")
-def _prefetch_edge(p, perm, src, k, v, bias, mask, has_bias, has_mask):
-    """Prefetch what the kernels read for the edge at CSR position ``p``, if there is one."""
-    if p < src.shape[0]:
-        _prefetch_row(k, src[p])
-        _prefetch_row(v, src[p])
-        if has_bias:
-            _prefetch_row(bias, perm[p])
-        if has_mask:
-            _prefetch_row(mask, perm[p])
+def _max_degree(ptr, first, last):
+    """The largest ``ptr[i + 1] - ptr[i]`` over rows ``first..last-1`` (at least 1)."""
+    most = 1
+    for i in range(first, last):
+        most = max(most, ptr[i + 1] - ptr[i])
+    return most
 
 
 @functools.cache
-def _forward_kernel(additive: bool, has_bias: bool, has_mask: bool, need_alpha: bool):
-    """The forward kernel compiled for these flags (see the module docstring)."""
+def _forward_kernel(additive: bool, has_bias: bool, has_mask: bool, need_alpha: bool,
+                    qk_channels: int, v_channels: int):
+    """The forward kernel compiled for these flags and channel counts (0: read at run time)."""
 
     @_jit()
     def kernel(q, k, v, bias, mask, rowptr, perm, src, scale, slope, out, lse, alpha, first, last):
-        """Targets ``first..last-1``: online softmax over the in-edges, weighted sum of values."""
-        H, C = v.shape[1], v.shape[2]
-        run_max = np.empty(H, dtype=out.dtype)
-        run_sum = np.empty(H, dtype=out.dtype)
+        """Targets ``first..last-1``: softmax over the in-edges, weighted sum of the values.
+
+        Two passes over each target's in-edges: the scores (kept in a ``[degree, H]`` scratch)
+        and their maximum per head, then the exponentials and the weighted sum of ``v``.
+        """
+        H = lse.shape[1]
+        Cq = qk_channels if qk_channels else q.shape[1] // H
+        C = v_channels if v_channels else v.shape[1] // H
+        num_edges = src.shape[0]
+        scores = np.empty((_max_degree(rowptr, first, last), H), dtype=out.dtype)
+        top = np.empty(H, dtype=out.dtype)
+        total = np.empty(H, dtype=out.dtype)
+        weight = np.empty(H * C, dtype=out.dtype)  # the edge's weight, repeated per channel
+        acc = np.empty(H * C, dtype=out.dtype)
         for i in range(first, last):
-            out[i] = 0
-            run_max[:] = -np.inf
-            run_sum[:] = 0
-            for p in range(rowptr[i], rowptr[i + 1]):
-                _prefetch_edge(p + PREFETCH_DISTANCE, perm, src, k, v, bias, mask, has_bias,
-                               has_mask)
-                if need_alpha and p + PREFETCH_DISTANCE < src.shape[0]:
-                    _prefetch_row_for_write(alpha, perm[p + PREFETCH_DISTANCE])
+            start, stop = rowptr[i], rowptr[i + 1]
+            top[:] = -np.inf
+            for p in range(start, stop):
+                if p + PREFETCH_DISTANCE < num_edges:
+                    _prefetch_row(k, src[p + PREFETCH_DISTANCE])
+                    if has_bias:
+                        _prefetch_row(bias, perm[p + PREFETCH_DISTANCE])
                 j, e = src[p], perm[p]
                 for h in range(H):
-                    s, _ = _score(q, k, bias, i, j, e, h, scale, slope, additive, has_bias)
-                    if need_alpha:
-                        alpha[e, h] = s
-                    if s > run_max[h]:  # new maximum: rescale what was summed so far
-                        rescale = np.exp(run_max[h] - s)
-                        run_sum[h] = run_sum[h] * rescale + 1
-                        w = mask[e, h] if has_mask else 1
-                        for x in range(C):
-                            out[i, h, x] = out[i, h, x] * rescale + w * v[j, h, x]
-                        run_max[h] = s
-                    elif run_max[h] > -np.inf:  # (a score of -inf before any finite one adds 0)
-                        weight = np.exp(s - run_max[h])
-                        run_sum[h] += weight
-                        if has_mask:
-                            weight *= mask[e, h]
-                        for x in range(C):
-                            out[i, h, x] += weight * v[j, h, x]
-            for h in range(H):
-                if run_sum[h] > 0:
-                    inv = 1 / run_sum[h]
+                    s, _ = _score(q, k, bias, i, j, e, h, Cq, scale, slope, additive, has_bias)
+                    scores[p - start, h] = s
+                    top[h] = max(top[h], s)
+            for h in range(H):  # a row whose scores are all -inf gets weights exp(-inf) = 0
+                if top[h] == -np.inf:
+                    top[h] = np.inf
+            total[:] = 0
+            acc[:] = 0
+            for p in range(start, stop):
+                if p + PREFETCH_DISTANCE < num_edges:
+                    _prefetch_row(v, src[p + PREFETCH_DISTANCE])
+                    if has_mask:
+                        _prefetch_row(mask, perm[p + PREFETCH_DISTANCE])
+                j, e = src[p], perm[p]
+                for h in range(H):
+                    w = np.exp(scores[p - start, h] - top[h])
+                    total[h] += w
+                    if has_mask:
+                        w *= mask[e, h]
                     for x in range(C):
-                        out[i, h, x] *= inv
-                    lse[i, h] = run_max[h] + np.log(run_sum[h])
-                else:  # no edge, or all scores -inf: every alpha of the row is exp(-inf) = 0
+                        weight[h * C + x] = w
+                for x in range(H * C):
+                    acc[x] += weight[x] * v[j, x]
+            for h in range(H):
+                if total[h] > 0:
+                    inv = 1 / total[h]
+                    lse[i, h] = top[h] + np.log(total[h])
+                else:  # no edge, or all scores -inf: every alpha of the row is 0
+                    inv = 0
                     lse[i, h] = np.inf
+                for x in range(C):
+                    out[i, h * C + x] = acc[h * C + x] * inv
             if need_alpha:
-                for p in range(rowptr[i], rowptr[i + 1]):
+                for p in range(start, stop):
                     e = perm[p]
                     for h in range(H):
-                        alpha[e, h] = np.exp(alpha[e, h] - lse[i, h])
+                        alpha[e, h] = np.exp(scores[p - start, h] - lse[i, h])
     return kernel
 
 
 @functools.cache
-def _backward_target_kernel(additive: bool, has_bias: bool, has_mask: bool, has_grad_alpha: bool):
-    """The target pass of backward compiled for these flags (see the module docstring)."""
+def _backward_target_kernel(additive: bool, has_bias: bool, has_mask: bool, has_grad_alpha: bool,
+                            qk_channels: int, v_channels: int):
+    """The target pass of backward compiled for these flags and channel counts."""
 
     @_jit()
-    def kernel(q, k, v, bias, mask, out, grad_out, grad_alpha, lse, rowptr, perm, src, csc_position,
-               scale, slope, grad_q, grad_bias, grad_key, weight, first, last):
+    def kernel(q, k, v, bias, mask, out, grad_out, grad_alpha, lse, rowptr, perm, src, scale,
+               slope, grad_q, grad_bias, grad_key, weight, first, last):
         """Targets ``first..last-1``: dL/ds of each in-edge, ``grad_q`` and the bias gradient.
 
-        Also writes, in CSC order, each edge's factor of ``q_i`` in ``grad_k`` (``grad_key``)
+        Also writes, in CSR order, each edge's factor of ``q_i`` in ``grad_k`` (``grad_key``)
         and its factor of ``grad_out_i`` in ``grad_v`` (``weight``: alpha times the dropout
         multiplier).
         """
-        H, C = v.shape[1], v.shape[2]
-        Cq = q.shape[2]
+        H = lse.shape[1]
+        Cq = qk_channels if qk_channels else q.shape[1] // H
+        C = v_channels if v_channels else v.shape[1] // H
+        num_edges = src.shape[0]
         delta = np.empty(H, dtype=out.dtype)
+        factor = np.empty(H * Cq, dtype=out.dtype)  # the edge's d_pre, repeated per channel
+        acc = np.empty(H * Cq, dtype=out.dtype)
         for i in range(first, last):
-            grad_q[i] = 0
             for h in range(H):
-                d = grad_out[i, h, 0] * out[i, h, 0]
+                d = grad_out[i, h * C] * out[i, h * C]
                 for x in range(1, C):
-                    d += grad_out[i, h, x] * out[i, h, x]
+                    d += grad_out[i, h * C + x] * out[i, h * C + x]
                 delta[h] = d
             if has_grad_alpha:
                 for p in range(rowptr[i], rowptr[i + 1]):
                     j, e = src[p], perm[p]
                     for h in range(H):
-                        s, _ = _score(q, k, bias, i, j, e, h, scale, slope, additive, has_bias)
+                        s, _ = _score(q, k, bias, i, j, e, h, Cq, scale, slope, additive,
+                                      has_bias)
                         delta[h] += np.exp(s - lse[i, h]) * grad_alpha[e, h]
+            acc[:] = 0
             for p in range(rowptr[i], rowptr[i + 1]):
-                _prefetch_edge(p + PREFETCH_DISTANCE, perm, src, k, v, bias, mask, has_bias,
-                               has_mask)
-                if p + PREFETCH_DISTANCE < src.shape[0]:
-                    _prefetch_row_for_write(grad_key, csc_position[p + PREFETCH_DISTANCE])
-                    _prefetch_row_for_write(weight, csc_position[p + PREFETCH_DISTANCE])
-                j, e, t = src[p], perm[p], csc_position[p]
+                if p + PREFETCH_DISTANCE < num_edges:
+                    _prefetch_row(k, src[p + PREFETCH_DISTANCE])
+                    _prefetch_row(v, src[p + PREFETCH_DISTANCE])
+                    if has_bias:
+                        _prefetch_row(bias, perm[p + PREFETCH_DISTANCE])
+                    if has_mask:
+                        _prefetch_row(mask, perm[p + PREFETCH_DISTANCE])
+                j, e = src[p], perm[p]
                 for h in range(H):
-                    s, d_pre = _score(q, k, bias, i, j, e, h, scale, slope, additive, has_bias)
+                    s, d_pre = _score(q, k, bias, i, j, e, h, Cq, scale, slope, additive,
+                                      has_bias)
                     a = np.exp(s - lse[i, h])
-                    d_alpha = grad_out[i, h, 0] * v[j, h, 0]
+                    d_alpha = grad_out[i, h * C] * v[j, h * C]
                     for x in range(1, C):
-                        d_alpha += grad_out[i, h, x] * v[j, h, x]
+                        d_alpha += grad_out[i, h * C + x] * v[j, h * C + x]
                     if has_mask:
                         d_alpha *= mask[e, h]
-                        weight[t, h] = a * mask[e, h]
+                        weight[p, h] = a * mask[e, h]
                     else:
-                        weight[t, h] = a
+                        weight[p, h] = a
                     if has_grad_alpha:
                         d_alpha += grad_alpha[e, h]
                     d_score = a * (d_alpha - delta[h])  # dL/ds
                     # dL/d(q.k) for "dot" (s = scale q.k + b), dL/d(q + k + b) for "additive"
                     d_pre *= d_score
-                    grad_key[t, h] = d_pre
-                    if additive:
-                        grad_q[i, h, 0] += d_pre
-                    else:
-                        for x in range(Cq):
-                            grad_q[i, h, x] += d_pre * k[j, h, x]
+                    grad_key[p, h] = d_pre
                     if has_bias:
                         grad_bias[e, h] = d_pre if additive else d_score
+                    for x in range(Cq):
+                        factor[h * Cq + x] = d_pre
+                if additive:
+                    for x in range(H):
+                        acc[x] += factor[x]
+                else:
+                    for x in range(H * Cq):
+                        acc[x] += factor[x] * k[j, x]
+            for x in range(H * Cq):
+                grad_q[i, x] = acc[x]
     return kernel
 
 
 @functools.cache
-def _backward_source_kernel(additive: bool):
-    """The source pass of backward compiled for this score (see the module docstring)."""
+def _backward_source_kernel(additive: bool, qk_channels: int, v_channels: int):
+    """The source pass of backward compiled for this score and these channel counts."""
 
     @_jit()
-    def kernel(q, grad_out, colptr, target, grad_key, weight, grad_k, grad_v, first, last):
+    def kernel(q, grad_out, colptr, target, csr_position, grad_key, weight, grad_k, grad_v,
+               first, last):
         """Sources ``first..last-1``: ``grad_k`` and ``grad_v`` summed over their out-edges."""
-        H, C = grad_v.shape[1], grad_v.shape[2]
-        Cq = q.shape[2]
+        H = grad_key.shape[1]
+        Cq = qk_channels if qk_channels else grad_k.shape[1] // H
+        C = v_channels if v_channels else grad_v.shape[1] // H
         num_edges = target.shape[0]
+        key_factor = np.empty(H * Cq, dtype=grad_k.dtype)
+        value_factor = np.empty(H * C, dtype=grad_v.dtype)
+        acc_k = np.empty(H * Cq, dtype=grad_k.dtype)
+        acc_v = np.empty(H * C, dtype=grad_v.dtype)
         for j in range(first, last):
-            grad_k[j] = 0
-            grad_v[j] = 0
+            acc_k[:] = 0
+            acc_v[:] = 0
             for t in range(colptr[j], colptr[j + 1]):
                 if t + PREFETCH_DISTANCE < num_edges:
-                    _prefetch_row(q, target[t + PREFETCH_DISTANCE])
+                    if not additive:
+                        _prefetch_row(q, target[t + PREFETCH_DISTANCE])
                     _prefetch_row(grad_out, target[t + PREFETCH_DISTANCE])
-                i = target[t]
+                    _prefetch_row(grad_key, csr_position[t + PREFETCH_DISTANCE])
+                    _prefetch_row(weight, csr_position[t + PREFETCH_DISTANCE])
+                i, p = target[t], csr_position[t]
                 for h in range(H):
-                    g = grad_key[t, h]
-                    if additive:
-                        grad_k[j, h, 0] += g
-                    else:
-                        for x in range(Cq):
-                            grad_k[j, h, x] += g * q[i, h, x]
-                    w = weight[t, h]
+                    g, w = grad_key[p, h], weight[p, h]
+                    for x in range(Cq):
+                        key_factor[h * Cq + x] = g
                     for x in range(C):
-                        grad_v[j, h, x] += w * grad_out[i, h, x]
+                        value_factor[h * C + x] = w
+                if additive:
+                    for x in range(H):
+                        acc_k[x] += key_factor[x]
+                else:
+                    for x in range(H * Cq):
+                        acc_k[x] += key_factor[x] * q[i, x]
+                for x in range(H * C):
+                    acc_v[x] += value_factor[x] * grad_out[i, x]
+            for x in range(H * Cq):
+                grad_k[j, x] = acc_k[x]
+            for x in range(H * C):
+                grad_v[j, x] = acc_v[x]
     return kernel
 
 
@@ -363,6 +424,11 @@ def _np(t: Tensor) -> np.ndarray:
     return t.detach().numpy()
 
 
+def _rows(t: Tensor) -> np.ndarray:
+    """A contiguous ``[N, H, C]`` (or ``[N, H]``) tensor as the ``[N, H * C]`` array of a kernel."""
+    return t.detach().view(t.size(0), -1).numpy()
+
+
 class _EdgeAttentionCPU(torch.autograd.Function):
     """Fused edge attention; keeps ``lse [N_dst, H]`` and the CSR order for backward."""
 
@@ -374,18 +440,21 @@ class _EdgeAttentionCPU(torch.autograd.Function):
         n_dst, H, C = q.size(0), v.size(1), v.size(2)
         real = _np(v).dtype.type  # the kernels compute in the dtype of their inputs
         none = np.zeros((1, H), dtype=real)  # stands in for an absent bias or mask
+        channels = (1 if additive else _channels(q.size(2)), _channels(C))
         rowptr, perm, src = _csr(_np(edge_index[0]), _np(edge_index[1]), n_dst)
         out = torch.empty(n_dst, H, C, dtype=v.dtype)
         lse = torch.empty(n_dst, H, dtype=v.dtype)
         alpha = torch.empty(edge_index.size(1) if need_alpha else 0, H, dtype=v.dtype)
-        kernel = _forward_kernel(additive, bias is not None, dropout_mask is not None, need_alpha)
-        _run_rows(kernel, rowptr, _np(q), _np(k), _np(v), none if bias is None else _np(bias),
+        kernel = _forward_kernel(additive, bias is not None, dropout_mask is not None, need_alpha,
+                                 *channels)
+        _run_rows(kernel, rowptr, _rows(q), _rows(k), _rows(v),
+                  none if bias is None else _np(bias),
                   none if dropout_mask is None else _np(dropout_mask), rowptr, perm, src,
-                  real(scale), real(negative_slope), out.numpy(), lse.numpy(), alpha.numpy())
+                  real(scale), real(negative_slope), _rows(out), lse.numpy(), alpha.numpy())
         ctx.save_for_backward(q, k, v, bias, dropout_mask, out, lse)
         ctx.set_materialize_grads(False)  # an unused alpha gets no gradient pass
         ctx.csr = (rowptr, perm, src)
-        ctx.options = (scale, negative_slope, additive)
+        ctx.options = (scale, negative_slope, additive, channels)
         if not need_alpha:
             ctx.mark_non_differentiable(alpha)
         return out, alpha
@@ -395,29 +464,31 @@ class _EdgeAttentionCPU(torch.autograd.Function):
     def backward(ctx, grad_out: Tensor | None, grad_alpha: Tensor | None):
         q, k, v, bias, dropout_mask, out, lse = ctx.saved_tensors
         rowptr, perm, src = ctx.csr
-        scale, negative_slope, additive = ctx.options
+        scale, negative_slope, additive, channels = ctx.options
         real = _np(v).dtype.type
         none = np.zeros((1, v.size(1)), dtype=real)
         has_grad_alpha = grad_alpha is not None and grad_alpha.numel() > 0
         grad_out = torch.zeros_like(out) if grad_out is None else grad_out.contiguous()
-        colptr, csc_position, target = _csc(rowptr, src, k.size(0))
         grad_q = torch.empty_like(q)
         grad_bias = None if bias is None else torch.empty_like(bias)
-        grad_key = torch.empty(perm.shape[0], v.size(1), dtype=v.dtype)  # (E, H) CSC order
-        weight = torch.empty(perm.shape[0], v.size(1), dtype=v.dtype)  # (E, H) CSC order
+        grad_key = torch.empty(perm.shape[0], v.size(1), dtype=v.dtype)  # (E, H) CSR order
+        weight = torch.empty(perm.shape[0], v.size(1), dtype=v.dtype)  # (E, H) CSR order
         kernel = _backward_target_kernel(additive, bias is not None, dropout_mask is not None,
-                                         has_grad_alpha)
-        _run_rows(kernel, rowptr, _np(q), _np(k), _np(v), none if bias is None else _np(bias),
-                  none if dropout_mask is None else _np(dropout_mask), _np(out), _np(grad_out),
-                  _np(grad_alpha.contiguous()) if has_grad_alpha else none, _np(lse), rowptr,
-                  perm, src, csc_position, real(scale), real(negative_slope), grad_q.numpy(),
-                  none if grad_bias is None else grad_bias.numpy(), grad_key.numpy(),
-                  weight.numpy())
+                                         has_grad_alpha, *channels)
+        _run_rows(kernel, rowptr, _rows(q), _rows(k), _rows(v),
+                  none if bias is None else _np(bias),
+                  none if dropout_mask is None else _np(dropout_mask), _rows(out),
+                  _rows(grad_out), _np(grad_alpha.contiguous()) if has_grad_alpha else none,
+                  _np(lse), rowptr, perm, src, real(scale), real(negative_slope),
+                  _rows(grad_q), none if grad_bias is None else grad_bias.numpy(),
+                  grad_key.numpy(), weight.numpy())
         grad_k = grad_v = None
         if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
+            colptr, target, csr_position = _csc(rowptr, src, k.size(0))
             grad_k, grad_v = torch.empty_like(k), torch.empty_like(v)
-            _run_rows(_backward_source_kernel(additive), colptr, _np(q), _np(grad_out), colptr,
-                      target, grad_key.numpy(), weight.numpy(), grad_k.numpy(), grad_v.numpy())
+            _run_rows(_backward_source_kernel(additive, *channels), colptr, _rows(q),
+                      _rows(grad_out), colptr, target, csr_position, grad_key.numpy(),
+                      weight.numpy(), _rows(grad_k), _rows(grad_v))
         return grad_q, grad_k, grad_v, grad_bias, None, None, None, None, None, None
 
 

@@ -59,13 +59,15 @@ class _SelfAttentionBase(torch.nn.Module):
                 torch.nn.init.zeros_(lin.bias)
 
     def _project(self, x_src: Tensor, x_dst: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """``lin_q(x_dst), lin_k(x_src), lin_v(x_src)``; one matrix product when x_src is x_dst.
+        """``lin_q(x_dst), lin_k(x_src), lin_v(x_src)``; one product for sparse self-attention.
 
-        Self-attention multiplies x once by the stacked weights ``[W^Q; W^K; W^V]``: one pass
-        over x (and, for sparse features, one sparse product and one transpose in backward)
-        instead of three. Parameters stay three ``Linear`` modules.
+        For sparse (CSR or COO) features of self-attention, x is multiplied once by the stacked
+        weights ``[W^Q; W^K; W^V]``: one sparse product and one transpose in backward instead
+        of three. Dense features take three products, whose outputs are contiguous: the
+        attention kernels read them without a copy and backward needs no concatenation.
+        Parameters stay three ``Linear`` modules either way.
         """
-        if x_src is not x_dst:
+        if x_src is not x_dst or x_src.layout == torch.strided:
             return self.lin_q(x_dst), self.lin_k(x_src), self.lin_v(x_src)
         lins = (self.lin_q, self.lin_k, self.lin_v)
         weight = torch.cat([lin.weight for lin in lins])  # (2 * H * C_qk + H * C, F)

@@ -131,6 +131,38 @@ def test_zero_channels(qk_channels, v_channels):
         assert_close(a, b)
 
 
+@pytest.mark.parametrize("score", ["dot", "additive"])
+@pytest.mark.parametrize("qk_channels, v_channels", [(5, 3), (8, 8), (16, 5), (3, 64)])
+def test_channel_counts_compiled_as_constants_or_read_at_run_time(qk_channels, v_channels,
+                                                                  score):
+    # 8, 16 and 64 are in SPECIALISED_CHANNELS, 3 and 5 are not: both kinds of kernel, and mixes
+    assert (8 in cpu_module.SPECIALISED_CHANNELS) and (5 not in cpu_module.SPECIALISED_CHANNELS)
+    n, E = 40, 300
+    edge_index = random_graph(n, E, seed=10)
+    gen = torch.Generator().manual_seed(11)
+    shape = (H, qk_channels) if score == "dot" else (H,)
+    q, k = (torch.randn(n, *shape, generator=gen, requires_grad=True) for _ in range(2))
+    v = torch.randn(n, H, v_channels, generator=gen, requires_grad=True)
+    bias = torch.randn(E, H, generator=gen, requires_grad=True)
+    mask = (torch.rand(E, H, generator=gen) >= 0.3).float() / 0.7
+    alpha_weight = torch.randn(E, H, generator=gen)
+    ours = run(cpu_edge_attention, q, k, v, edge_index, bias, mask, score, alpha_weight)
+    ref = run(reference_edge_attention, q, k, v, edge_index, bias, mask, score, alpha_weight)
+    for a, b in zip(ours, ref, strict=True):
+        assert_close(a, b)
+
+
+def test_constant_and_run_time_channel_kernels_agree_bit_for_bit(monkeypatch):
+    n, E = 40, 300
+    edge_index = random_graph(n, E, seed=12)
+    (q, k, v, bias), mask = make_inputs(n, n, E, dropout=0.2)
+    constant = run(cpu_edge_attention, q, k, v, edge_index, bias, mask, "dot")
+    monkeypatch.setattr(cpu_module, "SPECIALISED_CHANNELS", frozenset())
+    run_time = run(cpu_edge_attention, q, k, v, edge_index, bias, mask, "dot")
+    for a, b in zip(constant, run_time, strict=True):
+        assert torch.equal(a, b)
+
+
 def test_empty_edge_set_gives_zero_output_and_gradients():
     (q, k, v, _), _ = make_inputs(4, 6, 0)
     out = edge_attention(q, k, v, torch.empty(2, 0, dtype=torch.long), backend="cpu")
