@@ -544,4 +544,6 @@ def cpu_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *, s
         dropout_mask = dropout_mask.to(work).contiguous()
     out, alpha = _EdgeAttentionCPU.apply(q, k, v, bias, dropout_mask, edge_index.contiguous(),
                                          scale, negative_slope, additive, need_alpha)
-    return out[..., :channels].to(dtype), (alpha.to(dtype) if need_alpha else None)
+    if channels == 0:
+        out = out[..., :0]  # the padded channel (a slice would cost a copy in backward otherwise)
+    return out.to(dtype), (alpha.to(dtype) if need_alpha else None)
