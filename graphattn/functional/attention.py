@@ -71,7 +71,7 @@ def available_backends() -> list[str]:
 
 # The rule of backend="auto" on CPU: the crossover densities that benchmarks/sparse_vs_dense.py
 # measured on 2 cores, by size sqrt(N_dst * N_src): (size, forward+backward, forward only).
-DENSE_CROSSOVER_CPU = ((256, 0.14, 0.21), (1024, 0.20, 0.34), (4096, 0.19, 0.35))
+DENSE_CROSSOVER_CPU = ((256, 0.12, 0.26), (1024, 0.21, 0.46), (4096, 0.18, 0.43))
 DENSE_MAX_BYTES_CPU = 2 * 2**30
 
 
@@ -114,13 +114,13 @@ def select_backend(q: Tensor, edge_index: Tensor, num_src: int | None = None) ->
     otherwise. :math:`\rho^*` (:func:`dense_min_density`) is the crossover measured by
     ``benchmarks/sparse_vs_dense.py`` on 2 AMD EPYC cores (Erdos-Renyi graphs, H = 4, C = 32,
     fp32): the density at which the dense backend is as fast as the ``"cpu"`` backend, mean
-    (and range) of four runs,
+    (and range) of two runs,
 
     ======================  ================  ================  ================
     size sqrt(N_dst N_src)  256               1024              4096
     ======================  ================  ================  ================
-    forward+backward        0.14 (0.12-0.15)  0.20 (0.19-0.21)  0.19 (0.18-0.19)
-    forward only            0.21 (0.19-0.23)  0.34 (0.33-0.36)  0.35 (0.34-0.36)
+    forward+backward        0.12 (0.12-0.12)  0.21 (0.20-0.22)  0.18 (0.18-0.19)
+    forward only            0.26 (0.25-0.27)  0.46 (0.40-0.52)  0.43 (0.42-0.44)
     ======================  ================  ================  ================
 
     interpolated in log size. The forward+backward column applies when q requires a gradient
@@ -128,7 +128,7 @@ def select_backend(q: Tensor, edge_index: Tensor, num_src: int | None = None) ->
     dense matrices stay in cache); from about 1000 nodes on the crossover stays put, as both
     paths scale with the work they do (E, and N_dst N_src). A factor 4 away from it one
     backend is already several times slower than the other (Cora, density 0.0018: ``"cpu"``
-    10 ms, ``"dense"`` 349 ms forward+backward), so the choice matters far more than its
+    10-11 ms, ``"dense"`` 404-416 ms forward+backward), so the choice matters far more than its
     exact place.
 
     On CUDA: ``"triton"`` when Triton is installed, else ``"reference"``. This is a placeholder
