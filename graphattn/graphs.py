@@ -1,4 +1,4 @@
-"""Attention patterns as graphs, and conversions to dense masks and networkx.
+"""Attention patterns as graphs, and conversions to dense masks, sparse adjacencies and networkx.
 
 Every self-attention variant is :func:`~graphattn.functional.edge_attention` on one of these
 graphs: the complete graph is ordinary (transformer) attention, the causal graph masked decoder
@@ -194,6 +194,99 @@ def from_dense_mask(mask: Tensor) -> Tensor:
         raise ValueError(f"mask must be square, [N, N], got {list(mask.shape)}")
     dst, src = mask.nonzero().t()  # row-major: sorted by target, then source
     return torch.stack([src, dst])
+
+
+SPARSE_LAYOUTS = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc)
+
+
+def from_sparse_adjacency(adj: Tensor) -> Tensor:
+    r"""The graph of a sparse adjacency: one edge j -> i for every stored entry ``adj[i, j]``.
+
+    ``adj`` is ``[N_dst, N_src]``, row i listing the nodes that i attends to: the transposed
+    adjacency ``adj_t`` that PyG's ``ToSparseTensor(layout=...)`` builds, and the layout of
+    :func:`to_dense_mask`. The values are ignored. Every stored entry is one edge, in storage
+    order: a COO tensor's entries as stored (a coalesced one is sorted by target, then source),
+    CSR row by row, CSC column by column; so the rows of an ``edge_attr`` follow the entries.
+
+    Args:
+        adj (Tensor): sparse ``[N_dst, N_src]`` (or ``[N_dst, N_src, *]`` with dense values) in
+            the ``torch.sparse_coo``, ``torch.sparse_csr`` or ``torch.sparse_csc`` layout.
+
+    Shapes:
+        - **input:** adj ``(N_dst, N_src)``
+        - **output:** edge_index ``(2, nnz)``, int64
+    """
+    if not isinstance(adj, Tensor):
+        raise TypeError(f"adj must be a torch.Tensor, got {type(adj).__name__}")
+    if adj.layout not in SPARSE_LAYOUTS:
+        raise ValueError(f"adj must be a sparse tensor in one of the layouts "
+                         f"{[str(x) for x in SPARSE_LAYOUTS]}, got {adj.layout}")
+    if adj.sparse_dim() != 2:
+        raise ValueError(f"adj must have 2 sparse dimensions [N_dst, N_src] (no batch "
+                         f"dimensions), got {adj.sparse_dim()} in shape {list(adj.shape)}")
+    num_dst, num_src = adj.shape[:2]
+    if adj.layout == torch.sparse_coo:
+        dst, src = adj._indices()  # stored order, duplicates kept
+    elif adj.layout == torch.sparse_csr:
+        counts = adj.crow_indices().diff()  # (N_dst,)
+        dst = torch.arange(num_dst, device=adj.device).repeat_interleave(counts)
+        src = adj.col_indices()
+    else:
+        counts = adj.ccol_indices().diff()  # (N_src,)
+        src = torch.arange(num_src, device=adj.device).repeat_interleave(counts)
+        dst = adj.row_indices()
+    return torch.stack([src.long(), dst.long()])  # (2, nnz)
+
+
+def to_sparse_adjacency(edge_index: Tensor, num_src: int, num_dst: int,
+                        values: Tensor | None = None, layout: torch.layout = torch.sparse_csr,
+                        ) -> Tensor:
+    r"""The sparse adjacency ``adj [N_dst, N_src]`` of a graph: ``adj[i, j]`` for each edge j -> i.
+
+    The inverse of :func:`from_sparse_adjacency`. Entries are sorted by target, then source
+    (CSC: by source, then target); multi-edges stay separate entries, and a COO result is
+    marked coalesced exactly when there are none. The tensors are built valid by construction,
+    so torch's invariant checks are skipped.
+
+    Args:
+        edge_index (Tensor): ``[2, E]`` integer, row 0 the sources, row 1 the targets.
+        num_src (int): number of source nodes N_src (columns).
+        num_dst (int): number of target nodes N_dst (rows).
+        values (Tensor, optional): ``[E]`` or ``[E, *]`` entry values, e.g. attention weights
+            ``[E, H]`` (then a hybrid tensor ``[N_dst, N_src, H]``). (default: ones)
+        layout (torch.layout, optional): ``torch.sparse_csr``, ``torch.sparse_coo`` or
+            ``torch.sparse_csc``. (default: ``torch.sparse_csr``)
+
+    Shapes:
+        - **input:** edge_index ``(2, E)``, values ``(E, *)``
+        - **output:** adj ``(N_dst, N_src, *)``
+    """
+    check_non_negative(num_src, "num_src")
+    check_non_negative(num_dst, "num_dst")
+    check_edge_index(edge_index, num_src=num_src, num_dst=num_dst)
+    if layout not in SPARSE_LAYOUTS:
+        raise ValueError(f"layout must be one of {[str(x) for x in SPARSE_LAYOUTS]}, "
+                         f"got {layout}")
+    src, dst = edge_index.long()
+    if values is None:
+        values = torch.ones(src.numel(), device=edge_index.device)
+    if values.size(0) != src.numel():
+        raise ValueError(f"values must have one row per edge, [E, *] = [{src.numel()}, *], "
+                         f"got {list(values.shape)}")
+    size = (num_dst, num_src, *values.shape[1:])
+    major, minor, num_major = (src, dst, num_src) if layout == torch.sparse_csc else (dst, src,
+                                                                                      num_dst)
+    key, order = torch.sort(major * max(num_src, num_dst) + minor, stable=True)  # (E,)
+    major, minor, values = major[order], minor[order], values[order]
+    if layout == torch.sparse_coo:
+        return torch.sparse_coo_tensor(torch.stack([major, minor]), values, size,
+                                       is_coalesced=bool((key.diff() > 0).all()),
+                                       check_invariants=False)
+    ptr = torch.zeros(num_major + 1, dtype=torch.long, device=edge_index.device)
+    ptr[1:] = torch.bincount(major, minlength=num_major).cumsum(0)
+    if layout == torch.sparse_csr:
+        return torch.sparse_csr_tensor(ptr, minor, values, size, check_invariants=False)
+    return torch.sparse_csc_tensor(ptr, minor, values, size, check_invariants=False)
 
 
 def from_networkx(G: nx.Graph, edge_attrs: Sequence[str] | None = None,

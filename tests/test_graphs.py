@@ -239,3 +239,65 @@ def test_networkx_round_trip(make):
     assert_edges_equal(graphs.from_networkx(H), edge_index)
     mask = nx.to_numpy_array(G, nodelist=range(n), weight=None).T > 0  # mask[i, j]: edge j -> i
     assert torch.equal(graphs.to_dense_mask(edge_index, n), torch.from_numpy(mask))
+
+
+@pytest.mark.parametrize("layout", graphs.SPARSE_LAYOUTS, ids=str)
+def test_sparse_adjacency_round_trip(graph_case, layout):
+    ei, n_src, n_dst = graph_case.edge_index, graph_case.num_src, graph_case.num_dst
+    values = torch.arange(2.0 * ei.size(1)).view(-1, 2)  # (E, 2): one row per edge
+    adj = graphs.to_sparse_adjacency(ei, n_src, n_dst, values, layout=layout)
+    assert adj.layout == layout and adj.shape == (n_dst, n_src, 2)
+    back = graphs.from_sparse_adjacency(adj)
+    # The same multiset of edges, each with its own values row.
+    rows = adj._values() if layout == torch.sparse_coo else adj.values()
+    got = sorted(zip(back.t().tolist(), rows.tolist(), strict=True))
+    want = sorted(zip(ei.t().tolist(), values.tolist(), strict=True))
+    assert got == want
+    # Sorted by target then source (CSC: source then target), as the layout reads.
+    major, minor = (back[0], back[1]) if layout == torch.sparse_csc else (back[1], back[0])
+    key = major * 100 + minor
+    assert torch.equal(key, key.sort().values)
+    if layout == torch.sparse_coo:
+        has_multi_edges = len(set(map(tuple, ei.t().tolist()))) < ei.size(1)
+        assert adj.is_coalesced() != has_multi_edges
+    expected = torch.zeros(n_dst, n_src, dtype=torch.bool)
+    expected[ei[1], ei[0]] = True
+    assert torch.equal(adj.to_dense().sum(-1) > 0, expected)  # every values row sums above 0
+
+
+@pytest.mark.parametrize("layout", graphs.SPARSE_LAYOUTS, ids=str)
+def test_from_sparse_adjacency_reads_entries_in_storage_order(layout):
+    dense = torch.tensor([[0.0, 2.0, 0.0],
+                          [3.0, 0.0, 0.0],
+                          [4.0, 5.0, 6.0]])  # (N_dst, N_src): adj[i, j] is the edge j -> i
+    adj = {torch.sparse_coo: dense.to_sparse_coo, torch.sparse_csr: dense.to_sparse_csr,
+           torch.sparse_csc: dense.to_sparse_csc}[layout]()
+    values = adj.values()
+    ei = graphs.from_sparse_adjacency(adj)
+    assert ei.dtype == torch.int64
+    # Each edge's entry, read back from the dense matrix, is the value stored at its position.
+    assert torch.equal(dense[ei[1], ei[0]], values)
+    assert sorted(map(tuple, ei.t().tolist())) == [(0, 1), (0, 2), (1, 0), (1, 2), (2, 2)]
+
+
+def test_from_sparse_adjacency_keeps_uncoalesced_duplicates():
+    adj = torch.sparse_coo_tensor(torch.tensor([[1, 0, 1], [2, 2, 2]]), torch.ones(3), (3, 3),
+                                  check_invariants=True)
+    assert torch.equal(graphs.from_sparse_adjacency(adj), torch.tensor([[2, 2, 2], [1, 0, 1]]))
+
+
+def test_sparse_adjacency_errors():
+    ei = torch.tensor([[0, 1], [1, 2]])
+    with pytest.raises(ValueError, match="adj must be a sparse tensor.*got torch.strided"):
+        graphs.from_sparse_adjacency(torch.eye(3))
+    with pytest.raises(TypeError, match="adj must be a torch.Tensor, got list"):
+        graphs.from_sparse_adjacency([[0, 1]])
+    batched = torch.eye(3).expand(2, 3, 3).to_sparse_coo()
+    with pytest.raises(ValueError, match="2 sparse dimensions.*got 3 in shape \\[2, 3, 3\\]"):
+        graphs.from_sparse_adjacency(batched)
+    with pytest.raises(ValueError, match=r"values must have one row per edge.*got \[3\]"):
+        graphs.to_sparse_adjacency(ei, 3, 3, torch.ones(3))
+    with pytest.raises(ValueError, match="layout must be one of.*got torch.strided"):
+        graphs.to_sparse_adjacency(ei, 3, 3, layout=torch.strided)
+    with pytest.raises(ValueError, match="targets.*< the number of target nodes 2"):
+        graphs.to_sparse_adjacency(ei, 3, 2)

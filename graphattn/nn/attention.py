@@ -20,6 +20,7 @@ from graphattn.functional.attention import (
     edge_attention_unchecked,
 )
 from graphattn.functional.dropout import dropout
+from graphattn.graphs import SPARSE_LAYOUTS, from_sparse_adjacency, to_sparse_adjacency
 
 
 class _SelfAttentionBase(torch.nn.Module):
@@ -109,6 +110,14 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
     ``out_proj=True`` and ``bias=True``, the layer computes exactly what
     ``torch.nn.MultiheadAttention(H * C, H)`` computes.
 
+    The graph is an ``edge_index`` ``[2, E]`` (or PyG's ``EdgeIndex``) or a sparse adjacency
+    ``adj_t [N_dst, N_src]`` in the COO, CSR or CSC layout, as PyG's
+    ``ToSparseTensor(layout=...)`` builds it: each stored entry ``(i, j)`` is an edge j -> i and
+    its value is ignored (see :func:`~graphattn.graphs.from_sparse_adjacency`). With a sparse
+    adjacency, ``edge_attr`` rows follow its stored entries, and the attention weights come
+    back as a sparse adjacency of the same layout holding ``alpha`` as values, as PyG's
+    ``GATConv`` returns them.
+
     Args:
         in_channels (int or tuple): input features F, or ``(F_src, F_dst)`` for bipartite graphs.
         out_channels (int): channels per head C.
@@ -134,10 +143,12 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
 
     Shapes:
         - **input:** x ``(|V|, F)`` or ``((|V_src|, F_src), (|V_dst|, F_dst))``,
-          edge_index ``(2, |E|)``, edge_attr ``(|E|, D_e)`` (optional)
+          edge_index ``(2, |E|)`` or adj_t ``(|V_dst|, |V_src|)`` sparse, edge_attr
+          ``(|E|, D_e)`` (optional)
         - **output:** ``(|V_dst|, H * C)`` (concat) or ``(|V_dst|, C)``; with
           ``return_attention_weights=True`` also ``(edge_index (2, |E'|), alpha (|E'|, H))``,
-          where E' includes the added self-loops.
+          where E' includes the added self-loops (for a sparse input
+          ``(adj (|V_dst|, |V_src|, H) sparse, alpha (|E'|, H))``).
     """
 
     def __init__(self, in_channels: int | tuple[int, int], out_channels: int, heads: int = 1, *,
@@ -179,6 +190,14 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         self._check_features(x_dst, in_dst, "x" if x_src is x_dst else "x_dst")
         check_same_device(x=x_src, x_dst=x_dst, edge_index=edge_index, edge_attr=edge_attr)
         N_src, N_dst = x_src.size(0), x_dst.size(0)
+        adjacency = None  # the sparse adjacency edge_index came as, if it did
+        if isinstance(edge_index, Tensor) and edge_index.layout in SPARSE_LAYOUTS:
+            adjacency = edge_index
+            if tuple(adjacency.shape[:2]) != (N_dst, N_src):
+                raise ValueError(f"edge_index as a sparse adjacency must have shape "
+                                 f"[N_dst, N_src] = [{N_dst}, {N_src}], "
+                                 f"got {list(adjacency.shape)}")
+            edge_index = from_sparse_adjacency(adjacency)  # (2, nnz)
         check_edge_index(edge_index, num_src=N_src, num_dst=N_dst)
         edge_attr = self._check_edge_attr(edge_attr, edge_index.size(1))
         if self.add_self_loops:
@@ -202,6 +221,10 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
                                           backend=self.backend, score=self.attention)
         if return_attention_weights:
             out, alpha = result
+            if adjacency is not None:
+                adj = to_sparse_adjacency(edge_index, N_src, N_dst, alpha, adjacency.layout)
+                alpha = adj._values() if adj.layout == torch.sparse_coo else adj.values()
+                return self._merge_heads(out), (adj, alpha)  # alpha in the entries' order
             return self._merge_heads(out), (edge_index, alpha)
         return self._merge_heads(result)  # (N_dst, H*C) or (N_dst, C)
 

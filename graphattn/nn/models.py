@@ -81,7 +81,8 @@ class GAT(torch.nn.Module):
             (default: ``None``)
 
     Shapes:
-        - **input:** x ``(|V|, F)``, edge_index ``(2, |E|)``
+        - **input:** x ``(|V|, F)``, edge_index ``(2, |E|)`` or a sparse adjacency adj_t
+          ``(|V|, |V|)`` (see :class:`~graphattn.nn.GraphSelfAttention`)
         - **output:** logits ``(|V|, out_channels)``
     """
 
@@ -156,7 +157,8 @@ class GraphTransformer(torch.nn.Module):
         backend (str, optional): edge-attention backend. (default: ``"auto"``)
 
     Shapes:
-        - **input:** x ``(|V|, F)``, edge_index ``(2, |E|)``, pe ``(|V|, P)`` (when
+        - **input:** x ``(|V|, F)``, edge_index ``(2, |E|)`` or a sparse adjacency adj_t
+          ``(|V|, |V|)``, pe ``(|V|, P)`` (when
           ``pe_channels > 0``)
         - **output:** ``(|V|, out_channels)``
     """

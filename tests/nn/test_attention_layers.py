@@ -282,3 +282,72 @@ def test_stacked_projection_equals_three_linears(attention, bias):
     assert_close(out_fused, out_split)
     for name, grad in param_grads(layer).items():
         assert_close(fused[name], grad)
+
+
+def unique_graph(num_src, num_dst, num_edges, seed):
+    """A random graph without multi-edges (a sparse adjacency holds each pair once)."""
+    ei = random_graph(num_src, num_edges, seed=seed, num_dst=num_dst)
+    return torch.unique(ei, dim=1)  # (2, E_unique), sorted by source
+
+
+@pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr, torch.sparse_csc],
+                         ids=str)
+@pytest.mark.parametrize("bipartite", [False, True])
+@pytest.mark.parametrize("attention", ["dot", "additive"])
+def test_sparse_adjacency_input_equals_edge_index(layout, bipartite, attention):
+    """adj_t[i, j] (PyG's ToSparseTensor layout) is the edge j -> i; values are ignored."""
+    torch.manual_seed(0)
+    n_src, n_dst = (9, 6) if bipartite else (9, 9)
+    ei = unique_graph(n_src, n_dst, 40, seed=1)
+    adj_t = torch.sparse_coo_tensor(ei.flip(0), torch.rand(ei.size(1)), (n_dst, n_src),
+                                    check_invariants=True)
+    adj_t = {torch.sparse_coo: adj_t.coalesce(), torch.sparse_csr: adj_t.to_sparse_csr(),
+             torch.sparse_csc: adj_t.to_sparse_csc()}[layout]
+    layer = GraphSelfAttention((5, 3) if bipartite else 5, 4, heads=2, attention=attention)
+    x_src = torch.randn(n_src, 5, requires_grad=True)
+    x_dst = torch.randn(n_dst, 3, requires_grad=True) if bipartite else x_src
+    x = (x_src, x_dst) if bipartite else x_src
+
+    grad_out = torch.randn(n_dst, 8)
+    out, (ei_out, alpha) = layer(x, ei, return_attention_weights=True)
+    out.backward(grad_out, inputs=[x_src, *layer.parameters()])
+    expected_grads = [x_src.grad.clone(), *(p.grad.clone() for p in layer.parameters())]
+    x_src.grad = None
+    layer.zero_grad()
+    sp_out, (adj, sp_alpha) = layer(x, adj_t, return_attention_weights=True)
+    sp_out.backward(grad_out, inputs=[x_src, *layer.parameters()])
+
+    assert_close(sp_out, out)
+    for got, want in zip([x_src.grad, *(p.grad for p in layer.parameters())], expected_grads,
+                         strict=True):
+        assert_close(got, want)
+    # The weights come back as an adjacency of the input's layout, self-loops included.
+    assert adj.layout == layout and adj.shape == (n_dst, n_src, 2)
+    dense_alpha = torch.zeros(n_dst, n_src, 2)
+    dense_alpha[ei_out[1], ei_out[0]] = alpha.detach()
+    assert_close(adj.detach().to_dense(), dense_alpha)
+    values = adj._values() if layout == torch.sparse_coo else adj.values()
+    assert torch.equal(sp_alpha, values) and sp_alpha.shape == alpha.shape
+
+
+def test_sparse_adjacency_edge_attr_follows_stored_entries():
+    torch.manual_seed(0)
+    ei = unique_graph(7, 7, 25, seed=2)  # sorted by source
+    edge_attr = torch.randn(ei.size(1), 3)
+    layer = GraphSelfAttention(4, 2, heads=2, edge_dim=3).eval()
+    x = torch.randn(7, 4)
+    adj_t = torch.sparse_coo_tensor(ei.flip(0), torch.ones(ei.size(1)), (7, 7),
+                                    check_invariants=True).to_sparse_csr()
+    order = torch.argsort(ei[1] * 7 + ei[0])  # CSR stores the entries by target, then source
+    assert_close(layer(x, adj_t, edge_attr[order]), layer(x, ei, edge_attr))
+    with pytest.raises(ValueError, match=rf"edge_attr must have shape \[E, edge_dim\] = "
+                                         rf"\[{ei.size(1)}, 3\], got \[{ei.size(1) - 1}, 3\]"):
+        layer(x, adj_t, edge_attr[:-1])
+
+
+def test_sparse_adjacency_shape_error():
+    layer = GraphSelfAttention((4, 3), 2)
+    adj_t = torch.eye(5, 6).to_sparse_csr()
+    with pytest.raises(ValueError, match=r"sparse adjacency must have shape \[N_dst, N_src\] = "
+                                         r"\[5, 6\], got \[6, 5\]"):
+        layer((torch.randn(6, 4), torch.randn(5, 3)), adj_t.t().to_sparse_csr())

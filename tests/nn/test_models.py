@@ -34,6 +34,20 @@ def test_gat_shapes_and_layers(attention, out_heads):
     assert (model.dropout, model.conv1.dropout, model.conv2.value_dropout) == (0.5, 0.2, 0.1)
 
 
+@pytest.mark.parametrize("make", [lambda: GAT(12, 5), lambda: GraphTransformer(12, 16, 5)],
+                         ids=["GAT", "GraphTransformer"])
+def test_models_take_a_sparse_adjacency(make):
+    """PyG's ``ToSparseTensor(layout=torch.sparse_csr)`` output trains the same model."""
+    import torch_geometric.transforms as T
+    from torch_geometric.data import Data
+
+    torch.manual_seed(0)
+    data = Data(x=torch.randn(20, 12), edge_index=torch.unique(random_graph(20, 60), dim=1))
+    sparse = T.ToSparseTensor(layout=torch.sparse_csr)(data.clone())
+    model = make().eval()
+    assert_close(model(sparse.x, sparse.adj_t), model(data.x, data.edge_index))
+
+
 def test_gat_with_gatconv_layers_equals_graphattn_with_copied_weights():
     """The model's wiring (dropout, ELU, concat/mean) matches the same network built of GATConv."""
     from test_additive_attention import copy_gat_into
