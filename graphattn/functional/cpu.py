@@ -25,6 +25,11 @@ channels of a row at once, which the compiler vectorises. The target pass of bac
 each edge's two factors of ``dk`` and ``dv`` (``[E, H]`` each) at the edge's CSC position, with
 the cache lines fetched ahead for writing, so that the source pass reads them in order.
 
+In float32 the exponentials are inlined arithmetic (the Cephes ``expf``, within 1 ulp) instead
+of a call into libm per edge and head, and the forward pass takes them for all of a target's
+in-edges at once. Dot products of 8 channels or more are summed in 8 independent partial sums,
+always in the same order (:func:`_dot`).
+
 On graphs larger than the cache the kernels are bound by gathering rows of ``k, v`` (forward) and
 ``q, dL/d out`` (backward) at random node ids; they prefetch the rows a few edges ahead. Each
 kernel is compiled once per combination of its flags (score, bias, dropout mask, attention weights
@@ -48,7 +53,7 @@ import torch.nn.functional as F
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
@@ -162,6 +167,96 @@ def _channels(channels: int) -> int:
     return channels if channels in SPECIALISED_CHANNELS else 0
 
 
+@intrinsic
+def _float32_from_bits(typingctx, bits):
+    """The float32 whose IEEE 754 bit pattern is the int32 ``bits``."""
+    if bits != types.int32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.FloatType())
+    return types.float32(bits), codegen
+
+
+# expf of the Cephes library: exp(x) = 2^n exp(r), n = round(x / ln 2), |r| <= ln(2) / 2, with
+# ln 2 split in two parts so that r is exact, and exp(r) by a degree-7 polynomial.
+_LOG2E = np.float32(1.4426950408889634)
+_LN2_HI, _LN2_LO = np.float32(0.693359375), np.float32(-2.12194440e-4)
+_EXP_POLY = tuple(np.float32(c) for c in (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3,
+                                          4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1))
+_EXP_MIN = np.float32(-87.33654)  # exp(x) below the smallest normal float32: 0
+_EXP_MAX = np.float32(88.37626)  # 2^n past float32's exponents above this: inf (expf: 88.72)
+_F32_HALF, _F32_ONE, _F32_ZERO, _F32_INF = (np.float32(v) for v in (0.5, 1.0, 0.0, np.inf))
+
+
+def _exp(x):
+    """``exp(x)`` in the kernels: inlined arithmetic for float32, ``np.exp`` for float64."""
+    return np.exp(x)
+
+
+@overload(_exp, inline="always")
+def _exp_overload(x):
+    if x != types.float32:
+        return lambda x: np.exp(x)
+    p0, p1, p2, p3, p4, p5 = _EXP_POLY
+
+    def exp_float32(x):
+        # Straight-line arithmetic without a call, so that loops over heads vectorise. Within
+        # 2 ulp of expf; 0 below _EXP_MIN (where expf would give a subnormal) and inf above
+        # _EXP_MAX, NaN for NaN.
+        c = x
+        if c < _EXP_MIN:
+            c = _EXP_MIN
+        if c > _EXP_MAX:
+            c = _EXP_MAX
+        n = np.floor(c * _LOG2E + _F32_HALF)
+        r = c - n * _LN2_HI - n * _LN2_LO
+        poly = ((((p0 * r + p1) * r + p2) * r + p3) * r + p4) * r + p5
+        y = (poly * r * r + r + _F32_ONE) * _float32_from_bits(np.int32((np.int32(n) + 127) << 23))
+        if x < _EXP_MIN:
+            y = _F32_ZERO
+        if x > _EXP_MAX:
+            y = _F32_INF
+        if x != x:
+            y = x
+        return y
+    return exp_float32
+
+
+@_jit(inline="always")
+def _dot(a, i, b, j, start, n):
+    """``sum(a[i, start:start + n] * b[j, start:start + n])`` in a fixed order, for ``n >= 1``.
+
+    From 8 channels on, the products go into 8 partial sums (channel x into sum x % 8), which
+    are added pairwise, and the channels past the last multiple of 8 are added after, in order:
+    the 8 sums are independent, where one running sum would be a chain of n dependent adds.
+    Below 8 channels, one running sum.
+    """
+    if n < 8:
+        s = a[i, start] * b[j, start]
+        for x in range(start + 1, start + n):
+            s += a[i, x] * b[j, x]
+        return s
+    s0, s1 = a[i, start] * b[j, start], a[i, start + 1] * b[j, start + 1]
+    s2, s3 = a[i, start + 2] * b[j, start + 2], a[i, start + 3] * b[j, start + 3]
+    s4, s5 = a[i, start + 4] * b[j, start + 4], a[i, start + 5] * b[j, start + 5]
+    s6, s7 = a[i, start + 6] * b[j, start + 6], a[i, start + 7] * b[j, start + 7]
+    end = start + n - n % 8
+    for x in range(start + 8, end, 8):
+        s0 += a[i, x] * b[j, x]
+        s1 += a[i, x + 1] * b[j, x + 1]
+        s2 += a[i, x + 2] * b[j, x + 2]
+        s3 += a[i, x + 3] * b[j, x + 3]
+        s4 += a[i, x + 4] * b[j, x + 4]
+        s5 += a[i, x + 5] * b[j, x + 5]
+        s6 += a[i, x + 6] * b[j, x + 6]
+        s7 += a[i, x + 7] * b[j, x + 7]
+    s = ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
+    for x in range(end, start + n):
+        s += a[i, x] * b[j, x]
+    return s
+
+
 @_jit(inline="always")
 def _score(q, k, bias, i, j, e, h, Cq, scale, slope, additive, has_bias):
     """Score of edge ``e = (j -> i)`` in head h, and ds/d(pre-activation) (``scale`` for dot).
@@ -175,10 +270,7 @@ def _score(q, k, bias, i, j, e, h, Cq, scale, slope, additive, has_bias):
         if u > 0:
             return scale * u, scale
         return scale * slope * u, scale * slope
-    s = q[i, h * Cq] * k[j, h * Cq]
-    for x in range(1, Cq):
-        s += q[i, h * Cq + x] * k[j, h * Cq + x]
-    s *= scale
+    s = _dot(q, i, k, j, h * Cq, Cq) * scale
     if has_bias:
         s += bias[e, h]
     return s, scale
@@ -212,6 +304,7 @@ def _forward_kernel(additive: bool, has_bias: bool, has_mask: bool, need_alpha: 
         scores = np.empty((_max_degree(rowptr, first, last), H), dtype=out.dtype)
         top = np.empty(H, dtype=out.dtype)
         total = np.empty(H, dtype=out.dtype)
+        inv = np.empty(H, dtype=out.dtype)
         weight = np.empty(H * C, dtype=out.dtype)  # the edge's weight, repeated per channel
         acc = np.empty(H * C, dtype=out.dtype)
         for i in range(first, last):
@@ -231,6 +324,10 @@ def _forward_kernel(additive: bool, has_bias: bool, has_mask: bool, need_alpha: 
                 if top[h] == -np.inf:
                     top[h] = np.inf
             total[:] = 0
+            for p in range(stop - start):  # the scores become exp(s - max), head by head
+                for h in range(H):
+                    scores[p, h] = _exp(scores[p, h] - top[h])
+                    total[h] += scores[p, h]
             acc[:] = 0
             for p in range(start, stop):
                 if p + PREFETCH_DISTANCE < num_edges:
@@ -239,8 +336,7 @@ def _forward_kernel(additive: bool, has_bias: bool, has_mask: bool, need_alpha: 
                         _prefetch_row(mask, perm[p + PREFETCH_DISTANCE])
                 j, e = src[p], perm[p]
                 for h in range(H):
-                    w = np.exp(scores[p - start, h] - top[h])
-                    total[h] += w
+                    w = scores[p - start, h]
                     if has_mask:
                         w *= mask[e, h]
                     for x in range(C):
@@ -249,18 +345,18 @@ def _forward_kernel(additive: bool, has_bias: bool, has_mask: bool, need_alpha: 
                     acc[x] += weight[x] * v[j, x]
             for h in range(H):
                 if total[h] > 0:
-                    inv = 1 / total[h]
+                    inv[h] = 1 / total[h]
                     lse[i, h] = top[h] + np.log(total[h])
                 else:  # no edge, or all scores -inf: every alpha of the row is 0
-                    inv = 0
+                    inv[h] = 0
                     lse[i, h] = np.inf
                 for x in range(C):
-                    out[i, h * C + x] = acc[h * C + x] * inv
+                    out[i, h * C + x] = acc[h * C + x] * inv[h]
             if need_alpha:
                 for p in range(start, stop):
                     e = perm[p]
                     for h in range(H):
-                        alpha[e, h] = np.exp(scores[p - start, h] - lse[i, h])
+                        alpha[e, h] = scores[p - start, h] * inv[h]
     return kernel
 
 
@@ -287,17 +383,14 @@ def _backward_target_kernel(additive: bool, has_bias: bool, has_mask: bool, has_
         acc = np.empty(H * Cq, dtype=out.dtype)
         for i in range(first, last):
             for h in range(H):
-                d = grad_out[i, h * C] * out[i, h * C]
-                for x in range(1, C):
-                    d += grad_out[i, h * C + x] * out[i, h * C + x]
-                delta[h] = d
+                delta[h] = _dot(grad_out, i, out, i, h * C, C)
             if has_grad_alpha:
                 for p in range(rowptr[i], rowptr[i + 1]):
                     j, e = src[p], perm[p]
                     for h in range(H):
                         s, _ = _score(q, k, bias, i, j, e, h, Cq, scale, slope, additive,
                                       has_bias)
-                        delta[h] += np.exp(s - lse[i, h]) * grad_alpha[e, h]
+                        delta[h] += _exp(s - lse[i, h]) * grad_alpha[e, h]
             acc[:] = 0
             for p in range(rowptr[i], rowptr[i + 1]):
                 if p + PREFETCH_DISTANCE < num_edges:
@@ -313,10 +406,8 @@ def _backward_target_kernel(additive: bool, has_bias: bool, has_mask: bool, has_
                 for h in range(H):
                     s, d_pre = _score(q, k, bias, i, j, e, h, Cq, scale, slope, additive,
                                       has_bias)
-                    a = np.exp(s - lse[i, h])
-                    d_alpha = grad_out[i, h * C] * v[j, h * C]
-                    for x in range(1, C):
-                        d_alpha += grad_out[i, h * C + x] * v[j, h * C + x]
+                    a = _exp(s - lse[i, h])
+                    d_alpha = _dot(grad_out, i, v, j, h * C, C)
                     if has_mask:
                         d_alpha *= mask[e, h]
                         weight[t, h] = a * mask[e, h]

@@ -1,4 +1,5 @@
 import numba
+import numpy as np
 import pytest
 import torch
 from conftest import GRAPHS, assert_close, random_graph
@@ -11,13 +12,13 @@ H, C = 3, 4
 
 
 def make_inputs(num_src, num_dst, num_edges, score="dot", dtype=torch.float32, seed=0,
-                dropout=0.0):
+                dropout=0.0, channels=C):
     """Random q, k, v, bias (all requiring grad) and a dropout multiplier like edge_attention's."""
     gen = torch.Generator().manual_seed(seed)
-    shape = (H, C) if score == "dot" else (H,)
+    shape = (H, channels) if score == "dot" else (H,)
     q = torch.randn(num_dst, *shape, generator=gen, dtype=dtype)
     k = torch.randn(num_src, *shape, generator=gen, dtype=dtype)
-    v = torch.randn(num_src, H, C, generator=gen, dtype=dtype)
+    v = torch.randn(num_src, H, channels, generator=gen, dtype=dtype)
     bias = torch.randn(num_edges, H, generator=gen, dtype=dtype)
     mask = None
     if dropout > 0:
@@ -132,7 +133,7 @@ def test_zero_channels(qk_channels, v_channels):
 
 
 @pytest.mark.parametrize("score", ["dot", "additive"])
-@pytest.mark.parametrize("qk_channels, v_channels", [(5, 3), (8, 8), (16, 5), (3, 64)])
+@pytest.mark.parametrize("qk_channels, v_channels", [(5, 3), (8, 8), (16, 5), (3, 64), (12, 20)])
 def test_channel_counts_compiled_as_constants_or_read_at_run_time(qk_channels, v_channels,
                                                                   score):
     # 8, 16 and 64 are in SPECIALISED_CHANNELS, 3 and 5 are not: both kinds of kernel, and mixes
@@ -152,10 +153,12 @@ def test_channel_counts_compiled_as_constants_or_read_at_run_time(qk_channels, v
         assert_close(a, b)
 
 
-def test_constant_and_run_time_channel_kernels_agree_bit_for_bit(monkeypatch):
+@pytest.mark.parametrize("channels", [4, 16])
+def test_constant_and_run_time_channel_kernels_agree_bit_for_bit(monkeypatch, channels):
     n, E = 40, 300
     edge_index = random_graph(n, E, seed=12)
-    (q, k, v, bias), mask = make_inputs(n, n, E, dropout=0.2)
+    (q, k, v, bias), mask = make_inputs(n, n, E, dropout=0.2, channels=channels)
+    assert q.size(-1) == channels
     constant = run(cpu_edge_attention, q, k, v, edge_index, bias, mask, "dot")
     monkeypatch.setattr(cpu_module, "SPECIALISED_CHANNELS", frozenset())
     run_time = run(cpu_edge_attention, q, k, v, edge_index, bias, mask, "dot")
@@ -256,3 +259,26 @@ def test_compiles_without_a_cache_when_no_cache_directory_is_writable(monkeypatc
         return x + 1
 
     assert add_one(1) == 2
+
+
+def test_float32_exp_of_the_kernels_is_within_one_ulp():
+    @numba.njit
+    def apply(x, out):
+        for i in range(x.shape[0]):
+            out[i] = cpu_module._exp(x[i])
+
+    x = np.linspace(-87, 88, 200_001, dtype=np.float32)
+    out = np.empty_like(x)
+    apply(x, out)
+    exact = np.exp(x.astype(np.float64))
+    ulp = np.spacing(exact.astype(np.float32)).astype(np.float64)
+    assert (np.abs(out - exact) / ulp).max() <= 1.0
+    special = np.array([-np.inf, -1000.0, -88.0, 0.0, -0.0, 89.0, np.inf, np.nan], np.float32)
+    out = np.empty_like(special)
+    apply(special, out)
+    # 0 where expf gives 0 or a subnormal, inf where it overflows, NaN stays NaN
+    assert out[:3].tolist() == [0.0, 0.0, 0.0] and out[3:5].tolist() == [1.0, 1.0]
+    assert np.isinf(out[5:7]).all() and np.isnan(out[7])
+    apply64 = np.empty(3)
+    apply(np.array([-1.0, 0.0, 2.0]), apply64)  # float64 goes to np.exp
+    assert apply64.tolist() == np.exp([-1.0, 0.0, 2.0]).tolist()
