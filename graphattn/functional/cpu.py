@@ -26,9 +26,10 @@ each edge's two factors of ``dk`` and ``dv`` (``[E, H]`` each) at the edge's CSC
 the cache lines fetched ahead for writing, so that the source pass reads them in order.
 
 In float32 the exponentials are inlined arithmetic (the Cephes ``expf``, within 1 ulp) instead
-of a call into libm per edge and head, and the forward pass takes them for all of a target's
-in-edges at once. Dot products of 8 channels or more are summed in 8 independent partial sums,
-always in the same order (:func:`_dot`).
+of a call into libm per edge and head; both the forward and the target pass of backward first
+take the scores of all of a target's in-edges, then their exponentials in one vectorised loop.
+Dot products of 8 channels or more are summed in 8 partial sums held in one vector, always in
+the same order (:func:`_dot`).
 
 On graphs larger than the cache the kernels are bound by gathering rows of ``k, v`` (forward) and
 ``q, dL/d out`` (backward) at random node ids; they prefetch the rows a few edges ahead. Each
@@ -223,35 +224,67 @@ def _exp_overload(x):
     return exp_float32
 
 
+@intrinsic
+def _lane_dot(typingctx, a, i, b, j, start, blocks):
+    """``_dot`` of the first ``8 * blocks >= 8`` channels from ``start`` on, as 8-wide vectors.
+
+    Lane l sums the products of channels l, l + 8, l + 16, ... in that order; the 8 lanes are
+    then added pairwise. Every add is the plain IEEE add of the scalar version, in the same
+    order, so the result is the same bit for bit. ``a`` and ``b`` are C-contiguous 2-D float
+    arrays of one dtype.
+    """
+    if not (isinstance(a, types.Array) and isinstance(b, types.Array) and a.ndim == b.ndim == 2
+            and a.layout == b.layout == "C" and a.dtype == b.dtype
+            and a.dtype in (types.float32, types.float64)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        a_ty, i_ty, b_ty, j_ty, start_ty, blocks_ty = signature.args
+        i_v, j_v, start_v, blocks_v = (context.cast(builder, v, t, types.intp) for v, t in (
+            (args[1], i_ty), (args[3], j_ty), (args[4], start_ty), (args[5], blocks_ty)))
+        element = context.get_value_type(a_ty.dtype)
+        vector = ir.VectorType(element, 8)
+        align = context.get_abi_sizeof(element)  # rows need not be aligned to the vector
+
+        def row_pointer(ty, value, row):
+            array = context.make_array(ty)(context, builder, value)
+            item = cgutils.get_item_pointer(context, builder, ty, array, [row, start_v],
+                                            wraparound=False)
+            return builder.bitcast(item, vector.as_pointer())
+
+        pa, pb = row_pointer(a_ty, args[0], i_v), row_pointer(b_ty, args[2], j_v)
+        acc = cgutils.alloca_once(builder, vector)
+        builder.store(builder.fmul(builder.load(pa, align=align), builder.load(pb, align=align)),
+                      acc)
+        one = ir.Constant(blocks_v.type, 1)
+        with cgutils.for_range(builder, builder.sub(blocks_v, one)) as loop:
+            block = builder.add(loop.index, one)
+            product = builder.fmul(builder.load(builder.gep(pa, [block]), align=align),
+                                   builder.load(builder.gep(pb, [block]), align=align))
+            builder.store(builder.fadd(builder.load(acc), product), acc)
+        lanes = builder.load(acc)
+        lane = [builder.extract_element(lanes, ir.Constant(ir.IntType(32), x)) for x in range(8)]
+        pairs = [builder.fadd(lane[x], lane[x + 1]) for x in range(0, 8, 2)]
+        return builder.fadd(builder.fadd(pairs[0], pairs[1]), builder.fadd(pairs[2], pairs[3]))
+    return a.dtype(a, i, b, j, start, blocks), codegen
+
+
 @_jit(inline="always")
 def _dot(a, i, b, j, start, n):
     """``sum(a[i, start:start + n] * b[j, start:start + n])`` in a fixed order, for ``n >= 1``.
 
     From 8 channels on, the products go into 8 partial sums (channel x into sum x % 8), which
     are added pairwise, and the channels past the last multiple of 8 are added after, in order:
-    the 8 sums are independent, where one running sum would be a chain of n dependent adds.
-    Below 8 channels, one running sum.
+    the 8 sums are independent and run as one vector (:func:`_lane_dot`), where one running sum
+    would be a chain of n dependent adds. Below 8 channels, one running sum.
     """
     if n < 8:
         s = a[i, start] * b[j, start]
         for x in range(start + 1, start + n):
             s += a[i, x] * b[j, x]
         return s
-    s0, s1 = a[i, start] * b[j, start], a[i, start + 1] * b[j, start + 1]
-    s2, s3 = a[i, start + 2] * b[j, start + 2], a[i, start + 3] * b[j, start + 3]
-    s4, s5 = a[i, start + 4] * b[j, start + 4], a[i, start + 5] * b[j, start + 5]
-    s6, s7 = a[i, start + 6] * b[j, start + 6], a[i, start + 7] * b[j, start + 7]
     end = start + n - n % 8
-    for x in range(start + 8, end, 8):
-        s0 += a[i, x] * b[j, x]
-        s1 += a[i, x + 1] * b[j, x + 1]
-        s2 += a[i, x + 2] * b[j, x + 2]
-        s3 += a[i, x + 3] * b[j, x + 3]
-        s4 += a[i, x + 4] * b[j, x + 4]
-        s5 += a[i, x + 5] * b[j, x + 5]
-        s6 += a[i, x + 6] * b[j, x + 6]
-        s7 += a[i, x + 7] * b[j, x + 7]
-    s = ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
+    s = _lane_dot(a, i, b, j, start, n // 8)
     for x in range(end, start + n):
         s += a[i, x] * b[j, x]
     return s
@@ -379,34 +412,44 @@ def _backward_target_kernel(additive: bool, has_bias: bool, has_mask: bool, has_
         C = v_channels if v_channels else v.shape[1] // H
         num_edges = src.shape[0]
         delta = np.empty(H, dtype=out.dtype)
+        most = _max_degree(rowptr, first, last)
+        alphas = np.empty((most, H), dtype=out.dtype)  # a target's scores, then its weights
+        slopes = np.empty((most, H), dtype=out.dtype)  # ds/d(pre-activation) of its edges
         factor = np.empty(H * Cq, dtype=out.dtype)  # the edge's d_pre, repeated per channel
         acc = np.empty(H * Cq, dtype=out.dtype)
         for i in range(first, last):
+            start, stop = rowptr[i], rowptr[i + 1]
+            for p in range(start, stop):
+                if p + PREFETCH_DISTANCE < num_edges:
+                    _prefetch_row(k, src[p + PREFETCH_DISTANCE])
+                    if has_bias:
+                        _prefetch_row(bias, perm[p + PREFETCH_DISTANCE])
+                j, e = src[p], perm[p]
+                for h in range(H):
+                    s, d_pre = _score(q, k, bias, i, j, e, h, Cq, scale, slope, additive,
+                                      has_bias)
+                    alphas[p - start, h] = s
+                    slopes[p - start, h] = d_pre
+            for p in range(stop - start):
+                for h in range(H):
+                    alphas[p, h] = _exp(alphas[p, h] - lse[i, h])
             for h in range(H):
                 delta[h] = _dot(grad_out, i, out, i, h * C, C)
             if has_grad_alpha:
-                for p in range(rowptr[i], rowptr[i + 1]):
-                    j, e = src[p], perm[p]
+                for p in range(start, stop):
                     for h in range(H):
-                        s, _ = _score(q, k, bias, i, j, e, h, Cq, scale, slope, additive,
-                                      has_bias)
-                        delta[h] += _exp(s - lse[i, h]) * grad_alpha[e, h]
+                        delta[h] += alphas[p - start, h] * grad_alpha[perm[p], h]
             acc[:] = 0
-            for p in range(rowptr[i], rowptr[i + 1]):
+            for p in range(start, stop):
                 if p + PREFETCH_DISTANCE < num_edges:
-                    _prefetch_row(k, src[p + PREFETCH_DISTANCE])
                     _prefetch_row(v, src[p + PREFETCH_DISTANCE])
-                    if has_bias:
-                        _prefetch_row(bias, perm[p + PREFETCH_DISTANCE])
                     if has_mask:
                         _prefetch_row(mask, perm[p + PREFETCH_DISTANCE])
                     _prefetch_row_for_write(grad_key, csc_position[p + PREFETCH_DISTANCE])
                     _prefetch_row_for_write(weight, csc_position[p + PREFETCH_DISTANCE])
                 j, e, t = src[p], perm[p], csc_position[p]
                 for h in range(H):
-                    s, d_pre = _score(q, k, bias, i, j, e, h, Cq, scale, slope, additive,
-                                      has_bias)
-                    a = _exp(s - lse[i, h])
+                    a = alphas[p - start, h]
                     d_alpha = _dot(grad_out, i, v, j, h * C, C)
                     if has_mask:
                         d_alpha *= mask[e, h]
@@ -417,7 +460,7 @@ def _backward_target_kernel(additive: bool, has_bias: bool, has_mask: bool, has_
                         d_alpha += grad_alpha[e, h]
                     d_score = a * (d_alpha - delta[h])  # dL/ds
                     # dL/d(q.k) for "dot" (s = scale q.k + b), dL/d(q + k + b) for "additive"
-                    d_pre *= d_score
+                    d_pre = slopes[p - start, h] * d_score
                     grad_key[t, h] = d_pre
                     if has_bias:
                         grad_bias[e, h] = d_pre if additive else d_score

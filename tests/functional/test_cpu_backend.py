@@ -282,3 +282,31 @@ def test_float32_exp_of_the_kernels_is_within_one_ulp():
     apply64 = np.empty(3)
     apply(np.array([-1.0, 0.0, 2.0]), apply64)  # float64 goes to np.exp
     assert apply64.tolist() == np.exp([-1.0, 0.0, 2.0]).tolist()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n", [3, 8, 12, 16, 40])
+def test_dot_products_sum_in_eight_lanes_in_a_fixed_order(n, dtype):
+    @numba.njit
+    def dot(a, b, start, n):
+        return cpu_module._dot(a, 0, b, 1, start, n)
+
+    rng = np.random.default_rng(n)
+    a = rng.standard_normal((1, n + 3)).astype(dtype)
+    b = rng.standard_normal((2, n + 3)).astype(dtype)
+    products = a[0, 3:] * b[1, 3:]  # (n,), from channel 3 on
+    if n < 8:
+        expected = products[0]
+        for x in products[1:]:
+            expected = expected + x
+    else:
+        blocks = n // 8
+        lanes = products[:8].copy()
+        for block in range(1, blocks):
+            lanes = lanes + products[8 * block:8 * block + 8]  # lane l: channels l, l + 8, ...
+        expected = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + (
+            (lanes[4] + lanes[5]) + (lanes[6] + lanes[7]))
+        for x in products[8 * blocks:]:
+            expected = expected + x
+    got = dot(a, b, 3, n)
+    assert got == expected  # bit for bit (numba returns the value as a Python float)
