@@ -310,6 +310,29 @@ def _score(q, k, bias, i, j, e, h, Cq, scale, slope, additive, has_bias):
 
 
 @_jit(inline="always")
+def _target_scores(q, k, bias, rowptr, perm, src, i, Cq, scale, slope, additive, has_bias,
+                   scores, top, slopes, backward):
+    """Scores of target i's in-edges (``[degree, H]``, CSR order) into ``scores``, with the rows
+    of ``k`` (and ``bias``) prefetched; for backward their ds/d(pre-activation) into
+    ``slopes``, else the maximum per head into ``top``."""
+    num_edges = src.shape[0]
+    start, stop = rowptr[i], rowptr[i + 1]
+    for p in range(start, stop):
+        if p + PREFETCH_DISTANCE < num_edges:
+            _prefetch_row(k, src[p + PREFETCH_DISTANCE])
+            if has_bias:
+                _prefetch_row(bias, perm[p + PREFETCH_DISTANCE])
+        j, e = src[p], perm[p]
+        for h in range(scores.shape[1]):
+            s, d_pre = _score(q, k, bias, i, j, e, h, Cq, scale, slope, additive, has_bias)
+            scores[p - start, h] = s
+            if backward:
+                slopes[p - start, h] = d_pre
+            else:
+                top[h] = max(top[h], s)
+
+
+@_jit(inline="always")
 def _max_degree(ptr, first, last):
     """The largest ``ptr[i + 1] - ptr[i]`` over rows ``first..last-1`` (at least 1)."""
     most = 1
@@ -343,16 +366,8 @@ def _forward_kernel(additive: bool, has_bias: bool, has_mask: bool, need_alpha: 
         for i in range(first, last):
             start, stop = rowptr[i], rowptr[i + 1]
             top[:] = -np.inf
-            for p in range(start, stop):
-                if p + PREFETCH_DISTANCE < num_edges:
-                    _prefetch_row(k, src[p + PREFETCH_DISTANCE])
-                    if has_bias:
-                        _prefetch_row(bias, perm[p + PREFETCH_DISTANCE])
-                j, e = src[p], perm[p]
-                for h in range(H):
-                    s, _ = _score(q, k, bias, i, j, e, h, Cq, scale, slope, additive, has_bias)
-                    scores[p - start, h] = s
-                    top[h] = max(top[h], s)
+            _target_scores(q, k, bias, rowptr, perm, src, i, Cq, scale, slope, additive,
+                           has_bias, scores, top, scores, False)
             for h in range(H):  # a row whose scores are all -inf gets weights exp(-inf) = 0
                 if top[h] == -np.inf:
                     top[h] = np.inf
@@ -419,17 +434,8 @@ def _backward_target_kernel(additive: bool, has_bias: bool, has_mask: bool, has_
         acc = np.empty(H * Cq, dtype=out.dtype)
         for i in range(first, last):
             start, stop = rowptr[i], rowptr[i + 1]
-            for p in range(start, stop):
-                if p + PREFETCH_DISTANCE < num_edges:
-                    _prefetch_row(k, src[p + PREFETCH_DISTANCE])
-                    if has_bias:
-                        _prefetch_row(bias, perm[p + PREFETCH_DISTANCE])
-                j, e = src[p], perm[p]
-                for h in range(H):
-                    s, d_pre = _score(q, k, bias, i, j, e, h, Cq, scale, slope, additive,
-                                      has_bias)
-                    alphas[p - start, h] = s
-                    slopes[p - start, h] = d_pre
+            _target_scores(q, k, bias, rowptr, perm, src, i, Cq, scale, slope, additive,
+                           has_bias, alphas, delta, slopes, True)
             for p in range(stop - start):
                 for h in range(H):
                     alphas[p, h] = _exp(alphas[p, h] - lse[i, h])
