@@ -71,7 +71,7 @@ def available_backends() -> list[str]:
 
 # The rule of backend="auto" on CPU: the crossover densities that benchmarks/sparse_vs_dense.py
 # measured on 2 cores, by size sqrt(N_dst * N_src): (size, forward+backward, forward only).
-DENSE_CROSSOVER_CPU = ((256, 0.12, 0.26), (1024, 0.21, 0.46), (4096, 0.18, 0.43))
+DENSE_CROSSOVER_CPU = ((256, 0.27, 0.52), (1024, 0.41, 0.75), (4096, 0.34, 0.76))
 DENSE_MAX_BYTES_CPU = 2 * 2**30
 
 
@@ -119,8 +119,8 @@ def select_backend(q: Tensor, edge_index: Tensor, num_src: int | None = None) ->
     ======================  ================  ================  ================
     size sqrt(N_dst N_src)  256               1024              4096
     ======================  ================  ================  ================
-    forward+backward        0.12 (0.12-0.12)  0.21 (0.20-0.22)  0.18 (0.18-0.19)
-    forward only            0.26 (0.25-0.27)  0.46 (0.40-0.52)  0.43 (0.42-0.44)
+    forward+backward        0.27 (0.27-0.28)  0.41 (0.41-0.42)  0.34 (0.34-0.34)
+    forward only            0.52 (0.46-0.58)  0.75 (0.73-0.77)  0.76 (0.75-0.77)
     ======================  ================  ================  ================
 
     interpolated in log size. The forward+backward column applies when q requires a gradient
@@ -128,8 +128,8 @@ def select_backend(q: Tensor, edge_index: Tensor, num_src: int | None = None) ->
     dense matrices stay in cache); from about 1000 nodes on the crossover stays put, as both
     paths scale with the work they do (E, and N_dst N_src). A factor 4 away from it one
     backend is already several times slower than the other (Cora, density 0.0018: ``"cpu"``
-    10-11 ms, ``"dense"`` 404-416 ms forward+backward), so the choice matters far more than its
-    exact place.
+    6.2-6.6 ms, ``"dense"`` 346-356 ms forward+backward), so the choice matters far more than
+    its exact place.
 
     On CUDA: ``"triton"`` when Triton is installed, else ``"reference"``. This is a placeholder
     rule: the dense path is not chosen on GPUs until GPU measurements exist.
