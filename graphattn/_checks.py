@@ -25,6 +25,16 @@ def check_edge_index(edge_index: Tensor, num_src: int, num_dst: int) -> None:
                         f"got {edge_index.dtype}")
     if edge_index.numel() == 0:
         return
+    if torch.compiler.is_compiling():
+        # Traced by torch.compile: the node ids are not known until the graph runs, so the
+        # checks become asserts inside it, and their messages cannot quote the bad value.
+        src_max, dst_max = edge_index.amax(dim=1)
+        torch._assert_async(edge_index.min() >= 0, "edge_index must hold node ids >= 0")
+        torch._assert_async(src_max < num_src, f"edge_index[0] (sources) must be < the "
+                                               f"number of source nodes {num_src}")
+        torch._assert_async(dst_max < num_dst, f"edge_index[1] (targets) must be < the "
+                                               f"number of target nodes {num_dst}")
+        return
     lo = int(edge_index.min())
     if lo < 0:
         raise ValueError(f"edge_index must hold node ids >= 0, got a minimum of {lo}")

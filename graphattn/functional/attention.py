@@ -13,6 +13,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from graphattn._checks import check_dropout, check_edge_index, check_same_device
 from graphattn.functional.cpu import cpu_edge_attention
@@ -148,7 +149,9 @@ def select_backend(q: Tensor, edge_index: Tensor, num_src: int | None = None) ->
         training = q.requires_grad and torch.is_grad_enabled()
         threshold = dense_min_density(n_dst, n_src, training=training)
         fits = dense_peak_bytes(n_dst, n_src, q.size(1), q.element_size()) <= DENSE_MAX_BYTES_CPU
-        return "dense" if density >= threshold and fits else "cpu"
+        # guard_or_false: under torch.compile an edge count known only at run time (after the
+        # self-loops were replaced) cannot be compared while tracing; the sparse path is taken.
+        return "dense" if fits and guard_or_false(density >= threshold) else "cpu"
     if use_triton_for(q):
         return "triton"
     return "reference"

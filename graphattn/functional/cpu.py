@@ -38,6 +38,10 @@ wanted) and channel counts: these are constants of the compiled kernel, so numba
 branches from the inner loops and unrolls the channel loops.
 Channel counts in ``SPECIALISED_CHANNELS`` (powers of two up to 128) are compiled as constants;
 others are read at run time by one shared variant. Every variant is cached on disk.
+
+Under ``torch.compile`` forward and backward run as torch operators
+(``graphattn::cpu_edge_attention`` and ``graphattn::cpu_edge_attention_backward``) with their
+output shapes, which the compiled graph calls as they are instead of tracing into numba.
 """
 
 from __future__ import annotations
@@ -599,67 +603,142 @@ def _rows(t: Tensor) -> np.ndarray:
     return t.detach().view(t.size(0), -1).numpy()
 
 
-class _EdgeAttentionCPU(torch.autograd.Function):
-    """Fused edge attention; keeps ``lse [N_dst, H]`` and the CSR order for backward."""
+def _kernel_channels(q: Tensor, v: Tensor, additive: bool) -> tuple[int, int]:
+    """The (score, value) channel counts the kernels are compiled for."""
+    return (1 if additive else _channels(q.size(2)), _channels(v.size(2)))
 
-    @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None,
+
+def _forward_impl(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None,
                 dropout_mask: Tensor | None, edge_index: Tensor, scale: float,
                 negative_slope: float, additive: bool, need_alpha: bool,
-                ) -> tuple[Tensor, Tensor]:
-        n_dst, H, C = q.size(0), v.size(1), v.size(2)
-        real = _np(v).dtype.type  # the kernels compute in the dtype of their inputs
-        none = np.zeros((1, H), dtype=real)  # stands in for an absent bias or mask
-        channels = (1 if additive else _channels(q.size(2)), _channels(C))
-        rowptr, perm, src = _csr(_np(edge_index[0]), _np(edge_index[1]), n_dst)
-        out = torch.empty(n_dst, H, C, dtype=v.dtype)
-        lse = torch.empty(n_dst, H, dtype=v.dtype)
-        alpha = torch.empty(edge_index.size(1) if need_alpha else 0, H, dtype=v.dtype)
-        kernel = _forward_kernel(additive, bias is not None, dropout_mask is not None, need_alpha,
-                                 *channels)
-        _run_rows(kernel, rowptr, _rows(q), _rows(k), _rows(v),
-                  none if bias is None else _np(bias),
-                  none if dropout_mask is None else _np(dropout_mask), rowptr, perm, src,
-                  real(scale), real(negative_slope), _rows(out), lse.numpy(), alpha.numpy())
-        ctx.save_for_backward(q, k, v, bias, dropout_mask, out, lse)
-        ctx.set_materialize_grads(False)  # an unused alpha gets no gradient pass
-        ctx.csr = (rowptr, perm, src)
-        ctx.options = (scale, negative_slope, additive, channels)
-        if not need_alpha:
-            ctx.mark_non_differentiable(alpha)
-        return out, alpha
+                ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Forward kernel: ``out, alpha, lse`` and the CSR order ``rowptr, perm, src`` for backward."""
+    n_dst, H, C = q.size(0), v.size(1), v.size(2)
+    real = _np(v).dtype.type  # the kernels compute in the dtype of their inputs
+    none = np.zeros((1, H), dtype=real)  # stands in for an absent bias or mask
+    rowptr, perm, src = _csr(_np(edge_index[0]), _np(edge_index[1]), n_dst)
+    out = torch.empty(n_dst, H, C, dtype=v.dtype)
+    lse = torch.empty(n_dst, H, dtype=v.dtype)
+    alpha = torch.empty(edge_index.size(1) if need_alpha else 0, H, dtype=v.dtype)
+    kernel = _forward_kernel(additive, bias is not None, dropout_mask is not None, need_alpha,
+                             *_kernel_channels(q, v, additive))
+    _run_rows(kernel, rowptr, _rows(q), _rows(k), _rows(v),
+              none if bias is None else _np(bias),
+              none if dropout_mask is None else _np(dropout_mask), rowptr, perm, src,
+              real(scale), real(negative_slope), _rows(out), lse.numpy(), alpha.numpy())
+    return (out, alpha, lse, torch.from_numpy(rowptr), torch.from_numpy(perm),
+            torch.from_numpy(src))
+
+
+def _forward_fake(q, k, v, bias, dropout_mask, edge_index, scale, negative_slope, additive,
+                  need_alpha):
+    n_dst, H, C = q.size(0), v.size(1), v.size(2)
+    E = edge_index.size(1)
+    return (v.new_empty(n_dst, H, C), v.new_empty(E if need_alpha else 0, H),
+            v.new_empty(n_dst, H), edge_index.new_empty(n_dst + 1), edge_index.new_empty(E),
+            edge_index.new_empty(E))
+
+
+def _backward_impl(grad_out: Tensor, grad_alpha: Tensor | None, q: Tensor, k: Tensor, v: Tensor,
+                 bias: Tensor | None, dropout_mask: Tensor | None, out: Tensor, lse: Tensor,
+                 rowptr: Tensor, perm: Tensor, src: Tensor, scale: float,
+                 negative_slope: float, additive: bool, need_grad_kv: bool,
+                 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Backward kernels: ``dq, dk, dv, dbias`` (``dk, dv`` empty unless ``need_grad_kv``,
+    ``dbias`` empty without ``bias``)."""
+    real = _np(v).dtype.type
+    none = np.zeros((1, v.size(1)), dtype=real)
+    rowptr, perm, src = _np(rowptr), _np(perm), _np(src)
+    has_grad_alpha = grad_alpha is not None and grad_alpha.numel() > 0
+    grad_q = torch.empty_like(q)
+    grad_bias = torch.empty(0) if bias is None else torch.empty_like(bias)
+    colptr, csc_position, target = _csc(rowptr, src, k.size(0))
+    grad_key = torch.empty(perm.shape[0], v.size(1), dtype=v.dtype)  # (E, H) CSC order
+    weight = torch.empty(perm.shape[0], v.size(1), dtype=v.dtype)  # (E, H) CSC order
+    channels = _kernel_channels(q, v, additive)
+    kernel = _backward_target_kernel(additive, bias is not None, dropout_mask is not None,
+                                     has_grad_alpha, *channels)
+    _run_rows(kernel, rowptr, _rows(q), _rows(k), _rows(v),
+              none if bias is None else _np(bias),
+              none if dropout_mask is None else _np(dropout_mask), _rows(out),
+              _rows(grad_out), _np(grad_alpha) if has_grad_alpha else none,
+              _np(lse), rowptr, perm, src, csc_position, real(scale), real(negative_slope),
+              _rows(grad_q), none if bias is None else grad_bias.numpy(),
+              grad_key.numpy(), weight.numpy())
+    grad_k, grad_v = torch.empty(0), torch.empty(0)
+    if need_grad_kv:
+        grad_k, grad_v = torch.empty_like(k), torch.empty_like(v)
+        kernel = _backward_source_kernel(additive, *_source_channels(*channels))
+        _run_rows(kernel, colptr, _rows(q), _rows(grad_out), colptr, target, grad_key.numpy(),
+                  weight.numpy(), _rows(grad_k), _rows(grad_v))
+    return grad_q, grad_k, grad_v, grad_bias
+
+
+def _backward_fake(grad_out, grad_alpha, q, k, v, bias, dropout_mask, out, lse, rowptr, perm,
+                   src, scale, negative_slope, additive, need_grad_kv):
+    empty = q.new_empty(0)
+    return (torch.empty_like(q), torch.empty_like(k) if need_grad_kv else empty,
+            torch.empty_like(v) if need_grad_kv else empty,
+            empty if bias is None else torch.empty_like(bias))
+
+
+# As torch operators (with their output shapes) the kernels are single opaque calls to
+# torch.compile instead of numba code to trace into. Eager autograd goes through
+# _EdgeAttentionCPU instead: the operators' dispatch costs 0.1-0.3 ms a training step.
+_forward_op = torch.library.custom_op("graphattn::cpu_edge_attention", _forward_impl,
+                                      mutates_args=())
+_forward_op.register_fake(_forward_fake)
+_backward_op = torch.library.custom_op("graphattn::cpu_edge_attention_backward",
+                                       _backward_impl, mutates_args=())
+_backward_op.register_fake(_backward_fake)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    q, k, v, bias, dropout_mask, _, scale, negative_slope, additive, need_alpha = inputs
+    out, alpha, lse, rowptr, perm, src = output
+    ctx.save_for_backward(q, k, v, bias, dropout_mask, out, lse, rowptr, perm, src)
+    ctx.set_materialize_grads(False)  # an unused alpha gets no gradient pass
+    ctx.options = (scale, negative_slope, additive)
+    ctx.mark_non_differentiable(lse, rowptr, perm, src)
+    if not need_alpha:
+        ctx.mark_non_differentiable(alpha)
+
+
+def _grads(ctx, grad_out: Tensor | None, grad_alpha: Tensor | None, backward) -> tuple:
+    """The inputs' gradients, from ``backward`` (:func:`_backward_impl` or its operator)."""
+    q, k, v, bias, dropout_mask, out, lse, rowptr, perm, src = ctx.saved_tensors
+    if grad_out is None:
+        grad_out = torch.zeros_like(out)
+    if grad_alpha is not None:
+        grad_alpha = grad_alpha.contiguous()
+    need_grad_kv = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
+    grad_q, grad_k, grad_v, grad_bias = backward(
+        grad_out.contiguous(), grad_alpha, q, k, v, bias, dropout_mask, out, lse, rowptr, perm,
+        src, *ctx.options, need_grad_kv)
+    if not need_grad_kv:
+        grad_k = grad_v = None
+    return (grad_q, grad_k, grad_v, None if bias is None else grad_bias,
+            None, None, None, None, None, None)
+
+
+_forward_op.register_autograd(
+    lambda ctx, grad_out, grad_alpha, *_: _grads(ctx, grad_out, grad_alpha, _backward_op),
+    setup_context=_setup_context)
+
+
+class _EdgeAttentionCPU(torch.autograd.Function):
+    """Eager autograd over the kernels: what the operators compute, without their dispatch."""
+
+    @staticmethod
+    def forward(ctx, *inputs):
+        output = _forward_impl(*inputs)
+        _setup_context(ctx, inputs, output)
+        return output
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, grad_out: Tensor | None, grad_alpha: Tensor | None):
-        q, k, v, bias, dropout_mask, out, lse = ctx.saved_tensors
-        rowptr, perm, src = ctx.csr
-        scale, negative_slope, additive, channels = ctx.options
-        real = _np(v).dtype.type
-        none = np.zeros((1, v.size(1)), dtype=real)
-        has_grad_alpha = grad_alpha is not None and grad_alpha.numel() > 0
-        grad_out = torch.zeros_like(out) if grad_out is None else grad_out.contiguous()
-        grad_q = torch.empty_like(q)
-        grad_bias = None if bias is None else torch.empty_like(bias)
-        colptr, csc_position, target = _csc(rowptr, src, k.size(0))
-        grad_key = torch.empty(perm.shape[0], v.size(1), dtype=v.dtype)  # (E, H) CSC order
-        weight = torch.empty(perm.shape[0], v.size(1), dtype=v.dtype)  # (E, H) CSC order
-        kernel = _backward_target_kernel(additive, bias is not None, dropout_mask is not None,
-                                         has_grad_alpha, *channels)
-        _run_rows(kernel, rowptr, _rows(q), _rows(k), _rows(v),
-                  none if bias is None else _np(bias),
-                  none if dropout_mask is None else _np(dropout_mask), _rows(out),
-                  _rows(grad_out), _np(grad_alpha.contiguous()) if has_grad_alpha else none,
-                  _np(lse), rowptr, perm, src, csc_position, real(scale), real(negative_slope),
-                  _rows(grad_q), none if grad_bias is None else grad_bias.numpy(),
-                  grad_key.numpy(), weight.numpy())
-        grad_k = grad_v = None
-        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
-            grad_k, grad_v = torch.empty_like(k), torch.empty_like(v)
-            kernel = _backward_source_kernel(additive, *_source_channels(*channels))
-            _run_rows(kernel, colptr, _rows(q), _rows(grad_out), colptr, target, grad_key.numpy(),
-                      weight.numpy(), _rows(grad_k), _rows(grad_v))
-        return grad_q, grad_k, grad_v, grad_bias, None, None, None, None, None, None
+    def backward(ctx, grad_out, grad_alpha, *_):
+        return _grads(ctx, grad_out, grad_alpha, _backward_impl)
 
 
 def cpu_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *, scale: float,
@@ -712,8 +791,9 @@ def cpu_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *, s
         bias = bias.to(work).contiguous()
     if dropout_mask is not None:
         dropout_mask = dropout_mask.to(work).contiguous()
-    out, alpha = _EdgeAttentionCPU.apply(q, k, v, bias, dropout_mask, edge_index.contiguous(),
-                                         scale, negative_slope, additive, need_alpha)
+    attend = _forward_op if torch.compiler.is_compiling() else _EdgeAttentionCPU.apply
+    out, alpha = attend(q, k, v, bias, dropout_mask, edge_index.contiguous(), scale,
+                        negative_slope, additive, need_alpha)[:2]
     if channels == 0:
         out = out[..., :0]  # the padded channel (a slice would cost a copy in backward otherwise)
     return out.to(dtype), (alpha.to(dtype) if need_alpha else None)

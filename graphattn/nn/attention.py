@@ -201,8 +201,9 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         check_edge_index(edge_index, num_src=N_src, num_dst=N_dst)
         edge_attr = self._check_edge_attr(edge_attr, edge_index.size(1))
         if self.add_self_loops:
-            edge_index, edge_attr = add_remaining_self_loops(edge_index, edge_attr,
-                                                             min(N_src, N_dst))
+            edge_index, edge_attr = add_remaining_self_loops(
+                edge_index, edge_attr, min(N_src, N_dst),
+                trace_key=id(self) if torch.compiler.is_compiling() else 0)
 
         q, k, v = self._project(x_src, x_dst)
         q = q.view(N_dst, H, -1)  # (N_dst, H, C) or (N_dst, H, 1)
@@ -247,13 +248,22 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
 
 
 def add_remaining_self_loops(edge_index: Tensor, edge_attr: Tensor | None, num_nodes: int,
-                             ) -> tuple[Tensor, Tensor | None]:
+                             *, trace_key: int = 0) -> tuple[Tensor, Tensor | None]:
     """Replace all self-loops by exactly one loop ``i -> i`` for each ``i < num_nodes``.
 
     The loops' ``edge_attr`` is the mean of the target's other incoming edge features
     (0 for a target without any), as PyG's ``fill_value="mean"``.
+
+    ``trace_key`` changes nothing in the result. Under ``torch.compile`` each layer passes its
+    ``id()``: the node ids are compared XOR the key, so that two layers dropping the self-loops
+    of one ``edge_index`` trace to two different computations. Merged into one, their
+    data-dependent edge count breaks the inductor backend of torch 2.13 (``AssertionError: u1
+    not in {u0: ...}``).
     """
-    keep = edge_index[0] != edge_index[1]
+    src, dst = edge_index  # (E,), (E,)
+    if trace_key:
+        src, dst = src ^ trace_key, dst ^ trace_key
+    keep = src != dst  # (E,)
     edge_index = edge_index[:, keep]  # (2, E_kept)
     loops = torch.arange(num_nodes, device=edge_index.device, dtype=edge_index.dtype)
     new_index = torch.cat([edge_index, loops.expand(2, -1)], dim=1)  # (2, E_kept + N)

@@ -1,0 +1,142 @@
+"""``torch.compile`` over edge_attention, the layers and the models: eager's outputs and gradients.
+
+The ``cpu`` backend is a pair of torch operators (``graphattn::cpu_edge_attention`` and its
+backward), so compiled graphs call the numba kernels instead of tracing into them; the node-id
+checks become asserts in the graph. Every case compiles with ``fullgraph=True``: no graph break.
+Models are compared in eval mode, since a compiled graph draws its dropout masks from other random
+numbers than eager; training mode is checked to run and give finite gradients.
+"""
+
+from __future__ import annotations
+
+import copy
+import shutil
+
+import pytest
+import torch
+from conftest import assert_close, random_graph
+
+from graphattn.functional import edge_attention
+from graphattn.nn import GAT, GraphSelfAttention, GraphTransformer
+
+needs_cxx = pytest.mark.skipif(
+    shutil.which("c++") is None and shutil.which("g++") is None,
+    reason="inductor, torch.compile's default backend, needs a C++ compiler on CPU")
+
+# Inductor fuses and reorders the projections' float operations: a few ulp of the outputs, and
+# gradients summed over 1000 edges, differ from eager.
+COMPILED = dict(atol=1e-4, rtol=1e-4)
+
+
+class Stack(torch.nn.Module):
+    """``layers`` applied in turn to the same graph."""
+
+    def __init__(self, layers: list[torch.nn.Module]) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(layers)
+
+    def forward(self, x: torch.Tensor, edge_index: torch.Tensor,
+                edge_attr: torch.Tensor | None = None) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x, edge_index, edge_attr)
+        return x
+
+
+def _graph(num_nodes: int = 60, num_edges: int = 400, seed: int = 0):
+    edge_index = random_graph(num_nodes, num_edges, seed=seed)
+    loops = torch.arange(0, num_nodes, 7).expand(2, -1)  # some self-loops for the layers to replace
+    return torch.cat([edge_index, loops], dim=1)
+
+
+def _loss_and_grads(model: torch.nn.Module, *inputs) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    for p in model.parameters():
+        p.grad = None
+    out = model(*inputs)
+    weight = torch.linspace(-1, 1, out.numel()).view_as(out)
+    (out * weight).sum().backward()
+    return out.detach(), [p.grad.clone() for p in model.parameters()]
+
+
+def _assert_compiles_like_eager(model: torch.nn.Module, inputs_list: list[tuple],
+                                backend: str) -> None:
+    model.eval()
+    compiled = torch.compile(model, backend=backend, fullgraph=True)
+    for inputs in inputs_list:
+        out, grads = _loss_and_grads(compiled, *inputs)
+        expected_out, expected_grads = _loss_and_grads(model, *inputs)
+        assert_close(out, expected_out, **COMPILED)
+        for grad, expected in zip(grads, expected_grads, strict=True):
+            assert_close(grad, expected, **COMPILED)
+    model.train()
+    out, grads = _loss_and_grads(compiled, *inputs_list[0])
+    assert torch.isfinite(out).all() and all(torch.isfinite(g).all() for g in grads)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "reference", "dense"])
+@pytest.mark.parametrize("score", ["dot", "additive"])
+def test_edge_attention_compiles(backend, score):
+    torch.manual_seed(0)
+    N, H, C = 30, 2, 8
+    edge_index = random_graph(N, 150, seed=1)
+    qk_shape = (N, H, C) if score == "dot" else (N, H)
+    leaves = [torch.randn(*qk_shape), torch.randn(*qk_shape), torch.randn(N, H, C),
+              torch.randn(edge_index.size(1), H)]
+    leaves = [t.requires_grad_() for t in leaves]
+
+    def attend(q, k, v, bias, edge_index):
+        return edge_attention(q, k, v, edge_index, bias=bias, backend=backend, score=score,
+                              return_attention=True)
+
+    compiled = torch.compile(attend, backend="aot_eager", fullgraph=True)
+    results = []
+    for fn in (compiled, attend):
+        out, alpha = fn(*leaves, edge_index)
+        grads = torch.autograd.grad((out * out).sum() + (alpha * alpha).sum(), leaves)
+        results.append((out, alpha, grads))
+    (out, alpha, grads), (expected_out, expected_alpha, expected_grads) = results
+    assert_close(out, expected_out)
+    assert_close(alpha, expected_alpha)
+    for grad, expected in zip(grads, expected_grads, strict=True):
+        assert_close(grad, expected)
+
+
+def test_node_id_checks_run_inside_the_compiled_graph():
+    def attend(q, k, v, edge_index):
+        return edge_attention(q, k, v, edge_index)
+
+    compiled = torch.compile(attend, backend="aot_eager", fullgraph=True)
+    q = torch.randn(5, 1, 4)
+    good = torch.tensor([[0, 1, 2], [1, 2, 3]])
+    assert_close(compiled(q, q, q, good), attend(q, q, q, good))
+    with pytest.raises(RuntimeError, match=r"edge_index\[0\] \(sources\) must be < the number "
+                                           r"of source nodes 5"):
+        compiled(q, q, q, torch.tensor([[0, 5, 2], [1, 2, 3]]))
+    with pytest.raises(RuntimeError, match=r"edge_index must hold node ids >= 0"):
+        compiled(q, q, q, torch.tensor([[0, 1, 2], [1, -2, 3]]))
+
+
+@needs_cxx
+def test_gat_compiles_with_inductor():
+    torch.manual_seed(0)
+    x = torch.randn(60, 16)
+    inputs = [(x, _graph()), (x, _graph(num_edges=437, seed=2))]  # a second edge count
+    _assert_compiles_like_eager(GAT(16, 5), inputs, backend="inductor")
+
+
+@needs_cxx
+def test_stacked_copies_of_a_layer_compile_with_inductor():
+    """Deep copies share everything but their identity; each still drops the self-loops itself."""
+    torch.manual_seed(0)
+    layer = GraphSelfAttention(16, 8, heads=2, dropout=0.2, edge_dim=3)
+    model = Stack([copy.deepcopy(layer) for _ in range(3)])
+    edge_index = _graph()
+    inputs = [(torch.randn(60, 16), edge_index, torch.randn(edge_index.size(1), 3))]
+    _assert_compiles_like_eager(model, inputs, backend="inductor")
+
+
+@pytest.mark.parametrize("attention", ["dot", "additive"])
+def test_graph_transformer_compiles(attention):
+    torch.manual_seed(0)
+    model = GraphTransformer(16, 32, 5, num_layers=3, attention=attention, pe_channels=4)
+    inputs = [(torch.randn(60, 16), _graph(), torch.randn(60, 4))]
+    _assert_compiles_like_eager(model, inputs, backend="aot_eager")
