@@ -72,3 +72,12 @@ def check_non_negative(value: int, name: str) -> None:
     """Raise unless ``value`` is an int >= 0."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+
+
+def check_in_channels(value: int | tuple[int, int]) -> None:
+    """Raise unless ``value`` is a positive int or ``-1`` (lazy), or a pair of these."""
+    pair = value if isinstance(value, (tuple, list)) else (value, value)
+    if len(pair) != 2 or any(isinstance(v, bool) or not isinstance(v, int) or v < -1 or v == 0
+                             for v in pair):
+        raise ValueError(f"in_channels must be a positive integer, or -1 to infer it from the "
+                         f"first call (or a pair of these), got {value!r}")

@@ -9,10 +9,16 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.nn import Linear
+from torch.nn import LazyLinear, Linear
 from torch_geometric.nn import MessagePassing
 
-from graphattn._checks import check_dropout, check_edge_index, check_positive, check_same_device
+from graphattn._checks import (
+    check_dropout,
+    check_edge_index,
+    check_in_channels,
+    check_positive,
+    check_same_device,
+)
 from graphattn.functional.attention import (
     BACKENDS,
     SCORES,
@@ -21,6 +27,19 @@ from graphattn.functional.attention import (
 )
 from graphattn.functional.dropout import dropout
 from graphattn.graphs import SPARSE_LAYOUTS, from_sparse_adjacency, to_sparse_adjacency
+
+
+def _linear(in_features: int, out_features: int, bias: bool) -> Linear | LazyLinear:
+    """``Linear``, or ``LazyLinear`` for ``in_features=-1`` (sized by its first input)."""
+    if in_features == -1:
+        return LazyLinear(out_features, bias=bias)
+    return Linear(in_features, out_features, bias=bias)
+
+
+def _glorot(lin: Linear) -> None:
+    torch.nn.init.xavier_uniform_(lin.weight)
+    if lin.bias is not None:
+        torch.nn.init.zeros_(lin.bias)
 
 
 class _SelfAttentionBase(torch.nn.Module):
@@ -34,9 +53,9 @@ class _SelfAttentionBase(torch.nn.Module):
         check_positive(out_channels, "out_channels")
         check_dropout(dropout)
         check_dropout(value_dropout, "value_dropout")
-        in_src, in_dst = (in_channels, in_channels) if isinstance(in_channels, int) else in_channels
-        check_positive(in_src, "in_channels")
-        check_positive(in_dst, "in_channels")
+        check_in_channels(in_channels)
+        in_src, in_dst = (in_channels if isinstance(in_channels, (tuple, list))
+                          else (in_channels, in_channels))
         self.in_channels = in_channels
         self.out_channels = out_channels
         self.heads = heads
@@ -44,20 +63,28 @@ class _SelfAttentionBase(torch.nn.Module):
         self.dropout = float(dropout)
         self.value_dropout = float(value_dropout)
         H, C = heads, out_channels
-        self.lin_q = Linear(in_dst, H * score_channels, bias=bias)
-        self.lin_k = Linear(in_src, H * score_channels, bias=bias)
-        self.lin_v = Linear(in_src, H * C, bias=bias)
+        self.lin_q = _linear(in_dst, H * score_channels, bias)
+        self.lin_k = _linear(in_src, H * score_channels, bias)
+        self.lin_v = _linear(in_src, H * C, bias)
         out_dim = H * C if concat else C
         self.lin_out = Linear(out_dim, out_dim, bias=bias) if out_proj else None
 
     def reset_parameters(self) -> None:
-        """Glorot-uniform weights and zero biases, as ``torch.nn.MultiheadAttention`` does."""
+        """Glorot-uniform weights and zero biases, as ``torch.nn.MultiheadAttention`` does.
+
+        Projections whose input size is still to be inferred (``in_channels=-1``) are
+        initialised when the first call gives them their shape.
+        """
         for lin in (self.lin_q, self.lin_k, self.lin_v, self.lin_out):
-            if lin is None:
-                continue
-            torch.nn.init.xavier_uniform_(lin.weight)
-            if lin.bias is not None:
-                torch.nn.init.zeros_(lin.bias)
+            if lin is not None and not isinstance(lin, LazyLinear):
+                _glorot(lin)
+
+    def _infer_in_channels(self, x_src: Tensor, x_dst: Tensor) -> None:
+        """Give the projections of ``in_channels=-1`` their input size from the first inputs."""
+        for lin, x in ((self.lin_q, x_dst), (self.lin_k, x_src), (self.lin_v, x_src)):
+            if isinstance(lin, LazyLinear) and isinstance(x, Tensor) and x.dim() >= 2:
+                lin.initialize_parameters(x)
+                _glorot(lin)
 
     def _project(self, x_src: Tensor, x_dst: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """``lin_q(x_dst), lin_k(x_src), lin_v(x_src)``; one product for sparse self-attention.
@@ -80,12 +107,13 @@ class _SelfAttentionBase(torch.nn.Module):
         out = out.flatten(-2) if self.concat else out.mean(dim=-2)
         return out if self.lin_out is None else self.lin_out(out)
 
-    def _check_features(self, x: Tensor, expected: int, name: str) -> None:
+    def _check_features(self, x: Tensor, lin: Linear, name: str) -> None:
+        """Raise unless ``x`` is ``[N, F]`` with the ``F`` that ``lin`` takes."""
         if not isinstance(x, Tensor) or x.dim() != 2:
             shape = list(x.shape) if isinstance(x, Tensor) else type(x).__name__
             raise ValueError(f"{name} must have shape [N, F], got {shape}")
-        if x.size(-1) != expected:
-            raise ValueError(f"{name} must have F = in_channels = {expected} features, "
+        if x.size(-1) != lin.in_features:
+            raise ValueError(f"{name} must have F = in_channels = {lin.in_features} features, "
                              f"got {list(x.shape)}")
 
     def _repr_args(self) -> str:
@@ -119,7 +147,10 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
     ``GATConv`` returns them.
 
     Args:
-        in_channels (int or tuple): input features F, or ``(F_src, F_dst)`` for bipartite graphs.
+        in_channels (int or tuple): input features F, or ``(F_src, F_dst)`` for bipartite graphs;
+            ``-1`` (or ``(-1, -1)``) infers them from the first call, as PyG's lazy layers do
+            (for ``torch_geometric.nn.to_hetero``); run one forward before building the
+            optimizer.
         out_channels (int): channels per head C.
         heads (int, optional): number of heads H. (default: ``1``)
         concat (bool, optional): concatenate the heads (``H * C`` outputs); if ``False`` average
@@ -184,10 +215,9 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         """Attend along ``edge_index``; see the class docstring for shapes."""
         H, C = self.heads, self.out_channels
         x_src, x_dst = x if isinstance(x, (tuple, list)) else (x, x)
-        in_src, in_dst = ((self.in_channels, self.in_channels)
-                          if isinstance(self.in_channels, int) else self.in_channels)
-        self._check_features(x_src, in_src, "x" if x_src is x_dst else "x_src")
-        self._check_features(x_dst, in_dst, "x" if x_src is x_dst else "x_dst")
+        self._infer_in_channels(x_src, x_dst)
+        self._check_features(x_src, self.lin_k, "x" if x_src is x_dst else "x_src")
+        self._check_features(x_dst, self.lin_q, "x" if x_src is x_dst else "x_dst")
         check_same_device(x=x_src, x_dst=x_dst, edge_index=edge_index, edge_attr=edge_attr)
         N_src, N_dst = x_src.size(0), x_dst.size(0)
         adjacency = None  # the sparse adjacency edge_index came as, if it did
@@ -291,7 +321,7 @@ class DenseSelfAttention(_SelfAttentionBase):
     both compute the same function. A fully masked query row gets 0 before ``lin_out``.
 
     Args:
-        in_channels (int): input features F.
+        in_channels (int): input features F; ``-1`` infers them from the first call.
         out_channels (int): channels per head C.
         heads (int, optional): number of heads H. (default: ``1``)
         concat (bool, optional): concatenate (``True``) or average the heads.
@@ -323,8 +353,9 @@ class DenseSelfAttention(_SelfAttentionBase):
         if not isinstance(x, Tensor) or x.dim() not in (2, 3):
             shape = list(x.shape) if isinstance(x, Tensor) else type(x).__name__
             raise ValueError(f"x must have shape [L, F] or [B, L, F], got {shape}")
-        if x.size(-1) != self.in_channels:
-            raise ValueError(f"x must have F = in_channels = {self.in_channels} features, "
+        self._infer_in_channels(x, x)
+        if x.size(-1) != self.lin_q.in_features:
+            raise ValueError(f"x must have F = in_channels = {self.lin_q.in_features} features, "
                              f"got {list(x.shape)}")
         q, k, v = (t.unflatten(-1, (H, C)) for t in self._project(x, x))  # (B, L, H, C)
         v = dropout(v, self.value_dropout,

@@ -7,9 +7,9 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.nn import LayerNorm, Linear
+from torch.nn import LayerNorm, LazyLinear, Linear
 
-from graphattn._checks import check_dropout, check_positive
+from graphattn._checks import check_dropout, check_in_channels, check_positive
 from graphattn.functional.dropout import dropout
 from graphattn.nn.attention import GraphSelfAttention
 
@@ -59,7 +59,7 @@ class GAT(torch.nn.Module):
     PubMed: ``out_heads=8``.)
 
     Args:
-        in_channels (int): input features F.
+        in_channels (int): input features F; ``-1`` infers them from the first call.
         out_channels (int): classes.
         hidden_channels (int, optional): channels per head of the hidden layer.
             (default: ``8``)
@@ -92,7 +92,8 @@ class GAT(torch.nn.Module):
                  attention: str = "additive", backend: str = "auto",
                  conv: ConvFactory | None = None) -> None:
         super().__init__()
-        for value, name in ((in_channels, "in_channels"), (out_channels, "out_channels"),
+        check_in_channels(in_channels)
+        for value, name in ((out_channels, "out_channels"),
                             (hidden_channels, "hidden_channels"), (heads, "heads"),
                             (out_heads, "out_heads")):
             check_positive(value, name)
@@ -141,7 +142,7 @@ class GraphTransformer(torch.nn.Module):
     W_\mathrm{pe}]` applied to :math:`x \Vert p`. ``x`` may be a sparse (CSR or COO) tensor.
 
     Args:
-        in_channels (int): input features F.
+        in_channels (int): input features F; ``-1`` infers them from the first call.
         hidden_channels (int): model width D, divisible by ``heads``.
         out_channels (int): classes (or outputs).
         num_layers (int, optional): transformer blocks. (default: ``2``)
@@ -168,7 +169,8 @@ class GraphTransformer(torch.nn.Module):
                  dropout: float = 0.5, attention_dropout: float | None = None,
                  ffn_ratio: int = 2, attention: str = "dot", backend: str = "auto") -> None:
         super().__init__()
-        for value, name in ((in_channels, "in_channels"), (hidden_channels, "hidden_channels"),
+        check_in_channels(in_channels)
+        for value, name in ((hidden_channels, "hidden_channels"),
                             (out_channels, "out_channels"), (num_layers, "num_layers"),
                             (heads, "heads"), (ffn_ratio, "ffn_ratio")):
             check_positive(value, name)
@@ -183,7 +185,7 @@ class GraphTransformer(torch.nn.Module):
         self.pe_channels = pe_channels
         self.dropout = float(dropout)
         D = hidden_channels
-        self.lin_in = Linear(in_channels, D)
+        self.lin_in = Linear(in_channels, D) if in_channels != -1 else LazyLinear(D)
         self.lin_pe = Linear(pe_channels, D, bias=False) if pe_channels > 0 else None
         self.attn_norms = torch.nn.ModuleList(LayerNorm(D) for _ in range(num_layers))
         self.attns = torch.nn.ModuleList(

@@ -351,3 +351,71 @@ def test_sparse_adjacency_shape_error():
     with pytest.raises(ValueError, match=r"sparse adjacency must have shape \[N_dst, N_src\] = "
                                          r"\[5, 6\], got \[6, 5\]"):
         layer((torch.randn(6, 4), torch.randn(5, 3)), adj_t.t().to_sparse_csr())
+
+
+@pytest.mark.parametrize("attention", ["dot", "additive"])
+def test_lazy_in_channels_equal_a_sized_layer(attention):
+    """``in_channels=-1`` sizes the projections at the first call and initialises them then."""
+    torch.manual_seed(0)
+    x_src, x_dst = torch.randn(7, 5), torch.randn(4, 3)
+    edge_index = random_graph(7, 20, seed=3, num_dst=4)
+    lazy = GraphSelfAttention((-1, -1), 6, heads=2, attention=attention, add_self_loops=False)
+    assert repr(lazy) == "GraphSelfAttention((-1, -1), 6, heads=2" + (
+        ")" if attention == "dot" else ", attention='additive')")
+    out = lazy((x_src, x_dst), edge_index)
+    assert (lazy.lin_k.in_features, lazy.lin_q.in_features) == (5, 3)
+    assert all(lin.bias.abs().sum() == 0 for lin in (lazy.lin_q, lazy.lin_k, lazy.lin_v))
+    assert all(p.grad is None for p in lazy.parameters())
+    sized = GraphSelfAttention((5, 3), 6, heads=2, attention=attention, add_self_loops=False)
+    sized.load_state_dict(lazy.state_dict())
+    assert_close(out, sized((x_src, x_dst), edge_index))
+    with pytest.raises(ValueError, match=r"x_dst must have F = in_channels = 3 features"):
+        lazy((x_src, torch.randn(4, 5)), edge_index)
+
+    dense = DenseSelfAttention(-1, 4, heads=2)
+    assert dense(torch.randn(2, 6, 5)).shape == (2, 6, 8)
+    assert dense.lin_q.in_features == 5
+
+
+def test_lazy_in_channels_errors():
+    for bad in (0, -2, 2.5, (3, 0), (1, 2, 3)):
+        with pytest.raises(ValueError, match=r"in_channels must be a positive integer, or -1 "
+                                             r"to infer it from the first call \(or a pair of "
+                                             r"these\), got "):
+            GraphSelfAttention(bad, 4)
+
+
+def test_to_hetero_sums_one_layer_per_edge_type():
+    """PyG's ``to_hetero`` copies the layer per edge type and sums the copies per target type."""
+    from torch_geometric.data import HeteroData
+    from torch_geometric.nn import to_hetero
+
+    torch.manual_seed(0)
+    data = HeteroData()
+    data["paper"].x, data["author"].x = torch.randn(9, 6), torch.randn(5, 4)
+    data["author", "writes", "paper"].edge_index = random_graph(5, 20, seed=1, num_dst=9)
+    data["paper", "rev_writes", "author"].edge_index = (
+        data["author", "writes", "paper"].edge_index.flip(0))
+    data["paper", "cites", "paper"].edge_index = random_graph(9, 25, seed=2)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = GraphSelfAttention((-1, -1), 3, heads=2, add_self_loops=False)
+
+        def forward(self, x, edge_index):
+            return self.conv(x, edge_index)
+
+    model = to_hetero(Net(), data.metadata(), aggr="sum")
+    out = model(data.x_dict, data.edge_index_dict)
+    convs = model.conv
+    x, ei = data.x_dict, data.edge_index_dict
+    expected_paper = (
+        convs["author__writes__paper"]((x["author"], x["paper"]),
+                                       ei["author", "writes", "paper"])
+        + convs["paper__cites__paper"]((x["paper"], x["paper"]), ei["paper", "cites", "paper"]))
+    expected_author = convs["paper__rev_writes__author"]((x["paper"], x["author"]),
+                                                          ei["paper", "rev_writes", "author"])
+    assert_close(out["paper"], expected_paper)
+    assert_close(out["author"], expected_author)
+    assert convs["author__writes__paper"].lin_k.in_features == 4

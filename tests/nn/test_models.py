@@ -188,3 +188,14 @@ def test_example_trains_gat_on_cora_smoke(tmp_path, capsys):
         assert r.train_loss[-1] < r.train_loss[0]
         assert r.val_acc == r.val_accs[r.best_epoch - 1]
         assert r.val_acc > 0.5 and r.test_acc > 0.5  # chance is 1/7 (most frequent class 0.32)
+
+
+def test_models_infer_in_channels():
+    torch.manual_seed(0)
+    x, edge_index = torch.randn(12, 7), random_graph(12, 40, seed=4)
+    for model in (GAT(-1, 3), GraphTransformer(-1, 16, 3)):
+        assert model(x, edge_index).shape == (12, 3)
+        assert sum(p.numel() for p in model.parameters()) > 0
+    with pytest.raises(ValueError, match=r"in_channels must be a positive integer, or -1 .*"
+                                         r"got 0"):
+        GAT(0, 3)
