@@ -16,7 +16,8 @@ import pytest
 import torch
 from conftest import assert_close, random_graph
 
-from graphattn.functional import edge_attention
+from graphattn.functional import cpu, edge_attention
+from graphattn.functional.attention import reference_edge_attention
 from graphattn.nn import GAT, GraphSelfAttention, GraphTransformer
 
 needs_cxx = pytest.mark.skipif(
@@ -140,3 +141,42 @@ def test_graph_transformer_compiles(attention):
     model = GraphTransformer(16, 32, 5, num_layers=3, attention=attention, pe_channels=4)
     inputs = [(torch.randn(60, 16), _graph(), torch.randn(60, 4))]
     _assert_compiles_like_eager(model, inputs, backend="aot_eager")
+
+
+@pytest.mark.parametrize(("score", "with_bias", "with_mask"), [
+    ("dot", False, False), ("dot", True, True), ("additive", False, True),
+    ("additive", True, False)])
+def test_cpu_operators_pass_opcheck_and_match_the_reference(score, with_bias, with_mask):
+    """torch's own checks of the operators (schema, fake shapes, autograd registration), and
+    the gradients the operators' autograd gives in eager against the reference backend."""
+    torch.manual_seed(0)
+    N, H, C, E = 7, 2, 4, 24
+    edge_index = random_graph(N, E, seed=5)
+    additive = score == "additive"
+    shape = (N, H, 1) if additive else (N, H, C)  # the kernels take additive q, k as (N, H, 1)
+    q, k, v = torch.randn(*shape), torch.randn(*shape), torch.randn(N, H, C)
+    bias = torch.randn(E, H) if with_bias else None
+    mask = (torch.rand(E, H) > 0.3).float() / 0.7 if with_mask else None
+    leaves = [t.requires_grad_() for t in (q, k, v, bias) if t is not None]
+    args = (q, k, v, bias, mask, edge_index, 0.5, 0.2, additive, True)
+    torch.library.opcheck(cpu._forward_op, args)
+
+    out, alpha = cpu._forward_op(*args)[:2]
+    grads = torch.autograd.grad((out * out).sum() + (alpha * alpha).sum(), leaves)
+    squeeze = (lambda t: t.squeeze(-1)) if additive else (lambda t: t)
+    expected_out, expected_alpha = reference_edge_attention(
+        squeeze(q), squeeze(k), v, edge_index, scale=0.5, bias=bias, dropout_mask=mask,
+        score=score, negative_slope=0.2, need_alpha=True)
+    expected = torch.autograd.grad((expected_out * expected_out).sum()
+                                   + (expected_alpha * expected_alpha).sum(), leaves)
+    assert_close(out, expected_out)
+    assert_close(alpha, expected_alpha)
+    for grad, reference in zip(grads, expected, strict=True):
+        assert_close(grad, reference)
+
+    saved = cpu._forward_impl(*(t.detach() if isinstance(t, torch.Tensor) else t for t in args))
+    out, _, lse, rowptr, perm, src = saved
+    torch.library.opcheck(cpu._backward_op, (
+        torch.randn_like(out), torch.randn(E, H), q.detach(), k.detach(), v.detach(),
+        None if bias is None else bias.detach(), mask, out, lse, rowptr, perm, src, 0.5, 0.2,
+        additive, True))
