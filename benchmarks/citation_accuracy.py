@@ -10,7 +10,8 @@ and PyG's GATConv and TransformerConv, each inside the same two-layer GAT archit
     python benchmarks/citation_accuracy.py --datasets Cora --seeds 3 --jobs 2
 
 It never downloads: a dataset whose raw files are missing is skipped with the loader's message
-(``load_planetoid(name)`` downloads them). Writes benchmarks/results/citation_accuracy.{md,csv,png}.
+(``load_planetoid(name)`` downloads them). Writes benchmarks/results/citation_accuracy.{md,csv,png}
+(``--name`` changes the file name).
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ def write_results(rows: list[dict], skipped: dict[str, str], args: argparse.Name
     RESULTS.mkdir(parents=True, exist_ok=True)
     fields = ["dataset", "model", "seed", "test_acc", "val_acc", "selected_epoch", "epochs",
               "median_epoch_ms"]
-    with open(RESULTS / "citation_accuracy.csv", "w", newline="") as f:
+    with open(RESULTS / f"{args.name}.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
@@ -189,12 +190,12 @@ def write_results(rows: list[dict], skipped: dict[str, str], args: argparse.Name
         for dataset, reason in skipped.items():
             first = reason.splitlines()[0]
             lines.append(f"- {dataset}: not run. The loader said: `{first}`")
-    if (RESULTS / "citation_accuracy.png").exists():
-        lines += ["", "![test accuracy per seed](citation_accuracy.png)"]
-    (RESULTS / "citation_accuracy.md").write_text("\n".join(lines) + "\n")
+    if (RESULTS / f"{args.name}.png").exists():
+        lines += ["", f"![test accuracy per seed]({args.name}.png)"]
+    (RESULTS / f"{args.name}.md").write_text("\n".join(lines) + "\n")
 
 
-def plot(rows: list[dict]) -> None:
+def plot(rows: list[dict], name: str) -> None:
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -220,7 +221,7 @@ def plot(rows: list[dict]) -> None:
         ax.set(title=dataset, ylabel="test accuracy (%)")
         ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
-    fig.savefig(RESULTS / "citation_accuracy.png", dpi=120)
+    fig.savefig(RESULTS / f"{name}.png", dpi=120)
     plt.close(fig)
 
 
@@ -236,6 +237,8 @@ def main() -> None:
     parser.add_argument("--patience", type=int, default=100)
     parser.add_argument("--jobs", type=int, default=1, help="parallel processes (1 thread each)")
     parser.add_argument("--root", default=None, help="data root")
+    parser.add_argument("--name", default="citation_accuracy",
+                        help="results file name, without extension (default: citation_accuracy)")
     args = parser.parse_args()
     command = "python " + " ".join(shlex.quote(a) for a in sys.argv)
     print(command)
@@ -266,9 +269,9 @@ def main() -> None:
     rows.sort(key=lambda r: (args.datasets.index(r["dataset"]), args.models.index(r["model"]),
                              r["seed"]))
     minutes = (time.perf_counter() - start) / 60
-    plot(rows)
+    plot(rows, args.name)
     write_results(rows, skipped, args, command, minutes)
-    print((RESULTS / "citation_accuracy.md").read_text())
+    print((RESULTS / f"{args.name}.md").read_text())
 
 
 if __name__ == "__main__":

@@ -130,7 +130,7 @@ def test_stacked_copies_of_a_layer_compile_with_inductor():
     torch.manual_seed(0)
     layer = GraphSelfAttention(16, 8, heads=2, dropout=0.2, edge_dim=3)
     model = Stack([copy.deepcopy(layer) for _ in range(3)])
-    edge_index = _graph()
+    edge_index = _graph().int()  # int32 ids (the GAT test has int64)
     inputs = [(torch.randn(60, 16), edge_index, torch.randn(edge_index.size(1), 3))]
     _assert_compiles_like_eager(model, inputs, backend="inductor")
 

@@ -233,7 +233,7 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         if self.add_self_loops:
             edge_index, edge_attr = add_remaining_self_loops(
                 edge_index, edge_attr, min(N_src, N_dst),
-                trace_key=id(self) if torch.compiler.is_compiling() else 0)
+                trace_key=(id(self) >> 4) % 2**31 if torch.compiler.is_compiling() else 0)
 
         q, k, v = self._project(x_src, x_dst)
         q = q.view(N_dst, H, -1)  # (N_dst, H, C) or (N_dst, H, 1)
@@ -284,11 +284,11 @@ def add_remaining_self_loops(edge_index: Tensor, edge_attr: Tensor | None, num_n
     The loops' ``edge_attr`` is the mean of the target's other incoming edge features
     (0 for a target without any), as PyG's ``fill_value="mean"``.
 
-    ``trace_key`` changes nothing in the result. Under ``torch.compile`` each layer passes its
-    ``id()``: the node ids are compared XOR the key, so that two layers dropping the self-loops
-    of one ``edge_index`` trace to two different computations. Merged into one, their
-    data-dependent edge count breaks the inductor backend of torch 2.13 (``AssertionError: u1
-    not in {u0: ...}``).
+    ``trace_key`` changes nothing in the result. Under ``torch.compile`` each layer passes a key
+    from its ``id()`` (below 2**31, for int32 ids too): the node ids are compared XOR the key,
+    so that two layers dropping the self-loops of one ``edge_index`` trace to two different
+    computations. Merged into one, their data-dependent edge count breaks the inductor backend
+    of torch 2.13 (``AssertionError: u1 not in {u0: ...}``).
     """
     src, dst = edge_index  # (E,), (E,)
     if trace_key:
