@@ -26,13 +26,13 @@ from graphattn.functional.triton_kernels import (
     use_triton_for,
 )
 
-SCORES = ("dot", "additive")
+SCORES = ("dot", "additive", "gatv2")
 
 
 def reference_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
                              scale: float, bias: Tensor | None, dropout_mask: Tensor | None,
-                             score: str, negative_slope: float,
-                             need_alpha: bool) -> tuple[Tensor, Tensor | None]:
+                             score: str, negative_slope: float, need_alpha: bool,
+                             att: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
     """The readable reference backend: gather per edge, scatter-softmax, scatter-add.
 
     Arguments are already checked by :func:`edge_attention`; ``dropout_mask`` is ``None`` or an
@@ -41,6 +41,11 @@ def reference_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor
     src, dst = edge_index[0], edge_index[1]
     if score == "dot":
         s = (q[dst] * k[src]).sum(dim=-1) * scale  # (E, H)
+        if bias is not None:
+            s = s + bias
+    elif score == "gatv2":
+        z = F.leaky_relu(q[dst] + k[src], negative_slope)  # (E, H, C)
+        s = (z * att).sum(dim=-1) * scale  # (E, H)
         if bias is not None:
             s = s + bias
     else:
@@ -158,14 +163,15 @@ def select_backend(q: Tensor, edge_index: Tensor, num_src: int | None = None) ->
 
 
 def _check_attention_inputs(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor,
-                            bias: Tensor | None, score: str) -> None:
+                            bias: Tensor | None, score: str, att: Tensor | None) -> None:
     if score not in SCORES:
         raise ValueError(f"score must be one of {SCORES}, got {score!r}")
     if v.dim() != 3:
         raise ValueError(f"v must have shape [N_src, H, C], got {list(v.shape)}")
     n_src, heads, _ = v.shape
-    qk_rank = 3 if score == "dot" else 2
-    layout = "[N, H, C]" if score == "dot" else "[N, H]"
+    per_channel = score != "additive"  # q and k have channels for "dot" and "gatv2"
+    qk_rank = 3 if per_channel else 2
+    layout = "[N, H, C]" if per_channel else "[N, H]"
     for name, t in (("q", q), ("k", k)):
         if t.dim() != qk_rank:
             raise ValueError(f"{name} must have shape {layout} for score={score!r}, "
@@ -175,10 +181,18 @@ def _check_attention_inputs(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor,
     if k.size(0) != n_src:
         raise ValueError(f"k and v must have the same number of source nodes, "
                          f"got k {list(k.shape)} and v {list(v.shape)}")
-    if score == "dot" and q.size(-1) != k.size(-1):
+    if per_channel and q.size(-1) != k.size(-1):
         raise ValueError(f"q and k must have the same channels C, "
                          f"got q {list(q.shape)} and k {list(k.shape)}")
-    check_same_device(q=q, k=k, v=v, edge_index=edge_index, bias=bias)
+    if score == "gatv2":
+        if att is None:
+            raise ValueError("score='gatv2' needs the attention vector att [H, C]")
+        if tuple(att.shape) != (heads, q.size(-1)):
+            raise ValueError(f"att must have shape [H, C] = [{heads}, {q.size(-1)}] like q, "
+                             f"got {list(att.shape)}")
+    elif att is not None:
+        raise ValueError(f"att is used by score='gatv2' only, got score={score!r}")
+    check_same_device(q=q, k=k, v=v, edge_index=edge_index, bias=bias, att=att)
     check_edge_index(edge_index, num_src=n_src, num_dst=q.size(0))
     if bias is not None and tuple(bias.shape) != (edge_index.size(1), heads):
         raise ValueError(f"bias must have shape [E, H] = [{edge_index.size(1)}, {heads}], "
@@ -190,7 +204,7 @@ def edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
                    dropout_p: float = 0.0, training: bool = True,
                    return_attention: bool = False, backend: str = "auto",
                    score: str = "dot", negative_slope: float = 0.2,
-                   ) -> Tensor | tuple[Tensor, Tensor]:
+                   att: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
     r"""Multi-head self-attention restricted to the edges of a graph.
 
     Node i attends to node j when the edge j -> i exists (``edge_index[:, e] = (j, i)``):
@@ -202,8 +216,17 @@ def edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
 
     for every head separately. With ``score="additive"`` (GAT's score) ``q`` and ``k`` hold one
     number per node and head, and :math:`s_{ij} = \text{scale} \cdot
-    \mathrm{LeakyReLU}(q_i + k_j + b_{ij})`. A target with no incoming edge gets exactly 0.
-    On the complete graph this is ordinary scaled dot-product attention.
+    \mathrm{LeakyReLU}(q_i + k_j + b_{ij})`. With ``score="gatv2"`` (GATv2's dynamic
+    attention, Brody et al., 2022) ``q`` and ``k`` have channels again and
+
+    .. math::
+        s_{ij} = \text{scale} \cdot a^\top \mathrm{LeakyReLU}(q_i + k_j) + b_{ij}
+
+    with the attention vector ``att`` :math:`a` per head: the nonlinearity sits between the
+    node features and :math:`a`, so the ranking of the neighbours can depend on the target.
+    Every backend computes it without an ``[E, H, C]`` tensor except ``"reference"`` and
+    ``"dense"``. A target with no incoming edge gets exactly 0.
+    On the complete graph with ``"dot"`` this is ordinary scaled dot-product attention.
 
     Args:
         q (Tensor): queries of the targets, ``[N_dst, H, C]`` (``[N_dst, H]`` when additive).
@@ -211,7 +234,7 @@ def edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
         v (Tensor): values of the sources, ``[N_src, H, C]``.
         edge_index (Tensor): ``[2, E]`` integer; row 0 the source j, row 1 the target i.
         scale (float, optional): score multiplier. (default: :math:`1/\sqrt{C}` for ``"dot"``,
-            ``1`` for ``"additive"``)
+            ``1`` for ``"additive"`` and ``"gatv2"``)
         bias (Tensor, optional): ``[E, H]`` added to the scores before the softmax.
             (default: ``None``)
         dropout_p (float, optional): dropout probability on the attention weights, applied when
@@ -221,27 +244,30 @@ def edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
             (default: ``False``)
         backend (str, optional): ``"auto"`` or one of :func:`available_backends`.
             (default: ``"auto"``)
-        score (str, optional): ``"dot"`` or ``"additive"``. (default: ``"dot"``)
-        negative_slope (float, optional): LeakyReLU slope of the additive score.
+        score (str, optional): ``"dot"``, ``"additive"`` or ``"gatv2"``. (default: ``"dot"``)
+        negative_slope (float, optional): LeakyReLU slope of the additive and gatv2 scores.
             (default: ``0.2``)
+        att (Tensor, optional): ``[H, C]`` attention vector of ``score="gatv2"`` (required
+            there, refused otherwise). (default: ``None``)
 
     Shapes:
         - **input:** q ``(N_dst, H, C)``, k and v ``(N_src, H, C)``, edge_index ``(2, E)``,
-          bias ``(E, H)``
+          bias ``(E, H)``, att ``(H, C)``
         - **output:** out ``(N_dst, H, C)``; alpha ``(E, H)`` when ``return_attention``
     """
-    _check_attention_inputs(q, k, v, edge_index, bias, score)
+    _check_attention_inputs(q, k, v, edge_index, bias, score, att)
     check_dropout(dropout_p, "dropout_p")
     return edge_attention_unchecked(q, k, v, edge_index, scale=scale, bias=bias,
                                     dropout_p=dropout_p, training=training,
                                     return_attention=return_attention, backend=backend,
-                                    score=score, negative_slope=negative_slope)
+                                    score=score, negative_slope=negative_slope, att=att)
 
 
 def edge_attention_unchecked(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
                              scale: float | None, bias: Tensor | None, dropout_p: float,
                              training: bool, return_attention: bool, backend: str, score: str,
-                             negative_slope: float = 0.2) -> Tensor | tuple[Tensor, Tensor]:
+                             negative_slope: float = 0.2,
+                             att: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
     """:func:`edge_attention` without the argument checks, for callers that made them.
 
     :class:`~graphattn.nn.GraphSelfAttention` validates ``edge_index`` once and builds q, k, v
@@ -263,7 +289,7 @@ def edge_attention_unchecked(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor
     out, alpha = BACKENDS[backend](q, k, v, edge_index.long(), scale=float(scale), bias=bias,
                                    dropout_mask=dropout_mask, score=score,
                                    negative_slope=float(negative_slope),
-                                   need_alpha=return_attention)
+                                   need_alpha=return_attention, att=att)
     return (out, alpha) if return_attention else out
 
 

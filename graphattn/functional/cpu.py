@@ -742,7 +742,7 @@ class _EdgeAttentionCPU(torch.autograd.Function):
 
 def cpu_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *, scale: float,
                        bias: Tensor | None, dropout_mask: Tensor | None, score: str,
-                       negative_slope: float, need_alpha: bool,
+                       negative_slope: float, need_alpha: bool, att: Tensor | None = None,
                        ) -> tuple[Tensor, Tensor | None]:
     r"""Edge attention on CPU with fused kernels and O(E * H) memory for training.
 
@@ -776,6 +776,8 @@ def cpu_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *, s
     for name, t in (("q", q), ("k", k), ("v", v), ("edge_index", edge_index)):
         if t.device.type != "cpu":
             raise ValueError(f"the cpu backend needs CPU tensors, got {name} on {t.device}")
+    if score == "gatv2":
+        raise NotImplementedError("backend='cpu' does not support score='gatv2' yet")
     dtype, channels = v.dtype, v.size(-1)
     work = dtype if dtype in (torch.float32, torch.float64) else torch.float32
     additive = score == "additive"

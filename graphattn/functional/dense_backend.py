@@ -82,14 +82,14 @@ def _pair_log_weights(t: Tensor | None, pair: Tensor, mask: Tensor, simple: bool
 
 def dense_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
                          scale: float, bias: Tensor | None, dropout_mask: Tensor | None,
-                         score: str, negative_slope: float,
-                         need_alpha: bool) -> tuple[Tensor, Tensor | None]:
+                         score: str, negative_slope: float, need_alpha: bool,
+                         att: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
     r"""Edge attention computed as dense masked attention over ``[H, N_dst, N_src]`` scores.
 
     Computes exactly what :func:`~graphattn.functional.attention.reference_edge_attention`
     computes. Edges of one (target i, source j) pair enter as one dense entry with the summed
     weight of its edges: with per-edge scores :math:`t_e` (the bias :math:`b_e` for ``"dot"``,
-    the whole score for ``"additive"``)
+    the whole score for ``"additive"`` and ``"gatv2"``, computed per edge)
 
     .. math::
         L_{ij} = \text{scale} \cdot q_i \cdot k_j + \log \sum_{e : j \to i} e^{t_e}, \qquad
@@ -117,9 +117,10 @@ def dense_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
         bias (Tensor, optional): ``[E, H]`` added to the scores.
         dropout_mask (Tensor, optional): ``[E, H]`` multiplier of the weights (0 or
             ``1 / (1 - p)``).
-        score (str): ``"dot"`` or ``"additive"``.
-        negative_slope (float): LeakyReLU slope of the additive score.
+        score (str): ``"dot"``, ``"additive"`` or ``"gatv2"``.
+        negative_slope (float): LeakyReLU slope of the additive and gatv2 scores.
         need_alpha (bool): also return the weights per edge.
+        att (Tensor, optional): ``[H, C]`` attention vector of ``"gatv2"``.
 
     Shapes:
         - **input:** q ``(N_dst, H, C)``, k and v ``(N_src, H, C)``, edge_index ``(2, E)``,
@@ -140,6 +141,10 @@ def dense_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
 
     if score == "dot":
         t = bias
+    elif score == "gatv2":
+        t = (F.leaky_relu(q[dst] + k[src], negative_slope) * att).sum(dim=-1) * scale  # (E, H)
+        if bias is not None:
+            t = t + bias
     else:
         t = q[dst] + k[src]  # (E, H)
         if bias is not None:
@@ -147,7 +152,7 @@ def dense_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
         t = F.leaky_relu(t, negative_slope) * scale
     T, share = _pair_log_weights(t, pair, mask, simple, v.dtype)
 
-    explicit = score == "additive" or need_alpha or dropout_mask is not None
+    explicit = score != "dot" or need_alpha or dropout_mask is not None
     if not explicit:
         qh, kh = q.transpose(0, 1), k.transpose(0, 1)  # (H, N, C)
         if T is None:
@@ -163,7 +168,7 @@ def dense_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
     if score == "dot":
         L = (q.transpose(0, 1) @ k.permute(1, 2, 0)) * scale  # (H, N_dst, N_src)
         L = L.masked_fill(~mask, float("-inf")) if T is None else L + T.view(-1, n_dst, n_src)
-    else:
+    else:  # the whole score is in T
         L = T.view(-1, n_dst, n_src)  # (H, N_dst, N_src)
     L = L.masked_fill(empty_rows.unsqueeze(-1), 0.0)
     P = torch.softmax(L, dim=-1, dtype=_softmax_dtype(L.dtype)).to(v.dtype)  # (H, N_dst, N_src)

@@ -275,8 +275,8 @@ def _or(tensor: Tensor | None, placeholder: Tensor) -> Tensor:
 
 def triton_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
                           scale: float, bias: Tensor | None, dropout_mask: Tensor | None,
-                          score: str, negative_slope: float,
-                          need_alpha: bool) -> tuple[Tensor, Tensor | None]:
+                          score: str, negative_slope: float, need_alpha: bool,
+                          att: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
     r"""The ``"triton"`` backend of :func:`~graphattn.functional.edge_attention`: fused kernels.
 
     Computes exactly what :func:`~graphattn.functional.attention.reference_edge_attention`
@@ -324,6 +324,8 @@ def triton_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *
     if q.device.type != "cuda" and not interpret_mode():
         raise ValueError(f"backend='triton' runs on CUDA tensors, got q on {q.device} (on CPU, "
                          f"set TRITON_INTERPRET=1 to run the kernels in Triton's interpreter)")
+    if score == "gatv2":
+        raise NotImplementedError("backend='triton' does not support score='gatv2' yet")
     out, alpha = FusedEdgeAttention.apply(q, k, v, bias, dropout_mask, edge_index, scale,
                                           score == "additive", negative_slope, need_alpha)
     return out, (alpha if need_alpha else None)
