@@ -165,7 +165,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dataset", default="Cora", help="Cora, CiteSeer or PubMed")
     parser.add_argument("--model", default="gat", choices=["gat", "transformer"])
-    parser.add_argument("--attention", default=None, choices=["additive", "dot"],
+    parser.add_argument("--attention", default=None, choices=["additive", "gatv2", "dot"],
                         help="score function (default: additive for gat, dot for transformer)")
     parser.add_argument("--epochs", type=int, default=100_000,
                         help="maximum epochs per run (early stopping ends runs long before)")

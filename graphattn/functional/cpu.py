@@ -165,6 +165,8 @@ def _csc(rowptr, src_sorted, num_src):
 
 
 SPECIALISED_CHANNELS = frozenset({1, 2, 4, 8, 16, 32, 64, 128})  # compiled as constants
+DOT, ADDITIVE, GATV2 = 0, 1, 2  # the scores, as the kernels' compile-time flag
+SCORE_KINDS = {"dot": DOT, "additive": ADDITIVE, "gatv2": GATV2}
 
 
 def _channels(channels: int) -> int:
@@ -295,26 +297,49 @@ def _dot(a, i, b, j, start, n):
 
 
 @_jit(inline="always")
-def _score(q, k, bias, i, j, e, h, Cq, scale, slope, additive, has_bias):
-    """Score of edge ``e = (j -> i)`` in head h, and ds/d(pre-activation) (``scale`` for dot).
+def _leaky_relu(z, slope):
+    return z if z > 0 else z * slope
 
-    ``q, k`` are ``[N, H * Cq]`` (``Cq = 1`` for the additive score).
+
+@_jit(inline="always")
+def _gatv2_dot(q, i, k, j, att, start, n, slope):
+    """``sum(a[x] * LeakyReLU(q[i, x] + k[j, x]))`` over ``x = start..start+n-1``, in order.
+
+    ``att`` is ``[2, H * Cq]``: the attention vector a, and a times the slope (the derivative
+    of the terms for ``q + k <= 0``, used by backward).
     """
-    if additive:
+    s = att[0, start] * _leaky_relu(q[i, start] + k[j, start], slope)
+    for x in range(start + 1, start + n):
+        s += att[0, x] * _leaky_relu(q[i, x] + k[j, x], slope)
+    return s
+
+
+@_jit(inline="always")
+def _score(q, k, att, bias, i, j, e, h, Cq, scale, slope, score, has_bias):
+    """Score of edge ``e = (j -> i)`` in head h, and ds/d(pre-activation) (``scale`` for dot
+    and gatv2, whose channel factors come later).
+
+    ``q, k`` are ``[N, H * Cq]`` (``Cq = 1`` for the additive score); ``att`` is
+    ``[2, H * Cq]`` (see :func:`_gatv2_dot`).
+    """
+    if score == ADDITIVE:
         u = q[i, h] + k[j, h]
         if has_bias:
             u += bias[e, h]
         if u > 0:
             return scale * u, scale
         return scale * slope * u, scale * slope
-    s = _dot(q, i, k, j, h * Cq, Cq) * scale
+    if score == GATV2:
+        s = _gatv2_dot(q, i, k, j, att, h * Cq, Cq, slope) * scale
+    else:
+        s = _dot(q, i, k, j, h * Cq, Cq) * scale
     if has_bias:
         s += bias[e, h]
     return s, scale
 
 
 @_jit(inline="always")
-def _target_scores(q, k, bias, rowptr, perm, src, i, Cq, scale, slope, additive, has_bias,
+def _target_scores(q, k, att, bias, rowptr, perm, src, i, Cq, scale, slope, score, has_bias,
                    scores, top, slopes, backward):
     """Scores of target i's in-edges (``[degree, H]``, CSR order) into ``scores``, with the rows
     of ``k`` (and ``bias``) prefetched; for backward their ds/d(pre-activation) into
@@ -328,7 +353,7 @@ def _target_scores(q, k, bias, rowptr, perm, src, i, Cq, scale, slope, additive,
                 _prefetch_row(bias, perm[p + PREFETCH_DISTANCE])
         j, e = src[p], perm[p]
         for h in range(scores.shape[1]):
-            s, d_pre = _score(q, k, bias, i, j, e, h, Cq, scale, slope, additive, has_bias)
+            s, d_pre = _score(q, k, att, bias, i, j, e, h, Cq, scale, slope, score, has_bias)
             scores[p - start, h] = s
             if backward:
                 slopes[p - start, h] = d_pre
@@ -346,12 +371,13 @@ def _max_degree(ptr, first, last):
 
 
 @functools.cache
-def _forward_kernel(additive: bool, has_bias: bool, has_mask: bool, need_alpha: bool,
+def _forward_kernel(score: int, has_bias: bool, has_mask: bool, need_alpha: bool,
                     qk_channels: int, v_channels: int):
     """The forward kernel compiled for these flags and channel counts (0: read at run time)."""
 
     @_jit()
-    def kernel(q, k, v, bias, mask, rowptr, perm, src, scale, slope, out, lse, alpha, first, last):
+    def kernel(q, k, v, att, bias, mask, rowptr, perm, src, scale, slope, out, lse, alpha, first,
+               last):
         """Targets ``first..last-1``: softmax over the in-edges, weighted sum of the values.
 
         Two passes over each target's in-edges: the scores (kept in a ``[degree, H]`` scratch)
@@ -370,7 +396,7 @@ def _forward_kernel(additive: bool, has_bias: bool, has_mask: bool, need_alpha: 
         for i in range(first, last):
             start, stop = rowptr[i], rowptr[i + 1]
             top[:] = -np.inf
-            _target_scores(q, k, bias, rowptr, perm, src, i, Cq, scale, slope, additive,
+            _target_scores(q, k, att, bias, rowptr, perm, src, i, Cq, scale, slope, score,
                            has_bias, scores, top, scores, False)
             for h in range(H):  # a row whose scores are all -inf gets weights exp(-inf) = 0
                 if top[h] == -np.inf:
@@ -413,18 +439,20 @@ def _forward_kernel(additive: bool, has_bias: bool, has_mask: bool, need_alpha: 
 
 
 @functools.cache
-def _backward_target_kernel(additive: bool, has_bias: bool, has_mask: bool, has_grad_alpha: bool,
+def _backward_target_kernel(score: int, has_bias: bool, has_mask: bool, has_grad_alpha: bool,
                             qk_channels: int, v_channels: int):
     """The target pass of backward compiled for these flags and channel counts."""
 
     @_jit()
-    def kernel(q, k, v, bias, mask, out, grad_out, grad_alpha, lse, rowptr, perm, src,
-               csc_position, scale, slope, grad_q, grad_bias, grad_key, weight, first, last):
+    def kernel(q, k, v, att, bias, mask, out, grad_out, grad_alpha, lse, rowptr, perm, src,
+               csc_position, scale, slope, grad_q, grad_att, grad_bias, grad_key, weight, first,
+               last):
         """Targets ``first..last-1``: dL/ds of each in-edge, ``grad_q`` and the bias gradient.
 
         Also writes, in CSC order, each edge's factor of ``q_i`` in ``grad_k`` (``grad_key``)
         and its factor of ``grad_out_i`` in ``grad_v`` (``weight``: alpha times the dropout
-        multiplier).
+        multiplier). For gatv2, ``grad_att[i]`` is target i's share of the gradient of the
+        attention vector, ``sum_j dL/ds_ij * scale * LeakyReLU(q_i + k_j)``.
         """
         H = lse.shape[1]
         Cq = qk_channels if qk_channels else q.shape[1] // H
@@ -436,9 +464,10 @@ def _backward_target_kernel(additive: bool, has_bias: bool, has_mask: bool, has_
         slopes = np.empty((most, H), dtype=out.dtype)  # ds/d(pre-activation) of its edges
         factor = np.empty(H * Cq, dtype=out.dtype)  # the edge's d_pre, repeated per channel
         acc = np.empty(H * Cq, dtype=out.dtype)
+        acc_att = np.empty(H * Cq, dtype=out.dtype)
         for i in range(first, last):
             start, stop = rowptr[i], rowptr[i + 1]
-            _target_scores(q, k, bias, rowptr, perm, src, i, Cq, scale, slope, additive,
+            _target_scores(q, k, att, bias, rowptr, perm, src, i, Cq, scale, slope, score,
                            has_bias, alphas, delta, slopes, True)
             for p in range(stop - start):
                 for h in range(H):
@@ -450,6 +479,7 @@ def _backward_target_kernel(additive: bool, has_bias: bool, has_mask: bool, has_
                     for h in range(H):
                         delta[h] += alphas[p - start, h] * grad_alpha[perm[p], h]
             acc[:] = 0
+            acc_att[:] = 0
             for p in range(start, stop):
                 if p + PREFETCH_DISTANCE < num_edges:
                     _prefetch_row(v, src[p + PREFETCH_DISTANCE])
@@ -469,26 +499,35 @@ def _backward_target_kernel(additive: bool, has_bias: bool, has_mask: bool, has_
                     if has_grad_alpha:
                         d_alpha += grad_alpha[e, h]
                     d_score = a * (d_alpha - delta[h])  # dL/ds
-                    # dL/d(q.k) for "dot" (s = scale q.k + b), dL/d(q + k + b) for "additive"
+                    # dL/d(q.k) for "dot" (s = scale q.k + b), dL/d(q + k + b) for "additive",
+                    # dL/d(a . LeakyReLU(q + k)) for "gatv2"
                     d_pre = slopes[p - start, h] * d_score
                     grad_key[t, h] = d_pre
                     if has_bias:
-                        grad_bias[e, h] = d_pre if additive else d_score
+                        grad_bias[e, h] = d_pre if score == ADDITIVE else d_score
                     for x in range(Cq):
                         factor[h * Cq + x] = d_pre
-                if additive:
+                if score == ADDITIVE:
                     for x in range(H):
                         acc[x] += factor[x]
+                elif score == GATV2:  # d/dz of a . LeakyReLU(z) is a, or a * slope for z <= 0
+                    for x in range(H * Cq):
+                        z = q[i, x] + k[j, x]
+                        acc[x] += factor[x] * (att[0, x] if z > 0 else att[1, x])
+                        acc_att[x] += factor[x] * _leaky_relu(z, slope)
                 else:
                     for x in range(H * Cq):
                         acc[x] += factor[x] * k[j, x]
             for x in range(H * Cq):
                 grad_q[i, x] = acc[x]
+            if score == GATV2:
+                for x in range(H * Cq):
+                    grad_att[i, x] = acc_att[x]
     return kernel
 
 
 @functools.cache
-def _backward_source_kernel(additive: bool, qk_channels: int, v_channels: int):
+def _backward_source_kernel(score: int, qk_channels: int, v_channels: int):
     """The source pass of backward compiled for this score and these channel counts.
 
     With both channel counts constant (see ``_source_channels``) each edge's two factors are
@@ -497,7 +536,8 @@ def _backward_source_kernel(additive: bool, qk_channels: int, v_channels: int):
     """
 
     @_jit()
-    def kernel(q, grad_out, colptr, target, grad_key, weight, grad_k, grad_v, first, last):
+    def kernel(q, k, att, slope, grad_out, colptr, target, grad_key, weight, grad_k, grad_v,
+               first, last):
         """Sources ``first..last-1``: ``grad_k`` and ``grad_v`` summed over their out-edges."""
         H = grad_key.shape[1]
         Cq = qk_channels if qk_channels else grad_k.shape[1] // H
@@ -506,6 +546,7 @@ def _backward_source_kernel(additive: bool, qk_channels: int, v_channels: int):
         key_factor = np.empty(H * Cq, dtype=grad_k.dtype)
         value_factor = np.empty(H * C, dtype=grad_v.dtype)
         q3 = q.reshape((q.shape[0], H, Cq))
+        k3 = k.reshape((k.shape[0], H, Cq))
         grad_k3 = grad_k.reshape((grad_k.shape[0], H, Cq))
         grad_out3 = grad_out.reshape((grad_out.shape[0], H, C))
         grad_v3 = grad_v.reshape((grad_v.shape[0], H, C))
@@ -514,7 +555,7 @@ def _backward_source_kernel(additive: bool, qk_channels: int, v_channels: int):
             grad_v[j] = 0
             for t in range(colptr[j], colptr[j + 1]):
                 if t + PREFETCH_DISTANCE < num_edges:
-                    if not additive:
+                    if score != ADDITIVE:
                         _prefetch_row(q, target[t + PREFETCH_DISTANCE])
                     _prefetch_row(grad_out, target[t + PREFETCH_DISTANCE])
                 i = target[t]
@@ -525,9 +566,13 @@ def _backward_source_kernel(additive: bool, qk_channels: int, v_channels: int):
                             key_factor[h * Cq + x] = g
                         for x in range(C):
                             value_factor[h * C + x] = w
-                    if additive:
+                    if score == ADDITIVE:
                         for x in range(H):
                             grad_k[j, x] += key_factor[x]
+                    elif score == GATV2:
+                        for x in range(H * Cq):
+                            z = q[i, x] + k[j, x]
+                            grad_k[j, x] += key_factor[x] * (att[0, x] if z > 0 else att[1, x])
                     else:
                         for x in range(H * Cq):
                             grad_k[j, x] += key_factor[x] * q[i, x]
@@ -536,8 +581,13 @@ def _backward_source_kernel(additive: bool, qk_channels: int, v_channels: int):
                 else:  # (N, H, C) views: the compiler vectorises these loops with them
                     for h in range(H):
                         g, w = grad_key[t, h], weight[t, h]
-                        if additive:
+                        if score == ADDITIVE:
                             grad_k[j, h] += g
+                        elif score == GATV2:
+                            for x in range(Cq):
+                                z = q3[i, h, x] + k3[j, h, x]
+                                grad_k3[j, h, x] += g * (att[0, h * Cq + x] if z > 0
+                                                         else att[1, h * Cq + x])
                         else:
                             for x in range(Cq):
                                 grad_k3[j, h, x] += g * q3[i, h, x]
@@ -603,14 +653,22 @@ def _rows(t: Tensor) -> np.ndarray:
     return t.detach().view(t.size(0), -1).numpy()
 
 
-def _kernel_channels(q: Tensor, v: Tensor, additive: bool) -> tuple[int, int]:
+def _kernel_channels(q: Tensor, v: Tensor) -> tuple[int, int]:
     """The (score, value) channel counts the kernels are compiled for."""
-    return (1 if additive else _channels(q.size(2)), _channels(v.size(2)))
+    return _channels(q.size(2)), _channels(v.size(2))
 
 
-def _forward_impl(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None,
+def _att_rows(att: Tensor | None, slope: float, dtype: np.dtype) -> np.ndarray:
+    """The ``[2, H * C]`` kernel array of gatv2's attention vector a: a and slope * a."""
+    if att is None:
+        return np.zeros((2, 1), dtype=dtype)
+    a = _np(att).reshape(-1)
+    return np.stack([a, a * dtype.type(slope)])
+
+
+def _forward_impl(q: Tensor, k: Tensor, v: Tensor, att: Tensor | None, bias: Tensor | None,
                   dropout_mask: Tensor | None, edge_index: Tensor, scale: float,
-                  negative_slope: float, additive: bool, need_alpha: bool,
+                  negative_slope: float, score: int, need_alpha: bool,
                   ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Forward kernel: ``out, alpha, lse`` and the CSR order ``rowptr, perm, src`` for backward."""
     n_dst, H, C = q.size(0), v.size(1), v.size(2)
@@ -620,17 +678,17 @@ def _forward_impl(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None,
     out = torch.empty(n_dst, H, C, dtype=v.dtype)
     lse = torch.empty(n_dst, H, dtype=v.dtype)
     alpha = torch.empty(edge_index.size(1) if need_alpha else 0, H, dtype=v.dtype)
-    kernel = _forward_kernel(additive, bias is not None, dropout_mask is not None, need_alpha,
-                             *_kernel_channels(q, v, additive))
+    kernel = _forward_kernel(score, bias is not None, dropout_mask is not None, need_alpha,
+                             *_kernel_channels(q, v))
     _run_rows(kernel, rowptr, _rows(q), _rows(k), _rows(v),
-              none if bias is None else _np(bias),
+              _att_rows(att, negative_slope, none.dtype), none if bias is None else _np(bias),
               none if dropout_mask is None else _np(dropout_mask), rowptr, perm, src,
               real(scale), real(negative_slope), _rows(out), lse.numpy(), alpha.numpy())
     return (out, alpha, lse, torch.from_numpy(rowptr), torch.from_numpy(perm),
             torch.from_numpy(src))
 
 
-def _forward_fake(q, k, v, bias, dropout_mask, edge_index, scale, negative_slope, additive,
+def _forward_fake(q, k, v, att, bias, dropout_mask, edge_index, scale, negative_slope, score,
                   need_alpha):
     n_dst, H, C = q.size(0), v.size(1), v.size(2)
     E = edge_index.size(1)
@@ -640,44 +698,52 @@ def _forward_fake(q, k, v, bias, dropout_mask, edge_index, scale, negative_slope
 
 
 def _backward_impl(grad_out: Tensor, grad_alpha: Tensor | None, q: Tensor, k: Tensor,
-                   v: Tensor, bias: Tensor | None, dropout_mask: Tensor | None, out: Tensor,
-                   lse: Tensor, rowptr: Tensor, perm: Tensor, src: Tensor, scale: float,
-                   negative_slope: float, additive: bool, need_grad_kv: bool,
-                   ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Backward kernels: ``dq, dk, dv, dbias`` (``dk, dv`` empty unless ``need_grad_kv``,
-    ``dbias`` empty without ``bias``)."""
+                   v: Tensor, att: Tensor | None, bias: Tensor | None,
+                   dropout_mask: Tensor | None, out: Tensor, lse: Tensor, rowptr: Tensor,
+                   perm: Tensor, src: Tensor, scale: float, negative_slope: float, score: int,
+                   need_grad_kv: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Backward kernels: ``dq, dk, dv, datt, dbias`` (``dk, dv`` empty unless ``need_grad_kv``,
+    ``datt`` empty without ``att``, ``dbias`` empty without ``bias``)."""
     real = _np(v).dtype.type
     none = np.zeros((1, v.size(1)), dtype=real)
     rowptr, perm, src = _np(rowptr), _np(perm), _np(src)
     has_grad_alpha = grad_alpha is not None and grad_alpha.numel() > 0
     grad_q = torch.empty_like(q)
     grad_bias = q.new_empty(0) if bias is None else torch.empty_like(bias)  # (0,): not asked
+    # gatv2: each target's share of d att, (N_dst, H * C), summed below
+    att_shares = np.empty((q.size(0), q[0].numel()) if att is not None else (1, 1), dtype=real)
     colptr, csc_position, target = _csc(rowptr, src, k.size(0))
     grad_key = torch.empty(perm.shape[0], v.size(1), dtype=v.dtype)  # (E, H) CSC order
     weight = torch.empty(perm.shape[0], v.size(1), dtype=v.dtype)  # (E, H) CSC order
-    channels = _kernel_channels(q, v, additive)
-    kernel = _backward_target_kernel(additive, bias is not None, dropout_mask is not None,
+    channels = _kernel_channels(q, v)
+    att_rows = _att_rows(att, negative_slope, none.dtype)
+    kernel = _backward_target_kernel(score, bias is not None, dropout_mask is not None,
                                      has_grad_alpha, *channels)
-    _run_rows(kernel, rowptr, _rows(q), _rows(k), _rows(v),
+    _run_rows(kernel, rowptr, _rows(q), _rows(k), _rows(v), att_rows,
               none if bias is None else _np(bias),
               none if dropout_mask is None else _np(dropout_mask), _rows(out),
               _rows(grad_out), _np(grad_alpha) if has_grad_alpha else none,
               _np(lse), rowptr, perm, src, csc_position, real(scale), real(negative_slope),
-              _rows(grad_q), none if bias is None else grad_bias.numpy(),
+              _rows(grad_q), att_shares, none if bias is None else grad_bias.numpy(),
               grad_key.numpy(), weight.numpy())
+    grad_att = q.new_empty(0)
+    if att is not None:  # numpy sums the rows in order: the same bits for any thread count
+        grad_att = torch.from_numpy(att_shares.sum(axis=0)).view_as(att)
     grad_k, grad_v = q.new_empty(0), q.new_empty(0)  # (0,) unless asked for
     if need_grad_kv:
         grad_k, grad_v = torch.empty_like(k), torch.empty_like(v)
-        kernel = _backward_source_kernel(additive, *_source_channels(*channels))
-        _run_rows(kernel, colptr, _rows(q), _rows(grad_out), colptr, target, grad_key.numpy(),
-                  weight.numpy(), _rows(grad_k), _rows(grad_v))
-    return grad_q, grad_k, grad_v, grad_bias
+        kernel = _backward_source_kernel(score, *_source_channels(*channels))
+        _run_rows(kernel, colptr, _rows(q), _rows(k), att_rows, real(negative_slope),
+                  _rows(grad_out), colptr, target, grad_key.numpy(), weight.numpy(),
+                  _rows(grad_k), _rows(grad_v))
+    return grad_q, grad_k, grad_v, grad_att, grad_bias
 
 
-def _backward_fake(grad_out, grad_alpha, q, k, v, bias, dropout_mask, out, lse, rowptr, perm,
-                   src, scale, negative_slope, additive, need_grad_kv):
+def _backward_fake(grad_out, grad_alpha, q, k, v, att, bias, dropout_mask, out, lse, rowptr,
+                   perm, src, scale, negative_slope, score, need_grad_kv):
     return (torch.empty_like(q), torch.empty_like(k) if need_grad_kv else q.new_empty(0),
             torch.empty_like(v) if need_grad_kv else q.new_empty(0),
+            q.new_empty(0) if att is None else torch.empty_like(att),
             q.new_empty(0) if bias is None else torch.empty_like(bias))
 
 
@@ -693,11 +759,11 @@ _backward_op.register_fake(_backward_fake)
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    q, k, v, bias, dropout_mask, _, scale, negative_slope, additive, need_alpha = inputs
+    q, k, v, att, bias, dropout_mask, _, scale, negative_slope, score, need_alpha = inputs
     out, alpha, lse, rowptr, perm, src = output
-    ctx.save_for_backward(q, k, v, bias, dropout_mask, out, lse, rowptr, perm, src)
+    ctx.save_for_backward(q, k, v, att, bias, dropout_mask, out, lse, rowptr, perm, src)
     ctx.set_materialize_grads(False)  # an unused alpha gets no gradient pass
-    ctx.options = (scale, negative_slope, additive)
+    ctx.options = (scale, negative_slope, score)
     ctx.mark_non_differentiable(lse, rowptr, perm, src)
     if not need_alpha:
         ctx.mark_non_differentiable(alpha)
@@ -705,19 +771,19 @@ def _setup_context(ctx, inputs, output) -> None:
 
 def _grads(ctx, grad_out: Tensor | None, grad_alpha: Tensor | None, backward) -> tuple:
     """The inputs' gradients, from ``backward`` (:func:`_backward_impl` or its operator)."""
-    q, k, v, bias, dropout_mask, out, lse, rowptr, perm, src = ctx.saved_tensors
+    q, k, v, att, bias, dropout_mask, out, lse, rowptr, perm, src = ctx.saved_tensors
     if grad_out is None:
         grad_out = torch.zeros_like(out)
     if grad_alpha is not None:
         grad_alpha = grad_alpha.contiguous()
     need_grad_kv = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
-    grad_q, grad_k, grad_v, grad_bias = backward(
-        grad_out.contiguous(), grad_alpha, q, k, v, bias, dropout_mask, out, lse, rowptr, perm,
-        src, *ctx.options, need_grad_kv)
+    grad_q, grad_k, grad_v, grad_att, grad_bias = backward(
+        grad_out.contiguous(), grad_alpha, q, k, v, att, bias, dropout_mask, out, lse, rowptr,
+        perm, src, *ctx.options, need_grad_kv)
     if not need_grad_kv:
         grad_k = grad_v = None
-    return (grad_q, grad_k, grad_v, None if bias is None else grad_bias,
-            None, None, None, None, None, None)
+    return (grad_q, grad_k, grad_v, None if att is None else grad_att,
+            None if bias is None else grad_bias, None, None, None, None, None, None)
 
 
 _forward_op.register_autograd(
@@ -749,9 +815,10 @@ def cpu_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *, s
     Computes the function of the reference backend (see
     :func:`~graphattn.functional.edge_attention` for the math) in one pass per target over its
     in-edges, sorted by target with a stable O(E) counting sort on every call. Autograd keeps
-    ``q, k, v``, ``bias``, the dropout mask, the output, a log-sum-exp per target and head, and
-    the sort order (two int64 per edge); backward recomputes the scores and allocates
-    ``[E, H]`` scratch only. Results are the same bit for bit on every run. fp32 and fp64 are
+    ``q, k, v``, ``att``, ``bias``, the dropout mask, the output, a log-sum-exp per target and
+    head, and the sort order (two int64 per edge); backward recomputes the scores and
+    allocates ``[E, H]`` scratch only (and, for gatv2, ``[N_dst, H, C]`` for the gradient of
+    ``att``). Results are the same bit for bit on every run. fp32 and fp64 are
     computed in their own dtype; fp16 and bf16 are computed in fp32 and returned in their own
     dtype. Double backward is not supported.
 
@@ -763,38 +830,36 @@ def cpu_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *, s
         scale (float): score multiplier.
         bias (Tensor, optional): ``[E, H]`` score bias.
         dropout_mask (Tensor, optional): ``[E, H]`` multiplier of the attention weights.
-        score (str): ``"dot"`` or ``"additive"``.
-        negative_slope (float): LeakyReLU slope of the additive score.
+        score (str): ``"dot"``, ``"additive"`` or ``"gatv2"``.
+        negative_slope (float): LeakyReLU slope of the additive and gatv2 scores.
         need_alpha (bool): also return the attention weights.
+        att (Tensor, optional): ``[H, C]`` attention vector of ``"gatv2"``.
 
     Shapes:
         - **input:** q ``(N_dst, H, C)`` or ``(N_dst, H)``, k ``(N_src, H, C)`` or
           ``(N_src, H)``, v ``(N_src, H, C)``, edge_index ``(2, E)``, bias and dropout_mask
-          ``(E, H)``
+          ``(E, H)``, att ``(H, C)``
         - **output:** out ``(N_dst, H, C)``; alpha ``(E, H)`` (before dropout) or ``None``
     """
     for name, t in (("q", q), ("k", k), ("v", v), ("edge_index", edge_index)):
         if t.device.type != "cpu":
             raise ValueError(f"the cpu backend needs CPU tensors, got {name} on {t.device}")
-    if score == "gatv2":
-        raise NotImplementedError("backend='cpu' does not support score='gatv2' yet")
     dtype, channels = v.dtype, v.size(-1)
     work = dtype if dtype in (torch.float32, torch.float64) else torch.float32
-    additive = score == "additive"
-    if additive:
+    if score == "additive":
         q, k = q.unsqueeze(-1), k.unsqueeze(-1)  # (N, H, 1)
-    elif q.size(-1) == 0:  # the kernels read channel 0: an empty q.k is a zero channel's
+    elif q.size(-1) == 0:  # the kernels read channel 0: an empty score is a zero channel's
         q, k = F.pad(q, (0, 1)), F.pad(k, (0, 1))  # (N, H, 1)
+        if att is not None:
+            att = F.pad(att, (0, 1))  # (H, 1)
     if channels == 0:
         v = F.pad(v, (0, 1))  # (N_src, H, 1); the extra output channel is cut off below
     q, k, v = (t.to(work).contiguous() for t in (q, k, v))
-    if bias is not None:
-        bias = bias.to(work).contiguous()
-    if dropout_mask is not None:
-        dropout_mask = dropout_mask.to(work).contiguous()
+    att, bias, dropout_mask = (None if t is None else t.to(work).contiguous()
+                               for t in (att, bias, dropout_mask))
     attend = _forward_op if torch.compiler.is_compiling() else _EdgeAttentionCPU.apply
-    out, alpha = attend(q, k, v, bias, dropout_mask, edge_index.contiguous(), scale,
-                        negative_slope, additive, need_alpha)[:2]
+    out, alpha = attend(q, k, v, att, bias, dropout_mask, edge_index.contiguous(), scale,
+                        negative_slope, SCORE_KINDS[score], need_alpha)[:2]
     if channels == 0:
         out = out[..., :0]  # the padded channel (a slice would cost a copy in backward otherwise)
     return out.to(dtype), (alpha.to(dtype) if need_alpha else None)

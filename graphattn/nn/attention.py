@@ -134,7 +134,13 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
     With ``attention="additive"`` the score is GAT's
     :math:`\mathrm{LeakyReLU}_{0.2}(a_l^\top W x_i + a_r^\top W x_j + w_h^\top e_{ij})`;
     then ``lin_q`` and ``lin_k`` map to one number per head (``Linear(in, H)``), which is that
-    score term folded into one matrix. On the complete graph with self-loops, ``concat=True``,
+    score term folded into one matrix. With ``attention="gatv2"`` the score is GATv2's
+    dynamic attention (Brody et al., 2022),
+    :math:`a_h^\top \mathrm{LeakyReLU}_{0.2}(W^Q x_i + W^K x_j) + w_h^\top e_{ij}`, with an
+    attention vector ``att`` :math:`[H, C]`; PyG's ``GATv2Conv`` is the case :math:`W^V = W^K`
+    (its edge features enter inside the LeakyReLU, here they add a score bias per head).
+    The fused backends compute it without any ``[E, H, C]`` tensor, which ``GATv2Conv`` keeps
+    for autograd. On the complete graph with self-loops, ``concat=True``,
     ``out_proj=True`` and ``bias=True``, the layer computes exactly what
     ``torch.nn.MultiheadAttention(H * C, H)`` computes.
 
@@ -167,8 +173,8 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             (default: ``True``)
         edge_dim (int, optional): edge feature size; ``edge_attr`` then adds a per-head score
             bias through ``lin_edge = Linear(edge_dim, H)``. (default: ``None``)
-        attention (str, optional): ``"dot"`` (scaled dot product) or ``"additive"`` (GAT).
-            (default: ``"dot"``)
+        attention (str, optional): ``"dot"`` (scaled dot product), ``"additive"`` (GAT) or
+            ``"gatv2"`` (GATv2). (default: ``"dot"``)
         backend (str, optional): backend of :func:`~graphattn.functional.edge_attention`.
             (default: ``"auto"``)
 
@@ -193,7 +199,7 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             raise ValueError(f"backend must be 'auto' or one of {list(BACKENDS)}, "
                              f"got {backend!r}")
         super().__init__(in_channels, out_channels, heads, concat, dropout, bias, out_proj,
-                         score_channels=out_channels if attention == "dot" else 1,
+                         score_channels=1 if attention == "additive" else out_channels,
                          value_dropout=value_dropout, aggr="add", node_dim=0)
         if edge_dim is not None:
             check_positive(edge_dim, "edge_dim")
@@ -202,12 +208,17 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         self.attention = attention
         self.backend = backend
         self.lin_edge = Linear(edge_dim, heads, bias=False) if edge_dim is not None else None
+        # gatv2's attention vector a, one per head
+        self.att = (torch.nn.Parameter(torch.empty(heads, out_channels))
+                    if attention == "gatv2" else None)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         super().reset_parameters()
         if self.lin_edge is not None:
             torch.nn.init.xavier_uniform_(self.lin_edge.weight)
+        if self.att is not None:
+            torch.nn.init.xavier_uniform_(self.att)
 
     def forward(self, x: Tensor | tuple[Tensor, Tensor], edge_index: Tensor,
                 edge_attr: Tensor | None = None, return_attention_weights: bool = False,
@@ -249,7 +260,8 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         result = edge_attention_unchecked(q, k, v, edge_index, scale=None, bias=bias,
                                           dropout_p=self.dropout, training=self.training,
                                           return_attention=return_attention_weights,
-                                          backend=self.backend, score=self.attention)
+                                          backend=self.backend, score=self.attention,
+                                          att=self.att)
         if return_attention_weights:
             out, alpha = result
             if adjacency is not None:

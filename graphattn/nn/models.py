@@ -72,7 +72,8 @@ class GAT(torch.nn.Module):
         value_dropout (float, optional): dropout on each layer's projected values
             :math:`W \tilde x_j` before aggregation, the second dropout of the GAT reference
             code (``GraphSelfAttention``'s ``value_dropout``). (default: ``dropout``)
-        attention (str, optional): ``"additive"`` (GAT) or ``"dot"``. (default: ``"additive"``)
+        attention (str, optional): ``"additive"`` (GAT), ``"gatv2"`` (GATv2's dynamic
+            attention) or ``"dot"``. (default: ``"additive"``)
         backend (str, optional): edge-attention backend of both layers. (default: ``"auto"``)
         conv (callable, optional): builds each layer instead of :class:`GraphSelfAttention`,
             called as ``conv(in_channels, out_channels, heads=..., concat=..., dropout=...)``
@@ -154,7 +155,8 @@ class GraphTransformer(torch.nn.Module):
         attention_dropout (float, optional): dropout on the attention weights.
             (default: ``dropout``)
         ffn_ratio (int, optional): feed-forward width as a multiple of D. (default: ``2``)
-        attention (str, optional): ``"dot"`` or ``"additive"``. (default: ``"dot"``)
+        attention (str, optional): ``"dot"``, ``"additive"`` or ``"gatv2"``.
+            (default: ``"dot"``)
         backend (str, optional): edge-attention backend. (default: ``"auto"``)
 
     Shapes:

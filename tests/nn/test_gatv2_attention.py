@@ -1,0 +1,148 @@
+"""GraphSelfAttention(attention="gatv2") against torch_geometric's GATv2Conv, weights copied."""
+
+import pytest
+import torch
+from conftest import GRAPHS, assert_close
+from torch_geometric.nn import GATv2Conv
+
+from graphattn.functional import edge_attention
+from graphattn.nn import GAT, GraphSelfAttention
+from graphattn.nn.attention import add_remaining_self_loops
+
+DTYPE = torch.float64
+
+
+def copy_gatv2_into(layer: GraphSelfAttention, conv: GATv2Conv) -> None:
+    """lin_r -> lin_q, lin_l -> lin_k and lin_v (GATv2Conv's value is its key), att -> att.
+
+    GATv2Conv adds its bias after aggregating; alpha sums to 1 over each target's edges, so the
+    same bias on every value is that bias on out.
+    """
+    H = conv.heads
+    with torch.no_grad():
+        layer.lin_q.weight.copy_(conv.lin_r.weight)
+        layer.lin_q.bias.copy_(conv.lin_r.bias)
+        layer.lin_k.weight.copy_(conv.lin_l.weight)
+        layer.lin_k.bias.copy_(conv.lin_l.bias)
+        layer.lin_v.weight.copy_(conv.lin_l.weight)
+        out_bias = conv.bias if conv.concat else conv.bias.repeat(H)
+        layer.lin_v.bias.copy_(conv.lin_l.bias + out_bias)
+        layer.att.copy_(conv.att[0])
+
+
+def make_pair(in_channels, C, H, *, concat=True, backend="auto", seed=0):
+    torch.manual_seed(seed)
+    conv = GATv2Conv(in_channels, C, H, concat=concat).to(DTYPE)
+    with torch.no_grad():  # GATv2Conv zero-initialises its biases: make them matter
+        for b in (conv.bias, conv.lin_l.bias, conv.lin_r.bias):
+            b.normal_()
+    layer = GraphSelfAttention(in_channels, C, H, concat=concat, attention="gatv2",
+                               out_proj=False, backend=backend).to(DTYPE)
+    copy_gatv2_into(layer, conv)
+    return layer, conv
+
+
+def requires_grad(x):
+    if isinstance(x, tuple):
+        return tuple(t.clone().requires_grad_() for t in x)
+    return x.clone().requires_grad_()
+
+
+def grads(x):
+    return [t.grad for t in x] if isinstance(x, tuple) else [x.grad]
+
+
+@pytest.mark.parametrize("backend", ["cpu", "reference"])
+@pytest.mark.parametrize("concat", [True, False], ids=["concat", "mean"])
+@pytest.mark.parametrize("heads", [1, 3])
+def test_matches_gatv2conv(graph_case, concat, heads, backend):
+    F_src, F_dst, C = 5, 4, 6
+    bipartite = graph_case.bipartite
+    layer, conv = make_pair((F_src, F_dst) if bipartite else F_src, C, heads, concat=concat,
+                            backend=backend)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(graph_case.num_src, F_src, generator=gen, dtype=DTYPE)
+    if bipartite:
+        x = (x, torch.randn(graph_case.num_dst, F_dst, generator=gen, dtype=DTYPE))
+    ei = graph_case.edge_index
+    x_ours, x_ref = requires_grad(x), requires_grad(x)
+
+    out, (ei_ours, alpha) = layer(x_ours, ei, return_attention_weights=True)
+    ref, (ei_ref, alpha_ref) = conv(x_ref, ei, return_attention_weights=True)
+    assert out.shape == ref.shape == (graph_case.num_dst, heads * C if concat else C)
+    assert_close(out, ref)
+    assert torch.equal(ei_ours, ei_ref)  # the same self-loop handling and edge order
+    assert_close(alpha, alpha_ref)
+
+    weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(2), dtype=DTYPE)
+    (out * weight).sum().backward()
+    (ref * weight).sum().backward()
+    for g_ours, g_ref in zip(grads(x_ours), grads(x_ref), strict=True):
+        assert_close(g_ours, g_ref)
+    # Parameter gradients: GATv2Conv's lin_l serves as our key and value projections.
+    assert_close(conv.att.grad[0], layer.att.grad)
+    assert_close(conv.lin_r.weight.grad, layer.lin_q.weight.grad)
+    assert_close(conv.lin_l.weight.grad, layer.lin_k.weight.grad + layer.lin_v.weight.grad)
+    assert_close(conv.lin_l.bias.grad, layer.lin_k.bias.grad + layer.lin_v.bias.grad)
+    bias_grad = layer.lin_v.bias.grad
+    assert_close(conv.bias.grad, bias_grad if concat else bias_grad.view(heads, C).sum(0))
+
+
+def test_edge_features_add_a_score_bias_per_head():
+    """With edge_dim the score gains lin_edge(edge_attr) [E, H] after the attention vector."""
+    case = next(g for g in GRAPHS if g.name == "multi-edges")
+    torch.manual_seed(0)
+    layer = GraphSelfAttention(5, 4, 2, attention="gatv2", edge_dim=3, out_proj=False,
+                               add_self_loops=False).to(DTYPE)
+    n, e = case.num_src, case.edge_index.size(1)
+    x = torch.randn(n, 5, dtype=DTYPE)
+    edge_attr = torch.randn(e, 3, dtype=DTYPE)
+    out, (ei, alpha) = layer(x, case.edge_index, edge_attr, return_attention_weights=True)
+    q = layer.lin_q(x).view(n, 2, 4)
+    k = layer.lin_k(x).view(n, 2, 4)
+    v = layer.lin_v(x).view(n, 2, 4)
+    ref, ref_alpha = edge_attention(q, k, v, case.edge_index, bias=layer.lin_edge(edge_attr),
+                                    score="gatv2", att=layer.att, backend="reference",
+                                    return_attention=True)
+    assert torch.equal(ei, case.edge_index)
+    assert_close(out, ref.flatten(1))
+    assert_close(alpha, ref_alpha)
+    # by hand, for the target of edge 0: softmax over its in-edges of a . LeakyReLU(q_i + k_j)
+    # + w . e_ij
+    target = case.edge_index[1, 0]
+    edges = (case.edge_index[1] == target).nonzero().view(-1)
+    z = torch.nn.functional.leaky_relu(q[target] + k[case.edge_index[0, edges]], 0.2)
+    s = (layer.att * z).sum(-1) + edge_attr[edges] @ layer.lin_edge.weight.t()  # (deg, H)
+    assert_close(alpha[edges], torch.softmax(s, dim=0))
+
+
+def test_gat_model_trains_with_the_gatv2_score():
+    """A GAT with attention="gatv2" fits a small graph task on the cpu backend."""
+    torch.manual_seed(0)
+    n = 60
+    y = torch.arange(n) % 3
+    x = torch.nn.functional.one_hot(y, 3).float() + 0.5 * torch.randn(n, 3)
+    same = (y.view(-1, 1) == y.view(1, -1)) & (torch.rand(n, n) < 0.2)
+    edge_index = same.nonzero().t()
+    model = GAT(3, 3, hidden_channels=4, heads=2, dropout=0.0, attention="gatv2")
+    opt = torch.optim.Adam(model.parameters(), lr=0.05)
+    for _ in range(60):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x, edge_index), y)
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.2
+    assert all(p.grad is not None for p in model.parameters())
+
+
+def test_att_exists_only_for_gatv2_and_is_required_by_the_operator():
+    assert GraphSelfAttention(4, 2, 2, attention="dot").att is None
+    assert GraphSelfAttention(4, 2, 2, attention="gatv2").att.shape == (2, 2)
+    q = k = v = torch.randn(3, 2, 4)
+    ei = add_remaining_self_loops(torch.empty(2, 0, dtype=torch.long), None, 3)[0]
+    with pytest.raises(ValueError, match=r"score='gatv2' needs the attention vector att"):
+        edge_attention(q, k, v, ei, score="gatv2")
+    with pytest.raises(ValueError, match=r"att must have shape \[H, C\] = \[2, 4\]"):
+        edge_attention(q, k, v, ei, score="gatv2", att=torch.randn(2, 3))
+    with pytest.raises(ValueError, match=r"att is used by score='gatv2' only, got score='dot'"):
+        edge_attention(q, k, v, ei, att=torch.randn(2, 4))
