@@ -8,14 +8,14 @@ forward+backward of
   on given q, k, v ``[N, H, C]``;
 - the layers, from node features x ``[N, H*C]`` (three projections, then attention, no output
   projection): ``GraphSelfAttention`` (dot, triton) against PyG's ``TransformerConv``
-  (``root_weight=False``) and ``GraphSelfAttention`` (additive, triton) against PyG's
-  ``GATConv``;
+  (``root_weight=False``), ``GraphSelfAttention`` (additive, triton) against PyG's
+  ``GATConv`` and ``GraphSelfAttention`` (gatv2, triton) against PyG's ``GATv2Conv``;
 - ``dense_attention`` (SDPA) with the graph's ``[N, N]`` bool mask (built outside the timing),
 
 and the peak memory of each call (``torch.cuda.max_memory_allocated`` above the memory held
 before it). What does not fit is skipped with a printed reason. Before timing, the fused kernels
-are checked against the reference backend on the device (outputs and gradients, dot and
-additive, with and without bias).
+are checked against the reference backend on the device (outputs and gradients, dot,
+additive and gatv2, with and without bias).
 
 Memory bandwidth of the fused forward kernel (CSR built outside the timing) is reported as a
 fraction of the device's peak HBM bandwidth, from the bytes a minimal kernel must move: read
@@ -249,7 +249,7 @@ def op_case(backend: str) -> Callable[..., Case]:
 
 def layer_case(kind: str) -> Callable[..., Case]:
     def make(graph: Graph, heads: int, channels: int, dtype: torch.dtype) -> Case:
-        from torch_geometric.nn import GATConv, TransformerConv
+        from torch_geometric.nn import GATConv, GATv2Conv, TransformerConv
 
         from graphattn.nn import GraphSelfAttention
 
@@ -258,6 +258,8 @@ def layer_case(kind: str) -> Callable[..., Case]:
             layer = TransformerConv(features, channels, heads=heads, root_weight=False)
         elif kind == "gat":
             layer = GATConv(features, channels, heads=heads, add_self_loops=False)
+        elif kind == "gatv2-pyg":
+            layer = GATv2Conv(features, channels, heads=heads, add_self_loops=False)
         else:
             layer = GraphSelfAttention(features, channels, heads, out_proj=False,
                                        add_self_loops=False, attention=kind, backend="triton")
@@ -284,6 +286,8 @@ METHODS: dict[str, Callable[..., Case]] = {
     "PyG TransformerConv": layer_case("transformer"),
     "GraphSelfAttention additive, triton": layer_case("additive"),
     "PyG GATConv": layer_case("gat"),
+    "GraphSelfAttention gatv2, triton": layer_case("gatv2"),
+    "PyG GATv2Conv": layer_case("gatv2-pyg"),
     "dense SDPA + mask": dense_case,
 }
 
@@ -414,7 +418,7 @@ def forward_kernel_ms(graph: Graph, args: argparse.Namespace, dtype: torch.dtype
                     graph.num_nodes)
 
     def run():
-        fused_forward(q, k, v, None, None, csr, scale=args.channels**-0.5, additive=False,
+        fused_forward(q, k, v, None, None, csr, scale=args.channels**-0.5, score="dot",
                       negative_slope=0.2, need_scores=False)
 
     for _ in range(args.warmup):
@@ -433,25 +437,30 @@ def check_on_device(graph: Graph, dtype: torch.dtype, heads: int = 2,
 
     rows = []
     gen = torch.Generator(device=graph.edge_index.device).manual_seed(0)
-    for score in ("dot", "additive"):
+    for score in ("dot", "additive", "gatv2"):
         for with_bias in (False, True):
             n, e, dev = graph.num_nodes, graph.num_edges, graph.edge_index.device
-            shape = (n, heads, channels) if score == "dot" else (n, heads)
+            shape = (n, heads) if score == "additive" else (n, heads, channels)
             tensors = [torch.randn(shape, device=dev, generator=gen),
                        torch.randn(shape, device=dev, generator=gen),
                        torch.randn(n, heads, channels, device=dev, generator=gen),
+                       torch.randn(heads, channels, device=dev, generator=gen)
+                       if score == "gatv2" else None,
                        torch.randn(e, heads, device=dev, generator=gen) if with_bias else None]
+            names = [name for name, t in zip(("dq", "dk", "dv", "datt", "dbias"), tensors,
+                                             strict=True) if t is not None]
             leaves = [t.to(dtype).requires_grad_() for t in tensors if t is not None]
             outputs = {}
             for backend in ("triton", "reference"):
-                q, k, v, *bias = leaves
-                out, alpha = edge_attention(q, k, v, graph.edge_index, bias=bias[0] if bias
+                q, k, v, *rest = leaves
+                att = rest.pop(0) if score == "gatv2" else None
+                out, alpha = edge_attention(q, k, v, graph.edge_index, bias=rest[0] if rest
                                             else None, return_attention=True, score=score,
-                                            backend=backend)
+                                            backend=backend, att=att)
                 weight = torch.linspace(-1, 1, out.numel(), device=dev).view_as(out)
                 loss = (out.float() * weight).sum() + alpha.float().square().sum()
                 outputs[backend] = [out, alpha, *torch.autograd.grad(loss, leaves)]
-            names = ["out", "alpha", "dq", "dk", "dv", "dbias"][:len(outputs["triton"])]
+            names = ["out", "alpha", *names]
             for name, got, want in zip(names, outputs["triton"], outputs["reference"],
                                        strict=True):
                 err = (got.float() - want.float()).abs().max().item() if got.numel() else 0.0

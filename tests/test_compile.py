@@ -24,6 +24,15 @@ needs_cxx = pytest.mark.skipif(
     shutil.which("c++") is None and shutil.which("g++") is None,
     reason="inductor, torch.compile's default backend, needs a C++ compiler on CPU")
 
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo_cache():
+    """Forget earlier tests' compiled graphs: each test's functions share code objects with the
+    other parametrisations, and dynamo stops recompiling one code object after 8 variants."""
+    torch._dynamo.reset()
+    yield
+
+
 # Inductor fuses and reorders the projections' float operations: a few ulp of the outputs, and
 # gradients summed over 1000 edges, differ from eager.
 COMPILED = dict(atol=1e-4, rtol=1e-4)
@@ -74,19 +83,22 @@ def _assert_compiles_like_eager(model: torch.nn.Module, inputs_list: list[tuple]
 
 
 @pytest.mark.parametrize("backend", ["cpu", "reference", "dense"])
-@pytest.mark.parametrize("score", ["dot", "additive"])
+@pytest.mark.parametrize("score", ["dot", "additive", "gatv2"])
 def test_edge_attention_compiles(backend, score):
     torch.manual_seed(0)
     N, H, C = 30, 2, 8
     edge_index = random_graph(N, 150, seed=1)
-    qk_shape = (N, H, C) if score == "dot" else (N, H)
+    qk_shape = (N, H) if score == "additive" else (N, H, C)
     leaves = [torch.randn(*qk_shape), torch.randn(*qk_shape), torch.randn(N, H, C),
               torch.randn(edge_index.size(1), H)]
+    if score == "gatv2":
+        leaves.append(torch.randn(H, C))
     leaves = [t.requires_grad_() for t in leaves]
 
-    def attend(q, k, v, bias, edge_index):
+    def attend(q, k, v, bias, *att_and_edge_index):
+        *att, edge_index = att_and_edge_index
         return edge_attention(q, k, v, edge_index, bias=bias, backend=backend, score=score,
-                              return_attention=True)
+                              return_attention=True, att=att[0] if att else None)
 
     compiled = torch.compile(attend, backend="aot_eager", fullgraph=True)
     results = []
@@ -145,7 +157,7 @@ def test_graph_transformer_compiles(attention):
 
 @pytest.mark.parametrize(("score", "with_bias", "with_mask"), [
     ("dot", False, False), ("dot", True, True), ("additive", False, True),
-    ("additive", True, False)])
+    ("additive", True, False), ("gatv2", True, True), ("gatv2", False, False)])
 def test_cpu_operators_pass_opcheck_and_match_the_reference(score, with_bias, with_mask):
     """torch's own checks of the operators (schema, fake shapes, autograd registration), and
     the gradients the operators' autograd gives in eager against the reference backend."""
@@ -155,10 +167,11 @@ def test_cpu_operators_pass_opcheck_and_match_the_reference(score, with_bias, wi
     additive = score == "additive"
     shape = (N, H, 1) if additive else (N, H, C)  # the kernels take additive q, k as (N, H, 1)
     q, k, v = torch.randn(*shape), torch.randn(*shape), torch.randn(N, H, C)
+    att = torch.randn(H, C) if score == "gatv2" else None
     bias = torch.randn(E, H) if with_bias else None
     mask = (torch.rand(E, H) > 0.3).float() / 0.7 if with_mask else None
-    leaves = [t.requires_grad_() for t in (q, k, v, bias) if t is not None]
-    args = (q, k, v, bias, mask, edge_index, 0.5, 0.2, additive, True)
+    leaves = [t.requires_grad_() for t in (q, k, v, att, bias) if t is not None]
+    args = (q, k, v, att, bias, mask, edge_index, 0.5, 0.2, cpu.SCORE_KINDS[score], True)
     torch.library.opcheck(cpu._forward_op, args)
 
     out, alpha = cpu._forward_op(*args)[:2]
@@ -166,7 +179,7 @@ def test_cpu_operators_pass_opcheck_and_match_the_reference(score, with_bias, wi
     squeeze = (lambda t: t.squeeze(-1)) if additive else (lambda t: t)
     expected_out, expected_alpha = reference_edge_attention(
         squeeze(q), squeeze(k), v, edge_index, scale=0.5, bias=bias, dropout_mask=mask,
-        score=score, negative_slope=0.2, need_alpha=True)
+        score=score, negative_slope=0.2, need_alpha=True, att=att)
     expected = torch.autograd.grad((expected_out * expected_out).sum()
                                    + (expected_alpha * expected_alpha).sum(), leaves)
     assert_close(out, expected_out)
@@ -178,5 +191,5 @@ def test_cpu_operators_pass_opcheck_and_match_the_reference(score, with_bias, wi
     out, _, lse, rowptr, perm, src = saved
     torch.library.opcheck(cpu._backward_op, (
         torch.randn_like(out), torch.randn(E, H), q.detach(), k.detach(), v.detach(),
-        None if bias is None else bias.detach(), mask, out, lse, rowptr, perm, src, 0.5, 0.2,
-        additive, True))
+        *(None if t is None else t.detach() for t in (att, bias)), mask, out, lse, rowptr, perm,
+        src, 0.5, 0.2, cpu.SCORE_KINDS[score], True))

@@ -6,14 +6,19 @@ interpreted (``TRITON_INTERPRET=1``), and the interpreter resolves helpers throu
 globals, so each mode needs its own copy of the module.
 
 Layout: a program owns one node (grid axis 0) and ``BLOCK_H`` heads (grid axis 1); tiles are
-``(BE, BH, BC)`` = (edges, heads, channels), statistics ``(BH)``, all in fp32.
+``(BE, BH, BC)`` = (edges, heads, channels), statistics ``(BH)``, all in fp32. The score is the
+compile-time ``SCORE``, a value of ``SCORE_KINDS``: branches test ``ADDITIVE`` and ``GATV2``, and
+dot is the remaining case.
 """
 
 import triton
 import triton.language as tl
 from triton.runtime.jit import JITFunction
 
-from graphattn.functional.triton_kernels import interpret_mode
+from graphattn.functional.triton_kernels import SCORE_KINDS, interpret_mode
+
+ADDITIVE = tl.constexpr(SCORE_KINDS["additive"])
+GATV2 = tl.constexpr(SCORE_KINDS["gatv2"])
 
 
 def _for_this_mode(fn):
@@ -47,10 +52,19 @@ def _node_rows(ptr, node, hc, ok3, H: tl.constexpr, C: tl.constexpr):
 
 
 @triton.jit
+def _attention_vector(att, hc, hc_ok, SCORE: tl.constexpr):
+    """The ``[H, C]`` att of gatv2 at ``hc`` as fp32 ``(BH, BC)``; 1.0 for the other scores."""
+    if SCORE == GATV2:
+        return tl.load(att + hc, mask=hc_ok, other=0.0).to(tl.float32)
+    else:
+        return 1.0
+
+
+@triton.jit
 def _score_operand(ptr, node, offs_h, hc, ok2, ok3, H: tl.constexpr, C: tl.constexpr,
-                   ADDITIVE: tl.constexpr):
-    """q or k at rows ``node``: ``(BE, BH)`` when additive, ``(BE, BH, BC)`` for dot."""
-    if ADDITIVE:
+                   SCORE: tl.constexpr):
+    """q or k at rows ``node``: ``(BE, BH)`` when additive, ``(BE, BH, BC)`` otherwise."""
+    if SCORE == ADDITIVE:
         return tl.load(ptr + node[:, None] * H + offs_h[None, :], mask=ok2,
                        other=0.0).to(tl.float32)
     else:
@@ -58,29 +72,55 @@ def _score_operand(ptr, node, offs_h, hc, ok2, ok3, H: tl.constexpr, C: tl.const
 
 
 @triton.jit
-def _scores(q, k, b, scale, slope, ADDITIVE: tl.constexpr):
-    """Scores ``(BE, BH)`` from broadcastable q, k operands and bias b."""
-    if ADDITIVE:
-        z = q + k + b
-        return tl.where(z > 0, z, z * slope) * scale
+def _leaky_relu(z, slope):
+    """LeakyReLU with negative slope ``slope``."""
+    return tl.where(z > 0, z, z * slope)
+
+
+@triton.jit
+def _leaky_relu_grad(z, slope):
+    """Derivative of LeakyReLU, with the slope at 0 like torch."""
+    return tl.where(z > 0, 1.0, slope)
+
+
+@triton.jit
+def _scores(q, k, b, att, scale, slope, SCORE: tl.constexpr):
+    """Scores ``(BE, BH)`` from broadcastable q, k operands, bias b and att ``(BH, BC)``."""
+    if SCORE == ADDITIVE:
+        return _leaky_relu(q + k + b, slope) * scale
+    elif SCORE == GATV2:
+        return _sum(att[None, :, :] * _leaky_relu(q + k, slope), axis=2) * scale + b
     else:
         return _sum(q * k, axis=2) * scale + b
 
 
 @triton.jit
-def _pre_activation_grad(ds, q, k, b, scale, slope, ADDITIVE: tl.constexpr):
-    """Gradient with respect to the bias term: ``ds`` for dot, through LeakyReLU for
-    additive (slope at 0 like torch)."""
-    if ADDITIVE:
-        z = q + k + b
-        return ds * scale * tl.where(z > 0, 1.0, slope)
+def _pre_activation_grad(ds, q, k, b, scale, slope, SCORE: tl.constexpr):
+    """Gradient with respect to the bias term: ``ds`` for dot and gatv2, through LeakyReLU for
+    additive."""
+    if SCORE == ADDITIVE:
+        return ds * scale * _leaky_relu_grad(q + k + b, slope)
     else:
         return ds
 
 
 @triton.jit
-def forward_kernel(q, k, v, bias, drop, rowptr, col, eid, out, lse, scores, scale, slope,
-                   H: tl.constexpr, C: tl.constexpr, ADDITIVE: tl.constexpr,
+def _operand_grad(dz, q, k, other, slope, SCORE: tl.constexpr):
+    """Sum over an edge block of the gradient terms of a node's score operand: q in the target
+    pass, k in the source pass, ``other`` the opposite one. ``dz`` is the bias-term gradient
+    (:func:`_pre_activation_grad`). Dot and gatv2 leave out the factor ``scale * att`` (att is 1
+    for dot), the same for every edge, which the caller applies once."""
+    if SCORE == ADDITIVE:
+        return _sum(dz, axis=0)  # (BH)
+    elif SCORE == GATV2:
+        return _sum(dz[:, :, None] * _leaky_relu_grad(q + k, slope), axis=0)  # (BH, BC)
+    else:
+        return _sum(dz[:, :, None] * other, axis=0)  # (BH, BC)
+
+
+@triton.jit
+def forward_kernel(q, k, v, bias, att, drop, rowptr, col, eid, out, lse, scores, scale, slope,
+                   H: tl.constexpr, C: tl.constexpr, SCORE: tl.constexpr,
                    HAS_BIAS: tl.constexpr, HAS_DROP: tl.constexpr, NEED_SCORES: tl.constexpr,
                    BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr):
     """Grid (N_dst, head blocks). Online softmax over the incoming edges of one target (CSR
@@ -96,7 +136,8 @@ def forward_kernel(q, k, v, bias, drop, rowptr, col, eid, out, lse, scores, scal
     end = tl.load(rowptr + row + 1)
     this_row = tl.full([1], 0, tl.int64) + row  # (1)
     q_i = _score_operand(q, this_row, offs_h, hc, h_ok[None, :], hc_ok[None, :, :], H, C,
-                         ADDITIVE)  # (1, BH) or (1, BH, BC)
+                         SCORE)  # (1, BH) or (1, BH, BC)
+    att_h = _attention_vector(att, hc, hc_ok, SCORE)  # (BH, BC)
 
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_sum = tl.full([BLOCK_H], 0, tl.float32)
@@ -111,8 +152,8 @@ def forward_kernel(q, k, v, bias, drop, rowptr, col, eid, out, lse, scores, scal
         b = 0.0
         if HAS_BIAS:
             b = _edge_values(bias, edge, offs_h, ok2, H)
-        k_j = _score_operand(k, src, offs_h, hc, ok2, ok3, H, C, ADDITIVE)
-        s = tl.where(ok2, _scores(q_i, k_j, b, scale, slope, ADDITIVE), float("-inf"))
+        k_j = _score_operand(k, src, offs_h, hc, ok2, ok3, H, C, SCORE)
+        s = tl.where(ok2, _scores(q_i, k_j, b, att_h, scale, slope, SCORE), float("-inf"))
         if NEED_SCORES:
             tl.store(scores + edge[:, None] * H + offs_h[None, :], s, mask=ok2)
         m_new = tl.maximum(m, _max(s, axis=0))
@@ -136,16 +177,17 @@ def forward_kernel(q, k, v, bias, drop, rowptr, col, eid, out, lse, scores, scal
 
 
 @triton.jit
-def backward_target_kernel(q, k, v, bias, drop, out, dout, lse, dalpha, rowptr, col, eid,
-                           dq, dbias, delta, scale, slope,
-                           H: tl.constexpr, C: tl.constexpr, ADDITIVE: tl.constexpr,
+def backward_target_kernel(q, k, v, bias, att, drop, out, dout, lse, dalpha, rowptr, col, eid,
+                           dq, dbias, datt_rows, delta, scale, slope,
+                           H: tl.constexpr, C: tl.constexpr, SCORE: tl.constexpr,
                            HAS_BIAS: tl.constexpr, HAS_DROP: tl.constexpr,
                            HAS_DALPHA: tl.constexpr, NEED_DBIAS: tl.constexpr,
-                           BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
-                           BLOCK_C: tl.constexpr):
+                           NEED_DATT: tl.constexpr, BLOCK_E: tl.constexpr,
+                           BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr):
     """Grid (N_dst, head blocks). Over the incoming edges of one target: writes ``delta``
-    ``[N_dst, H]`` (dout . out, plus sum alpha * dalpha), ``dq`` and, when ``NEED_DBIAS``, the
-    bias gradient of each of its edges."""
+    ``[N_dst, H]`` (dout . out, plus sum alpha * dalpha), ``dq``, when ``NEED_DBIAS`` the bias
+    gradient of each of its edges and, when ``NEED_DATT`` (gatv2), the target's share
+    ``datt_rows[i]`` ``[N_dst, H, C]`` (fp32) of the gradient of att."""
     row = tl.program_id(0).to(tl.int64)
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)  # (BH)
     offs_c = tl.arange(0, BLOCK_C)  # (BC)
@@ -156,7 +198,8 @@ def backward_target_kernel(q, k, v, bias, drop, out, dout, lse, dalpha, rowptr, 
     end = tl.load(rowptr + row + 1)
     this_row = tl.full([1], 0, tl.int64) + row  # (1)
     q_i = _score_operand(q, this_row, offs_h, hc, h_ok[None, :], hc_ok[None, :, :], H, C,
-                         ADDITIVE)  # (1, BH) or (1, BH, BC)
+                         SCORE)  # (1, BH) or (1, BH, BC)
+    att_h = _attention_vector(att, hc, hc_ok, SCORE)  # (BH, BC)
     do_i = tl.load(dout + row * (H * C) + hc, mask=hc_ok, other=0.0).to(tl.float32)
     o_i = tl.load(out + row * (H * C) + hc, mask=hc_ok, other=0.0).to(tl.float32)
     lse_i = tl.load(lse + row * H + offs_h, mask=h_ok, other=float("inf"))  # (BH)
@@ -172,16 +215,18 @@ def backward_target_kernel(q, k, v, bias, drop, out, dout, lse, dalpha, rowptr, 
             b = 0.0
             if HAS_BIAS:
                 b = _edge_values(bias, edge, offs_h, ok2, H)
-            k_j = _score_operand(k, src, offs_h, hc, ok2, ok3, H, C, ADDITIVE)
-            s = tl.where(ok2, _scores(q_i, k_j, b, scale, slope, ADDITIVE), float("-inf"))
+            k_j = _score_operand(k, src, offs_h, hc, ok2, ok3, H, C, SCORE)
+            s = tl.where(ok2, _scores(q_i, k_j, b, att_h, scale, slope, SCORE),
+                         float("-inf"))
             a = tl.exp(s - lse_i[None, :])
             delta_i += _sum(a * _edge_values(dalpha, edge, offs_h, ok2, H), axis=0)
     tl.store(delta + row * H + offs_h, delta_i, mask=h_ok)
 
-    if ADDITIVE:
+    if SCORE == ADDITIVE:
         dq_i = tl.full([BLOCK_H], 0, tl.float32)
     else:
         dq_i = tl.full([BLOCK_H, BLOCK_C], 0, tl.float32)
+    datt_i = tl.full([BLOCK_H, BLOCK_C], 0, tl.float32)
     for e0 in range(start, end, BLOCK_E):
         offs_e = e0 + tl.arange(0, BLOCK_E)  # (BE)
         e_ok = offs_e < end
@@ -192,8 +237,8 @@ def backward_target_kernel(q, k, v, bias, drop, out, dout, lse, dalpha, rowptr, 
         b = 0.0
         if HAS_BIAS:
             b = _edge_values(bias, edge, offs_h, ok2, H)
-        k_j = _score_operand(k, src, offs_h, hc, ok2, ok3, H, C, ADDITIVE)
-        s = tl.where(ok2, _scores(q_i, k_j, b, scale, slope, ADDITIVE), float("-inf"))
+        k_j = _score_operand(k, src, offs_h, hc, ok2, ok3, H, C, SCORE)
+        s = tl.where(ok2, _scores(q_i, k_j, b, att_h, scale, slope, SCORE), float("-inf"))
         a = tl.exp(s - lse_i[None, :])  # (BE, BH)
         v_j = _node_rows(v, src, hc, ok3, H, C)  # (BE, BH, BC)
         dp = _sum(do_i[None, :, :] * v_j, axis=2)  # (BE, BH)
@@ -202,25 +247,26 @@ def backward_target_kernel(q, k, v, bias, drop, out, dout, lse, dalpha, rowptr, 
         if HAS_DALPHA:
             dp = dp + _edge_values(dalpha, edge, offs_h, ok2, H)
         dz = _pre_activation_grad(a * (dp - delta_i[None, :]), q_i, k_j, b, scale, slope,
-                                  ADDITIVE)  # (BE, BH)
-        if ADDITIVE:
-            dq_i += _sum(dz, axis=0)
-        else:
-            dq_i += _sum(dz[:, :, None] * k_j, axis=0)
+                                  SCORE)  # (BE, BH)
+        dq_i += _operand_grad(dz, q_i, k_j, k_j, slope, SCORE)
+        if NEED_DATT:
+            datt_i += _sum(dz[:, :, None] * _leaky_relu(q_i + k_j, slope), axis=0)
         if NEED_DBIAS:
             tl.store(dbias + edge[:, None] * H + offs_h[None, :],
                      dz.to(dbias.dtype.element_ty), mask=ok2)
-    if ADDITIVE:
+    if SCORE == ADDITIVE:
         tl.store(dq + row * H + offs_h, dq_i.to(dq.dtype.element_ty), mask=h_ok)
     else:
-        tl.store(dq + row * (H * C) + hc, (dq_i * scale).to(dq.dtype.element_ty),
+        tl.store(dq + row * (H * C) + hc, (dq_i * scale * att_h).to(dq.dtype.element_ty),
                  mask=hc_ok)
+    if NEED_DATT:
+        tl.store(datt_rows + row * (H * C) + hc, datt_i * scale, mask=hc_ok)
 
 
 @triton.jit
-def backward_source_kernel(q, k, v, bias, drop, dout, lse, delta, dalpha, colptr, row_t,
+def backward_source_kernel(q, k, v, bias, att, drop, dout, lse, delta, dalpha, colptr, row_t,
                            eid_t, dk, dv, scale, slope,
-                           H: tl.constexpr, C: tl.constexpr, ADDITIVE: tl.constexpr,
+                           H: tl.constexpr, C: tl.constexpr, SCORE: tl.constexpr,
                            HAS_BIAS: tl.constexpr, HAS_DROP: tl.constexpr,
                            HAS_DALPHA: tl.constexpr,
                            BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
@@ -237,10 +283,11 @@ def backward_source_kernel(q, k, v, bias, drop, dout, lse, delta, dalpha, colptr
     end = tl.load(colptr + node + 1)
     this_node = tl.full([1], 0, tl.int64) + node  # (1)
     k_j = _score_operand(k, this_node, offs_h, hc, h_ok[None, :], hc_ok[None, :, :], H, C,
-                         ADDITIVE)  # (1, BH) or (1, BH, BC)
+                         SCORE)  # (1, BH) or (1, BH, BC)
+    att_h = _attention_vector(att, hc, hc_ok, SCORE)  # (BH, BC)
     v_j = tl.load(v + node * (H * C) + hc, mask=hc_ok, other=0.0).to(tl.float32)  # (BH, BC)
 
-    if ADDITIVE:
+    if SCORE == ADDITIVE:
         dk_j = tl.full([BLOCK_H], 0, tl.float32)
     else:
         dk_j = tl.full([BLOCK_H, BLOCK_C], 0, tl.float32)
@@ -255,8 +302,8 @@ def backward_source_kernel(q, k, v, bias, drop, dout, lse, delta, dalpha, colptr
         b = 0.0
         if HAS_BIAS:
             b = _edge_values(bias, edge, offs_h, ok2, H)
-        q_i = _score_operand(q, dst, offs_h, hc, ok2, ok3, H, C, ADDITIVE)
-        s = tl.where(ok2, _scores(q_i, k_j, b, scale, slope, ADDITIVE), float("-inf"))
+        q_i = _score_operand(q, dst, offs_h, hc, ok2, ok3, H, C, SCORE)
+        s = tl.where(ok2, _scores(q_i, k_j, b, att_h, scale, slope, SCORE), float("-inf"))
         lse_i = tl.load(lse + dst[:, None] * H + offs_h[None, :], mask=ok2,
                         other=float("inf"))
         a = tl.exp(s - lse_i)  # (BE, BH)
@@ -272,14 +319,11 @@ def backward_source_kernel(q, k, v, bias, drop, dout, lse, delta, dalpha, colptr
             dp = dp + _edge_values(dalpha, edge, offs_h, ok2, H)
         delta_i = _edge_values(delta, dst, offs_h, ok2, H)
         dz = _pre_activation_grad(a * (dp - delta_i), q_i, k_j, b, scale, slope,
-                                  ADDITIVE)  # (BE, BH)
-        if ADDITIVE:
-            dk_j += _sum(dz, axis=0)
-        else:
-            dk_j += _sum(dz[:, :, None] * q_i, axis=0)
-    if ADDITIVE:
+                                  SCORE)  # (BE, BH)
+        dk_j += _operand_grad(dz, q_i, k_j, q_i, slope, SCORE)
+    if SCORE == ADDITIVE:
         tl.store(dk + node * H + offs_h, dk_j.to(dk.dtype.element_ty), mask=h_ok)
     else:
-        tl.store(dk + node * (H * C) + hc, (dk_j * scale).to(dk.dtype.element_ty),
+        tl.store(dk + node * (H * C) + hc, (dk_j * scale * att_h).to(dk.dtype.element_ty),
                  mask=hc_ok)
     tl.store(dv + node * (H * C) + hc, dv_j.to(dv.dtype.element_ty), mask=hc_ok)

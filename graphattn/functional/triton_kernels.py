@@ -13,7 +13,16 @@ running maximum :math:`m`, a running sum :math:`\ell` and an accumulator :math:`
     \ell' = e^{m - m'} \ell + \sum_e e^{s_e - m'}, \quad
     a' = e^{m - m'} a + \sum_e e^{s_e - m'} d_e \, v_{j(e)}
 
-with :math:`d_e` the dropout multiplier (1 without dropout). It writes
+with :math:`d_e` the dropout multiplier (1 without dropout) and :math:`s_e` the score of edge
+:math:`e = (j \to i)`, computed in the tile: :math:`\text{scale} \cdot q_i \cdot k_j + b_e`
+(``"dot"``), :math:`\text{scale} \cdot \mathrm{LeakyReLU}(q_i + k_j + b_e)` (``"additive"``) or
+
+.. math::
+    s_e = \text{scale} \sum_c a_c \, \mathrm{LeakyReLU}(z_{ec}) + b_e, \qquad
+    z_e = q_i + k_j
+
+(``"gatv2"``, with the attention vector :math:`a` of the head; :math:`z_e` lives only in
+registers, as a ``(BLOCK_E, BLOCK_H, BLOCK_C)`` tile). It writes
 :math:`\mathrm{out}_i = a / \ell` ``[N_dst, H, C]`` and the log-sum-exp
 :math:`\mathrm{lse}_i = m + \log \ell` ``[N_dst, H]``, both in fp32 (out is returned in the
 dtype of v; the fp32 copy is what backward reads, so half-precision rounding of out does not
@@ -33,8 +42,21 @@ gradient) the softmax gradient of an edge is
     - \delta_i\big).
 
 A pass over target rows gives dq, :math:`\delta` and the bias gradient; a pass over source rows
-(the transposed CSR: edges sorted by source) gives dk and dv. Each program owns the rows it
-writes, so there are no atomics and the gradients are bit-for-bit deterministic.
+(the transposed CSR: edges sorted by source) gives dk and dv. For ``"gatv2"`` both recompute
+:math:`z_e`; with :math:`\mathrm{LeakyReLU}'(z) = 1` for :math:`z > 0` and the slope otherwise
+(at 0 like torch), and sums over the edges into target i or out of source j,
+
+.. math::
+    \mathrm{d}q_i = \text{scale} \; a \odot \sum_{e \to i} \mathrm{d}s_e \,
+    \mathrm{LeakyReLU}'(z_e), \qquad
+    \mathrm{d}k_j = \text{scale} \; a \odot \sum_{j \to e} \mathrm{d}s_e \,
+    \mathrm{LeakyReLU}'(z_e), \qquad
+    \mathrm{d}a = \sum_i \text{scale} \sum_{e \to i} \mathrm{d}s_e \,
+    \mathrm{LeakyReLU}(z_e).
+
+The target pass writes the share of each target in :math:`\mathrm{d}a` (the inner sum),
+``[N_dst, H, C]`` in fp32, and torch adds them up. Each program owns the rows it writes, so
+there are no atomics and the gradients are bit-for-bit deterministic.
 
 **Dropout** is supported: ``edge_attention`` draws the ``[E, H]`` multiplier, the kernels apply
 it to the weights and the same tensor is saved for backward.
@@ -59,6 +81,7 @@ from torch import Tensor
 
 INSTALL_HINT = "pip install 'graphattn[gpu]'"
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+SCORE_KINDS = {"dot": 0, "additive": 1, "gatv2": 2}  # the kernels' compile-time SCORE
 
 
 @functools.cache
@@ -178,10 +201,11 @@ def kernels() -> ModuleType:
 
 
 def fused_forward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None,
-                  dropout_mask: Tensor | None, csr: CSR, *, scale: float, additive: bool,
-                  negative_slope: float, need_scores: bool,
+                  dropout_mask: Tensor | None, csr: CSR, *, scale: float, score: str,
+                  negative_slope: float, need_scores: bool, att: Tensor | None = None,
                   ) -> tuple[Tensor, Tensor, Tensor | None]:
-    """Launch the forward kernel on contiguous inputs and the target CSR of the graph.
+    """Launch the forward kernel on contiguous inputs and the target CSR of the graph
+    (``att``: the ``[H, C]`` attention vector of ``score="gatv2"``).
 
     Returns out ``[N_dst, H, C]`` and lse ``[N_dst, H]`` in fp32, and the scores ``[E, H]``
     (fp32, in ``edge_index`` order) when ``need_scores``.
@@ -194,9 +218,9 @@ def fused_forward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None,
               if need_scores else None)
     if n_dst > 0:
         kernels().forward_kernel[(n_dst, -(-heads // cfg.block_h))](
-            q, k, v, _or(bias, q), _or(dropout_mask, q), csr.ptr, csr.other, csr.edge_id,
-            out32, lse, _or(scores, lse), scale, negative_slope,
-            H=heads, C=channels, ADDITIVE=additive, HAS_BIAS=bias is not None,
+            q, k, v, _or(bias, q), _or(att, q), _or(dropout_mask, q), csr.ptr, csr.other,
+            csr.edge_id, out32, lse, _or(scores, lse), scale, negative_slope,
+            H=heads, C=channels, SCORE=SCORE_KINDS[score], HAS_BIAS=bias is not None,
             HAS_DROP=dropout_mask is not None, NEED_SCORES=need_scores,
             BLOCK_E=cfg.block_e, BLOCK_H=cfg.block_h, BLOCK_C=cfg.block_c,
             num_warps=cfg.num_warps)
@@ -207,29 +231,31 @@ class FusedEdgeAttention(torch.autograd.Function):
     """Autograd wrapper around the three kernels; see the module docstring for the math."""
 
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None,
-                dropout_mask: Tensor | None, edge_index: Tensor, scale: float, additive: bool,
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, att: Tensor | None,
+                dropout_mask: Tensor | None, edge_index: Tensor, scale: float, score: str,
                 negative_slope: float, need_alpha: bool) -> tuple[Tensor, Tensor]:
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         bias = bias.contiguous() if bias is not None else None
+        att = att.contiguous() if att is not None else None
         dropout_mask = dropout_mask.contiguous() if dropout_mask is not None else None
         csr = build_csr(edge_index[1], edge_index[0], q.size(0), v.size(0))
         # fp32 out: backward's delta = dout . out must not see the rounding of a half out.
         out32, lse, scores = fused_forward(q, k, v, bias, dropout_mask, csr, scale=scale,
-                                           additive=additive, negative_slope=negative_slope,
+                                           score=score, att=att, negative_slope=negative_slope,
                                            need_scores=need_alpha)
         alpha_dtype = torch.promote_types(q.dtype, k.dtype)
-        if bias is not None:
-            alpha_dtype = torch.promote_types(alpha_dtype, bias.dtype)
+        for t in (bias, att):
+            if t is not None:
+                alpha_dtype = torch.promote_types(alpha_dtype, t.dtype)
         if need_alpha:
             # lse = +inf on rows without weight, scores -inf on masked edges: exp gives 0.
             alpha = torch.exp(scores - lse[edge_index[1]]).to(alpha_dtype)  # (E, H)
         else:
             alpha = torch.empty(0, v.size(1), device=v.device, dtype=alpha_dtype)
 
-        ctx.save_for_backward(q, k, v, bias, dropout_mask, edge_index, out32, lse, csr.ptr,
+        ctx.save_for_backward(q, k, v, bias, att, dropout_mask, edge_index, out32, lse, csr.ptr,
                               csr.other, csr.edge_id)
-        ctx.scale, ctx.additive, ctx.negative_slope = scale, additive, negative_slope
+        ctx.scale, ctx.score, ctx.negative_slope = scale, score, negative_slope
         ctx.set_materialize_grads(False)
         if not need_alpha:
             ctx.mark_non_differentiable(alpha)
@@ -237,13 +263,15 @@ class FusedEdgeAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout: Tensor | None, dalpha: Tensor | None):
-        q, k, v, bias, dropout_mask, edge_index, out32, lse, rowptr, col, eid = ctx.saved_tensors
+        (q, k, v, bias, att, dropout_mask, edge_index, out32, lse, rowptr, col,
+         eid) = ctx.saved_tensors
         n_dst, (n_src, heads, channels) = q.size(0), v.shape
         cfg = launch_config(heads, channels)
         dout = v.new_zeros(out32.shape) if dout is None else dout.contiguous()
         dalpha = dalpha.contiguous() if dalpha is not None else None
         need_dbias = bias is not None and ctx.needs_input_grad[3]
-        flags = dict(H=heads, C=channels, ADDITIVE=ctx.additive, HAS_BIAS=bias is not None,
+        need_datt = att is not None and ctx.needs_input_grad[4]
+        flags = dict(H=heads, C=channels, SCORE=SCORE_KINDS[ctx.score], HAS_BIAS=bias is not None,
                      HAS_DROP=dropout_mask is not None, HAS_DALPHA=dalpha is not None,
                      BLOCK_E=cfg.block_e, BLOCK_H=cfg.block_h, BLOCK_C=cfg.block_c,
                      num_warps=cfg.num_warps)
@@ -253,19 +281,24 @@ class FusedEdgeAttention(torch.autograd.Function):
         dk = torch.empty_like(k)
         dv = torch.empty_like(v)
         dbias = torch.empty_like(bias) if need_dbias else None
+        # gatv2: each target's share of d att, added up below (no atomics)
+        datt_rows = (torch.empty(n_dst, *att.shape, device=v.device, dtype=torch.float32)
+                     if need_datt else None)  # (N_dst, H, C)
         delta = torch.empty(n_dst, heads, device=v.device, dtype=torch.float32)
         if n_dst > 0:
             kernels().backward_target_kernel[(n_dst, head_blocks)](
-                q, k, v, _or(bias, q), _or(dropout_mask, q), out32, dout, lse, _or(dalpha, lse),
-                rowptr, col, eid, dq, _or(dbias, lse), delta, ctx.scale, ctx.negative_slope,
-                NEED_DBIAS=need_dbias, **flags)
+                q, k, v, _or(bias, q), _or(att, q), _or(dropout_mask, q), out32, dout, lse,
+                _or(dalpha, lse), rowptr, col, eid, dq, _or(dbias, lse), _or(datt_rows, lse),
+                delta, ctx.scale, ctx.negative_slope, NEED_DBIAS=need_dbias,
+                NEED_DATT=need_datt, **flags)
         if n_src > 0:
             csc = build_csr(edge_index[0], edge_index[1], n_src, n_dst)
             kernels().backward_source_kernel[(n_src, head_blocks)](
-                q, k, v, _or(bias, q), _or(dropout_mask, q), dout, lse, delta, _or(dalpha, lse),
-                csc.ptr, csc.other, csc.edge_id, dk, dv, ctx.scale, ctx.negative_slope,
-                **flags)
-        return dq, dk, dv, dbias, None, None, None, None, None, None
+                q, k, v, _or(bias, q), _or(att, q), _or(dropout_mask, q), dout, lse, delta,
+                _or(dalpha, lse), csc.ptr, csc.other, csc.edge_id, dk, dv, ctx.scale,
+                ctx.negative_slope, **flags)
+        datt = datt_rows.sum(dim=0).to(att.dtype) if need_datt else None  # (H, C)
+        return dq, dk, dv, dbias, datt, None, None, None, None, None, None
 
 
 def _or(tensor: Tensor | None, placeholder: Tensor) -> Tensor:
@@ -286,46 +319,53 @@ def triton_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *
         \alpha_{ij} = \operatorname{softmax}_{j \in \mathcal{N}(i)} s_{ij}, \qquad
         \mathrm{out}_i = \sum_{j \in \mathcal{N}(i)} \alpha_{ij} \, d_{ij} \, v_j
 
-    with :math:`s_{ij} = \text{scale} \cdot q_i \cdot k_j + b_{ij}` (``"dot"``) or
-    :math:`\text{scale} \cdot \mathrm{LeakyReLU}(q_i + k_j + b_{ij})` (``"additive"``) and
+    with :math:`s_{ij} = \text{scale} \cdot q_i \cdot k_j + b_{ij}` (``"dot"``),
+    :math:`\text{scale} \cdot \mathrm{LeakyReLU}(q_i + k_j + b_{ij})` (``"additive"``) or
+    :math:`\text{scale} \cdot a^\top \mathrm{LeakyReLU}(q_i + k_j) + b_{ij}` (``"gatv2"``) and
     :math:`d_{ij}` the dropout multiplier, with online softmax over CSR rows (see the module
     docstring). Statistics are fp32 whatever the input dtype (fp32, fp16, bf16); out has the
-    dtype of ``v``. Gradients flow to q, k, v, bias and through the returned alpha; they are
-    deterministic (no atomics).
+    dtype of ``v``. Gradients flow to q, k, v, bias, att and through the returned alpha; they
+    are deterministic (no atomics).
 
     Args:
         q (Tensor): ``[N_dst, H, C]`` (``[N_dst, H]`` when additive).
         k (Tensor): ``[N_src, H, C]`` (``[N_src, H]`` when additive).
-        v (Tensor): ``[N_src, H, C]``.
+        v (Tensor): ``[N_src, H, C]``, with the C of q and k for ``"dot"`` and ``"gatv2"``.
         edge_index (Tensor): ``[2, E]`` int64, checked by the caller.
         scale (float): score multiplier.
         bias (Tensor, optional): ``[E, H]`` added to the scores.
         dropout_mask (Tensor, optional): ``[E, H]`` multiplier on the weights (0 or
             ``1 / (1 - p)``).
-        score (str): ``"dot"`` or ``"additive"``.
-        negative_slope (float): LeakyReLU slope of the additive score.
+        score (str): ``"dot"``, ``"additive"`` or ``"gatv2"``.
+        negative_slope (float): LeakyReLU slope of the additive and gatv2 scores.
         need_alpha (bool): also return :math:`\alpha` (before dropout).
+        att (Tensor, optional): ``[H, C]`` attention vector :math:`a` of ``"gatv2"``, checked
+            by the caller. (default: ``None``)
 
     Shapes:
+        - **input:** q ``(N_dst, H, C)``, k and v ``(N_src, H, C)``, edge_index ``(2, E)``,
+          bias ``(E, H)``, att ``(H, C)``
         - **output:** out ``(N_dst, H, C)``; alpha ``(E, H)`` or ``None``
 
     Raises:
         ImportError: triton is not installed.
         TypeError: an input is not fp32, fp16 or bf16.
-        ValueError: the tensors are not on a CUDA device and Triton's interpreter is off.
+        ValueError: the tensors are not on a CUDA device and Triton's interpreter is off, or q
+            and v have different channel counts (``"dot"``, ``"gatv2"``).
     """
     if not triton_available():
         raise ImportError(f"backend='triton' needs the optional package triton, which is not "
                           f"installed: {INSTALL_HINT}")
-    for name, t in (("q", q), ("k", k), ("v", v), ("bias", bias)):
+    for name, t in (("q", q), ("k", k), ("v", v), ("bias", bias), ("att", att)):
         if t is not None and t.dtype not in DTYPES:
             raise TypeError(f"backend='triton' supports float32, float16 and bfloat16 inputs, "
                             f"got {name} of dtype {t.dtype}")
     if q.device.type != "cuda" and not interpret_mode():
         raise ValueError(f"backend='triton' runs on CUDA tensors, got q on {q.device} (on CPU, "
                          f"set TRITON_INTERPRET=1 to run the kernels in Triton's interpreter)")
-    if score == "gatv2":
-        raise NotImplementedError("backend='triton' does not support score='gatv2' yet")
-    out, alpha = FusedEdgeAttention.apply(q, k, v, bias, dropout_mask, edge_index, scale,
-                                          score == "additive", negative_slope, need_alpha)
+    if score != "additive" and q.size(-1) != v.size(-1):
+        raise ValueError(f"backend='triton' needs q, k and v with the same channels C for "
+                         f"score={score!r}, got q {list(q.shape)} and v {list(v.shape)}")
+    out, alpha = FusedEdgeAttention.apply(q, k, v, bias, att, dropout_mask, edge_index, scale,
+                                          score, negative_slope, need_alpha)
     return out, (alpha if need_alpha else None)

@@ -3,8 +3,8 @@
 Every kernel test runs under ``TRITON_INTERPRET=1`` (set for this module only): the kernels are
 defined per mode at first use, so importing graphattn earlier does not matter. The truth is
 :func:`reference_edge_attention` in float64 on the same inputs; outputs, attention weights and
-the gradients of q, k, v and bias (through out and alpha) are compared with the tolerance of
-the kernel's dtype. Sizes stay tiny: the interpreter runs one Python step per tile operation.
+the gradients of q, k, v, bias and att (through out and alpha) are compared with the tolerance
+of the kernel's dtype. Sizes stay tiny: the interpreter runs one Python step per tile operation.
 """
 
 from __future__ import annotations
@@ -39,14 +39,15 @@ def interpreter():
 def make_inputs(num_src: int, num_dst: int, num_edges: int, heads: int, channels: int, *,
                 score: str = "dot", bias: bool = True, dtype: torch.dtype = torch.float32,
                 seed: int = 0) -> dict[str, torch.Tensor | None]:
-    """Random q, k, v (and bias) in ``dtype``, leaves that require grad."""
+    """Random q, k, v (and bias, and att for gatv2) in ``dtype``, leaves that require grad."""
     gen = torch.Generator().manual_seed(seed)
-    qk_shape = (heads, channels) if score == "dot" else (heads,)
+    qk_shape = (heads,) if score == "additive" else (heads, channels)
     tensors = {
         "q": torch.randn(num_dst, *qk_shape, generator=gen),
         "k": torch.randn(num_src, *qk_shape, generator=gen),
         "v": torch.randn(num_src, heads, channels, generator=gen),
         "bias": torch.randn(num_edges, heads, generator=gen) if bias else None,
+        "att": torch.randn(heads, channels, generator=gen) if score == "gatv2" else None,
     }
     return {name: None if t is None else t.to(dtype).requires_grad_()
             for name, t in tensors.items()}
@@ -60,7 +61,7 @@ def run_backend(backend, inputs, edge_index, *, score="dot", scale=0.5, dropout_
     mask = None if dropout_mask is None else dropout_mask.to(compute_dtype or dropout_mask.dtype)
     out, alpha = backend(cast["q"], cast["k"], cast["v"], edge_index, scale=scale,
                          bias=cast.get("bias"), dropout_mask=mask, score=score,
-                         negative_slope=0.2, need_alpha=True)
+                         negative_slope=0.2, need_alpha=True, att=cast.get("att"))
     gen = torch.Generator().manual_seed(seed)
     w_out = torch.randn(out.shape, generator=gen, dtype=torch.float64)
     w_alpha = torch.randn(alpha.shape, generator=gen, dtype=torch.float64)
@@ -86,7 +87,7 @@ def check_against_reference(inputs, edge_index, *, score="dot", scale=0.5, dropo
 
 
 @needs_triton
-@pytest.mark.parametrize("score", ["dot", "additive"])
+@pytest.mark.parametrize("score", attention.SCORES)
 def test_matches_reference_on_graph_registry(interpreter, graph_case, score):
     ei = graph_case.edge_index
     inputs = make_inputs(graph_case.num_src, graph_case.num_dst, ei.size(1), 2, 8, score=score)
@@ -100,10 +101,23 @@ def test_matches_reference_on_graph_registry(interpreter, graph_case, score):
 @pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
 @pytest.mark.parametrize("heads,channels",
                          [(1, 8), (1, 16), (1, 64), (4, 8), (4, 16), (4, 64), (3, 64), (2, 12)])
-def test_heads_and_channels(interpreter, heads, channels, bias):
+@pytest.mark.parametrize("score", ["dot", "gatv2"])
+def test_heads_and_channels(interpreter, score, heads, channels, bias):
+    """Channel tiles padded (C = 12) or not, head blocks full or partial (H = 3, C = 64)."""
     ei = random_graph(16, 48, seed=heads * 100 + channels)
-    inputs = make_inputs(16, 16, 48, heads, channels, bias=bias, seed=channels)
-    check_against_reference(inputs, ei, scale=channels ** -0.5)
+    inputs = make_inputs(16, 16, 48, heads, channels, score=score, bias=bias, seed=channels)
+    check_against_reference(inputs, ei, score=score, scale=channels ** -0.5)
+
+
+@needs_triton
+@pytest.mark.parametrize("score", ["dot", "gatv2"])
+def test_clear_error_for_channels_of_v_unlike_q(interpreter, score):
+    inputs = make_inputs(3, 3, 1, 2, 8, score=score)
+    v = torch.randn(3, 2, 4)
+    with pytest.raises(ValueError, match=rf"same channels C for score='{score}', "
+                                         r"got q \[3, 2, 8\] and v \[3, 2, 4\]"):
+        edge_attention(inputs["q"], inputs["k"], v, torch.tensor([[0], [1]]),
+                       backend="triton", score=score, att=inputs["att"])
 
 
 def star_graph(degree: int, extra: int = 6, seed: int = 0) -> torch.Tensor:
@@ -119,7 +133,7 @@ def star_graph(degree: int, extra: int = 6, seed: int = 0) -> torch.Tensor:
 
 
 @needs_triton
-@pytest.mark.parametrize("score", ["dot", "additive"])
+@pytest.mark.parametrize("score", attention.SCORES)
 def test_degree_200_row(interpreter, score):
     ei = star_graph(200)
     inputs = make_inputs(40, 40, ei.size(1), 2, 8, score=score, seed=3)
@@ -127,7 +141,7 @@ def test_degree_200_row(interpreter, score):
 
 
 @needs_triton
-@pytest.mark.parametrize("score", ["dot", "additive"])
+@pytest.mark.parametrize("score", attention.SCORES)
 def test_dropout_mask_in_forward_and_backward(interpreter, score):
     ei = random_graph(12, 40, seed=5)
     inputs = make_inputs(12, 12, 40, 2, 8, score=score)
@@ -139,7 +153,7 @@ def test_dropout_mask_in_forward_and_backward(interpreter, score):
 
 @needs_triton
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-@pytest.mark.parametrize("score", ["dot", "additive"])
+@pytest.mark.parametrize("score", attention.SCORES)
 def test_half_precision(interpreter, dtype, score):
     ei = random_graph(12, 40, seed=6)
     inputs = make_inputs(12, 12, 40, 2, 16, score=score, dtype=dtype)
@@ -148,7 +162,7 @@ def test_half_precision(interpreter, dtype, score):
 
 
 @needs_triton
-@pytest.mark.parametrize("score", ["dot", "additive"])
+@pytest.mark.parametrize("score", attention.SCORES)
 def test_fully_masked_row_gives_zero_without_nan(interpreter, score):
     ei = torch.tensor([[0, 1, 2, 0, 2], [1, 1, 1, 2, 2]])
     inputs = make_inputs(3, 3, 5, 1, 8, score=score)
@@ -166,11 +180,11 @@ def test_kernels_use_no_atomics():
 
 
 @needs_triton
-@pytest.mark.parametrize("score", ["dot", "additive"])
+@pytest.mark.parametrize("score", attention.SCORES)
 def test_edge_attention_dispatches_by_name(interpreter, index_dtype, score):
     case = next(g for g in GRAPHS if g.name == "multi-edges")
     inputs = make_inputs(case.num_src, case.num_dst, case.edge_index.size(1), 2, 8, score=score)
-    kwargs = dict(bias=inputs["bias"], return_attention=True, score=score)
+    kwargs = dict(bias=inputs["bias"], return_attention=True, score=score, att=inputs["att"])
     args = (inputs["q"], inputs["k"], inputs["v"], case.edge_index.to(index_dtype))
     out, alpha = edge_attention(*args, backend="triton", **kwargs)
     want_out, want_alpha = edge_attention(*args, backend="reference", **kwargs)
@@ -262,12 +276,12 @@ from graphattn.functional import triton_kernels as tk
 
 module = tk.kernels()
 cfg = tk.launch_config(4, 16)
-pointer = {"lse": "*fp32", "delta": "*fp32", "rowptr": "*i32", "col": "*i32", "eid": "*i32",
-           "colptr": "*i32", "row_t": "*i32", "eid_t": "*i32"}
-for additive in (False, True):
-    constants = dict(H=4, C=16, ADDITIVE=additive, HAS_BIAS=True, HAS_DROP=True,
-                     NEED_SCORES=True, HAS_DALPHA=True, NEED_DBIAS=True, BLOCK_E=cfg.block_e,
-                     BLOCK_H=cfg.block_h, BLOCK_C=cfg.block_c)
+pointer = {"lse": "*fp32", "delta": "*fp32", "datt_rows": "*fp32", "rowptr": "*i32",
+           "col": "*i32", "eid": "*i32", "colptr": "*i32", "row_t": "*i32", "eid_t": "*i32"}
+for score, kind in tk.SCORE_KINDS.items():
+    constants = dict(H=4, C=16, SCORE=kind, HAS_BIAS=True, HAS_DROP=True, NEED_SCORES=True,
+                     HAS_DALPHA=True, NEED_DBIAS=True, NEED_DATT=score == "gatv2",
+                     BLOCK_E=cfg.block_e, BLOCK_H=cfg.block_h, BLOCK_C=cfg.block_c)
     for kernel in (module.forward_kernel, module.backward_target_kernel,
                    module.backward_source_kernel):
         assert type(kernel).__name__ == "JITFunction", type(kernel)
@@ -283,32 +297,34 @@ for additive in (False, True):
         compiled = compile(ASTSource(kernel, signature=signature, constexprs=used),
                            target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg.num_warps})
         assert compiled.asm["cubin"], kernel
-        print("compiled", kernel.__name__, "additive" if additive else "dot")
+        print("compiled", kernel.__name__, score)
 """
 
 
 @needs_triton
 def test_kernels_compile_for_sm90():
     """The interpreter does not run Triton's compiler, so compile every kernel (all features on,
-    fp16, both scores) for sm_90 (H100/H200) ahead of time; no GPU needed. In a fresh process:
+    fp16, every score) for sm_90 (H100/H200) ahead of time; no GPU needed. In a fresh process:
     Triton's interpreter leaves ``triton.language`` patched after it ran."""
     env = {**os.environ, "TRITON_INTERPRET": "0"}
     done = subprocess.run([sys.executable, "-c", COMPILE_FOR_SM90], env=env, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.count("compiled") == 6
+    assert done.stdout.count("compiled") == 3 * len(tk.SCORE_KINDS)
 
 
 @needs_triton
-def test_gradient_through_alpha_alone(interpreter):
+@pytest.mark.parametrize("score", attention.SCORES)
+def test_gradient_through_alpha_alone(interpreter, score):
     ei = random_graph(10, 30, seed=4)
-    inputs = make_inputs(10, 10, 30, 2, 8)
+    inputs = make_inputs(10, 10, 30, 2, 8, score=score)
+    wrt = [inputs[name] for name in ("q", "k", "bias", "att") if inputs[name] is not None]
     grads = []
     for backend in (tk.triton_edge_attention, reference_edge_attention):
         _, alpha = backend(inputs["q"], inputs["k"], inputs["v"], ei, scale=0.5,
-                           bias=inputs["bias"], dropout_mask=None, score="dot",
-                           negative_slope=0.2, need_alpha=True)
+                           bias=inputs["bias"], dropout_mask=None, score=score,
+                           negative_slope=0.2, need_alpha=True, att=inputs["att"])
         weight = torch.linspace(-1, 1, alpha.numel()).view_as(alpha)
-        grads.append(torch.autograd.grad((alpha * weight).sum(), [inputs["q"], inputs["bias"]]))
+        grads.append(torch.autograd.grad((alpha * weight).sum(), wrt))
     for got, want in zip(*grads, strict=True):
         assert_close(got, want)
