@@ -297,20 +297,21 @@ def _dot(a, i, b, j, start, n):
 
 
 @_jit(inline="always")
-def _leaky_relu(z, slope):
-    return z if z > 0 else z * slope
+def _leaky_relu(z, slope, y):
+    """``y * LeakyReLU'(z)``: ``y`` for ``z > 0``, else ``y * slope`` (the slope at 0, as
+    torch). ``_leaky_relu(z, slope, z)`` is LeakyReLU(z). A select between two computed values,
+    which vectorises."""
+    return y if z > 0 else y * slope
 
 
 @_jit(inline="always")
 def _gatv2_dot(q, i, k, j, att, start, n, slope):
-    """``sum(a[x] * LeakyReLU(q[i, x] + k[j, x]))`` over ``x = start..start+n-1``, in order.
-
-    ``att`` is ``[2, H * Cq]``: the attention vector a, and a times the slope (the derivative
-    of the terms for ``q + k <= 0``, used by backward).
-    """
-    s = att[0, start] * _leaky_relu(q[i, start] + k[j, start], slope)
+    """``sum(att[x] * LeakyReLU(q[i, x] + k[j, x]))`` over ``x = start..start+n-1``, in order."""
+    z = q[i, start] + k[j, start]
+    s = att[start] * _leaky_relu(z, slope, z)
     for x in range(start + 1, start + n):
-        s += att[0, x] * _leaky_relu(q[i, x] + k[j, x], slope)
+        z = q[i, x] + k[j, x]
+        s += att[x] * _leaky_relu(z, slope, z)
     return s
 
 
@@ -319,8 +320,7 @@ def _score(q, k, att, bias, i, j, e, h, Cq, scale, slope, score, has_bias):
     """Score of edge ``e = (j -> i)`` in head h, and ds/d(pre-activation) (``scale`` for dot
     and gatv2, whose channel factors come later).
 
-    ``q, k`` are ``[N, H * Cq]`` (``Cq = 1`` for the additive score); ``att`` is
-    ``[2, H * Cq]`` (see :func:`_gatv2_dot`).
+    ``q, k`` are ``[N, H * Cq]`` (``Cq = 1`` for the additive score); ``att`` is ``[H * Cq]``.
     """
     if score == ADDITIVE:
         u = q[i, h] + k[j, h]
@@ -513,8 +513,8 @@ def _backward_target_kernel(score: int, has_bias: bool, has_mask: bool, has_grad
                 elif score == GATV2:  # d/dz of a . LeakyReLU(z) is a, or a * slope for z <= 0
                     for x in range(H * Cq):
                         z = q[i, x] + k[j, x]
-                        acc[x] += factor[x] * (att[0, x] if z > 0 else att[1, x])
-                        acc_att[x] += factor[x] * _leaky_relu(z, slope)
+                        acc[x] += _leaky_relu(z, slope, factor[x] * att[x])
+                        acc_att[x] += factor[x] * _leaky_relu(z, slope, z)
                 else:
                     for x in range(H * Cq):
                         acc[x] += factor[x] * k[j, x]
@@ -572,7 +572,7 @@ def _backward_source_kernel(score: int, qk_channels: int, v_channels: int):
                     elif score == GATV2:
                         for x in range(H * Cq):
                             z = q[i, x] + k[j, x]
-                            grad_k[j, x] += key_factor[x] * (att[0, x] if z > 0 else att[1, x])
+                            grad_k[j, x] += _leaky_relu(z, slope, key_factor[x] * att[x])
                     else:
                         for x in range(H * Cq):
                             grad_k[j, x] += key_factor[x] * q[i, x]
@@ -586,8 +586,7 @@ def _backward_source_kernel(score: int, qk_channels: int, v_channels: int):
                         elif score == GATV2:
                             for x in range(Cq):
                                 z = q3[i, h, x] + k3[j, h, x]
-                                grad_k3[j, h, x] += g * (att[0, h * Cq + x] if z > 0
-                                                         else att[1, h * Cq + x])
+                                grad_k3[j, h, x] += _leaky_relu(z, slope, g * att[h * Cq + x])
                         else:
                             for x in range(Cq):
                                 grad_k3[j, h, x] += g * q3[i, h, x]
@@ -658,14 +657,6 @@ def _kernel_channels(q: Tensor, v: Tensor) -> tuple[int, int]:
     return _channels(q.size(2)), _channels(v.size(2))
 
 
-def _att_rows(att: Tensor | None, slope: float, dtype: np.dtype) -> np.ndarray:
-    """The ``[2, H * C]`` kernel array of gatv2's attention vector a: a and slope * a."""
-    if att is None:
-        return np.zeros((2, 1), dtype=dtype)
-    a = _np(att).reshape(-1)
-    return np.stack([a, a * dtype.type(slope)])
-
-
 def _forward_impl(q: Tensor, k: Tensor, v: Tensor, att: Tensor | None, bias: Tensor | None,
                   dropout_mask: Tensor | None, edge_index: Tensor, scale: float,
                   negative_slope: float, score: int, need_alpha: bool,
@@ -681,7 +672,8 @@ def _forward_impl(q: Tensor, k: Tensor, v: Tensor, att: Tensor | None, bias: Ten
     kernel = _forward_kernel(score, bias is not None, dropout_mask is not None, need_alpha,
                              *_kernel_channels(q, v))
     _run_rows(kernel, rowptr, _rows(q), _rows(k), _rows(v),
-              _att_rows(att, negative_slope, none.dtype), none if bias is None else _np(bias),
+              none[0] if att is None else _np(att).reshape(-1),
+              none if bias is None else _np(bias),
               none if dropout_mask is None else _np(dropout_mask), rowptr, perm, src,
               real(scale), real(negative_slope), _rows(out), lse.numpy(), alpha.numpy())
     return (out, alpha, lse, torch.from_numpy(rowptr), torch.from_numpy(perm),
@@ -716,10 +708,10 @@ def _backward_impl(grad_out: Tensor, grad_alpha: Tensor | None, q: Tensor, k: Te
     grad_key = torch.empty(perm.shape[0], v.size(1), dtype=v.dtype)  # (E, H) CSC order
     weight = torch.empty(perm.shape[0], v.size(1), dtype=v.dtype)  # (E, H) CSC order
     channels = _kernel_channels(q, v)
-    att_rows = _att_rows(att, negative_slope, none.dtype)
+    att_row = none[0] if att is None else _np(att).reshape(-1)  # (H * C,)
     kernel = _backward_target_kernel(score, bias is not None, dropout_mask is not None,
                                      has_grad_alpha, *channels)
-    _run_rows(kernel, rowptr, _rows(q), _rows(k), _rows(v), att_rows,
+    _run_rows(kernel, rowptr, _rows(q), _rows(k), _rows(v), att_row,
               none if bias is None else _np(bias),
               none if dropout_mask is None else _np(dropout_mask), _rows(out),
               _rows(grad_out), _np(grad_alpha) if has_grad_alpha else none,
@@ -733,7 +725,7 @@ def _backward_impl(grad_out: Tensor, grad_alpha: Tensor | None, q: Tensor, k: Te
     if need_grad_kv:
         grad_k, grad_v = torch.empty_like(k), torch.empty_like(v)
         kernel = _backward_source_kernel(score, *_source_channels(*channels))
-        _run_rows(kernel, colptr, _rows(q), _rows(k), att_rows, real(negative_slope),
+        _run_rows(kernel, colptr, _rows(q), _rows(k), att_row, real(negative_slope),
                   _rows(grad_out), colptr, target, grad_key.numpy(), weight.numpy(),
                   _rows(grad_k), _rows(grad_v))
     return grad_q, grad_k, grad_v, grad_att, grad_bias
