@@ -1,8 +1,8 @@
 """Test accuracy on the Planetoid citation graphs, next to the published GAT and GCN results.
 
-Four layers trained by one script under one protocol (the GAT paper's), 10 seeds each:
-graphattn's GraphSelfAttention with the additive (GAT) score and with the dot-product score,
-and PyG's GATConv and TransformerConv, each inside the same two-layer GAT architecture
+Six layers trained by one script under one protocol (the GAT paper's), 10 seeds each:
+graphattn's GraphSelfAttention with the additive (GAT), GATv2 and dot-product scores, and
+PyG's GATConv, GATv2Conv and TransformerConv, each inside the same two-layer GAT architecture
 (graphattn.nn.GAT with ``conv=``). The training loop is the one of
 ``examples/node_classification.py``.
 
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 import torch_geometric
-from torch_geometric.nn import GATConv, TransformerConv
+from torch_geometric.nn import GATConv, GATv2Conv, TransformerConv
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "examples"))
@@ -51,7 +51,9 @@ MODELS = {  # name -> GAT(...) keyword arguments
     "graphattn additive": dict(attention="additive"),
     "graphattn dot": dict(attention="dot"),
     "graphattn additive, no value dropout": dict(attention="additive", value_dropout=0.0),
+    "graphattn gatv2": dict(attention="gatv2"),
     "PyG GATConv": dict(conv=GATConv),
+    "PyG GATv2Conv": dict(conv=GATv2Conv),
     "PyG TransformerConv": dict(conv=TransformerConv),
 }
 
@@ -127,12 +129,13 @@ def write_results(rows: list[dict], skipped: dict[str, str], args: argparse.Name
         "attention layer with 8 heads x 8 channels (concatenated), ELU, dropout 0.6, an output "
         "attention layer (1 head on Cora and CiteSeer, 8 averaged heads on PubMed); dropout 0.6 "
         "on the attention weights. Only the attention layer differs: graphattn's "
-        "`GraphSelfAttention(attention=\"additive\")` (GAT's score) and "
-        "`(attention=\"dot\")` (scaled dot product), both with self-loops, no output "
-        "projection and, as in the GAT authors' reference code, dropout 0.6 on the projected "
-        "values (`value_dropout`; the row \"no value dropout\" leaves it out); PyG's "
-        "`GATConv` (self-loops); PyG's `TransformerConv` (its defaults: no self-loops, a "
-        "root/skip weight instead). PyG's layers have no dropout on the values.",
+        "`GraphSelfAttention(attention=\"additive\")` (GAT's score), "
+        "`(attention=\"gatv2\")` (GATv2's) and `(attention=\"dot\")` (scaled dot product), "
+        "all with self-loops, no output projection and, as in the GAT authors' reference code, "
+        "dropout 0.6 on the projected values (`value_dropout`; the row \"no value dropout\" "
+        "leaves it out); PyG's `GATConv` and `GATv2Conv` (self-loops); PyG's "
+        "`TransformerConv` (its defaults: no self-loops, a root/skip weight instead). PyG's "
+        "layers have no dropout on the values.",
         f"- Adam, lr 0.005, weight decay 5e-4 (PubMed: 0.01 and 1e-3); full batch; at most "
         f"{args.epochs:,} epochs (the longest run took {max(r['epochs'] for r in rows)}). "
         f"Early stopping as in the GAT reference code: stop when neither the validation loss "

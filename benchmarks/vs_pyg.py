@@ -1,14 +1,18 @@
-"""GraphSelfAttention against PyG's TransformerConv and GATConv on CPU: time and peak memory.
+"""GraphSelfAttention against PyG's TransformerConv, GATConv and GATv2Conv on CPU: time and memory.
 
-One configuration for all layers: input dim 64, 8 heads x 8 channels (concatenated, 64 outputs),
-fp32, projections included, on the same edge set with one self-loop per node (added once with
-``torch_geometric.utils.add_remaining_self_loops``; GraphSelfAttention and GATConv get
-``add_self_loops=False`` so that no layer redoes it; TransformerConv has no such option).
+Each PyG layer is compared with the GraphSelfAttention that computes the same kind of score:
+TransformerConv with ``attention="dot"`` (the default layer, output projection included),
+GATConv with ``"additive"`` and GATv2Conv with ``"gatv2"`` (both ``out_proj=False``, as the PyG
+layers have no output projection). One configuration for all layers: input dim 64, 8 heads x 8
+channels (concatenated, 64 outputs), fp32, projections included, on the same edge set with one
+self-loop per node (added once with ``torch_geometric.utils.add_remaining_self_loops``; the layers
+that add self-loops get ``add_self_loops=False`` so that none redoes it; TransformerConv has no
+such option).
 Features are random (the PubMed mirror has no feature file; only the graph matters here).
 Graphs: Cora, CiteSeer, PubMed, a uniform random graph with 100k nodes and 1M edges and one with
 1M nodes and 10M edges (plus the self-loops).
 
-Time: each graph runs in its own subprocess, where the three layers are interleaved (rotating
+Time: each graph runs in its own subprocess, where the six layers are interleaved (rotating
 order) after two warm-up calls each, and the median of the repeats is kept: the forward
 (inference, ``torch.no_grad``) and the training step (forward, ``out.sum().backward()``).
 
@@ -47,15 +51,19 @@ import numba
 import torch
 import torch_geometric
 from _machine import cpu_name
-from torch_geometric.nn import GATConv, TransformerConv
+from torch_geometric.nn import GATConv, GATv2Conv, TransformerConv
 from torch_geometric.utils import add_remaining_self_loops
 
 from graphattn.datasets import load_planetoid
 from graphattn.nn import GraphSelfAttention
 
 IN_CHANNELS, HEADS, CHANNELS = 64, 8, 8
-LAYERS = ("GraphSelfAttention", "TransformerConv", "GATConv")
-PYG_LAYERS = LAYERS[1:]
+# each PyG layer -> the GraphSelfAttention it is compared with
+COUNTERPART = {"TransformerConv": "GraphSelfAttention dot",
+               "GATConv": "GraphSelfAttention additive",
+               "GATv2Conv": "GraphSelfAttention gatv2"}
+PYG_LAYERS = tuple(COUNTERPART)
+LAYERS = tuple(name for pyg in PYG_LAYERS for name in (COUNTERPART[pyg], pyg))
 GIB = 2**30
 
 
@@ -96,11 +104,14 @@ def make_graph(case: Case, root: str | None) -> tuple[torch.Tensor, torch.Tensor
 
 def make_layer(name: str) -> torch.nn.Module:
     torch.manual_seed(0)
-    if name == "GraphSelfAttention":
-        return GraphSelfAttention(IN_CHANNELS, CHANNELS, heads=HEADS, add_self_loops=False)
+    if name.startswith("GraphSelfAttention"):
+        attention = name.split()[1]
+        return GraphSelfAttention(IN_CHANNELS, CHANNELS, heads=HEADS, add_self_loops=False,
+                                  attention=attention, out_proj=attention == "dot")
     if name == "TransformerConv":
         return TransformerConv(IN_CHANNELS, CHANNELS, heads=HEADS)
-    return GATConv(IN_CHANNELS, CHANNELS, heads=HEADS, add_self_loops=False)
+    conv = GATConv if name == "GATConv" else GATv2Conv
+    return conv(IN_CHANNELS, CHANNELS, heads=HEADS, add_self_loops=False)
 
 
 def forward(layer: torch.nn.Module, x: torch.Tensor, edge_index: torch.Tensor) -> None:
@@ -187,7 +198,7 @@ def memory_worker(case: Case, root: str | None, layer_name: str) -> dict:
 def compile_worker() -> dict:
     """numba's compile time (empty cache) or load time (warm cache) for the fp32 kernels."""
     x, edge_index = make_graph(Case("tiny", num_nodes=100, num_edges=500), None)
-    layer = make_layer("GraphSelfAttention")
+    layer = make_layer(LAYERS[0])
     t0 = time.perf_counter()
     train_step(layer, x, edge_index)
     first = time.perf_counter() - t0
@@ -349,8 +360,6 @@ def main() -> None:
         if "error" in timing and "layers" not in timing:
             table.append(f"| {name} | | | | {timing['error']} | | | | | |")
             continue
-        ours_t = timing["layers"].get(LAYERS[0], {})
-        ours_m = memory[LAYERS[0]].get("peak")
         for layer in LAYERS:
             t = timing["layers"].get(layer, {})
             m = memory[layer]
@@ -358,9 +367,12 @@ def main() -> None:
             peak = m.get("peak")
             note = t.get("error") or m.get("error")
             fwd_cell = fmt_ms(fwd) if fwd is not None else (note or "")
-            ratios = ["", "", ""] if layer == LAYERS[0] else [
-                fmt_ratio(ours_t.get("forward"), fwd), fmt_ratio(ours_t.get("train"), train),
-                fmt_ratio(ours_m, peak)]
+            ratios = ["", "", ""]
+            if layer in COUNTERPART:
+                ours_t = timing["layers"].get(COUNTERPART[layer], {})
+                ours_m = memory[COUNTERPART[layer]].get("peak")
+                ratios = [fmt_ratio(ours_t.get("forward"), fwd),
+                          fmt_ratio(ours_t.get("train"), train), fmt_ratio(ours_m, peak)]
             table.append(f"| {name} | {timing['num_nodes']} | {timing['num_edges']} | {layer} "
                          f"| {fwd_cell} | {fmt_ms(train)} | "
                          f"{fmt_mb(peak) if peak is not None else (m.get('error') or '')} | "
@@ -377,7 +389,7 @@ def main() -> None:
     output = Path(args.output)
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text("\n".join([
-        "# GraphSelfAttention vs PyG (TransformerConv, GATConv) on CPU",
+        "# GraphSelfAttention vs PyG (TransformerConv, GATConv, GATv2Conv) on CPU",
         "",
         *(f"- {line}" for line in [*header, jit_line]),
         "",
@@ -385,8 +397,9 @@ def main() -> None:
         "included, one self-loop per node (the same edge set for every layer). forward: "
         "inference under `torch.no_grad`; fwd+bwd: forward and `out.sum().backward()`; medians "
         "of interleaved repeats after warm-up. Peak MB: resident memory of one fwd+bwd step "
-        "above the memory before it, in a fresh process per layer and graph. Ratios below 1 "
-        "favour GraphSelfAttention.",
+        "above the memory before it, in a fresh process per layer and graph. Each PyG row's "
+        "ratios are GraphSelfAttention with the same score (the row above it) / that PyG "
+        "layer: below 1 favours GraphSelfAttention.",
         "",
         *table,
         "",

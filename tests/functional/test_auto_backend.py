@@ -91,6 +91,13 @@ def test_never_dense_when_the_matrices_do_not_fit():
     assert select_backend(q, torch.zeros(2, 1, dtype=torch.long).expand(2, fits**2)) == "dense"
 
 
+def test_gatv2_takes_the_sparse_path_even_on_complete_graphs():
+    q = torch.randn(64, 2, 4)
+    complete = torch.cartesian_prod(torch.arange(64), torch.arange(64)).t()
+    assert select_backend(q, complete) == "dense"
+    assert select_backend(q, complete, score="gatv2") == "cpu"
+
+
 def test_empty_graphs_take_the_sparse_path():
     assert select_backend(torch.randn(0, 2, 4), torch.zeros(2, 0, dtype=torch.long)) == "cpu"
     assert select_backend(torch.randn(5, 2, 4), torch.zeros(2, 0, dtype=torch.long)) == "cpu"
