@@ -49,8 +49,9 @@ class GAT(torch.nn.Module):
     stored values), :math:`m, m'` dropout masks on the projected values (``value_dropout``)
     and :math:`\alpha, \beta` the attention weights of :class:`GraphSelfAttention` (with dropout
     during training). With ``attention="additive"`` the score is GAT's
-    :math:`\mathrm{LeakyReLU}_{0.2}(a_l^\top W x_i + a_r^\top W x_j)`; ``"dot"`` swaps in the
-    scaled dot product of a transformer and keeps everything else. Both layers have
+    :math:`\mathrm{LeakyReLU}_{0.2}(a_l^\top W x_i + a_r^\top W x_j)`; ``"gatv2"`` swaps in
+    GATv2's :math:`a^\top \mathrm{LeakyReLU}_{0.2}(W^Q x_i + W^K x_j)` and ``"dot"`` the
+    scaled dot product of a transformer, keeping everything else. Both layers have
     ``out_proj=False`` and add self-loops, like ``torch_geometric.nn.GATConv``.
 
     The defaults are the paper's Cora setup: 8 heads of 8 channels, one output head, dropout
