@@ -6,7 +6,9 @@ interpreted (``TRITON_INTERPRET=1``), and the interpreter resolves helpers throu
 globals, so each mode needs its own copy of the module.
 
 Layout: a program owns one node (grid axis 0) and ``BLOCK_H`` heads (grid axis 1); tiles are
-``(BE, BH, BC)`` = (edges, heads, channels), statistics ``(BH)``, all in fp32. The score is the
+``(BE, BH, BC)`` = (edges, heads, channels of v, ``C``) and ``(BE, BH, BCK)`` (channels of q, k
+and att, ``CK``; 1 for the additive score, whose q and k are ``[N, H]``), statistics ``(BH)``,
+all in fp32. The score is the
 compile-time ``SCORE``, a value of ``SCORE_KINDS``: branches test ``ADDITIVE`` and ``GATV2``, and
 dot is the remaining case.
 """
@@ -120,9 +122,11 @@ def _operand_grad(dz, q, k, other, slope, SCORE: tl.constexpr):
 
 @triton.jit
 def forward_kernel(q, k, v, bias, att, drop, rowptr, col, eid, out, lse, scores, scale, slope,
-                   H: tl.constexpr, C: tl.constexpr, SCORE: tl.constexpr,
+                   H: tl.constexpr, C: tl.constexpr, CK: tl.constexpr,
+                   SCORE: tl.constexpr,
                    HAS_BIAS: tl.constexpr, HAS_DROP: tl.constexpr, NEED_SCORES: tl.constexpr,
-                   BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr):
+                   BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr,
+                   BLOCK_CK: tl.constexpr):
     """Grid (N_dst, head blocks). Online softmax over the incoming edges of one target (CSR
     ``rowptr``, ``col`` = sources, ``eid`` = edge ids); writes ``out`` ``[N_dst, H, C]`` and
     ``lse`` ``[N_dst, H]`` (fp32), and the scores ``[E, H]`` when ``NEED_SCORES``."""
@@ -132,12 +136,15 @@ def forward_kernel(q, k, v, bias, att, drop, rowptr, col, eid, out, lse, scores,
     h_ok = offs_h < H
     hc = offs_h[:, None] * C + offs_c[None, :]  # (BH, BC)
     hc_ok = h_ok[:, None] & (offs_c < C)[None, :]
+    offs_ck = tl.arange(0, BLOCK_CK)  # (BCK)
+    hck = offs_h[:, None] * CK + offs_ck[None, :]  # (BH, BCK): q, k and att
+    hck_ok = h_ok[:, None] & (offs_ck < CK)[None, :]
     start = tl.load(rowptr + row)
     end = tl.load(rowptr + row + 1)
     this_row = tl.full([1], 0, tl.int64) + row  # (1)
-    q_i = _score_operand(q, this_row, offs_h, hc, h_ok[None, :], hc_ok[None, :, :], H, C,
-                         SCORE)  # (1, BH) or (1, BH, BC)
-    att_h = _attention_vector(att, hc, hc_ok, SCORE)  # (BH, BC)
+    q_i = _score_operand(q, this_row, offs_h, hck, h_ok[None, :], hck_ok[None, :, :], H,
+                         CK, SCORE)  # (1, BH) or (1, BH, BC)
+    att_h = _attention_vector(att, hck, hck_ok, SCORE)  # (BH, BCK)
 
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_sum = tl.full([BLOCK_H], 0, tl.float32)
@@ -147,12 +154,13 @@ def forward_kernel(q, k, v, bias, att, drop, rowptr, col, eid, out, lse, scores,
         e_ok = offs_e < end
         ok2 = e_ok[:, None] & h_ok[None, :]  # (BE, BH)
         ok3 = e_ok[:, None, None] & hc_ok[None, :, :]  # (BE, BH, BC)
+        ok3k = e_ok[:, None, None] & hck_ok[None, :, :]  # (BE, BH, BCK)
         src = tl.load(col + offs_e, mask=e_ok, other=0).to(tl.int64)
         edge = tl.load(eid + offs_e, mask=e_ok, other=0).to(tl.int64)
         b = 0.0
         if HAS_BIAS:
             b = _edge_values(bias, edge, offs_h, ok2, H)
-        k_j = _score_operand(k, src, offs_h, hc, ok2, ok3, H, C, SCORE)
+        k_j = _score_operand(k, src, offs_h, hck, ok2, ok3k, H, CK, SCORE)
         s = tl.where(ok2, _scores(q_i, k_j, b, att_h, scale, slope, SCORE), float("-inf"))
         if NEED_SCORES:
             tl.store(scores + edge[:, None] * H + offs_h[None, :], s, mask=ok2)
@@ -179,11 +187,13 @@ def forward_kernel(q, k, v, bias, att, drop, rowptr, col, eid, out, lse, scores,
 @triton.jit
 def backward_target_kernel(q, k, v, bias, att, drop, out, dout, lse, dalpha, rowptr, col, eid,
                            dq, dbias, datt_rows, delta, scale, slope,
-                           H: tl.constexpr, C: tl.constexpr, SCORE: tl.constexpr,
+                           H: tl.constexpr, C: tl.constexpr, CK: tl.constexpr,
+                   SCORE: tl.constexpr,
                            HAS_BIAS: tl.constexpr, HAS_DROP: tl.constexpr,
                            HAS_DALPHA: tl.constexpr, NEED_DBIAS: tl.constexpr,
                            NEED_DATT: tl.constexpr, BLOCK_E: tl.constexpr,
-                           BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr):
+                           BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr,
+                           BLOCK_CK: tl.constexpr):
     """Grid (N_dst, head blocks). Over the incoming edges of one target: writes ``delta``
     ``[N_dst, H]`` (dout . out, plus sum alpha * dalpha), ``dq``, when ``NEED_DBIAS`` the bias
     gradient of each of its edges and, when ``NEED_DATT`` (gatv2), the target's share
@@ -194,12 +204,15 @@ def backward_target_kernel(q, k, v, bias, att, drop, out, dout, lse, dalpha, row
     h_ok = offs_h < H
     hc = offs_h[:, None] * C + offs_c[None, :]  # (BH, BC)
     hc_ok = h_ok[:, None] & (offs_c < C)[None, :]
+    offs_ck = tl.arange(0, BLOCK_CK)  # (BCK)
+    hck = offs_h[:, None] * CK + offs_ck[None, :]  # (BH, BCK): q, k and att
+    hck_ok = h_ok[:, None] & (offs_ck < CK)[None, :]
     start = tl.load(rowptr + row)
     end = tl.load(rowptr + row + 1)
     this_row = tl.full([1], 0, tl.int64) + row  # (1)
-    q_i = _score_operand(q, this_row, offs_h, hc, h_ok[None, :], hc_ok[None, :, :], H, C,
-                         SCORE)  # (1, BH) or (1, BH, BC)
-    att_h = _attention_vector(att, hc, hc_ok, SCORE)  # (BH, BC)
+    q_i = _score_operand(q, this_row, offs_h, hck, h_ok[None, :], hck_ok[None, :, :], H,
+                         CK, SCORE)  # (1, BH) or (1, BH, BC)
+    att_h = _attention_vector(att, hck, hck_ok, SCORE)  # (BH, BCK)
     do_i = tl.load(dout + row * (H * C) + hc, mask=hc_ok, other=0.0).to(tl.float32)
     o_i = tl.load(out + row * (H * C) + hc, mask=hc_ok, other=0.0).to(tl.float32)
     lse_i = tl.load(lse + row * H + offs_h, mask=h_ok, other=float("inf"))  # (BH)
@@ -209,13 +222,13 @@ def backward_target_kernel(q, k, v, bias, att, drop, out, dout, lse, dalpha, row
             offs_e = e0 + tl.arange(0, BLOCK_E)
             e_ok = offs_e < end
             ok2 = e_ok[:, None] & h_ok[None, :]
-            ok3 = e_ok[:, None, None] & hc_ok[None, :, :]
+            ok3k = e_ok[:, None, None] & hck_ok[None, :, :]
             src = tl.load(col + offs_e, mask=e_ok, other=0).to(tl.int64)
             edge = tl.load(eid + offs_e, mask=e_ok, other=0).to(tl.int64)
             b = 0.0
             if HAS_BIAS:
                 b = _edge_values(bias, edge, offs_h, ok2, H)
-            k_j = _score_operand(k, src, offs_h, hc, ok2, ok3, H, C, SCORE)
+            k_j = _score_operand(k, src, offs_h, hck, ok2, ok3k, H, CK, SCORE)
             s = tl.where(ok2, _scores(q_i, k_j, b, att_h, scale, slope, SCORE),
                          float("-inf"))
             a = tl.exp(s - lse_i[None, :])
@@ -225,19 +238,20 @@ def backward_target_kernel(q, k, v, bias, att, drop, out, dout, lse, dalpha, row
     if SCORE == ADDITIVE:
         dq_i = tl.full([BLOCK_H], 0, tl.float32)
     else:
-        dq_i = tl.full([BLOCK_H, BLOCK_C], 0, tl.float32)
-    datt_i = tl.full([BLOCK_H, BLOCK_C], 0, tl.float32)
+        dq_i = tl.full([BLOCK_H, BLOCK_CK], 0, tl.float32)
+    datt_i = tl.full([BLOCK_H, BLOCK_CK], 0, tl.float32)
     for e0 in range(start, end, BLOCK_E):
         offs_e = e0 + tl.arange(0, BLOCK_E)  # (BE)
         e_ok = offs_e < end
         ok2 = e_ok[:, None] & h_ok[None, :]  # (BE, BH)
         ok3 = e_ok[:, None, None] & hc_ok[None, :, :]  # (BE, BH, BC)
+        ok3k = e_ok[:, None, None] & hck_ok[None, :, :]  # (BE, BH, BCK)
         src = tl.load(col + offs_e, mask=e_ok, other=0).to(tl.int64)
         edge = tl.load(eid + offs_e, mask=e_ok, other=0).to(tl.int64)
         b = 0.0
         if HAS_BIAS:
             b = _edge_values(bias, edge, offs_h, ok2, H)
-        k_j = _score_operand(k, src, offs_h, hc, ok2, ok3, H, C, SCORE)
+        k_j = _score_operand(k, src, offs_h, hck, ok2, ok3k, H, CK, SCORE)
         s = tl.where(ok2, _scores(q_i, k_j, b, att_h, scale, slope, SCORE), float("-inf"))
         a = tl.exp(s - lse_i[None, :])  # (BE, BH)
         v_j = _node_rows(v, src, hc, ok3, H, C)  # (BE, BH, BC)
@@ -257,20 +271,21 @@ def backward_target_kernel(q, k, v, bias, att, drop, out, dout, lse, dalpha, row
     if SCORE == ADDITIVE:
         tl.store(dq + row * H + offs_h, dq_i.to(dq.dtype.element_ty), mask=h_ok)
     else:
-        tl.store(dq + row * (H * C) + hc, (dq_i * scale * att_h).to(dq.dtype.element_ty),
-                 mask=hc_ok)
+        tl.store(dq + row * (H * CK) + hck, (dq_i * scale * att_h).to(dq.dtype.element_ty),
+                 mask=hck_ok)
     if NEED_DATT:
-        tl.store(datt_rows + row * (H * C) + hc, datt_i * scale, mask=hc_ok)
+        tl.store(datt_rows + row * (H * CK) + hck, datt_i * scale, mask=hck_ok)
 
 
 @triton.jit
 def backward_source_kernel(q, k, v, bias, att, drop, dout, lse, delta, dalpha, colptr, row_t,
                            eid_t, dk, dv, scale, slope,
-                           H: tl.constexpr, C: tl.constexpr, SCORE: tl.constexpr,
+                           H: tl.constexpr, C: tl.constexpr, CK: tl.constexpr,
+                   SCORE: tl.constexpr,
                            HAS_BIAS: tl.constexpr, HAS_DROP: tl.constexpr,
                            HAS_DALPHA: tl.constexpr,
                            BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
-                           BLOCK_C: tl.constexpr):
+                           BLOCK_C: tl.constexpr, BLOCK_CK: tl.constexpr):
     """Grid (N_src, head blocks). Over the outgoing edges of one source (transposed CSR
     ``colptr``, ``row_t`` = targets, ``eid_t`` = edge ids): writes ``dk`` and ``dv``."""
     node = tl.program_id(0).to(tl.int64)
@@ -279,30 +294,34 @@ def backward_source_kernel(q, k, v, bias, att, drop, dout, lse, delta, dalpha, c
     h_ok = offs_h < H
     hc = offs_h[:, None] * C + offs_c[None, :]  # (BH, BC)
     hc_ok = h_ok[:, None] & (offs_c < C)[None, :]
+    offs_ck = tl.arange(0, BLOCK_CK)  # (BCK)
+    hck = offs_h[:, None] * CK + offs_ck[None, :]  # (BH, BCK): q, k and att
+    hck_ok = h_ok[:, None] & (offs_ck < CK)[None, :]
     start = tl.load(colptr + node)
     end = tl.load(colptr + node + 1)
     this_node = tl.full([1], 0, tl.int64) + node  # (1)
-    k_j = _score_operand(k, this_node, offs_h, hc, h_ok[None, :], hc_ok[None, :, :], H, C,
-                         SCORE)  # (1, BH) or (1, BH, BC)
-    att_h = _attention_vector(att, hc, hc_ok, SCORE)  # (BH, BC)
+    k_j = _score_operand(k, this_node, offs_h, hck, h_ok[None, :], hck_ok[None, :, :], H,
+                         CK, SCORE)  # (1, BH) or (1, BH, BC)
+    att_h = _attention_vector(att, hck, hck_ok, SCORE)  # (BH, BCK)
     v_j = tl.load(v + node * (H * C) + hc, mask=hc_ok, other=0.0).to(tl.float32)  # (BH, BC)
 
     if SCORE == ADDITIVE:
         dk_j = tl.full([BLOCK_H], 0, tl.float32)
     else:
-        dk_j = tl.full([BLOCK_H, BLOCK_C], 0, tl.float32)
+        dk_j = tl.full([BLOCK_H, BLOCK_CK], 0, tl.float32)
     dv_j = tl.full([BLOCK_H, BLOCK_C], 0, tl.float32)
     for e0 in range(start, end, BLOCK_E):
         offs_e = e0 + tl.arange(0, BLOCK_E)  # (BE)
         e_ok = offs_e < end
         ok2 = e_ok[:, None] & h_ok[None, :]  # (BE, BH)
         ok3 = e_ok[:, None, None] & hc_ok[None, :, :]  # (BE, BH, BC)
+        ok3k = e_ok[:, None, None] & hck_ok[None, :, :]  # (BE, BH, BCK)
         dst = tl.load(row_t + offs_e, mask=e_ok, other=0).to(tl.int64)
         edge = tl.load(eid_t + offs_e, mask=e_ok, other=0).to(tl.int64)
         b = 0.0
         if HAS_BIAS:
             b = _edge_values(bias, edge, offs_h, ok2, H)
-        q_i = _score_operand(q, dst, offs_h, hc, ok2, ok3, H, C, SCORE)
+        q_i = _score_operand(q, dst, offs_h, hck, ok2, ok3k, H, CK, SCORE)
         s = tl.where(ok2, _scores(q_i, k_j, b, att_h, scale, slope, SCORE), float("-inf"))
         lse_i = tl.load(lse + dst[:, None] * H + offs_h[None, :], mask=ok2,
                         other=float("inf"))
@@ -324,6 +343,6 @@ def backward_source_kernel(q, k, v, bias, att, drop, dout, lse, delta, dalpha, c
     if SCORE == ADDITIVE:
         tl.store(dk + node * H + offs_h, dk_j.to(dk.dtype.element_ty), mask=h_ok)
     else:
-        tl.store(dk + node * (H * C) + hc, (dk_j * scale * att_h).to(dk.dtype.element_ty),
-                 mask=hc_ok)
+        tl.store(dk + node * (H * CK) + hck, (dk_j * scale * att_h).to(dk.dtype.element_ty),
+                 mask=hck_ok)
     tl.store(dv + node * (H * C) + hc, dv_j.to(dv.dtype.element_ty), mask=hc_ok)

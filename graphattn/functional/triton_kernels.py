@@ -112,31 +112,42 @@ def interpret_mode() -> bool:
 
 @dataclass(frozen=True)
 class LaunchConfig:
-    """Tile sizes of the kernels for one (H, C).
+    """Tile sizes of the kernels for one (H, C, C_k).
 
     A program handles ``block_h`` heads of one node; a tile is ``[block_e, block_h, block_c]``
-    (edges, heads, channels), with ``block_c`` the next power of two >= C (masked).
+    (edges, heads, channels of v), with ``block_c`` the next power of two >= C (masked), and
+    ``[block_e, block_h, block_ck]`` for q, k and att, with ``block_ck`` that of C_k.
     """
 
     block_e: int
     block_h: int
     block_c: int
     num_warps: int
+    block_ck: int
 
 
 def _next_power_of_2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
-def launch_config(heads: int, channels: int) -> LaunchConfig:
+def launch_config(heads: int, channels: int, score_channels: int | None = None) -> LaunchConfig:
     """Tiles of at most 2048 values (16 fp32 registers per thread and operand at 4 warps):
-    up to 128 values of a node per program and up to 32 edges per step."""
+    up to 128 values of a node per program and up to 32 edges per step. ``score_channels`` is
+    C_k, the channels of q and k (1 for the additive score; default: ``channels``); the wider
+    of the two sets the tile."""
     block_c = _next_power_of_2(channels)
-    block_h = min(_next_power_of_2(heads), max(1, 128 // block_c))
-    block_e = max(1, min(32, 2048 // (block_h * block_c)))
-    tile = block_e * block_h * block_c
+    block_ck = block_c if score_channels is None else _next_power_of_2(score_channels)
+    widest = max(block_c, block_ck)
+    block_h = min(_next_power_of_2(heads), max(1, 128 // widest))
+    block_e = max(1, min(32, 2048 // (block_h * widest)))
+    tile = block_e * block_h * widest
     return LaunchConfig(block_e=block_e, block_h=block_h, block_c=block_c,
-                        num_warps=max(1, min(4, tile // 512)))
+                        num_warps=max(1, min(4, tile // 512)), block_ck=block_ck)
+
+
+def _score_channels(q: Tensor, score: str) -> int:
+    """C_k: the channels of q and k, 1 for the additive score (q and k are ``[N, H]``)."""
+    return 1 if score == "additive" else q.size(-1)
 
 
 @dataclass(frozen=True)
@@ -211,7 +222,8 @@ def fused_forward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None,
     (fp32, in ``edge_index`` order) when ``need_scores``.
     """
     n_dst, (heads, channels) = q.size(0), v.shape[1:]
-    cfg = launch_config(heads, channels)
+    score_channels = _score_channels(q, score)
+    cfg = launch_config(heads, channels, score_channels)
     out32 = torch.empty(n_dst, heads, channels, device=v.device, dtype=torch.float32)
     lse = torch.empty(n_dst, heads, device=v.device, dtype=torch.float32)
     scores = (torch.empty(csr.other.numel(), heads, device=v.device, dtype=torch.float32)
@@ -220,10 +232,10 @@ def fused_forward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None,
         kernels().forward_kernel[(n_dst, -(-heads // cfg.block_h))](
             q, k, v, _or(bias, q), _or(att, q), _or(dropout_mask, q), csr.ptr, csr.other,
             csr.edge_id, out32, lse, _or(scores, lse), scale, negative_slope,
-            H=heads, C=channels, SCORE=SCORE_KINDS[score], HAS_BIAS=bias is not None,
-            HAS_DROP=dropout_mask is not None, NEED_SCORES=need_scores,
-            BLOCK_E=cfg.block_e, BLOCK_H=cfg.block_h, BLOCK_C=cfg.block_c,
-            num_warps=cfg.num_warps)
+            H=heads, C=channels, CK=score_channels, SCORE=SCORE_KINDS[score],
+            HAS_BIAS=bias is not None, HAS_DROP=dropout_mask is not None,
+            NEED_SCORES=need_scores, BLOCK_E=cfg.block_e, BLOCK_H=cfg.block_h,
+            BLOCK_C=cfg.block_c, BLOCK_CK=cfg.block_ck, num_warps=cfg.num_warps)
     return out32, lse, scores
 
 
@@ -266,15 +278,16 @@ class FusedEdgeAttention(torch.autograd.Function):
         (q, k, v, bias, att, dropout_mask, edge_index, out32, lse, rowptr, col,
          eid) = ctx.saved_tensors
         n_dst, (n_src, heads, channels) = q.size(0), v.shape
-        cfg = launch_config(heads, channels)
+        score_channels = _score_channels(q, ctx.score)
+        cfg = launch_config(heads, channels, score_channels)
         dout = v.new_zeros(out32.shape) if dout is None else dout.contiguous()
         dalpha = dalpha.contiguous() if dalpha is not None else None
         need_dbias = bias is not None and ctx.needs_input_grad[3]
         need_datt = att is not None and ctx.needs_input_grad[4]
-        flags = dict(H=heads, C=channels, SCORE=SCORE_KINDS[ctx.score], HAS_BIAS=bias is not None,
-                     HAS_DROP=dropout_mask is not None, HAS_DALPHA=dalpha is not None,
-                     BLOCK_E=cfg.block_e, BLOCK_H=cfg.block_h, BLOCK_C=cfg.block_c,
-                     num_warps=cfg.num_warps)
+        flags = dict(H=heads, C=channels, CK=score_channels, SCORE=SCORE_KINDS[ctx.score],
+                     HAS_BIAS=bias is not None, HAS_DROP=dropout_mask is not None,
+                     HAS_DALPHA=dalpha is not None, BLOCK_E=cfg.block_e, BLOCK_H=cfg.block_h,
+                     BLOCK_C=cfg.block_c, BLOCK_CK=cfg.block_ck, num_warps=cfg.num_warps)
         head_blocks = -(-heads // cfg.block_h)
 
         dq = torch.empty_like(q)
@@ -330,7 +343,7 @@ def triton_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *
     Args:
         q (Tensor): ``[N_dst, H, C]`` (``[N_dst, H]`` when additive).
         k (Tensor): ``[N_src, H, C]`` (``[N_src, H]`` when additive).
-        v (Tensor): ``[N_src, H, C]``, with the C of q and k for ``"dot"`` and ``"gatv2"``.
+        v (Tensor): ``[N_src, H, C_v]``; C_v may differ from the C of q and k.
         edge_index (Tensor): ``[2, E]`` int64, checked by the caller.
         scale (float): score multiplier.
         bias (Tensor, optional): ``[E, H]`` added to the scores.
@@ -343,15 +356,14 @@ def triton_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *
             by the caller. (default: ``None``)
 
     Shapes:
-        - **input:** q ``(N_dst, H, C)``, k and v ``(N_src, H, C)``, edge_index ``(2, E)``,
-          bias ``(E, H)``, att ``(H, C)``
-        - **output:** out ``(N_dst, H, C)``; alpha ``(E, H)`` or ``None``
+        - **input:** q ``(N_dst, H, C)``, k ``(N_src, H, C)``, v ``(N_src, H, C_v)``,
+          edge_index ``(2, E)``, bias ``(E, H)``, att ``(H, C)``
+        - **output:** out ``(N_dst, H, C_v)``; alpha ``(E, H)`` or ``None``
 
     Raises:
         ImportError: triton is not installed.
         TypeError: an input is not fp32, fp16 or bf16.
-        ValueError: the tensors are not on a CUDA device and Triton's interpreter is off, or q
-            and v have different channel counts (``"dot"``, ``"gatv2"``).
+        ValueError: the tensors are not on a CUDA device and Triton's interpreter is off.
     """
     if not triton_available():
         raise ImportError(f"backend='triton' needs the optional package triton, which is not "
@@ -363,9 +375,6 @@ def triton_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *
     if q.device.type != "cuda" and not interpret_mode():
         raise ValueError(f"backend='triton' runs on CUDA tensors, got q on {q.device} (on CPU, "
                          f"set TRITON_INTERPRET=1 to run the kernels in Triton's interpreter)")
-    if score != "additive" and q.size(-1) != v.size(-1):
-        raise ValueError(f"backend='triton' needs q, k and v with the same channels C for "
-                         f"score={score!r}, got q {list(q.shape)} and v {list(v.shape)}")
     out, alpha = FusedEdgeAttention.apply(q, k, v, bias, att, dropout_mask, edge_index, scale,
                                           score, negative_slope, need_alpha)
     return out, (alpha if need_alpha else None)

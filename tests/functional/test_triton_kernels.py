@@ -38,14 +38,17 @@ def interpreter():
 
 def make_inputs(num_src: int, num_dst: int, num_edges: int, heads: int, channels: int, *,
                 score: str = "dot", bias: bool = True, dtype: torch.dtype = torch.float32,
-                seed: int = 0) -> dict[str, torch.Tensor | None]:
-    """Random q, k, v (and bias, and att for gatv2) in ``dtype``, leaves that require grad."""
+                seed: int = 0, value_channels: int | None = None,
+                ) -> dict[str, torch.Tensor | None]:
+    """Random q, k, v (and bias, and att for gatv2) in ``dtype``, leaves that require grad;
+    v has ``value_channels`` (default: ``channels``)."""
     gen = torch.Generator().manual_seed(seed)
     qk_shape = (heads,) if score == "additive" else (heads, channels)
+    value_channels = channels if value_channels is None else value_channels
     tensors = {
         "q": torch.randn(num_dst, *qk_shape, generator=gen),
         "k": torch.randn(num_src, *qk_shape, generator=gen),
-        "v": torch.randn(num_src, heads, channels, generator=gen),
+        "v": torch.randn(num_src, heads, value_channels, generator=gen),
         "bias": torch.randn(num_edges, heads, generator=gen) if bias else None,
         "att": torch.randn(heads, channels, generator=gen) if score == "gatv2" else None,
     }
@@ -110,14 +113,16 @@ def test_heads_and_channels(interpreter, score, heads, channels, bias):
 
 
 @needs_triton
+@pytest.mark.parametrize("channels,value_channels", [(8, 4), (4, 16), (12, 5), (64, 8)])
 @pytest.mark.parametrize("score", ["dot", "gatv2"])
-def test_clear_error_for_channels_of_v_unlike_q(interpreter, score):
-    inputs = make_inputs(3, 3, 1, 2, 8, score=score)
-    v = torch.randn(3, 2, 4)
-    with pytest.raises(ValueError, match=rf"same channels C for score='{score}', "
-                                         r"got q \[3, 2, 8\] and v \[3, 2, 4\]"):
-        edge_attention(inputs["q"], inputs["k"], v, torch.tensor([[0], [1]]),
-                       backend="triton", score=score, att=inputs["att"])
+def test_channels_of_v_unlike_those_of_q(interpreter, score, channels, value_channels):
+    """q and k with C channels, v with C_v: separate channel tiles (padded for 12 and 5; at
+    C = 64 the q, k tile sets the head block)."""
+    ei = random_graph(12, 40, seed=channels + value_channels)
+    inputs = make_inputs(12, 12, 40, 4, channels, score=score, value_channels=value_channels,
+                         seed=value_channels)
+    got = check_against_reference(inputs, ei, score=score, scale=channels ** -0.5)
+    assert got["out"].shape == (12, 4, value_channels)
 
 
 def star_graph(degree: int, extra: int = 6, seed: int = 0) -> torch.Tensor:
@@ -246,14 +251,15 @@ def test_clear_error_for_float64(interpreter):
                        backend="triton")
 
 
-@pytest.mark.parametrize("heads,channels,expected", [
-    (1, 8, (32, 1, 8)), (4, 16, (32, 4, 16)), (8, 64, (16, 2, 64)), (3, 12, (32, 4, 16)),
-    (1, 1000, (2, 1, 1024)),
+@pytest.mark.parametrize("heads,channels,score_channels,expected", [
+    (1, 8, None, (32, 1, 8, 8)), (4, 16, None, (32, 4, 16, 16)), (8, 64, None, (16, 2, 64, 64)),
+    (3, 12, None, (32, 4, 16, 16)), (1, 1000, None, (2, 1, 1024, 1024)),
+    (8, 64, 1, (16, 2, 64, 1)), (8, 8, 64, (16, 2, 8, 64)), (4, 12, 5, (32, 4, 16, 8)),
 ])
-def test_launch_config_tiles(heads, channels, expected):
-    cfg = tk.launch_config(heads, channels)
-    assert (cfg.block_e, cfg.block_h, cfg.block_c) == expected
-    assert cfg.block_e * cfg.block_h * cfg.block_c <= 2048
+def test_launch_config_tiles(heads, channels, score_channels, expected):
+    cfg = tk.launch_config(heads, channels, score_channels)
+    assert (cfg.block_e, cfg.block_h, cfg.block_c, cfg.block_ck) == expected
+    assert cfg.block_e * cfg.block_h * max(cfg.block_c, cfg.block_ck) <= 2048
     assert 1 <= cfg.num_warps <= 4
 
 
@@ -275,13 +281,15 @@ from triton.compiler import ASTSource
 from graphattn.functional import triton_kernels as tk
 
 module = tk.kernels()
-cfg = tk.launch_config(4, 16)
 pointer = {"lse": "*fp32", "delta": "*fp32", "datt_rows": "*fp32", "rowptr": "*i32",
            "col": "*i32", "eid": "*i32", "colptr": "*i32", "row_t": "*i32", "eid_t": "*i32"}
 for score, kind in tk.SCORE_KINDS.items():
-    constants = dict(H=4, C=16, SCORE=kind, HAS_BIAS=True, HAS_DROP=True, NEED_SCORES=True,
-                     HAS_DALPHA=True, NEED_DBIAS=True, NEED_DATT=score == "gatv2",
-                     BLOCK_E=cfg.block_e, BLOCK_H=cfg.block_h, BLOCK_C=cfg.block_c)
+    score_channels = 1 if score == "additive" else 32  # q, k wider than v: two channel tiles
+    cfg = tk.launch_config(4, 16, score_channels)
+    constants = dict(H=4, C=16, CK=score_channels, SCORE=kind, HAS_BIAS=True, HAS_DROP=True,
+                     NEED_SCORES=True, HAS_DALPHA=True, NEED_DBIAS=True, NEED_DATT=score == "gatv2",
+                     BLOCK_E=cfg.block_e, BLOCK_H=cfg.block_h, BLOCK_C=cfg.block_c,
+                     BLOCK_CK=cfg.block_ck)
     for kernel in (module.forward_kernel, module.backward_target_kernel,
                    module.backward_source_kernel):
         assert type(kernel).__name__ == "JITFunction", type(kernel)
