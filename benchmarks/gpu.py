@@ -432,8 +432,11 @@ def forward_kernel_ms(graph: Graph, args: argparse.Namespace, dtype: torch.dtype
 
 def check_on_device(graph: Graph, dtype: torch.dtype, heads: int = 2,
                     channels: int = 16) -> list[tuple[str, float]]:
-    """Max abs difference fused vs reference (fp32 math) of out, alpha and every gradient."""
+    """Max abs difference fused vs reference (fp32 math) of out, alpha and every gradient, in
+    eager and under ``torch.compile(fullgraph=True)`` (the kernels as torch operators)."""
     from graphattn.functional import edge_attention
+
+    compiled_attention = torch.compile(edge_attention, fullgraph=True, dynamic=False)
 
     rows = []
     gen = torch.Generator(device=graph.edge_index.device).manual_seed(0)
@@ -451,20 +454,25 @@ def check_on_device(graph: Graph, dtype: torch.dtype, heads: int = 2,
                                              strict=True) if t is not None]
             leaves = [t.to(dtype).requires_grad_() for t in tensors if t is not None]
             outputs = {}
-            for backend in ("triton", "reference"):
+            for mode in ("triton", "compiled", "reference"):
                 q, k, v, *rest = leaves
                 att = rest.pop(0) if score == "gatv2" else None
-                out, alpha = edge_attention(q, k, v, graph.edge_index, bias=rest[0] if rest
-                                            else None, return_attention=True, score=score,
-                                            backend=backend, att=att)
+                attend = compiled_attention if mode == "compiled" else edge_attention
+                out, alpha = attend(q, k, v, graph.edge_index, bias=rest[0] if rest
+                                    else None, return_attention=True, score=score,
+                                    backend="reference" if mode == "reference" else "triton",
+                                    att=att)
                 weight = torch.linspace(-1, 1, out.numel(), device=dev).view_as(out)
                 loss = (out.float() * weight).sum() + alpha.float().square().sum()
-                outputs[backend] = [out, alpha, *torch.autograd.grad(loss, leaves)]
+                outputs[mode] = [out, alpha, *torch.autograd.grad(loss, leaves)]
             names = ["out", "alpha", *names]
-            for name, got, want in zip(names, outputs["triton"], outputs["reference"],
-                                       strict=True):
-                err = (got.float() - want.float()).abs().max().item() if got.numel() else 0.0
-                rows.append((f"{score}, {'bias' if with_bias else 'no bias'}: {name}", err))
+            for mode in ("triton", "compiled"):
+                label = "" if mode == "triton" else "torch.compile, "
+                for name, got, want in zip(names, outputs[mode], outputs["reference"],
+                                           strict=True):
+                    err = (got.float() - want.float()).abs().max().item() if got.numel() else 0.0
+                    rows.append((f"{label}{score}, {'bias' if with_bias else 'no bias'}: "
+                                 f"{name}", err))
     return rows
 
 

@@ -1,8 +1,9 @@
 """``torch.compile`` over edge_attention, the layers and the models: eager's outputs and gradients.
 
 The ``cpu`` backend is a pair of torch operators (``graphattn::cpu_edge_attention`` and its
-backward), so compiled graphs call the numba kernels instead of tracing into them; the node-id
-checks become asserts in the graph. Every case compiles with ``fullgraph=True``: no graph break.
+backward), so compiled graphs call the numba kernels instead of tracing into them; so is the
+``triton`` backend (``graphattn::triton_edge_attention``, run here in Triton's CPU interpreter).
+The node-id checks become asserts in the graph. Every case compiles with ``fullgraph=True``: no graph break.
 Models are compared in eval mode, since a compiled graph draws its dropout masks from other random
 numbers than eager; training mode is checked to run and give finite gradients.
 """
@@ -17,6 +18,7 @@ import torch
 from conftest import assert_close, random_graph
 
 from graphattn.functional import cpu, edge_attention
+from graphattn.functional import triton_kernels as tk
 from graphattn.functional.attention import reference_edge_attention
 from graphattn.nn import GAT, GraphSelfAttention, GraphTransformer
 
@@ -31,6 +33,16 @@ def fresh_dynamo_cache():
     other parametrisations, and dynamo stops recompiling one code object after 8 variants."""
     torch._dynamo.reset()
     yield
+
+
+@pytest.fixture
+def triton_interpreter(monkeypatch):
+    """The triton backend's kernels in Triton's CPU interpreter, for this test."""
+    if not tk.triton_available():
+        pytest.skip("triton is not installed (pip install 'graphattn[gpu]')")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    if not tk.interpret_mode():
+        pytest.skip("TRITON_INTERPRET=1 did not switch this triton to its interpreter")
 
 
 # Inductor fuses and reorders the projections' float operations: a few ulp of the outputs, and
@@ -82,9 +94,13 @@ def _assert_compiles_like_eager(model: torch.nn.Module, inputs_list: list[tuple]
     assert torch.isfinite(out).all() and all(torch.isfinite(g).all() for g in grads)
 
 
-@pytest.mark.parametrize("backend", ["cpu", "reference", "dense"])
+@pytest.mark.parametrize("backend", ["cpu", "reference", "dense", "triton"])
 @pytest.mark.parametrize("score", ["dot", "additive", "gatv2"])
-def test_edge_attention_compiles(backend, score):
+def test_edge_attention_compiles(request, backend, score):
+    """The triton backend runs in Triton's interpreter, as the operator
+    ``graphattn::triton_edge_attention``."""
+    if backend == "triton":
+        request.getfixturevalue("triton_interpreter")
     torch.manual_seed(0)
     N, H, C = 30, 2, 8
     edge_index = random_graph(N, 150, seed=1)
@@ -155,6 +171,58 @@ def test_graph_transformer_compiles(attention):
     _assert_compiles_like_eager(model, inputs, backend="aot_eager")
 
 
+def test_layer_on_the_triton_backend_compiles(triton_interpreter):
+    torch.manual_seed(0)
+    layer = GraphSelfAttention(16, 8, heads=2, attention="gatv2", edge_dim=3, backend="triton")
+    edge_index = _graph(num_nodes=20, num_edges=80)
+    inputs = [(torch.randn(20, 16), edge_index, torch.randn(edge_index.size(1), 3))]
+    _assert_compiles_like_eager(layer, inputs, backend="aot_eager")
+
+
+def _assert_operator_matches_reference(out, alpha, leaves, reference_inputs, *, bias, mask,
+                                       score, att):
+    """out, alpha and the gradients of ``leaves`` through them against the reference backend
+    on ``reference_inputs`` (q, k, v, edge_index; scale 0.5, slope 0.2)."""
+    grads = torch.autograd.grad((out * out).sum() + (alpha * alpha).sum(), leaves)
+    expected_out, expected_alpha = reference_edge_attention(
+        *reference_inputs, scale=0.5, bias=bias, dropout_mask=mask, score=score,
+        negative_slope=0.2, need_alpha=True, att=att)
+    expected = torch.autograd.grad((expected_out * expected_out).sum()
+                                   + (expected_alpha * expected_alpha).sum(), leaves)
+    assert_close(out, expected_out)
+    assert_close(alpha, expected_alpha)
+    for grad, reference in zip(grads, expected, strict=True):
+        assert_close(grad, reference)
+
+
+@pytest.mark.parametrize(("score", "with_bias", "with_mask"), [
+    ("dot", True, False), ("additive", False, True), ("gatv2", True, True)])
+def test_triton_operators_pass_opcheck_and_match_the_reference(triton_interpreter, score,
+                                                               with_bias, with_mask):
+    """As below for the triton backend's operators, in Triton's interpreter; q and k with more
+    channels than v."""
+    torch.manual_seed(0)
+    N, H, C, C_v, E = 6, 2, 8, 4, 20
+    edge_index = random_graph(N, E, seed=5)
+    shape = (N, H) if score == "additive" else (N, H, C)
+    q, k, v = torch.randn(*shape), torch.randn(*shape), torch.randn(N, H, C_v)
+    att = torch.randn(H, C) if score == "gatv2" else None
+    bias = torch.randn(E, H) if with_bias else None
+    mask = (torch.rand(E, H) > 0.3).float() / 0.7 if with_mask else None
+    leaves = [t.requires_grad_() for t in (q, k, v, att, bias) if t is not None]
+    args = (q, k, v, att, bias, mask, edge_index, 0.5, 0.2, score, True)
+    torch.library.opcheck(tk._forward_op, args)
+
+    out, alpha, lse = tk._forward_op(*args)
+    _assert_operator_matches_reference(out, alpha, leaves, (q, k, v, edge_index), bias=bias,
+                                       mask=mask, score=score, att=att)
+
+    detached = [None if t is None else t.detach() for t in (q, k, v, att, bias)]
+    torch.library.opcheck(tk._backward_op, (
+        torch.randn_like(out), torch.randn(E, H), *detached, mask, edge_index, out.detach(),
+        lse, 0.5, 0.2, score, with_bias, att is not None))
+
+
 @pytest.mark.parametrize(("score", "with_bias", "with_mask"), [
     ("dot", False, False), ("dot", True, True), ("additive", False, True),
     ("additive", True, False), ("gatv2", True, True), ("gatv2", False, False)])
@@ -175,17 +243,9 @@ def test_cpu_operators_pass_opcheck_and_match_the_reference(score, with_bias, wi
     torch.library.opcheck(cpu._forward_op, args)
 
     out, alpha = cpu._forward_op(*args)[:2]
-    grads = torch.autograd.grad((out * out).sum() + (alpha * alpha).sum(), leaves)
     squeeze = (lambda t: t.squeeze(-1)) if additive else (lambda t: t)
-    expected_out, expected_alpha = reference_edge_attention(
-        squeeze(q), squeeze(k), v, edge_index, scale=0.5, bias=bias, dropout_mask=mask,
-        score=score, negative_slope=0.2, need_alpha=True, att=att)
-    expected = torch.autograd.grad((expected_out * expected_out).sum()
-                                   + (expected_alpha * expected_alpha).sum(), leaves)
-    assert_close(out, expected_out)
-    assert_close(alpha, expected_alpha)
-    for grad, reference in zip(grads, expected, strict=True):
-        assert_close(grad, reference)
+    _assert_operator_matches_reference(out, alpha, leaves, (squeeze(q), squeeze(k), v, edge_index),
+                                       bias=bias, mask=mask, score=score, att=att)
 
     saved = cpu._forward_impl(*(t.detach() if isinstance(t, torch.Tensor) else t for t in args))
     out, _, lse, rowptr, perm, src = saved

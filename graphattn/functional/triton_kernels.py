@@ -69,7 +69,6 @@ read at every call, and kernels are kept per mode.
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import os
 from dataclasses import dataclass
@@ -84,14 +83,19 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 SCORE_KINDS = {"dot": 0, "additive": 1, "gatv2": 2}  # the kernels' compile-time SCORE
 
 
-@functools.cache
+_TRITON_IMPORT: dict[str, bool] = {}  # "available": whether import triton worked
+
+
+@torch.compiler.assume_constant_result  # torch.compile reads it once, as a constant
 def triton_available() -> bool:
-    """Whether ``import triton`` works in this installation."""
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    """Whether ``import triton`` works in this installation (tried once)."""
+    if "available" not in _TRITON_IMPORT:
+        try:
+            import triton  # noqa: F401
+            _TRITON_IMPORT["available"] = True
+        except ImportError:
+            _TRITON_IMPORT["available"] = False
+    return _TRITON_IMPORT["available"]
 
 
 def use_triton_for(q: Tensor) -> bool:
@@ -100,8 +104,10 @@ def use_triton_for(q: Tensor) -> bool:
     return q.device.type == "cuda" and q.dtype in DTYPES and triton_available()
 
 
+@torch.compiler.assume_constant_result
 def interpret_mode() -> bool:
-    """Whether Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``) right now."""
+    """Whether Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``) right now
+    (under ``torch.compile``: when the graph was traced)."""
     import triton
 
     knobs = getattr(triton, "knobs", None)
@@ -239,35 +245,88 @@ def fused_forward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None,
     return out32, lse, scores
 
 
+def _alpha_dtype(q: Tensor, k: Tensor, bias: Tensor | None, att: Tensor | None) -> torch.dtype:
+    dtype = torch.promote_types(q.dtype, k.dtype)
+    for t in (bias, att):
+        if t is not None:
+            dtype = torch.promote_types(dtype, t.dtype)
+    return dtype
+
+
+def _forward(q: Tensor, k: Tensor, v: Tensor, att: Tensor | None, bias: Tensor | None,
+             dropout_mask: Tensor | None, edge_index: Tensor, scale: float,
+             negative_slope: float, score: str, need_alpha: bool,
+             ) -> tuple[Tensor, Tensor, Tensor, CSR]:
+    """The forward pass on contiguous inputs: out (fp32), alpha (``[0, H]`` unless
+    ``need_alpha``), lse and the target CSR."""
+    csr = build_csr(edge_index[1], edge_index[0], q.size(0), v.size(0))
+    # fp32 out: backward's delta = dout . out must not see the rounding of a half out.
+    out32, lse, scores = fused_forward(q, k, v, bias, dropout_mask, csr, scale=scale,
+                                       score=score, att=att, negative_slope=negative_slope,
+                                       need_scores=need_alpha)
+    alpha_dtype = _alpha_dtype(q, k, bias, att)
+    if need_alpha:
+        # lse = +inf on rows without weight, scores -inf on masked edges: exp gives 0.
+        alpha = torch.exp(scores - lse[edge_index[1]]).to(alpha_dtype)  # (E, H)
+    else:
+        alpha = torch.empty(0, v.size(1), device=v.device, dtype=alpha_dtype)
+    return out32, alpha, lse, csr
+
+
+def _backward(dout: Tensor, dalpha: Tensor | None, q: Tensor, k: Tensor, v: Tensor,
+              att: Tensor | None, bias: Tensor | None, dropout_mask: Tensor | None,
+              edge_index: Tensor, out32: Tensor, lse: Tensor, csr: CSR, scale: float,
+              negative_slope: float, score: str, need_dbias: bool, need_datt: bool,
+              ) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor | None]:
+    """The backward passes: dq, dk, dv, d att (when ``need_datt``), d bias (when
+    ``need_dbias``)."""
+    n_dst, (n_src, heads, channels) = q.size(0), v.shape
+    score_channels = _score_channels(q, score)
+    cfg = launch_config(heads, channels, score_channels)
+    flags = dict(H=heads, C=channels, CK=score_channels, SCORE=SCORE_KINDS[score],
+                 HAS_BIAS=bias is not None, HAS_DROP=dropout_mask is not None,
+                 HAS_DALPHA=dalpha is not None, BLOCK_E=cfg.block_e, BLOCK_H=cfg.block_h,
+                 BLOCK_C=cfg.block_c, BLOCK_CK=cfg.block_ck, num_warps=cfg.num_warps)
+    head_blocks = -(-heads // cfg.block_h)
+
+    dq = torch.empty_like(q)
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    dbias = torch.empty_like(bias) if need_dbias else None
+    # gatv2: each target's share of d att, added up below (no atomics)
+    datt_rows = (torch.empty(n_dst, *att.shape, device=v.device, dtype=torch.float32)
+                 if need_datt else None)  # (N_dst, H, C)
+    delta = torch.empty(n_dst, heads, device=v.device, dtype=torch.float32)
+    if n_dst > 0:
+        kernels().backward_target_kernel[(n_dst, head_blocks)](
+            q, k, v, _or(bias, q), _or(att, q), _or(dropout_mask, q), out32, dout, lse,
+            _or(dalpha, lse), csr.ptr, csr.other, csr.edge_id, dq, _or(dbias, lse),
+            _or(datt_rows, lse), delta, scale, negative_slope, NEED_DBIAS=need_dbias,
+            NEED_DATT=need_datt, **flags)
+    if n_src > 0:
+        csc = build_csr(edge_index[0], edge_index[1], n_src, n_dst)
+        kernels().backward_source_kernel[(n_src, head_blocks)](
+            q, k, v, _or(bias, q), _or(att, q), _or(dropout_mask, q), dout, lse, delta,
+            _or(dalpha, lse), csc.ptr, csc.other, csc.edge_id, dk, dv, scale, negative_slope,
+            **flags)
+    datt = datt_rows.sum(dim=0).to(att.dtype) if need_datt else None  # (H, C)
+    return dq, dk, dv, datt, dbias
+
+
 class FusedEdgeAttention(torch.autograd.Function):
-    """Autograd wrapper around the three kernels; see the module docstring for the math."""
+    """Eager autograd around the three kernels; see the module docstring for the math. (Under
+    ``torch.compile`` the same passes run as the operators ``graphattn::triton_edge_attention``
+    and its backward.)"""
 
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, att: Tensor | None,
-                dropout_mask: Tensor | None, edge_index: Tensor, scale: float, score: str,
-                negative_slope: float, need_alpha: bool) -> tuple[Tensor, Tensor]:
-        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        bias = bias.contiguous() if bias is not None else None
-        att = att.contiguous() if att is not None else None
-        dropout_mask = dropout_mask.contiguous() if dropout_mask is not None else None
-        csr = build_csr(edge_index[1], edge_index[0], q.size(0), v.size(0))
-        # fp32 out: backward's delta = dout . out must not see the rounding of a half out.
-        out32, lse, scores = fused_forward(q, k, v, bias, dropout_mask, csr, scale=scale,
-                                           score=score, att=att, negative_slope=negative_slope,
-                                           need_scores=need_alpha)
-        alpha_dtype = torch.promote_types(q.dtype, k.dtype)
-        for t in (bias, att):
-            if t is not None:
-                alpha_dtype = torch.promote_types(alpha_dtype, t.dtype)
-        if need_alpha:
-            # lse = +inf on rows without weight, scores -inf on masked edges: exp gives 0.
-            alpha = torch.exp(scores - lse[edge_index[1]]).to(alpha_dtype)  # (E, H)
-        else:
-            alpha = torch.empty(0, v.size(1), device=v.device, dtype=alpha_dtype)
-
-        ctx.save_for_backward(q, k, v, bias, att, dropout_mask, edge_index, out32, lse, csr.ptr,
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, att: Tensor | None, bias: Tensor | None,
+                dropout_mask: Tensor | None, edge_index: Tensor, scale: float,
+                negative_slope: float, score: str, need_alpha: bool) -> tuple[Tensor, Tensor]:
+        out32, alpha, lse, csr = _forward(q, k, v, att, bias, dropout_mask, edge_index, scale,
+                                          negative_slope, score, need_alpha)
+        ctx.save_for_backward(q, k, v, att, bias, dropout_mask, edge_index, out32, lse, csr.ptr,
                               csr.other, csr.edge_id)
-        ctx.scale, ctx.score, ctx.negative_slope = scale, score, negative_slope
+        ctx.options = (scale, negative_slope, score)
         ctx.set_materialize_grads(False)
         if not need_alpha:
             ctx.mark_non_differentiable(alpha)
@@ -275,43 +334,90 @@ class FusedEdgeAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout: Tensor | None, dalpha: Tensor | None):
-        (q, k, v, bias, att, dropout_mask, edge_index, out32, lse, rowptr, col,
+        (q, k, v, att, bias, dropout_mask, edge_index, out32, lse, rowptr, col,
          eid) = ctx.saved_tensors
-        n_dst, (n_src, heads, channels) = q.size(0), v.shape
-        score_channels = _score_channels(q, ctx.score)
-        cfg = launch_config(heads, channels, score_channels)
-        dout = v.new_zeros(out32.shape) if dout is None else dout.contiguous()
+        dout = torch.zeros_like(out32) if dout is None else dout.contiguous()
         dalpha = dalpha.contiguous() if dalpha is not None else None
-        need_dbias = bias is not None and ctx.needs_input_grad[3]
-        need_datt = att is not None and ctx.needs_input_grad[4]
-        flags = dict(H=heads, C=channels, CK=score_channels, SCORE=SCORE_KINDS[ctx.score],
-                     HAS_BIAS=bias is not None, HAS_DROP=dropout_mask is not None,
-                     HAS_DALPHA=dalpha is not None, BLOCK_E=cfg.block_e, BLOCK_H=cfg.block_h,
-                     BLOCK_C=cfg.block_c, BLOCK_CK=cfg.block_ck, num_warps=cfg.num_warps)
-        head_blocks = -(-heads // cfg.block_h)
+        dq, dk, dv, datt, dbias = _backward(
+            dout, dalpha, q, k, v, att, bias, dropout_mask, edge_index, out32, lse,
+            CSR(rowptr, col, eid), *ctx.options, need_dbias=bias is not None and
+            ctx.needs_input_grad[4], need_datt=att is not None and ctx.needs_input_grad[3])
+        return dq, dk, dv, datt, dbias, None, None, None, None, None, None
 
-        dq = torch.empty_like(q)
-        dk = torch.empty_like(k)
-        dv = torch.empty_like(v)
-        dbias = torch.empty_like(bias) if need_dbias else None
-        # gatv2: each target's share of d att, added up below (no atomics)
-        datt_rows = (torch.empty(n_dst, *att.shape, device=v.device, dtype=torch.float32)
-                     if need_datt else None)  # (N_dst, H, C)
-        delta = torch.empty(n_dst, heads, device=v.device, dtype=torch.float32)
-        if n_dst > 0:
-            kernels().backward_target_kernel[(n_dst, head_blocks)](
-                q, k, v, _or(bias, q), _or(att, q), _or(dropout_mask, q), out32, dout, lse,
-                _or(dalpha, lse), rowptr, col, eid, dq, _or(dbias, lse), _or(datt_rows, lse),
-                delta, ctx.scale, ctx.negative_slope, NEED_DBIAS=need_dbias,
-                NEED_DATT=need_datt, **flags)
-        if n_src > 0:
-            csc = build_csr(edge_index[0], edge_index[1], n_src, n_dst)
-            kernels().backward_source_kernel[(n_src, head_blocks)](
-                q, k, v, _or(bias, q), _or(att, q), _or(dropout_mask, q), dout, lse, delta,
-                _or(dalpha, lse), csc.ptr, csc.other, csc.edge_id, dk, dv, ctx.scale,
-                ctx.negative_slope, **flags)
-        datt = datt_rows.sum(dim=0).to(att.dtype) if need_datt else None  # (H, C)
-        return dq, dk, dv, dbias, datt, None, None, None, None, None, None
+
+# The same passes as torch operators, which torch.compile calls as single opaque nodes (with
+# their output shapes) instead of tracing into Triton launches. Eager autograd goes through
+# FusedEdgeAttention, which keeps the target CSR for backward; the backward operator builds it
+# again from edge_index (one sort of E entries).
+@torch.library.custom_op("graphattn::triton_edge_attention", mutates_args=())
+def _forward_op(q: Tensor, k: Tensor, v: Tensor, att: Tensor | None, bias: Tensor | None,
+                dropout_mask: Tensor | None, edge_index: Tensor, scale: float,
+                negative_slope: float, score: str, need_alpha: bool,
+                ) -> tuple[Tensor, Tensor, Tensor]:
+    """out (fp32), alpha and lse; see :func:`_forward`."""
+    return _forward(q, k, v, att, bias, dropout_mask, edge_index, scale, negative_slope, score,
+                    need_alpha)[:3]
+
+
+@_forward_op.register_fake
+def _forward_fake(q, k, v, att, bias, dropout_mask, edge_index, scale, negative_slope, score,
+                  need_alpha):
+    n_dst, heads, channels = q.size(0), v.size(1), v.size(2)
+    return (v.new_empty(n_dst, heads, channels, dtype=torch.float32),
+            v.new_empty(edge_index.size(1) if need_alpha else 0, heads,
+                        dtype=_alpha_dtype(q, k, bias, att)),
+            v.new_empty(n_dst, heads, dtype=torch.float32))
+
+
+@torch.library.custom_op("graphattn::triton_edge_attention_backward", mutates_args=())
+def _backward_op(dout: Tensor, dalpha: Tensor | None, q: Tensor, k: Tensor, v: Tensor,
+                 att: Tensor | None, bias: Tensor | None, dropout_mask: Tensor | None,
+                 edge_index: Tensor, out32: Tensor, lse: Tensor, scale: float,
+                 negative_slope: float, score: str, need_dbias: bool, need_datt: bool,
+                 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """dq, dk, dv, d att and d bias (the last two empty when not asked for); see
+    :func:`_backward`."""
+    csr = build_csr(edge_index[1], edge_index[0], q.size(0), v.size(0))
+    dq, dk, dv, datt, dbias = _backward(dout, dalpha, q, k, v, att, bias, dropout_mask,
+                                        edge_index, out32, lse, csr, scale, negative_slope,
+                                        score, need_dbias, need_datt)
+    return (dq, dk, dv, q.new_empty(0) if datt is None else datt,
+            q.new_empty(0) if dbias is None else dbias)
+
+
+@_backward_op.register_fake
+def _backward_fake(dout, dalpha, q, k, v, att, bias, dropout_mask, edge_index, out32, lse,
+                   scale, negative_slope, score, need_dbias, need_datt):
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
+            torch.empty_like(att) if need_datt else q.new_empty(0),
+            torch.empty_like(bias) if need_dbias else q.new_empty(0))
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    q, k, v, att, bias, dropout_mask, edge_index, scale, negative_slope, score, need_alpha = inputs
+    out32, alpha, lse = output
+    ctx.save_for_backward(q, k, v, att, bias, dropout_mask, edge_index, out32, lse)
+    ctx.options = (scale, negative_slope, score)
+    ctx.set_materialize_grads(False)
+    ctx.mark_non_differentiable(lse)
+    if not need_alpha:
+        ctx.mark_non_differentiable(alpha)
+
+
+def _op_grads(ctx, dout: Tensor | None, dalpha: Tensor | None, _dlse) -> tuple:
+    q, k, v, att, bias, dropout_mask, edge_index, out32, lse = ctx.saved_tensors
+    need_dbias = bias is not None and ctx.needs_input_grad[4]
+    need_datt = att is not None and ctx.needs_input_grad[3]
+    dout = torch.zeros_like(out32) if dout is None else dout.contiguous()
+    dalpha = dalpha.contiguous() if dalpha is not None else None
+    dq, dk, dv, datt, dbias = _backward_op(dout, dalpha, q, k, v, att, bias, dropout_mask,
+                                           edge_index, out32, lse, *ctx.options, need_dbias,
+                                           need_datt)
+    return (dq, dk, dv, datt if need_datt else None, dbias if need_dbias else None,
+            None, None, None, None, None, None)
+
+
+_forward_op.register_autograd(_op_grads, setup_context=_setup_context)
 
 
 def _or(tensor: Tensor | None, placeholder: Tensor) -> Tensor:
@@ -375,6 +481,14 @@ def triton_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *
     if q.device.type != "cuda" and not interpret_mode():
         raise ValueError(f"backend='triton' runs on CUDA tensors, got q on {q.device} (on CPU, "
                          f"set TRITON_INTERPRET=1 to run the kernels in Triton's interpreter)")
-    out, alpha = FusedEdgeAttention.apply(q, k, v, bias, att, dropout_mask, edge_index, scale,
-                                          score, negative_slope, need_alpha)
+    q, k, v, att, bias, dropout_mask, edge_index = (
+        None if t is None else t.contiguous()
+        for t in (q, k, v, att, bias, dropout_mask, edge_index))
+    inputs = (q, k, v, att, bias, dropout_mask, edge_index, scale, negative_slope, score,
+              need_alpha)
+    if torch.compiler.is_compiling():
+        out32, alpha, _ = _forward_op(*inputs)
+        out = out32.to(v.dtype)
+    else:
+        out, alpha = FusedEdgeAttention.apply(*inputs)
     return out, (alpha if need_alpha else None)
