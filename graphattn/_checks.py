@@ -6,6 +6,8 @@ device-side assert, so ``edge_index`` is validated against the node counts first
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -72,6 +74,12 @@ def check_non_negative(value: int, name: str) -> None:
     """Raise unless ``value`` is an int >= 0."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+
+
+def check_finite(value: float, name: str) -> None:
+    """Raise unless ``value`` is a finite real number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
 
 
 def check_in_channels(value: int | tuple[int, int]) -> None:

@@ -94,3 +94,27 @@ def dense_mask(edge_index: torch.Tensor, num_dst: int, num_src: int) -> torch.Te
     mask = torch.zeros(num_dst, num_src, dtype=torch.bool)
     mask[edge_index[1], edge_index[0]] = True
     return mask
+
+
+def assert_agrees_with_pyg(layer: torch.nn.Module, conv: torch.nn.Module,
+                           x: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+                           edge_index: torch.Tensor) -> None:
+    """Run a graphattn layer and a PyG layer with copied weights on the same inputs: the same
+    outputs, edge order, attention weights and input gradients (through a loss that weighs every
+    output differently). Both layers' parameters keep their gradients for the caller."""
+    pair = isinstance(x, tuple)
+    x_ours = tuple(t.clone().requires_grad_() for t in (x if pair else (x,)))
+    x_ref = tuple(t.clone().requires_grad_() for t in (x if pair else (x,)))
+    out, (ei, alpha) = layer(x_ours if pair else x_ours[0], edge_index,
+                             return_attention_weights=True)
+    ref, (ei_ref, alpha_ref) = conv(x_ref if pair else x_ref[0], edge_index,
+                                    return_attention_weights=True)
+    assert out.shape == ref.shape
+    assert_close(out, ref)
+    assert torch.equal(ei, ei_ref)
+    assert_close(alpha, alpha_ref)
+    weight = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)
+    (out * weight).sum().backward()
+    (ref * weight).sum().backward()
+    for ours, theirs in zip(x_ours, x_ref, strict=True):
+        assert_close(ours.grad, theirs.grad)

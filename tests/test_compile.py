@@ -3,9 +3,9 @@
 The ``cpu`` backend is a pair of torch operators (``graphattn::cpu_edge_attention`` and its
 backward), so compiled graphs call the numba kernels instead of tracing into them; so is the
 ``triton`` backend (``graphattn::triton_edge_attention``, run here in Triton's CPU interpreter).
-The node-id checks become asserts in the graph. Every case compiles with ``fullgraph=True``: no graph break.
-Models are compared in eval mode, since a compiled graph draws its dropout masks from other random
-numbers than eager; training mode is checked to run and give finite gradients.
+The node-id checks become asserts in the graph. Every case compiles with ``fullgraph=True``: no
+graph break. Models are compared in eval mode, since a compiled graph draws its dropout masks from
+other random numbers than eager; training mode is checked to run and give finite gradients.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.fx.experimental.symbolic_shapes import guard_or_false
 
-from graphattn._checks import check_dropout, check_edge_index, check_same_device
+from graphattn._checks import check_dropout, check_edge_index, check_finite, check_same_device
 from graphattn.functional.cpu import cpu_edge_attention
 from graphattn.functional.dense_backend import dense_edge_attention, dense_peak_bytes
 from graphattn.functional.dropout import dropout_mask as make_dropout_mask
@@ -266,6 +266,7 @@ def edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
     """
     _check_attention_inputs(q, k, v, edge_index, bias, score, att)
     check_dropout(dropout_p, "dropout_p")
+    check_finite(negative_slope, "negative_slope")
     return edge_attention_unchecked(q, k, v, edge_index, scale=scale, bias=bias,
                                     dropout_p=dropout_p, training=training,
                                     return_attention=return_attention, backend=backend,

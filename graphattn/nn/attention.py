@@ -15,6 +15,7 @@ from torch_geometric.nn import MessagePassing
 from graphattn._checks import (
     check_dropout,
     check_edge_index,
+    check_finite,
     check_in_channels,
     check_positive,
     check_same_device,
@@ -43,11 +44,12 @@ def _glorot(lin: Linear) -> None:
 
 
 class _SelfAttentionBase(torch.nn.Module):
-    """Projections ``lin_q, lin_k, lin_v`` and ``lin_out`` and the head merge, for both layers."""
+    """Projections ``lin_q, lin_k, lin_v``, ``lin_out`` and ``res`` and the head merge, for both
+    layers."""
 
     def __init__(self, in_channels: int | tuple[int, int], out_channels: int, heads: int,
                  concat: bool, dropout: float, bias: bool, out_proj: bool, score_channels: int,
-                 value_dropout: float = 0.0, **kwargs) -> None:
+                 value_dropout: float = 0.0, residual: bool = False, **kwargs) -> None:
         super().__init__(**kwargs)
         check_positive(heads, "heads")
         check_positive(out_channels, "out_channels")
@@ -68,6 +70,8 @@ class _SelfAttentionBase(torch.nn.Module):
         self.lin_v = _linear(in_src, H * C, bias)
         out_dim = H * C if concat else C
         self.lin_out = Linear(out_dim, out_dim, bias=bias) if out_proj else None
+        self.residual = bool(residual)
+        self.res = _linear(in_dst, out_dim, bias=False) if residual else None
 
     def reset_parameters(self) -> None:
         """Glorot-uniform weights and zero biases, as ``torch.nn.MultiheadAttention`` does.
@@ -75,13 +79,14 @@ class _SelfAttentionBase(torch.nn.Module):
         Projections whose input size is still to be inferred (``in_channels=-1``) are
         initialised when the first call gives them their shape.
         """
-        for lin in (self.lin_q, self.lin_k, self.lin_v, self.lin_out):
+        for lin in (self.lin_q, self.lin_k, self.lin_v, self.lin_out, self.res):
             if lin is not None and not isinstance(lin, LazyLinear):
                 _glorot(lin)
 
     def _infer_in_channels(self, x_src: Tensor, x_dst: Tensor) -> None:
         """Give the projections of ``in_channels=-1`` their input size from the first inputs."""
-        for lin, x in ((self.lin_q, x_dst), (self.lin_k, x_src), (self.lin_v, x_src)):
+        for lin, x in ((self.lin_q, x_dst), (self.lin_k, x_src), (self.lin_v, x_src),
+                       (self.res, x_dst)):
             if isinstance(lin, LazyLinear) and isinstance(x, Tensor) and x.dim() >= 2:
                 lin.initialize_parameters(x)
                 _glorot(lin)
@@ -102,10 +107,12 @@ class _SelfAttentionBase(torch.nn.Module):
         bias = None if lins[0].bias is None else torch.cat([lin.bias for lin in lins])
         return F.linear(x_src, weight, bias).split([lin.out_features for lin in lins], dim=-1)
 
-    def _merge_heads(self, out: Tensor) -> Tensor:
-        """``[..., H, C]`` -> ``[..., H*C]`` (concat) or ``[..., C]`` (mean), then ``lin_out``."""
+    def _merge_heads(self, out: Tensor, x_dst: Tensor) -> Tensor:
+        """``[..., H, C]`` -> ``[..., H*C]`` (concat) or ``[..., C]`` (mean), then ``lin_out``,
+        plus ``res(x_dst)`` with ``residual=True``."""
         out = out.flatten(-2) if self.concat else out.mean(dim=-2)
-        return out if self.lin_out is None else self.lin_out(out)
+        out = out if self.lin_out is None else self.lin_out(out)
+        return out if self.res is None else out + self.res(x_dst)
 
     def _check_features(self, x: Tensor, lin: Linear, name: str) -> None:
         """Raise unless ``x`` is ``[N, F]`` with the ``F`` that ``lin`` takes."""
@@ -117,7 +124,8 @@ class _SelfAttentionBase(torch.nn.Module):
                              f"got {list(x.shape)}")
 
     def _repr_args(self) -> str:
-        return f"{self.in_channels}, {self.out_channels}, heads={self.heads}"
+        extra = ", residual=True" if self.residual else ""
+        return f"{self.in_channels}, {self.out_channels}, heads={self.heads}{extra}"
 
 
 class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
@@ -130,13 +138,17 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         \alpha_{ij} = \operatorname{softmax}_{j \in \mathcal{N}(i)}
             \Big(\frac{q_i \cdot k_j}{\sqrt{C}} + w_h^\top e_{ij}\Big), \qquad
         x'_i = W^O \big\Vert_{h=1}^{H} \sum_{j \in \mathcal{N}(i)} \alpha_{ij} v_j
+            \; \big[\, + \, W^R x_i \,\big]
+
+    (the last term with ``residual=True``).
 
     With ``attention="additive"`` the score is GAT's
-    :math:`\mathrm{LeakyReLU}_{0.2}(a_l^\top W x_i + a_r^\top W x_j + w_h^\top e_{ij})`;
+    :math:`\mathrm{LeakyReLU}(a_l^\top W x_i + a_r^\top W x_j + w_h^\top e_{ij})` (slope
+    ``negative_slope``);
     then ``lin_q`` and ``lin_k`` map to one number per head (``Linear(in, H)``), which is that
     score term folded into one matrix. With ``attention="gatv2"`` the score is GATv2's
     dynamic attention (Brody et al., 2022),
-    :math:`a_h^\top \mathrm{LeakyReLU}_{0.2}(W^Q x_i + W^K x_j) + w_h^\top e_{ij}`, with an
+    :math:`a_h^\top \mathrm{LeakyReLU}(W^Q x_i + W^K x_j) + w_h^\top e_{ij}`, with an
     attention vector ``att`` :math:`[H, C]`; PyG's ``GATv2Conv`` is the case :math:`W^V = W^K`
     (its edge features enter inside the LeakyReLU, here they add a score bias per head).
     The fused backends compute it without any ``[E, H, C]`` tensor, which ``GATv2Conv`` keeps
@@ -177,6 +189,12 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             ``"gatv2"`` (GATv2). (default: ``"dot"``)
         backend (str, optional): backend of :func:`~graphattn.functional.edge_attention`.
             (default: ``"auto"``)
+        negative_slope (float, optional): LeakyReLU slope of the additive and gatv2 scores.
+            (default: ``0.2``)
+        residual (bool, optional): add a skip connection ``res = Linear(F_dst, out, bias=False)``
+            of the target's own features to the output, as ``GATConv(residual=True)`` does
+            (and ``TransformerConv``'s ``lin_skip``, whose bias here is ``lin_v``'s).
+            (default: ``False``)
 
     Shapes:
         - **input:** x ``(|V|, F)`` or ``((|V_src|, F_src), (|V_dst|, F_dst))``,
@@ -192,7 +210,7 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
                  concat: bool = True, dropout: float = 0.0, bias: bool = True,
                  out_proj: bool = True, add_self_loops: bool = True, edge_dim: int | None = None,
                  attention: str = "dot", backend: str = "auto", value_dropout: float = 0.0,
-                 ) -> None:
+                 negative_slope: float = 0.2, residual: bool = False) -> None:
         if attention not in SCORES:
             raise ValueError(f"attention must be one of {SCORES}, got {attention!r}")
         if backend != "auto" and backend not in BACKENDS:
@@ -200,9 +218,12 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
                              f"got {backend!r}")
         super().__init__(in_channels, out_channels, heads, concat, dropout, bias, out_proj,
                          score_channels=1 if attention == "additive" else out_channels,
-                         value_dropout=value_dropout, aggr="add", node_dim=0)
+                         value_dropout=value_dropout, residual=residual, aggr="add",
+                         node_dim=0)
         if edge_dim is not None:
             check_positive(edge_dim, "edge_dim")
+        check_finite(negative_slope, "negative_slope")
+        self.negative_slope = float(negative_slope)
         self.add_self_loops = add_self_loops
         self.edge_dim = edge_dim
         self.attention = attention
@@ -261,15 +282,15 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
                                           dropout_p=self.dropout, training=self.training,
                                           return_attention=return_attention_weights,
                                           backend=self.backend, score=self.attention,
-                                          att=self.att)
+                                          negative_slope=self.negative_slope, att=self.att)
         if return_attention_weights:
             out, alpha = result
             if adjacency is not None:
                 adj = to_sparse_adjacency(edge_index, N_src, N_dst, alpha, adjacency.layout)
                 alpha = adj._values() if adj.layout == torch.sparse_coo else adj.values()
-                return self._merge_heads(out), (adj, alpha)  # alpha in the entries' order
-            return self._merge_heads(out), (edge_index, alpha)
-        return self._merge_heads(result)  # (N_dst, H*C) or (N_dst, C)
+                return self._merge_heads(out, x_dst), (adj, alpha)  # alpha in entries' order
+            return self._merge_heads(out, x_dst), (edge_index, alpha)
+        return self._merge_heads(result, x_dst)  # (N_dst, H*C) or (N_dst, C)
 
     def _check_edge_attr(self, edge_attr: Tensor | None, num_edges: int) -> Tensor | None:
         if edge_attr is None:
@@ -286,6 +307,8 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
 
     def __repr__(self) -> str:
         extra = "" if self.attention == "dot" else f", attention={self.attention!r}"
+        if self.negative_slope != 0.2:
+            extra += f", negative_slope={self.negative_slope}"
         return f"{self.__class__.__name__}({self._repr_args()}{extra})"
 
 
@@ -344,6 +367,8 @@ class DenseSelfAttention(_SelfAttentionBase):
             :math:`v_j`), as the GAT reference code drops :math:`W x_j`. (default: ``0.0``)
         bias (bool, optional): biases in the projections. (default: ``True``)
         out_proj (bool, optional): apply ``lin_out``. (default: ``True``)
+        residual (bool, optional): add ``res(x)``, a ``Linear(F, out, bias=False)`` of each
+            position's own features, to the output. (default: ``False``)
 
     Shapes:
         - **input:** x ``(L, F)`` or ``(B, L, F)``, mask bool ``(L, L)`` or ``(B, L, L)``
@@ -353,9 +378,11 @@ class DenseSelfAttention(_SelfAttentionBase):
 
     def __init__(self, in_channels: int, out_channels: int, heads: int = 1, *,
                  concat: bool = True, dropout: float = 0.0, bias: bool = True,
-                 out_proj: bool = True, value_dropout: float = 0.0) -> None:
+                 out_proj: bool = True, value_dropout: float = 0.0,
+                 residual: bool = False) -> None:
         super().__init__(in_channels, out_channels, heads, concat, dropout, bias, out_proj,
-                         score_channels=out_channels, value_dropout=value_dropout)
+                         score_channels=out_channels, value_dropout=value_dropout,
+                         residual=residual)
         self.reset_parameters()
 
     def forward(self, x: Tensor, mask: Tensor | None = None, is_causal: bool = False,
@@ -377,8 +404,8 @@ class DenseSelfAttention(_SelfAttentionBase):
                                  return_attention=return_attention_weights)
         if return_attention_weights:
             out, weights = result
-            return self._merge_heads(out), weights
-        return self._merge_heads(result)
+            return self._merge_heads(out, x), weights
+        return self._merge_heads(result, x)
 
     def __repr__(self) -> str:
         return f"{self.__class__.__name__}({self._repr_args()})"

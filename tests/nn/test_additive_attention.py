@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import GRAPHS, assert_close
+from conftest import GRAPHS, assert_agrees_with_pyg, assert_close
 from torch_geometric.nn import GATConv
 
 from graphattn.nn import GraphSelfAttention
@@ -35,14 +35,18 @@ def copy_gat_into(layer: GraphSelfAttention, gat: GATConv) -> None:
             layer.lin_edge.weight.copy_(torch.einsum("hc,hcd->hd", gat.att_edge[0], W_edge))
 
 
-def make_pair(in_channels, C, H, *, concat=True, edge_dim=None, seed=0):
+def make_pair(in_channels, C, H, *, concat=True, edge_dim=None, seed=0, **options):
+    """GATConv and the layer with its weights; ``options``: ``negative_slope``, ``residual``."""
     torch.manual_seed(seed)
-    gat = GATConv(in_channels, C, H, concat=concat, edge_dim=edge_dim).to(DTYPE)
+    gat = GATConv(in_channels, C, H, concat=concat, edge_dim=edge_dim, **options).to(DTYPE)
     with torch.no_grad():
         gat.bias.normal_()  # GATConv zero-initialises it: make it matter
     layer = GraphSelfAttention(in_channels, C, H, concat=concat, edge_dim=edge_dim,
-                               attention="additive", out_proj=False).to(DTYPE)
+                               attention="additive", out_proj=False, **options).to(DTYPE)
     copy_gat_into(layer, gat)
+    if layer.res is not None:
+        with torch.no_grad():
+            layer.res.weight.copy_(gat.res.weight)
     return layer.eval(), gat.eval()
 
 
@@ -117,6 +121,16 @@ def test_matches_gatconv(graph_case, concat, edge_dim, heads):
         W_edge = gat.lin_edge.weight.view(heads, C, -1)
         assert_close(gat.att_edge.grad[0],
                      torch.einsum("hd,hcd->hc", layer.lin_edge.weight.grad, W_edge))
+
+
+@pytest.mark.parametrize("concat", [True, False], ids=["concat", "mean"])
+def test_matches_gatconv_with_residual_and_another_slope(graph_case, concat):
+    F_src, F_dst, C, H = 5, 4, 6, 2
+    in_channels = (F_src, F_dst) if graph_case.bipartite else F_src
+    layer, gat = make_pair(in_channels, C, H, concat=concat, negative_slope=0.05, residual=True)
+    x, _ = inputs(graph_case, F_src, F_dst, None)
+    assert_agrees_with_pyg(layer, gat, x, graph_case.edge_index)
+    assert_close(layer.res.weight.grad, gat.res.weight.grad)
 
 
 def test_matches_gatconv_with_attention_dropout_in_eval_mode():

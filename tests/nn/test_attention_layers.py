@@ -1,6 +1,7 @@
 import pytest
 import torch
-from conftest import GRAPHS, assert_close, dense_mask, random_graph
+from conftest import GRAPHS, assert_agrees_with_pyg, assert_close, dense_mask, random_graph
+from torch_geometric.nn import TransformerConv
 
 from graphattn.functional import dropout_mask, edge_attention
 from graphattn.nn import DenseSelfAttention, GraphSelfAttention
@@ -54,6 +55,23 @@ def test_complete_graph_equals_dense_and_multihead_attention():
         assert_close(g_graph[name], g_dense[name])
     assert_close(torch.cat([g_graph[f"lin_{p}.weight"] for p in "qkv"]), mha.in_proj_weight.grad)
     assert_close(g_graph["lin_out.weight"], mha.out_proj.weight.grad)
+
+
+def test_residual_layers_load_across_and_agree_on_the_complete_graph():
+    """``residual=True`` adds ``res`` to both twins; with a shared state_dict the graph layer on
+    the complete graph computes the dense layer's output plus the same skip term."""
+    torch.manual_seed(0)
+    N, F, H, C = 7, 5, 2, 3
+    graph = GraphSelfAttention(F, C, heads=H, residual=True)
+    dense = DenseSelfAttention(F, C, heads=H, residual=True)
+    dense.load_state_dict(graph.state_dict())
+    assert graph.res.weight.shape == (H * C, F) and graph.res.bias is None
+    x = torch.randn(N, F)
+    out = graph(x, complete_edges(N))
+    assert_close(out, dense(x))
+    plain = GraphSelfAttention(F, C, heads=H)
+    plain.load_state_dict({k: v for k, v in graph.state_dict().items() if not k.startswith("res")})
+    assert_close(out, plain(x, complete_edges(N)) + x @ graph.res.weight.t())
 
 
 def test_causal_graph_equals_dense_is_causal():
@@ -163,6 +181,10 @@ def test_repr_and_reset_parameters():
     assert repr(GraphSelfAttention(16, 8, attention="additive")) == (
         "GraphSelfAttention(16, 8, heads=1, attention='additive')")
     assert repr(DenseSelfAttention(16, 8, heads=4)) == "DenseSelfAttention(16, 8, heads=4)"
+    assert repr(GraphSelfAttention(16, 8, residual=True, attention="gatv2",
+                                   negative_slope=0.1)) == (
+        "GraphSelfAttention(16, 8, heads=1, residual=True, attention='gatv2', "
+        "negative_slope=0.1)")
     with torch.no_grad():
         layer.lin_q.bias.fill_(3.0)
     layer.reset_parameters()
@@ -200,6 +222,11 @@ def test_errors_name_the_argument_and_value():
         GraphSelfAttention(4, 2, edge_dim=3)(torch.randn(2, 4), edge_index, torch.randn(2, 2))
     with pytest.raises(ValueError, match=r"x must have shape \[L, F\] or \[B, L, F\], got \[4\]"):
         DenseSelfAttention(4, 2)(torch.randn(4))
+    with pytest.raises(ValueError, match="negative_slope must be a finite number, got nan"):
+        GraphSelfAttention(4, 2, attention="additive", negative_slope=float("nan"))
+    with pytest.raises(ValueError, match="negative_slope must be a finite number, got '0.1'"):
+        edge_attention(torch.randn(2, 1), torch.randn(2, 1), torch.randn(2, 1, 3), edge_index,
+                       score="additive", negative_slope="0.1")
 
 
 def test_layer_checks_edge_index_once_per_call(monkeypatch):
@@ -419,3 +446,34 @@ def test_to_hetero_sums_one_layer_per_edge_type():
     assert_close(out["paper"], expected_paper)
     assert_close(out["author"], expected_author)
     assert convs["author__writes__paper"].lin_k.in_features == 4
+
+
+@pytest.mark.parametrize("concat", [True, False], ids=["concat", "mean"])
+@pytest.mark.parametrize("case", GRAPHS, ids=lambda g: g.name)
+def test_dot_attention_with_residual_equals_transformerconv(case, concat):
+    """``GraphSelfAttention(residual=True, out_proj=False, add_self_loops=False)`` is PyG's
+    ``TransformerConv`` (``root_weight=True``, ``beta=False``) with copied weights: ``lin_skip``
+    is ``res``, and its bias moves into ``lin_v``'s (alpha sums to 1 over a target's edges; it is
+    zeroed here so that targets without edges agree too). Isolated targets get the skip term."""
+    torch.manual_seed(0)
+    dtype = torch.float64
+    F_src, F_dst, H, C = 5, 4, 3, 6
+    in_channels = (F_src, F_dst) if case.bipartite else F_src
+    conv = TransformerConv(in_channels, C, heads=H, concat=concat).to(dtype)
+    layer = GraphSelfAttention(in_channels, C, heads=H, concat=concat, residual=True,
+                               out_proj=False, add_self_loops=False).to(dtype)
+    with torch.no_grad():
+        conv.lin_skip.bias.zero_()
+        for ours, theirs in ((layer.lin_q, conv.lin_query), (layer.lin_k, conv.lin_key),
+                             (layer.lin_v, conv.lin_value), (layer.res, conv.lin_skip)):
+            ours.weight.copy_(theirs.weight)
+            if ours.bias is not None:
+                ours.bias.copy_(theirs.bias)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(case.num_src, F_src, generator=gen, dtype=dtype)
+    if case.bipartite:
+        x = (x, torch.randn(case.num_dst, F_dst, generator=gen, dtype=dtype))
+    assert_agrees_with_pyg(layer, conv, x, case.edge_index)
+    for ours, theirs in ((layer.lin_q, conv.lin_query), (layer.lin_k, conv.lin_key),
+                         (layer.lin_v, conv.lin_value), (layer.res, conv.lin_skip)):
+        assert_close(ours.weight.grad, theirs.weight.grad)

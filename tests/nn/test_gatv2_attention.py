@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import GRAPHS, assert_close
+from conftest import GRAPHS, assert_agrees_with_pyg, assert_close
 from torch_geometric.nn import GATv2Conv
 
 from graphattn.functional import edge_attention
@@ -30,15 +30,20 @@ def copy_gatv2_into(layer: GraphSelfAttention, conv: GATv2Conv) -> None:
         layer.att.copy_(conv.att[0])
 
 
-def make_pair(in_channels, C, H, *, concat=True, backend="auto", seed=0):
+def make_pair(in_channels, C, H, *, concat=True, backend="auto", seed=0, **options):
+    """GATv2Conv and the layer with its weights; ``options``: ``negative_slope``,
+    ``residual``."""
     torch.manual_seed(seed)
-    conv = GATv2Conv(in_channels, C, H, concat=concat).to(DTYPE)
+    conv = GATv2Conv(in_channels, C, H, concat=concat, **options).to(DTYPE)
     with torch.no_grad():  # GATv2Conv zero-initialises its biases: make them matter
         for b in (conv.bias, conv.lin_l.bias, conv.lin_r.bias):
             b.normal_()
     layer = GraphSelfAttention(in_channels, C, H, concat=concat, attention="gatv2",
-                               out_proj=False, backend=backend).to(DTYPE)
+                               out_proj=False, backend=backend, **options).to(DTYPE)
     copy_gatv2_into(layer, conv)
+    if layer.res is not None:
+        with torch.no_grad():
+            layer.res.weight.copy_(conv.res.weight)
     return layer, conv
 
 
@@ -86,6 +91,21 @@ def test_matches_gatv2conv(graph_case, concat, heads, backend):
     assert_close(conv.lin_l.bias.grad, layer.lin_k.bias.grad + layer.lin_v.bias.grad)
     bias_grad = layer.lin_v.bias.grad
     assert_close(conv.bias.grad, bias_grad if concat else bias_grad.view(heads, C).sum(0))
+
+
+@pytest.mark.parametrize("backend", ["cpu", "reference"])
+def test_matches_gatv2conv_with_residual_and_another_slope(graph_case, backend):
+    F_src, F_dst = 5, 4
+    bipartite = graph_case.bipartite
+    layer, conv = make_pair((F_src, F_dst) if bipartite else F_src, 6, 2, backend=backend,
+                            negative_slope=0.3, residual=True)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(graph_case.num_src, F_src, generator=gen, dtype=DTYPE)
+    if bipartite:
+        x = (x, torch.randn(graph_case.num_dst, F_dst, generator=gen, dtype=DTYPE))
+    assert_agrees_with_pyg(layer, conv, x, graph_case.edge_index)
+    assert_close(layer.res.weight.grad, conv.res.weight.grad)
+    assert_close(layer.att.grad, conv.att.grad[0])
 
 
 def test_edge_features_add_a_score_bias_per_head():
