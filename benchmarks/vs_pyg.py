@@ -106,8 +106,11 @@ def make_layer(name: str) -> torch.nn.Module:
     torch.manual_seed(0)
     if name.startswith("GraphSelfAttention"):
         attention = name.split()[1]
+        # each the same function as its PyG counterpart (tests/nn): TransformerConv's root
+        # weight is the dot layer's residual
         return GraphSelfAttention(IN_CHANNELS, CHANNELS, heads=HEADS, add_self_loops=False,
-                                  attention=attention, out_proj=attention == "dot")
+                                  attention=attention, out_proj=False,
+                                  residual=attention == "dot")
     if name == "TransformerConv":
         return TransformerConv(IN_CHANNELS, CHANNELS, heads=HEADS)
     conv = GATConv if name == "GATConv" else GATv2Conv
@@ -399,7 +402,9 @@ def main() -> None:
         "of interleaved repeats after warm-up. Peak MB: resident memory of one fwd+bwd step "
         "above the memory before it, in a fresh process per layer and graph. Each PyG row's "
         "ratios are GraphSelfAttention with the same score (the row above it) / that PyG "
-        "layer: below 1 favours GraphSelfAttention.",
+        "layer: below 1 favours GraphSelfAttention. Each pair computes the same function "
+        "(`out_proj=False`; the dot layer with `residual=True`, TransformerConv's root weight), "
+        "as the tests check with copied weights.",
         "",
         *table,
         "",
