@@ -92,11 +92,12 @@ def test_causal_graph_equals_dense_is_causal():
         assert_close(grad, param_grads(dense)[name])
 
 
-def test_batched_dense_matches_per_sequence_graph():
+@pytest.mark.parametrize("residual", [False, True])
+def test_batched_dense_matches_per_sequence_graph(residual):
     torch.manual_seed(2)
     B, L = 3, 5
-    graph = GraphSelfAttention(6, 3, heads=2, concat=False)
-    dense = DenseSelfAttention(6, 3, heads=2, concat=False)
+    graph = GraphSelfAttention(6, 3, heads=2, concat=False, residual=residual)
+    dense = DenseSelfAttention(6, 3, heads=2, concat=False, residual=residual)
     dense.load_state_dict(graph.state_dict())
     x = torch.randn(B, L, 6)
     masks = torch.rand(B, L, L, generator=torch.Generator().manual_seed(0)) < 0.5
@@ -398,6 +399,11 @@ def test_lazy_in_channels_equal_a_sized_layer(attention):
     assert_close(out, sized((x_src, x_dst), edge_index))
     with pytest.raises(ValueError, match=r"x_dst must have F = in_channels = 3 features"):
         lazy((x_src, torch.randn(4, 5)), edge_index)
+
+    lazy_res = GraphSelfAttention((-1, -1), 6, heads=2, attention=attention, residual=True)
+    lazy_res((x_src, x_dst), edge_index)
+    assert lazy_res.res.weight.shape == (12, 3)  # sized by x_dst, Glorot-initialised
+    assert lazy_res.res.weight.abs().max() <= (6 / (12 + 3)) ** 0.5
 
     dense = DenseSelfAttention(-1, 4, heads=2)
     assert dense(torch.randn(2, 6, 5)).shape == (2, 6, 8)
