@@ -430,13 +430,14 @@ def forward_kernel_ms(graph: Graph, args: argparse.Namespace, dtype: torch.dtype
 # Correctness on the device
 
 
-def check_on_device(graph: Graph, dtype: torch.dtype, heads: int = 2,
-                    channels: int = 16) -> list[tuple[str, float]]:
+def check_on_device(graph: Graph, dtype: torch.dtype, heads: int = 2, channels: int = 16,
+                    compile_backend: str = "inductor") -> list[tuple[str, float]]:
     """Max abs difference fused vs reference (fp32 math) of out, alpha and every gradient, in
     eager and under ``torch.compile(fullgraph=True)`` (the kernels as torch operators)."""
     from graphattn.functional import edge_attention
 
-    compiled_attention = torch.compile(edge_attention, fullgraph=True, dynamic=False)
+    compiled_attention = torch.compile(edge_attention, fullgraph=True, dynamic=False,
+                                       backend=compile_backend)
 
     rows = []
     gen = torch.Generator(device=graph.edge_index.device).manual_seed(0)

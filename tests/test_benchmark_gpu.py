@@ -1,0 +1,37 @@
+"""``benchmarks/gpu.py`` before it meets a GPU: its correctness checks in Triton's interpreter.
+
+The device time that runs the benchmark is short, so its first step, the fused kernels against
+the reference backend (eager and compiled), is run here on a small CPU graph.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from graphattn.functional import triton_kernels as tk
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import gpu  # noqa: E402
+
+
+def test_device_checks_pass_in_the_interpreter(monkeypatch):
+    if not tk.triton_available():
+        pytest.skip("triton is not installed (pip install 'graphattn[gpu]')")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    if not tk.interpret_mode():
+        pytest.skip("TRITON_INTERPRET=1 did not switch this triton to its interpreter")
+    torch._dynamo.reset()
+    graph = gpu.Graph("random", 30, gpu.synthetic_graph(30, 120, None, "cpu"))
+    rows = gpu.check_on_device(graph, torch.float32, heads=2, channels=8,
+                               compile_backend="aot_eager")
+    names = [name for name, _ in rows]
+    # eager and compiled; per score out, alpha, dq, dk, dv without bias and with it (+ dbias),
+    # gatv2 also datt: dot 5 + 6, additive 5 + 6, gatv2 6 + 7
+    assert len(names) == len(set(names)) == 2 * (11 + 11 + 13)
+    assert sum(name.startswith("torch.compile") for name in names) == len(names) // 2
+    worst = max(err for _, err in rows)
+    assert worst < 1e-4, [row for row in rows if not row[1] < 1e-4]
