@@ -1,4 +1,4 @@
-"""Shared tolerances and the registry of small named test graphs.
+"""Shared tolerances, the registry of small named test graphs and Triton's interpreter.
 
 Every layer and backend runs through all of ``GRAPHS`` (tagged like DGL's graph cases), with
 int64 and int32 ids.
@@ -118,3 +118,16 @@ def assert_agrees_with_pyg(layer: torch.nn.Module, conv: torch.nn.Module,
     (ref * weight).sum().backward()
     for ours, theirs in zip(x_ours, x_ref, strict=True):
         assert_close(ours.grad, theirs.grad)
+
+
+@pytest.fixture
+def triton_interpreter(monkeypatch):
+    """The triton backend's kernels in Triton's CPU interpreter, for this test (skipped without
+    triton)."""
+    from graphattn.functional import triton_kernels as tk
+
+    if not tk.triton_available():
+        pytest.skip("triton is not installed (pip install 'graphattn[gpu]')")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    if not tk.interpret_mode():
+        pytest.skip("TRITON_INTERPRET=1 did not switch this triton to its interpreter")

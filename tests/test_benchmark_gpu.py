@@ -9,21 +9,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import pytest
 import torch
-
-from graphattn.functional import triton_kernels as tk
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import gpu  # noqa: E402
 
 
-def test_device_checks_pass_in_the_interpreter(monkeypatch):
-    if not tk.triton_available():
-        pytest.skip("triton is not installed (pip install 'graphattn[gpu]')")
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    if not tk.interpret_mode():
-        pytest.skip("TRITON_INTERPRET=1 did not switch this triton to its interpreter")
+def test_device_checks_pass_in_the_interpreter(triton_interpreter):
     torch._dynamo.reset()
     graph = gpu.Graph("random", 30, gpu.synthetic_graph(30, 120, None, "cpu"))
     rows = gpu.check_on_device(graph, torch.float32, heads=2, channels=8,

@@ -35,16 +35,6 @@ def fresh_dynamo_cache():
     yield
 
 
-@pytest.fixture
-def triton_interpreter(monkeypatch):
-    """The triton backend's kernels in Triton's CPU interpreter, for this test."""
-    if not tk.triton_available():
-        pytest.skip("triton is not installed (pip install 'graphattn[gpu]')")
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    if not tk.interpret_mode():
-        pytest.skip("TRITON_INTERPRET=1 did not switch this triton to its interpreter")
-
-
 # Inductor fuses and reorders the projections' float operations: a few ulp of the outputs, and
 # gradients summed over 1000 edges, differ from eager.
 COMPILED = dict(atol=1e-4, rtol=1e-4)
