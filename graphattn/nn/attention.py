@@ -191,6 +191,9 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             (default: ``"auto"``)
         negative_slope (float, optional): LeakyReLU slope of the additive and gatv2 scores.
             (default: ``0.2``)
+        share_weights (bool, optional): one projection for targets and sources: ``lin_k`` is
+            ``lin_q`` (as ``GATv2Conv(share_weights=True)``; needs ``F_src = F_dst``).
+            (default: ``False``)
         residual (bool, optional): add a skip connection ``res = Linear(F_dst, out, bias=False)``
             of the target's own features to the output, as ``GATConv(residual=True)`` does
             (and ``TransformerConv``'s ``lin_skip``, whose bias here is ``lin_v``'s).
@@ -210,7 +213,8 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
                  concat: bool = True, dropout: float = 0.0, bias: bool = True,
                  out_proj: bool = True, add_self_loops: bool = True, edge_dim: int | None = None,
                  attention: str = "dot", backend: str = "auto", value_dropout: float = 0.0,
-                 negative_slope: float = 0.2, residual: bool = False) -> None:
+                 negative_slope: float = 0.2, residual: bool = False,
+                 share_weights: bool = False) -> None:
         if attention not in SCORES:
             raise ValueError(f"attention must be one of {SCORES}, got {attention!r}")
         if backend != "auto" and backend not in BACKENDS:
@@ -224,6 +228,12 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             check_positive(edge_dim, "edge_dim")
         check_finite(negative_slope, "negative_slope")
         self.negative_slope = float(negative_slope)
+        self.share_weights = bool(share_weights)
+        if share_weights:
+            if isinstance(in_channels, (tuple, list)) and in_channels[0] != in_channels[1]:
+                raise ValueError(f"share_weights=True needs the same features for sources and "
+                                 f"targets, got in_channels={in_channels!r}")
+            self.lin_k = self.lin_q  # one module: its weights serve q_i and k_j
         self.add_self_loops = add_self_loops
         self.edge_dim = edge_dim
         self.attention = attention
@@ -309,6 +319,8 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         extra = "" if self.attention == "dot" else f", attention={self.attention!r}"
         if self.negative_slope != 0.2:
             extra += f", negative_slope={self.negative_slope}"
+        if self.share_weights:
+            extra += ", share_weights=True"
         return f"{self.__class__.__name__}({self._repr_args()}{extra})"
 
 

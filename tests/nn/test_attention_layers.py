@@ -183,9 +183,9 @@ def test_repr_and_reset_parameters():
         "GraphSelfAttention(16, 8, heads=1, attention='additive')")
     assert repr(DenseSelfAttention(16, 8, heads=4)) == "DenseSelfAttention(16, 8, heads=4)"
     assert repr(GraphSelfAttention(16, 8, residual=True, attention="gatv2",
-                                   negative_slope=0.1)) == (
+                                   negative_slope=0.1, share_weights=True)) == (
         "GraphSelfAttention(16, 8, heads=1, residual=True, attention='gatv2', "
-        "negative_slope=0.1)")
+        "negative_slope=0.1, share_weights=True)")
     with torch.no_grad():
         layer.lin_q.bias.fill_(3.0)
     layer.reset_parameters()

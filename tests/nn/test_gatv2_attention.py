@@ -32,7 +32,7 @@ def copy_gatv2_into(layer: GraphSelfAttention, conv: GATv2Conv) -> None:
 
 def make_pair(in_channels, C, H, *, concat=True, backend="auto", seed=0, **options):
     """GATv2Conv and the layer with its weights; ``options``: ``negative_slope``,
-    ``residual``."""
+    ``residual``, ``share_weights``."""
     torch.manual_seed(seed)
     conv = GATv2Conv(in_channels, C, H, concat=concat, **options).to(DTYPE)
     with torch.no_grad():  # GATv2Conv zero-initialises its biases: make them matter
@@ -106,6 +106,27 @@ def test_matches_gatv2conv_with_residual_and_another_slope(graph_case, backend):
     assert_agrees_with_pyg(layer, conv, x, graph_case.edge_index)
     assert_close(layer.res.weight.grad, conv.res.weight.grad)
     assert_close(layer.att.grad, conv.att.grad[0])
+
+
+def test_matches_gatv2conv_with_shared_weights(graph_case):
+    """``share_weights=True``: ``lin_k`` is ``lin_q``, as GATv2Conv's ``lin_r`` is its
+    ``lin_l``; the shared matrix's gradient sums the query, key (and, there, value) uses."""
+    F = 5
+    layer, conv = make_pair((F, F) if graph_case.bipartite else F, 6, 2, share_weights=True)
+    assert layer.lin_k is layer.lin_q and conv.lin_r is conv.lin_l
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(graph_case.num_src, F, generator=gen, dtype=DTYPE)
+    if graph_case.bipartite:
+        x = (x, torch.randn(graph_case.num_dst, F, generator=gen, dtype=DTYPE))
+    assert_agrees_with_pyg(layer, conv, x, graph_case.edge_index)
+    assert_close(conv.lin_l.weight.grad, layer.lin_q.weight.grad + layer.lin_v.weight.grad)
+    assert_close(layer.att.grad, conv.att.grad[0])
+
+
+def test_shared_weights_need_one_feature_size():
+    with pytest.raises(ValueError, match=r"share_weights=True needs the same features for "
+                                         r"sources and targets, got in_channels=\(5, 4\)"):
+        GraphSelfAttention((5, 4), 6, attention="gatv2", share_weights=True)
 
 
 def test_edge_features_add_a_score_bias_per_head():
