@@ -181,10 +181,14 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         out_proj (bool, optional): apply the output projection ``lin_out`` (W^O).
             (default: ``True``)
         add_self_loops (bool, optional): give every target exactly one self-loop (existing ones
-            are not doubled; for bipartite inputs the first ``min(N_src, N_dst)`` nodes).
+            are replaced, with their features; for bipartite inputs the first
+            ``min(N_src, N_dst)`` nodes).
             (default: ``True``)
         edge_dim (int, optional): edge feature size; ``edge_attr`` then adds a per-head score
             bias through ``lin_edge = Linear(edge_dim, H)``. (default: ``None``)
+        fill_value (float or Tensor or str, optional): ``edge_attr`` of the added self-loops,
+            as in PyG: ``"mean"``, ``"add"``, ``"max"``, ``"min"`` or ``"mul"`` of the target's
+            other in-edge features (0 without any), or a constant. (default: ``"mean"``)
         attention (str, optional): ``"dot"`` (scaled dot product), ``"additive"`` (GAT) or
             ``"gatv2"`` (GATv2). (default: ``"dot"``)
         backend (str, optional): backend of :func:`~graphattn.functional.edge_attention`.
@@ -214,7 +218,8 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
                  out_proj: bool = True, add_self_loops: bool = True, edge_dim: int | None = None,
                  attention: str = "dot", backend: str = "auto", value_dropout: float = 0.0,
                  negative_slope: float = 0.2, residual: bool = False,
-                 share_weights: bool = False) -> None:
+                 share_weights: bool = False, fill_value: float | Tensor | str = "mean",
+                 ) -> None:
         if attention not in SCORES:
             raise ValueError(f"attention must be one of {SCORES}, got {attention!r}")
         if backend != "auto" and backend not in BACKENDS:
@@ -228,6 +233,10 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             check_positive(edge_dim, "edge_dim")
         check_finite(negative_slope, "negative_slope")
         self.negative_slope = float(negative_slope)
+        if isinstance(fill_value, str) and fill_value not in FILL_REDUCTIONS:
+            raise ValueError(f"fill_value must be a number, a tensor or one of "
+                             f"{list(FILL_REDUCTIONS)}, got {fill_value!r}")
+        self.fill_value = fill_value
         self.share_weights = bool(share_weights)
         if share_weights:
             if isinstance(in_channels, (tuple, list)) and in_channels[0] != in_channels[1]:
@@ -274,7 +283,7 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         edge_attr = self._check_edge_attr(edge_attr, edge_index.size(1))
         if self.add_self_loops:
             edge_index, edge_attr = add_remaining_self_loops(
-                edge_index, edge_attr, min(N_src, N_dst),
+                edge_index, edge_attr, min(N_src, N_dst), fill_value=self.fill_value,
                 trace_key=(id(self) >> 4) % 2**31 if torch.compiler.is_compiling() else 0)
 
         q, k, v = self._project(x_src, x_dst)
@@ -324,12 +333,18 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         return f"{self.__class__.__name__}({self._repr_args()}{extra})"
 
 
+# fill_value names of PyG's self-loop attributes -> the reduction over a target's in-edges
+FILL_REDUCTIONS = {"mean": "mean", "add": "sum", "max": "amax", "min": "amin", "mul": "prod"}
+
+
 def add_remaining_self_loops(edge_index: Tensor, edge_attr: Tensor | None, num_nodes: int,
-                             *, trace_key: int = 0) -> tuple[Tensor, Tensor | None]:
+                             *, fill_value: float | Tensor | str = "mean",
+                             trace_key: int = 0) -> tuple[Tensor, Tensor | None]:
     """Replace all self-loops by exactly one loop ``i -> i`` for each ``i < num_nodes``.
 
-    The loops' ``edge_attr`` is the mean of the target's other incoming edge features
-    (0 for a target without any), as PyG's ``fill_value="mean"``.
+    The loops' ``edge_attr`` follows PyG's ``fill_value``: a reduction of the target's other
+    incoming edge features (``"mean"``, ``"add"``, ``"max"``, ``"min"``, ``"mul"``; 0 for a
+    target without any), or a constant (a number, or a tensor ``[D_e]``).
 
     ``trace_key`` changes nothing in the result. Under ``torch.compile`` each layer passes a key
     from its ``id()`` (below 2**31, for int32 ids too): the node ids are compared XOR the key,
@@ -347,13 +362,26 @@ def add_remaining_self_loops(edge_index: Tensor, edge_attr: Tensor | None, num_n
     if edge_attr is None:
         return new_index, None
     edge_attr = edge_attr[keep]  # (E_kept, D_e)
-    dst = edge_index[1]
-    inside = dst < num_nodes
-    total = edge_attr.new_zeros(num_nodes, edge_attr.size(1)).index_add_(
-        0, dst[inside], edge_attr[inside])
-    count = torch.bincount(dst[inside], minlength=num_nodes).clamp_min(1)
-    loop_attr = total / count.unsqueeze(-1).to(total.dtype)  # (N, D_e)
-    return new_index, torch.cat([edge_attr, loop_attr], dim=0)
+    return new_index, torch.cat([edge_attr, _loop_attr(edge_attr, edge_index[1], num_nodes,
+                                                       fill_value)], dim=0)
+
+
+def _loop_attr(edge_attr: Tensor, dst: Tensor, num_nodes: int,
+               fill_value: float | Tensor | str) -> Tensor:
+    """The self-loops' features ``[num_nodes, D_e]`` from the in-edges' ``edge_attr``."""
+    D = edge_attr.size(1)
+    if not isinstance(fill_value, str):
+        fill = torch.as_tensor(fill_value, dtype=edge_attr.dtype, device=edge_attr.device)
+        return fill.expand(num_nodes, D)  # (N, D_e)
+    inside = dst < num_nodes  # bipartite: loops only on the first num_nodes targets
+    dst, edge_attr = dst[inside], edge_attr[inside]
+    if fill_value == "mean":
+        total = edge_attr.new_zeros(num_nodes, D).index_add_(0, dst, edge_attr)
+        count = torch.bincount(dst, minlength=num_nodes).clamp_min(1)
+        return total / count.unsqueeze(-1).to(total.dtype)  # (N, D_e)
+    return edge_attr.new_zeros(num_nodes, D).scatter_reduce_(
+        0, dst.unsqueeze(-1).expand(-1, D), edge_attr, reduce=FILL_REDUCTIONS[fill_value],
+        include_self=False)  # (N, D_e); 0 where no edge comes in
 
 
 class DenseSelfAttention(_SelfAttentionBase):

@@ -36,7 +36,8 @@ def copy_gat_into(layer: GraphSelfAttention, gat: GATConv) -> None:
 
 
 def make_pair(in_channels, C, H, *, concat=True, edge_dim=None, seed=0, **options):
-    """GATConv and the layer with its weights; ``options``: ``negative_slope``, ``residual``."""
+    """GATConv and the layer with its weights; ``options``: ``negative_slope``, ``residual``,
+    ``fill_value``."""
     torch.manual_seed(seed)
     gat = GATConv(in_channels, C, H, concat=concat, edge_dim=edge_dim, **options).to(DTYPE)
     with torch.no_grad():
@@ -131,6 +132,22 @@ def test_matches_gatconv_with_residual_and_another_slope(graph_case, concat):
     x, _ = inputs(graph_case, F_src, F_dst, None)
     assert_agrees_with_pyg(layer, gat, x, graph_case.edge_index)
     assert_close(layer.res.weight.grad, gat.res.weight.grad)
+
+
+@pytest.mark.parametrize("fill_value", ["add", "max", "min", "mul", 0.5, "tensor"])
+def test_self_loop_features_follow_fill_value_like_gatconv(graph_case, fill_value):
+    if fill_value == "tensor":
+        fill_value = torch.tensor([0.5, -1.0, 2.0], dtype=DTYPE)
+    F_src, F_dst, C, H = 5, 4, 6, 2
+    in_channels = (F_src, F_dst) if graph_case.bipartite else F_src
+    layer, gat = make_pair(in_channels, C, H, edge_dim=3, fill_value=fill_value)
+    x, edge_attr = inputs(graph_case, F_src, F_dst, 3)
+    out, (ei, alpha) = layer(x, graph_case.edge_index, edge_attr, return_attention_weights=True)
+    ref, (ei_ref, alpha_ref) = gat(x, graph_case.edge_index, edge_attr,
+                                   return_attention_weights=True)
+    assert torch.equal(ei, ei_ref)
+    assert_close(alpha, alpha_ref)
+    assert_close(out, ref)
 
 
 def test_matches_gatconv_with_attention_dropout_in_eval_mode():

@@ -223,6 +223,9 @@ def test_errors_name_the_argument_and_value():
         GraphSelfAttention(4, 2, edge_dim=3)(torch.randn(2, 4), edge_index, torch.randn(2, 2))
     with pytest.raises(ValueError, match=r"x must have shape \[L, F\] or \[B, L, F\], got \[4\]"):
         DenseSelfAttention(4, 2)(torch.randn(4))
+    with pytest.raises(ValueError, match=r"fill_value must be a number, a tensor or one of "
+                                         r"\['mean', 'add', 'max', 'min', 'mul'\], got 'sum'"):
+        GraphSelfAttention(4, 2, edge_dim=3, fill_value="sum")
     with pytest.raises(ValueError, match="negative_slope must be a finite number, got nan"):
         GraphSelfAttention(4, 2, attention="additive", negative_slope=float("nan"))
     with pytest.raises(ValueError, match="negative_slope must be a finite number, got '0.1'"):
