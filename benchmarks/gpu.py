@@ -15,7 +15,7 @@ forward+backward of
 and the peak memory of each call (``torch.cuda.max_memory_allocated`` above the memory held
 before it). What does not fit is skipped with a printed reason. Before timing, the fused kernels
 are checked against the reference backend on the device (outputs and gradients, dot,
-additive and gatv2, with and without bias).
+additive and gatv2, with and without bias), eagerly and under ``torch.compile(fullgraph=True)``.
 
 Memory bandwidth of the fused forward kernel (CSR built outside the timing) is reported as a
 fraction of the device's peak HBM bandwidth, from the bytes a minimal kernel must move: read
