@@ -1,16 +1,17 @@
 """GraphSelfAttention against PyG's TransformerConv, GATConv and GATv2Conv on CPU: time and memory.
 
-Each PyG layer is compared with the GraphSelfAttention that computes the same kind of score:
-TransformerConv with ``attention="dot"`` (the default layer, output projection included),
-GATConv with ``"additive"`` and GATv2Conv with ``"gatv2"`` (both ``out_proj=False``, as the PyG
-layers have no output projection). One configuration for all layers: input dim 64, 8 heads x 8
-channels (concatenated, 64 outputs), fp32, projections included, on the same edge set with one
-self-loop per node (added once with ``torch_geometric.utils.add_remaining_self_loops``; the layers
-that add self-loops get ``add_self_loops=False`` so that none redoes it; TransformerConv has no
-such option).
+Each PyG layer is compared with the GraphSelfAttention that computes the same function
+(``out_proj=False``; the tests check each pair with copied weights): TransformerConv with
+``attention="dot", residual=True`` (its root weight is the residual), GATConv with
+``"additive"`` and GATv2Conv with ``"gatv2"``. One configuration for all layers: input dim 64,
+8 heads x 8 channels (concatenated, 64 outputs), fp32, projections included, on the same edge
+set with one self-loop per node (added once with ``torch_geometric.utils.add_remaining_self_loops``;
+the layers that add self-loops get ``add_self_loops=False`` so that none redoes it;
+TransformerConv has no such option).
 Features are random (the PubMed mirror has no feature file; only the graph matters here).
 Graphs: Cora, CiteSeer, PubMed, a uniform random graph with 100k nodes and 1M edges and one with
-1M nodes and 10M edges (plus the self-loops).
+1M nodes and 10M edges (plus the self-loops). Writes ``results/vs_pyg.md``, the numbers as
+``results/vs_pyg.csv`` and, with matplotlib, ``results/vs_pyg.png`` (time and memory by graph).
 
 Time: each graph runs in its own subprocess, where the six layers are interleaved (rotating
 order) after two warm-up calls each, and the median of the repeats is kept: the forward
@@ -32,6 +33,7 @@ peak is then extrapolated from two smaller graphs with the same node count (``--
 from __future__ import annotations
 
 import argparse
+import csv
 import ctypes
 import gc
 import json
@@ -412,6 +414,67 @@ def main() -> None:
         "",
     ]))
     print(f"wrote {output}")
+    records = []
+    for name, timing, memory in rows:
+        for layer in LAYERS:
+            t, peak = timing.get("layers", {}).get(layer, {}), memory[layer].get("peak")
+            records.append({"graph": name, "nodes": timing.get("num_nodes"),
+                            "edges": timing.get("num_edges"), "layer": layer,
+                            "forward_ms": None if t.get("forward") is None
+                            else 1e3 * t["forward"],
+                            "train_ms": None if t.get("train") is None else 1e3 * t["train"],
+                            "peak_mb": None if peak is None else peak / 2**20,
+                            "error": t.get("error") or memory[layer].get("error", "")})
+    table_csv = output.with_suffix(".csv")
+    with table_csv.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(records[0]))
+        writer.writeheader()
+        writer.writerows(records)
+    print(f"wrote {table_csv}")
+    plot(records, output.with_suffix(".png"))
+
+
+def plot(records: list[dict], path: Path) -> None:
+    """Bars of fwd+bwd time and peak memory per graph, each PyG layer beside its counterpart
+    (log scale; a PyG layer out of memory is marked "OOM")."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot")
+        return
+    graphs = list(dict.fromkeys(r["graph"] for r in records))
+    value = {(r["graph"], r["layer"]): r for r in records}
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+    width = 0.8 / len(LAYERS)
+    colours = {"dot": "tab:blue", "additive": "tab:orange", "gatv2": "tab:green"}
+    for ax, key, label in ((axes[0], "train_ms", "forward+backward (ms)"),
+                           (axes[1], "peak_mb", "peak memory of a step (MB)")):
+        missing = []  # (x) of bars without a value: out of memory
+        for n, layer in enumerate(LAYERS):
+            ours = layer.startswith("GraphSelfAttention")
+            score = layer.split()[1] if ours else COUNTERPART[layer].split()[1]
+            xs = [g + (n - (len(LAYERS) - 1) / 2) * width for g in range(len(graphs))]
+            ys = [value[(g, layer)][key] for g in graphs]
+            ax.bar(xs, [y or 0.0 for y in ys], width, color=colours[score],
+                   alpha=1.0 if ours else 0.45, hatch="" if ours else "//", label=layer)
+            missing += [x for x, y in zip(xs, ys, strict=True) if y is None]
+        ax.set_yscale("log")
+        for x in missing:
+            ax.text(x, ax.get_ylim()[0], "OOM", rotation=90, ha="center", va="bottom",
+                    fontsize=7)
+        ax.set_ylabel(label)
+        ax.set_xticks(range(len(graphs)), graphs, fontsize=8)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(LAYERS), fontsize=8)
+    fig.suptitle("GraphSelfAttention (solid) vs the PyG layer computing the same function "
+                 f"(hatched), CPU, {HEADS} heads x {CHANNELS} channels")
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":
