@@ -71,7 +71,7 @@ class _SelfAttentionBase(torch.nn.Module):
         out_dim = H * C if concat else C
         self.lin_out = Linear(out_dim, out_dim, bias=bias) if out_proj else None
         self.residual = bool(residual)
-        self.res = _linear(in_dst, out_dim, bias=False) if residual else None
+        self.res = _linear(in_dst, out_dim, bias) if residual else None
 
     def reset_parameters(self) -> None:
         """Glorot-uniform weights and zero biases, as ``torch.nn.MultiheadAttention`` does.
@@ -198,9 +198,9 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         share_weights (bool, optional): one projection for targets and sources: ``lin_k`` is
             ``lin_q`` (as ``GATv2Conv(share_weights=True)``; needs ``F_src = F_dst``).
             (default: ``False``)
-        residual (bool, optional): add a skip connection ``res = Linear(F_dst, out, bias=False)``
-            of the target's own features to the output, as ``GATConv(residual=True)`` does
-            (and ``TransformerConv``'s ``lin_skip``, whose bias here is ``lin_v``'s).
+        residual (bool, optional): add a skip connection ``res = Linear(F_dst, out)`` of the
+            target's own features to the output (with a bias when ``bias``), as
+            ``GATConv(residual=True)`` does and ``TransformerConv``'s ``lin_skip``.
             (default: ``False``)
 
     Shapes:
@@ -407,8 +407,8 @@ class DenseSelfAttention(_SelfAttentionBase):
             :math:`v_j`), as the GAT reference code drops :math:`W x_j`. (default: ``0.0``)
         bias (bool, optional): biases in the projections. (default: ``True``)
         out_proj (bool, optional): apply ``lin_out``. (default: ``True``)
-        residual (bool, optional): add ``res(x)``, a ``Linear(F, out, bias=False)`` of each
-            position's own features, to the output. (default: ``False``)
+        residual (bool, optional): add ``res(x)``, a ``Linear(F, out)`` of each position's own
+            features (with a bias when ``bias``), to the output. (default: ``False``)
 
     Shapes:
         - **input:** x ``(L, F)`` or ``(B, L, F)``, mask bool ``(L, L)`` or ``(B, L, L)``

@@ -48,6 +48,7 @@ def make_pair(in_channels, C, H, *, concat=True, edge_dim=None, seed=0, **option
     if layer.res is not None:
         with torch.no_grad():
             layer.res.weight.copy_(gat.res.weight)
+            layer.res.bias.zero_()  # PyG's residual has no bias of its own
     return layer.eval(), gat.eval()
 
 

@@ -65,13 +65,14 @@ def test_residual_layers_load_across_and_agree_on_the_complete_graph():
     graph = GraphSelfAttention(F, C, heads=H, residual=True)
     dense = DenseSelfAttention(F, C, heads=H, residual=True)
     dense.load_state_dict(graph.state_dict())
-    assert graph.res.weight.shape == (H * C, F) and graph.res.bias is None
+    assert graph.res.weight.shape == (H * C, F) and graph.res.bias.shape == (H * C,)
     x = torch.randn(N, F)
     out = graph(x, complete_edges(N))
     assert_close(out, dense(x))
     plain = GraphSelfAttention(F, C, heads=H)
     plain.load_state_dict({k: v for k, v in graph.state_dict().items() if not k.startswith("res")})
-    assert_close(out, plain(x, complete_edges(N)) + x @ graph.res.weight.t())
+    assert_close(out, plain(x, complete_edges(N)) + graph.res(x))
+    assert GraphSelfAttention(F, C, residual=True, bias=False).res.bias is None
 
 
 def test_causal_graph_equals_dense_is_causal():
@@ -462,8 +463,7 @@ def test_to_hetero_sums_one_layer_per_edge_type():
 def test_dot_attention_with_residual_equals_transformerconv(case, concat):
     """``GraphSelfAttention(residual=True, out_proj=False, add_self_loops=False)`` is PyG's
     ``TransformerConv`` (``root_weight=True``, ``beta=False``) with copied weights: ``lin_skip``
-    is ``res``, and its bias moves into ``lin_v``'s (alpha sums to 1 over a target's edges; it is
-    zeroed here so that targets without edges agree too). Isolated targets get the skip term."""
+    is ``res``, bias included, so targets without edges agree too (they get the skip term)."""
     torch.manual_seed(0)
     dtype = torch.float64
     F_src, F_dst, H, C = 5, 4, 3, 6
@@ -472,12 +472,11 @@ def test_dot_attention_with_residual_equals_transformerconv(case, concat):
     layer = GraphSelfAttention(in_channels, C, heads=H, concat=concat, residual=True,
                                out_proj=False, add_self_loops=False).to(dtype)
     with torch.no_grad():
-        conv.lin_skip.bias.zero_()
+        conv.lin_skip.bias.normal_()  # zero-initialised: make it matter
         for ours, theirs in ((layer.lin_q, conv.lin_query), (layer.lin_k, conv.lin_key),
                              (layer.lin_v, conv.lin_value), (layer.res, conv.lin_skip)):
             ours.weight.copy_(theirs.weight)
-            if ours.bias is not None:
-                ours.bias.copy_(theirs.bias)
+            ours.bias.copy_(theirs.bias)
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(case.num_src, F_src, generator=gen, dtype=dtype)
     if case.bipartite:
@@ -486,3 +485,4 @@ def test_dot_attention_with_residual_equals_transformerconv(case, concat):
     for ours, theirs in ((layer.lin_q, conv.lin_query), (layer.lin_k, conv.lin_key),
                          (layer.lin_v, conv.lin_value), (layer.res, conv.lin_skip)):
         assert_close(ours.weight.grad, theirs.weight.grad)
+        assert_close(ours.bias.grad, theirs.bias.grad)

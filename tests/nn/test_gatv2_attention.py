@@ -44,6 +44,7 @@ def make_pair(in_channels, C, H, *, concat=True, backend="auto", seed=0, **optio
     if layer.res is not None:
         with torch.no_grad():
             layer.res.weight.copy_(conv.res.weight)
+            layer.res.bias.zero_()  # PyG's residual has no bias of its own
     return layer, conv
 
 
