@@ -161,6 +161,17 @@ def test_graph_transformer_compiles(attention):
     _assert_compiles_like_eager(model, inputs, backend="aot_eager")
 
 
+@pytest.mark.parametrize(("attention", "edge_mode"), [("dot", "key_value"), ("gatv2", "key")])
+def test_edge_features_in_keys_and_the_beta_gate_compile(attention, edge_mode):
+    """Edges as sources (one key per edge) and the gated residual, under the compiler."""
+    torch.manual_seed(0)
+    layer = GraphSelfAttention(16, 8, heads=2, attention=attention, edge_dim=3,
+                               edge_mode=edge_mode, residual=True, beta=True, dropout=0.2)
+    inputs = [(torch.randn(60, 16), ei, torch.randn(ei.size(1), 3))
+              for ei in (_graph(), _graph(num_edges=437, seed=2))]
+    _assert_compiles_like_eager(layer, inputs, backend="aot_eager")
+
+
 def test_layer_on_the_triton_backend_compiles(triton_interpreter):
     torch.manual_seed(0)
     layer = GraphSelfAttention(16, 8, heads=2, attention="gatv2", edge_dim=3, backend="triton")

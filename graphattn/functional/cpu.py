@@ -649,7 +649,7 @@ def _np(t: Tensor) -> np.ndarray:
 
 def _rows(t: Tensor) -> np.ndarray:
     """A contiguous ``[N, H, C]`` (or ``[N, H]``) tensor as the ``[N, H * C]`` array of a kernel."""
-    return t.detach().view(t.size(0), -1).numpy()
+    return t.detach().view(t.size(0), t.shape[1:].numel()).numpy()  # also for N = 0
 
 
 def _kernel_channels(q: Tensor, v: Tensor) -> tuple[int, int]:

@@ -158,7 +158,7 @@ def dense_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
         if T is None:
             attn_mask = mask | empty_rows.unsqueeze(-1)  # (N_dst, N_src); empty rows see all
         else:
-            attn_mask = T.view(-1, n_dst, n_src).to(q.dtype).masked_fill(
+            attn_mask = T.view(T.size(0), n_dst, n_src).to(q.dtype).masked_fill(
                 empty_rows.unsqueeze(-1), 0.0)  # (H or 1, N_dst, N_src)
         out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=attn_mask,
                                              scale=scale)  # (H, N_dst, C)
@@ -167,9 +167,12 @@ def dense_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
 
     if score == "dot":
         L = (q.transpose(0, 1) @ k.permute(1, 2, 0)) * scale  # (H, N_dst, N_src)
-        L = L.masked_fill(~mask, float("-inf")) if T is None else L + T.view(-1, n_dst, n_src)
+        if T is None:
+            L = L.masked_fill(~mask, float("-inf"))
+        else:
+            L = L + T.view(T.size(0), n_dst, n_src)
     else:  # the whole score is in T
-        L = T.view(-1, n_dst, n_src)  # (H, N_dst, N_src)
+        L = T.view(T.size(0), n_dst, n_src)  # (H, N_dst, N_src)
     L = L.masked_fill(empty_rows.unsqueeze(-1), 0.0)
     P = torch.softmax(L, dim=-1, dtype=_softmax_dtype(L.dtype)).to(v.dtype)  # (H, N_dst, N_src)
     alpha = None
@@ -181,7 +184,7 @@ def dense_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
     if dropout_mask is not None:
         kept = dropout_mask if share is None else dropout_mask * share  # (E, H)
         D = P.new_zeros(P.size(0), n_dst * n_src).index_add(1, pair, kept.t().to(P.dtype))
-        W = P * D.view(-1, n_dst, n_src)
+        W = P * D.view(D.size(0), n_dst, n_src)
     out = (W @ vh).transpose(0, 1)  # (N_dst, H, C)
     out = out.masked_fill(empty_rows.view(-1, 1, 1), 0.0)
     return out, alpha

@@ -49,7 +49,8 @@ class _SelfAttentionBase(torch.nn.Module):
 
     def __init__(self, in_channels: int | tuple[int, int], out_channels: int, heads: int,
                  concat: bool, dropout: float, bias: bool, out_proj: bool, score_channels: int,
-                 value_dropout: float = 0.0, residual: bool = False, **kwargs) -> None:
+                 value_dropout: float = 0.0, residual: bool = False, beta: bool = False,
+                 **kwargs) -> None:
         super().__init__(**kwargs)
         check_positive(heads, "heads")
         check_positive(out_channels, "out_channels")
@@ -72,6 +73,12 @@ class _SelfAttentionBase(torch.nn.Module):
         self.lin_out = Linear(out_dim, out_dim, bias=bias) if out_proj else None
         self.residual = bool(residual)
         self.res = _linear(in_dst, out_dim, bias) if residual else None
+        if beta and not residual:
+            raise ValueError("beta=True gates the residual term and needs residual=True, "
+                             f"got residual={residual!r}")
+        self.beta = bool(beta)
+        # the gate's weights w: beta_i = sigmoid(w . [o_i, r_i, o_i - r_i])
+        self.lin_beta = Linear(3 * out_dim, 1, bias=False) if beta else None
 
     def reset_parameters(self) -> None:
         """Glorot-uniform weights and zero biases, as ``torch.nn.MultiheadAttention`` does.
@@ -79,7 +86,7 @@ class _SelfAttentionBase(torch.nn.Module):
         Projections whose input size is still to be inferred (``in_channels=-1``) are
         initialised when the first call gives them their shape.
         """
-        for lin in (self.lin_q, self.lin_k, self.lin_v, self.lin_out, self.res):
+        for lin in (self.lin_q, self.lin_k, self.lin_v, self.lin_out, self.res, self.lin_beta):
             if lin is not None and not isinstance(lin, LazyLinear):
                 _glorot(lin)
 
@@ -109,10 +116,16 @@ class _SelfAttentionBase(torch.nn.Module):
 
     def _merge_heads(self, out: Tensor, x_dst: Tensor) -> Tensor:
         """``[..., H, C]`` -> ``[..., H*C]`` (concat) or ``[..., C]`` (mean), then ``lin_out``,
-        plus ``res(x_dst)`` with ``residual=True``."""
-        out = out.flatten(-2) if self.concat else out.mean(dim=-2)
+        plus ``res(x_dst)`` with ``residual=True`` (gated by ``lin_beta`` with ``beta=True``)."""
+        out = out.flatten(-2) if self.concat else out.mean(dim=-2)  # (..., D)
         out = out if self.lin_out is None else self.lin_out(out)
-        return out if self.res is None else out + self.res(x_dst)
+        if self.res is None:
+            return out
+        skip = self.res(x_dst)  # (..., D)
+        if self.lin_beta is None:
+            return out + skip
+        gate = torch.sigmoid(self.lin_beta(torch.cat([out, skip, out - skip], dim=-1)))  # (..., 1)
+        return gate * skip + (1 - gate) * out
 
     def _check_features(self, x: Tensor, lin: Linear, name: str) -> None:
         """Raise unless ``x`` is ``[N, F]`` with the ``F`` that ``lin`` takes."""
@@ -125,6 +138,7 @@ class _SelfAttentionBase(torch.nn.Module):
 
     def _repr_args(self) -> str:
         extra = ", residual=True" if self.residual else ""
+        extra += ", beta=True" if self.beta else ""
         return f"{self.in_channels}, {self.out_channels}, heads={self.heads}{extra}"
 
 
@@ -140,7 +154,9 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         x'_i = W^O \big\Vert_{h=1}^{H} \sum_{j \in \mathcal{N}(i)} \alpha_{ij} v_j
             \; \big[\, + \, W^R x_i \,\big]
 
-    (the last term with ``residual=True``).
+    (the last term with ``residual=True``; ``beta=True`` gates it). That is
+    ``edge_mode="bias"``; ``"key"`` and ``"key_value"`` put :math:`W^E e_{ij}` into
+    :math:`k_j` (and :math:`v_j`) instead.
 
     With ``attention="additive"`` the score is GAT's
     :math:`\mathrm{LeakyReLU}(a_l^\top W x_i + a_r^\top W x_j + w_h^\top e_{ij})` (slope
@@ -150,9 +166,9 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
     dynamic attention (Brody et al., 2022),
     :math:`a_h^\top \mathrm{LeakyReLU}(W^Q x_i + W^K x_j) + w_h^\top e_{ij}`, with an
     attention vector ``att`` :math:`[H, C]`; PyG's ``GATv2Conv`` is the case :math:`W^V = W^K`
-    (its edge features enter inside the LeakyReLU, here they add a score bias per head).
-    The fused backends compute it without any ``[E, H, C]`` tensor, which ``GATv2Conv`` keeps
-    for autograd. On the complete graph with self-loops, ``concat=True``,
+    (with ``edge_mode="key"`` its edge features enter inside the LeakyReLU, as in
+    ``GATv2Conv``). The fused backends compute it without any ``[E, H, C]`` tensor, which
+    ``GATv2Conv`` keeps for autograd. On the complete graph with self-loops, ``concat=True``,
     ``out_proj=True`` and ``bias=True``, the layer computes exactly what
     ``torch.nn.MultiheadAttention(H * C, H)`` computes.
 
@@ -184,8 +200,18 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             are replaced, with their features; for bipartite inputs the first
             ``min(N_src, N_dst)`` nodes).
             (default: ``True``)
-        edge_dim (int, optional): edge feature size; ``edge_attr`` then adds a per-head score
-            bias through ``lin_edge = Linear(edge_dim, H)``. (default: ``None``)
+        edge_dim (int, optional): edge feature size; ``edge_attr`` then enters as
+            ``edge_mode`` says. (default: ``None``)
+        edge_mode (str, optional): how edge features :math:`e_{ij}` enter, with ``edge_dim``:
+            ``"bias"`` adds :math:`w_h^\top e_{ij}` to the score of head h
+            (``lin_edge = Linear(edge_dim, H)``; ``GATConv``'s way, inside its LeakyReLU for
+            the additive score); ``"key"`` adds :math:`W^E e_{ij}` to the key,
+            :math:`k_{ij} = k_j + W^E e_{ij}` (``lin_edge = Linear(edge_dim, H * C)``; for
+            the gatv2 score this is ``GATv2Conv``'s way, inside the LeakyReLU);
+            ``"key_value"`` adds it to the key and the value, :math:`v_{ij} = v_j + W^E
+            e_{ij}` (``TransformerConv``'s way). ``"key"`` and ``"key_value"`` build one key
+            (and value) ``[E, H, C]`` per edge, as PyG does; they are for the dot and gatv2
+            scores. (default: ``"bias"``)
         fill_value (float or Tensor or str, optional): ``edge_attr`` of the added self-loops,
             as in PyG: ``"mean"``, ``"add"``, ``"max"``, ``"min"`` or ``"mul"`` of the target's
             other in-edge features (0 without any), or a constant. (default: ``"mean"``)
@@ -202,6 +228,11 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             target's own features to the output (with a bias when ``bias``), as
             ``GATConv(residual=True)`` does and ``TransformerConv``'s ``lin_skip``.
             (default: ``False``)
+        beta (bool, optional): with ``residual=True``, mix the attention output :math:`o_i`
+            and the residual :math:`r_i = W^R x_i` by a learned gate instead of adding them,
+            as ``TransformerConv(beta=True)``: :math:`\beta_i = \sigma(w^\top [o_i \Vert r_i
+            \Vert o_i - r_i])`, :math:`x'_i = \beta_i r_i + (1 - \beta_i) o_i`
+            (``lin_beta = Linear(3 * out, 1, bias=False)``). (default: ``False``)
 
     Shapes:
         - **input:** x ``(|V|, F)`` or ``((|V_src|, F_src), (|V_dst|, F_dst))``,
@@ -219,16 +250,23 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
                  attention: str = "dot", backend: str = "auto", value_dropout: float = 0.0,
                  negative_slope: float = 0.2, residual: bool = False,
                  share_weights: bool = False, fill_value: float | Tensor | str = "mean",
-                 ) -> None:
+                 edge_mode: str = "bias", beta: bool = False) -> None:
         if attention not in SCORES:
             raise ValueError(f"attention must be one of {SCORES}, got {attention!r}")
+        if edge_mode not in EDGE_MODES:
+            raise ValueError(f"edge_mode must be one of {EDGE_MODES}, got {edge_mode!r}")
+        if edge_mode != "bias" and attention == "additive":
+            raise ValueError(f"edge_mode={edge_mode!r} needs the dot or gatv2 score: the "
+                             f"additive score has one number per head, and edge_mode='bias' "
+                             f"already adds edge features inside its LeakyReLU, as GATConv "
+                             f"does; got attention={attention!r}")
         if backend != "auto" and backend not in BACKENDS:
             raise ValueError(f"backend must be 'auto' or one of {list(BACKENDS)}, "
                              f"got {backend!r}")
         super().__init__(in_channels, out_channels, heads, concat, dropout, bias, out_proj,
                          score_channels=1 if attention == "additive" else out_channels,
-                         value_dropout=value_dropout, residual=residual, aggr="add",
-                         node_dim=0)
+                         value_dropout=value_dropout, residual=residual, beta=beta,
+                         aggr="add", node_dim=0)
         if edge_dim is not None:
             check_positive(edge_dim, "edge_dim")
         check_finite(negative_slope, "negative_slope")
@@ -245,9 +283,11 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             self.lin_k = self.lin_q  # one module: its weights serve q_i and k_j
         self.add_self_loops = add_self_loops
         self.edge_dim = edge_dim
+        self.edge_mode = edge_mode
         self.attention = attention
         self.backend = backend
-        self.lin_edge = Linear(edge_dim, heads, bias=False) if edge_dim is not None else None
+        edge_out = heads if edge_mode == "bias" else heads * out_channels
+        self.lin_edge = Linear(edge_dim, edge_out, bias=False) if edge_dim is not None else None
         # gatv2's attention vector a, one per head
         self.att = (torch.nn.Parameter(torch.empty(heads, out_channels))
                     if attention == "gatv2" else None)
@@ -293,14 +333,19 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
                     self.training)  # (N_src, H, C)
         if self.attention == "additive":
             q, k = q.squeeze(-1), k.squeeze(-1)  # (N, H)
-        bias = None
+        bias, attn_index, backend = None, edge_index, self.backend
         if self.lin_edge is not None and edge_attr is not None:
-            bias = self.lin_edge(edge_attr)  # (E, H)
+            if self.edge_mode == "bias":
+                bias = self.lin_edge(edge_attr)  # (E, H)
+            else:
+                k, v, attn_index = self._edges_as_sources(k, v, edge_index, edge_attr)
+                if backend == "auto" and q.device.type == "cpu":
+                    backend = "cpu"  # one edge per source: density 1 / N_dst, never dense
         # edge_index was checked above and q, k, v are built to match it: skip the re-check.
-        result = edge_attention_unchecked(q, k, v, edge_index, scale=None, bias=bias,
+        result = edge_attention_unchecked(q, k, v, attn_index, scale=None, bias=bias,
                                           dropout_p=self.dropout, training=self.training,
                                           return_attention=return_attention_weights,
-                                          backend=self.backend, score=self.attention,
+                                          backend=backend, score=self.attention,
                                           negative_slope=self.negative_slope, att=self.att)
         if return_attention_weights:
             out, alpha = result
@@ -310,6 +355,24 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
                 return self._merge_heads(out, x_dst), (adj, alpha)  # alpha in entries' order
             return self._merge_heads(out, x_dst), (edge_index, alpha)
         return self._merge_heads(result, x_dst)  # (N_dst, H*C) or (N_dst, C)
+
+    def _edges_as_sources(self, k: Tensor, v: Tensor, edge_index: Tensor, edge_attr: Tensor,
+                          ) -> tuple[Tensor, Tensor, Tensor]:
+        """One key (and value) per edge, ``k_j + W^E e_ij``, for ``edge_mode="key"`` and
+        ``"key_value"``.
+
+        Edge e = (j -> i) becomes a source of its own: ``k'_e = k_j + W^E e_ij``, ``v'_e = v_j``
+        (``+ W^E e_ij`` for ``"key_value"``), and the graph the operator sees is e -> i. Each
+        target then attends over exactly its in-edges, in ``edge_index``'s order, through
+        whichever backend runs, and autograd carries the gradients back through the gather.
+        """
+        E = edge_index.size(1)
+        src, dst = edge_index
+        edge = self.lin_edge(edge_attr).view(E, self.heads, k.size(-1))  # (E, H, C)
+        k = k[src] + edge  # (E, H, C)
+        v = v[src] + edge if self.edge_mode == "key_value" else v[src]  # (E, H, C)
+        edge_ids = torch.arange(E, device=edge_index.device, dtype=edge_index.dtype)
+        return k, v, torch.stack([edge_ids, dst])  # (2, E): edge e -> its target
 
     def _check_edge_attr(self, edge_attr: Tensor | None, num_edges: int) -> Tensor | None:
         if edge_attr is None:
@@ -330,8 +393,14 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             extra += f", negative_slope={self.negative_slope}"
         if self.share_weights:
             extra += ", share_weights=True"
+        if self.edge_dim is not None:
+            extra += f", edge_dim={self.edge_dim}"
+            extra += "" if self.edge_mode == "bias" else f", edge_mode={self.edge_mode!r}"
         return f"{self.__class__.__name__}({self._repr_args()}{extra})"
 
+
+# how edge features enter the attention (GraphSelfAttention's edge_mode)
+EDGE_MODES = ("bias", "key", "key_value")
 
 # fill_value names of PyG's self-loop attributes -> the reduction over a target's in-edges
 FILL_REDUCTIONS = {"mean": "mean", "add": "sum", "max": "amax", "min": "amin", "mul": "prod"}
@@ -409,6 +478,8 @@ class DenseSelfAttention(_SelfAttentionBase):
         out_proj (bool, optional): apply ``lin_out``. (default: ``True``)
         residual (bool, optional): add ``res(x)``, a ``Linear(F, out)`` of each position's own
             features (with a bias when ``bias``), to the output. (default: ``False``)
+        beta (bool, optional): gate the residual as :class:`GraphSelfAttention` does.
+            (default: ``False``)
 
     Shapes:
         - **input:** x ``(L, F)`` or ``(B, L, F)``, mask bool ``(L, L)`` or ``(B, L, L)``
@@ -419,10 +490,10 @@ class DenseSelfAttention(_SelfAttentionBase):
     def __init__(self, in_channels: int, out_channels: int, heads: int = 1, *,
                  concat: bool = True, dropout: float = 0.0, bias: bool = True,
                  out_proj: bool = True, value_dropout: float = 0.0,
-                 residual: bool = False) -> None:
+                 residual: bool = False, beta: bool = False) -> None:
         super().__init__(in_channels, out_channels, heads, concat, dropout, bias, out_proj,
                          score_channels=out_channels, value_dropout=value_dropout,
-                         residual=residual)
+                         residual=residual, beta=beta)
         self.reset_parameters()
 
     def forward(self, x: Tensor, mask: Tensor | None = None, is_causal: bool = False,

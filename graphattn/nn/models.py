@@ -159,18 +159,24 @@ class GraphTransformer(torch.nn.Module):
         attention (str, optional): ``"dot"``, ``"additive"`` or ``"gatv2"``.
             (default: ``"dot"``)
         backend (str, optional): edge-attention backend. (default: ``"auto"``)
+        edge_dim (int, optional): size of the edge features passed to ``forward`` as
+            ``edge_attr``; every attention layer takes them as ``edge_mode`` says.
+            (default: ``None``)
+        edge_mode (str, optional): ``"bias"``, ``"key"`` or ``"key_value"``, as in
+            :class:`GraphSelfAttention`. (default: ``"bias"``)
 
     Shapes:
         - **input:** x ``(|V|, F)``, edge_index ``(2, |E|)`` or a sparse adjacency adj_t
           ``(|V|, |V|)``, pe ``(|V|, P)`` (when
-          ``pe_channels > 0``)
+          ``pe_channels > 0``), edge_attr ``(|E|, D_e)`` (when ``edge_dim`` is set)
         - **output:** ``(|V|, out_channels)``
     """
 
     def __init__(self, in_channels: int, hidden_channels: int, out_channels: int,
                  num_layers: int = 2, heads: int = 4, *, pe_channels: int = 0,
                  dropout: float = 0.5, attention_dropout: float | None = None,
-                 ffn_ratio: int = 2, attention: str = "dot", backend: str = "auto") -> None:
+                 ffn_ratio: int = 2, attention: str = "dot", backend: str = "auto",
+                 edge_dim: int | None = None, edge_mode: str = "bias") -> None:
         super().__init__()
         check_in_channels(in_channels)
         for value, name in ((hidden_channels, "hidden_channels"),
@@ -193,7 +199,8 @@ class GraphTransformer(torch.nn.Module):
         self.attn_norms = torch.nn.ModuleList(LayerNorm(D) for _ in range(num_layers))
         self.attns = torch.nn.ModuleList(
             GraphSelfAttention(D, D // heads, heads, dropout=attention_dropout,
-                               attention=attention, backend=backend)
+                               attention=attention, backend=backend, edge_dim=edge_dim,
+                               edge_mode=edge_mode)
             for _ in range(num_layers))
         self.ffn_norms = torch.nn.ModuleList(LayerNorm(D) for _ in range(num_layers))
         self.ffns = torch.nn.ModuleList(
@@ -209,7 +216,8 @@ class GraphTransformer(torch.nn.Module):
             if module is not self and hasattr(module, "reset_parameters"):
                 module.reset_parameters()
 
-    def forward(self, x: Tensor, edge_index: Tensor, pe: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, edge_index: Tensor, pe: Tensor | None = None,
+                edge_attr: Tensor | None = None) -> Tensor:
         """Outputs of every node; see the class docstring for shapes."""
         if self.pe_channels > 0:
             if pe is None or pe.dim() != 2 or tuple(pe.shape) != (x.size(0), self.pe_channels):
@@ -224,6 +232,7 @@ class GraphTransformer(torch.nn.Module):
             h = h + self.lin_pe(pe.to(h.dtype))  # (N, D)
         for attn_norm, attn, ffn_norm, ffn in zip(self.attn_norms, self.attns, self.ffn_norms,
                                                   self.ffns, strict=True):
-            h = h + dropout(attn(attn_norm(h), edge_index), self.dropout, self.training)
+            h = h + dropout(attn(attn_norm(h), edge_index, edge_attr), self.dropout,
+                            self.training)
             h = h + dropout(ffn(ffn_norm(h)), self.dropout, self.training)
         return self.lin_out(self.norm_out(h))  # (N, out_channels)

@@ -188,3 +188,23 @@ def test_errors_name_the_argument_and_value():
         edge_attention(q, k, v, good, score="cosine")
     with pytest.raises(ValueError, match="all inputs must be on one device.*meta"):
         edge_attention(q, k, v, good.to("meta"))
+
+
+@pytest.mark.parametrize("score", ["dot", "additive", "gatv2"])
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_no_source_nodes_gives_zero_output_and_gradients(backend, score):
+    """N_src = 0 (a bipartite graph whose source side is empty, or a layer's edges-as-sources
+    graph without edges): every target gets 0, weights and gradients are empty or zero."""
+    gen = torch.Generator().manual_seed(0)
+    qk_shape = (2,) if score == "additive" else (2, 4)
+    q = torch.randn(3, *qk_shape, generator=gen).requires_grad_()
+    k = torch.randn(0, *qk_shape).requires_grad_()
+    v = torch.randn(0, 2, 4).requires_grad_()
+    att = torch.randn(2, 4, generator=gen) if score == "gatv2" else None
+    no_edges = torch.empty(2, 0, dtype=torch.long)
+    out, alpha = edge_attention(q, k, v, no_edges, bias=torch.zeros(0, 2), backend=backend,
+                                score=score, att=att, dropout_p=0.5, return_attention=True)
+    assert out.shape == (3, 2, 4) and (out == 0).all()
+    assert alpha.shape == (0, 2)
+    out.sum().backward()
+    assert (q.grad == 0).all() and k.grad.shape == k.shape and v.grad.shape == v.shape

@@ -177,6 +177,14 @@ def test_fully_masked_row_gives_zero_without_nan(interpreter, score):
     assert (got["out"][1] == 0).all() and (got["alpha"][:3] == 0).all()
 
 
+@needs_triton
+@pytest.mark.parametrize("score", attention.SCORES)
+def test_no_source_nodes_gives_zero(interpreter, score):
+    inputs = make_inputs(0, 3, 0, 2, 8, score=score)
+    got = check_against_reference(inputs, torch.empty(2, 0, dtype=torch.long), score=score)
+    assert (got["out"] == 0).all() and got["dk"].shape[0] == 0
+
+
 def test_kernels_use_no_atomics():
     """Each program owns the rows it writes: no atomics, so gradients are deterministic."""
     source = Path(tk.__file__).with_name("_triton_jit.py").read_text()

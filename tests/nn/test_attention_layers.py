@@ -486,3 +486,92 @@ def test_dot_attention_with_residual_equals_transformerconv(case, concat):
                          (layer.lin_v, conv.lin_value), (layer.res, conv.lin_skip)):
         assert_close(ours.weight.grad, theirs.weight.grad)
         assert_close(ours.bias.grad, theirs.bias.grad)
+
+
+@pytest.mark.parametrize("concat", [True, False], ids=["concat", "mean"])
+@pytest.mark.parametrize("case", GRAPHS, ids=lambda g: g.name)
+def test_edge_features_in_keys_and_values_and_beta_equal_transformerconv(case, concat):
+    """``edge_mode="key_value"`` and ``beta=True`` are ``TransformerConv(edge_dim=D,
+    beta=True)`` with copied weights: ``W^E e_ij`` joins k_j and v_j, and the gate
+    ``sigmoid(w . [o, r, o - r])`` mixes the output and the skip term."""
+    torch.manual_seed(0)
+    dtype = torch.float64
+    F_src, F_dst, H, C, D = 5, 4, 3, 6, 2
+    in_channels = (F_src, F_dst) if case.bipartite else F_src
+    conv = TransformerConv(in_channels, C, heads=H, concat=concat, edge_dim=D,
+                           beta=True).to(dtype)
+    layer = GraphSelfAttention(in_channels, C, heads=H, concat=concat, residual=True,
+                               out_proj=False, add_self_loops=False, edge_dim=D,
+                               edge_mode="key_value", beta=True).to(dtype)
+    pairs = ((layer.lin_q, conv.lin_query), (layer.lin_k, conv.lin_key),
+             (layer.lin_v, conv.lin_value), (layer.res, conv.lin_skip),
+             (layer.lin_edge, conv.lin_edge), (layer.lin_beta, conv.lin_beta))
+    with torch.no_grad():
+        conv.lin_skip.bias.normal_()  # zero-initialised: make it matter
+        for ours, theirs in pairs:
+            ours.weight.copy_(theirs.weight)
+            if theirs.bias is not None:
+                ours.bias.copy_(theirs.bias)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(case.num_src, F_src, generator=gen, dtype=dtype)
+    if case.bipartite:
+        x = (x, torch.randn(case.num_dst, F_dst, generator=gen, dtype=dtype))
+    edge_attr = torch.randn(case.edge_index.size(1), D, generator=gen, dtype=dtype)
+    assert_agrees_with_pyg(layer, conv, x, case.edge_index, edge_attr)
+    for ours, theirs in pairs:
+        assert_close(ours.weight.grad, theirs.weight.grad)
+
+
+def test_edge_features_in_keys_by_hand():
+    """``edge_mode="key"`` with the dot score: s_ij = q_i . (k_j + W^E e_ij) / sqrt(C) and
+    out_i = sum_j alpha_ij v_j, written out per target; values carry no edge term."""
+    case = next(g for g in GRAPHS if g.name == "multi-edges")
+    torch.manual_seed(0)
+    dtype = torch.float64
+    H, C = 2, 4
+    layer = GraphSelfAttention(5, C, H, edge_dim=3, edge_mode="key", out_proj=False,
+                               add_self_loops=False).to(dtype)
+    n, (src, dst) = case.num_src, case.edge_index
+    x = torch.randn(n, 5, dtype=dtype)
+    edge_attr = torch.randn(src.numel(), 3, dtype=dtype)
+    out, (_, alpha) = layer(x, case.edge_index, edge_attr, return_attention_weights=True)
+    q, k, v = (lin(x).view(n, H, C) for lin in (layer.lin_q, layer.lin_k, layer.lin_v))
+    edge = (edge_attr @ layer.lin_edge.weight.t()).view(-1, H, C)
+    for target in range(n):
+        edges = (dst == target).nonzero().view(-1)
+        if edges.numel() == 0:
+            assert (out[target] == 0).all()
+            continue
+        s = (q[target] * (k[src[edges]] + edge[edges])).sum(-1) / C**0.5  # (deg, H)
+        a = torch.softmax(s, dim=0)
+        assert_close(alpha[edges], a)
+        assert_close(out[target], (a[..., None] * v[src[edges]]).sum(0).flatten())
+
+
+def test_beta_layers_load_across_and_agree_on_the_complete_graph():
+    """``beta=True`` gives both twins ``lin_beta``; the graph layer on the complete graph then
+    computes the dense layer's output, gate included."""
+    torch.manual_seed(0)
+    N, F, H, C = 7, 5, 2, 3
+    graph = GraphSelfAttention(F, C, heads=H, residual=True, beta=True)
+    dense = DenseSelfAttention(F, C, heads=H, residual=True, beta=True)
+    dense.load_state_dict(graph.state_dict())
+    assert graph.lin_beta.weight.shape == (1, 3 * H * C)
+    x = torch.randn(N, F)
+    assert_close(graph(x, complete_edges(N)), dense(x))
+    assert_close(dense(x[None].expand(2, N, F)), dense(x)[None].expand(2, -1, -1))
+    assert repr(dense) == "DenseSelfAttention(5, 3, heads=2, residual=True, beta=True)"
+
+
+def test_edge_mode_and_beta_errors():
+    with pytest.raises(ValueError, match=r"edge_mode must be one of \('bias', 'key', "
+                                         r"'key_value'\), got 'values'"):
+        GraphSelfAttention(4, 2, edge_dim=3, edge_mode="values")
+    with pytest.raises(ValueError, match=r"edge_mode='key' needs the dot or gatv2 score.*"
+                                         r"got attention='additive'"):
+        GraphSelfAttention(4, 2, edge_dim=3, edge_mode="key", attention="additive")
+    with pytest.raises(ValueError, match=r"beta=True gates the residual term and needs "
+                                         r"residual=True, got residual=False"):
+        GraphSelfAttention(4, 2, beta=True)
+    assert repr(GraphSelfAttention(4, 2, edge_dim=3, edge_mode="key_value")) == (
+        "GraphSelfAttention(4, 2, heads=1, edge_dim=3, edge_mode='key_value')")

@@ -32,9 +32,11 @@ def copy_gatv2_into(layer: GraphSelfAttention, conv: GATv2Conv) -> None:
 
 def make_pair(in_channels, C, H, *, concat=True, backend="auto", seed=0, **options):
     """GATv2Conv and the layer with its weights; ``options``: ``negative_slope``,
-    ``residual``, ``share_weights``."""
+    ``residual``, ``share_weights``, ``edge_dim``, ``fill_value`` (and ``edge_mode``, ours
+    alone)."""
     torch.manual_seed(seed)
-    conv = GATv2Conv(in_channels, C, H, concat=concat, **options).to(DTYPE)
+    pyg_options = {k: v for k, v in options.items() if k != "edge_mode"}
+    conv = GATv2Conv(in_channels, C, H, concat=concat, **pyg_options).to(DTYPE)
     with torch.no_grad():  # GATv2Conv zero-initialises its biases: make them matter
         for b in (conv.bias, conv.lin_l.bias, conv.lin_r.bias):
             b.normal_()
@@ -188,3 +190,25 @@ def test_att_exists_only_for_gatv2_and_is_required_by_the_operator():
         edge_attention(q, k, v, ei, score="gatv2", att=torch.randn(2, 3))
     with pytest.raises(ValueError, match=r"att is used by score='gatv2' only, got score='dot'"):
         edge_attention(q, k, v, ei, att=torch.randn(2, 4))
+
+
+@pytest.mark.parametrize("fill_value", ["mean", 0.5])
+@pytest.mark.parametrize("backend", ["cpu", "reference"])
+def test_matches_gatv2conv_with_edge_features_inside_the_leaky_relu(graph_case, backend,
+                                                                      fill_value):
+    """``edge_mode="key"`` is ``GATv2Conv(edge_dim=D)``: a . LeakyReLU(q_i + k_j + W^E e_ij),
+    self-loops' features filled as ``fill_value`` says."""
+    F_src, F_dst, D = 5, 4, 3
+    bipartite = graph_case.bipartite
+    layer, conv = make_pair((F_src, F_dst) if bipartite else F_src, 6, 2, backend=backend,
+                            edge_dim=D, edge_mode="key", fill_value=fill_value)
+    with torch.no_grad():
+        layer.lin_edge.weight.copy_(conv.lin_edge.weight)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(graph_case.num_src, F_src, generator=gen, dtype=DTYPE)
+    if bipartite:
+        x = (x, torch.randn(graph_case.num_dst, F_dst, generator=gen, dtype=DTYPE))
+    edge_attr = torch.randn(graph_case.edge_index.size(1), D, generator=gen, dtype=DTYPE)
+    assert_agrees_with_pyg(layer, conv, x, graph_case.edge_index, edge_attr)
+    assert_close(layer.lin_edge.weight.grad, conv.lin_edge.weight.grad)
+    assert_close(layer.att.grad, conv.att.grad[0])

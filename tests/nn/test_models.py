@@ -167,6 +167,24 @@ def test_graph_transformer_pe_checks_and_gradients():
     assert plain(x.to_sparse_csr(), ei).shape == (10, 2)
 
 
+@pytest.mark.parametrize("edge_mode", ["bias", "key_value"])
+def test_graph_transformer_takes_edge_features_in_every_layer(edge_mode):
+    """Every block's attention gets ``edge_attr``; shuffling the edges together with their
+    features changes nothing."""
+    torch.manual_seed(0)
+    x, ei = torch.randn(10, 6), random_graph(10, 30)
+    edge_attr = torch.randn(ei.size(1), 3)
+    model = GraphTransformer(6, 8, 2, num_layers=2, heads=2, edge_dim=3,
+                             edge_mode=edge_mode).eval()
+    out = model(x, ei, edge_attr=edge_attr)
+    perm = torch.randperm(ei.size(1), generator=torch.Generator().manual_seed(1))
+    assert_close(model(x, ei[:, perm], edge_attr=edge_attr[perm]), out)
+    assert not torch.allclose(model(x, ei, edge_attr=edge_attr.flip(0)), out)
+    out.square().sum().backward()
+    assert all(attn.lin_edge.weight.grad.abs().sum() > 0 for attn in model.attns)
+    assert model.attns[0].edge_mode == edge_mode
+
+
 def test_example_trains_gat_on_cora_smoke(tmp_path, capsys):
     """A few epochs of the example end to end: training, early-stopping bookkeeping, table, PNG."""
     from test_datasets import PARTS, source_dir
