@@ -13,6 +13,12 @@ Graphs: Cora, CiteSeer, PubMed, a uniform random graph with 100k nodes and 1M ed
 1M nodes and 10M edges (plus the self-loops). Writes ``results/vs_pyg.md``, the numbers as
 ``results/vs_pyg.csv`` and, with matplotlib, ``results/vs_pyg.png`` (time and memory by graph).
 
+``--edge-dim D`` gives every edge D random features and every layer ``edge_dim=D``, each pair
+still computing the same function: TransformerConv's edge features (added to keys and values)
+against ``edge_mode="key_value"``, GATv2Conv's (inside the LeakyReLU) against ``"key"``,
+GATConv's (a score term per head) against ``"bias"``. Its tables go to
+``results/vs_pyg_edge_features.*``.
+
 Time: each graph runs in its own subprocess, where the six layers are interleaved (rotating
 order) after two warm-up calls each, and the median of the repeats is kept: the forward
 (inference, ``torch.no_grad``) and the training step (forward, ``out.sum().backward()``).
@@ -90,8 +96,10 @@ CASES = {c.name: c for c in (
 LARGEST = "random-1M-10M"
 
 
-def make_graph(case: Case, root: str | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Features ``[N, 64]`` and ``edge_index`` with one self-loop per node."""
+def make_graph(case: Case, root: str | None, edge_dim: int = 0,
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Features ``[N, 64]``, ``edge_index`` with one self-loop per node and, with ``edge_dim``,
+    edge features ``[E, edge_dim]``."""
     gen = torch.Generator().manual_seed(0)
     if case.dataset is not None:
         data = load_planetoid(case.dataset, root, structure_only=True)
@@ -101,32 +109,43 @@ def make_graph(case: Case, root: str | None) -> tuple[torch.Tensor, torch.Tensor
         edge_index = torch.randint(0, num_nodes, (2, case.num_edges), generator=gen)
     edge_index, _ = add_remaining_self_loops(edge_index, num_nodes=num_nodes)
     x = torch.randn(num_nodes, IN_CHANNELS, generator=gen)
-    return x, edge_index
+    edge_attr = (torch.randn(edge_index.size(1), edge_dim, generator=gen) if edge_dim > 0
+                 else None)
+    return x, edge_index, edge_attr
 
 
-def make_layer(name: str) -> torch.nn.Module:
+# each score -> how the PyG layer with that score takes edge features
+EDGE_MODE = {"dot": "key_value", "additive": "bias", "gatv2": "key"}
+
+
+def make_layer(name: str, edge_dim: int = 0) -> torch.nn.Module:
     torch.manual_seed(0)
+    edge = {"edge_dim": edge_dim} if edge_dim > 0 else {}
     if name.startswith("GraphSelfAttention"):
         attention = name.split()[1]
         # each the same function as its PyG counterpart (tests/nn): TransformerConv's root
         # weight is the dot layer's residual
+        if edge:
+            edge["edge_mode"] = EDGE_MODE[attention]
         return GraphSelfAttention(IN_CHANNELS, CHANNELS, heads=HEADS, add_self_loops=False,
                                   attention=attention, out_proj=False,
-                                  residual=attention == "dot")
+                                  residual=attention == "dot", **edge)
     if name == "TransformerConv":
-        return TransformerConv(IN_CHANNELS, CHANNELS, heads=HEADS)
+        return TransformerConv(IN_CHANNELS, CHANNELS, heads=HEADS, **edge)
     conv = GATConv if name == "GATConv" else GATv2Conv
-    return conv(IN_CHANNELS, CHANNELS, heads=HEADS, add_self_loops=False)
+    return conv(IN_CHANNELS, CHANNELS, heads=HEADS, add_self_loops=False, **edge)
 
 
-def forward(layer: torch.nn.Module, x: torch.Tensor, edge_index: torch.Tensor) -> None:
+def forward(layer: torch.nn.Module, x: torch.Tensor, edge_index: torch.Tensor,
+            edge_attr: torch.Tensor | None = None) -> None:
     with torch.no_grad():
-        layer(x, edge_index)
+        layer(x, edge_index, edge_attr)
 
 
-def train_step(layer: torch.nn.Module, x: torch.Tensor, edge_index: torch.Tensor) -> None:
+def train_step(layer: torch.nn.Module, x: torch.Tensor, edge_index: torch.Tensor,
+               edge_attr: torch.Tensor | None = None) -> None:
     layer.zero_grad(set_to_none=True)
-    layer(x, edge_index).sum().backward()
+    layer(x, edge_index, edge_attr).sum().backward()
 
 
 def is_out_of_memory(err: BaseException) -> bool:
@@ -137,17 +156,17 @@ def is_out_of_memory(err: BaseException) -> bool:
 # Workers (each in its own subprocess)
 
 
-def time_worker(case: Case, root: str | None, repeats: int) -> dict:
+def time_worker(case: Case, root: str | None, repeats: int, edge_dim: int = 0) -> dict:
     """Interleaved medians of the forward and the training step of every layer on one graph."""
-    x, edge_index = make_graph(case, root)
-    layers = {name: make_layer(name) for name in LAYERS}
+    x, edge_index, edge_attr = make_graph(case, root, edge_dim)
+    layers = {name: make_layer(name, edge_dim) for name in LAYERS}
     result: dict = {"num_nodes": x.size(0), "num_edges": edge_index.size(1), "layers": {}}
     times: dict[str, dict[str, list[float]]] = {n: {"forward": [], "train": []} for n in layers}
     for name, layer in list(layers.items()):
         try:
             for _ in range(2):
-                forward(layer, x, edge_index)
-                train_step(layer, x, edge_index)
+                forward(layer, x, edge_index, edge_attr)
+                train_step(layer, x, edge_index, edge_attr)
         except (RuntimeError, MemoryError) as err:
             if not is_out_of_memory(err):
                 raise
@@ -160,7 +179,7 @@ def time_worker(case: Case, root: str | None, repeats: int) -> dict:
         for name in names:
             for kind, fn in (("forward", forward), ("train", train_step)):
                 t0 = time.perf_counter()
-                fn(layers[name], x, edge_index)
+                fn(layers[name], x, edge_index, edge_attr)
                 times[name][kind].append(time.perf_counter() - t0)
     for name in layers:
         result["layers"][name] = {kind: statistics.median(ts) for kind, ts in
@@ -176,22 +195,23 @@ def _status_bytes(key: str) -> int:
     raise OSError(f"/proc/self/status has no {key}")
 
 
-def memory_worker(case: Case, root: str | None, layer_name: str) -> dict:
+def memory_worker(case: Case, root: str | None, layer_name: str, edge_dim: int = 0) -> dict:
     """Peak resident memory of one training step above the memory before it."""
     libc = ctypes.CDLL("libc.so.6")
     m_trim_threshold, m_mmap_threshold = -1, -3
     libc.mallopt(m_mmap_threshold, 256 * 1024)
     libc.mallopt(m_trim_threshold, 256 * 1024)
-    x, edge_index = make_graph(case, root)
-    layer = make_layer(layer_name)
+    x, edge_index, edge_attr = make_graph(case, root, edge_dim)
+    layer = make_layer(layer_name, edge_dim)
     ring = torch.arange(1000)  # sparse enough for backend="auto" to pick the sparse kernels
-    train_step(layer, x[:1000], torch.stack([ring, ring.roll(1)]))
+    train_step(layer, x[:1000], torch.stack([ring, ring.roll(1)]),
+               None if edge_attr is None else edge_attr[:1000])
     gc.collect()
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # reset VmHWM to the current resident set size
     start = _status_bytes("VmRSS")
     try:
-        train_step(layer, x, edge_index)
+        train_step(layer, x, edge_index, edge_attr)
     except (RuntimeError, MemoryError) as err:
         if not is_out_of_memory(err):
             raise
@@ -202,7 +222,7 @@ def memory_worker(case: Case, root: str | None, layer_name: str) -> dict:
 
 def compile_worker() -> dict:
     """numba's compile time (empty cache) or load time (warm cache) for the fp32 kernels."""
-    x, edge_index = make_graph(Case("tiny", num_nodes=100, num_edges=500), None)
+    x, edge_index, _ = make_graph(Case("tiny", num_nodes=100, num_edges=500), None)
     layer = make_layer(LAYERS[0])
     t0 = time.perf_counter()
     train_step(layer, x, edge_index)
@@ -269,7 +289,11 @@ def main() -> None:
     parser.add_argument("--root", default=None,
                         help="root of the Planetoid raw files (default: load_planetoid's; "
                              "missing files are downloaded)")
-    parser.add_argument("--output", default=str(Path(__file__).parent / "results" / "vs_pyg.md"))
+    parser.add_argument("--edge-dim", type=int, default=0,
+                        help="edge features per edge; 0 for none (default: 0)")
+    parser.add_argument("--output", default=None,
+                        help="table path (default: results/vs_pyg.md, or "
+                             "results/vs_pyg_edge_features.md with --edge-dim)")
     parser.add_argument("--worker", choices=["time", "memory", "compile"], help=argparse.SUPPRESS)
     parser.add_argument("--case", help=argparse.SUPPRESS)
     parser.add_argument("--layer", help=argparse.SUPPRESS)
@@ -282,9 +306,10 @@ def main() -> None:
             case = Case(f"probe-{args.num_edges}", num_nodes=CASES[LARGEST].num_nodes,
                         num_edges=args.num_edges)
         if args.worker == "time":
-            result = time_worker(case, args.root, max(1, round(case.repeats * args.repeats)))
+            result = time_worker(case, args.root, max(1, round(case.repeats * args.repeats)),
+                                 args.edge_dim)
         elif args.worker == "memory":
-            result = memory_worker(case, args.root, args.layer)
+            result = memory_worker(case, args.root, args.layer, args.edge_dim)
         else:
             result = compile_worker()
         print(json.dumps(result))
@@ -303,7 +328,7 @@ def main() -> None:
     ]
     for line in header:
         print(line)
-    common = ["--root", args.root] if args.root else []
+    common = (["--root", args.root] if args.root else []) + ["--edge-dim", str(args.edge_dim)]
 
     with tempfile.TemporaryDirectory() as cache_dir:
         env = {**os.environ, "NUMBA_CACHE_DIR": cache_dir}
@@ -339,7 +364,8 @@ def main() -> None:
             for num_edges in args.probe_edges:
                 print(f"probe {num_edges} edges: peak memory of {layer} ...", flush=True)
                 probe = run_worker(["--worker", "memory", "--case", LARGEST, "--layer", layer,
-                                    "--num-edges", str(num_edges)], args.memory_limit)
+                                    "--num-edges", str(num_edges), *common],
+                                   args.memory_limit)
                 if "error" not in probe:
                     points.append((probe["num_edges"], probe["peak"], probe["inputs"]))
             if len(points) >= 2:
@@ -391,7 +417,11 @@ def main() -> None:
     for line in probe_lines:
         print(line)
 
-    output = Path(args.output)
+    name = "vs_pyg_edge_features.md" if args.edge_dim > 0 else "vs_pyg.md"
+    output = Path(args.output or Path(__file__).parent / "results" / name)
+    edge_line = (f"Every edge has {args.edge_dim} random features, every layer `edge_dim="
+                 f"{args.edge_dim}`: TransformerConv against `edge_mode=\"key_value\"`, "
+                 "GATv2Conv against `\"key\"`, GATConv against `\"bias\"`.")
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text("\n".join([
         "# GraphSelfAttention vs PyG (TransformerConv, GATConv, GATv2Conv) on CPU",
@@ -407,6 +437,7 @@ def main() -> None:
         "layer: below 1 favours GraphSelfAttention. Each pair computes the same function "
         "(`out_proj=False`; the dot layer with `residual=True`, TransformerConv's root weight), "
         "as the tests check with copied weights.",
+        *(["", edge_line] if args.edge_dim > 0 else []),
         "",
         *table,
         "",
