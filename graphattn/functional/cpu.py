@@ -703,7 +703,8 @@ def _backward_impl(grad_out: Tensor, grad_alpha: Tensor | None, q: Tensor, k: Te
     grad_q = torch.empty_like(q)
     grad_bias = q.new_empty(0) if bias is None else torch.empty_like(bias)  # (0,): not asked
     # gatv2: each target's share of d att, (N_dst, H * C), summed below
-    att_shares = np.empty((q.size(0), q[0].numel()) if att is not None else (1, 1), dtype=real)
+    att_shares = np.empty((q.size(0), q.shape[1:].numel()) if att is not None else (1, 1),
+                          dtype=real)
     colptr, csc_position, target = _csc(rowptr, src, k.size(0))
     grad_key = torch.empty(perm.shape[0], v.size(1), dtype=v.dtype)  # (E, H) CSC order
     weight = torch.empty(perm.shape[0], v.size(1), dtype=v.dtype)  # (E, H) CSC order

@@ -327,8 +327,9 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
                 trace_key=(id(self) >> 4) % 2**31 if torch.compiler.is_compiling() else 0)
 
         q, k, v = self._project(x_src, x_dst)
-        q = q.view(N_dst, H, -1)  # (N_dst, H, C) or (N_dst, H, 1)
-        k = k.view(N_src, H, -1)  # (N_src, H, C) or (N_src, H, 1)
+        score_channels = 1 if self.attention == "additive" else C
+        q = q.view(N_dst, H, score_channels)  # (N_dst, H, C) or (N_dst, H, 1)
+        k = k.view(N_src, H, score_channels)  # (N_src, H, C) or (N_src, H, 1)
         v = dropout(v.view(N_src, H, C), self.value_dropout,
                     self.training)  # (N_src, H, C)
         if self.attention == "additive":

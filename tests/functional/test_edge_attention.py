@@ -190,21 +190,25 @@ def test_errors_name_the_argument_and_value():
         edge_attention(q, k, v, good.to("meta"))
 
 
+@pytest.mark.parametrize(("n_dst", "n_src"), [(3, 0), (0, 3), (0, 0)])
 @pytest.mark.parametrize("score", ["dot", "additive", "gatv2"])
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
-def test_no_source_nodes_gives_zero_output_and_gradients(backend, score):
+def test_no_source_or_target_nodes_gives_zero_output_and_gradients(backend, score, n_dst,
+                                                                     n_src):
     """N_src = 0 (a bipartite graph whose source side is empty, or a layer's edges-as-sources
-    graph without edges): every target gets 0, weights and gradients are empty or zero."""
+    graph without edges) or N_dst = 0: every target gets 0, weights and gradients are empty or
+    zero."""
     gen = torch.Generator().manual_seed(0)
     qk_shape = (2,) if score == "additive" else (2, 4)
-    q = torch.randn(3, *qk_shape, generator=gen).requires_grad_()
-    k = torch.randn(0, *qk_shape).requires_grad_()
-    v = torch.randn(0, 2, 4).requires_grad_()
-    att = torch.randn(2, 4, generator=gen) if score == "gatv2" else None
+    q = torch.randn(n_dst, *qk_shape, generator=gen).requires_grad_()
+    k = torch.randn(n_src, *qk_shape, generator=gen).requires_grad_()
+    v = torch.randn(n_src, 2, 4, generator=gen).requires_grad_()
+    att = torch.randn(2, 4, generator=gen).requires_grad_() if score == "gatv2" else None
     no_edges = torch.empty(2, 0, dtype=torch.long)
     out, alpha = edge_attention(q, k, v, no_edges, bias=torch.zeros(0, 2), backend=backend,
                                 score=score, att=att, dropout_p=0.5, return_attention=True)
-    assert out.shape == (3, 2, 4) and (out == 0).all()
+    assert out.shape == (n_dst, 2, 4) and (out == 0).all()
     assert alpha.shape == (0, 2)
-    out.sum().backward()
-    assert (q.grad == 0).all() and k.grad.shape == k.shape and v.grad.shape == v.shape
+    (out.sum() + alpha.sum()).backward()
+    for t in (q, k, v) + ((att,) if att is not None else ()):
+        assert t.grad.shape == t.shape and (t.grad == 0).all()

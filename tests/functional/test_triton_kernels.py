@@ -178,11 +178,13 @@ def test_fully_masked_row_gives_zero_without_nan(interpreter, score):
 
 
 @needs_triton
+@pytest.mark.parametrize(("n_src", "n_dst"), [(0, 3), (3, 0)])
 @pytest.mark.parametrize("score", attention.SCORES)
-def test_no_source_nodes_gives_zero(interpreter, score):
-    inputs = make_inputs(0, 3, 0, 2, 8, score=score)
+def test_no_source_or_target_nodes_gives_zero(interpreter, score, n_src, n_dst):
+    inputs = make_inputs(n_src, n_dst, 0, 2, 8, score=score)
     got = check_against_reference(inputs, torch.empty(2, 0, dtype=torch.long), score=score)
-    assert (got["out"] == 0).all() and got["dk"].shape[0] == 0
+    assert (got["out"] == 0).all() and got["out"].shape[0] == n_dst
+    assert got["dk"].shape[0] == n_src and (got["dk"] == 0).all()
 
 
 def test_kernels_use_no_atomics():
