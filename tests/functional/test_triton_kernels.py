@@ -283,52 +283,39 @@ def test_build_csr_groups_rows_stably():
     assert csr.ptr.dtype == torch.int32
 
 
-COMPILE_FOR_SM90 = """
-from triton import compile
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+COMPILE_FOR_SM90 = f"""
+import sys
+sys.path.insert(0, {str(BENCHMARKS)!r})
+import triton_resources
 
-from graphattn.functional import triton_kernels as tk
-
-module = tk.kernels()
-pointer = {"lse": "*fp32", "delta": "*fp32", "datt_rows": "*fp32", "rowptr": "*i32",
-           "col": "*i32", "eid": "*i32", "colptr": "*i32", "row_t": "*i32", "eid_t": "*i32"}
-for score, kind in tk.SCORE_KINDS.items():
-    score_channels = 1 if score == "additive" else 32  # q, k wider than v: two channel tiles
-    cfg = tk.launch_config(4, 16, score_channels)
-    constants = dict(H=4, C=16, CK=score_channels, SCORE=kind, HAS_BIAS=True, HAS_DROP=True,
-                     NEED_SCORES=True, HAS_DALPHA=True, NEED_DBIAS=True, NEED_DATT=score == "gatv2",
-                     BLOCK_E=cfg.block_e, BLOCK_H=cfg.block_h, BLOCK_C=cfg.block_c,
-                     BLOCK_CK=cfg.block_ck)
-    for kernel in (module.forward_kernel, module.backward_target_kernel,
-                   module.backward_source_kernel):
-        assert type(kernel).__name__ == "JITFunction", type(kernel)
-        signature = {}
-        for name in kernel.arg_names:
-            if name in constants:
-                signature[name] = "constexpr"
-            elif name in ("scale", "slope"):
-                signature[name] = "fp32"
-            else:
-                signature[name] = pointer.get(name, "*fp16")
-        used = {n: v for n, v in constants.items() if n in kernel.arg_names}
-        compiled = compile(ASTSource(kernel, signature=signature, constexprs=used),
-                           target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg.num_warps})
-        assert compiled.asm["cubin"], kernel
-        print("compiled", kernel.__name__, score)
+for score in ("dot", "additive", "gatv2"):
+    for features in (False, True):
+        # q, k wider than v (two channel tiles) where the score has channels
+        _, usage = triton_resources.compile_kernels(
+            4, 16, score, "fp16", features=features,
+            score_channels=None if score == "additive" else 32)
+        for name, use in usage.items():
+            print("compiled", name, score, features, use["spill_stores"], use["spill_loads"])
 """
 
 
 @needs_triton
 def test_kernels_compile_for_sm90():
-    """The interpreter does not run Triton's compiler, so compile every kernel (all features on,
-    fp16, every score) for sm_90 (H100/H200) ahead of time; no GPU needed. In a fresh process:
-    Triton's interpreter leaves ``triton.language`` patched after it ran."""
+    """The interpreter does not run Triton's compiler, so compile every kernel (fp16, every
+    score, with no optional input and with all of them) for sm_90 (H100/H200) ahead of time, as
+    ``benchmarks/triton_resources.py`` does; no GPU needed. The forward kernel, the one the
+    bandwidth figures are about, must not spill registers. In a fresh process: Triton's
+    interpreter leaves ``triton.language`` patched after it ran."""
     env = {**os.environ, "TRITON_INTERPRET": "0"}
     done = subprocess.run([sys.executable, "-c", COMPILE_FOR_SM90], env=env, capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.count("compiled") == 3 * len(tk.SCORE_KINDS)
+    compiled = [line.split() for line in done.stdout.splitlines()
+                if line.startswith("compiled")]
+    assert len(compiled) == 3 * 2 * len(tk.SCORE_KINDS)
+    forward = [row for row in compiled if row[1] == "forward_kernel"]
+    assert all(row[4:] == ["0", "0"] for row in forward), forward
 
 
 @needs_triton

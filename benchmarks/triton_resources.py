@@ -1,0 +1,174 @@
+"""Registers, shared memory and spills of the fused Triton kernels for sm_90 (H100/H200), no GPU.
+
+Triton compiles ahead of time for a target it is told about: this script compiles the forward
+kernel and the two backward kernels for sm_90 with the tiles ``launch_config`` picks, for each
+(heads, channels) below, each score and fp32 / bf16 inputs, once with no optional input
+("plain": no bias, no dropout, no gradient through alpha) and once with all of them ("all"), and
+reads what ``ptxas -v`` reports as Triton runs it (its own ptxas and flags): registers per
+thread, stack frame and spill stores and loads, in bytes per thread; shared memory per block is
+Triton's (``metadata.shared``).
+
+A kernel that spills keeps values in local memory, a round trip to memory per spilled value.
+Registers bound how many programs an SM runs at once; the table gives
+
+    blocks per SM = min(32, floor(65536 / (ceil(registers * 32 / 256) * 256 * warps)),
+                        floor(233472 / max(shared, 1)))
+    resident warps = blocks per SM * warps  (of at most 64)
+
+with 65536 32-bit registers, 64 warps, 32 blocks and 228 KiB of shared memory per SM on sm_90
+(NVIDIA's H100 tuning guide), registers allocated per warp in units of 256. These are static
+figures from the compiler; times need the GPU (``benchmarks/gpu.py``).
+
+Usage:
+
+    python benchmarks/triton_resources.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import math
+import os
+import re
+import shlex
+import sys
+from pathlib import Path
+
+os.environ["TRITON_INTERPRET"] = "0"  # compile for the GPU, even where tests set the interpreter
+os.environ["TRITON_ALWAYS_COMPILE"] = "1"  # run ptxas even when the cache holds the kernel
+os.environ["TRITON_DUMP_PTXAS_LOG"] = "1"  # and print its report, read by resource_usage
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from graphattn.functional import triton_kernels as tk  # noqa: E402
+
+# (heads, channels): the layers of benchmarks/gpu.py, GAT's 8 x 8, and wide heads
+CONFIGS = [(8, 8), (4, 16), (4, 64), (8, 64), (1, 128), (2, 256)]
+KERNELS = ("forward_kernel", "backward_target_kernel", "backward_source_kernel")
+# pointer arguments that are not of the input dtype
+POINTER_TYPES = {"lse": "*fp32", "delta": "*fp32", "datt_rows": "*fp32", "rowptr": "*i32",
+                 "col": "*i32", "eid": "*i32", "colptr": "*i32", "row_t": "*i32",
+                 "eid_t": "*i32"}
+REGISTERS_PER_SM, MAX_WARPS, MAX_BLOCKS, SHARED_PER_SM = 65536, 64, 32, 233472
+
+
+def compile_kernels(heads: int, channels: int, score: str, dtype: str, *, features: bool,
+                    score_channels: int | None = None, arch: int = 90,
+                    ) -> tuple[tk.LaunchConfig, dict[str, dict[str, int]]]:
+    """The three kernels compiled for ``sm_<arch>``: their launch config and, by kernel name,
+    the resources of :func:`resource_usage`.
+
+    ``dtype`` is ``"fp32"``, ``"fp16"`` or ``"bf16"``; ``features`` turns on the bias, the
+    dropout mask, the gradient through alpha and the bias and att gradients; ``score_channels``
+    is C_k (default: ``channels``, 1 for the additive score).
+    """
+    if score_channels is None:
+        score_channels = 1 if score == "additive" else channels
+    cfg = tk.launch_config(heads, channels, score_channels)
+    constants = dict(H=heads, C=channels, CK=score_channels, SCORE=tk.SCORE_KINDS[score],
+                     HAS_BIAS=features, HAS_DROP=features, NEED_SCORES=features,
+                     HAS_DALPHA=features, NEED_DBIAS=features,
+                     NEED_DATT=features and score == "gatv2", BLOCK_E=cfg.block_e,
+                     BLOCK_H=cfg.block_h, BLOCK_C=cfg.block_c, BLOCK_CK=cfg.block_ck)
+    module = tk.kernels()
+    usage = {}
+    for name in KERNELS:
+        kernel = getattr(module, name)
+        signature = {}
+        for arg in kernel.arg_names:
+            if arg in constants:
+                signature[arg] = "constexpr"
+            elif arg in ("scale", "slope"):
+                signature[arg] = "fp32"
+            else:
+                signature[arg] = POINTER_TYPES.get(arg, f"*{dtype}")
+        used = {n: v for n, v in constants.items() if n in kernel.arg_names}
+        log = io.StringIO()
+        with contextlib.redirect_stdout(log):
+            compiled = triton.compile(ASTSource(kernel, signature=signature, constexprs=used),
+                                      target=GPUTarget("cuda", arch, 32),
+                                      options={"num_warps": cfg.num_warps})
+        assert compiled.asm["cubin"], name
+        usage[name] = {**resource_usage(log.getvalue()), "shared": compiled.metadata.shared}
+    return cfg, usage
+
+
+def resource_usage(ptxas_log: str) -> dict[str, int]:
+    """``registers`` per thread and ``stack``, ``spill_stores``, ``spill_loads`` in bytes per
+    thread, from the report of ``ptxas -v`` on one kernel."""
+    frame = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, "
+                      r"(\d+) bytes spill loads", ptxas_log)
+    registers = re.search(r"Used (\d+) registers", ptxas_log)
+    if frame is None or registers is None:
+        raise RuntimeError(f"ptxas printed no resource report: {ptxas_log[-500:]!r}")
+    stack, stores, loads = (int(g) for g in frame.groups())
+    return {"registers": int(registers.group(1)), "stack": stack, "spill_stores": stores,
+            "spill_loads": loads}
+
+
+def resident_warps(registers: int, warps: int, shared: int) -> int:
+    """Warps an sm_90 SM holds at once for this kernel (see the module docstring)."""
+    per_warp = math.ceil(registers * 32 / 256) * 256
+    blocks = min(MAX_BLOCKS, REGISTERS_PER_SM // (per_warp * warps),
+                 SHARED_PER_SM // max(shared, 1))
+    return min(MAX_WARPS, blocks * warps)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--output", default=str(Path(__file__).parent / "results"
+                                                / "triton_resources.md"))
+    args = parser.parse_args()
+    command = "python " + " ".join(shlex.quote(a) for a in [
+        "benchmarks/triton_resources.py", *sys.argv[1:]])
+    header = [f"command: `{command}`",
+              f"triton {triton.__version__}, target sm_90 (compiled ahead of time, no GPU)"]
+    print("\n".join(header))
+    table = ["| H | C | score | dtype | inputs | tile (E x H x C), warps | kernel | registers "
+             "| shared B | spill stores / loads B | resident warps / 64 |",
+             "| ---: | ---: | --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: |"]
+    spills = []
+    for heads, channels in CONFIGS:
+        for score in tk.SCORE_KINDS:
+            for dtype in ("fp32", "bf16"):
+                for features in (False, True):
+                    cfg, usage = compile_kernels(heads, channels, score, dtype,
+                                                 features=features)
+                    tile = (f"{cfg.block_e} x {cfg.block_h} x "
+                            f"{max(cfg.block_c, cfg.block_ck)}, {cfg.num_warps}")
+                    for name, use in usage.items():
+                        warps = resident_warps(use["registers"], cfg.num_warps, use["shared"])
+                        row = (f"| {heads} | {channels} | {score} | {dtype} | "
+                               f"{'all' if features else 'plain'} | {tile} | "
+                               f"{name.removesuffix('_kernel')} | {use['registers']} | "
+                               f"{use['shared']} | {use['spill_stores']} / "
+                               f"{use['spill_loads']} | {warps} |")
+                        table.append(row)
+                        print(row, flush=True)
+                        if use["spill_stores"] or use["spill_loads"]:
+                            spills.append(row)
+    summary = (f"{len(spills)} of {len(table) - 2} kernels spill registers:"
+               if spills else f"None of the {len(table) - 2} kernels spills registers.")
+    print(summary)
+    output = Path(args.output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text("\n".join([
+        "# Resource usage of the fused Triton kernels on sm_90 (H100/H200)", "",
+        *(f"- {line}" for line in header), "",
+        "Each kernel compiled with the tiles `launch_config` picks; \"plain\": no bias, dropout "
+        "or gradient through alpha; \"all\": every optional input and gradient. Registers and "
+        "spills per thread from `ptxas -v` as Triton runs it, shared memory per block from "
+        "Triton; resident warps per SM from registers and shared memory (formula in "
+        "`benchmarks/triton_resources.py`). Static figures: the times need a GPU "
+        "(`benchmarks/gpu.py`).", "",
+        summary, "", *(table[:2] + spills if spills else []), "", "All kernels:", "", *table,
+        ""]))
+    print(f"wrote {output}")
+
+
+if __name__ == "__main__":
+    main()
