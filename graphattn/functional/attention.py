@@ -276,14 +276,17 @@ def edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
 def edge_attention_unchecked(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
                              scale: float | None, bias: Tensor | None, dropout_p: float,
                              training: bool, return_attention: bool, backend: str, score: str,
-                             negative_slope: float = 0.2,
-                             att: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
+                             negative_slope: float = 0.2, att: Tensor | None = None,
+                             dropout_mask: Tensor | None = None,
+                             ) -> Tensor | tuple[Tensor, Tensor]:
     """:func:`edge_attention` without the argument checks, for callers that made them.
 
     :class:`~graphattn.nn.GraphSelfAttention` validates ``edge_index`` once and builds q, k, v
     and the self-loops itself, so their shapes and node ids are valid by construction; checking
     again would cost two more passes over the edges (and, on CUDA, two device syncs). Only the
-    backend name is still checked. Everything else is as in :func:`edge_attention`.
+    backend name is still checked. A caller that needs the dropout multipliers itself passes
+    ``dropout_mask`` ``[E, H]`` (0 or ``1 / (1 - p)``), used in training instead of one drawn
+    here. Everything else is as in :func:`edge_attention`.
     """
     if scale is None:
         scale = 1.0 / math.sqrt(q.size(-1)) if score == "dot" else 1.0
@@ -292,8 +295,9 @@ def edge_attention_unchecked(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor
     if backend not in BACKENDS:
         raise ValueError(f"backend must be 'auto' or one of {available_backends()}, "
                          f"got {backend!r}")
-    dropout_mask = None
-    if training and dropout_p > 0.0:
+    if not training:
+        dropout_mask = None
+    elif dropout_mask is None and dropout_p > 0.0:
         dropout_mask = make_dropout_mask((edge_index.size(1), v.size(1)), dropout_p,
                                          device=v.device, dtype=v.dtype)  # (E, H)
     out, alpha = BACKENDS[backend](q, k, v, edge_index.long(), scale=float(scale), bias=bias,

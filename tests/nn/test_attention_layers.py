@@ -5,6 +5,7 @@ from torch_geometric.nn import TransformerConv
 
 from graphattn.functional import dropout_mask, edge_attention
 from graphattn.nn import DenseSelfAttention, GraphSelfAttention
+from graphattn.nn import attention as attention_module
 
 
 def complete_edges(n):
@@ -488,12 +489,17 @@ def test_dot_attention_with_residual_equals_transformerconv(case, concat):
         assert_close(ours.bias.grad, theirs.bias.grad)
 
 
+@pytest.mark.parametrize("chunk", [1 << 16, 2], ids=["per-edge-keys", "score-bias"])
 @pytest.mark.parametrize("concat", [True, False], ids=["concat", "mean"])
 @pytest.mark.parametrize("case", GRAPHS, ids=lambda g: g.name)
-def test_edge_features_in_keys_and_values_and_beta_equal_transformerconv(case, concat):
+def test_edge_features_in_keys_and_values_and_beta_equal_transformerconv(case, concat, chunk,
+                                                                         monkeypatch):
     """``edge_mode="key_value"`` and ``beta=True`` are ``TransformerConv(edge_dim=D,
     beta=True)`` with copied weights: ``W^E e_ij`` joins k_j and v_j, and the gate
-    ``sigmoid(w . [o, r, o - r])`` mixes the output and the skip term."""
+    ``sigmoid(w . [o, r, o - r])`` mixes the output and the skip term. Both ways of computing
+    it: per-edge keys and values (graphs of up to ``EDGE_CHUNK`` edges) and the score bias
+    with the value term in chunks (``EDGE_CHUNK = 2``: every graph with more than 2 edges)."""
+    monkeypatch.setattr(attention_module, "EDGE_CHUNK", chunk)
     torch.manual_seed(0)
     dtype = torch.float64
     F_src, F_dst, H, C, D = 5, 4, 3, 6, 2
@@ -575,3 +581,38 @@ def test_edge_mode_and_beta_errors():
         GraphSelfAttention(4, 2, beta=True)
     assert repr(GraphSelfAttention(4, 2, edge_dim=3, edge_mode="key_value")) == (
         "GraphSelfAttention(4, 2, heads=1, edge_dim=3, edge_mode='key_value')")
+
+
+@pytest.mark.parametrize("chunk", [3, 1 << 16], ids=["chunks-of-3", "one-chunk"])
+@pytest.mark.parametrize("edge_mode", ["key", "key_value"])
+def test_dot_edge_modes_with_dropout_equal_edges_as_sources(edge_mode, chunk, monkeypatch):
+    """Beyond ``EDGE_CHUNK`` edges the dot score's layer adds the key term as a score bias and
+    the value term after the operator, each in chunks of edges; with attention dropout both
+    must use the weights the operator used. The same function written out: every edge a source
+    of its own, key ``k_j + W^E e_ij`` (and value ``v_j + W^E e_ij``), through
+    ``edge_attention`` with the same dropout draw."""
+    monkeypatch.setattr(attention_module, "EDGE_CHUNK", chunk)
+    case = next(g for g in GRAPHS if g.name == "multi-edges")
+    torch.manual_seed(0)
+    dtype = torch.float64
+    H, C = 2, 4
+    layer = GraphSelfAttention(5, C, H, edge_dim=3, edge_mode=edge_mode, out_proj=False,
+                               add_self_loops=False, dropout=0.5).to(dtype).train()
+    n, (src, dst) = case.num_src, case.edge_index
+    x = torch.randn(n, 5, dtype=dtype, requires_grad=True)
+    edge_attr = torch.randn(src.numel(), 3, dtype=dtype)
+    torch.manual_seed(7)
+    out = layer(x, case.edge_index, edge_attr)
+
+    x_ref = x.detach().clone().requires_grad_()
+    q, k, v = (lin(x_ref).view(n, H, C) for lin in (layer.lin_q, layer.lin_k, layer.lin_v))
+    edge = layer.lin_edge(edge_attr).view(-1, H, C)
+    values = v[src] + edge if edge_mode == "key_value" else v[src]
+    sources = torch.stack([torch.arange(src.numel()), dst])
+    torch.manual_seed(7)
+    ref = edge_attention(q, k[src] + edge, values, sources, dropout_p=0.5, backend="reference")
+    assert_close(out, ref.flatten(1))
+    out.square().sum().backward()
+    ref.flatten(1).square().sum().backward()
+    assert_close(x.grad, x_ref.grad)
+    assert case.edge_index.size(1) > 3  # several chunks in the first case
