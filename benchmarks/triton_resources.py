@@ -3,7 +3,8 @@
 Triton compiles ahead of time for a target it is told about: this script compiles the forward
 kernel and the two backward kernels for sm_90 with the tiles ``launch_config`` picks, for each
 (heads, channels) below, each score and fp32 / bf16 inputs, once with no optional input
-("plain": no bias, no dropout, no gradient through alpha) and once with all of them ("all"), and
+("plain": no bias, no dropout, no per-edge key or value term, no gradient through alpha) and
+once with all of them ("all"; the per-edge key term with the dot and gatv2 scores only), and
 reads what ``ptxas -v`` reports as Triton runs it (its own ptxas and flags): registers per
 thread, stack frame and spill stores and loads, in bytes per thread; shared memory per block is
 Triton's (``metadata.shared``).
@@ -63,16 +64,19 @@ def compile_kernels(heads: int, channels: int, score: str, dtype: str, *, featur
     the resources of :func:`resource_usage`.
 
     ``dtype`` is ``"fp32"``, ``"fp16"`` or ``"bf16"``; ``features`` turns on the bias, the
-    dropout mask, the gradient through alpha and the bias and att gradients; ``score_channels``
+    dropout mask, the per-edge key (dot and gatv2) and value terms, the gradient through alpha
+    and the gradients of bias, att and the per-edge terms; ``score_channels``
     is C_k (default: ``channels``, 1 for the additive score).
     """
     if score_channels is None:
         score_channels = 1 if score == "additive" else channels
     cfg = tk.launch_config(heads, channels, score_channels)
+    edge_key = features and score != "additive"  # keys with channels
     constants = dict(H=heads, C=channels, CK=score_channels, SCORE=tk.SCORE_KINDS[score],
-                     HAS_BIAS=features, HAS_DROP=features, NEED_SCORES=features,
-                     HAS_DALPHA=features, NEED_DBIAS=features,
-                     NEED_DATT=features and score == "gatv2", BLOCK_E=cfg.block_e,
+                     HAS_BIAS=features, HAS_DROP=features, HAS_EK=edge_key, HAS_EV=features,
+                     NEED_SCORES=features, HAS_DALPHA=features, NEED_DBIAS=features,
+                     NEED_DATT=features and score == "gatv2", NEED_DEK=edge_key,
+                     NEED_DEV=features, BLOCK_E=cfg.block_e,
                      BLOCK_H=cfg.block_h, BLOCK_C=cfg.block_c, BLOCK_CK=cfg.block_ck)
     module = tk.kernels()
     usage = {}
@@ -159,10 +163,10 @@ def main() -> None:
     output.write_text("\n".join([
         "# Resource usage of the fused Triton kernels on sm_90 (H100/H200)", "",
         *(f"- {line}" for line in header), "",
-        "Each kernel compiled with the tiles `launch_config` picks; \"plain\": no bias, dropout "
-        "or gradient through alpha; \"all\": every optional input and gradient. Registers and "
-        "spills per thread from `ptxas -v` as Triton runs it, shared memory per block from "
-        "Triton; resident warps per SM from registers and shared memory (formula in "
+        "Each kernel compiled with the tiles `launch_config` picks; \"plain\": no bias, dropout, "
+        "per-edge term or gradient through alpha; \"all\": every optional input and gradient. "
+        "Registers and spills per thread from `ptxas -v` as Triton runs it, shared memory per "
+        "block from Triton; resident warps per SM from registers and shared memory (formula in "
         "`benchmarks/triton_resources.py`). Static figures: the times need a GPU "
         "(`benchmarks/gpu.py`).", "",
         summary, "", *(table[:2] + spills if spills else []), "", "All kernels:", "", *table,

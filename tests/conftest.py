@@ -89,6 +89,31 @@ def random_graph(num_nodes: int, num_edges: int, seed: int = 0,
     return torch.stack([src, dst])
 
 
+
+def attention_inputs(num_src: int, num_dst: int, num_edges: int, heads: int, channels: int, *,
+                     score: str = "dot", bias: bool = True, terms: tuple[str, ...] = (),
+                     dtype: torch.dtype = torch.float32, seed: int = 0,
+                     value_channels: int | None = None) -> dict[str, torch.Tensor | None]:
+    """Random inputs of ``edge_attention`` in ``dtype``, leaves that require grad: q, k, v,
+    bias (``bias``), att (gatv2) and the per-edge terms named in ``terms`` (``"edge_key"``,
+    ``"edge_value"``); v and edge_value have ``value_channels`` (default: ``channels``)."""
+    gen = torch.Generator().manual_seed(seed)
+    qk_shape = (heads,) if score == "additive" else (heads, channels)
+    value_channels = channels if value_channels is None else value_channels
+    tensors = {
+        "q": torch.randn(num_dst, *qk_shape, generator=gen),
+        "k": torch.randn(num_src, *qk_shape, generator=gen),
+        "v": torch.randn(num_src, heads, value_channels, generator=gen),
+        "bias": torch.randn(num_edges, heads, generator=gen) if bias else None,
+        "att": torch.randn(heads, channels, generator=gen) if score == "gatv2" else None,
+        "edge_key": (torch.randn(num_edges, heads, channels, generator=gen)
+                     if "edge_key" in terms else None),
+        "edge_value": (torch.randn(num_edges, heads, value_channels, generator=gen)
+                       if "edge_value" in terms else None),
+    }
+    return {name: None if t is None else t.to(dtype).requires_grad_()
+            for name, t in tensors.items()}
+
 def dense_mask(edge_index: torch.Tensor, num_dst: int, num_src: int) -> torch.Tensor:
     """``mask[i, j] = True`` for every edge j -> i (the convention of ``dense_attention``)."""
     mask = torch.zeros(num_dst, num_src, dtype=torch.bool)

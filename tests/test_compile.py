@@ -181,13 +181,13 @@ def test_layer_on_the_triton_backend_compiles(triton_interpreter):
 
 
 def _assert_operator_matches_reference(out, alpha, leaves, reference_inputs, *, bias, mask,
-                                       score, att):
+                                       score, att, edge_key=None, edge_value=None):
     """out, alpha and the gradients of ``leaves`` through them against the reference backend
     on ``reference_inputs`` (q, k, v, edge_index; scale 0.5, slope 0.2)."""
     grads = torch.autograd.grad((out * out).sum() + (alpha * alpha).sum(), leaves)
     expected_out, expected_alpha = reference_edge_attention(
         *reference_inputs, scale=0.5, bias=bias, dropout_mask=mask, score=score,
-        negative_slope=0.2, need_alpha=True, att=att)
+        negative_slope=0.2, need_alpha=True, att=att, edge_key=edge_key, edge_value=edge_value)
     expected = torch.autograd.grad((expected_out * expected_out).sum()
                                    + (expected_alpha * expected_alpha).sum(), leaves)
     assert_close(out, expected_out)
@@ -224,12 +224,15 @@ def test_triton_operators_pass_opcheck_and_match_the_reference(triton_interprete
         lse, 0.5, 0.2, score, with_bias, att is not None))
 
 
-@pytest.mark.parametrize(("score", "with_bias", "with_mask"), [
-    ("dot", False, False), ("dot", True, True), ("additive", False, True),
-    ("additive", True, False), ("gatv2", True, True), ("gatv2", False, False)])
-def test_cpu_operators_pass_opcheck_and_match_the_reference(score, with_bias, with_mask):
+@pytest.mark.parametrize(("score", "with_bias", "with_mask", "terms"), [
+    ("dot", False, False, ""), ("dot", True, True, ""), ("additive", False, True, ""),
+    ("additive", True, False, ""), ("gatv2", True, True, ""), ("gatv2", False, False, ""),
+    ("dot", True, True, "key+value"), ("gatv2", False, True, "key+value"),
+    ("gatv2", True, False, "key"), ("additive", False, True, "value")])
+def test_cpu_operators_pass_opcheck_and_match_the_reference(score, with_bias, with_mask, terms):
     """torch's own checks of the operators (schema, fake shapes, autograd registration), and
-    the gradients the operators' autograd gives in eager against the reference backend."""
+    the gradients the operators' autograd gives in eager against the reference backend, with
+    and without the per-edge key and value terms."""
     torch.manual_seed(0)
     N, H, C, E = 7, 2, 4, 24
     edge_index = random_graph(N, E, seed=5)
@@ -239,18 +242,24 @@ def test_cpu_operators_pass_opcheck_and_match_the_reference(score, with_bias, wi
     att = torch.randn(H, C) if score == "gatv2" else None
     bias = torch.randn(E, H) if with_bias else None
     mask = (torch.rand(E, H) > 0.3).float() / 0.7 if with_mask else None
-    leaves = [t.requires_grad_() for t in (q, k, v, att, bias) if t is not None]
-    args = (q, k, v, att, bias, mask, edge_index, 0.5, 0.2, cpu.SCORE_KINDS[score], True)
+    edge_key = torch.randn(E, H, C) if "key" in terms else None
+    edge_value = torch.randn(E, H, C) if "value" in terms else None
+    leaves = [t.requires_grad_() for t in (q, k, v, att, bias, edge_key, edge_value)
+              if t is not None]
+    args = (q, k, v, att, bias, mask, edge_key, edge_value, edge_index, 0.5, 0.2,
+            cpu.SCORE_KINDS[score], True)
     torch.library.opcheck(cpu._forward_op, args)
 
     out, alpha = cpu._forward_op(*args)[:2]
     squeeze = (lambda t: t.squeeze(-1)) if additive else (lambda t: t)
     _assert_operator_matches_reference(out, alpha, leaves, (squeeze(q), squeeze(k), v, edge_index),
-                                       bias=bias, mask=mask, score=score, att=att)
+                                       bias=bias, mask=mask, score=score, att=att,
+                                       edge_key=edge_key, edge_value=edge_value)
 
     saved = cpu._forward_impl(*(t.detach() if isinstance(t, torch.Tensor) else t for t in args))
     out, _, lse, rowptr, perm, src = saved
     torch.library.opcheck(cpu._backward_op, (
         torch.randn_like(out), torch.randn(E, H), q.detach(), k.detach(), v.detach(),
-        *(None if t is None else t.detach() for t in (att, bias)), mask, out, lse, rowptr, perm,
-        src, 0.5, 0.2, cpu.SCORE_KINDS[score], True))
+        *(None if t is None else t.detach() for t in (att, bias)), mask,
+        *(None if t is None else t.detach() for t in (edge_key, edge_value)), out, lse, rowptr,
+        perm, src, 0.5, 0.2, cpu.SCORE_KINDS[score], True))

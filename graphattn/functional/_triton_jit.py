@@ -10,7 +10,9 @@ Layout: a program owns one node (grid axis 0) and ``BLOCK_H`` heads (grid axis 1
 and att, ``CK``; 1 for the additive score, whose q and k are ``[N, H]``), statistics ``(BH)``,
 all in fp32. The score is the
 compile-time ``SCORE``, a value of ``SCORE_KINDS``: branches test ``ADDITIVE`` and ``GATV2``, and
-dot is the remaining case.
+dot is the remaining case. The per-edge terms ``edge_key`` ``[E, H, CK]`` and ``edge_value``
+``[E, H, C]`` (flags ``HAS_EK``, ``HAS_EV``) are read at the edge ids, in the same tiles as the
+keys and values of the sources they are added to.
 """
 
 import triton
@@ -47,10 +49,22 @@ def _edge_values(ptr, edge_id, offs_h, ok2, H: tl.constexpr):
 
 
 @triton.jit
-def _node_rows(ptr, node, hc, ok3, H: tl.constexpr, C: tl.constexpr):
-    """Load an ``[N, H, C]`` tensor at rows ``node`` as fp32 ``(BE, BH, BC)``."""
-    return tl.load(ptr + node[:, None, None] * (H * C) + hc[None, :, :], mask=ok3,
+def _rows(ptr, rows, hc, ok3, H: tl.constexpr, C: tl.constexpr):
+    """Load an ``[N, H, C]`` tensor at node ids ``rows`` (or an ``[E, H, C]`` one at edge ids)
+    as fp32 ``(BE, BH, BC)``."""
+    return tl.load(ptr + rows[:, None, None] * (H * C) + hc[None, :, :], mask=ok3,
                    other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _with_edge_term(x, term, edge_id, hc, ok3, H: tl.constexpr, C: tl.constexpr,
+                    HAS_TERM: tl.constexpr):
+    """``x`` plus the ``[E, H, C]`` per-edge ``term`` at ``edge_id`` when ``HAS_TERM``
+    (k_j + ek_e, v_j + ev_e), then ``(BE, BH, BC)``; ``x`` itself otherwise."""
+    if HAS_TERM:
+        return x + _rows(term, edge_id, hc, ok3, H, C)
+    else:
+        return x
 
 
 @triton.jit
@@ -70,7 +84,7 @@ def _score_operand(ptr, node, offs_h, hc, ok2, ok3, H: tl.constexpr, C: tl.const
         return tl.load(ptr + node[:, None] * H + offs_h[None, :], mask=ok2,
                        other=0.0).to(tl.float32)
     else:
-        return _node_rows(ptr, node, hc, ok3, H, C)
+        return _rows(ptr, node, hc, ok3, H, C)
 
 
 @triton.jit
@@ -121,14 +135,29 @@ def _operand_grad(dz, q, k, other, slope, SCORE: tl.constexpr):
 
 
 @triton.jit
-def forward_kernel(q, k, v, bias, att, drop, rowptr, col, eid, out, lse, scores, scale, slope,
+def _edge_key_grad(dz, q, k, att, scale, slope, SCORE: tl.constexpr):
+    """Gradient of each edge's key term ek_e, ``(BE, BH, BCK)``, from the bias-term gradient
+    ``dz`` ``(BE, BH)``: ``dz * scale * q_i`` for dot and ``dz * scale * att *
+    LeakyReLU'(q_i + k_j + ek_e)`` for gatv2, with ``k`` the key of the edge. (ek_e enters the
+    score as k_j does: this is the term of dk_j of that edge.)"""
+    if SCORE == GATV2:
+        return dz[:, :, None] * _leaky_relu_grad(q + k, slope) * (att * scale)[None, :, :]
+    else:
+        return dz[:, :, None] * q * scale
+
+
+@triton.jit
+def forward_kernel(q, k, v, bias, att, drop, edge_key, edge_value, rowptr, col, eid, out, lse,
+                   scores, scale, slope,
                    H: tl.constexpr, C: tl.constexpr, CK: tl.constexpr,
                    SCORE: tl.constexpr,
-                   HAS_BIAS: tl.constexpr, HAS_DROP: tl.constexpr, NEED_SCORES: tl.constexpr,
+                   HAS_BIAS: tl.constexpr, HAS_DROP: tl.constexpr, HAS_EK: tl.constexpr,
+                   HAS_EV: tl.constexpr, NEED_SCORES: tl.constexpr,
                    BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr,
                    BLOCK_CK: tl.constexpr):
     """Grid (N_dst, head blocks). Online softmax over the incoming edges of one target (CSR
-    ``rowptr``, ``col`` = sources, ``eid`` = edge ids); writes ``out`` ``[N_dst, H, C]`` and
+    ``rowptr``, ``col`` = sources, ``eid`` = edge ids), with the key k_j + ek_e and the value
+    v_j + ev_e of each edge when ``HAS_EK``, ``HAS_EV``; writes ``out`` ``[N_dst, H, C]`` and
     ``lse`` ``[N_dst, H]`` (fp32), and the scores ``[E, H]`` when ``NEED_SCORES``."""
     row = tl.program_id(0).to(tl.int64)
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)  # (BH)
@@ -160,8 +189,9 @@ def forward_kernel(q, k, v, bias, att, drop, rowptr, col, eid, out, lse, scores,
         b = 0.0
         if HAS_BIAS:
             b = _edge_values(bias, edge, offs_h, ok2, H)
-        k_j = _score_operand(k, src, offs_h, hck, ok2, ok3k, H, CK, SCORE)
-        s = tl.where(ok2, _scores(q_i, k_j, b, att_h, scale, slope, SCORE), float("-inf"))
+        k_e = _with_edge_term(_score_operand(k, src, offs_h, hck, ok2, ok3k, H, CK, SCORE),
+                              edge_key, edge, hck, ok3k, H, CK, HAS_EK)  # key of the edge
+        s = tl.where(ok2, _scores(q_i, k_e, b, att_h, scale, slope, SCORE), float("-inf"))
         if NEED_SCORES:
             tl.store(scores + edge[:, None] * H + offs_h[None, :], s, mask=ok2)
         m_new = tl.maximum(m, _max(s, axis=0))
@@ -171,8 +201,9 @@ def forward_kernel(q, k, v, bias, att, drop, rowptr, col, eid, out, lse, scores,
         l_sum = l_sum * rescale + _sum(p, axis=0)
         if HAS_DROP:
             p = p * _edge_values(drop, edge, offs_h, ok2, H)
-        v_j = _node_rows(v, src, hc, ok3, H, C)  # (BE, BH, BC)
-        acc = acc * rescale[:, None] + _sum(p[:, :, None] * v_j, axis=0)
+        v_e = _with_edge_term(_rows(v, src, hc, ok3, H, C), edge_value, edge, hc, ok3, H, C,
+                              HAS_EV)  # (BE, BH, BC): value of the edge
+        acc = acc * rescale[:, None] + _sum(p[:, :, None] * v_e, axis=0)
         m = m_new
 
     has_weight = l_sum > 0.0
@@ -185,19 +216,24 @@ def forward_kernel(q, k, v, bias, att, drop, rowptr, col, eid, out, lse, scores,
 
 
 @triton.jit
-def backward_target_kernel(q, k, v, bias, att, drop, out, dout, lse, dalpha, rowptr, col, eid,
-                           dq, dbias, datt_rows, delta, scale, slope,
+def backward_target_kernel(q, k, v, bias, att, drop, edge_key, edge_value, out, dout, lse,
+                           dalpha, rowptr, col, eid, dq, dbias, datt_rows, dedge_key,
+                           dedge_value, delta, scale, slope,
                            H: tl.constexpr, C: tl.constexpr, CK: tl.constexpr,
-                   SCORE: tl.constexpr,
+                           SCORE: tl.constexpr,
                            HAS_BIAS: tl.constexpr, HAS_DROP: tl.constexpr,
+                           HAS_EK: tl.constexpr, HAS_EV: tl.constexpr,
                            HAS_DALPHA: tl.constexpr, NEED_DBIAS: tl.constexpr,
-                           NEED_DATT: tl.constexpr, BLOCK_E: tl.constexpr,
+                           NEED_DATT: tl.constexpr, NEED_DEK: tl.constexpr,
+                           NEED_DEV: tl.constexpr, BLOCK_E: tl.constexpr,
                            BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr,
                            BLOCK_CK: tl.constexpr):
     """Grid (N_dst, head blocks). Over the incoming edges of one target: writes ``delta``
-    ``[N_dst, H]`` (dout . out, plus sum alpha * dalpha), ``dq``, when ``NEED_DBIAS`` the bias
-    gradient of each of its edges and, when ``NEED_DATT`` (gatv2), the target's share
-    ``datt_rows[i]`` ``[N_dst, H, C]`` (fp32) of the gradient of att."""
+    ``[N_dst, H]`` (dout . out, plus sum alpha * dalpha), ``dq``, when ``NEED_DATT`` (gatv2)
+    the target's share ``datt_rows[i]`` ``[N_dst, H, C]`` (fp32) of the gradient of att, and
+    for each of its edges, once, the gradients of the per-edge inputs asked for: bias
+    (``NEED_DBIAS``), key term ``dedge_key`` (``NEED_DEK``) and value term ``dedge_value``
+    (``NEED_DEV``)."""
     row = tl.program_id(0).to(tl.int64)
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)  # (BH)
     offs_c = tl.arange(0, BLOCK_C)  # (BC)
@@ -228,8 +264,9 @@ def backward_target_kernel(q, k, v, bias, att, drop, out, dout, lse, dalpha, row
             b = 0.0
             if HAS_BIAS:
                 b = _edge_values(bias, edge, offs_h, ok2, H)
-            k_j = _score_operand(k, src, offs_h, hck, ok2, ok3k, H, CK, SCORE)
-            s = tl.where(ok2, _scores(q_i, k_j, b, att_h, scale, slope, SCORE),
+            k_e = _with_edge_term(_score_operand(k, src, offs_h, hck, ok2, ok3k, H, CK, SCORE),
+                                  edge_key, edge, hck, ok3k, H, CK, HAS_EK)
+            s = tl.where(ok2, _scores(q_i, k_e, b, att_h, scale, slope, SCORE),
                          float("-inf"))
             a = tl.exp(s - lse_i[None, :])
             delta_i += _sum(a * _edge_values(dalpha, edge, offs_h, ok2, H), axis=0)
@@ -251,23 +288,36 @@ def backward_target_kernel(q, k, v, bias, att, drop, out, dout, lse, dalpha, row
         b = 0.0
         if HAS_BIAS:
             b = _edge_values(bias, edge, offs_h, ok2, H)
-        k_j = _score_operand(k, src, offs_h, hck, ok2, ok3k, H, CK, SCORE)
-        s = tl.where(ok2, _scores(q_i, k_j, b, att_h, scale, slope, SCORE), float("-inf"))
+        k_e = _with_edge_term(_score_operand(k, src, offs_h, hck, ok2, ok3k, H, CK, SCORE),
+                              edge_key, edge, hck, ok3k, H, CK, HAS_EK)  # key of the edge
+        s = tl.where(ok2, _scores(q_i, k_e, b, att_h, scale, slope, SCORE), float("-inf"))
         a = tl.exp(s - lse_i[None, :])  # (BE, BH)
-        v_j = _node_rows(v, src, hc, ok3, H, C)  # (BE, BH, BC)
-        dp = _sum(do_i[None, :, :] * v_j, axis=2)  # (BE, BH)
+        v_e = _with_edge_term(_rows(v, src, hc, ok3, H, C), edge_value, edge, hc, ok3, H, C,
+                              HAS_EV)  # (BE, BH, BC): value of the edge
+        dp = _sum(do_i[None, :, :] * v_e, axis=2)  # (BE, BH)
+        w = a  # (BE, BH): weight of the edge's value in out_i
         if HAS_DROP:
-            dp = dp * _edge_values(drop, edge, offs_h, ok2, H)
+            d = _edge_values(drop, edge, offs_h, ok2, H)
+            dp = dp * d
+            w = a * d
         if HAS_DALPHA:
             dp = dp + _edge_values(dalpha, edge, offs_h, ok2, H)
-        dz = _pre_activation_grad(a * (dp - delta_i[None, :]), q_i, k_j, b, scale, slope,
+        dz = _pre_activation_grad(a * (dp - delta_i[None, :]), q_i, k_e, b, scale, slope,
                                   SCORE)  # (BE, BH)
-        dq_i += _operand_grad(dz, q_i, k_j, k_j, slope, SCORE)
+        dq_i += _operand_grad(dz, q_i, k_e, k_e, slope, SCORE)
         if NEED_DATT:
-            datt_i += _sum(dz[:, :, None] * _leaky_relu(q_i + k_j, slope), axis=0)
+            datt_i += _sum(dz[:, :, None] * _leaky_relu(q_i + k_e, slope), axis=0)
         if NEED_DBIAS:
             tl.store(dbias + edge[:, None] * H + offs_h[None, :],
                      dz.to(dbias.dtype.element_ty), mask=ok2)
+        if NEED_DEK:
+            dek = _edge_key_grad(dz, q_i, k_e, att_h, scale, slope, SCORE)  # (BE, BH, BCK)
+            tl.store(dedge_key + edge[:, None, None] * (H * CK) + hck[None, :, :],
+                     dek.to(dedge_key.dtype.element_ty), mask=ok3k)
+        if NEED_DEV:
+            dev = w[:, :, None] * do_i[None, :, :]  # (BE, BH, BC)
+            tl.store(dedge_value + edge[:, None, None] * (H * C) + hc[None, :, :],
+                     dev.to(dedge_value.dtype.element_ty), mask=ok3)
     if SCORE == ADDITIVE:
         tl.store(dq + row * H + offs_h, dq_i.to(dq.dtype.element_ty), mask=h_ok)
     else:
@@ -278,16 +328,20 @@ def backward_target_kernel(q, k, v, bias, att, drop, out, dout, lse, dalpha, row
 
 
 @triton.jit
-def backward_source_kernel(q, k, v, bias, att, drop, dout, lse, delta, dalpha, colptr, row_t,
-                           eid_t, dk, dv, scale, slope,
+def backward_source_kernel(q, k, v, bias, att, drop, edge_key, edge_value, dout, lse, delta,
+                           dalpha, colptr, row_t, eid_t, dk, dv, scale, slope,
                            H: tl.constexpr, C: tl.constexpr, CK: tl.constexpr,
-                   SCORE: tl.constexpr,
+                           SCORE: tl.constexpr,
                            HAS_BIAS: tl.constexpr, HAS_DROP: tl.constexpr,
+                           HAS_EK: tl.constexpr, HAS_EV: tl.constexpr,
                            HAS_DALPHA: tl.constexpr,
                            BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
                            BLOCK_C: tl.constexpr, BLOCK_CK: tl.constexpr):
     """Grid (N_src, head blocks). Over the outgoing edges of one source (transposed CSR
-    ``colptr``, ``row_t`` = targets, ``eid_t`` = edge ids): writes ``dk`` and ``dv``."""
+    ``colptr``, ``row_t`` = targets, ``eid_t`` = edge ids): writes ``dk`` and ``dv``. The
+    per-edge terms enter the recomputed scores and softmax gradients only: dv_j sums
+    w_e dout_i whatever the value of the edge, and ek_e changes dk_j only through
+    LeakyReLU'(q_i + k_j + ek_e) of gatv2."""
     node = tl.program_id(0).to(tl.int64)
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)  # (BH)
     offs_c = tl.arange(0, BLOCK_C)  # (BC)
@@ -322,12 +376,15 @@ def backward_source_kernel(q, k, v, bias, att, drop, dout, lse, delta, dalpha, c
         if HAS_BIAS:
             b = _edge_values(bias, edge, offs_h, ok2, H)
         q_i = _score_operand(q, dst, offs_h, hck, ok2, ok3k, H, CK, SCORE)
-        s = tl.where(ok2, _scores(q_i, k_j, b, att_h, scale, slope, SCORE), float("-inf"))
+        k_e = _with_edge_term(k_j, edge_key, edge, hck, ok3k, H, CK, HAS_EK)  # key of the edge
+        s = tl.where(ok2, _scores(q_i, k_e, b, att_h, scale, slope, SCORE), float("-inf"))
         lse_i = tl.load(lse + dst[:, None] * H + offs_h[None, :], mask=ok2,
                         other=float("inf"))
         a = tl.exp(s - lse_i)  # (BE, BH)
-        do_i = _node_rows(dout, dst, hc, ok3, H, C)  # (BE, BH, BC)
-        dp = _sum(do_i * v_j[None, :, :], axis=2)  # (BE, BH)
+        do_i = _rows(dout, dst, hc, ok3, H, C)  # (BE, BH, BC)
+        v_e = _with_edge_term(v_j[None, :, :], edge_value, edge, hc, ok3, H, C,
+                              HAS_EV)  # (1 or BE, BH, BC): value of the edge
+        dp = _sum(do_i * v_e, axis=2)  # (BE, BH)
         w = a
         if HAS_DROP:
             d = _edge_values(drop, edge, offs_h, ok2, H)
@@ -337,9 +394,9 @@ def backward_source_kernel(q, k, v, bias, att, drop, dout, lse, delta, dalpha, c
         if HAS_DALPHA:
             dp = dp + _edge_values(dalpha, edge, offs_h, ok2, H)
         delta_i = _edge_values(delta, dst, offs_h, ok2, H)
-        dz = _pre_activation_grad(a * (dp - delta_i), q_i, k_j, b, scale, slope,
+        dz = _pre_activation_grad(a * (dp - delta_i), q_i, k_e, b, scale, slope,
                                   SCORE)  # (BE, BH)
-        dk_j += _operand_grad(dz, q_i, k_j, q_i, slope, SCORE)
+        dk_j += _operand_grad(dz, q_i, k_e, q_i, slope, SCORE)
     if SCORE == ADDITIVE:
         tl.store(dk + node * H + offs_h, dk_j.to(dk.dtype.element_ty), mask=h_ok)
     else:

@@ -19,6 +19,7 @@ from graphattn._checks import check_dropout, check_edge_index, check_finite, che
 from graphattn.functional.cpu import cpu_edge_attention
 from graphattn.functional.dense_backend import dense_edge_attention, dense_peak_bytes
 from graphattn.functional.dropout import dropout_mask as make_dropout_mask
+from graphattn.functional.edge_terms import fold_edge_terms
 from graphattn.functional.softmax import scatter_softmax
 from graphattn.functional.triton_kernels import (
     triton_available,
@@ -32,30 +33,33 @@ SCORES = ("dot", "additive", "gatv2")
 def reference_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
                              scale: float, bias: Tensor | None, dropout_mask: Tensor | None,
                              score: str, negative_slope: float, need_alpha: bool,
-                             att: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+                             att: Tensor | None = None, edge_key: Tensor | None = None,
+                             edge_value: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
     """The readable reference backend: gather per edge, scatter-softmax, scatter-add.
 
     Arguments are already checked by :func:`edge_attention`; ``dropout_mask`` is ``None`` or an
     ``[E, H]`` multiplier (0 or ``1 / (1 - p)``). Keeps ``[E, H, C]`` tensors for autograd.
     """
     src, dst = edge_index[0], edge_index[1]
+    k_e = k[src] if edge_key is None else k[src] + edge_key  # (E, H, C): each edge's key
+    v_e = v[src] if edge_value is None else v[src] + edge_value  # (E, H, C): each edge's value
     if score == "dot":
-        s = (q[dst] * k[src]).sum(dim=-1) * scale  # (E, H)
+        s = (q[dst] * k_e).sum(dim=-1) * scale  # (E, H)
         if bias is not None:
             s = s + bias
     elif score == "gatv2":
-        z = F.leaky_relu(q[dst] + k[src], negative_slope)  # (E, H, C)
+        z = F.leaky_relu(q[dst] + k_e, negative_slope)  # (E, H, C)
         s = (z * att).sum(dim=-1) * scale  # (E, H)
         if bias is not None:
             s = s + bias
     else:
-        s = q[dst] + k[src]  # (E, H)
+        s = q[dst] + k_e  # (E, H)
         if bias is not None:
             s = s + bias
         s = F.leaky_relu(s, negative_slope) * scale
     alpha = scatter_softmax(s, dst, num_segments=q.size(0))  # (E, H)
     weight = alpha if dropout_mask is None else alpha * dropout_mask  # (E, H)
-    msg = weight.unsqueeze(-1) * v[src]  # (E, H, C)
+    msg = weight.unsqueeze(-1) * v_e  # (E, H, C)
     out = v.new_zeros(q.size(0), *v.shape[1:]).index_add_(0, dst, msg)  # (N_dst, H, C)
     return out, (alpha if need_alpha else None)
 
@@ -65,6 +69,9 @@ BACKENDS: dict[str, Backend] = {"reference": reference_edge_attention,
                                "cpu": cpu_edge_attention,
                                "triton": triton_edge_attention,
                                "dense": dense_edge_attention}
+# backends that take edge_key and edge_value themselves; the others get them folded in
+# (graphattn.functional.edge_terms)
+NATIVE_EDGE_TERMS = {"reference", "cpu", "triton"}
 
 
 def available_backends() -> list[str]:
@@ -172,7 +179,8 @@ def select_backend(q: Tensor, edge_index: Tensor, num_src: int | None = None, *,
 
 
 def _check_attention_inputs(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor,
-                            bias: Tensor | None, score: str, att: Tensor | None) -> None:
+                            bias: Tensor | None, score: str, att: Tensor | None,
+                            edge_key: Tensor | None, edge_value: Tensor | None) -> None:
     if score not in SCORES:
         raise ValueError(f"score must be one of {SCORES}, got {score!r}")
     if v.dim() != 3:
@@ -201,11 +209,25 @@ def _check_attention_inputs(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor,
                              f"got {list(att.shape)}")
     elif att is not None:
         raise ValueError(f"att is used by score='gatv2' only, got score={score!r}")
-    check_same_device(q=q, k=k, v=v, edge_index=edge_index, bias=bias, att=att)
+    check_same_device(q=q, k=k, v=v, edge_index=edge_index, bias=bias, att=att,
+                      edge_key=edge_key, edge_value=edge_value)
     check_edge_index(edge_index, num_src=n_src, num_dst=q.size(0))
-    if bias is not None and tuple(bias.shape) != (edge_index.size(1), heads):
-        raise ValueError(f"bias must have shape [E, H] = [{edge_index.size(1)}, {heads}], "
+    num_edges = edge_index.size(1)
+    if bias is not None and tuple(bias.shape) != (num_edges, heads):
+        raise ValueError(f"bias must have shape [E, H] = [{num_edges}, {heads}], "
                          f"got {list(bias.shape)}")
+    if edge_key is not None:
+        if not per_channel:
+            raise ValueError(f"edge_key needs the dot or gatv2 score, whose keys have "
+                             f"channels; got score={score!r} (add an [E, H] bias instead)")
+        if tuple(edge_key.shape) != (num_edges, *k.shape[1:]):
+            raise ValueError(f"edge_key must have shape [E, H, C] = "
+                             f"[{num_edges}, {heads}, {k.size(-1)}] like k per edge, "
+                             f"got {list(edge_key.shape)}")
+    if edge_value is not None and tuple(edge_value.shape) != (num_edges, *v.shape[1:]):
+        raise ValueError(f"edge_value must have shape [E, H, C] = "
+                         f"[{num_edges}, {heads}, {v.size(-1)}] like v per edge, "
+                         f"got {list(edge_value.shape)}")
 
 
 def edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
@@ -213,7 +235,8 @@ def edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
                    dropout_p: float = 0.0, training: bool = True,
                    return_attention: bool = False, backend: str = "auto",
                    score: str = "dot", negative_slope: float = 0.2,
-                   att: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
+                   att: Tensor | None = None, edge_key: Tensor | None = None,
+                   edge_value: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
     r"""Multi-head self-attention restricted to the edges of a graph.
 
     Node i attends to node j when the edge j -> i exists (``edge_index[:, e] = (j, i)``):
@@ -235,6 +258,18 @@ def edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
     node features and :math:`a`, so the ranking of the neighbours can depend on the target.
     Every backend computes it without an ``[E, H, C]`` tensor except ``"reference"`` and
     ``"dense"``. A target with no incoming edge gets exactly 0.
+
+    Per-edge terms enter the key and the value of each edge e = (j -> i), as PyG's
+    ``TransformerConv(edge_dim=...)`` and ``GATv2Conv(edge_dim=...)`` add their projected edge
+    features: the key :math:`k_j + ek_e` (``edge_key``, dot and gatv2 scores) and the value
+    :math:`v_j + ev_e` (``edge_value``), so that
+
+    .. math::
+        \mathrm{out}_i = \sum_{j \in \mathcal{N}(i)} \alpha_{ij} \, (v_j + ev_e).
+
+    The ``"cpu"`` backend computes them inside its kernels, without an ``[E, H, C]`` tensor
+    other than the terms and their gradients; the others fold them in as
+    :mod:`graphattn.functional.edge_terms` describes.
     On the complete graph with ``"dot"`` this is ordinary scaled dot-product attention.
 
     Args:
@@ -258,52 +293,61 @@ def edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
             (default: ``0.2``)
         att (Tensor, optional): ``[H, C]`` attention vector of ``score="gatv2"`` (required
             there, refused otherwise). (default: ``None``)
+        edge_key (Tensor, optional): ``[E, H, C]`` added to the key of each edge (dot and
+            gatv2 scores). (default: ``None``)
+        edge_value (Tensor, optional): ``[E, H, C]`` added to the value of each edge.
+            (default: ``None``)
 
     Shapes:
         - **input:** q ``(N_dst, H, C)``, k and v ``(N_src, H, C)``, edge_index ``(2, E)``,
-          bias ``(E, H)``, att ``(H, C)``
+          bias ``(E, H)``, att ``(H, C)``, edge_key and edge_value ``(E, H, C)``
         - **output:** out ``(N_dst, H, C)``; alpha ``(E, H)`` when ``return_attention``
     """
-    _check_attention_inputs(q, k, v, edge_index, bias, score, att)
+    _check_attention_inputs(q, k, v, edge_index, bias, score, att, edge_key, edge_value)
     check_dropout(dropout_p, "dropout_p")
     check_finite(negative_slope, "negative_slope")
     return edge_attention_unchecked(q, k, v, edge_index, scale=scale, bias=bias,
                                     dropout_p=dropout_p, training=training,
                                     return_attention=return_attention, backend=backend,
-                                    score=score, negative_slope=negative_slope, att=att)
+                                    score=score, negative_slope=negative_slope, att=att,
+                                    edge_key=edge_key, edge_value=edge_value)
 
 
 def edge_attention_unchecked(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
                              scale: float | None, bias: Tensor | None, dropout_p: float,
                              training: bool, return_attention: bool, backend: str, score: str,
                              negative_slope: float = 0.2, att: Tensor | None = None,
-                             dropout_mask: Tensor | None = None,
+                             edge_key: Tensor | None = None, edge_value: Tensor | None = None,
                              ) -> Tensor | tuple[Tensor, Tensor]:
     """:func:`edge_attention` without the argument checks, for callers that made them.
 
     :class:`~graphattn.nn.GraphSelfAttention` validates ``edge_index`` once and builds q, k, v
     and the self-loops itself, so their shapes and node ids are valid by construction; checking
     again would cost two more passes over the edges (and, on CUDA, two device syncs). Only the
-    backend name is still checked. A caller that needs the dropout multipliers itself passes
-    ``dropout_mask`` ``[E, H]`` (0 or ``1 / (1 - p)``), used in training instead of one drawn
-    here. Everything else is as in :func:`edge_attention`.
+    backend name is still checked. Everything else is as in :func:`edge_attention`.
     """
     if scale is None:
-        scale = 1.0 / math.sqrt(q.size(-1)) if score == "dot" else 1.0
+        # 1 / sqrt(C) for dot (C = 0: the score is 0 whatever the scale)
+        scale = 1.0 / math.sqrt(max(q.size(-1), 1)) if score == "dot" else 1.0
     if backend == "auto":
         backend = select_backend(q, edge_index, num_src=k.size(0), score=score)
     if backend not in BACKENDS:
         raise ValueError(f"backend must be 'auto' or one of {available_backends()}, "
                          f"got {backend!r}")
-    if not training:
-        dropout_mask = None
-    elif dropout_mask is None and dropout_p > 0.0:
+    dropout_mask = None
+    if training and dropout_p > 0.0:
         dropout_mask = make_dropout_mask((edge_index.size(1), v.size(1)), dropout_p,
                                          device=v.device, dtype=v.dtype)  # (E, H)
-    out, alpha = BACKENDS[backend](q, k, v, edge_index.long(), scale=float(scale), bias=bias,
-                                   dropout_mask=dropout_mask, score=score,
-                                   negative_slope=float(negative_slope),
-                                   need_alpha=return_attention, att=att)
+    options = dict(scale=float(scale), bias=bias, dropout_mask=dropout_mask, score=score,
+                   negative_slope=float(negative_slope), need_alpha=return_attention, att=att)
+    if edge_key is None and edge_value is None:
+        out, alpha = BACKENDS[backend](q, k, v, edge_index.long(), **options)
+    elif backend in NATIVE_EDGE_TERMS:
+        out, alpha = BACKENDS[backend](q, k, v, edge_index.long(), edge_key=edge_key,
+                                       edge_value=edge_value, **options)
+    else:
+        out, alpha = fold_edge_terms(BACKENDS[backend], q, k, v, edge_index.long(),
+                                     edge_key=edge_key, edge_value=edge_value, **options)
     return (out, alpha) if return_attention else out
 
 

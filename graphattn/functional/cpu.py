@@ -18,6 +18,11 @@ the returned attention weights. ``dq`` (and the bias gradient) is summed per tar
 thread in a fixed order, so results are the same bit for bit on every run and for any number of
 threads, with no atomics.
 
+Per-edge key and value terms (``edge_key``, ``edge_value`` ``[E, H, C]``, for edge features as
+PyG's ``TransformerConv`` and ``GATv2Conv`` use them) are read at each edge's id and added to
+``k_j`` and ``v_j`` where those are read; the target pass of backward writes their gradients,
+one row per edge, and for gatv2 the source pass reads the key term again for ``dk``.
+
 Forward takes two passes over each target's in-edges: the scores and their maximum per head,
 then the exponentials and the weighted sum of the values. Unlike a running (online) maximum this
 has no data-dependent branch per edge and head, and the weighted sum runs over all ``H * C``
@@ -316,11 +321,24 @@ def _gatv2_dot(q, i, k, j, att, start, n, slope):
 
 
 @_jit(inline="always")
-def _score(q, k, att, bias, i, j, e, h, Cq, scale, slope, score, has_bias):
+def _gatv2_edge_dot(q, i, k, j, ek, e, att, start, n, slope):
+    """``_gatv2_dot`` with the edge's key term: ``sum(att[x] * LeakyReLU(q[i, x] + (k[j, x] +
+    ek[e, x])))`` over ``x = start..start+n-1``, in order."""
+    z = q[i, start] + (k[j, start] + ek[e, start])
+    s = att[start] * _leaky_relu(z, slope, z)
+    for x in range(start + 1, start + n):
+        z = q[i, x] + (k[j, x] + ek[e, x])
+        s += att[x] * _leaky_relu(z, slope, z)
+    return s
+
+
+@_jit(inline="always")
+def _score(q, k, att, bias, ek, i, j, e, h, Cq, scale, slope, score, has_bias, has_ek):
     """Score of edge ``e = (j -> i)`` in head h, and ds/d(pre-activation) (``scale`` for dot
     and gatv2, whose channel factors come later).
 
-    ``q, k`` are ``[N, H * Cq]`` (``Cq = 1`` for the additive score); ``att`` is ``[H * Cq]``.
+    ``q, k`` are ``[N, H * Cq]`` (``Cq = 1`` for the additive score); ``att`` is ``[H * Cq]``;
+    ``ek`` (with ``has_ek``) the edges' key terms ``[E, H * Cq]``.
     """
     if score == ADDITIVE:
         u = q[i, h] + k[j, h]
@@ -330,7 +348,12 @@ def _score(q, k, att, bias, i, j, e, h, Cq, scale, slope, score, has_bias):
             return scale * u, scale
         return scale * slope * u, scale * slope
     if score == GATV2:
-        s = _gatv2_dot(q, i, k, j, att, h * Cq, Cq, slope) * scale
+        if has_ek:
+            s = _gatv2_edge_dot(q, i, k, j, ek, e, att, h * Cq, Cq, slope) * scale
+        else:
+            s = _gatv2_dot(q, i, k, j, att, h * Cq, Cq, slope) * scale
+    elif has_ek:  # q_i . (k_j + ek_e) as two dot products
+        s = (_dot(q, i, k, j, h * Cq, Cq) + _dot(q, i, ek, e, h * Cq, Cq)) * scale
     else:
         s = _dot(q, i, k, j, h * Cq, Cq) * scale
     if has_bias:
@@ -339,10 +362,10 @@ def _score(q, k, att, bias, i, j, e, h, Cq, scale, slope, score, has_bias):
 
 
 @_jit(inline="always")
-def _target_scores(q, k, att, bias, rowptr, perm, src, i, Cq, scale, slope, score, has_bias,
-                   scores, top, slopes, backward):
+def _target_scores(q, k, att, bias, ek, rowptr, perm, src, i, Cq, scale, slope, score, has_bias,
+                   has_ek, scores, top, slopes, backward):
     """Scores of target i's in-edges (``[degree, H]``, CSR order) into ``scores``, with the rows
-    of ``k`` (and ``bias``) prefetched; for backward their ds/d(pre-activation) into
+    of ``k`` (and ``bias``, ``ek``) prefetched; for backward their ds/d(pre-activation) into
     ``slopes``, else the maximum per head into ``top``."""
     num_edges = src.shape[0]
     start, stop = rowptr[i], rowptr[i + 1]
@@ -351,9 +374,12 @@ def _target_scores(q, k, att, bias, rowptr, perm, src, i, Cq, scale, slope, scor
             _prefetch_row(k, src[p + PREFETCH_DISTANCE])
             if has_bias:
                 _prefetch_row(bias, perm[p + PREFETCH_DISTANCE])
+            if has_ek:
+                _prefetch_row(ek, perm[p + PREFETCH_DISTANCE])
         j, e = src[p], perm[p]
         for h in range(scores.shape[1]):
-            s, d_pre = _score(q, k, att, bias, i, j, e, h, Cq, scale, slope, score, has_bias)
+            s, d_pre = _score(q, k, att, bias, ek, i, j, e, h, Cq, scale, slope, score, has_bias,
+                              has_ek)
             scores[p - start, h] = s
             if backward:
                 slopes[p - start, h] = d_pre
@@ -372,13 +398,15 @@ def _max_degree(ptr, first, last):
 
 @functools.cache
 def _forward_kernel(score: int, has_bias: bool, has_mask: bool, need_alpha: bool,
-                    qk_channels: int, v_channels: int):
+                    qk_channels: int, v_channels: int, has_ek: bool = False,
+                    has_ev: bool = False):
     """The forward kernel compiled for these flags and channel counts (0: read at run time)."""
 
     @_jit()
-    def kernel(q, k, v, att, bias, mask, rowptr, perm, src, scale, slope, out, lse, alpha, first,
-               last):
-        """Targets ``first..last-1``: softmax over the in-edges, weighted sum of the values.
+    def kernel(q, k, v, att, bias, mask, ek, ev, rowptr, perm, src, scale, slope, out, lse,
+               alpha, first, last):
+        """Targets ``first..last-1``: softmax over the in-edges, weighted sum of the values
+        (``v_j + ev_e`` with ``has_ev``).
 
         Two passes over each target's in-edges: the scores (kept in a ``[degree, H]`` scratch)
         and their maximum per head, then the exponentials and the weighted sum of ``v``.
@@ -396,8 +424,8 @@ def _forward_kernel(score: int, has_bias: bool, has_mask: bool, need_alpha: bool
         for i in range(first, last):
             start, stop = rowptr[i], rowptr[i + 1]
             top[:] = -np.inf
-            _target_scores(q, k, att, bias, rowptr, perm, src, i, Cq, scale, slope, score,
-                           has_bias, scores, top, scores, False)
+            _target_scores(q, k, att, bias, ek, rowptr, perm, src, i, Cq, scale, slope, score,
+                           has_bias, has_ek, scores, top, scores, False)
             for h in range(H):  # a row whose scores are all -inf gets weights exp(-inf) = 0
                 if top[h] == -np.inf:
                     top[h] = np.inf
@@ -412,6 +440,8 @@ def _forward_kernel(score: int, has_bias: bool, has_mask: bool, need_alpha: bool
                     _prefetch_row(v, src[p + PREFETCH_DISTANCE])
                     if has_mask:
                         _prefetch_row(mask, perm[p + PREFETCH_DISTANCE])
+                    if has_ev:
+                        _prefetch_row(ev, perm[p + PREFETCH_DISTANCE])
                 j, e = src[p], perm[p]
                 for h in range(H):
                     w = scores[p - start, h]
@@ -419,8 +449,12 @@ def _forward_kernel(score: int, has_bias: bool, has_mask: bool, need_alpha: bool
                         w *= mask[e, h]
                     for x in range(C):
                         weight[h * C + x] = w
-                for x in range(H * C):
-                    acc[x] += weight[x] * v[j, x]
+                if has_ev:
+                    for x in range(H * C):
+                        acc[x] += weight[x] * (v[j, x] + ev[e, x])
+                else:
+                    for x in range(H * C):
+                        acc[x] += weight[x] * v[j, x]
             for h in range(H):
                 if total[h] > 0:
                     inv[h] = 1 / total[h]
@@ -440,19 +474,23 @@ def _forward_kernel(score: int, has_bias: bool, has_mask: bool, need_alpha: bool
 
 @functools.cache
 def _backward_target_kernel(score: int, has_bias: bool, has_mask: bool, has_grad_alpha: bool,
-                            qk_channels: int, v_channels: int):
+                            qk_channels: int, v_channels: int, has_ek: bool = False,
+                            has_ev: bool = False):
     """The target pass of backward compiled for these flags and channel counts."""
 
     @_jit()
-    def kernel(q, k, v, att, bias, mask, out, grad_out, grad_alpha, lse, rowptr, perm, src,
-               csc_position, scale, slope, grad_q, grad_att, grad_bias, grad_key, weight, first,
-               last):
+    def kernel(q, k, v, att, bias, mask, ek, ev, out, grad_out, grad_alpha, lse, rowptr, perm,
+               src, csc_position, scale, slope, grad_q, grad_att, grad_bias, grad_key, weight,
+               grad_ek, grad_ev, first, last):
         """Targets ``first..last-1``: dL/ds of each in-edge, ``grad_q`` and the bias gradient.
 
         Also writes, in CSC order, each edge's factor of ``q_i`` in ``grad_k`` (``grad_key``)
         and its factor of ``grad_out_i`` in ``grad_v`` (``weight``: alpha times the dropout
         multiplier). For gatv2, ``grad_att[i]`` is target i's share of the gradient of the
-        attention vector, ``sum_j dL/ds_ij * scale * LeakyReLU(q_i + k_j)``.
+        attention vector, ``sum_j dL/ds_ij * scale * LeakyReLU(q_i + k_j)``. The edge terms'
+        gradients belong to one edge each and are written in edge order: ``grad_ek[e]`` is
+        edge e's share of ``grad_q``'s sum with ``q_i`` in place of the key (dot) or the
+        same share (gatv2), ``grad_ev[e] = weight_e * grad_out_i``.
         """
         H = lse.shape[1]
         Cq = qk_channels if qk_channels else q.shape[1] // H
@@ -467,8 +505,8 @@ def _backward_target_kernel(score: int, has_bias: bool, has_mask: bool, has_grad
         acc_att = np.empty(H * Cq, dtype=out.dtype)
         for i in range(first, last):
             start, stop = rowptr[i], rowptr[i + 1]
-            _target_scores(q, k, att, bias, rowptr, perm, src, i, Cq, scale, slope, score,
-                           has_bias, alphas, delta, slopes, True)
+            _target_scores(q, k, att, bias, ek, rowptr, perm, src, i, Cq, scale, slope, score,
+                           has_bias, has_ek, alphas, delta, slopes, True)
             for p in range(stop - start):
                 for h in range(H):
                     alphas[p, h] = _exp(alphas[p, h] - lse[i, h])
@@ -491,11 +529,16 @@ def _backward_target_kernel(score: int, has_bias: bool, has_mask: bool, has_grad
                 for h in range(H):
                     a = alphas[p - start, h]
                     d_alpha = _dot(grad_out, i, v, j, h * C, C)
+                    if has_ev:
+                        d_alpha += _dot(grad_out, i, ev, e, h * C, C)
                     if has_mask:
                         d_alpha *= mask[e, h]
                         weight[t, h] = a * mask[e, h]
                     else:
                         weight[t, h] = a
+                    if has_ev:
+                        for x in range(C):
+                            grad_ev[e, h * C + x] = weight[t, h] * grad_out[i, h * C + x]
                     if has_grad_alpha:
                         d_alpha += grad_alpha[e, h]
                     d_score = a * (d_alpha - delta[h])  # dL/ds
@@ -510,11 +553,22 @@ def _backward_target_kernel(score: int, has_bias: bool, has_mask: bool, has_grad
                 if score == ADDITIVE:
                     for x in range(H):
                         acc[x] += factor[x]
+                elif score == GATV2 and has_ek:  # z = q_i + k_j + ek_e; d/d ek_e = d/d q_i
+                    for x in range(H * Cq):
+                        z = q[i, x] + (k[j, x] + ek[e, x])
+                        g = _leaky_relu(z, slope, factor[x] * att[x])
+                        grad_ek[e, x] = g
+                        acc[x] += g
+                        acc_att[x] += factor[x] * _leaky_relu(z, slope, z)
                 elif score == GATV2:  # d/dz of a . LeakyReLU(z) is a, or a * slope for z <= 0
                     for x in range(H * Cq):
                         z = q[i, x] + k[j, x]
                         acc[x] += _leaky_relu(z, slope, factor[x] * att[x])
                         acc_att[x] += factor[x] * _leaky_relu(z, slope, z)
+                elif has_ek:  # the key of the edge is k_j + ek_e, and d/d ek_e = d/d k_j
+                    for x in range(H * Cq):
+                        acc[x] += factor[x] * (k[j, x] + ek[e, x])
+                        grad_ek[e, x] = factor[x] * q[i, x]
                 else:
                     for x in range(H * Cq):
                         acc[x] += factor[x] * k[j, x]
@@ -527,7 +581,7 @@ def _backward_target_kernel(score: int, has_bias: bool, has_mask: bool, has_grad
 
 
 @functools.cache
-def _backward_source_kernel(score: int, qk_channels: int, v_channels: int):
+def _backward_source_kernel(score: int, qk_channels: int, v_channels: int, has_ek: bool = False):
     """The source pass of backward compiled for this score and these channel counts.
 
     With both channel counts constant (see ``_source_channels``) each edge's two factors are
@@ -536,9 +590,10 @@ def _backward_source_kernel(score: int, qk_channels: int, v_channels: int):
     """
 
     @_jit()
-    def kernel(q, k, att, slope, grad_out, colptr, target, grad_key, weight, grad_k, grad_v,
-               first, last):
-        """Sources ``first..last-1``: ``grad_k`` and ``grad_v`` summed over their out-edges."""
+    def kernel(q, k, att, ek, slope, grad_out, colptr, target, csc_edge, grad_key, weight,
+               grad_k, grad_v, first, last):
+        """Sources ``first..last-1``: ``grad_k`` and ``grad_v`` summed over their out-edges
+        (gatv2 with ``has_ek``: the edge's key term from ``ek[csc_edge[t]]``)."""
         H = grad_key.shape[1]
         Cq = qk_channels if qk_channels else grad_k.shape[1] // H
         C = v_channels if v_channels else grad_v.shape[1] // H
@@ -547,6 +602,7 @@ def _backward_source_kernel(score: int, qk_channels: int, v_channels: int):
         value_factor = np.empty(H * C, dtype=grad_v.dtype)
         q3 = q.reshape((q.shape[0], H, Cq))
         k3 = k.reshape((k.shape[0], H, Cq))
+        ek3 = ek.reshape((ek.shape[0], H, Cq))
         grad_k3 = grad_k.reshape((grad_k.shape[0], H, Cq))
         grad_out3 = grad_out.reshape((grad_out.shape[0], H, C))
         grad_v3 = grad_v.reshape((grad_v.shape[0], H, C))
@@ -557,6 +613,8 @@ def _backward_source_kernel(score: int, qk_channels: int, v_channels: int):
                 if t + PREFETCH_DISTANCE < num_edges:
                     if score != ADDITIVE:
                         _prefetch_row(q, target[t + PREFETCH_DISTANCE])
+                    if score == GATV2 and has_ek:
+                        _prefetch_row(ek, csc_edge[t + PREFETCH_DISTANCE])
                     _prefetch_row(grad_out, target[t + PREFETCH_DISTANCE])
                 i = target[t]
                 if qk_channels and v_channels:
@@ -569,6 +627,11 @@ def _backward_source_kernel(score: int, qk_channels: int, v_channels: int):
                     if score == ADDITIVE:
                         for x in range(H):
                             grad_k[j, x] += key_factor[x]
+                    elif score == GATV2 and has_ek:
+                        e = csc_edge[t]
+                        for x in range(H * Cq):
+                            z = q[i, x] + (k[j, x] + ek[e, x])
+                            grad_k[j, x] += _leaky_relu(z, slope, key_factor[x] * att[x])
                     elif score == GATV2:
                         for x in range(H * Cq):
                             z = q[i, x] + k[j, x]
@@ -583,6 +646,11 @@ def _backward_source_kernel(score: int, qk_channels: int, v_channels: int):
                         g, w = grad_key[t, h], weight[t, h]
                         if score == ADDITIVE:
                             grad_k[j, h] += g
+                        elif score == GATV2 and has_ek:
+                            e = csc_edge[t]
+                            for x in range(Cq):
+                                z = q3[i, h, x] + (k3[j, h, x] + ek3[e, h, x])
+                                grad_k3[j, h, x] += _leaky_relu(z, slope, g * att[h * Cq + x])
                         elif score == GATV2:
                             for x in range(Cq):
                                 z = q3[i, h, x] + k3[j, h, x]
@@ -658,30 +726,34 @@ def _kernel_channels(q: Tensor, v: Tensor) -> tuple[int, int]:
 
 
 def _forward_impl(q: Tensor, k: Tensor, v: Tensor, att: Tensor | None, bias: Tensor | None,
-                  dropout_mask: Tensor | None, edge_index: Tensor, scale: float,
+                  dropout_mask: Tensor | None, edge_key: Tensor | None,
+                  edge_value: Tensor | None, edge_index: Tensor, scale: float,
                   negative_slope: float, score: int, need_alpha: bool,
                   ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Forward kernel: ``out, alpha, lse`` and the CSR order ``rowptr, perm, src`` for backward."""
     n_dst, H, C = q.size(0), v.size(1), v.size(2)
     real = _np(v).dtype.type  # the kernels compute in the dtype of their inputs
-    none = np.zeros((1, H), dtype=real)  # stands in for an absent bias or mask
+    none = np.zeros((1, H), dtype=real)  # stands in for an absent bias, mask or edge term
     rowptr, perm, src = _csr(_np(edge_index[0]), _np(edge_index[1]), n_dst)
     out = torch.empty(n_dst, H, C, dtype=v.dtype)
     lse = torch.empty(n_dst, H, dtype=v.dtype)
     alpha = torch.empty(edge_index.size(1) if need_alpha else 0, H, dtype=v.dtype)
     kernel = _forward_kernel(score, bias is not None, dropout_mask is not None, need_alpha,
-                             *_kernel_channels(q, v))
+                             *_kernel_channels(q, v), edge_key is not None,
+                             edge_value is not None)
     _run_rows(kernel, rowptr, _rows(q), _rows(k), _rows(v),
               none[0] if att is None else _np(att).reshape(-1),
               none if bias is None else _np(bias),
-              none if dropout_mask is None else _np(dropout_mask), rowptr, perm, src,
+              none if dropout_mask is None else _np(dropout_mask),
+              none if edge_key is None else _rows(edge_key),
+              none if edge_value is None else _rows(edge_value), rowptr, perm, src,
               real(scale), real(negative_slope), _rows(out), lse.numpy(), alpha.numpy())
     return (out, alpha, lse, torch.from_numpy(rowptr), torch.from_numpy(perm),
             torch.from_numpy(src))
 
 
-def _forward_fake(q, k, v, att, bias, dropout_mask, edge_index, scale, negative_slope, score,
-                  need_alpha):
+def _forward_fake(q, k, v, att, bias, dropout_mask, edge_key, edge_value, edge_index, scale,
+                  negative_slope, score, need_alpha):
     n_dst, H, C = q.size(0), v.size(1), v.size(2)
     E = edge_index.size(1)
     return (v.new_empty(n_dst, H, C), v.new_empty(E if need_alpha else 0, H),
@@ -691,17 +763,21 @@ def _forward_fake(q, k, v, att, bias, dropout_mask, edge_index, scale, negative_
 
 def _backward_impl(grad_out: Tensor, grad_alpha: Tensor | None, q: Tensor, k: Tensor,
                    v: Tensor, att: Tensor | None, bias: Tensor | None,
-                   dropout_mask: Tensor | None, out: Tensor, lse: Tensor, rowptr: Tensor,
+                   dropout_mask: Tensor | None, edge_key: Tensor | None,
+                   edge_value: Tensor | None, out: Tensor, lse: Tensor, rowptr: Tensor,
                    perm: Tensor, src: Tensor, scale: float, negative_slope: float, score: int,
-                   need_grad_kv: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """Backward kernels: ``dq, dk, dv, datt, dbias`` (``dk, dv`` empty unless ``need_grad_kv``,
-    ``datt`` empty without ``att``, ``dbias`` empty without ``bias``)."""
+                   need_grad_kv: bool,
+                   ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Backward kernels: ``dq, dk, dv, datt, dbias, d edge_key, d edge_value`` (``dk, dv`` empty
+    unless ``need_grad_kv``; ``datt``, ``dbias`` and the edge terms' empty without them)."""
     real = _np(v).dtype.type
     none = np.zeros((1, v.size(1)), dtype=real)
     rowptr, perm, src = _np(rowptr), _np(perm), _np(src)
     has_grad_alpha = grad_alpha is not None and grad_alpha.numel() > 0
     grad_q = torch.empty_like(q)
     grad_bias = q.new_empty(0) if bias is None else torch.empty_like(bias)  # (0,): not asked
+    grad_ek = q.new_empty(0) if edge_key is None else torch.empty_like(edge_key)  # (E, H, C)
+    grad_ev = q.new_empty(0) if edge_value is None else torch.empty_like(edge_value)
     # gatv2: each target's share of d att, (N_dst, H * C), summed below
     att_shares = np.empty((q.size(0), q.shape[1:].numel()) if att is not None else (1, 1),
                           dtype=real)
@@ -711,33 +787,44 @@ def _backward_impl(grad_out: Tensor, grad_alpha: Tensor | None, q: Tensor, k: Te
     channels = _kernel_channels(q, v)
     att_row = none[0] if att is None else _np(att).reshape(-1)  # (H * C,)
     kernel = _backward_target_kernel(score, bias is not None, dropout_mask is not None,
-                                     has_grad_alpha, *channels)
+                                     has_grad_alpha, *channels, edge_key is not None,
+                                     edge_value is not None)
+    # (E, H * C); the source pass views it per head, so a placeholder needs H * C columns too
+    ek = np.zeros((1, q.shape[1:].numel()), dtype=real) if edge_key is None else _rows(edge_key)
     _run_rows(kernel, rowptr, _rows(q), _rows(k), _rows(v), att_row,
               none if bias is None else _np(bias),
-              none if dropout_mask is None else _np(dropout_mask), _rows(out),
+              none if dropout_mask is None else _np(dropout_mask), ek,
+              none if edge_value is None else _rows(edge_value), _rows(out),
               _rows(grad_out), _np(grad_alpha) if has_grad_alpha else none,
               _np(lse), rowptr, perm, src, csc_position, real(scale), real(negative_slope),
               _rows(grad_q), att_shares, none if bias is None else grad_bias.numpy(),
-              grad_key.numpy(), weight.numpy())
+              grad_key.numpy(), weight.numpy(), none if edge_key is None else _rows(grad_ek),
+              none if edge_value is None else _rows(grad_ev))
     grad_att = q.new_empty(0)
     if att is not None:  # numpy sums the rows in order: the same bits for any thread count
         grad_att = torch.from_numpy(att_shares.sum(axis=0)).view_as(att)
     grad_k, grad_v = q.new_empty(0), q.new_empty(0)  # (0,) unless asked for
     if need_grad_kv:
         grad_k, grad_v = torch.empty_like(k), torch.empty_like(v)
-        kernel = _backward_source_kernel(score, *_source_channels(*channels))
-        _run_rows(kernel, colptr, _rows(q), _rows(k), att_row, real(negative_slope),
-                  _rows(grad_out), colptr, target, grad_key.numpy(), weight.numpy(),
+        has_ek = edge_key is not None and score == GATV2  # only gatv2's dk reads the key term
+        csc_edge = np.empty_like(perm)  # CSC position -> edge id (gatv2 with a key term)
+        if has_ek:
+            csc_edge[csc_position] = perm
+        kernel = _backward_source_kernel(score, *_source_channels(*channels), has_ek)
+        _run_rows(kernel, colptr, _rows(q), _rows(k), att_row, ek, real(negative_slope),
+                  _rows(grad_out), colptr, target, csc_edge, grad_key.numpy(), weight.numpy(),
                   _rows(grad_k), _rows(grad_v))
-    return grad_q, grad_k, grad_v, grad_att, grad_bias
+    return grad_q, grad_k, grad_v, grad_att, grad_bias, grad_ek, grad_ev
 
 
-def _backward_fake(grad_out, grad_alpha, q, k, v, att, bias, dropout_mask, out, lse, rowptr,
-                   perm, src, scale, negative_slope, score, need_grad_kv):
+def _backward_fake(grad_out, grad_alpha, q, k, v, att, bias, dropout_mask, edge_key, edge_value,
+                   out, lse, rowptr, perm, src, scale, negative_slope, score, need_grad_kv):
     return (torch.empty_like(q), torch.empty_like(k) if need_grad_kv else q.new_empty(0),
             torch.empty_like(v) if need_grad_kv else q.new_empty(0),
             q.new_empty(0) if att is None else torch.empty_like(att),
-            q.new_empty(0) if bias is None else torch.empty_like(bias))
+            q.new_empty(0) if bias is None else torch.empty_like(bias),
+            q.new_empty(0) if edge_key is None else torch.empty_like(edge_key),
+            q.new_empty(0) if edge_value is None else torch.empty_like(edge_value))
 
 
 # As torch operators (with their output shapes) the kernels are single opaque calls to
@@ -752,9 +839,11 @@ _backward_op.register_fake(_backward_fake)
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    q, k, v, att, bias, dropout_mask, _, scale, negative_slope, score, need_alpha = inputs
+    (q, k, v, att, bias, dropout_mask, edge_key, edge_value, _, scale, negative_slope, score,
+     need_alpha) = inputs
     out, alpha, lse, rowptr, perm, src = output
-    ctx.save_for_backward(q, k, v, att, bias, dropout_mask, out, lse, rowptr, perm, src)
+    ctx.save_for_backward(q, k, v, att, bias, dropout_mask, edge_key, edge_value, out, lse,
+                          rowptr, perm, src)
     ctx.set_materialize_grads(False)  # an unused alpha gets no gradient pass
     ctx.options = (scale, negative_slope, score)
     ctx.mark_non_differentiable(lse, rowptr, perm, src)
@@ -764,19 +853,21 @@ def _setup_context(ctx, inputs, output) -> None:
 
 def _grads(ctx, grad_out: Tensor | None, grad_alpha: Tensor | None, backward) -> tuple:
     """The inputs' gradients, from ``backward`` (:func:`_backward_impl` or its operator)."""
-    q, k, v, att, bias, dropout_mask, out, lse, rowptr, perm, src = ctx.saved_tensors
+    (q, k, v, att, bias, dropout_mask, edge_key, edge_value, out, lse, rowptr, perm,
+     src) = ctx.saved_tensors
     if grad_out is None:
         grad_out = torch.zeros_like(out)
     if grad_alpha is not None:
         grad_alpha = grad_alpha.contiguous()
     need_grad_kv = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
-    grad_q, grad_k, grad_v, grad_att, grad_bias = backward(
-        grad_out.contiguous(), grad_alpha, q, k, v, att, bias, dropout_mask, out, lse, rowptr,
-        perm, src, *ctx.options, need_grad_kv)
+    grad_q, grad_k, grad_v, grad_att, grad_bias, grad_ek, grad_ev = backward(
+        grad_out.contiguous(), grad_alpha, q, k, v, att, bias, dropout_mask, edge_key,
+        edge_value, out, lse, rowptr, perm, src, *ctx.options, need_grad_kv)
     if not need_grad_kv:
         grad_k = grad_v = None
     return (grad_q, grad_k, grad_v, None if att is None else grad_att,
-            None if bias is None else grad_bias, None, None, None, None, None, None)
+            None if bias is None else grad_bias, None, None if edge_key is None else grad_ek,
+            None if edge_value is None else grad_ev, None, None, None, None, None)
 
 
 _forward_op.register_autograd(
@@ -802,6 +893,7 @@ class _EdgeAttentionCPU(torch.autograd.Function):
 def cpu_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *, scale: float,
                        bias: Tensor | None, dropout_mask: Tensor | None, score: str,
                        negative_slope: float, need_alpha: bool, att: Tensor | None = None,
+                       edge_key: Tensor | None = None, edge_value: Tensor | None = None,
                        ) -> tuple[Tensor, Tensor | None]:
     r"""Edge attention on CPU with fused kernels and O(E * H) memory for training.
 
@@ -827,11 +919,13 @@ def cpu_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *, s
         negative_slope (float): LeakyReLU slope of the additive and gatv2 scores.
         need_alpha (bool): also return the attention weights.
         att (Tensor, optional): ``[H, C]`` attention vector of ``"gatv2"``.
+        edge_key (Tensor, optional): ``[E, H, C]`` added to each edge's key (dot, gatv2).
+        edge_value (Tensor, optional): ``[E, H, C]`` added to each edge's value.
 
     Shapes:
         - **input:** q ``(N_dst, H, C)`` or ``(N_dst, H)``, k ``(N_src, H, C)`` or
           ``(N_src, H)``, v ``(N_src, H, C)``, edge_index ``(2, E)``, bias and dropout_mask
-          ``(E, H)``, att ``(H, C)``
+          ``(E, H)``, att ``(H, C)``, edge_key and edge_value ``(E, H, C)``
         - **output:** out ``(N_dst, H, C)``; alpha ``(E, H)`` (before dropout) or ``None``
     """
     for name, t in (("q", q), ("k", k), ("v", v), ("edge_index", edge_index)):
@@ -845,14 +939,20 @@ def cpu_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *, s
         q, k = F.pad(q, (0, 1)), F.pad(k, (0, 1))  # (N, H, 1)
         if att is not None:
             att = F.pad(att, (0, 1))  # (H, 1)
+        if edge_key is not None:
+            edge_key = F.pad(edge_key, (0, 1))  # (E, H, 1)
     if channels == 0:
         v = F.pad(v, (0, 1))  # (N_src, H, 1); the extra output channel is cut off below
+        if edge_value is not None:
+            edge_value = F.pad(edge_value, (0, 1))  # (E, H, 1)
     q, k, v = (t.to(work).contiguous() for t in (q, k, v))
-    att, bias, dropout_mask = (None if t is None else t.to(work).contiguous()
-                               for t in (att, bias, dropout_mask))
+    att, bias, dropout_mask, edge_key, edge_value = (
+        None if t is None else t.to(work).contiguous()
+        for t in (att, bias, dropout_mask, edge_key, edge_value))
     attend = _forward_op if torch.compiler.is_compiling() else _EdgeAttentionCPU.apply
-    out, alpha = attend(q, k, v, att, bias, dropout_mask, edge_index.contiguous(), scale,
-                        negative_slope, SCORE_KINDS[score], need_alpha)[:2]
+    out, alpha = attend(q, k, v, att, bias, dropout_mask, edge_key, edge_value,
+                        edge_index.contiguous(), scale, negative_slope, SCORE_KINDS[score],
+                        need_alpha)[:2]
     if channels == 0:
         out = out[..., :0]  # the padded channel (a slice would cost a copy in backward otherwise)
     return out.to(dtype), (alpha.to(dtype) if need_alpha else None)

@@ -2,7 +2,8 @@ r"""Fused Triton kernels for edge attention: online softmax over CSR rows, forwa
 
 The reference backend materialises ``[E, H, C]`` messages and runs several kernels. Here the
 whole operator is three kernels in the FlashAttention style; scores and weights live in
-registers and nothing of size ``[E, H, C]`` is ever written.
+registers and nothing of size ``[E, H, C]`` is ever written but the gradients of the per-edge
+terms below, when they are inputs.
 
 **Forward** (one program per target node i and block of heads). The edges sorted by target form
 a CSR matrix; the program walks row i in blocks of ``BLOCK_E`` edges and keeps, per head, a
@@ -11,15 +12,23 @@ running maximum :math:`m`, a running sum :math:`\ell` and an accumulator :math:`
 .. math::
     m' = \max(m, \max_e s_e), \quad
     \ell' = e^{m - m'} \ell + \sum_e e^{s_e - m'}, \quad
-    a' = e^{m - m'} a + \sum_e e^{s_e - m'} d_e \, v_{j(e)}
+    a' = e^{m - m'} a + \sum_e e^{s_e - m'} d_e \, v_e
 
 with :math:`d_e` the dropout multiplier (1 without dropout) and :math:`s_e` the score of edge
-:math:`e = (j \to i)`, computed in the tile: :math:`\text{scale} \cdot q_i \cdot k_j + b_e`
-(``"dot"``), :math:`\text{scale} \cdot \mathrm{LeakyReLU}(q_i + k_j + b_e)` (``"additive"``) or
+:math:`e = (j \to i)`, computed in the tile from its key :math:`k_e` and value :math:`v_e`,
+
+.. math::
+    k_e = k_j + \mathrm{ek}_e, \qquad v_e = v_j + \mathrm{ev}_e,
+
+where the per-edge terms ``edge_key`` :math:`\mathrm{ek}` and ``edge_value``
+:math:`\mathrm{ev}` ``[E, H, C]`` are 0 when not given (``edge_key`` only with ``"dot"`` and
+``"gatv2"``); they are read at the edge ids, like the bias, and added in registers. The score
+is :math:`\text{scale} \cdot q_i \cdot k_e + b_e` (``"dot"``),
+:math:`\text{scale} \cdot \mathrm{LeakyReLU}(q_i + k_j + b_e)` (``"additive"``) or
 
 .. math::
     s_e = \text{scale} \sum_c a_c \, \mathrm{LeakyReLU}(z_{ec}) + b_e, \qquad
-    z_e = q_i + k_j
+    z_e = q_i + k_e
 
 (``"gatv2"``, with the attention vector :math:`a` of the head; :math:`z_e` lives only in
 registers, as a ``(BLOCK_E, BLOCK_H, BLOCK_C)`` tile). It writes
@@ -32,17 +41,18 @@ edge, or every score :math:`-\infty`) gets out 0 and lse :math:`+\infty`, so eve
 When the attention weights are asked for, the kernel also writes the scores :math:`s_e`
 ``[E, H]`` and :math:`\alpha_e = e^{s_e - \mathrm{lse}_i}` is one elementwise pass afterwards.
 
-**Backward** recomputes :math:`\alpha_e` from q, k, bias and the saved lse. With
+**Backward** recomputes :math:`\alpha_e` from q, k, ek, bias and the saved lse. With
 :math:`\delta_i = \sum_c \mathrm{dout}_{ic} \mathrm{out}_{ic}` (plus
 :math:`\sum_e \alpha_e \, \mathrm{d}\alpha_e` when the returned attention weights carry a
 gradient) the softmax gradient of an edge is
 
 .. math::
-    \mathrm{d}s_e = \alpha_e \big(d_e \, \mathrm{dout}_i \cdot v_j + \mathrm{d}\alpha_e
+    \mathrm{d}s_e = \alpha_e \big(d_e \, \mathrm{dout}_i \cdot v_e + \mathrm{d}\alpha_e
     - \delta_i\big).
 
-A pass over target rows gives dq, :math:`\delta` and the bias gradient; a pass over source rows
-(the transposed CSR: edges sorted by source) gives dk and dv. For ``"gatv2"`` both recompute
+A pass over target rows gives dq, :math:`\delta` and the gradients of the per-edge inputs (bias,
+ek, ev), each edge's written once by the program of its target; a pass over source rows (the
+transposed CSR: edges sorted by source) gives dk and dv. For ``"gatv2"`` both recompute
 :math:`z_e`; with :math:`\mathrm{LeakyReLU}'(z) = 1` for :math:`z > 0` and the slope otherwise
 (at 0 like torch), and sums over the edges into target i or out of source j,
 
@@ -53,6 +63,16 @@ A pass over target rows gives dq, :math:`\delta` and the bias gradient; a pass o
     \mathrm{LeakyReLU}'(z_e), \qquad
     \mathrm{d}a = \sum_i \text{scale} \sum_{e \to i} \mathrm{d}s_e \,
     \mathrm{LeakyReLU}(z_e).
+
+The key term enters :math:`s_e` as :math:`k_j` does and the value term is weighted as
+:math:`v_j` is, so their gradients are the terms of :math:`\mathrm{d}k_j` and
+:math:`\mathrm{d}v_j` of one edge, not summed:
+
+.. math::
+    \mathrm{d}\mathrm{ek}_e = \text{scale} \; \mathrm{d}s_e \, q_i \;\; (\text{dot}), \qquad
+    \mathrm{d}\mathrm{ek}_e = \text{scale} \; \mathrm{d}s_e \, a \odot
+    \mathrm{LeakyReLU}'(z_e) \;\; (\text{gatv2}), \qquad
+    \mathrm{d}\mathrm{ev}_e = \alpha_e d_e \, \mathrm{dout}_i.
 
 The target pass writes the share of each target in :math:`\mathrm{d}a` (the inner sum),
 ``[N_dst, H, C]`` in fp32, and torch adds them up. Each program owns the rows it writes, so
@@ -220,9 +240,11 @@ def kernels() -> ModuleType:
 def fused_forward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None,
                   dropout_mask: Tensor | None, csr: CSR, *, scale: float, score: str,
                   negative_slope: float, need_scores: bool, att: Tensor | None = None,
+                  edge_key: Tensor | None = None, edge_value: Tensor | None = None,
                   ) -> tuple[Tensor, Tensor, Tensor | None]:
     """Launch the forward kernel on contiguous inputs and the target CSR of the graph
-    (``att``: the ``[H, C]`` attention vector of ``score="gatv2"``).
+    (``att``: the ``[H, C]`` attention vector of ``score="gatv2"``; ``edge_key``,
+    ``edge_value``: the ``[E, H, C]`` per-edge terms of keys and values).
 
     Returns out ``[N_dst, H, C]`` and lse ``[N_dst, H]`` in fp32, and the scores ``[E, H]``
     (fp32, in ``edge_index`` order) when ``need_scores``.
@@ -236,18 +258,22 @@ def fused_forward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None,
               if need_scores else None)
     if n_dst > 0:
         kernels().forward_kernel[(n_dst, -(-heads // cfg.block_h))](
-            q, k, v, _or(bias, q), _or(att, q), _or(dropout_mask, q), csr.ptr, csr.other,
-            csr.edge_id, out32, lse, _or(scores, lse), scale, negative_slope,
-            H=heads, C=channels, CK=score_channels, SCORE=SCORE_KINDS[score],
-            HAS_BIAS=bias is not None, HAS_DROP=dropout_mask is not None,
-            NEED_SCORES=need_scores, BLOCK_E=cfg.block_e, BLOCK_H=cfg.block_h,
-            BLOCK_C=cfg.block_c, BLOCK_CK=cfg.block_ck, num_warps=cfg.num_warps)
+            q, k, v, _or(bias, q), _or(att, q), _or(dropout_mask, q), _or(edge_key, q),
+            _or(edge_value, v), csr.ptr, csr.other, csr.edge_id, out32, lse, _or(scores, lse),
+            scale, negative_slope, H=heads, C=channels, CK=score_channels,
+            SCORE=SCORE_KINDS[score], HAS_BIAS=bias is not None,
+            HAS_DROP=dropout_mask is not None, HAS_EK=edge_key is not None,
+            HAS_EV=edge_value is not None, NEED_SCORES=need_scores, BLOCK_E=cfg.block_e,
+            BLOCK_H=cfg.block_h, BLOCK_C=cfg.block_c, BLOCK_CK=cfg.block_ck,
+            num_warps=cfg.num_warps)
     return out32, lse, scores
 
 
-def _alpha_dtype(q: Tensor, k: Tensor, bias: Tensor | None, att: Tensor | None) -> torch.dtype:
+def _alpha_dtype(q: Tensor, k: Tensor, bias: Tensor | None, att: Tensor | None,
+                 edge_key: Tensor | None = None) -> torch.dtype:
+    """The dtype of the scores of the reference backend: that of q, k and what they meet."""
     dtype = torch.promote_types(q.dtype, k.dtype)
-    for t in (bias, att):
+    for t in (bias, att, edge_key):
         if t is not None:
             dtype = torch.promote_types(dtype, t.dtype)
     return dtype
@@ -256,6 +282,7 @@ def _alpha_dtype(q: Tensor, k: Tensor, bias: Tensor | None, att: Tensor | None) 
 def _forward(q: Tensor, k: Tensor, v: Tensor, att: Tensor | None, bias: Tensor | None,
              dropout_mask: Tensor | None, edge_index: Tensor, scale: float,
              negative_slope: float, score: str, need_alpha: bool,
+             edge_key: Tensor | None = None, edge_value: Tensor | None = None,
              ) -> tuple[Tensor, Tensor, Tensor, CSR]:
     """The forward pass on contiguous inputs: out (fp32), alpha (``[0, H]`` unless
     ``need_alpha``), lse and the target CSR."""
@@ -263,8 +290,9 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, att: Tensor | None, bias: Tensor |
     # fp32 out: backward's delta = dout . out must not see the rounding of a half out.
     out32, lse, scores = fused_forward(q, k, v, bias, dropout_mask, csr, scale=scale,
                                        score=score, att=att, negative_slope=negative_slope,
-                                       need_scores=need_alpha)
-    alpha_dtype = _alpha_dtype(q, k, bias, att)
+                                       need_scores=need_alpha, edge_key=edge_key,
+                                       edge_value=edge_value)
+    alpha_dtype = _alpha_dtype(q, k, bias, att, edge_key)
     if need_alpha:
         # lse = +inf on rows without weight, scores -inf on masked edges: exp gives 0.
         alpha = torch.exp(scores - lse[edge_index[1]]).to(alpha_dtype)  # (E, H)
@@ -276,41 +304,51 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, att: Tensor | None, bias: Tensor |
 def _backward(dout: Tensor, dalpha: Tensor | None, q: Tensor, k: Tensor, v: Tensor,
               att: Tensor | None, bias: Tensor | None, dropout_mask: Tensor | None,
               edge_index: Tensor, out32: Tensor, lse: Tensor, csr: CSR, scale: float,
-              negative_slope: float, score: str, need_dbias: bool, need_datt: bool,
-              ) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor | None]:
+              negative_slope: float, score: str, need_dbias: bool, need_datt: bool, *,
+              edge_key: Tensor | None = None, edge_value: Tensor | None = None,
+              need_dedge_key: bool = False, need_dedge_value: bool = False,
+              ) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor | None, Tensor | None,
+                         Tensor | None]:
     """The backward passes: dq, dk, dv, d att (when ``need_datt``), d bias (when
-    ``need_dbias``)."""
+    ``need_dbias``), d edge_key and d edge_value (when ``need_dedge_key``,
+    ``need_dedge_value``)."""
     n_dst, (n_src, heads, channels) = q.size(0), v.shape
     score_channels = _score_channels(q, score)
     cfg = launch_config(heads, channels, score_channels)
     flags = dict(H=heads, C=channels, CK=score_channels, SCORE=SCORE_KINDS[score],
                  HAS_BIAS=bias is not None, HAS_DROP=dropout_mask is not None,
+                 HAS_EK=edge_key is not None, HAS_EV=edge_value is not None,
                  HAS_DALPHA=dalpha is not None, BLOCK_E=cfg.block_e, BLOCK_H=cfg.block_h,
                  BLOCK_C=cfg.block_c, BLOCK_CK=cfg.block_ck, num_warps=cfg.num_warps)
     head_blocks = -(-heads // cfg.block_h)
+    ek, ev = _or(edge_key, q), _or(edge_value, v)  # placeholders when absent
 
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
     dbias = torch.empty_like(bias) if need_dbias else None
+    # every edge has a target, so the target pass writes every row of these
+    dedge_key = torch.empty_like(edge_key) if need_dedge_key else None  # (E, H, C)
+    dedge_value = torch.empty_like(edge_value) if need_dedge_value else None  # (E, H, C_v)
     # gatv2: each target's share of d att, added up below (no atomics)
     datt_rows = (torch.empty(n_dst, *att.shape, device=v.device, dtype=torch.float32)
                  if need_datt else None)  # (N_dst, H, C)
     delta = torch.empty(n_dst, heads, device=v.device, dtype=torch.float32)
     if n_dst > 0:
         kernels().backward_target_kernel[(n_dst, head_blocks)](
-            q, k, v, _or(bias, q), _or(att, q), _or(dropout_mask, q), out32, dout, lse,
+            q, k, v, _or(bias, q), _or(att, q), _or(dropout_mask, q), ek, ev, out32, dout, lse,
             _or(dalpha, lse), csr.ptr, csr.other, csr.edge_id, dq, _or(dbias, lse),
-            _or(datt_rows, lse), delta, scale, negative_slope, NEED_DBIAS=need_dbias,
-            NEED_DATT=need_datt, **flags)
+            _or(datt_rows, lse), _or(dedge_key, lse), _or(dedge_value, lse), delta, scale,
+            negative_slope, NEED_DBIAS=need_dbias, NEED_DATT=need_datt,
+            NEED_DEK=need_dedge_key, NEED_DEV=need_dedge_value, **flags)
     if n_src > 0:
         csc = build_csr(edge_index[0], edge_index[1], n_src, n_dst)
         kernels().backward_source_kernel[(n_src, head_blocks)](
-            q, k, v, _or(bias, q), _or(att, q), _or(dropout_mask, q), dout, lse, delta,
+            q, k, v, _or(bias, q), _or(att, q), _or(dropout_mask, q), ek, ev, dout, lse, delta,
             _or(dalpha, lse), csc.ptr, csc.other, csc.edge_id, dk, dv, scale, negative_slope,
             **flags)
     datt = datt_rows.sum(dim=0).to(att.dtype) if need_datt else None  # (H, C)
-    return dq, dk, dv, datt, dbias
+    return dq, dk, dv, datt, dbias, dedge_key, dedge_value
 
 
 class FusedEdgeAttention(torch.autograd.Function):
@@ -321,11 +359,13 @@ class FusedEdgeAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, att: Tensor | None, bias: Tensor | None,
                 dropout_mask: Tensor | None, edge_index: Tensor, scale: float,
-                negative_slope: float, score: str, need_alpha: bool) -> tuple[Tensor, Tensor]:
+                negative_slope: float, score: str, need_alpha: bool,
+                edge_key: Tensor | None, edge_value: Tensor | None) -> tuple[Tensor, Tensor]:
         out32, alpha, lse, csr = _forward(q, k, v, att, bias, dropout_mask, edge_index, scale,
-                                          negative_slope, score, need_alpha)
+                                          negative_slope, score, need_alpha, edge_key,
+                                          edge_value)
         ctx.save_for_backward(q, k, v, att, bias, dropout_mask, edge_index, out32, lse, csr.ptr,
-                              csr.other, csr.edge_id)
+                              csr.other, csr.edge_id, edge_key, edge_value)
         ctx.options = (scale, negative_slope, score)
         ctx.set_materialize_grads(False)
         if not need_alpha:
@@ -334,38 +374,45 @@ class FusedEdgeAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout: Tensor | None, dalpha: Tensor | None):
-        (q, k, v, att, bias, dropout_mask, edge_index, out32, lse, rowptr, col,
-         eid) = ctx.saved_tensors
+        (q, k, v, att, bias, dropout_mask, edge_index, out32, lse, rowptr, col, eid, edge_key,
+         edge_value) = ctx.saved_tensors
         dout = torch.zeros_like(out32) if dout is None else dout.contiguous()
         dalpha = dalpha.contiguous() if dalpha is not None else None
-        dq, dk, dv, datt, dbias = _backward(
+        dq, dk, dv, datt, dbias, dedge_key, dedge_value = _backward(
             dout, dalpha, q, k, v, att, bias, dropout_mask, edge_index, out32, lse,
-            CSR(rowptr, col, eid), *ctx.options, need_dbias=bias is not None and
-            ctx.needs_input_grad[4], need_datt=att is not None and ctx.needs_input_grad[3])
-        return dq, dk, dv, datt, dbias, None, None, None, None, None, None
+            CSR(rowptr, col, eid), *ctx.options,
+            need_dbias=bias is not None and ctx.needs_input_grad[4],
+            need_datt=att is not None and ctx.needs_input_grad[3], edge_key=edge_key,
+            edge_value=edge_value,
+            need_dedge_key=edge_key is not None and ctx.needs_input_grad[11],
+            need_dedge_value=edge_value is not None and ctx.needs_input_grad[12])
+        return (dq, dk, dv, datt, dbias, None, None, None, None, None, None, dedge_key,
+                dedge_value)
 
 
 # The same passes as torch operators, which torch.compile calls as single opaque nodes (with
 # their output shapes) instead of tracing into Triton launches. Eager autograd goes through
 # FusedEdgeAttention, which keeps the target CSR for backward; the backward operator builds it
-# again from edge_index (one sort of E entries).
+# again from edge_index (one sort of E entries). The per-edge terms come last, with defaults,
+# so that calls without them keep their form.
 @torch.library.custom_op("graphattn::triton_edge_attention", mutates_args=())
 def _forward_op(q: Tensor, k: Tensor, v: Tensor, att: Tensor | None, bias: Tensor | None,
                 dropout_mask: Tensor | None, edge_index: Tensor, scale: float,
                 negative_slope: float, score: str, need_alpha: bool,
+                edge_key: Tensor | None = None, edge_value: Tensor | None = None,
                 ) -> tuple[Tensor, Tensor, Tensor]:
     """out (fp32), alpha and lse; see :func:`_forward`."""
     return _forward(q, k, v, att, bias, dropout_mask, edge_index, scale, negative_slope, score,
-                    need_alpha)[:3]
+                    need_alpha, edge_key, edge_value)[:3]
 
 
 @_forward_op.register_fake
 def _forward_fake(q, k, v, att, bias, dropout_mask, edge_index, scale, negative_slope, score,
-                  need_alpha):
+                  need_alpha, edge_key=None, edge_value=None):
     n_dst, heads, channels = q.size(0), v.size(1), v.size(2)
     return (v.new_empty(n_dst, heads, channels, dtype=torch.float32),
             v.new_empty(edge_index.size(1) if need_alpha else 0, heads,
-                        dtype=_alpha_dtype(q, k, bias, att)),
+                        dtype=_alpha_dtype(q, k, bias, att, edge_key)),
             v.new_empty(n_dst, heads, dtype=torch.float32))
 
 
@@ -374,29 +421,36 @@ def _backward_op(dout: Tensor, dalpha: Tensor | None, q: Tensor, k: Tensor, v: T
                  att: Tensor | None, bias: Tensor | None, dropout_mask: Tensor | None,
                  edge_index: Tensor, out32: Tensor, lse: Tensor, scale: float,
                  negative_slope: float, score: str, need_dbias: bool, need_datt: bool,
-                 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """dq, dk, dv, d att and d bias (the last two empty when not asked for); see
-    :func:`_backward`."""
+                 edge_key: Tensor | None = None, edge_value: Tensor | None = None,
+                 need_dedge_key: bool = False, need_dedge_value: bool = False,
+                 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """dq, dk, dv, d att, d bias, d edge_key and d edge_value (the last four empty when not
+    asked for); see :func:`_backward`."""
     csr = build_csr(edge_index[1], edge_index[0], q.size(0), v.size(0))
-    dq, dk, dv, datt, dbias = _backward(dout, dalpha, q, k, v, att, bias, dropout_mask,
-                                        edge_index, out32, lse, csr, scale, negative_slope,
-                                        score, need_dbias, need_datt)
-    return (dq, dk, dv, q.new_empty(0) if datt is None else datt,
-            q.new_empty(0) if dbias is None else dbias)
+    grads = _backward(dout, dalpha, q, k, v, att, bias, dropout_mask, edge_index, out32, lse,
+                      csr, scale, negative_slope, score, need_dbias, need_datt,
+                      edge_key=edge_key, edge_value=edge_value, need_dedge_key=need_dedge_key,
+                      need_dedge_value=need_dedge_value)
+    return tuple(q.new_empty(0) if g is None else g for g in grads)
 
 
 @_backward_op.register_fake
 def _backward_fake(dout, dalpha, q, k, v, att, bias, dropout_mask, edge_index, out32, lse,
-                   scale, negative_slope, score, need_dbias, need_datt):
+                   scale, negative_slope, score, need_dbias, need_datt, edge_key=None,
+                   edge_value=None, need_dedge_key=False, need_dedge_value=False):
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
             torch.empty_like(att) if need_datt else q.new_empty(0),
-            torch.empty_like(bias) if need_dbias else q.new_empty(0))
+            torch.empty_like(bias) if need_dbias else q.new_empty(0),
+            torch.empty_like(edge_key) if need_dedge_key else q.new_empty(0),
+            torch.empty_like(edge_value) if need_dedge_value else q.new_empty(0))
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    q, k, v, att, bias, dropout_mask, edge_index, scale, negative_slope, score, need_alpha = inputs
+    (q, k, v, att, bias, dropout_mask, edge_index, scale, negative_slope, score, need_alpha,
+     edge_key, edge_value) = inputs
     out32, alpha, lse = output
-    ctx.save_for_backward(q, k, v, att, bias, dropout_mask, edge_index, out32, lse)
+    ctx.save_for_backward(q, k, v, att, bias, dropout_mask, edge_index, out32, lse, edge_key,
+                          edge_value)
     ctx.options = (scale, negative_slope, score)
     ctx.set_materialize_grads(False)
     ctx.mark_non_differentiable(lse)
@@ -405,16 +459,20 @@ def _setup_context(ctx, inputs, output) -> None:
 
 
 def _op_grads(ctx, dout: Tensor | None, dalpha: Tensor | None, _dlse) -> tuple:
-    q, k, v, att, bias, dropout_mask, edge_index, out32, lse = ctx.saved_tensors
+    q, k, v, att, bias, dropout_mask, edge_index, out32, lse, edge_key, edge_value = (
+        ctx.saved_tensors)
     need_dbias = bias is not None and ctx.needs_input_grad[4]
     need_datt = att is not None and ctx.needs_input_grad[3]
+    need_dedge_key = edge_key is not None and ctx.needs_input_grad[11]
+    need_dedge_value = edge_value is not None and ctx.needs_input_grad[12]
     dout = torch.zeros_like(out32) if dout is None else dout.contiguous()
     dalpha = dalpha.contiguous() if dalpha is not None else None
-    dq, dk, dv, datt, dbias = _backward_op(dout, dalpha, q, k, v, att, bias, dropout_mask,
-                                           edge_index, out32, lse, *ctx.options, need_dbias,
-                                           need_datt)
+    dq, dk, dv, datt, dbias, dedge_key, dedge_value = _backward_op(
+        dout, dalpha, q, k, v, att, bias, dropout_mask, edge_index, out32, lse, *ctx.options,
+        need_dbias, need_datt, edge_key, edge_value, need_dedge_key, need_dedge_value)
     return (dq, dk, dv, datt if need_datt else None, dbias if need_dbias else None,
-            None, None, None, None, None, None)
+            None, None, None, None, None, None, dedge_key if need_dedge_key else None,
+            dedge_value if need_dedge_value else None)
 
 
 _forward_op.register_autograd(_op_grads, setup_context=_setup_context)
@@ -428,23 +486,26 @@ def _or(tensor: Tensor | None, placeholder: Tensor) -> Tensor:
 def triton_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
                           scale: float, bias: Tensor | None, dropout_mask: Tensor | None,
                           score: str, negative_slope: float, need_alpha: bool,
-                          att: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+                          att: Tensor | None = None, edge_key: Tensor | None = None,
+                          edge_value: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
     r"""The ``"triton"`` backend of :func:`~graphattn.functional.edge_attention`: fused kernels.
 
     Computes exactly what :func:`~graphattn.functional.attention.reference_edge_attention`
     computes,
 
     .. math::
-        \alpha_{ij} = \operatorname{softmax}_{j \in \mathcal{N}(i)} s_{ij}, \qquad
-        \mathrm{out}_i = \sum_{j \in \mathcal{N}(i)} \alpha_{ij} \, d_{ij} \, v_j
+        \alpha_e = \operatorname{softmax}_{e \to i} s_e, \qquad
+        \mathrm{out}_i = \sum_{e = (j \to i)} \alpha_e \, d_e \, (v_j + \mathrm{ev}_e)
 
-    with :math:`s_{ij} = \text{scale} \cdot q_i \cdot k_j + b_{ij}` (``"dot"``),
-    :math:`\text{scale} \cdot \mathrm{LeakyReLU}(q_i + k_j + b_{ij})` (``"additive"``) or
-    :math:`\text{scale} \cdot a^\top \mathrm{LeakyReLU}(q_i + k_j) + b_{ij}` (``"gatv2"``) and
-    :math:`d_{ij}` the dropout multiplier, with online softmax over CSR rows (see the module
-    docstring). Statistics are fp32 whatever the input dtype (fp32, fp16, bf16); out has the
-    dtype of ``v``. Gradients flow to q, k, v, bias, att and through the returned alpha; they
-    are deterministic (no atomics).
+    with :math:`s_e = \text{scale} \cdot q_i \cdot (k_j + \mathrm{ek}_e) + b_e` (``"dot"``),
+    :math:`\text{scale} \cdot \mathrm{LeakyReLU}(q_i + k_j + b_e)` (``"additive"``) or
+    :math:`\text{scale} \cdot a^\top \mathrm{LeakyReLU}(q_i + k_j + \mathrm{ek}_e) + b_e`
+    (``"gatv2"``), :math:`d_e` the dropout multiplier and the per-edge terms
+    :math:`\mathrm{ek}_e`, :math:`\mathrm{ev}_e` 0 when not given, with online softmax over
+    CSR rows (see the module docstring). Statistics are fp32 whatever the input dtype (fp32,
+    fp16, bf16); out has the dtype of ``v``. Gradients flow to q, k, v, bias, att, edge_key,
+    edge_value and through the returned alpha; they are deterministic (no atomics). No
+    ``[E, H, C]`` tensor is made but the gradients of edge_key and edge_value.
 
     Args:
         q (Tensor): ``[N_dst, H, C]`` (``[N_dst, H]`` when additive).
@@ -460,32 +521,42 @@ def triton_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *
         need_alpha (bool): also return :math:`\alpha` (before dropout).
         att (Tensor, optional): ``[H, C]`` attention vector :math:`a` of ``"gatv2"``, checked
             by the caller. (default: ``None``)
+        edge_key (Tensor, optional): ``[E, H, C]`` added to the key of each edge, in
+            ``edge_index`` order; ``"dot"`` and ``"gatv2"`` only. (default: ``None``)
+        edge_value (Tensor, optional): ``[E, H, C_v]`` added to the value of each edge, in
+            ``edge_index`` order. (default: ``None``)
 
     Shapes:
         - **input:** q ``(N_dst, H, C)``, k ``(N_src, H, C)``, v ``(N_src, H, C_v)``,
-          edge_index ``(2, E)``, bias ``(E, H)``, att ``(H, C)``
+          edge_index ``(2, E)``, bias ``(E, H)``, att ``(H, C)``, edge_key ``(E, H, C)``,
+          edge_value ``(E, H, C_v)``
         - **output:** out ``(N_dst, H, C_v)``; alpha ``(E, H)`` or ``None``
 
     Raises:
         ImportError: triton is not installed.
         TypeError: an input is not fp32, fp16 or bf16.
-        ValueError: the tensors are not on a CUDA device and Triton's interpreter is off.
+        ValueError: the tensors are not on a CUDA device and Triton's interpreter is off, or
+            edge_key comes with the additive score.
     """
     if not triton_available():
         raise ImportError(f"backend='triton' needs the optional package triton, which is not "
                           f"installed: {INSTALL_HINT}")
-    for name, t in (("q", q), ("k", k), ("v", v), ("bias", bias), ("att", att)):
+    for name, t in (("q", q), ("k", k), ("v", v), ("bias", bias), ("att", att),
+                    ("edge_key", edge_key), ("edge_value", edge_value)):
         if t is not None and t.dtype not in DTYPES:
             raise TypeError(f"backend='triton' supports float32, float16 and bfloat16 inputs, "
                             f"got {name} of dtype {t.dtype}")
     if q.device.type != "cuda" and not interpret_mode():
         raise ValueError(f"backend='triton' runs on CUDA tensors, got q on {q.device} (on CPU, "
                          f"set TRITON_INTERPRET=1 to run the kernels in Triton's interpreter)")
-    q, k, v, att, bias, dropout_mask, edge_index = (
+    if edge_key is not None and score == "additive":
+        raise ValueError("edge_key needs the dot or gatv2 score, whose keys have channels; "
+                         "got score='additive'")
+    q, k, v, att, bias, dropout_mask, edge_index, edge_key, edge_value = (
         None if t is None else t.contiguous()
-        for t in (q, k, v, att, bias, dropout_mask, edge_index))
+        for t in (q, k, v, att, bias, dropout_mask, edge_index, edge_key, edge_value))
     inputs = (q, k, v, att, bias, dropout_mask, edge_index, scale, negative_slope, score,
-              need_alpha)
+              need_alpha, edge_key, edge_value)
     if torch.compiler.is_compiling():
         out32, alpha, _ = _forward_op(*inputs)
         out = out32.to(v.dtype)

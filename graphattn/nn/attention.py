@@ -26,7 +26,7 @@ from graphattn.functional.attention import (
     dense_attention,
     edge_attention_unchecked,
 )
-from graphattn.functional.dropout import dropout, dropout_mask
+from graphattn.functional.dropout import dropout
 from graphattn.graphs import SPARSE_LAYOUTS, from_sparse_adjacency, to_sparse_adjacency
 
 
@@ -210,11 +210,9 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             the gatv2 score this is ``GATv2Conv``'s way, inside the LeakyReLU);
             ``"key_value"`` adds it to the key and the value, :math:`v_{ij} = v_j + W^E
             e_{ij}` (``TransformerConv``'s way). ``"key"`` and ``"key_value"`` are for the dot
-            and gatv2 scores. Each edge gets a key (and value) ``[H, C]`` of its own, as PyG
-            does; with the dot score and more than ``EDGE_CHUNK`` (65536) edges, the key term
-            enters instead as the score bias :math:`q_i \cdot W^E e_{ij} / \sqrt{C}` and the
-            value term as :math:`\sum_j \alpha_{ij} W^E e_{ij}` beside the fused operator, in
-            chunks of edges, which holds less memory. (default: ``"bias"``)
+            and gatv2 scores. The operator takes :math:`W^E e_{ij}` as its ``edge_key`` (and
+            ``edge_value``): the ``cpu`` and ``triton`` kernels add it as they go, where PyG
+            builds a key (and value) ``[H, C]`` per edge. (default: ``"bias"``)
         fill_value (float or Tensor or str, optional): ``edge_attr`` of the added self-loops,
             as in PyG: ``"mean"``, ``"add"``, ``"max"``, ``"min"`` or ``"mul"`` of the target's
             other in-edge features (0 without any), or a constant. (default: ``"mean"``)
@@ -337,40 +335,20 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
                     self.training)  # (N_src, H, C)
         if self.attention == "additive":
             q, k = q.squeeze(-1), k.squeeze(-1)  # (N, H)
-        bias, attn_index, backend = None, edge_index, self.backend
-        edge_values = mask = None  # W^E e_ij (E, H, C) of "key_value" with the dot score
+        bias = edge_key = edge_value = None
         if self.lin_edge is not None and edge_attr is not None:
             if self.edge_mode == "bias":
                 bias = self.lin_edge(edge_attr)  # (E, H)
-            elif self.attention == "dot" and (torch.compiler.is_compiling()
-                                              or edge_index.size(1) > EDGE_CHUNK):
-                # q_i . (k_j + W^E e_ij) = q_i . k_j + q_i . W^E e_ij: the key term is a score
-                # bias; the value term is added below with the same (dropped) weights. Up to one
-                # chunk of edges the per-edge keys below are faster; beyond, this holds less.
-                edge = self.lin_edge(edge_attr).view(-1, H, C)  # (E, H, C)
-                bias = _TargetDot.apply(q, edge, edge_index[1]) * C**-0.5  # (E, H)
-                if self.edge_mode == "key_value":
-                    edge_values = edge
-                    if self.training and self.dropout > 0:
-                        mask = dropout_mask(bias.shape, self.dropout, device=v.device,
-                                            dtype=v.dtype)  # (E, H)
-            else:
-                k, v, attn_index = self._edges_as_sources(k, v, edge_index, edge_attr)
-                if backend == "auto" and q.device.type == "cpu":
-                    backend = "cpu"  # one edge per source: density 1 / N_dst, never dense
+            else:  # W^E e_ij enters the key k_j (and the value v_j) of each edge
+                edge_key = self.lin_edge(edge_attr).view(-1, H, C)  # (E, H, C)
+                edge_value = edge_key if self.edge_mode == "key_value" else None
         # edge_index was checked above and q, k, v are built to match it: skip the re-check.
-        result = edge_attention_unchecked(q, k, v, attn_index, scale=None, bias=bias,
+        result = edge_attention_unchecked(q, k, v, edge_index, scale=None, bias=bias,
                                           dropout_p=self.dropout, training=self.training,
-                                          return_attention=(return_attention_weights
-                                                            or edge_values is not None),
-                                          backend=backend, score=self.attention,
+                                          return_attention=return_attention_weights,
+                                          backend=self.backend, score=self.attention,
                                           negative_slope=self.negative_slope, att=self.att,
-                                          dropout_mask=mask)
-        if edge_values is not None:
-            out, alpha = result
-            weight = alpha if mask is None else alpha * mask  # (E, H): the weights out used
-            out = out + _WeightedEdgeSum.apply(weight, edge_values, edge_index[1], N_dst)
-            result = (out, alpha) if return_attention_weights else out
+                                          edge_key=edge_key, edge_value=edge_value)
         if return_attention_weights:
             out, alpha = result
             if adjacency is not None:
@@ -379,24 +357,6 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
                 return self._merge_heads(out, x_dst), (adj, alpha)  # alpha in entries' order
             return self._merge_heads(out, x_dst), (edge_index, alpha)
         return self._merge_heads(result, x_dst)  # (N_dst, H*C) or (N_dst, C)
-
-    def _edges_as_sources(self, k: Tensor, v: Tensor, edge_index: Tensor, edge_attr: Tensor,
-                          ) -> tuple[Tensor, Tensor, Tensor]:
-        """One key (and value) per edge, ``k_j + W^E e_ij``, for ``edge_mode="key"`` and
-        ``"key_value"`` (with the dot score: up to ``EDGE_CHUNK`` edges).
-
-        Edge e = (j -> i) becomes a source of its own: ``k'_e = k_j + W^E e_ij``, ``v'_e = v_j``
-        (``+ W^E e_ij`` for ``"key_value"``), and the graph the operator sees is e -> i. Each
-        target then attends over exactly its in-edges, in ``edge_index``'s order, through
-        whichever backend runs, and autograd carries the gradients back through the gather.
-        """
-        E = edge_index.size(1)
-        src, dst = edge_index
-        edge = self.lin_edge(edge_attr).view(E, self.heads, k.size(-1))  # (E, H, C)
-        k = k[src] + edge  # (E, H, C)
-        v = v[src] + edge if self.edge_mode == "key_value" else v[src]  # (E, H, C)
-        edge_ids = torch.arange(E, device=edge_index.device, dtype=edge_index.dtype)
-        return k, v, torch.stack([edge_ids, dst])  # (2, E): edge e -> its target
 
     def _check_edge_attr(self, edge_attr: Tensor | None, num_edges: int) -> Tensor | None:
         if edge_attr is None:
@@ -421,71 +381,6 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             extra += f", edge_dim={self.edge_dim}"
             extra += "" if self.edge_mode == "bias" else f", edge_mode={self.edge_mode!r}"
         return f"{self.__class__.__name__}({self._repr_args()}{extra})"
-
-
-# Edges per step of the two edge-term functions below: their [chunk, H, C] temporaries stay
-# small, so only the [E, H, C] edge term and its gradient are ever held whole.
-EDGE_CHUNK = 1 << 16
-
-
-def _chunks(num_edges: int) -> list[slice]:
-    """Slices of at most ``EDGE_CHUNK`` edges; one slice under ``torch.compile``, whose edge
-    count may be known only at run time (the compiler fuses the gathers there instead)."""
-    if torch.compiler.is_compiling():
-        return [slice(None)]
-    return [slice(a, a + EDGE_CHUNK) for a in range(0, num_edges, EDGE_CHUNK)]
-
-
-class _TargetDot(torch.autograd.Function):
-    """``b_e = q_i . w_e`` per head for each edge e = (j -> i), ``[E, H]``, in chunks of edges;
-    backward keeps q and w, never the gathered rows ``q_i`` ``[E, H, C]``."""
-
-    @staticmethod
-    def forward(ctx, q: Tensor, w: Tensor, dst: Tensor) -> Tensor:
-        ctx.save_for_backward(q, w, dst)
-        out = w.new_empty(w.shape[:2])  # (E, H)
-        for s in _chunks(w.size(0)):
-            out[s] = (q.index_select(0, dst[s]) * w[s]).sum(dim=-1)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
-        q, w, dst = ctx.saved_tensors
-        grad_q = torch.zeros_like(q) if ctx.needs_input_grad[0] else None  # (N_dst, H, C)
-        grad_w = torch.empty_like(w) if ctx.needs_input_grad[1] else None  # (E, H, C)
-        for s in _chunks(w.size(0)):
-            g = grad[s].unsqueeze(-1)  # (chunk, H, 1)
-            if grad_q is not None:
-                grad_q.index_add_(0, dst[s], g * w[s])
-            if grad_w is not None:
-                grad_w[s] = g * q.index_select(0, dst[s])
-        return grad_q, grad_w, None
-
-
-class _WeightedEdgeSum(torch.autograd.Function):
-    """``out_i = sum_e a_e w_e`` over the edges e into each target i, ``[N_dst, H, C]``, from
-    weights a ``[E, H]`` and edge terms w ``[E, H, C]``, in chunks of edges."""
-
-    @staticmethod
-    def forward(ctx, weight: Tensor, w: Tensor, dst: Tensor, num_dst: int) -> Tensor:
-        ctx.save_for_backward(weight, w, dst)
-        out = w.new_zeros(num_dst, *w.shape[1:])  # (N_dst, H, C)
-        for s in _chunks(w.size(0)):
-            out.index_add_(0, dst[s], weight[s].unsqueeze(-1) * w[s])
-        return out
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None, None]:
-        weight, w, dst = ctx.saved_tensors
-        grad_weight = torch.empty_like(weight) if ctx.needs_input_grad[0] else None  # (E, H)
-        grad_w = torch.empty_like(w) if ctx.needs_input_grad[1] else None  # (E, H, C)
-        for s in _chunks(w.size(0)):
-            g = grad.index_select(0, dst[s])  # (chunk, H, C)
-            if grad_weight is not None:
-                grad_weight[s] = (g * w[s]).sum(dim=-1)
-            if grad_w is not None:
-                grad_w[s] = weight[s].unsqueeze(-1) * g
-        return grad_weight, grad_w, None, None
 
 
 # how edge features enter the attention (GraphSelfAttention's edge_mode)

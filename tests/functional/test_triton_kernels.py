@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import GRAPHS, assert_close, random_graph
+from conftest import GRAPHS, assert_close, attention_inputs, random_graph
 
 from graphattn.functional import attention, edge_attention, reference_edge_attention
 from graphattn.functional import triton_kernels as tk
@@ -34,26 +34,6 @@ def interpreter():
         if not tk.interpret_mode():
             pytest.skip("TRITON_INTERPRET=1 did not switch this triton to its interpreter")
         yield
-
-
-def make_inputs(num_src: int, num_dst: int, num_edges: int, heads: int, channels: int, *,
-                score: str = "dot", bias: bool = True, dtype: torch.dtype = torch.float32,
-                seed: int = 0, value_channels: int | None = None,
-                ) -> dict[str, torch.Tensor | None]:
-    """Random q, k, v (and bias, and att for gatv2) in ``dtype``, leaves that require grad;
-    v has ``value_channels`` (default: ``channels``)."""
-    gen = torch.Generator().manual_seed(seed)
-    qk_shape = (heads,) if score == "additive" else (heads, channels)
-    value_channels = channels if value_channels is None else value_channels
-    tensors = {
-        "q": torch.randn(num_dst, *qk_shape, generator=gen),
-        "k": torch.randn(num_src, *qk_shape, generator=gen),
-        "v": torch.randn(num_src, heads, value_channels, generator=gen),
-        "bias": torch.randn(num_edges, heads, generator=gen) if bias else None,
-        "att": torch.randn(heads, channels, generator=gen) if score == "gatv2" else None,
-    }
-    return {name: None if t is None else t.to(dtype).requires_grad_()
-            for name, t in tensors.items()}
 
 
 def run_backend(backend, inputs, edge_index, *, score="dot", scale=0.5, dropout_mask=None,
@@ -93,7 +73,7 @@ def check_against_reference(inputs, edge_index, *, score="dot", scale=0.5, dropo
 @pytest.mark.parametrize("score", attention.SCORES)
 def test_matches_reference_on_graph_registry(interpreter, graph_case, score):
     ei = graph_case.edge_index
-    inputs = make_inputs(graph_case.num_src, graph_case.num_dst, ei.size(1), 2, 8, score=score)
+    inputs = attention_inputs(graph_case.num_src, graph_case.num_dst, ei.size(1), 2, 8, score=score)
     got = check_against_reference(inputs, ei, score=score)
     isolated = torch.ones(graph_case.num_dst, dtype=torch.bool)
     isolated[ei[1]] = False
@@ -108,7 +88,7 @@ def test_matches_reference_on_graph_registry(interpreter, graph_case, score):
 def test_heads_and_channels(interpreter, score, heads, channels, bias):
     """Channel tiles padded (C = 12) or not, head blocks full or partial (H = 3, C = 64)."""
     ei = random_graph(16, 48, seed=heads * 100 + channels)
-    inputs = make_inputs(16, 16, 48, heads, channels, score=score, bias=bias, seed=channels)
+    inputs = attention_inputs(16, 16, 48, heads, channels, score=score, bias=bias, seed=channels)
     check_against_reference(inputs, ei, score=score, scale=channels ** -0.5)
 
 
@@ -119,8 +99,8 @@ def test_channels_of_v_unlike_those_of_q(interpreter, score, channels, value_cha
     """q and k with C channels, v with C_v: separate channel tiles (padded for 12 and 5; at
     C = 64 the q, k tile sets the head block)."""
     ei = random_graph(12, 40, seed=channels + value_channels)
-    inputs = make_inputs(12, 12, 40, 4, channels, score=score, value_channels=value_channels,
-                         seed=value_channels)
+    inputs = attention_inputs(12, 12, 40, 4, channels, score=score, value_channels=value_channels,
+                              seed=value_channels)
     got = check_against_reference(inputs, ei, score=score, scale=channels ** -0.5)
     assert got["out"].shape == (12, 4, value_channels)
 
@@ -141,7 +121,7 @@ def star_graph(degree: int, extra: int = 6, seed: int = 0) -> torch.Tensor:
 @pytest.mark.parametrize("score", attention.SCORES)
 def test_degree_200_row(interpreter, score):
     ei = star_graph(200)
-    inputs = make_inputs(40, 40, ei.size(1), 2, 8, score=score, seed=3)
+    inputs = attention_inputs(40, 40, ei.size(1), 2, 8, score=score, seed=3)
     check_against_reference(inputs, ei, score=score, scale=2.0)
 
 
@@ -149,7 +129,7 @@ def test_degree_200_row(interpreter, score):
 @pytest.mark.parametrize("score", attention.SCORES)
 def test_dropout_mask_in_forward_and_backward(interpreter, score):
     ei = random_graph(12, 40, seed=5)
-    inputs = make_inputs(12, 12, 40, 2, 8, score=score)
+    inputs = attention_inputs(12, 12, 40, 2, 8, score=score)
     p = 0.4
     keep = torch.rand(40, 2, generator=torch.Generator().manual_seed(9)) > p
     mask = keep.float() / (1 - p)
@@ -161,7 +141,7 @@ def test_dropout_mask_in_forward_and_backward(interpreter, score):
 @pytest.mark.parametrize("score", attention.SCORES)
 def test_half_precision(interpreter, dtype, score):
     ei = random_graph(12, 40, seed=6)
-    inputs = make_inputs(12, 12, 40, 2, 16, score=score, dtype=dtype)
+    inputs = attention_inputs(12, 12, 40, 2, 16, score=score, dtype=dtype)
     got = check_against_reference(inputs, ei, score=score, dtype=dtype)
     assert got["out"].dtype == dtype and got["dq"].dtype == dtype and got["alpha"].dtype == dtype
 
@@ -170,7 +150,7 @@ def test_half_precision(interpreter, dtype, score):
 @pytest.mark.parametrize("score", attention.SCORES)
 def test_fully_masked_row_gives_zero_without_nan(interpreter, score):
     ei = torch.tensor([[0, 1, 2, 0, 2], [1, 1, 1, 2, 2]])
-    inputs = make_inputs(3, 3, 5, 1, 8, score=score)
+    inputs = attention_inputs(3, 3, 5, 1, 8, score=score)
     with torch.no_grad():
         inputs["bias"][:3] = float("-inf")  # every edge into node 1
     got = check_against_reference(inputs, ei, score=score)
@@ -181,7 +161,7 @@ def test_fully_masked_row_gives_zero_without_nan(interpreter, score):
 @pytest.mark.parametrize(("n_src", "n_dst"), [(0, 3), (3, 0)])
 @pytest.mark.parametrize("score", attention.SCORES)
 def test_no_source_or_target_nodes_gives_zero(interpreter, score, n_src, n_dst):
-    inputs = make_inputs(n_src, n_dst, 0, 2, 8, score=score)
+    inputs = attention_inputs(n_src, n_dst, 0, 2, 8, score=score)
     got = check_against_reference(inputs, torch.empty(2, 0, dtype=torch.long), score=score)
     assert (got["out"] == 0).all() and got["out"].shape[0] == n_dst
     assert got["dk"].shape[0] == n_src and (got["dk"] == 0).all()
@@ -198,7 +178,8 @@ def test_kernels_use_no_atomics():
 @pytest.mark.parametrize("score", attention.SCORES)
 def test_edge_attention_dispatches_by_name(interpreter, index_dtype, score):
     case = next(g for g in GRAPHS if g.name == "multi-edges")
-    inputs = make_inputs(case.num_src, case.num_dst, case.edge_index.size(1), 2, 8, score=score)
+    inputs = attention_inputs(case.num_src, case.num_dst, case.edge_index.size(1), 2, 8,
+                              score=score)
     kwargs = dict(bias=inputs["bias"], return_attention=True, score=score, att=inputs["att"])
     args = (inputs["q"], inputs["k"], inputs["v"], case.edge_index.to(index_dtype))
     out, alpha = edge_attention(*args, backend="triton", **kwargs)
@@ -211,7 +192,7 @@ def test_edge_attention_dispatches_by_name(interpreter, index_dtype, score):
 @needs_triton
 def test_edge_attention_dropout_uses_one_mask(interpreter):
     ei = random_graph(10, 30, seed=2)
-    inputs = make_inputs(10, 10, 30, 2, 8, bias=False)
+    inputs = attention_inputs(10, 10, 30, 2, 8, bias=False)
     args = (inputs["q"], inputs["k"], inputs["v"], ei)
     torch.manual_seed(11)
     out = edge_attention(*args, dropout_p=0.5, backend="triton")
@@ -238,7 +219,7 @@ def test_auto_picks_triton_only_for_cuda(monkeypatch):
 
 def test_clear_error_without_triton(monkeypatch):
     monkeypatch.setattr(tk, "triton_available", lambda: False)
-    inputs = make_inputs(3, 3, 1, 1, 8)
+    inputs = attention_inputs(3, 3, 1, 1, 8)
     with pytest.raises(ImportError, match=r"needs the optional package triton.*graphattn\[gpu\]"):
         edge_attention(inputs["q"], inputs["k"], inputs["v"], torch.tensor([[0], [1]]),
                        backend="triton")
@@ -247,7 +228,7 @@ def test_clear_error_without_triton(monkeypatch):
 @needs_triton
 def test_clear_error_for_cpu_tensors_outside_interpreter(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    inputs = make_inputs(3, 3, 1, 1, 8)
+    inputs = attention_inputs(3, 3, 1, 1, 8)
     with pytest.raises(ValueError, match="runs on CUDA tensors, got q on cpu"):
         edge_attention(inputs["q"], inputs["k"], inputs["v"], torch.tensor([[0], [1]]),
                        backend="triton")
@@ -255,7 +236,7 @@ def test_clear_error_for_cpu_tensors_outside_interpreter(monkeypatch):
 
 @needs_triton
 def test_clear_error_for_float64(interpreter):
-    inputs = make_inputs(3, 3, 1, 1, 8, dtype=torch.float64)
+    inputs = attention_inputs(3, 3, 1, 1, 8, dtype=torch.float64)
     with pytest.raises(TypeError, match="float32, float16 and bfloat16 inputs, got q of dtype"):
         edge_attention(inputs["q"], inputs["k"], inputs["v"], torch.tensor([[0], [1]]),
                        backend="triton")
@@ -322,7 +303,7 @@ def test_kernels_compile_for_sm90():
 @pytest.mark.parametrize("score", attention.SCORES)
 def test_gradient_through_alpha_alone(interpreter, score):
     ei = random_graph(10, 30, seed=4)
-    inputs = make_inputs(10, 10, 30, 2, 8, score=score)
+    inputs = attention_inputs(10, 10, 30, 2, 8, score=score)
     wrt = [inputs[name] for name in ("q", "k", "bias", "att") if inputs[name] is not None]
     grads = []
     for backend in (tk.triton_edge_attention, reference_edge_attention):

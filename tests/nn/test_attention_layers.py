@@ -3,9 +3,8 @@ import torch
 from conftest import GRAPHS, assert_agrees_with_pyg, assert_close, dense_mask, random_graph
 from torch_geometric.nn import TransformerConv
 
-from graphattn.functional import dropout_mask, edge_attention
+from graphattn.functional import dropout_mask, edge_attention, edge_terms
 from graphattn.nn import DenseSelfAttention, GraphSelfAttention
-from graphattn.nn import attention as attention_module
 
 
 def complete_edges(n):
@@ -489,17 +488,17 @@ def test_dot_attention_with_residual_equals_transformerconv(case, concat):
         assert_close(ours.bias.grad, theirs.bias.grad)
 
 
-@pytest.mark.parametrize("chunk", [1 << 16, 2], ids=["per-edge-keys", "score-bias"])
+@pytest.mark.parametrize("backend", ["cpu", "reference", "dense"])
 @pytest.mark.parametrize("concat", [True, False], ids=["concat", "mean"])
 @pytest.mark.parametrize("case", GRAPHS, ids=lambda g: g.name)
-def test_edge_features_in_keys_and_values_and_beta_equal_transformerconv(case, concat, chunk,
+def test_edge_features_in_keys_and_values_and_beta_equal_transformerconv(case, concat, backend,
                                                                          monkeypatch):
     """``edge_mode="key_value"`` and ``beta=True`` are ``TransformerConv(edge_dim=D,
     beta=True)`` with copied weights: ``W^E e_ij`` joins k_j and v_j, and the gate
-    ``sigmoid(w . [o, r, o - r])`` mixes the output and the skip term. Both ways of computing
-    it: per-edge keys and values (graphs of up to ``EDGE_CHUNK`` edges) and the score bias
-    with the value term in chunks (``EDGE_CHUNK = 2``: every graph with more than 2 edges)."""
-    monkeypatch.setattr(attention_module, "EDGE_CHUNK", chunk)
+    ``sigmoid(w . [o, r, o - r])`` mixes the output and the skip term. Every way of computing
+    it: inside the kernels (``cpu``), per edge (``reference``), and folded into a score bias
+    and a value sum beside the operator (``dense``), there in chunks of 2 edges."""
+    monkeypatch.setattr(edge_terms, "EDGE_CHUNK", 2)
     torch.manual_seed(0)
     dtype = torch.float64
     F_src, F_dst, H, C, D = 5, 4, 3, 6, 2
@@ -508,7 +507,7 @@ def test_edge_features_in_keys_and_values_and_beta_equal_transformerconv(case, c
                            beta=True).to(dtype)
     layer = GraphSelfAttention(in_channels, C, heads=H, concat=concat, residual=True,
                                out_proj=False, add_self_loops=False, edge_dim=D,
-                               edge_mode="key_value", beta=True).to(dtype)
+                               edge_mode="key_value", beta=True, backend=backend).to(dtype)
     pairs = ((layer.lin_q, conv.lin_query), (layer.lin_k, conv.lin_key),
              (layer.lin_v, conv.lin_value), (layer.res, conv.lin_skip),
              (layer.lin_edge, conv.lin_edge), (layer.lin_beta, conv.lin_beta))
@@ -583,21 +582,26 @@ def test_edge_mode_and_beta_errors():
         "GraphSelfAttention(4, 2, heads=1, edge_dim=3, edge_mode='key_value')")
 
 
-@pytest.mark.parametrize("chunk", [3, 1 << 16], ids=["chunks-of-3", "one-chunk"])
+@pytest.mark.parametrize("backend, chunk", [("cpu", None), ("reference", None), ("dense", 3),
+                                            ("dense", 1 << 16)],
+                         ids=["cpu", "reference", "dense-chunks-of-3", "dense-one-chunk"])
 @pytest.mark.parametrize("edge_mode", ["key", "key_value"])
-def test_dot_edge_modes_with_dropout_equal_edges_as_sources(edge_mode, chunk, monkeypatch):
-    """Beyond ``EDGE_CHUNK`` edges the dot score's layer adds the key term as a score bias and
-    the value term after the operator, each in chunks of edges; with attention dropout both
-    must use the weights the operator used. The same function written out: every edge a source
-    of its own, key ``k_j + W^E e_ij`` (and value ``v_j + W^E e_ij``), through
-    ``edge_attention`` with the same dropout draw."""
-    monkeypatch.setattr(attention_module, "EDGE_CHUNK", chunk)
+def test_dot_edge_modes_with_dropout_equal_edges_as_sources(edge_mode, backend, chunk,
+                                                            monkeypatch):
+    """With attention dropout every edge's key and value term must meet the weights the
+    operator used: inside the kernels (``cpu``), per edge (``reference``), and folded in as a
+    score bias and a value sum after the operator, in chunks of edges (``dense``). The same
+    function written out: every edge a source of its own, key ``k_j + W^E e_ij`` (and value
+    ``v_j + W^E e_ij``), through ``edge_attention`` with the same dropout draw."""
+    if chunk is not None:
+        monkeypatch.setattr(edge_terms, "EDGE_CHUNK", chunk)
     case = next(g for g in GRAPHS if g.name == "multi-edges")
     torch.manual_seed(0)
     dtype = torch.float64
     H, C = 2, 4
     layer = GraphSelfAttention(5, C, H, edge_dim=3, edge_mode=edge_mode, out_proj=False,
-                               add_self_loops=False, dropout=0.5).to(dtype).train()
+                               add_self_loops=False, dropout=0.5,
+                               backend=backend).to(dtype).train()
     n, (src, dst) = case.num_src, case.edge_index
     x = torch.randn(n, 5, dtype=dtype, requires_grad=True)
     edge_attr = torch.randn(src.numel(), 3, dtype=dtype)

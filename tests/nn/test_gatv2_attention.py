@@ -193,11 +193,12 @@ def test_att_exists_only_for_gatv2_and_is_required_by_the_operator():
 
 
 @pytest.mark.parametrize("fill_value", ["mean", 0.5])
-@pytest.mark.parametrize("backend", ["cpu", "reference"])
+@pytest.mark.parametrize("backend", ["cpu", "reference", "dense"])
 def test_matches_gatv2conv_with_edge_features_inside_the_leaky_relu(graph_case, backend,
                                                                       fill_value):
     """``edge_mode="key"`` is ``GATv2Conv(edge_dim=D)``: a . LeakyReLU(q_i + k_j + W^E e_ij),
-    self-loops' features filled as ``fill_value`` says."""
+    self-loops' features filled as ``fill_value`` says; inside the kernels (``cpu``), per edge
+    (``reference``) and with every edge a source of its own (``dense``)."""
     F_src, F_dst, D = 5, 4, 3
     bipartite = graph_case.bipartite
     layer, conv = make_pair((F_src, F_dst) if bipartite else F_src, 6, 2, backend=backend,

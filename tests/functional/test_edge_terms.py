@@ -1,0 +1,126 @@
+"""Per-edge key and value terms of ``edge_attention`` on the CPU backends.
+
+``edge_attention(..., edge_key=ek, edge_value=ev)`` attends with the key ``k[j] + ek[e]`` and the
+value ``v[j] + ev[e]`` on each edge e = (j -> i). The truth is that definition written out with
+every edge a source of its own (graph e -> i) through the reference backend without any term.
+The ``cpu`` backend takes the terms in its kernels, ``reference`` per edge, and ``dense`` gets
+them folded in (``graphattn.functional.edge_terms``): dot keys as a score bias, values as a sum
+beside the operator, gatv2 keys with every edge a source.
+"""
+
+import pytest
+import torch
+from conftest import GRAPHS, assert_close, attention_inputs, random_graph
+
+from graphattn.functional import dropout_mask, edge_attention, edge_terms
+from graphattn.functional.attention import reference_edge_attention
+
+TERMS = [("dot", "edge_key"), ("dot", "edge_value"), ("dot", "edge_key+edge_value"),
+         ("gatv2", "edge_key"), ("gatv2", "edge_key+edge_value"), ("additive", "edge_value")]
+# Every term a score takes. (Each combination of flags and channel counts compiles kernels of
+# its own, several seconds each with an empty cache: the larger tests take these only.)
+ALL_TERMS = [("dot", "edge_key+edge_value"), ("gatv2", "edge_key+edge_value"),
+             ("additive", "edge_value")]
+
+
+def edges_as_sources(inputs, edge_index, score, dropout_mask=None):
+    """The definition: each edge a source with key k[j] + ek[e] and value v[j] + ev[e]."""
+    src, dst = edge_index
+    ek, ev = inputs["edge_key"], inputs["edge_value"]
+    k = inputs["k"][src] if ek is None else inputs["k"][src] + ek  # (E, H, C)
+    v = inputs["v"][src] if ev is None else inputs["v"][src] + ev  # (E, H, C)
+    sources = torch.stack([torch.arange(src.numel()), dst])  # (2, E): edge e -> its target
+    scale = inputs["q"].size(-1) ** -0.5 if score == "dot" else 1.0
+    return reference_edge_attention(inputs["q"], k, v, sources, scale=scale, bias=inputs["bias"],
+                                    dropout_mask=dropout_mask, score=score, negative_slope=0.2,
+                                    need_alpha=True, att=inputs["att"])
+
+
+def out_alpha_and_grads(out, alpha, inputs):
+    """out, alpha and every leaf's gradient of a fixed random loss on both."""
+    gen = torch.Generator().manual_seed(3)
+    loss = ((out * torch.randn(out.shape, generator=gen, dtype=out.dtype)).sum()
+            + (alpha * torch.randn(alpha.shape, generator=gen, dtype=alpha.dtype)).sum())
+    leaves = [t for t in inputs.values() if t is not None]
+    return [out, alpha, *torch.autograd.grad(loss, leaves)]
+
+
+@pytest.mark.parametrize("backend", ["cpu", "reference", "dense"])
+@pytest.mark.parametrize(("score", "terms"), TERMS, ids=["-".join(t) for t in TERMS])
+@pytest.mark.parametrize("case", GRAPHS, ids=lambda g: g.name)
+def test_edge_terms_equal_edges_as_sources(case, score, terms, backend, monkeypatch):
+    """Outputs, attention weights and the gradients of q, k, v, att, bias and both terms on
+    every graph of the registry (the dense fold in chunks of 2 edges)."""
+    monkeypatch.setattr(edge_terms, "EDGE_CHUNK", 2)
+    H, C = 2, 3
+    inputs = attention_inputs(case.num_src, case.num_dst, case.edge_index.size(1), H, C,
+                              score=score, terms=terms.split("+"), dtype=torch.float64)
+    options = {n: t for n, t in inputs.items() if n not in ("q", "k", "v")}
+    out, alpha = edge_attention(inputs["q"], inputs["k"], inputs["v"], case.edge_index,
+                                score=score, backend=backend, return_attention=True, **options)
+    expected = edges_as_sources(inputs, case.edge_index, score)
+    for actual, truth in zip(out_alpha_and_grads(out, alpha, inputs),
+                             out_alpha_and_grads(*expected, inputs), strict=True):
+        assert_close(actual, truth)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "dense"])
+@pytest.mark.parametrize(("score", "terms"), ALL_TERMS, ids=["-".join(t) for t in ALL_TERMS])
+def test_edge_terms_with_dropout_use_the_dropped_weights(score, terms, backend):
+    """With attention dropout the value term is weighted by the weights the operator used,
+    and the key term's gradient flows through the kept edges only."""
+    edge_index = random_graph(9, 40, seed=2)
+    inputs = attention_inputs(9, 9, 40, 2, 3, score=score, terms=terms.split("+"),
+                              dtype=torch.float64)
+    options = {n: t for n, t in inputs.items() if n not in ("q", "k", "v")}
+    torch.manual_seed(7)
+    out, alpha = edge_attention(inputs["q"], inputs["k"], inputs["v"], edge_index, score=score,
+                                backend=backend, return_attention=True, dropout_p=0.4,
+                                **options)
+    torch.manual_seed(7)
+    mask = dropout_mask((40, 2), 0.4, dtype=torch.float64)  # the operator's draw
+    expected = edges_as_sources(inputs, edge_index, score, dropout_mask=mask)
+    for actual, truth in zip(out_alpha_and_grads(out, alpha, inputs),
+                             out_alpha_and_grads(*expected, inputs), strict=True):
+        assert_close(actual, truth)
+
+
+@pytest.mark.parametrize("channels", [8, 12])
+@pytest.mark.parametrize(("score", "terms"), ALL_TERMS, ids=["-".join(t) for t in ALL_TERMS])
+def test_cpu_kernels_take_edge_terms_on_a_large_graph(score, terms, channels):
+    """float32 on 3000 nodes and 40000 edges: the kernels' threads, prefetches and both channel
+    layouts (8: a constant count, 12: read at run time) against the reference backend."""
+    edge_index = random_graph(3000, 40000, seed=4)
+    inputs = attention_inputs(3000, 3000, 40000, 2, channels, score=score,
+                              terms=terms.split("+"))
+    options = {n: t for n, t in inputs.items() if n not in ("q", "k", "v")}
+    results = [out_alpha_and_grads(*edge_attention(
+        inputs["q"], inputs["k"], inputs["v"], edge_index, score=score, backend=backend,
+        return_attention=True, **options), inputs) for backend in ("cpu", "reference")]
+    for actual, truth in zip(*results, strict=True):
+        assert_close(actual, truth, atol=1e-4, rtol=1e-4)
+
+
+def test_edge_value_with_zero_channels_and_empty_scores():
+    """C = 0 values (and dot scores over no channel) with terms: zeros of the right shapes."""
+    edge_index = random_graph(5, 12, seed=1)
+    q, k = torch.randn(5, 2, 0), torch.randn(5, 2, 0)
+    v = torch.randn(5, 2, 0)
+    out = edge_attention(q, k, v, edge_index, edge_key=torch.randn(12, 2, 0),
+                         edge_value=torch.randn(12, 2, 0), backend="cpu")
+    assert out.shape == (5, 2, 0)
+
+
+def test_edge_term_errors():
+    edge_index = random_graph(4, 6, seed=0)
+    q = k = v = torch.randn(4, 2, 3)
+    with pytest.raises(ValueError, match=r"edge_key needs the dot or gatv2 score.*"
+                                         r"got score='additive'"):
+        edge_attention(torch.randn(4, 2), torch.randn(4, 2), v, edge_index, score="additive",
+                       edge_key=torch.randn(6, 2, 3))
+    with pytest.raises(ValueError, match=r"edge_key must have shape \[E, H, C\] = \[6, 2, 3\] "
+                                         r"like k per edge, got \[5, 2, 3\]"):
+        edge_attention(q, k, v, edge_index, edge_key=torch.randn(5, 2, 3))
+    with pytest.raises(ValueError, match=r"edge_value must have shape \[E, H, C\] = "
+                                         r"\[6, 2, 3\] like v per edge, got \[6, 3\]"):
+        edge_attention(q, k, v, edge_index, edge_value=torch.randn(6, 3))

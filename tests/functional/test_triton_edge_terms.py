@@ -1,0 +1,211 @@
+"""The per-edge key and value terms of the Triton kernels, run in Triton's CPU interpreter.
+
+``triton_edge_attention(..., edge_key=ek, edge_value=ev)`` adds ``ek[e]`` to the key and
+``ev[e]`` to the value of each edge e = (j -> i). The truth is the readable formula "edges as
+sources": every edge becomes a source node of its own, with key ``k[j] + ek[e]`` and value
+``v[j] + ev[e]``, on the graph e -> i, computed by :func:`reference_edge_attention` in float64.
+Outputs, attention weights and the gradients of every input (q, k, v, att, bias, edge_key,
+edge_value; through out and alpha) are compared with the tolerance of the kernel's dtype.
+Every test runs under ``TRITON_INTERPRET=1`` (the ``triton_interpreter`` fixture of conftest,
+which skips without triton); sizes stay tiny, since the interpreter runs one Python step per
+tile operation.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import assert_close, attention_inputs, random_graph
+
+from graphattn.functional import triton_kernels as tk
+from graphattn.functional.attention import reference_edge_attention
+
+pytestmark = pytest.mark.usefixtures("triton_interpreter")
+
+TERMS = {"key": ("edge_key",), "value": ("edge_value",), "both": ("edge_key", "edge_value")}
+ALL_TERMS = {"dot": "both", "gatv2": "both", "additive": "value"}  # edge_key needs channels
+
+
+def mixed_graph() -> tuple[torch.Tensor, int]:
+    """12 nodes: node 0 has 40 incoming edges (from nodes 0-9 four times each: multi-edges and
+    the self-loop 0 -> 0; two edge blocks at 32 edges per block), self-loops 3 -> 3 and 5 -> 5,
+    a triple edge 2 -> 5, nodes 1, 8 and 11 without incoming edge and node 10 without any."""
+    hub = [(j % 10, 0) for j in range(40)]
+    pairs = hub + [(3, 3), (5, 5), (2, 5), (2, 5), (2, 5), (1, 2), (4, 3), (6, 7), (7, 6),
+                   (8, 9), (11, 4)]
+    return torch.tensor(pairs).t().contiguous(), 12
+
+
+def edges_as_sources(q, k, v, edge_index, *, edge_key=None, edge_value=None, **options):
+    """The readable definition: each edge its own source, with key k[src] + edge_key and value
+    v[src] + edge_value, on the graph (arange(E), dst)."""
+    src, dst = edge_index
+    k_e = k[src] if edge_key is None else k[src] + edge_key  # (E, H, C) or (E, H)
+    v_e = v[src] if edge_value is None else v[src] + edge_value  # (E, H, C)
+    per_edge = torch.stack([torch.arange(src.numel()), dst])  # (2, E)
+    return reference_edge_attention(q, k_e, v_e, per_edge, **options)
+
+
+def run(backend, inputs, edge_index, *, score, through=("out", "alpha"), dropout_mask=None,
+        compute_dtype=None, seed=1):
+    """out, alpha and the gradients of the inputs that require one, of a fixed random loss on
+    ``through`` (0 where the loss does not depend on an input)."""
+    given = {n: t for n, t in inputs.items() if t is not None}
+    leaves = {n: t for n, t in given.items() if t.requires_grad}
+    cast = {n: (t.to(compute_dtype) if compute_dtype else t) for n, t in given.items()}
+    mask = None if dropout_mask is None else dropout_mask.to(compute_dtype or dropout_mask.dtype)
+    out, alpha = backend(cast["q"], cast["k"], cast["v"], edge_index, scale=0.5,
+                         bias=cast.get("bias"), dropout_mask=mask, score=score,
+                         negative_slope=0.2, need_alpha=True, att=cast.get("att"),
+                         edge_key=cast.get("edge_key"), edge_value=cast.get("edge_value"))
+    gen = torch.Generator().manual_seed(seed)
+    w_out = torch.randn(out.shape, generator=gen, dtype=torch.float64)
+    w_alpha = torch.randn(alpha.shape, generator=gen, dtype=torch.float64)
+    loss = sum((t.double() * w).sum() for name, t, w in (("out", out, w_out),
+                                                          ("alpha", alpha, w_alpha))
+               if name in through)
+    grads = torch.autograd.grad(loss, list(leaves.values()), materialize_grads=True)
+    return {"out": out, "alpha": alpha, **{"d" + n: g for n, g in zip(leaves, grads, strict=True)}}
+
+
+def check_against_edges_as_sources(inputs, edge_index, *, score, dtype=torch.float32,
+                                   **kwargs) -> dict[str, torch.Tensor]:
+    got = run(tk.triton_edge_attention, inputs, edge_index, score=score, **kwargs)
+    want = run(edges_as_sources, inputs, edge_index, score=score, compute_dtype=torch.float64,
+               **kwargs)
+    assert got.keys() == want.keys()
+    for name in got:
+        if name.startswith("d"):
+            assert got[name].dtype == inputs[name[1:]].dtype, name
+        assert torch.isfinite(got[name]).all(), name
+        assert_close(got[name], want[name], dtype=dtype)
+    return got
+
+
+@pytest.mark.parametrize("score", ["dot", "gatv2", "additive"])
+def test_matches_edges_as_sources_on_graph_registry(graph_case, score):
+    ei = graph_case.edge_index
+    inputs = attention_inputs(graph_case.num_src, graph_case.num_dst, ei.size(1), 2, 8, score=score,
+                              terms=TERMS[ALL_TERMS[score]])
+    got = check_against_edges_as_sources(inputs, ei, score=score)
+    isolated = torch.ones(graph_case.num_dst, dtype=torch.bool)
+    isolated[ei[1]] = False
+    assert (got["out"][isolated] == 0).all()
+
+
+@pytest.mark.parametrize("heads,channels", [(1, 8), (4, 16)])
+@pytest.mark.parametrize("score,terms", [("dot", "key"), ("dot", "value"), ("dot", "both"),
+                                         ("gatv2", "key"), ("gatv2", "value"),
+                                         ("gatv2", "both"), ("additive", "value")])
+def test_each_term_on_a_degree_40_row(score, terms, heads, channels):
+    """One target of 40 edges (two edge blocks), self-loops, a triple edge, targets without
+    incoming edges; one head block of 1 and of 4 heads, channel tiles of 8 and 16."""
+    ei, num_nodes = mixed_graph()
+    inputs = attention_inputs(num_nodes, num_nodes, ei.size(1), heads, channels, score=score,
+                              terms=TERMS[terms], seed=heads + channels)
+    got = check_against_edges_as_sources(inputs, ei, score=score)
+    assert (got["out"][[1, 8, 10, 11]] == 0).all()
+    assert ((got["alpha"] >= 0) & (got["alpha"] <= 1)).all()
+
+
+@pytest.mark.parametrize("through", [("out",), ("alpha",)], ids=["out", "alpha"])
+@pytest.mark.parametrize("score", ["dot", "gatv2"])
+def test_gradients_through_out_or_alpha_alone(score, through):
+    """Without a gradient of alpha the kernels skip its terms; without one of out, dout is 0
+    and d edge_value is 0."""
+    ei, num_nodes = mixed_graph()
+    inputs = attention_inputs(num_nodes, num_nodes, ei.size(1), 2, 8, score=score,
+                              terms=TERMS["both"], seed=7)
+    got = check_against_edges_as_sources(inputs, ei, score=score, through=through)
+    if through == ("alpha",):
+        assert (got["dedge_value"] == 0).all() and (got["dv"] == 0).all()
+
+
+@pytest.mark.parametrize("score", ["dot", "gatv2", "additive"])
+def test_dropout_mask_weights_the_value_terms(score):
+    """d edge_value is w_e dout_i with w_e = alpha_e * mask_e: exactly 0 on dropped edges."""
+    ei = random_graph(12, 40, seed=5)
+    inputs = attention_inputs(12, 12, 40, 2, 8, score=score, terms=TERMS[ALL_TERMS[score]])
+    p = 0.4
+    keep = torch.rand(40, 2, generator=torch.Generator().manual_seed(9)) > p
+    mask = keep.float() / (1 - p)
+    got = check_against_edges_as_sources(inputs, ei, score=score, dropout_mask=mask)
+    assert (got["dedge_value"][~keep] == 0).all()
+
+
+@pytest.mark.parametrize("score", ["dot", "gatv2"])
+def test_bfloat16(score):
+    """bf16 inputs and terms, fp32 statistics: gradients in bf16 within bf16's tolerance."""
+    ei = random_graph(12, 40, seed=6)
+    inputs = attention_inputs(12, 12, 40, 2, 16, score=score, terms=TERMS["both"],
+                              dtype=torch.bfloat16)
+    got = check_against_edges_as_sources(inputs, ei, score=score, dtype=torch.bfloat16)
+    assert got["out"].dtype == torch.bfloat16 and got["dedge_key"].dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("score", ["dot", "gatv2"])
+def test_terms_without_gradient(score):
+    """Terms that need no gradient still enter the scores and values (and the recomputed ones
+    of backward); only the other inputs get gradients."""
+    ei, num_nodes = mixed_graph()
+    inputs = attention_inputs(num_nodes, num_nodes, ei.size(1), 2, 8, score=score,
+                              terms=TERMS["both"], seed=3)
+    constants = {n: t.detach() for n, t in inputs.items() if n.startswith("edge_")}
+    got = run(tk.triton_edge_attention, {**inputs, **constants}, ei, score=score)
+    want = run(edges_as_sources, {**inputs, **constants}, ei, score=score,
+               compute_dtype=torch.float64)
+    assert "dedge_key" not in got and "dedge_value" not in got
+    for name in got:
+        assert_close(got[name], want[name], dtype=torch.float32)
+
+
+def test_edge_key_refused_with_additive_score():
+    inputs = attention_inputs(3, 3, 1, 1, 8, score="additive", terms=(), bias=False)
+    with pytest.raises(ValueError, match="edge_key needs the dot or gatv2 score"):
+        tk.triton_edge_attention(inputs["q"], inputs["k"], inputs["v"], torch.tensor([[0], [1]]),
+                                 scale=1.0, bias=None, dropout_mask=None, score="additive",
+                                 negative_slope=0.2, need_alpha=False,
+                                 edge_key=torch.randn(1, 1, 8))
+
+
+@pytest.mark.parametrize("score", ["dot", "gatv2"])
+def test_operators_pass_opcheck(score):
+    """torch's checks of the operators with the per-edge terms: schema, fake shapes and
+    dtypes, autograd registration."""
+    ei = random_graph(6, 20, seed=5)
+    inputs = attention_inputs(6, 6, 20, 2, 8, score=score, terms=TERMS["both"])
+    q, k, v, bias, att, ek, ev = inputs.values()
+    mask = (torch.rand(20, 2, generator=torch.Generator().manual_seed(1)) > 0.3).float() / 0.7
+    args = (q, k, v, att, bias, mask, ei, 0.5, 0.2, score, True, ek, ev)
+    torch.library.opcheck(tk._forward_op, args)
+    out, _, lse = tk._forward_op(*args)
+    detached = [None if t is None else t.detach() for t in (q, k, v, att, bias)]
+    torch.library.opcheck(tk._backward_op, (
+        torch.randn_like(out), torch.randn(20, 2), *detached, mask, ei, out.detach(), lse, 0.5,
+        0.2, score, True, att is not None, ek.detach(), ev.detach(), True, True))
+
+
+@pytest.mark.parametrize("score", ["dot", "gatv2"])
+def test_compiled_function_matches_eager(score):
+    """torch.compile(fullgraph=True) calls the operator graphattn::triton_edge_attention and
+    its backward, with the terms, instead of tracing into the launches."""
+    torch._dynamo.reset()
+    ei, num_nodes = mixed_graph()
+    inputs = attention_inputs(num_nodes, num_nodes, ei.size(1), 2, 8, score=score,
+                              terms=TERMS["both"], seed=4)
+    leaves = [t for t in inputs.values() if t is not None]
+
+    def attend(q, k, v, bias, att, edge_key, edge_value, edge_index):
+        return tk.triton_edge_attention(q, k, v, edge_index, scale=0.5, bias=bias,
+                                        dropout_mask=None, score=score, negative_slope=0.2,
+                                        need_alpha=True, att=att, edge_key=edge_key,
+                                        edge_value=edge_value)
+
+    compiled = torch.compile(attend, backend="aot_eager", fullgraph=True)
+    results = []
+    for fn in (compiled, attend):
+        out, alpha = fn(*inputs.values(), ei)
+        grads = torch.autograd.grad((out * out).sum() + (alpha * alpha).sum(), leaves)
+        results.append((out, alpha, *grads))
+    for got, want in zip(*results, strict=True):
+        assert_close(got, want)
