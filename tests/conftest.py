@@ -114,6 +114,19 @@ def attention_inputs(num_src: int, num_dst: int, num_edges: int, heads: int, cha
     return {name: None if t is None else t.to(dtype).requires_grad_()
             for name, t in tensors.items()}
 
+
+def assert_results_close(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor],
+                         inputs: dict[str, torch.Tensor | None], dtype: torch.dtype) -> None:
+    """Two dicts of results (``out``, ``alpha`` and ``d<input>`` gradients) hold the same
+    names, finite values close within the tolerance of ``dtype``, and every gradient has the
+    dtype of its input."""
+    assert got.keys() == want.keys()
+    for name in got:
+        if name.startswith("d"):
+            assert got[name].dtype == inputs[name[1:]].dtype, name
+        assert torch.isfinite(got[name]).all(), name
+        assert_close(got[name], want[name], dtype=dtype)
+
 def dense_mask(edge_index: torch.Tensor, num_dst: int, num_src: int) -> torch.Tensor:
     """``mask[i, j] = True`` for every edge j -> i (the convention of ``dense_attention``)."""
     mask = torch.zeros(num_dst, num_src, dtype=torch.bool)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import assert_close, attention_inputs, random_graph
+from conftest import assert_close, assert_results_close, attention_inputs, random_graph
 
 from graphattn.functional import triton_kernels as tk
 from graphattn.functional.attention import reference_edge_attention
@@ -73,12 +73,7 @@ def check_against_edges_as_sources(inputs, edge_index, *, score, dtype=torch.flo
     got = run(tk.triton_edge_attention, inputs, edge_index, score=score, **kwargs)
     want = run(edges_as_sources, inputs, edge_index, score=score, compute_dtype=torch.float64,
                **kwargs)
-    assert got.keys() == want.keys()
-    for name in got:
-        if name.startswith("d"):
-            assert got[name].dtype == inputs[name[1:]].dtype, name
-        assert torch.isfinite(got[name]).all(), name
-        assert_close(got[name], want[name], dtype=dtype)
+    assert_results_close(got, want, inputs, dtype)
     return got
 
 
