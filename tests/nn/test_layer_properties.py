@@ -39,7 +39,9 @@ def layer_cases(draw):
         options.update(edge_dim=EDGE_DIM, edge_mode=draw(st.sampled_from(modes)),
                        fill_value=draw(st.sampled_from(["mean", "add", "max", 0.5])))
     heads = draw(st.sampled_from([1, 2]))
-    channels = draw(st.sampled_from([4, 8]))
+    # channel counts the cpu kernels read at run time: one compiled variant serves both (the
+    # constant counts are tested in tests/functional, and each costs seconds to compile)
+    channels = draw(st.sampled_from([3, 5]))
     seed = draw(st.integers(0, 2**16))
     return bipartite, n_src, n_dst, num_edges, heads, channels, options, with_edges, seed
 
