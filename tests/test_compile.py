@@ -227,11 +227,13 @@ def test_triton_operators_pass_opcheck_and_match_the_reference(triton_interprete
 @pytest.mark.parametrize(("score", "with_bias", "with_mask", "terms"), [
     ("dot", False, False, ""), ("dot", True, True, ""), ("additive", False, True, ""),
     ("additive", True, False, ""), ("gatv2", True, True, ""), ("gatv2", False, False, ""),
-    ("dot", True, True, "key+value"), ("gatv2", False, True, "key+value")])
+    ("dot", True, True, "key+value"), ("gatv2", False, True, "key+value"),
+    ("dot", False, True, "key=value")])
 def test_cpu_operators_pass_opcheck_and_match_the_reference(score, with_bias, with_mask, terms):
     """torch's own checks of the operators (schema, fake shapes, autograd registration), and
     the gradients the operators' autograd gives in eager against the reference backend, with
-    and without the per-edge key and value terms."""
+    and without the per-edge key and value terms ("key=value": one tensor as both, passed once
+    with ``value_is_key``)."""
     torch.manual_seed(0)
     N, H, C, E = 7, 2, 4, 24
     edge_index = random_graph(N, E, seed=5)
@@ -241,19 +243,21 @@ def test_cpu_operators_pass_opcheck_and_match_the_reference(score, with_bias, wi
     att = torch.randn(H, C) if score == "gatv2" else None
     bias = torch.randn(E, H) if with_bias else None
     mask = (torch.rand(E, H) > 0.3).float() / 0.7 if with_mask else None
+    value_is_key = terms == "key=value"
     edge_key = torch.randn(E, H, C) if "key" in terms else None
-    edge_value = torch.randn(E, H, C) if "value" in terms else None
+    edge_value = torch.randn(E, H, C) if "value" in terms and not value_is_key else None
     leaves = [t.requires_grad_() for t in (q, k, v, att, bias, edge_key, edge_value)
               if t is not None]
     args = (q, k, v, att, bias, mask, edge_key, edge_value, edge_index, 0.5, 0.2,
-            cpu.SCORE_KINDS[score], True)
+            cpu.SCORE_KINDS[score], True, value_is_key)
     torch.library.opcheck(cpu._forward_op, args)
 
     out, alpha = cpu._forward_op(*args)[:2]
     squeeze = (lambda t: t.squeeze(-1)) if additive else (lambda t: t)
     _assert_operator_matches_reference(out, alpha, leaves, (squeeze(q), squeeze(k), v, edge_index),
                                        bias=bias, mask=mask, score=score, att=att,
-                                       edge_key=edge_key, edge_value=edge_value)
+                                       edge_key=edge_key,
+                                       edge_value=edge_key if value_is_key else edge_value)
 
     saved = cpu._forward_impl(*(t.detach() if isinstance(t, torch.Tensor) else t for t in args))
     out, _, lse, rowptr, perm, src = saved
@@ -261,4 +265,4 @@ def test_cpu_operators_pass_opcheck_and_match_the_reference(score, with_bias, wi
         torch.randn_like(out), torch.randn(E, H), q.detach(), k.detach(), v.detach(),
         *(None if t is None else t.detach() for t in (att, bias)), mask,
         *(None if t is None else t.detach() for t in (edge_key, edge_value)), out, lse, rowptr,
-        perm, src, 0.5, 0.2, cpu.SCORE_KINDS[score], True))
+        perm, src, 0.5, 0.2, cpu.SCORE_KINDS[score], True, value_is_key))

@@ -488,9 +488,10 @@ def _backward_target_kernel(score: int, has_bias: bool, has_mask: bool, has_grad
         and its factor of ``grad_out_i`` in ``grad_v`` (``weight``: alpha times the dropout
         multiplier). For gatv2, ``grad_att[i]`` is target i's share of the gradient of the
         attention vector, ``sum_j dL/ds_ij * scale * LeakyReLU(q_i + k_j)``. The edge terms'
-        gradients belong to one edge each and are written in edge order: ``grad_ek[e]`` is
-        edge e's share of ``grad_q``'s sum with ``q_i`` in place of the key (dot) or the
-        same share (gatv2), ``grad_ev[e] = weight_e * grad_out_i``.
+        gradients belong to one edge each and are written in edge order: ``grad_ev[e] =
+        weight_e * grad_out_i``, then ``grad_ek[e]`` (zeros before) gains edge e's share of
+        ``grad_q``'s sum with ``q_i`` in place of the key (dot) or the same share (gatv2). With
+        one tensor as both terms, ``grad_ev`` is ``grad_ek`` and gets their sum.
         """
         H = lse.shape[1]
         Cq = qk_channels if qk_channels else q.shape[1] // H
@@ -557,7 +558,7 @@ def _backward_target_kernel(score: int, has_bias: bool, has_mask: bool, has_grad
                     for x in range(H * Cq):
                         z = q[i, x] + (k[j, x] + ek[e, x])
                         g = _leaky_relu(z, slope, factor[x] * att[x])
-                        grad_ek[e, x] = g
+                        grad_ek[e, x] += g
                         acc[x] += g
                         acc_att[x] += factor[x] * _leaky_relu(z, slope, z)
                 elif score == GATV2:  # d/dz of a . LeakyReLU(z) is a, or a * slope for z <= 0
@@ -568,7 +569,7 @@ def _backward_target_kernel(score: int, has_bias: bool, has_mask: bool, has_grad
                 elif has_ek:  # the key of the edge is k_j + ek_e, and d/d ek_e = d/d k_j
                     for x in range(H * Cq):
                         acc[x] += factor[x] * (k[j, x] + ek[e, x])
-                        grad_ek[e, x] = factor[x] * q[i, x]
+                        grad_ek[e, x] += factor[x] * q[i, x]
                 else:
                     for x in range(H * Cq):
                         acc[x] += factor[x] * k[j, x]
@@ -728,9 +729,12 @@ def _kernel_channels(q: Tensor, v: Tensor) -> tuple[int, int]:
 def _forward_impl(q: Tensor, k: Tensor, v: Tensor, att: Tensor | None, bias: Tensor | None,
                   dropout_mask: Tensor | None, edge_key: Tensor | None,
                   edge_value: Tensor | None, edge_index: Tensor, scale: float,
-                  negative_slope: float, score: int, need_alpha: bool,
+                  negative_slope: float, score: int, need_alpha: bool, value_is_key: bool,
                   ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """Forward kernel: ``out, alpha, lse`` and the CSR order ``rowptr, perm, src`` for backward."""
+    """Forward kernel: ``out, alpha, lse`` and the CSR order ``rowptr, perm, src`` for backward
+    (``value_is_key``: ``edge_key`` is the value term too, and ``edge_value`` is ``None``)."""
+    if value_is_key:
+        edge_value = edge_key
     n_dst, H, C = q.size(0), v.size(1), v.size(2)
     real = _np(v).dtype.type  # the kernels compute in the dtype of their inputs
     none = np.zeros((1, H), dtype=real)  # stands in for an absent bias, mask or edge term
@@ -753,7 +757,7 @@ def _forward_impl(q: Tensor, k: Tensor, v: Tensor, att: Tensor | None, bias: Ten
 
 
 def _forward_fake(q, k, v, att, bias, dropout_mask, edge_key, edge_value, edge_index, scale,
-                  negative_slope, score, need_alpha):
+                  negative_slope, score, need_alpha, value_is_key):
     n_dst, H, C = q.size(0), v.size(1), v.size(2)
     E = edge_index.size(1)
     return (v.new_empty(n_dst, H, C), v.new_empty(E if need_alpha else 0, H),
@@ -766,18 +770,22 @@ def _backward_impl(grad_out: Tensor, grad_alpha: Tensor | None, q: Tensor, k: Te
                    dropout_mask: Tensor | None, edge_key: Tensor | None,
                    edge_value: Tensor | None, out: Tensor, lse: Tensor, rowptr: Tensor,
                    perm: Tensor, src: Tensor, scale: float, negative_slope: float, score: int,
-                   need_grad_kv: bool,
+                   need_grad_kv: bool, value_is_key: bool,
                    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Backward kernels: ``dq, dk, dv, datt, dbias, d edge_key, d edge_value`` (``dk, dv`` empty
-    unless ``need_grad_kv``; ``datt``, ``dbias`` and the edge terms' empty without them)."""
+    unless ``need_grad_kv``; ``datt``, ``dbias`` and the edge terms' empty without them; with
+    ``value_is_key``, ``d edge_key`` holds the gradient of both terms)."""
     real = _np(v).dtype.type
     none = np.zeros((1, v.size(1)), dtype=real)
     rowptr, perm, src = _np(rowptr), _np(perm), _np(src)
     has_grad_alpha = grad_alpha is not None and grad_alpha.numel() > 0
     grad_q = torch.empty_like(q)
     grad_bias = q.new_empty(0) if bias is None else torch.empty_like(bias)  # (0,): not asked
-    grad_ek = q.new_empty(0) if edge_key is None else torch.empty_like(edge_key)  # (E, H, C)
+    grad_ek = q.new_empty(0) if edge_key is None else torch.zeros_like(edge_key)  # (E, H, C)
     grad_ev = q.new_empty(0) if edge_value is None else torch.empty_like(edge_value)
+    has_ev = edge_value is not None or value_is_key
+    ev = _rows(edge_key if value_is_key else edge_value) if has_ev else none
+    grad_ev_rows = _rows(grad_ek if value_is_key else grad_ev) if has_ev else none
     # gatv2: each target's share of d att, (N_dst, H * C), summed below
     att_shares = np.empty((q.size(0), q.shape[1:].numel()) if att is not None else (1, 1),
                           dtype=real)
@@ -787,19 +795,17 @@ def _backward_impl(grad_out: Tensor, grad_alpha: Tensor | None, q: Tensor, k: Te
     channels = _kernel_channels(q, v)
     att_row = none[0] if att is None else _np(att).reshape(-1)  # (H * C,)
     kernel = _backward_target_kernel(score, bias is not None, dropout_mask is not None,
-                                     has_grad_alpha, *channels, edge_key is not None,
-                                     edge_value is not None)
+                                     has_grad_alpha, *channels, edge_key is not None, has_ev)
     # (E, H * C); the source pass views it per head, so a placeholder needs H * C columns too
     ek = np.zeros((1, q.shape[1:].numel()), dtype=real) if edge_key is None else _rows(edge_key)
     _run_rows(kernel, rowptr, _rows(q), _rows(k), _rows(v), att_row,
               none if bias is None else _np(bias),
-              none if dropout_mask is None else _np(dropout_mask), ek,
-              none if edge_value is None else _rows(edge_value), _rows(out),
+              none if dropout_mask is None else _np(dropout_mask), ek, ev, _rows(out),
               _rows(grad_out), _np(grad_alpha) if has_grad_alpha else none,
               _np(lse), rowptr, perm, src, csc_position, real(scale), real(negative_slope),
               _rows(grad_q), att_shares, none if bias is None else grad_bias.numpy(),
               grad_key.numpy(), weight.numpy(), none if edge_key is None else _rows(grad_ek),
-              none if edge_value is None else _rows(grad_ev))
+              grad_ev_rows)
     grad_att = q.new_empty(0)
     if att is not None:  # numpy sums the rows in order: the same bits for any thread count
         grad_att = torch.from_numpy(att_shares.sum(axis=0)).view_as(att)
@@ -818,7 +824,8 @@ def _backward_impl(grad_out: Tensor, grad_alpha: Tensor | None, q: Tensor, k: Te
 
 
 def _backward_fake(grad_out, grad_alpha, q, k, v, att, bias, dropout_mask, edge_key, edge_value,
-                   out, lse, rowptr, perm, src, scale, negative_slope, score, need_grad_kv):
+                   out, lse, rowptr, perm, src, scale, negative_slope, score, need_grad_kv,
+                   value_is_key):
     return (torch.empty_like(q), torch.empty_like(k) if need_grad_kv else q.new_empty(0),
             torch.empty_like(v) if need_grad_kv else q.new_empty(0),
             q.new_empty(0) if att is None else torch.empty_like(att),
@@ -840,12 +847,13 @@ _backward_op.register_fake(_backward_fake)
 
 def _setup_context(ctx, inputs, output) -> None:
     (q, k, v, att, bias, dropout_mask, edge_key, edge_value, _, scale, negative_slope, score,
-     need_alpha) = inputs
+     need_alpha, value_is_key) = inputs
     out, alpha, lse, rowptr, perm, src = output
     ctx.save_for_backward(q, k, v, att, bias, dropout_mask, edge_key, edge_value, out, lse,
                           rowptr, perm, src)
     ctx.set_materialize_grads(False)  # an unused alpha gets no gradient pass
     ctx.options = (scale, negative_slope, score)
+    ctx.value_is_key = value_is_key
     ctx.mark_non_differentiable(lse, rowptr, perm, src)
     if not need_alpha:
         ctx.mark_non_differentiable(alpha)
@@ -862,12 +870,12 @@ def _grads(ctx, grad_out: Tensor | None, grad_alpha: Tensor | None, backward) ->
     need_grad_kv = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
     grad_q, grad_k, grad_v, grad_att, grad_bias, grad_ek, grad_ev = backward(
         grad_out.contiguous(), grad_alpha, q, k, v, att, bias, dropout_mask, edge_key,
-        edge_value, out, lse, rowptr, perm, src, *ctx.options, need_grad_kv)
+        edge_value, out, lse, rowptr, perm, src, *ctx.options, need_grad_kv, ctx.value_is_key)
     if not need_grad_kv:
         grad_k = grad_v = None
     return (grad_q, grad_k, grad_v, None if att is None else grad_att,
             None if bias is None else grad_bias, None, None if edge_key is None else grad_ek,
-            None if edge_value is None else grad_ev, None, None, None, None, None)
+            None if edge_value is None else grad_ev, None, None, None, None, None, None)
 
 
 _forward_op.register_autograd(
@@ -933,6 +941,10 @@ def cpu_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *, s
             raise ValueError(f"the cpu backend needs CPU tensors, got {name} on {t.device}")
     dtype, channels = v.dtype, v.size(-1)
     work = dtype if dtype in (torch.float32, torch.float64) else torch.float32
+    # one tensor as both terms (TransformerConv's edge features): read once, one gradient
+    value_is_key = edge_value is not None and edge_value is edge_key
+    if value_is_key:
+        edge_value = None
     if score == "additive":
         q, k = q.unsqueeze(-1), k.unsqueeze(-1)  # (N, H, 1)
     elif q.size(-1) == 0:  # the kernels read channel 0: an empty score is a zero channel's
@@ -952,7 +964,7 @@ def cpu_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *, s
     attend = _forward_op if torch.compiler.is_compiling() else _EdgeAttentionCPU.apply
     out, alpha = attend(q, k, v, att, bias, dropout_mask, edge_key, edge_value,
                         edge_index.contiguous(), scale, negative_slope, SCORE_KINDS[score],
-                        need_alpha)[:2]
+                        need_alpha, value_is_key)[:2]
     if channels == 0:
         out = out[..., :0]  # the padded channel (a slice would cost a copy in backward otherwise)
     return out.to(dtype), (alpha.to(dtype) if need_alpha else None)

@@ -106,6 +106,25 @@ def test_cpu_kernels_take_edge_terms_on_a_large_graph(score, terms, channels):
         assert_close(actual, truth, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("score", ["dot", "gatv2"])
+def test_one_tensor_as_key_and_value_term(score):
+    """``edge_key=e, edge_value=e`` (TransformerConv's edge features): the cpu backend reads
+    and differentiates the one tensor once, and its gradient is the sum of both roles."""
+    edge_index = random_graph(9, 40, seed=6)
+    inputs = attention_inputs(9, 9, 40, 2, 3, score=score, terms=("edge_key",),
+                              dtype=torch.float64)
+    inputs["edge_value"] = inputs["edge_key"]
+    options = {n: t for n, t in inputs.items() if n not in ("q", "k", "v")}
+    results = []
+    for backend in ("cpu", "reference"):
+        out, alpha = edge_attention(inputs["q"], inputs["k"], inputs["v"], edge_index,
+                                    score=score, backend=backend, return_attention=True,
+                                    **options)
+        results.append(out_alpha_and_grads(out, alpha, {**inputs, "edge_value": None}))
+    for actual, truth in zip(*results, strict=True):
+        assert_close(actual, truth)
+
+
 def test_edge_value_with_zero_channels_and_empty_scores():
     """C = 0 values (and dot scores over no channel) with terms: zeros of the right shapes."""
     edge_index = random_graph(5, 12, seed=1)
