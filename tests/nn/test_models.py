@@ -4,6 +4,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import assert_close, random_graph
+from torch_geometric.data import Data
 from torch_geometric.nn import GATConv, TransformerConv
 
 from graphattn.nn import GAT, GraphTransformer
@@ -185,16 +186,72 @@ def test_graph_transformer_takes_edge_features_in_every_layer(edge_mode):
     assert model.attns[0].edge_mode == edge_mode
 
 
-def test_example_trains_gat_on_cora_smoke(tmp_path, capsys):
-    """A few epochs of the example end to end: training, early-stopping bookkeeping, table, PNG."""
-    from test_datasets import PARTS, source_dir
-
-    root = source_dir("Cora", PARTS).parent.parent
+def import_example():
     sys.path.insert(0, str(REPO / "examples"))
     try:
         import node_classification
     finally:
         sys.path.remove(str(REPO / "examples"))
+    return node_classification
+
+
+# Scripted validation (loss, accuracy) per epoch, and what each early-stopping rule makes of it
+# with patience 2, worked out by hand from the rules' definitions (ties count as better):
+# - loss+acc: progress at 1-6 (1 and 4 both at their best; 2, 6 loss; 3, 5 accuracy), none at
+#   7, 8 -> stops at 8 with the model of epoch 4;
+# - acc: progress at 1, 3, 4, 5 (4 and 5 tie 0.6), none at 6, 7 -> stops at 7 with the model
+#   of epoch 5.
+VALIDATION_CURVE = [(1.0, 0.5), (0.9, 0.4), (1.1, 0.6), (0.8, 0.6), (1.2, 0.6), (0.7, 0.3),
+                    (1.4, 0.2), (1.5, 0.2), (1.6, 0.2), (1.7, 0.2)]
+
+
+@pytest.mark.parametrize("stop_on, epochs, chosen", [("loss+acc", 8, 4), ("acc", 7, 5)])
+def test_early_stopping_rules(monkeypatch, stop_on, epochs, chosen):
+    example = import_example()
+    mask = torch.ones(6, dtype=torch.bool)
+    data = Data(x=torch.randn(6, 3), edge_index=random_graph(6, 12),
+                y=torch.tensor([0, 1, 0, 1, 0, 1]), train_mask=mask, val_mask=mask.clone(),
+                test_mask=mask.clone())
+
+    class Linear(torch.nn.Linear):
+        def forward(self, x, edge_index):
+            return super().forward(x)
+
+    states = []  # the model's weights at each validation
+
+    def scripted_evaluate(model, data, mask):
+        if mask is data.test_mask:
+            return 0.0, 0.75
+        states.append(model.weight.detach().clone())
+        return VALIDATION_CURVE[len(states) - 1]
+
+    monkeypatch.setattr(example, "evaluate", scripted_evaluate)
+    torch.manual_seed(0)
+    model = Linear(3, 2)
+    r = example.train_node_classifier(model, data, epochs=len(VALIDATION_CURVE), patience=2,
+                                      stop_on=stop_on, progress=False)
+    assert (r.epochs, r.best_epoch) == (epochs, chosen)
+    assert r.val_acc == VALIDATION_CURVE[chosen - 1][1] and r.test_acc == 0.75
+    torch.testing.assert_close(model.weight, states[chosen - 1], rtol=0, atol=0)
+    assert not torch.equal(states[chosen - 1], states[-1])  # the kept model is not the last one
+    with pytest.raises(ValueError, match="stop_on must be one of .*got 'loss'"):
+        example.train_node_classifier(model, data, stop_on="loss")
+
+
+def test_example_picks_the_authors_stopping_rule_per_dataset():
+    example = import_example()
+    assert example.parse_args(["--dataset", "CiteSeer"]).stop_on == "acc"
+    assert example.parse_args(["--dataset", "cora"]).stop_on == "loss+acc"
+    assert example.parse_args(["--dataset", "CiteSeer", "--stop-on", "loss+acc"]).stop_on \
+        == "loss+acc"
+
+
+def test_example_trains_gat_on_cora_smoke(tmp_path, capsys):
+    """A few epochs of the example end to end: training, early-stopping bookkeeping, table, PNG."""
+    from test_datasets import PARTS, source_dir
+
+    root = source_dir("Cora", PARTS).parent.parent
+    node_classification = import_example()
     results = node_classification.main(["--epochs", "40", "--runs", "2", "--root", str(root),
                                         "--out", str(tmp_path), "--no-progress",
                                         "--device", "cpu"])
