@@ -227,13 +227,14 @@ def backward_target_kernel(q, k, v, bias, att, drop, edge_key, edge_value, out, 
                            NEED_DATT: tl.constexpr, NEED_DEK: tl.constexpr,
                            NEED_DEV: tl.constexpr, BLOCK_E: tl.constexpr,
                            BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr,
-                           BLOCK_CK: tl.constexpr):
+                           BLOCK_CK: tl.constexpr, EV_IS_EK: tl.constexpr = False):
     """Grid (N_dst, head blocks). Over the incoming edges of one target: writes ``delta``
     ``[N_dst, H]`` (dout . out, plus sum alpha * dalpha), ``dq``, when ``NEED_DATT`` (gatv2)
     the target's share ``datt_rows[i]`` ``[N_dst, H, C]`` (fp32) of the gradient of att, and
     for each of its edges, once, the gradients of the per-edge inputs asked for: bias
     (``NEED_DBIAS``), key term ``dedge_key`` (``NEED_DEK``) and value term ``dedge_value``
-    (``NEED_DEV``)."""
+    (``NEED_DEV``). ``EV_IS_EK``: one tensor is both terms (``CK == C``), and ``dedge_key``
+    gets the sum of both gradients (``NEED_DEV`` off)."""
     row = tl.program_id(0).to(tl.int64)
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)  # (BH)
     offs_c = tl.arange(0, BLOCK_C)  # (BC)
@@ -312,6 +313,8 @@ def backward_target_kernel(q, k, v, bias, att, drop, edge_key, edge_value, out, 
                      dz.to(dbias.dtype.element_ty), mask=ok2)
         if NEED_DEK:
             dek = _edge_key_grad(dz, q_i, k_e, att_h, scale, slope, SCORE)  # (BE, BH, BCK)
+            if EV_IS_EK:  # the value term's gradient too: the same tensor, BCK == BC
+                dek += w[:, :, None] * do_i[None, :, :]
             tl.store(dedge_key + edge[:, None, None] * (H * CK) + hck[None, :, :],
                      dek.to(dedge_key.dtype.element_ty), mask=ok3k)
         if NEED_DEV:

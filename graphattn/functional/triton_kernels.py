@@ -307,11 +307,16 @@ def _backward(dout: Tensor, dalpha: Tensor | None, q: Tensor, k: Tensor, v: Tens
               negative_slope: float, score: str, need_dbias: bool, need_datt: bool, *,
               edge_key: Tensor | None = None, edge_value: Tensor | None = None,
               need_dedge_key: bool = False, need_dedge_value: bool = False,
+              value_is_key: bool = False,
               ) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor | None, Tensor | None,
                          Tensor | None]:
     """The backward passes: dq, dk, dv, d att (when ``need_datt``), d bias (when
     ``need_dbias``), d edge_key and d edge_value (when ``need_dedge_key``,
-    ``need_dedge_value``)."""
+    ``need_dedge_value``). ``value_is_key``: ``edge_value`` is ``edge_key`` (one tensor as both
+    terms, and its gradient asked for): d edge_key is the gradient of both roles, written in
+    one buffer, and d edge_value is None."""
+    if value_is_key:
+        need_dedge_key, need_dedge_value = True, False
     n_dst, (n_src, heads, channels) = q.size(0), v.shape
     score_channels = _score_channels(q, score)
     cfg = launch_config(heads, channels, score_channels)
@@ -340,7 +345,8 @@ def _backward(dout: Tensor, dalpha: Tensor | None, q: Tensor, k: Tensor, v: Tens
             _or(dalpha, lse), csr.ptr, csr.other, csr.edge_id, dq, _or(dbias, lse),
             _or(datt_rows, lse), _or(dedge_key, lse), _or(dedge_value, lse), delta, scale,
             negative_slope, NEED_DBIAS=need_dbias, NEED_DATT=need_datt,
-            NEED_DEK=need_dedge_key, NEED_DEV=need_dedge_value, **flags)
+            NEED_DEK=need_dedge_key, NEED_DEV=need_dedge_value, EV_IS_EK=value_is_key,
+            **flags)
     if n_src > 0:
         csc = build_csr(edge_index[0], edge_index[1], n_src, n_dst)
         kernels().backward_source_kernel[(n_src, head_blocks)](
@@ -367,6 +373,7 @@ class FusedEdgeAttention(torch.autograd.Function):
         ctx.save_for_backward(q, k, v, att, bias, dropout_mask, edge_index, out32, lse, csr.ptr,
                               csr.other, csr.edge_id, edge_key, edge_value)
         ctx.options = (scale, negative_slope, score)
+        ctx.value_is_key = edge_key is not None and edge_value is edge_key
         ctx.set_materialize_grads(False)
         if not need_alpha:
             ctx.mark_non_differentiable(alpha)
@@ -378,14 +385,15 @@ class FusedEdgeAttention(torch.autograd.Function):
          edge_value) = ctx.saved_tensors
         dout = torch.zeros_like(out32) if dout is None else dout.contiguous()
         dalpha = dalpha.contiguous() if dalpha is not None else None
+        need_dedge_key = edge_key is not None and ctx.needs_input_grad[11]
         dq, dk, dv, datt, dbias, dedge_key, dedge_value = _backward(
             dout, dalpha, q, k, v, att, bias, dropout_mask, edge_index, out32, lse,
             CSR(rowptr, col, eid), *ctx.options,
             need_dbias=bias is not None and ctx.needs_input_grad[4],
             need_datt=att is not None and ctx.needs_input_grad[3], edge_key=edge_key,
-            edge_value=edge_value,
-            need_dedge_key=edge_key is not None and ctx.needs_input_grad[11],
-            need_dedge_value=edge_value is not None and ctx.needs_input_grad[12])
+            edge_value=edge_value, need_dedge_key=need_dedge_key,
+            need_dedge_value=edge_value is not None and ctx.needs_input_grad[12],
+            value_is_key=ctx.value_is_key and need_dedge_key)
         return (dq, dk, dv, datt, dbias, None, None, None, None, None, None, dedge_key,
                 dedge_value)
 
@@ -423,26 +431,29 @@ def _backward_op(dout: Tensor, dalpha: Tensor | None, q: Tensor, k: Tensor, v: T
                  negative_slope: float, score: str, need_dbias: bool, need_datt: bool,
                  edge_key: Tensor | None = None, edge_value: Tensor | None = None,
                  need_dedge_key: bool = False, need_dedge_value: bool = False,
+                 value_is_key: bool = False,
                  ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """dq, dk, dv, d att, d bias, d edge_key and d edge_value (the last four empty when not
-    asked for); see :func:`_backward`."""
+    asked for; d edge_value also with ``value_is_key``); see :func:`_backward`."""
     csr = build_csr(edge_index[1], edge_index[0], q.size(0), v.size(0))
     grads = _backward(dout, dalpha, q, k, v, att, bias, dropout_mask, edge_index, out32, lse,
                       csr, scale, negative_slope, score, need_dbias, need_datt,
                       edge_key=edge_key, edge_value=edge_value, need_dedge_key=need_dedge_key,
-                      need_dedge_value=need_dedge_value)
+                      need_dedge_value=need_dedge_value, value_is_key=value_is_key)
     return tuple(q.new_empty(0) if g is None else g for g in grads)
 
 
 @_backward_op.register_fake
 def _backward_fake(dout, dalpha, q, k, v, att, bias, dropout_mask, edge_index, out32, lse,
                    scale, negative_slope, score, need_dbias, need_datt, edge_key=None,
-                   edge_value=None, need_dedge_key=False, need_dedge_value=False):
+                   edge_value=None, need_dedge_key=False, need_dedge_value=False,
+                   value_is_key=False):
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
             torch.empty_like(att) if need_datt else q.new_empty(0),
             torch.empty_like(bias) if need_dbias else q.new_empty(0),
-            torch.empty_like(edge_key) if need_dedge_key else q.new_empty(0),
-            torch.empty_like(edge_value) if need_dedge_value else q.new_empty(0))
+            torch.empty_like(edge_key) if need_dedge_key or value_is_key else q.new_empty(0),
+            torch.empty_like(edge_value) if need_dedge_value and not value_is_key
+            else q.new_empty(0))
 
 
 def _setup_context(ctx, inputs, output) -> None:
@@ -452,6 +463,7 @@ def _setup_context(ctx, inputs, output) -> None:
     ctx.save_for_backward(q, k, v, att, bias, dropout_mask, edge_index, out32, lse, edge_key,
                           edge_value)
     ctx.options = (scale, negative_slope, score)
+    ctx.value_is_key = edge_key is not None and edge_value is edge_key
     ctx.set_materialize_grads(False)
     ctx.mark_non_differentiable(lse)
     if not need_alpha:
@@ -465,14 +477,16 @@ def _op_grads(ctx, dout: Tensor | None, dalpha: Tensor | None, _dlse) -> tuple:
     need_datt = att is not None and ctx.needs_input_grad[3]
     need_dedge_key = edge_key is not None and ctx.needs_input_grad[11]
     need_dedge_value = edge_value is not None and ctx.needs_input_grad[12]
+    value_is_key = ctx.value_is_key and need_dedge_key
     dout = torch.zeros_like(out32) if dout is None else dout.contiguous()
     dalpha = dalpha.contiguous() if dalpha is not None else None
     dq, dk, dv, datt, dbias, dedge_key, dedge_value = _backward_op(
         dout, dalpha, q, k, v, att, bias, dropout_mask, edge_index, out32, lse, *ctx.options,
-        need_dbias, need_datt, edge_key, edge_value, need_dedge_key, need_dedge_value)
+        need_dbias, need_datt, edge_key, edge_value, need_dedge_key, need_dedge_value,
+        value_is_key)
     return (dq, dk, dv, datt if need_datt else None, dbias if need_dbias else None,
             None, None, None, None, None, None, dedge_key if need_dedge_key else None,
-            dedge_value if need_dedge_value else None)
+            dedge_value if need_dedge_value and not value_is_key else None)
 
 
 _forward_op.register_autograd(_op_grads, setup_context=_setup_context)
@@ -505,7 +519,9 @@ def triton_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *
     CSR rows (see the module docstring). Statistics are fp32 whatever the input dtype (fp32,
     fp16, bf16); out has the dtype of ``v``. Gradients flow to q, k, v, bias, att, edge_key,
     edge_value and through the returned alpha; they are deterministic (no atomics). No
-    ``[E, H, C]`` tensor is made but the gradients of edge_key and edge_value.
+    ``[E, H, C]`` tensor is made but the gradients of edge_key and edge_value; one tensor
+    given as both terms (``edge_value is edge_key``, TransformerConv's edge features) gets one
+    gradient buffer, the sum of both roles.
 
     Args:
         q (Tensor): ``[N_dst, H, C]`` (``[N_dst, H]`` when additive).
@@ -552,9 +568,12 @@ def triton_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *
     if edge_key is not None and score == "additive":
         raise ValueError("edge_key needs the dot or gatv2 score, whose keys have channels; "
                          "got score='additive'")
+    value_is_key = edge_key is not None and edge_value is edge_key
     q, k, v, att, bias, dropout_mask, edge_index, edge_key, edge_value = (
         None if t is None else t.contiguous()
         for t in (q, k, v, att, bias, dropout_mask, edge_index, edge_key, edge_value))
+    if value_is_key:  # still one tensor: read once, one gradient buffer for both roles
+        edge_value = edge_key
     inputs = (q, k, v, att, bias, dropout_mask, edge_index, scale, negative_slope, score,
               need_alpha, edge_key, edge_value)
     if torch.compiler.is_compiling():

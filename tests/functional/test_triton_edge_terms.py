@@ -154,6 +154,29 @@ def test_terms_without_gradient(score):
         assert_close(got[name], want[name], dtype=torch.float32)
 
 
+@pytest.mark.parametrize("score", ["dot", "gatv2"])
+def test_one_tensor_as_key_and_value_term(score, monkeypatch):
+    """``edge_key=e, edge_value=e`` (TransformerConv's edge features): the target pass writes
+    the gradient of both roles into one buffer, and no second ``[E, H, C]`` gradient is made;
+    the result is the definition's, where autograd adds the two roles."""
+    ei, num_nodes = mixed_graph()
+    inputs = attention_inputs(num_nodes, num_nodes, ei.size(1), 2, 8, score=score,
+                              terms=("edge_key",), seed=8)
+    inputs["edge_value"] = inputs["edge_key"]
+    calls = []
+
+    def spy(*args, **kwargs):
+        grads = backward(*args, **kwargs)
+        calls.append((kwargs["value_is_key"], grads[-1]))
+        return grads
+
+    backward = tk._backward
+    monkeypatch.setattr(tk, "_backward", spy)
+    # the definition's gradient of the one tensor is the sum of both roles
+    check_against_edges_as_sources(inputs, ei, score=score)
+    assert calls == [(True, None)]  # one buffer: d edge_value not made
+
+
 def test_edge_key_refused_with_additive_score():
     inputs = attention_inputs(3, 3, 1, 1, 8, score="additive", terms=(), bias=False)
     with pytest.raises(ValueError, match="edge_key needs the dot or gatv2 score"):
@@ -175,20 +198,38 @@ def test_operators_pass_opcheck(score):
     torch.library.opcheck(tk._forward_op, args)
     out, _, lse = tk._forward_op(*args)
     detached = [None if t is None else t.detach() for t in (q, k, v, att, bias)]
-    torch.library.opcheck(tk._backward_op, (
-        torch.randn_like(out), torch.randn(20, 2), *detached, mask, ei, out.detach(), lse, 0.5,
-        0.2, score, True, att is not None, ek.detach(), ev.detach(), True, True))
+    backward_args = (torch.randn_like(out), torch.randn(20, 2), *detached, mask, ei,
+                     out.detach(), lse, 0.5, 0.2, score, True, att is not None)
+    torch.library.opcheck(tk._backward_op, (*backward_args, ek.detach(), ev.detach(), True,
+                                            True))
+    # one tensor as both terms: one gradient buffer, d edge_value empty
+    grads = tk._backward_op(*backward_args, ek.detach(), ek.detach(), True, True, True)
+    assert grads[5].shape == ek.shape and grads[6].numel() == 0
+    torch.library.opcheck(tk._backward_op, (*backward_args, ek.detach(), ek.detach(), True,
+                                            True, True))
 
 
-@pytest.mark.parametrize("score", ["dot", "gatv2"])
-def test_compiled_function_matches_eager(score):
+@pytest.mark.parametrize("score,shared", [("dot", False), ("gatv2", False), ("dot", True)],
+                         ids=["dot", "gatv2", "dot-one-tensor-as-both"])
+def test_compiled_function_matches_eager(score, shared, monkeypatch):
     """torch.compile(fullgraph=True) calls the operator graphattn::triton_edge_attention and
-    its backward, with the terms, instead of tracing into the launches."""
+    its backward, with the terms (or one tensor as both, still written as one gradient),
+    instead of tracing into the launches."""
     torch._dynamo.reset()
     ei, num_nodes = mixed_graph()
     inputs = attention_inputs(num_nodes, num_nodes, ei.size(1), 2, 8, score=score,
-                              terms=TERMS["both"], seed=4)
+                              terms=TERMS["key" if shared else "both"], seed=4)
+    if shared:
+        inputs["edge_value"] = inputs["edge_key"]
     leaves = [t for t in inputs.values() if t is not None]
+    shared_flags = []
+
+    def spy(*args, **kwargs):
+        shared_flags.append(kwargs["value_is_key"])
+        return backward(*args, **kwargs)
+
+    backward = tk._backward
+    monkeypatch.setattr(tk, "_backward", spy)
 
     def attend(q, k, v, bias, att, edge_key, edge_value, edge_index):
         return tk.triton_edge_attention(q, k, v, edge_index, scale=0.5, bias=bias,
@@ -204,3 +245,4 @@ def test_compiled_function_matches_eager(score):
         results.append((out, alpha, *grads))
     for got, want in zip(*results, strict=True):
         assert_close(got, want)
+    assert shared_flags == [shared, shared]  # compiled and eager backward
