@@ -238,14 +238,6 @@ def test_early_stopping_rules(monkeypatch, stop_on, epochs, chosen):
         example.train_node_classifier(model, data, stop_on="loss")
 
 
-def test_example_picks_the_authors_stopping_rule_per_dataset():
-    example = import_example()
-    assert example.parse_args(["--dataset", "CiteSeer"]).stop_on == "acc"
-    assert example.parse_args(["--dataset", "cora"]).stop_on == "loss+acc"
-    assert example.parse_args(["--dataset", "CiteSeer", "--stop-on", "loss+acc"]).stop_on \
-        == "loss+acc"
-
-
 def test_example_trains_gat_on_cora_smoke(tmp_path, capsys):
     """A few epochs of the example end to end: training, early-stopping bookkeeping, table, PNG."""
     from test_datasets import PARTS, source_dir
