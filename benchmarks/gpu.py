@@ -433,7 +433,9 @@ def forward_kernel_ms(graph: Graph, args: argparse.Namespace, dtype: torch.dtype
 def check_on_device(graph: Graph, dtype: torch.dtype, heads: int = 2, channels: int = 16,
                     compile_backend: str = "inductor") -> list[tuple[str, float]]:
     """Max abs difference fused vs reference (fp32 math) of out, alpha and every gradient, in
-    eager and under ``torch.compile(fullgraph=True)`` (the kernels as torch operators)."""
+    eager and under ``torch.compile(fullgraph=True)`` (the kernels as torch operators): each
+    score without and with a bias, and the dot and gatv2 scores also with one ``[E, H, C]``
+    tensor as both edge terms (``edge_key=edge_value``, TransformerConv's edge features)."""
     from graphattn.functional import edge_attention
 
     compiled_attention = torch.compile(edge_attention, fullgraph=True, dynamic=False,
@@ -442,7 +444,8 @@ def check_on_device(graph: Graph, dtype: torch.dtype, heads: int = 2, channels: 
     rows = []
     gen = torch.Generator(device=graph.edge_index.device).manual_seed(0)
     for score in ("dot", "additive", "gatv2"):
-        for with_bias in (False, True):
+        configs = ["no bias", "bias"] + ([] if score == "additive" else ["bias, edge terms"])
+        for config in configs:
             n, e, dev = graph.num_nodes, graph.num_edges, graph.edge_index.device
             shape = (n, heads) if score == "additive" else (n, heads, channels)
             tensors = [torch.randn(shape, device=dev, generator=gen),
@@ -450,19 +453,23 @@ def check_on_device(graph: Graph, dtype: torch.dtype, heads: int = 2, channels: 
                        torch.randn(n, heads, channels, device=dev, generator=gen),
                        torch.randn(heads, channels, device=dev, generator=gen)
                        if score == "gatv2" else None,
-                       torch.randn(e, heads, device=dev, generator=gen) if with_bias else None]
-            names = [name for name, t in zip(("dq", "dk", "dv", "datt", "dbias"), tensors,
-                                             strict=True) if t is not None]
+                       torch.randn(e, heads, device=dev, generator=gen)
+                       if config != "no bias" else None,
+                       torch.randn(e, heads, channels, device=dev, generator=gen)
+                       if config == "bias, edge terms" else None]
+            names = [name for name, t in zip(("dq", "dk", "dv", "datt", "dbias", "dedge_term"),
+                                             tensors, strict=True) if t is not None]
             leaves = [t.to(dtype).requires_grad_() for t in tensors if t is not None]
             outputs = {}
             for mode in ("triton", "compiled", "reference"):
                 q, k, v, *rest = leaves
                 att = rest.pop(0) if score == "gatv2" else None
+                bias = rest.pop(0) if rest else None
+                term = rest.pop(0) if rest else None  # one tensor as key and value term
                 attend = compiled_attention if mode == "compiled" else edge_attention
-                out, alpha = attend(q, k, v, graph.edge_index, bias=rest[0] if rest
-                                    else None, return_attention=True, score=score,
-                                    backend="reference" if mode == "reference" else "triton",
-                                    att=att)
+                out, alpha = attend(q, k, v, graph.edge_index, bias=bias, return_attention=True,
+                                    score=score, att=att, edge_key=term, edge_value=term,
+                                    backend="reference" if mode == "reference" else "triton")
                 weight = torch.linspace(-1, 1, out.numel(), device=dev).view_as(out)
                 loss = (out.float() * weight).sum() + alpha.float().square().sum()
                 outputs[mode] = [out, alpha, *torch.autograd.grad(loss, leaves)]
@@ -472,8 +479,7 @@ def check_on_device(graph: Graph, dtype: torch.dtype, heads: int = 2, channels: 
                 for name, got, want in zip(names, outputs[mode], outputs["reference"],
                                            strict=True):
                     err = (got.float() - want.float()).abs().max().item() if got.numel() else 0.0
-                    rows.append((f"{label}{score}, {'bias' if with_bias else 'no bias'}: "
-                                 f"{name}", err))
+                    rows.append((f"{label}{score}, {config}: {name}", err))
     return rows
 
 

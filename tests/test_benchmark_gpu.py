@@ -21,9 +21,11 @@ def test_device_checks_pass_in_the_interpreter(triton_interpreter):
     rows = gpu.check_on_device(graph, torch.float32, heads=2, channels=8,
                                compile_backend="aot_eager")
     names = [name for name, _ in rows]
-    # eager and compiled; per score out, alpha, dq, dk, dv without bias and with it (+ dbias),
-    # gatv2 also datt: dot 5 + 6, additive 5 + 6, gatv2 6 + 7
-    assert len(names) == len(set(names)) == 2 * (11 + 11 + 13)
+    # eager and compiled; per score out, alpha, dq, dk, dv without bias, with it (+ dbias) and,
+    # for dot and gatv2, with one edge term as key and value (+ dbias, dedge_term); gatv2 also
+    # datt: dot 5 + 6 + 7, additive 5 + 6, gatv2 6 + 7 + 8
+    assert len(names) == len(set(names)) == 2 * (18 + 11 + 21)
+    assert "torch.compile, gatv2, bias, edge terms: dedge_term" in names
     assert sum(name.startswith("torch.compile") for name in names) == len(names) // 2
     worst = max(err for _, err in rows)
     assert worst < 1e-4, [row for row in rows if not row[1] < 1e-4]
