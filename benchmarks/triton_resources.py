@@ -59,6 +59,7 @@ REGISTERS_PER_SM, MAX_WARPS, MAX_BLOCKS, SHARED_PER_SM = 65536, 64, 32, 233472
 
 def compile_kernels(heads: int, channels: int, score: str, dtype: str, *, features: bool,
                     score_channels: int | None = None, arch: int = 90,
+                    one_edge_term: bool = False,
                     ) -> tuple[tk.LaunchConfig, dict[str, dict[str, int]]]:
     """The three kernels compiled for ``sm_<arch>``: their launch config and, by kernel name,
     the resources of :func:`resource_usage`.
@@ -66,8 +67,15 @@ def compile_kernels(heads: int, channels: int, score: str, dtype: str, *, featur
     ``dtype`` is ``"fp32"``, ``"fp16"`` or ``"bf16"``; ``features`` turns on the bias, the
     dropout mask, the per-edge key (dot and gatv2) and value terms, the gradient through alpha
     and the gradients of bias, att and the per-edge terms; ``score_channels``
-    is C_k (default: ``channels``, 1 for the additive score).
+    is C_k (default: ``channels``, 1 for the additive score). ``one_edge_term`` (with
+    ``features``, dot or gatv2, ``score_channels == channels``): one tensor is both terms, and
+    the target pass writes one gradient for both (``EV_IS_EK``).
     """
+    if one_edge_term and not (features and score != "additive"
+                              and score_channels in (None, channels)):
+        raise ValueError(f"one_edge_term needs features=True, the dot or gatv2 score and "
+                         f"score_channels == channels, got features={features}, "
+                         f"score={score!r}, score_channels={score_channels}")
     if score_channels is None:
         score_channels = 1 if score == "additive" else channels
     cfg = tk.launch_config(heads, channels, score_channels)
@@ -77,7 +85,8 @@ def compile_kernels(heads: int, channels: int, score: str, dtype: str, *, featur
                      NEED_SCORES=features, HAS_DALPHA=features, NEED_DBIAS=features,
                      NEED_DATT=features and score == "gatv2", NEED_DEK=edge_key,
                      NEED_DEV=features, BLOCK_E=cfg.block_e,
-                     BLOCK_H=cfg.block_h, BLOCK_C=cfg.block_c, BLOCK_CK=cfg.block_ck)
+                     BLOCK_H=cfg.block_h, BLOCK_C=cfg.block_c, BLOCK_CK=cfg.block_ck,
+                     EV_IS_EK=one_edge_term)
     module = tk.kernels()
     usage = {}
     for name in KERNELS:

@@ -279,13 +279,18 @@ for score in ("dot", "additive", "gatv2"):
             score_channels=None if score == "additive" else 32)
         for name, use in usage.items():
             print("compiled", name, score, features, use["spill_stores"], use["spill_loads"])
+for score in ("dot", "gatv2"):  # one tensor as both edge terms: one gradient for both roles
+    _, usage = triton_resources.compile_kernels(4, 16, score, "fp16", features=True,
+                                                one_edge_term=True)
+    print("one edge term", usage["backward_target_kernel"]["spill_stores"])
 """
 
 
 @needs_triton
 def test_kernels_compile_for_sm90():
     """The interpreter does not run Triton's compiler, so compile every kernel (fp16, every
-    score, with no optional input and with all of them) for sm_90 (H100/H200) ahead of time, as
+    score, with no optional input and with all of them, and with one tensor as both edge
+    terms) for sm_90 (H100/H200) ahead of time, as
     ``benchmarks/triton_resources.py`` does; no GPU needed. The forward kernel, the one the
     bandwidth figures are about, must not spill registers. In a fresh process: Triton's
     interpreter leaves ``triton.language`` patched after it ran."""
@@ -296,6 +301,7 @@ def test_kernels_compile_for_sm90():
     compiled = [line.split() for line in done.stdout.splitlines()
                 if line.startswith("compiled")]
     assert len(compiled) == 3 * 2 * len(tk.SCORE_KINDS)
+    assert done.stdout.count("one edge term") == 2
     forward = [row for row in compiled if row[1] == "forward_kernel"]
     assert all(row[4:] == ["0", "0"] for row in forward), forward
 
