@@ -39,7 +39,7 @@ sys.path.insert(0, str(REPO / "examples"))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from _machine import cpu_name  # noqa: E402
-from node_classification import summarise, train_node_classifier  # noqa: E402
+from node_classification import PAPER_SETUPS, summarise, train_node_classifier  # noqa: E402
 
 from graphattn.datasets import MissingFilesError, load_planetoid  # noqa: E402
 from graphattn.nn import GAT  # noqa: E402
@@ -57,12 +57,8 @@ MODELS = {  # name -> GAT(...) keyword arguments
     "PyG TransformerConv": dict(conv=TransformerConv),
 }
 
-# The GAT paper's hyperparameters (Velickovic et al., 2018, section 3.3).
-SETUPS = {
-    "Cora": dict(out_heads=1, lr=0.005, weight_decay=5e-4),
-    "CiteSeer": dict(out_heads=1, lr=0.005, weight_decay=5e-4),
-    "PubMed": dict(out_heads=8, lr=0.01, weight_decay=1e-3),
-}
+# The GAT paper's hyperparameters (Velickovic et al., 2018, section 3.3), the example's defaults.
+SETUPS = {name: PAPER_SETUPS[name.lower()] for name in ("Cora", "CiteSeer", "PubMed")}
 
 PUBLISHED = {  # mean test accuracy (%) on the public split
     "GAT (Velickovic et al., 2018)": {"Cora": "83.0 +- 0.7", "CiteSeer": "72.5 +- 0.7",
