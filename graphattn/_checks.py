@@ -50,12 +50,22 @@ def check_edge_index(edge_index: Tensor, num_src: int, num_dst: int) -> None:
 
 
 def check_same_device(**tensors: Tensor | None) -> None:
-    """Raise if the given tensors do not all live on one device; the message names each."""
+    """Raise if the given tensors are not all tensors on one device; the message names each."""
     present = {name: t for name, t in tensors.items() if t is not None}
+    for name, t in present.items():
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     devices = {t.device for t in present.values()}
     if len(devices) > 1:
         where = ", ".join(f"{name} on {t.device}" for name, t in present.items())
         raise ValueError(f"all inputs must be on one device, got {where}")
+
+
+def check_float_dtype(**tensors: Tensor | None) -> None:
+    """Raise unless each given tensor has a floating-point dtype; the message names it."""
+    for name, t in tensors.items():
+        if t is not None and not t.dtype.is_floating_point:
+            raise TypeError(f"{name} must have a floating-point dtype, got {t.dtype}")
 
 
 def check_dropout(p: float, name: str = "dropout") -> None:

@@ -7,6 +7,7 @@ against :func:`reference_edge_attention`, the readable path made of plain torch 
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
@@ -15,7 +16,13 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.fx.experimental.symbolic_shapes import guard_or_false
 
-from graphattn._checks import check_dropout, check_edge_index, check_finite, check_same_device
+from graphattn._checks import (
+    check_dropout,
+    check_edge_index,
+    check_finite,
+    check_float_dtype,
+    check_same_device,
+)
 from graphattn.functional.cpu import cpu_edge_attention
 from graphattn.functional.dense_backend import dense_edge_attention, dense_peak_bytes
 from graphattn.functional.dropout import dropout_mask as make_dropout_mask
@@ -183,6 +190,8 @@ def _check_attention_inputs(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor,
                             edge_key: Tensor | None, edge_value: Tensor | None) -> None:
     if score not in SCORES:
         raise ValueError(f"score must be one of {SCORES}, got {score!r}")
+    check_same_device(q=q, k=k, v=v, edge_index=edge_index, bias=bias, att=att,
+                      edge_key=edge_key, edge_value=edge_value)
     if v.dim() != 3:
         raise ValueError(f"v must have shape [N_src, H, C], got {list(v.shape)}")
     n_src, heads, _ = v.shape
@@ -209,8 +218,8 @@ def _check_attention_inputs(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor,
                              f"got {list(att.shape)}")
     elif att is not None:
         raise ValueError(f"att is used by score='gatv2' only, got score={score!r}")
-    check_same_device(q=q, k=k, v=v, edge_index=edge_index, bias=bias, att=att,
-                      edge_key=edge_key, edge_value=edge_value)
+    check_float_dtype(q=q, k=k, v=v, bias=bias, att=att, edge_key=edge_key,
+                      edge_value=edge_value)
     check_edge_index(edge_index, num_src=n_src, num_dst=q.size(0))
     num_edges = edge_index.size(1)
     if bias is not None and tuple(bias.shape) != (num_edges, heads):
@@ -272,6 +281,11 @@ def edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
     :mod:`graphattn.functional.edge_terms` describes.
     On the complete graph with ``"dot"`` this is ordinary scaled dot-product attention.
 
+    Every tensor input but ``edge_index`` must be floating-point. Inputs of mixed floating
+    dtypes (an fp32 ``att`` beside bf16 q, k, v under autocast, say) are cast to the dtype
+    torch's arithmetic promotes them to, except on the ``"triton"`` backend, whose kernels read
+    each in its own dtype and compute in fp32.
+
     Args:
         q (Tensor): queries of the targets, ``[N_dst, H, C]`` (``[N_dst, H]`` when additive).
         k (Tensor): keys of the sources, ``[N_src, H, C]`` (``[N_src, H]`` when additive).
@@ -313,6 +327,20 @@ def edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
                                     edge_key=edge_key, edge_value=edge_value)
 
 
+def _common_dtype(*tensors: Tensor | None) -> tuple[Tensor | None, ...]:
+    """Inputs of mixed floating dtypes (an fp32 ``att`` beside bf16 q, k, v under autocast, say)
+    cast to the dtype torch's arithmetic would promote them to; one tensor given as both edge
+    terms (the last two) stays one tensor."""
+    dtypes = {t.dtype for t in tensors if t is not None}
+    if len(dtypes) <= 1:
+        return tensors
+    common = functools.reduce(torch.promote_types, dtypes)
+    cast = [None if t is None else t.to(common) for t in tensors]
+    if tensors[-1] is not None and tensors[-1] is tensors[-2]:
+        cast[-1] = cast[-2]
+    return tuple(cast)
+
+
 def edge_attention_unchecked(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
                              scale: float | None, bias: Tensor | None, dropout_p: float,
                              training: bool, return_attention: bool, backend: str, score: str,
@@ -334,6 +362,9 @@ def edge_attention_unchecked(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor
     if backend not in BACKENDS:
         raise ValueError(f"backend must be 'auto' or one of {available_backends()}, "
                          f"got {backend!r}")
+    if backend != "triton":  # the Triton kernels read each input in its own dtype
+        q, k, v, bias, att, edge_key, edge_value = _common_dtype(q, k, v, bias, att, edge_key,
+                                                                 edge_value)
     dropout_mask = None
     if training and dropout_p > 0.0:
         dropout_mask = make_dropout_mask((edge_index.size(1), v.size(1)), dropout_p,
@@ -386,14 +417,15 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
           mask ``(..., L_q, L_k)``
         - **output:** ``(..., L_q, H, C)``; weights ``(..., H, L_q, L_k)``
     """
+    check_same_device(q=q, k=k, v=v, mask=mask)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() < 3:
             raise ValueError(f"{name} must have shape [..., L, H, C], got {list(t.shape)}")
     if k.shape[-3:-1] != v.shape[-3:-1] or q.size(-2) != k.size(-2) or q.size(-1) != k.size(-1):
         raise ValueError(f"q [..., L_q, H, C], k and v [..., L_k, H, C] do not fit together: "
                          f"got q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)}")
+    check_float_dtype(q=q, k=k, v=v)
     check_dropout(dropout_p, "dropout_p")
-    check_same_device(q=q, k=k, v=v, mask=mask)
     L_q, L_k = q.size(-3), k.size(-3)
     if mask is not None:
         if mask.dtype != torch.bool:
@@ -405,7 +437,7 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
             mask = mask & torch.ones(L_q, L_k, dtype=torch.bool, device=q.device).tril()
             is_causal = False
     if scale is None:
-        scale = 1.0 / math.sqrt(q.size(-1))
+        scale = 1.0 / math.sqrt(max(q.size(-1), 1))  # C = 0: the score is 0 whatever the scale
     p = dropout_p if training else 0.0
 
     qh, kh, vh = (t.transpose(-3, -2) for t in (q, k, v))  # (..., H, L, C)

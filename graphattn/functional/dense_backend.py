@@ -71,12 +71,14 @@ def _pair_log_weights(t: Tensor | None, pair: Tensor, mask: Tensor, simple: bool
     with torch.no_grad():
         m = t.new_full((heads, flat.numel()), float("-inf"))
         m.scatter_reduce_(1, pair.expand(heads, -1), t.t(), reduce="amax", include_self=True)
-        m = m.masked_fill_(~flat, 0.0)  # (H, P)
+        m = m.masked_fill_(torch.isinf(m), 0.0)  # (H, P); off the graph, or -inf scores only
     w = torch.exp(t.t() - m[:, pair])  # (H, E)
     total = t.new_zeros(heads, flat.numel()).index_add(1, pair, w)  # (H, P)
-    T = torch.where(flat, total.clamp_min(torch.finfo(t.dtype).tiny).log() + m,
-                    t.new_tensor(float("-inf")))
-    r = (w / total[:, pair]).t()  # (E, H)
+    # total = 0 where no edge lies or every edge of the pair scores -inf: T = -inf, share 0
+    live = total > 0
+    safe_total = torch.where(live, total, 1.0)
+    T = torch.where(live, safe_total.log() + m, t.new_tensor(float("-inf")))
+    r = (w / safe_total[:, pair]).t()  # (E, H)
     return T, r
 
 
@@ -151,6 +153,9 @@ def dense_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
             t = t + bias
         t = F.leaky_relu(t, negative_slope) * scale
     T, share = _pair_log_weights(t, pair, mask, simple, v.dtype)
+    # rows that get 0: no in-edge, or (with per-edge scores) every in-edge scoring -inf
+    dead = empty_rows if T is None else (
+        T.view(T.size(0), n_dst, n_src) == float("-inf")).all(dim=-1)  # (N_dst) or (H|1, N_dst)
 
     explicit = score != "dot" or need_alpha or dropout_mask is not None
     if not explicit:
@@ -159,10 +164,10 @@ def dense_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
             attn_mask = mask | empty_rows.unsqueeze(-1)  # (N_dst, N_src); empty rows see all
         else:
             attn_mask = T.view(T.size(0), n_dst, n_src).to(q.dtype).masked_fill(
-                empty_rows.unsqueeze(-1), 0.0)  # (H or 1, N_dst, N_src)
+                dead.unsqueeze(-1), 0.0)  # (H or 1, N_dst, N_src)
         out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=attn_mask,
                                              scale=scale)  # (H, N_dst, C)
-        out = out.transpose(0, 1).masked_fill(empty_rows.view(-1, 1, 1), 0.0)
+        out = out.masked_fill(dead.unsqueeze(-1), 0.0).transpose(0, 1)  # (N_dst, H, C)
         return out, None
 
     if score == "dot":
@@ -173,8 +178,9 @@ def dense_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
             L = L + T.view(T.size(0), n_dst, n_src)
     else:  # the whole score is in T
         L = T.view(T.size(0), n_dst, n_src)  # (H, N_dst, N_src)
-    L = L.masked_fill(empty_rows.unsqueeze(-1), 0.0)
+    L = L.masked_fill(dead.unsqueeze(-1), 0.0)
     P = torch.softmax(L, dim=-1, dtype=_softmax_dtype(L.dtype)).to(v.dtype)  # (H, N_dst, N_src)
+    P = P.masked_fill(dead.unsqueeze(-1), 0.0)
     alpha = None
     if need_alpha:
         alpha = P[:, dst, src].t()  # (E, H)
@@ -186,5 +192,4 @@ def dense_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
         D = P.new_zeros(P.size(0), n_dst * n_src).index_add(1, pair, kept.t().to(P.dtype))
         W = P * D.view(D.size(0), n_dst, n_src)
     out = (W @ vh).transpose(0, 1)  # (N_dst, H, C)
-    out = out.masked_fill(empty_rows.view(-1, 1, 1), 0.0)
     return out, alpha

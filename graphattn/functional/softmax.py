@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from graphattn._checks import check_float_dtype, check_non_negative
+
 
 def scatter_softmax(src: Tensor, index: Tensor, num_segments: int | None = None) -> Tensor:
     r"""Softmax of ``src`` over the groups that ``index`` defines along dim 0.
@@ -39,8 +41,17 @@ def scatter_softmax(src: Tensor, index: Tensor, num_segments: int | None = None)
                          f"got {list(index.shape)}")
     if index.dtype.is_floating_point:
         raise TypeError(f"index must have an integer dtype, got {index.dtype}")
+    check_float_dtype(src=src)
+    compiling = torch.compiler.is_compiling()
     if num_segments is None:
         num_segments = int(index.max()) + 1 if index.numel() > 0 else 0
+    elif not compiling:
+        check_non_negative(num_segments, "num_segments")
+    if index.numel() > 0 and not compiling:
+        lo, hi = int(index.min()), int(index.max())
+        if lo < 0 or hi >= num_segments:
+            raise ValueError(f"index must hold groups in [0, num_segments) = "
+                             f"[0, {num_segments}), got values from {lo} to {hi}")
     out_dtype = src.dtype
     s = src.float() if src.dtype in (torch.float16, torch.bfloat16) else src
     index = index.long()

@@ -74,3 +74,19 @@ def test_errors():
         dense_attention(q, k[:, :1], v)
     with pytest.raises(ValueError, match=r"dropout_p must be in \[0, 1\), got -0.1"):
         dense_attention(q, k, v, dropout_p=-0.1)
+    with pytest.raises(TypeError, match="q must have a floating-point dtype, got torch.int64"):
+        dense_attention(q.long(), k.long(), v.long())
+    with pytest.raises(TypeError, match="mask must be a torch.Tensor, got list"):
+        dense_attention(q, k, v, torch.ones(6, 6, dtype=torch.bool).tolist())
+
+
+@pytest.mark.parametrize("return_attention", [False, True])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_zero_channels_give_uniform_weights(is_causal, return_attention):
+    # C = 0: every score is 0 (as in edge_attention), so each query averages its allowed values
+    q, k, v = qkv()
+    q, k = q[..., :0], k[..., :0]  # (6, 2, 0)
+    mask = torch.ones(6, 6, dtype=torch.bool)
+    ref, _ = explicit_attention(q, k, v, mask.tril() if is_causal else mask, scale=1.0)
+    result = dense_attention(q, k, v, is_causal=is_causal, return_attention=return_attention)
+    assert_close(result[0] if return_attention else result, ref)

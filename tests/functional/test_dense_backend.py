@@ -69,6 +69,26 @@ def test_multi_edges_add_their_weights():
     assert (out[1:] == 0).all()  # targets 1 and 2 have no in-edge
 
 
+@pytest.mark.parametrize("need_alpha", [False, True], ids=["out", "alpha"])
+@pytest.mark.parametrize("score", ["dot", "additive"])
+def test_scores_of_minus_infinity_give_zero_not_nan(score, need_alpha):
+    # target 1: a simple pair and a double edge, all -inf; target 2: one -inf edge of two
+    edge_index = torch.tensor([[0, 3, 3, 0, 1], [1, 1, 1, 2, 2]])
+    q, k, v, bias = inputs(4, 4, score, 5)
+    bias[:4, 0] = float("-inf")  # head 0: every in-edge of target 1 is masked
+    bias[:3, 1] = float("-inf")  # head 1 as well
+    kw = dict(score=score, dropout_p=0.0, need_alpha=need_alpha)
+    out, alpha, grads = run("dense", q, k, v, edge_index, bias, **kw)
+    ref_out, ref_alpha, ref_grads = run("reference", q, k, v, edge_index, bias, **kw)
+    assert (out[1] == 0).all()
+    assert_close(out, ref_out)
+    if need_alpha:
+        assert_close(alpha, ref_alpha)
+    for g, r in zip(grads, ref_grads, strict=True):
+        assert torch.isfinite(g).all()
+        assert_close(g, r)
+
+
 def test_sdpa_path_equals_dense_attention_fp32():
     n_dst, n_src = 70, 50
     edge_index = torch.unique(random_graph(n_src, 900, seed=4, num_dst=n_dst), dim=1)

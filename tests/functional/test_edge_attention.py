@@ -190,6 +190,50 @@ def test_errors_name_the_argument_and_value():
         edge_attention(q, k, v, good.to("meta"))
 
 
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_wrong_dtypes_and_non_tensors_are_named(backend):
+    q, k, v = qkv(4, 4)
+    good = torch.tensor([[0, 1], [1, 2]])
+    with pytest.raises(TypeError, match="q must have a floating-point dtype, got torch.int64"):
+        edge_attention(q.long(), k.long(), v.long(), good, backend=backend)
+    with pytest.raises(TypeError, match="v must have a floating-point dtype, got torch.int64"):
+        edge_attention(q, k, v.long(), good, backend=backend)
+    with pytest.raises(TypeError, match="bias must have a floating-point dtype, got torch.int64"):
+        edge_attention(q, k, v, good, bias=torch.zeros(2, 2, dtype=torch.long), backend=backend)
+    with pytest.raises(TypeError, match="edge_index must be a torch.Tensor, got list"):
+        edge_attention(q, k, v, good.tolist(), backend=backend)
+    with pytest.raises(TypeError, match="q must be a torch.Tensor, got ndarray"):
+        edge_attention(q.numpy(), k, v, good, backend=backend)
+
+
+@pytest.mark.parametrize("score", ["dot", "gatv2"])
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_mixed_float_dtypes_are_promoted(backend, score):
+    """float64 q, bias and att beside float32 k and v, and one float32 tensor as both edge
+    terms: every backend computes in float64, as torch's promotion would, and agrees with the
+    all-float64 reference, gradients included."""
+    q, k, v = qkv(5, 5, seed=3, grad=True)
+    ei = torch.tensor([[0, 1, 2, 3, 4, 0, 2], [1, 2, 3, 4, 0, 0, 0]])
+    gen = torch.Generator().manual_seed(4)
+    bias = torch.randn(7, 2, generator=gen, dtype=torch.float64, requires_grad=True)
+    term = torch.randn(7, 2, 4, generator=gen, requires_grad=True)
+    att = (torch.randn(2, 4, generator=gen, dtype=torch.float64, requires_grad=True)
+           if score == "gatv2" else None)
+    q64 = q.detach().double().requires_grad_()
+    results = []
+    for args in ((q64, k, v, term), (q64, k.double(), v.double(), term.double())):
+        out, alpha = edge_attention(*args[:3], ei, bias=bias, att=att, score=score,
+                                    edge_key=args[3], edge_value=args[3], return_attention=True,
+                                    backend=backend if args[1] is k else "reference")
+        leaves = [q64, k, v, bias, term] + ([att] if att is not None else [])
+        results.append((out, alpha, *torch.autograd.grad(out.sum() + alpha.square().sum(),
+                                                          leaves)))
+    got, want = results
+    assert got[0].dtype == got[1].dtype == torch.float64
+    for a, b in zip(got, want, strict=True):
+        assert_close(a, b.to(a.dtype))
+
+
 @pytest.mark.parametrize(("n_dst", "n_src"), [(3, 0), (0, 3), (0, 0)])
 @pytest.mark.parametrize("score", ["dot", "additive", "gatv2"])
 @pytest.mark.parametrize("backend", CPU_BACKENDS)

@@ -92,3 +92,13 @@ def test_errors():
         scatter_softmax(torch.zeros(3), torch.zeros(2, dtype=torch.long))
     with pytest.raises(TypeError, match="index must have an integer dtype, got torch.float32"):
         scatter_softmax(torch.zeros(3), torch.zeros(3))
+    index = torch.tensor([0, 1, 1])
+    with pytest.raises(TypeError, match="src must have a floating-point dtype, got torch.int64"):
+        scatter_softmax(torch.zeros(3, dtype=torch.long), index)
+    with pytest.raises(ValueError, match="num_segments must be a non-negative integer, got -1"):
+        scatter_softmax(torch.zeros(3), index, num_segments=-1)
+    with pytest.raises(ValueError, match=r"index must hold groups in \[0, num_segments\) = "
+                                         r"\[0, 1\), got values from 0 to 1"):
+        scatter_softmax(torch.zeros(3), index, num_segments=1)
+    with pytest.raises(ValueError, match="got values from -1 to 1"):
+        scatter_softmax(torch.zeros(3), torch.tensor([0, -1, 1]))
