@@ -40,15 +40,22 @@ def run(backend, q, k, v, edge_index, bias, *, score, dropout_p, need_alpha, see
 def test_equals_reference(case, score, with_bias, dropout_p, need_alpha):
     q, k, v, bias = inputs(case.num_dst, case.num_src, score, case.edge_index.size(1),
                            bias=with_bias)
-    kw = dict(score=score, dropout_p=dropout_p, need_alpha=need_alpha)
-    out, alpha, grads = run("dense", q, k, v, case.edge_index, bias, **kw)
-    ref_out, ref_alpha, ref_grads = run("reference", q, k, v, case.edge_index, bias, **kw)
+    assert_dense_equals_reference(q, k, v, case.edge_index, bias, score=score,
+                                  dropout_p=dropout_p, need_alpha=need_alpha)
+
+
+def assert_dense_equals_reference(q, k, v, edge_index, bias, **kw):
+    """out, alpha (when ``need_alpha``) and finite gradients of the dense backend match the
+    reference; returns the dense out."""
+    out, alpha, grads = run("dense", q, k, v, edge_index, bias, **kw)
+    ref_out, ref_alpha, ref_grads = run("reference", q, k, v, edge_index, bias, **kw)
     assert_close(out, ref_out)
-    if need_alpha:
+    if kw["need_alpha"]:
         assert_close(alpha, ref_alpha)
     for g, r in zip(grads, ref_grads, strict=True):
         assert torch.isfinite(g).all()
         assert_close(g, r)
+    return out
 
 
 def test_multi_edges_add_their_weights():
@@ -77,16 +84,9 @@ def test_scores_of_minus_infinity_give_zero_not_nan(score, need_alpha):
     q, k, v, bias = inputs(4, 4, score, 5)
     bias[:4, 0] = float("-inf")  # head 0: every in-edge of target 1 is masked
     bias[:3, 1] = float("-inf")  # head 1 as well
-    kw = dict(score=score, dropout_p=0.0, need_alpha=need_alpha)
-    out, alpha, grads = run("dense", q, k, v, edge_index, bias, **kw)
-    ref_out, ref_alpha, ref_grads = run("reference", q, k, v, edge_index, bias, **kw)
+    out = assert_dense_equals_reference(q, k, v, edge_index, bias, score=score, dropout_p=0.0,
+                                        need_alpha=need_alpha)
     assert (out[1] == 0).all()
-    assert_close(out, ref_out)
-    if need_alpha:
-        assert_close(alpha, ref_alpha)
-    for g, r in zip(grads, ref_grads, strict=True):
-        assert torch.isfinite(g).all()
-        assert_close(g, r)
 
 
 def test_sdpa_path_equals_dense_attention_fp32():
