@@ -320,6 +320,8 @@ def edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
     _check_attention_inputs(q, k, v, edge_index, bias, score, att, edge_key, edge_value)
     check_dropout(dropout_p, "dropout_p")
     check_finite(negative_slope, "negative_slope")
+    if scale is not None:
+        check_finite(float(scale), "scale")
     return edge_attention_unchecked(q, k, v, edge_index, scale=scale, bias=bias,
                                     dropout_p=dropout_p, training=training,
                                     return_attention=return_attention, backend=backend,
@@ -426,6 +428,8 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
                          f"got q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)}")
     check_float_dtype(q=q, k=k, v=v)
     check_dropout(dropout_p, "dropout_p")
+    if scale is not None:
+        check_finite(float(scale), "scale")
     L_q, L_k = q.size(-3), k.size(-3)
     if mask is not None:
         if mask.dtype != torch.bool:

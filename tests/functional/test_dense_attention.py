@@ -76,6 +76,8 @@ def test_errors():
         dense_attention(q, k, v, dropout_p=-0.1)
     with pytest.raises(TypeError, match="q must have a floating-point dtype, got torch.int64"):
         dense_attention(q.long(), k.long(), v.long())
+    with pytest.raises(ValueError, match="scale must be a finite number, got nan"):
+        dense_attention(q, k, v, scale=float("nan"))
     with pytest.raises(TypeError, match="mask must be a torch.Tensor, got list"):
         dense_attention(q, k, v, torch.ones(6, 6, dtype=torch.bool).tolist())
 

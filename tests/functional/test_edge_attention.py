@@ -200,6 +200,8 @@ def test_wrong_dtypes_and_non_tensors_are_named(backend):
         edge_attention(q, k, v.long(), good, backend=backend)
     with pytest.raises(TypeError, match="bias must have a floating-point dtype, got torch.int64"):
         edge_attention(q, k, v, good, bias=torch.zeros(2, 2, dtype=torch.long), backend=backend)
+    with pytest.raises(ValueError, match="scale must be a finite number, got inf"):
+        edge_attention(q, k, v, good, scale=float("inf"), backend=backend)
     with pytest.raises(TypeError, match="edge_index must be a torch.Tensor, got list"):
         edge_attention(q, k, v, good.tolist(), backend=backend)
     with pytest.raises(TypeError, match="q must be a torch.Tensor, got ndarray"):
