@@ -16,6 +16,7 @@ import importlib
 import os
 import pickle
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from urllib.error import URLError
 from urllib.request import urlopen
@@ -350,7 +351,8 @@ def _undirected_simple(src: Tensor, dst: Tensor, num_nodes: int) -> Tensor:
 
 def load_planetoid(name: str, root: str | os.PathLike | None = None, *,
                    structure_only: bool = False, download: bool = True,
-                   progress: bool = True) -> Data:
+                   progress: bool = True,
+                   transform: Callable[[Data], Data] | None = None) -> Data:
     r"""Load Cora, CiteSeer or PubMed with the standard public Planetoid split.
 
     Returns a :class:`torch_geometric.data.Data` with
@@ -389,9 +391,13 @@ def load_planetoid(name: str, root: str | os.PathLike | None = None, *,
             return ``x=None``: graph, labels and split only. (default: ``False``)
         download (bool, optional): download missing files. (default: ``True``)
         progress (bool, optional): show a progress bar while downloading. (default: ``True``)
+        transform (callable, optional): applied to the loaded graph before it is returned, e.g.
+            ``pe.AddLaplacianPE(8)`` or a ``torch_geometric.transforms`` object.
+            (default: ``None``)
 
     Raises:
         ValueError: ``name`` is not one of the three datasets.
+        TypeError: ``transform`` is not callable.
         MissingFilesError: files are missing and cannot be downloaded (the message says which,
             where they come from and where to put them by hand).
         ChecksumError: a file differs from the published one (it is never parsed).
@@ -403,6 +409,10 @@ def load_planetoid(name: str, root: str | os.PathLike | None = None, *,
         (torch.Size([2708, 1433]), torch.Size([2, 10556]), 140)
     """
     name = canonical_name(name)
+    if transform is not None and not callable(transform):
+        raise TypeError(f"transform must be callable (Data -> Data), got "
+                        f"{type(transform).__name__}")
     parts = STRUCTURE_PARTS if structure_only else PARTS
     paths = ensure_raw_files(name, root, parts, download=download, progress=progress)
-    return _read_planetoid(name, paths, structure_only)
+    data = _read_planetoid(name, paths, structure_only)
+    return data if transform is None else transform(data)

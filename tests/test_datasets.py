@@ -17,6 +17,7 @@ from graphattn.datasets import (
     MissingFilesError,
     load_planetoid,
 )
+from graphattn.pe import AddLaplacianPE
 
 REPO = Path(__file__).resolve().parents[1]
 PARTS = ["x", "tx", "allx", "y", "ty", "ally", "graph", "test.index"]
@@ -145,6 +146,18 @@ def test_name_is_case_insensitive():
     a = load_planetoid("cora", root, download=False)
     b = load_planetoid("CORA", root, download=False)
     assert torch.equal(a.edge_index, b.edge_index) and torch.equal(a.x, b.x)
+
+
+def test_transform_is_applied_to_the_loaded_graph():
+    root = source_dir("Cora", PARTS).parent.parent
+    seen = []
+    data = load_planetoid("Cora", root, transform=lambda d: seen.append(d) or "transformed")
+    assert data == "transformed" and len(seen) == 1  # called once, its result returned
+    assert torch.equal(seen[0].x, load_planetoid("Cora", root).x)  # on the loaded graph
+    data = load_planetoid("Cora", root, transform=AddLaplacianPE(4))
+    assert data.laplacian_pe.shape == (2708, 4) and torch.isfinite(data.laplacian_pe).all()
+    with pytest.raises(TypeError, match="transform must be callable .*got str"):
+        load_planetoid("Cora", root, transform="AddLaplacianPE")
 
 
 def test_unknown_name_lists_known_ones(tmp_path):
