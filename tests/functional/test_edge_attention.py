@@ -213,13 +213,14 @@ def test_wrong_dtypes_and_non_tensors_are_named(backend):
 def test_mixed_float_dtypes_are_promoted(backend, score):
     """float64 q, bias and att beside float32 k and v, and one float32 tensor as both edge
     terms: every backend computes in float64, as torch's promotion would, and agrees with the
-    all-float64 reference, gradients included."""
-    q, k, v = qkv(5, 5, seed=3, grad=True)
+    all-float64 reference, gradients included. (3 channels, a bias, alpha in the loss: the
+    cpu kernels of test_edge_terms.py's one-tensor test, already compiled.)"""
+    q, k, v = qkv(5, 5, C=3, seed=3, grad=True)
     ei = torch.tensor([[0, 1, 2, 3, 4, 0, 2], [1, 2, 3, 4, 0, 0, 0]])
     gen = torch.Generator().manual_seed(4)
     bias = torch.randn(7, 2, generator=gen, dtype=torch.float64, requires_grad=True)
-    term = torch.randn(7, 2, 4, generator=gen, requires_grad=True)
-    att = (torch.randn(2, 4, generator=gen, dtype=torch.float64, requires_grad=True)
+    term = torch.randn(7, 2, 3, generator=gen, requires_grad=True)
+    att = (torch.randn(2, 3, generator=gen, dtype=torch.float64, requires_grad=True)
            if score == "gatv2" else None)
     q64 = q.detach().double().requires_grad_()
     results = []
