@@ -42,13 +42,17 @@ def scatter_softmax(src: Tensor, index: Tensor, num_segments: int | None = None)
     if index.dtype.is_floating_point:
         raise TypeError(f"index must have an integer dtype, got {index.dtype}")
     check_float_dtype(src=src)
-    compiling = torch.compiler.is_compiling()
-    if num_segments is None:
-        num_segments = int(index.max()) + 1 if index.numel() > 0 else 0
-    elif not compiling:
+    if torch.compiler.is_compiling():
+        if num_segments is None:
+            num_segments = int(index.max()) + 1 if index.numel() > 0 else 0
+    elif num_segments is not None:
         check_non_negative(num_segments, "num_segments")
-    if index.numel() > 0 and not compiling:
-        lo, hi = int(index.min()), int(index.max())
+    if index.numel() == 0:
+        num_segments = num_segments or 0
+    elif not torch.compiler.is_compiling():
+        # One host sync (not one per bound) for the range check and the default group count.
+        lo, hi = torch.stack(torch.aminmax(index)).tolist()
+        num_segments = hi + 1 if num_segments is None else num_segments
         if lo < 0 or hi >= num_segments:
             raise ValueError(f"index must hold groups in [0, num_segments) = "
                              f"[0, {num_segments}), got values from {lo} to {hi}")

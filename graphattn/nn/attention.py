@@ -215,7 +215,10 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             builds a key (and value) ``[H, C]`` per edge. (default: ``"bias"``)
         fill_value (float or Tensor or str, optional): ``edge_attr`` of the added self-loops,
             as in PyG: ``"mean"``, ``"add"``, ``"max"``, ``"min"`` or ``"mul"`` of the target's
-            other in-edge features (0 without any), or a constant. (default: ``"mean"``)
+            other in-edge features (0 without any), or a constant. On CUDA the sums of
+            ``"mean"`` and ``"add"`` use atomic adds, as PyG's do, so their last bits can vary
+            from run to run unless ``torch.use_deterministic_algorithms(True)``; the ``triton`` and
+            ``cpu`` attention kernels themselves are deterministic. (default: ``"mean"``)
         attention (str, optional): ``"dot"`` (scaled dot product), ``"additive"`` (GAT) or
             ``"gatv2"`` (GATv2). (default: ``"dot"``)
         backend (str, optional): backend of :func:`~graphattn.functional.edge_attention`.
