@@ -57,6 +57,31 @@ MODELS = {  # name -> GAT(...) keyword arguments
     "PyG TransformerConv": dict(conv=TransformerConv),
 }
 
+# How each model's attention layer is built, for the protocol of the result file.
+LAYER_TEXT = {
+    "graphattn additive": "graphattn's `GraphSelfAttention(attention=\"additive\")` (GAT's score)",
+    "graphattn dot": "graphattn's `GraphSelfAttention(attention=\"dot\")` (scaled dot product)",
+    "graphattn additive, no value dropout": "graphattn's additive layer without the dropout on "
+                                            "the projected values",
+    "graphattn gatv2": "graphattn's `GraphSelfAttention(attention=\"gatv2\")` (GATv2's score)",
+    "PyG GATConv": "PyG's `GATConv` (self-loops, no dropout on the values)",
+    "PyG GATv2Conv": "PyG's `GATv2Conv` (self-loops, no dropout on the values)",
+    "PyG TransformerConv": "PyG's `TransformerConv` (its defaults: no self-loops, a root/skip "
+                           "weight instead; no dropout on the values)",
+}
+
+
+def layers_text(models: list[str]) -> str:
+    """The protocol's sentence on the attention layers of ``models``."""
+    text = "; ".join(LAYER_TEXT[m] for m in models)
+    if any(m.startswith("graphattn") for m in models):
+        text += (". graphattn's layers have self-loops, no output projection and, as in the GAT "
+                 "authors' reference code, dropout 0.6 on the projected values (`value_dropout`)")
+        if "graphattn additive, no value dropout" in models:
+            text += ", except in the row \"no value dropout\""
+    return text + "."
+
+
 # The GAT paper's hyperparameters (Velickovic et al., 2018, section 3.3), the example's defaults.
 SETUPS = {name: PAPER_SETUPS[name.lower()] for name in ("Cora", "CiteSeer", "PubMed")}
 
@@ -142,14 +167,9 @@ def write_results(rows: list[dict], skipped: dict[str, str], args: argparse.Name
         "- Every model is `graphattn.nn.GAT`: dropout 0.6 on the input features, a first "
         "attention layer with 8 heads x 8 channels (concatenated), ELU, dropout 0.6, an output "
         "attention layer (1 head on Cora and CiteSeer, 8 averaged heads on PubMed); dropout 0.6 "
-        "on the attention weights. Only the attention layer differs: graphattn's "
-        "`GraphSelfAttention(attention=\"additive\")` (GAT's score), "
-        "`(attention=\"gatv2\")` (GATv2's) and `(attention=\"dot\")` (scaled dot product), "
-        "all with self-loops, no output projection and, as in the GAT authors' reference code, "
-        "dropout 0.6 on the projected values (`value_dropout`; the row \"no value dropout\" "
-        "leaves it out); PyG's `GATConv` and `GATv2Conv` (self-loops); PyG's "
-        "`TransformerConv` (its defaults: no self-loops, a root/skip weight instead). PyG's "
-        "layers have no dropout on the values.",
+        "on the attention weights. "
+        + ("Only the attention layer differs: " if len(args.models) > 1 else "The attention "
+           "layer: ") + layers_text(args.models),
         f"- Adam, lr 0.005, weight decay 5e-4 (PubMed: 0.01 and 1e-3); full batch; at most "
         f"{args.epochs:,} epochs (the longest run took {max(r['epochs'] for r in rows)}). "
         f"Early stopping with patience {args.patience}, by "

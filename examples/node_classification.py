@@ -221,6 +221,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", default="out/node_classification",
                         help="folder for the training-curve PNG")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads (default: torch's choice; on a machine shared "
+                             "with other work, 1 avoids stalls between threads)")
     args = parser.parse_args(argv)
     for key, value in MODEL_DEFAULTS[args.model].items():
         if getattr(args, key) is None:
@@ -235,7 +238,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> list[RunResult]:
     args = parse_args(argv)
-    data = load_planetoid(args.dataset, args.root).to(args.device)
+    if args.threads is not None:
+        if args.threads < 1:
+            raise SystemExit(f"error: --threads must be at least 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    try:
+        data = load_planetoid(args.dataset, args.root)
+    except (FileNotFoundError, ValueError) as error:  # missing, corrupt or unknown: say why
+        raise SystemExit(f"error: {error}") from None
+    data = data.to(args.device)
     warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
     data.x = data.x.to_sparse_csr()  # ~1% nonzeros: sparse input layers, same results
     num_classes = int(data.y.max()) + 1

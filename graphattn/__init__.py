@@ -5,8 +5,8 @@ a transformer layer, the causal graph a masked decoder, a window graph truncated
 citation graph graph attention.
 """
 
-from graphattn import functional, graphs, nn, pe
+from graphattn import datasets, functional, graphs, nn, pe
 
 __version__ = "0.1.0"
 
-__all__ = ["functional", "graphs", "nn", "pe", "__version__"]
+__all__ = ["datasets", "functional", "graphs", "nn", "pe", "__version__"]

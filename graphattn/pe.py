@@ -97,6 +97,20 @@ def sinusoidal(num_positions: int, dim: int, *, base: float = 10000.0) -> Tensor
     return _sinusoid(positions, dim, base).to(torch.get_default_dtype())
 
 
+def _check_positions(positions: Tensor, length: int, *, integer: bool) -> None:
+    """Raise unless ``positions`` is a tensor ``[L]`` with ``L = length``, of an integer dtype
+    if ``integer`` (else of a real one)."""
+    if not isinstance(positions, Tensor):
+        raise TypeError(f"positions must be a torch.Tensor, got {type(positions).__name__}")
+    if (positions.dtype == torch.bool or positions.is_complex()
+            or (integer and positions.dtype.is_floating_point)):
+        kind = "an integer" if integer else "a real"
+        raise TypeError(f"positions must have {kind} dtype, got {positions.dtype}")
+    if tuple(positions.shape) != (length,):
+        raise ValueError(f"positions must have shape [L] = [{length}] (one per row of x), "
+                         f"got {list(positions.shape)}")
+
+
 class SinusoidalPE(torch.nn.Module):
     r"""Adds :func:`sinusoidal` to its input: :math:`x_t + \mathrm{PE}[t]`.
 
@@ -105,8 +119,8 @@ class SinusoidalPE(torch.nn.Module):
         base (float, optional): frequency base. (default: ``10000.0``)
 
     Shapes:
-        - **input:** x ``(..., L, d)``; positions ``(L)`` integer (optional, default
-          ``0 .. L-1``)
+        - **input:** x ``(..., L, d)``; positions ``(L)``, integer or real (optional,
+          default ``0 .. L-1``)
         - **output:** ``(..., L, d)``
     """
 
@@ -123,6 +137,7 @@ class SinusoidalPE(torch.nn.Module):
                              f"got {list(x.shape)}")
         if positions is None:
             positions = torch.arange(x.size(-2), device=x.device)
+        _check_positions(positions, x.size(-2), integer=False)
         pe = _sinusoid(positions, self.dim, self.base)  # (L, d)
         return x + pe.to(x.dtype)
 
@@ -170,7 +185,8 @@ class LearnablePE(torch.nn.Module):
                                  f"sequence of length {x.size(-2)} (positions up to "
                                  f"{x.size(-2) - 1})")
             positions = torch.arange(x.size(-2), device=x.device)
-        elif positions.numel() and (int(positions.min()) < 0
+        _check_positions(positions, x.size(-2), integer=True)
+        if positions.numel() and (int(positions.min()) < 0
                                     or int(positions.max()) >= self.max_len):
             lo, hi = int(positions.min()), int(positions.max())
             raise IndexError(f"positions must lie in [0, max_len) = [0, {self.max_len}), "
@@ -408,6 +424,8 @@ class AddLaplacianPE(BaseTransform):
     def __init__(self, k: int, attr_name: str | None = "laplacian_pe", *, pad: bool = False,
                  random_sign_flip: bool = False, solver: str = "auto") -> None:
         check_positive(k, "k")
+        if solver not in SOLVERS:
+            raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}")
         self.k = k
         self.attr_name = attr_name
         self.pad = pad

@@ -403,8 +403,9 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
     Args:
         q (Tensor): ``[..., L_q, H, C]``.
         k (Tensor): ``[..., L_k, H, C]``.
-        v (Tensor): ``[..., L_k, H, C]``.
-        mask (Tensor, optional): bool ``[..., L_q, L_k]`` (broadcast over leading dims).
+        v (Tensor): ``[..., L_k, H, C_v]``; ``C_v`` may differ from ``C``.
+        mask (Tensor, optional): bool ``[..., L_q, L_k]``; its leading dims broadcast to
+            those of q.
             (default: ``None``, attend everywhere)
         is_causal (bool, optional): also forbid keys j > i. (default: ``False``)
         scale (float, optional): (default: :math:`1/\sqrt{C}`)
@@ -415,9 +416,9 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
             (before dropout), computed by the explicit path. (default: ``False``)
 
     Shapes:
-        - **input:** q ``(..., L_q, H, C)``, k and v ``(..., L_k, H, C)``,
-          mask ``(..., L_q, L_k)``
-        - **output:** ``(..., L_q, H, C)``; weights ``(..., H, L_q, L_k)``
+        - **input:** q ``(..., L_q, H, C)``, k ``(..., L_k, H, C)``, v ``(..., L_k, H, C_v)``,
+          mask ``(..., L_q, L_k)``; the leading dims ``...`` of q, k and v broadcast together
+        - **output:** ``(..., L_q, H, C_v)``; weights ``(..., H, L_q, L_k)``
     """
     check_same_device(q=q, k=k, v=v, mask=mask)
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -426,6 +427,11 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
     if k.shape[-3:-1] != v.shape[-3:-1] or q.size(-2) != k.size(-2) or q.size(-1) != k.size(-1):
         raise ValueError(f"q [..., L_q, H, C], k and v [..., L_k, H, C] do not fit together: "
                          f"got q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)}")
+    try:
+        batch = torch.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
+    except RuntimeError:
+        raise ValueError(f"the leading (batch) dims of q, k and v must broadcast together, "
+                         f"got q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)}") from None
     check_float_dtype(q=q, k=k, v=v)
     check_dropout(dropout_p, "dropout_p")
     if scale is not None:
@@ -437,6 +443,13 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
         if mask.dim() < 2 or tuple(mask.shape[-2:]) != (L_q, L_k):
             raise ValueError(f"mask must have shape [..., L_q, L_k] = [..., {L_q}, {L_k}], "
                              f"got {list(mask.shape)}")
+        try:
+            fits = torch.broadcast_shapes(batch, mask.shape[:-2]) == batch
+        except RuntimeError:
+            fits = False
+        if not fits:
+            raise ValueError(f"the leading dims of mask must broadcast to those of q, k and v "
+                             f"{list(batch)}, got mask {list(mask.shape)}")
         if is_causal:
             mask = mask & torch.ones(L_q, L_k, dtype=torch.bool, device=q.device).tril()
             is_causal = False

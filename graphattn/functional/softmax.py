@@ -39,7 +39,7 @@ def scatter_softmax(src: Tensor, index: Tensor, num_segments: int | None = None)
     if index.dim() != 1 or index.numel() != src.size(0):
         raise ValueError(f"index must have shape [E] = [{src.size(0)}] to match src, "
                          f"got {list(index.shape)}")
-    if index.dtype.is_floating_point:
+    if index.dtype.is_floating_point or index.dtype == torch.bool or index.is_complex():
         raise TypeError(f"index must have an integer dtype, got {index.dtype}")
     check_float_dtype(src=src)
     if torch.compiler.is_compiling():

@@ -16,6 +16,7 @@ from graphattn._checks import (
     check_dropout,
     check_edge_index,
     check_finite,
+    check_float_dtype,
     check_in_channels,
     check_positive,
     check_same_device,
@@ -132,6 +133,7 @@ class _SelfAttentionBase(torch.nn.Module):
         if not isinstance(x, Tensor) or x.dim() != 2:
             shape = list(x.shape) if isinstance(x, Tensor) else type(x).__name__
             raise ValueError(f"{name} must have shape [N, F], got {shape}")
+        check_float_dtype(**{name: x})
         if x.size(-1) != lin.in_features:
             raise ValueError(f"{name} must have F = in_channels = {lin.in_features} features, "
                              f"got {list(x.shape)}")
@@ -278,6 +280,10 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         if isinstance(fill_value, str) and fill_value not in FILL_REDUCTIONS:
             raise ValueError(f"fill_value must be a number, a tensor or one of "
                              f"{list(FILL_REDUCTIONS)}, got {fill_value!r}")
+        if (isinstance(fill_value, Tensor) and edge_dim is not None
+                and fill_value.numel() not in (1, edge_dim)):
+            raise ValueError(f"fill_value as a tensor must hold 1 or edge_dim = {edge_dim} "
+                             f"values, got shape {list(fill_value.shape)}")
         self.fill_value = fill_value
         self.share_weights = bool(share_weights)
         if share_weights:
@@ -367,6 +373,7 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         if self.lin_edge is None:
             raise ValueError("edge_attr was given but the layer has edge_dim=None; "
                              "construct it with edge_dim=<number of edge features>")
+        check_float_dtype(edge_attr=edge_attr)
         if edge_attr.dim() == 1 and self.edge_dim == 1:
             edge_attr = edge_attr.view(-1, 1)
         if edge_attr.dim() != 2 or tuple(edge_attr.shape) != (num_edges, self.edge_dim):
@@ -478,6 +485,9 @@ class DenseSelfAttention(_SelfAttentionBase):
                  concat: bool = True, dropout: float = 0.0, bias: bool = True,
                  out_proj: bool = True, value_dropout: float = 0.0,
                  residual: bool = False, beta: bool = False) -> None:
+        if isinstance(in_channels, (tuple, list)):
+            raise ValueError(f"in_channels must be one integer for DenseSelfAttention (queries, "
+                             f"keys and values come from one x), got {in_channels!r}")
         super().__init__(in_channels, out_channels, heads, concat, dropout, bias, out_proj,
                          score_channels=out_channels, value_dropout=value_dropout,
                          residual=residual, beta=beta)
@@ -490,6 +500,7 @@ class DenseSelfAttention(_SelfAttentionBase):
         if not isinstance(x, Tensor) or x.dim() not in (2, 3):
             shape = list(x.shape) if isinstance(x, Tensor) else type(x).__name__
             raise ValueError(f"x must have shape [L, F] or [B, L, F], got {shape}")
+        check_float_dtype(x=x)
         self._infer_in_channels(x, x)
         if x.size(-1) != self.lin_q.in_features:
             raise ValueError(f"x must have F = in_channels = {self.lin_q.in_features} features, "

@@ -78,6 +78,16 @@ def test_errors():
         dense_attention(q.long(), k.long(), v.long())
     with pytest.raises(ValueError, match="scale must be a finite number, got nan"):
         dense_attention(q, k, v, scale=float("nan"))
+    batched = q.expand(2, -1, -1, -1)  # (2, 6, 2, 4)
+    with pytest.raises(ValueError, match=r"the leading \(batch\) dims of q, k and v must "
+                                         r"broadcast together, got q \[2, 6, 2, 4\], "
+                                         r"k \[3, 6, 2, 4\]"):
+        dense_attention(batched, k.expand(3, -1, -1, -1), v.expand(3, -1, -1, -1))
+    with pytest.raises(ValueError, match=r"the leading dims of mask must broadcast to those of "
+                                         r"q, k and v \[2\], got mask \[3, 6, 6\]"):
+        dense_attention(batched, k, v, torch.ones(3, 6, 6, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"got mask \[4, 2, 6, 6\]"):  # more dims than q
+        dense_attention(batched, k, v, torch.ones(4, 2, 6, 6, dtype=torch.bool))
     with pytest.raises(TypeError, match="mask must be a torch.Tensor, got list"):
         dense_attention(q, k, v, torch.ones(6, 6, dtype=torch.bool).tolist())
 

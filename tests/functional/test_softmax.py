@@ -92,6 +92,8 @@ def test_errors():
         scatter_softmax(torch.zeros(3), torch.zeros(2, dtype=torch.long))
     with pytest.raises(TypeError, match="index must have an integer dtype, got torch.float32"):
         scatter_softmax(torch.zeros(3), torch.zeros(3))
+    with pytest.raises(TypeError, match="index must have an integer dtype, got torch.bool"):
+        scatter_softmax(torch.zeros(3), torch.zeros(3, dtype=torch.bool))
     index = torch.tensor([0, 1, 1])
     with pytest.raises(TypeError, match="src must have a floating-point dtype, got torch.int64"):
         scatter_softmax(torch.zeros(3, dtype=torch.long), index)

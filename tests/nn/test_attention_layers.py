@@ -227,6 +227,24 @@ def test_errors_name_the_argument_and_value():
     with pytest.raises(ValueError, match=r"fill_value must be a number, a tensor or one of "
                                          r"\['mean', 'add', 'max', 'min', 'mul'\], got 'sum'"):
         GraphSelfAttention(4, 2, edge_dim=3, fill_value="sum")
+    with pytest.raises(ValueError, match=r"fill_value as a tensor must hold 1 or edge_dim = 3 "
+                                         r"values, got shape \[2\]"):
+        GraphSelfAttention(4, 2, edge_dim=3, fill_value=torch.ones(2))
+    with pytest.raises(TypeError, match="x must have a floating-point dtype, got torch.int64"):
+        layer(torch.ones(2, 4, dtype=torch.long), edge_index)
+    with pytest.raises(TypeError, match="x_dst must have a floating-point dtype, got torch.int32"):
+        GraphSelfAttention((3, 4), 2)((torch.randn(2, 3), torch.ones(2, 4, dtype=torch.int32)),
+                                      edge_index)
+    for add_self_loops in (True, False):  # refused whether or not loops are added to it
+        with pytest.raises(TypeError, match="edge_attr must have a floating-point dtype, got "
+                                            "torch.int64"):
+            GraphSelfAttention(4, 2, edge_dim=3, add_self_loops=add_self_loops)(
+                torch.randn(2, 4), edge_index, torch.ones(2, 3, dtype=torch.long))
+    with pytest.raises(TypeError, match="x must have a floating-point dtype, got torch.int64"):
+        DenseSelfAttention(4, 2)(torch.ones(3, 4, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"in_channels must be one integer for "
+                                         r"DenseSelfAttention .*got \(16, 8\)"):
+        DenseSelfAttention((16, 8), 2)
     with pytest.raises(ValueError, match="negative_slope must be a finite number, got nan"):
         GraphSelfAttention(4, 2, attention="additive", negative_slope=float("nan"))
     with pytest.raises(ValueError, match="negative_slope must be a finite number, got '0.1'"):

@@ -250,6 +250,16 @@ def test_example_defaults_follow_the_gat_paper_per_dataset():
     assert (args.lr, args.weight_decay, args.out_heads) == (0.002, 1e-3, 2)
 
 
+def test_example_exits_with_the_loader_message(tmp_path):
+    """An unknown dataset or bad --threads ends the example with one line, not a traceback."""
+    example = import_example()
+    with pytest.raises(SystemExit, match=r"error: name must be one of \['Cora', 'CiteSeer', "
+                                         r"'PubMed'\] \(any case\), got 'Pubmad'"):
+        example.main(["--dataset", "Pubmad", "--root", str(tmp_path)])
+    with pytest.raises(SystemExit, match="error: --threads must be at least 1, got 0"):
+        example.main(["--threads", "0", "--root", str(tmp_path)])
+
+
 def test_example_trains_gat_on_cora_smoke(tmp_path, capsys):
     """A few epochs of the example end to end: training, early-stopping bookkeeping, table, PNG."""
     from test_datasets import PARTS, source_dir
