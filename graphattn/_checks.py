@@ -7,6 +7,7 @@ device-side assert, so ``edge_index`` is validated against the node counts first
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 from torch import Tensor
@@ -69,9 +70,9 @@ def check_float_dtype(**tensors: Tensor | None) -> None:
 
 
 def check_dropout(p: float, name: str = "dropout") -> None:
-    """Raise unless ``0 <= p < 1``."""
-    if not 0.0 <= float(p) < 1.0:
-        raise ValueError(f"{name} must be in [0, 1), got {p}")
+    """Raise unless ``p`` is a real number with ``0 <= p < 1``."""
+    if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0.0 <= p < 1.0:
+        raise ValueError(f"{name} must be in [0, 1), got {p!r}")
 
 
 def check_positive(value: int, name: str) -> None:
@@ -87,9 +88,27 @@ def check_non_negative(value: int, name: str) -> None:
 
 
 def check_finite(value: float, name: str) -> None:
-    """Raise unless ``value`` is a finite real number."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    """Raise unless ``value`` is a finite real number (numpy scalars included)."""
+    if (isinstance(value, bool) or not isinstance(value, numbers.Real)
+            or not math.isfinite(value)):
         raise ValueError(f"{name} must be a finite number, got {value!r}")
+
+
+def finite_float(value: float | Tensor, name: str) -> float:
+    """``value`` as a Python float: a real number or a one-element tensor that needs no
+    gradient, finite. A tensor that requires grad is refused: the float would drop its
+    gradient."""
+    if isinstance(value, Tensor):
+        if value.requires_grad:
+            raise TypeError(f"{name} must be a number, got a tensor that requires grad: its "
+                            f"gradient would be lost; multiply the inputs by the learnable "
+                            f"factor instead")
+        if value.numel() != 1 or value.is_complex() or value.dtype == torch.bool:
+            raise ValueError(f"{name} must be a finite number, got a tensor of shape "
+                             f"{list(value.shape)} and dtype {value.dtype}")
+        value = value.item()
+    check_finite(value, name)
+    return float(value)
 
 
 def check_in_channels(value: int | tuple[int, int]) -> None:

@@ -19,15 +19,15 @@ from torch.fx.experimental.symbolic_shapes import guard_or_false
 from graphattn._checks import (
     check_dropout,
     check_edge_index,
-    check_finite,
     check_float_dtype,
     check_same_device,
+    finite_float,
 )
 from graphattn.functional.cpu import cpu_edge_attention
 from graphattn.functional.dense_backend import dense_edge_attention, dense_peak_bytes
 from graphattn.functional.dropout import dropout_mask as make_dropout_mask
 from graphattn.functional.edge_terms import fold_edge_terms
-from graphattn.functional.softmax import scatter_softmax
+from graphattn.functional.reference import reference_edge_attention
 from graphattn.functional.triton_kernels import (
     triton_available,
     triton_edge_attention,
@@ -35,40 +35,6 @@ from graphattn.functional.triton_kernels import (
 )
 
 SCORES = ("dot", "additive", "gatv2")
-
-
-def reference_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
-                             scale: float, bias: Tensor | None, dropout_mask: Tensor | None,
-                             score: str, negative_slope: float, need_alpha: bool,
-                             att: Tensor | None = None, edge_key: Tensor | None = None,
-                             edge_value: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-    """The readable reference backend: gather per edge, scatter-softmax, scatter-add.
-
-    Arguments are already checked by :func:`edge_attention`; ``dropout_mask`` is ``None`` or an
-    ``[E, H]`` multiplier (0 or ``1 / (1 - p)``). Keeps ``[E, H, C]`` tensors for autograd.
-    """
-    src, dst = edge_index[0], edge_index[1]
-    k_e = k[src] if edge_key is None else k[src] + edge_key  # (E, H, C): each edge's key
-    v_e = v[src] if edge_value is None else v[src] + edge_value  # (E, H, C): each edge's value
-    if score == "dot":
-        s = (q[dst] * k_e).sum(dim=-1) * scale  # (E, H)
-        if bias is not None:
-            s = s + bias
-    elif score == "gatv2":
-        z = F.leaky_relu(q[dst] + k_e, negative_slope)  # (E, H, C)
-        s = (z * att).sum(dim=-1) * scale  # (E, H)
-        if bias is not None:
-            s = s + bias
-    else:
-        s = q[dst] + k_e  # (E, H)
-        if bias is not None:
-            s = s + bias
-        s = F.leaky_relu(s, negative_slope) * scale
-    alpha = scatter_softmax(s, dst, num_segments=q.size(0))  # (E, H)
-    weight = alpha if dropout_mask is None else alpha * dropout_mask  # (E, H)
-    msg = weight.unsqueeze(-1) * v_e  # (E, H, C)
-    out = v.new_zeros(q.size(0), *v.shape[1:]).index_add_(0, dst, msg)  # (N_dst, H, C)
-    return out, (alpha if need_alpha else None)
 
 
 Backend = Callable[..., tuple[Tensor, Tensor | None]]
@@ -281,6 +247,10 @@ def edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
     :mod:`graphattn.functional.edge_terms` describes.
     On the complete graph with ``"dot"`` this is ordinary scaled dot-product attention.
 
+    Gradients flow to every tensor input but ``edge_index``, and can be differentiated again
+    (``create_graph=True``) on every backend: the fused ``"cpu"`` and ``"triton"`` backends
+    then recompute the reference path in their backward, with its ``[E, H, C]`` tensors.
+
     Every tensor input but ``edge_index`` must be floating-point. Inputs of mixed floating
     dtypes (an fp32 ``att`` beside bf16 q, k, v under autocast, say) are cast to the dtype
     torch's arithmetic promotes them to, except on the ``"triton"`` backend, whose kernels read
@@ -319,9 +289,9 @@ def edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
     """
     _check_attention_inputs(q, k, v, edge_index, bias, score, att, edge_key, edge_value)
     check_dropout(dropout_p, "dropout_p")
-    check_finite(negative_slope, "negative_slope")
+    negative_slope = finite_float(negative_slope, "negative_slope")
     if scale is not None:
-        check_finite(float(scale), "scale")
+        scale = finite_float(scale, "scale")
     return edge_attention_unchecked(q, k, v, edge_index, scale=scale, bias=bias,
                                     dropout_p=dropout_p, training=training,
                                     return_attention=return_attention, backend=backend,
@@ -435,7 +405,7 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
     check_float_dtype(q=q, k=k, v=v)
     check_dropout(dropout_p, "dropout_p")
     if scale is not None:
-        check_finite(float(scale), "scale")
+        scale = finite_float(scale, "scale")
     L_q, L_k = q.size(-3), k.size(-3)
     if mask is not None:
         if mask.dtype != torch.bool:

@@ -65,7 +65,8 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 from torch import Tensor
-from torch.autograd.function import once_differentiable
+
+from graphattn.functional.reference import reference_grads
 
 CHUNKS_PER_THREAD = 4  # the rows are split into this many chunks of equal work per thread
 MIN_PARALLEL_WORK = 2**15  # rows + edges below which one thread does all
@@ -172,6 +173,7 @@ def _csc(rowptr, src_sorted, num_src):
 SPECIALISED_CHANNELS = frozenset({1, 2, 4, 8, 16, 32, 64, 128})  # compiled as constants
 DOT, ADDITIVE, GATV2 = 0, 1, 2  # the scores, as the kernels' compile-time flag
 SCORE_KINDS = {"dot": DOT, "additive": ADDITIVE, "gatv2": GATV2}
+SCORE_NAMES = {kind: name for name, kind in SCORE_KINDS.items()}
 
 
 def _channels(channels: int) -> int:
@@ -883,18 +885,42 @@ _forward_op.register_autograd(
     setup_context=_setup_context)
 
 
+def _differentiable_grads(ctx, grad_out: Tensor | None, grad_alpha: Tensor | None) -> tuple:
+    """The inputs' gradients as :func:`~graphattn.functional.reference.reference_grads`
+    computes them, for backward under ``create_graph=True``; the edges are given back in their
+    original order (``perm`` maps CSR positions to edge ids)."""
+    (q, k, v, att, bias, dropout_mask, edge_key, edge_value, _, _, rowptr, perm,
+     src) = ctx.saved_tensors
+    scale, negative_slope, score = ctx.options
+    degree = rowptr[1:] - rowptr[:-1]  # (N_dst,)
+    edge_index = torch.empty(2, perm.numel(), dtype=torch.int64)
+    edge_index[0, perm] = src.long()
+    edge_index[1, perm] = torch.repeat_interleave(torch.arange(degree.numel()), degree)
+    if ctx.value_is_key:
+        edge_value = edge_key
+    needs = [ctx.needs_input_grad[i] for i in (0, 1, 2, 3, 4, 6, 7)]
+    grads = reference_grads(grad_out, grad_alpha, q, k, v, edge_index, scale=scale, bias=bias,
+                            dropout_mask=dropout_mask, score=SCORE_NAMES[score],
+                            negative_slope=negative_slope, att=att, edge_key=edge_key,
+                            edge_value=edge_value, needs_grad=needs)
+    grad_q, grad_k, grad_v, grad_att, grad_bias, grad_ek, grad_ev = grads
+    return (grad_q, grad_k, grad_v, grad_att, grad_bias, None, grad_ek, grad_ev, None, None,
+            None, None, None, None)
+
+
 class _EdgeAttentionCPU(torch.autograd.Function):
     """Eager autograd over the kernels: what the operators compute, without their dispatch."""
 
     @staticmethod
-    def forward(ctx, *inputs):
-        output = _forward_impl(*inputs)
-        _setup_context(ctx, inputs, output)
-        return output
+    def forward(*inputs):
+        return _forward_impl(*inputs)
+
+    setup_context = staticmethod(_setup_context)  # apart from forward: torch.func.grad needs it
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad_out, grad_alpha, *_):
+        if torch.is_grad_enabled():  # create_graph=True: gradients autograd can differentiate
+            return _differentiable_grads(ctx, grad_out, grad_alpha)
         return _grads(ctx, grad_out, grad_alpha, _backward_impl)
 
 
@@ -913,7 +939,8 @@ def cpu_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *, s
     allocates ``[E, H]`` scratch only (and, for gatv2, ``[N_dst, H, C]`` for the gradient of
     ``att``). Results are the same bit for bit on every run. fp32 and fp64 are
     computed in their own dtype; fp16 and bf16 are computed in fp32 and returned in their own
-    dtype. Double backward is not supported.
+    dtype. Gradients of gradients (``create_graph=True``) are those of the reference backend,
+    recomputed with its ``[E, H, C]`` tensors.
 
     Args:
         q (Tensor): ``[N_dst, H, C]`` (``[N_dst, H]`` when ``score="additive"``).

@@ -171,7 +171,8 @@ def dense_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
         return out, None
 
     if score == "dot":
-        L = (q.transpose(0, 1) @ k.permute(1, 2, 0)) * scale  # (H, N_dst, N_src)
+        # scaled before the product: in fp16, q . k can overflow where the score does not
+        L = (q.transpose(0, 1) * scale) @ k.permute(1, 2, 0)  # (H, N_dst, N_src)
         if T is None:
             L = L.masked_fill(~mask, float("-inf"))
         else:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from graphattn._checks import check_dropout
+
 
 def dropout_mask(shape: tuple[int, ...], p: float, *, device: torch.device | str | None = None,
                  dtype: torch.dtype = torch.float32) -> Tensor:
@@ -22,6 +24,7 @@ def dropout_mask(shape: tuple[int, ...], p: float, *, device: torch.device | str
         device (torch.device, optional): where to draw it. (default: the current default)
         dtype (torch.dtype, optional): its dtype. (default: ``torch.float32``)
     """
+    check_dropout(p, "p")
     keep = torch.empty(shape, device=device, dtype=torch.float32).uniform_().ge_(p)
     return keep.to(dtype).mul_(1.0 / (1.0 - p))
 
@@ -40,6 +43,7 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
         - **input:** x ``(*)``
         - **output:** ``(*)``
     """
+    check_dropout(p, "p")
     if not training or p == 0.0:
         return x
     return x * dropout_mask(tuple(x.shape), p, device=x.device, dtype=x.dtype)

@@ -68,6 +68,7 @@ def scatter_softmax(src: Tensor, index: Tensor, num_segments: int | None = None)
         seg_max = seg_max.masked_fill_(torch.isinf(seg_max), 0.0)
     exp = torch.exp(s - seg_max[index])  # (E, H); exactly 0 for -inf scores
     seg_sum = exp.new_zeros((num_segments, *s.shape[1:])).index_add_(0, index, exp)
-    # A group of all -inf has seg_sum 0 and exp 0: the clamp turns 0/0 into 0 instead of NaN.
-    out = exp / seg_sum.clamp_min(torch.finfo(s.dtype).tiny)[index]
+    # A group of all -inf has seg_sum 0 and exp 0: dividing by 1 there gives 0 instead of NaN,
+    # and a gradient of 0 (a tiny divisor would overflow it to inf, and inf * 0 is NaN).
+    out = exp / seg_sum.masked_fill(seg_sum == 0, 1.0)[index]
     return out.to(out_dtype)

@@ -98,6 +98,8 @@ from types import ModuleType
 import torch
 from torch import Tensor
 
+from graphattn.functional.reference import reference_grads
+
 INSTALL_HINT = "pip install 'graphattn[gpu]'"
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 SCORE_KINDS = {"dot": 0, "additive": 1, "gatv2": 2}  # the kernels' compile-time SCORE
@@ -383,6 +385,15 @@ class FusedEdgeAttention(torch.autograd.Function):
     def backward(ctx, dout: Tensor | None, dalpha: Tensor | None):
         (q, k, v, att, bias, dropout_mask, edge_index, out32, lse, rowptr, col, eid, edge_key,
          edge_value) = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: gradients autograd can differentiate
+            scale, negative_slope, score = ctx.options
+            needs = [ctx.needs_input_grad[i] for i in (0, 1, 2, 3, 4, 11, 12)]
+            dq, dk, dv, datt, dbias, dedge_key, dedge_value = reference_grads(
+                dout, dalpha, q, k, v, edge_index, scale=scale, bias=bias,
+                dropout_mask=dropout_mask, score=score, negative_slope=negative_slope,
+                att=att, edge_key=edge_key, edge_value=edge_value, needs_grad=needs)
+            return (dq, dk, dv, datt, dbias, None, None, None, None, None, None, dedge_key,
+                    dedge_value)
         dout = torch.zeros_like(out32) if dout is None else dout.contiguous()
         dalpha = dalpha.contiguous() if dalpha is not None else None
         need_dedge_key = edge_key is not None and ctx.needs_input_grad[11]
@@ -521,7 +532,8 @@ def triton_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *
     edge_value and through the returned alpha; they are deterministic (no atomics). No
     ``[E, H, C]`` tensor is made but the gradients of edge_key and edge_value; one tensor
     given as both terms (``edge_value is edge_key``, TransformerConv's edge features) gets one
-    gradient buffer, the sum of both roles.
+    gradient buffer, the sum of both roles. Gradients of gradients (``create_graph=True``) are
+    the reference backend's, recomputed with its ``[E, H, C]`` tensors.
 
     Args:
         q (Tensor): ``[N_dst, H, C]`` (``[N_dst, H]`` when additive).

@@ -34,3 +34,12 @@ def test_dropout_gradient_is_the_mask_and_eval_is_identity():
     assert torch.equal(x.grad, g * mask)
     assert dropout(x, 0.3, training=False) is x
     assert dropout(x, 0.0) is x
+
+
+@pytest.mark.parametrize("p", [-0.5, 1.0, 1.5, float("nan"), "0.5"])
+def test_probability_outside_zero_one_is_refused(p):
+    x = torch.ones(4)
+    with pytest.raises(ValueError, match=r"p must be in \[0, 1\), got"):
+        dropout(x, p)
+    with pytest.raises(ValueError, match=r"p must be in \[0, 1\), got"):
+        dropout_mask((4,), p)

@@ -1,5 +1,6 @@
 import math
 
+import numpy as np
 import pytest
 import torch
 from conftest import GRAPHS, assert_close, dense_mask, random_graph
@@ -206,6 +207,46 @@ def test_wrong_dtypes_and_non_tensors_are_named(backend):
         edge_attention(q, k, v, good.tolist(), backend=backend)
     with pytest.raises(TypeError, match="q must be a torch.Tensor, got ndarray"):
         edge_attention(q.numpy(), k, v, good, backend=backend)
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_scale_and_slope_take_numpy_and_tensor_scalars(backend):
+    """numpy scalars and one-element tensors without grad act as the float they hold; a tensor
+    scale that requires grad is refused, since its gradient would be lost."""
+    q, k, v = qkv(4, 4)
+    ei = torch.tensor([[0, 1, 2, 3, 1], [1, 2, 3, 0, 0]])
+    want = edge_attention(q, k, v, ei, scale=0.7, negative_slope=0.1, score="gatv2",
+                          att=torch.ones(2, 4), backend=backend)
+    for scale, slope in ((np.float32(0.7), np.float32(0.1)),
+                         (torch.tensor(0.7), torch.tensor([0.1]))):
+        got = edge_attention(q, k, v, ei, scale=scale, negative_slope=slope, score="gatv2",
+                             att=torch.ones(2, 4), backend=backend)
+        assert_close(got, want)
+    with pytest.raises(TypeError, match="scale must be a number, got a tensor that requires"):
+        edge_attention(q, k, v, ei, scale=torch.tensor(0.7, requires_grad=True),
+                       backend=backend)
+    with pytest.raises(ValueError, match=r"scale must be a finite number, got a tensor of "
+                                         r"shape \[2\]"):
+        edge_attention(q, k, v, ei, scale=torch.ones(2), backend=backend)
+
+
+@pytest.mark.parametrize("return_attention", [False, True])
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_fp16_scores_whose_unscaled_product_overflows(backend, return_attention):
+    """q . k = 102400 and 99840 overflow fp16 (max 65504); the scaled scores 12800 and 12480
+    do not, and put all the weight on the first edge, as in fp64."""
+    C = 64
+    q = torch.full((1, 1, C), 40.0)
+    k = torch.stack([torch.full((1, C), 40.0), torch.full((1, C), 39.0)])
+    v = torch.randn(2, 1, C, generator=torch.Generator().manual_seed(0))
+    ei = torch.tensor([[0, 1], [0, 0]])
+    want = v[0:1].double()  # alpha = softmax([12800, 12480]) = [1, 0] in fp64
+    result = edge_attention(q.half(), k.half(), v.half(), ei, backend=backend,
+                            return_attention=return_attention)
+    out = result[0] if return_attention else result
+    assert_close(out, want.half())
+    if return_attention:
+        assert_close(result[1], torch.tensor([[1.0], [0.0]], dtype=torch.float16))
 
 
 @pytest.mark.parametrize("score", ["dot", "gatv2"])

@@ -43,6 +43,21 @@ def test_all_minus_inf_group_gives_zero_not_nan():
     assert torch.isfinite(src.grad).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_all_minus_inf_group_has_zero_gradient_under_large_upstream_gradients(dtype):
+    """A masked-out group's weights are constant 0: their gradient is 0 whatever comes from
+    above, and the other groups' gradients are torch.softmax's."""
+    inf = float("-inf")
+    src = torch.tensor([inf, inf, 0.5, -1.0, inf], dtype=dtype, requires_grad=True)
+    index = torch.tensor([0, 0, 1, 1, 1])
+    upstream = torch.tensor([5.0, -300.0, 2.0, 7.0, 1e6], dtype=dtype)
+    (scatter_softmax(src, index) * upstream).sum().backward()
+    live = src.detach()[2:].clone().requires_grad_()
+    (torch.softmax(live, dim=0) * upstream[2:]).sum().backward()
+    assert_close(src.grad[:2], torch.zeros(2, dtype=dtype))
+    assert_close(src.grad[2:], live.grad)
+
+
 def test_empty_groups_and_empty_input():
     out = scatter_softmax(torch.tensor([2.0, 5.0]), torch.tensor([1, 4]), num_segments=7)
     assert_close(out, torch.ones(2))

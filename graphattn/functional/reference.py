@@ -1,0 +1,112 @@
+"""The readable reference backend of edge attention, and the higher-order gradients of the
+fused backends.
+
+:func:`reference_edge_attention` is plain torch ops (gather per edge, scatter-softmax,
+scatter-add): every other backend is tested against it. Autograd differentiates it as often as
+asked. The fused backends (``"cpu"``, ``"triton"``) hand-write one backward pass; when torch
+asks for gradients that are themselves differentiable (``create_graph=True``: a gradient
+penalty, a Hessian-vector product), their backward calls :func:`reference_grads` instead,
+which recomputes the function the reference way and differentiates it with autograd.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from graphattn.functional.softmax import scatter_softmax
+
+
+def reference_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
+                             scale: float, bias: Tensor | None, dropout_mask: Tensor | None,
+                             score: str, negative_slope: float, need_alpha: bool,
+                             att: Tensor | None = None, edge_key: Tensor | None = None,
+                             edge_value: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+    """The readable reference backend: gather per edge, scatter-softmax, scatter-add.
+
+    Arguments are already checked by :func:`edge_attention`; ``dropout_mask`` is ``None`` or an
+    ``[E, H]`` multiplier (0 or ``1 / (1 - p)``). Keeps ``[E, H, C]`` tensors for autograd.
+    """
+    src, dst = edge_index[0], edge_index[1]
+    k_e = k[src] if edge_key is None else k[src] + edge_key  # (E, H, C): each edge's key
+    v_e = v[src] if edge_value is None else v[src] + edge_value  # (E, H, C): each edge's value
+    if score == "dot":
+        # scaled before the product: in fp16, q . k can overflow where the score does not
+        s = ((q * scale)[dst] * k_e).sum(dim=-1)  # (E, H)
+        if bias is not None:
+            s = s + bias
+    elif score == "gatv2":
+        z = F.leaky_relu(q[dst] + k_e, negative_slope)  # (E, H, C)
+        s = (z * att).sum(dim=-1) * scale  # (E, H)
+        if bias is not None:
+            s = s + bias
+    else:
+        s = q[dst] + k_e  # (E, H)
+        if bias is not None:
+            s = s + bias
+        s = F.leaky_relu(s, negative_slope) * scale
+    alpha = scatter_softmax(s, dst, num_segments=q.size(0))  # (E, H)
+    weight = alpha if dropout_mask is None else alpha * dropout_mask  # (E, H)
+    msg = weight.unsqueeze(-1) * v_e  # (E, H, C)
+    out = v.new_zeros(q.size(0), *v.shape[1:]).index_add_(0, dst, msg)  # (N_dst, H, C)
+    return out, (alpha if need_alpha else None)
+
+
+
+def reference_grads(grad_out: Tensor | None, grad_alpha: Tensor | None, q: Tensor, k: Tensor,
+                    v: Tensor, edge_index: Tensor, *, scale: float, bias: Tensor | None,
+                    dropout_mask: Tensor | None, score: str, negative_slope: float,
+                    att: Tensor | None, edge_key: Tensor | None, edge_value: Tensor | None,
+                    needs_grad: Sequence[bool]) -> tuple[Tensor | None, ...]:
+    r"""Differentiable gradients of :func:`reference_edge_attention`: the backward of a fused
+    backend under ``create_graph=True``.
+
+    With :math:`(o, \alpha)` the reference's outputs for these inputs and
+    :math:`(g_o, g_\alpha)` the incoming gradients, returns the vector-Jacobian products
+    :math:`g_o^\top \partial o / \partial x + g_\alpha^\top \partial \alpha / \partial x` for
+    :math:`x` in ``(q, k, v, att, bias, edge_key, edge_value)``, built with
+    ``create_graph=True``: autograd can differentiate them again, with respect to the inputs
+    and to :math:`g_o, g_\alpha`. ``edge_value is edge_key`` (one tensor in both roles) gets
+    the gradient of both roles in the ``edge_key`` slot and ``None`` in the other.
+
+    Args:
+        grad_out (Tensor, optional): :math:`g_o`; ``None`` for zeros.
+        grad_alpha (Tensor, optional): :math:`g_\alpha`; ``None`` when alpha gets no gradient.
+        q, k, v, edge_index, scale, bias, dropout_mask, score, negative_slope, att, edge_key,
+            edge_value: as in :func:`reference_edge_attention` (q and k of the additive score
+            may carry a trailing channel of size 1, as the ``"cpu"`` backend keeps them).
+        needs_grad (sequence of bool): for each of the seven inputs above, whether its
+            gradient is wanted.
+
+    Shapes:
+        - **input:** grad_out ``(N_dst, H, C)``, grad_alpha ``(E, H)``; the others as in
+          :func:`reference_edge_attention`
+        - **output:** seven gradients, each shaped like its input, or ``None`` where not
+          wanted, absent, or not reached by the outputs
+    """
+    inputs = (q, k, v, att, bias, edge_key, None if edge_value is edge_key else edge_value)
+    if score == "additive" and q.dim() == 3:
+        q_, k_ = q.squeeze(-1), k.squeeze(-1)  # (N, H)
+    else:
+        q_, k_ = q, k
+    with torch.enable_grad():
+        out, alpha = reference_edge_attention(
+            q_, k_, v, edge_index, scale=scale, bias=bias, dropout_mask=dropout_mask,
+            score=score, negative_slope=negative_slope, need_alpha=grad_alpha is not None,
+            att=att, edge_key=edge_key, edge_value=edge_value)
+        outputs = [out]
+        grads = [torch.zeros_like(out) if grad_out is None else grad_out]
+        if grad_alpha is not None:
+            outputs.append(alpha)
+            grads.append(grad_alpha)
+        wanted = [i for i, (t, need) in enumerate(zip(inputs, needs_grad, strict=True))
+                  if need and t is not None]
+        found = torch.autograd.grad(outputs, [inputs[i] for i in wanted], grads,
+                                    create_graph=True, allow_unused=True)
+    result: list[Tensor | None] = [None] * len(inputs)
+    for i, g in zip(wanted, found, strict=True):
+        result[i] = g
+    return tuple(result)
