@@ -82,22 +82,31 @@ class _SelfAttentionBase(torch.nn.Module):
         self.lin_beta = Linear(3 * out_dim, 1, bias=False) if beta else None
 
     def reset_parameters(self) -> None:
-        """Glorot-uniform weights and zero biases, as ``torch.nn.MultiheadAttention`` does.
+        """Glorot-uniform weights (each projection on its own) and zero biases.
 
         Projections whose input size is still to be inferred (``in_channels=-1``) are
         initialised when the first call gives them their shape.
         """
         for lin in (self.lin_q, self.lin_k, self.lin_v, self.lin_out, self.res, self.lin_beta):
-            if lin is not None and not isinstance(lin, LazyLinear):
+            if lin is not None and not (isinstance(lin, LazyLinear)
+                                        and lin.has_uninitialized_params()):
                 _glorot(lin)
 
     def _infer_in_channels(self, x_src: Tensor, x_dst: Tensor) -> None:
-        """Give the projections of ``in_channels=-1`` their input size from the first inputs."""
+        """Turn the projections of ``in_channels=-1`` into ``Linear`` modules sized by the
+        first inputs (Glorot-initialised, unless a loaded ``state_dict`` already filled them).
+
+        Each one is called once on an empty batch: that runs the lazy module's own hook, which
+        sizes it and makes it a ``Linear``, also when sparse features never pass through it
+        (:meth:`_project` reads their weights directly).
+        """
         for lin, x in ((self.lin_q, x_dst), (self.lin_k, x_src), (self.lin_v, x_src),
                        (self.res, x_dst)):
             if isinstance(lin, LazyLinear) and isinstance(x, Tensor) and x.dim() >= 2:
-                lin.initialize_parameters(x)
-                _glorot(lin)
+                fresh = lin.has_uninitialized_params()
+                lin(torch.empty(0, x.size(-1), dtype=lin.weight.dtype, device=x.device))
+                if fresh:
+                    _glorot(lin)
 
     def _project(self, x_src: Tensor, x_dst: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """``lin_q(x_dst), lin_k(x_src), lin_v(x_src)``; one product for sparse self-attention.
@@ -217,7 +226,8 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             builds a key (and value) ``[H, C]`` per edge. (default: ``"bias"``)
         fill_value (float or Tensor or str, optional): ``edge_attr`` of the added self-loops,
             as in PyG: ``"mean"``, ``"add"``, ``"max"``, ``"min"`` or ``"mul"`` of the target's
-            other in-edge features (0 without any), or a constant. On CUDA the sums of
+            other in-edge features (without any: 1 for ``"mul"``, 0 for the others), or a
+            constant (a number, or a tensor of 1 or ``edge_dim`` values). On CUDA the sums of
             ``"mean"`` and ``"add"`` use atomic adds, as PyG's do, so their last bits can vary
             from run to run unless ``torch.use_deterministic_algorithms(True)``; the ``triton`` and
             ``cpu`` attention kernels themselves are deterministic. (default: ``"mean"``)
@@ -406,8 +416,9 @@ def add_remaining_self_loops(edge_index: Tensor, edge_attr: Tensor | None, num_n
     """Replace all self-loops by exactly one loop ``i -> i`` for each ``i < num_nodes``.
 
     The loops' ``edge_attr`` follows PyG's ``fill_value``: a reduction of the target's other
-    incoming edge features (``"mean"``, ``"add"``, ``"max"``, ``"min"``, ``"mul"``; 0 for a
-    target without any), or a constant (a number, or a tensor ``[D_e]``).
+    incoming edge features (``"mean"``, ``"add"``, ``"max"``, ``"min"``, ``"mul"``; for a
+    target without any, 1 for ``"mul"`` and 0 for the others), or a constant (a number, or a
+    tensor of 1 or ``D_e`` values).
 
     ``trace_key`` changes nothing in the result. Under ``torch.compile`` each layer passes a key
     from its ``id()`` (below 2**31, for int32 ids too): the node ids are compared XOR the key,
@@ -435,16 +446,18 @@ def _loop_attr(edge_attr: Tensor, dst: Tensor, num_nodes: int,
     D = edge_attr.size(1)
     if not isinstance(fill_value, str):
         fill = torch.as_tensor(fill_value, dtype=edge_attr.dtype, device=edge_attr.device)
-        return fill.expand(num_nodes, D)  # (N, D_e)
+        return fill.reshape(-1).expand(num_nodes, D)  # (N, D_e)
     inside = dst < num_nodes  # bipartite: loops only on the first num_nodes targets
     dst, edge_attr = dst[inside], edge_attr[inside]
     if fill_value == "mean":
         total = edge_attr.new_zeros(num_nodes, D).index_add_(0, dst, edge_attr)
         count = torch.bincount(dst, minlength=num_nodes).clamp_min(1)
         return total / count.unsqueeze(-1).to(total.dtype)  # (N, D_e)
-    return edge_attr.new_zeros(num_nodes, D).scatter_reduce_(
+    # where no edge comes in: 1 for the product (PyG's empty product), 0 otherwise
+    empty = 1.0 if fill_value == "mul" else 0.0
+    return edge_attr.new_full((num_nodes, D), empty).scatter_reduce_(
         0, dst.unsqueeze(-1).expand(-1, D), edge_attr, reduce=FILL_REDUCTIONS[fill_value],
-        include_self=False)  # (N, D_e); 0 where no edge comes in
+        include_self=False)  # (N, D_e)
 
 
 class DenseSelfAttention(_SelfAttentionBase):
@@ -456,7 +469,9 @@ class DenseSelfAttention(_SelfAttentionBase):
 
     The dense twin of :class:`GraphSelfAttention`: the same parameter names and shapes, so a
     ``state_dict`` loads across the two, and with ``mask = graphs.to_dense_mask(edge_index, L)``
-    both compute the same function. A fully masked query row gets 0 before ``lin_out``.
+    both compute the same function over the same edges: ``GraphSelfAttention`` adds a
+    self-loop per node by default, so build it with ``add_self_loops=False`` or set the
+    mask's diagonal. A fully masked query row gets 0 before ``lin_out``.
 
     Args:
         in_channels (int): input features F; ``-1`` infers them from the first call.

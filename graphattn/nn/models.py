@@ -35,6 +35,24 @@ def feature_dropout(x: Tensor, p: float, training: bool) -> Tensor:
     return dropout(x, p)
 
 
+def _reset_outermost(module: torch.nn.Module) -> None:
+    """``reset_parameters()`` of the outermost submodules that have one: a layer resets its own
+    children the way it initialised them (Glorot projections, say), which their own defaults
+    would undo."""
+    for child in module.children():
+        if hasattr(child, "reset_parameters"):
+            child.reset_parameters()
+        else:
+            _reset_outermost(child)
+
+
+def _check_single_input(in_channels: int, model: str) -> None:
+    """Refuse a pair ``(F_src, F_dst)``: the models take one feature matrix."""
+    if isinstance(in_channels, (tuple, list)):
+        raise ValueError(f"in_channels of {model} must be an integer (one feature matrix x), "
+                         f"got {in_channels!r}")
+
+
 class GAT(torch.nn.Module):
     r"""The two-layer graph attention network of Veličković et al. (ICLR 2018).
 
@@ -94,6 +112,7 @@ class GAT(torch.nn.Module):
                  attention: str = "additive", backend: str = "auto",
                  conv: ConvFactory | None = None) -> None:
         super().__init__()
+        _check_single_input(in_channels, "GAT")
         check_in_channels(in_channels)
         for value, name in ((out_channels, "out_channels"),
                             (hidden_channels, "hidden_channels"), (heads, "heads"),
@@ -178,6 +197,7 @@ class GraphTransformer(torch.nn.Module):
                  ffn_ratio: int = 2, attention: str = "dot", backend: str = "auto",
                  edge_dim: int | None = None, edge_mode: str = "bias") -> None:
         super().__init__()
+        _check_single_input(in_channels, "GraphTransformer")
         check_in_channels(in_channels)
         for value, name in ((hidden_channels, "hidden_channels"),
                             (out_channels, "out_channels"), (num_layers, "num_layers"),
@@ -211,10 +231,8 @@ class GraphTransformer(torch.nn.Module):
         self.lin_out = Linear(D, out_channels)
 
     def reset_parameters(self) -> None:
-        """Re-initialise every submodule."""
-        for module in self.modules():
-            if module is not self and hasattr(module, "reset_parameters"):
-                module.reset_parameters()
+        """Re-initialise every submodule as its constructor does."""
+        _reset_outermost(self)
 
     def forward(self, x: Tensor, edge_index: Tensor, pe: Tensor | None = None,
                 edge_attr: Tensor | None = None) -> Tensor:

@@ -432,6 +432,72 @@ def test_lazy_in_channels_equal_a_sized_layer(attention):
     assert dense.lin_q.in_features == 5
 
 
+@pytest.mark.parametrize("layout", [torch.strided, torch.sparse_csr])
+def test_lazy_layer_keeps_a_loaded_state_dict_and_its_trained_weights(layout):
+    """A lazy layer becomes a sized one at its first call: weights loaded before that call are
+    kept, later calls (also with sparse features, which bypass the modules' own forward) never
+    re-initialise, and reset_parameters re-initialises loaded weights."""
+    torch.manual_seed(0)
+    x = torch.randn(6, 5).relu()
+    x_in = x if layout == torch.strided else x.to_sparse_csr()
+    edge_index = random_graph(6, 15, seed=2)
+    sized = GraphSelfAttention(5, 3, heads=2).eval()
+    want = sized(x, edge_index)
+
+    lazy = GraphSelfAttention(-1, 3, heads=2).eval()
+    lazy.load_state_dict(sized.state_dict())
+    assert_close(lazy(x_in, edge_index), want)
+    assert all(type(lin) is torch.nn.Linear for lin in (lazy.lin_q, lazy.lin_k, lazy.lin_v))
+
+    fresh = GraphSelfAttention(-1, 3, heads=2).eval()
+    first = fresh(x_in, edge_index)
+    assert_close(fresh(x_in, edge_index), first)  # the same weights on the second call
+    with torch.no_grad():
+        fresh.lin_v.weight.add_(1.0)  # an optimizer step, say
+    stepped = fresh.lin_v.weight.clone()
+    fresh(x_in, edge_index)
+    assert torch.equal(fresh.lin_v.weight, stepped)
+
+    loaded = GraphSelfAttention(-1, 3, heads=2)
+    loaded.load_state_dict(sized.state_dict())
+    loaded.reset_parameters()
+    assert not torch.equal(loaded.lin_q.weight, sized.lin_q.weight)
+    assert loaded.lin_q.bias.abs().sum() == 0
+
+    dense_sized = DenseSelfAttention(5, 3, heads=2).eval()
+    dense_lazy = DenseSelfAttention(-1, 3, heads=2).eval()
+    dense_lazy.load_state_dict(dense_sized.state_dict())
+    assert_close(dense_lazy(x), dense_sized(x))
+
+
+@pytest.mark.parametrize("fill_value", ["mean", "add", "max", "min", "mul", 0.5, "tensor",
+                                        "column"])
+def test_self_loops_replaced_and_filled_like_gatconv(graph_case, fill_value):
+    """The self-loops' features, for every fill, against what GATConv does (PyG's
+    remove_self_loops, then add_self_loops): also on targets without in-edges (1 for "mul",
+    PyG's empty product) and for a fill tensor of shape [D_e, 1]."""
+    from torch_geometric.utils import add_self_loops, remove_self_loops
+
+    from graphattn.nn.attention import add_remaining_self_loops
+
+    if graph_case.bipartite:
+        pytest.skip("PyG's add_self_loops takes one node set here")
+    column = fill_value == "column"
+    if fill_value in ("tensor", "column"):
+        fill_value = torch.tensor([0.5, -1.0, 2.0])
+        fill_value = fill_value.view(3, 1) if column else fill_value
+    E = graph_case.edge_index.size(1)
+    edge_attr = torch.randn(E, 3, generator=torch.Generator().manual_seed(1))
+    ei, attr = add_remaining_self_loops(graph_case.edge_index, edge_attr, graph_case.num_dst,
+                                        fill_value=fill_value)
+    pyg_fill = fill_value.view(-1) if isinstance(fill_value, torch.Tensor) else fill_value
+    ei_ref, attr_ref = remove_self_loops(graph_case.edge_index, edge_attr)
+    ei_ref, attr_ref = add_self_loops(ei_ref, attr_ref, fill_value=pyg_fill,
+                                      num_nodes=graph_case.num_dst)
+    assert torch.equal(ei, ei_ref)
+    assert_close(attr, attr_ref)
+
+
 def test_lazy_in_channels_errors():
     for bad in (0, -2, 2.5, (3, 0), (1, 2, 3)):
         with pytest.raises(ValueError, match=r"in_channels must be a positive integer, or -1 "

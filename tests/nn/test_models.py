@@ -288,3 +288,29 @@ def test_models_infer_in_channels():
     with pytest.raises(ValueError, match=r"in_channels must be a positive integer, or -1 .*"
                                          r"got 0"):
         GAT(0, 3)
+
+
+def test_models_refuse_a_pair_of_in_channels():
+    with pytest.raises(ValueError, match=r"in_channels of GAT must be an integer \(one feature "
+                                         r"matrix x\), got \(5, 7\)"):
+        GAT((5, 7), 3)
+    with pytest.raises(ValueError, match=r"in_channels of GraphTransformer must be an integer"):
+        GraphTransformer((5, 5), 8, 3)
+
+
+def test_graph_transformer_reset_parameters_keeps_the_layers_initialisation():
+    """reset_parameters re-draws every weight the way the constructor did: the attention
+    layers' Glorot projections with zero biases, not torch's default Linear init."""
+    torch.manual_seed(0)
+    model = GraphTransformer(8, 16, 3, heads=4)
+    before = {name: p.clone() for name, p in model.named_parameters()}
+    model.reset_parameters()
+    for attn in model.attns:
+        for lin in (attn.lin_q, attn.lin_k, attn.lin_v, attn.lin_out):
+            assert lin.bias.abs().sum() == 0
+            bound = (6 / (lin.in_features + lin.out_features)) ** 0.5
+            assert lin.weight.abs().max() <= bound
+            # Glorot's bound, not Kaiming-uniform's 1/sqrt(fan_in) = 0.25 here
+            assert lin.weight.abs().max() > 1 / lin.in_features ** 0.5
+    assert not torch.equal(model.lin_in.weight, before["lin_in.weight"])
+    assert not torch.equal(model.attns[0].lin_q.weight, before["attns.0.lin_q.weight"])
