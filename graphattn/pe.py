@@ -41,8 +41,8 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 import torch
-from scipy.sparse.csgraph import connected_components
-from scipy.sparse.linalg import LinearOperator, eigsh
+from scipy.sparse.csgraph import connected_components, reverse_cuthill_mckee
+from scipy.sparse.linalg import LinearOperator, eigsh, splu
 from torch import Tensor
 from torch_geometric.data import Data
 from torch_geometric.transforms import BaseTransform
@@ -51,6 +51,17 @@ from graphattn._checks import check_edge_index, check_non_negative, check_positi
 
 #: ``laplacian_pe(solver="auto")`` uses the dense eigensolver up to this many nodes.
 DENSE_SOLVER_MAX_NODES = 2000
+
+#: The sparse solver factorizes the Laplacian (shift-invert Lanczos) when its envelope in
+#: reverse Cuthill-McKee order, a bound on the fill of that factorization, has at most this
+#: many entries; above it (expander-like graphs) it runs plain Lanczos on the Laplacian.
+SHIFT_INVERT_MAX_ENVELOPE = 5 * 10**7
+
+# The shift of shift-invert Lanczos: below the spectrum of the normalized Laplacian, and at
+# most a fraction of its lowest non-zero eigenvalue up to paths of about 10^5 nodes, so those
+# become the largest and best separated eigenvalues of the inverse. (On longer paths they
+# crowd again, and convergence slows gradually.)
+_SHIFT = -1e-10
 
 # Entries whose magnitude is within this relative distance of the largest one count as tied
 # when fixing eigenvector signs (mirror-symmetric graphs have exact ties).
@@ -247,7 +258,10 @@ def laplacian_pe(edge_index: Tensor, num_nodes: int, k: int, *, pad: bool = Fals
 
     Up to :data:`DENSE_SOLVER_MAX_NODES` nodes the dense ``numpy.linalg.eigh`` runs; above it
     ``scipy.sparse.linalg.eigsh`` (Lanczos) runs on :math:`\mathcal{L}` with the trivial
-    eigenvectors shifted to eigenvalue 2, from a fixed start vector.
+    eigenvectors shifted to eigenvalue 2, from a fixed start vector: in shift-invert mode, on
+    one sparse LU factorization, when that factorization is small (paths, grids, meshes,
+    citation graphs; see :data:`SHIFT_INVERT_MAX_ENVELOPE`), else on :math:`\mathcal{L}`
+    itself (random and expander-like graphs, where Lanczos converges quickly anyway).
 
     Args:
         edge_index (Tensor): ``[2, E]`` integer.
@@ -321,11 +335,23 @@ def laplacian_pe(edge_index: Tensor, num_nodes: int, k: int, *, pad: bool = Fals
 
 def _sparse_smallest(lap: sp.csr_matrix, deg: np.ndarray, labels: np.ndarray,
                      num_trivial: int, n_eig: int) -> tuple[np.ndarray, np.ndarray]:
-    """The ``n_eig`` smallest eigenpairs of ``lap`` orthogonal to its null space, by Lanczos.
+    r"""The ``n_eig`` smallest eigenpairs of ``lap`` orthogonal to its null space, by Lanczos.
 
-    The null space is known in closed form (``D^{1/2} 1_C`` per component C, ``e_i`` for an
-    isolated node); adding ``2 U U^T`` moves it to the top of the spectrum, so ``eigsh`` never
-    has to resolve the repeated eigenvalue 0.
+    The null space is known in closed form (:math:`D^{1/2} 1_C` per component C, :math:`e_i`
+    for an isolated node; orthonormal columns U); :math:`M = \mathcal{L} + 2 U U^T` moves it to
+    the top of the spectrum, so Lanczos never has to resolve the repeated eigenvalue 0.
+
+    The lowest eigenvalues of long paths and grids are tiny and crowded (about
+    :math:`\pi^2 m^2 / 2 (N - 1)^2` on a path), where Lanczos on M needs many iterations. When the
+    factorization is affordable (:func:`_envelope`), Lanczos runs on
+    :math:`(M - \sigma I)^{-1}` instead, which maps them to the largest and best separated
+    values. Since U spans the null space of :math:`\mathcal{L}`,
+
+    .. math::
+        (M - \sigma I)^{-1} = P (\mathcal{L} - \sigma I)^{-1} P + \frac{U U^T}{2 - \sigma},
+        \qquad P = I - U U^T
+
+    with one sparse LU factorization of :math:`\mathcal{L} - \sigma I`, :math:`\sigma < 0`.
     """
     num_nodes = lap.shape[0]
     values = np.where(deg > 0, np.sqrt(deg), 1.0)  # (N,) unnormalized null vectors
@@ -339,9 +365,35 @@ def _sparse_smallest(lap: sp.csr_matrix, deg: np.ndarray, labels: np.ndarray,
 
     op = LinearOperator((num_nodes, num_nodes), matvec=matvec, matmat=matvec, dtype=np.float64)
     v0 = np.random.default_rng(0).standard_normal(num_nodes)
-    vals, vecs = eigsh(op, k=n_eig, which="SA", v0=v0)
+    if _envelope(lap) > SHIFT_INVERT_MAX_ENVELOPE:
+        vals, vecs = eigsh(op, k=n_eig, which="SA", v0=v0)
+    else:
+        shifted = (lap - _SHIFT * sp.identity(num_nodes, format="csc")).tocsc()
+        lu = splu(shifted, permc_spec="MMD_AT_PLUS_A", options={"SymmetricMode": True})
+
+        def solve(x: np.ndarray) -> np.ndarray:
+            x = x.reshape(num_nodes, -1)
+            trivial = null @ (null.T @ x)
+            y = lu.solve(np.ascontiguousarray(x - trivial))
+            return y - null @ (null.T @ y) + trivial / (2.0 - _SHIFT)
+
+        inverse = LinearOperator((num_nodes, num_nodes), matvec=solve, matmat=solve,
+                                 dtype=np.float64)
+        vals, vecs = eigsh(op, k=n_eig, sigma=_SHIFT, which="LM", OPinv=inverse, v0=v0)
     order = np.argsort(vals)
     return vals[order], vecs[:, order]
+
+
+def _envelope(lap: sp.csr_matrix) -> int:
+    """Entries between each row's first non-zero and its diagonal, in reverse Cuthill-McKee
+    order: the storage of a factorization in that order, an upper bound for the sparser
+    minimum-degree order :func:`_sparse_smallest` uses (paths: N; grids: N times the side;
+    random graphs: near N^2 / 2)."""
+    pattern = (lap + sp.identity(lap.shape[0], format="csr")).tocsr()  # no empty row
+    order = reverse_cuthill_mckee(pattern, symmetric_mode=True)
+    pattern = pattern[order][:, order].tocsr()
+    first = np.minimum.reduceat(pattern.indices, pattern.indptr[:-1])  # (N,)
+    return int((np.arange(pattern.shape[0]) - first).sum())
 
 
 def random_walk_pe(edge_index: Tensor, num_nodes: int, k: int) -> Tensor:

@@ -11,6 +11,7 @@ import math
 import networkx as nx
 import numpy as np
 import pytest
+import scipy.sparse as sp
 import torch
 import torch_geometric.transforms as T
 from conftest import assert_close
@@ -93,8 +94,36 @@ def expected_sign_rule(vec: np.ndarray) -> np.ndarray:
     return vec if vec[first] > 0 else -vec
 
 
-@pytest.mark.parametrize("n,k,solver", [(12, 11, "dense"), (40, 6, "sparse"), (40, 6, "dense")])
-def test_laplacian_pe_path_is_cosines(n, k, solver):
+@pytest.fixture(params=["dense", "shift-invert", "lanczos"])
+def solver(request, monkeypatch):
+    """A ``solver=`` for ``laplacian_pe``: dense, or sparse with either method, forced, and
+    checked to be the one that ran."""
+    if request.param == "dense":
+        yield "dense"
+        return
+    shift_invert = request.param == "shift-invert"
+    monkeypatch.setattr(pe, "SHIFT_INVERT_MAX_ENVELOPE", 10**18 if shift_invert else -1)
+    shifts = []
+    eigsh = pe.eigsh
+
+    def spy(*args, **kwargs):
+        shifts.append(kwargs.get("sigma"))
+        return eigsh(*args, **kwargs)
+
+    monkeypatch.setattr(pe, "eigsh", spy)
+    yield "sparse"
+    assert shifts and all((shift is not None) == shift_invert for shift in shifts)
+
+
+def test_laplacian_pe_path_is_cosines(solver):
+    check_path_cosines(40, 6, solver)
+
+
+def test_laplacian_pe_path_all_eigenvectors():
+    check_path_cosines(12, 11, "dense")
+
+
+def check_path_cosines(n: int, k: int, solver: str) -> None:
     """Path 0-1-..-n-1: u_m(t) ~ sqrt(d_t) cos(pi m t / (n-1)), lambda_m = 1 - cos(pi m/(n-1))."""
     enc, lam = pe.laplacian_pe(graphs.chain_graph(n), n, k, solver=solver,
                                return_eigenvalues=True)
@@ -159,7 +188,6 @@ def reference_laplacian(edge_index: torch.Tensor, n: int) -> tuple[np.ndarray, i
     return lap, nx.number_connected_components(G)
 
 
-@pytest.mark.parametrize("solver", ["dense", "sparse"])
 def test_laplacian_pe_against_networkx(solver):
     edge_index, n = mixed_graph()
     lap, c = reference_laplacian(edge_index, n)
@@ -194,7 +222,9 @@ def well_separated_graph(n: int) -> tuple[torch.Tensor, int]:
     return graphs.from_networkx(G), n
 
 
-def test_laplacian_pe_dense_and_sparse_agree_with_signs():
+@pytest.mark.parametrize("method", ["shift-invert", "lanczos"])
+def test_laplacian_pe_dense_and_sparse_agree_with_signs(method, monkeypatch):
+    monkeypatch.setattr(pe, "SHIFT_INVERT_MAX_ENVELOPE", 10**18 if method == "shift-invert" else -1)
     edge_index, n = well_separated_graph(150)
     k = 6
     lap, _ = reference_laplacian(edge_index, n)
@@ -205,6 +235,42 @@ def test_laplacian_pe_dense_and_sparse_agree_with_signs():
     assert_close(sparse, dense)
     for col in dense.t().double().numpy():
         assert_close(torch.from_numpy(col), torch.from_numpy(expected_sign_rule(col)))
+
+
+def test_laplacian_pe_on_a_long_path_by_default(monkeypatch):
+    """Above the dense limit a path takes the shift-invert method, whose lowest eigenvalues
+    (about pi^2 m^2 / 2 (n-1)^2, 2e-7 here) are crowded for plain Lanczos."""
+    n, k = 5000, 4
+    shifts = []
+    eigsh = pe.eigsh
+    monkeypatch.setattr(pe, "eigsh",
+                        lambda *a, **kw: shifts.append(kw.get("sigma")) or eigsh(*a, **kw))
+    enc, lam = pe.laplacian_pe(graphs.chain_graph(n), n, k, return_eigenvalues=True)
+    assert n > pe.DENSE_SOLVER_MAX_NODES and len(shifts) == 1 and shifts[0] < 0
+    m = np.arange(1, k + 1)
+    expected = 2 * np.sin(np.pi * m / (2 * (n - 1))) ** 2  # = 1 - cos(pi m / (n - 1))
+    np.testing.assert_allclose(lam.double().numpy(), expected, rtol=1e-5)
+    t = np.arange(n)
+    sqrt_deg = np.where((t == 0) | (t == n - 1), 1.0, math.sqrt(2.0))
+    for j in range(k):
+        u = sqrt_deg * np.cos(math.pi * m[j] * t / (n - 1))
+        u = u / np.linalg.norm(u)
+        col = enc[:, j].double().numpy()
+        np.testing.assert_allclose(col * np.sign(col @ u), u, atol=1e-5)  # up to sign
+
+
+def test_envelope_on_a_path_and_a_complete_graph():
+    """Reverse Cuthill-McKee puts a path in band 1 (one entry left of each diagonal but the
+    first); a complete graph fills every row: 0 + 1 + ... + (n - 1)."""
+    def laplacian(edge_index, n):
+        adj = pe._adjacency(edge_index, n)
+        return (np.eye(n) - adj.toarray() / adj.sum(axis=1)).astype(float)
+
+    n = 30
+    shuffled = torch.randperm(n, generator=torch.Generator().manual_seed(0))
+    path = shuffled[graphs.chain_graph(n)]
+    assert pe._envelope(sp.csr_matrix(laplacian(path, n))) == n - 1
+    assert pe._envelope(sp.csr_matrix(laplacian(graphs.complete_graph(n), n))) == n * (n - 1) // 2
 
 
 def test_relabelling_permutes_encodings():
