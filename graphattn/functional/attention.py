@@ -249,7 +249,8 @@ def edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
 
     Gradients flow to every tensor input but ``edge_index``, and can be differentiated again
     (``create_graph=True``) on every backend: the fused ``"cpu"`` and ``"triton"`` backends
-    then recompute the reference path in their backward, with its ``[E, H, C]`` tensors.
+    then recompute the reference path in their backward, with its ``[E, H, C]`` tensors (as
+    they do under ``torch.func.grad``, which always asks for differentiable gradients).
 
     Every tensor input but ``edge_index`` must be floating-point. Inputs of mixed floating
     dtypes (an fp32 ``att`` beside bf16 q, k, v under autocast, say) are cast to the dtype

@@ -362,27 +362,37 @@ def _backward(dout: Tensor, dalpha: Tensor | None, q: Tensor, k: Tensor, v: Tens
 class FusedEdgeAttention(torch.autograd.Function):
     """Eager autograd around the three kernels; see the module docstring for the math. (Under
     ``torch.compile`` the same passes run as the operators ``graphattn::triton_edge_attention``
-    and its backward.)"""
+    and its backward.) Forward returns the fp32 out, alpha, and for backward alone the
+    log-sum-exp and the target CSR; with ``setup_context`` apart from forward, so that
+    ``torch.func.grad`` can run it."""
 
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, att: Tensor | None, bias: Tensor | None,
+    def forward(q: Tensor, k: Tensor, v: Tensor, att: Tensor | None, bias: Tensor | None,
                 dropout_mask: Tensor | None, edge_index: Tensor, scale: float,
                 negative_slope: float, score: str, need_alpha: bool,
-                edge_key: Tensor | None, edge_value: Tensor | None) -> tuple[Tensor, Tensor]:
+                edge_key: Tensor | None, edge_value: Tensor | None,
+                ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
         out32, alpha, lse, csr = _forward(q, k, v, att, bias, dropout_mask, edge_index, scale,
                                           negative_slope, score, need_alpha, edge_key,
                                           edge_value)
-        ctx.save_for_backward(q, k, v, att, bias, dropout_mask, edge_index, out32, lse, csr.ptr,
-                              csr.other, csr.edge_id, edge_key, edge_value)
+        return out32, alpha, lse, csr.ptr, csr.other, csr.edge_id
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        (q, k, v, att, bias, dropout_mask, edge_index, scale, negative_slope, score, need_alpha,
+         edge_key, edge_value) = inputs
+        out32, alpha, lse, rowptr, col, eid = output
+        ctx.save_for_backward(q, k, v, att, bias, dropout_mask, edge_index, out32, lse, rowptr,
+                              col, eid, edge_key, edge_value)
         ctx.options = (scale, negative_slope, score)
         ctx.value_is_key = edge_key is not None and edge_value is edge_key
         ctx.set_materialize_grads(False)
+        ctx.mark_non_differentiable(lse, rowptr, col, eid)
         if not need_alpha:
             ctx.mark_non_differentiable(alpha)
-        return out32.to(v.dtype), alpha
 
     @staticmethod
-    def backward(ctx, dout: Tensor | None, dalpha: Tensor | None):
+    def backward(ctx, dout: Tensor | None, dalpha: Tensor | None, *_):
         (q, k, v, att, bias, dropout_mask, edge_index, out32, lse, rowptr, col, eid, edge_key,
          edge_value) = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True: gradients autograd can differentiate
@@ -590,7 +600,6 @@ def triton_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *
               need_alpha, edge_key, edge_value)
     if torch.compiler.is_compiling():
         out32, alpha, _ = _forward_op(*inputs)
-        out = out32.to(v.dtype)
     else:
-        out, alpha = FusedEdgeAttention.apply(*inputs)
-    return out, (alpha if need_alpha else None)
+        out32, alpha, *_ = FusedEdgeAttention.apply(*inputs)
+    return out32.to(v.dtype), (alpha if need_alpha else None)

@@ -110,10 +110,13 @@ def test_first_order_gradients_stay_on_the_fused_path():
         assert_close(got, want)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("score", ["dot", "additive", "gatv2"])
-def test_torch_func_grad_and_grad_of_grad(score):
-    """torch.func.grad, and torch.func.grad of it, through the cpu backend match the
-    reference backend."""
+def test_torch_func_grad_and_grad_of_grad(score, backend, request):
+    """torch.func.grad, and torch.func.grad of it, through every backend match the reference
+    backend."""
+    if backend == "triton":
+        request.getfixturevalue("triton_interpreter")
     edge_index = random_graph(NUM_SRC, NUM_EDGES, seed=5, num_dst=NUM_DST)
     inputs = {name: None if t is None else t.detach()
               for name, t in _inputs(score, ()).items()}
@@ -128,5 +131,5 @@ def test_torch_func_grad_and_grad_of_grad(score):
     q = inputs["q"]
     for transform in (lambda f: torch.func.grad(f),
                       lambda f: torch.func.grad(lambda q: torch.func.grad(f)(q).square().sum())):
-        assert_close(transform(loss("cpu"))(q), transform(loss("reference"))(q),
+        assert_close(transform(loss(backend))(q), transform(loss("reference"))(q),
                      atol=1e-4, rtol=1e-4)
