@@ -406,7 +406,10 @@ def random_walk_pe(edge_index: Tensor, num_nodes: int, k: int) -> Tensor:
         P = D_{\text{out}}^{-1} A, \qquad A_{ji} = \#\{\text{edges } j \to i\}, \qquad
         \mathrm{PE}[i, t - 1] = (P^t)_{ii}, \quad t = 1 .. k
 
-    A node without outgoing edges ends every walk: its return probabilities are 0. Unlike
+    A node without outgoing edges ends every walk: its return probabilities are 0. On graphs
+    without parallel edges this is PyG's ``AddRandomWalkPE``; on a multigraph with at most
+    2000 nodes that one keeps a single copy of each parallel edge, weighted by the inverse
+    degree counted with all copies, so its rows of P sum to less than 1. Unlike
     :func:`laplacian_pe` the encoding is unique (no sign or basis choice) and relabelling the
     nodes permutes its rows. Computed in float64 by sparse products on blocks of columns of the
     identity, so memory stays ``O(E + N * block)``.

@@ -396,6 +396,15 @@ def test_random_walk_pe_against_matrix_powers():
                  dtype=torch.float32)
 
 
+def test_random_walk_pe_equals_pyg_without_parallel_edges():
+    n, k = 40, 5
+    gen = torch.Generator().manual_seed(4)
+    edge_index = torch.unique(torch.randint(0, n, (2, 160), generator=gen), dim=1)
+    assert edge_index.size(1) > 100  # loops and sinks may remain
+    pyg = T.AddRandomWalkPE(k, attr_name="rw")(Data(edge_index=edge_index, num_nodes=n)).rw
+    assert_close(pe.random_walk_pe(edge_index, n, k), pyg)
+
+
 def test_random_walk_pe_in_several_blocks():
     n, k = 3000, 4  # more than 2^23 / n columns: computed in two blocks of nodes
     enc = pe.random_walk_pe(graphs.chain_graph(n), n, k)
