@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import math
 import os
 import platform
 import shlex
@@ -276,7 +277,8 @@ def dense_case(graph: Graph, heads: int, channels: int, dtype: torch.dtype) -> C
     mask = torch.zeros(n, n, dtype=torch.bool, device=graph.edge_index.device)
     mask[graph.edge_index[1], graph.edge_index[0]] = True
     q, k, v = _qkv(graph, heads, channels, dtype)
-    return Case(lambda: dense_attention(q, k, v, mask), [q, k, v])
+    # a batch of 1: SDPA's fused kernels take 4-D inputs only; 3-D ones run its math path
+    return Case(lambda: dense_attention(q[None], k[None], v[None], mask[None]), [q, k, v])
 
 
 METHODS: dict[str, Callable[..., Case]] = {
@@ -360,7 +362,7 @@ def measure_graph(graph: Graph, args: argparse.Namespace, dtype: torch.dtype,
     """Every method on one graph, interleaved repeat by repeat (rotating order)."""
     element_size = torch.empty(0, dtype=dtype).element_size()
     free_bytes = torch.cuda.mem_get_info()[0]
-    results, cases = {}, {}
+    results, cases, trains = {}, {}, set()  # trains: the cases whose fwd+bwd fits too
     for name, make in METHODS.items():
         result = Result(graph.name, graph.num_nodes, graph.num_edges, name)
         results[name] = result
@@ -371,31 +373,49 @@ def measure_graph(graph: Graph, args: argparse.Namespace, dtype: torch.dtype,
                 continue
         try:
             case = make(graph, args.heads, args.channels, dtype)
-            result.forward_mib = _peak_mib(lambda c=case: _inference(c))
-            result.train_mib = _peak_mib(lambda c=case: _train_step(c))
+            # warm-up first: lazily made state (cuBLAS workspaces) is not the method's peak
             for _ in range(args.warmup):
                 _inference(case)
-                _clear_grads(case)
-                _train_step(case)
-            _clear_grads(case)
+            result.forward_mib = _peak_mib(lambda c=case: _inference(c))
             cases[name] = case
+            for _ in range(args.warmup):
+                _train_step(case)
+                _clear_grads(case)
+            result.train_mib = _peak_mib(lambda c=case: _train_step(c))
+            _clear_grads(case)
+            trains.add(name)
         except torch.cuda.OutOfMemoryError:
-            result.note = "out of memory"
-            print(f"  skip {name}: out of memory")
-            torch.cuda.empty_cache()
+            result.note = "fwd+bwd out of memory" if name in cases else "out of memory"
+            print(f"  {name}: {result.note}")
+        except Exception as err:  # in the table; the other methods and graphs still run
+            result.note = f"failed: {type(err).__name__}"
+            print(f"  {name}: failed: {type(err).__name__}: {err}", file=sys.stderr)
+            cases.pop(name, None)
+        if name in cases:
+            _clear_grads(cases[name])
+        case = None  # a case that does not fit is freed before the next one is made
+        torch.cuda.empty_cache()
     forward_times = {name: [] for name in cases}
-    train_times = {name: [] for name in cases}
-    order = list(cases)
+    train_times = {name: [] for name in trains}
     for rep in range(args.repeats):
+        order = list(cases)
         rotated = order[rep % len(order):] + order[:rep % len(order)] if order else []
         for name in rotated:
             case = cases[name]
-            forward_times[name].append(_time_ms(lambda c=case: _inference(c)))
-            train_times[name].append(_time_ms(lambda c=case: _train_step(c)))
+            try:
+                forward_times[name].append(_time_ms(lambda c=case: _inference(c)))
+                if name in trains:
+                    train_times[name].append(_time_ms(lambda c=case: _train_step(c)))
+            except torch.cuda.OutOfMemoryError:  # with every other case held beside it
+                results[name].note = "out of memory while timed"
+                print(f"  {name}: {results[name].note}")
+                del cases[name]
+                trains.discard(name)
             _clear_grads(case)
     for name in cases:
         results[name].forward_ms = statistics.median(forward_times[name])
-        results[name].train_ms = statistics.median(train_times[name])
+        if name in trains:
+            results[name].train_ms = statistics.median(train_times[name])
     del cases
     torch.cuda.empty_cache()
     fused = results["edge_attention triton"]
@@ -581,10 +601,17 @@ def main(argv: list[str] | None = None) -> int:
         check_graph, _ = build_graph("cora", args, device, torch.cuda.mem_get_info()[0])
     if check_graph is None:
         check_graph = Graph("random", 2000, synthetic_graph(2000, 20_000, None, device))
-    checks = check_on_device(check_graph, torch.float32)
-    worst = max(err for _, err in checks)
+    try:
+        checks = check_on_device(check_graph, torch.float32)
+    except Exception as err:  # still measure: the exit status reports the failed check
+        print(f"the device check failed: {type(err).__name__}: {err}", file=sys.stderr)
+        checks = [(f"check failed: {type(err).__name__}", math.nan)]
+    # NaN ranks first: Python's max passes over a NaN that is not the first element
+    worst = max((err for _, err in checks), key=lambda err: (math.isnan(err), err))
     print(f"fused vs reference on {check_graph.name}: max abs difference {worst:.2e}")
 
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     results, skipped = [], []
     for name in args.graph_names:
         graph, reason = build_graph(name, args, device, torch.cuda.mem_get_info()[0])
@@ -599,11 +626,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"{_fmt(r.train_ms, 3):>9s} ms  peak {_fmt(r.train_mib, 1):>9s} MiB  {r.note}")
         del graph
         torch.cuda.empty_cache()
+        out.write_text(render_markdown(results, header, checks, skipped))
 
-    text = render_markdown(results, header, checks, skipped)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
+    out.write_text(render_markdown(results, header, checks, skipped))
     print(f"wrote {out}")
     if not worst < 1e-3:  # also catches NaN
         print(f"the fused kernels differ from the reference by {worst:.2e} (> 1e-3)",

@@ -27,5 +27,5 @@ def test_device_checks_pass_in_the_interpreter(triton_interpreter):
     assert len(names) == len(set(names)) == 2 * (18 + 11 + 21)
     assert "torch.compile, gatv2, bias, edge terms: dedge_term" in names
     assert sum(name.startswith("torch.compile") for name in names) == len(names) // 2
-    worst = max(err for _, err in rows)
-    assert worst < 1e-4, [row for row in rows if not row[1] < 1e-4]
+    bad = [row for row in rows if not row[1] < 1e-4]  # also NaN, which max() passes over
+    assert not bad, bad

@@ -1,0 +1,199 @@
+"""Time of ``laplacian_pe`` by eigensolver: dense, and the sparse solver's two methods.
+
+The sparse solver (``solver="sparse"``, and ``"auto"`` above ``DENSE_SOLVER_MAX_NODES`` nodes)
+runs Lanczos either in shift-invert mode on one sparse LU factorization or on the Laplacian
+itself; it picks shift-invert when the factorization is small (``SHIFT_INVERT_MAX_ENVELOPE``).
+This script forces each method on paths (the graphs of sequences), a grid (of an image), the
+citation graphs and a uniform random graph, and reports the median wall time of each, the
+largest eigenvalue difference between methods, and which one ``solver="auto"`` takes.
+
+Each call runs in a fresh process with a time limit (``--timeout``); a method past it is
+reported as such and not repeated. Repeats are interleaved over graphs, k and methods.
+
+    python benchmarks/laplacian_pe.py            # ~6 min on 2 cores
+    python benchmarks/laplacian_pe.py --quick    # paths and Cora, ~1 min
+
+Writes ``results/laplacian_pe.md`` and ``.csv`` (``laplacian_pe_quick.*`` with ``--quick``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import multiprocessing as mp
+import platform
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+from _machine import cpu_name
+from tqdm import tqdm
+
+from graphattn import graphs, pe
+from graphattn.datasets import load_planetoid
+
+RESULTS = Path(__file__).resolve().parent / "results"
+METHODS = ("dense", "shift-invert", "lanczos")
+
+
+@dataclass
+class Case:
+    name: str
+    edge_index: torch.Tensor
+    num_nodes: int
+    times: dict[tuple[int, str], list[float]] = field(default_factory=dict)
+    eigenvalues: dict[tuple[int, str], np.ndarray] = field(default_factory=dict)
+    timed_out: set[tuple[int, str]] = field(default_factory=set)
+
+
+def cases(quick: bool) -> list[Case]:
+    """The graphs: paths, a grid, the citation graphs and a uniform random graph."""
+    out = [Case("path-4096", graphs.chain_graph(4096), 4096)]
+    cora = load_planetoid("Cora")
+    out.append(Case("Cora", cora.edge_index, cora.num_nodes))
+    if quick:
+        return out
+    out.append(Case("path-65536", graphs.chain_graph(65536), 65536))
+    out.append(Case("grid-128x128", graphs.grid_graph(128, 128), 128 * 128))
+    citeseer = load_planetoid("CiteSeer")
+    out.append(Case("CiteSeer", citeseer.edge_index, citeseer.num_nodes))
+    pubmed = load_planetoid("PubMed", structure_only=True)
+    out.append(Case("PubMed", pubmed.edge_index, pubmed.num_nodes))
+    gen = torch.Generator().manual_seed(0)
+    out.append(Case("random-20k-200k", torch.randint(0, 20000, (2, 200000), generator=gen),
+                    20000))
+    return out
+
+
+def run(method: str, edge_index: torch.Tensor, num_nodes: int, k: int, queue) -> None:
+    """In the child: one ``laplacian_pe`` call with ``method`` forced; sends (seconds, values)."""
+    torch.set_default_dtype(torch.float64)  # eigenvalues compared to more than float32 digits
+    if method != "dense":
+        pe.SHIFT_INVERT_MAX_ENVELOPE = 2**62 if method == "shift-invert" else -1
+    solver = "dense" if method == "dense" else "sparse"
+    t0 = time.perf_counter()
+    _, values = pe.laplacian_pe(edge_index, num_nodes, k, solver=solver, pad=True,
+                                return_eigenvalues=True)
+    queue.put((time.perf_counter() - t0, values.double().numpy()))
+
+
+def timed(method: str, case: Case, k: int, timeout: float) -> tuple[float, np.ndarray] | None:
+    """Seconds and eigenvalues of one call in a child process, ``None`` past ``timeout``.
+
+    The children fork from a server process that has imported graphattn and run nothing (a
+    plain fork of this process could inherit a BLAS or OpenMP lock held by one of its threads).
+    """
+    ctx = mp.get_context("forkserver")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=run, args=(method, case.edge_index, case.num_nodes, k, queue))
+    proc.start()
+    proc.join(timeout)
+    if proc.is_alive():
+        proc.kill()
+        proc.join()
+        return None
+    if proc.exitcode != 0:
+        raise RuntimeError(f"{method} on {case.name} (k={k}) exited with {proc.exitcode}")
+    return queue.get()
+
+
+def auto_method(case: Case) -> str:
+    """The method ``solver="auto"`` takes on this graph."""
+    if case.num_nodes <= pe.DENSE_SOLVER_MAX_NODES:
+        return "dense"
+    return "shift-invert" if envelope(case) <= pe.SHIFT_INVERT_MAX_ENVELOPE else "lanczos"
+
+
+def envelope(case: Case) -> int:
+    """The envelope the sparse solver's choice looks at (of the adjacency's pattern)."""
+    adj = pe._adjacency(case.edge_index, case.num_nodes)
+    return pe._envelope(sp.csr_matrix(adj))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ks", type=int, nargs="+", default=[8, 32])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--timeout", type=float, default=60.0,
+                        help="seconds one call may take before it is stopped (default: 60)")
+    parser.add_argument("--dense-max-nodes", type=int, default=20000,
+                        help="skip the dense solver above this many nodes (default: 20000)")
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    mp.set_forkserver_preload(["graphattn.pe", "scipy.sparse.linalg"])
+    name = "laplacian_pe_quick" if args.quick else "laplacian_pe"
+    command = "python " + " ".join(sys.argv)
+    header = [f"command: `{command}`", f"torch {torch.__version__}, CPU: {cpu_name()}, "
+              f"{torch.get_num_threads()} threads, Python {platform.python_version()}"]
+    print("\n".join(header))
+
+    all_cases = cases(args.quick)
+    plan = [(case, k, method) for case in all_cases for k in args.ks for method in METHODS
+            if not (method == "dense" and case.num_nodes > args.dense_max_nodes)]
+    with tqdm(total=len(plan) * args.repeats, desc="laplacian_pe") as bar:
+        for rep in range(args.repeats):
+            rotation = rep % len(plan)
+            for case, k, method in plan[rotation:] + plan[:rotation]:
+                bar.update()
+                key = (k, method)
+                if key in case.timed_out:
+                    continue
+                result = timed(method, case, k, args.timeout)
+                if result is None:
+                    case.timed_out.add(key)
+                    continue
+                seconds, values = result
+                case.times.setdefault(key, []).append(seconds)
+                case.eigenvalues[key] = values
+
+    def cell(case: Case, key: tuple[int, str]) -> str:
+        if key in case.timed_out:
+            return f"> {args.timeout:g}"
+        if key not in case.times:
+            return f"skipped (N > {args.dense_max_nodes})"
+        return f"{statistics.median(case.times[key]):.3f}"
+
+    rows = []
+    for case in all_cases:
+        choice = auto_method(case)
+        for k in args.ks:
+            found = [case.eigenvalues[(k, m)] for m in METHODS if (k, m) in case.eigenvalues]
+            spread = (f"{max(np.abs(a - found[0]).max() for a in found):.1e}"
+                      if len(found) > 1 else "")
+            si, lz = (case.times.get((k, m)) for m in ("shift-invert", "lanczos"))
+            ratio = (statistics.median(lz) / statistics.median(si) if si and lz
+                     else math.nan)
+            rows.append({
+                "graph": case.name, "N": case.num_nodes,
+                "E": int(case.edge_index.size(1)), "k": k,
+                **{f"{m} s": cell(case, (k, m)) for m in METHODS},
+                "lanczos / shift-invert": "" if math.isnan(ratio) else f"{ratio:.1f}x",
+                "max eigenvalue difference": spread, "auto takes": choice,
+            })
+    RESULTS.mkdir(exist_ok=True)
+    with open(RESULTS / f"{name}.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    lines = ["# `laplacian_pe` time by eigensolver\n", *(f"{h}  " for h in header), "",
+             f"Median wall time in seconds of `laplacian_pe(edge_index, N, k)` over "
+             f"{args.repeats} interleaved repeats, each in a fresh process, in float64 (so it "
+             f"includes building the Laplacian, but not the import). `shift-invert` and "
+             f"`lanczos` are the two methods of `solver=\"sparse\"`, forced; `auto takes` is what "
+             f"`solver=\"auto\"` picks on that graph. The eigenvalue difference is the largest "
+             f"between the methods that finished.", "",
+             "| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
+    lines += ["| " + " | ".join(str(v) for v in row.values()) + " |" for row in rows]
+    text = "\n".join(lines) + "\n"
+    (RESULTS / f"{name}.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
