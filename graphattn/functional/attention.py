@@ -24,7 +24,7 @@ from graphattn._checks import (
     finite_float,
 )
 from graphattn.functional.cpu import cpu_edge_attention
-from graphattn.functional.dense_backend import dense_edge_attention, dense_peak_bytes
+from graphattn.functional.dense_backend import dense_edge_attention, dense_peak_bytes, sdpa
 from graphattn.functional.dropout import dropout_mask as make_dropout_mask
 from graphattn.functional.edge_terms import fold_edge_terms
 from graphattn.functional.reference import reference_edge_attention
@@ -447,8 +447,7 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
             weights = weights.masked_fill(empty_rows.unsqueeze(-1).unsqueeze(-3), 0.0)
         out = F.dropout(weights, p) @ vh  # (..., H, L_q, C)
     else:
-        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, dropout_p=p,
-                                             is_causal=is_causal, scale=scale)
+        out = sdpa(qh, kh, vh, attn_mask=mask, dropout_p=p, is_causal=is_causal, scale=scale)
     out = out.transpose(-3, -2)  # (..., L_q, H, C)
     if empty_rows is not None:
         out = out.masked_fill(empty_rows.unsqueeze(-1).unsqueeze(-1), 0.0)

@@ -19,6 +19,16 @@ from torch import Tensor
 DENSE_TENSORS_AT_PEAK = 6
 
 
+def sdpa(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> Tensor:
+    """``scaled_dot_product_attention`` on ``(..., H, L, C)`` inputs, given a batch dimension
+    when they have none: its fused kernels (flash attention on CPU and CUDA, memory-efficient
+    on CUDA) take 4-D inputs only, and 3-D ones run its unfused math path, several times
+    slower (a mask broadcasts over the added dimension)."""
+    if q.dim() == 3:
+        return F.scaled_dot_product_attention(q[None], k[None], v[None], **kwargs)[0]
+    return F.scaled_dot_product_attention(q, k, v, **kwargs)
+
+
 def dense_peak_bytes(num_dst: int, num_src: int, heads: int, itemsize: int = 4) -> int:
     r"""Upper estimate of the extra memory the ``"dense"`` backend needs for forward+backward.
 
@@ -165,8 +175,7 @@ def dense_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
         else:
             attn_mask = T.view(T.size(0), n_dst, n_src).to(q.dtype).masked_fill(
                 dead.unsqueeze(-1), 0.0)  # (H or 1, N_dst, N_src)
-        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=attn_mask,
-                                             scale=scale)  # (H, N_dst, C)
+        out = sdpa(qh, kh, vh, attn_mask=attn_mask, scale=scale)  # (H, N_dst, C)
         out = out.masked_fill(dead.unsqueeze(-1), 0.0).transpose(0, 1)  # (N_dst, H, C)
         return out, None
 

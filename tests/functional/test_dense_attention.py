@@ -2,9 +2,11 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import assert_close
 
-from graphattn.functional import dense_attention
+from graphattn.functional import dense_attention, edge_attention
+from graphattn.graphs import window_graph
 
 
 def explicit_attention(q, k, v, mask, scale):
@@ -102,3 +104,31 @@ def test_zero_channels_give_uniform_weights(is_causal, return_attention):
     ref, _ = explicit_attention(q, k, v, mask.tril() if is_causal else mask, scale=1.0)
     result = dense_attention(q, k, v, is_causal=is_causal, return_attention=return_attention)
     assert_close(result[0] if return_attention else result, ref)
+
+
+@pytest.mark.parametrize("call", ["dense_attention", "dense backend"])
+def test_sdpa_gets_a_batch_dimension(call, monkeypatch):
+    """Unbatched inputs reach SDPA as 4-D tensors (its fused kernels take no other)."""
+    sdpa, calls = F.scaled_dot_product_attention, []
+
+    def spy(q, k, v, **kwargs):
+        calls.append(q.dim())
+        return sdpa(q, k, v, **kwargs)
+
+    q, k, v = qkv(L=6, S=6)
+    edge_index = window_graph(6, radius=1)
+    mask = torch.zeros(6, 6, dtype=torch.bool)
+    mask[edge_index[1], edge_index[0]] = True
+
+    def run():
+        with torch.no_grad():
+            if call == "dense_attention":
+                return dense_attention(q, k, v, mask)
+            return edge_attention(q, k, v, edge_index, backend="dense")
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    got = run()
+    assert calls == [4]
+    expected = torch.einsum("...hij,...jhc->...ihc", torch.softmax(
+        torch.einsum("ihc,jhc->hij", q, k).div(2.0).masked_fill(~mask, float("-inf")), -1), v)
+    assert_close(got, expected)
