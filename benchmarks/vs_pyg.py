@@ -221,7 +221,8 @@ def memory_worker(case: Case, root: str | None, layer_name: str, edge_dim: int =
 
 
 def compile_worker() -> dict:
-    """numba's compile time (empty cache) or load time (warm cache) for the fp32 kernels."""
+    """numba's compile time (empty cache) or load time (warm cache) for the fp32 kernels of the
+    dot score (each score has its own kernels, compiled on its first use)."""
     x, edge_index, _ = make_graph(Case("tiny", num_nodes=100, num_edges=500), None)
     layer = make_layer(LAYERS[0])
     t0 = time.perf_counter()
@@ -337,7 +338,8 @@ def main() -> None:
     if "error" in cold or "error" in warm:
         jit_line = f"numba compile time not measured: {cold.get('error') or warm.get('error')}"
     else:
-        jit_line = (f"numba kernels (fp32): compiled in {cold['first_call'] - cold['steady']:.1f}"
+        jit_line = (f"numba kernels of the dot score (fp32): compiled in "
+                    f"{cold['first_call'] - cold['steady']:.1f}"
                     f" s with an empty cache, loaded in {warm['first_call'] - warm['steady']:.2f}"
                     f" s from the cache; both happen in the warm-up, outside the timings")
     print(jit_line)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import math
 import statistics
 import time
 import warnings
@@ -81,8 +82,8 @@ def evaluate(model: torch.nn.Module, data: Data, mask: torch.Tensor) -> tuple[fl
     model.eval()
     logits = model(data.x, data.edge_index)[mask]
     loss = F.cross_entropy(logits, data.y[mask]).item()
-    acc = (logits.argmax(dim=-1) == data.y[mask]).float().mean().item()
-    return loss, acc
+    correct = int((logits.argmax(dim=-1) == data.y[mask]).sum())
+    return loss, correct / logits.size(0)  # exact count ratio: no float32 rounding in the means
 
 
 def train_node_classifier(model: torch.nn.Module, data: Data, *, lr: float = 0.005,
@@ -100,6 +101,9 @@ def train_node_classifier(model: torch.nn.Module, data: Data, *, lr: float = 0.0
     """
     if stop_on not in STOP_RULES:
         raise ValueError(f"stop_on must be one of {STOP_RULES}, got {stop_on!r}")
+    for value, what in ((epochs, "epochs"), (patience, "patience")):
+        if value < 1:
+            raise ValueError(f"{what} must be at least 1, got {value}")
     optimizer = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
     best_acc, best_loss = 0.0, float("inf")
     chosen_state, chosen = copy.deepcopy(model.state_dict()), (0, 0.0)
@@ -144,17 +148,25 @@ def train_node_classifier(model: torch.nn.Module, data: Data, *, lr: float = 0.0
 
 
 def summarise(results: list[RunResult]) -> dict[str, float]:
-    """Mean and std of test accuracy (in %), median epoch time (ms), mean epochs."""
+    """Mean and std of test accuracy (in %; std NaN for one run), median epoch time (ms), mean
+    epochs."""
     accs = [100 * r.test_acc for r in results]
     times = [t for r in results for t in r.epoch_times]
     return {
         "test_mean": statistics.mean(accs),
-        "test_std": statistics.stdev(accs) if len(accs) > 1 else 0.0,
+        "test_std": statistics.stdev(accs) if len(accs) > 1 else math.nan,
         "val_mean": statistics.mean(100 * r.val_acc for r in results),
         "epoch_ms": 1000 * statistics.median(times),
         "epochs": statistics.mean(r.epochs for r in results),
         "best_epoch": statistics.mean(r.best_epoch for r in results),
     }
+
+
+def format_accuracy(s: dict[str, float]) -> str:
+    """``"83.3 +- 1.1"``, or ``"83.3 (one run: no std)"``."""
+    if math.isnan(s["test_std"]):
+        return f"{s['test_mean']:.1f} (one run: no std)"
+    return f"{s['test_mean']:.1f} +- {s['test_std']:.1f}"
 
 
 def plot_curves(results: list[RunResult], path: Path, title: str) -> bool:
@@ -225,6 +237,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="torch CPU threads (default: torch's choice; on a machine shared "
                              "with other work, 1 avoids stalls between threads)")
     args = parser.parse_args(argv)
+    for key in ("epochs", "runs", "patience"):
+        if getattr(args, key) < 1:
+            parser.error(f"--{key} must be at least 1, got {getattr(args, key)}")
     for key, value in MODEL_DEFAULTS[args.model].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -242,6 +257,9 @@ def main(argv: list[str] | None = None) -> list[RunResult]:
         if args.threads < 1:
             raise SystemExit(f"error: --threads must be at least 1, got {args.threads}")
         torch.set_num_threads(args.threads)
+    if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"error: --device {args.device}, but torch {torch.__version__} sees no "
+                         f"CUDA device; use --device cpu")
     try:
         data = load_planetoid(args.dataset, args.root)
     except (FileNotFoundError, ValueError) as error:  # missing, corrupt or unknown: say why
@@ -272,7 +290,7 @@ def main(argv: list[str] | None = None) -> list[RunResult]:
     print(f"\n| dataset | model | attention | runs | test accuracy (%) | val accuracy (%) "
           f"| epochs | median epoch (ms) |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n"
           f"| {args.dataset} | {args.model} | {args.attention} | {args.runs} "
-          f"| {s['test_mean']:.1f} +- {s['test_std']:.1f} | {s['val_mean']:.1f} "
+          f"| {format_accuracy(s)} | {s['val_mean']:.1f} "
           f"| {s['epochs']:.0f} | {s['epoch_ms']:.1f} |")
     png = Path(args.out) / f"{args.dataset.lower()}_{args.model}_{args.attention}.png"
     title = f"{args.dataset}, {args.model} ({args.attention}), {args.runs} run(s)"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import http.client
 import importlib
 import os
 import pickle
@@ -109,7 +110,8 @@ def canonical_name(name: str) -> str:
 
 def raw_dir(name: str, root: str | os.PathLike | None = None) -> Path:
     """``<root>/<Name>/raw``, the folder that holds the raw files of dataset ``name``."""
-    return Path(root if root is not None else default_root()) / canonical_name(name) / "raw"
+    base = Path(root).expanduser() if root is not None else default_root()
+    return base / canonical_name(name) / "raw"
 
 
 def file_sha256(path: str | os.PathLike) -> str:
@@ -126,7 +128,8 @@ def download_file(url: str, path: str | os.PathLike, sha256: str, *, progress: b
     """Download ``url`` to ``path``; the file appears there only once complete and verified.
 
     The bytes go to a temporary file in the same folder, hashed on the way; it is renamed to
-    ``path`` when its SHA-256 equals ``sha256`` and deleted otherwise.
+    ``path`` when its SHA-256 equals ``sha256`` and deleted otherwise. A response that ends
+    before its ``Content-Length`` is a failed download, not a checksum mismatch.
 
     Args:
         url (str): source.
@@ -137,22 +140,28 @@ def download_file(url: str, path: str | os.PathLike, sha256: str, *, progress: b
 
     Raises:
         ChecksumError: the downloaded bytes have another SHA-256 (nothing is written to ``path``).
-        urllib.error.URLError, OSError: the download failed.
+        urllib.error.URLError, OSError: the download failed or ended early.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
     tmp = Path(tmp_name)
     try:
-        digest = hashlib.sha256()
+        digest, received = hashlib.sha256(), 0
         with os.fdopen(fd, "wb") as out, urlopen(url, timeout=timeout) as response:
             size = response.headers.get("Content-Length") if response.headers else None
             with tqdm(total=int(size) if size else None, unit="B", unit_scale=True,
                       desc=path.name, disable=not progress, leave=False) as bar:
-                for chunk in iter(lambda: response.read(1 << 16), b""):
-                    out.write(chunk)
-                    digest.update(chunk)
-                    bar.update(len(chunk))
+                try:
+                    for chunk in iter(lambda: response.read(1 << 16), b""):
+                        out.write(chunk)
+                        digest.update(chunk)
+                        received += len(chunk)
+                        bar.update(len(chunk))
+                except http.client.HTTPException as err:  # e.g. IncompleteRead: not an OSError
+                    raise OSError(f"{url}: {type(err).__name__}: {err}") from err
+        if size and received != int(size):
+            raise OSError(f"{url} ended after {received} of {size} bytes")
         actual = digest.hexdigest()
         if actual != sha256:
             raise ChecksumError(f"downloaded {url} has SHA-256 {actual}, expected {sha256}; "

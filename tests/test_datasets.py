@@ -1,5 +1,6 @@
 import datetime
 import hashlib
+import http.client
 import io
 import os
 import pickle
@@ -218,6 +219,37 @@ def test_download_verifies_and_renames(tmp_path, monkeypatch):
     assert sorted(p.name for p in folder.iterdir()) == sorted(files)
     reference = load_planetoid("Cora", src.parent.parent, download=False)
     assert torch.equal(data.x, reference.x) and torch.equal(data.edge_index, reference.edge_index)
+
+
+@pytest.mark.parametrize("cut", ["short body", "IncompleteRead"])
+def test_download_cut_short_is_a_failed_download(tmp_path, monkeypatch, cut):
+    payload = source_dir("Cora", ["x"]).joinpath("ind.cora.x").read_bytes()
+
+    class Cut(FakeResponse):
+        def __init__(self):
+            super().__init__(payload[: len(payload) // 3])
+            self.headers = {"Content-Length": str(len(payload))}  # promised: all of it
+
+        def read(self, n=-1):
+            if cut == "IncompleteRead":
+                raise http.client.IncompleteRead(b"", 100)
+            return super().read(n)
+
+    monkeypatch.setattr(ds, "urlopen", lambda url, timeout=None: Cut())
+    with pytest.raises(MissingFilesError, match=r"download failed: .*ind\.cora\.x") as info:
+        load_planetoid("Cora", tmp_path, progress=False)
+    assert "put them into" in str(info.value)
+    assert not list((tmp_path / "Cora" / "raw").iterdir()), "no partial files may be left behind"
+
+
+def test_root_expands_the_home_folder(tmp_path, monkeypatch, offline):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    assert ds.raw_dir("Cora", "~/data") == tmp_path / "home" / "data" / "Cora" / "raw"
+    copy_raw("Cora", tmp_path / "home" / "data", STRUCTURE)
+    data = load_planetoid("Cora", "~/data", structure_only=True)
+    assert data.num_nodes == STATS["Cora"][0]
+    assert not (tmp_path / "~").exists()
 
 
 def test_download_with_wrong_checksum_is_discarded(tmp_path, monkeypatch):

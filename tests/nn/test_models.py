@@ -238,6 +238,44 @@ def test_early_stopping_rules(monkeypatch, stop_on, epochs, chosen):
         example.train_node_classifier(model, data, stop_on="loss")
 
 
+def test_training_needs_an_epoch_and_a_patience():
+    """patience 0 used to mean "never stop" and epochs 0 crashed in the summary."""
+    example = import_example()
+    data = Data(x=torch.randn(4, 3), edge_index=random_graph(4, 6),
+                y=torch.tensor([0, 1, 0, 1]), train_mask=torch.ones(4, dtype=torch.bool))
+    for kwargs, match in (({"epochs": 0}, "epochs must be at least 1, got 0"),
+                          ({"patience": 0}, "patience must be at least 1, got 0"),
+                          ({"patience": -1}, "patience must be at least 1, got -1")):
+        with pytest.raises(ValueError, match=match):
+            example.train_node_classifier(torch.nn.Linear(3, 2), data, **kwargs)
+    for flag in ("--epochs", "--runs", "--patience"):
+        with pytest.raises(SystemExit):
+            example.parse_args([flag, "0"])
+
+
+def test_example_accuracy_is_an_exact_ratio():
+    """725 of 1000 right is 0.725, not float32's 0.72500002: means over seeds decide goals."""
+    example = import_example()
+
+    class Fixed(torch.nn.Module):
+        def forward(self, x, edge_index):
+            return torch.nn.functional.one_hot((torch.arange(1000) >= 725).long(), 2).float()
+
+    data = Data(x=torch.zeros(1000, 1), edge_index=torch.zeros(2, 0, dtype=torch.long),
+                y=torch.zeros(1000, dtype=torch.long))
+    assert example.evaluate(Fixed(), data, torch.ones(1000, dtype=torch.bool))[1] == 0.725
+    r = example.RunResult(test_acc=0.725, val_acc=0.7, best_epoch=1, epochs=1, epoch_times=[0.1])
+    assert example.format_accuracy(example.summarise([r])) == "72.5 (one run: no std)"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message for a machine "
+                    "without CUDA")
+def test_example_device_cuda_without_cuda_exits_with_a_message(tmp_path):
+    example = import_example()
+    with pytest.raises(SystemExit, match="error: --device cuda, but torch .* sees no CUDA"):
+        example.main(["--device", "cuda", "--root", str(tmp_path)])
+
+
 def test_example_defaults_follow_the_gat_paper_per_dataset():
     """lr, weight decay and output heads of the GAT paper (section 3.3): PubMed 0.01, 1e-3 and
     8 heads, Cora and CiteSeer 0.005, 5e-4 and 1 head; flags given by hand win."""
