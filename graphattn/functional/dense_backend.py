@@ -19,14 +19,18 @@ from torch import Tensor
 DENSE_TENSORS_AT_PEAK = 6
 
 
-def sdpa(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> Tensor:
+def sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
+         **kwargs) -> Tensor:
     """``scaled_dot_product_attention`` on ``(..., H, L, C)`` inputs, given a batch dimension
     when they have none: its fused kernels (flash attention on CPU and CUDA, memory-efficient
-    on CUDA) take 4-D inputs only, and 3-D ones run its unfused math path, several times
-    slower (a mask broadcasts over the added dimension)."""
+    on CUDA) take 4-D inputs with a 2-D or 4-D mask only; anything else runs its unfused math
+    path, several times slower."""
     if q.dim() == 3:
-        return F.scaled_dot_product_attention(q[None], k[None], v[None], **kwargs)[0]
-    return F.scaled_dot_product_attention(q, k, v, **kwargs)
+        if attn_mask is not None and attn_mask.dim() == 3:
+            attn_mask = attn_mask[None]
+        return F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=attn_mask,
+                                              **kwargs)[0]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, **kwargs)
 
 
 def dense_peak_bytes(num_dst: int, num_src: int, heads: int, itemsize: int = 4) -> int:

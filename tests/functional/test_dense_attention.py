@@ -106,29 +106,31 @@ def test_zero_channels_give_uniform_weights(is_causal, return_attention):
     assert_close(result[0] if return_attention else result, ref)
 
 
-@pytest.mark.parametrize("call", ["dense_attention", "dense backend"])
+@pytest.mark.parametrize("call", ["dense_attention", "dense backend", "dense backend, bias"])
 def test_sdpa_gets_a_batch_dimension(call, monkeypatch):
-    """Unbatched inputs reach SDPA as 4-D tensors (its fused kernels take no other)."""
+    """Unbatched inputs reach SDPA as 4-D tensors with a 2-D or 4-D mask (its fused kernels
+    take no other)."""
     sdpa, calls = F.scaled_dot_product_attention, []
 
-    def spy(q, k, v, **kwargs):
-        calls.append(q.dim())
-        return sdpa(q, k, v, **kwargs)
+    def spy(q, k, v, attn_mask=None, **kwargs):
+        calls.append((q.dim(), attn_mask.dim()))
+        return sdpa(q, k, v, attn_mask=attn_mask, **kwargs)
 
     q, k, v = qkv(L=6, S=6)
     edge_index = window_graph(6, radius=1)
+    bias = torch.randn(edge_index.size(1), 2, generator=torch.Generator().manual_seed(3))
     mask = torch.zeros(6, 6, dtype=torch.bool)
     mask[edge_index[1], edge_index[0]] = True
-
-    def run():
-        with torch.no_grad():
-            if call == "dense_attention":
-                return dense_attention(q, k, v, mask)
-            return edge_attention(q, k, v, edge_index, backend="dense")
+    additive = torch.full((2, 6, 6), float("-inf"))  # (H, i, j)
+    additive[:, edge_index[1], edge_index[0]] = bias.t() if call.endswith("bias") else 0.0
 
     monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
-    got = run()
-    assert calls == [4]
-    expected = torch.einsum("...hij,...jhc->...ihc", torch.softmax(
-        torch.einsum("ihc,jhc->hij", q, k).div(2.0).masked_fill(~mask, float("-inf")), -1), v)
-    assert_close(got, expected)
+    with torch.no_grad():
+        if call == "dense_attention":
+            got = dense_attention(q, k, v, mask)
+        else:
+            got = edge_attention(q, k, v, edge_index, backend="dense",
+                                 bias=bias if call.endswith("bias") else None)
+    assert len(calls) == 1 and calls[0][0] == 4 and calls[0][1] in (2, 4), calls
+    scores = torch.einsum("ihc,jhc->hij", q, k).detach() / 2.0 + additive  # scale 1/sqrt(4)
+    assert_close(got, torch.einsum("hij,jhc->ihc", torch.softmax(scores, -1), v.detach()))
