@@ -25,12 +25,13 @@ time and skips the repeats.
 
 Memory: the peak resident set size (VmHWM) of this process above its size before the call, after
 resetting the high-water mark through ``/proc/self/clear_refs`` (Linux). During that call glibc is
-told to serve every allocation above 256 KiB with mmap, so freed tensors go back to the system and
-the peak counts every byte a call holds at once, whichever allocator (torch, numba, the compiled
-kernels) asked for it. The timed repeats run with glibc's thresholds at their dynamic maximum
-(32 MiB), as in a process that never measures memory: with every block above 256 KiB mapped and
-unmapped on each call, dense and SDPA calls on 256-1024 nodes take 10-70% longer. A fresh process
-per point would measure the same thing at many times the cost.
+told to serve every allocation above 256 KiB with mmap (and first to return the free memory the
+timed repeats left in its heap), so freed tensors go back to the system and the peak counts every
+byte a call holds at once, whichever allocator (torch, numba, the compiled kernels) asked for it.
+The timed repeats run with glibc's thresholds at their dynamic maximum (32 MiB), as in a process
+that never measures memory: with every block above 256 KiB mapped and unmapped on each call,
+dense and SDPA calls on 256-1024 nodes take 10-70% longer. A fresh process per point would
+measure the same thing at many times the cost.
 """
 
 from __future__ import annotations
@@ -195,6 +196,7 @@ class PeakMemory:
         gc.collect()
         if self.reason is None:
             self._mmap_threshold(256 * 1024)  # every freed tensor leaves the resident set
+            self._libc.malloc_trim(0)  # and so does what the timed repeats left in the heap
             self._reset()
             start = self._read("VmRSS")
         t0 = time.perf_counter()

@@ -57,7 +57,7 @@ def available_backends() -> list[str]:
 
 # The rule of backend="auto" on CPU: the crossover densities that benchmarks/sparse_vs_dense.py
 # measured on 2 cores, by size sqrt(N_dst * N_src): (size, forward+backward, forward only).
-DENSE_CROSSOVER_CPU = ((256, 0.27, 0.52), (1024, 0.41, 0.75), (4096, 0.34, 0.76))
+DENSE_CROSSOVER_CPU = ((256, 0.10, 0.13), (1024, 0.15, 0.12), (4096, 0.16, 0.35))
 DENSE_MAX_BYTES_CPU = 2 * 2**30
 
 
@@ -106,17 +106,18 @@ def select_backend(q: Tensor, edge_index: Tensor, num_src: int | None = None, *,
     ======================  ================  ================  ================
     size sqrt(N_dst N_src)  256               1024              4096
     ======================  ================  ================  ================
-    forward+backward        0.27 (0.27-0.28)  0.41 (0.41-0.42)  0.34 (0.34-0.34)
-    forward only            0.52 (0.46-0.58)  0.75 (0.73-0.77)  0.76 (0.75-0.77)
+    forward+backward        0.10 (0.09-0.11)  0.15 (0.15-0.15)  0.16 (0.16-0.17)
+    forward only            0.13 (0.11-0.14)  0.12 (0.11-0.14)  0.35 (0.35-0.35)
     ======================  ================  ================  ================
 
     interpolated in log size. The forward+backward column applies when q requires a gradient
-    under grad mode, the forward column otherwise. Small graphs cross over earlier (their
-    dense matrices stay in cache); from about 1000 nodes on the crossover stays put, as both
-    paths scale with the work they do (E, and N_dst N_src). A factor 4 away from it one
-    backend is already several times slower than the other (Cora, density 0.0018: ``"cpu"``
-    6.2-6.6 ms, ``"dense"`` 346-356 ms forward+backward), so the choice matters far more than
-    its exact place.
+    under grad mode, the forward column otherwise. For training, small graphs cross over
+    earlier (their dense matrices stay in cache) and from about 1000 nodes on the crossover
+    stays put, as both paths scale with the work they do (E, and N_dst N_src); for inference
+    SDPA's fused kernel wins from about 0.12 up to 1024 nodes and from about 0.35 at 4096. A
+    factor 4 away from the crossover one backend is already several times slower than the
+    other (Cora, density 0.0018: ``"cpu"`` 4.5-4.6 ms, ``"dense"`` 165-169 ms
+    forward+backward), so the choice matters far more than its exact place.
 
     The ``"gatv2"`` score always takes ``"cpu"`` on CPU: the dense backend computes its
     ``[E, H, C]`` per-edge terms as the reference does, before any dense work (complete graphs
