@@ -9,9 +9,12 @@ crossover, and :func:`dense_peak_bytes` keeps it from picking dense when the mat
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 # [H, N_dst, N_src] fp32 tensors alive at the peak of forward+backward, rounded up from the peak
 # resident memory measured at N = 2048, H = 4: 3.1 on the SDPA path, 4.3 with the weights
@@ -20,17 +23,69 @@ DENSE_TENSORS_AT_PEAK = 6
 
 
 def sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
-         **kwargs) -> Tensor:
-    """``scaled_dot_product_attention`` on ``(..., H, L, C)`` inputs, given a batch dimension
-    when they have none: its fused kernels (flash attention on CPU and CUDA, memory-efficient
-    on CUDA) take 4-D inputs with a 2-D or 4-D mask only; anything else runs its unfused math
-    path, several times slower."""
-    if q.dim() == 3:
-        if attn_mask is not None and attn_mask.dim() == 3:
-            attn_mask = attn_mask[None]
-        return F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=attn_mask,
-                                              **kwargs)[0]
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, **kwargs)
+         dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None) -> Tensor:
+    """``scaled_dot_product_attention`` on ``(..., H, L, C)`` inputs, run by its fused kernels
+    when they have no batch dimension too.
+
+    SDPA's fused kernels (flash attention on CPU and CUDA, memory-efficient on CUDA) take 4-D
+    inputs with a 2-D or 4-D mask only; anything else runs its unfused math path, several times
+    slower. So 3-D inputs get a batch dimension. The fused kernels' backward cannot be
+    differentiated again, so with gradients wanted they run through :class:`_FusedSDPA`, whose
+    backward takes the math path when gradients of gradients may follow; with dropout as well,
+    the math path runs throughout (a fused backward would need the same dropout draw again).
+    Inputs with a batch dimension go to SDPA as they are.
+    """
+    options = {"dropout_p": dropout_p, "is_causal": is_causal, "scale": scale}
+    if q.dim() != 3:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, **options)
+    tensors = (q, k, v, attn_mask)
+    grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+    if grad and dropout_p > 0:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, **options)
+    if attn_mask is not None and attn_mask.dim() == 3:
+        attn_mask = attn_mask[None]
+    q, k, v = q[None], k[None], v[None]  # (1, H, L, C)
+    if grad:
+        return _FusedSDPA.apply(q, k, v, attn_mask, is_causal, scale)[0]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, **options)[0]
+
+
+class _FusedSDPA(torch.autograd.Function):
+    """SDPA without dropout: the fused kernel's forward, and a backward that recomputes it and
+    takes the fused kernel's backward, or, when the gradients must be differentiable
+    (``create_graph=True``, ``torch.func``), the math path's, which autograd can differentiate
+    again (as the fused backends do with the reference path)."""
+
+    @staticmethod
+    def forward(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, is_causal: bool,
+                scale: float | None) -> Tensor:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
+                                              is_causal=is_causal, scale=scale)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        q, k, v, attn_mask, is_causal, scale = inputs
+        ctx.save_for_backward(q, k, v, attn_mask)
+        ctx.options = {"is_causal": is_causal, "scale": scale}
+
+    @staticmethod
+    def backward(ctx, dout: Tensor):
+        inputs = list(ctx.saved_tensors)  # q, k, v, attn_mask
+        wanted = [i for i, t in enumerate(inputs) if t is not None and ctx.needs_input_grad[i]]
+        differentiable = torch.is_grad_enabled()
+        if not differentiable:
+            for i in wanted:
+                inputs[i] = inputs[i].detach().requires_grad_()
+        kernels = sdpa_kernel(SDPBackend.MATH) if differentiable else contextlib.nullcontext()
+        with torch.enable_grad(), kernels:
+            out = F.scaled_dot_product_attention(*inputs[:3], attn_mask=inputs[3],
+                                                 **ctx.options)
+            found = torch.autograd.grad(out, [inputs[i] for i in wanted], dout,
+                                        create_graph=differentiable, allow_unused=True)
+        grads: list[Tensor | None] = [None] * 6
+        for i, g in zip(wanted, found, strict=True):
+            grads[i] = g
+        return tuple(grads)
 
 
 def dense_peak_bytes(num_dst: int, num_src: int, heads: int, itemsize: int = 4) -> int:

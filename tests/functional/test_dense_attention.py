@@ -134,3 +134,13 @@ def test_sdpa_gets_a_batch_dimension(call, monkeypatch):
     assert len(calls) == 1 and calls[0][0] == 4 and calls[0][1] in (2, 4), calls
     scores = torch.einsum("ihc,jhc->hij", q, k).detach() / 2.0 + additive  # scale 1/sqrt(4)
     assert_close(got, torch.einsum("hij,jhc->ihc", torch.softmax(scores, -1), v.detach()))
+
+
+def test_gradients_of_gradients_without_batch_dimension():
+    """The fused kernel's backward cannot be differentiated; second derivatives still come
+    (through the math path), checked against finite differences in fp64."""
+    q, k, v = (t.detach().double().requires_grad_() for t in qkv(L=5, S=5, C=3))
+    mask = torch.rand(5, 5, generator=torch.Generator().manual_seed(2)) < 0.6
+    mask[:, 0] = True
+    assert torch.autograd.gradgradcheck(lambda q, k, v: dense_attention(q, k, v, mask),
+                                        (q, k, v))
