@@ -116,7 +116,7 @@ def select_backend(q: Tensor, edge_index: Tensor, num_src: int | None = None, *,
     stays put, as both paths scale with the work they do (E, and N_dst N_src); for inference
     SDPA's fused kernel wins from about 0.12 up to 1024 nodes and from about 0.35 at 4096. A
     factor 4 away from the crossover one backend is already several times slower than the
-    other (Cora, density 0.0018: ``"cpu"`` 4.5-4.6 ms, ``"dense"`` 165-169 ms
+    other (Cora, density 0.0018: ``"cpu"`` 4.1-4.9 ms, ``"dense"`` 197-201 ms
     forward+backward), so the choice matters far more than its exact place.
 
     The ``"gatv2"`` score always takes ``"cpu"`` on CPU: the dense backend computes its
