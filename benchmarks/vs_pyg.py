@@ -469,7 +469,7 @@ def main() -> None:
 
 def plot(records: list[dict], path: Path) -> None:
     """Bars of fwd+bwd time and peak memory per graph, each PyG layer beside its counterpart
-    (log scale; a PyG layer out of memory is marked "OOM")."""
+    (log scale; a bar without a value is marked "OOM" when out of memory, else "error")."""
     try:
         import matplotlib
 
@@ -485,7 +485,7 @@ def plot(records: list[dict], path: Path) -> None:
     colours = {"dot": "tab:blue", "additive": "tab:orange", "gatv2": "tab:green"}
     for ax, key, label in ((axes[0], "train_ms", "forward+backward (ms)"),
                            (axes[1], "peak_mb", "peak memory of a step (MB)")):
-        missing = []  # (x) of bars without a value: out of memory
+        missing = []  # (x, label) of bars without a value
         for n, layer in enumerate(LAYERS):
             ours = layer.startswith("GraphSelfAttention")
             score = layer.split()[1] if ours else COUNTERPART[layer].split()[1]
@@ -493,10 +493,11 @@ def plot(records: list[dict], path: Path) -> None:
             ys = [value[(g, layer)][key] for g in graphs]
             ax.bar(xs, [y or 0.0 for y in ys], width, color=colours[score],
                    alpha=1.0 if ours else 0.45, hatch="" if ours else "//", label=layer)
-            missing += [x for x, y in zip(xs, ys, strict=True) if y is None]
+            missing += [(x, "OOM" if "out of memory" in value[(g, layer)]["error"] else "error")
+                        for x, y, g in zip(xs, ys, graphs, strict=True) if y is None]
         ax.set_yscale("log")
-        for x in missing:
-            ax.text(x, ax.get_ylim()[0], "OOM", rotation=90, ha="center", va="bottom",
+        for x, text in missing:
+            ax.text(x, ax.get_ylim()[0], text, rotation=90, ha="center", va="bottom",
                     fontsize=7)
         ax.set_ylabel(label)
         ax.set_xticks(range(len(graphs)), graphs, fontsize=8)

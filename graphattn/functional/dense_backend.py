@@ -151,6 +151,13 @@ def _pair_log_weights(t: Tensor | None, pair: Tensor, mask: Tensor, simple: bool
     return T, r
 
 
+def _is_causal(src: Tensor, dst: Tensor, n_dst: int, n_src: int) -> bool:
+    """Whether the edges of a simple graph are exactly the causal pattern ``j -> i`` for
+    ``j <= i``: all N (N + 1) / 2 pairs on or below the diagonal."""
+    n = n_dst
+    return n == n_src and n > 0 and src.numel() == n * (n + 1) // 2 and bool((src <= dst).all())
+
+
 def dense_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
                          scale: float, bias: Tensor | None, dropout_mask: Tensor | None,
                          score: str, negative_slope: float, need_alpha: bool,
@@ -172,7 +179,8 @@ def dense_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
     The per-edge dropout multiplier :math:`m_e` enters as the dense matrix
     :math:`D_{ij} = \sum_e \alpha_e m_e / P_{ij}`, so ``out = (P * D) V`` equals the reference.
     Without bias, dropout, multi-edges or ``need_alpha``, the dot score runs as one
-    :func:`torch.nn.functional.scaled_dot_product_attention` call with the bool mask; with a bias
+    :func:`torch.nn.functional.scaled_dot_product_attention` call with the bool mask (none on
+    the complete graph, ``is_causal`` on the causal one, which SDPA runs faster); with a bias
     or multi-edges, SDPA gets the float mask :math:`L - \text{scale}\, q k^\top`; otherwise the
     weights are explicit. Targets without an incoming edge get exactly 0.
 
@@ -229,12 +237,16 @@ def dense_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
     explicit = score != "dot" or need_alpha or dropout_mask is not None
     if not explicit:
         qh, kh = q.transpose(0, 1), k.transpose(0, 1)  # (H, N, C)
-        if T is None:
-            attn_mask = mask | empty_rows.unsqueeze(-1)  # (N_dst, N_src); empty rows see all
-        else:
+        attn_mask, is_causal = None, False
+        if T is not None:
             attn_mask = T.view(T.size(0), n_dst, n_src).to(q.dtype).masked_fill(
                 dead.unsqueeze(-1), 0.0)  # (H or 1, N_dst, N_src)
-        out = sdpa(qh, kh, vh, attn_mask=attn_mask, scale=scale)  # (H, N_dst, C)
+        elif simple and _is_causal(src, dst, n_dst, n_src):
+            is_causal = True  # SDPA skips the masked half of the scores
+        elif not (simple and 0 < pair.numel() == n_dst * n_src):  # not the complete graph
+            attn_mask = mask | empty_rows.unsqueeze(-1)  # (N_dst, N_src); empty rows see all
+        out = sdpa(qh, kh, vh, attn_mask=attn_mask, is_causal=is_causal,
+                   scale=scale)  # (H, N_dst, C)
         out = out.masked_fill(dead.unsqueeze(-1), 0.0).transpose(0, 1)  # (N_dst, H, C)
         return out, None
 

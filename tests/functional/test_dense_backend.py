@@ -2,8 +2,10 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import GRAPHS, assert_close, dense_mask, random_graph
 
+from graphattn import graphs
 from graphattn.functional import dense_attention, edge_attention
 from graphattn.functional.dense_backend import dense_edge_attention, dense_peak_bytes
 
@@ -102,6 +104,48 @@ def test_sdpa_path_equals_dense_attention_fp32():
     assert_close(out, ref)
     for g, r in zip(grads, ref_grads, strict=True):
         assert_close(g, r)
+
+
+def _edited_causal(n):
+    """The causal graph with its edge 1 -> 2 replaced by 3 -> 2: as many edges, one above the
+    diagonal."""
+    edge_index = graphs.causal_graph(n).clone()
+    edge_index[0, ((edge_index[0] == 1) & (edge_index[1] == 2)).nonzero()] = 3
+    return edge_index
+
+
+def _doubled_causal(n):
+    """The causal graph with its edge 1 -> 2 replaced by a second 0 -> 2: as many edges, all on
+    or below the diagonal, one pair missing."""
+    edge_index = graphs.causal_graph(n).clone()
+    edge_index[0, ((edge_index[0] == 1) & (edge_index[1] == 2)).nonzero()] = 0
+    return edge_index
+
+
+@pytest.mark.parametrize(("graph", "mask_dim", "is_causal"), [
+    (lambda n: graphs.complete_graph(n), None, False),
+    (lambda n: graphs.causal_graph(n), None, True),
+    (_edited_causal, 2, False),
+    (_doubled_causal, 4, False),
+], ids=["complete", "causal", "causal-one-edge-moved", "causal-one-edge-doubled"])
+def test_complete_and_causal_graphs_run_sdpa_without_a_mask(graph, mask_dim, is_causal,
+                                                             monkeypatch):
+    """SDPA gets no mask on the complete graph and ``is_causal`` on the causal graph (both run
+    faster than with the mask); graphs with as many edges that are neither keep the mask. Every
+    case equals the reference, gradients included."""
+    sdpa, calls = F.scaled_dot_product_attention, []
+
+    def spy(q, k, v, attn_mask=None, is_causal=False, **kwargs):
+        calls.append((None if attn_mask is None else attn_mask.dim(), is_causal))
+        return sdpa(q, k, v, attn_mask=attn_mask, is_causal=is_causal, **kwargs)
+
+    n = 9
+    edge_index = graph(n)
+    q, k, v, _ = inputs(n, n, "dot", edge_index.size(1), bias=False)
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    assert_dense_equals_reference(q, k, v, edge_index, None, score="dot", dropout_p=0.0,
+                                  need_alpha=False)
+    assert calls and all(call == (mask_dim, is_causal) for call in calls), calls
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
