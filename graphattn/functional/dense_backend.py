@@ -208,13 +208,12 @@ def dense_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
     """
     n_dst, n_src = q.size(0), v.size(0)
     src, dst = edge_index[0].long(), edge_index[1].long()
-    pair = dst * n_src + src  # (E,) flat index of (i, j) in [N_dst, N_src]
+    pair = src.add(dst, alpha=n_src)  # (E,) flat index of (i, j) in [N_dst, N_src]
     mask = torch.zeros(n_dst * n_src, dtype=torch.bool, device=q.device)
-    mask[pair] = True
-    mask = mask.view(n_dst, n_src)  # (N_dst, N_src)
+    mask = mask.index_fill_(0, pair, True).view(n_dst, n_src)  # (N_dst, N_src)
     # Whether no pair holds two edges is known only at run time: torch.compile takes the
     # multigraph path, which gives the same result on any graph.
-    simple = not torch.compiler.is_compiling() and int(mask.sum()) == pair.numel()
+    simple = not torch.compiler.is_compiling() and int(mask.count_nonzero()) == pair.numel()
     empty_rows = ~mask.any(dim=-1)  # (N_dst,)
     vh = v.transpose(0, 1)  # (H, N_src, C)
 
