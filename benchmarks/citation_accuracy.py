@@ -1,8 +1,9 @@
 """Test accuracy on the Planetoid citation graphs, next to the published GAT and GCN results.
 
-Six layers trained by one script under one protocol (the GAT paper's), 10 seeds each:
-graphattn's GraphSelfAttention with the additive (GAT), GATv2 and dot-product scores, and
-PyG's GATConv, GATv2Conv and TransformerConv, each inside the same two-layer GAT architecture
+Seven layers trained by one script under one protocol (the GAT paper's), 10 seeds each:
+graphattn's GraphSelfAttention with the additive (GAT), GATv2 and dot-product scores, the
+additive one again without the dropout on the projected values, and PyG's GATConv, GATv2Conv
+and TransformerConv, each inside the same two-layer GAT architecture
 (graphattn.nn.GAT with ``conv=``). The training loop is the one of
 ``examples/node_classification.py``.
 

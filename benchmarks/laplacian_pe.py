@@ -10,8 +10,8 @@ largest eigenvalue difference between methods, and which one ``solver="auto"`` t
 Each call runs in a fresh process with a time limit (``--timeout``); a method past it is
 reported as such and not repeated. Repeats are interleaved over graphs, k and methods.
 
-    python benchmarks/laplacian_pe.py            # ~6 min on 2 cores
-    python benchmarks/laplacian_pe.py --quick    # paths and Cora, ~1 min
+    python benchmarks/laplacian_pe.py            # ~15 min on 2 cores (most of it timeouts)
+    python benchmarks/laplacian_pe.py --quick    # a 4096-node path and Cora, ~2 min
 
 Writes ``results/laplacian_pe.md`` and ``.csv`` (``laplacian_pe_quick.*`` with ``--quick``).
 """

@@ -22,8 +22,9 @@ def check_edge_index(edge_index: Tensor, num_src: int, num_dst: int) -> None:
         raise TypeError(f"edge_index must be a torch.Tensor, got {type(edge_index).__name__}")
     if edge_index.dim() != 2 or edge_index.size(0) != 2:
         raise ValueError(f"edge_index must have shape [2, E], got {list(edge_index.shape)}")
-    if edge_index.dtype.is_floating_point or edge_index.dtype in (torch.bool, torch.complex64,
-                                                                  torch.complex128):
+    # int64 or int32 only: a narrower dtype cannot hold the ids of the self-loops a layer adds
+    # (torch.arange(300, dtype=torch.uint8) wraps around), and index_add_ refuses it.
+    if edge_index.dtype not in (torch.int64, torch.int32):
         raise TypeError(f"edge_index must have an integer dtype (int64 or int32), "
                         f"got {edge_index.dtype}")
     if edge_index.numel() == 0:

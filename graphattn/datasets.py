@@ -376,8 +376,9 @@ def load_planetoid(name: str, root: str | os.PathLike | None = None, *,
       (2016) as used by GCN and GAT: 20 labelled nodes per class for training, the next 500 nodes
       for validation, the 1000 listed test nodes for testing.
 
-    As in ``torch_geometric.datasets.Planetoid``, CiteSeer's 15 isolated nodes that the raw test
-    files leave out get zero features and label 0 and belong to no split.
+    As in ``torch_geometric.datasets.Planetoid``, the 15 CiteSeer nodes that the raw test files
+    (``tx``, ``ty``) leave out get zero features and label 0 and belong to no split (they have
+    edges; the graph's isolated nodes are others).
 
     ============  ======  ======  =====  =======
     dataset       N       E       F      classes

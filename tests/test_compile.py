@@ -20,7 +20,7 @@ from conftest import assert_close, random_graph
 from graphattn.functional import cpu, edge_attention
 from graphattn.functional import triton_kernels as tk
 from graphattn.functional.attention import reference_edge_attention
-from graphattn.nn import GAT, GraphSelfAttention, GraphTransformer
+from graphattn.nn import GAT, DenseSelfAttention, GraphSelfAttention, GraphTransformer
 
 needs_cxx = pytest.mark.skipif(
     shutil.which("c++") is None and shutil.which("g++") is None,
@@ -170,6 +170,23 @@ def test_edge_features_in_keys_and_the_beta_gate_compile(attention, edge_mode):
     inputs = [(torch.randn(60, 16), ei, torch.randn(ei.size(1), 3))
               for ei in (_graph(), _graph(num_edges=437, seed=2))]
     _assert_compiles_like_eager(layer, inputs, backend="aot_eager")
+
+
+@pytest.mark.parametrize("make", [
+    lambda: DenseSelfAttention(16, 8, heads=2),
+    lambda: GraphSelfAttention(16, 8, heads=2, backend="dense"),
+    # backend="auto" takes "dense" on the complete graph when no self-loops are added
+    lambda: GraphSelfAttention(16, 8, heads=2, residual=True, add_self_loops=False),
+], ids=["dense-twin", "dense-backend", "auto-backend"])
+def test_sdpa_without_a_batch_dimension_compiles(make):
+    """Inputs without a batch dimension reach SDPA through an autograd.Function in eager mode,
+    whose backward calls ``torch.autograd.grad``: dynamo cannot trace that, so under the
+    compiler SDPA runs directly."""
+    torch.manual_seed(0)
+    layer, x = make(), torch.randn(12, 16)
+    complete = torch.cartesian_prod(torch.arange(12), torch.arange(12)).t()
+    inputs = (x,) if isinstance(layer, DenseSelfAttention) else (x, complete)
+    _assert_compiles_like_eager(layer, [inputs], backend="aot_eager")
 
 
 def test_layer_on_the_triton_backend_compiles(triton_interpreter):

@@ -243,8 +243,9 @@ def edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
     .. math::
         \mathrm{out}_i = \sum_{j \in \mathcal{N}(i)} \alpha_{ij} \, (v_j + ev_e).
 
-    The ``"cpu"`` backend computes them inside its kernels, without an ``[E, H, C]`` tensor
-    other than the terms and their gradients; the others fold them in as
+    The ``"cpu"`` and ``"triton"`` backends compute them inside their kernels, without an
+    ``[E, H, C]`` tensor other than the terms and their gradients; ``"reference"`` adds them
+    to the gathered keys and values, and ``"dense"`` folds them in as
     :mod:`graphattn.functional.edge_terms` describes.
     On the complete graph with ``"dot"`` this is ordinary scaled dot-product attention.
 
@@ -438,12 +439,16 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
 
     weights = None
     if return_attention:
-        scores = (qh @ kh.transpose(-2, -1)) * scale  # (..., H, L_q, L_k)
+        # scaled before the product: in fp16, q . k can overflow where the score does not
+        scores = (qh * scale) @ kh.transpose(-2, -1)  # (..., H, L_q, L_k)
         if is_causal:
             mask = torch.ones(L_q, L_k, dtype=torch.bool, device=q.device).tril()
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
-        weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+        # half precision is normalised in fp32, fp32 and fp64 in their own dtype
+        half = scores.dtype in (torch.float16, torch.bfloat16)
+        weights = torch.softmax(scores, dim=-1, dtype=torch.float32 if half else None)
+        weights = weights.to(q.dtype)
         if empty_rows is not None:
             weights = weights.masked_fill(empty_rows.unsqueeze(-1).unsqueeze(-3), 0.0)
         out = F.dropout(weights, p) @ vh  # (..., H, L_q, C)

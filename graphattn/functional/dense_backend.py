@@ -33,6 +33,8 @@ def sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
     differentiated again, so with gradients wanted they run through :class:`_FusedSDPA`, whose
     backward takes the math path when gradients of gradients may follow; with dropout as well,
     the math path runs throughout (a fused backward would need the same dropout draw again).
+    Under ``torch.compile`` SDPA is called directly: dynamo cannot trace the
+    ``torch.autograd.grad`` in :class:`_FusedSDPA`'s backward (``fullgraph=True`` would fail).
     Inputs with a batch dimension go to SDPA as they are.
     """
     options = {"dropout_p": dropout_p, "is_causal": is_causal, "scale": scale}
@@ -45,7 +47,7 @@ def sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
     if attn_mask is not None and attn_mask.dim() == 3:
         attn_mask = attn_mask[None]
     q, k, v = q[None], k[None], v[None]  # (1, H, L, C)
-    if grad:
+    if grad and not torch.compiler.is_compiling():
         return _FusedSDPA.apply(q, k, v, attn_mask, is_causal, scale)[0]
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, **options)[0]
 
@@ -271,5 +273,6 @@ def dense_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
         kept = dropout_mask if share is None else dropout_mask * share  # (E, H)
         D = P.new_zeros(P.size(0), n_dst * n_src).index_add(1, pair, kept.t().to(P.dtype))
         W = P * D.view(D.size(0), n_dst, n_src)
-    out = (W @ vh).transpose(0, 1)  # (N_dst, H, C)
+    # a dead row's weights are 0, but 0 * NaN (or inf) in a value row is NaN: zero it after
+    out = (W @ vh).masked_fill(dead.unsqueeze(-1), 0.0).transpose(0, 1)  # (N_dst, H, C)
     return out, alpha

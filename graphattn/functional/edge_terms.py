@@ -1,9 +1,9 @@
 r"""Per-edge key and value terms for backends without them in their kernels.
 
 ``edge_attention(..., edge_key=ek, edge_value=ev)`` attends with the key :math:`k_j + ek_e` and
-the value :math:`v_j + ev_e` on each edge e = (j -> i). The ``reference`` and ``cpu`` backends
-take these terms themselves. For the others, :func:`fold_edge_terms` rewrites the call into
-one they take, in one of two exact ways:
+the value :math:`v_j + ev_e` on each edge e = (j -> i). The ``reference``, ``cpu`` and
+``triton`` backends take these terms themselves. For the ``dense`` backend,
+:func:`fold_edge_terms` rewrites the call into one it takes, in one of two exact ways:
 
 - **edges as sources** (any score): each edge becomes a source of its own, with key
   :math:`k_j + ek_e` and value :math:`v_j + ev_e`, and the graph ``e -> i``. This holds

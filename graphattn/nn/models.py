@@ -157,7 +157,8 @@ class GraphTransformer(torch.nn.Module):
     repeated ``num_layers`` times, then :math:`\mathrm{logits} = W_\mathrm{out}\,
     \mathrm{LN}(h)`. :math:`\mathrm{Attn}` is :class:`GraphSelfAttention` (``heads`` heads of
     ``hidden_channels / heads`` channels, output projection, self-loops), :math:`\mathrm{FFN}(h)
-    = W_2\,\mathrm{GELU}(W_1 h)` with ``ffn_ratio * hidden_channels`` inner units, and
+    = W_2\,\mathrm{Dropout}(\mathrm{GELU}(W_1 h))` with ``ffn_ratio * hidden_channels`` inner
+    units, and
     :math:`p` optional positional encodings (e.g. Laplacian eigenvectors), extra input
     features: :math:`W_\mathrm{in} x + W_\mathrm{pe} p` is :math:`[W_\mathrm{in}\;
     W_\mathrm{pe}]` applied to :math:`x \Vert p`. ``x`` may be a sparse (CSR or COO) tensor.
@@ -170,8 +171,8 @@ class GraphTransformer(torch.nn.Module):
         heads (int, optional): attention heads. (default: ``4``)
         pe_channels (int, optional): size P of the positional encodings passed to ``forward``
             as ``pe``; ``0`` for none. (default: ``0``)
-        dropout (float, optional): dropout on the input features and after the attention and
-            feed-forward sublayers. (default: ``0.5``)
+        dropout (float, optional): dropout on the input features, on the feed-forward inner
+            units, and after the attention and feed-forward sublayers. (default: ``0.5``)
         attention_dropout (float, optional): dropout on the attention weights.
             (default: ``dropout``)
         ffn_ratio (int, optional): feed-forward width as a multiple of D. (default: ``2``)

@@ -144,3 +144,29 @@ def test_gradients_of_gradients_without_batch_dimension():
     mask[:, 0] = True
     assert torch.autograd.gradgradcheck(lambda q, k, v: dense_attention(q, k, v, mask),
                                         (q, k, v))
+
+
+def test_weights_of_float64_inputs_are_normalised_in_float64():
+    """The explicit path (return_attention=True) keeps fp64 scores in fp64: its weights are a
+    fp64 softmax, its output equals the SDPA path's, and gradcheck passes."""
+    q, k, v = (t.detach().double().requires_grad_() for t in qkv(L=4, S=5, C=3))
+    mask = torch.rand(4, 5, generator=torch.Generator().manual_seed(3)) < 0.6
+    mask[1] = False
+    out, weights = dense_attention(q, k, v, mask, return_attention=True)
+    want_out, want_weights = explicit_attention(q, k, v, mask, 1 / math.sqrt(3))
+    torch.testing.assert_close(weights, want_weights, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(out, dense_attention(q, k, v, mask), rtol=1e-12, atol=1e-14)
+    assert torch.autograd.gradcheck(
+        lambda q, k, v: dense_attention(q, k, v, mask, return_attention=True), (q, k, v))
+
+
+def test_fp16_weights_whose_unscaled_product_overflows():
+    """q . k = 102400 overflows fp16 while the score q . k / sqrt(C) = 12800 does not: the path
+    that returns the weights scales before the product, as SDPA and edge_attention do."""
+    q = torch.full((4, 1, 64), 40.0, dtype=torch.float16)
+    k = torch.full((4, 1, 64), 40.0, dtype=torch.float16)
+    k[1] *= 0.9
+    v = torch.randn(4, 1, 64, generator=torch.Generator().manual_seed(0), dtype=torch.float16)
+    out, weights = dense_attention(q, k, v, return_attention=True)
+    assert out.isfinite().all() and weights.isfinite().all()
+    assert_close(out.float(), dense_attention(q, k, v).float(), atol=2e-3, rtol=2e-3)

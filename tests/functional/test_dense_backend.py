@@ -176,3 +176,15 @@ def test_peak_bytes_grow_with_heads_and_pairs():
     assert dense_peak_bytes(3, 5, 2) == 6 * 2 * 15 * 4 + 2 * 15
     assert dense_peak_bytes(3, 5, 4, itemsize=2) == dense_peak_bytes(3, 5, 2)
     assert dense_peak_bytes(100, 100, 8) == 100 * dense_peak_bytes(10, 10, 8)
+
+
+@pytest.mark.parametrize("need_alpha", [False, True], ids=["out", "alpha"])
+def test_target_without_in_edge_is_zero_whatever_the_values(need_alpha):
+    """A target without an in-edge gets exactly 0 even when a value row is NaN or inf (the
+    dense product would give 0 * NaN there), as on the sparse backends."""
+    edge_index = torch.tensor([[0, 1, 2, 3, 0, 1], [0, 0, 1, 1, 2, 3]])  # node 4: no edges
+    q, k, v, _ = inputs(5, 5, "dot", 6, bias=False)
+    v[4, 0, 0], v[3, 1, 2] = float("nan"), float("inf")
+    result = edge_attention(q, k, v, edge_index, backend="dense", return_attention=need_alpha)
+    out = result[0] if need_alpha else result
+    assert (out[4] == 0).all()

@@ -252,6 +252,16 @@ def test_errors_name_the_argument_and_value():
                        score="additive", negative_slope="0.1")
 
 
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int16])
+def test_narrow_edge_index_dtypes_are_refused(dtype):
+    """uint8 ids would wrap around in the self-loops the layer adds (node 256 becomes node 0)
+    and give a wrong output without an error; int8 and int16 fail deep inside."""
+    layer = GraphSelfAttention(4, 2)
+    with pytest.raises(TypeError, match=rf"edge_index must have an integer dtype \(int64 or "
+                                        rf"int32\), got {dtype}"):
+        layer(torch.randn(300, 4), torch.tensor([[0, 1], [1, 0]], dtype=dtype))
+
+
 def test_layer_checks_edge_index_once_per_call(monkeypatch):
     # The layer validates edge_index itself and then skips edge_attention's re-check, which
     # would cost two more passes over the edges and, on CUDA, two device syncs.
