@@ -25,7 +25,7 @@ every input once, write every output once,
                  + N * H * Cq      [k]
                  + N * H * C       [v]
                  + N * H * C)      [out]
-            + 4 * N * H            [lse, fp32]
+            + 8 * N * H            [lse: max and log-sum, fp32]
             + 4 * E                [the source id of each edge, int32]
             + 4 * (N + 1)          [CSR row pointers, int32]
 
@@ -142,7 +142,7 @@ def minimal_forward_bytes(num_nodes: int, num_edges: int, heads: int, channels: 
     """Bytes a minimal forward must move (formula in the module docstring)."""
     score_channels = 1 if additive else channels
     features = num_nodes * heads * (2 * score_channels + 2 * channels) * element_size
-    return features + 4 * num_nodes * heads + 4 * num_edges + 4 * (num_nodes + 1)
+    return features + 8 * num_nodes * heads + 4 * num_edges + 4 * (num_nodes + 1)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -147,6 +147,23 @@ def _edge_key_grad(dz, q, k, att, scale, slope, SCORE: tl.constexpr):
 
 
 @triton.jit
+def _softmax_stats(lse, at, ok):
+    """The softmax statistics of ``lse`` ``[N_dst, H, 2]`` at the (target, head) pairs ``at``
+    (``target * H + head``, any shape): the row maximum m and log l, side by side in memory.
+    Masked pairs read m = +inf, log l = 0, so that their weights are 0."""
+    m = tl.load(lse + at * 2, mask=ok, other=float("inf"))
+    log_l = tl.load(lse + at * 2 + 1, mask=ok, other=0.0)
+    return m, log_l
+
+
+@triton.jit
+def _softmax_weights(s, m, log_l):
+    """alpha = exp((s - m) - log l), s - m first: m + log l would round to m when
+    |m| >> log l (a bias of -1e9 on every edge of a row) and lose the 1 / l."""
+    return tl.exp((s - m) - log_l)
+
+
+@triton.jit
 def forward_kernel(q, k, v, bias, att, drop, edge_key, edge_value, rowptr, col, eid, out, lse,
                    scores, scale, slope,
                    H: tl.constexpr, C: tl.constexpr, CK: tl.constexpr,
@@ -157,8 +174,9 @@ def forward_kernel(q, k, v, bias, att, drop, edge_key, edge_value, rowptr, col, 
                    BLOCK_CK: tl.constexpr):
     """Grid (N_dst, head blocks). Online softmax over the incoming edges of one target (CSR
     ``rowptr``, ``col`` = sources, ``eid`` = edge ids), with the key k_j + ek_e and the value
-    v_j + ev_e of each edge when ``HAS_EK``, ``HAS_EV``; writes ``out`` ``[N_dst, H, C]`` and
-    ``lse`` ``[N_dst, H]`` (fp32), and the scores ``[E, H]`` when ``NEED_SCORES``."""
+    v_j + ev_e of each edge when ``HAS_EK``, ``HAS_EV``; writes ``out`` ``[N_dst, H, C]``, the
+    softmax statistics ``lse`` ``[N_dst, H, 2]`` (fp32: the row maximum m, +inf on a row
+    without weight, and log l, 0 there), and the scores ``[E, H]`` when ``NEED_SCORES``."""
     row = tl.program_id(0).to(tl.int64)
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)  # (BH)
     offs_c = tl.arange(0, BLOCK_C)  # (BC)
@@ -208,11 +226,11 @@ def forward_kernel(q, k, v, bias, att, drop, edge_key, edge_value, rowptr, col, 
 
     has_weight = l_sum > 0.0
     l_safe = tl.where(has_weight, l_sum, 1.0)
-    lse_i = tl.where(has_weight, tl.where(m == float("-inf"), 0.0, m) + tl.log(l_safe),
-                     float("inf"))  # (BH)
     o = acc / l_safe[:, None]
     tl.store(out + row * (H * C) + hc, o.to(out.dtype.element_ty), mask=hc_ok)
-    tl.store(lse + row * H + offs_h, lse_i, mask=h_ok)
+    at = row * H + offs_h  # (BH): the (target, head) pairs of lse
+    tl.store(lse + at * 2, tl.where(has_weight, m, float("inf")), mask=h_ok)
+    tl.store(lse + at * 2 + 1, tl.where(has_weight, tl.log(l_safe), 0.0), mask=h_ok)
 
 
 @triton.jit
@@ -252,7 +270,7 @@ def backward_target_kernel(q, k, v, bias, att, drop, edge_key, edge_value, out, 
     att_h = _attention_vector(att, hck, hck_ok, SCORE)  # (BH, BCK)
     do_i = tl.load(dout + row * (H * C) + hc, mask=hc_ok, other=0.0).to(tl.float32)
     o_i = tl.load(out + row * (H * C) + hc, mask=hc_ok, other=0.0).to(tl.float32)
-    lse_i = tl.load(lse + row * H + offs_h, mask=h_ok, other=float("inf"))  # (BH)
+    m_i, log_l_i = _softmax_stats(lse, row * H + offs_h, h_ok)  # (BH), (BH)
     delta_i = _sum(do_i * o_i, axis=1)  # (BH)
     if HAS_DALPHA:
         for e0 in range(start, end, BLOCK_E):
@@ -269,7 +287,7 @@ def backward_target_kernel(q, k, v, bias, att, drop, edge_key, edge_value, out, 
                                   edge_key, edge, hck, ok3k, H, CK, HAS_EK)
             s = tl.where(ok2, _scores(q_i, k_e, b, att_h, scale, slope, SCORE),
                          float("-inf"))
-            a = tl.exp(s - lse_i[None, :])
+            a = _softmax_weights(s, m_i[None, :], log_l_i[None, :])
             delta_i += _sum(a * _edge_values(dalpha, edge, offs_h, ok2, H), axis=0)
     tl.store(delta + row * H + offs_h, delta_i, mask=h_ok)
 
@@ -292,7 +310,7 @@ def backward_target_kernel(q, k, v, bias, att, drop, edge_key, edge_value, out, 
         k_e = _with_edge_term(_score_operand(k, src, offs_h, hck, ok2, ok3k, H, CK, SCORE),
                               edge_key, edge, hck, ok3k, H, CK, HAS_EK)  # key of the edge
         s = tl.where(ok2, _scores(q_i, k_e, b, att_h, scale, slope, SCORE), float("-inf"))
-        a = tl.exp(s - lse_i[None, :])  # (BE, BH)
+        a = _softmax_weights(s, m_i[None, :], log_l_i[None, :])  # (BE, BH)
         v_e = _with_edge_term(_rows(v, src, hc, ok3, H, C), edge_value, edge, hc, ok3, H, C,
                               HAS_EV)  # (BE, BH, BC): value of the edge
         dp = _sum(do_i[None, :, :] * v_e, axis=2)  # (BE, BH)
@@ -381,9 +399,8 @@ def backward_source_kernel(q, k, v, bias, att, drop, edge_key, edge_value, dout,
         q_i = _score_operand(q, dst, offs_h, hck, ok2, ok3k, H, CK, SCORE)
         k_e = _with_edge_term(k_j, edge_key, edge, hck, ok3k, H, CK, HAS_EK)  # key of the edge
         s = tl.where(ok2, _scores(q_i, k_e, b, att_h, scale, slope, SCORE), float("-inf"))
-        lse_i = tl.load(lse + dst[:, None] * H + offs_h[None, :], mask=ok2,
-                        other=float("inf"))
-        a = tl.exp(s - lse_i)  # (BE, BH)
+        m_i, log_l_i = _softmax_stats(lse, dst[:, None] * H + offs_h[None, :], ok2)
+        a = _softmax_weights(s, m_i, log_l_i)  # (BE, BH)
         do_i = _rows(dout, dst, hc, ok3, H, C)  # (BE, BH, BC)
         v_e = _with_edge_term(v_j[None, :, :], edge_value, edge, hc, ok3, H, C,
                               HAS_EV)  # (1 or BE, BH, BC): value of the edge

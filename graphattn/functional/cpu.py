@@ -3,11 +3,13 @@ r"""The CPU backend of edge attention: fused numba kernels over edges sorted by 
 The reference backend gathers ``q_i``, ``k_j`` and ``v_j`` per edge and autograd keeps those
 ``[E, H, C]`` tensors for backward. Here each target's in-edges are walked in turn to compute the
 scores, their softmax and the weighted sum of the values, without any per-edge ``[E, H, C]`` tensor.
-For backward only a log-sum-exp per target and head, ``[N_dst, H]``, and the target-sorted edge
-order (CSR) are kept; the scores are recomputed:
+For backward only the log-sum-exp of each target and head, in two parts ``[N_dst, H, 2]`` (the
+largest score :math:`M_i` and :math:`\log \ell_i = \log \sum_j e^{s_{ij} - M_i}`, whose sum would
+lose :math:`\log \ell_i` to rounding when :math:`|M_i|` is large, as with a bias of -1e9 on every
+in-edge), and the target-sorted edge order (CSR) are kept; the scores are recomputed:
 
 .. math::
-    \alpha_{ij} = \exp(s_{ij} - \mathrm{lse}_i), \qquad
+    \alpha_{ij} = \exp\big((s_{ij} - M_i) - \log \ell_i\big), \qquad
     \frac{\partial L}{\partial s_{ij}} = \alpha_{ij}\Big(m_{ij}\, g_i \cdot v_j
         + \bar\alpha_{ij} - D_i\Big), \qquad
     D_i = g_i \cdot \mathrm{out}_i + \sum_j \alpha_{ij} \bar\alpha_{ij}
@@ -458,12 +460,16 @@ def _forward_kernel(score: int, has_bias: bool, has_mask: bool, need_alpha: bool
                     for x in range(H * C):
                         acc[x] += weight[x] * v[j, x]
             for h in range(H):
+                # the log-sum-exp top + log(total) in two parts: log(total) would round away
+                # in the sum when |top| >> log(degree) (a bias of -1e9 on every in-edge)
                 if total[h] > 0:
                     inv[h] = 1 / total[h]
-                    lse[i, h] = top[h] + np.log(total[h])
+                    lse[i, h, 0] = top[h]
+                    lse[i, h, 1] = np.log(total[h])
                 else:  # no edge, or all scores -inf: every alpha of the row is 0
                     inv[h] = 0
-                    lse[i, h] = np.inf
+                    lse[i, h, 0] = np.inf
+                    lse[i, h, 1] = 0
                 for x in range(C):
                     out[i, h * C + x] = acc[h * C + x] * inv[h]
             if need_alpha:
@@ -512,7 +518,7 @@ def _backward_target_kernel(score: int, has_bias: bool, has_mask: bool, has_grad
                            has_bias, has_ek, alphas, delta, slopes, True)
             for p in range(stop - start):
                 for h in range(H):
-                    alphas[p, h] = _exp(alphas[p, h] - lse[i, h])
+                    alphas[p, h] = _exp((alphas[p, h] - lse[i, h, 0]) - lse[i, h, 1])
             for h in range(H):
                 delta[h] = _dot(grad_out, i, out, i, h * C, C)
             if has_grad_alpha:
@@ -742,7 +748,7 @@ def _forward_impl(q: Tensor, k: Tensor, v: Tensor, att: Tensor | None, bias: Ten
     none = np.zeros((1, H), dtype=real)  # stands in for an absent bias, mask or edge term
     rowptr, perm, src = _csr(_np(edge_index[0]), _np(edge_index[1]), n_dst)
     out = torch.empty(n_dst, H, C, dtype=v.dtype)
-    lse = torch.empty(n_dst, H, dtype=v.dtype)
+    lse = torch.empty(n_dst, H, 2, dtype=v.dtype)  # (max, log sum exp(s - max)) per target
     alpha = torch.empty(edge_index.size(1) if need_alpha else 0, H, dtype=v.dtype)
     kernel = _forward_kernel(score, bias is not None, dropout_mask is not None, need_alpha,
                              *_kernel_channels(q, v), edge_key is not None,
@@ -763,7 +769,7 @@ def _forward_fake(q, k, v, att, bias, dropout_mask, edge_key, edge_value, edge_i
     n_dst, H, C = q.size(0), v.size(1), v.size(2)
     E = edge_index.size(1)
     return (v.new_empty(n_dst, H, C), v.new_empty(E if need_alpha else 0, H),
-            v.new_empty(n_dst, H), edge_index.new_empty(n_dst + 1), edge_index.new_empty(E),
+            v.new_empty(n_dst, H, 2), edge_index.new_empty(n_dst + 1), edge_index.new_empty(E),
             edge_index.new_empty(E))
 
 

@@ -120,10 +120,11 @@ def _pair_log_weights(t: Tensor | None, pair: Tensor, mask: Tensor, simple: bool
                       dtype: torch.dtype) -> tuple[Tensor | None, Tensor | None]:
     """Sum the per-edge log-weights ``t`` of each (target, source) pair in log space.
 
-    Returns ``T [H, N_dst * N_src]`` with ``T_p = log sum_{e in p} exp(t_e)`` (``-inf`` where no
+    Returns ``T [H, N_dst * N_src]`` with ``T_p = log sum_{e in p} exp(t_e)`` less the largest
+    ``t_e`` of its target row, which the softmax over the row does not see (``-inf`` where no
     edge lies; ``None`` when the graph is simple and ``t`` is ``None``, i.e. all zeros on the
-    mask) and ``r [E, H]``, each edge's share ``exp(t_e - T_p)`` of its pair (``None`` when every
-    share is 1).
+    mask) and ``r [E, H]``, each edge's share ``exp(t_e) / sum_{e' in p} exp(t_e')`` of its pair
+    (``None`` when every share is 1).
     """
     flat = mask.view(-1)  # (P,)
     if t is None:
@@ -142,13 +143,18 @@ def _pair_log_weights(t: Tensor | None, pair: Tensor, mask: Tensor, simple: bool
     with torch.no_grad():
         m = t.new_full((heads, flat.numel()), float("-inf"))
         m.scatter_reduce_(1, pair.expand(heads, -1), t.t(), reduce="amax", include_self=True)
+        rows = m.view(heads, *mask.shape)  # (H, N_dst, N_src)
+        top = rows.amax(dim=-1, keepdim=True).nan_to_num_(0.0, 0.0, 0.0)  # (H, N_dst, 1)
+        # T relative to the largest score of its target row (a shift per row leaves the
+        # softmax as it is): log(edge count) would round away next to a score of 1e9 or more
+        shift = (rows - top).view(heads, -1).nan_to_num_(0.0, 0.0, 0.0)  # (H, P)
         m = m.masked_fill_(torch.isinf(m), 0.0)  # (H, P); off the graph, or -inf scores only
     w = torch.exp(t.t() - m[:, pair])  # (H, E)
     total = t.new_zeros(heads, flat.numel()).index_add(1, pair, w)  # (H, P)
     # total = 0 where no edge lies or every edge of the pair scores -inf: T = -inf, share 0
     live = total > 0
     safe_total = torch.where(live, total, 1.0)
-    T = torch.where(live, safe_total.log() + m, t.new_tensor(float("-inf")))
+    T = torch.where(live, safe_total.log() + shift, t.new_tensor(float("-inf")))
     r = (w / safe_total[:, pair]).t()  # (E, H)
     return T, r
 

@@ -32,16 +32,23 @@ is :math:`\text{scale} \cdot q_i \cdot k_e + b_e` (``"dot"``),
 
 (``"gatv2"``, with the attention vector :math:`a` of the head; :math:`z_e` lives only in
 registers, as a ``(BLOCK_E, BLOCK_H, BLOCK_C)`` tile). It writes
-:math:`\mathrm{out}_i = a / \ell` ``[N_dst, H, C]`` and the log-sum-exp
-:math:`\mathrm{lse}_i = m + \log \ell` ``[N_dst, H]``, both in fp32 (out is returned in the
+:math:`\mathrm{out}_i = a / \ell` ``[N_dst, H, C]`` and the softmax statistics
+``lse`` ``[N_dst, H, 2]``, :math:`(m_i, \log \ell_i)`, all in fp32 (out is returned in the
 dtype of v; the fp32 copy is what backward reads, so half-precision rounding of out does not
-enter the gradients). A row without weight (no incoming
-edge, or every score :math:`-\infty`) gets out 0 and lse :math:`+\infty`, so every
-:math:`\alpha_e = e^{s_e - \mathrm{lse}_i}` recomputed from it is exactly 0, never NaN.
-When the attention weights are asked for, the kernel also writes the scores :math:`s_e`
-``[E, H]`` and :math:`\alpha_e = e^{s_e - \mathrm{lse}_i}` is one elementwise pass afterwards.
+enter the gradients). Every weight is recomputed from them as
 
-**Backward** recomputes :math:`\alpha_e` from q, k, ek, bias and the saved lse. With
+.. math::
+    \alpha_e = e^{(s_e - m_i) - \log \ell_i},
+
+the two kept apart: their sum, the log-sum-exp, would round to :math:`m_i` when
+:math:`|m_i| \gg \log \ell_i` (a row masked with a bias of -1e9 on every edge, tied scores
+near 1e30), and every weight of the row would come out 1 instead of :math:`1 / \ell_i`. A row
+without weight (no incoming edge, or every score :math:`-\infty`) gets out 0,
+:math:`m_i = +\infty` and :math:`\log \ell_i = 0`, so every :math:`\alpha_e` recomputed from
+it is exactly 0, never NaN. When the attention weights are asked for, the kernel also writes
+the scores :math:`s_e` ``[E, H]`` and :math:`\alpha_e` is one elementwise pass afterwards.
+
+**Backward** recomputes :math:`\alpha_e` from q, k, ek, bias and the saved statistics. With
 :math:`\delta_i = \sum_c \mathrm{dout}_{ic} \mathrm{out}_{ic}` (plus
 :math:`\sum_e \alpha_e \, \mathrm{d}\alpha_e` when the returned attention weights carry a
 gradient) the softmax gradient of an edge is
@@ -248,14 +255,15 @@ def fused_forward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None,
     (``att``: the ``[H, C]`` attention vector of ``score="gatv2"``; ``edge_key``,
     ``edge_value``: the ``[E, H, C]`` per-edge terms of keys and values).
 
-    Returns out ``[N_dst, H, C]`` and lse ``[N_dst, H]`` in fp32, and the scores ``[E, H]``
-    (fp32, in ``edge_index`` order) when ``need_scores``.
+    Returns out ``[N_dst, H, C]`` and lse ``[N_dst, H, 2]`` in fp32 (the row maximum m and
+    log l of each target and head; see the module docstring), and the scores ``[E, H]`` (fp32,
+    in ``edge_index`` order) when ``need_scores``.
     """
     n_dst, (heads, channels) = q.size(0), v.shape[1:]
     score_channels = _score_channels(q, score)
     cfg = launch_config(heads, channels, score_channels)
     out32 = torch.empty(n_dst, heads, channels, device=v.device, dtype=torch.float32)
-    lse = torch.empty(n_dst, heads, device=v.device, dtype=torch.float32)
+    lse = torch.empty(n_dst, heads, 2, device=v.device, dtype=torch.float32)  # (m, log l)
     scores = (torch.empty(csr.other.numel(), heads, device=v.device, dtype=torch.float32)
               if need_scores else None)
     if n_dst > 0:
@@ -296,8 +304,9 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, att: Tensor | None, bias: Tensor |
                                        edge_value=edge_value)
     alpha_dtype = _alpha_dtype(q, k, bias, att, edge_key)
     if need_alpha:
-        # lse = +inf on rows without weight, scores -inf on masked edges: exp gives 0.
-        alpha = torch.exp(scores - lse[edge_index[1]]).to(alpha_dtype)  # (E, H)
+        # m = +inf on rows without weight, scores -inf on masked edges: exp gives 0.
+        stats = lse[edge_index[1]]  # (E, H, 2)
+        alpha = torch.exp((scores - stats[..., 0]) - stats[..., 1]).to(alpha_dtype)  # (E, H)
     else:
         alpha = torch.empty(0, v.size(1), device=v.device, dtype=alpha_dtype)
     return out32, alpha, lse, csr
@@ -363,8 +372,8 @@ class FusedEdgeAttention(torch.autograd.Function):
     """Eager autograd around the three kernels; see the module docstring for the math. (Under
     ``torch.compile`` the same passes run as the operators ``graphattn::triton_edge_attention``
     and its backward.) Forward returns the fp32 out, alpha, and for backward alone the
-    log-sum-exp and the target CSR; with ``setup_context`` apart from forward, so that
-    ``torch.func.grad`` can run it."""
+    softmax statistics lse and the target CSR; with ``setup_context`` apart from forward, so
+    that ``torch.func.grad`` can run it."""
 
     @staticmethod
     def forward(q: Tensor, k: Tensor, v: Tensor, att: Tensor | None, bias: Tensor | None,
@@ -442,7 +451,7 @@ def _forward_fake(q, k, v, att, bias, dropout_mask, edge_index, scale, negative_
     return (v.new_empty(n_dst, heads, channels, dtype=torch.float32),
             v.new_empty(edge_index.size(1) if need_alpha else 0, heads,
                         dtype=_alpha_dtype(q, k, bias, att, edge_key)),
-            v.new_empty(n_dst, heads, dtype=torch.float32))
+            v.new_empty(n_dst, heads, 2, dtype=torch.float32))
 
 
 @torch.library.custom_op("graphattn::triton_edge_attention_backward", mutates_args=())

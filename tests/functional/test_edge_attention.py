@@ -300,3 +300,36 @@ def test_no_source_or_target_nodes_gives_zero_output_and_gradients(backend, scor
     (out.sum() + alpha.sum()).backward()
     for t in (q, k, v) + ((att,) if att is not None else ()):
         assert t.grad.shape == t.shape and (t.grad == 0).all()
+
+
+@pytest.mark.parametrize("fill", [-1e9, torch.finfo(torch.float32).min, 1e30])
+@pytest.mark.parametrize("score", ["dot", "additive"])
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_huge_biases_on_every_in_edge_give_the_reference_weights_and_gradients(backend, score,
+                                                                               fill):
+    """A bias of -1e9 or finfo.min on every in-edge of target 0 (the masking idiom), or tied
+    scores of 1e30: in fp32 its scores are all equal, so its weights are 1/4 each. Backward must
+    recompute them from statistics that keep log(degree) next to a maximum of 1e9 or more (a
+    log-sum-exp in one fp32 number rounds it away: weights of 1, gradients 4x too large), and
+    the dense path must keep the edge doubled in that row counted twice. Target 0's query is 0,
+    so that its fp32 scores are equal on every path (the dense path adds q . k to a bias taken
+    relative to the row, and keeps what the others round away next to 1e9)."""
+    ei = torch.tensor([[0, 1, 1, 2, 0, 2, 1], [0, 0, 0, 0, 1, 1, 2]])  # 1 -> 0 twice
+    q, k, v = qkv(3, 3, seed=5)
+    q[0] = 0.0
+    if score == "additive":
+        q, k = q[..., 0], k[..., 0]  # (N, H)
+    bias = torch.zeros(7, 2)
+    bias[:4] = fill
+    grads, results = {}, {}
+    for name in ("reference", backend):
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, bias)]
+        out, alpha = edge_attention(*leaves[:3], ei, bias=leaves[3], score=score,
+                                    return_attention=True, backend=name)
+        weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
+        results[name] = (out, alpha)
+        grads[name] = torch.autograd.grad((out * weights).sum() + alpha.square().sum(), leaves)
+    assert_close(results[backend][1][:4], torch.full((4, 2), 0.25))
+    for got, want in zip(results[backend] + grads[backend],
+                         results["reference"] + grads["reference"], strict=True):
+        assert_close(got, want)

@@ -159,6 +159,27 @@ def test_fully_masked_row_gives_zero_without_nan(interpreter, score):
 
 
 @needs_triton
+@pytest.mark.parametrize("fill", [-1e9, torch.finfo(torch.float32).min], ids=["-1e9", "fp32-min"])
+@pytest.mark.parametrize("score", attention.SCORES)
+def test_scores_far_from_zero_keep_the_weights(interpreter, score, fill):
+    """Scores so large that log(degree) vanishes next to them in fp32: node 0's three in-edges
+    all masked with the finite ``fill`` (uniform weights 1/3), node 1 two ordinary edges, node 2
+    two tied scores near 1e30 (weights 1/2) and an ordinary edge (weight 0). A saved max + log
+    sum rounds to the max and recomputes every weight of such a row as 1; here out, alpha and
+    the gradients match the reference backend in fp32, on which the scores round alike."""
+    ei = torch.tensor([[0, 1, 2, 0, 2, 0, 1, 2], [0, 0, 0, 1, 1, 2, 2, 2]])
+    inputs = attention_inputs(3, 3, 8, 1, 4, score=score, seed=2)
+    with torch.no_grad():
+        inputs["bias"][:3] = fill
+        inputs["bias"][5:7] = 1e30
+    got = run_backend(tk.triton_edge_attention, inputs, ei, score=score)
+    want = run_backend(reference_edge_attention, inputs, ei, score=score)
+    assert_results_close(got, want, inputs, torch.float32)
+    assert_close(got["alpha"][:3].sum(), torch.tensor(1.0))
+    assert_close(got["alpha"][5:], torch.tensor([[0.5], [0.5], [0.0]]))
+
+
+@needs_triton
 @pytest.mark.parametrize(("n_src", "n_dst"), [(0, 3), (3, 0)])
 @pytest.mark.parametrize("score", attention.SCORES)
 def test_no_source_or_target_nodes_gives_zero(interpreter, score, n_src, n_dst):
