@@ -56,8 +56,9 @@ def available_backends() -> list[str]:
 
 
 # The rule of backend="auto" on CPU: the crossover densities that benchmarks/sparse_vs_dense.py
-# measured on 2 cores, by size sqrt(N_dst * N_src): (size, forward+backward, forward only).
-DENSE_CROSSOVER_CPU = ((256, 0.10, 0.13), (1024, 0.15, 0.12), (4096, 0.16, 0.35))
+# measured on 2 cores of two machines (their mean), by size sqrt(N_dst * N_src):
+# (size, forward+backward, forward only).
+DENSE_CROSSOVER_CPU = ((256, 0.09, 0.10), (1024, 0.12, 0.10), (4096, 0.14, 0.23))
 DENSE_MAX_BYTES_CPU = 2 * 2**30
 
 
@@ -99,24 +100,25 @@ def select_backend(q: Tensor, edge_index: Tensor, num_src: int | None = None, *,
     :func:`~graphattn.functional.dense_backend.dense_peak_bytes` :math:`\le`
     ``DENSE_MAX_BYTES_CPU`` (2 GiB; 4 heads in fp32 stop there at about 4700 nodes); ``"cpu"``
     otherwise. :math:`\rho^*` (:func:`dense_min_density`) is the crossover measured by
-    ``benchmarks/sparse_vs_dense.py`` on 2 AMD EPYC cores (Erdos-Renyi graphs, H = 4, C = 32,
-    fp32): the density at which the dense backend is as fast as the ``"cpu"`` backend, mean
-    (and range) of two runs,
+    ``benchmarks/sparse_vs_dense.py`` on 2 cores (Erdos-Renyi graphs, H = 4, C = 32, fp32): the
+    density at which the dense backend is as fast as the ``"cpu"`` backend, the mean of two
+    machines (AMD EPYC, mean of two runs / Intel Xeon, one run),
 
-    ======================  ================  ================  ================
-    size sqrt(N_dst N_src)  256               1024              4096
-    ======================  ================  ================  ================
-    forward+backward        0.10 (0.09-0.11)  0.15 (0.15-0.15)  0.16 (0.16-0.17)
-    forward only            0.13 (0.11-0.14)  0.12 (0.11-0.14)  0.35 (0.35-0.35)
-    ======================  ================  ================  ================
+    ======================  ==================  ==================  ==================
+    size sqrt(N_dst N_src)  256                 1024                4096
+    ======================  ==================  ==================  ==================
+    forward+backward        0.09 (0.10 / 0.08)  0.12 (0.15 / 0.09)  0.14 (0.16 / 0.12)
+    forward only            0.10 (0.13 / 0.06)  0.10 (0.12 / 0.07)  0.23 (0.35 / 0.12)
+    ======================  ==================  ==================  ==================
 
     interpolated in log size. The forward+backward column applies when q requires a gradient
-    under grad mode, the forward column otherwise. For training, small graphs cross over
-    earlier (their dense matrices stay in cache) and from about 1000 nodes on the crossover
-    stays put, as both paths scale with the work they do (E, and N_dst N_src); for inference
-    SDPA's fused kernel wins from about 0.12 up to 1024 nodes and from about 0.35 at 4096. A
-    factor 4 away from the crossover one backend is already several times slower than the
-    other (Cora, density 0.0018: ``"cpu"`` 4.1-4.9 ms, ``"dense"`` 197-201 ms
+    under grad mode, the forward column otherwise. The crossover moves with the machine (the
+    Intel cores run the dense matrix products faster relative to the sparse kernels' gathers);
+    the mean keeps ``"auto"`` within 1.07x of the faster backend on every graph of the sweep on
+    both machines for training, and within 1.32x for inference (4096 nodes at density 0.25,
+    where the machines disagree). Small graphs cross over earlier (their dense matrices stay in
+    cache). A factor 4 away from the crossover one backend is already several times slower than
+    the other (Cora, density 0.0018: ``"cpu"`` 4.1-5.1 ms, ``"dense"`` 179-201 ms
     forward+backward), so the choice matters far more than its exact place.
 
     The ``"gatv2"`` score always takes ``"cpu"`` on CPU: the dense backend computes its
