@@ -373,7 +373,8 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
     ``mask[i, j] = True`` means query i may attend to key j (the edge j -> i), so
     ``dense_attention(q, k, v, graphs.to_dense_mask(edge_index, N))`` equals
     ``edge_attention(q, k, v, edge_index)`` for a graph without multi-edges.
-    A query row with no allowed key gets exactly 0.
+    A query row with no allowed key gets exactly 0. q, k and v of different floating dtypes
+    are cast to the one torch's arithmetic promotes them to, as in :func:`edge_attention`.
 
     Args:
         q (Tensor): ``[..., L_q, H, C]``.
@@ -408,6 +409,7 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
         raise ValueError(f"the leading (batch) dims of q, k and v must broadcast together, "
                          f"got q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)}") from None
     check_float_dtype(q=q, k=k, v=v)
+    q, k, v = _common_dtype(q, k, v)  # mixed dtypes promoted, as in edge_attention
     check_dropout(dropout_p, "dropout_p")
     if scale is not None:
         scale = finite_float(scale, "scale")

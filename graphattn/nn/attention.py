@@ -227,10 +227,11 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         fill_value (float or Tensor or str, optional): ``edge_attr`` of the added self-loops,
             as in PyG: ``"mean"``, ``"add"``, ``"max"``, ``"min"`` or ``"mul"`` of the target's
             other in-edge features (without any: 1 for ``"mul"``, 0 for the others), or a
-            constant (a number, or a tensor of 1 or ``edge_dim`` values). On CUDA the sums of
-            ``"mean"`` and ``"add"`` use atomic adds, as PyG's do, so their last bits can vary
-            from run to run unless ``torch.use_deterministic_algorithms(True)``; the ``triton`` and
-            ``cpu`` attention kernels themselves are deterministic. (default: ``"mean"``)
+            finite constant (a number, or a tensor or list of 1 or ``edge_dim`` values). On
+            CUDA the sums of ``"mean"`` and ``"add"`` use atomic adds, as PyG's do, so their
+            last bits can vary from run to run unless ``torch.use_deterministic_algorithms(True)``;
+            the ``triton`` and ``cpu`` attention kernels themselves are deterministic.
+            (default: ``"mean"``)
         attention (str, optional): ``"dot"`` (scaled dot product), ``"additive"`` (GAT) or
             ``"gatv2"`` (GATv2). (default: ``"dot"``)
         backend (str, optional): backend of :func:`~graphattn.functional.edge_attention`.
@@ -290,6 +291,11 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         if isinstance(fill_value, str) and fill_value not in FILL_REDUCTIONS:
             raise ValueError(f"fill_value must be a number, a tensor or one of "
                              f"{list(FILL_REDUCTIONS)}, got {fill_value!r}")
+        if isinstance(fill_value, (list, tuple)):
+            fill_value = torch.tensor(fill_value, dtype=torch.get_default_dtype())
+        if not isinstance(fill_value, str) and not torch.isfinite(
+                torch.as_tensor(fill_value, dtype=torch.float64)).all():
+            raise ValueError(f"fill_value must be finite, got {fill_value!r}")
         if (isinstance(fill_value, Tensor) and edge_dim is not None
                 and fill_value.numel() not in (1, edge_dim)):
             raise ValueError(f"fill_value as a tensor must hold 1 or edge_dim = {edge_dim} "

@@ -170,3 +170,17 @@ def test_fp16_weights_whose_unscaled_product_overflows():
     out, weights = dense_attention(q, k, v, return_attention=True)
     assert out.isfinite().all() and weights.isfinite().all()
     assert_close(out.float(), dense_attention(q, k, v).float(), atol=2e-3, rtol=2e-3)
+
+
+@pytest.mark.parametrize("return_attention", [False, True])
+def test_mixed_float_dtypes_are_promoted(return_attention):
+    """fp64 q beside fp32 k and v: computed in fp64, as edge_attention and torch's arithmetic
+    would, instead of SDPA's dtype error."""
+    q, k, v = qkv()
+    q64 = q.detach().double()
+    got = dense_attention(q64, k, v, return_attention=return_attention)
+    want = dense_attention(q64, k.double(), v.double(), return_attention=return_attention)
+    got, want = (got, want) if return_attention else ((got,), (want,))
+    for a, b in zip(got, want, strict=True):
+        assert a.dtype == torch.float64
+        assert_close(a, b)

@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 import torch
 from conftest import assert_close
@@ -114,8 +115,17 @@ def test_errors():
         scatter_softmax(torch.zeros(3, dtype=torch.long), index)
     with pytest.raises(ValueError, match="num_segments must be a non-negative integer, got -1"):
         scatter_softmax(torch.zeros(3), index, num_segments=-1)
+    with pytest.raises(ValueError, match="num_segments must be a non-negative integer, got 2.0"):
+        scatter_softmax(torch.zeros(3), index, num_segments=2.0)
     with pytest.raises(ValueError, match=r"index must hold groups in \[0, num_segments\) = "
                                          r"\[0, 1\), got values from 0 to 1"):
         scatter_softmax(torch.zeros(3), index, num_segments=1)
     with pytest.raises(ValueError, match="got values from -1 to 1"):
         scatter_softmax(torch.zeros(3), torch.tensor([0, -1, 1]))
+
+
+def test_num_segments_takes_numpy_and_tensor_integers():
+    src, index = torch.tensor([1.0, 2.0, 3.0]), torch.tensor([0, 2, 2])
+    want = scatter_softmax(src, index, num_segments=4)
+    for n in (np.int64(4), torch.tensor(4)):
+        assert torch.equal(scatter_softmax(src, index, num_segments=n), want)

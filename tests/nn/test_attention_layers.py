@@ -230,6 +230,12 @@ def test_errors_name_the_argument_and_value():
     with pytest.raises(ValueError, match=r"fill_value as a tensor must hold 1 or edge_dim = 3 "
                                          r"values, got shape \[2\]"):
         GraphSelfAttention(4, 2, edge_dim=3, fill_value=torch.ones(2))
+    with pytest.raises(ValueError, match=r"fill_value as a tensor must hold 1 or edge_dim = 3 "
+                                         r"values, got shape \[2\]"):
+        GraphSelfAttention(4, 2, edge_dim=3, fill_value=[1.0, 2.0])  # a list, as a tensor
+    for bad in (float("nan"), torch.tensor([0.0, float("inf"), 1.0])):
+        with pytest.raises(ValueError, match="fill_value must be finite, got"):
+            GraphSelfAttention(4, 2, edge_dim=3, fill_value=bad)
     with pytest.raises(TypeError, match="x must have a floating-point dtype, got torch.int64"):
         layer(torch.ones(2, 4, dtype=torch.long), edge_index)
     with pytest.raises(TypeError, match="x_dst must have a floating-point dtype, got torch.int32"):
