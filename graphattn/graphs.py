@@ -140,9 +140,11 @@ def grid_graph(height: int, width: int, radius: int = 1) -> Tensor:
     check_non_negative(height, "height")
     check_non_negative(width, "width")
     check_non_negative(radius, "radius")
-    rad = min(radius, max(height - 1, width - 1, 0))
-    d = torch.arange(-rad, rad + 1)
-    dr, dc = d.repeat_interleave(d.numel()), d.repeat(d.numel())  # (D,) row-major offsets
+    # Capped per axis: a thin image (height or width 1) must not materialize (2 rho + 1)^2
+    # offsets per pixel when only 2 rho + 1 of them can stay inside it.
+    rad_r, rad_c = min(radius, max(height - 1, 0)), min(radius, max(width - 1, 0))
+    d_r, d_c = torch.arange(-rad_r, rad_r + 1), torch.arange(-rad_c, rad_c + 1)
+    dr, dc = d_r.repeat_interleave(d_c.numel()), d_c.repeat(d_r.numel())  # (D,) row-major
     row = torch.arange(height).repeat_interleave(width)  # (N,)
     col = torch.arange(width).repeat(height)  # (N,)
     src_row = row.unsqueeze(1) + dr  # (N, D)
@@ -221,9 +223,12 @@ def from_sparse_adjacency(adj: Tensor) -> Tensor:
     if adj.layout not in SPARSE_LAYOUTS:
         raise ValueError(f"adj must be a sparse tensor in one of the layouts "
                          f"{[str(x) for x in SPARSE_LAYOUTS]}, got {adj.layout}")
-    if adj.sparse_dim() != 2:
+    # A compressed (CSR/CSC) tensor reports sparse_dim() == 2 even with batch dimensions in
+    # front, so count every dimension that is not a dense (value) one.
+    num_index_dims = adj.dim() - adj.dense_dim()
+    if num_index_dims != 2:
         raise ValueError(f"adj must have 2 sparse dimensions [N_dst, N_src] (no batch "
-                         f"dimensions), got {adj.sparse_dim()} in shape {list(adj.shape)}")
+                         f"dimensions), got {num_index_dims} in shape {list(adj.shape)}")
     num_dst, num_src = adj.shape[:2]
     if adj.layout == torch.sparse_coo:
         dst, src = adj._indices()  # stored order, duplicates kept

@@ -47,7 +47,7 @@ from torch import Tensor
 from torch_geometric.data import Data
 from torch_geometric.transforms import BaseTransform
 
-from graphattn._checks import check_edge_index, check_non_negative, check_positive
+from graphattn._checks import check_edge_index, check_finite, check_non_negative, check_positive
 
 #: ``laplacian_pe(solver="auto")`` uses the dense eigensolver up to this many nodes.
 DENSE_SOLVER_MAX_NODES = 2000
@@ -63,6 +63,11 @@ SHIFT_INVERT_MAX_ENVELOPE = 5 * 10**7
 # crowd again, and convergence slows gradually.)
 _SHIFT = -1e-10
 
+# Where the sparse solver moves the trivial eigenvectors: strictly above the spectrum of the
+# normalized Laplacian, [0, 2], whose top value 2 is a genuine eigenvalue of every bipartite
+# component (a trivial eigenvector left at 2 would be indistinguishable from those).
+_TRIVIAL_SHIFT = 3.0
+
 # Entries whose magnitude is within this relative distance of the largest one count as tied
 # when fixing eigenvector signs (mirror-symmetric graphs have exact ties).
 _SIGN_TIE_RTOL = 1e-6
@@ -76,6 +81,12 @@ def _sinusoid(positions: Tensor, dim: int, base: float) -> Tensor:
     omega = base ** (-steps / dim)  # (dim / 2,)
     angle = positions.to(torch.float64).unsqueeze(-1) * omega  # (L, dim / 2)
     return torch.stack([angle.sin(), angle.cos()], dim=-1).flatten(-2)  # (L, dim): sin, cos, ..
+
+
+def _check_base(base: float) -> None:
+    check_finite(base, "base")
+    if base <= 0:
+        raise ValueError(f"base must be a positive number, got {base!r}")
 
 
 def _check_dim(dim: int) -> None:
@@ -104,6 +115,7 @@ def sinusoidal(num_positions: int, dim: int, *, base: float = 10000.0) -> Tensor
     """
     check_non_negative(num_positions, "num_positions")
     _check_dim(dim)
+    _check_base(base)
     positions = torch.arange(num_positions, dtype=torch.float64)
     return _sinusoid(positions, dim, base).to(torch.get_default_dtype())
 
@@ -138,6 +150,7 @@ class SinusoidalPE(torch.nn.Module):
     def __init__(self, dim: int, *, base: float = 10000.0) -> None:
         super().__init__()
         _check_dim(dim)
+        _check_base(base)
         self.dim = dim
         self.base = float(base)
 
@@ -258,10 +271,11 @@ def laplacian_pe(edge_index: Tensor, num_nodes: int, k: int, *, pad: bool = Fals
 
     Up to :data:`DENSE_SOLVER_MAX_NODES` nodes the dense ``numpy.linalg.eigh`` runs; above it
     ``scipy.sparse.linalg.eigsh`` (Lanczos) runs on :math:`\mathcal{L}` with the trivial
-    eigenvectors shifted to eigenvalue 2, from a fixed start vector: in shift-invert mode, on
-    one sparse LU factorization, when that factorization is small (paths, grids, meshes,
-    citation graphs; see :data:`SHIFT_INVERT_MAX_ENVELOPE`), else on :math:`\mathcal{L}`
-    itself (random and expander-like graphs, where Lanczos converges quickly anyway).
+    eigenvectors shifted to eigenvalue 3, above the spectrum, from a fixed start vector: in
+    shift-invert mode, on one sparse LU factorization, when that factorization is small (paths,
+    grids, meshes, citation graphs; see :data:`SHIFT_INVERT_MAX_ENVELOPE`), else on
+    :math:`\mathcal{L}` itself (random and expander-like graphs, where Lanczos converges
+    quickly anyway).
 
     Args:
         edge_index (Tensor): ``[2, E]`` integer.
@@ -338,8 +352,9 @@ def _sparse_smallest(lap: sp.csr_matrix, deg: np.ndarray, labels: np.ndarray,
     r"""The ``n_eig`` smallest eigenpairs of ``lap`` orthogonal to its null space, by Lanczos.
 
     The null space is known in closed form (:math:`D^{1/2} 1_C` per component C, :math:`e_i`
-    for an isolated node; orthonormal columns U); :math:`M = \mathcal{L} + 2 U U^T` moves it to
-    the top of the spectrum, so Lanczos never has to resolve the repeated eigenvalue 0.
+    for an isolated node; orthonormal columns U); :math:`M = \mathcal{L} + 3 U U^T` moves it
+    above the spectrum (which ends at 2, an eigenvalue of every bipartite component), so Lanczos
+    never has to resolve the repeated eigenvalue 0 nor mistake a trivial vector for a genuine one.
 
     The lowest eigenvalues of long paths and grids are tiny and crowded (about
     :math:`\pi^2 m^2 / 2 (N - 1)^2` on a path), where Lanczos on M needs many iterations. When the
@@ -348,7 +363,7 @@ def _sparse_smallest(lap: sp.csr_matrix, deg: np.ndarray, labels: np.ndarray,
     values. Since U spans the null space of :math:`\mathcal{L}`,
 
     .. math::
-        (M - \sigma I)^{-1} = P (\mathcal{L} - \sigma I)^{-1} P + \frac{U U^T}{2 - \sigma},
+        (M - \sigma I)^{-1} = P (\mathcal{L} - \sigma I)^{-1} P + \frac{U U^T}{3 - \sigma},
         \qquad P = I - U U^T
 
     with one sparse LU factorization of :math:`\mathcal{L} - \sigma I`, :math:`\sigma < 0`.
@@ -361,7 +376,7 @@ def _sparse_smallest(lap: sp.csr_matrix, deg: np.ndarray, labels: np.ndarray,
 
     def matvec(x: np.ndarray) -> np.ndarray:
         x = x.reshape(num_nodes, -1)
-        return lap @ x + 2.0 * (null @ (null.T @ x))
+        return lap @ x + _TRIVIAL_SHIFT * (null @ (null.T @ x))
 
     op = LinearOperator((num_nodes, num_nodes), matvec=matvec, matmat=matvec, dtype=np.float64)
     v0 = np.random.default_rng(0).standard_normal(num_nodes)
@@ -375,7 +390,7 @@ def _sparse_smallest(lap: sp.csr_matrix, deg: np.ndarray, labels: np.ndarray,
             x = x.reshape(num_nodes, -1)
             trivial = null @ (null.T @ x)
             y = lu.solve(np.ascontiguousarray(x - trivial))
-            return y - null @ (null.T @ y) + trivial / (2.0 - _SHIFT)
+            return y - null @ (null.T @ y) + trivial / (_TRIVIAL_SHIFT - _SHIFT)
 
         inverse = LinearOperator((num_nodes, num_nodes), matvec=solve, matmat=solve,
                                  dtype=np.float64)
@@ -454,7 +469,10 @@ def _add_node_attr(data: Data, value: Tensor, attr_name: str | None) -> Data:
         data.x = value
     else:
         x = data.x.view(-1, 1) if data.x.dim() == 1 else data.x
-        data.x = torch.cat([x, value.to(x.device, x.dtype)], dim=-1)
+        # Integer (or bool) features, e.g. atom types, would truncate the encoding to 0: the
+        # concatenation takes the encoding's float dtype then.
+        dtype = x.dtype if x.is_floating_point() else value.dtype
+        data.x = torch.cat([x.to(dtype), value.to(x.device, dtype)], dim=-1)
     return data
 
 
@@ -464,7 +482,8 @@ class AddLaplacianPE(BaseTransform):
     Args:
         k (int): number of eigenvectors.
         attr_name (str, optional): attribute to store the ``[N, k]`` encoding in; ``None``
-            concatenates it to ``data.x``. (default: ``"laplacian_pe"``)
+            concatenates it to ``data.x`` (in ``x``'s dtype if that is floating-point, else
+            ``x`` is converted to the encoding's). (default: ``"laplacian_pe"``)
         pad (bool, optional): zero columns for graphs with too few eigenvectors.
             (default: ``False``)
         random_sign_flip (bool, optional): flip signs at random on every call (use as a
@@ -502,7 +521,8 @@ class AddRandomWalkPE(BaseTransform):
     Args:
         k (int): number of walk lengths.
         attr_name (str, optional): attribute to store the ``[N, k]`` encoding in; ``None``
-            concatenates it to ``data.x``. (default: ``"random_walk_pe"``)
+            concatenates it to ``data.x`` (in ``x``'s dtype if that is floating-point, else
+            ``x`` is converted to the encoding's). (default: ``"random_walk_pe"``)
 
     Shapes:
         - **input:** ``Data`` with ``edge_index (2, E)`` and ``num_nodes`` N

@@ -67,6 +67,14 @@ def test_grid_graph(height, width, radius):
     assert_edges_equal(graphs.grid_graph(height, width, radius), expected)
 
 
+@pytest.mark.parametrize("n,radius", [(1, 5), (6, 2), (40, 39), (40, 10**6)])
+def test_thin_grid_graph_is_window_graph(n, radius):
+    # A one-row (or one-column) image is a sequence. (Capping the offsets per axis also keeps
+    # grid_graph(1, W, r) at O(W r) memory instead of O(W r^2).)
+    assert_edges_equal(graphs.grid_graph(1, n, radius), graphs.window_graph(n, radius))
+    assert_edges_equal(graphs.grid_graph(n, 1, radius), graphs.window_graph(n, radius))
+
+
 def test_grid_graph_radius_one_is_3x3_neighbourhood():
     edge_index = graphs.grid_graph(5, 5)
     centre = 2 * 5 + 2
@@ -295,6 +303,11 @@ def test_sparse_adjacency_errors():
     batched = torch.eye(3).expand(2, 3, 3).to_sparse_coo()
     with pytest.raises(ValueError, match="2 sparse dimensions.*got 3 in shape \\[2, 3, 3\\]"):
         graphs.from_sparse_adjacency(batched)
+    for layout in ("csr", "csc"):  # compressed layouts report sparse_dim() == 2 with a batch
+        dense = torch.eye(3).expand(2, 3, 3).contiguous()
+        batched = dense.to_sparse_csr() if layout == "csr" else dense.to_sparse_csc()
+        with pytest.raises(ValueError, match="2 sparse dimensions.*got 3 in shape \\[2, 3, 3\\]"):
+            graphs.from_sparse_adjacency(batched)
     with pytest.raises(ValueError, match=r"values must have one row per edge.*got \[3\]"):
         graphs.to_sparse_adjacency(ei, 3, 3, torch.ones(3))
     with pytest.raises(ValueError, match="layout must be one of.*got torch.strided"):

@@ -44,6 +44,14 @@ def test_sinusoidal_errors(args, match):
         pe.sinusoidal(*args)
 
 
+@pytest.mark.parametrize("base", [0.0, -10000.0, float("nan"), float("inf")])
+def test_sinusoidal_rejects_bad_base(base):
+    with pytest.raises(ValueError, match=r"base must be a (finite|positive) number, got"):
+        pe.sinusoidal(4, 4, base=base)
+    with pytest.raises(ValueError, match=r"base must be a (finite|positive) number, got"):
+        pe.SinusoidalPE(4, base=base)
+
+
 def test_sinusoidal_pe_module():
     module = pe.SinusoidalPE(8)
     x = torch.randn(3, 5, 8)
@@ -214,6 +222,21 @@ def test_laplacian_pe_ignores_direction_multi_edges_and_self_loops():
     noisy = torch.cat([edge_index.flip(0), edge_index, torch.tensor([[0, 3, 3], [0, 3, 3]])],
                       dim=1)
     assert_close(pe.laplacian_pe(noisy, n, 5), expected)
+
+
+def test_laplacian_pe_eigenvalue_two_is_not_confused_with_trivial(solver):
+    """A perfect matching's non-trivial spectrum is {2}, the top of the spectrum of every
+    bipartite graph: the sparse solver must not return null-space directions for it."""
+    n, k = 40, 3
+    src = torch.arange(0, n, 2)
+    edge_index = torch.stack([src, src + 1])  # 20 disjoint edges 2i - 2i+1
+    enc, lam = pe.laplacian_pe(edge_index, n, k, solver=solver, return_eigenvalues=True)
+    enc = enc.double()
+    assert lam.tolist() == pytest.approx([2.0] * k, abs=1e-6)
+    # Orthogonal to each edge's trivial eigenvector (1, 1) / sqrt(2): u[2i] = -u[2i+1].
+    assert_close(enc[0::2] + enc[1::2], torch.zeros(n // 2, k, dtype=torch.float64),
+                 dtype=torch.float32)
+    assert_close(enc.t() @ enc, torch.eye(k, dtype=torch.float64), dtype=torch.float32)
 
 
 def well_separated_graph(n: int) -> tuple[torch.Tensor, int]:
@@ -431,6 +454,21 @@ def test_transforms_store_encodings():
     assert_close(into_x.x, torch.cat([data.x, pe.laplacian_pe(edge_index, n, 3)], dim=1))
     no_x = pe.AddRandomWalkPE(2, attr_name=None)(Data(edge_index=edge_index, num_nodes=n))
     assert_close(no_x.x, pe.random_walk_pe(edge_index, n, 2))
+
+
+@pytest.mark.parametrize("transform", [pe.AddLaplacianPE(2, attr_name=None),
+                                       pe.AddRandomWalkPE(2, attr_name=None)],
+                         ids=["laplacian", "random-walk"])
+def test_transforms_concatenate_to_integer_x_without_truncation(transform):
+    edge_index = graphs.chain_graph(6)
+    data = Data(x=torch.arange(6).view(6, 1), edge_index=edge_index)  # e.g. atom types
+    expected = transform(Data(edge_index=edge_index, num_nodes=6)).x
+    assert expected.abs().sum() > 0
+    out = transform(data)
+    assert out.x.dtype == torch.get_default_dtype()
+    assert torch.equal(out.x, torch.cat([data.x.to(expected.dtype), expected], dim=1))
+    half = transform(Data(x=torch.zeros(6, 1, dtype=torch.float16), edge_index=edge_index))
+    assert half.x.dtype == torch.float16  # floating features keep their dtype
 
 
 def test_transform_padding_sign_flips_and_repr():
