@@ -116,7 +116,7 @@ def _softmax_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
-def _pair_log_weights(t: Tensor | None, pair: Tensor, mask: Tensor, simple: bool,
+def _pair_log_weights(t: Tensor | None, pair: Tensor | None, mask: Tensor, simple: bool,
                       dtype: torch.dtype) -> tuple[Tensor | None, Tensor | None]:
     """Sum the per-edge log-weights ``t`` of each (target, source) pair in log space.
 
@@ -216,14 +216,21 @@ def dense_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
     """
     n_dst, n_src = q.size(0), v.size(0)
     src, dst = edge_index[0].long(), edge_index[1].long()
-    pair = src.add(dst, alpha=n_src)  # (E,) flat index of (i, j) in [N_dst, N_src]
-    mask = torch.zeros(n_dst * n_src, dtype=torch.bool, device=q.device)
-    mask = mask.index_fill_(0, pair, True).view(n_dst, n_src)  # (N_dst, N_src)
+    num_edges = src.numel()
+    mask = torch.zeros(n_dst, n_src, dtype=torch.bool, device=q.device)
+    mask.index_put_((dst, src), torch.ones((), dtype=torch.bool, device=q.device))
     # Whether no pair holds two edges is known only at run time: torch.compile takes the
     # multigraph path, which gives the same result on any graph.
-    simple = not torch.compiler.is_compiling() and int(mask.count_nonzero()) == pair.numel()
-    empty_rows = ~mask.any(dim=-1)  # (N_dst,)
+    simple = not torch.compiler.is_compiling() and int(mask.count_nonzero()) == num_edges
+    # The complete and the causal graph run SDPA without a mask (and have no empty row).
+    complete = simple and 0 < num_edges == n_dst * n_src
+    causal = simple and not complete and _is_causal(src, dst, n_dst, n_src)
+    empty_rows = (mask.new_zeros(n_dst) if complete or causal
+                  else ~mask.any(dim=-1))  # (N_dst,)
     vh = v.transpose(0, 1)  # (H, N_src, C)
+    # (E,) flat index of (i, j) in [N_dst, N_src], for multi-edges, per-edge scores and dropout
+    pair = (src.add(dst, alpha=n_src) if not simple or score != "dot" or bias is not None
+            or dropout_mask is not None else None)
 
     if score == "dot":
         t = bias
@@ -244,15 +251,13 @@ def dense_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
     explicit = score != "dot" or need_alpha or dropout_mask is not None
     if not explicit:
         qh, kh = q.transpose(0, 1), k.transpose(0, 1)  # (H, N, C)
-        attn_mask, is_causal = None, False
+        attn_mask = None  # the complete graph; the causal one: SDPA skips the masked half
         if T is not None:
             attn_mask = T.view(T.size(0), n_dst, n_src).to(q.dtype).masked_fill(
                 dead.unsqueeze(-1), 0.0)  # (H or 1, N_dst, N_src)
-        elif simple and _is_causal(src, dst, n_dst, n_src):
-            is_causal = True  # SDPA skips the masked half of the scores
-        elif not (simple and 0 < pair.numel() == n_dst * n_src):  # not the complete graph
+        elif not (complete or causal):
             attn_mask = mask | empty_rows.unsqueeze(-1)  # (N_dst, N_src); empty rows see all
-        out = sdpa(qh, kh, vh, attn_mask=attn_mask, is_causal=is_causal,
+        out = sdpa(qh, kh, vh, attn_mask=attn_mask, is_causal=causal,
                    scale=scale)  # (H, N_dst, C)
         out = out.masked_fill(dead.unsqueeze(-1), 0.0).transpose(0, 1)  # (N_dst, H, C)
         return out, None
