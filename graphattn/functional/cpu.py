@@ -284,6 +284,23 @@ def _lane_dot(typingctx, a, i, b, j, start, blocks):
     return a.dtype(a, i, b, j, start, blocks), codegen
 
 
+if numba.config.DISABLE_JIT:
+    # NUMBA_DISABLE_JIT=1 (numba's debugging switch) runs the kernels as Python functions, in
+    # which an intrinsic cannot be called: Python stand-ins for the two the kernels call
+
+    def _prefetch(array, row, offset, write):  # noqa: F811
+        """No cache hint from Python."""
+
+    def _lane_dot(a, i, b, j, start, blocks):  # noqa: F811
+        """The products in 8 lanes, summed in the same order as the intrinsic."""
+        lanes = a[i, start:start + 8] * b[j, start:start + 8]
+        for block in range(1, blocks):
+            x = start + 8 * block
+            lanes = lanes + a[i, x:x + 8] * b[j, x:x + 8]
+        return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + (
+            (lanes[4] + lanes[5]) + (lanes[6] + lanes[7]))
+
+
 @_jit(inline="always")
 def _dot(a, i, b, j, start, n):
     """``sum(a[i, start:start + n] * b[j, start:start + n])`` in a fixed order, for ``n >= 1``.

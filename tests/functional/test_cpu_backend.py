@@ -1,3 +1,7 @@
+import os
+import subprocess
+import sys
+
 import numba
 import numpy as np
 import pytest
@@ -289,6 +293,43 @@ def test_compiles_without_a_cache_when_no_cache_directory_is_writable(monkeypatc
         return x + 1
 
     assert add_one(1) == 2
+
+
+WITHOUT_JIT = """
+import torch
+from graphattn.functional import cpu, edge_attention, reference_edge_attention
+assert cpu.numba.config.DISABLE_JIT
+cpu.MIN_PARALLEL_WORK = 0  # the thread pool runs the Python kernels too
+torch.set_num_threads(2)
+gen = torch.Generator().manual_seed(0)
+edge_index = torch.randint(0, 9, (2, 40), generator=gen)
+for score in ("dot", "additive", "gatv2"):
+    shape = (9, 2) if score == "additive" else (9, 2, 12)  # 12 channels: 8 lanes and 4 after
+    q, k = (torch.randn(shape, generator=gen, requires_grad=True) for _ in range(2))
+    v = torch.randn(9, 2, 12, generator=gen, requires_grad=True)
+    att = torch.randn(2, 12, generator=gen, requires_grad=True) if score == "gatv2" else None
+    ek = None if score == "additive" else torch.randn(40, 2, 12, generator=gen)
+    results = []
+    for backend in ("cpu", "reference"):
+        out, alpha = edge_attention(q, k, v, edge_index, backend=backend, score=score, att=att,
+                                    edge_key=ek, return_attention=True)
+        results.append((out, alpha, *torch.autograd.grad(out.sin().sum() + alpha.sum(),
+                                                         (q, k, v))))
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b)
+print("same as reference")
+"""
+
+
+def test_runs_as_python_under_numba_disable_jit():
+    """NUMBA_DISABLE_JIT=1, numba's switch for debugging jitted code as Python, applies to the
+    whole process: the kernels run as Python then, where numba's intrinsics cannot be called.
+    In a fresh process: numba reads the switch when it is imported."""
+    env = {**os.environ, "NUMBA_DISABLE_JIT": "1"}
+    done = subprocess.run([sys.executable, "-c", WITHOUT_JIT], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "same as reference" in done.stdout
 
 
 def test_float32_exp_of_the_kernels_is_within_one_ulp():
