@@ -118,7 +118,7 @@ def select_backend(q: Tensor, edge_index: Tensor, num_src: int | None = None, *,
     both machines for training, and within 1.32x for inference (4096 nodes at density 0.25,
     where the machines disagree). Small graphs cross over earlier (their dense matrices stay in
     cache). A factor 4 away from the crossover one backend is already several times slower than
-    the other (Cora, density 0.0018: ``"cpu"`` 4.1-5.1 ms, ``"dense"`` 179-201 ms
+    the other (Cora, density 0.0018: ``"cpu"`` 4.1-8.3 ms, ``"dense"`` 147-218 ms
     forward+backward), so the choice matters far more than its exact place.
 
     The ``"gatv2"`` score always takes ``"cpu"`` on CPU: the dense backend computes its
