@@ -38,6 +38,9 @@ defined only up to sign (up to rotation inside a repeated eigenvalue), which is 
 
 from __future__ import annotations
 
+import contextlib
+import operator
+
 import numpy as np
 import scipy.sparse as sp
 import torch
@@ -461,6 +464,22 @@ def random_walk_pe(edge_index: Tensor, num_nodes: int, k: int) -> Tensor:
     return torch.from_numpy(pe).to(device=edge_index.device, dtype=torch.get_default_dtype())
 
 
+def _graph_of(data: Data, transform: str) -> tuple[Tensor, int]:
+    """``(edge_index, num_nodes)`` of a homogeneous graph: no ``edge_index`` means no edges, and
+    a numpy or 0-d tensor ``num_nodes`` (as PyG's own transforms take) becomes an int."""
+    if not isinstance(data, Data):
+        raise TypeError(f"{transform} takes a homogeneous torch_geometric.data.Data, "
+                        f"got {type(data).__name__}")
+    num_nodes = data.num_nodes
+    if not isinstance(num_nodes, bool) and hasattr(num_nodes, "__index__"):
+        with contextlib.suppress(TypeError):
+            num_nodes = operator.index(num_nodes)
+    edge_index = data.edge_index
+    if edge_index is None:
+        edge_index = torch.empty(2, 0, dtype=torch.long)
+    return edge_index, num_nodes
+
+
 def _add_node_attr(data: Data, value: Tensor, attr_name: str | None) -> Data:
     """Store ``value`` as ``data[attr_name]``, or concatenate it to ``data.x`` when ``None``."""
     if attr_name is not None:
@@ -491,7 +510,7 @@ class AddLaplacianPE(BaseTransform):
         solver (str, optional): see :func:`laplacian_pe`. (default: ``"auto"``)
 
     Shapes:
-        - **input:** ``Data`` with ``edge_index (2, E)`` and ``num_nodes`` N
+        - **input:** ``Data`` with ``edge_index (2, E)`` (none: no edges) and ``num_nodes`` N
         - **output:** the same ``Data`` (shallow copy) with ``laplacian_pe (N, k)``
     """
 
@@ -507,7 +526,8 @@ class AddLaplacianPE(BaseTransform):
         self.solver = solver
 
     def forward(self, data: Data) -> Data:
-        pe = laplacian_pe(data.edge_index, data.num_nodes, self.k, pad=self.pad,
+        edge_index, num_nodes = _graph_of(data, "AddLaplacianPE")
+        pe = laplacian_pe(edge_index, num_nodes, self.k, pad=self.pad,
                           random_sign_flip=self.random_sign_flip, solver=self.solver)
         return _add_node_attr(data, pe, self.attr_name)
 
@@ -525,7 +545,7 @@ class AddRandomWalkPE(BaseTransform):
             ``x`` is converted to the encoding's). (default: ``"random_walk_pe"``)
 
     Shapes:
-        - **input:** ``Data`` with ``edge_index (2, E)`` and ``num_nodes`` N
+        - **input:** ``Data`` with ``edge_index (2, E)`` (none: no edges) and ``num_nodes`` N
         - **output:** the same ``Data`` (shallow copy) with ``random_walk_pe (N, k)``
     """
 
@@ -535,7 +555,7 @@ class AddRandomWalkPE(BaseTransform):
         self.attr_name = attr_name
 
     def forward(self, data: Data) -> Data:
-        pe = random_walk_pe(data.edge_index, data.num_nodes, self.k)
+        pe = random_walk_pe(*_graph_of(data, "AddRandomWalkPE"), self.k)
         return _add_node_attr(data, pe, self.attr_name)
 
     def __repr__(self) -> str:

@@ -484,3 +484,25 @@ def test_transform_padding_sign_flips_and_repr():
     assert repr(pe.AddRandomWalkPE(3)) == "AddRandomWalkPE(k=3)"
     with pytest.raises(ValueError, match=r"k must be a positive integer, got -1"):
         pe.AddRandomWalkPE(-1)
+
+
+@pytest.mark.parametrize("transform", [pe.AddLaplacianPE(2, pad=True), pe.AddRandomWalkPE(3)],
+                         ids=["laplacian", "random_walk"])
+def test_transforms_take_graphs_without_edges_and_numpy_node_counts(transform):
+    """No edge_index is a graph without edges (every encoding as for isolated nodes); a numpy
+    or 0-d tensor num_nodes is a node count, as PyG's transforms take it; HeteroData is refused
+    by name."""
+    from torch_geometric.data import HeteroData
+
+    edge_index = torch.tensor([[0, 1, 2, 3], [1, 2, 3, 0]])
+    want = transform(Data(edge_index=edge_index, num_nodes=5))
+    name = transform.attr_name
+    for n in (np.int64(5), torch.tensor(5)):
+        got = transform(Data(edge_index=edge_index, num_nodes=n))
+        assert torch.equal(got[name], want[name])
+    no_edges = transform(Data(num_nodes=3))
+    assert torch.equal(no_edges[name], transform(
+        Data(edge_index=torch.empty(2, 0, dtype=torch.long), num_nodes=3))[name])
+    with pytest.raises(TypeError, match=f"{type(transform).__name__} takes a homogeneous "
+                                        r"torch_geometric.data.Data, got HeteroData"):
+        transform(HeteroData())
