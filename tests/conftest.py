@@ -25,7 +25,7 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtyp
     """``torch.testing.assert_close`` with the project's tolerance for ``dtype``."""
     tol = dict(TOL[dtype or expected.dtype])
     tol.update(overrides)
-    torch.testing.assert_close(actual, expected.to(actual.dtype), **tol)
+    torch.testing.assert_close(actual, expected.to(actual.device, actual.dtype), **tol)
 
 
 @dataclass(frozen=True)

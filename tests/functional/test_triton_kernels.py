@@ -5,6 +5,9 @@ defined per mode at first use, so importing graphattn earlier does not matter. T
 :func:`reference_edge_attention` in float64 on the same inputs; outputs, attention weights and
 the gradients of q, k, v, bias and att (through out and alpha) are compared with the tolerance
 of the kernel's dtype. Sizes stay tiny: the interpreter runs one Python step per tile operation.
+
+On a machine with a GPU, ``GRAPHATTN_TRITON_DEVICE=cuda`` runs the same tests on CUDA tensors with
+the compiled kernels instead (the reference backend then runs on the GPU too).
 """
 
 from __future__ import annotations
@@ -28,13 +31,20 @@ from graphattn.functional import attention, edge_attention, reference_edge_atten
 from graphattn.functional import triton_kernels as tk
 
 HAS_TRITON = tk.triton_available()
+DEVICE = torch.device(os.environ.get("GRAPHATTN_TRITON_DEVICE", "cpu"))
 needs_triton = pytest.mark.skipif(not HAS_TRITON,
                                   reason="triton is not installed (pip install 'graphattn[gpu]')")
 
 
 @pytest.fixture(scope="module")
 def interpreter():
-    """Triton's interpreter on for the tests of this module, restored afterwards."""
+    """Triton's interpreter on for the tests of this module, restored afterwards; with
+    ``GRAPHATTN_TRITON_DEVICE=cuda``, the compiled kernels on the GPU instead."""
+    if DEVICE.type == "cuda":
+        if not torch.cuda.is_available():
+            pytest.skip("GRAPHATTN_TRITON_DEVICE=cuda, but torch sees no CUDA device")
+        yield
+        return
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TRITON_INTERPRET", "1")
         if not tk.interpret_mode():
@@ -42,18 +52,27 @@ def interpreter():
         yield
 
 
+def on_device(inputs):
+    """The inputs as fresh leaves on the device the kernels run on (``DEVICE``)."""
+    return {n: None if t is None else t.detach().to(DEVICE).requires_grad_(t.requires_grad)
+            for n, t in inputs.items()}
+
+
 def run_backend(backend, inputs, edge_index, *, score="dot", scale=0.5, dropout_mask=None,
                 compute_dtype=None, seed=1):
-    """out, alpha and the gradients of a fixed random loss on both (computed in compute_dtype)."""
-    leaves = {n: t for n, t in inputs.items() if t is not None}
+    """out, alpha and the gradients of a fixed random loss on both (computed in compute_dtype),
+    on ``DEVICE``."""
+    leaves = {n: t for n, t in on_device(inputs).items() if t is not None}
+    edge_index = edge_index.to(DEVICE)
+    dropout_mask = None if dropout_mask is None else dropout_mask.to(DEVICE)
     cast = {n: (t.to(compute_dtype) if compute_dtype else t) for n, t in leaves.items()}
     mask = None if dropout_mask is None else dropout_mask.to(compute_dtype or dropout_mask.dtype)
     out, alpha = backend(cast["q"], cast["k"], cast["v"], edge_index, scale=scale,
                          bias=cast.get("bias"), dropout_mask=mask, score=score,
                          negative_slope=0.2, need_alpha=True, att=cast.get("att"))
     gen = torch.Generator().manual_seed(seed)
-    w_out = torch.randn(out.shape, generator=gen, dtype=torch.float64)
-    w_alpha = torch.randn(alpha.shape, generator=gen, dtype=torch.float64)
+    w_out = torch.randn(out.shape, generator=gen, dtype=torch.float64).to(DEVICE)
+    w_alpha = torch.randn(alpha.shape, generator=gen, dtype=torch.float64).to(DEVICE)
     loss = (out.double() * w_out).sum() + (alpha.double() * w_alpha).sum()
     grads = torch.autograd.grad(loss, list(leaves.values()))
     return {"out": out, "alpha": alpha, **{"d" + n: g for n, g in zip(leaves, grads, strict=True)}}
@@ -78,7 +97,7 @@ def test_matches_reference_on_graph_registry(interpreter, graph_case, score):
     got = check_against_reference(inputs, ei, score=score)
     isolated = torch.ones(graph_case.num_dst, dtype=torch.bool)
     isolated[ei[1]] = False
-    assert (got["out"][isolated] == 0).all()
+    assert (got["out"][isolated.to(DEVICE)] == 0).all()
 
 
 @needs_triton
@@ -200,10 +219,10 @@ def test_kernels_use_no_atomics():
 @pytest.mark.parametrize("score", attention.SCORES)
 def test_edge_attention_dispatches_by_name(interpreter, index_dtype, score):
     case = next(g for g in GRAPHS if g.name == "multi-edges")
-    inputs = attention_inputs(case.num_src, case.num_dst, case.edge_index.size(1), 2, 8,
-                              score=score)
+    inputs = on_device(attention_inputs(case.num_src, case.num_dst, case.edge_index.size(1), 2, 8,
+                                        score=score))
     kwargs = dict(bias=inputs["bias"], return_attention=True, score=score, att=inputs["att"])
-    args = (inputs["q"], inputs["k"], inputs["v"], case.edge_index.to(index_dtype))
+    args = (inputs["q"], inputs["k"], inputs["v"], case.edge_index.to(DEVICE, index_dtype))
     out, alpha = edge_attention(*args, backend="triton", **kwargs)
     want_out, want_alpha = edge_attention(*args, backend="reference", **kwargs)
     assert_close(out, want_out)
@@ -213,8 +232,8 @@ def test_edge_attention_dispatches_by_name(interpreter, index_dtype, score):
 
 @needs_triton
 def test_edge_attention_dropout_uses_one_mask(interpreter):
-    ei = random_graph(10, 30, seed=2)
-    inputs = attention_inputs(10, 10, 30, 2, 8, bias=False)
+    ei = random_graph(10, 30, seed=2).to(DEVICE)
+    inputs = on_device(attention_inputs(10, 10, 30, 2, 8, bias=False))
     args = (inputs["q"], inputs["k"], inputs["v"], ei)
     torch.manual_seed(11)
     out = edge_attention(*args, dropout_p=0.5, backend="triton")
@@ -258,10 +277,10 @@ def test_clear_error_for_cpu_tensors_outside_interpreter(monkeypatch):
 
 @needs_triton
 def test_clear_error_for_float64(interpreter):
-    inputs = attention_inputs(3, 3, 1, 1, 8, dtype=torch.float64)
+    inputs = on_device(attention_inputs(3, 3, 1, 1, 8, dtype=torch.float64))
     with pytest.raises(TypeError, match="float32, float16 and bfloat16 inputs, got q of dtype"):
-        edge_attention(inputs["q"], inputs["k"], inputs["v"], torch.tensor([[0], [1]]),
-                       backend="triton")
+        edge_attention(inputs["q"], inputs["k"], inputs["v"],
+                       torch.tensor([[0], [1]], device=DEVICE), backend="triton")
 
 
 @pytest.mark.parametrize("heads,channels,score_channels,expected", [
@@ -330,15 +349,15 @@ def test_kernels_compile_for_sm90():
 @needs_triton
 @pytest.mark.parametrize("score", attention.SCORES)
 def test_gradient_through_alpha_alone(interpreter, score):
-    ei = random_graph(10, 30, seed=4)
-    inputs = attention_inputs(10, 10, 30, 2, 8, score=score)
+    ei = random_graph(10, 30, seed=4).to(DEVICE)
+    inputs = on_device(attention_inputs(10, 10, 30, 2, 8, score=score))
     wrt = [inputs[name] for name in ("q", "k", "bias", "att") if inputs[name] is not None]
     grads = []
     for backend in (tk.triton_edge_attention, reference_edge_attention):
         _, alpha = backend(inputs["q"], inputs["k"], inputs["v"], ei, scale=0.5,
                            bias=inputs["bias"], dropout_mask=None, score=score,
                            negative_slope=0.2, need_alpha=True, att=inputs["att"])
-        weight = torch.linspace(-1, 1, alpha.numel()).view_as(alpha)
+        weight = torch.linspace(-1, 1, alpha.numel(), device=DEVICE).view_as(alpha)
         grads.append(torch.autograd.grad((alpha * weight).sum(), wrt))
     for got, want in zip(*grads, strict=True):
         assert_close(got, want)

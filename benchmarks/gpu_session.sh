@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Every GPU measurement and GPU-only check of graphattn in one run, for a short lease on a CUDA
+# machine:
+#   1. benchmarks/gpu.py in fp32 on every graph, the 50M-edge graphs first (its device check,
+#      fused vs reference, eager and compiled, runs before any timing);
+#   2. the Triton kernel tests compiled on the GPU (GRAPHATTN_TRITON_DEVICE=cuda) instead of in
+#      the interpreter;
+#   3. if time is left, the 50M-edge graphs again in bf16.
+# Each step has its own time limit inside the budget, so a slow step still leaves the others
+# their turn. Logs and tables go to $OUT (default: benchmarks/results/gpu_session/).
+#
+# Usage: bash benchmarks/gpu_session.sh [budget in seconds, default 560]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-benchmarks/results/gpu_session}
+mkdir -p "$OUT"
+BUDGET=${1:-560}
+PY=${PYTHON:-python3}
+export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+left() { echo $((BUDGET - SECONDS)); }
+
+{
+  date -u
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
+  "$PY" -c "import platform, torch, triton, torch_geometric as pyg; print('python', \
+platform.python_version(), 'torch', torch.__version__, 'cuda', torch.version.cuda, \
+'triton', triton.__version__, 'torch_geometric', pyg.__version__)"
+} 2>&1 | tee "$OUT/env.txt"
+
+echo "== 1. benchmarks/gpu.py, fp32 ($(left) s left)"
+timeout $(($(left) - 120)) "$PY" benchmarks/gpu.py \
+  --repeats 10 --warmup 2 --graphs random-50m,local-50m,random-1m,cora,pubmed --out "$OUT/gpu.md" 2>&1 |
+  tee "$OUT/gpu.log"
+
+echo "== 2. Triton kernel tests on the GPU ($(left) s left)"
+timeout $(($(left) > 150 ? 120 : $(left) - 30)) env GRAPHATTN_TRITON_DEVICE=cuda \
+  "$PY" -m pytest -q -n 8 -p no:cacheprovider tests/functional/test_triton_kernels.py \
+  -k "not compile_for_sm90" 2>&1 | tee "$OUT/tests.log" | tail -25
+
+if [ "$(left)" -gt 90 ]; then
+  echo "== 3. benchmarks/gpu.py, bf16, 50M-edge graphs ($(left) s left)"
+  timeout $(($(left) - 10)) "$PY" benchmarks/gpu.py --no-check --dtype bf16 \
+    --graphs random-50m,local-50m --out "$OUT/gpu_bf16.md" 2>&1 | tee "$OUT/gpu_bf16.log"
+else
+  echo "== 3. skipped: $(left) s left"
+fi
+echo "== done in ${SECONDS} s"
