@@ -39,10 +39,10 @@ def check_edge_index(edge_index: Tensor, num_src: int, num_dst: int) -> None:
         torch._assert_async(dst_max < num_dst, f"edge_index[1] (targets) must be < the "
                                                f"number of target nodes {num_dst}")
         return
-    lo = int(edge_index.min())
+    # one read back to the host (on CUDA, one synchronisation) for the three bounds
+    lo, src_max, dst_max = torch.cat([edge_index.min().view(1), edge_index.amax(dim=1)]).tolist()
     if lo < 0:
         raise ValueError(f"edge_index must hold node ids >= 0, got a minimum of {lo}")
-    src_max, dst_max = (int(m) for m in edge_index.amax(dim=1))
     if src_max >= num_src:
         raise ValueError(f"edge_index[0] (sources) must be < the number of source nodes "
                          f"{num_src}, got a maximum of {src_max}")

@@ -203,7 +203,10 @@ def forward_kernel(q, k, v, bias, att, drop, edge_key, edge_value, rowptr, col, 
         ok3 = e_ok[:, None, None] & hc_ok[None, :, :]  # (BE, BH, BC)
         ok3k = e_ok[:, None, None] & hck_ok[None, :, :]  # (BE, BH, BCK)
         src = tl.load(col + offs_e, mask=e_ok, other=0).to(tl.int64)
-        edge = tl.load(eid + offs_e, mask=e_ok, other=0).to(tl.int64)
+        if HAS_BIAS or HAS_DROP or HAS_EK or HAS_EV or NEED_SCORES:
+            edge = tl.load(eid + offs_e, mask=e_ok, other=0).to(tl.int64)
+        else:  # nothing reads the edge ids: no load of them
+            edge = src
         b = 0.0
         if HAS_BIAS:
             b = _edge_values(bias, edge, offs_h, ok2, H)

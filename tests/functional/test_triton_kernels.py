@@ -303,6 +303,12 @@ def test_build_csr_groups_rows_stably():
     assert csr.edge_id.tolist() == [1, 4, 3, 0, 2, 5]
     assert csr.other.tolist() == [11, 14, 13, 10, 12, 15]
     assert csr.ptr.dtype == torch.int32
+    empty = tk.build_csr(torch.empty(0, dtype=torch.long), torch.empty(0, dtype=torch.long),
+                         num_rows=3, num_other=2)
+    assert empty.ptr.tolist() == [0, 0, 0, 0] and empty.edge_id.numel() == 0
+    no_rows = tk.build_csr(torch.empty(0, dtype=torch.long), torch.empty(0, dtype=torch.long),
+                           num_rows=0, num_other=2)
+    assert no_rows.ptr.tolist() == [0]
 
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
