@@ -55,6 +55,7 @@ import platform
 import shlex
 import statistics
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -115,6 +116,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", default=str(RESULTS / "gpu.md"),
                         help="markdown table to write (default: benchmarks/results/gpu.md)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--profile", action="store_true",
+                        help="also profile edge_attention(backend='triton') forward+backward "
+                             "with torch.profiler on the graphs of <= 1M edges: host time per "
+                             "call and the top operators, written beside --out as "
+                             "<name>_profile.txt")
     parser.add_argument("--no-check", action="store_true",
                         help="skip the fused-vs-reference check on the device (for a second run "
                              "in one session, after a run that checked)")
@@ -483,6 +489,45 @@ def forward_kernel_ms(graph: Graph, args: argparse.Namespace, dtype: torch.dtype
     return statistics.median(_time_ms(run) for _ in range(args.repeats))
 
 
+def profile_fused(graph: Graph, args: argparse.Namespace, dtype: torch.dtype) -> str:
+    """Where a call of the fused op spends its time on a small graph: the host time to enqueue
+    one forward and one forward+backward (no synchronisation inside the timing, so what the
+    device does in parallel is not counted), and torch.profiler's table of the operators by
+    self CPU time over 20 forward+backward calls."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from graphattn.functional import edge_attention
+
+    q, k, v = _qkv(graph, args.heads, args.channels, dtype)
+
+    def step(train: bool) -> None:
+        with torch.set_grad_enabled(train):
+            out = edge_attention(q, k, v, graph.edge_index, backend="triton")
+            if train:
+                out.backward(torch.ones_like(out))
+
+    lines = [f"## {graph.name}: N = {graph.num_nodes:,}, E = {graph.num_edges:,}"]
+    for train in (False, True):
+        for _ in range(args.warmup + 2):
+            step(train)
+        host = []
+        for _ in range(max(args.repeats, 10)):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            step(train)
+            host.append(1e3 * (time.perf_counter() - start))
+        torch.cuda.synchronize()
+        lines.append(f"host ms per {'forward+backward' if train else 'forward'}: median "
+                     f"{statistics.median(host):.3f}")
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(20):
+            step(True)
+        torch.cuda.synchronize()
+    lines.append(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25,
+                                           max_name_column_width=60))
+    return "\n".join(lines) + "\n"
+
+
 # ----------------------------------------------------------------------------------------------
 # Correctness on the device
 
@@ -663,7 +708,8 @@ def main(argv: list[str] | None = None) -> int:
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    results, skipped = [], []
+    results, skipped, profiles = [], [], []
+    profile_path = out.with_name(f"{out.stem}_profile.txt")
     for name in args.graph_names:
         graph, reason = build_graph(name, args, device, torch.cuda.mem_get_info()[0])
         if graph is None:
@@ -671,6 +717,12 @@ def main(argv: list[str] | None = None) -> int:
             skipped.append(f"{name}: {reason}")
             continue
         print(f"{name}: N = {graph.num_nodes:,}, E = {graph.num_edges:,}")
+        if args.profile and graph.num_edges <= 1_000_000:
+            try:
+                profiles.append(profile_fused(graph, args, dtype))
+            except Exception as err:  # a profile is extra: the timings still run
+                profiles.append(f"## {name}: profile failed: {type(err).__name__}: {err}\n")
+            profile_path.write_text("\n".join(profiles))
         for r in measure_graph(graph, args, dtype, peak, copy_bytes_per_s):
             results.append(r)
             print(f"  {r.method:38s} fwd {_fmt(r.forward_ms, 3):>9s} ms  fwd+bwd "

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU measurement and GPU-only check of graphattn in one run, for a short lease on a CUDA
 # machine:
-#   1. benchmarks/gpu.py in fp32 on every graph, the 50M-edge graphs first (its device check,
+#   1. benchmarks/gpu.py in fp32 on every graph, the 50M-edge graphs first, with a host-side
+#      profile of the fused op on the graphs of <= 1M edges (its device check,
 #      fused vs reference, eager and compiled, runs before any timing);
 #   2. the Triton kernel tests compiled on the GPU (GRAPHATTN_TRITON_DEVICE=cuda) instead of in
 #      the interpreter;
@@ -28,8 +29,8 @@ platform.python_version(), 'torch', torch.__version__, 'cuda', torch.version.cud
 } 2>&1 | tee "$OUT/env.txt"
 
 echo "== 1. benchmarks/gpu.py, fp32 ($(left) s left)"
-timeout $(($(left) - 120)) "$PY" benchmarks/gpu.py \
-  --repeats 10 --warmup 2 --graphs random-50m,local-50m,random-1m,cora,pubmed --out "$OUT/gpu.md" 2>&1 |
+timeout $(($(left) - 120)) "$PY" benchmarks/gpu.py --profile --repeats 10 --warmup 2 \
+  --graphs random-50m,local-50m,random-1m,cora,pubmed --out "$OUT/gpu.md" 2>&1 |
   tee "$OUT/gpu.log"
 
 echo "== 2. Triton kernel tests on the GPU ($(left) s left)"
