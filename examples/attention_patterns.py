@@ -35,9 +35,9 @@ TOLERANCE = 1e-5
 def patterns(length: int, radius: int, seed: int) -> dict[str, tuple[torch.Tensor, dict]]:
     """name -> (edge_index, keyword arguments of the dense reference)."""
     side = math.isqrt(length)
-    if side * side != length:
-        raise SystemExit(f"--length must be a perfect square (the grid is side x side pixels), "
-                         f"got {length}")
+    if side * side != length or length < 4:
+        raise SystemExit(f"--length must be a perfect square of at least 4 (the grid is side x "
+                         f"side pixels; the small-world graph has degree 4), got {length}")
     G = nx.connected_watts_strogatz_graph(length, 4, 0.2, seed=seed)
     G.add_edges_from((v, v) for v in G)  # every node also attends to itself, as in the others
     edge_sets = {
@@ -87,7 +87,8 @@ def save_heatmaps(matrices: dict[str, torch.Tensor], counts: dict[str, int], out
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--length", type=int, default=64, help="sequence length L (a square)")
+    parser.add_argument("--length", type=int, default=64,
+                        help="sequence length L (a square, at least 4)")
     parser.add_argument("--features", type=int, default=32, help="input features per vector")
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--channels", type=int, default=8, help="channels per head")

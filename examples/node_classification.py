@@ -119,7 +119,7 @@ def train_node_classifier(model: torch.nn.Module, data: Data, *, lr: float = 0.0
         loss.backward()
         optimizer.step()
         if data.x.is_cuda:
-            torch.cuda.synchronize()
+            torch.cuda.synchronize(data.x.device)  # the data's GPU, not the current one
         result.epoch_times.append(time.perf_counter() - start)
 
         val_loss, val_acc = evaluate(model, data, data.val_mask)

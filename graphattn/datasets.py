@@ -16,7 +16,7 @@ import http.client
 import importlib
 import os
 import pickle
-import tempfile
+import secrets
 from collections.abc import Callable
 from pathlib import Path
 from urllib.error import URLError
@@ -144,22 +144,24 @@ def download_file(url: str, path: str | os.PathLike, sha256: str, *, progress: b
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
-    tmp = Path(tmp_name)
+    # Not tempfile.mkstemp: its mode 0600 would stay on the renamed file, unreadable to others in
+    # a shared data root. open(..., "x") creates the file with the umask's mode, never reusing one.
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.part")
+    out = open(tmp, "xb")
     try:
         digest, received = hashlib.sha256(), 0
-        with os.fdopen(fd, "wb") as out, urlopen(url, timeout=timeout) as response:
-            size = response.headers.get("Content-Length") if response.headers else None
-            with tqdm(total=int(size) if size else None, unit="B", unit_scale=True,
-                      desc=path.name, disable=not progress, leave=False) as bar:
-                try:
+        try:
+            with out, urlopen(url, timeout=timeout) as response:
+                size = response.headers.get("Content-Length") if response.headers else None
+                with tqdm(total=int(size) if size else None, unit="B", unit_scale=True,
+                          desc=path.name, disable=not progress, leave=False) as bar:
                     for chunk in iter(lambda: response.read(1 << 16), b""):
                         out.write(chunk)
                         digest.update(chunk)
                         received += len(chunk)
                         bar.update(len(chunk))
-                except http.client.HTTPException as err:  # e.g. IncompleteRead: not an OSError
-                    raise OSError(f"{url}: {type(err).__name__}: {err}") from err
+        except http.client.HTTPException as err:  # IncompleteRead, BadStatusLine: not OSErrors
+            raise OSError(f"{url}: {type(err).__name__}: {err}") from err
         if size and received != int(size):
             raise OSError(f"{url} ended after {received} of {size} bytes")
         actual = digest.hexdigest()

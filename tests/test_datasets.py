@@ -221,6 +221,20 @@ def test_download_verifies_and_renames(tmp_path, monkeypatch):
     assert torch.equal(data.x, reference.x) and torch.equal(data.edge_index, reference.edge_index)
 
 
+@pytest.mark.skipif(os.name != "posix", reason="file modes and umask are POSIX")
+def test_downloaded_file_mode_follows_the_umask(tmp_path, monkeypatch):
+    # A shared data root must stay readable by others: the renamed temporary file may not keep
+    # mkstemp's 0600 mode.
+    src = source_dir("Cora", ["y"])
+    serve(monkeypatch, {"ind.cora.y": (src / "ind.cora.y").read_bytes()})
+    old = os.umask(0o022)
+    try:
+        ds.ensure_raw_files("Cora", tmp_path, ("y",), progress=False)
+    finally:
+        os.umask(old)
+    assert (tmp_path / "Cora" / "raw" / "ind.cora.y").stat().st_mode & 0o777 == 0o644
+
+
 @pytest.mark.parametrize("cut", ["short body", "IncompleteRead"])
 def test_download_cut_short_is_a_failed_download(tmp_path, monkeypatch, cut):
     payload = source_dir("Cora", ["x"]).joinpath("ind.cora.x").read_bytes()
@@ -239,6 +253,17 @@ def test_download_cut_short_is_a_failed_download(tmp_path, monkeypatch, cut):
     with pytest.raises(MissingFilesError, match=r"download failed: .*ind\.cora\.x") as info:
         load_planetoid("Cora", tmp_path, progress=False)
     assert "put them into" in str(info.value)
+    assert not list((tmp_path / "Cora" / "raw").iterdir()), "no partial files may be left behind"
+
+
+def test_malformed_http_response_is_a_failed_download(tmp_path, monkeypatch):
+    # urlopen itself raises http.client errors that are not OSErrors (a proxy answering garbage).
+    def garbage(url, timeout=None):
+        raise http.client.BadStatusLine("HTTP/1.1 garbage")
+
+    monkeypatch.setattr(ds, "urlopen", garbage)
+    with pytest.raises(MissingFilesError, match=r"download failed: .*ind\.cora\.x: BadStatusLine"):
+        load_planetoid("Cora", tmp_path, progress=False)
     assert not list((tmp_path / "Cora" / "raw").iterdir()), "no partial files may be left behind"
 
 

@@ -24,3 +24,12 @@ def test_attention_patterns_example(tmp_path, monkeypatch, capsys):
     assert rows["complete"][1:3] == ["256", "256"]  # E = L^2
     assert rows["causal"][1] == str(16 * 17 // 2)
     assert sorted(p.name for p in out.iterdir()) == sorted(f"{name}.png" for name in rows)
+
+
+@pytest.mark.parametrize("length", [0, 1])
+def test_too_short_sequence_is_refused_by_name(monkeypatch, length):
+    # 0 and 1 are perfect squares, but the small-world graph needs more nodes than its degree 4.
+    monkeypatch.setattr(sys, "argv", [str(SCRIPT), "--length", str(length), "--no-plot"])
+    with pytest.raises(SystemExit, match=f"--length must be a perfect square of at least 4.*"
+                                         f"got {length}"):
+        runpy.run_path(str(SCRIPT), run_name="__main__")

@@ -17,7 +17,7 @@ ConvFactory = Callable[..., torch.nn.Module]
 
 
 def feature_dropout(x: Tensor, p: float, training: bool) -> Tensor:
-    """Dropout that also takes sparse (COO or CSR) features, dropping their stored values.
+    """Dropout that also takes sparse (COO, CSR or CSC) features, dropping their stored values.
 
     Zeros stay zero under dropout, so dropping only the stored values of a sparse matrix draws
     from the same distribution as dense dropout, at the cost of its nonzeros alone.
@@ -26,6 +26,10 @@ def feature_dropout(x: Tensor, p: float, training: bool) -> Tensor:
         return x
     if x.layout == torch.sparse_csr:
         return torch.sparse_csr_tensor(x.crow_indices(), x.col_indices(),
+                                       dropout(x.values(), p), x.shape,
+                                       check_invariants=False)
+    if x.layout == torch.sparse_csc:
+        return torch.sparse_csc_tensor(x.ccol_indices(), x.row_indices(),
                                        dropout(x.values(), p), x.shape,
                                        check_invariants=False)
     if x.layout == torch.sparse_coo:
@@ -62,8 +66,8 @@ class GAT(torch.nn.Module):
         \mathrm{logits}_i = \frac{1}{H_\mathrm{out}} \sum_{k=1}^{H_\mathrm{out}}
             \sum_{j \in \mathcal{N}(i) \cup \{i\}} \beta^{k}_{ij}\, m'_j \odot U^{k} \tilde h_j
 
-    where :math:`\tilde x, \tilde h` are the inputs after dropout (``x`` may be a sparse CSR
-    or COO tensor: bag-of-words features are mostly zeros, and dropout then touches only the
+    where :math:`\tilde x, \tilde h` are the inputs after dropout (``x`` may be a sparse CSR,
+    CSC or COO tensor: bag-of-words features are mostly zeros, and dropout then touches only the
     stored values), :math:`m, m'` dropout masks on the projected values (``value_dropout``)
     and :math:`\alpha, \beta` the attention weights of :class:`GraphSelfAttention` (with dropout
     during training). With ``attention="additive"`` the score is GAT's
@@ -161,7 +165,8 @@ class GraphTransformer(torch.nn.Module):
     units, and
     :math:`p` optional positional encodings (e.g. Laplacian eigenvectors), extra input
     features: :math:`W_\mathrm{in} x + W_\mathrm{pe} p` is :math:`[W_\mathrm{in}\;
-    W_\mathrm{pe}]` applied to :math:`x \Vert p`. ``x`` may be a sparse (CSR or COO) tensor.
+    W_\mathrm{pe}]` applied to :math:`x \Vert p`. ``x`` may be a sparse (CSR, CSC or COO)
+    tensor.
 
     Args:
         in_channels (int): input features F; ``-1`` infers them from the first call.

@@ -87,10 +87,12 @@ def test_sparse_features_give_dense_results(layout):
         assert_close(g_sparse, g_dense)
 
 
-@pytest.mark.parametrize("layout", [torch.strided, torch.sparse_csr, torch.sparse_coo])
+@pytest.mark.parametrize("layout", [torch.strided, torch.sparse_csr, torch.sparse_csc,
+                                    torch.sparse_coo])
 def test_feature_dropout(layout):
     x = sparse_features(200, 50, density=0.2) + 0.0
-    xs = {torch.strided: x, torch.sparse_csr: x.to_sparse_csr(), torch.sparse_coo: x.to_sparse()}
+    xs = {torch.strided: x, torch.sparse_csr: x.to_sparse_csr(),
+          torch.sparse_csc: x.to_sparse_csc(), torch.sparse_coo: x.to_sparse()}
     torch.manual_seed(0)
     out = feature_dropout(xs[layout], 0.25, training=True)
     out = out if layout == torch.strided else out.to_dense()
@@ -100,6 +102,21 @@ def test_feature_dropout(layout):
     frac = kept.sum() / (x != 0).sum()
     assert 0.70 < frac < 0.80, frac
     assert feature_dropout(xs[layout], 0.25, training=False) is xs[layout]
+
+
+@pytest.mark.parametrize("make", [lambda: GAT(40, 4, hidden_channels=4, heads=2),
+                                  lambda: GraphTransformer(40, 8, 4)])
+def test_models_train_on_csc_features(make):
+    """CSC features ran in eval mode but training crashed in the input dropout ("Expected
+    result Tensor to be of format CSR")."""
+    torch.manual_seed(0)
+    x, ei = sparse_features(30, 40), random_graph(30, 90)
+    model = make()
+    expected = model.eval()(x, ei)
+    assert_close(model(x.to_sparse_csc(), ei), expected)
+    out = model.train()(x.to_sparse_csc(), ei)
+    out.square().sum().backward()
+    assert out.shape == (30, 4) and all(p.grad is not None for p in model.parameters())
 
 
 def test_gat_rejects_bad_sizes():
@@ -251,6 +268,32 @@ def test_training_needs_an_epoch_and_a_patience():
     for flag in ("--epochs", "--runs", "--patience"):
         with pytest.raises(SystemExit):
             example.parse_args([flag, "0"])
+
+
+def test_example_times_epochs_on_the_device_of_the_data(monkeypatch):
+    """With --device cuda:1 the epoch timer synchronised the current device (cuda:0), not the
+    one doing the work: the times left out the queued backward and optimiser step."""
+    example = import_example()
+
+    class CudaFeatures:  # the two attributes the training loop reads of data.x besides passing it
+        is_cuda = True
+        device = torch.device("cuda", 1)
+
+    class Logits(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.logits = torch.nn.Parameter(torch.zeros(4, 2))
+
+        def forward(self, x, edge_index):
+            return self.logits
+
+    synced = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: synced.append(device))
+    mask = torch.ones(4, dtype=torch.bool)
+    data = Data(x=CudaFeatures(), edge_index=torch.zeros(2, 0, dtype=torch.long),
+                y=torch.tensor([0, 1, 0, 1]), train_mask=mask, val_mask=mask, test_mask=mask)
+    r = example.train_node_classifier(Logits(), data, epochs=3, progress=False)
+    assert r.epochs == 3 and synced == [torch.device("cuda", 1)] * 3
 
 
 def test_example_accuracy_is_an_exact_ratio():
