@@ -17,7 +17,7 @@ import gpu  # noqa: E402
 
 def test_device_checks_pass_in_the_interpreter(triton_interpreter):
     torch._dynamo.reset()
-    graph = gpu.Graph("random", 30, gpu.synthetic_graph(30, 120, None, "cpu"))
+    graph = gpu.Graph("random", 12, gpu.synthetic_graph(12, 40, None, "cpu"))
     rows = gpu.check_on_device(graph, torch.float32, heads=2, channels=8,
                                compile_backend="aot_eager")
     names = [name for name, _ in rows]

@@ -190,6 +190,7 @@ def test_constant_and_run_time_channel_kernels_agree_bit_for_bit(monkeypatch, ch
     (q, k, v, bias), mask = make_inputs(n, n, E, score, dropout=0.2, channels=channels)
     assert q.size(-1) == channels
     att = make_att(score, channels)
+    monkeypatch.setattr(cpu_module, "SPECIALISED_CHANNELS", frozenset({channels}))
     constant = run(cpu_edge_attention, q, k, v, edge_index, bias, mask, score, att=att)
     monkeypatch.setattr(cpu_module, "SPECIALISED_CHANNELS", frozenset())
     run_time = run(cpu_edge_attention, q, k, v, edge_index, bias, mask, score, att=att)
