@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch_geometric.data import Data
 from tqdm.auto import tqdm
 
-from graphattn.datasets import load_planetoid
+from graphattn.datasets import MissingFilesError, load_planetoid
 from graphattn.nn import GAT, GraphTransformer
 
 STOP_RULES = ("loss+acc", "acc")  # train_node_classifier's early-stopping rules
@@ -262,7 +262,11 @@ def main(argv: list[str] | None = None) -> list[RunResult]:
                          f"CUDA device; use --device cpu")
     try:
         data = load_planetoid(args.dataset, args.root)
-    except (FileNotFoundError, ValueError) as error:  # missing, corrupt or unknown: say why
+    except MissingFilesError as error:  # the loader's advice, in this script's terms
+        raise SystemExit(f"error: {error}\nHere: --root names the data root (root=...); node "
+                         f"classification needs the features, so structure_only does not "
+                         f"apply.") from None
+    except (FileNotFoundError, ValueError) as error:  # corrupt or unknown: say why
         raise SystemExit(f"error: {error}") from None
     data = data.to(args.device)
     warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")

@@ -306,7 +306,8 @@ def from_networkx(G: nx.Graph, edge_attrs: Sequence[str] | None = None,
         G (networkx.Graph): a ``Graph``, ``DiGraph``, ``MultiGraph`` or ``MultiDiGraph``.
         edge_attrs (list of str, optional): edge attributes to collect into ``edge_attr``;
             each must be a number or a sequence of numbers on every edge, and they are
-            concatenated in the given order. (default: ``None``, return ``edge_index`` only)
+            concatenated in the given order; an empty list gives ``edge_attr`` of 0 columns.
+            (default: ``None``, return ``edge_index`` only)
 
     Shapes:
         - **output:** edge_index ``(2, E)``, int64, sorted by target, then source; with
@@ -332,8 +333,10 @@ def from_networkx(G: nx.Graph, edge_attrs: Sequence[str] | None = None,
     edge_index = torch.tensor([src, dst], dtype=torch.long).view(2, -1)
     order = torch.sort(edge_index[1] * n + edge_index[0], stable=True).indices
     edge_index = edge_index[:, order]
-    if not names:
+    if edge_attrs is None:
         return edge_index
+    if not names:  # asked for no attribute: an edge_attr of D = 0 columns
+        return edge_index, torch.empty(edge_index.size(1), 0, dtype=torch.get_default_dtype())
     if rows and len({r.numel() for r in rows}) > 1:
         sizes = sorted({r.numel() for r in rows})
         raise ValueError(f"edge attributes {names} must have the same total size on every "

@@ -190,6 +190,13 @@ def test_from_networkx_edge_attrs():
     assert torch.equal(edge_attr, torch.tensor([[3.0], [3.0]]))
 
 
+def test_from_networkx_with_no_edge_attrs_named_still_returns_edge_attr():
+    G = nx.path_graph(3)
+    edge_index, edge_attr = graphs.from_networkx(G, edge_attrs=[])
+    assert torch.equal(edge_index, graphs.from_networkx(G))
+    assert edge_attr.shape == (4, 0) and edge_attr.dtype == torch.get_default_dtype()
+
+
 def test_from_networkx_errors():
     G = nx.Graph()
     G.add_edge(0, 1, weight=1.0)

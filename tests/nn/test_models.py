@@ -341,6 +341,22 @@ def test_example_exits_with_the_loader_message(tmp_path):
         example.main(["--threads", "0", "--root", str(tmp_path)])
 
 
+def test_example_missing_files_message_speaks_of_its_flags(tmp_path, monkeypatch):
+    """The loader's advice names its own arguments; the example adds what they are called here.
+    (The loader is replaced: with internet access it would download the files instead.)"""
+    from graphattn.datasets import MissingFilesError
+
+    example = import_example()
+
+    def offline(name, root):
+        raise MissingFilesError(f"{name}: 1 raw file(s) missing from {root}")
+
+    monkeypatch.setattr(example, "load_planetoid", offline)
+    with pytest.raises(SystemExit, match=r"(?s)^error: Cora: 1 raw file\(s\) missing.*\nHere: "
+                                         r"--root names the data root"):
+        example.main(["--dataset", "Cora", "--root", str(tmp_path), "--device", "cpu"])
+
+
 def test_example_trains_gat_on_cora_smoke(tmp_path, capsys):
     """A few epochs of the example end to end: training, early-stopping bookkeeping, table, PNG."""
     from test_datasets import PARTS, source_dir
