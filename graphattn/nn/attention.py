@@ -109,7 +109,14 @@ class _SelfAttentionBase(torch.nn.Module):
                     _glorot(lin)
 
     def _project(self, x_src: Tensor, x_dst: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """``lin_q(x_dst), lin_k(x_src), lin_v(x_src)``; one product for sparse self-attention.
+        r"""``lin_q(x_dst), lin_k(x_src)`` and ``lin_v(x_src)``, with ``value_dropout`` on the
+        values' product :math:`W^V x_j` and not on their bias; one product for sparse
+        self-attention.
+
+        In training with ``value_dropout = p > 0`` the values are
+        :math:`v_j = m_j \odot W^V x_j + b^V` (:math:`m_j` a dropout mask, drawn once per source
+        node): the GAT reference code, too, drops :math:`W x_j` and not the bias (which it adds
+        after the weighted sum).
 
         For sparse (CSR or COO) features of self-attention, x is multiplied once by the stacked
         weights ``[W^Q; W^K; W^V]``: one sparse product and one transpose in backward instead
@@ -117,12 +124,22 @@ class _SelfAttentionBase(torch.nn.Module):
         attention kernels read them without a copy and backward needs no concatenation.
         Parameters stay three ``Linear`` modules either way.
         """
-        if x_src is not x_dst or x_src.layout == torch.strided:
-            return self.lin_q(x_dst), self.lin_k(x_src), self.lin_v(x_src)
         lins = (self.lin_q, self.lin_k, self.lin_v)
-        weight = torch.cat([lin.weight for lin in lins])  # (2 * H * C_qk + H * C, F)
-        bias = None if lins[0].bias is None else torch.cat([lin.bias for lin in lins])
-        return F.linear(x_src, weight, bias).split([lin.out_features for lin in lins], dim=-1)
+        drop = self.training and self.value_dropout > 0.0
+        value_bias = self.lin_v.bias if drop else None  # added after the dropout
+        if x_src is not x_dst or x_src.layout == torch.strided:
+            q, k = self.lin_q(x_dst), self.lin_k(x_src)
+            v = F.linear(x_src, self.lin_v.weight) if drop else self.lin_v(x_src)
+        else:
+            weight = torch.cat([lin.weight for lin in lins])  # (2 * H * C_qk + H * C, F)
+            bias = None
+            if lins[0].bias is not None:
+                v_bias = self.lin_v.bias if value_bias is None else torch.zeros_like(value_bias)
+                bias = torch.cat([self.lin_q.bias, self.lin_k.bias, v_bias])
+            q, k, v = F.linear(x_src, weight, bias).split([lin.out_features for lin in lins],
+                                                          dim=-1)
+        v = dropout(v, self.value_dropout, self.training)
+        return q, k, v if value_bias is None else v + value_bias
 
     def _merge_heads(self, out: Tensor, x_dst: Tensor) -> Tensor:
         """``[..., H, C]`` -> ``[..., H*C]`` (concat) or ``[..., C]`` (mean), then ``lin_out``,
@@ -203,7 +220,8 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         dropout (float, optional): dropout on the attention weights. (default: ``0.0``)
         value_dropout (float, optional): dropout on the projected values :math:`v_j`, once per
             node before they are weighted and summed (every target of j sees the same dropped
-            :math:`v_j`), as the GAT reference code drops :math:`W x_j`. (default: ``0.0``)
+            :math:`v_j`), as the GAT reference code drops :math:`W x_j`: the bias of ``lin_v``
+            is added after the dropout. (default: ``0.0``)
         bias (bool, optional): biases in the projections. (default: ``True``)
         out_proj (bool, optional): apply the output projection ``lin_out`` (W^O).
             (default: ``True``)
@@ -356,8 +374,7 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         score_channels = 1 if self.attention == "additive" else C
         q = q.view(N_dst, H, score_channels)  # (N_dst, H, C) or (N_dst, H, 1)
         k = k.view(N_src, H, score_channels)  # (N_src, H, C) or (N_src, H, 1)
-        v = dropout(v.view(N_src, H, C), self.value_dropout,
-                    self.training)  # (N_src, H, C)
+        v = v.view(N_src, H, C)  # (N_src, H, C)
         if self.attention == "additive":
             q, k = q.squeeze(-1), k.squeeze(-1)  # (N, H)
         bias = edge_key = edge_value = None
@@ -488,7 +505,8 @@ class DenseSelfAttention(_SelfAttentionBase):
         dropout (float, optional): dropout on the attention weights. (default: ``0.0``)
         value_dropout (float, optional): dropout on the projected values :math:`v_j`, once per
             node before they are weighted and summed (every target of j sees the same dropped
-            :math:`v_j`), as the GAT reference code drops :math:`W x_j`. (default: ``0.0``)
+            :math:`v_j`), as the GAT reference code drops :math:`W x_j`: the bias of ``lin_v``
+            is added after the dropout. (default: ``0.0``)
         bias (bool, optional): biases in the projections. (default: ``True``)
         out_proj (bool, optional): apply ``lin_out``. (default: ``True``)
         residual (bool, optional): add ``res(x)``, a ``Linear(F, out)`` of each position's own
@@ -527,8 +545,6 @@ class DenseSelfAttention(_SelfAttentionBase):
             raise ValueError(f"x must have F = in_channels = {self.lin_q.in_features} features, "
                              f"got {list(x.shape)}")
         q, k, v = (t.unflatten(-1, (H, C)) for t in self._project(x, x))  # (B, L, H, C)
-        v = dropout(v, self.value_dropout,
-                    self.training)  # (B, L, H, C)
         result = dense_attention(q, k, v, mask, is_causal=is_causal, dropout_p=self.dropout,
                                  training=self.training,
                                  return_attention=return_attention_weights)

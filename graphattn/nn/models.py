@@ -62,13 +62,15 @@ class GAT(torch.nn.Module):
 
     .. math::
         h = \mathrm{ELU}\Big(\big\Vert_{k=1}^{H} \sum_{j \in \mathcal{N}(i) \cup \{i\}}
-            \alpha^{k}_{ij}\, m_j \odot W^{k} \tilde x_j\Big), \qquad
+            \alpha^{k}_{ij}\, \big(m_j \odot W^{k} \tilde x_j + b^k\big)\Big), \qquad
         \mathrm{logits}_i = \frac{1}{H_\mathrm{out}} \sum_{k=1}^{H_\mathrm{out}}
-            \sum_{j \in \mathcal{N}(i) \cup \{i\}} \beta^{k}_{ij}\, m'_j \odot U^{k} \tilde h_j
+            \sum_{j \in \mathcal{N}(i) \cup \{i\}} \beta^{k}_{ij}\,
+            \big(m'_j \odot U^{k} \tilde h_j + c^k\big)
 
     where :math:`\tilde x, \tilde h` are the inputs after dropout (``x`` may be a sparse CSR,
     CSC or COO tensor: bag-of-words features are mostly zeros, and dropout then touches only the
-    stored values), :math:`m, m'` dropout masks on the projected values (``value_dropout``)
+    stored values), :math:`m, m'` dropout masks on the projected values (``value_dropout``;
+    the value biases :math:`b, c` are not dropped)
     and :math:`\alpha, \beta` the attention weights of :class:`GraphSelfAttention` (with dropout
     during training). With ``attention="additive"`` the score is GAT's
     :math:`\mathrm{LeakyReLU}_{0.2}(a_l^\top W x_i + a_r^\top W x_j)`; ``"gatv2"`` swaps in

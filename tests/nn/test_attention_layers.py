@@ -294,8 +294,11 @@ def test_value_dropout_drops_each_source_value_once(attention):
     # Every target of j must see the same dropped v_j: out_i = sum_j alpha_ij (m_j * v_j).
     torch.manual_seed(0)
     N, H, C = 7, 2, 3
+    # Only W^V x_j is dropped: the bias of lin_v is added after the mask, as the GAT reference
+    # code drops W x_j and not its bias.
     layer = GraphSelfAttention(5, C, heads=H, value_dropout=0.5, attention=attention,
                                add_self_loops=False, out_proj=False)
+    torch.nn.init.uniform_(layer.lin_v.bias, 1.0, 2.0)
     x, edge_index = torch.randn(N, 5), complete_edges(N)
     torch.manual_seed(1)
     out = layer(x, edge_index)
@@ -305,7 +308,7 @@ def test_value_dropout_drops_each_source_value_once(attention):
     q, k = layer.lin_q(x).view(N, H, -1), layer.lin_k(x).view(N, H, -1)
     if attention == "additive":
         q, k = q.squeeze(-1), k.squeeze(-1)
-    v = layer.lin_v(x).view(N, H, C) * mask
+    v = (x @ layer.lin_v.weight.T).view(N, H, C) * mask + layer.lin_v.bias.view(H, C)
     expected = edge_attention(q, k, v, edge_index, score=attention, backend="reference")
     assert_close(out, expected.flatten(-2))
     layer.eval()
@@ -320,6 +323,7 @@ def test_value_dropout_is_the_same_in_the_dense_twin():
     N, H, C = 6, 2, 4
     graph = GraphSelfAttention(8, C, heads=H, value_dropout=0.4)
     dense = DenseSelfAttention(8, C, heads=H, value_dropout=0.4)
+    torch.nn.init.uniform_(graph.lin_v.bias, 1.0, 2.0)
     dense.load_state_dict(graph.state_dict())
     x = torch.randn(N, 8)
     torch.manual_seed(3)
@@ -329,6 +333,28 @@ def test_value_dropout_is_the_same_in_the_dense_twin():
     assert_close(out_graph, out_dense)
     torch.manual_seed(4)
     assert not torch.allclose(graph(x, complete_edges(N)), out_graph)  # a fresh mask per call
+
+
+@pytest.mark.parametrize("features", ["dense", "sparse_csr", "bipartite"])
+def test_value_dropout_spares_the_value_bias_on_every_projection_path(features):
+    # The stacked product of sparse features, three products of dense ones and the bipartite
+    # path must all give v_j = m_j * W^V x_j + b^V, with the same mask for the same seed.
+    torch.manual_seed(0)
+    N, H, C = 8, 2, 3
+    layer = GraphSelfAttention(5, C, heads=H, value_dropout=0.5, add_self_loops=False,
+                               out_proj=False)
+    for lin in (layer.lin_q, layer.lin_k, layer.lin_v):
+        torch.nn.init.uniform_(lin.bias, -2.0, 2.0)
+    x, edge_index = torch.randn(N, 5).relu(), complete_edges(N)
+    x_in = (x.to_sparse_csr() if features == "sparse_csr"
+            else (x, x.clone()) if features == "bipartite" else x)
+    torch.manual_seed(1)
+    out = layer(x_in, edge_index)
+    torch.manual_seed(1)
+    mask = dropout_mask((N, H, C), 0.5)
+    q, k = layer.lin_q(x).view(N, H, C), layer.lin_k(x).view(N, H, C)
+    v = (x @ layer.lin_v.weight.T).view(N, H, C) * mask + layer.lin_v.bias.view(H, C)
+    assert_close(out, edge_attention(q, k, v, edge_index, backend="reference").flatten(-2))
 
 
 @pytest.mark.parametrize("attention", ["dot", "additive"])
