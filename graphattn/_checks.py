@@ -12,11 +12,19 @@ import numbers
 import torch
 from torch import Tensor
 
+from graphattn._tensor_cache import TensorCache
+
+# The bounds of recently checked edge_index tensors (graphattn._tensor_cache): on CUDA, reading
+# them back is a host synchronisation, which an unchanged graph needs only once.
+_EDGE_INDEX_BOUNDS: TensorCache[tuple[int, int, int]] = TensorCache(max_entries=16)
+
 
 def check_edge_index(edge_index: Tensor, num_src: int, num_dst: int) -> None:
     """Raise if ``edge_index`` is not an integer ``[2, E]`` tensor with valid node ids.
 
     Row 0 (sources j) must lie in ``[0, num_src)``, row 1 (targets i) in ``[0, num_dst)``.
+    On CUDA the bounds read back for a tensor are kept while it lives unmodified (see
+    ``graphattn._tensor_cache``): checking the same graph again costs no synchronisation.
     """
     if not isinstance(edge_index, Tensor):
         raise TypeError(f"edge_index must be a torch.Tensor, got {type(edge_index).__name__}")
@@ -39,8 +47,10 @@ def check_edge_index(edge_index: Tensor, num_src: int, num_dst: int) -> None:
         torch._assert_async(dst_max < num_dst, f"edge_index[1] (targets) must be < the "
                                                f"number of target nodes {num_dst}")
         return
-    # one read back to the host (on CUDA, one synchronisation) for the three bounds
-    lo, src_max, dst_max = torch.cat([edge_index.min().view(1), edge_index.amax(dim=1)]).tolist()
+    # one read back to the host (on CUDA, one synchronisation) for the three bounds; on CUDA
+    # kept for as long as this edge_index lives unmodified
+    lo, src_max, dst_max = _EDGE_INDEX_BOUNDS.get(edge_index, None,
+                                                  lambda: _edge_index_bounds(edge_index))
     if lo < 0:
         raise ValueError(f"edge_index must hold node ids >= 0, got a minimum of {lo}")
     if src_max >= num_src:
@@ -49,6 +59,11 @@ def check_edge_index(edge_index: Tensor, num_src: int, num_dst: int) -> None:
     if dst_max >= num_dst:
         raise ValueError(f"edge_index[1] (targets) must be < the number of target nodes "
                          f"{num_dst}, got a maximum of {dst_max}")
+
+
+def _edge_index_bounds(edge_index: Tensor) -> tuple[int, int, int]:
+    """``(min, max of row 0, max of row 1)`` of a non-empty ``[2, E]`` edge_index."""
+    return tuple(torch.cat([edge_index.min().view(1), edge_index.amax(dim=1)]).tolist())
 
 
 def check_same_device(**tensors: Tensor | None) -> None:

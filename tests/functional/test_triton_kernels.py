@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,8 @@ from conftest import (
     random_graph,
 )
 
+from graphattn import _checks, _tensor_cache
+from graphattn._tensor_cache import TensorCache
 from graphattn.functional import attention, edge_attention, reference_edge_attention
 from graphattn.functional import triton_kernels as tk
 
@@ -242,6 +245,84 @@ def test_edge_attention_dropout_uses_one_mask(interpreter):
     assert_close(out, want)
     assert not torch.equal(out, edge_attention(*args, dropout_p=0.5, training=False,
                                                backend="triton"))
+
+
+@needs_triton
+@pytest.mark.parametrize("compiled", [False, True], ids=["autograd-function", "operators"])
+def test_csr_is_built_once_per_unmodified_graph(interpreter, monkeypatch, compiled):
+    # The CSR cache applies to CUDA tensors; adding "cpu" runs the same code here. Two training
+    # steps on one edge_index sort it once per direction; changed in place, it is sorted again
+    # and the kernels see the new graph.
+    monkeypatch.setattr(_tensor_cache, "CACHED_DEVICE_TYPES", {"cuda", "cpu"})
+    monkeypatch.setattr(tk, "_CSR_CACHE", TensorCache(max_entries=8))
+    builds = []
+    build_csr = tk.build_csr
+
+    def counting_build_csr(rows, other, num_rows, num_other):
+        builds.append(num_rows)
+        return build_csr(rows, other, num_rows, num_other)
+
+    monkeypatch.setattr(tk, "build_csr", counting_build_csr)
+    if compiled:  # the operators torch.compile calls, run eagerly
+        monkeypatch.setattr(tk.FusedEdgeAttention, "apply",
+                            lambda *args: tk._forward_op(*args))
+    ei = random_graph(7, 20, seed=3, num_dst=5).to(DEVICE)
+    inputs = attention_inputs(7, 5, 20, 2, 8)
+    first = check_against_reference(inputs, ei)
+    assert sorted(builds) == [5, 7]  # by target (5 rows), by source (7 rows)
+    second = run_backend(tk.triton_edge_attention, inputs, ei)
+    assert sorted(builds) == [5, 7]
+    for name, value in first.items():
+        assert torch.equal(value, second[name]), name
+    ei[1] = ei[1].flip(0)  # the same tensor, other targets
+    check_against_reference(inputs, ei)
+    assert sorted(builds) == [5, 5, 7, 7]
+
+
+class _NoLaunch:
+    """A kernel whose launches do nothing: the host work of a call alone."""
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: None
+
+
+@needs_triton
+@pytest.mark.parametrize("layer", [False, True], ids=["edge_attention", "GraphSelfAttention"])
+def test_repeated_step_on_one_graph_sorts_and_reads_back_nothing(interpreter, monkeypatch,
+                                                                   layer):
+    # What torch records of a second training step on the same edge_index (the caches on, as
+    # on CUDA; the kernel launches stubbed out): no sort, no search, no bounds read back.
+    from torch.profiler import ProfilerActivity, profile
+
+    from graphattn.nn import GraphSelfAttention
+
+    monkeypatch.setattr(_tensor_cache, "CACHED_DEVICE_TYPES", {"cuda", "cpu"})
+    monkeypatch.setattr(tk, "_CSR_CACHE", TensorCache(max_entries=8))
+    monkeypatch.setattr(_checks, "_EDGE_INDEX_BOUNDS", TensorCache(max_entries=16))
+    monkeypatch.setattr(tk, "kernels", lambda: types.SimpleNamespace(
+        forward_kernel=_NoLaunch(), backward_target_kernel=_NoLaunch(),
+        backward_source_kernel=_NoLaunch()))
+    ei = random_graph(6, 20, seed=4).to(DEVICE)
+    q, k, v = (torch.randn(6, 2, 8, device=DEVICE, requires_grad=True) for _ in range(3))
+    x = torch.randn(6, 16, device=DEVICE)
+    module = GraphSelfAttention(16, 8, heads=2, add_self_loops=False, backend="triton")
+    module.to(DEVICE)
+
+    def step():
+        out = module(x, ei) if layer else edge_attention(q, k, v, ei, backend="triton")
+        out.sum().backward()
+
+    def recorded():
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            step()
+        return {event.name for event in prof.events()}
+
+    first = recorded()
+    assert {"aten::sort", "aten::searchsorted", "aten::amax"} <= first  # the check is seen
+    second = recorded()
+    for name in ("aten::sort", "aten::searchsorted", "aten::min", "aten::amax", "aten::item",
+                 "aten::_local_scalar_dense"):
+        assert name not in second, name
 
 
 def test_auto_picks_triton_only_for_cuda(monkeypatch):

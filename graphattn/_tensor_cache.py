@@ -1,0 +1,91 @@
+"""Values derived from a tensor, kept for as long as that tensor lives unmodified.
+
+A training loop passes the same ``edge_index`` at every step. What the fused GPU path derives
+from it (the bounds that ``check_edge_index`` reads back, which costs a host synchronisation on
+CUDA, and the CSR orderings, which cost a sort of E entries each) is then the same at every
+step; :class:`TensorCache` keeps it, keyed by the tensor object itself.
+
+An entry is valid while its tensor is the same object with the same storage, shape and strides
+and the same version counter, which every in-place operation bumps (also through views). Writes
+that torch does not see are not detected: through ``.data``, through memory shared with
+numpy or DLPack, or by a custom kernel. The entry is dropped when its tensor is freed.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import Generic, TypeVar
+
+import torch
+from torch import Tensor
+
+T = TypeVar("T")
+
+# Where the caches apply. On CPU a re-check or a sort costs little next to the kernels, and
+# tensors there often share memory with numpy arrays, whose writes torch does not see.
+CACHED_DEVICE_TYPES = {"cuda"}
+
+
+def _fingerprint(tensor: Tensor) -> tuple:
+    """What must not change for a cached value of ``tensor`` to stay valid."""
+    return (tensor._version, tensor.data_ptr(), tuple(tensor.shape), tuple(tensor.stride()),
+            tensor.dtype, tensor.device)
+
+
+def cacheable(tensor: Tensor) -> bool:
+    """Whether :class:`TensorCache` keys on ``tensor``: a plain tensor on a device type of
+    ``CACHED_DEVICE_TYPES`` (CUDA), outside tracing.
+
+    Not while ``torch.compile`` traces (fake tensors), not for inference tensors (they have no
+    version counter) and not for tensor subclasses.
+    """
+    return (type(tensor) is Tensor and tensor.device.type in CACHED_DEVICE_TYPES
+            and not torch.compiler.is_compiling() and not tensor.is_inference())
+
+
+class TensorCache(Generic[T]):
+    """At most ``max_entries`` values, each computed once from a tensor and extra hashable
+    arguments, the least recently used dropped first.
+
+    Args:
+        max_entries (int): the most values kept at once.
+    """
+
+    def __init__(self, max_entries: int) -> None:
+        self.max_entries = max_entries
+        # key -> (weak reference to the tensor, its fingerprint, value)
+        self._entries: OrderedDict[tuple, tuple[weakref.ref, tuple, T]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def clear(self) -> None:
+        """Drop every entry."""
+        self._entries.clear()
+
+    def get(self, tensor: Tensor, extra: Hashable, compute: Callable[[], T]) -> T:
+        """The value for ``(tensor, extra)``: the kept one when ``tensor`` is unchanged since it
+        was computed, else ``compute()`` (kept, when :func:`cacheable` allows)."""
+        if not cacheable(tensor):
+            return compute()
+        key = (id(tensor), extra)
+        entry = self._entries.get(key)
+        fingerprint = _fingerprint(tensor)
+        if entry is not None and entry[0]() is tensor and entry[1] == fingerprint:
+            self._entries.move_to_end(key)
+            return entry[2]
+        value = compute()
+        entries = self._entries
+
+        def forget(ref: weakref.ref, key: tuple = key) -> None:
+            # the tensor is freed; drop its entry unless a newer reference replaced it
+            if key in entries and entries[key][0] is ref:
+                del entries[key]
+
+        entries[key] = (weakref.ref(tensor, forget), fingerprint, value)
+        entries.move_to_end(key)
+        while len(entries) > self.max_entries:
+            entries.popitem(last=False)
+        return value

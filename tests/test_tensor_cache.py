@@ -1,0 +1,141 @@
+"""TensorCache: values derived from a tensor, kept while the tensor lives unmodified.
+
+The caches apply to CUDA tensors only (``CACHED_DEVICE_TYPES``); these tests add ``"cpu"`` to
+that set, so that the same code runs here on CPU tensors.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+
+from graphattn import _checks, _tensor_cache
+from graphattn._checks import check_edge_index
+from graphattn._tensor_cache import TensorCache
+
+
+@pytest.fixture
+def cache_on_cpu(monkeypatch):
+    monkeypatch.setattr(_tensor_cache, "CACHED_DEVICE_TYPES", {"cuda", "cpu"})
+
+
+class Counter:
+    """``compute`` that returns the tensor's sum and counts its calls."""
+
+    def __init__(self, tensor):
+        self.tensor, self.calls = tensor, 0
+
+    def __call__(self):
+        self.calls += 1
+        return int(self.tensor.sum())
+
+
+def test_value_is_computed_once_per_unmodified_tensor(cache_on_cpu):
+    cache = TensorCache(max_entries=4)
+    t = torch.tensor([1, 2, 3])
+    count = Counter(t)
+    assert cache.get(t, "a", count) == 6
+    assert cache.get(t, "a", count) == 6
+    assert count.calls == 1
+    assert cache.get(t, "b", count) == 6 and count.calls == 2  # the extra key is part of it
+    assert cache.get(t.clone(), "a", count) == 6 and count.calls == 3  # another tensor
+
+
+@pytest.mark.parametrize("change", ["in_place", "through_a_view", "set_"])
+def test_changed_tensor_is_computed_again(cache_on_cpu, change):
+    cache = TensorCache(max_entries=4)
+    t = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    count = Counter(t)
+    assert cache.get(t, None, count) == 21
+    if change == "in_place":
+        t.add_(1)
+    elif change == "through_a_view":
+        t[1][0] = 100  # a view shares the version counter
+    else:
+        t.set_(torch.tensor([[7, 7, 7], [7, 7, 7]]))
+    expected = int(t.sum())
+    assert cache.get(t, None, count) == expected
+    assert count.calls == 2
+
+
+def test_entry_is_dropped_when_its_tensor_is_freed(cache_on_cpu):
+    cache = TensorCache(max_entries=4)
+    t = torch.arange(5)
+    cache.get(t, None, Counter(t))
+    assert len(cache) == 1
+    del t
+    gc.collect()
+    assert len(cache) == 0
+
+
+def test_least_recently_used_entry_goes_first(cache_on_cpu):
+    cache = TensorCache(max_entries=2)
+    a, b, c = torch.arange(3), torch.arange(4), torch.arange(5)
+    counts = {name: Counter(t) for name, t in (("a", a), ("b", b), ("c", c))}
+    cache.get(a, None, counts["a"])
+    cache.get(b, None, counts["b"])
+    cache.get(a, None, counts["a"])  # a is now the most recent
+    cache.get(c, None, counts["c"])  # drops b
+    assert len(cache) == 2
+    cache.get(a, None, counts["a"])
+    cache.get(b, None, counts["b"])
+    assert (counts["a"].calls, counts["b"].calls, counts["c"].calls) == (1, 2, 1)
+
+
+def test_nothing_is_kept_outside_the_cached_devices():
+    # by default only CUDA tensors are cached: CPU tensors may share memory with numpy arrays
+    assert _tensor_cache.CACHED_DEVICE_TYPES == {"cuda"}
+    cache = TensorCache(max_entries=4)
+    t = torch.arange(4)
+    count = Counter(t)
+    cache.get(t, None, count)
+    cache.get(t, None, count)
+    assert count.calls == 2 and len(cache) == 0
+
+
+def test_inference_tensors_and_subclasses_are_not_kept(cache_on_cpu):
+    cache = TensorCache(max_entries=4)
+    with torch.inference_mode():
+        t = torch.arange(4)  # no version counter
+    count = Counter(t)
+    cache.get(t, None, count)
+    cache.get(t, None, count)
+    assert count.calls == 2
+
+    class Sub(torch.Tensor):
+        pass
+
+    s = torch.arange(4).as_subclass(Sub)
+    count = Counter(s)
+    cache.get(s, None, count)
+    cache.get(s, None, count)
+    assert count.calls == 2 and len(cache) == 0
+
+
+def test_check_edge_index_reads_bounds_back_once_per_unmodified_graph(cache_on_cpu,
+                                                                      monkeypatch):
+    reads = []
+    bounds = _checks._edge_index_bounds
+
+    def counting_bounds(edge_index):
+        reads.append(edge_index.size(1))
+        return bounds(edge_index)
+
+    monkeypatch.setattr(_checks, "_edge_index_bounds", counting_bounds)
+    monkeypatch.setattr(_checks, "_EDGE_INDEX_BOUNDS", TensorCache(max_entries=4))
+    edge_index = torch.tensor([[0, 1, 2], [1, 2, 0]])
+    check_edge_index(edge_index, num_src=3, num_dst=3)
+    check_edge_index(edge_index, num_src=3, num_dst=3)
+    assert reads == [3]
+    # the kept bounds are compared with the node counts of each call
+    with pytest.raises(ValueError, match=r"edge_index\[1\] \(targets\) must be < the number "
+                                         r"of target nodes 2, got a maximum of 2"):
+        check_edge_index(edge_index, num_src=3, num_dst=2)
+    assert reads == [3]
+    edge_index[0, 1] = 7  # modified in place: read again, and refused
+    with pytest.raises(ValueError, match=r"edge_index\[0\] \(sources\) must be < the number "
+                                         r"of source nodes 3, got a maximum of 7"):
+        check_edge_index(edge_index, num_src=3, num_dst=3)
+    assert reads == [3, 3]
