@@ -124,6 +124,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-check", action="store_true",
                         help="skip the fused-vs-reference check on the device (for a second run "
                              "in one session, after a run that checked)")
+    parser.add_argument("--no-graph-cache", action="store_true",
+                        help="keep nothing of a graph from call to call (no CSR orderings, "
+                             "checked bounds or self-looped graphs), as before those caches: "
+                             "every call sorts the edges and reads the bounds back")
     args = parser.parse_args(argv)
     names = QUICK_GRAPHS if args.quick and args.graphs is None else (
         tuple(args.graphs.split(",")) if args.graphs else GRAPHS)
@@ -672,9 +676,11 @@ def environment(args: argparse.Namespace, peak: float | None, peak_source: str,
             f"- H = {args.heads}, C = {args.channels}, dtype {args.dtype}; "
             f"median of {args.repeats} repeats after {args.warmup} warm-up calls, methods "
             f"interleaved",
-            "- the triton backend keeps the CSR orderings of an unmodified edge_index from call "
-            "to call (as in training on one graph): the times are with them kept; each peak "
-            "memory is measured with them dropped first, so it includes building them",
+            ("- --no-graph-cache: nothing of a graph is kept from call to call; every call "
+             "sorts the edges and reads the bounds back" if args.no_graph_cache else
+             "- the triton backend keeps the CSR orderings of an unmodified edge_index from call "
+             "to call (as in training on one graph): the times are with them kept; each peak "
+             "memory is measured with them dropped first, so it includes building them"),
             "- minimal forward bytes = e * N * H * (2 Cq + 2 C) + 8 N H + 4 E + 4 (N + 1); "
             "% peak = bytes / fused forward kernel time / peak; % copy = the same over the "
             "measured copy bandwidth; % peak, k v per edge = the same with k and v read once "
@@ -692,6 +698,10 @@ def main(argv: list[str] | None = None) -> int:
     if not triton_available():
         print("benchmarks/gpu.py needs triton: pip install 'graphattn[gpu]'", file=sys.stderr)
         return 2
+    if args.no_graph_cache:
+        from graphattn import _tensor_cache
+
+        _tensor_cache.CACHED_DEVICE_TYPES = set()
     dtype = DTYPES[args.dtype]
     device = torch.device("cuda")
     peak, peak_source = peak_bandwidth(torch.cuda.get_device_name(), args.peak_bandwidth)

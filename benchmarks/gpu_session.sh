@@ -6,7 +6,9 @@
 #      fused vs reference, eager and compiled, runs before any timing);
 #   2. the Triton kernel tests compiled on the GPU (GRAPHATTN_TRITON_DEVICE=cuda) instead of in
 #      the interpreter;
-#   3. if time is left, the 50M-edge graphs again in bf16.
+#   3. if time is left, the graphs of <= 1M edges again with --no-graph-cache (every call sorts
+#      the edges and reads their bounds back, as before those caches): the A/B of the caches;
+#   4. if time is left, the 50M-edge graphs again in bf16.
 # Each step has its own time limit inside the budget, so a slow step still leaves the others
 # their turn. Logs and tables go to $OUT (default: benchmarks/results/gpu_session/).
 #
@@ -38,11 +40,20 @@ timeout $(($(left) > 150 ? 120 : $(left) - 30)) env GRAPHATTN_TRITON_DEVICE=cuda
   "$PY" -m pytest -q -n 8 -p no:cacheprovider tests/functional/test_triton_kernels.py \
   -k "not compile_for_sm90" 2>&1 | tee "$OUT/tests.log" | tail -25
 
+if [ "$(left)" -gt 150 ]; then
+  echo "== 3. benchmarks/gpu.py, fp32, the graphs of <= 1M edges without the graph caches ($(left) s left)"
+  timeout 90 "$PY" benchmarks/gpu.py --no-check --no-graph-cache --repeats 10 --warmup 2 \
+    --graphs random-1m,cora,pubmed --out "$OUT/gpu_no_graph_cache.md" 2>&1 |
+    tee "$OUT/gpu_no_graph_cache.log"
+else
+  echo "== 3. skipped: $(left) s left"
+fi
+
 if [ "$(left)" -gt 90 ]; then
-  echo "== 3. benchmarks/gpu.py, bf16, 50M-edge graphs ($(left) s left)"
+  echo "== 4. benchmarks/gpu.py, bf16, 50M-edge graphs ($(left) s left)"
   timeout $(($(left) - 10)) "$PY" benchmarks/gpu.py --no-check --dtype bf16 \
     --graphs random-50m,local-50m --out "$OUT/gpu_bf16.md" 2>&1 | tee "$OUT/gpu_bf16.log"
 else
-  echo "== 3. skipped: $(left) s left"
+  echo "== 4. skipped: $(left) s left"
 fi
 echo "== done in ${SECONDS} s"

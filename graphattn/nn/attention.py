@@ -21,6 +21,7 @@ from graphattn._checks import (
     check_positive,
     check_same_device,
 )
+from graphattn._tensor_cache import TensorCache
 from graphattn.functional.attention import (
     BACKENDS,
     SCORES,
@@ -443,24 +444,52 @@ def add_remaining_self_loops(edge_index: Tensor, edge_attr: Tensor | None, num_n
     target without any, 1 for ``"mul"`` and 0 for the others), or a constant (a number, or a
     tensor of 1 or ``D_e`` values).
 
+    On CUDA the new ``edge_index`` and the positions of the kept edges are kept while the
+    given ``edge_index`` lives unmodified (see ``graphattn._tensor_cache``): a layer called on
+    the same graph again finds the old loops without a host synchronisation, and hands the
+    ``"triton"`` backend the same tensor, whose CSR orderings that backend keeps too.
+
     ``trace_key`` changes nothing in the result. Under ``torch.compile`` each layer passes a key
     from its ``id()`` (below 2**31, for int32 ids too): the node ids are compared XOR the key,
     so that two layers dropping the self-loops of one ``edge_index`` trace to two different
     computations. Merged into one, their data-dependent edge count breaks the inductor backend
     of torch 2.13 (``AssertionError: u1 not in {u0: ...}``).
     """
-    src, dst = edge_index  # (E,), (E,)
-    if trace_key:
-        src, dst = src ^ trace_key, dst ^ trace_key
-    keep = src != dst  # (E,)
-    edge_index = edge_index[:, keep]  # (2, E_kept)
-    loops = torch.arange(num_nodes, device=edge_index.device, dtype=edge_index.dtype)
-    new_index = torch.cat([edge_index, loops.expand(2, -1)], dim=1)  # (2, E_kept + N)
-    if edge_attr is None:
-        return new_index, None
-    edge_attr = edge_attr[keep]  # (E_kept, D_e)
-    return new_index, torch.cat([edge_attr, _loop_attr(edge_attr, edge_index[1], num_nodes,
+    if torch.compiler.is_compiling():
+        src, dst = edge_index  # (E,), (E,)
+        if trace_key:
+            src, dst = src ^ trace_key, dst ^ trace_key
+        keep = src != dst  # (E,)
+        edge_index = edge_index[:, keep]  # (2, E_kept)
+        loops = torch.arange(num_nodes, device=edge_index.device, dtype=edge_index.dtype)
+        new_index = torch.cat([edge_index, loops.expand(2, -1)], dim=1)  # (2, E_kept + N)
+        if edge_attr is None:
+            return new_index, None
+        edge_attr, kept_dst = edge_attr[keep], edge_index[1]  # (E_kept, D_e), (E_kept,)
+    else:
+        # eagerly, by the kept edges' positions, found once per unmodified CUDA edge_index
+        new_index, kept = _SELF_LOOPED.get(edge_index, num_nodes,
+                                           lambda: _one_loop_per_node(edge_index, num_nodes))
+        if edge_attr is None:
+            return new_index, None
+        edge_attr = edge_attr.index_select(0, kept)  # (E_kept, D_e)
+        kept_dst = new_index[1, :kept.numel()]  # (E_kept,)
+    return new_index, torch.cat([edge_attr, _loop_attr(edge_attr, kept_dst, num_nodes,
                                                        fill_value)], dim=0)
+
+
+# The self-looped graphs of recently used edge_index tensors (graphattn._tensor_cache): on CUDA,
+# finding the old loops to drop reads their count back to the host, once per unmodified graph.
+_SELF_LOOPED: TensorCache[tuple[Tensor, Tensor]] = TensorCache(max_entries=8)
+
+
+def _one_loop_per_node(edge_index: Tensor, num_nodes: int) -> tuple[Tensor, Tensor]:
+    """The edges that are not self-loops, then ``i -> i`` for each ``i < num_nodes``
+    ``[2, E_kept + num_nodes]``, and the positions of the kept edges in ``edge_index``
+    ``[E_kept]``."""
+    kept = (edge_index[0] != edge_index[1]).nonzero().squeeze(1)  # (E_kept,)
+    loops = torch.arange(num_nodes, device=edge_index.device, dtype=edge_index.dtype)
+    return torch.cat([edge_index.index_select(1, kept), loops.expand(2, -1)], dim=1), kept
 
 
 def _loop_attr(edge_attr: Tensor, dst: Tensor, num_nodes: int,
@@ -470,17 +499,19 @@ def _loop_attr(edge_attr: Tensor, dst: Tensor, num_nodes: int,
     if not isinstance(fill_value, str):
         fill = torch.as_tensor(fill_value, dtype=edge_attr.dtype, device=edge_attr.device)
         return fill.reshape(-1).expand(num_nodes, D)  # (N, D_e)
-    inside = dst < num_nodes  # bipartite: loops only on the first num_nodes targets
-    dst, edge_attr = dst[inside], edge_attr[inside]
+    # bipartite: loops only on the first num_nodes targets; the edges into the others go to a
+    # spare row, dropped at the end (no data-dependent selection, so no host synchronisation)
+    row = dst.clamp(max=num_nodes)  # (E_kept,)
     if fill_value == "mean":
-        total = edge_attr.new_zeros(num_nodes, D).index_add_(0, dst, edge_attr)
-        count = torch.bincount(dst, minlength=num_nodes).clamp_min(1)
-        return total / count.unsqueeze(-1).to(total.dtype)  # (N, D_e)
+        total = edge_attr.new_zeros(num_nodes + 1, D).index_add_(0, row, edge_attr)
+        count = torch.zeros(num_nodes + 1, dtype=torch.long, device=row.device).index_add_(
+            0, row, torch.ones_like(row, dtype=torch.long)).clamp_min(1)
+        return (total / count.unsqueeze(-1).to(total.dtype))[:num_nodes]  # (N, D_e)
     # where no edge comes in: 1 for the product (PyG's empty product), 0 otherwise
     empty = 1.0 if fill_value == "mul" else 0.0
-    return edge_attr.new_full((num_nodes, D), empty).scatter_reduce_(
-        0, dst.unsqueeze(-1).expand(-1, D), edge_attr, reduce=FILL_REDUCTIONS[fill_value],
-        include_self=False)  # (N, D_e)
+    return edge_attr.new_full((num_nodes + 1, D), empty).scatter_reduce_(
+        0, row.unsqueeze(-1).expand(-1, D), edge_attr, reduce=FILL_REDUCTIONS[fill_value],
+        include_self=False)[:num_nodes]  # (N, D_e)
 
 
 class DenseSelfAttention(_SelfAttentionBase):

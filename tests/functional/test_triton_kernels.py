@@ -287,29 +287,37 @@ class _NoLaunch:
 
 
 @needs_triton
-@pytest.mark.parametrize("layer", [False, True], ids=["edge_attention", "GraphSelfAttention"])
-def test_repeated_step_on_one_graph_sorts_and_reads_back_nothing(interpreter, monkeypatch,
-                                                                   layer):
+@pytest.mark.parametrize("case", ["edge_attention", "layer", "layer_loops_edge_attr"])
+def test_repeated_step_on_one_graph_sorts_and_reads_back_nothing(interpreter, monkeypatch, case):
     # What torch records of a second training step on the same edge_index (the caches on, as
-    # on CUDA; the kernel launches stubbed out): no sort, no search, no bounds read back.
+    # on CUDA; the kernel launches stubbed out): no sort, no search, no bounds read back, no
+    # data-dependent selection of self-loops.
     from torch.profiler import ProfilerActivity, profile
 
     from graphattn.nn import GraphSelfAttention
+    from graphattn.nn import attention as nn_attention
 
     monkeypatch.setattr(_tensor_cache, "CACHED_DEVICE_TYPES", {"cuda", "cpu"})
     monkeypatch.setattr(tk, "_CSR_CACHE", TensorCache(max_entries=8))
     monkeypatch.setattr(_checks, "_EDGE_INDEX_BOUNDS", TensorCache(max_entries=16))
+    monkeypatch.setattr(nn_attention, "_SELF_LOOPED", TensorCache(max_entries=8))
     monkeypatch.setattr(tk, "kernels", lambda: types.SimpleNamespace(
         forward_kernel=_NoLaunch(), backward_target_kernel=_NoLaunch(),
         backward_source_kernel=_NoLaunch()))
     ei = random_graph(6, 20, seed=4).to(DEVICE)
+    ei[:, :3] = torch.tensor([[0, 1, 2], [0, 1, 2]])  # self-loops, replaced by the layer
+    edge_attr = torch.randn(20, 3, device=DEVICE)
     q, k, v = (torch.randn(6, 2, 8, device=DEVICE, requires_grad=True) for _ in range(3))
     x = torch.randn(6, 16, device=DEVICE)
-    module = GraphSelfAttention(16, 8, heads=2, add_self_loops=False, backend="triton")
-    module.to(DEVICE)
+    loops = case == "layer_loops_edge_attr"
+    module = GraphSelfAttention(16, 8, heads=2, add_self_loops=loops, backend="triton",
+                                edge_dim=3 if loops else None).to(DEVICE)
 
     def step():
-        out = module(x, ei) if layer else edge_attention(q, k, v, ei, backend="triton")
+        if case == "edge_attention":
+            out = edge_attention(q, k, v, ei, backend="triton")
+        else:
+            out = module(x, ei, edge_attr if loops else None)
         out.sum().backward()
 
     def recorded():
@@ -318,9 +326,11 @@ def test_repeated_step_on_one_graph_sorts_and_reads_back_nothing(interpreter, mo
         return {event.name for event in prof.events()}
 
     first = recorded()
-    assert {"aten::sort", "aten::searchsorted", "aten::amax"} <= first  # the check is seen
+    assert {"aten::sort", "aten::searchsorted", "aten::amax"} <= first  # the work is seen
+    assert ("aten::nonzero" in first) == loops
     second = recorded()
-    for name in ("aten::sort", "aten::searchsorted", "aten::min", "aten::amax", "aten::item",
+    for name in ("aten::sort", "aten::searchsorted", "aten::min", "aten::amax",
+                 "aten::nonzero", "aten::masked_select", "aten::bincount", "aten::item",
                  "aten::_local_scalar_dense"):
         assert name not in second, name
 

@@ -540,6 +540,24 @@ def test_self_loops_replaced_and_filled_like_gatconv(graph_case, fill_value):
     assert_close(attr, attr_ref)
 
 
+@pytest.mark.parametrize("fill_value", ["mean", "add", "max", "min", "mul"])
+def test_bipartite_self_loops_fill_from_their_own_targets_only(fill_value):
+    # 3 sources, 5 targets: loops on targets 0..2; the edges into targets 3 and 4 must not
+    # enter any loop's features.
+    from graphattn.nn.attention import add_remaining_self_loops
+
+    edge_index = torch.tensor([[0, 2, 2, 0, 1, 2],
+                               [1, 1, 0, 3, 4, 4]])
+    edge_attr = torch.tensor([[1.0], [3.0], [5.0], [100.0], [200.0], [300.0]])
+    ei, attr = add_remaining_self_loops(edge_index, edge_attr, 3, fill_value=fill_value)
+    assert ei[:, 6:].tolist() == [[0, 1, 2], [0, 1, 2]]
+    # target 0 gets 5; target 1 gets 1 and 3; target 2 gets nothing
+    expected = {"mean": [5.0, 2.0, 0.0], "add": [5.0, 4.0, 0.0], "max": [5.0, 3.0, 0.0],
+                "min": [5.0, 1.0, 0.0], "mul": [5.0, 3.0, 1.0]}[fill_value]
+    assert attr[6:, 0].tolist() == expected
+    assert torch.equal(attr[:6], edge_attr)
+
+
 def test_lazy_in_channels_errors():
     for bad in (0, -2, 2.5, (3, 0), (1, 2, 3)):
         with pytest.raises(ValueError, match=r"in_channels must be a positive integer, or -1 "
