@@ -6,13 +6,15 @@ CUDA, and the CSR orderings, which cost a sort of E entries each) is then the sa
 step; :class:`TensorCache` keeps it, keyed by the tensor object itself.
 
 An entry is valid while its tensor is the same object with the same storage, shape and strides
-and the same version counter, which every in-place operation bumps (also through views). Writes
-that torch does not see are not detected: through ``.data``, through memory shared with
+and the same version counter, which every in-place operation bumps (also through views), and
+while the tensors of the kept value are unmodified too (a caller may have handed one out).
+Writes that torch does not see are not detected: through ``.data``, through memory shared with
 numpy or DLPack, or by a custom kernel. The entry is dropped when its tensor is freed.
 """
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
@@ -32,6 +34,12 @@ def _fingerprint(tensor: Tensor) -> tuple:
     """What must not change for a cached value of ``tensor`` to stay valid."""
     return (tensor._version, tensor.data_ptr(), tuple(tensor.shape), tuple(tensor.stride()),
             tensor.dtype, tensor.device)
+
+
+def _value_versions(value: object) -> tuple[int, ...]:
+    """The version counters of the tensors in ``value`` (a tuple, or an object's attributes)."""
+    items = value if isinstance(value, (tuple, list)) else getattr(value, "__dict__", {}).values()
+    return tuple(t._version for t in items if isinstance(t, Tensor))
 
 
 def cacheable(tensor: Tensor) -> bool:
@@ -55,37 +63,46 @@ class TensorCache(Generic[T]):
 
     def __init__(self, max_entries: int) -> None:
         self.max_entries = max_entries
-        # key -> (weak reference to the tensor, its fingerprint, value)
-        self._entries: OrderedDict[tuple, tuple[weakref.ref, tuple, T]] = OrderedDict()
+        # key -> (weak reference to the tensor, its fingerprint, value, the value's versions)
+        self._entries: OrderedDict[tuple, tuple[weakref.ref, tuple, T, tuple]] = OrderedDict()
+        # reentrant: dropping a value may free the tensor of another entry, whose callback locks
+        self._lock = threading.RLock()
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def clear(self) -> None:
         """Drop every entry."""
-        self._entries.clear()
+        with self._lock:
+            self._entries.clear()
 
     def get(self, tensor: Tensor, extra: Hashable, compute: Callable[[], T]) -> T:
-        """The value for ``(tensor, extra)``: the kept one when ``tensor`` is unchanged since it
-        was computed, else ``compute()`` (kept, when :func:`cacheable` allows)."""
+        """The value for ``(tensor, extra)``: the kept one when ``tensor`` and the value's
+        tensors are unchanged since it was computed, else ``compute()`` (kept, when
+        :func:`cacheable` allows)."""
         if not cacheable(tensor):
             return compute()
         key = (id(tensor), extra)
-        entry = self._entries.get(key)
         fingerprint = _fingerprint(tensor)
-        if entry is not None and entry[0]() is tensor and entry[1] == fingerprint:
-            self._entries.move_to_end(key)
-            return entry[2]
+        with self._lock:
+            entry = self._entries.get(key)
+            if (entry is not None and entry[0]() is tensor and entry[1] == fingerprint
+                    and _value_versions(entry[2]) == entry[3]):
+                self._entries.move_to_end(key)
+                return entry[2]
         value = compute()
-        entries = self._entries
+        entries, lock = self._entries, self._lock
 
         def forget(ref: weakref.ref, key: tuple = key) -> None:
             # the tensor is freed; drop its entry unless a newer reference replaced it
-            if key in entries and entries[key][0] is ref:
-                del entries[key]
+            with lock:
+                if key in entries and entries[key][0] is ref:
+                    del entries[key]
 
-        entries[key] = (weakref.ref(tensor, forget), fingerprint, value)
-        entries.move_to_end(key)
-        while len(entries) > self.max_entries:
-            entries.popitem(last=False)
+        with lock:
+            entries[key] = (weakref.ref(tensor, forget), fingerprint, value,
+                            _value_versions(value))
+            entries.move_to_end(key)
+            while len(entries) > self.max_entries:
+                entries.popitem(last=False)
         return value

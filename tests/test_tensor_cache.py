@@ -139,3 +139,34 @@ def test_check_edge_index_reads_bounds_back_once_per_unmodified_graph(cache_on_c
                                          r"of source nodes 3, got a maximum of 7"):
         check_edge_index(edge_index, num_src=3, num_dst=3)
     assert reads == [3, 3]
+
+
+def test_value_modified_through_a_handed_out_tensor_is_computed_again(cache_on_cpu):
+    # A caller may return a kept tensor to the user (the layer returns its self-looped
+    # edge_index with the attention weights); writing into it must not leave a stale entry.
+    cache = TensorCache(max_entries=4)
+    t = torch.tensor([1, 2, 3])
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return (t * 2, t.sum())
+
+    doubled, _ = cache.get(t, None, compute)
+    assert cache.get(t, None, compute)[0] is doubled and len(calls) == 1
+    doubled.add_(1)
+    assert cache.get(t, None, compute)[0].tolist() == [2, 4, 6]
+    assert len(calls) == 2
+
+
+def test_value_holding_the_key_of_another_entry_can_be_dropped(cache_on_cpu):
+    # Dropping an entry frees its value; when that value is the key of another entry, that
+    # entry's callback runs while the cache is busy: no deadlock, and nothing left behind.
+    cache = TensorCache(max_entries=2)
+    first = torch.arange(3)
+    derived = cache.get(first, None, lambda: first + 1)  # kept only by first's entry below
+    cache.get(derived, None, lambda d=derived: d + 1)
+    del derived
+    other = torch.arange(4)
+    cache.get(other, None, lambda: other + 1)  # drops first's entry, which frees derived
+    assert len(cache) == 1
