@@ -90,7 +90,10 @@ class TensorCache(Generic[T]):
                     and _value_versions(entry[2]) == entry[3]):
                 self._entries.move_to_end(key)
                 return entry[2]
-        value = compute()
+        # Outside inference mode even within it: an inference tensor kept now could not be
+        # saved for backward by a later training step, nor carry a version counter.
+        with torch.inference_mode(False):
+            value = compute()
         entries, lock = self._entries, self._lock
 
         def forget(ref: weakref.ref, key: tuple = key) -> None:

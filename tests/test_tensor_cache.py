@@ -170,3 +170,18 @@ def test_value_holding_the_key_of_another_entry_can_be_dropped(cache_on_cpu):
     other = torch.arange(4)
     cache.get(other, None, lambda: other + 1)  # drops first's entry, which frees derived
     assert len(cache) == 1
+
+
+def test_value_computed_in_inference_mode_serves_autograd_later(cache_on_cpu):
+    # An evaluation under torch.inference_mode() fills the cache; the training step after it
+    # must get a normal tensor (inference tensors have no version counter and cannot be saved
+    # for backward).
+    cache = TensorCache(max_entries=4)
+    t = torch.tensor([2, 0, 1])
+    with torch.inference_mode():
+        kept = cache.get(t, None, lambda: t.argsort())
+    assert not kept.is_inference()
+    assert cache.get(t, None, lambda: t.argsort()) is kept
+    w = torch.randn(3, requires_grad=True)
+    w[kept].square().sum().backward()  # the index is saved for backward
+    assert torch.equal(w.grad, 2 * w.detach())

@@ -279,6 +279,33 @@ def test_csr_is_built_once_per_unmodified_graph(interpreter, monkeypatch, compil
     assert sorted(builds) == [5, 5, 7, 7]
 
 
+@needs_triton
+def test_graph_kept_during_inference_mode_serves_the_next_training_step(interpreter,
+                                                                        monkeypatch):
+    # Evaluating under torch.inference_mode() fills the caches (self-loops, bounds, CSR);
+    # training on the same graph afterwards must work and match the reference backend.
+    from graphattn.nn import GraphSelfAttention
+    from graphattn.nn import attention as nn_attention
+
+    monkeypatch.setattr(_tensor_cache, "CACHED_DEVICE_TYPES", {"cuda", "cpu"})
+    monkeypatch.setattr(tk, "_CSR_CACHE", TensorCache(max_entries=8))
+    monkeypatch.setattr(_checks, "_EDGE_INDEX_BOUNDS", TensorCache(max_entries=16))
+    monkeypatch.setattr(nn_attention, "_SELF_LOOPED", TensorCache(max_entries=8))
+    torch.manual_seed(0)
+    ei = random_graph(6, 20, seed=5).to(DEVICE)
+    x = torch.randn(6, 16, device=DEVICE)
+    fused = GraphSelfAttention(16, 8, heads=2, backend="triton").to(DEVICE)
+    reference = GraphSelfAttention(16, 8, heads=2, backend="reference").to(DEVICE)
+    reference.load_state_dict(fused.state_dict())
+    with torch.inference_mode():
+        fused(x, ei)
+    assert len(tk._CSR_CACHE) == 1 and len(nn_attention._SELF_LOOPED) == 1
+    fused(x, ei).square().sum().backward()
+    reference(x, ei).square().sum().backward()
+    for p, q in zip(fused.parameters(), reference.parameters(), strict=True):
+        assert_close(p.grad, q.grad)
+
+
 class _NoLaunch:
     """A kernel whose launches do nothing: the host work of a call alone."""
 
