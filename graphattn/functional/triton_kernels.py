@@ -588,7 +588,8 @@ def triton_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *
 
     On CUDA the CSR orderings of ``edge_index`` (edges by target for the forward and dq, by
     source for dk and dv) are kept while that tensor lives unmodified (:func:`graph_csr`):
-    calls on the same graph sort it once. :func:`clear_csr_cache` frees them.
+    calls on the same graph sort it once (``edge_attention`` widens int32 ids to int64 per call,
+    so only int64 graphs are kept). :func:`clear_csr_cache` frees them.
 
     Args:
         q (Tensor): ``[N_dst, H, C]`` (``[N_dst, H]`` when additive).
