@@ -42,15 +42,24 @@ def _value_versions(value: object) -> tuple[int, ...]:
     return tuple(t._version for t in items if isinstance(t, Tensor))
 
 
+def _capturing_cuda_graph() -> bool:
+    """Whether the current CUDA stream is capturing a CUDA graph."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 def cacheable(tensor: Tensor) -> bool:
     """Whether :class:`TensorCache` keys on ``tensor``: a plain tensor on a device type of
-    ``CACHED_DEVICE_TYPES`` (CUDA), outside tracing.
+    ``CACHED_DEVICE_TYPES`` (CUDA), outside tracing and CUDA graph capture.
 
     Not while ``torch.compile`` traces (fake tensors), not for inference tensors (they have no
-    version counter) and not for tensor subclasses.
+    version counter) and not for tensor subclasses. Not while a CUDA graph is captured either: a
+    replay runs the recorded kernels only, so a value served from the cache at capture would
+    stay in the graph after its tensor's contents change (``static.copy_(new)`` between
+    replays), where what is computed at capture is recorded and recomputed at every replay.
     """
     return (type(tensor) is Tensor and tensor.device.type in CACHED_DEVICE_TYPES
-            and not torch.compiler.is_compiling() and not tensor.is_inference())
+            and not torch.compiler.is_compiling() and not tensor.is_inference()
+            and not _capturing_cuda_graph())
 
 
 class TensorCache(Generic[T]):

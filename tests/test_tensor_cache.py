@@ -114,6 +114,23 @@ def test_inference_tensors_and_subclasses_are_not_kept(cache_on_cpu):
     assert count.calls == 2 and len(cache) == 0
 
 
+def test_nothing_is_served_or_kept_while_a_cuda_graph_is_captured(cache_on_cpu, monkeypatch):
+    # A replay runs the recorded kernels only: a value served at capture would outlive a
+    # change of its tensor's contents between replays. Capture is simulated here (no GPU).
+    cache = TensorCache(max_entries=4)
+    t = torch.tensor([1, 2, 3])
+    count = Counter(t)
+    cache.get(t, None, count)  # kept, as in a warm-up step before capture
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    cache.get(t, None, count)
+    cache.get(t, None, count)
+    assert count.calls == 3
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    cache.get(t, None, count)
+    assert count.calls == 3 and len(cache) == 1
+
+
 def test_check_edge_index_reads_bounds_back_once_per_unmodified_graph(cache_on_cpu,
                                                                       monkeypatch):
     reads = []

@@ -230,9 +230,11 @@ def build_csr(rows: Tensor, other: Tensor, num_rows: int, num_other: int) -> CSR
 _CSR_CACHE: TensorCache[CSR] = TensorCache(max_entries=8)
 
 
-def graph_csr(edge_index: Tensor, *, by_target: bool, num_dst: int, num_src: int) -> CSR:
+def graph_csr(edge_index: Tensor, *, by_target: bool, num_dst: int, num_src: int,
+              cached: bool = True) -> CSR:
     """:func:`build_csr` of the edges grouped by target (``by_target``) or by source; on CUDA
-    kept for as long as ``edge_index`` lives unmodified (the same tensor object).
+    kept for as long as ``edge_index`` lives unmodified (the same tensor object), unless
+    ``cached=False``.
 
     Args:
         edge_index (Tensor): ``[2, E]``, checked by the caller.
@@ -240,6 +242,11 @@ def graph_csr(edge_index: Tensor, *, by_target: bool, num_dst: int, num_src: int
             ``edge_index[0]`` (the rows of dk and dv).
         num_dst (int): number of targets.
         num_src (int): number of sources.
+        cached (bool, optional): look up and keep the result in the cache. The operators that
+            ``torch.compile`` calls pass ``False``: inductor reuses the buffer of a dead
+            intermediate for another one, the same tensor object rewritten by its kernels
+            without a version bump, so a kept CSR could be served for another graph.
+            (default: ``True``)
     """
     if by_target:
         def compute() -> CSR:
@@ -247,6 +254,8 @@ def graph_csr(edge_index: Tensor, *, by_target: bool, num_dst: int, num_src: int
     else:
         def compute() -> CSR:
             return build_csr(edge_index[0], edge_index[1], num_src, num_dst)
+    if not cached:
+        return compute()
     return _CSR_CACHE.get(edge_index, (by_target, num_dst, num_src), compute)
 
 
@@ -324,11 +333,12 @@ def _alpha_dtype(q: Tensor, k: Tensor, bias: Tensor | None, att: Tensor | None,
 def _forward(q: Tensor, k: Tensor, v: Tensor, att: Tensor | None, bias: Tensor | None,
              dropout_mask: Tensor | None, edge_index: Tensor, scale: float,
              negative_slope: float, score: str, need_alpha: bool,
-             edge_key: Tensor | None = None, edge_value: Tensor | None = None,
-             ) -> tuple[Tensor, Tensor, Tensor, CSR]:
+             edge_key: Tensor | None = None, edge_value: Tensor | None = None, *,
+             cached: bool = True) -> tuple[Tensor, Tensor, Tensor, CSR]:
     """The forward pass on contiguous inputs: out (fp32), alpha (``[0, H]`` unless
-    ``need_alpha``), lse and the target CSR."""
-    csr = graph_csr(edge_index, by_target=True, num_dst=q.size(0), num_src=v.size(0))
+    ``need_alpha``), lse and the target CSR (``cached``: see :func:`graph_csr`)."""
+    csr = graph_csr(edge_index, by_target=True, num_dst=q.size(0), num_src=v.size(0),
+                    cached=cached)
     # fp32 out: backward's delta = dout . out must not see the rounding of a half out.
     out32, lse, scores = fused_forward(q, k, v, bias, dropout_mask, csr, scale=scale,
                                        score=score, att=att, negative_slope=negative_slope,
@@ -350,14 +360,14 @@ def _backward(dout: Tensor, dalpha: Tensor | None, q: Tensor, k: Tensor, v: Tens
               negative_slope: float, score: str, need_dbias: bool, need_datt: bool, *,
               edge_key: Tensor | None = None, edge_value: Tensor | None = None,
               need_dedge_key: bool = False, need_dedge_value: bool = False,
-              value_is_key: bool = False,
+              value_is_key: bool = False, cached: bool = True,
               ) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor | None, Tensor | None,
                          Tensor | None]:
     """The backward passes: dq, dk, dv, d att (when ``need_datt``), d bias (when
     ``need_dbias``), d edge_key and d edge_value (when ``need_dedge_key``,
     ``need_dedge_value``). ``value_is_key``: ``edge_value`` is ``edge_key`` (one tensor as both
     terms, and its gradient asked for): d edge_key is the gradient of both roles, written in
-    one buffer, and d edge_value is None."""
+    one buffer, and d edge_value is None. ``cached``: see :func:`graph_csr`."""
     if value_is_key:
         need_dedge_key, need_dedge_value = True, False
     n_dst, (n_src, heads, channels) = q.size(0), v.shape
@@ -391,7 +401,8 @@ def _backward(dout: Tensor, dalpha: Tensor | None, q: Tensor, k: Tensor, v: Tens
             NEED_DEK=need_dedge_key, NEED_DEV=need_dedge_value, EV_IS_EK=value_is_key,
             **flags)
     if n_src > 0:
-        csc = graph_csr(edge_index, by_target=False, num_dst=n_dst, num_src=n_src)
+        csc = graph_csr(edge_index, by_target=False, num_dst=n_dst, num_src=n_src,
+                        cached=cached)
         kernels().backward_source_kernel[(n_src, head_blocks)](
             q, k, v, _or(bias, q), _or(att, q), _or(dropout_mask, q), ek, ev, dout, lse, delta,
             _or(dalpha, lse), csc.ptr, csc.other, csc.edge_id, dk, dv, scale, negative_slope,
@@ -463,7 +474,8 @@ class FusedEdgeAttention(torch.autograd.Function):
 # The same passes as torch operators, which torch.compile calls as single opaque nodes (with
 # their output shapes) instead of tracing into Triton launches. Eager autograd goes through
 # FusedEdgeAttention, which keeps the target CSR for backward; the backward operator builds it
-# again from edge_index (one sort of E entries, unless graph_csr kept it). The per-edge terms
+# again from edge_index (one sort of E entries). Neither operator uses graph_csr's cache: the
+# edge_index inductor hands them may be a reused buffer (see graph_csr). The per-edge terms
 # come last, with defaults, so that calls without them keep their form.
 @torch.library.custom_op("graphattn::triton_edge_attention", mutates_args=())
 def _forward_op(q: Tensor, k: Tensor, v: Tensor, att: Tensor | None, bias: Tensor | None,
@@ -473,7 +485,7 @@ def _forward_op(q: Tensor, k: Tensor, v: Tensor, att: Tensor | None, bias: Tenso
                 ) -> tuple[Tensor, Tensor, Tensor]:
     """out (fp32), alpha and lse; see :func:`_forward`."""
     return _forward(q, k, v, att, bias, dropout_mask, edge_index, scale, negative_slope, score,
-                    need_alpha, edge_key, edge_value)[:3]
+                    need_alpha, edge_key, edge_value, cached=False)[:3]
 
 
 @_forward_op.register_fake
@@ -497,11 +509,13 @@ def _backward_op(dout: Tensor, dalpha: Tensor | None, q: Tensor, k: Tensor, v: T
                  ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """dq, dk, dv, d att, d bias, d edge_key and d edge_value (the last four empty when not
     asked for; d edge_value also with ``value_is_key``); see :func:`_backward`."""
-    csr = graph_csr(edge_index, by_target=True, num_dst=q.size(0), num_src=v.size(0))
+    csr = graph_csr(edge_index, by_target=True, num_dst=q.size(0), num_src=v.size(0),
+                    cached=False)
     grads = _backward(dout, dalpha, q, k, v, att, bias, dropout_mask, edge_index, out32, lse,
                       csr, scale, negative_slope, score, need_dbias, need_datt,
                       edge_key=edge_key, edge_value=edge_value, need_dedge_key=need_dedge_key,
-                      need_dedge_value=need_dedge_value, value_is_key=value_is_key)
+                      need_dedge_value=need_dedge_value, value_is_key=value_is_key,
+                      cached=False)
     return tuple(q.new_empty(0) if g is None else g for g in grads)
 
 
@@ -589,7 +603,8 @@ def triton_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *
     On CUDA the CSR orderings of ``edge_index`` (edges by target for the forward and dq, by
     source for dk and dv) are kept while that tensor lives unmodified (:func:`graph_csr`):
     calls on the same graph sort it once (``edge_attention`` widens int32 ids to int64 per call,
-    so only int64 graphs are kept). :func:`clear_csr_cache` frees them.
+    so only int64 graphs are kept; nor are they kept under ``torch.compile``).
+    :func:`clear_csr_cache` frees them.
 
     Args:
         q (Tensor): ``[N_dst, H, C]`` (``[N_dst, H]`` when additive).

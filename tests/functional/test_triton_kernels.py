@@ -252,7 +252,9 @@ def test_edge_attention_dropout_uses_one_mask(interpreter):
 def test_csr_is_built_once_per_unmodified_graph(interpreter, monkeypatch, compiled):
     # The CSR cache applies to CUDA tensors; adding "cpu" runs the same code here. Two training
     # steps on one edge_index sort it once per direction; changed in place, it is sorted again
-    # and the kernels see the new graph.
+    # and the kernels see the new graph. The operators torch.compile calls keep nothing (see
+    # test_compiled_graph_reusing_a_buffer_for_another_edge_index): they sort at every call,
+    # by target in the forward and again in the backward, by source in the backward.
     monkeypatch.setattr(_tensor_cache, "CACHED_DEVICE_TYPES", {"cuda", "cpu"})
     monkeypatch.setattr(tk, "_CSR_CACHE", TensorCache(max_entries=8))
     builds = []
@@ -268,15 +270,43 @@ def test_csr_is_built_once_per_unmodified_graph(interpreter, monkeypatch, compil
                             lambda *args: tk._forward_op(*args))
     ei = random_graph(7, 20, seed=3, num_dst=5).to(DEVICE)
     inputs = attention_inputs(7, 5, 20, 2, 8)
+    per_step = [5, 5, 7] if compiled else [5, 7]  # by target (5 rows), by source (7 rows)
     first = check_against_reference(inputs, ei)
-    assert sorted(builds) == [5, 7]  # by target (5 rows), by source (7 rows)
+    assert sorted(builds) == per_step
     second = run_backend(tk.triton_edge_attention, inputs, ei)
-    assert sorted(builds) == [5, 7]
+    assert sorted(builds) == sorted(per_step * (2 if compiled else 1))
+    assert len(tk._CSR_CACHE) == (0 if compiled else 2)
     for name, value in first.items():
         assert torch.equal(value, second[name]), name
     ei[1] = ei[1].flip(0)  # the same tensor, other targets
     check_against_reference(inputs, ei)
-    assert sorted(builds) == [5, 5, 7, 7]
+    assert sorted(builds) == sorted(per_step * (3 if compiled else 2))
+
+
+@needs_triton
+def test_compiled_graph_reusing_a_buffer_for_another_edge_index(interpreter, monkeypatch):
+    # Inductor gives a dead intermediate's buffer to a later one ("buf22 = buf8; del buf8  #
+    # reuse"): the same tensor object, rewritten by its kernels without a version bump. Two
+    # graphs built in one compiled function, a second one of the first's size, must each get
+    # their own CSR, not the first's kept for the reused buffer.
+    monkeypatch.setattr(_tensor_cache, "CACHED_DEVICE_TYPES", {"cuda", "cpu"})
+    monkeypatch.setattr(tk, "_CSR_CACHE", TensorCache(max_entries=8))
+    torch.manual_seed(0)
+    ei = torch.randint(0, 5, (2, 12), device=DEVICE)
+    q, k, v = (torch.randn(5, 1, 4, device=DEVICE) for _ in range(3))
+
+    def two_graphs(q, k, v, ei):
+        first = edge_attention(q, k, v, ei.flip(1), backend="triton")  # the same edges
+        # the reversed edges, computed once first is done: into first's edge_index buffer
+        reversed_ei = ei.flip(0) + (first.sum() > 1e30).long()
+        return first, edge_attention(q, k, v, reversed_ei, backend="triton")
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        expected = two_graphs(q, k, v, ei)
+        got = torch.compile(two_graphs, fullgraph=True)(q, k, v, ei)
+    assert_close(got[0], expected[0])
+    assert_close(got[1], expected[1])
 
 
 @needs_triton
