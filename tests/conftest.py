@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from graphattn.functional import cpu as _cpu_backend
+from graphattn.functional import edge_attention
 
 # The cpu backend compiles one numba kernel per set of flags and per channel count in
 # SPECIALISED_CHANNELS (the powers of two up to 128), 8-14 s each on a cold machine. The suite
@@ -180,3 +181,40 @@ def triton_interpreter(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     if not tk.interpret_mode():
         pytest.skip("TRITON_INTERPRET=1 did not switch this triton to its interpreter")
+
+
+def check_nan_score_pattern(backend: str, score: str, value: float, *, grads: bool = True,
+                            device: torch.device | str = "cpu") -> None:
+    """A NaN or +inf bias on one edge: every weight of that edge's target in that head is NaN,
+    as torch.softmax makes its whole row, and so is the target's output there; the other
+    targets and heads stay finite. With ``grads``, the gradients are NaN exactly where the
+    target's edges reach: q of the target, k and v of its sources, the bias of its edges, and
+    att, in that head."""
+    edge_index = torch.tensor([[0, 1, 2, 0, 3], [0, 0, 0, 1, 2]])  # target 0 has 3 in-edges
+    gen = torch.Generator().manual_seed(0)
+    qk_shape = (4, 2) if score == "additive" else (4, 2, 3)
+    leaves = {"q": torch.randn(qk_shape, generator=gen), "k": torch.randn(qk_shape, generator=gen),
+              "v": torch.randn(4, 2, 3, generator=gen), "bias": torch.zeros(5, 2)}
+    if score == "gatv2":
+        leaves["att"] = torch.randn(2, 3, generator=gen)
+    leaves["bias"][1, 0] = value
+    leaves = {n: t.to(device).requires_grad_() for n, t in leaves.items()}
+    out, alpha = edge_attention(leaves["q"], leaves["k"], leaves["v"], edge_index.to(device),
+                                bias=leaves["bias"], score=score, att=leaves.get("att"),
+                                return_attention=True, backend=backend)
+
+    def nan_in_head_0(shape, rows):
+        """The NaN pattern of a tensor of ``shape`` ``[N, H, ...]`` (``[H, C]`` when ``rows``
+        is None) with NaN exactly in head 0 of ``rows``."""
+        expected = torch.zeros(shape, dtype=torch.bool)
+        expected[(0,) if rows is None else (rows, 0)] = True
+        return expected
+
+    assert torch.equal(out.isnan().cpu(), nan_in_head_0(out.shape, [0]))
+    assert torch.equal(alpha.isnan().cpu(), nan_in_head_0(alpha.shape, [0, 1, 2]))
+    if not grads:
+        return
+    (out.sum() + alpha.sum()).backward()
+    reached = {"q": [0], "k": [0, 1, 2], "v": [0, 1, 2], "bias": [0, 1, 2], "att": None}
+    for name, t in leaves.items():
+        assert torch.equal(t.grad.isnan().cpu(), nan_in_head_0(t.shape, reached[name])), name

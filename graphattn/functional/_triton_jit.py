@@ -176,7 +176,8 @@ def forward_kernel(q, k, v, bias, att, drop, edge_key, edge_value, rowptr, col, 
     ``rowptr``, ``col`` = sources, ``eid`` = edge ids), with the key k_j + ek_e and the value
     v_j + ev_e of each edge when ``HAS_EK``, ``HAS_EV``; writes ``out`` ``[N_dst, H, C]``, the
     softmax statistics ``lse`` ``[N_dst, H, 2]`` (fp32: the row maximum m, +inf on a row
-    without weight, and log l, 0 there), and the scores ``[E, H]`` when ``NEED_SCORES``."""
+    without weight and NaN on a row with a NaN or +inf score, and log l, 0 on a row without
+    weight), and the scores ``[E, H]`` when ``NEED_SCORES``."""
     row = tl.program_id(0).to(tl.int64)
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)  # (BH)
     offs_c = tl.arange(0, BLOCK_C)  # (BC)
@@ -232,7 +233,10 @@ def forward_kernel(q, k, v, bias, att, drop, edge_key, edge_value, rowptr, col, 
     o = acc / l_safe[:, None]
     tl.store(out + row * (H * C) + hc, o.to(out.dtype.element_ty), mask=hc_ok)
     at = row * H + offs_h  # (BH): the (target, head) pairs of lse
-    tl.store(lse + at * 2, tl.where(has_weight, m, float("inf")), mask=h_ok)
+    # l = 0: no weight, m = +inf. l NaN (a NaN or +inf score): m NaN, every weight NaN as in
+    # torch.softmax, whatever the maximum kept of a NaN.
+    m_out = tl.where(has_weight, m, tl.where(l_sum == 0.0, float("inf"), l_sum))
+    tl.store(lse + at * 2, m_out, mask=h_ok)
     tl.store(lse + at * 2 + 1, tl.where(has_weight, tl.log(l_safe), 0.0), mask=h_ok)
 
 

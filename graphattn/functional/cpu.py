@@ -483,10 +483,14 @@ def _forward_kernel(score: int, has_bias: bool, has_mask: bool, need_alpha: bool
                     inv[h] = 1 / total[h]
                     lse[i, h, 0] = top[h]
                     lse[i, h, 1] = np.log(total[h])
-                else:  # no edge, or all scores -inf: every alpha of the row is 0
+                elif total[h] == 0:  # no edge, or all scores -inf: every alpha of the row is 0
                     inv[h] = 0
                     lse[i, h, 0] = np.inf
                     lse[i, h, 1] = 0
+                else:  # a NaN score (or +inf): every alpha of the row is NaN, as in softmax
+                    inv[h] = total[h]
+                    lse[i, h, 0] = total[h]
+                    lse[i, h, 1] = total[h]
                 for x in range(C):
                     out[i, h * C + x] = acc[h * C + x] * inv[h]
             if need_alpha:

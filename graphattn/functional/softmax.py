@@ -21,6 +21,7 @@ def scatter_softmax(src: Tensor, index: Tensor, num_segments: int | None = None)
 
     Each group subtracts its own maximum, so groups of wildly different scales are stable in one
     call. A group whose scores are all ``-inf`` gives zeros, never NaN; empty groups are fine.
+    A group with a NaN or ``+inf`` score is NaN throughout, as :func:`torch.softmax` is.
     Half-precision inputs (fp16, bf16) are computed in fp32 and returned in their own dtype.
 
     Args:
@@ -71,7 +72,9 @@ def scatter_softmax(src: Tensor, index: Tensor, num_segments: int | None = None)
     with torch.no_grad():
         seg_max = s.new_full((num_segments, *s.shape[1:]), float("-inf"))
         seg_max.scatter_reduce_(0, group, s, reduce="amax", include_self=True)
-        seg_max = seg_max.masked_fill_(torch.isinf(seg_max), 0.0)
+        # an empty or all -inf group: no shift. A +inf maximum stays, so that its group comes
+        # out NaN throughout (inf - inf), as in torch.softmax.
+        seg_max = seg_max.masked_fill_(seg_max == float("-inf"), 0.0)
     exp = torch.exp(s - seg_max[index])  # (E, H); exactly 0 for -inf scores
     seg_sum = exp.new_zeros((num_segments, *s.shape[1:])).index_add_(0, index, exp)
     # A group of all -inf has seg_sum 0 and exp 0: dividing by 1 there gives 0 instead of NaN,

@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import GRAPHS, assert_close, dense_mask, random_graph
+from conftest import GRAPHS, assert_close, check_nan_score_pattern, dense_mask, random_graph
 
 from graphattn.functional import available_backends, dense_attention, edge_attention
 
@@ -333,3 +333,13 @@ def test_huge_biases_on_every_in_edge_give_the_reference_weights_and_gradients(b
     for got, want in zip(results[backend] + grads[backend],
                          results["reference"] + grads["reference"], strict=True):
         assert_close(got, want)
+
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")], ids=["nan", "+inf"])
+@pytest.mark.parametrize("score", ["dot", "additive", "gatv2"])
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_nan_or_plus_inf_score_makes_its_target_nan_in_that_head(backend, score, value):
+    # The dense backend's gradients span every pair of its matrices, so NaN also reaches the
+    # k, v of nodes off the target's row there: its gradients are not compared.
+    check_nan_score_pattern(backend, score, value, grads=backend != "dense")

@@ -25,6 +25,7 @@ from conftest import (
     assert_close,
     assert_results_close,
     attention_inputs,
+    check_nan_score_pattern,
     random_graph,
 )
 
@@ -101,6 +102,13 @@ def test_matches_reference_on_graph_registry(interpreter, graph_case, score):
     isolated = torch.ones(graph_case.num_dst, dtype=torch.bool)
     isolated[ei[1]] = False
     assert (got["out"][isolated.to(DEVICE)] == 0).all()
+
+
+@needs_triton
+@pytest.mark.parametrize("value", [float("nan"), float("inf")], ids=["nan", "+inf"])
+@pytest.mark.parametrize("score", attention.SCORES)
+def test_nan_or_plus_inf_score_makes_its_target_nan_in_that_head(interpreter, score, value):
+    check_nan_score_pattern("triton", score, value, device=DEVICE)
 
 
 @needs_triton
