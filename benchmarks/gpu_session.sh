@@ -10,9 +10,12 @@
 #      the edges and reads their bounds back, as before those caches): the A/B of the caches;
 #   4. if time is left, the 50M-edge graphs again in bf16.
 # Each step has its own time limit inside the budget, so a slow step still leaves the others
-# their turn. Logs and tables go to $OUT (default: benchmarks/results/gpu_session/).
+# their turn. Tables go to $OUT (default: benchmarks/results/gpu_session/), the log of every
+# step to $OUT/session.log: 5 files at most (the device tool brings back 8).
 #
 # Usage: bash benchmarks/gpu_session.sh [budget in seconds, default 560]
+# The Planetoid files under datasets/ are ignored by git: on a machine that gets a copy of the
+# working tree, carry datasets/Cora and datasets/PubMed, or cora and pubmed are skipped.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-benchmarks/results/gpu_session}
@@ -21,6 +24,10 @@ BUDGET=${1:-560}
 PY=${PYTHON:-python3}
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 left() { echo $((BUDGET - SECONDS)); }
+# a time limit of at least 1 s (timeout 0 would mean none, a negative one is refused), with
+# SIGKILL 10 s after SIGTERM for what does not stop
+limit() { echo "-k 10 $(($1 > 1 ? $1 : 1))"; }
+LOG="$OUT/session.log"
 
 {
   date -u
@@ -28,32 +35,34 @@ left() { echo $((BUDGET - SECONDS)); }
   "$PY" -c "import platform, torch, triton, torch_geometric as pyg; print('python', \
 platform.python_version(), 'torch', torch.__version__, 'cuda', torch.version.cuda, \
 'triton', triton.__version__, 'torch_geometric', pyg.__version__)"
-} 2>&1 | tee "$OUT/env.txt"
+  [ -d datasets/Cora/raw ] && [ -d datasets/PubMed/raw ] ||
+    echo "warning: datasets/Cora/raw or datasets/PubMed/raw is missing: cora, pubmed are skipped"
+} 2>&1 | tee "$LOG"
 
-echo "== 1. benchmarks/gpu.py, fp32 ($(left) s left)"
-timeout $(($(left) - 120)) "$PY" benchmarks/gpu.py --profile --repeats 10 --warmup 2 \
+echo "== 1. benchmarks/gpu.py, fp32 ($(left) s left)" | tee -a "$LOG"
+timeout $(limit $(($(left) - 120))) "$PY" benchmarks/gpu.py --profile --repeats 10 --warmup 2 \
   --graphs random-50m,local-50m,random-1m,cora,pubmed --out "$OUT/gpu.md" 2>&1 |
-  tee "$OUT/gpu.log"
+  tee -a "$LOG"
 
-echo "== 2. Triton kernel tests on the GPU ($(left) s left)"
-timeout $(($(left) > 150 ? 120 : $(left) - 30)) env GRAPHATTN_TRITON_DEVICE=cuda \
+echo "== 2. Triton kernel tests on the GPU ($(left) s left)" | tee -a "$LOG"
+timeout $(limit $(($(left) > 150 ? 120 : $(left) - 30))) env GRAPHATTN_TRITON_DEVICE=cuda \
   "$PY" -m pytest -q -n 8 -p no:cacheprovider tests/functional/test_triton_kernels.py \
-  -k "not compile_for_sm90" 2>&1 | tee "$OUT/tests.log" | tail -25
+  -k "not compile_for_sm90" 2>&1 | tee -a "$LOG" | tail -25
 
 if [ "$(left)" -gt 150 ]; then
-  echo "== 3. benchmarks/gpu.py, fp32, the graphs of <= 1M edges without the graph caches ($(left) s left)"
-  timeout 90 "$PY" benchmarks/gpu.py --no-check --no-graph-cache --repeats 10 --warmup 2 \
+  echo "== 3. benchmarks/gpu.py, fp32, the graphs of <= 1M edges without the graph caches ($(left) s left)" | tee -a "$LOG"
+  timeout $(limit 90) "$PY" benchmarks/gpu.py --no-check --no-graph-cache --repeats 10 --warmup 2 \
     --graphs random-1m,cora,pubmed --out "$OUT/gpu_no_graph_cache.md" 2>&1 |
-    tee "$OUT/gpu_no_graph_cache.log"
+    tee -a "$LOG"
 else
-  echo "== 3. skipped: $(left) s left"
+  echo "== 3. skipped: $(left) s left" | tee -a "$LOG"
 fi
 
 if [ "$(left)" -gt 90 ]; then
-  echo "== 4. benchmarks/gpu.py, bf16, 50M-edge graphs ($(left) s left)"
-  timeout $(($(left) - 10)) "$PY" benchmarks/gpu.py --no-check --dtype bf16 \
-    --graphs random-50m,local-50m --out "$OUT/gpu_bf16.md" 2>&1 | tee "$OUT/gpu_bf16.log"
+  echo "== 4. benchmarks/gpu.py, bf16, 50M-edge graphs ($(left) s left)" | tee -a "$LOG"
+  timeout $(limit $(($(left) - 10))) "$PY" benchmarks/gpu.py --no-check --dtype bf16 \
+    --graphs random-50m,local-50m --out "$OUT/gpu_bf16.md" 2>&1 | tee -a "$LOG"
 else
-  echo "== 4. skipped: $(left) s left"
+  echo "== 4. skipped: $(left) s left" | tee -a "$LOG"
 fi
-echo "== done in ${SECONDS} s"
+echo "== done in ${SECONDS} s" | tee -a "$LOG"

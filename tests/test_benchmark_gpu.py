@@ -29,3 +29,23 @@ def test_device_checks_pass_in_the_interpreter(triton_interpreter):
     assert sum(name.startswith("torch.compile") for name in names) == len(names) // 2
     bad = [row for row in rows if not row[1] < 1e-4]  # also NaN, which max() passes over
     assert not bad, bad
+
+
+def test_no_check_neither_checks_nor_reports_a_difference(monkeypatch, tmp_path, capsys):
+    """With --no-check the log must not claim a fused-vs-reference difference of 0."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H200")
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (2**37, 2**37))
+    monkeypatch.setattr(gpu, "copy_bandwidth", lambda: 4.3e12)
+    monkeypatch.setattr(gpu, "environment", lambda *a: ["- environment"])
+    monkeypatch.setattr(gpu, "build_graph", lambda name, *a: (None, "not built in this test"))
+
+    def no_check(*args, **kwargs):
+        raise AssertionError("--no-check ran the device check")
+
+    monkeypatch.setattr(gpu, "check_on_device", no_check)
+    out = tmp_path / "gpu.md"
+    assert gpu.main(["--no-check", "--graphs", "random-1m", "--out", str(out)]) == 0
+    log = capsys.readouterr().out
+    assert "max abs difference" not in log and "not checked (--no-check)" in log
+    assert "Fused vs reference" not in out.read_text()
