@@ -6,7 +6,8 @@ citation graph graph attention.
 """
 
 from graphattn import datasets, functional, graphs, nn, pe
+from graphattn._tensor_cache import clear_graph_caches
 
 __version__ = "0.1.0"
 
-__all__ = ["datasets", "functional", "graphs", "nn", "pe", "__version__"]
+__all__ = ["clear_graph_caches", "datasets", "functional", "graphs", "nn", "pe", "__version__"]

@@ -10,6 +10,11 @@ and the same version counter, which every in-place operation bumps (also through
 while the tensors of the kept value are unmodified too (a caller may have handed one out).
 Writes that torch does not see are not detected: through ``.data``, through memory shared with
 numpy or DLPack, or by a custom kernel. The entry is dropped when its tensor is freed.
+
+An entry holds a weak reference to its tensor, and ``torch.utils.swap_tensors`` refuses a tensor
+that has one: ``load_state_dict`` and ``module.to()`` swap a model's buffers under
+``torch.__future__.set_swap_module_params_on_conversion(True)``, so with that setting, call
+:func:`clear_graph_caches` first for an ``edge_index`` kept as a buffer.
 """
 
 from __future__ import annotations
@@ -62,6 +67,22 @@ def cacheable(tensor: Tensor) -> bool:
             and not _capturing_cuda_graph())
 
 
+_CACHES: weakref.WeakSet[TensorCache] = weakref.WeakSet()  # every TensorCache, for clearing
+
+
+def clear_graph_caches() -> None:
+    """Drop every value kept from a graph's tensors.
+
+    That is the CSR orderings of the ``triton`` backend, the bounds that the edge-index check
+    read back, and the graphs with self-loops of
+    :class:`~graphattn.nn.GraphSelfAttention` (CUDA tensors only). Their memory is freed, and
+    the tensors lose the weak references their entries held, which
+    ``torch.utils.swap_tensors`` refuses. The next call on a graph computes them again.
+    """
+    for cache in list(_CACHES):
+        cache.clear()
+
+
 class TensorCache(Generic[T]):
     """At most ``max_entries`` values, each computed once from a tensor and extra hashable
     arguments, the least recently used dropped first.
@@ -76,6 +97,7 @@ class TensorCache(Generic[T]):
         self._entries: OrderedDict[tuple, tuple[weakref.ref, tuple, T, tuple]] = OrderedDict()
         # reentrant: dropping a value may free the tensor of another entry, whose callback locks
         self._lock = threading.RLock()
+        _CACHES.add(self)
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -13,7 +13,8 @@ import torch
 
 from graphattn import _checks, _tensor_cache
 from graphattn._checks import check_edge_index
-from graphattn._tensor_cache import TensorCache
+from graphattn._tensor_cache import TensorCache, clear_graph_caches
+from graphattn.nn import GraphSelfAttention
 
 
 @pytest.fixture
@@ -202,3 +203,17 @@ def test_value_computed_in_inference_mode_serves_autograd_later(cache_on_cpu):
     w = torch.randn(3, requires_grad=True)
     w[kept].square().sum().backward()  # the index is saved for backward
     assert torch.equal(w.grad, 2 * w.detach())
+
+
+def test_clearing_the_caches_lets_swap_tensors_take_a_kept_graph(cache_on_cpu):
+    # torch.utils.swap_tensors (load_state_dict and module.to() under
+    # torch.__future__.set_swap_module_params_on_conversion(True)) refuses a tensor that has a
+    # weak reference, which each kept entry holds; clear_graph_caches drops them.
+    edge_index = torch.tensor([[0, 1, 2], [1, 2, 0]])
+    GraphSelfAttention(4, 4, heads=2)(torch.randn(3, 4), edge_index)  # bounds, self-loops
+    other = edge_index.flip(0)
+    with pytest.raises(RuntimeError, match="weakref"):
+        torch.utils.swap_tensors(edge_index, other)
+    clear_graph_caches()
+    torch.utils.swap_tensors(edge_index, other)
+    assert edge_index.tolist() == [[1, 2, 0], [0, 1, 2]]

@@ -353,33 +353,81 @@ def _gatv2_edge_dot(q, i, k, j, ek, e, att, start, n, slope):
     return s
 
 
-@_jit(inline="always")
+def _additive_score(q, k, att, bias, ek, i, j, e, h, Cq, scale, slope, score, has_bias,
+                    has_ek):
+    """:func:`_score` for the additive score: ``scale * LeakyReLU(q_i + k_j + b)``."""
+    u = q[i, h] + k[j, h]
+    if has_bias:
+        u += bias[e, h]
+    if u > 0:
+        return scale * u, scale
+    return scale * slope * u, scale * slope
+
+
+def _gatv2_score(q, k, att, bias, ek, i, j, e, h, Cq, scale, slope, score, has_bias,
+                 has_ek):
+    """:func:`_score` for gatv2: ``scale * att . LeakyReLU(q_i + k_j) + b``."""
+    s = _gatv2_dot(q, i, k, j, att, h * Cq, Cq, slope) * scale
+    if has_bias:
+        s += bias[e, h]
+    return s, scale
+
+
+def _gatv2_edge_score(q, k, att, bias, ek, i, j, e, h, Cq, scale, slope, score, has_bias,
+                      has_ek):
+    """:func:`_score` for gatv2 with the edge's key term: ``scale * att . LeakyReLU(q_i + k_j +
+    ek_e) + b``."""
+    s = _gatv2_edge_dot(q, i, k, j, ek, e, att, h * Cq, Cq, slope) * scale
+    if has_bias:
+        s += bias[e, h]
+    return s, scale
+
+
+def _dot_score(q, k, att, bias, ek, i, j, e, h, Cq, scale, slope, score, has_bias, has_ek):
+    """:func:`_score` for dot: ``scale * q_i . k_j + b``."""
+    s = _dot(q, i, k, j, h * Cq, Cq) * scale
+    if has_bias:
+        s += bias[e, h]
+    return s, scale
+
+
+def _dot_edge_score(q, k, att, bias, ek, i, j, e, h, Cq, scale, slope, score, has_bias,
+                    has_ek):
+    """:func:`_score` for dot with the edge's key term: ``q_i . (k_j + ek_e)`` as two dot
+    products."""
+    s = (_dot(q, i, k, j, h * Cq, Cq) + _dot(q, i, ek, e, h * Cq, Cq)) * scale
+    if has_bias:
+        s += bias[e, h]
+    return s, scale
+
+
+# (score, has_ek) -> the score function; the additive score has no edge key term
+_SCORE_FUNCTIONS = {(ADDITIVE, False): _additive_score, (GATV2, False): _gatv2_score,
+                    (GATV2, True): _gatv2_edge_score, (DOT, False): _dot_score,
+                    (DOT, True): _dot_edge_score}
+
+
 def _score(q, k, att, bias, ek, i, j, e, h, Cq, scale, slope, score, has_bias, has_ek):
     """Score of edge ``e = (j -> i)`` in head h, and ds/d(pre-activation) (``scale`` for dot
     and gatv2, whose channel factors come later).
 
     ``q, k`` are ``[N, H * Cq]`` (``Cq = 1`` for the additive score); ``att`` is ``[H * Cq]``;
-    ``ek`` (with ``has_ek``) the edges' key terms ``[E, H * Cq]``.
+    ``ek`` (with ``has_ek``) the edges' key terms ``[E, H * Cq]``. In a kernel the flags are
+    compile-time constants, and only the score they name is compiled (see the overload below).
     """
-    if score == ADDITIVE:
-        u = q[i, h] + k[j, h]
-        if has_bias:
-            u += bias[e, h]
-        if u > 0:
-            return scale * u, scale
-        return scale * slope * u, scale * slope
-    if score == GATV2:
-        if has_ek:
-            s = _gatv2_edge_dot(q, i, k, j, ek, e, att, h * Cq, Cq, slope) * scale
-        else:
-            s = _gatv2_dot(q, i, k, j, att, h * Cq, Cq, slope) * scale
-    elif has_ek:  # q_i . (k_j + ek_e) as two dot products
-        s = (_dot(q, i, k, j, h * Cq, Cq) + _dot(q, i, ek, e, h * Cq, Cq)) * scale
-    else:
-        s = _dot(q, i, k, j, h * Cq, Cq) * scale
-    if has_bias:
-        s += bias[e, h]
-    return s, scale
+    return _SCORE_FUNCTIONS[score, bool(has_ek)](q, k, att, bias, ek, i, j, e, h, Cq, scale,
+                                                 slope, score, has_bias, has_ek)
+
+
+@overload(_score, inline="always", prefer_literal=True)
+def _score_overload(q, k, att, bias, ek, i, j, e, h, Cq, scale, slope, score, has_bias, has_ek):
+    # The kernels' flags reach here as literals: the score function is picked at typing, so
+    # that only its code is compiled and inlined. (An njit _score holding every score would be
+    # inlined whole into each kernel before its other branches are dropped: a third more
+    # compile time per kernel variant.)
+    if not (isinstance(score, types.IntegerLiteral) and isinstance(has_ek, types.Literal)):
+        return None
+    return _SCORE_FUNCTIONS[score.literal_value, bool(has_ek.literal_value)]
 
 
 @_jit(inline="always")
