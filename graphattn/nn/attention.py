@@ -277,7 +277,12 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         - **output:** ``(|V_dst|, H * C)`` (concat) or ``(|V_dst|, C)``; with
           ``return_attention_weights=True`` also ``(edge_index (2, |E'|), alpha (|E'|, H))``,
           where E' includes the added self-loops (for a sparse input
-          ``(adj (|V_dst|, |V_src|, H) sparse, alpha (|E'|, H))``).
+          ``(adj (|V_dst|, |V_src|, H) sparse, alpha (|E'|, H))``). The weights are those
+          before dropout, as ``TransformerConv`` and ``GATv2Conv`` return them (``GATConv``
+          returns them after).
+
+    The layer computes its messages in one fused operator, not through ``propagate``: PyG's
+    ``Explainer`` cannot apply an edge mask to it.
     """
 
     def __init__(self, in_channels: int | tuple[int, int], out_channels: int, heads: int = 1, *,
@@ -548,7 +553,8 @@ class DenseSelfAttention(_SelfAttentionBase):
     Shapes:
         - **input:** x ``(L, F)`` or ``(B, L, F)``, mask bool ``(L, L)`` or ``(B, L, L)``
         - **output:** ``(L, H * C)`` or ``(B, L, H * C)`` (``C`` when ``concat=False``); with
-          ``return_attention_weights=True`` also the weights ``([B,] H, L, L)``
+          ``return_attention_weights=True`` also the weights ``([B,] H, L, L)``, before
+          dropout
     """
 
     def __init__(self, in_channels: int, out_channels: int, heads: int = 1, *,
