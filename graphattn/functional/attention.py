@@ -28,6 +28,7 @@ from graphattn.functional.dense_backend import dense_edge_attention, dense_peak_
 from graphattn.functional.dropout import dropout_mask as make_dropout_mask
 from graphattn.functional.edge_terms import fold_edge_terms
 from graphattn.functional.reference import reference_edge_attention
+from graphattn.functional.triton_kernels import DTYPES as TRITON_DTYPES
 from graphattn.functional.triton_kernels import (
     triton_available,
     triton_edge_attention,
@@ -259,7 +260,8 @@ def edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
     Every tensor input but ``edge_index`` must be floating-point. Inputs of mixed floating
     dtypes (an fp32 ``att`` beside bf16 q, k, v under autocast, say) are cast to the dtype
     torch's arithmetic promotes them to, except on the ``"triton"`` backend, whose kernels read
-    each in its own dtype and compute in fp32.
+    each in its own dtype and compute in fp32 (and take no float64: ``backend="auto"`` then
+    takes ``"reference"``).
 
     Args:
         q (Tensor): queries of the targets, ``[N_dst, H, C]`` (``[N_dst, H]`` when additive).
@@ -336,6 +338,9 @@ def edge_attention_unchecked(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor
         scale = 1.0 / math.sqrt(max(q.size(-1), 1)) if score == "dot" else 1.0
     if backend == "auto":
         backend = select_backend(q, edge_index, num_src=k.size(0), score=score)
+        if backend == "triton" and any(t is not None and t.dtype not in TRITON_DTYPES
+                                       for t in (k, v, bias, att, edge_key, edge_value)):
+            backend = "reference"  # a float64 input beside q: the kernels take none
     if backend not in BACKENDS:
         raise ValueError(f"backend must be 'auto' or one of {available_backends()}, "
                          f"got {backend!r}")

@@ -68,7 +68,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 from torch import Tensor
 
-from graphattn.functional.reference import reference_grads
+from graphattn.functional.reference import reference_edge_attention, reference_grads
 
 CHUNKS_PER_THREAD = 4  # the rows are split into this many chunks of equal work per thread
 MIN_PARALLEL_WORK = 2**15  # rows + edges below which one thread does all
@@ -1041,6 +1041,11 @@ def cpu_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *, s
     for name, t in (("q", q), ("k", k), ("v", v), ("edge_index", edge_index)):
         if t.device.type != "cpu":
             raise ValueError(f"the cpu backend needs CPU tensors, got {name} on {t.device}")
+    if v.size(1) == 0:  # no heads: empty results (the kernels would divide by H = 0)
+        return reference_edge_attention(
+            q, k, v, edge_index, scale=scale, bias=bias, dropout_mask=dropout_mask, score=score,
+            negative_slope=negative_slope, need_alpha=need_alpha, att=att, edge_key=edge_key,
+            edge_value=edge_value)
     dtype, channels = v.dtype, v.size(-1)
     work = dtype if dtype in (torch.float32, torch.float64) else torch.float32
     # one tensor as both terms (TransformerConv's edge features): read once, one gradient

@@ -265,9 +265,10 @@ def dense_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
     if score == "dot":
         # scaled before the product: in fp16, q . k can overflow where the score does not
         L = (q.transpose(0, 1) * scale) @ k.permute(1, 2, 0)  # (H, N_dst, N_src)
-        if T is None:
-            L = L.masked_fill(~mask, float("-inf"))
-        else:
+        # -inf off the graph before T is added: a pair without an edge whose product overflowed
+        # to +inf (fp16) would make inf + T = inf - inf = NaN in its target row
+        L = L.masked_fill(~mask, float("-inf"))
+        if T is not None:
             L = L + T.view(T.size(0), n_dst, n_src)
     else:  # the whole score is in T
         L = T.view(T.size(0), n_dst, n_src)  # (H, N_dst, N_src)

@@ -195,3 +195,31 @@ def test_available_backends_lists_triton_only_when_it_imports(monkeypatch):
     assert available_backends() == ["reference", "cpu", "dense"]
     monkeypatch.setattr(attention, "triton_available", lambda: True)
     assert available_backends() == ["reference", "cpu", "triton", "dense"]
+
+
+def test_auto_on_cuda_promotes_a_float64_input_beside_float32_q(triton_interpreter,
+                                                                 monkeypatch):
+    """Mixed dtypes are promoted on every backend but "triton", whose kernels refuse float64:
+    auto must not send a float64 bias (or k, v) to it because q is float32."""
+    calls = []
+    triton = attention.BACKENDS["triton"]
+
+    def spy(*args, **kwargs):
+        calls.append("triton")
+        return triton(*args, **kwargs)
+
+    # the rule on CUDA, where use_triton_for(q) holds for a float32 q
+    monkeypatch.setattr(attention, "select_backend", lambda q, *args, **kwargs: "triton")
+    monkeypatch.setitem(attention.BACKENDS, "triton", spy)
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(6, 2, 4, generator=gen) for _ in range(3))
+    edge_index = torch.tensor([[0, 1, 2, 3, 4, 5, 0], [1, 2, 3, 4, 5, 0, 0]])
+    bias = torch.randn(7, 2, generator=gen, dtype=torch.float64)
+    out = edge_attention(q, k, v, edge_index, bias=bias)
+    assert calls == []
+    assert out.dtype == torch.float64
+    assert_close(out, edge_attention(q, k, v, edge_index, bias=bias, backend="reference"))
+    out = edge_attention(q, k, v.double(), edge_index)
+    assert calls == [] and out.dtype == torch.float64
+    edge_attention(q, k, v, edge_index, bias=bias.float())  # all float32: the kernels
+    assert calls == ["triton"]

@@ -188,3 +188,22 @@ def test_target_without_in_edge_is_zero_whatever_the_values(need_alpha):
     result = edge_attention(q, k, v, edge_index, backend="dense", return_attention=need_alpha)
     out = result[0] if need_alpha else result
     assert (out[4] == 0).all()
+
+
+@pytest.mark.parametrize("dtype,scale", [(torch.float16, 1.0), (torch.float32, 1e36)])
+@pytest.mark.parametrize("edges", [[[1], [0]], [[1, 1], [0, 0]]], ids=["bias", "multi-edge"])
+def test_product_overflowing_off_the_graph_is_masked_not_nan(dtype, scale, edges):
+    """The explicit path with a bias or multi-edges: a pair without an edge whose q . k
+    overflows to +inf must not turn its target NaN (+inf + log 0 = NaN before the mask)."""
+    q = torch.tensor([[[100.0]], [[1.0]]], dtype=dtype)
+    k = torch.tensor([[[1000.0]], [[1.0]]], dtype=dtype)  # pair 0 -> 0: 1e5 > fp16 max, no edge
+    v = torch.tensor([[[5.0]], [[7.0]]], dtype=dtype)
+    edge_index = torch.tensor(edges)
+    bias = torch.zeros(edge_index.size(1), 1, dtype=dtype)
+    for b in (bias, None):
+        out, alpha = edge_attention(q, k, v, edge_index, bias=b, scale=scale, backend="dense",
+                                    return_attention=True)
+        ref, ref_alpha = edge_attention(q, k, v, edge_index, bias=b, scale=scale,
+                                        backend="reference", return_attention=True)
+        assert_close(out, ref, dtype=dtype)
+        assert_close(alpha, ref_alpha, dtype=dtype)

@@ -302,6 +302,25 @@ def test_no_source_or_target_nodes_gives_zero_output_and_gradients(backend, scor
         assert t.grad.shape == t.shape and (t.grad == 0).all()
 
 
+@pytest.mark.parametrize("score", ["dot", "additive", "gatv2"])
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_no_heads_gives_empty_output_and_gradients(backend, score):
+    """H = 0 (like C = 0 or N = 0): empty results and gradients, on a graph with edges."""
+    gen = torch.Generator().manual_seed(0)
+    qk_shape = (0,) if score == "additive" else (0, 4)
+    q = torch.randn(4, *qk_shape, generator=gen).requires_grad_()
+    k = torch.randn(3, *qk_shape, generator=gen).requires_grad_()
+    v = torch.randn(3, 0, 4, generator=gen).requires_grad_()
+    att = torch.randn(0, 4, generator=gen) if score == "gatv2" else None
+    edge_index = torch.tensor([[0, 1, 2], [1, 2, 3]])
+    out, alpha = edge_attention(q, k, v, edge_index, bias=torch.zeros(3, 0), backend=backend,
+                                score=score, att=att, return_attention=True)
+    assert out.shape == (4, 0, 4) and alpha.shape == (3, 0)
+    grads = torch.autograd.grad(out.sum() + alpha.sum(), (q, k, v), allow_unused=True)
+    for t, g in zip((q, k, v), grads, strict=True):
+        assert g is None or g.shape == t.shape
+
+
 @pytest.mark.parametrize("fill", [-1e9, torch.finfo(torch.float32).min, 1e30])
 @pytest.mark.parametrize("score", ["dot", "additive"])
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
