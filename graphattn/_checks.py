@@ -87,7 +87,10 @@ def check_float_dtype(**tensors: Tensor | None) -> None:
 
 def check_dropout(p: float, name: str = "dropout") -> None:
     """Raise unless ``p`` is a real number with ``0 <= p < 1``."""
-    if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0.0 <= p < 1.0:
+    if isinstance(p, bool) or not isinstance(p, numbers.Real):
+        raise ValueError(f"{name} must be in [0, 1), got {p!r} (a {type(p).__name__}, not a "
+                         f"number)")
+    if not 0.0 <= p < 1.0:
         raise ValueError(f"{name} must be in [0, 1), got {p!r}")
 
 

@@ -261,7 +261,8 @@ def edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
     dtypes (an fp32 ``att`` beside bf16 q, k, v under autocast, say) are cast to the dtype
     torch's arithmetic promotes them to, except on the ``"triton"`` backend, whose kernels read
     each in its own dtype and compute in fp32 (and take no float64: ``backend="auto"`` then
-    takes ``"reference"``).
+    takes ``"reference"``); their output has the dtype of v, and the weights that of the
+    scores' inputs (q, k, bias, att, ``edge_key``) promoted.
 
     Args:
         q (Tensor): queries of the targets, ``[N_dst, H, C]`` (``[N_dst, H]`` when additive).

@@ -43,3 +43,10 @@ def test_probability_outside_zero_one_is_refused(p):
         dropout(x, p)
     with pytest.raises(ValueError, match=r"p must be in \[0, 1\), got"):
         dropout_mask((4,), p)
+
+
+@pytest.mark.parametrize("p", [True, "0.5", torch.tensor(0.5)], ids=["bool", "str", "tensor"])
+def test_probability_that_is_not_a_number_is_refused_by_its_type(p):
+    with pytest.raises(ValueError, match=r"p must be in \[0, 1\), got .* \(a (bool|str|Tensor), "
+                                         r"not a number\)"):
+        dropout(torch.ones(4), p)

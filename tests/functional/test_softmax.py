@@ -122,6 +122,10 @@ def test_errors():
         scatter_softmax(torch.zeros(3), index, num_segments=1)
     with pytest.raises(ValueError, match="got values from -1 to 1"):
         scatter_softmax(torch.zeros(3), torch.tensor([0, -1, 1]))
+    with pytest.raises(TypeError, match="src must be a torch.Tensor, got list"):
+        scatter_softmax([0.0, 1.0, 2.0], index)
+    with pytest.raises(TypeError, match="index must be a torch.Tensor, got list"):
+        scatter_softmax(torch.zeros(3), [0, 1, 1])
 
 
 def test_num_segments_takes_numpy_and_tensor_integers():
