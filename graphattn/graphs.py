@@ -316,6 +316,9 @@ def from_networkx(G: nx.Graph, edge_attrs: Sequence[str] | None = None,
     """
     if not isinstance(G, nx.Graph):
         raise TypeError(f"G must be a networkx graph, got {type(G).__name__}")
+    if isinstance(edge_attrs, str):  # list("weight") would be the names "w", "e", ...
+        raise TypeError(f"edge_attrs must be a list of attribute names, got the string "
+                        f"{edge_attrs!r}; pass [{edge_attrs!r}]")
     index = {node: i for i, node in enumerate(G.nodes)}
     names = list(edge_attrs) if edge_attrs is not None else []
     src: list[int] = []

@@ -47,7 +47,7 @@ import torch
 from scipy.sparse.csgraph import connected_components, reverse_cuthill_mckee
 from scipy.sparse.linalg import LinearOperator, eigsh, splu
 from torch import Tensor
-from torch_geometric.data import Data
+from torch_geometric.data import Batch, Data
 from torch_geometric.transforms import BaseTransform
 
 from graphattn._checks import check_edge_index, check_finite, check_non_negative, check_positive
@@ -272,7 +272,8 @@ def laplacian_pe(edge_index: Tensor, num_nodes: int, k: int, *, pad: bool = Fals
     is arbitrary; only the span is determined. On chains and cycles the columns are the
     sinusoidal encoding's cosines and sin/cos pairs (see :mod:`graphattn.pe`).
 
-    Up to :data:`DENSE_SOLVER_MAX_NODES` nodes the dense ``numpy.linalg.eigh`` runs; above it
+    Up to :data:`DENSE_SOLVER_MAX_NODES` nodes the dense ``numpy.linalg.eigh`` runs (on the
+    nodes that have an edge, isolated ones left out); above it
     ``scipy.sparse.linalg.eigsh`` (Lanczos) runs on :math:`\mathcal{L}` with the trivial
     eigenvectors shifted to eigenvalue 3, above the spectrum, from a fixed start vector: in
     shift-invert mode, on one sparse LU factorization, when that factorization is small (paths,
@@ -330,9 +331,13 @@ def laplacian_pe(edge_index: Tensor, num_nodes: int, k: int, *, pad: bool = Fals
     if n_eig > 0 and use_sparse and n_eig < available - 1:
         vals, vecs = _sparse_smallest(lap, deg, labels, num_trivial, n_eig)
     elif n_eig > 0:
-        all_vals, all_vecs = np.linalg.eigh(lap.toarray())  # ascending; c zeros first
-        vals = all_vals[num_trivial:num_trivial + n_eig]
-        vecs = all_vecs[:, num_trivial:num_trivial + n_eig]
+        # Only the nodes with an edge: an isolated node adds just an eigenvalue 0 (e_i), and a
+        # large graph with few edges must not build an N x N matrix.
+        sub_vals, sub_vecs = np.linalg.eigh(lap[active][:, active].toarray())  # ascending
+        skip = num_trivial - int((~active).sum())  # the zeros of the components with edges
+        vals = sub_vals[skip:skip + n_eig]
+        vecs = np.zeros((num_nodes, n_eig))
+        vecs[active] = sub_vecs[:, skip:skip + n_eig]
     vecs[~active] = 0.0  # exactly: orthogonal to every e_i of an isolated node
     vecs = _fix_signs(vecs)
 
@@ -480,6 +485,21 @@ def _graph_of(data: Data, transform: str) -> tuple[Tensor, int]:
     return edge_index, num_nodes
 
 
+def _graphs_of_batch(data: Data, edge_index: Tensor, num_nodes: int) -> list[tuple[Tensor, int]]:
+    """``(edge_index, num_nodes)`` of each graph of a ``Batch`` (nodes renumbered from 0), or
+    the one graph of a ``Data``: a batch's Laplacian eigenvectors would mix its graphs."""
+    ptr = getattr(data, "ptr", None) if isinstance(data, Batch) else None
+    if ptr is None or ptr.numel() <= 2:
+        return [(edge_index, num_nodes)]
+    ptr = ptr.to(edge_index.device)
+    graph = torch.bucketize(edge_index[0], ptr[1:], right=True)  # (E,) graph of each edge
+    order = torch.sort(graph, stable=True).indices
+    counts = torch.bincount(graph, minlength=ptr.numel() - 1).tolist()
+    starts, sizes = ptr[:-1].tolist(), ptr.diff().tolist()
+    return [(ei - start, size) for ei, start, size in
+            zip(edge_index[:, order].split(counts, dim=1), starts, sizes, strict=True)]
+
+
 def _add_node_attr(data: Data, value: Tensor, attr_name: str | None) -> Data:
     """Store ``value`` as ``data[attr_name]``, or concatenate it to ``data.x`` when ``None``."""
     if attr_name is not None:
@@ -511,7 +531,8 @@ class AddLaplacianPE(BaseTransform):
 
     Shapes:
         - **input:** ``Data`` with ``edge_index (2, E)`` (none: no edges) and ``num_nodes`` N
-        - **output:** the same ``Data`` (shallow copy) with ``laplacian_pe (N, k)``
+        - **output:** the same ``Data`` (shallow copy) with ``laplacian_pe (N, k)``; on a
+          ``Batch`` each graph gets its own encoding, as if transformed alone
     """
 
     def __init__(self, k: int, attr_name: str | None = "laplacian_pe", *, pad: bool = False,
@@ -527,8 +548,9 @@ class AddLaplacianPE(BaseTransform):
 
     def forward(self, data: Data) -> Data:
         edge_index, num_nodes = _graph_of(data, "AddLaplacianPE")
-        pe = laplacian_pe(edge_index, num_nodes, self.k, pad=self.pad,
-                          random_sign_flip=self.random_sign_flip, solver=self.solver)
+        pe = torch.cat([laplacian_pe(ei, n, self.k, pad=self.pad,
+                                     random_sign_flip=self.random_sign_flip, solver=self.solver)
+                        for ei, n in _graphs_of_batch(data, edge_index, num_nodes)])  # (N, k)
         return _add_node_attr(data, pe, self.attr_name)
 
     def __repr__(self) -> str:

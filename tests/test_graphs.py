@@ -210,6 +210,14 @@ def test_from_networkx_errors():
         graphs.from_networkx(torch.zeros(2, 2))
 
 
+def test_from_networkx_refuses_a_single_attribute_name_as_string():
+    G = nx.Graph()
+    G.add_edge(0, 1, weight=2.0)  # a string would be read as the names 'w', 'e', ...
+    with pytest.raises(TypeError, match=r"edge_attrs must be a list of attribute names, got the "
+                                        r"string 'weight'; pass \['weight'\]"):
+        graphs.from_networkx(G, edge_attrs="weight")
+
+
 def test_to_networkx():
     edge_index = torch.tensor([[0, 1, 2], [1, 0, 1]])
     D = graphs.to_networkx(edge_index, 5)

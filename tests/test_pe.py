@@ -348,6 +348,26 @@ def test_laplacian_pe_k_limits_and_padding():
     assert pe.laplacian_pe(no_edges, 0, 3, pad=True).shape == (0, 3)
 
 
+def test_laplacian_pe_leaves_isolated_nodes_out_of_the_dense_solver(monkeypatch):
+    """A large graph with few edges (here 3000 nodes, one edge) must not build an N x N
+    matrix: the dense solver sees only the nodes with an edge."""
+    shapes = []
+    eigh = np.linalg.eigh
+
+    def recording_eigh(a, *args, **kwargs):
+        shapes.append(a.shape)
+        return eigh(a, *args, **kwargs)
+
+    monkeypatch.setattr(np.linalg, "eigh", recording_eigh)
+    edge_index = torch.tensor([[5, 2999], [2999, 5]])
+    encoding, lam = pe.laplacian_pe(edge_index, 3000, 3, pad=True, return_eigenvalues=True)
+    assert shapes == [(2, 2)]
+    expected = torch.zeros(3000, 3)
+    expected[5, 0], expected[2999, 0] = math.sqrt(0.5), -math.sqrt(0.5)
+    assert_close(encoding, expected)
+    assert_close(lam, torch.tensor([2.0, 0.0, 0.0]))
+
+
 @pytest.mark.parametrize("call,error,match", [
     (lambda: pe.laplacian_pe(graphs.chain_graph(4), 4, 0), ValueError,
      r"k must be a positive integer, got 0"),
@@ -506,3 +526,17 @@ def test_transforms_take_graphs_without_edges_and_numpy_node_counts(transform):
     with pytest.raises(TypeError, match=f"{type(transform).__name__} takes a homogeneous "
                                         r"torch_geometric.data.Data, got HeteroData"):
         transform(HeteroData())
+
+
+def test_laplacian_transform_encodes_each_graph_of_a_batch_alone():
+    """The eigenvectors of a batch (a disjoint union) mix its graphs: the first graph would get
+    the columns of the second, and the encoding would depend on the batch."""
+    from torch_geometric.data import Batch
+
+    data_list = [Data(edge_index=graphs.chain_graph(4), num_nodes=4),
+                 Data(edge_index=graphs.chain_graph(4), num_nodes=4),
+                 Data(edge_index=graphs.grid_graph(2, 3), num_nodes=6)]
+    transform = pe.AddLaplacianPE(2)
+    batch = transform(Batch.from_data_list(data_list))
+    expected = torch.cat([transform(d).laplacian_pe for d in data_list])
+    assert_close(batch.laplacian_pe, expected)
