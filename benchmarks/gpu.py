@@ -557,6 +557,9 @@ def check_on_device(graph: Graph, dtype: torch.dtype, heads: int = 2, channels: 
     for score in ("dot", "additive", "gatv2"):
         configs = ["no bias", "bias"] + ([] if score == "additive" else ["bias, edge terms"])
         for config in configs:
+            # each config compiles anew: 8 of them would meet dynamo's recompile limit (8), past
+            # which it runs the function eagerly without a word
+            torch._dynamo.reset()
             n, e, dev = graph.num_nodes, graph.num_edges, graph.edge_index.device
             shape = (n, heads) if score == "additive" else (n, heads, channels)
             tensors = [torch.randn(shape, device=dev, generator=gen),

@@ -105,6 +105,7 @@ def test_matches_reference_on_graph_registry(interpreter, graph_case, score):
 
 
 @needs_triton
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # numpy: inf - inf
 @pytest.mark.parametrize("value", [float("nan"), float("inf")], ids=["nan", "+inf"])
 @pytest.mark.parametrize("score", attention.SCORES)
 def test_nan_or_plus_inf_score_makes_its_target_nan_in_that_head(interpreter, score, value):
