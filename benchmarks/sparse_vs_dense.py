@@ -389,7 +389,8 @@ def make_methods(point: Point, args, flex: Flex | None, flex_reason: str | None,
             with torch.no_grad():
                 return flex.fn(qf, kf, vf, block_mask=block_mask)
         m.fwd = flex_fwd
-        m.skip_bwd = flex.bwd_error
+        # only the forward is timed: run_point calls fwd_bwd unless skip_bwd gives a reason
+        m.skip_bwd = flex.bwd_error or "not timed (the sweep times FlexAttention's forward)"
     return methods
 
 

@@ -47,6 +47,7 @@ import os
 import platform
 import resource
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -248,8 +249,13 @@ def run_worker(args: list[str], memory_limit: float, env: dict | None = None) ->
                           preexec_fn=cap, env=env)
     if proc.returncode != 0:
         tail = proc.stderr.strip().splitlines()[-1:] or [f"exit code {proc.returncode}"]
-        if proc.returncode < 0 or "MemoryError" in proc.stderr:
+        # SIGKILL: the kernel's OOM killer; a failed allocation otherwise raises or aborts with
+        # its message. Any other signal (a segfault) is a crash, not a lack of memory.
+        if (proc.returncode == -signal.SIGKILL
+                or any(s in proc.stderr for s in ("MemoryError", "bad_alloc"))):
             return {"error": "out of memory"}
+        if proc.returncode < 0:
+            return {"error": f"crashed: {signal.Signals(-proc.returncode).name}"}
         return {"error": tail[0][:200]}
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

@@ -30,3 +30,13 @@ def test_package_exposes_its_modules():
     for name in ("datasets", "functional", "graphs", "nn", "pe"):
         assert hasattr(graphattn, name), name
     assert callable(graphattn.datasets.load_planetoid)
+
+
+def test_readme_tables_are_not_reflowed_into_paragraphs():
+    """Every markdown table row starts its own line (a reflowed paragraph swallowed one)."""
+    lines = README.read_text().splitlines()
+    inlined = [line for line in lines if "| --- |" in line and not line.startswith("| ")]
+    assert not inlined, inlined
+    for i, line in enumerate(lines):
+        if line.startswith("| ---"):
+            assert lines[i - 1].startswith("| ") and (i < 2 or lines[i - 2] == ""), lines[i - 2:i]
