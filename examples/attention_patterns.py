@@ -89,7 +89,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--length", type=int, default=64,
                         help="sequence length L (a square, at least 4)")
-    parser.add_argument("--features", type=int, default=32, help="input features per vector")
+    parser.add_argument("--features", type=int, default=32,
+                        help="input features per vector (even, at least 2)")
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--channels", type=int, default=8, help="channels per head")
     parser.add_argument("--radius", type=int, default=4, help="window radius")
@@ -100,6 +101,9 @@ def main() -> None:
                         help="folder for the heatmaps")
     parser.add_argument("--no-plot", action="store_true", help="skip the heatmaps")
     args = parser.parse_args()
+    if args.features < 2 or args.features % 2:
+        parser.error(f"--features must be even and at least 2 (the sinusoidal positions take a "
+                     f"sin and a cos column per frequency), got {args.features}")
 
     torch.manual_seed(args.seed)
     L, F = args.length, args.features

@@ -237,9 +237,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="torch CPU threads (default: torch's choice; on a machine shared "
                              "with other work, 1 avoids stalls between threads)")
     args = parser.parse_args(argv)
-    for key in ("epochs", "runs", "patience"):
-        if getattr(args, key) < 1:
-            parser.error(f"--{key} must be at least 1, got {getattr(args, key)}")
+    try:
+        torch.device(args.device)
+    except RuntimeError as error:
+        parser.error(f"--device must name a torch device (cpu, cuda, cuda:1, ...), got "
+                     f"{args.device!r}: {error}")
     for key, value in MODEL_DEFAULTS[args.model].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -248,6 +250,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for key, value in PAPER_SETUPS.get(args.dataset.lower(), PAPER_SETUPS["cora"]).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    for key in ("epochs", "runs", "patience", "hidden", "heads", "out_heads", "layers"):
+        if getattr(args, key) < 1:
+            parser.error(f"--{key.replace('_', '-')} must be at least 1, got "
+                         f"{getattr(args, key)}")
+    if not 0 <= args.dropout < 1:
+        parser.error(f"--dropout must be in [0, 1), got {args.dropout}")
+    for key in ("lr", "weight_decay"):
+        if not getattr(args, key) >= 0:
+            parser.error(f"--{key.replace('_', '-')} must be >= 0, got {getattr(args, key)}")
+    if args.model == "transformer" and args.hidden % args.heads != 0:
+        parser.error(f"--hidden must be divisible by --heads for the transformer, got "
+                     f"--hidden {args.hidden} and --heads {args.heads}")
     return args
 
 

@@ -33,3 +33,13 @@ def test_too_short_sequence_is_refused_by_name(monkeypatch, length):
     with pytest.raises(SystemExit, match=f"--length must be a perfect square of at least 4.*"
                                          f"got {length}"):
         runpy.run_path(str(SCRIPT), run_name="__main__")
+
+
+@pytest.mark.parametrize("features", [0, 7])
+def test_odd_or_zero_features_are_refused_by_flag_name(monkeypatch, capsys, features):
+    # SinusoidalPE's error named its own argument ("dim must be even"), not --features.
+    monkeypatch.setattr(sys, "argv", [str(SCRIPT), "--length", "16", "--features", str(features),
+                                      "--no-plot"])
+    with pytest.raises(SystemExit):
+        runpy.run_path(str(SCRIPT), run_name="__main__")
+    assert "--features must be even and at least 2 " in capsys.readouterr().err

@@ -1,3 +1,4 @@
+import re
 import sys
 from pathlib import Path
 
@@ -339,6 +340,27 @@ def test_example_exits_with_the_loader_message(tmp_path):
         example.main(["--dataset", "Pubmad", "--root", str(tmp_path)])
     with pytest.raises(SystemExit, match="error: --threads must be at least 1, got 0"):
         example.main(["--threads", "0", "--root", str(tmp_path)])
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--device", "gpu"], r"--device must name a torch device .*got 'gpu'"),
+    (["--hidden", "0"], r"--hidden must be at least 1, got 0"),
+    (["--heads", "-2"], r"--heads must be at least 1, got -2"),
+    (["--out-heads", "0"], r"--out-heads must be at least 1, got 0"),
+    (["--model", "transformer", "--layers", "0"], r"--layers must be at least 1, got 0"),
+    (["--dropout", "1.5"], r"--dropout must be in \[0, 1\), got 1.5"),
+    (["--lr", "-1"], r"--lr must be >= 0, got -1.0"),
+    (["--weight-decay", "nan"], r"--weight-decay must be >= 0, got nan"),
+    (["--model", "transformer", "--heads", "3"],
+     r"--hidden must be divisible by --heads .*got --hidden 64 and --heads 3"),
+])
+def test_example_refuses_bad_flag_values_by_flag_name(argv, match, capsys):
+    """A wrong value ends the script with a usage error naming the flag, not a traceback from
+    torch or from a model constructor (that named hidden_channels or lr)."""
+    example = import_example()
+    with pytest.raises(SystemExit):
+        example.parse_args(argv)
+    assert re.search(match, capsys.readouterr().err)
 
 
 def test_example_missing_files_message_speaks_of_its_flags(tmp_path, monkeypatch):
