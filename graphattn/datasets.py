@@ -310,7 +310,8 @@ def _read_planetoid(name: str, paths: dict[str, Path], structure_only: bool) -> 
     span = hi - lo + 1
     ty_full = np.zeros((span, ty.shape[1]), dtype=ty.dtype)
     ty_full[sorted_test - lo] = ty
-    labels = np.concatenate([ally, ty_full]).argmax(axis=1)
+    # argmax gives intp, int32 on Windows before numpy 2: y is int64 everywhere
+    labels = np.concatenate([ally, ty_full]).argmax(axis=1).astype(np.int64)
     labels[test_index] = labels[sorted_test]
     num_nodes = labels.shape[0]
 
