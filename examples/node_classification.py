@@ -97,7 +97,9 @@ def train_node_classifier(model: torch.nn.Module, data: Data, *, lr: float = 0.0
     one from the last epoch where both were. ``stop_on="acc"`` (what they used for their CiteSeer
     result): progress and the model kept are decided by the validation accuracy alone. Ties
     count as progress and keep the later model. Training stops after ``patience`` epochs without
-    progress.
+    progress, or with a warning when the training loss is not finite (``epochs`` then counts
+    the epochs completed). When no epoch is kept, the untrained model is: ``best_epoch`` 0, with
+    its validation accuracy measured.
     """
     if stop_on not in STOP_RULES:
         raise ValueError(f"stop_on must be one of {STOP_RULES}, got {stop_on!r}")
@@ -116,6 +118,12 @@ def train_node_classifier(model: torch.nn.Module, data: Data, *, lr: float = 0.0
         optimizer.zero_grad()
         logits = model(data.x, data.edge_index)
         loss = F.cross_entropy(logits[data.train_mask], data.y[data.train_mask])
+        if not math.isfinite(train_loss := loss.item()):
+            warnings.warn(f"{desc}: the training loss is {train_loss} at epoch {epoch}: "
+                          f"training diverged (a smaller learning rate may help); stopped, "
+                          f"keeping the model of epoch {chosen[0]}", RuntimeWarning,
+                          stacklevel=2)
+            break
         loss.backward()
         optimizer.step()
         if data.x.is_cuda:
@@ -123,7 +131,7 @@ def train_node_classifier(model: torch.nn.Module, data: Data, *, lr: float = 0.0
         result.epoch_times.append(time.perf_counter() - start)
 
         val_loss, val_acc = evaluate(model, data, data.val_mask)
-        result.train_loss.append(loss.item())
+        result.train_loss.append(train_loss)
         result.val_loss.append(val_loss)
         result.val_accs.append(val_acc)
         result.epochs = epoch
@@ -138,25 +146,27 @@ def train_node_classifier(model: torch.nn.Module, data: Data, *, lr: float = 0.0
             bad_epochs += 1
             if bad_epochs == patience:
                 break
-        bar.set_postfix(loss=f"{loss.item():.3f}", val_loss=f"{val_loss:.3f}",
+        bar.set_postfix(loss=f"{train_loss:.3f}", val_loss=f"{val_loss:.3f}",
                         val_acc=f"{val_acc:.3f}")
     bar.close()
     model.load_state_dict(chosen_state)
+    if chosen[0] == 0:  # no epoch was kept: the untrained model's accuracy, measured
+        chosen = (0, evaluate(model, data, data.val_mask)[1])
     result.best_epoch, result.val_acc = chosen
     result.test_acc = evaluate(model, data, data.test_mask)[1]
     return result
 
 
 def summarise(results: list[RunResult]) -> dict[str, float]:
-    """Mean and std of test accuracy (in %; std NaN for one run), median epoch time (ms), mean
-    epochs."""
+    """Mean and std of test accuracy (in %; std NaN for one run), median epoch time (ms; NaN
+    when no epoch completed), mean epochs."""
     accs = [100 * r.test_acc for r in results]
     times = [t for r in results for t in r.epoch_times]
     return {
         "test_mean": statistics.mean(accs),
         "test_std": statistics.stdev(accs) if len(accs) > 1 else math.nan,
         "val_mean": statistics.mean(100 * r.val_acc for r in results),
-        "epoch_ms": 1000 * statistics.median(times),
+        "epoch_ms": 1000 * statistics.median(times) if times else math.nan,
         "epochs": statistics.mean(r.epochs for r in results),
         "best_epoch": statistics.mean(r.best_epoch for r in results),
     }

@@ -1,3 +1,4 @@
+import math
 import re
 import sys
 from pathlib import Path
@@ -254,6 +255,35 @@ def test_early_stopping_rules(monkeypatch, stop_on, epochs, chosen):
     assert not torch.equal(states[chosen - 1], states[-1])  # the kept model is not the last one
     with pytest.raises(ValueError, match="stop_on must be one of .*got 'loss'"):
         example.train_node_classifier(model, data, stop_on="loss")
+
+
+@pytest.mark.parametrize("diverges_at", [1, 3])
+def test_diverged_training_stops_and_reports_a_measured_model(diverges_at):
+    """A run whose loss went NaN at its first epoch reported "val 0.0%", the initial value of
+    a model it never measured, and trained on until patience ran out."""
+    example = import_example()
+    mask = torch.ones(4, dtype=torch.bool)
+    data = Data(x=torch.randn(4, 3), edge_index=random_graph(4, 6),
+                y=torch.tensor([0, 1, 0, 0]), train_mask=mask, val_mask=mask, test_mask=mask)
+
+    class Diverging(torch.nn.Module):  # starts at zero logits (class 0 for all: 3 of 4 right)
+        def __init__(self):
+            super().__init__()
+            self.logits, self.steps = torch.nn.Parameter(torch.zeros(4, 2)), 0
+
+        def forward(self, x, edge_index):  # NaN from training step `diverges_at` on
+            self.steps += self.training
+            nan = self.training and self.steps >= diverges_at
+            return self.logits * (math.nan if nan else 1.0)
+
+    with pytest.warns(RuntimeWarning, match=f"training loss is nan at epoch {diverges_at}: "
+                                            f"training diverged"):
+        r = example.train_node_classifier(Diverging(), data, epochs=50, patience=10,
+                                          progress=False)
+    assert r.epochs == len(r.train_loss) == len(r.epoch_times) == diverges_at - 1
+    assert 0 <= r.best_epoch < diverges_at and r.val_acc == r.test_acc  # one mask, one model
+    assert (r.best_epoch, r.val_acc) == (0, 0.75) if diverges_at == 1 else r.best_epoch == 2
+    assert math.isnan(example.summarise([r])["epoch_ms"]) == (diverges_at == 1)
 
 
 def test_training_needs_an_epoch_and_a_patience():
