@@ -386,9 +386,10 @@ def main() -> None:
                     f"limit. Its peak measured on the same 1M nodes with "
                     + ", ".join(f"{e / 1e6:.1f}M edges: {p / GIB:.2f} GiB" for e, p, _ in points)
                     + f" extrapolates linearly to {peak / GIB:.1f} GiB at {target / 1e6:.1f}M "
-                    f"edges; with the inputs and the process (~{inputs / GIB:.1f} GiB) that is "
+                    f"edges; with the inputs and the process (~{inputs / GIB:.1f} GiB on the "
+                    f"{points[-1][0] / 1e6:.1f}M-edge probe) that is "
                     f"{(peak + inputs) / GIB:.1f} GiB, "
-                    + ("within" if peak + inputs <= 24 * GIB else "beyond") + " 24 GB.")
+                    + ("within" if peak + inputs <= 24 * GIB else "beyond") + " 24 GiB.")
 
     table = [
         "| graph | nodes | edges | layer | forward ms | fwd+bwd ms | peak MB (fwd+bwd) "
