@@ -191,7 +191,9 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
     :math:`\mathrm{LeakyReLU}(a_l^\top W x_i + a_r^\top W x_j + w_h^\top e_{ij})` (slope
     ``negative_slope``);
     then ``lin_q`` and ``lin_k`` map to one number per head (``Linear(in, H)``), which is that
-    score term folded into one matrix. With ``attention="gatv2"`` the score is GATv2's
+    score term folded into one matrix. With ``bias=True`` their biases add a learnt constant per
+    head inside the LeakyReLU, which ``GATConv`` does not have (a copy of its weights sets them
+    to 0). With ``attention="gatv2"`` the score is GATv2's
     dynamic attention (Brody et al., 2022),
     :math:`a_h^\top \mathrm{LeakyReLU}(W^Q x_i + W^K x_j) + w_h^\top e_{ij}`, with an
     attention vector ``att`` :math:`[H, C]`; PyG's ``GATv2Conv`` is the case :math:`W^V = W^K`

@@ -9,7 +9,12 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn import LayerNorm, LazyLinear, Linear
 
-from graphattn._checks import check_dropout, check_in_channels, check_positive
+from graphattn._checks import (
+    check_dropout,
+    check_float_dtype,
+    check_in_channels,
+    check_positive,
+)
 from graphattn.functional.dropout import dropout
 from graphattn.nn.attention import GraphSelfAttention
 
@@ -73,7 +78,9 @@ class GAT(torch.nn.Module):
     the value biases :math:`b, c` are not dropped)
     and :math:`\alpha, \beta` the attention weights of :class:`GraphSelfAttention` (with dropout
     during training). With ``attention="additive"`` the score is GAT's
-    :math:`\mathrm{LeakyReLU}_{0.2}(a_l^\top W x_i + a_r^\top W x_j)`; ``"gatv2"`` swaps in
+    :math:`\mathrm{LeakyReLU}_{0.2}(a_l^\top W x_i + a_r^\top W x_j + b_s)`, where the
+    per-head :math:`b_s`, the biases of ``lin_q`` and ``lin_k``, starts at 0 and is learnt
+    (``GATConv`` has none); ``"gatv2"`` swaps in
     GATv2's :math:`a^\top \mathrm{LeakyReLU}_{0.2}(W^Q x_i + W^K x_j)` and ``"dot"`` the
     scaled dot product of a transformer, keeping everything else. Both layers have
     ``out_proj=False`` and add self-loops, like ``torch_geometric.nn.GATConv``.
@@ -187,7 +194,8 @@ class GraphTransformer(torch.nn.Module):
             (default: ``"dot"``)
         backend (str, optional): edge-attention backend. (default: ``"auto"``)
         edge_dim (int, optional): size of the edge features passed to ``forward`` as
-            ``edge_attr``; every attention layer takes them as ``edge_mode`` says.
+            ``edge_attr`` (by keyword: the third positional argument is ``pe``), which every
+            call then needs; every attention layer takes them as ``edge_mode`` says.
             (default: ``None``)
         edge_mode (str, optional): ``"bias"``, ``"key"`` or ``"key_value"``, as in
             :class:`GraphSelfAttention`. (default: ``"bias"``)
@@ -220,6 +228,7 @@ class GraphTransformer(torch.nn.Module):
         attention_dropout = dropout if attention_dropout is None else attention_dropout
         check_dropout(attention_dropout, "attention_dropout")
         self.pe_channels = pe_channels
+        self.edge_dim = edge_dim
         self.dropout = float(dropout)
         D = hidden_channels
         self.lin_in = Linear(in_channels, D) if in_channels != -1 else LazyLinear(D)
@@ -245,6 +254,17 @@ class GraphTransformer(torch.nn.Module):
     def forward(self, x: Tensor, edge_index: Tensor, pe: Tensor | None = None,
                 edge_attr: Tensor | None = None) -> Tensor:
         """Outputs of every node; see the class docstring for shapes."""
+        if not isinstance(x, Tensor) or x.dim() != 2:
+            shape = list(x.shape) if isinstance(x, Tensor) else type(x).__name__
+            raise ValueError(f"x must have shape [N, F], got {shape}")
+        check_float_dtype(x=x)
+        if not isinstance(self.lin_in, LazyLinear) and x.size(1) != self.lin_in.in_features:
+            raise ValueError(f"x must have F = in_channels = {self.lin_in.in_features} "
+                             f"features, got {list(x.shape)}")
+        if self.edge_dim is not None and edge_attr is None:
+            raise ValueError(f"edge_attr must be given: the model has edge_dim={self.edge_dim} "
+                             f"(pass it by keyword, edge_attr=...; the third positional "
+                             f"argument is pe)")
         if self.pe_channels > 0:
             if pe is None or pe.dim() != 2 or tuple(pe.shape) != (x.size(0), self.pe_channels):
                 got = None if pe is None else list(pe.shape)

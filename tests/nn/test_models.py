@@ -463,3 +463,43 @@ def test_graph_transformer_reset_parameters_keeps_the_layers_initialisation():
             assert lin.weight.abs().max() > 1 / lin.in_features ** 0.5
     assert not torch.equal(model.lin_in.weight, before["lin_in.weight"])
     assert not torch.equal(model.attns[0].lin_q.weight, before["attns.0.lin_q.weight"])
+
+
+def test_graph_transformer_checks_x_by_name():
+    """A wrong x reached torch's own errors ("mat1 and mat2 shapes cannot be multiplied",
+    "result type Float can't be cast") or, for a 1-D x, an error quoting the hidden state's
+    shape [D] as the shape of x."""
+    x, ei = torch.randn(10, 6), random_graph(10, 30)
+    for model in (GraphTransformer(6, 8, 2, heads=2), GraphTransformer(-1, 8, 2, heads=2)):
+        with pytest.raises(ValueError, match=r"x must have shape \[N, F\], got \[6\]"):
+            model(torch.randn(6), ei)
+        model(x, ei)  # sizes the lazy model
+        with pytest.raises(ValueError, match=r"x must have F = in_channels = 6 features, "
+                                             r"got \[10, 5\]"):
+            model(torch.randn(10, 5), ei)
+        with pytest.raises(ValueError, match=r"x must have F = in_channels = 6 features, "
+                                             r"got \[10, 5\]"):
+            model(torch.randn(10, 5).to_sparse_csr(), ei)
+        with pytest.raises(TypeError, match="x must have a floating-point dtype, got torch.int64"):
+            model(torch.ones(10, 6, dtype=torch.long), ei)
+
+
+def test_graph_transformer_with_edge_dim_needs_edge_attr():
+    """With edge_dim set, a call without edge_attr ran without the edge features (no layer's
+    lin_edge got a gradient); edge_attr passed by position landed in pe, silently so when its
+    shape [E, D_e] happened to be [N, pe_channels]."""
+    torch.manual_seed(0)
+    x, ei = torch.randn(10, 6), random_graph(10, 10)  # E = N
+    edge_attr = torch.randn(10, 3)
+    with_pe = GraphTransformer(6, 8, 2, heads=2, pe_channels=3, edge_dim=3)
+    no_pe = GraphTransformer(6, 8, 2, heads=2, edge_dim=3)
+    match = (r"edge_attr must be given: the model has edge_dim=3 .*by keyword, "
+             r"edge_attr=\.\.\.; the third positional argument is pe")
+    with pytest.raises(ValueError, match=match):
+        with_pe(x, ei, edge_attr)
+    with pytest.raises(ValueError, match=match):
+        no_pe(x, ei, edge_attr)
+    with pytest.raises(ValueError, match=match):
+        no_pe(x, ei)
+    assert with_pe(x, ei, torch.randn(10, 3), edge_attr=edge_attr).shape == (10, 2)
+    assert no_pe(x, ei, edge_attr=edge_attr).shape == (10, 2)
