@@ -91,7 +91,9 @@ it to the weights and the same tensor is saved for backward.
 **Triton is optional.** This module imports it lazily; kernels are defined on first use. With
 ``TRITON_INTERPRET=1`` in the environment at that moment they run in Triton's interpreter,
 which accepts CPU tensors (slowly): this is how the tests check them without a GPU. The mode is
-read at every call, and kernels are kept per mode.
+read at every call, and kernels are kept per mode; but a process that has run interpreted
+kernels cannot compile afterwards (the interpreter leaves ``triton.language`` patched), so
+switch from compiled to interpreted only, or use a fresh process.
 """
 
 from __future__ import annotations
@@ -168,7 +170,9 @@ def _next_power_of_2(n: int) -> int:
 
 def launch_config(heads: int, channels: int, score_channels: int | None = None) -> LaunchConfig:
     """Tiles of at most 2048 values (16 fp32 registers per thread and operand at 4 warps):
-    up to 128 values of a node per program and up to 32 edges per step. ``score_channels`` is
+    up to 128 values of a node per program and up to 32 edges per step, except that one
+    head's channels always fit in one tile (C > 128 gives one head per program and, above
+    2048 channels, one edge per step; C is rounded up to a power of 2). ``score_channels`` is
     C_k, the channels of q and k (1 for the additive score; default: ``channels``); the wider
     of the two sets the tile."""
     block_c = _next_power_of_2(channels)
