@@ -11,6 +11,7 @@ which recomputes the function the reference way and differentiates it with autog
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -93,10 +94,19 @@ def reference_grads(grad_out: Tensor | None, grad_alpha: Tensor | None, q: Tenso
     else:
         q_, k_ = q, k
     with torch.enable_grad():
+        # The triton backend reads inputs of mixed dtypes each in its own (bf16 q, k, v beside
+        # an fp32 att, say): recompute in the dtype they promote to, as edge_attention does for
+        # the other backends; autograd casts each gradient back to its input's dtype.
+        common = functools.reduce(torch.promote_types,
+                                  [t.dtype for t in (q_, k_, v, att, bias, edge_key, edge_value)
+                                   if t is not None])
+        q_, k_, v_, att_, bias_, edge_key_, edge_value_ = (
+            None if t is None else t.to(common)
+            for t in (q_, k_, v, att, bias, edge_key, edge_value))
         out, alpha = reference_edge_attention(
-            q_, k_, v, edge_index, scale=scale, bias=bias, dropout_mask=dropout_mask,
+            q_, k_, v_, edge_index, scale=scale, bias=bias_, dropout_mask=dropout_mask,
             score=score, negative_slope=negative_slope, need_alpha=grad_alpha is not None,
-            att=att, edge_key=edge_key, edge_value=edge_value)
+            att=att_, edge_key=edge_key_, edge_value=edge_value_)
         outputs = [out]
         grads = [torch.zeros_like(out) if grad_out is None else grad_out]
         if grad_alpha is not None:

@@ -13,6 +13,7 @@ import torch
 from conftest import assert_close, attention_inputs, random_graph
 
 from graphattn.functional import edge_attention
+from graphattn.functional.reference import reference_edge_attention, reference_grads
 
 NUM_SRC, NUM_DST, NUM_EDGES, HEADS, CHANNELS = 6, 7, 16, 2, 3
 BACKENDS = ["cpu", "dense", "triton"]  # triton in Triton's interpreter (skipped without it)
@@ -133,3 +134,49 @@ def test_torch_func_grad_and_grad_of_grad(score, backend, request):
                       lambda f: torch.func.grad(lambda q: torch.func.grad(f)(q).square().sum())):
         assert_close(transform(loss(backend))(q), transform(loss("reference"))(q),
                      atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("score", ["dot", "gatv2"])
+def test_reference_grads_of_mixed_dtypes_promote_them(score):
+    """The triton backend takes inputs of mixed dtypes (bf16 q, k, v beside an fp32 bias and
+    att, as autocast leaves them) and its differentiable backward hands them to reference_grads
+    as they are: the recompute promotes them, as edge_attention does for the other backends,
+    and each gradient comes back in its input's dtype."""
+    edge_index = random_graph(NUM_SRC, NUM_EDGES, seed=5, num_dst=NUM_DST)
+    inputs = _inputs(score, ())
+    for name in ("q", "k", "v"):
+        inputs[name] = inputs[name].detach().bfloat16().requires_grad_()
+    names = [name for name in ("q", "k", "v", "att", "bias") if inputs[name] is not None]
+    promoted = {name: inputs[name].float() for name in names}
+    out, alpha = reference_edge_attention(
+        promoted["q"], promoted["k"], promoted["v"], edge_index, scale=0.5,
+        bias=promoted["bias"], dropout_mask=None, score=score, negative_slope=0.2,
+        need_alpha=True, att=promoted.get("att"))
+    grad_out, grad_alpha = torch.randn_like(out).bfloat16(), torch.randn_like(alpha)
+    want = torch.autograd.grad((out, alpha), [inputs[name] for name in names],
+                               (grad_out.float(), grad_alpha))
+    got = reference_grads(grad_out, grad_alpha, inputs["q"], inputs["k"], inputs["v"],
+                          edge_index, scale=0.5, bias=inputs["bias"], dropout_mask=None,
+                          score=score, negative_slope=0.2, att=inputs["att"], edge_key=None,
+                          edge_value=None, needs_grad=[True] * 7)
+    got = dict(zip(("q", "k", "v", "att", "bias"), got[:5], strict=True))
+    for name, w in zip(names, want, strict=True):
+        assert got[name].dtype == inputs[name].dtype, name
+        assert got[name].requires_grad, name
+        assert_close(got[name], w)
+
+
+@pytest.mark.parametrize("score", ["dot", "gatv2"])
+def test_triton_gradient_penalty_with_mixed_dtypes(score, triton_interpreter):
+    """bf16 q, k, v beside an fp32 bias and att through the triton backend (each read in its
+    own dtype), under create_graph=True: the reference backend's gradient penalty, which
+    promotes the inputs up front."""
+    edge_index = random_graph(NUM_SRC, NUM_EDGES, seed=5, num_dst=NUM_DST)
+    inputs = _inputs(score, ())
+    for name in ("q", "k", "v"):
+        inputs[name] = inputs[name].detach().bfloat16().requires_grad_()
+    got = _penalty_grads("triton", inputs, edge_index, score, 0.0, use_alpha=True)
+    want = _penalty_grads("reference", inputs, edge_index, score, 0.0, use_alpha=True)
+    for name in want:
+        assert got[name].dtype == inputs[name].dtype, name
+        assert_close(got[name], want[name], dtype=torch.bfloat16)
