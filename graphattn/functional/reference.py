@@ -95,11 +95,12 @@ def reference_grads(grad_out: Tensor | None, grad_alpha: Tensor | None, q: Tenso
         q_, k_ = q, k
     with torch.enable_grad():
         # The triton backend reads inputs of mixed dtypes each in its own (bf16 q, k, v beside
-        # an fp32 att, say): recompute in the dtype they promote to, as edge_attention does for
-        # the other backends; autograd casts each gradient back to its input's dtype.
+        # an fp32 att or its fp32 dropout mask, say): recompute in the dtype they promote to, as
+        # edge_attention does for the other backends; autograd casts each gradient back to its
+        # input's dtype.
         common = functools.reduce(torch.promote_types,
-                                  [t.dtype for t in (q_, k_, v, att, bias, edge_key, edge_value)
-                                   if t is not None])
+                                  [t.dtype for t in (q_, k_, v, att, bias, edge_key, edge_value,
+                                                     dropout_mask) if t is not None])
         q_, k_, v_, att_, bias_, edge_key_, edge_value_ = (
             None if t is None else t.to(common)
             for t in (q_, k_, v, att, bias, edge_key, edge_value))

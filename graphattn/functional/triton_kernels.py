@@ -85,8 +85,9 @@ The target pass writes the share of each target in :math:`\mathrm{d}a` (the inne
 ``[N_dst, H, C]`` in fp32, and torch adds them up. Each program owns the rows it writes, so
 there are no atomics and the gradients are bit-for-bit deterministic.
 
-**Dropout** is supported: ``edge_attention`` draws the ``[E, H]`` multiplier, the kernels apply
-it to the weights and the same tensor is saved for backward.
+**Dropout** is supported: ``edge_attention`` draws the ``[E, H]`` multiplier in fp32 (whatever
+the inputs' dtype, so that :math:`1 / (1 - p)` is not rounded), the kernels apply it to the
+weights and the same tensor is saved for backward.
 
 **Triton is optional.** This module imports it lazily; kernels are defined on first use. With
 ``TRITON_INTERPRET=1`` in the environment at that moment they run in Triton's interpreter,

@@ -257,6 +257,32 @@ def test_edge_attention_dropout_uses_one_mask(interpreter):
 
 
 @needs_triton
+@pytest.mark.parametrize("v_dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_dropout_mask_beside_half_values_is_not_rounded(interpreter, v_dtype):
+    """The mask was drawn in v's dtype: bf16 keeps 1 / (1 - 0.1) as 1.109375, which shrank the
+    outputs by 0.16%, and with fp32 q and k the gradients differed from the reference backend's
+    (which promotes v, and draws the mask, in fp32) by 0.3%."""
+    ei = random_graph(10, 40, seed=3).to(DEVICE)
+    inputs = on_device(attention_inputs(10, 10, 40, 2, 8, bias=False))
+    q, k = inputs["q"], inputs["k"]  # fp32
+    v = inputs["v"].detach().to(v_dtype).requires_grad_()
+    # A loss linear in out, with weights exact in bf16 and fp16: both backends get the same
+    # output gradient although only the reference's out is fp32.
+    w = torch.randint(-4, 5, (10, 2, 8), generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    results = {}
+    for backend in ("triton", "reference"):
+        torch.manual_seed(5)
+        out = edge_attention(q, k, v, ei, dropout_p=0.1, backend=backend)
+        results[backend] = (out, *torch.autograd.grad((out.float() * w / 4).sum(), (q, k, v)))
+    (out, dq, dk, dv), (want_out, want_dq, want_dk, want_dv) = results.values()
+    assert out.dtype == dv.dtype == v_dtype and want_out.dtype == torch.float32
+    assert_close(out, want_out.to(v_dtype))
+    assert_close(dq, want_dq)  # fp32, as q: the same mask and values on both sides
+    assert_close(dk, want_dk)
+    assert_close(dv, want_dv)
+
+
+@needs_triton
 @pytest.mark.parametrize("compiled", [False, True], ids=["autograd-function", "operators"])
 def test_csr_is_built_once_per_unmodified_graph(interpreter, monkeypatch, compiled):
     # The CSR cache applies to CUDA tensors; adding "cpu" runs the same code here. Two training
