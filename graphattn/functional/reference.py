@@ -26,10 +26,38 @@ def reference_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor
                              score: str, negative_slope: float, need_alpha: bool,
                              att: Tensor | None = None, edge_key: Tensor | None = None,
                              edge_value: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-    """The readable reference backend: gather per edge, scatter-softmax, scatter-add.
+    r"""The readable reference backend: gather per edge, scatter-softmax, scatter-add.
 
-    Arguments are already checked by :func:`edge_attention`; ``dropout_mask`` is ``None`` or an
-    ``[E, H]`` multiplier (0 or ``1 / (1 - p)``). Keeps ``[E, H, C]`` tensors for autograd.
+    For each edge :math:`e = (j \to i)` and head :math:`h`, with the key
+    :math:`\kappa_e = k_j + ek_e` and the value :math:`\nu_e = v_j + ev_e` (the edge terms
+    when given):
+
+    .. math::
+        s_e = \begin{cases}
+            \sigma \, q_i \cdot \kappa_e + b_e & \text{dot} \\
+            \sigma \, a \cdot \mathrm{LeakyReLU}(q_i + \kappa_e) + b_e & \text{gatv2} \\
+            \sigma \, \mathrm{LeakyReLU}(q_i + \kappa_e + b_e) & \text{additive}
+        \end{cases}, \qquad
+        \alpha_e = \operatorname{softmax}_{e' \to i}(s)_e, \qquad
+        o_i = \sum_{e = (j \to i)} d_e \, \alpha_e \, \nu_e
+
+    with :math:`\sigma` the scale and :math:`d_e` the dropout multiplier (1 without).
+    Arguments are already checked by :func:`edge_attention`, whose backends are all tested
+    against this one. Keeps ``[E, H, C]`` tensors for autograd.
+
+    Args:
+        q, k, v, edge_index, scale, bias, score, negative_slope, att, edge_key, edge_value:
+            as in :func:`edge_attention`, with ``scale`` a number (no default).
+        dropout_mask (Tensor, optional): ``None`` or the ``[E, H]`` multiplier :math:`d_e`
+            (0 or :math:`1 / (1 - p)`).
+        need_alpha (bool): return :math:`\alpha` as well (else ``None`` in its place).
+
+    Shapes:
+        - **input:** q ``(N_dst, H, C_k)`` (``(N_dst, H)`` for the additive score), k
+          ``(N_src, H, C_k)`` (same), v ``(N_src, H, C)``, edge_index ``(2, E)``, bias and
+          dropout_mask ``(E, H)``, att ``(H, C_k)``, edge_key ``(E, H, C_k)``, edge_value
+          ``(E, H, C)``
+        - **output:** ``(out (N_dst, H, C), alpha (E, H) or None)``
     """
     src, dst = edge_index[0], edge_index[1]
     k_e = k[src] if edge_key is None else k[src] + edge_key  # (E, H, C): each edge's key
@@ -54,7 +82,6 @@ def reference_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor
     msg = weight.unsqueeze(-1) * v_e  # (E, H, C)
     out = v.new_zeros(q.size(0), *v.shape[1:]).index_add_(0, dst, msg)  # (N_dst, H, C)
     return out, (alpha if need_alpha else None)
-
 
 
 def reference_grads(grad_out: Tensor | None, grad_alpha: Tensor | None, q: Tensor, k: Tensor,
