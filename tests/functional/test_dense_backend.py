@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import GRAPHS, assert_close, dense_mask, random_graph
+from conftest import GRAPHS, assert_close, attention_inputs, dense_mask, random_graph
 
 from graphattn import graphs
 from graphattn.functional import dense_attention, edge_attention
@@ -58,6 +58,31 @@ def assert_dense_equals_reference(q, k, v, edge_index, bias, **kw):
         assert torch.isfinite(g).all()
         assert_close(g, r)
     return out
+
+
+@pytest.mark.parametrize("dropout_p", [0.0, 0.4], ids=["nodrop", "dropout"])
+@pytest.mark.parametrize("case", GRAPHS, ids=[g.name for g in GRAPHS])
+def test_gatv2_with_a_scale_and_slope_of_its_own_equals_reference(case, dropout_p):
+    """gatv2's per-edge scores (scale 0.7, slope 0.1, not the defaults 1 and 0.2): out, alpha
+    and the gradients of q, k, v, bias and att match the reference."""
+    inputs = attention_inputs(case.num_src, case.num_dst, case.edge_index.size(1), 2, 3,
+                              score="gatv2", dtype=torch.float64)
+    results = []
+    for backend in ("dense", "reference"):
+        leaves = {n: t.detach().clone().requires_grad_() for n, t in inputs.items()
+                  if t is not None}
+        torch.manual_seed(0)  # the same dropout mask for both backends
+        out, alpha = edge_attention(leaves["q"], leaves["k"], leaves["v"], case.edge_index,
+                                    bias=leaves["bias"], att=leaves["att"], score="gatv2",
+                                    scale=0.7, negative_slope=0.1, dropout_p=dropout_p,
+                                    return_attention=True, backend=backend)
+        weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(1),
+                              dtype=out.dtype)
+        loss = (out * weights).sum() + alpha.square().sum()
+        results.append([out, alpha, *torch.autograd.grad(loss, list(leaves.values()))])
+    for got, want in zip(*results, strict=True):
+        assert torch.isfinite(got).all()
+        assert_close(got, want)
 
 
 def test_multi_edges_add_their_weights():

@@ -23,17 +23,21 @@ ALL_TERMS = [("dot", "edge_key+edge_value"), ("gatv2", "edge_key+edge_value"),
              ("additive", "edge_value")]
 
 
-def edges_as_sources(inputs, edge_index, score, dropout_mask=None):
-    """The definition: each edge a source with key k[j] + ek[e] and value v[j] + ev[e]."""
+def edges_as_sources(inputs, edge_index, score, dropout_mask=None, scale=None,
+                     negative_slope=0.2):
+    """The definition: each edge a source with key k[j] + ek[e] and value v[j] + ev[e]
+    (``scale``: edge_attention's default when ``None``)."""
     src, dst = edge_index
     ek, ev = inputs["edge_key"], inputs["edge_value"]
     k = inputs["k"][src] if ek is None else inputs["k"][src] + ek  # (E, H, C)
     v = inputs["v"][src] if ev is None else inputs["v"][src] + ev  # (E, H, C)
     sources = torch.stack([torch.arange(src.numel()), dst])  # (2, E): edge e -> its target
-    scale = inputs["q"].size(-1) ** -0.5 if score == "dot" else 1.0
+    if scale is None:
+        scale = inputs["q"].size(-1) ** -0.5 if score == "dot" else 1.0
     return reference_edge_attention(inputs["q"], k, v, sources, scale=scale, bias=inputs["bias"],
-                                    dropout_mask=dropout_mask, score=score, negative_slope=0.2,
-                                    need_alpha=True, att=inputs["att"])
+                                    dropout_mask=dropout_mask, score=score,
+                                    negative_slope=negative_slope, need_alpha=True,
+                                    att=inputs["att"])
 
 
 def out_alpha_and_grads(out, alpha, inputs):
@@ -81,6 +85,24 @@ def test_edge_terms_with_dropout_use_the_dropped_weights(score, terms, backend):
     torch.manual_seed(7)
     mask = dropout_mask((40, 2), 0.4, dtype=torch.float64)  # the operator's draw
     expected = edges_as_sources(inputs, edge_index, score, dropout_mask=mask)
+    for actual, truth in zip(out_alpha_and_grads(out, alpha, inputs),
+                             out_alpha_and_grads(*expected, inputs), strict=True):
+        assert_close(actual, truth)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "reference", "dense"])
+@pytest.mark.parametrize(("score", "terms"), ALL_TERMS, ids=["-".join(t) for t in ALL_TERMS])
+def test_edge_terms_with_a_scale_and_slope_of_their_own(score, terms, backend):
+    """scale 0.7 and negative_slope 0.1 (not the defaults) reach the scores and every gradient
+    of the edge terms' paths: the gatv2 key term's LeakyReLU and its derivative in backward."""
+    case = next(g for g in GRAPHS if g.name == "multi-edges")
+    inputs = attention_inputs(case.num_src, case.num_dst, case.edge_index.size(1), 2, 3,
+                              score=score, terms=terms.split("+"), dtype=torch.float64, seed=4)
+    options = {n: t for n, t in inputs.items() if n not in ("q", "k", "v")}
+    out, alpha = edge_attention(inputs["q"], inputs["k"], inputs["v"], case.edge_index,
+                                score=score, backend=backend, return_attention=True, scale=0.7,
+                                negative_slope=0.1, **options)
+    expected = edges_as_sources(inputs, case.edge_index, score, scale=0.7, negative_slope=0.1)
     for actual, truth in zip(out_alpha_and_grads(out, alpha, inputs),
                              out_alpha_and_grads(*expected, inputs), strict=True):
         assert_close(actual, truth)

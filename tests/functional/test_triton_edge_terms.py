@@ -47,7 +47,7 @@ def edges_as_sources(q, k, v, edge_index, *, edge_key=None, edge_value=None, **o
 
 
 def run(backend, inputs, edge_index, *, score, through=("out", "alpha"), dropout_mask=None,
-        compute_dtype=None, seed=1):
+        compute_dtype=None, seed=1, negative_slope=0.2):
     """out, alpha and the gradients of the inputs that require one, of a fixed random loss on
     ``through`` (0 where the loss does not depend on an input)."""
     given = {n: t for n, t in inputs.items() if t is not None}
@@ -56,7 +56,7 @@ def run(backend, inputs, edge_index, *, score, through=("out", "alpha"), dropout
     mask = None if dropout_mask is None else dropout_mask.to(compute_dtype or dropout_mask.dtype)
     out, alpha = backend(cast["q"], cast["k"], cast["v"], edge_index, scale=0.5,
                          bias=cast.get("bias"), dropout_mask=mask, score=score,
-                         negative_slope=0.2, need_alpha=True, att=cast.get("att"),
+                         negative_slope=negative_slope, need_alpha=True, att=cast.get("att"),
                          edge_key=cast.get("edge_key"), edge_value=cast.get("edge_value"))
     gen = torch.Generator().manual_seed(seed)
     w_out = torch.randn(out.shape, generator=gen, dtype=torch.float64)
@@ -126,6 +126,15 @@ def test_dropout_mask_weights_the_value_terms(score):
     mask = keep.float() / (1 - p)
     got = check_against_edges_as_sources(inputs, ei, score=score, dropout_mask=mask)
     assert (got["dedge_value"][~keep] == 0).all()
+
+
+def test_gatv2_terms_with_a_negative_slope_of_their_own():
+    """negative_slope 0.1, not the default 0.2: the LeakyReLU of q_i + k_j + ek_e and its
+    derivative in d edge_key, dq, d att and dk."""
+    ei, num_nodes = mixed_graph()
+    inputs = attention_inputs(num_nodes, num_nodes, ei.size(1), 2, 8, score="gatv2",
+                              terms=TERMS["both"], seed=9)
+    check_against_edges_as_sources(inputs, ei, score="gatv2", negative_slope=0.1)
 
 
 @pytest.mark.parametrize("score", ["dot", "gatv2"])

@@ -63,7 +63,7 @@ def on_device(inputs):
 
 
 def run_backend(backend, inputs, edge_index, *, score="dot", scale=0.5, dropout_mask=None,
-                compute_dtype=None, seed=1):
+                compute_dtype=None, seed=1, negative_slope=0.2):
     """out, alpha and the gradients of a fixed random loss on both (computed in compute_dtype),
     on ``DEVICE``."""
     leaves = {n: t for n, t in on_device(inputs).items() if t is not None}
@@ -73,7 +73,7 @@ def run_backend(backend, inputs, edge_index, *, score="dot", scale=0.5, dropout_
     mask = None if dropout_mask is None else dropout_mask.to(compute_dtype or dropout_mask.dtype)
     out, alpha = backend(cast["q"], cast["k"], cast["v"], edge_index, scale=scale,
                          bias=cast.get("bias"), dropout_mask=mask, score=score,
-                         negative_slope=0.2, need_alpha=True, att=cast.get("att"))
+                         negative_slope=negative_slope, need_alpha=True, att=cast.get("att"))
     gen = torch.Generator().manual_seed(seed)
     w_out = torch.randn(out.shape, generator=gen, dtype=torch.float64).to(DEVICE)
     w_alpha = torch.randn(alpha.shape, generator=gen, dtype=torch.float64).to(DEVICE)
@@ -83,11 +83,12 @@ def run_backend(backend, inputs, edge_index, *, score="dot", scale=0.5, dropout_
 
 
 def check_against_reference(inputs, edge_index, *, score="dot", scale=0.5, dropout_mask=None,
-                            dtype=torch.float32):
+                            dtype=torch.float32, negative_slope=0.2):
     got = run_backend(tk.triton_edge_attention, inputs, edge_index, score=score, scale=scale,
-                      dropout_mask=dropout_mask)
+                      dropout_mask=dropout_mask, negative_slope=negative_slope)
     want = run_backend(reference_edge_attention, inputs, edge_index, score=score, scale=scale,
-                       dropout_mask=dropout_mask, compute_dtype=torch.float64)
+                       dropout_mask=dropout_mask, compute_dtype=torch.float64,
+                       negative_slope=negative_slope)
     assert got["out"].dtype == inputs["v"].dtype
     assert_results_close(got, want, inputs, dtype)
     return got
@@ -135,6 +136,16 @@ def test_channels_of_v_unlike_those_of_q(interpreter, score, channels, value_cha
                               seed=value_channels)
     got = check_against_reference(inputs, ei, score=score, scale=channels ** -0.5)
     assert got["out"].shape == (12, 4, value_channels)
+
+
+@needs_triton
+@pytest.mark.parametrize("score", ["additive", "gatv2"])
+def test_negative_slope_of_its_own(interpreter, score):
+    """negative_slope 0.1, not the default 0.2: the LeakyReLU of the scores and its derivative
+    in both backward passes (dq, d att on the target pass, dk on the source pass)."""
+    ei = random_graph(12, 40, seed=8)
+    inputs = attention_inputs(12, 12, 40, 2, 8, score=score, seed=5)
+    check_against_reference(inputs, ei, score=score, negative_slope=0.1)
 
 
 def star_graph(degree: int, extra: int = 6, seed: int = 0) -> torch.Tensor:

@@ -286,7 +286,7 @@ def test_diverged_training_stops_and_reports_a_measured_model(diverges_at):
     assert math.isnan(example.summarise([r])["epoch_ms"]) == (diverges_at == 1)
 
 
-def test_training_needs_an_epoch_and_a_patience():
+def test_training_needs_an_epoch_and_a_patience(capsys):
     """patience 0 used to mean "never stop" and epochs 0 crashed in the summary."""
     example = import_example()
     data = Data(x=torch.randn(4, 3), edge_index=random_graph(4, 6),
@@ -299,6 +299,7 @@ def test_training_needs_an_epoch_and_a_patience():
     for flag in ("--epochs", "--runs", "--patience"):
         with pytest.raises(SystemExit):
             example.parse_args([flag, "0"])
+        assert f"{flag} must be at least 1, got 0" in capsys.readouterr().err
 
 
 def test_example_times_epochs_on_the_device_of_the_data(monkeypatch):
