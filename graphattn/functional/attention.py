@@ -326,18 +326,24 @@ def edge_attention_unchecked(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor
                              training: bool, return_attention: bool, backend: str, score: str,
                              negative_slope: float = 0.2, att: Tensor | None = None,
                              edge_key: Tensor | None = None, edge_value: Tensor | None = None,
+                             edge_weight: Tensor | None = None,
                              ) -> Tensor | tuple[Tensor, Tensor]:
     """:func:`edge_attention` without the argument checks, for callers that made them.
 
     :class:`~graphattn.nn.GraphSelfAttention` validates ``edge_index`` once and builds q, k, v
     and the self-loops itself, so their shapes and node ids are valid by construction; checking
     again would cost two more passes over the edges (and, on CUDA, two device syncs). Only the
-    backend name is still checked. Everything else is as in :func:`edge_attention`.
+    backend name is still checked. Everything else is as in :func:`edge_attention`, plus
+    ``edge_weight`` ``[E]``: a multiplier of each edge's weights after the softmax (and after
+    dropout), gradients included (PyG's explanation masks); it takes the reference backend,
+    the one that differentiates it.
     """
     if scale is None:
         # 1 / sqrt(C) for dot (C = 0: the score is 0 whatever the scale)
         scale = 1.0 / math.sqrt(max(q.size(-1), 1)) if score == "dot" else 1.0
-    if backend == "auto":
+    if edge_weight is not None:
+        backend = "reference"
+    elif backend == "auto":
         backend = select_backend(q, edge_index, num_src=k.size(0), score=score)
         if backend == "triton" and any(t is not None and t.dtype not in TRITON_DTYPES
                                        for t in (k, v, bias, att, edge_key, edge_value)):
@@ -355,6 +361,10 @@ def edge_attention_unchecked(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor
         mask_dtype = torch.float32 if backend == "triton" else v.dtype
         dropout_mask = make_dropout_mask((edge_index.size(1), v.size(1)), dropout_p,
                                          device=v.device, dtype=mask_dtype)  # (E, H)
+    if edge_weight is not None:
+        weight = edge_weight.to(v.dtype).unsqueeze(-1)  # (E, 1)
+        dropout_mask = weight.expand(-1, v.size(1)) if dropout_mask is None else (
+            dropout_mask * weight)  # (E, H)
     options = dict(scale=float(scale), bias=bias, dropout_mask=dropout_mask, score=score,
                    negative_slope=float(negative_slope), need_alpha=return_attention, att=att)
     if edge_key is None and edge_value is None:

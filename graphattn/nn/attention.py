@@ -283,8 +283,12 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
           before dropout, as ``TransformerConv`` and ``GATv2Conv`` return them (``GATConv``
           returns them after).
 
-    The layer computes its messages in one fused operator, not through ``propagate``: PyG's
-    ``Explainer`` cannot apply an edge mask to it.
+    The layer computes its messages in one fused operator, not through ``propagate``; PyG's
+    ``Explainer`` still masks its edges (``edge_mask_type="object"``): with an explanation
+    mask :math:`m` set, each weight :math:`\alpha_{ij}` is multiplied by :math:`m_{ij}` (its
+    sigmoid, as PyG applies it), as ``MessagePassing.explain_message`` multiplies messages,
+    and the self-loops the layer adds get 1. That call takes the reference backend, which
+    differentiates the mask; the weights returned are those before the mask.
     """
 
     def __init__(self, in_channels: int | tuple[int, int], out_channels: int, heads: int = 1, *,
@@ -373,6 +377,9 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             edge_index = from_sparse_adjacency(adjacency)  # (2, nnz)
         check_edge_index(edge_index, num_src=N_src, num_dst=N_dst)
         edge_attr = self._check_edge_attr(edge_attr, edge_index.size(1))
+        edge_weight = None  # (E',): PyG's explanation mask, when an Explainer set one
+        if self.explain:
+            edge_weight = self._explain_mask(edge_index, num_loops=min(N_src, N_dst))
         if self.add_self_loops:
             edge_index, edge_attr = add_remaining_self_loops(
                 edge_index, edge_attr, min(N_src, N_dst), fill_value=self.fill_value,
@@ -398,7 +405,8 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
                                           return_attention=return_attention_weights,
                                           backend=self.backend, score=self.attention,
                                           negative_slope=self.negative_slope, att=self.att,
-                                          edge_key=edge_key, edge_value=edge_value)
+                                          edge_key=edge_key, edge_value=edge_value,
+                                          edge_weight=edge_weight)
         if return_attention_weights:
             out, alpha = result
             if adjacency is not None:
@@ -407,6 +415,24 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
                 return self._merge_heads(out, x_dst), (adj, alpha)  # alpha in entries' order
             return self._merge_heads(out, x_dst), (edge_index, alpha)
         return self._merge_heads(result, x_dst)  # (N_dst, H*C) or (N_dst, C)
+
+    def _explain_mask(self, edge_index: Tensor, num_loops: int) -> Tensor:
+        """The explanation mask that PyG's ``Explainer`` set (``_edge_mask``, one value per edge
+        of ``edge_index``), through its sigmoid if asked, on the edges the layer attends over:
+        without the self-loops it replaces, and 1 on those it adds (as in
+        ``MessagePassing.explain_message``) ``[E']``."""
+        mask = self._edge_mask
+        if mask is None:
+            raise ValueError("explain is True but no edge mask is set: set one with "
+                             "torch_geometric.explain.algorithm.utils.set_masks")
+        if mask.dim() != 1 or mask.size(0) != edge_index.size(1):
+            raise ValueError(f"the explanation edge mask must have one value per edge, shape "
+                             f"[{edge_index.size(1)}], got {list(mask.shape)}")
+        mask = mask.sigmoid() if self._apply_sigmoid else mask
+        if not self.add_self_loops:
+            return mask
+        kept = mask[edge_index[0] != edge_index[1]]  # (E_kept,)
+        return torch.cat([kept, kept.new_ones(num_loops)])  # (E_kept + num_loops,)
 
     def _check_edge_attr(self, edge_attr: Tensor | None, num_edges: int) -> Tensor | None:
         if edge_attr is None:

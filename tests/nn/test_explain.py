@@ -1,0 +1,126 @@
+"""GraphSelfAttention under PyG's explainability API: explanation edge masks applied as PyG's
+``MessagePassing`` applies them, checked against ``GATConv`` and ``TransformerConv`` with
+copied weights (outputs and mask gradients) and through ``Explainer`` itself."""
+
+import pytest
+import torch
+from conftest import GRAPHS, assert_close, random_graph
+from test_additive_attention import make_pair
+from torch_geometric.explain import Explainer, GNNExplainer
+from torch_geometric.explain.algorithm.utils import clear_masks, set_masks
+from torch_geometric.nn import TransformerConv
+
+from graphattn.nn import GraphSelfAttention
+
+DTYPE = torch.float64
+F, C, H = 5, 4, 3
+
+
+def transformer_pair(in_channels):
+    """``TransformerConv`` and the layer computing the same function, weights copied."""
+    torch.manual_seed(0)
+    conv = TransformerConv(in_channels, C, heads=H).to(DTYPE)
+    layer = GraphSelfAttention(in_channels, C, heads=H, residual=True, out_proj=False,
+                               add_self_loops=False).to(DTYPE)
+    with torch.no_grad():
+        for ours, theirs in ((layer.lin_q, conv.lin_query), (layer.lin_k, conv.lin_key),
+                             (layer.lin_v, conv.lin_value), (layer.res, conv.lin_skip)):
+            ours.weight.copy_(theirs.weight)
+            ours.bias.copy_(theirs.bias)
+    return layer, conv
+
+
+def gat_pair():
+    """``GATConv`` and the additive layer, without output bias: under a mask that no longer
+    sums to 1, ``GATConv``'s bias (added after the sum) and the layer's (in the values) part."""
+    layer, gat = make_pair(F, C, H)
+    with torch.no_grad():
+        gat.bias.zero_()
+        layer.lin_v.bias.zero_()
+    return layer, gat
+
+
+def masked_run(module, x, edge_index, mask, apply_sigmoid):
+    """Output and the mask's gradient through a loss weighing every output differently."""
+    param = torch.nn.Parameter(mask.clone())
+    set_masks(module, param, edge_index, apply_sigmoid=apply_sigmoid)
+    try:
+        out = module(x, edge_index)
+    finally:
+        clear_masks(module)
+    (out * torch.linspace(-1, 1, out.numel(), dtype=DTYPE).view_as(out)).sum().backward()
+    return out, param.grad
+
+
+def inputs(case, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(case.num_src, F, generator=gen, dtype=DTYPE)
+    if case.bipartite:
+        x = (x, torch.randn(case.num_dst, F, generator=gen, dtype=DTYPE))
+    mask = torch.randn(case.edge_index.size(1), generator=gen, dtype=DTYPE)
+    return x, mask
+
+
+def _adjusts_loops(case):
+    """PyG's explain_message re-orders the mask for the self-loops a layer replaced only when
+    the edge counts differ; on a graph whose count does not change (the complete graph with
+    its loops) it applies the raw mask to the re-ordered edges."""
+    ei = case.edge_index
+    return int((ei[0] != ei[1]).sum()) + case.num_dst != ei.size(1)
+
+
+@pytest.mark.parametrize("apply_sigmoid", [True, False], ids=["sigmoid", "raw"])
+@pytest.mark.parametrize("case", GRAPHS, ids=lambda g: g.name)
+def test_edge_mask_as_transformerconv_applies_it(case, apply_sigmoid):
+    layer, conv = transformer_pair((F, F) if case.bipartite else F)
+    x, mask = inputs(case)
+    out, grad = masked_run(layer, x, case.edge_index, mask, apply_sigmoid)
+    want, want_grad = masked_run(conv, x, case.edge_index, mask, apply_sigmoid)
+    assert_close(out, want)
+    assert_close(grad, want_grad)
+    if case.edge_index.size(1):
+        assert grad.abs().sum() > 0
+        assert not torch.allclose(out, layer(x, case.edge_index))  # the mask changes it
+
+
+@pytest.mark.parametrize("apply_sigmoid", [True, False], ids=["sigmoid", "raw"])
+@pytest.mark.parametrize("case", [g for g in GRAPHS if not g.bipartite and _adjusts_loops(g)],
+                         ids=lambda g: g.name)
+def test_edge_mask_as_gatconv_applies_it_with_self_loops(case, apply_sigmoid):
+    """The layer drops the given self-loops and adds one per node: their mask entries go, and
+    the added loops get 1."""
+    layer, gat = gat_pair()
+    x, mask = inputs(case)
+    out, grad = masked_run(layer, x, case.edge_index, mask, apply_sigmoid)
+    want, want_grad = masked_run(gat, x, case.edge_index, mask, apply_sigmoid)
+    assert_close(out, want)
+    assert_close(grad, want_grad)
+    loops = case.edge_index[0] == case.edge_index[1]
+    assert (grad[loops] == 0).all()  # replaced: the mask does not reach them
+
+
+def test_explainer_finds_the_same_edge_mask_as_for_gatconv():
+    """GNNExplainer, which failed on the layer ("Could not compute gradients for edges"),
+    trains the same edge mask for it as for GATConv with the same weights."""
+    ei = random_graph(12, 40, seed=3)
+    x = torch.randn(12, F, generator=torch.Generator().manual_seed(2), dtype=DTYPE)
+    masks = []
+    for model in gat_pair():
+        explainer = Explainer(model.eval(), algorithm=GNNExplainer(epochs=30),
+                              explanation_type="model", edge_mask_type="object",
+                              model_config=dict(mode="regression", task_level="node",
+                                                return_type="raw"))
+        torch.manual_seed(0)
+        masks.append(explainer(x, ei, index=3).edge_mask)
+    assert masks[0].abs().sum() > 0
+    assert_close(masks[0], masks[1], atol=1e-6, rtol=1e-5)
+
+
+def test_explanation_mask_of_another_size_is_refused_by_shape():
+    layer = GraphSelfAttention(F, C, heads=H)
+    ei = random_graph(6, 10)
+    set_masks(layer, torch.nn.Parameter(torch.zeros(9)), ei)
+    with pytest.raises(ValueError, match=r"one value per edge, shape \[10\], got \[9\]"):
+        layer(torch.randn(6, F), ei)
+    clear_masks(layer)
+    assert layer(torch.randn(6, F), ei).shape == (6, H * C)  # cleared: no mask
