@@ -289,6 +289,33 @@ def test_sparse_adjacency_round_trip(graph_case, layout):
 
 
 @pytest.mark.parametrize("layout", graphs.SPARSE_LAYOUTS, ids=str)
+@pytest.mark.parametrize("num_src,num_dst", [(2, 5), (5, 2)])
+def test_rectangular_sparse_adjacency_equals_torchs_conversion(layout, num_src, num_dst):
+    """Every pair j -> i of a rectangular graph, given in a scrambled order: the adjacency is
+    what torch's own conversion of the dense ``[N_dst, N_src]`` matrix stores, entry for entry
+    (also with more targets than sources, where a CSC sort key by ``N_src`` would collide)."""
+    src, dst = torch.cartesian_prod(torch.arange(num_src), torch.arange(num_dst)).t()
+    order = torch.randperm(src.numel(), generator=torch.Generator().manual_seed(0))
+    ei = torch.stack([src[order], dst[order]])  # (2, E)
+    values = torch.arange(1.0, ei.size(1) + 1)  # (E,): each entry its own value
+    dense = torch.zeros(num_dst, num_src)
+    dense[ei[1], ei[0]] = values
+    adj = graphs.to_sparse_adjacency(ei, num_src, num_dst, values, layout=layout)
+    expected = dense.to_sparse(layout=layout)
+    assert torch.equal(adj.to_dense(), dense)
+    if layout == torch.sparse_coo:
+        assert torch.equal(adj._indices(), expected._indices())
+        assert torch.equal(adj._values(), expected._values())
+    else:
+        compressed, plain = ((torch.Tensor.ccol_indices, torch.Tensor.row_indices)
+                             if layout == torch.sparse_csc
+                             else (torch.Tensor.crow_indices, torch.Tensor.col_indices))
+        assert torch.equal(compressed(adj), compressed(expected))
+        assert torch.equal(plain(adj), plain(expected))
+        assert torch.equal(adj.values(), expected.values())
+
+
+@pytest.mark.parametrize("layout", graphs.SPARSE_LAYOUTS, ids=str)
 def test_from_sparse_adjacency_reads_entries_in_storage_order(layout):
     dense = torch.tensor([[0.0, 2.0, 0.0],
                           [3.0, 0.0, 0.0],

@@ -151,6 +151,16 @@ def test_self_loop_features_follow_fill_value_like_gatconv(graph_case, fill_valu
     assert_close(out, ref)
 
 
+def test_one_dimensional_edge_attr_matches_gatconv():
+    """With ``edge_dim=1`` an ``edge_attr`` of shape ``[E]`` is taken as ``[E, 1]``, as
+    ``GATConv`` takes it."""
+    case = next(g for g in GRAPHS if g.name == "multi-edges")
+    layer, gat = make_pair(5, 4, 2, edge_dim=1)
+    x, edge_attr = inputs(case, 5, 5, 1)
+    assert_close(layer(x, case.edge_index, edge_attr.view(-1)),
+                 gat(x, case.edge_index, edge_attr.view(-1)))
+
+
 def test_matches_gatconv_with_attention_dropout_in_eval_mode():
     case = next(g for g in GRAPHS if g.name == "chain")
     torch.manual_seed(0)
@@ -176,3 +186,14 @@ def test_folded_initialisation_has_gat_score_scale():
         ref.append((x @ folded.t()).std())
     ratio = torch.stack(ours).mean() / torch.stack(ref).mean()
     assert 0.5 < ratio < 2.0, ratio
+
+
+def test_edge_weights_are_glorot_initialised():
+    """``lin_edge`` is Glorot-uniform, as ``GATConv``'s is (not ``Linear``'s default): within
+    sqrt(6 / (fan_in + fan_out)) and spread over it (the std of U(-b, b) is b / sqrt(3))."""
+    torch.manual_seed(0)
+    layer = GraphSelfAttention(4, 2, 64, attention="additive", edge_dim=64)
+    bound = (6 / (64 + 64)) ** 0.5
+    weight = layer.lin_edge.weight
+    assert weight.abs().max() <= bound
+    assert 0.9 < weight.std() / (bound / 3**0.5) < 1.1

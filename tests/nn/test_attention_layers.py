@@ -57,6 +57,24 @@ def test_complete_graph_equals_dense_and_multihead_attention():
     assert_close(g_graph["lin_out.weight"], mha.out_proj.weight.grad)
 
 
+def test_bias_false_equals_multihead_attention_without_bias():
+    """``bias=False`` leaves no bias anywhere, ``lin_out``'s included: the layer has exactly the
+    parameters of ``MultiheadAttention(bias=False)`` and, with them copied, its output."""
+    torch.manual_seed(0)
+    N, H, C = 6, 2, 3
+    layer = GraphSelfAttention(H * C, C, heads=H, bias=False)
+    mha = torch.nn.MultiheadAttention(H * C, H, bias=False)
+    assert [name for name, _ in layer.named_parameters() if "bias" in name] == []
+    assert (sum(p.numel() for p in layer.parameters())
+            == sum(p.numel() for p in mha.parameters()))
+    with torch.no_grad():
+        mha.in_proj_weight.copy_(torch.cat([layer.lin_q.weight, layer.lin_k.weight,
+                                            layer.lin_v.weight]))
+        mha.out_proj.weight.copy_(layer.lin_out.weight)
+    x = torch.randn(N, H * C)
+    assert_close(layer(x, complete_edges(N)), mha(x, x, x, need_weights=False)[0])
+
+
 def test_residual_layers_load_across_and_agree_on_the_complete_graph():
     """``residual=True`` adds ``res`` to both twins; with a shared state_dict the graph layer on
     the complete graph computes the dense layer's output plus the same skip term."""
@@ -316,6 +334,29 @@ def test_value_dropout_drops_each_source_value_once(attention):
                                  out_proj=False)
     no_drop.load_state_dict(layer.state_dict())
     assert_close(layer(x, edge_index), no_drop(x, edge_index))
+
+
+@pytest.mark.parametrize("twin", ["graph", "dense"])
+def test_attention_dropout_drops_weights_in_training_only(twin):
+    """``dropout`` acts on the attention weights of both twins: with every value 1, each output
+    is the sum of the kept weights over ``1 - p``, so in training it leaves 1 (between 0 and
+    ``1 / (1 - p)``, 1 on average) and in eval it is exactly 1."""
+    torch.manual_seed(0)
+    N, H, C, p = 32, 4, 2, 0.5
+    kwargs = dict(heads=H, dropout=p, out_proj=False)
+    layer = (GraphSelfAttention(6, C, backend="reference", **kwargs) if twin == "graph"
+             else DenseSelfAttention(6, C, **kwargs))
+    with torch.no_grad():
+        layer.lin_v.weight.zero_()
+        layer.lin_v.bias.fill_(1.0)  # v_j = 1 for every j
+    x = torch.randn(N, 6)
+    run = (lambda: layer(x, complete_edges(N))) if twin == "graph" else (lambda: layer(x))
+    out = run()  # (N, H * C)
+    assert not torch.allclose(out, torch.ones_like(out))
+    assert (out >= 0).all() and (out <= 1 / (1 - p) + 1e-5).all()
+    assert abs(out.mean().item() - 1.0) < 0.1
+    layer.eval()
+    assert_close(run(), torch.ones(N, H * C))
 
 
 def test_value_dropout_is_the_same_in_the_dense_twin():
@@ -669,6 +710,18 @@ def test_edge_features_in_keys_and_values_and_beta_equal_transformerconv(case, c
     assert_agrees_with_pyg(layer, conv, x, case.edge_index, edge_attr)
     for ours, theirs in pairs:
         assert_close(ours.weight.grad, theirs.weight.grad)
+
+
+def test_beta_layer_has_the_parameters_of_transformerconv():
+    """``TransformerConv(edge_dim=D, beta=True)``'s parameters one for one: ``lin_beta`` and
+    ``lin_edge`` without a bias (an extra zero-initialised bias would not show in the outputs
+    of the copied-weights comparison above)."""
+    conv = TransformerConv(5, 3, heads=2, edge_dim=2, beta=True)
+    layer = GraphSelfAttention(5, 3, heads=2, residual=True, out_proj=False, edge_dim=2,
+                               edge_mode="key_value", beta=True)
+    assert layer.lin_beta.bias is None and layer.lin_edge.bias is None
+    assert (sorted(tuple(p.shape) for p in layer.parameters())
+            == sorted(tuple(p.shape) for p in conv.parameters()))
 
 
 def test_edge_features_in_keys_by_hand():

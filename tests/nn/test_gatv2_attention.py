@@ -126,6 +126,22 @@ def test_matches_gatv2conv_with_shared_weights(graph_case):
     assert_close(layer.att.grad, conv.att.grad[0])
 
 
+def test_att_is_initialised_like_gatv2convs():
+    """``att`` is Glorot-uniform as ``GATv2Conv``'s: within the same bound sqrt(6 / (H + C))
+    and with the same spread (at zero every head would start from uniform weights), and
+    ``reset_parameters`` draws it again."""
+    torch.manual_seed(0)
+    H, C = 8, 16
+    layer = GraphSelfAttention(4, C, H, attention="gatv2")
+    conv = GATv2Conv(4, C, H)
+    bound = (6 / (H + C)) ** 0.5
+    assert layer.att.abs().max() <= bound and conv.att.abs().max() <= bound
+    assert 0.8 < layer.att.std() / conv.att.std() < 1.25
+    before = layer.att.detach().clone()
+    layer.reset_parameters()
+    assert not torch.equal(layer.att, before)
+
+
 def test_shared_weights_need_one_feature_size():
     with pytest.raises(ValueError, match=r"share_weights=True needs the same features for "
                                          r"sources and targets, got in_channels=\(5, 4\)"):
