@@ -382,3 +382,81 @@ def test_dot_products_sum_in_eight_lanes_in_a_fixed_order(n, dtype):
             expected = expected + x
     got = dot(a, b, 3, n)
     assert got == expected  # bit for bit (numba returns the value as a Python float)
+
+
+@pytest.mark.parametrize("score", ["additive", "gatv2"])
+def test_leaky_relu_at_zero_takes_the_negative_slope_as_torch(score):
+    # pre-activations of exactly 0 (additive: q + k + bias, gatv2: q + k in channel 0), where
+    # torch's LeakyReLU has the derivative negative_slope, not 1
+    case = next(g for g in GRAPHS if g.name == "complete")
+    E = case.edge_index.size(1)
+    (q, k, v, bias), mask = make_inputs(case.num_src, case.num_dst, E, score, torch.float64,
+                                        dropout=0.3)
+    with torch.no_grad():
+        if score == "additive":
+            q.zero_(), k.zero_(), bias[::2].zero_()  # (E, H): every other edge at 0
+        else:
+            q[..., 0], k[..., 0] = 0.0, 0.0
+    att = make_att(score, dtype=torch.float64)
+    alpha_weight = torch.randn(E, H, dtype=torch.float64,
+                               generator=torch.Generator().manual_seed(1))
+    ours = run(cpu_edge_attention, q, k, v, case.edge_index, bias, mask, score, alpha_weight,
+               att=att)
+    ref = run(reference_edge_attention, q, k, v, case.edge_index, bias, mask, score,
+              alpha_weight, att=att)
+    for a, b in zip(ours, ref, strict=True):
+        assert_close(a, b)
+
+
+@pytest.mark.parametrize("wanted", ["q", "k", "v", "bias"])
+@pytest.mark.parametrize("score", ["dot", "gatv2"])
+def test_gradient_of_one_input_alone(score, wanted):
+    # only one input requires grad: the source pass (dk, dv) runs for k or v alone, and not
+    # otherwise
+    edge_index = random_graph(9, 30, seed=13)
+    (q, k, v, bias), mask = make_inputs(9, 9, 30, score, torch.float64, dropout=0.3)
+    att = make_att(score, dtype=torch.float64)
+    tensors = {"q": q, "k": k, "v": v, "bias": bias}
+    for name, t in tensors.items():
+        tensors[name] = t.detach().requires_grad_(name == wanted)
+    if att is not None:
+        att = att.detach()
+    grads = []
+    for backend in (cpu_edge_attention, reference_edge_attention):
+        out, alpha = backend(tensors["q"], tensors["k"], tensors["v"], edge_index, scale=0.7,
+                             bias=tensors["bias"], dropout_mask=mask, score=score,
+                             negative_slope=0.2, need_alpha=True, att=att)
+        loss = (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)).sum()
+        grads.append(torch.autograd.grad(loss + alpha.square().sum(), tensors[wanted]))
+    assert_close(grads[0][0], grads[1][0])
+
+
+def test_additive_score_with_constant_channel_counts(monkeypatch):
+    # the additive score has one score channel: with 1 and the value channels constant (as
+    # SPECIALISED_CHANNELS has them outside this suite) the source pass sums whole rows
+    monkeypatch.setattr(cpu_module, "SPECIALISED_CHANNELS", frozenset({1, C}))
+    assert cpu_module._source_channels(*cpu_module._kernel_channels(
+        torch.empty(1, H, 1), torch.empty(1, H, C))) == (1, C)
+    n, E = 20, 120
+    edge_index = random_graph(n, E, seed=14)
+    (q, k, v, bias), mask = make_inputs(n, n, E, "additive", dropout=0.2)
+    alpha_weight = torch.randn(E, H, generator=torch.Generator().manual_seed(1))
+    ours = run(cpu_edge_attention, q, k, v, edge_index, bias, mask, "additive", alpha_weight)
+    ref = run(reference_edge_attention, q, k, v, edge_index, bias, mask, "additive",
+              alpha_weight)
+    for a, b in zip(ours, ref, strict=True):
+        assert_close(a, b)
+
+
+def test_balanced_chunks_cover_every_row_with_equal_work():
+    degrees = np.random.default_rng(0).integers(0, 12, 200)  # (200,), with empty rows
+    ptr = np.concatenate([[0], np.cumsum(degrees)])  # (201,)
+    parts = 8
+    bounds = cpu_module._balanced_chunks(ptr, parts)
+    rows = ptr.shape[0] - 1
+    assert bounds[0] == 0 and bounds[-1] == rows and (np.diff(bounds) > 0).all()
+    assert len(bounds) - 1 <= parts
+    work = ptr + np.arange(rows + 1)  # rows + edges before each row
+    largest_row = np.diff(work).max()
+    # each chunk ends at the first row boundary past its share of the work
+    assert (np.diff(work[bounds]) <= work[-1] / parts + largest_row).all()

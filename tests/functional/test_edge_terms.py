@@ -170,3 +170,17 @@ def test_edge_term_errors():
     with pytest.raises(ValueError, match=r"edge_value must have shape \[E, H, C\] = "
                                          r"\[6, 2, 3\] like v per edge, got \[6, 3\]"):
         edge_attention(q, k, v, edge_index, edge_value=torch.randn(6, 3))
+
+
+def test_gatv2_key_term_in_the_source_pass_of_constant_channels():
+    """8 channels: the source pass's loops over whole rows (constant channel counts) read
+    gatv2's key term for d k; on a small graph, so that it also runs as Python
+    (NUMBA_DISABLE_JIT=1) against the reference backend."""
+    edge_index = random_graph(9, 40, seed=8)
+    inputs = attention_inputs(9, 9, 40, 2, 8, score="gatv2", terms=("edge_key", "edge_value"))
+    options = {n: t for n, t in inputs.items() if n not in ("q", "k", "v")}
+    results = [out_alpha_and_grads(*edge_attention(
+        inputs["q"], inputs["k"], inputs["v"], edge_index, score="gatv2", backend=backend,
+        return_attention=True, **options), inputs) for backend in ("cpu", "reference")]
+    for actual, truth in zip(*results, strict=True):
+        assert_close(actual, truth)
