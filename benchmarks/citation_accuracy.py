@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import math
 import multiprocessing
 import os
 import platform
@@ -127,11 +128,13 @@ def run_job(job: Job) -> dict:
                 **MODELS[job.model])
     r = train_node_classifier(model, data, lr=setup["lr"], weight_decay=setup["weight_decay"],
                               epochs=job.epochs, patience=job.patience,
-                              stop_on=job.stop_on, progress=False)
+                              stop_on=job.stop_on, progress=False,
+                              desc=f"{job.dataset} {job.model} seed {job.seed}")
     return {"dataset": job.dataset, "model": job.model, "seed": job.seed,
             "test_acc": round(100 * r.test_acc, 2), "val_acc": round(100 * r.val_acc, 2),
             "selected_epoch": r.best_epoch, "epochs": r.epochs,
-            "median_epoch_ms": round(1000 * statistics.median(r.epoch_times), 2),
+            "median_epoch_ms": (round(1000 * statistics.median(r.epoch_times), 2)
+                                if r.epoch_times else math.nan),  # none: diverged at once
             "result": r}
 
 

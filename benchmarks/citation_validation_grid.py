@@ -59,7 +59,8 @@ def run(job: tuple) -> tuple:
     model = GAT(data.num_features, int(data.y.max()) + 1, hidden, 8, SETUPS[dataset]["out_heads"],
                 dropout=dropout)
     result = train_node_classifier(model, data, lr=lr, weight_decay=weight_decay,
-                                   epochs=100_000, patience=100, progress=False)
+                                   epochs=100_000, patience=100, progress=False,
+                                   desc=f"{dataset} {setting} seed {seed}")
     return job, 100 * result.val_acc, result.best_epoch
 
 

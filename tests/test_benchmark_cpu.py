@@ -4,11 +4,18 @@ not timed becomes in their tables."""
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import types
 from pathlib import Path
 
+import pytest
+import torch
+from conftest import random_graph
+from torch_geometric.data import Data
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import citation_accuracy  # noqa: E402
 import sparse_vs_dense  # noqa: E402
 import vs_pyg  # noqa: E402
 
@@ -40,3 +47,29 @@ def test_sparse_vs_dense_flex_backward_is_skipped_when_it_works():
     for row in rows:
         assert row["fwd_reps"] > 0 and row["fwd_bwd_reps"] == 0
         assert row["skipped"].startswith("backward: "), row["skipped"]
+
+
+def test_citation_accuracy_row_of_a_run_diverged_at_its_first_epoch(monkeypatch):
+    """The training loop stops at a non-finite loss, before any epoch is timed: the row's
+    median epoch time is NaN, as summarise makes it (statistics.median raised on the empty
+    list, which ended the whole benchmark)."""
+    mask = torch.ones(4, dtype=torch.bool)
+    data = Data(x=torch.randn(4, 3), edge_index=random_graph(4, 6),
+                y=torch.tensor([0, 1, 0, 0]), train_mask=mask, val_mask=mask, test_mask=mask)
+
+    class Diverging(torch.nn.Module):  # NaN logits in training mode
+        def __init__(self, *args, **kwargs):
+            super().__init__()
+            self.logits = torch.nn.Parameter(torch.zeros(4, 2))
+
+        def forward(self, x, edge_index):
+            return self.logits * (math.nan if self.training else 1.0)
+
+    monkeypatch.setattr(citation_accuracy, "load_planetoid", lambda *args, **kwargs: data)
+    monkeypatch.setattr(citation_accuracy, "GAT", Diverging)
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # the worker's, not ours
+    job = citation_accuracy.Job("Cora", citation_accuracy.DEFAULT_MODEL, 0, 10, 5, None)
+    with pytest.warns(RuntimeWarning, match="training loss is nan at epoch 1"):
+        row = citation_accuracy.run_job(job)
+    assert (row["epochs"], row["selected_epoch"], row["test_acc"]) == (0, 0, 75.0)
+    assert math.isnan(row["median_epoch_ms"])
