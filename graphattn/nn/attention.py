@@ -288,7 +288,9 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
     mask :math:`m` set, each weight :math:`\alpha_{ij}` is multiplied by :math:`m_{ij}` (its
     sigmoid, as PyG applies it), as ``MessagePassing.explain_message`` multiplies messages,
     and the self-loops the layer adds get 1. That call takes the reference backend, which
-    differentiates the mask; the weights returned are those before the mask.
+    differentiates the mask; the weights returned are those before the mask. Hooks registered
+    with PyG's ``register_message_forward_hook`` (``AttentionExplainer`` uses one) are called
+    with the message arguments ``alpha`` and ``edge_index`` (see :meth:`_call_message_hooks`).
     """
 
     def __init__(self, in_channels: int | tuple[int, int], out_channels: int, heads: int = 1, *,
@@ -399,14 +401,18 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             else:  # W^E e_ij enters the key k_j (and the value v_j) of each edge
                 edge_key = self.lin_edge(edge_attr).view(-1, H, C)  # (E, H, C)
                 edge_value = edge_key if self.edge_mode == "key_value" else None
+        hooks = bool(self._message_forward_hooks)  # PyG's, e.g. AttentionExplainer's
         # edge_index was checked above and q, k, v are built to match it: skip the re-check.
         result = edge_attention_unchecked(q, k, v, edge_index, scale=None, bias=bias,
                                           dropout_p=self.dropout, training=self.training,
-                                          return_attention=return_attention_weights,
+                                          return_attention=return_attention_weights or hooks,
                                           backend=self.backend, score=self.attention,
                                           negative_slope=self.negative_slope, att=self.att,
                                           edge_key=edge_key, edge_value=edge_value,
                                           edge_weight=edge_weight)
+        if hooks:
+            self._call_message_hooks(edge_index, result[1])
+            result = result if return_attention_weights else result[0]
         if return_attention_weights:
             out, alpha = result
             if adjacency is not None:
@@ -415,6 +421,20 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
                 return self._merge_heads(out, x_dst), (adj, alpha)  # alpha in entries' order
             return self._merge_heads(out, x_dst), (edge_index, alpha)
         return self._merge_heads(result, x_dst)  # (N_dst, H*C) or (N_dst, C)
+
+    def _call_message_hooks(self, edge_index: Tensor, alpha: Tensor) -> None:
+        """Call the hooks of PyG's ``register_message_forward_hook`` as ``propagate`` would,
+        with the message arguments ``{"alpha": alpha [E', H], "edge_index": edge_index
+        [2, E']}`` (the edges attended over, self-loops included) and ``None`` for the
+        messages, which the fused operator never builds. A hook that returns replacement
+        messages is refused."""
+        kwargs = {"alpha": alpha, "edge_index": edge_index}
+        for hook in self._message_forward_hooks.values():
+            if hook(self, (kwargs,), None) is not None:
+                raise RuntimeError(f"a message forward hook of {self.__class__.__name__} "
+                                   f"returned replacement messages, but the layer computes its "
+                                   f"messages inside the attention operator: hooks may read "
+                                   f"the arguments (alpha, edge_index), not replace messages")
 
     def _explain_mask(self, edge_index: Tensor, num_loops: int) -> Tensor:
         """The explanation mask that PyG's ``Explainer`` set (``_edge_mask``, one value per edge

@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import GRAPHS, assert_close, random_graph
 from test_additive_attention import make_pair
-from torch_geometric.explain import Explainer, GNNExplainer
+from torch_geometric.explain import AttentionExplainer, Explainer, GNNExplainer
 from torch_geometric.explain.algorithm.utils import clear_masks, set_masks
 from torch_geometric.nn import TransformerConv
 
@@ -124,3 +124,35 @@ def test_explanation_mask_of_another_size_is_refused_by_shape():
         layer(torch.randn(6, F), ei)
     clear_masks(layer)
     assert layer(torch.randn(6, F), ei).shape == (6, H * C)  # cleared: no mask
+
+
+def test_attention_explainer_reads_the_same_weights_as_from_gatconv():
+    """AttentionExplainer collects alpha through message forward hooks, which ``propagate``
+    calls; the layer calls them itself (it failed: "Could not collect any attention
+    coefficients")."""
+    ei = random_graph(12, 40, seed=3)
+    x = torch.randn(12, F, generator=torch.Generator().manual_seed(2), dtype=DTYPE)
+    masks = []
+    for model in gat_pair():
+        explainer = Explainer(model.eval(), algorithm=AttentionExplainer(),
+                              explanation_type="model", edge_mask_type="object",
+                              model_config=dict(mode="regression", task_level="node",
+                                                return_type="raw"))
+        masks.append(explainer(x, ei, index=3).edge_mask)
+    assert masks[0].abs().sum() > 0
+    assert_close(masks[0], masks[1])
+
+
+def test_message_hooks_see_the_weights_and_may_not_replace_messages():
+    layer = GraphSelfAttention(F, C, heads=H)
+    x, ei = torch.randn(6, F), random_graph(6, 10)
+    seen = []
+    handle = layer.register_message_forward_hook(
+        lambda module, inputs, out: seen.append((inputs[0]["alpha"], inputs[0]["edge_index"])))
+    out, (ei_used, alpha) = layer(x, ei, return_attention_weights=True)
+    assert torch.equal(seen[0][1], ei_used) and torch.equal(seen[0][0], alpha)
+    assert_close(layer(x, ei), out)  # without return_attention_weights: the output alone
+    handle.remove()
+    layer.register_message_forward_hook(lambda module, inputs, out: torch.zeros(1))
+    with pytest.raises(RuntimeError, match="returned replacement messages"):
+        layer(x, ei)
