@@ -148,6 +148,22 @@ def test_bfloat16(score):
 
 
 @pytest.mark.parametrize("score", ["dot", "gatv2"])
+def test_fp32_edge_key_beside_bf16_inputs(score):
+    """bf16 q, k and att with an fp32 key term (and fp32 v): the scores promote to fp32, so
+    alpha is fp32 as the definition's, not the bf16 of q and k."""
+    ei, num_nodes = mixed_graph()
+    inputs = attention_inputs(num_nodes, num_nodes, ei.size(1), 2, 8, score=score,
+                              terms=("edge_key",), dtype=torch.bfloat16, seed=6)
+    for name in ("v", "edge_key"):
+        inputs[name] = inputs[name].detach().float().requires_grad_()
+    got = run(tk.triton_edge_attention, inputs, ei, score=score)
+    want = run(edges_as_sources, inputs, ei, score=score)
+    assert got["alpha"].dtype == want["alpha"].dtype == torch.float32
+    for name in got:
+        assert_close(got[name].float(), want[name].float(), dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize("score", ["dot", "gatv2"])
 def test_terms_without_gradient(score):
     """Terms that need no gradient still enter the scores and values (and the recomputed ones
     of backward); only the other inputs get gradients."""
@@ -216,6 +232,22 @@ def test_operators_pass_opcheck(score):
     assert grads[5].shape == ek.shape and grads[6].numel() == 0
     torch.library.opcheck(tk._backward_op, (*backward_args, ek.detach(), ek.detach(), True,
                                             True, True))
+
+
+@pytest.mark.parametrize("need_alpha", [True, False], ids=["alpha", "no-alpha"])
+def test_operators_fake_outputs_with_half_inputs(need_alpha):
+    """The fake (meta) outputs torch.compile plans with are the kernels': out and lse fp32
+    whatever the dtype of v (bf16 here), alpha in the dtype the scores promote to (bf16 q, k
+    and terms with an fp32 bias: fp32), and ``[0, H]`` without need_alpha."""
+    ei = random_graph(6, 20, seed=5)
+    inputs = attention_inputs(6, 6, 20, 2, 8, score="gatv2", terms=TERMS["both"],
+                              dtype=torch.bfloat16)
+    q, k, v, bias, att, ek, ev = (t.detach() for t in inputs.values())
+    args = (q, k, v, att, bias.float(), None, ei, 0.5, 0.2, "gatv2", need_alpha, ek, ev)
+    torch.library.opcheck(tk._forward_op, args, test_utils=("test_schema", "test_faketensor"))
+    out, alpha, lse = tk._forward_op(*args)
+    assert out.dtype == lse.dtype == alpha.dtype == torch.float32
+    assert alpha.shape == ((20, 2) if need_alpha else (0, 2))
 
 
 @pytest.mark.parametrize("score,shared", [("dot", False), ("gatv2", False), ("dot", True)],

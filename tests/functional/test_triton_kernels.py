@@ -505,6 +505,26 @@ def test_build_csr_groups_rows_stably():
     assert no_rows.ptr.tolist() == [0]
 
 
+def test_build_csr_keeps_edge_order_within_rows_of_many_ties():
+    """1000 edges on 3 rows: an unstable sort reorders ties at this size (torch's does on CPU),
+    and with them the summation order of each row."""
+    rows = torch.randint(0, 3, (1000,), generator=torch.Generator().manual_seed(0))
+    csr = tk.build_csr(rows, torch.arange(1000), num_rows=3, num_other=1000)
+    for r in range(3):
+        ids = csr.edge_id[csr.ptr[r]:csr.ptr[r + 1]].long()
+        assert torch.equal(ids, (rows == r).nonzero().flatten()), r
+    assert torch.equal(csr.other, csr.edge_id)
+
+
+@pytest.mark.parametrize("num_other,dtype", [(2**31 - 2, torch.int32), (2**31 + 1, torch.int64)])
+def test_build_csr_index_dtype_at_the_int32_limit(num_other, dtype):
+    """Ids are int32 while every value fits, int64 beyond: a source id of 2**31 would wrap."""
+    other = torch.tensor([0, num_other - 1])
+    csr = tk.build_csr(torch.tensor([1, 0]), other, num_rows=2, num_other=num_other)
+    assert csr.ptr.dtype == csr.other.dtype == csr.edge_id.dtype == dtype
+    assert csr.other.tolist() == [num_other - 1, 0]
+
+
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 COMPILE_FOR_SM90 = f"""
 import sys
@@ -560,4 +580,25 @@ def test_gradient_through_alpha_alone(interpreter, score):
         weight = torch.linspace(-1, 1, alpha.numel(), device=DEVICE).view_as(alpha)
         grads.append(torch.autograd.grad((alpha * weight).sum(), wrt))
     for got, want in zip(*grads, strict=True):
+        assert_close(got, want)
+
+
+@needs_triton
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+@pytest.mark.parametrize("score", attention.SCORES)
+def test_without_alpha(interpreter, score, bias):
+    """need_alpha=False: no scores written (and, without bias, no edge id read); alpha is None,
+    out and the gradients are the reference backend's."""
+    ei = random_graph(10, 30, seed=4).to(DEVICE)
+    inputs = on_device(attention_inputs(10, 10, 30, 2, 8, score=score, bias=bias))
+    leaves = [t for t in inputs.values() if t is not None]
+    results = []
+    for backend in (tk.triton_edge_attention, reference_edge_attention):
+        out, alpha = backend(inputs["q"], inputs["k"], inputs["v"], ei, scale=0.5,
+                             bias=inputs["bias"], dropout_mask=None, score=score,
+                             negative_slope=0.2, need_alpha=False, att=inputs["att"])
+        assert alpha is None
+        weight = torch.linspace(-1, 1, out.numel(), device=DEVICE).view_as(out)
+        results.append((out, *torch.autograd.grad((out * weight).sum(), leaves)))
+    for got, want in zip(*results, strict=True):
         assert_close(got, want)
