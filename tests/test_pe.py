@@ -34,6 +34,18 @@ def test_sinusoidal_matches_transformer_formula():
     assert pe.sinusoidal(0, 4).shape == (0, 4)
 
 
+
+def test_sinusoidal_is_exact_at_far_positions():
+    """Computed in float64: at t ~ 10^4 a float32 angle would be off by about 1e-3."""
+    L, d = 10000, 8
+    t = L - 1
+    expected = [f(t / 10000 ** (2 * i / d)) for i in range(d // 2) for f in (math.sin, math.cos)]
+    assert_close(pe.sinusoidal(L, d)[-1], torch.tensor(expected))
+    x = torch.zeros(2, d)
+    positions = torch.tensor([t, 12345.5], dtype=torch.float64)
+    far = [f(12345.5 / 10000 ** (2 * i / d)) for i in range(d // 2) for f in (math.sin, math.cos)]
+    assert_close(pe.SinusoidalPE(d)(x, positions), torch.tensor([expected, far]))
+
 @pytest.mark.parametrize("args,match", [
     ((5, 7), r"dim must be even .* got 7"),
     ((5, 0), r"dim must be a positive integer, got 0"),
@@ -90,6 +102,20 @@ def test_learnable_pe_out_of_range():
         module(torch.zeros(2, 4), torch.tensor([-1, 2]))
     with pytest.raises(ValueError, match=r"max_len must be a positive integer, got 0"):
         pe.LearnablePE(0, 4)
+
+
+def test_learnable_pe_takes_a_sequence_of_exactly_max_len():
+    module = pe.LearnablePE(5, 4)
+    x = torch.randn(5, 4)
+    assert_close(module(x), x + module.weight)
+
+
+def test_learnable_pe_starts_as_bert_normal():
+    """The embeddings start as N(0, 0.02^2), as documented (BERT, GPT-2)."""
+    torch.manual_seed(0)
+    weight = pe.LearnablePE(4096, 64).weight.detach().double()
+    assert abs(weight.mean().item()) < 1e-3
+    assert weight.std().item() == pytest.approx(0.02, rel=0.02)
 
 
 # ---------------------------------------------------------------- Laplacian: closed forms
@@ -224,6 +250,19 @@ def test_laplacian_pe_ignores_direction_multi_edges_and_self_loops():
     assert_close(pe.laplacian_pe(noisy, n, 5), expected)
 
 
+
+def test_laplacian_pe_counts_a_repeated_edge_once(solver):
+    """Repeating only some edges (repeating all of them scales A, which the normalized
+    Laplacian does not see) leaves the unweighted graph's eigenpairs."""
+    edge_index, n = mixed_graph()
+    lap, c = reference_laplacian(edge_index, n)
+    repeated = torch.cat([edge_index, edge_index[:, :3], edge_index[:, :3].flip(0)], dim=1)
+    k = 6
+    enc, lam = pe.laplacian_pe(repeated, n, k, solver=solver, return_eigenvalues=True)
+    enc, lam = enc.double().numpy(), lam.double().numpy()
+    np.testing.assert_allclose(lam, np.linalg.eigvalsh(lap)[c:c + k], atol=1e-5)
+    np.testing.assert_allclose(lap @ enc, enc * lam, atol=1e-5)
+
 def test_laplacian_pe_eigenvalue_two_is_not_confused_with_trivial(solver):
     """A perfect matching's non-trivial spectrum is {2}, the top of the spectrum of every
     bipartite graph: the sparse solver must not return null-space directions for it."""
@@ -259,6 +298,22 @@ def test_laplacian_pe_dense_and_sparse_agree_with_signs(method, monkeypatch):
     for col in dense.t().double().numpy():
         assert_close(torch.from_numpy(col), torch.from_numpy(expected_sign_rule(col)))
 
+
+
+def test_laplacian_pe_does_not_rely_on_the_order_eigsh_returns(solver, monkeypatch):
+    """ARPACK does not promise an order: the sparse solver sorts the eigenpairs itself."""
+    eigsh = pe.eigsh
+
+    def reversed_eigsh(*args, **kwargs):
+        vals, vecs = eigsh(*args, **kwargs)
+        return vals[::-1], vecs[:, ::-1]
+
+    monkeypatch.setattr(pe, "eigsh", reversed_eigsh)
+    n, k = 40, 5
+    enc, lam = pe.laplacian_pe(graphs.chain_graph(n), n, k, solver=solver,
+                               return_eigenvalues=True)
+    expected = 1 - np.cos(np.pi * np.arange(1, k + 1) / (n - 1))
+    np.testing.assert_allclose(lam.double().numpy(), expected, atol=1e-6)
 
 def test_laplacian_pe_on_a_long_path_by_default(monkeypatch):
     """Above the dense limit a path takes the shift-invert method, whose lowest eigenvalues
@@ -324,6 +379,21 @@ def test_laplacian_pe_random_sign_flip():
         assert torch.equal(again, flipped)
         seen.update(signs.tolist())
     assert seen == {-1.0, 1.0}
+
+
+def test_laplacian_pe_random_sign_flip_draws_a_sign_per_column():
+    """Each column gets its own sign: with 4 columns the 8 seeds show more than the two
+    patterns (all kept, all flipped) that one shared sign would give."""
+    edge_index, n = well_separated_graph(30)
+    lap, _ = reference_laplacian(edge_index, n)
+    _, vecs = np.linalg.eigh(lap)
+    fixed = torch.from_numpy(np.stack([expected_sign_rule(v) for v in vecs[:, 1:5].T], axis=1))
+    patterns = set()
+    for seed in range(8):
+        flipped = pe.laplacian_pe(edge_index, n, 4, random_sign_flip=True,
+                                  generator=torch.Generator().manual_seed(seed)).double()
+        patterns.add(tuple((flipped * fixed).sum(dim=0).sign().tolist()))
+    assert len(patterns) > 2, patterns
 
 
 def test_laplacian_pe_k_limits_and_padding():
@@ -506,6 +576,33 @@ def test_transform_padding_sign_flips_and_repr():
         pe.AddRandomWalkPE(-1)
 
 
+
+def test_laplacian_transform_flips_signs_and_uses_its_solver(monkeypatch):
+    """``random_sign_flip=True`` gives each column either sign across calls (not the fixed
+    sign), and ``solver`` reaches the eigensolver."""
+    edge_index, n = well_separated_graph(30)
+    data = Data(edge_index=edge_index, num_nodes=n)
+    lap, _ = reference_laplacian(edge_index, n)
+    _, vecs = np.linalg.eigh(lap)
+    fixed = np.stack([expected_sign_rule(v) for v in vecs[:, 1:4].T], axis=1)  # (n, 3)
+    transform = pe.AddLaplacianPE(3, random_sign_flip=True)
+    torch.manual_seed(0)
+    signs = set()
+    for _ in range(6):
+        out = transform(data).laplacian_pe.double().numpy()
+        col_signs = np.sign((out * fixed).sum(axis=0))
+        np.testing.assert_allclose(out, fixed * col_signs, atol=1e-5)
+        signs.update(col_signs.tolist())
+    assert signs == {-1.0, 1.0}
+    calls = []
+    eigsh = pe.eigsh
+    monkeypatch.setattr(pe, "eigsh", lambda *a, **kw: calls.append(1) or eigsh(*a, **kw))
+    pe.AddLaplacianPE(3)(data)
+    assert not calls  # auto: dense at 30 nodes
+    out = pe.AddLaplacianPE(3, solver="sparse")(data).laplacian_pe.double().numpy()
+    assert calls
+    np.testing.assert_allclose(out, fixed, atol=1e-5)
+
 @pytest.mark.parametrize("transform", [pe.AddLaplacianPE(2, pad=True), pe.AddRandomWalkPE(3)],
                          ids=["laplacian", "random_walk"])
 def test_transforms_take_graphs_without_edges_and_numpy_node_counts(transform):
@@ -540,3 +637,49 @@ def test_laplacian_transform_encodes_each_graph_of_a_batch_alone():
     batch = transform(Batch.from_data_list(data_list))
     expected = torch.cat([transform(d).laplacian_pe for d in data_list])
     assert_close(batch.laplacian_pe, expected)
+
+
+def test_laplacian_transform_on_a_batch_with_edges_in_any_order():
+    """A batch's edges need not be grouped by graph (edges shuffled, or appended later): each
+    graph still gets its own encoding, here the closed-form path cosines and a lone edge."""
+    from torch_geometric.data import Batch
+
+    batch = Batch.from_data_list([Data(edge_index=graphs.chain_graph(5), num_nodes=5),
+                                  Data(edge_index=torch.tensor([[0], [1]]), num_nodes=3),
+                                  Data(edge_index=graphs.chain_graph(4), num_nodes=4)])
+    perm = torch.randperm(batch.edge_index.size(1), generator=torch.Generator().manual_seed(0))
+    batch.edge_index = batch.edge_index[:, perm]
+    out = pe.AddLaplacianPE(1, pad=True)(batch).laplacian_pe.double()[:, 0]
+    expected = []
+    for n in (5, 4):  # u_1(t) ~ sqrt(d_t) cos(pi t / (n - 1)), first entry positive
+        t = np.arange(n)
+        u = np.where((t == 0) | (t == n - 1), 1.0, math.sqrt(2.0)) * np.cos(math.pi * t / (n - 1))
+        expected.append(torch.from_numpy(expected_sign_rule(u / np.linalg.norm(u))))
+    lone_edge = torch.tensor([math.sqrt(0.5), -math.sqrt(0.5), 0.0], dtype=torch.float64)
+    assert_close(out, torch.cat([expected[0], lone_edge, expected[1]]), dtype=torch.float32)
+
+
+def test_transforms_concatenate_to_one_dimensional_x():
+    """A 1-D x (one feature per node, e.g. a node type) becomes the first column."""
+    data = Data(x=torch.tensor([2.0, 0.0, 1.0, 5.0]), edge_index=graphs.chain_graph(4))
+    out = pe.AddRandomWalkPE(2, attr_name=None)(data)
+    # Return probabilities on the path 0-1-2-3, by hand: none after 1 step; after 2 steps
+    # 1/2 at the ends (one way back) and 1/2 * 1 + 1/2 * 1/2 = 3/4 inside.
+    expected = torch.tensor([[2.0, 0, 1 / 2], [0.0, 0, 3 / 4], [1.0, 0, 3 / 4], [5.0, 0, 1 / 2]])
+    assert_close(out.x, expected)
+
+
+
+def test_laplacian_transform_on_a_batch_with_isolated_first_and_last_nodes():
+    """Graphs of a batch are renumbered from their first node even when it has no edge, and a
+    last graph without edges still gets its (zero) rows."""
+    from torch_geometric.data import Batch
+
+    batch = Batch.from_data_list([Data(edge_index=torch.tensor([[0, 1], [1, 2]]), num_nodes=3),
+                                  Data(edge_index=torch.tensor([[1, 2], [2, 3]]), num_nodes=4),
+                                  Data(edge_index=torch.empty(2, 0, dtype=torch.long),
+                                       num_nodes=2)])
+    out = pe.AddLaplacianPE(1, pad=True)(batch).laplacian_pe
+    # Path a-b-c: u_1 ~ sqrt(d_t) cos(pi t / 2) = (1, 0, -1) / sqrt(2); isolated nodes: 0.
+    half = math.sqrt(0.5)
+    assert_close(out[:, 0], torch.tensor([half, 0.0, -half, 0.0, half, 0.0, -half, 0.0, 0.0]))

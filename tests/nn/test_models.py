@@ -504,3 +504,94 @@ def test_graph_transformer_with_edge_dim_needs_edge_attr():
         no_pe(x, ei)
     assert with_pe(x, ei, torch.randn(10, 3), edge_attr=edge_attr).shape == (10, 2)
     assert no_pe(x, ei, edge_attr=edge_attr).shape == (10, 2)
+
+
+def fixed_dropout(x, p, training=True, inplace=False):
+    """A stand-in for dropout with a mask fixed by the shape and p (not by the global RNG), so
+    that a reference written out by hand drops the same entries at the same places."""
+    if not training or p == 0.0:
+        return x
+    gen = torch.Generator().manual_seed(x.numel() + round(1000 * p))
+    keep = (torch.rand(x.shape, generator=gen, dtype=torch.float64) >= p).to(x.dtype)
+    return x * keep / (1 - p)
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
+def test_gat_is_the_papers_network_of_two_gatconv_layers(monkeypatch, training):
+    """GAT written out from the paper with two PyG GATConv layers (not through ``GAT``):
+    dropout on the input, ELU of the concatenated hidden heads, dropout, and the output heads
+    averaged. Attention and value dropout are 0, and the feature dropout is a fixed mask."""
+    from test_additive_attention import copy_gat_into
+
+    import graphattn.nn.models as models
+
+    monkeypatch.setattr(models, "dropout", fixed_dropout)
+    torch.manual_seed(0)
+    p, F_in, C, H, classes, H_out = 0.3, 10, 3, 2, 4, 3
+    model = GAT(F_in, classes, hidden_channels=C, heads=H, out_heads=H_out, dropout=p,
+                attention_dropout=0.0, value_dropout=0.0).double().train(training)
+    gat1 = GATConv(F_in, C, H, concat=True).double()
+    gat2 = GATConv(H * C, classes, H_out, concat=False).double()
+    for layer, gat in ((model.conv1, gat1), (model.conv2, gat2)):
+        with torch.no_grad():
+            gat.bias.normal_()
+        copy_gat_into(layer, gat)
+    x, ei = torch.randn(15, F_in, dtype=torch.float64), random_graph(15, 40)
+    drop = (lambda t: fixed_dropout(t, p)) if training else (lambda t: t)
+    hidden = torch.nn.functional.elu(gat1(drop(x), ei))  # (N, H * C)
+    expected = gat2(drop(hidden), ei)  # (N, classes), mean of H_out heads
+    assert_close(model(x, ei), expected)
+
+
+def test_graph_transformer_training_wiring(monkeypatch):
+    """In training, dropout sits on the input features, on the FFN's inner units and on each
+    sublayer's output before the residual sum -- nowhere else (not on pe, nor on the residual
+    stream). Written out with the model's own sublayers and a fixed-mask dropout."""
+    import graphattn.nn.models as models
+
+    monkeypatch.setattr(models, "dropout", fixed_dropout)
+    monkeypatch.setattr(torch.nn.functional, "dropout", fixed_dropout)  # nn.Dropout in the FFN
+    torch.manual_seed(0)
+    N, F_in, D, P, p = 9, 5, 8, 3, 0.25
+    model = GraphTransformer(F_in, D, 3, num_layers=2, heads=2, pe_channels=P, dropout=p,
+                             attention_dropout=0.0, ffn_ratio=3).double().train()
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(0.1 * torch.randn_like(param))  # LayerNorms too: not ones and zeros
+    x, pe = torch.randn(N, F_in, dtype=torch.float64), torch.randn(N, P, dtype=torch.float64)
+    ei = random_graph(N, 25)
+    gelu = torch.nn.functional.gelu
+    h = model.lin_in(fixed_dropout(x, p)) + pe @ model.lin_pe.weight.t()
+    for i in range(2):
+        h = h + fixed_dropout(model.attns[i](model.attn_norms[i](h), ei), p)
+        lin1, lin2 = model.ffns[i][0], model.ffns[i][3]
+        inner = fixed_dropout(gelu(lin1(model.ffn_norms[i](h))), p)  # (N, 3 D)
+        h = h + fixed_dropout(lin2(inner), p)
+    expected = model.lin_out(model.norm_out(h))
+    assert_close(model(x, ei, pe), expected)
+
+
+def test_graph_transformer_parameter_count():
+    """Counted from the docstring: lin_in, lin_pe without bias, per block two LayerNorms,
+    four D x D projections with biases and an FFN of ffn_ratio * D units; a final LayerNorm
+    and lin_out. Shared or missing submodules change the count."""
+    F_in, D, out, L, P, r = 5, 12, 3, 3, 4, 3
+    model = GraphTransformer(F_in, D, out, num_layers=L, heads=3, pe_channels=P, ffn_ratio=r)
+    block = 2 * 2 * D + 4 * (D * D + D) + (D * r * D + r * D) + (r * D * D + D)
+    expected = (F_in * D + D) + P * D + L * block + 2 * D + (D * out + out)
+    assert sum(p.numel() for p in model.parameters()) == expected
+
+
+def test_feature_dropout_on_uncoalesced_coo():
+    """Duplicate COO entries are one feature: summed first, then kept or dropped as a whole."""
+    indices = torch.tensor([[0, 0, 1, 2, 2], [1, 1, 0, 3, 3]])
+    values = torch.tensor([1.0, 2.0, 4.0, 0.5, 0.25])
+    x = torch.sparse_coo_tensor(indices, values, (3, 4))  # not coalesced
+    dense = torch.zeros(3, 4)
+    dense[0, 1], dense[1, 0], dense[2, 3] = 3.0, 4.0, 0.75
+    torch.manual_seed(0)
+    for _ in range(5):
+        out = feature_dropout(x, 0.5, training=True).to_dense()
+        kept = out != 0
+        assert not (kept & (dense == 0)).any()
+        assert_close(out[kept], dense[kept] / 0.5)
