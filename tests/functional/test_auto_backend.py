@@ -91,6 +91,43 @@ def test_never_dense_when_the_matrices_do_not_fit():
     assert select_backend(q, torch.zeros(2, 1, dtype=torch.long).expand(2, fits**2)) == "dense"
 
 
+def test_memory_limit_is_inclusive_and_counts_the_itemsize(monkeypatch):
+    """Dense when dense_peak_bytes of q's own itemsize is at most DENSE_MAX_BYTES_CPU: a limit of
+    exactly those bytes still fits, one byte less does not (and float64 needs twice float32's)."""
+    n, heads = 40, 2
+    complete = torch.cartesian_prod(torch.arange(n), torch.arange(n)).t()
+    q = torch.randn(n, heads, 4, dtype=torch.float64)
+    need = 6 * heads * n * n * 8 + 2 * n * n  # by hand: six [H, N, N] float64 tensors, the mask
+    monkeypatch.setattr(attention, "DENSE_MAX_BYTES_CPU", need)
+    assert select_backend(q, complete) == "dense"
+    monkeypatch.setattr(attention, "DENSE_MAX_BYTES_CPU", need - 1)
+    assert select_backend(q, complete) == "cpu"
+    assert select_backend(q.float(), complete) == "dense"  # float32 needs about half
+
+
+def test_edge_attention_measures_the_density_over_its_sources(monkeypatch):
+    """auto in edge_attention counts N_src = k.size(0): 30 targets, 300 sources and 270 edges
+    are a sparse graph (density 0.03), though 270 edges over 30 x 30 pairs would be dense."""
+    n_dst, n_src = 30, 300
+    edge_index = graph_with_density(n_dst, n_src, 0.03, seed=0)
+    assert edge_index.size(1) / (n_dst * n_dst) >= THRESHOLD  # dense if N_src were N_dst
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(n_dst, 2, 4, generator=gen, requires_grad=True)
+    k, v = (torch.randn(n_src, 2, 4, generator=gen) for _ in range(2))
+    calls, real = [], dict(attention.BACKENDS)
+
+    def spy(name):
+        def call(*args, **kwargs):
+            calls.append(name)
+            return real[name](*args, **kwargs)
+        return call
+
+    for name in ("cpu", "dense"):
+        monkeypatch.setitem(attention.BACKENDS, name, spy(name))
+    edge_attention(q, k, v, edge_index, backend="auto")
+    assert calls == ["cpu"]
+
+
 def test_gatv2_takes_the_sparse_path_even_on_complete_graphs():
     q = torch.randn(64, 2, 4)
     complete = torch.cartesian_prod(torch.arange(64), torch.arange(64)).t()

@@ -184,3 +184,25 @@ def test_mixed_float_dtypes_are_promoted(return_attention):
     for a, b in zip(got, want, strict=True):
         assert a.dtype == torch.float64
         assert_close(a, b)
+
+
+def test_mixed_float_dtypes_promote_past_the_dtype_of_q():
+    """fp32 q and k beside an fp64 v: the result is fp64, as torch's arithmetic promotes."""
+    q, k, v = qkv()
+    v64 = v.detach().double()
+    out = dense_attention(q, k, v64)
+    assert out.dtype == torch.float64
+    assert_close(out, dense_attention(q.double(), k.double(), v64))
+
+
+def test_weights_path_applies_dropout_in_training_only():
+    """return_attention=True with dropout: the output uses the dropped weights (no longer
+    weights @ v), the weights returned are those before dropout, and eval drops nothing."""
+    q, k, v = qkv()
+    torch.manual_seed(0)
+    out, weights = dense_attention(q, k, v, dropout_p=0.5, return_attention=True)
+    undropped = torch.einsum("...hij,...jhc->...ihc", weights, v)
+    assert not torch.allclose(out, undropped)
+    assert_close(weights, explicit_attention(q, k, v, torch.ones(6, 6, dtype=torch.bool), 0.5)[1])
+    out, weights = dense_attention(q, k, v, dropout_p=0.5, training=False, return_attention=True)
+    assert_close(out, undropped)

@@ -232,3 +232,18 @@ def test_product_overflowing_off_the_graph_is_masked_not_nan(dtype, scale, edges
                                         backend="reference", return_attention=True)
         assert_close(out, ref, dtype=dtype)
         assert_close(alpha, ref_alpha, dtype=dtype)
+
+
+@pytest.mark.parametrize("score", ["dot", "additive"])
+def test_simple_graph_with_every_in_edge_at_minus_infinity_has_zero_weights(score):
+    """Target 1's two in-edges (no pair doubled) score -inf in head 0: their weights are 0,
+    as the reference's, not the uniform softmax of the row the dense path computes there."""
+    edge_index = torch.tensor([[0, 2, 1, 3], [1, 1, 2, 2]])
+    q, k, v, bias = inputs(4, 4, score, 4)
+    bias[:2, 0] = float("-inf")
+    out = assert_dense_equals_reference(q, k, v, edge_index, bias, score=score, dropout_p=0.0,
+                                        need_alpha=True)
+    assert (out[1, 0] == 0).all()
+    alpha = edge_attention(q, k, v, edge_index, bias=bias, score=score, return_attention=True,
+                           backend="dense")[1]
+    assert (alpha[:2, 0] == 0).all()

@@ -5,7 +5,7 @@ import pytest
 import torch
 from conftest import GRAPHS, assert_close, check_nan_score_pattern, dense_mask, random_graph
 
-from graphattn.functional import available_backends, dense_attention, edge_attention
+from graphattn.functional import attention, available_backends, dense_attention, edge_attention
 
 # Backends that run on CPU tensors here (the Triton kernels have their own interpreter tests).
 CPU_BACKENDS = [b for b in available_backends() if b != "triton"]
@@ -362,3 +362,54 @@ def test_nan_or_plus_inf_score_makes_its_target_nan_in_that_head(backend, score,
     # The dense backend's gradients span every pair of its matrices, so NaN also reaches the
     # k, v of nodes off the target's row there: its gradients are not compared.
     check_nan_score_pattern(backend, score, value, grads=backend != "dense")
+
+
+@pytest.mark.parametrize("backend", ["reference", "dense"])
+def test_mixed_float_dtypes_promote_past_the_dtype_of_q(backend):
+    """float32 q, k and v beside a float64 bias: the bias, not q, has the widest dtype, and the
+    result is float64, equal to the all-float64 reference."""
+    q, k, v = qkv(5, 5, C=3, seed=3)
+    ei = torch.tensor([[0, 1, 2, 3, 4, 0, 2], [1, 2, 3, 4, 0, 0, 0]])
+    bias = torch.randn(7, 2, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    out, alpha = edge_attention(q, k, v, ei, bias=bias, return_attention=True, backend=backend)
+    want, want_alpha = edge_attention(q.double(), k.double(), v.double(), ei, bias=bias,
+                                      return_attention=True, backend="reference")
+    assert out.dtype == alpha.dtype == torch.float64
+    assert_close(out, want)
+    assert_close(alpha, want_alpha)
+
+
+def test_shape_errors_of_q_k_and_v_name_the_argument():
+    q, k, v = qkv(4, 4)
+    good = torch.tensor([[0, 1], [1, 2]])
+    with pytest.raises(ValueError, match=r"v must have shape \[N_src, H, C\], got \[4, 8\]"):
+        edge_attention(q, k, v.flatten(1), good)
+    for name in ("q", "k"):
+        args = {"q": q, "k": k, "v": v}
+        args[name] = torch.cat([args[name], args[name][:, :1]], dim=1)  # 3 heads beside v's 2
+        with pytest.raises(ValueError, match=rf"{name} must have H = 2 heads like v, got \[4, 3"):
+            edge_attention(args["q"], args["k"], args["v"], good)
+    with pytest.raises(ValueError, match=r"k and v must have the same number of source nodes"):
+        edge_attention(q, k[:3], v, good)
+    with pytest.raises(ValueError, match=r"q and k must have the same channels C"):
+        edge_attention(q[..., :3], k, v, good)
+
+def test_one_tensor_as_both_edge_terms_stays_one_tensor_when_promoted():
+    """_common_dtype casts a float32 tensor given as edge_key and edge_value once, not twice."""
+    q = torch.randn(3, 2, 4, dtype=torch.float64)
+    term = torch.randn(5, 2, 4)
+    cast = attention._common_dtype(q, term, term)
+    assert cast[1].dtype == torch.float64 and cast[1] is cast[2]
+
+
+@pytest.mark.parametrize("channels", [1, 4, 9])
+def test_default_dot_scale_is_one_over_the_root_of_the_channels(channels):
+    """The default scale of the dot score is 1 / sqrt(C), at C = 1 too (1)."""
+    ei = random_graph(6, 20, seed=4)
+    q, k, v = (torch.randn(6, 2, channels, generator=torch.Generator().manual_seed(s))
+               for s in range(3))
+    assert_close(edge_attention(q, k, v, ei, backend="reference"),
+                 edge_attention(q, k, v, ei, scale=channels ** -0.5, backend="reference"))
+    assert not torch.allclose(edge_attention(q, k, v, ei, backend="reference"),
+                              edge_attention(q, k, v, ei, scale=1.1 * channels ** -0.5,
+                                             backend="reference"))
