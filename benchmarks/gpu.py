@@ -9,7 +9,9 @@ forward+backward of
 - the layers, from node features x ``[N, H*C]`` (three projections, then attention, no output
   projection): ``GraphSelfAttention`` (dot, triton) against PyG's ``TransformerConv``
   (``root_weight=False``), ``GraphSelfAttention`` (additive, triton) against PyG's
-  ``GATConv`` and ``GraphSelfAttention`` (gatv2, triton) against PyG's ``GATv2Conv``;
+  ``GATConv``, ``GraphSelfAttention`` (gatv2, triton) against PyG's ``GATv2Conv``, and with
+  16 edge features per edge added to each edge's key and value, ``GraphSelfAttention`` (dot,
+  ``edge_mode="key_value"``, triton) against ``TransformerConv(edge_dim=16)``;
 - ``dense_attention`` (SDPA) with the graph's ``[N, N]`` bool mask (built outside the timing),
 
 and the peak memory of each call (``torch.cuda.max_memory_allocated`` above the memory held
@@ -84,6 +86,7 @@ PEAK_BANDWIDTH = (
 )
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+EDGE_DIM = 16  # edge features of the "+ edge features" layers
 GRAPHS = ("cora", "pubmed", "random-1m", "random-50m", "local-50m")
 QUICK_GRAPHS = ("cora", "random-1m")
 # name -> (nodes, edges, window): window None draws sources uniformly, else from i-w..i+w.
@@ -276,14 +279,23 @@ def op_case(backend: str) -> Callable[..., Case]:
 
 
 def layer_case(kind: str) -> Callable[..., Case]:
+    """A layer on node features ``[N, H*C]``: PyG's (``"transformer"``, ``"gat"``,
+    ``"gatv2-pyg"``) or ``GraphSelfAttention`` with that score; ``"transformer-edge"`` and
+    ``"dot-edge"`` take ``EDGE_DIM`` edge features too, added to each edge's key and value."""
     def make(graph: Graph, heads: int, channels: int, dtype: torch.dtype) -> Case:
         from torch_geometric.nn import GATConv, GATv2Conv, TransformerConv
 
         from graphattn.nn import GraphSelfAttention
 
         features = heads * channels
-        if kind == "transformer":
-            layer = TransformerConv(features, channels, heads=heads, root_weight=False)
+        edge_dim = EDGE_DIM if kind.endswith("-edge") else None
+        if kind in ("transformer", "transformer-edge"):
+            layer = TransformerConv(features, channels, heads=heads, root_weight=False,
+                                    edge_dim=edge_dim)
+        elif kind == "dot-edge":
+            layer = GraphSelfAttention(features, channels, heads, out_proj=False,
+                                       add_self_loops=False, edge_dim=edge_dim,
+                                       edge_mode="key_value", backend="triton")
         elif kind == "gat":
             layer = GATConv(features, channels, heads=heads, add_self_loops=False)
         elif kind == "gatv2-pyg":
@@ -291,9 +303,14 @@ def layer_case(kind: str) -> Callable[..., Case]:
         else:
             layer = GraphSelfAttention(features, channels, heads, out_proj=False,
                                        add_self_loops=False, attention=kind, backend="triton")
-        layer = layer.to(graph.edge_index.device, dtype)
-        x = torch.randn(graph.num_nodes, features, device=graph.edge_index.device, dtype=dtype)
-        return Case(lambda: layer(x, graph.edge_index), list(layer.parameters()), [layer])
+        device = graph.edge_index.device
+        layer = layer.to(device, dtype)
+        x = torch.randn(graph.num_nodes, features, device=device, dtype=dtype)
+        if edge_dim is None:
+            return Case(lambda: layer(x, graph.edge_index), list(layer.parameters()), [layer])
+        edge_attr = torch.randn(graph.num_edges, edge_dim, device=device, dtype=dtype)
+        return Case(lambda: layer(x, graph.edge_index, edge_attr), list(layer.parameters()),
+                    [layer])
     return make
 
 
@@ -317,6 +334,8 @@ METHODS: dict[str, Callable[..., Case]] = {
     "PyG GATConv": layer_case("gat"),
     "GraphSelfAttention gatv2, triton": layer_case("gatv2"),
     "PyG GATv2Conv": layer_case("gatv2-pyg"),
+    "GraphSelfAttention dot + edge features, triton": layer_case("dot-edge"),
+    "PyG TransformerConv + edge features": layer_case("transformer-edge"),
     "dense SDPA + mask": dense_case,
 }
 

@@ -84,7 +84,7 @@ def compile_kernels(heads: int, channels: int, score: str, dtype: str, *, featur
                      HAS_BIAS=features, HAS_DROP=features, HAS_EK=edge_key, HAS_EV=features,
                      NEED_SCORES=features, HAS_DALPHA=features, NEED_DBIAS=features,
                      NEED_DATT=features and score == "gatv2", NEED_DEK=edge_key,
-                     NEED_DEV=features, BLOCK_E=cfg.block_e,
+                     NEED_DEV=features and not one_edge_term, BLOCK_E=cfg.block_e,
                      BLOCK_H=cfg.block_h, BLOCK_C=cfg.block_c, BLOCK_CK=cfg.block_ck,
                      EV_IS_EK=one_edge_term)
     module = tk.kernels()

@@ -205,7 +205,8 @@ def from_sparse_adjacency(adj: Tensor) -> Tensor:
     r"""The graph of a sparse adjacency: one edge j -> i for every stored entry ``adj[i, j]``.
 
     ``adj`` is ``[N_dst, N_src]``, row i listing the nodes that i attends to: the transposed
-    adjacency ``adj_t`` that PyG's ``ToSparseTensor(layout=...)`` builds, and the layout of
+    adjacency ``adj_t`` that PyG's ``ToSparseTensor(layout=...)`` builds (COO or CSR; CSC is
+    accepted too), and the layout of
     :func:`to_dense_mask`. The values are ignored. Every stored entry is one edge, in storage
     order: a COO tensor's entries as stored (a coalesced one is sorted by target, then source),
     CSR row by row, CSC column by column; so the rows of an ``edge_attr`` follow the entries.

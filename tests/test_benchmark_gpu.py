@@ -34,6 +34,22 @@ def test_device_checks_pass_in_the_interpreter(triton_interpreter):
     assert not bad, bad
 
 
+def test_every_method_runs_forward_and_backward_in_the_interpreter(triton_interpreter):
+    """Each timed method builds and runs (inference, then forward+backward, with finite
+    gradients) on a small CPU graph: a method that fails on the device costs device time.
+    graphattn's methods give a gradient to every parameter or input they time; PyG's
+    ``TransformerConv(root_weight=False)`` keeps an unused ``lin_skip``."""
+    graph = gpu.Graph("random", 12, gpu.synthetic_graph(12, 40, None, "cpu"))
+    for name, make in gpu.METHODS.items():
+        case = make(graph, 2, 8, torch.float32)
+        gpu._inference(case)
+        gpu._train_step(case)
+        grads = [t.grad for t in case.grad_of if t.grad is not None]
+        assert grads and all(torch.isfinite(g).all() for g in grads), name
+        if not name.startswith("PyG"):
+            assert len(grads) == len(case.grad_of), name
+
+
 @pytest.mark.skipif(not triton_available(),
                     reason="triton is not installed (pip install 'graphattn[gpu]'): gpu.py stops")
 def test_no_check_neither_checks_nor_reports_a_difference(monkeypatch, tmp_path, capsys):

@@ -204,12 +204,12 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
     ``torch.nn.MultiheadAttention(H * C, H)`` computes.
 
     The graph is an ``edge_index`` ``[2, E]`` (or PyG's ``EdgeIndex``) or a sparse adjacency
-    ``adj_t [N_dst, N_src]`` in the COO, CSR or CSC layout, as PyG's
-    ``ToSparseTensor(layout=...)`` builds it: each stored entry ``(i, j)`` is an edge j -> i and
-    its value is ignored (see :func:`~graphattn.graphs.from_sparse_adjacency`). With a sparse
-    adjacency, ``edge_attr`` rows follow its stored entries, and the attention weights come
-    back as a sparse adjacency of the same layout holding ``alpha`` as values, as PyG's
-    ``GATConv`` returns them.
+    ``adj_t [N_dst, N_src]`` in torch's COO, CSR or CSC layout (PyG's
+    ``ToSparseTensor(layout=...)`` builds the COO and CSR ones): each stored entry ``(i, j)``
+    is an edge j -> i and its value is ignored (see
+    :func:`~graphattn.graphs.from_sparse_adjacency`). With a sparse adjacency, ``edge_attr``
+    rows follow its stored entries, and the attention weights come back as a sparse adjacency
+    of the same layout holding ``alpha`` as values, as PyG's ``GATConv`` returns them.
 
     Args:
         in_channels (int or tuple): input features F, or ``(F_src, F_dst)`` for bipartite graphs;
