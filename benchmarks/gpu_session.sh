@@ -8,10 +8,12 @@
 #      the interpreter;
 #   3. if time is left, the graphs of <= 1M edges again with --no-graph-cache (every call sorts
 #      the edges and reads their bounds back, as before those caches): the A/B of the caches;
-#   4. if time is left, the 50M-edge graphs again in bf16.
+#   4. if time is left, benchmarks/triton_tuning.py: the kernels' tiles (launch_tiles) against
+#      the defaults, on the 1M-edge and 50M-edge graphs;
+#   5. if time is left, the 50M-edge graphs again in bf16.
 # Each step has its own time limit inside the budget, so a slow step still leaves the others
 # their turn. Tables go to $OUT (default: benchmarks/results/gpu_session/), the log of every
-# step to $OUT/session.log: 5 files at most (the device tool brings back 8).
+# step to $OUT/session.log: 6 files at most (the device tool brings back 8).
 #
 # Usage: bash benchmarks/gpu_session.sh [budget in seconds, default 560]
 # The Planetoid files under datasets/ are ignored by git: on a machine that gets a copy of the
@@ -58,11 +60,19 @@ else
   echo "== 3. skipped: $(left) s left" | tee -a "$LOG"
 fi
 
+if [ "$(left)" -gt 120 ]; then
+  echo "== 4. benchmarks/triton_tuning.py, fp32 ($(left) s left)" | tee -a "$LOG"
+  timeout $(limit $(($(left) > 240 ? 150 : $(left) - 90))) "$PY" benchmarks/triton_tuning.py \
+    --out "$OUT/triton_tuning.md" 2>&1 | tee -a "$LOG"
+else
+  echo "== 4. skipped: $(left) s left" | tee -a "$LOG"
+fi
+
 if [ "$(left)" -gt 90 ]; then
-  echo "== 4. benchmarks/gpu.py, bf16, 50M-edge graphs ($(left) s left)" | tee -a "$LOG"
+  echo "== 5. benchmarks/gpu.py, bf16, 50M-edge graphs ($(left) s left)" | tee -a "$LOG"
   timeout $(limit $(($(left) - 10))) "$PY" benchmarks/gpu.py --no-check --dtype bf16 \
     --graphs random-50m,local-50m --out "$OUT/gpu_bf16.md" 2>&1 | tee -a "$LOG"
 else
-  echo "== 4. skipped: $(left) s left" | tee -a "$LOG"
+  echo "== 5. skipped: $(left) s left" | tee -a "$LOG"
 fi
 echo "== done in ${SECONDS} s" | tee -a "$LOG"

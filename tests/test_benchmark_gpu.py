@@ -16,6 +16,7 @@ from graphattn.functional.triton_kernels import triton_available
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import gpu  # noqa: E402
+import triton_tuning  # noqa: E402
 
 
 def test_device_checks_pass_in_the_interpreter(triton_interpreter):
@@ -70,3 +71,47 @@ def test_no_check_neither_checks_nor_reports_a_difference(monkeypatch, tmp_path,
     log = capsys.readouterr().out
     assert "max abs difference" not in log and "not checked (--no-check)" in log
     assert "Fused vs reference" not in out.read_text()
+
+
+def test_tuning_candidates_start_with_the_default_tiles():
+    default = triton_tuning.candidates(4, 32)[0]
+    assert default == (16, 4, 4)  # launch_config's for H = 4, C = 32
+    two_heads = triton_tuning.candidates(2, 8)
+    assert two_heads[0] == (32, 2, 1)
+    assert len(set(two_heads)) == len(two_heads)
+    assert max(block_h for _, block_h, _ in two_heads) == 2  # capped at H's power of 2
+
+
+def test_tuning_times_every_candidate_in_the_interpreter(triton_interpreter, monkeypatch):
+    """``benchmarks/triton_tuning.py`` before it meets a GPU: each candidate runs forward and
+    forward+backward with its tiles, and its out is the default tiles' up to rounding."""
+    graph = gpu.Graph("random", 12, gpu.synthetic_graph(12, 60, None, "cpu"))
+    tiles = [(32, 2, 1), (4, 1, 1), (8, 2, 2)]
+    clock, timed, launched = iter(range(1, 1000)), [], []
+
+    def timer(fn):
+        fn()
+        timed.append(launched[-1])
+        return float(next(clock))
+
+    def attend(*args, **kwargs):  # the tiles each call runs with
+        cfg = triton_tuning.tk.launch_config(2, 8)
+        launched.append((cfg.block_e, cfg.block_h, cfg.num_warps))
+        return edge_attention(*args, **kwargs)
+
+    edge_attention = triton_tuning.edge_attention
+    monkeypatch.setattr(triton_tuning, "edge_attention", attend)
+    rows = triton_tuning.measure(graph, tiles, 2, 8, torch.float32, warmup=1, repeats=2,
+                                 timer=timer)
+    assert [r.tiles for r in rows] == tiles
+    assert timed == [t for order in (tiles, tiles[1:] + tiles[:1]) for t in order for _ in "ft"]
+    assert rows[0].max_diff == 0.0
+    assert all(r.max_diff < 1e-5 and not r.note for r in rows), rows
+    # the clock ticks once per timed call, fwd then fwd+bwd: repeat 0 runs the candidates in
+    # order (ticks 1-6), repeat 1 from the second on (7-12)
+    assert [r.forward_times for r in rows] == [[1, 11], [3, 7], [5, 9]]
+    assert [r.train_times for r in rows] == [[2, 12], [4, 8], [6, 10]]
+    table = triton_tuning.render_markdown(["- header"], rows, [])
+    assert "| 32 | 2 | 1 | 6.000 | 7.000 | 1.00 | 1.00 | 0.0e+00 | default |" in table
+    assert "| 4 | 1 | 1 | 5.000 | 6.000 | 0.83 | 0.86 |" in table
+    assert "fastest forward+backward: (4, 1, 1) at 6.000 ms (0.86)" in table

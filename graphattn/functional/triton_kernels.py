@@ -99,9 +99,11 @@ switch from compiled to interpreted only, or use a fresh process.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import ModuleType
 
@@ -182,8 +184,57 @@ def launch_config(heads: int, channels: int, score_channels: int | None = None) 
     block_h = min(_next_power_of_2(heads), max(1, 128 // widest))
     block_e = max(1, min(32, 2048 // (block_h * widest)))
     tile = block_e * block_h * widest
-    return LaunchConfig(block_e=block_e, block_h=block_h, block_c=block_c,
-                        num_warps=max(1, min(4, tile // 512)), block_ck=block_ck)
+    cfg = LaunchConfig(block_e=block_e, block_h=block_h, block_c=block_c,
+                       num_warps=max(1, min(4, tile // 512)), block_ck=block_ck)
+    if _TILES:  # inside launch_tiles
+        tiles = dict(_TILES)
+        if "block_h" in tiles:
+            tiles["block_h"] = min(tiles["block_h"], _next_power_of_2(heads))
+        cfg = replace(cfg, **tiles)
+    return cfg
+
+
+_TILES: dict[str, int] = {}  # the tiles launch_tiles sets, by LaunchConfig field
+_WARPS = (1, 2, 4, 8, 16)
+
+
+@contextlib.contextmanager
+def launch_tiles(*, block_e: int | None = None, block_h: int | None = None,
+                 num_warps: int | None = None) -> Iterator[None]:
+    """Run the Triton kernels with other tiles than :func:`launch_config` picks, to tune them
+    on a GPU (``benchmarks/triton_tuning.py``).
+
+    Inside the ``with`` block, every launch in the process takes the tiles given here and
+    :func:`launch_config` picks the rest; calls under ``torch.compile`` too, since the tiles are
+    read at each launch. Each set of tiles compiles its own kernels. Results differ from those
+    of other tiles by rounding only: ``block_e`` changes the order in which a row's edges are
+    summed.
+
+    Args:
+        block_e (int, optional): edges per step of a row, a power of 2.
+        block_h (int, optional): heads per program, a power of 2; at most the next power of 2
+            >= H is used.
+        num_warps (int, optional): warps per program: 1, 2, 4, 8 or 16.
+
+    Example:
+        >>> with launch_tiles(block_e=8, num_warps=2):
+        ...     out = edge_attention(q, k, v, edge_index, backend="triton")
+    """
+    tiles = {"block_e": block_e, "block_h": block_h, "num_warps": num_warps}
+    for name in ("block_e", "block_h"):
+        value = tiles[name]
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < 1 or value & (value - 1)):
+            raise ValueError(f"{name} must be a power of 2, got {value!r}")
+    if num_warps is not None and (isinstance(num_warps, bool) or num_warps not in _WARPS):
+        raise ValueError(f"num_warps must be one of {list(_WARPS)}, got {num_warps!r}")
+    previous = dict(_TILES)
+    _TILES.update({name: value for name, value in tiles.items() if value is not None})
+    try:
+        yield
+    finally:
+        _TILES.clear()
+        _TILES.update(previous)
 
 
 def _score_channels(q: Tensor, score: str) -> int:

@@ -489,6 +489,74 @@ def test_launch_config_tiles(heads, channels, score_channels, expected):
     assert 1 <= cfg.num_warps <= 4
 
 
+@needs_triton
+@pytest.mark.parametrize("score,tiles,degree", [
+    ("dot", dict(block_e=1, block_h=1, num_warps=1), 7),
+    ("additive", dict(block_e=4, block_h=2, num_warps=2), 15),
+    ("gatv2", dict(block_e=4, block_h=2, num_warps=2), 15),
+    ("dot", dict(block_e=64, num_warps=8), 70),
+    ("gatv2", dict(block_e=64, num_warps=8), 70),
+], ids=["dot-1x1", "additive-4x2", "gatv2-4x2", "dot-64", "gatv2-64"])
+def test_launch_tiles_run_every_kernel_with_them(interpreter, monkeypatch, score, tiles,
+                                                 degree):
+    """Under ``launch_tiles`` each of the three kernels is launched with the tiles given (the
+    rest as ``launch_config`` picks them) and still computes the reference's outputs, weights
+    and gradients: a row of 7, 15 or 70 edges over 1, 4 or 64 edges per step (a last step
+    part full), 4 heads over 1 or 2 heads per program."""
+    module, launches = tk.kernels(), []
+
+    class LaunchSpy:
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            launch = getattr(module, self.name)[grid]
+
+            def record(*args, **kwargs):
+                launches.append((self.name, kwargs["BLOCK_E"], kwargs["BLOCK_H"],
+                                 kwargs["num_warps"]))
+                return launch(*args, **kwargs)
+            return record
+
+    names = ("forward_kernel", "backward_target_kernel", "backward_source_kernel")
+    monkeypatch.setattr(tk, "kernels", lambda: types.SimpleNamespace(
+        **{name: LaunchSpy(name) for name in names}))
+    ei = star_graph(degree)
+    inputs = attention_inputs(40, 40, ei.size(1), 4, 8, score=score, seed=6)
+    default = tk.launch_config(4, 8, 1 if score == "additive" else 8)
+    with tk.launch_tiles(**tiles):
+        check_against_reference(inputs, ei, score=score)
+    expected = (tiles["block_e"], tiles.get("block_h", default.block_h), tiles["num_warps"])
+    assert launches == [(name, *expected) for name in names]
+    assert tk.launch_config(4, 8) == tk.launch_config(4, 8, 8)  # the defaults again after
+
+
+@pytest.mark.parametrize("tiles,message", [
+    (dict(block_e=3), "block_e must be a power of 2, got 3"),
+    (dict(block_h=0), "block_h must be a power of 2, got 0"),
+    (dict(block_e=8.0), "block_e must be a power of 2, got 8.0"),
+    (dict(num_warps=3), r"num_warps must be one of \[1, 2, 4, 8, 16\], got 3"),
+])
+def test_launch_tiles_errors_name_the_argument(tiles, message):
+    with pytest.raises(ValueError, match=message), tk.launch_tiles(**tiles):
+        pass
+    assert tk._TILES == {}
+
+
+def test_launch_tiles_nest_and_restore():
+    default = tk.launch_config(4, 32)
+    with tk.launch_tiles(block_e=8, block_h=16):
+        # block_h is capped at the next power of 2 >= H
+        assert (tk.launch_config(4, 32).block_e, tk.launch_config(4, 32).block_h) == (8, 4)
+        with tk.launch_tiles(num_warps=1):
+            assert tk.launch_config(3, 32) == tk.LaunchConfig(8, 4, 32, 1, 32)
+        assert tk.launch_config(4, 32).num_warps == default.num_warps
+        with pytest.raises(RuntimeError), tk.launch_tiles(block_e=2):
+            raise RuntimeError
+        assert tk.launch_config(4, 32).block_e == 8
+    assert tk.launch_config(4, 32) == default
+
+
 def test_build_csr_groups_rows_stably():
     rows = torch.tensor([2, 0, 2, 1, 0, 2])
     other = torch.tensor([10, 11, 12, 13, 14, 15])
