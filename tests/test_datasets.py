@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 from urllib.error import URLError
 
+import numpy as np
 import pytest
 import torch
 
@@ -165,6 +166,9 @@ def test_unknown_name_lists_known_ones(tmp_path):
     with pytest.raises(ValueError, match=r"name must be one of \['Cora', 'CiteSeer', 'PubMed'\]"
                                          r".*got 'Reddit'"):
         load_planetoid("Reddit", tmp_path)
+    for name in (None, 7, b"cora"):  # not a string: the same message, not an AttributeError
+        with pytest.raises(ValueError, match=f"name must be one of .*got {name!r}"):
+            load_planetoid(name, tmp_path)
 
 
 def test_offline_and_missing_names_files_source_and_folder(tmp_path, offline):
@@ -178,6 +182,7 @@ def test_offline_and_missing_names_files_source_and_folder(tmp_path, offline):
     for part in PARTS:
         assert f"https://github.com/kimiyoung/planetoid/raw/master/data/ind.cora.{part}" in msg
     assert len(offline) == 1  # gives up after the first failed download
+    assert "structure_only" not in msg  # it would not help: structure files are missing too
     assert not list(folder.glob("*")), "no partial files may be left behind"
 
 
@@ -352,6 +357,8 @@ def test_default_root(monkeypatch, tmp_path):
     assert ds.default_root() == tmp_path / "data"
     assert ds.raw_dir("citeseer") == tmp_path / "data" / "CiteSeer" / "raw"
 
+    monkeypatch.setenv("GRAPHATTN_DATA", "")  # set but empty: as if unset, not the cwd
+    assert ds.default_root() == REPO / "datasets"
     monkeypatch.delenv("GRAPHATTN_DATA")
     assert ds.default_root() == REPO / "datasets"  # editable install: the checkout's datasets/
 
@@ -361,3 +368,53 @@ def test_default_root(monkeypatch, tmp_path):
     monkeypatch.setattr(ds, "__file__", str(wheel / "datasets.py"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     assert ds.default_root() == tmp_path / "cache" / "graphattn"
+
+
+def write_tiny_planetoid(root: Path, monkeypatch, **override) -> Path:
+    """A hand-made "Cora" in the Planetoid format, with its sums accepted: 2 training nodes of 2
+    classes, exactly the 500 validation nodes after them (ally holds 502 rows), and 2 test nodes
+    listed as 503, 502; ``override`` replaces parts (part name -> object, "test.index" -> text)."""
+    folder = root / "Cora" / "raw"
+    folder.mkdir(parents=True)
+    one_hot = [[1.0, 0.0], [0.0, 1.0]]
+    parts = {"x": np.ones((2, 3)), "y": np.array(one_hot), "allx": np.ones((502, 3)),
+             "ally": np.array(one_hot * 251), "tx": np.ones((2, 3)), "ty": np.array(one_hot),
+             "graph": {0: [1], 1: [0], 502: [503], 503: [502]}, "test.index": "503\n502\n"}
+    parts.update(override)
+    for part, obj in parts.items():
+        path = folder / f"ind.cora.{part}"
+        if part == "test.index":
+            path.write_text(obj)
+        else:  # numpy 2 names its module numpy._core; the published pickles say numpy.core
+            path.write_bytes(pickle.dumps(obj, protocol=3).replace(b"numpy._core.",
+                                                                    b"numpy.core."))
+        monkeypatch.setitem(ds.SHA256, path.name, hashlib.sha256(path.read_bytes()).hexdigest())
+    return folder
+
+
+def test_tiny_planetoid_with_all_500_validation_nodes_loads(tmp_path, monkeypatch, offline):
+    write_tiny_planetoid(tmp_path, monkeypatch)
+    data = load_planetoid("Cora", tmp_path)
+    assert data.num_nodes == 504 and data.x.shape == (504, 3)
+    assert data.train_mask[:2].all() and int(data.train_mask.sum()) == 2
+    assert data.val_mask[2:502].all() and int(data.val_mask.sum()) == 500
+    assert data.test_mask[502:].all() and int(data.test_mask.sum()) == 2
+    # ty's rows belong to the listed nodes in file order: 503 is class 0, 502 class 1
+    assert data.y[:4].tolist() == [0, 1, 0, 1] and data.y[502:].tolist() == [1, 0]
+    assert data.edge_index.tolist() == [[1, 0, 503, 502], [0, 1, 502, 503]]
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"test.index": "504\n503\n"}, r"test indices start at 503, expected 502"),
+    ({"graph": {0: [504]}}, r"ind\.cora\.graph has node ids outside \[0, 504\)"),
+    ({"graph": {0: [-1]}}, r"ind\.cora\.graph has node ids outside \[0, 504\)"),
+    ({"tx": np.ones((2, 4))}, r"feature matrices x \(2, 3\), tx \(2, 4\), allx \(502, 3\)"),
+    ({"ally": np.array([[1.0, 0.0], [0.0, 1.0]] * 250)}, r"label matrices y \(2, 2\)"),
+    ({"y": np.array([1.0, 0.0])}, r"ind\.cora\.y cannot be read .*expected a 2-D matrix"),
+    ({"graph": [[1], [0]]}, r"ind\.cora\.graph cannot be read .*expected a dict"),
+])
+def test_tiny_planetoid_that_does_not_fit_together_is_refused(tmp_path, monkeypatch, offline,
+                                                              override, message):
+    write_tiny_planetoid(tmp_path, monkeypatch, **override)
+    with pytest.raises(CorruptFileError, match=message):
+        load_planetoid("Cora", tmp_path)

@@ -228,6 +228,9 @@ def test_scale_and_slope_take_numpy_and_tensor_scalars(backend):
     with pytest.raises(ValueError, match=r"scale must be a finite number, got a tensor of "
                                          r"shape \[2\]"):
         edge_attention(q, k, v, ei, scale=torch.ones(2), backend=backend)
+    with pytest.raises(ValueError, match=r"scale must be a finite number, got a tensor of "
+                                         r"shape \[0\]"):
+        edge_attention(q, k, v, ei, scale=torch.ones(0), backend=backend)
 
 
 @pytest.mark.parametrize("return_attention", [False, True])

@@ -224,6 +224,11 @@ def test_errors_name_the_argument_and_value():
         GraphSelfAttention(4, 2, backend="magic")
     with pytest.raises(ValueError, match=r"value_dropout must be in \[0, 1\), got 1.0"):
         DenseSelfAttention(4, 2, value_dropout=1.0)
+    # a bool is not a count or a probability, though Python takes True for 1 and False for 0
+    with pytest.raises(ValueError, match="heads must be a positive integer, got True"):
+        GraphSelfAttention(4, 2, heads=True)
+    with pytest.raises(ValueError, match=r"dropout must be in \[0, 1\), got False \(a bool"):
+        GraphSelfAttention(4, 2, dropout=False)
     layer = GraphSelfAttention(4, 2)
     edge_index = torch.tensor([[0, 1], [1, 0]])
     with pytest.raises(ValueError, match=r"x must have shape \[N, F\], got \[2, 3, 4\]"):

@@ -99,6 +99,25 @@ def test_edge_mask_as_gatconv_applies_it_with_self_loops(case, apply_sigmoid):
     assert (grad[loops] == 0).all()  # replaced: the mask does not reach them
 
 
+@pytest.mark.parametrize("flip", [False, True], ids=["more-sources", "more-targets"])
+def test_mask_of_ones_on_a_bipartite_graph_with_self_loops_changes_nothing(flip):
+    """A bipartite layer adds min(N_src, N_dst) self-loops, each given 1: a raw mask of 1s
+    leaves the output as it is, whichever side has more nodes."""
+    case = next(g for g in GRAPHS if g.bipartite)
+    ei, num_src, num_dst = case.edge_index, case.num_src, case.num_dst
+    if flip:
+        ei, num_src, num_dst = ei.flip(0), num_dst, num_src
+    gen = torch.Generator().manual_seed(0)
+    x = (torch.randn(num_src, F, generator=gen, dtype=DTYPE),
+         torch.randn(num_dst, F, generator=gen, dtype=DTYPE))
+    torch.manual_seed(0)
+    layer = GraphSelfAttention((F, F), C, heads=H).to(DTYPE)
+    want = layer(x, ei)
+    out, grad = masked_run(layer, x, ei, torch.ones(ei.size(1), dtype=DTYPE), False)
+    assert_close(out, want)
+    assert grad.abs().sum() > 0
+
+
 def test_explainer_finds_the_same_edge_mask_as_for_gatconv():
     """GNNExplainer, which failed on the layer ("Could not compute gradients for edges"),
     trains the same edge mask for it as for GATConv with the same weights."""
@@ -122,6 +141,11 @@ def test_explanation_mask_of_another_size_is_refused_by_shape():
     set_masks(layer, torch.nn.Parameter(torch.zeros(9)), ei)
     with pytest.raises(ValueError, match=r"one value per edge, shape \[10\], got \[9\]"):
         layer(torch.randn(6, F), ei)
+    set_masks(layer, torch.nn.Parameter(torch.zeros(10, 1)), ei)  # a column is not one value
+    for loops in (True, False):
+        layer.add_self_loops = loops
+        with pytest.raises(ValueError, match=r"one value per edge, shape \[10\], got \[10, 1\]"):
+            layer(torch.randn(6, F), ei)
     clear_masks(layer)
     assert layer(torch.randn(6, F), ei).shape == (6, H * C)  # cleared: no mask
 

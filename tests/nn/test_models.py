@@ -222,10 +222,16 @@ def import_example():
 #   of epoch 5.
 VALIDATION_CURVE = [(1.0, 0.5), (0.9, 0.4), (1.1, 0.6), (0.8, 0.6), (1.2, 0.6), (0.7, 0.3),
                     (1.4, 0.2), (1.5, 0.2), (1.6, 0.2), (1.7, 0.2)]
+# loss+acc on ties and on a best accuracy that stays while only the loss improves: epoch 2 ties
+# epoch 1 (kept), 3 is progress by its loss alone, 4's accuracy 0.4 is below the best 0.5 (no
+# progress), 5 neither -> stops at 5 with the model of epoch 2.
+TIED_CURVE = [(1.0, 0.5), (1.0, 0.5), (0.9, 0.3), (1.1, 0.4), (1.2, 0.2), (1.3, 0.2)]
 
 
-@pytest.mark.parametrize("stop_on, epochs, chosen", [("loss+acc", 8, 4), ("acc", 7, 5)])
-def test_early_stopping_rules(monkeypatch, stop_on, epochs, chosen):
+@pytest.mark.parametrize("stop_on, epochs, chosen, curve", [
+    ("loss+acc", 8, 4, VALIDATION_CURVE), ("acc", 7, 5, VALIDATION_CURVE),
+    ("loss+acc", 5, 2, TIED_CURVE)])
+def test_early_stopping_rules(monkeypatch, stop_on, epochs, chosen, curve):
     example = import_example()
     mask = torch.ones(6, dtype=torch.bool)
     data = Data(x=torch.randn(6, 3), edge_index=random_graph(6, 12),
@@ -242,15 +248,15 @@ def test_early_stopping_rules(monkeypatch, stop_on, epochs, chosen):
         if mask is data.test_mask:
             return 0.0, 0.75
         states.append(model.weight.detach().clone())
-        return VALIDATION_CURVE[len(states) - 1]
+        return curve[len(states) - 1]
 
     monkeypatch.setattr(example, "evaluate", scripted_evaluate)
     torch.manual_seed(0)
     model = Linear(3, 2)
-    r = example.train_node_classifier(model, data, epochs=len(VALIDATION_CURVE), patience=2,
+    r = example.train_node_classifier(model, data, epochs=len(curve), patience=2,
                                       stop_on=stop_on, progress=False)
     assert (r.epochs, r.best_epoch) == (epochs, chosen)
-    assert r.val_acc == VALIDATION_CURVE[chosen - 1][1] and r.test_acc == 0.75
+    assert r.val_acc == curve[chosen - 1][1] and r.test_acc == 0.75
     torch.testing.assert_close(model.weight, states[chosen - 1], rtol=0, atol=0)
     assert not torch.equal(states[chosen - 1], states[-1])  # the kept model is not the last one
     with pytest.raises(ValueError, match="stop_on must be one of .*got 'loss'"):
@@ -341,6 +347,39 @@ def test_example_accuracy_is_an_exact_ratio():
     assert example.evaluate(Fixed(), data, torch.ones(1000, dtype=torch.bool))[1] == 0.725
     r = example.RunResult(test_acc=0.725, val_acc=0.7, best_epoch=1, epochs=1, epoch_times=[0.1])
     assert example.format_accuracy(example.summarise([r])) == "72.5 (one run: no std)"
+
+
+def test_example_summary_is_over_runs():
+    example = import_example()
+    runs = [example.RunResult(test_acc=0.7, val_acc=0.6, best_epoch=4, epochs=10,
+                              epoch_times=[0.1, 0.3]),
+            example.RunResult(test_acc=0.8, val_acc=0.8, best_epoch=6, epochs=20,
+                              epoch_times=[0.2])]
+    s = example.summarise(runs)
+    assert s["test_mean"] == pytest.approx(75.0) and s["val_mean"] == pytest.approx(70.0)
+    assert s["test_std"] == pytest.approx(50 ** 0.5)  # sample std of 70 and 80
+    assert s["epoch_ms"] == pytest.approx(200.0)  # the median over every epoch of every run
+    assert (s["epochs"], s["best_epoch"]) == (15, 5)
+
+
+def test_example_runs_use_seeds_seed_plus_run_and_the_documented_score(monkeypatch):
+    """--runs 3 --seed 5 trains with seeds 5, 6, 7; --attention defaults to additive for gat
+    and dot for the transformer (its --help)."""
+    example = import_example()
+    seeds = []
+
+    def record(model, data, **kwargs):
+        seeds.append(torch.initial_seed())
+        return example.RunResult(test_acc=0.5, val_acc=0.5, best_epoch=1, epochs=1)
+
+    data = Data(x=torch.randn(4, 3), edge_index=random_graph(4, 6), y=torch.tensor([0, 1, 0, 1]))
+    monkeypatch.setattr(example, "load_planetoid", lambda name, root: data)
+    monkeypatch.setattr(example, "train_node_classifier", record)
+    monkeypatch.setattr(example, "plot_curves", lambda results, path, title: False)
+    example.main(["--runs", "3", "--seed", "5", "--device", "cpu", "--no-progress"])
+    assert seeds == [5, 6, 7]
+    assert example.parse_args([]).attention == "additive"
+    assert example.parse_args(["--model", "transformer"]).attention == "dot"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message for a machine "
