@@ -44,7 +44,8 @@ def test_value_is_computed_once_per_unmodified_tensor(cache_on_cpu):
     assert cache.get(t.clone(), "a", count) == 6 and count.calls == 3  # another tensor
 
 
-@pytest.mark.parametrize("change", ["in_place", "through_a_view", "set_"])
+@pytest.mark.parametrize("change", ["in_place", "through_a_view", "set_", "data_replaced",
+                                    "data_narrowed", "data_reinterpreted"])
 def test_changed_tensor_is_computed_again(cache_on_cpu, change):
     cache = TensorCache(max_entries=4)
     t = torch.tensor([[1, 2, 3], [4, 5, 6]])
@@ -54,8 +55,15 @@ def test_changed_tensor_is_computed_again(cache_on_cpu, change):
         t.add_(1)
     elif change == "through_a_view":
         t[1][0] = 100  # a view shares the version counter
-    else:
+    elif change == "set_":
         t.set_(torch.tensor([[7, 7, 7], [7, 7, 7]]))
+    # assigning .data keeps the version counter: other memory, shape or dtype tell instead
+    elif change == "data_replaced":
+        t.data = torch.tensor([[7, 7, 7], [7, 7, 7]])
+    elif change == "data_narrowed":
+        t.data = t[:1]  # the same memory, shape (1, 3)
+    else:
+        t.data = t.view(torch.float64)  # the same memory, shape and strides
     expected = int(t.sum())
     assert cache.get(t, None, count) == expected
     assert count.calls == 2
@@ -83,6 +91,29 @@ def test_least_recently_used_entry_goes_first(cache_on_cpu):
     cache.get(a, None, counts["a"])
     cache.get(b, None, counts["b"])
     assert (counts["a"].calls, counts["b"].calls, counts["c"].calls) == (1, 2, 1)
+
+
+def test_value_computed_again_becomes_the_most_recent(cache_on_cpu):
+    cache = TensorCache(max_entries=2)
+    a, b, c = torch.arange(3), torch.arange(4), torch.arange(5)
+    counts = {name: Counter(t) for name, t in (("a", a), ("b", b), ("c", c))}
+    cache.get(a, None, counts["a"])
+    cache.get(b, None, counts["b"])
+    a.add_(1)
+    cache.get(a, None, counts["a"])  # computed again: a is now the most recent
+    cache.get(c, None, counts["c"])  # drops b
+    cache.get(a, None, counts["a"])
+    assert counts["a"].calls == 2 and len(cache) == 2
+
+
+def test_nothing_is_kept_while_torch_compile_traces(cache_on_cpu):
+    # dynamo runs get() on tensors whose type reads as Tensor: is_compiling() refuses them
+    cache = TensorCache(max_entries=4)
+    t = torch.tensor([1, 2, 3])
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda t: cache.get(t, None, lambda: t * 2) + 1, backend="eager")
+    assert compiled(t).tolist() == [3, 5, 7]
+    assert len(cache) == 0
 
 
 def test_nothing_is_kept_outside_the_cached_devices():

@@ -36,11 +36,32 @@ def test_dropout_gradient_is_the_mask_and_eval_is_identity():
     assert dropout(x, 0.0) is x
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_mask_drops_the_same_entries_in_every_dtype(dtype):
+    # the triton backend draws its mask in fp32, the others in v's dtype: one seed, one draw
+    torch.manual_seed(4)
+    fp32 = dropout_mask((100_000,), 0.3)
+    torch.manual_seed(4)
+    assert torch.equal(dropout_mask((100_000,), 0.3, dtype=dtype) != 0, fp32 != 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_dropout_keeps_the_dtype_of_x(dtype):
+    x = torch.randn(50, 7).to(dtype)
+    torch.manual_seed(2)
+    y = dropout(x, 0.3)
+    torch.manual_seed(2)
+    assert y.dtype == dtype
+    assert torch.equal(y, x * dropout_mask((50, 7), 0.3, dtype=dtype))
+
+
 @pytest.mark.parametrize("p", [-0.5, 1.0, 1.5, float("nan"), "0.5"])
 def test_probability_outside_zero_one_is_refused(p):
     x = torch.ones(4)
     with pytest.raises(ValueError, match=r"p must be in \[0, 1\), got"):
         dropout(x, p)
+    with pytest.raises(ValueError, match=r"p must be in \[0, 1\), got"):
+        dropout(x, p, training=False)  # as F.dropout: refused in eval too
     with pytest.raises(ValueError, match=r"p must be in \[0, 1\), got"):
         dropout_mask((4,), p)
 

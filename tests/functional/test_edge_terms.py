@@ -108,6 +108,26 @@ def test_edge_terms_with_a_scale_and_slope_of_their_own(score, terms, backend):
         assert_close(actual, truth)
 
 
+@pytest.mark.parametrize("backend", ["reference", "dense"])
+def test_edge_terms_without_a_gradient_still_carry_those_of_q_k_v(backend, monkeypatch):
+    """Constant edge terms (edge features that take no gradient): the gradients of q, k, v and
+    bias still flow through the key term's score and the value term's weights."""
+    monkeypatch.setattr(edge_terms, "EDGE_CHUNK", 2)
+    case = next(g for g in GRAPHS if g.name == "multi-edges")
+    inputs = attention_inputs(case.num_src, case.num_dst, case.edge_index.size(1), 2, 3,
+                              terms=("edge_key", "edge_value"), dtype=torch.float64)
+    inputs["edge_key"], inputs["edge_value"] = (inputs[n].detach()
+                                                for n in ("edge_key", "edge_value"))
+    options = {n: t for n, t in inputs.items() if n not in ("q", "k", "v")}
+    leaves = {n: t for n, t in inputs.items() if t is not None and t.requires_grad}
+    out, alpha = edge_attention(inputs["q"], inputs["k"], inputs["v"], case.edge_index,
+                                backend=backend, return_attention=True, **options)
+    expected = edges_as_sources(inputs, case.edge_index, "dot")
+    for actual, truth in zip(out_alpha_and_grads(out, alpha, leaves),
+                             out_alpha_and_grads(*expected, leaves), strict=True):
+        assert_close(actual, truth)
+
+
 LARGE_CASES = [(*terms, 12) for terms in ALL_TERMS] + [("gatv2", "edge_key+edge_value", 8)]
 
 
