@@ -6,6 +6,7 @@ the reference backend (eager and compiled), is run here on a small CPU graph.
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -115,3 +116,30 @@ def test_tuning_times_every_candidate_in_the_interpreter(triton_interpreter, mon
     assert "| 32 | 2 | 1 | 6.000 | 7.000 | 1.00 | 1.00 | 0.0e+00 | default |" in table
     assert "| 4 | 1 | 1 | 5.000 | 6.000 | 0.83 | 0.86 |" in table
     assert "fastest forward+backward: (4, 1, 1) at 6.000 ms (0.86)" in table
+
+
+def test_tuning_measures_no_difference_when_the_default_tiles_fail(triton_interpreter,
+                                                                   monkeypatch):
+    """The table's differences are to the default tiles (the first candidate): when those
+    fail, the other candidates are still timed, but no difference is given, not one to the
+    first candidate that ran (which would read 0 to the default)."""
+    graph = gpu.Graph("random", 12, gpu.synthetic_graph(12, 60, None, "cpu"))
+    edge_attention = triton_tuning.edge_attention
+
+    def attend(*args, **kwargs):  # the default tiles of this list fail
+        if triton_tuning.tk.launch_config(2, 8).block_e == 32:
+            raise RuntimeError("out of resources")
+        return edge_attention(*args, **kwargs)
+
+    def timer(fn):
+        fn()
+        return 1.0
+
+    monkeypatch.setattr(triton_tuning, "edge_attention", attend)
+    rows = triton_tuning.measure(graph, [(32, 2, 1), (4, 1, 1), (8, 2, 2)], 2, 8,
+                                 torch.float32, warmup=0, repeats=1, timer=timer)
+    assert rows[0].note.startswith("failed: RuntimeError: out of resources")
+    assert [r.forward_ms for r in rows[1:]] == [1.0, 1.0]
+    assert all(math.isnan(r.max_diff) for r in rows), rows
+    table = triton_tuning.render_markdown(["- header"], rows, [])
+    assert "| 4 | 1 | 1 | 1.000 | 1.000 | nan | nan | nan |  |" in table

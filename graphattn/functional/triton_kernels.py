@@ -206,9 +206,11 @@ def launch_tiles(*, block_e: int | None = None, block_h: int | None = None,
 
     Inside the ``with`` block, every launch in the process takes the tiles given here and
     :func:`launch_config` picks the rest; calls under ``torch.compile`` too, since the tiles are
-    read at each launch. Each set of tiles compiles its own kernels. Results differ from those
-    of other tiles by rounding only: ``block_e`` changes the order in which a row's edges are
-    summed.
+    read at each launch. Enter it outside the compiled function: dynamo cannot trace it (it
+    would set and restore the tiles after the graph ran), so a compiled function that enters
+    it runs eagerly, and with ``fullgraph=True`` fails. Each set of tiles compiles its own
+    kernels. Results differ from those of other tiles by rounding only: ``block_e`` changes
+    the order in which a row's edges are summed.
 
     Args:
         block_e (int, optional): edges per step of a row, a power of 2.
@@ -228,6 +230,9 @@ def launch_tiles(*, block_e: int | None = None, block_h: int | None = None,
             raise ValueError(f"{name} must be a power of 2, got {value!r}")
     if num_warps is not None and (isinstance(num_warps, bool) or num_warps not in _WARPS):
         raise ValueError(f"num_warps must be one of {list(_WARPS)}, got {num_warps!r}")
+    if torch.compiler.is_compiling():  # dynamo would replay the change after the graph ran
+        raise RuntimeError("launch_tiles must be entered outside the function that "
+                           "torch.compile compiles, not inside it")
     previous = dict(_TILES)
     _TILES.update({name: value for name, value in tiles.items() if value is not None})
     try:

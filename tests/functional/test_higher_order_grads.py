@@ -36,19 +36,22 @@ def _inputs(score: str, terms: tuple[str, ...], dtype: torch.dtype = torch.float
 
 
 def _penalty_grads(backend: str, inputs: dict, edge_index: torch.Tensor, score: str,
-                   dropout_p: float, use_alpha: bool) -> dict[str, torch.Tensor]:
+                   dropout_p: float, use_alpha: bool, use_out: bool = True,
+                   ) -> dict[str, torch.Tensor]:
     """Gradients of ||d loss / d inputs||^2 with respect to the inputs, where loss weighs every
-    output (and, with ``use_alpha``, every attention weight) differently."""
+    output (with ``use_out``) and, with ``use_alpha``, every attention weight differently."""
     leaves = {name: t for name, t in inputs.items() if t is not None}
     if "edge_value" in leaves and leaves["edge_value"] is leaves.get("edge_key"):
         del leaves["edge_value"]
+    if not use_out:
+        del leaves["v"]  # the weights do not depend on v
     torch.manual_seed(11)  # the same dropout mask for every backend
     out, alpha = edge_attention(inputs["q"], inputs["k"], inputs["v"], edge_index,
                                 bias=inputs["bias"], att=inputs["att"],
                                 edge_key=inputs["edge_key"], edge_value=inputs["edge_value"],
                                 score=score, dropout_p=dropout_p, training=True,
                                 return_attention=True, backend=backend)
-    loss = (out * torch.linspace(-1, 2, out.numel()).view_as(out)).sum()
+    loss = (out * torch.linspace(-1, 2, out.numel()).view_as(out)).sum() if use_out else 0
     if use_alpha:
         loss = loss + (alpha * torch.linspace(2, -1, alpha.numel()).view_as(alpha)).sum()
     grads = torch.autograd.grad(loss, list(leaves.values()), create_graph=True)
@@ -76,6 +79,52 @@ def test_gradient_penalty_matches_reference(backend, score, terms, dropout_p, us
         assert torch.isfinite(got[name]).all(), name
         assert_close(got[name], want[name], atol=1e-4, rtol=1e-4)
     assert any(g.abs().sum() > 0 for g in want.values())  # the penalty reaches the inputs
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("score", ["dot", "additive", "gatv2"])
+def test_gradient_penalty_of_the_weights_alone_matches_reference(backend, score, request):
+    """A loss on the attention weights alone: out gets no gradient (None in the fused
+    backends' backward), which the differentiable recompute must take as zeros."""
+    if backend == "triton":
+        request.getfixturevalue("triton_interpreter")
+    edge_index = random_graph(NUM_SRC, NUM_EDGES, seed=5, num_dst=NUM_DST)
+    inputs = _inputs(score, ())
+    got = _penalty_grads(backend, inputs, edge_index, score, 0.0, True, use_out=False)
+    want = _penalty_grads("reference", inputs, edge_index, score, 0.0, True, use_out=False)
+    for name in want:
+        assert_close(got[name], want[name], atol=1e-4, rtol=1e-4)
+    assert want["q"].abs().sum() > 0
+
+
+def test_reference_grads_promote_to_the_dtype_of_the_dropout_mask():
+    """bf16 q, k, v with the fp32 dropout mask the triton backend draws (and no bias): the
+    recompute runs in fp32, as the kernels multiply by the mask in fp32, not in bf16."""
+    edge_index = random_graph(NUM_SRC, NUM_EDGES, seed=5, num_dst=NUM_DST)
+    inputs = attention_inputs(NUM_SRC, NUM_DST, NUM_EDGES, HEADS, CHANNELS, bias=False, seed=3)
+    mask = (torch.arange(NUM_EDGES * HEADS).view(NUM_EDGES, HEADS) % 3 > 0) / 0.9  # fp32
+    qkv = [inputs[name].detach().bfloat16().requires_grad_() for name in ("q", "k", "v")]
+    promoted = [t.float() for t in qkv]
+    out, _ = reference_edge_attention(*promoted, edge_index, scale=0.5, bias=None,
+                                      dropout_mask=mask, score="dot", negative_slope=0.2,
+                                      need_alpha=False)
+    grad_out = torch.randn_like(out).bfloat16()
+    want = torch.autograd.grad(out, qkv, grad_out.float())
+    got = reference_grads(grad_out, None, *qkv, edge_index, scale=0.5, bias=None,
+                          dropout_mask=mask, score="dot", negative_slope=0.2, att=None,
+                          edge_key=None, edge_value=None, needs_grad=[True] * 7)
+    for g, w in zip(got[:3], want, strict=True):
+        assert g.dtype == torch.bfloat16
+        assert_close(g, w)
+
+
+def test_reference_edge_attention_gives_no_weights_unless_asked():
+    edge_index = random_graph(NUM_SRC, NUM_EDGES, seed=5, num_dst=NUM_DST)
+    inputs = _inputs("dot", ())
+    out, alpha = reference_edge_attention(inputs["q"], inputs["k"], inputs["v"], edge_index,
+                                          scale=0.5, bias=None, dropout_mask=None, score="dot",
+                                          negative_slope=0.2, need_alpha=False)
+    assert alpha is None and out.shape == (NUM_DST, HEADS, CHANNELS)
 
 
 @pytest.mark.parametrize("score", ["dot", "additive", "gatv2"])

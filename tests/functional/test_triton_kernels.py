@@ -557,6 +557,38 @@ def test_launch_tiles_nest_and_restore():
     assert tk.launch_config(4, 32) == default
 
 
+@needs_triton
+def test_launch_tiles_inside_a_compiled_function_are_not_traced_away(interpreter, monkeypatch):
+    """Entered inside the function torch.compile compiles, launch_tiles would be traced as a
+    side effect on ``_TILES``, replayed (set, then restored) after the graph has launched the
+    kernels with the defaults. It refuses to be traced: the frame runs eagerly, with the
+    tiles; ``fullgraph=True`` fails instead of running without them."""
+    launched, launch_config = [], tk.launch_config
+
+    def spy(*args):
+        cfg = launch_config(*args)
+        launched.append((cfg.block_e, cfg.block_h, cfg.num_warps))
+        return cfg
+
+    monkeypatch.setattr(tk, "launch_config", spy)
+    ei = star_graph(7).to(DEVICE)
+    q = torch.randn(ei.max().item() + 1, 4, 8, device=DEVICE)
+
+    def attend(q):
+        with tk.launch_tiles(block_e=2, block_h=1, num_warps=1):
+            return edge_attention(q, q, q, ei, backend="triton")
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        got = torch.compile(attend, backend="aot_eager")(q)
+        assert launched == [(2, 1, 1)]
+        assert_close(got, edge_attention(q, q, q, ei, backend="reference"))
+        torch._dynamo.reset()  # the frame is not left marked as run eagerly
+        with pytest.raises(Exception, match="outside the function that torch.compile"):
+            torch.compile(attend, backend="aot_eager", fullgraph=True)(q)
+    assert tk._TILES == {}
+
+
 def test_build_csr_groups_rows_stably():
     rows = torch.tensor([2, 0, 2, 1, 0, 2])
     other = torch.tensor([10, 11, 12, 13, 14, 15])
