@@ -79,31 +79,24 @@ def test_entry_is_dropped_when_its_tensor_is_freed(cache_on_cpu):
     assert len(cache) == 0
 
 
-def test_least_recently_used_entry_goes_first(cache_on_cpu):
+@pytest.mark.parametrize("touch", ["hit", "recompute"])
+def test_least_recently_used_entry_goes_first(cache_on_cpu, touch):
+    """A hit, or a value computed again for a changed tensor, makes its entry the most
+    recent."""
     cache = TensorCache(max_entries=2)
     a, b, c = torch.arange(3), torch.arange(4), torch.arange(5)
     counts = {name: Counter(t) for name, t in (("a", a), ("b", b), ("c", c))}
     cache.get(a, None, counts["a"])
     cache.get(b, None, counts["b"])
+    if touch == "recompute":
+        a.add_(1)
     cache.get(a, None, counts["a"])  # a is now the most recent
     cache.get(c, None, counts["c"])  # drops b
     assert len(cache) == 2
     cache.get(a, None, counts["a"])
     cache.get(b, None, counts["b"])
-    assert (counts["a"].calls, counts["b"].calls, counts["c"].calls) == (1, 2, 1)
-
-
-def test_value_computed_again_becomes_the_most_recent(cache_on_cpu):
-    cache = TensorCache(max_entries=2)
-    a, b, c = torch.arange(3), torch.arange(4), torch.arange(5)
-    counts = {name: Counter(t) for name, t in (("a", a), ("b", b), ("c", c))}
-    cache.get(a, None, counts["a"])
-    cache.get(b, None, counts["b"])
-    a.add_(1)
-    cache.get(a, None, counts["a"])  # computed again: a is now the most recent
-    cache.get(c, None, counts["c"])  # drops b
-    cache.get(a, None, counts["a"])
-    assert counts["a"].calls == 2 and len(cache) == 2
+    recomputed = touch == "recompute"
+    assert (counts["a"].calls, counts["b"].calls, counts["c"].calls) == (1 + recomputed, 2, 1)
 
 
 def test_nothing_is_kept_while_torch_compile_traces(cache_on_cpu):
