@@ -86,7 +86,7 @@ def test_tuning_candidates_start_with_the_default_tiles():
 def test_tuning_times_every_candidate_in_the_interpreter(triton_interpreter, monkeypatch):
     """``benchmarks/triton_tuning.py`` before it meets a GPU: each candidate runs forward and
     forward+backward with its tiles, and its out is the default tiles' up to rounding."""
-    graph = gpu.Graph("random", 12, gpu.synthetic_graph(12, 60, None, "cpu"))
+    graph = gpu.Graph("random", 8, gpu.synthetic_graph(8, 30, None, "cpu"))
     tiles = [(32, 2, 1), (4, 1, 1), (8, 2, 2)]
     clock, timed, launched = iter(range(1, 1000)), [], []
 
@@ -102,7 +102,7 @@ def test_tuning_times_every_candidate_in_the_interpreter(triton_interpreter, mon
 
     edge_attention = triton_tuning.edge_attention
     monkeypatch.setattr(triton_tuning, "edge_attention", attend)
-    rows = triton_tuning.measure(graph, tiles, 2, 8, torch.float32, warmup=1, repeats=2,
+    rows = triton_tuning.measure(graph, tiles, 2, 8, torch.float32, warmup=0, repeats=2,
                                  timer=timer)
     assert [r.tiles for r in rows] == tiles
     assert timed == [t for order in (tiles, tiles[1:] + tiles[:1]) for t in order for _ in "ft"]
@@ -123,7 +123,7 @@ def test_tuning_measures_no_difference_when_the_default_tiles_fail(triton_interp
     """The table's differences are to the default tiles (the first candidate): when those
     fail, the other candidates are still timed, but no difference is given, not one to the
     first candidate that ran (which would read 0 to the default)."""
-    graph = gpu.Graph("random", 12, gpu.synthetic_graph(12, 60, None, "cpu"))
+    graph = gpu.Graph("random", 8, gpu.synthetic_graph(8, 30, None, "cpu"))
     edge_attention = triton_tuning.edge_attention
 
     def attend(*args, **kwargs):  # the default tiles of this list fail
