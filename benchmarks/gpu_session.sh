@@ -9,7 +9,7 @@
 #   3. if time is left, the graphs of <= 1M edges again with --no-graph-cache (every call sorts
 #      the edges and reads their bounds back, as before those caches): the A/B of the caches;
 #   4. if time is left, benchmarks/triton_tuning.py: the kernels' tiles (launch_tiles) against
-#      the defaults, on PubMed, the 1M-edge and the 50M-edge graphs;
+#      the defaults, on the 1M-edge and the 50M-edge graphs, then PubMed;
 #   5. if time is left, the 50M-edge graphs again in bf16.
 # Each step has its own time limit inside the budget, so a slow step still leaves the others
 # their turn. Tables go to $OUT (default: benchmarks/results/gpu_session/), the log of every
