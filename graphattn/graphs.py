@@ -52,6 +52,57 @@ def complete_graph(n: int, self_loops: bool = True) -> Tensor:
     return torch.stack([src, dst])
 
 
+def batch_complete_graph(batch: Tensor, self_loops: bool = True) -> Tensor:
+    r"""Every node attends to every node of its own graph: dense self-attention inside each
+    graph of a mini-batch, without padding.
+
+    ``batch`` assigns each node to a graph, as in PyG's ``Batch`` (``data.batch``). The result
+    is the block-diagonal complete graph
+
+    .. math::
+        \mathcal{E} = \{(j, i) : \text{batch}_j = \text{batch}_i\} \quad (\text{without }
+        j = i \text{ when } \texttt{self\_loops=False}),
+
+    :math:`\sum_g n_g^2` edges for graphs of :math:`n_g` nodes, where padding every graph to
+    the largest, :math:`n_{\max}` (``torch_geometric.utils.to_dense_batch``), computes
+    :math:`B\, n_{\max}^2` scores. ``GraphSelfAttention`` on it is the global attention of a
+    graph transformer; ``DenseSelfAttention`` on the padded batch with
+    ``mask=node_mask.unsqueeze(1)`` computes the same on the real nodes. For one graph
+    (``batch`` all zeros) it is :func:`complete_graph`. ``batch`` need not be sorted.
+
+    Args:
+        batch (Tensor): ``[N]`` integer, the graph of each node, values >= 0.
+        self_loops (bool, optional): include the edges ``i -> i``. (default: ``True``)
+
+    Shapes:
+        - **input:** batch ``(N)``
+        - **output:** edge_index ``(2, sum_g n_g^2)`` (``sum_g n_g (n_g - 1)`` without
+          self-loops), int64, on the device of ``batch``, sorted by target, then source
+    """
+    if not isinstance(batch, Tensor):
+        raise TypeError(f"batch must be a torch.Tensor, got {type(batch).__name__}")
+    if batch.dim() != 1:
+        raise ValueError(f"batch must have shape [N], got {list(batch.shape)}")
+    if batch.is_floating_point() or batch.is_complex() or batch.dtype == torch.bool:
+        raise TypeError(f"batch must be an integer tensor, got {batch.dtype}")
+    batch = batch.long()
+    if batch.numel() > 0 and int(batch.min()) < 0:
+        raise ValueError(f"batch must hold graph ids >= 0, got {int(batch.min())}")
+    n = batch.numel()
+    members = torch.sort(batch, stable=True).indices  # (N,): each graph's nodes, ascending
+    sizes = torch.bincount(batch)  # (G,) nodes per graph
+    first = sizes.cumsum(0) - sizes  # (G,) where each graph's nodes start in members
+    degree = sizes[batch]  # (N,) sources of each target: its graph's size
+    dst = torch.arange(n, device=batch.device).repeat_interleave(degree)  # (E,)
+    # position of each edge among its target's sources, then that source in members
+    rank = torch.arange(dst.numel(), device=batch.device) - (degree.cumsum(0) - degree)[dst]
+    src = members[first[batch][dst] + rank]  # (E,)
+    if not self_loops:
+        keep = src != dst
+        src, dst = src[keep], dst[keep]
+    return torch.stack([src, dst])
+
+
 def chain_graph(n: int, directed: bool = False) -> Tensor:
     r"""The path ``0 - 1 - ... - n-1``: each position sees its direct neighbours.
 

@@ -4,6 +4,7 @@ not timed becomes in their tables."""
 from __future__ import annotations
 
 import argparse
+import csv
 import math
 import sys
 import types
@@ -15,6 +16,7 @@ from conftest import random_graph
 from torch_geometric.data import Data
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import batched_global  # noqa: E402
 import citation_accuracy  # noqa: E402
 import sparse_vs_dense  # noqa: E402
 import vs_pyg  # noqa: E402
@@ -73,3 +75,22 @@ def test_citation_accuracy_row_of_a_run_diverged_at_its_first_epoch(monkeypatch)
         row = citation_accuracy.run_job(job)
     assert (row["epochs"], row["selected_epoch"], row["test_acc"]) == (0, 0, 75.0)
     assert math.isnan(row["median_epoch_ms"])
+
+
+def test_batched_global_routes_agree_and_fill_the_table(tmp_path):
+    """The three routes of global attention over a mini-batch compute the same outputs, and
+    each gets its times, ratios and score count."""
+    out = tmp_path / "batched.md"
+    batched_global.main(["--quick", "--repeats", "1", "--warmup", "0", "--output", str(out)])
+    with out.with_suffix(".csv").open() as f:
+        rows = list(csv.DictReader(f))
+    sizes = batched_global.batches(quick=True)[0].sizes
+    assert [r["route"] for r in rows] == list(batched_global.ROUTES)
+    for r in rows:
+        assert float(r["max_abs_diff"]) < 1e-5
+        assert float(r["fwd_ms"]) > 0 and float(r["fwd_bwd_ms"]) > 0
+        expected = (len(sizes) * max(sizes) ** 2 if r["route"] == "padded"
+                    else sum(n * n for n in sizes))
+        assert int(r["scores_per_head"]) == expected
+    assert float(rows[0]["fwd_vs_sparse"]) == 1.0
+    assert "| tiny-8x3-9 | 8 |" in out.read_text()

@@ -84,6 +84,47 @@ def test_grid_graph_radius_one_is_3x3_neighbourhood():
     assert corner_sources == [0, 1, 5, 6]
 
 
+@pytest.mark.parametrize("batch", [
+    [], [0], [0, 0, 0], [0, 0, 1, 1, 1, 2], [2, 0, 2, 1, 0, 2, 2],  # unsorted
+    [3, 3, 0, 3],  # graph ids 1 and 2 without nodes
+])
+@pytest.mark.parametrize("self_loops", [True, False])
+def test_batch_complete_graph(batch, self_loops):
+    b = torch.tensor(batch, dtype=torch.long)
+    expected = brute_force(len(batch), lambda i, j: batch[i] == batch[j] and (self_loops or i != j))
+    assert_edges_equal(graphs.batch_complete_graph(b, self_loops=self_loops), expected)
+
+
+@pytest.mark.parametrize("n", [0, 1, 5])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8])
+def test_batch_complete_graph_of_one_graph_is_the_complete_graph(n, dtype):
+    for self_loops in (True, False):
+        assert_edges_equal(graphs.batch_complete_graph(torch.zeros(n, dtype=dtype), self_loops),
+                           graphs.complete_graph(n, self_loops))
+
+
+def test_batch_complete_graph_of_a_pyg_batch_has_sum_of_squares_edges():
+    from torch_geometric.data import Batch, Data
+
+    sizes = [3, 1, 4, 2]
+    data = Batch.from_data_list([Data(num_nodes=n) for n in sizes])
+    edge_index = graphs.batch_complete_graph(data.batch)
+    assert edge_index.size(1) == sum(n * n for n in sizes)
+    assert torch.equal(data.batch[edge_index[0]], data.batch[edge_index[1]])
+
+
+@pytest.mark.parametrize("batch,error,match", [
+    ([0, 1], TypeError, r"batch must be a torch.Tensor, got list"),
+    (torch.zeros(2, 2, dtype=torch.long), ValueError, r"batch must have shape \[N\], got \[2, 2\]"),
+    (torch.zeros(3), TypeError, r"batch must be an integer tensor, got torch.float32"),
+    (torch.ones(3, dtype=torch.bool), TypeError, r"must be an integer tensor, got torch.bool"),
+    (torch.tensor([0, -2, 1]), ValueError, r"batch must hold graph ids >= 0, got -2"),
+])
+def test_batch_complete_graph_errors(batch, error, match):
+    with pytest.raises(error, match=match):
+        graphs.batch_complete_graph(batch)
+
+
 @pytest.mark.parametrize("call,match", [
     (lambda: graphs.complete_graph(-1), r"n must be a non-negative integer, got -1"),
     (lambda: graphs.complete_graph(2.0), r"n must be a non-negative integer, got 2.0"),

@@ -400,8 +400,10 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
         k (Tensor): ``[..., L_k, H, C]``.
         v (Tensor): ``[..., L_k, H, C_v]``; ``C_v`` may differ from ``C``.
         mask (Tensor, optional): bool ``[..., L_q, L_k]``; its leading dims broadcast to
-            those of q.
-            (default: ``None``, attend everywhere)
+            those of q, and ``L_q`` (or ``L_k``) may be 1: ``[B, 1, L_k]`` is a key mask,
+            e.g. ``node_mask.unsqueeze(1)`` with ``node_mask`` from PyG's ``to_dense_batch``
+            (True on real nodes, the opposite of ``torch.nn.MultiheadAttention``'s
+            ``key_padding_mask``). (default: ``None``, attend everywhere)
         is_causal (bool, optional): also forbid keys j > i. (default: ``False``)
         scale (float, optional): (default: :math:`1/\sqrt{C}`)
         dropout_p (float, optional): dropout on the attention weights when ``training``.
@@ -436,9 +438,9 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
     if mask is not None:
         if mask.dtype != torch.bool:
             raise TypeError(f"mask must be a bool tensor, got {mask.dtype}")
-        if mask.dim() < 2 or tuple(mask.shape[-2:]) != (L_q, L_k):
-            raise ValueError(f"mask must have shape [..., L_q, L_k] = [..., {L_q}, {L_k}], "
-                             f"got {list(mask.shape)}")
+        if mask.dim() < 2 or mask.size(-2) not in (1, L_q) or mask.size(-1) not in (1, L_k):
+            raise ValueError(f"mask must have shape [..., L_q, L_k] = [..., {L_q}, {L_k}] "
+                             f"(or 1 for either, broadcast), got {list(mask.shape)}")
         try:
             fits = torch.broadcast_shapes(batch, mask.shape[:-2]) == batch
         except RuntimeError:

@@ -599,7 +599,9 @@ class DenseSelfAttention(_SelfAttentionBase):
             (default: ``False``)
 
     Shapes:
-        - **input:** x ``(L, F)`` or ``(B, L, F)``, mask bool ``(L, L)`` or ``(B, L, L)``
+        - **input:** x ``(L, F)`` or ``(B, L, F)``, mask bool ``(L, L)`` or ``(B, L, L)``,
+          or ``(B, 1, L)`` to mask keys alone (``to_dense_batch``'s node mask, unsqueezed:
+          see :func:`graphattn.graphs.batch_complete_graph`)
         - **output:** ``(L, H * C)`` or ``(B, L, H * C)`` (``C`` when ``concat=False``); with
           ``return_attention_weights=True`` also the weights ``([B,] H, L, L)``, before
           dropout

@@ -44,6 +44,37 @@ def test_mask_matches_explicit_and_returns_weights(lead):
         assert_close(g, r)
 
 
+@pytest.mark.parametrize("return_attention", [False, True])
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("lead", [(), (3,)])
+def test_mask_of_one_query_row_or_key_column_broadcasts(lead, is_causal, return_attention):
+    # [..., 1, L_k]: a key mask (PyG's to_dense_batch mask, unsqueezed), the same for every
+    # query; [..., L_q, 1]: whole query rows on or off. Each equals its expanded [..., L_q, L_k].
+    q, k, v = qkv(*lead, L=5, S=7)
+    gen = torch.Generator().manual_seed(2)
+    for shape in ((*lead, 1, 7), (*lead, 5, 1)):
+        mask = torch.rand(shape, generator=gen) < 0.6
+        mask.view(-1)[0] = False  # a key (or query) off, in the first batch entry
+        full = mask.expand(*lead, 5, 7)
+        out = dense_attention(q, k, v, mask, is_causal=is_causal,
+                              return_attention=return_attention)
+        expected = dense_attention(q, k, v, full.contiguous(), is_causal=is_causal,
+                                   return_attention=return_attention)
+        tril = torch.ones(5, 7, dtype=torch.bool).tril()
+        ref, ref_w = explicit_attention(q, k, v, full & tril if is_causal else full,
+                                        1 / math.sqrt(4))
+        if return_attention:
+            assert_close(out[1], expected[1])
+            assert_close(out[1], ref_w)
+            out, expected = out[0], expected[0]
+        assert_close(out, expected)
+        assert_close(out, ref)
+        grads = torch.autograd.grad(out.square().sum(), (q, k, v))
+        ref_grads = torch.autograd.grad(ref.square().sum(), (q, k, v))
+        for g, r in zip(grads, ref_grads, strict=True):
+            assert_close(g, r)
+
+
 def test_causal_flag_equals_lower_triangular_mask():
     q, k, v = qkv(2)
     tril = torch.ones(6, 6, dtype=torch.bool).tril()
@@ -67,9 +98,11 @@ def test_errors():
     q, k, v = qkv()
     with pytest.raises(TypeError, match="mask must be a bool tensor, got torch.float32"):
         dense_attention(q, k, v, torch.ones(6, 6))
-    with pytest.raises(ValueError, match=r"mask must have shape \[..., L_q, L_k\] = "
-                                         r"\[..., 6, 6\], got \[6, 5\]"):
-        dense_attention(q, k, v, torch.ones(6, 5, dtype=torch.bool))
+    for shape in ([6, 5], [2, 6], [6]):
+        with pytest.raises(ValueError, match=r"mask must have shape \[..., L_q, L_k\] = "
+                                             r"\[..., 6, 6\] \(or 1 for either, broadcast\), "
+                                             rf"got \{shape}"):
+            dense_attention(q, k, v, torch.ones(shape, dtype=torch.bool))
     with pytest.raises(ValueError, match=r"q must have shape \[..., L, H, C\], got \[6, 8\]"):
         dense_attention(q.flatten(-2), k, v)
     with pytest.raises(ValueError, match="do not fit together"):

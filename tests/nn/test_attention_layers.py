@@ -128,6 +128,47 @@ def test_batched_dense_matches_per_sequence_graph(residual):
     assert out.shape == (B, L, 3)
 
 
+@pytest.mark.parametrize("backend", ["reference", "cpu", "dense"])
+def test_global_attention_over_a_pyg_batch_three_ways(backend):
+    # Graph transformers attend over all nodes of each graph of a mini-batch. The layer on
+    # graphs.batch_complete_graph(batch), the dense twin on the padded batch with the node mask
+    # as key mask, and the layer on each graph's complete graph alone agree: outputs on the
+    # real nodes and parameter gradients.
+    from torch_geometric.data import Batch, Data
+    from torch_geometric.utils import to_dense_batch
+
+    from graphattn import graphs
+
+    torch.manual_seed(3)
+    sizes = [4, 1, 6, 3]
+    data = Batch.from_data_list([Data(x=torch.randn(n, 6)) for n in sizes])
+    graph = GraphSelfAttention(6, 3, heads=2, add_self_loops=False, backend=backend)
+    dense = DenseSelfAttention(6, 3, heads=2)
+    dense.load_state_dict(graph.state_dict())
+
+    out = graph(data.x, graphs.batch_complete_graph(data.batch))  # (N, 6)
+    x_pad, node_mask = to_dense_batch(data.x, data.batch)  # (B, L_max, 6), (B, L_max)
+    out_pad = dense(x_pad, node_mask.unsqueeze(1))  # (B, L_max, 6)
+
+    def per_graph():
+        return torch.cat([graph(g.x, graphs.complete_graph(g.num_nodes))
+                          for g in data.to_data_list()])  # (N, 6)
+
+    assert_close(out, per_graph())
+    assert_close(out_pad[node_mask], per_graph())
+
+    weights = torch.randn_like(out)
+    (out * weights).sum().backward()
+    grads = param_grads(graph)
+    graph.zero_grad()
+    (per_graph() * weights).sum().backward()
+    for name, g in param_grads(graph).items():
+        assert_close(grads[name], g)
+    (out_pad[node_mask] * weights).sum().backward()
+    for name, g in param_grads(dense).items():
+        assert_close(grads[name], g)
+
+
 @pytest.mark.parametrize("case", GRAPHS, ids=[g.name for g in GRAPHS])
 @pytest.mark.parametrize("add_self_loops", [True, False])
 def test_registry_graphs_through_both_layers(case, add_self_loops, index_dtype):
