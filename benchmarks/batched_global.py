@@ -1,7 +1,7 @@
 """Global attention inside each graph of a mini-batch: sparse (block-diagonal) or padded dense.
 
 A graph transformer's global attention lets every node attend to every node of its own graph.
-On a PyG mini-batch of graphs of n_1, ..., n_B nodes that is one of three routes, all computing
+On a PyG mini-batch of graphs of n_1, ..., n_B nodes that is one of four routes, all computing
 the same ``[N, H, C]`` output from the batch vector and ``[N, H, C]`` q, k, v (the tests check
 that they agree):
 
@@ -9,7 +9,9 @@ that they agree):
   (the graph is built inside the timed call, as a training loop builds it per batch);
 - ``padded``: ``to_dense_batch`` to ``[B, n_max, H, C]``, ``dense_attention`` with the node mask
   as key mask, B n_max^2 scores, and the real rows taken back out;
-- ``loop``: ``dense_attention`` on each graph alone, B calls.
+- ``loop``: ``dense_attention`` on each graph alone, B calls;
+- ``grouped``: ``dense_attention(q, k, v, batch=batch)``, which pads the graphs of each size
+  group (sizes in ``(2^(b-1), 2^b]``) to the largest of the group, one call per group.
 
 Forward (under ``torch.no_grad``) and forward+backward (``out.square().sum()``), interleaved
 repeats after warm-up, medians.
@@ -42,7 +44,7 @@ from graphattn import graphs
 from graphattn.functional import dense_attention, edge_attention
 
 RESULTS = Path(__file__).resolve().parent / "results"
-ROUTES = ("sparse", "padded", "loop")
+ROUTES = ("sparse", "padded", "loop", "grouped")
 
 
 @dataclass
@@ -75,7 +77,7 @@ def batches(quick: bool, seed: int = 0) -> list[Batch]:
 
 def routes(batch: Tensor, sizes: list[int]) -> dict[str, Callable[[Tensor, Tensor, Tensor],
                                                                    Tensor]]:
-    """The three ways from q, k, v ``[N, H, C]`` to out ``[N, H, C]``."""
+    """The four ways from q, k, v ``[N, H, C]`` to out ``[N, H, C]``."""
     bounds = torch.tensor([0, *sizes]).cumsum(0).tolist()
 
     def sparse(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
@@ -93,7 +95,19 @@ def routes(batch: Tensor, sizes: list[int]) -> dict[str, Callable[[Tensor, Tenso
         return torch.cat([dense_attention(q[a:b], k[a:b], v[a:b])
                           for a, b in zip(bounds[:-1], bounds[1:], strict=True)])
 
-    return {"sparse": sparse, "padded": padded, "loop": loop}
+    def grouped(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        return dense_attention(q, k, v, batch=batch)
+
+    return {"sparse": sparse, "padded": padded, "loop": loop, "grouped": grouped}
+
+
+def grouped_scores(sizes: list[int]) -> int:
+    """Scores per head of the grouped route: each size group padded to its largest graph."""
+    groups: dict[int, list[int]] = {}
+    for n in sizes:
+        if n > 0:
+            groups.setdefault((n - 1).bit_length(), []).append(n)  # n in (2^(b-1), 2^b]
+    return sum(len(group) * max(group) ** 2 for group in groups.values())
 
 
 def timed(fn: Callable[[], object]) -> float:
@@ -131,9 +145,9 @@ def measure(case: Batch, heads: int, channels: int, repeats: int, warmup: int,
                 if rep >= warmup:
                     times[name, kind].append(t)
     n_max = max(case.sizes)
-    scores = {"sparse": sum(n * n for n in case.sizes),
-              "padded": len(case.sizes) * n_max * n_max,
-              "loop": sum(n * n for n in case.sizes)}
+    exact = sum(n * n for n in case.sizes)
+    scores = {"sparse": exact, "padded": len(case.sizes) * n_max * n_max, "loop": exact,
+              "grouped": grouped_scores(case.sizes)}
     rows = []
     for name in fns:
         fwd = statistics.median(times[name, "fwd"]) * 1e3
@@ -162,7 +176,8 @@ def write_table(rows: list[dict[str, object]], args: argparse.Namespace, command
         "- routes, each from the batch vector and q, k, v `[N, H, C]` to out `[N, H, C]`: "
         "`sparse` = `edge_attention(backend=\"auto\")` on `graphs.batch_complete_graph(batch)` "
         "(graph built in the call); `padded` = `to_dense_batch`, `dense_attention` with the "
-        "node mask as key mask (SDPA), real rows taken out; `loop` = `dense_attention` per graph",
+        "node mask as key mask (SDPA), real rows taken out; `loop` = `dense_attention` per graph; "
+        "`grouped` = `dense_attention(batch=batch)`, one padded call per size group",
         "- ratios: the route's time over the sparse route's (above 1: sparse is faster); "
         "max abs diff: of its out from the sparse route's",
         "",
@@ -197,7 +212,8 @@ def plot(rows: list[dict[str, object]], path: Path) -> None:
     for i, route in enumerate(ROUTES):
         values = [next(r["fwd_bwd_ms"] for r in rows if r["batch"] == b and r["route"] == route)
                   for b in names]
-        ax.bar([x + (i - 1) * width for x in range(len(names))], values, width, label=route)
+        ax.bar([x + (i - (len(ROUTES) - 1) / 2) * width for x in range(len(names))], values,
+               width, label=route)
     ax.set_xticks(range(len(names)), names, fontsize=8)
     ax.set_yscale("log")
     ax.set_ylabel("forward+backward ms (median)")

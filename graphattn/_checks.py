@@ -94,6 +94,19 @@ def check_dropout(p: float, name: str = "dropout") -> None:
         raise ValueError(f"{name} must be in [0, 1), got {p!r}")
 
 
+def check_batch(batch: Tensor) -> None:
+    """Raise unless ``batch`` is a 1-D integer tensor of graph ids >= 0 (PyG's ``data.batch``);
+    reads its minimum back to the host."""
+    if not isinstance(batch, Tensor):
+        raise TypeError(f"batch must be a torch.Tensor, got {type(batch).__name__}")
+    if batch.dim() != 1:
+        raise ValueError(f"batch must have shape [N], got {list(batch.shape)}")
+    if batch.is_floating_point() or batch.is_complex() or batch.dtype == torch.bool:
+        raise TypeError(f"batch must be an integer tensor, got {batch.dtype}")
+    if batch.numel() > 0 and int(batch.min()) < 0:
+        raise ValueError(f"batch must hold graph ids >= 0, got {int(batch.min())}")
+
+
 def check_positive(value: int, name: str) -> None:
     """Raise unless ``value`` is an int > 0."""
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:

@@ -18,7 +18,7 @@ import networkx as nx
 import torch
 from torch import Tensor
 
-from graphattn._checks import check_edge_index, check_non_negative
+from graphattn._checks import check_batch, check_edge_index, check_non_negative
 
 
 def _window_edges(n: int, offsets: Tensor) -> Tensor:
@@ -79,15 +79,8 @@ def batch_complete_graph(batch: Tensor, self_loops: bool = True) -> Tensor:
         - **output:** edge_index ``(2, sum_g n_g^2)`` (``sum_g n_g (n_g - 1)`` without
           self-loops), int64, on the device of ``batch``, sorted by target, then source
     """
-    if not isinstance(batch, Tensor):
-        raise TypeError(f"batch must be a torch.Tensor, got {type(batch).__name__}")
-    if batch.dim() != 1:
-        raise ValueError(f"batch must have shape [N], got {list(batch.shape)}")
-    if batch.is_floating_point() or batch.is_complex() or batch.dtype == torch.bool:
-        raise TypeError(f"batch must be an integer tensor, got {batch.dtype}")
+    check_batch(batch)
     batch = batch.long()
-    if batch.numel() > 0 and int(batch.min()) < 0:
-        raise ValueError(f"batch must hold graph ids >= 0, got {int(batch.min())}")
     n = batch.numel()
     members = torch.sort(batch, stable=True).indices  # (N,): each graph's nodes, ascending
     sizes = torch.bincount(batch)  # (G,) nodes per graph

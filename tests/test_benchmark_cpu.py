@@ -78,7 +78,7 @@ def test_citation_accuracy_row_of_a_run_diverged_at_its_first_epoch(monkeypatch)
 
 
 def test_batched_global_routes_agree_and_fill_the_table(tmp_path):
-    """The three routes of global attention over a mini-batch compute the same outputs, and
+    """The four routes of global attention over a mini-batch compute the same outputs, and
     each gets its times, ratios and score count."""
     out = tmp_path / "batched.md"
     batched_global.main(["--quick", "--repeats", "1", "--warmup", "0", "--output", str(out)])
@@ -86,11 +86,15 @@ def test_batched_global_routes_agree_and_fill_the_table(tmp_path):
         rows = list(csv.DictReader(f))
     sizes = batched_global.batches(quick=True)[0].sizes
     assert [r["route"] for r in rows] == list(batched_global.ROUTES)
+    groups = {}  # sizes in (2^(b-1), 2^b] by b
+    for n in sizes:
+        groups.setdefault(math.ceil(math.log2(n)), []).append(n)
+    expected = {"sparse": sum(n * n for n in sizes), "loop": sum(n * n for n in sizes),
+                "padded": len(sizes) * max(sizes) ** 2,
+                "grouped": sum(len(g) * max(g) ** 2 for g in groups.values())}
     for r in rows:
         assert float(r["max_abs_diff"]) < 1e-5
         assert float(r["fwd_ms"]) > 0 and float(r["fwd_bwd_ms"]) > 0
-        expected = (len(sizes) * max(sizes) ** 2 if r["route"] == "padded"
-                    else sum(n * n for n in sizes))
-        assert int(r["scores_per_head"]) == expected
+        assert int(r["scores_per_head"]) == expected[r["route"]], r["route"]
     assert float(rows[0]["fwd_vs_sparse"]) == 1.0
     assert "| tiny-8x3-9 | 8 |" in out.read_text()

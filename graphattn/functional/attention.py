@@ -17,6 +17,7 @@ from torch import Tensor
 from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from graphattn._checks import (
+    check_batch,
     check_dropout,
     check_edge_index,
     check_float_dtype,
@@ -381,7 +382,7 @@ def edge_attention_unchecked(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor
 def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *,
                     is_causal: bool = False, scale: float | None = None, dropout_p: float = 0.0,
                     training: bool = True, return_attention: bool = False,
-                    ) -> Tensor | tuple[Tensor, Tensor]:
+                    batch: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
     r"""Multi-head scaled dot-product attention with an optional boolean mask.
 
     .. math::
@@ -411,10 +412,20 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
         training (bool, optional): (default: ``True``)
         return_attention (bool, optional): also return the weights ``[..., H, L_q, L_k]``
             (before dropout), computed by the explicit path. (default: ``False``)
+        batch (Tensor, optional): ``[N]`` integer, the graph of each of the N nodes (PyG's
+            ``data.batch``; need not be sorted): q, k, v are ``[N, H, C]`` and each node
+            attends to the nodes of its own graph only (with ``is_causal``, to those of them
+            with smaller or equal ids), as ``edge_attention`` on
+            :func:`graphattn.graphs.batch_complete_graph` computes, without the ``[N, N]`` mask
+            and without padding every graph to the largest: graphs are grouped by size (sizes in
+            ``(2^(b-1), 2^b]`` together), and each group runs as one batched SDPA call, padded to
+            its largest graph. Not with ``mask`` or ``return_attention``. Reads the graph sizes
+            back to the host (a synchronisation on CUDA). (default: ``None``)
 
     Shapes:
         - **input:** q ``(..., L_q, H, C)``, k ``(..., L_k, H, C)``, v ``(..., L_k, H, C_v)``,
-          mask ``(..., L_q, L_k)``; the leading dims ``...`` of q, k and v broadcast together
+          mask ``(..., L_q, L_k)``; the leading dims ``...`` of q, k and v broadcast together;
+          with ``batch``: q, k ``(N, H, C)``, v ``(N, H, C_v)``, batch ``(N)``
         - **output:** ``(..., L_q, H, C_v)``; weights ``(..., H, L_q, L_k)``
     """
     check_same_device(q=q, k=k, v=v, mask=mask)
@@ -425,7 +436,7 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
         raise ValueError(f"q [..., L_q, H, C], k and v [..., L_k, H, C] do not fit together: "
                          f"got q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)}")
     try:
-        batch = torch.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
+        lead = torch.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
     except RuntimeError:
         raise ValueError(f"the leading (batch) dims of q, k and v must broadcast together, "
                          f"got q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)}") from None
@@ -435,6 +446,10 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
     if scale is not None:
         scale = finite_float(scale, "scale")
     L_q, L_k = q.size(-3), k.size(-3)
+    if batch is not None:
+        _check_batch(batch, q, k, v, mask, return_attention)
+        return _dense_attention_per_graph(q, k, v, batch, is_causal=is_causal, scale=scale,
+                                          dropout_p=dropout_p, training=training)
     if mask is not None:
         if mask.dtype != torch.bool:
             raise TypeError(f"mask must be a bool tensor, got {mask.dtype}")
@@ -442,12 +457,12 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
             raise ValueError(f"mask must have shape [..., L_q, L_k] = [..., {L_q}, {L_k}] "
                              f"(or 1 for either, broadcast), got {list(mask.shape)}")
         try:
-            fits = torch.broadcast_shapes(batch, mask.shape[:-2]) == batch
+            fits = torch.broadcast_shapes(lead, mask.shape[:-2]) == lead
         except RuntimeError:
             fits = False
         if not fits:
             raise ValueError(f"the leading dims of mask must broadcast to those of q, k and v "
-                             f"{list(batch)}, got mask {list(mask.shape)}")
+                             f"{list(lead)}, got mask {list(mask.shape)}")
         if is_causal:
             mask = mask & torch.ones(L_q, L_k, dtype=torch.bool, device=q.device).tril()
             is_causal = False
@@ -483,3 +498,70 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
     if empty_rows is not None:
         out = out.masked_fill(empty_rows.unsqueeze(-1).unsqueeze(-1), 0.0)
     return (out, weights) if return_attention else out
+
+
+def _check_batch(batch: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
+                 return_attention: bool) -> None:
+    """The checks of ``dense_attention(..., batch=)``, naming the argument and the value."""
+    check_batch(batch)
+    shapes = [list(t.shape) for t in (q, k, v)]
+    if (q.dim() != 3 or k.dim() != 3 or v.dim() != 3
+            or not q.size(0) == k.size(0) == v.size(0) == batch.size(0)):
+        raise ValueError(f"with batch, q, k and v must be [N, H, C] for the N entries of batch "
+                         f"[N], got q {shapes[0]}, k {shapes[1]}, v {shapes[2]} and batch "
+                         f"{list(batch.shape)}")
+    check_same_device(q=q, batch=batch)
+    if mask is not None:
+        raise ValueError("mask and batch cannot be combined: batch masks every pair of nodes "
+                         "of different graphs")
+    if return_attention:
+        raise ValueError("return_attention=True is not supported with batch (graphs of "
+                         "different sizes have weights of different shapes); call "
+                         "dense_attention per graph, or edge_attention on "
+                         "graphs.batch_complete_graph(batch)")
+
+
+def _dense_attention_per_graph(q: Tensor, k: Tensor, v: Tensor, batch: Tensor, *,
+                               is_causal: bool, scale: float | None, dropout_p: float,
+                               training: bool) -> Tensor:
+    """Dense attention inside each graph of ``batch`` (see :func:`dense_attention`).
+
+    Graphs with sizes in ``(2^(b-1), 2^b]`` form group b; each group is gathered into
+    ``[G_b, n_b, H, C]`` tensors, padded to its largest graph n_b (padding at most quadruples a
+    graph's scores, and there are at most log2(n_max) + 1 groups), and runs as one
+    ``dense_attention`` call with the padding masked out as keys. q, k and v are gathered
+    together, with one ``index_select`` per group, and the groups' real rows put back in node
+    order with one more: index ops, which autograd differentiates (with ``index_add``).
+    """
+    N, H, C_v = v.shape
+    C = q.size(-1)
+    batch = batch.long()
+    sizes = torch.bincount(batch)  # (G,) nodes per graph
+    members = torch.sort(batch, stable=True).indices  # (N,): each graph's nodes, ascending
+    first = sizes.cumsum(0) - sizes  # (G,) where each graph starts in members
+    rank = torch.empty_like(members)  # (N,) position of each node in its graph
+    rank[members] = torch.arange(N, device=batch.device) - first[batch[members]]
+    group = torch.ceil(torch.log2(sizes.clamp(min=1).double())).long()  # (G,) size group
+    qkv = torch.cat([q, k, v], dim=-1).view(N, H * (2 * C + C_v))  # (N, H (2C + C_v))
+    outs, order = [], []
+    for b in torch.unique(group[sizes > 0]).tolist():
+        graphs_b = torch.nonzero((group == b) & (sizes > 0)).flatten()  # (G_b,)
+        n_b = int(sizes[graphs_b].max())
+        slot = torch.full_like(sizes, -1)
+        slot[graphs_b] = torch.arange(graphs_b.numel(), device=batch.device)
+        nodes = torch.nonzero(slot[batch] >= 0).flatten()  # (N_b,) nodes of the group's graphs
+        index = torch.zeros(graphs_b.numel(), n_b, dtype=torch.long, device=batch.device)
+        valid = torch.zeros(graphs_b.numel(), n_b, dtype=torch.bool, device=batch.device)
+        index[slot[batch[nodes]], rank[nodes]] = nodes  # (G_b, n_b) node at each padded slot
+        valid[slot[batch[nodes]], rank[nodes]] = True
+        padded = qkv.index_select(0, index.flatten()).view(*index.shape, H, 2 * C + C_v)
+        q_b, k_b, v_b = padded.split([C, C, C_v], dim=-1)  # (G_b, n_b, H, C) each
+        out_b = dense_attention(q_b, k_b, v_b, valid.unsqueeze(1), is_causal=is_causal,
+                                scale=scale, dropout_p=dropout_p, training=training)
+        outs.append(out_b[valid])  # (N_b, H, C_v), in the order of index[valid]
+        order.append(index[valid])
+    if not outs:
+        return v.new_zeros(N, H, C_v)
+    position = torch.empty_like(members)  # (N,) row of each node in the groups' outputs
+    position[torch.cat(order)] = torch.arange(N, device=batch.device)
+    return torch.cat(outs).index_select(0, position)  # (N, H, C_v)

@@ -601,7 +601,10 @@ class DenseSelfAttention(_SelfAttentionBase):
     Shapes:
         - **input:** x ``(L, F)`` or ``(B, L, F)``, mask bool ``(L, L)`` or ``(B, L, L)``,
           or ``(B, 1, L)`` to mask keys alone (``to_dense_batch``'s node mask, unsqueezed:
-          see :func:`graphattn.graphs.batch_complete_graph`)
+          see :func:`graphattn.graphs.batch_complete_graph`); or x ``(N, F)`` with batch
+          ``(N)``, the graph of each node as in PyG's ``Batch``: global attention inside each
+          graph, without padding to the largest (``dense_attention(..., batch=)``), output
+          ``(N, H * C)``
         - **output:** ``(L, H * C)`` or ``(B, L, H * C)`` (``C`` when ``concat=False``); with
           ``return_attention_weights=True`` also the weights ``([B,] H, L, L)``, before
           dropout
@@ -620,12 +623,17 @@ class DenseSelfAttention(_SelfAttentionBase):
         self.reset_parameters()
 
     def forward(self, x: Tensor, mask: Tensor | None = None, is_causal: bool = False,
-                return_attention_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
-        """Attend over all positions allowed by ``mask``; see the class docstring for shapes."""
+                return_attention_weights: bool = False, *, batch: Tensor | None = None,
+                ) -> Tensor | tuple[Tensor, Tensor]:
+        """Attend over all positions allowed by ``mask`` (with ``batch``: over the nodes of
+        each node's own graph); see the class docstring for shapes."""
         H, C = self.heads, self.out_channels
         if not isinstance(x, Tensor) or x.dim() not in (2, 3):
             shape = list(x.shape) if isinstance(x, Tensor) else type(x).__name__
             raise ValueError(f"x must have shape [L, F] or [B, L, F], got {shape}")
+        if batch is not None and x.dim() != 2:
+            raise ValueError(f"with batch, x must have shape [N, F] (the nodes of every graph, "
+                             f"as in PyG's Batch), got {list(x.shape)}")
         check_float_dtype(x=x)
         self._infer_in_channels(x, x)
         if x.size(-1) != self.lin_q.in_features:
@@ -634,7 +642,7 @@ class DenseSelfAttention(_SelfAttentionBase):
         q, k, v = (t.unflatten(-1, (H, C)) for t in self._project(x, x))  # (B, L, H, C)
         result = dense_attention(q, k, v, mask, is_causal=is_causal, dropout_p=self.dropout,
                                  training=self.training,
-                                 return_attention=return_attention_weights)
+                                 return_attention=return_attention_weights, batch=batch)
         if return_attention_weights:
             out, weights = result
             return self._merge_heads(out, x), weights

@@ -5,7 +5,8 @@ import torch
 import torch.nn.functional as F
 from conftest import assert_close
 
-from graphattn.functional import dense_attention, edge_attention
+from graphattn import graphs
+from graphattn.functional import attention, dense_attention, edge_attention
 from graphattn.graphs import window_graph
 
 
@@ -239,3 +240,84 @@ def test_weights_path_applies_dropout_in_training_only():
     assert_close(weights, explicit_attention(q, k, v, torch.ones(6, 6, dtype=torch.bool), 0.5)[1])
     out, weights = dense_attention(q, k, v, dropout_p=0.5, training=False, return_attention=True)
     assert_close(out, undropped)
+
+
+# graph sizes of one per size group (2^(b-1), 2^b] and more, in shuffled node order
+GROUP_SIZES = [1, 2, 3, 4, 5, 8, 9, 17, 40]
+
+
+def shuffled_batch(sizes, seed=0):
+    batch = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
+    return batch[torch.randperm(batch.numel(), generator=torch.Generator().manual_seed(seed))]
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("sizes", [GROUP_SIZES, [6], [3, 0, 0, 5]],
+                         ids=["groups", "one-graph", "ids-without-nodes"])
+def test_batch_equals_edge_attention_on_the_block_diagonal_graph(sizes, is_causal):
+    batch = shuffled_batch(sizes)
+    N = batch.numel()
+    gen = torch.Generator().manual_seed(3)
+    q, k = (torch.randn(N, 2, 4, generator=gen, requires_grad=True) for _ in range(2))
+    v = torch.randn(N, 2, 3, generator=gen, requires_grad=True)  # C_v != C
+    edge_index = graphs.batch_complete_graph(batch)
+    if is_causal:  # each node attends to the nodes of its graph with smaller or equal ids
+        edge_index = edge_index[:, edge_index[0] <= edge_index[1]]
+    out = dense_attention(q, k, v, batch=batch, is_causal=is_causal)
+    ref = edge_attention(q, k, v, edge_index, backend="reference")
+    assert_close(out, ref)
+    grad = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), grad)
+    ref_grads = torch.autograd.grad(ref, (q, k, v), grad)
+    for g, r in zip(grads, ref_grads, strict=True):
+        assert_close(g, r)
+
+
+def test_batch_runs_one_padded_call_per_size_group(monkeypatch):
+    # sizes in (2^(b-1), 2^b] share a call, padded to the largest of them
+    calls = []
+    sdpa = attention.sdpa
+
+    def spy(q, k, v, attn_mask=None, **kwargs):
+        calls.append((q.size(0), q.size(-2)))  # (graphs, padded length) of (G, H, n, C)
+        return sdpa(q, k, v, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(attention, "sdpa", spy)
+    batch = shuffled_batch(GROUP_SIZES, seed=1)
+    q = torch.randn(batch.numel(), 2, 4)
+    dense_attention(q, q, q, batch=batch)
+    assert sorted(calls) == [(1, 1), (1, 2), (1, 9), (1, 17), (1, 40), (2, 4), (2, 8)]
+
+
+def test_batch_of_no_nodes_and_dropout():
+    empty = torch.empty(0, 2, 4)
+    assert dense_attention(empty, empty, empty, batch=torch.empty(0, dtype=torch.long)).shape \
+        == (0, 2, 4)
+    batch = shuffled_batch([3, 7])
+    q = torch.randn(10, 2, 4)
+    evaluated = dense_attention(q, q, q, batch=batch, dropout_p=0.5, training=False)
+    assert_close(evaluated, dense_attention(q, q, q, batch=batch))
+    torch.manual_seed(0)
+    dropped = dense_attention(q, q, q, batch=batch, dropout_p=0.5)
+    assert torch.isfinite(dropped).all() and not torch.allclose(dropped, evaluated)
+
+
+def test_batch_errors():
+    q = torch.randn(5, 2, 4)
+    batch = torch.tensor([0, 0, 1, 1, 1])
+    with pytest.raises(TypeError, match="batch must be a torch.Tensor, got list"):
+        dense_attention(q, q, q, batch=[0, 0, 1, 1, 1])
+    with pytest.raises(TypeError, match="batch must be an integer tensor, got torch.float32"):
+        dense_attention(q, q, q, batch=batch.float())
+    with pytest.raises(ValueError, match=r"with batch, q, k and v must be \[N, H, C\] for the N "
+                                         r"entries of batch \[N\], got q \[5, 2, 4\], k "
+                                         r"\[5, 2, 4\], v \[5, 2, 4\] and batch \[4\]"):
+        dense_attention(q, q, q, batch=batch[:4])
+    with pytest.raises(ValueError, match=r"got q \[1, 5, 2, 4\]"):
+        dense_attention(q[None], q[None], q[None], batch=batch)
+    with pytest.raises(ValueError, match="mask and batch cannot be combined"):
+        dense_attention(q, q, q, torch.ones(5, 5, dtype=torch.bool), batch=batch)
+    with pytest.raises(ValueError, match="return_attention=True is not supported with batch"):
+        dense_attention(q, q, q, batch=batch, return_attention=True)
+    with pytest.raises(ValueError, match="batch must hold graph ids >= 0, got -1"):
+        dense_attention(q, q, q, batch=torch.tensor([0, 0, -1, 1, 1]))

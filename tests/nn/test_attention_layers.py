@@ -129,11 +129,11 @@ def test_batched_dense_matches_per_sequence_graph(residual):
 
 
 @pytest.mark.parametrize("backend", ["reference", "cpu", "dense"])
-def test_global_attention_over_a_pyg_batch_three_ways(backend):
+def test_global_attention_over_a_pyg_batch_four_ways(backend):
     # Graph transformers attend over all nodes of each graph of a mini-batch. The layer on
     # graphs.batch_complete_graph(batch), the dense twin on the padded batch with the node mask
-    # as key mask, and the layer on each graph's complete graph alone agree: outputs on the
-    # real nodes and parameter gradients.
+    # as key mask, the dense twin given the batch vector, and the layer on each graph's complete
+    # graph alone agree: outputs on the real nodes and parameter gradients.
     from torch_geometric.data import Batch, Data
     from torch_geometric.utils import to_dense_batch
 
@@ -167,6 +167,15 @@ def test_global_attention_over_a_pyg_batch_three_ways(backend):
     (out_pad[node_mask] * weights).sum().backward()
     for name, g in param_grads(dense).items():
         assert_close(grads[name], g)
+    dense.zero_grad()
+    out_batch = dense(data.x, batch=data.batch)  # (N, 6)
+    assert_close(out_batch, per_graph())
+    (out_batch * weights).sum().backward()
+    for name, g in param_grads(dense).items():
+        assert_close(grads[name], g)
+    with pytest.raises(ValueError, match=r"with batch, x must have shape \[N, F\] .*got "
+                                         r"\[4, 6, 6\]"):
+        dense(x_pad, batch=data.batch)
 
 
 @pytest.mark.parametrize("case", GRAPHS, ids=[g.name for g in GRAPHS])
