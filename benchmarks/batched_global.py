@@ -16,7 +16,7 @@ that they agree):
 Forward (under ``torch.no_grad``) and forward+backward (``out.square().sum()``), interleaved
 repeats after warm-up, medians.
 
-    python benchmarks/batched_global.py            # ~2 min on 2 cores
+    python benchmarks/batched_global.py            # ~40 s on 2 cores
     python benchmarks/batched_global.py --quick    # one small batch, for a smoke run
 
 Writes ``results/batched_global.md``, ``.csv`` and ``.png``.

@@ -420,7 +420,9 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
             and without padding every graph to the largest: graphs are grouped by size (sizes in
             ``(2^(b-1), 2^b]`` together), and each group runs as one batched SDPA call, padded to
             its largest graph. Not with ``mask`` or ``return_attention``. Reads the graph sizes
-            back to the host (a synchronisation on CUDA). (default: ``None``)
+            back to the host (a synchronisation on CUDA). Its gradients cannot be differentiated
+            again (``create_graph=True``, ``torch.func.hessian``): the groups run SDPA with a
+            batch dimension, whose fused backward is not differentiable. (default: ``None``)
 
     Shapes:
         - **input:** q ``(..., L_q, H, C)``, k ``(..., L_k, H, C)``, v ``(..., L_k, H, C_v)``,
@@ -535,6 +537,9 @@ def _dense_attention_per_graph(q: Tensor, k: Tensor, v: Tensor, batch: Tensor, *
     """
     N, H, C_v = v.shape
     C = q.size(-1)
+    if N == 0:  # no graph: the plain path's empty output, with its autograd graph
+        return dense_attention(q, k, v, is_causal=is_causal, scale=scale, dropout_p=dropout_p,
+                               training=training)
     batch = batch.long()
     sizes = torch.bincount(batch)  # (G,) nodes per graph
     members = torch.sort(batch, stable=True).indices  # (N,): each graph's nodes, ascending
@@ -560,8 +565,6 @@ def _dense_attention_per_graph(q: Tensor, k: Tensor, v: Tensor, batch: Tensor, *
                                 scale=scale, dropout_p=dropout_p, training=training)
         outs.append(out_b[valid])  # (N_b, H, C_v), in the order of index[valid]
         order.append(index[valid])
-    if not outs:
-        return v.new_zeros(N, H, C_v)
     position = torch.empty_like(members)  # (N,) row of each node in the groups' outputs
     position[torch.cat(order)] = torch.arange(N, device=batch.device)
     return torch.cat(outs).index_select(0, position)  # (N, H, C_v)

@@ -631,9 +631,17 @@ class DenseSelfAttention(_SelfAttentionBase):
         if not isinstance(x, Tensor) or x.dim() not in (2, 3):
             shape = list(x.shape) if isinstance(x, Tensor) else type(x).__name__
             raise ValueError(f"x must have shape [L, F] or [B, L, F], got {shape}")
-        if batch is not None and x.dim() != 2:
-            raise ValueError(f"with batch, x must have shape [N, F] (the nodes of every graph, "
-                             f"as in PyG's Batch), got {list(x.shape)}")
+        if batch is not None:
+            if x.dim() != 2:
+                raise ValueError(f"with batch, x must have shape [N, F] (the nodes of every "
+                                 f"graph, as in PyG's Batch), got {list(x.shape)}")
+            if isinstance(batch, Tensor) and tuple(batch.shape) != (x.size(0),):
+                raise ValueError(f"batch must have shape [N] = [{x.size(0)}], one graph id per "
+                                 f"row of x {list(x.shape)}, got {list(batch.shape)}")
+            if return_attention_weights:
+                raise ValueError("return_attention_weights=True is not supported with batch "
+                                 "(graphs of different sizes have weights of different shapes); "
+                                 "use GraphSelfAttention on graphs.batch_complete_graph(batch)")
         check_float_dtype(x=x)
         self._infer_in_channels(x, x)
         if x.size(-1) != self.lin_q.in_features:

@@ -302,6 +302,16 @@ def test_batch_of_no_nodes_and_dropout():
     assert torch.isfinite(dropped).all() and not torch.allclose(dropped, evaluated)
 
 
+def test_batch_of_no_nodes_is_differentiable():
+    # an empty batch gives gradients (empty ones) like the plain path and edge_attention, so that
+    # a training step's backward does not fail on it
+    q, k, v = (torch.empty(0, 2, 4, requires_grad=True) for _ in range(3))
+    out = dense_attention(q, k, v, batch=torch.empty(0, dtype=torch.long))
+    assert out.requires_grad
+    out.sum().backward()
+    assert q.grad.shape == k.grad.shape == v.grad.shape == (0, 2, 4)
+
+
 def test_batch_errors():
     q = torch.randn(5, 2, 4)
     batch = torch.tensor([0, 0, 1, 1, 1])

@@ -178,6 +178,19 @@ def test_global_attention_over_a_pyg_batch_four_ways(backend):
         dense(x_pad, batch=data.batch)
 
 
+def test_dense_with_batch_errors_name_the_layer_arguments():
+    # the layer's own arguments, x and return_attention_weights, not dense_attention's q, k, v
+    # and return_attention
+    dense = DenseSelfAttention(6, 3, heads=2)
+    x = torch.randn(5, 6)
+    with pytest.raises(ValueError, match=r"batch must have shape \[N\] = \[5\], one graph id per "
+                                         r"row of x \[5, 6\], got \[4\]"):
+        dense(x, batch=torch.tensor([0, 0, 1, 1]))
+    with pytest.raises(ValueError, match="return_attention_weights=True is not supported with "
+                                         "batch"):
+        dense(x, return_attention_weights=True, batch=torch.tensor([0, 0, 1, 1, 1]))
+
+
 @pytest.mark.parametrize("case", GRAPHS, ids=[g.name for g in GRAPHS])
 @pytest.mark.parametrize("add_self_loops", [True, False])
 def test_registry_graphs_through_both_layers(case, add_self_loops, index_dtype):
