@@ -34,7 +34,9 @@ the cache lines fetched ahead for writing, so that the source pass reads them in
 
 In float32 the exponentials are inlined arithmetic (the Cephes ``expf``, within 1 ulp) instead
 of a call into libm per edge and head; both the forward and the target pass of backward first
-take the scores of all of a target's in-edges, then their exponentials in one vectorised loop.
+take the scores of all of a target's in-edges, then their exponentials in one loop over the
+``[degree, H]`` block as a flat array, which vectorises whatever the number of heads (a loop
+over the heads alone runs scalar when H is below the vector width: 1.1-1.4x slower at H = 4).
 Dot products of 8 channels or more are summed in 8 partial sums held in one vector, always in
 the same order (:func:`_dot`).
 
@@ -499,9 +501,15 @@ def _forward_kernel(score: int, has_bias: bool, has_mask: bool, need_alpha: bool
                 if top[h] == -np.inf:
                     top[h] = np.inf
             total[:] = 0
-            for p in range(stop - start):  # the scores become exp(s - max), head by head
+            degree = stop - start
+            for p in range(degree):  # the scores become exp(s - max)
                 for h in range(H):
-                    scores[p, h] = _exp(scores[p, h] - top[h])
+                    scores[p, h] -= top[h]
+            flat = scores.reshape(-1)
+            for t in range(degree * H):  # one loop over all heads: vectorised for any H
+                flat[t] = _exp(flat[t])
+            for p in range(degree):
+                for h in range(H):
                     total[h] += scores[p, h]
             acc[:] = 0
             for p in range(start, stop):
@@ -585,9 +593,13 @@ def _backward_target_kernel(score: int, has_bias: bool, has_mask: bool, has_grad
             start, stop = rowptr[i], rowptr[i + 1]
             _target_scores(q, k, att, bias, ek, rowptr, perm, src, i, Cq, scale, slope, score,
                            has_bias, has_ek, alphas, delta, slopes, True)
-            for p in range(stop - start):
+            degree = stop - start
+            for p in range(degree):
                 for h in range(H):
-                    alphas[p, h] = _exp((alphas[p, h] - lse[i, h, 0]) - lse[i, h, 1])
+                    alphas[p, h] = (alphas[p, h] - lse[i, h, 0]) - lse[i, h, 1]
+            flat = alphas.reshape(-1)
+            for t in range(degree * H):  # one loop over all heads: vectorised for any H
+                flat[t] = _exp(flat[t])
             for h in range(H):
                 delta[h] = _dot(grad_out, i, out, i, h * C, C)
             if has_grad_alpha:
