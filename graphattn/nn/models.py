@@ -175,7 +175,8 @@ class GraphTransformer(torch.nn.Module):
     :math:`p` optional positional encodings (e.g. Laplacian eigenvectors), extra input
     features: :math:`W_\mathrm{in} x + W_\mathrm{pe} p` is :math:`[W_\mathrm{in}\;
     W_\mathrm{pe}]` applied to :math:`x \Vert p`. ``x`` may be a sparse (CSR, CSC or COO)
-    tensor.
+    tensor. On a PyG ``Batch`` of graphs, ``edge_index=graphs.batch_complete_graph(data.batch)``
+    lets every node attend to every node of its own graph: a full transformer encoder per graph.
 
     Args:
         in_channels (int): input features F; ``-1`` infers them from the first call.

@@ -168,6 +168,29 @@ def test_graph_transformer_on_complete_graph_is_a_pre_norm_transformer_encoder()
     assert_close(model(x, complete, pe), expected)
 
 
+def test_graph_transformer_on_a_batch_complete_graph_encodes_each_graph_alone():
+    # graph-level batches: every node attends to the nodes of its own graph only, so the model
+    # on the whole batch equals the model on each graph, outputs and parameter gradients
+    from torch_geometric.data import Batch
+
+    from graphattn import graphs
+
+    torch.manual_seed(1)
+    data = Batch.from_data_list([Data(x=torch.randn(n, 5), pe=torch.randn(n, 2))
+                                 for n in (4, 1, 6)])
+    model = GraphTransformer(5, 8, 3, heads=2, pe_channels=2).eval()
+    out = model(data.x, graphs.batch_complete_graph(data.batch), data.pe)
+    out.square().sum().backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+    per_graph = torch.cat([model(g.x, graphs.complete_graph(g.num_nodes), g.pe)
+                           for g in data.to_data_list()])
+    per_graph.square().sum().backward()
+    assert_close(out, per_graph)
+    for name, p in model.named_parameters():
+        assert_close(grads[name], p.grad)
+
+
 def test_graph_transformer_pe_checks_and_gradients():
     torch.manual_seed(0)
     x, ei = torch.randn(10, 6), random_graph(10, 30)
