@@ -18,8 +18,11 @@ repeats after warm-up, medians.
 
     python benchmarks/batched_global.py            # ~40 s on 2 cores
     python benchmarks/batched_global.py --quick    # one small batch, for a smoke run
+    python benchmarks/batched_global.py --device cuda --table-only   # on a GPU (gpu_session.sh)
 
-Writes ``results/batched_global.md``, ``.csv`` and ``.png``.
+Writes ``results/batched_global.md``, ``.csv`` and ``.png`` (``--table-only``: the ``.md``
+alone). On CUDA the sparse route takes the ``triton`` backend, and every timed call ends with
+``torch.cuda.synchronize()``.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from graphattn.functional import dense_attention, edge_attention
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROUTES = ("sparse", "padded", "loop", "grouped")
+CPU = torch.device("cpu")
 
 
 @dataclass
@@ -75,13 +79,14 @@ def batches(quick: bool, seed: int = 0) -> list[Batch]:
             Batch("equal-16x256", [256] * 16)]
 
 
-def routes(batch: Tensor, sizes: list[int]) -> dict[str, Callable[[Tensor, Tensor, Tensor],
-                                                                   Tensor]]:
-    """The four ways from q, k, v ``[N, H, C]`` to out ``[N, H, C]``."""
+def routes(batch: Tensor, sizes: list[int], backend: str = "auto",
+           ) -> dict[str, Callable[[Tensor, Tensor, Tensor], Tensor]]:
+    """The four ways from q, k, v ``[N, H, C]`` to out ``[N, H, C]`` (``backend``: that of the
+    sparse route)."""
     bounds = torch.tensor([0, *sizes]).cumsum(0).tolist()
 
     def sparse(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        return edge_attention(q, k, v, graphs.batch_complete_graph(batch), backend="auto")
+        return edge_attention(q, k, v, graphs.batch_complete_graph(batch), backend=backend)
 
     def padded(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         N, H, C = q.shape
@@ -110,22 +115,26 @@ def grouped_scores(sizes: list[int]) -> int:
     return sum(len(group) * max(group) ** 2 for group in groups.values())
 
 
-def timed(fn: Callable[[], object]) -> float:
+def timed(fn: Callable[[], object], device: torch.device) -> float:
+    """Wall time of ``fn()``, the device's queued work included."""
     start = time.perf_counter()
     fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     return time.perf_counter() - start
 
 
 def measure(case: Batch, heads: int, channels: int, repeats: int, warmup: int,
+            device: torch.device = CPU, backend: str = "auto",
             ) -> list[dict[str, object]]:
     """Median forward and forward+backward time of each route on one batch, and the largest
     difference of its output from the sparse route's."""
-    batch = case.batch
+    batch = case.batch.to(device)
     N = batch.numel()
     gen = torch.Generator().manual_seed(1)
-    q, k, v = (torch.randn(N, heads, channels, generator=gen).requires_grad_()
+    q, k, v = (torch.randn(N, heads, channels, generator=gen).to(device).requires_grad_()
                for _ in range(3))
-    fns = routes(batch, case.sizes)
+    fns = routes(batch, case.sizes, backend)
     with torch.no_grad():
         outs = {name: fn(q, k, v) for name, fn in fns.items()}
 
@@ -141,7 +150,7 @@ def measure(case: Batch, heads: int, channels: int, repeats: int, warmup: int,
     for rep in range(warmup + repeats):
         for name, fn in fns.items():  # interleaved: every route in every repeat
             for kind, step in (("fwd", forward), ("fwd_bwd", forward_backward)):
-                t = timed(lambda step=step, fn=fn: step(fn))
+                t = timed(lambda step=step, fn=fn: step(fn), device)
                 if rep >= warmup:
                     times[name, kind].append(t)
     n_max = max(case.sizes)
@@ -169,12 +178,13 @@ def write_table(rows: list[dict[str, object]], args: argparse.Namespace, command
         "# Global attention over a mini-batch of graphs: sparse vs padded dense",
         "",
         f"- command: `{command}`",
-        f"- torch {torch.__version__}, device cpu ({cpu_name()}), {torch.get_num_threads()} "
-        f"torch threads, python {platform.python_version()}",
+        f"- torch {torch.__version__}, {device_line(args.device)}, python "
+        f"{platform.python_version()}",
         f"- H = {args.heads}, C = {args.channels}, fp32, dot-product score; "
         f"{args.repeats} interleaved repeats after {args.warmup} warm-up, medians",
         "- routes, each from the batch vector and q, k, v `[N, H, C]` to out `[N, H, C]`: "
-        "`sparse` = `edge_attention(backend=\"auto\")` on `graphs.batch_complete_graph(batch)` "
+        f"`sparse` = `edge_attention(backend=\"{args.backend}\")` on "
+        "`graphs.batch_complete_graph(batch)` "
         "(graph built in the call); `padded` = `to_dense_batch`, `dense_attention` with the "
         "node mask as key mask (SDPA), real rows taken out; `loop` = `dense_attention` per graph; "
         "`grouped` = `dense_attention(batch=batch)`, one padded call per size group",
@@ -191,10 +201,19 @@ def write_table(rows: list[dict[str, object]], args: argparse.Namespace, command
                      f"{r['fwd_bwd_ms']:.2f} | {r['fwd_vs_sparse']:.2f} | "
                      f"{r['fwd_bwd_vs_sparse']:.2f} | {r['max_abs_diff']:.1e} |")
     path.write_text("\n".join(lines) + "\n")
+    if args.table_only:
+        return
     with path.with_suffix(".csv").open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
+
+
+def device_line(device: torch.device) -> str:
+    """The device as the table names it."""
+    if device.type == "cuda":
+        return f"device {torch.cuda.get_device_name(device)}"
+    return f"device cpu ({cpu_name()}), {torch.get_num_threads()} torch threads"
 
 
 def plot(rows: list[dict[str, object]], path: Path) -> None:
@@ -233,6 +252,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=None,
                         help="timed repeats per route (default: 15, 3 with --quick)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed repeats (default: 3)")
+    parser.add_argument("--device", type=torch.device, default=torch.device("cpu"),
+                        help="cpu or cuda (default: cpu)")
+    parser.add_argument("--backend", default="auto",
+                        help="edge_attention backend of the sparse route (default: auto)")
+    parser.add_argument("--table-only", action="store_true",
+                        help="write the .md table alone, no .csv or .png")
     parser.add_argument("--output", type=Path, default=None,
                         help="table path (default: results/batched_global.md, "
                              "results/batched_global_quick.md with --quick)")
@@ -245,13 +270,17 @@ def main(argv: list[str] | None = None) -> None:
     command = "python benchmarks/batched_global.py " + " ".join(sys.argv[1:] if argv is None
                                                                 else argv)
     print(f"command: {command.strip()}")
-    print(f"torch {torch.__version__}, cpu ({cpu_name()}), {torch.get_num_threads()} threads")
+    if args.device.type == "cuda" and not torch.cuda.is_available():
+        sys.exit("--device cuda: no CUDA device here; nothing measured")
+    print(f"torch {torch.__version__}, {device_line(args.device)}")
     rows = []
-    for case in tqdm(batches(args.quick), desc="batches"):
-        rows.extend(measure(case, args.heads, args.channels, args.repeats, args.warmup))
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    write_table(rows, args, command.strip(), args.output)
-    plot(rows, args.output.with_suffix(".png"))
+    for case in tqdm(batches(args.quick), desc="batches"):
+        rows.extend(measure(case, args.heads, args.channels, args.repeats, args.warmup,
+                            args.device, args.backend))
+        write_table(rows, args, command.strip(), args.output)  # kept if a later batch is cut
+    if not args.table_only:
+        plot(rows, args.output.with_suffix(".png"))
     print(args.output.read_text())
     print(f"wrote {args.output}")
 

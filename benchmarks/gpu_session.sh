@@ -10,10 +10,12 @@
 #      the edges and reads their bounds back, as before those caches): the A/B of the caches;
 #   4. if time is left, benchmarks/triton_tuning.py: the kernels' tiles (launch_tiles) against
 #      the defaults, on the 1M-edge and the 50M-edge graphs, then PubMed;
-#   5. if time is left, the 50M-edge graphs again in bf16.
+#   5. if time is left, the 50M-edge graphs again in bf16;
+#   6. if time is left, benchmarks/batched_global.py: global attention over mini-batches of
+#      graphs, the fused kernels' sparse route against padded and grouped SDPA.
 # Each step has its own time limit inside the budget, so a slow step still leaves the others
 # their turn. Tables go to $OUT (default: benchmarks/results/gpu_session/), the log of every
-# step to $OUT/session.log: 6 files at most (the device tool brings back 8).
+# step to $OUT/session.log: 7 files at most (the device tool brings back 8).
 #
 # Usage: bash benchmarks/gpu_session.sh [budget in seconds, default 560]
 # The Planetoid files under datasets/ are ignored by git: on a machine that gets a copy of the
@@ -70,9 +72,18 @@ fi
 
 if [ "$(left)" -gt 90 ]; then
   echo "== 5. benchmarks/gpu.py, bf16, 50M-edge graphs ($(left) s left)" | tee -a "$LOG"
-  timeout $(limit $(($(left) - 10))) "$PY" benchmarks/gpu.py --no-check --dtype bf16 \
-    --graphs random-50m,local-50m --out "$OUT/gpu_bf16.md" 2>&1 | tee -a "$LOG"
+  timeout $(limit $(($(left) > 150 ? $(left) - 60 : $(left) - 10))) "$PY" benchmarks/gpu.py \
+    --no-check --dtype bf16 --graphs random-50m,local-50m --out "$OUT/gpu_bf16.md" 2>&1 |
+    tee -a "$LOG"
 else
   echo "== 5. skipped: $(left) s left" | tee -a "$LOG"
+fi
+
+if [ "$(left)" -gt 40 ]; then
+  echo "== 6. benchmarks/batched_global.py on the GPU ($(left) s left)" | tee -a "$LOG"
+  timeout $(limit $(($(left) - 10))) "$PY" benchmarks/batched_global.py --device cuda \
+    --table-only --output "$OUT/batched_global_gpu.md" 2>&1 | tee -a "$LOG" | tail -25
+else
+  echo "== 6. skipped: $(left) s left" | tee -a "$LOG"
 fi
 echo "== done in ${SECONDS} s" | tee -a "$LOG"

@@ -16,6 +16,7 @@ import torch
 from graphattn.functional.triton_kernels import triton_available
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import batched_global  # noqa: E402
 import gpu  # noqa: E402
 import triton_tuning  # noqa: E402
 
@@ -143,3 +144,24 @@ def test_tuning_measures_no_difference_when_the_default_tiles_fail(triton_interp
     assert all(math.isnan(r.max_diff) for r in rows), rows
     table = triton_tuning.render_markdown(["- header"], rows, [])
     assert "| 4 | 1 | 1 | 1.000 | 1.000 | nan | nan | nan |  |" in table
+
+
+def test_batched_global_sparse_route_on_the_triton_kernels(triton_interpreter, tmp_path):
+    """The GPU run of batched_global.py (--backend triton, as auto picks on CUDA): the routes
+    agree with the fused kernels' sparse route, and --table-only writes the table alone."""
+    out = tmp_path / "batched.md"
+    batched_global.main(["--quick", "--repeats", "1", "--warmup", "0", "--backend", "triton",
+                         "--table-only", "--output", str(out)])
+    rows = [line.split(" | ") for line in out.read_text().splitlines()
+            if line.startswith("| tiny")]
+    assert [row[4] for row in rows] == list(batched_global.ROUTES)
+    assert all(float(row[-1].rstrip(" |")) < 1e-5 for row in rows)  # max abs diff
+    assert 'edge_attention(backend="triton")' in out.read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["batched.md"]
+
+
+def test_batched_global_on_cuda_without_cuda_exits_with_a_message(monkeypatch, tmp_path):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match="no CUDA device here; nothing measured"):
+        batched_global.main(["--device", "cuda", "--output", str(tmp_path / "b.md")])
+    assert not list(tmp_path.iterdir())
