@@ -216,8 +216,8 @@ def device_line(device: torch.device) -> str:
     return f"device cpu ({cpu_name()}), {torch.get_num_threads()} torch threads"
 
 
-def plot(rows: list[dict[str, object]], path: Path) -> None:
-    """Forward+backward time of each route, grouped by batch (log scale)."""
+def plot(rows: list[dict[str, object]], path: Path, device: torch.device = CPU) -> None:
+    """Forward+backward time of each route, grouped by batch (log scale), on ``device``."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -236,7 +236,7 @@ def plot(rows: list[dict[str, object]], path: Path) -> None:
     ax.set_xticks(range(len(names)), names, fontsize=8)
     ax.set_yscale("log")
     ax.set_ylabel("forward+backward ms (median)")
-    ax.set_title("Global attention per graph of a mini-batch (CPU)")
+    ax.set_title(f"Global attention per graph of a mini-batch ({device.type.upper()})")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -259,14 +259,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--table-only", action="store_true",
                         help="write the .md table alone, no .csv or .png")
     parser.add_argument("--output", type=Path, default=None,
-                        help="table path (default: results/batched_global.md, "
-                             "results/batched_global_quick.md with --quick)")
+                        help="table path (default: results/batched_global.md; _quick with "
+                             "--quick, _gpu with --device cuda)")
     args = parser.parse_args(argv)
     if args.repeats is None:
         args.repeats = 3 if args.quick else 15
-    if args.output is None:
-        args.output = RESULTS / ("batched_global_quick.md" if args.quick
-                                 else "batched_global.md")
+    if args.output is None:  # a GPU run does not overwrite the CPU table
+        suffix = ("_quick" if args.quick else "") + ("_gpu" if args.device.type == "cuda" else "")
+        args.output = RESULTS / f"batched_global{suffix}.md"
     command = "python benchmarks/batched_global.py " + " ".join(sys.argv[1:] if argv is None
                                                                 else argv)
     print(f"command: {command.strip()}")
@@ -280,7 +280,7 @@ def main(argv: list[str] | None = None) -> None:
                             args.device, args.backend))
         write_table(rows, args, command.strip(), args.output)  # kept if a later batch is cut
     if not args.table_only:
-        plot(rows, args.output.with_suffix(".png"))
+        plot(rows, args.output.with_suffix(".png"), args.device)
     print(args.output.read_text())
     print(f"wrote {args.output}")
 

@@ -98,3 +98,15 @@ def test_batched_global_routes_agree_and_fill_the_table(tmp_path):
         assert int(r["scores_per_head"]) == expected[r["route"]], r["route"]
     assert float(rows[0]["fwd_vs_sparse"]) == 1.0
     assert "| tiny-8x3-9 | 8 |" in out.read_text()
+
+
+def test_batched_global_plot_names_the_device_it_ran_on(monkeypatch, tmp_path):
+    # --device cuda without --table-only draws the plot too: its title must not say CPU
+    import matplotlib.axes
+
+    titles = []
+    monkeypatch.setattr(matplotlib.axes.Axes, "set_title",
+                        lambda self, label, *a, **k: titles.append(label))
+    rows = [{"batch": "b", "route": route, "fwd_bwd_ms": 1.0} for route in batched_global.ROUTES]
+    batched_global.plot(rows, tmp_path / "b.png", torch.device("cuda"))
+    assert titles == ["Global attention per graph of a mini-batch (CUDA)"]
