@@ -171,6 +171,36 @@ def assert_agrees_with_pyg(layer: torch.nn.Module, conv: torch.nn.Module,
 
 
 @pytest.fixture
+def sdpa_calls(monkeypatch) -> list[tuple[int, int | None, bool]]:
+    """Records ``(q.dim(), attn_mask.dim() or None, is_causal)`` of every forward that reaches
+    SDPA: ``F.scaled_dot_product_attention``, or the operator of its CPU flash kernel that the
+    ``"dense"`` backend calls itself when gradients are wanted."""
+    import torch.nn.functional as F
+
+    from graphattn.functional import dense_backend
+
+    calls: list[tuple[int, int | None, bool]] = []
+    sdpa, flash = F.scaled_dot_product_attention, dense_backend._flash_cpu_forward
+
+    def record(q, attn_mask, is_causal) -> None:
+        calls.append((q.dim(), None if attn_mask is None else attn_mask.dim(), is_causal))
+
+    def spy_sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, **kwargs):
+        record(q, attn_mask, is_causal)
+        return sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                    **kwargs)
+
+    def spy_flash(q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
+        record(q, attn_mask, is_causal)
+        return flash(q, k, v, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy_sdpa)
+    if flash is not None:
+        monkeypatch.setattr(dense_backend, "_flash_cpu_forward", spy_flash)
+    return calls
+
+
+@pytest.fixture
 def triton_interpreter(monkeypatch):
     """The triton backend's kernels in Triton's CPU interpreter, for this test (skipped without
     triton)."""

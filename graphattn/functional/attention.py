@@ -58,9 +58,9 @@ def available_backends() -> list[str]:
 
 
 # The rule of backend="auto" on CPU: the crossover densities that benchmarks/sparse_vs_dense.py
-# measured on 2 cores of two machines (their mean), by size sqrt(N_dst * N_src):
+# measured on 2 cores (see select_backend), by size sqrt(N_dst * N_src):
 # (size, forward+backward, forward only).
-DENSE_CROSSOVER_CPU = ((256, 0.09, 0.10), (1024, 0.12, 0.10), (4096, 0.14, 0.23))
+DENSE_CROSSOVER_CPU = ((256, 0.06, 0.10), (1024, 0.08, 0.10), (4096, 0.09, 0.23))
 DENSE_MAX_BYTES_CPU = 2 * 2**30
 
 
@@ -103,23 +103,24 @@ def select_backend(q: Tensor, edge_index: Tensor, num_src: int | None = None, *,
     ``DENSE_MAX_BYTES_CPU`` (2 GiB; 4 heads in fp32 stop there at about 4700 nodes); ``"cpu"``
     otherwise. :math:`\rho^*` (:func:`dense_min_density`) is the crossover measured by
     ``benchmarks/sparse_vs_dense.py`` on 2 cores (Erdos-Renyi graphs, H = 4, C = 32, fp32): the
-    density at which the dense backend is as fast as the ``"cpu"`` backend, the mean of two
-    machines (AMD EPYC, mean of two runs / Intel Xeon, one run),
+    density at which the dense backend is as fast as the ``"cpu"`` backend. For inference, the
+    mean of two machines (AMD EPYC, mean of two runs / Intel Xeon, one run); for training, the
+    Intel run after the dense backend's backward stopped recomputing SDPA's forward (17-26%
+    off its training step; AMD's runs predate that and crossed over at 0.10, 0.15 and 0.16),
 
     ======================  ==================  ==================  ==================
     size sqrt(N_dst N_src)  256                 1024                4096
     ======================  ==================  ==================  ==================
-    forward+backward        0.09 (0.10 / 0.08)  0.12 (0.15 / 0.09)  0.14 (0.16 / 0.12)
+    forward+backward        0.06 (Intel 0.055)  0.08 (Intel 0.083)  0.09 (Intel 0.086)
     forward only            0.10 (0.13 / 0.06)  0.10 (0.12 / 0.07)  0.23 (0.35 / 0.12)
     ======================  ==================  ==================  ==================
 
     interpolated in log size. The forward+backward column applies when q requires a gradient
     under grad mode, the forward column otherwise. The crossover moves with the machine (the
     Intel cores run the dense matrix products faster relative to the sparse kernels' gathers);
-    the mean keeps ``"auto"`` within 1.07x of the faster backend on every graph of the sweep on
-    both machines for training, and within 1.32x for inference (4096 nodes at density 0.25,
-    where the machines disagree). Small graphs cross over earlier (their dense matrices stay in
-    cache). A factor 4 away from the crossover one backend is already several times slower than
+    for inference the mean keeps ``"auto"`` within 1.32x of the faster backend on every graph
+    of the sweep on both machines (4096 nodes at density 0.25, where the machines disagree).
+    Small graphs cross over earlier (their dense matrices stay in cache). A factor 4 away from the crossover one backend is already several times slower than
     the other (Cora, density 0.0018: ``"cpu"`` 4.1-8.3 ms, ``"dense"`` 147-218 ms
     forward+backward), so the choice matters far more than its exact place.
 
@@ -420,9 +421,10 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
             and without padding every graph to the largest: graphs are grouped by size (sizes in
             ``(2^(b-1), 2^b]`` together), and each group runs as one batched SDPA call, padded to
             its largest graph. Not with ``mask`` or ``return_attention``. Reads the graph sizes
-            back to the host (a synchronisation on CUDA). Its gradients cannot be differentiated
-            again (``create_graph=True``, ``torch.func.hessian``): the groups run SDPA with a
-            batch dimension, whose fused backward is not differentiable. (default: ``None``)
+            back to the host (a synchronisation on CUDA). On CPU its gradients can be
+            differentiated again (``create_graph=True``, ``torch.func``: force matching, a
+            gradient penalty); on CUDA they cannot, as SDPA's fused CUDA backward is not
+            differentiable (take the sparse route there). (default: ``None``)
 
     Shapes:
         - **input:** q ``(..., L_q, H, C)``, k ``(..., L_k, H, C)``, v ``(..., L_k, H, C_v)``,

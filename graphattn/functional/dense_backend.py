@@ -25,54 +25,118 @@ DENSE_TENSORS_AT_PEAK = 6
 def sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
          dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None) -> Tensor:
     """``scaled_dot_product_attention`` on ``(..., H, L, C)`` inputs, run by its fused kernels
-    when they have no batch dimension too.
+    when they have no batch dimension too, with gradients that can be differentiated again.
 
     SDPA's fused kernels (flash attention on CPU and CUDA, memory-efficient on CUDA) take 4-D
     inputs with a 2-D or 4-D mask only; anything else runs its unfused math path, several times
     slower. So 3-D inputs get a batch dimension. The fused kernels' backward cannot be
-    differentiated again, so with gradients wanted they run through :class:`_FusedSDPA`, whose
-    backward takes the math path when gradients of gradients may follow; with dropout as well,
-    the math path runs throughout (a fused backward would need the same dropout draw again).
-    Under ``torch.compile`` SDPA is called directly: dynamo cannot trace the
-    ``torch.autograd.grad`` in :class:`_FusedSDPA`'s backward (``fullgraph=True`` would fail).
-    Inputs with a batch dimension go to SDPA as they are.
+    differentiated again (``create_graph=True`` raises "derivative ... not implemented"), so
+    with gradients wanted, inputs that SDPA would give a fused kernel run through
+    :class:`_FusedSDPA`, whose backward takes the math path when gradients of gradients may
+    follow. On CPU that costs nothing: the flash kernel's own operators run forward and
+    backward (a torch without them recomputes the forward in the backward). On CUDA the
+    backward recomputes the forward, which 3-D inputs pay (as the ``"dense"`` backend always
+    has) and 4-D inputs do not: they go to SDPA as they are, and their gradients cannot be
+    differentiated again there. Inputs SDPA gives its math path
+    (dropout on CPU, a mask that needs a gradient, 5 or more dims) go to SDPA as they are: that
+    path is differentiable twice. Under ``torch.compile`` SDPA is called directly: dynamo
+    cannot trace the ``torch.autograd.grad`` in :class:`_FusedSDPA`'s backward
+    (``fullgraph=True`` would fail).
     """
     options = {"dropout_p": dropout_p, "is_causal": is_causal, "scale": scale}
-    if q.dim() != 3:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, **options)
     tensors = (q, k, v, attn_mask)
     grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-    if grad and dropout_p > 0:
+    if q.dim() not in (3, 4) or (grad and dropout_p > 0):
+        # with dropout a fused backward would need the same draw again: SDPA as it is (the
+        # math path for 3-D inputs and on CPU)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, **options)
-    if attn_mask is not None and attn_mask.dim() == 3:
-        attn_mask = attn_mask[None]
-    q, k, v = q[None], k[None], v[None]  # (1, H, L, C)
+    batched = q.dim() == 4
+    if not batched:
+        if attn_mask is not None and attn_mask.dim() == 3:
+            attn_mask = attn_mask[None]
+        q, k, v = q[None], k[None], v[None]  # (1, H, L, C)
     if grad and not torch.compiler.is_compiling():
-        return _FusedSDPA.apply(q, k, v, attn_mask, is_causal, scale)[0]
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, **options)[0]
+        choice = torch._fused_sdp_choice(q, k, v, attn_mask, 0.0, is_causal, scale=scale)
+        cpu = q.device.type == "cpu"
+        if choice != SDPBackend.MATH.value and (cpu or not batched):  # a fused kernel
+            flash_cpu = (cpu and choice == SDPBackend.FLASH_ATTENTION.value
+                         and _flash_cpu_forward is not None and _flash_cpu_backward is not None)
+            if flash_cpu:  # the mask as SDPA hands it to the kernel, made once
+                attn_mask = _additive_mask(attn_mask, q.dtype)
+            out = _FusedSDPA.apply_all(q, k, v, attn_mask, is_causal, scale, flash_cpu)[0]
+            return out if batched else out[0]
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, **options)
+    return out if batched else out[0]
+
+
+# torch's private operators of SDPA's CPU flash kernel, forward and backward (a torch without
+# them recomputes the forward in the backward)
+_FLASH_CPU_OP = "_scaled_dot_product_flash_attention_for_cpu"
+_flash_cpu_forward = getattr(getattr(torch.ops.aten, _FLASH_CPU_OP, None), "default", None)
+_flash_cpu_backward = getattr(getattr(torch.ops.aten, _FLASH_CPU_OP + "_backward", None),
+                              "default", None)
+
+
+def _additive_mask(attn_mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
+    """A bool mask as SDPA hands it to its kernels: 0 where True, -inf where False."""
+    if attn_mask is None or attn_mask.dtype != torch.bool:
+        return attn_mask
+    return torch.full_like(attn_mask, float("-inf"), dtype=dtype).masked_fill_(attn_mask, 0.0)
 
 
 class _FusedSDPA(torch.autograd.Function):
-    """SDPA without dropout: the fused kernel's forward, and a backward that recomputes it and
-    takes the fused kernel's backward, or, when the gradients must be differentiable
-    (``create_graph=True``, ``torch.func``), the math path's, which autograd can differentiate
-    again (as the fused backends do with the reference path)."""
+    """SDPA without dropout on ``(B, H, L, C)`` inputs, with gradients that autograd can
+    differentiate again.
+
+    Where SDPA would take its CPU flash kernel, the forward calls that kernel's operator,
+    which also returns the log-sum-exp of each row, and the backward hands both to the
+    kernel's backward operator: the same numbers as SDPA's own autograd, bit for bit, with no
+    work repeated. Elsewhere (CUDA, the math path) the backward recomputes SDPA and takes its
+    backward. When the gradients must be differentiable (``create_graph=True``,
+    ``torch.func``), the backward recomputes the math path instead, which autograd can
+    differentiate again (as the fused backends do with the reference path)."""
+
+    @classmethod
+    def apply_all(cls, *args):
+        """``apply`` with every argument given: ``Function.apply`` binds default arguments
+        through ``inspect.signature`` on each call, which costs more than a small SDPA call
+        (one per size group with ``batch=``); outside torch.func's transforms, which need
+        ``Function.apply``, this calls the autograd engine's ``apply`` directly."""
+        if torch._C._are_functorch_transforms_active():
+            return cls.apply(*args)
+        return super(torch.autograd.Function, cls).apply(*args)
 
     @staticmethod
     def forward(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, is_causal: bool,
-                scale: float | None) -> Tensor:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
-                                              is_causal=is_causal, scale=scale)
+                scale: float | None, flash_cpu: bool) -> tuple[Tensor, Tensor | None]:
+        if flash_cpu:  # SDPA would take its CPU flash kernel (mask additive): its operator
+            return _flash_cpu_forward(q, k, v, 0.0, is_causal, attn_mask=attn_mask,
+                                      scale=scale)  # (B, H, L_q, C), log-sum-exp (B, H, L_q)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
+                                             is_causal=is_causal, scale=scale)
+        return out, None
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
-        q, k, v, attn_mask, is_causal, scale = inputs
-        ctx.save_for_backward(q, k, v, attn_mask)
-        ctx.options = {"is_causal": is_causal, "scale": scale}
+        q, k, v, attn_mask, is_causal, scale, flash_cpu = inputs
+        out, lse = output
+        if flash_cpu:
+            ctx.mark_non_differentiable(lse)
+            ctx.save_for_backward(q, k, v, attn_mask, out, lse)
+        else:
+            ctx.save_for_backward(q, k, v, attn_mask)
+        ctx.flash_cpu, ctx.is_causal, ctx.scale = flash_cpu, is_causal, scale
 
     @staticmethod
-    def backward(ctx, dout: Tensor):
-        inputs = list(ctx.saved_tensors)  # q, k, v, attn_mask
+    def backward(ctx, dout: Tensor, _dlse: Tensor | None = None):
+        if ctx.flash_cpu and not torch.is_grad_enabled():  # the kernel's own backward
+            q, k, v, attn_mask, out, lse = ctx.saved_tensors
+            # a mask that needs a gradient never takes the flash kernel; autograd drops the
+            # gradients of inputs that need none
+            return (*_flash_cpu_backward(dout, q, k, v, out, lse, 0.0, ctx.is_causal,
+                                         attn_mask=attn_mask, scale=ctx.scale),
+                    None, None, None, None)
+        inputs = list(ctx.saved_tensors[:4])  # q, k, v, attn_mask
         wanted = [i for i, t in enumerate(inputs) if t is not None and ctx.needs_input_grad[i]]
         differentiable = torch.is_grad_enabled()
         if not differentiable:
@@ -81,10 +145,10 @@ class _FusedSDPA(torch.autograd.Function):
         kernels = sdpa_kernel(SDPBackend.MATH) if differentiable else contextlib.nullcontext()
         with torch.enable_grad(), kernels:
             out = F.scaled_dot_product_attention(*inputs[:3], attn_mask=inputs[3],
-                                                 **ctx.options)
+                                                 is_causal=ctx.is_causal, scale=ctx.scale)
             found = torch.autograd.grad(out, [inputs[i] for i in wanted], dout,
                                         create_graph=differentiable, allow_unused=True)
-        grads: list[Tensor | None] = [None] * 6
+        grads: list[Tensor | None] = [None] * 7
         for i, g in zip(wanted, found, strict=True):
             grads[i] = g
         return tuple(grads)

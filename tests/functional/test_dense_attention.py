@@ -4,9 +4,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import assert_close
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from graphattn import graphs
-from graphattn.functional import attention, dense_attention, edge_attention
+from graphattn.functional import attention, dense_attention, dense_backend, edge_attention
 from graphattn.graphs import window_graph
 
 
@@ -140,32 +141,30 @@ def test_zero_channels_give_uniform_weights(is_causal, return_attention):
     assert_close(result[0] if return_attention else result, ref)
 
 
+@pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])
 @pytest.mark.parametrize("call", ["dense_attention", "dense backend", "dense backend, bias"])
-def test_sdpa_gets_a_batch_dimension(call, monkeypatch):
+def test_sdpa_gets_a_batch_dimension(call, grad, sdpa_calls):
     """Unbatched inputs reach SDPA as 4-D tensors with a 2-D or 4-D mask (its fused kernels
-    take no other)."""
-    sdpa, calls = F.scaled_dot_product_attention, []
-
-    def spy(q, k, v, attn_mask=None, **kwargs):
-        calls.append((q.dim(), attn_mask.dim()))
-        return sdpa(q, k, v, attn_mask=attn_mask, **kwargs)
-
+    take no other), once: a training step's backward does not run the forward again."""
     q, k, v = qkv(L=6, S=6)
     edge_index = window_graph(6, radius=1)
     bias = torch.randn(edge_index.size(1), 2, generator=torch.Generator().manual_seed(3))
+    bias.requires_grad_(grad)
     mask = torch.zeros(6, 6, dtype=torch.bool)
     mask[edge_index[1], edge_index[0]] = True
     additive = torch.full((2, 6, 6), float("-inf"))  # (H, i, j)
-    additive[:, edge_index[1], edge_index[0]] = bias.t() if call.endswith("bias") else 0.0
+    additive[:, edge_index[1], edge_index[0]] = bias.detach().t() if call.endswith("bias") else 0
 
-    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
-    with torch.no_grad():
+    with torch.set_grad_enabled(grad):
         if call == "dense_attention":
             got = dense_attention(q, k, v, mask)
         else:
             got = edge_attention(q, k, v, edge_index, backend="dense",
                                  bias=bias if call.endswith("bias") else None)
-    assert len(calls) == 1 and calls[0][0] == 4 and calls[0][1] in (2, 4), calls
+    if grad:
+        got.square().sum().backward()
+        assert q.grad is not None and k.grad is not None and v.grad is not None
+    assert len(sdpa_calls) == 1 and sdpa_calls[0][:2] in ((4, 2), (4, 4)), sdpa_calls
     scores = torch.einsum("ihc,jhc->hij", q, k).detach() / 2.0 + additive  # scale 1/sqrt(4)
     assert_close(got, torch.einsum("hij,jhc->ihc", torch.softmax(scores, -1), v.detach()))
 
@@ -178,6 +177,106 @@ def test_gradients_of_gradients_without_batch_dimension():
     mask[:, 0] = True
     assert torch.autograd.gradgradcheck(lambda q, k, v: dense_attention(q, k, v, mask),
                                         (q, k, v))
+
+
+# the reference: torch's SDPA with its own autograd, taken before any test replaces it
+SDPA = F.scaled_dot_product_attention
+
+
+def _sdpa_case(dims, mask_kind, dtype, contiguous):
+    gen = torch.Generator().manual_seed(7)
+    shape = (2, 3, 9, 8) if dims == 4 else (3, 9, 8)  # ([B,] H, L, C)
+    if contiguous:
+        q, k, v = (torch.randn(shape, generator=gen).to(dtype) for _ in range(3))
+    else:  # (..., H, L, C) views of (..., L, H, C) tensors, as dense_attention makes them
+        q, k, v = (torch.randn(shape, generator=gen).to(dtype).transpose(-3, -2).contiguous()
+                   .transpose(-3, -2) for _ in range(3))
+    lead = shape[:-3]
+    mask = {
+        "none": None,
+        "is_causal": None,
+        "bool [L, L]": torch.rand(9, 9, generator=gen) < 0.6,
+        "bool key mask": torch.rand(*lead, 1, 1, 9, generator=gen) < 0.6,
+        "bool full": torch.rand(*shape[:-1], 9, generator=gen) < 0.6,
+        "float": torch.randn(*shape[:-1], 9, generator=gen).to(dtype),
+    }[mask_kind]
+    if mask is not None and mask.dtype == torch.bool:
+        mask[..., 0] = True  # no row without a key: SDPA's kernels differ there
+    return [t.requires_grad_() for t in (q, k, v)], mask
+
+
+@pytest.mark.parametrize("ops", ["flash operators", "recompute"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("mask_kind", ["none", "is_causal", "bool [L, L]", "bool key mask",
+                                       "bool full", "float"])
+@pytest.mark.parametrize("dims", [3, 4])
+def test_sdpa_with_gradients_equals_torch_sdpa_bit_for_bit(dims, mask_kind, dtype, ops,
+                                                           monkeypatch):
+    """dense_backend.sdpa with gradients wanted (through _FusedSDPA, which calls the CPU flash
+    kernel's operators itself, or without them recomputes the forward) gives exactly what
+    torch's SDPA and its autograd give: output and gradients of q, k and v, for contiguous and
+    transposed inputs."""
+    is_causal = mask_kind == "is_causal"
+    if ops == "recompute":
+        monkeypatch.setattr(dense_backend, "_flash_cpu_forward", None)
+    for contiguous in (True, False):
+        (q, k, v), mask = _sdpa_case(dims, mask_kind, dtype, contiguous)
+        out = dense_backend.sdpa(q, k, v, attn_mask=mask, is_causal=is_causal)
+        assert type(out.grad_fn).__name__ != "ScaledDotProductFlashAttentionForCpuBackward0"
+        grad = torch.randn_like(out)
+        got = torch.autograd.grad(out, (q, k, v), grad)
+        if dims == 3:  # what SDPA gets: a batch dimension, and a 4-D mask
+            q, k, v = q[None], k[None], v[None]
+            mask = mask[None] if mask is not None and mask.dim() == 3 else mask
+            grad = grad[None]
+        want_out = SDPA(q, k, v, attn_mask=mask, is_causal=is_causal)
+        want = torch.autograd.grad(want_out, (q, k, v), grad)
+        assert torch.equal(out, want_out[0] if dims == 3 else want_out)
+        for g, w in zip(got, want, strict=True):
+            assert torch.equal(g, w[0] if dims == 3 else w)
+
+
+def test_flash_operators_run_forward_once_per_training_step(sdpa_calls):
+    """On CPU, the backward hands the flash kernel's saved log-sum-exp to its backward
+    operator: one SDPA forward per step, where the recompute took two."""
+    (q, k, v), mask = _sdpa_case(4, "bool key mask", torch.float32, contiguous=False)
+    dense_backend.sdpa(q, k, v, attn_mask=mask).sum().backward()
+    assert sdpa_calls == [(4, 4, False)]
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_gradients_of_gradients_with_batch(is_causal):
+    """Per-graph attention (``batch=``: one batched SDPA call per size group) has gradients of
+    gradients, checked against finite differences in fp64."""
+    batch = shuffled_batch([1, 3, 4, 6], seed=2)
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(14, 2, 3, generator=gen, dtype=torch.float64, requires_grad=True)
+               for _ in range(3))
+    assert torch.autograd.gradgradcheck(
+        lambda q, k, v: dense_attention(q, k, v, batch=batch, is_causal=is_causal), (q, k, v))
+
+
+def test_gradients_of_gradients_with_a_batch_dimension():
+    """[B, L, H, C] inputs with a key mask (the padded route): gradients of gradients, against
+    finite differences in fp64, and through torch.func."""
+    gen = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(3, 5, 2, 3, generator=gen, dtype=torch.float64, requires_grad=True)
+               for _ in range(3))
+    mask = torch.rand(3, 1, 5, generator=gen) < 0.7
+    mask[..., 0] = True
+    assert torch.autograd.gradgradcheck(lambda q, k, v: dense_attention(q, k, v, mask),
+                                        (q, k, v))
+
+    def loss(q):
+        return dense_attention(q, k.detach(), v.detach(), mask).square().sum()
+
+    def math_loss(q):
+        with sdpa_kernel(SDPBackend.MATH):
+            return loss(q)
+
+    for transform in (torch.func.grad, lambda f: torch.func.grad(
+            lambda q: torch.func.grad(f)(q).square().sum())):
+        assert_close(transform(loss)(q.detach()), transform(math_loss)(q.detach()))
 
 
 def test_weights_of_float64_inputs_are_normalised_in_float64():

@@ -178,6 +178,43 @@ def test_global_attention_over_a_pyg_batch_four_ways(backend):
         dense(x_pad, batch=data.batch)
 
 
+def test_force_matching_through_global_attention_over_a_pyg_batch():
+    # Training on forces (F = -dE/dx, as molecular models do) differentiates a gradient: the
+    # dense twin, with the batch vector and on the padded batch, gives the same second-order
+    # parameter gradients as the layer on graphs.batch_complete_graph (reference backend).
+    from torch_geometric.data import Batch, Data
+    from torch_geometric.utils import to_dense_batch
+
+    from graphattn import graphs
+
+    torch.manual_seed(4)
+    data = Batch.from_data_list([Data(x=torch.randn(n, 6)) for n in [5, 2, 9, 3]])
+    graph = GraphSelfAttention(6, 3, heads=2, add_self_loops=False, backend="reference")
+    dense = DenseSelfAttention(6, 3, heads=2)
+    dense.load_state_dict(graph.state_dict())
+    target = torch.randn(data.num_nodes, 6)
+
+    def force_loss_grads(layer, energy_of):
+        x = data.x.clone().requires_grad_()
+        forces = -torch.autograd.grad(energy_of(layer, x), x, create_graph=True)[0]
+        assert forces.requires_grad
+        layer.zero_grad()
+        (forces - target).square().sum().backward()
+        return param_grads(layer)
+
+    want = force_loss_grads(graph, lambda layer, x: layer(
+        x, graphs.batch_complete_graph(data.batch)).tanh().sum())
+
+    def padded(layer, x):
+        x_pad, node_mask = to_dense_batch(x, data.batch)
+        return layer(x_pad, node_mask.unsqueeze(1))[node_mask].tanh().sum()
+
+    for energy_of in (lambda layer, x: layer(x, batch=data.batch).tanh().sum(), padded):
+        got = force_loss_grads(dense, energy_of)
+        for name, g in want.items():
+            assert_close(got[name], g)
+
+
 def test_dense_with_batch_errors_name_the_layer_arguments():
     # the layer's own arguments, x and return_attention_weights, not dense_attention's q, k, v
     # and return_attention
