@@ -120,9 +120,10 @@ def select_backend(q: Tensor, edge_index: Tensor, num_src: int | None = None, *,
     Intel cores run the dense matrix products faster relative to the sparse kernels' gathers);
     for inference the mean keeps ``"auto"`` within 1.32x of the faster backend on every graph
     of the sweep on both machines (4096 nodes at density 0.25, where the machines disagree).
-    Small graphs cross over earlier (their dense matrices stay in cache). A factor 4 away from the crossover one backend is already several times slower than
-    the other (Cora, density 0.0018: ``"cpu"`` 4.1-8.3 ms, ``"dense"`` 147-218 ms
-    forward+backward), so the choice matters far more than its exact place.
+    Small graphs cross over earlier (their dense matrices stay in cache). A factor 4 away from
+    the crossover one backend is already several times slower than the other (Cora, density
+    0.0018: ``"cpu"`` 4.1-8.3 ms, ``"dense"`` 147-218 ms forward+backward), so the choice
+    matters far more than its exact place.
 
     The ``"gatv2"`` score always takes ``"cpu"`` on CPU: the dense backend computes its
     ``[E, H, C]`` per-edge terms as the reference does, before any dense work (complete graphs
@@ -532,16 +533,20 @@ def _dense_attention_per_graph(q: Tensor, k: Tensor, v: Tensor, batch: Tensor, *
 
     Graphs with sizes in ``(2^(b-1), 2^b]`` form group b; each group is gathered into
     ``[G_b, n_b, H, C]`` tensors, padded to its largest graph n_b (padding at most quadruples a
-    graph's scores, and there are at most log2(n_max) + 1 groups), and runs as one
-    ``dense_attention`` call with the padding masked out as keys. q, k and v are gathered
-    together, with one ``index_select`` per group, and the groups' real rows put back in node
-    order with one more: index ops, which autograd differentiates (with ``index_add``).
+    graph's scores, and there are at most log2(n_max) + 1 groups), and runs as one SDPA call
+    with the padding masked out as keys (every padded row keeps its graph's first node as a
+    key, so no row is empty). q, k and v are gathered together, with one ``index_select`` per
+    group, and the real rows of the groups' outputs put back in node order with one more:
+    index ops, which autograd differentiates (with ``index_add``).
     """
     N, H, C_v = v.shape
     C = q.size(-1)
     if N == 0:  # no graph: the plain path's empty output, with its autograd graph
         return dense_attention(q, k, v, is_causal=is_causal, scale=scale, dropout_p=dropout_p,
                                training=training)
+    if scale is None:
+        scale = 1.0 / math.sqrt(max(C, 1))
+    p = dropout_p if training else 0.0
     batch = batch.long()
     sizes = torch.bincount(batch)  # (G,) nodes per graph
     members = torch.sort(batch, stable=True).indices  # (N,): each graph's nodes, ascending
@@ -550,23 +555,28 @@ def _dense_attention_per_graph(q: Tensor, k: Tensor, v: Tensor, batch: Tensor, *
     rank[members] = torch.arange(N, device=batch.device) - first[batch[members]]
     group = torch.ceil(torch.log2(sizes.clamp(min=1).double())).long()  # (G,) size group
     qkv = torch.cat([q, k, v], dim=-1).view(N, H * (2 * C + C_v))  # (N, H (2C + C_v))
-    outs, order = [], []
+    outs = []
+    position = torch.empty_like(members)  # (N,) row of each node in the groups' outputs
+    offset = 0  # rows of the groups' outputs so far
     for b in torch.unique(group[sizes > 0]).tolist():
         graphs_b = torch.nonzero((group == b) & (sizes > 0)).flatten()  # (G_b,)
-        n_b = int(sizes[graphs_b].max())
+        G_b, n_b = graphs_b.numel(), int(sizes[graphs_b].max())
         slot = torch.full_like(sizes, -1)
-        slot[graphs_b] = torch.arange(graphs_b.numel(), device=batch.device)
+        slot[graphs_b] = torch.arange(G_b, device=batch.device)
         nodes = torch.nonzero(slot[batch] >= 0).flatten()  # (N_b,) nodes of the group's graphs
-        index = torch.zeros(graphs_b.numel(), n_b, dtype=torch.long, device=batch.device)
-        valid = torch.zeros(graphs_b.numel(), n_b, dtype=torch.bool, device=batch.device)
-        index[slot[batch[nodes]], rank[nodes]] = nodes  # (G_b, n_b) node at each padded slot
-        valid[slot[batch[nodes]], rank[nodes]] = True
-        padded = qkv.index_select(0, index.flatten()).view(*index.shape, H, 2 * C + C_v)
-        q_b, k_b, v_b = padded.split([C, C, C_v], dim=-1)  # (G_b, n_b, H, C) each
-        out_b = dense_attention(q_b, k_b, v_b, valid.unsqueeze(1), is_causal=is_causal,
-                                scale=scale, dropout_p=dropout_p, training=training)
-        outs.append(out_b[valid])  # (N_b, H, C_v), in the order of index[valid]
-        order.append(index[valid])
-    position = torch.empty_like(members)  # (N,) row of each node in the groups' outputs
-    position[torch.cat(order)] = torch.arange(N, device=batch.device)
+        padded_row = slot[batch[nodes]] * n_b + rank[nodes]  # (N_b,) row in [G_b * n_b]
+        index = torch.zeros(G_b * n_b, dtype=torch.long, device=batch.device)
+        index[padded_row] = nodes  # node at each padded row (node 0 on padding)
+        valid = torch.zeros(G_b * n_b, dtype=torch.bool, device=batch.device)
+        valid[padded_row] = True
+        position[nodes] = offset + padded_row
+        offset += G_b * n_b
+        padded = qkv.index_select(0, index).view(G_b, n_b, H, 2 * C + C_v)
+        q_b, k_b, v_b = (t.transpose(1, 2) for t in padded.split([C, C, C_v], dim=-1))
+        key_mask = valid.view(G_b, 1, 1, n_b)  # (G_b, 1, 1, n_b): padding is no key
+        if is_causal:
+            key_mask = key_mask & torch.ones(n_b, n_b, dtype=torch.bool,
+                                             device=batch.device).tril()
+        out_b = sdpa(q_b, k_b, v_b, attn_mask=key_mask, dropout_p=p, scale=scale)
+        outs.append(out_b.transpose(1, 2).reshape(G_b * n_b, H, C_v))  # (G_b n_b, H, C_v)
     return torch.cat(outs).index_select(0, position)  # (N, H, C_v)

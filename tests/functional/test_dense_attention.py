@@ -183,22 +183,25 @@ def test_gradients_of_gradients_without_batch_dimension():
 SDPA = F.scaled_dot_product_attention
 
 
-def _sdpa_case(dims, mask_kind, dtype, contiguous):
+def _sdpa_case(dims, mask_kind, dtype, contiguous, L_q=9, L_k=9):
     gen = torch.Generator().manual_seed(7)
-    shape = (2, 3, 9, 8) if dims == 4 else (3, 9, 8)  # ([B,] H, L, C)
-    if contiguous:
-        q, k, v = (torch.randn(shape, generator=gen).to(dtype) for _ in range(3))
-    else:  # (..., H, L, C) views of (..., L, H, C) tensors, as dense_attention makes them
-        q, k, v = (torch.randn(shape, generator=gen).to(dtype).transpose(-3, -2).contiguous()
-                   .transpose(-3, -2) for _ in range(3))
-    lead = shape[:-3]
+    lead = (2, 3) if dims == 4 else (3,)  # [B,] H
+
+    def tensor(L):
+        if contiguous:
+            return torch.randn(*lead, L, 8, generator=gen).to(dtype)
+        # (..., H, L, C) views of (..., L, H, C) tensors, as dense_attention makes them
+        return torch.randn(*lead, L, 8, generator=gen).to(dtype).transpose(-3, -2) \
+            .contiguous().transpose(-3, -2)
+
+    q, k, v = tensor(L_q), tensor(L_k), tensor(L_k)
     mask = {
         "none": None,
         "is_causal": None,
-        "bool [L, L]": torch.rand(9, 9, generator=gen) < 0.6,
-        "bool key mask": torch.rand(*lead, 1, 1, 9, generator=gen) < 0.6,
-        "bool full": torch.rand(*shape[:-1], 9, generator=gen) < 0.6,
-        "float": torch.randn(*shape[:-1], 9, generator=gen).to(dtype),
+        "bool [L, L]": torch.rand(L_q, L_k, generator=gen) < 0.6,
+        "bool key mask": torch.rand(*lead[:-1], 1, 1, L_k, generator=gen) < 0.6,
+        "bool full": torch.rand(*lead, L_q, L_k, generator=gen) < 0.6,
+        "float": torch.randn(*lead, L_q, L_k, generator=gen).to(dtype),
     }[mask_kind]
     if mask is not None and mask.dtype == torch.bool:
         mask[..., 0] = True  # no row without a key: SDPA's kernels differ there
@@ -206,7 +209,7 @@ def _sdpa_case(dims, mask_kind, dtype, contiguous):
 
 
 @pytest.mark.parametrize("ops", ["flash operators", "recompute"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
 @pytest.mark.parametrize("mask_kind", ["none", "is_causal", "bool [L, L]", "bool key mask",
                                        "bool full", "float"])
 @pytest.mark.parametrize("dims", [3, 4])
@@ -215,15 +218,18 @@ def test_sdpa_with_gradients_equals_torch_sdpa_bit_for_bit(dims, mask_kind, dtyp
     """dense_backend.sdpa with gradients wanted (through _FusedSDPA, which calls the CPU flash
     kernel's operators itself, or without them recomputes the forward) gives exactly what
     torch's SDPA and its autograd give: output and gradients of q, k and v, for contiguous and
-    transposed inputs."""
+    transposed inputs, as many queries as keys or fewer, and an incoming gradient that is
+    contiguous or transposed."""
     is_causal = mask_kind == "is_causal"
     if ops == "recompute":
         monkeypatch.setattr(dense_backend, "_flash_cpu_forward", None)
-    for contiguous in (True, False):
-        (q, k, v), mask = _sdpa_case(dims, mask_kind, dtype, contiguous)
+    for contiguous, L_q in ((True, 9), (False, 9), (False, 5)):
+        (q, k, v), mask = _sdpa_case(dims, mask_kind, dtype, contiguous, L_q=L_q)
         out = dense_backend.sdpa(q, k, v, attn_mask=mask, is_causal=is_causal)
         assert type(out.grad_fn).__name__ != "ScaledDotProductFlashAttentionForCpuBackward0"
         grad = torch.randn_like(out)
+        if not contiguous:
+            grad = grad.transpose(-3, -2).contiguous().transpose(-3, -2)
         got = torch.autograd.grad(out, (q, k, v), grad)
         if dims == 3:  # what SDPA gets: a batch dimension, and a 4-D mask
             q, k, v = q[None], k[None], v[None]
