@@ -41,9 +41,17 @@ def sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
     (dropout on CPU, a mask that needs a gradient, 5 or more dims) go to SDPA as they are: that
     path is differentiable twice. Under ``torch.compile`` SDPA is called directly: dynamo
     cannot trace the ``torch.autograd.grad`` in :class:`_FusedSDPA`'s backward
-    (``fullgraph=True`` would fail).
+    (``fullgraph=True`` would fail). Under ``torch.func``'s transforms SDPA runs its math path,
+    which they all differentiate and batch.
     """
     options = {"dropout_p": dropout_p, "is_causal": is_causal, "scale": scale}
+    if torch._C._are_functorch_transforms_active():
+        # torch.func (vjp, jacrev, vmap of grad, hessian): the math path, which every transform
+        # differentiates and batches. _fused_sdp_choice has no batching rule, the flash kernel
+        # no forward AD, and _FusedSDPA's backward cannot differentiate inputs whose transform
+        # has exited (vjp's, by the time its vjp_fn runs).
+        with sdpa_kernel(SDPBackend.MATH):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, **options)
     tensors = (q, k, v, attn_mask)
     grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
     if q.dim() not in (3, 4) or (grad and dropout_p > 0):
@@ -98,12 +106,10 @@ class _FusedSDPA(torch.autograd.Function):
 
     @classmethod
     def apply_all(cls, *args):
-        """``apply`` with every argument given: ``Function.apply`` binds default arguments
-        through ``inspect.signature`` on each call, which costs more than a small SDPA call
-        (one per size group with ``batch=``); outside torch.func's transforms, which need
-        ``Function.apply``, this calls the autograd engine's ``apply`` directly."""
-        if torch._C._are_functorch_transforms_active():
-            return cls.apply(*args)
+        """``apply`` with every argument given, outside torch.func's transforms (:func:`sdpa`
+        takes the math path inside them): ``Function.apply`` binds default arguments through
+        ``inspect.signature`` on each call, which costs more than a small SDPA call (one per
+        size group with ``batch=``), so this calls the autograd engine's ``apply`` directly."""
         return super(torch.autograd.Function, cls).apply(*args)
 
     @staticmethod
