@@ -257,8 +257,10 @@ def edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
 
     Gradients flow to every tensor input but ``edge_index``, and can be differentiated again
     (``create_graph=True``) on every backend: the fused ``"cpu"`` and ``"triton"`` backends
-    then recompute the reference path in their backward, with its ``[E, H, C]`` tensors (as
-    they do under ``torch.func.grad``, which always asks for differentiable gradients).
+    then recompute the reference path in their backward, with its ``[E, H, C]`` tensors.
+    ``torch.func``'s transforms (``grad``, ``vjp``, ``jvp``, ``jacrev``, ``jacfwd``,
+    ``hessian``, ``vmap``) work on every backend: under them the fused backends run the
+    reference path, since their kernels have no batching or forward-mode rule.
 
     Every tensor input but ``edge_index`` must be floating-point. Inputs of mixed floating
     dtypes (an fp32 ``att`` beside bf16 q, k, v under autocast, say) are cast to the dtype
@@ -354,6 +356,10 @@ def edge_attention_unchecked(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor
     if backend not in BACKENDS:
         raise ValueError(f"backend must be 'auto' or one of {available_backends()}, "
                          f"got {backend!r}")
+    if backend in ("cpu", "triton") and torch._C._are_functorch_transforms_active():
+        # torch.func (vjp, jacrev, jvp, vmap, hessian): the fused kernels have no batching or
+        # forward-mode rule; the reference computes the same function with plain torch ops.
+        backend = "reference"
     if backend != "triton":  # the Triton kernels read each input in its own dtype
         q, k, v, bias, att, edge_key, edge_value = _common_dtype(q, k, v, bias, att, edge_key,
                                                                  edge_value)

@@ -108,12 +108,20 @@ def fold_edge_terms(attend, q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor,
         return attend(q, k, v, edge_index, scale=scale, bias=bias, dropout_mask=dropout_mask,
                       score=score, need_alpha=need_alpha, **options)
     dst = edge_index[1]
+    # torch.func's transforms (vmap, jvp, ...) cannot run the two Functions: plain ops there,
+    # which hold [E, H, C] gathers
+    plain = torch._C._are_functorch_transforms_active()
     if edge_key is not None:
-        key_bias = TargetDot.apply(q, edge_key, dst) * scale  # (E, H)
+        key_bias = ((q.index_select(0, dst) * edge_key).sum(dim=-1) if plain
+                    else TargetDot.apply(q, edge_key, dst)) * scale  # (E, H)
         bias = key_bias if bias is None else bias + key_bias
     out, alpha = attend(q, k, v, edge_index, scale=scale, bias=bias, dropout_mask=dropout_mask,
                         score=score, need_alpha=need_alpha or edge_value is not None, **options)
     if edge_value is not None:
         weight = alpha if dropout_mask is None else alpha * dropout_mask  # (E, H): out's weights
-        out = out + WeightedEdgeSum.apply(weight.to(edge_value.dtype), edge_value, dst, q.size(0))
+        weight = weight.to(edge_value.dtype)
+        out = out + (
+            edge_value.new_zeros(q.size(0), *edge_value.shape[1:]).index_add(
+                0, dst, weight.unsqueeze(-1) * edge_value) if plain
+            else WeightedEdgeSum.apply(weight, edge_value, dst, q.size(0)))  # (N_dst, H, C)
     return out, (alpha if need_alpha else None)

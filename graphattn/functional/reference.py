@@ -80,7 +80,8 @@ def reference_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor
     alpha = scatter_softmax(s, dst, num_segments=q.size(0))  # (E, H)
     weight = alpha if dropout_mask is None else alpha * dropout_mask  # (E, H)
     msg = weight.unsqueeze(-1) * v_e  # (E, H, C)
-    out = v.new_zeros(q.size(0), *v.shape[1:]).index_add_(0, dst, msg)  # (N_dst, H, C)
+    # zeros like msg, not v: under torch.func.vmap of q alone, v is not batched and msg is
+    out = msg.new_zeros(q.size(0), *msg.shape[1:]).index_add_(0, dst, msg)  # (N_dst, H, C)
     return out, (alpha if need_alpha else None)
 
 

@@ -229,3 +229,76 @@ def test_triton_gradient_penalty_with_mixed_dtypes(score, triton_interpreter):
     for name in want:
         assert got[name].dtype == inputs[name].dtype, name
         assert_close(got[name], want[name], dtype=torch.bfloat16)
+
+
+
+@pytest.mark.parametrize("backend", ["reference", *BACKENDS])
+@pytest.mark.parametrize(("score", "terms"), [(score, terms) for score, terms, _ in CASES])
+def test_torch_func_transforms_match_autograd(score, terms, backend, request):
+    """torch.func's vjp, jacrev, jvp, jacfwd, hessian, vmap and vmap of grad (per-sample
+    gradients) run through every backend, with respect to every input, and agree with what
+    ordinary autograd and a Python loop give on that backend (its fused kernels, for ``"cpu"``
+    and ``"triton"``): vector-Jacobian, Jacobian-vector and Hessian-vector products of the
+    outputs and weights, and batched outputs and gradients."""
+    if backend == "triton":
+        request.getfixturevalue("triton_interpreter")
+    edge_index = random_graph(NUM_SRC, NUM_EDGES, seed=5, num_dst=NUM_DST)
+    inputs = _inputs(score, terms)
+    names = [name for name, t in inputs.items() if t is not None
+             and not (name == "edge_value" and t is inputs["edge_key"])]
+    leaves = [inputs[name] for name in names]
+
+    def f(*tensors):
+        given = dict(zip(names, tensors, strict=True))
+        if terms == ("shared",):
+            given["edge_value"] = given["edge_key"]
+        return edge_attention(given.pop("q"), given.pop("k"), given.pop("v"), edge_index,
+                              score=score, return_attention=True, backend=backend, **given)
+
+    def loss(*tensors):
+        out, alpha = f(*tensors)
+        return out.square().sum() + (alpha * alpha.flip(0)).sum()
+
+    def cat(tensors):
+        return torch.cat([t.flatten() for t in tensors])
+
+    gen = torch.Generator().manual_seed(8)
+    outputs = f(*leaves)
+    cotangents = [torch.randn(t.shape, generator=gen) for t in outputs]
+    tangents = [torch.randn(t.shape, generator=gen) for t in leaves]
+    # autograd, the backend's own backward: J^T u; J t as the derivative of u -> J^T u along t;
+    # H t as the derivative of the gradient along t
+    u = [c.clone().requires_grad_() for c in cotangents]
+    vjp = torch.autograd.grad(outputs, leaves, u, create_graph=True)
+    jvp = torch.autograd.grad(vjp, u, tangents)
+    grad = torch.autograd.grad(loss(*leaves), leaves, create_graph=True)
+    hvp = torch.autograd.grad(grad, leaves, tangents)
+    detached = [t.detach() for t in leaves]
+    argnums = tuple(range(len(leaves)))
+
+    got_outputs, vjp_fn = torch.func.vjp(f, *detached)
+    assert_close(cat(got_outputs), cat(outputs))
+    assert_close(cat(vjp_fn(tuple(cotangents))), cat(vjp))
+    assert_close(cat(torch.func.jvp(f, tuple(detached), tuple(tangents))[1]), cat(jvp))
+    for jacobian in (torch.func.jacrev, torch.func.jacfwd):  # [outputs][inputs] blocks
+        blocks = jacobian(f, argnums=argnums)(*detached)
+        matrix = torch.cat([torch.cat([b.reshape(out.numel(), -1) for b in row], dim=1)
+                            for out, row in zip(outputs, blocks, strict=True)])
+        assert_close(cat(cotangents) @ matrix, cat(vjp))
+        assert_close(matrix @ cat(tangents), cat(jvp))
+    blocks = torch.func.hessian(loss, argnums=argnums)(*detached)
+    matrix = torch.cat([torch.cat([b.reshape(a.numel(), -1) for b in row], dim=1)
+                        for a, row in zip(leaves, blocks, strict=True)])
+    assert_close(matrix @ cat(tangents), cat(hvp), atol=1e-4, rtol=1e-4)
+    samples = [torch.stack([t, torch.randn(t.shape, generator=gen)]) for t in detached]
+    for in_dims in (0, (0, *[None] * (len(leaves) - 1))):  # every input batched, or q alone
+        inputs = samples if in_dims == 0 else [samples[0], *detached[1:]]
+        batched = torch.func.vmap(f, in_dims=in_dims)(*inputs)
+        per_sample = torch.func.vmap(torch.func.grad(loss, argnums=argnums),
+                                     in_dims=in_dims)(*inputs)
+        for i in range(2):
+            sample = [(t if in_dims != 0 and j else t[i]).clone().requires_grad_()
+                      for j, t in enumerate(inputs)]
+            assert_close(cat(t[i] for t in batched), cat(f(*sample)))
+            want = torch.autograd.grad(loss(*sample), sample)
+            assert_close(cat(t[i] for t in per_sample), cat(want), atol=1e-4, rtol=1e-4)

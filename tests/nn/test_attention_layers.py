@@ -922,3 +922,31 @@ def test_dot_edge_modes_with_dropout_equal_edges_as_sources(edge_mode, backend, 
     ref.flatten(1).square().sum().backward()
     assert_close(x.grad, x_ref.grad)
     assert case.edge_index.size(1) > 3  # several chunks in the first case
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu", "dense"])
+@pytest.mark.parametrize(("attention", "edge_mode"),
+                         [("dot", "key_value"), ("gatv2", "key"), ("additive", "bias")])
+def test_per_sample_gradients_through_torch_func(attention, edge_mode, backend):
+    """Per-sample parameter gradients of a layer with edge features, by torch.func.vmap of
+    torch.func.grad over functional_call (node and edge features batched, the graph shared),
+    equal the gradients of a Python loop over the samples through ordinary autograd."""
+    gen = torch.Generator().manual_seed(4)
+    edge_index = random_graph(6, 15, seed=2)
+    layer = GraphSelfAttention(5, 3, heads=2, attention=attention, edge_dim=3,
+                               edge_mode=edge_mode, backend=backend)
+    params = {name: p.detach() for name, p in layer.named_parameters()}
+    x = torch.randn(4, 6, 5, generator=gen)
+    edge_attr = torch.randn(4, edge_index.size(1), 3, generator=gen)
+
+    def loss(params, x, edge_attr):
+        out = torch.func.functional_call(layer, params, (x, edge_index, edge_attr))
+        return out.square().sum()
+
+    per_sample = torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0, 0))(params, x,
+                                                                               edge_attr)
+    for i in range(x.size(0)):
+        layer.zero_grad()
+        layer(x[i], edge_index, edge_attr[i]).square().sum().backward()
+        for name, p in layer.named_parameters():
+            assert_close(per_sample[name][i], p.grad, atol=1e-4, rtol=1e-4)
