@@ -42,9 +42,12 @@ the same order (:func:`_dot`).
 
 On graphs larger than the cache the kernels are bound by gathering rows of ``k, v`` (forward) and
 ``q, dL/d out`` (backward) at random node ids; they prefetch the rows a few edges ahead. Each
-kernel is compiled once per combination of its flags (score, bias, dropout mask, attention weights
-wanted) and channel counts: these are constants of the compiled kernel, so numba drops the flags'
-branches from the inner loops and unrolls the channel loops.
+kernel is compiled once per combination of its flags (score, bias, edge terms) and channel
+counts: these are constants of the compiled kernel, so numba drops the flags' branches from the
+inner loops and unrolls the channel loops. The dropout mask and the attention weights (written
+in forward, their gradient read in backward) are switches read at run time instead: one branch
+per edge and head, always taken the same way, which costs nothing measurable, and training,
+evaluation and ``return_attention`` share one compiled kernel.
 Channel counts in ``SPECIALISED_CHANNELS`` (powers of two up to 128) are compiled as constants;
 others are read at run time by one shared variant. Every variant is cached on disk.
 
@@ -468,16 +471,16 @@ def _max_degree(ptr, first, last):
 
 
 @functools.cache
-def _forward_kernel(score: int, has_bias: bool, has_mask: bool, need_alpha: bool,
-                    qk_channels: int, v_channels: int, has_ek: bool = False,
-                    has_ev: bool = False):
+def _forward_kernel(score: int, has_bias: bool, qk_channels: int, v_channels: int,
+                    has_ek: bool = False, has_ev: bool = False):
     """The forward kernel compiled for these flags and channel counts (0: read at run time)."""
 
     @_jit()
     def kernel(q, k, v, att, bias, mask, ek, ev, rowptr, perm, src, scale, slope, out, lse,
-               alpha, first, last):
+               alpha, has_mask, need_alpha, first, last):
         """Targets ``first..last-1``: softmax over the in-edges, weighted sum of the values
-        (``v_j + ev_e`` with ``has_ev``).
+        (``v_j + ev_e`` with ``has_ev``), the dropout multipliers applied with ``has_mask``
+        and the weights written to ``alpha`` with ``need_alpha``.
 
         Two passes over each target's in-edges: the scores (kept in a ``[degree, H]`` scratch)
         and their maximum per head, then the exponentials and the weighted sum of ``v``.
@@ -558,16 +561,17 @@ def _forward_kernel(score: int, has_bias: bool, has_mask: bool, need_alpha: bool
 
 
 @functools.cache
-def _backward_target_kernel(score: int, has_bias: bool, has_mask: bool, has_grad_alpha: bool,
-                            qk_channels: int, v_channels: int, has_ek: bool = False,
-                            has_ev: bool = False):
+def _backward_target_kernel(score: int, has_bias: bool, qk_channels: int, v_channels: int,
+                            has_ek: bool = False, has_ev: bool = False):
     """The target pass of backward compiled for these flags and channel counts."""
 
     @_jit()
     def kernel(q, k, v, att, bias, mask, ek, ev, out, grad_out, grad_alpha, lse, rowptr, perm,
                src, csc_position, scale, slope, grad_q, grad_att, grad_bias, grad_key, weight,
-               grad_ek, grad_ev, first, last):
-        """Targets ``first..last-1``: dL/ds of each in-edge, ``grad_q`` and the bias gradient.
+               grad_ek, grad_ev, has_mask, has_grad_alpha, first, last):
+        """Targets ``first..last-1``: dL/ds of each in-edge, ``grad_q`` and the bias gradient
+        (with the dropout multipliers when ``has_mask``, and the weights' own gradient
+        ``grad_alpha`` when ``has_grad_alpha``).
 
         Also writes, in CSC order, each edge's factor of ``q_i`` in ``grad_k`` (``grad_key``)
         and its factor of ``grad_out_i`` in ``grad_v`` (``weight``: alpha times the dropout
@@ -831,16 +835,16 @@ def _forward_impl(q: Tensor, k: Tensor, v: Tensor, att: Tensor | None, bias: Ten
     out = torch.empty(n_dst, H, C, dtype=v.dtype)
     lse = torch.empty(n_dst, H, 2, dtype=v.dtype)  # (max, log sum exp(s - max)) per target
     alpha = torch.empty(edge_index.size(1) if need_alpha else 0, H, dtype=v.dtype)
-    kernel = _forward_kernel(score, bias is not None, dropout_mask is not None, need_alpha,
-                             *_kernel_channels(q, v), edge_key is not None,
-                             edge_value is not None)
+    kernel = _forward_kernel(score, bias is not None, *_kernel_channels(q, v),
+                             edge_key is not None, edge_value is not None)
     _run_rows(kernel, rowptr, _rows(q), _rows(k), _rows(v),
               none[0] if att is None else _np(att).reshape(-1),
               none if bias is None else _np(bias),
               none if dropout_mask is None else _np(dropout_mask),
               none if edge_key is None else _rows(edge_key),
               none if edge_value is None else _rows(edge_value), rowptr, perm, src,
-              real(scale), real(negative_slope), _rows(out), lse.numpy(), alpha.numpy())
+              real(scale), real(negative_slope), _rows(out), lse.numpy(), alpha.numpy(),
+              dropout_mask is not None, need_alpha)
     return (out, alpha, lse, torch.from_numpy(rowptr), torch.from_numpy(perm),
             torch.from_numpy(src))
 
@@ -883,8 +887,8 @@ def _backward_impl(grad_out: Tensor, grad_alpha: Tensor | None, q: Tensor, k: Te
     weight = torch.empty(perm.shape[0], v.size(1), dtype=v.dtype)  # (E, H) CSC order
     channels = _kernel_channels(q, v)
     att_row = none[0] if att is None else _np(att).reshape(-1)  # (H * C,)
-    kernel = _backward_target_kernel(score, bias is not None, dropout_mask is not None,
-                                     has_grad_alpha, *channels, edge_key is not None, has_ev)
+    kernel = _backward_target_kernel(score, bias is not None, *channels, edge_key is not None,
+                                     has_ev)
     # (E, H * C); the source pass views it per head, so a placeholder needs H * C columns too
     ek = np.zeros((1, q.shape[1:].numel()), dtype=real) if edge_key is None else _rows(edge_key)
     _run_rows(kernel, rowptr, _rows(q), _rows(k), _rows(v), att_row,
@@ -894,7 +898,7 @@ def _backward_impl(grad_out: Tensor, grad_alpha: Tensor | None, q: Tensor, k: Te
               _np(lse), rowptr, perm, src, csc_position, real(scale), real(negative_slope),
               _rows(grad_q), att_shares, none if bias is None else grad_bias.numpy(),
               grad_key.numpy(), weight.numpy(), none if edge_key is None else _rows(grad_ek),
-              grad_ev_rows)
+              grad_ev_rows, dropout_mask is not None, has_grad_alpha)
     grad_att = q.new_empty(0)
     if att is not None:  # numpy sums the rows in order: the same bits for any thread count
         grad_att = torch.from_numpy(att_shares.sum(axis=0)).view_as(att)
