@@ -356,9 +356,13 @@ def edge_attention_unchecked(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor
     if backend not in BACKENDS:
         raise ValueError(f"backend must be 'auto' or one of {available_backends()}, "
                          f"got {backend!r}")
+    triton_dtypes = None  # (out, alpha) dtypes of the triton backend, when rerouted from it
     if backend in ("cpu", "triton") and torch._C._are_functorch_transforms_active():
         # torch.func (vjp, jacrev, jvp, vmap, hessian): the fused kernels have no batching or
         # forward-mode rule; the reference computes the same function with plain torch ops.
+        if backend == "triton":  # its outputs' dtypes kept for mixed inputs (see edge_attention)
+            triton_dtypes = (v.dtype, functools.reduce(torch.promote_types, [
+                t.dtype for t in (q, k, bias, att, edge_key) if t is not None]))
         backend = "reference"
     if backend != "triton":  # the Triton kernels read each input in its own dtype
         q, k, v, bias, att, edge_key, edge_value = _common_dtype(q, k, v, bias, att, edge_key,
@@ -384,6 +388,9 @@ def edge_attention_unchecked(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor
     else:
         out, alpha = fold_edge_terms(BACKENDS[backend], q, k, v, edge_index.long(),
                                      edge_key=edge_key, edge_value=edge_value, **options)
+    if triton_dtypes is not None:
+        out, alpha = out.to(triton_dtypes[0]), alpha if alpha is None else alpha.to(
+            triton_dtypes[1])
     return (out, alpha) if return_attention else out
 
 

@@ -1006,7 +1006,9 @@ class _EdgeAttentionCPU(torch.autograd.Function):
     def forward(*inputs):
         return _forward_impl(*inputs)
 
-    setup_context = staticmethod(_setup_context)  # apart from forward: torch.func.grad needs it
+    # apart from forward, as torch.func needs (edge_attention itself takes the reference path
+    # under torch.func's transforms)
+    setup_context = staticmethod(_setup_context)
 
     @staticmethod
     def backward(ctx, grad_out, grad_alpha, *_):

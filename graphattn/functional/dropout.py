@@ -25,7 +25,9 @@ def dropout_mask(shape: tuple[int, ...], p: float, *, device: torch.device | str
         dtype (torch.dtype, optional): its dtype. (default: ``torch.float32``)
     """
     check_dropout(p, "p")
-    keep = torch.empty(shape, device=device, dtype=torch.float32).uniform_().ge_(p)
+    # drawn out of place: under torch.func.vmap(randomness="different") a fresh tensor filled
+    # in place would be unbatched, which vmap refuses (the same numbers as uniform_())
+    keep = torch.rand(shape, device=device, dtype=torch.float32).ge(p)
     return keep.to(dtype).mul_(1.0 / (1.0 - p))
 
 

@@ -477,7 +477,8 @@ class FusedEdgeAttention(torch.autograd.Function):
     ``torch.compile`` the same passes run as the operators ``graphattn::triton_edge_attention``
     and its backward.) Forward returns the fp32 out, alpha, and for backward alone the
     softmax statistics lse and the target CSR; with ``setup_context`` apart from forward, so
-    that ``torch.func.grad`` can run it."""
+    that ``torch.func.grad`` can run it (``edge_attention`` itself takes the reference path
+    under torch.func's transforms)."""
 
     @staticmethod
     def forward(q: Tensor, k: Tensor, v: Tensor, att: Tensor | None, bias: Tensor | None,

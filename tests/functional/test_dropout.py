@@ -71,3 +71,18 @@ def test_probability_that_is_not_a_number_is_refused_by_its_type(p):
     with pytest.raises(ValueError, match=r"p must be in \[0, 1\), got .* \(a (bool|str|Tensor), "
                                          r"not a number\)"):
         dropout(torch.ones(4), p)
+
+
+@pytest.mark.parametrize("randomness", ["same", "different"])
+def test_dropout_under_vmap_follows_its_randomness(randomness):
+    """Under torch.func.vmap, one mask for every sample with ``randomness="same"`` (the mask
+    of a plain call from the same seed), one per sample with ``"different"``, as F.dropout."""
+    x = torch.randn(4, 50, 7)
+    torch.manual_seed(2)
+    y = torch.func.vmap(lambda x: dropout(x, 0.3), randomness=randomness)(x)
+    masks = y / x  # (4, 50, 7): 0 or 1 / 0.7
+    assert ((masks == 0) | torch.isclose(masks, torch.tensor(1 / 0.7))).all()
+    assert [torch.equal(masks[0] != 0, m != 0) for m in masks[1:]] == [randomness == "same"] * 3
+    if randomness == "same":
+        torch.manual_seed(2)
+        assert torch.equal(y[0], dropout(x[0], 0.3))

@@ -8,6 +8,8 @@ the ``"cpu"`` backend's against finite differences (``gradgradcheck``, fp64).
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from conftest import assert_close, attention_inputs, random_graph
@@ -302,3 +304,58 @@ def test_torch_func_transforms_match_autograd(score, terms, backend, request):
             assert_close(cat(t[i] for t in batched), cat(f(*sample)))
             want = torch.autograd.grad(loss(*sample), sample)
             assert_close(cat(t[i] for t in per_sample), cat(want), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("backend", ["reference", *BACKENDS])
+@pytest.mark.parametrize("randomness", ["same", "different"])
+def test_dropout_under_vmap_follows_its_randomness(backend, randomness, request):
+    """Attention dropout under torch.func.vmap with ``randomness="same"`` draws one mask for
+    the batch (the one a plain call draws from the same seed), with ``"different"`` a mask per
+    sample, as ``F.dropout`` does; every backend draws the reference backend's masks."""
+    if backend == "triton":
+        request.getfixturevalue("triton_interpreter")
+    edge_index = random_graph(NUM_SRC, NUM_EDGES, seed=5, num_dst=NUM_DST)
+    inputs = {name: t.detach() for name, t in _inputs("dot", ("edge_key", "edge_value")).items()
+              if t is not None}
+
+    def f(name, q):
+        return edge_attention(q, inputs["k"], inputs["v"], edge_index, bias=inputs["bias"],
+                              edge_key=inputs["edge_key"], edge_value=inputs["edge_value"],
+                              dropout_p=0.5, training=True, backend=name)
+
+    q = inputs["q"].expand(4, *inputs["q"].shape)  # (4, N_dst, H, C): one q, four samples
+    outs = {}
+    for name in ("reference", backend):
+        torch.manual_seed(12)
+        outs[name] = torch.func.vmap(functools.partial(f, name), randomness=randomness)(q)
+    assert_close(outs[backend], outs["reference"])
+    same = [torch.equal(outs[backend][0], o) for o in outs[backend][1:]]
+    assert same == [randomness == "same"] * 3
+    if randomness == "same":
+        torch.manual_seed(12)
+        assert_close(outs[backend][0], f(backend, inputs["q"]))
+
+
+@pytest.mark.parametrize("terms", [(), ("edge_key", "edge_value")])
+def test_triton_keeps_its_output_dtypes_under_torch_func(terms, triton_interpreter):
+    """Under torch.func the triton backend runs the reference path, whose outputs are those of
+    a plain call in dtype too: out in v's dtype and the weights in the scores' inputs' dtype
+    promoted, not everything promoted (bf16 q, k, v beside an fp32 att and bias)."""
+    edge_index = random_graph(NUM_SRC, NUM_EDGES, seed=5, num_dst=NUM_DST)
+    inputs = {name: t.detach() for name, t in _inputs("gatv2", terms).items() if t is not None}
+    for name in ("q", "k", "v", "edge_value"):
+        if name in inputs:
+            inputs[name] = inputs[name].bfloat16()
+
+    def f(q):
+        rest = {name: t for name, t in inputs.items() if name != "q"}
+        return edge_attention(q, rest.pop("k"), rest.pop("v"), edge_index, score="gatv2",
+                              return_attention=True, backend="triton", **rest)
+
+    want = f(inputs["q"])
+    batched = torch.func.vmap(f)(inputs["q"].expand(2, *inputs["q"].shape))
+    primal, tangent = torch.func.jvp(f, (inputs["q"],), (torch.ones_like(inputs["q"]),))
+    for got in (tuple(t[0] for t in batched), primal, tangent):
+        assert [t.dtype for t in got] == [t.dtype for t in want]
+    for got, ref in zip((t[0] for t in batched), want, strict=True):
+        assert_close(got, ref, dtype=torch.bfloat16)
