@@ -24,6 +24,7 @@ from graphattn._checks import (
     check_same_device,
     finite_float,
 )
+from graphattn.functional._transforms import plain_ops_only
 from graphattn.functional.cpu import cpu_edge_attention
 from graphattn.functional.dense_backend import dense_edge_attention, dense_peak_bytes, sdpa
 from graphattn.functional.dropout import dropout_mask as make_dropout_mask
@@ -259,8 +260,9 @@ def edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
     (``create_graph=True``) on every backend: the fused ``"cpu"`` and ``"triton"`` backends
     then recompute the reference path in their backward, with its ``[E, H, C]`` tensors.
     ``torch.func``'s transforms (``grad``, ``vjp``, ``jvp``, ``jacrev``, ``jacfwd``,
-    ``hessian``, ``vmap``) work on every backend: under them the fused backends run the
-    reference path, since their kernels have no batching or forward-mode rule.
+    ``hessian``, ``vmap``) and forward-mode AD with dual tensors
+    (``torch.autograd.forward_ad``) work on every backend: under them the fused backends run
+    the reference path, since their kernels have no batching or forward-mode rule.
 
     Every tensor input but ``edge_index`` must be floating-point. Inputs of mixed floating
     dtypes (an fp32 ``att`` beside bf16 q, k, v under autocast, say) are cast to the dtype
@@ -357,9 +359,11 @@ def edge_attention_unchecked(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor
         raise ValueError(f"backend must be 'auto' or one of {available_backends()}, "
                          f"got {backend!r}")
     triton_dtypes = None  # (out, alpha) dtypes of the triton backend, when rerouted from it
-    if backend in ("cpu", "triton") and torch._C._are_functorch_transforms_active():
-        # torch.func (vjp, jacrev, jvp, vmap, hessian): the fused kernels have no batching or
-        # forward-mode rule; the reference computes the same function with plain torch ops.
+    if backend in ("cpu", "triton") and plain_ops_only(q, k, v, bias, att, edge_key,
+                                                        edge_value):
+        # torch.func (vjp, jacrev, jvp, vmap, hessian) or forward-mode dual inputs: the fused
+        # kernels have no batching or forward-mode rule; the reference computes the same
+        # function with plain torch ops.
         if backend == "triton":  # its outputs' dtypes kept for mixed inputs (see edge_attention)
             triton_dtypes = (v.dtype, functools.reduce(torch.promote_types, [
                 t.dtype for t in (q, k, bias, att, edge_key) if t is not None]))

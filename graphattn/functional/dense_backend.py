@@ -16,6 +16,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from graphattn.functional._transforms import plain_ops_only
+
 # [H, N_dst, N_src] fp32 tensors alive at the peak of forward+backward, rounded up from the peak
 # resident memory measured at N = 2048, H = 4: 3.1 on the SDPA path, 4.3 with the weights
 # returned, 4.5 with a bias, 5.7 with weights, bias and dropout.
@@ -42,14 +44,15 @@ def sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
     path is differentiable twice. Under ``torch.compile`` SDPA is called directly: dynamo
     cannot trace the ``torch.autograd.grad`` in :class:`_FusedSDPA`'s backward
     (``fullgraph=True`` would fail). Under ``torch.func``'s transforms SDPA runs its math path,
-    which they all differentiate and batch.
+    which they all differentiate and batch; so do inputs that carry a forward-mode tangent
+    (``torch.autograd.forward_ad``).
     """
     options = {"dropout_p": dropout_p, "is_causal": is_causal, "scale": scale}
-    if torch._C._are_functorch_transforms_active():
-        # torch.func (vjp, jacrev, vmap of grad, hessian): the math path, which every transform
-        # differentiates and batches. _fused_sdp_choice has no batching rule, the flash kernel
-        # no forward AD, and _FusedSDPA's backward cannot differentiate inputs whose transform
-        # has exited (vjp's, by the time its vjp_fn runs).
+    if plain_ops_only(q, k, v, attn_mask):
+        # torch.func (vjp, jacrev, vmap of grad, hessian) or forward-mode dual inputs: the math
+        # path, which every transform differentiates and batches. _fused_sdp_choice has no
+        # batching rule, the flash kernel no forward AD, and _FusedSDPA's backward cannot
+        # differentiate inputs whose transform has exited (vjp's, by the time its vjp_fn runs).
         with sdpa_kernel(SDPBackend.MATH):
             return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, **options)
     tensors = (q, k, v, attn_mask)

@@ -20,6 +20,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from graphattn.functional._transforms import plain_ops_only
+
 # Edges per step of TargetDot and WeightedEdgeSum: their [chunk, H, C] temporaries stay small.
 EDGE_CHUNK = 1 << 16
 
@@ -108,9 +110,10 @@ def fold_edge_terms(attend, q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor,
         return attend(q, k, v, edge_index, scale=scale, bias=bias, dropout_mask=dropout_mask,
                       score=score, need_alpha=need_alpha, **options)
     dst = edge_index[1]
-    # torch.func's transforms (vmap, jvp, ...) cannot run the two Functions: plain ops there,
-    # which hold [E, H, C] gathers
-    plain = torch._C._are_functorch_transforms_active()
+    # torch.func's transforms (vmap, jvp, ...) and forward-mode dual inputs cannot run the two
+    # Functions: plain ops there, which hold [E, H, C] gathers
+    plain = plain_ops_only(q, k, v, bias, edge_key, edge_value, dropout_mask,
+                           options.get("att"))
     if edge_key is not None:
         key_bias = ((q.index_select(0, dst) * edge_key).sum(dim=-1) if plain
                     else TargetDot.apply(q, edge_key, dst)) * scale  # (E, H)

@@ -2,6 +2,7 @@ import math
 
 import pytest
 import torch
+import torch.autograd.forward_ad as fwAD
 import torch.nn.functional as F
 from conftest import assert_close
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -287,8 +288,9 @@ def test_gradients_of_gradients_with_a_batch_dimension():
 
 @pytest.mark.parametrize("route", ["[L, H, C]", "[B, L, H, C]", "batch="])
 def test_torch_func_transforms_match_autograd(route):
-    """torch.func.vjp, jacrev, hessian and per-sample gradients (vmap of grad) run through
-    every dense route and match autograd, as they do through torch's SDPA."""
+    """torch.func.vjp, jacrev, hessian and per-sample gradients (vmap of grad), and
+    forward-mode AD with dual tensors, run through every dense route and match autograd, as
+    they do through torch's SDPA."""
     gen = torch.Generator().manual_seed(7)
     shape = (2, 5, 2, 3) if route == "[B, L, H, C]" else (5, 2, 3)
     x = torch.randn(shape, generator=gen, dtype=torch.float64, requires_grad=True)
@@ -305,6 +307,10 @@ def test_torch_func_transforms_match_autograd(route):
     assert_close(vjp_fn(cotangent)[0], want)
     jacobian = torch.func.jacrev(f)(x.detach()).reshape(out.numel(), x.numel())
     assert_close(cotangent.flatten() @ jacobian, want.flatten())
+    direction = torch.randn(x.shape, generator=gen, dtype=torch.float64)
+    with fwAD.dual_level():  # forward-mode AD with a dual tensor: J t
+        tangent = fwAD.unpack_dual(f(fwAD.make_dual(x.detach(), direction))).tangent
+    assert_close(tangent.flatten(), jacobian @ direction.flatten())
 
     def loss(y):
         return f(y).square().sum()

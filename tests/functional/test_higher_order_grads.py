@@ -12,6 +12,7 @@ import functools
 
 import pytest
 import torch
+import torch.autograd.forward_ad as fwAD
 from conftest import assert_close, attention_inputs, random_graph
 
 from graphattn.functional import edge_attention
@@ -238,10 +239,11 @@ def test_triton_gradient_penalty_with_mixed_dtypes(score, triton_interpreter):
 @pytest.mark.parametrize(("score", "terms"), [(score, terms) for score, terms, _ in CASES])
 def test_torch_func_transforms_match_autograd(score, terms, backend, request):
     """torch.func's vjp, jacrev, jvp, jacfwd, hessian, vmap and vmap of grad (per-sample
-    gradients) run through every backend, with respect to every input, and agree with what
-    ordinary autograd and a Python loop give on that backend (its fused kernels, for ``"cpu"``
-    and ``"triton"``): vector-Jacobian, Jacobian-vector and Hessian-vector products of the
-    outputs and weights, and batched outputs and gradients."""
+    gradients), and forward-mode AD with dual tensors, run through every backend, with respect
+    to every input, and agree with what ordinary autograd and a Python loop give on that
+    backend (its fused kernels, for ``"cpu"`` and ``"triton"``): vector-Jacobian,
+    Jacobian-vector and Hessian-vector products of the outputs and weights, and batched
+    outputs and gradients."""
     if backend == "triton":
         request.getfixturevalue("triton_interpreter")
     edge_index = random_graph(NUM_SRC, NUM_EDGES, seed=5, num_dst=NUM_DST)
@@ -282,6 +284,15 @@ def test_torch_func_transforms_match_autograd(score, terms, backend, request):
     assert_close(cat(got_outputs), cat(outputs))
     assert_close(cat(vjp_fn(tuple(cotangents))), cat(vjp))
     assert_close(cat(torch.func.jvp(f, tuple(detached), tuple(tangents))[1]), cat(jvp))
+    with fwAD.dual_level():  # forward-mode AD outside torch.func: every input dual, or q alone
+        duals = [fwAD.make_dual(t, tangent) for t, tangent in zip(detached, tangents,
+                                                                 strict=True)]
+        assert_close(cat(fwAD.unpack_dual(t).tangent for t in f(*duals)), cat(jvp))
+        q_alone = [t.detach().requires_grad_() for t in leaves]
+        q_jvp = torch.autograd.grad(torch.autograd.grad(f(*q_alone), q_alone, u,
+                                                        create_graph=True)[0], u, tangents[0])
+        got = f(fwAD.make_dual(detached[0], tangents[0]), *detached[1:])
+        assert_close(cat(fwAD.unpack_dual(t).tangent for t in got), cat(q_jvp))
     for jacobian in (torch.func.jacrev, torch.func.jacfwd):  # [outputs][inputs] blocks
         blocks = jacobian(f, argnums=argnums)(*detached)
         matrix = torch.cat([torch.cat([b.reshape(out.numel(), -1) for b in row], dim=1)

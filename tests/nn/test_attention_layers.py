@@ -1,5 +1,6 @@
 import pytest
 import torch
+import torch.autograd.forward_ad as fwAD
 from conftest import GRAPHS, assert_agrees_with_pyg, assert_close, dense_mask, random_graph
 from torch_geometric.nn import TransformerConv
 
@@ -950,3 +951,30 @@ def test_per_sample_gradients_through_torch_func(attention, edge_mode, backend):
         layer(x[i], edge_index, edge_attr[i]).square().sum().backward()
         for name, p in layer.named_parameters():
             assert_close(per_sample[name][i], p.grad, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu", "dense"])
+@pytest.mark.parametrize(("attention", "edge_mode"),
+                         [("dot", "key_value"), ("gatv2", "key"), ("additive", "bias")])
+def test_forward_mode_ad_through_a_layer(attention, edge_mode, backend):
+    """A layer with edge features called on dual tensors (torch.autograd.forward_ad) gives the
+    Jacobian-vector product that ordinary autograd gives by differentiating its vector-Jacobian
+    product, along node and edge features at once, on every backend."""
+    gen = torch.Generator().manual_seed(6)
+    edge_index = random_graph(6, 15, seed=2)
+    layer = GraphSelfAttention(5, 3, heads=2, attention=attention, edge_dim=3,
+                               edge_mode=edge_mode, backend=backend).double()
+    x = torch.randn(6, 5, generator=gen, dtype=torch.float64, requires_grad=True)
+    edge_attr = torch.randn(edge_index.size(1), 3, generator=gen, dtype=torch.float64,
+                            requires_grad=True)
+    tangents = [torch.randn(t.shape, generator=gen, dtype=torch.float64) for t in (x, edge_attr)]
+    out = layer(x, edge_index, edge_attr)
+    u = torch.zeros_like(out, requires_grad=True)
+    vjp = torch.autograd.grad(out, (x, edge_attr), u, create_graph=True)
+    (want,) = torch.autograd.grad(vjp, u, tangents)  # J t
+    with fwAD.dual_level():
+        got = layer(fwAD.make_dual(x.detach(), tangents[0]), edge_index,
+                    fwAD.make_dual(edge_attr.detach(), tangents[1]))
+        got_out, got_tangent = fwAD.unpack_dual(got)
+    assert_close(got_out, out)
+    assert_close(got_tangent, want)
