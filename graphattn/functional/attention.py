@@ -25,13 +25,14 @@ from graphattn._checks import (
     finite_float,
 )
 from graphattn.functional._transforms import plain_ops_only
-from graphattn.functional.cpu import cpu_edge_attention
+from graphattn.functional.cpu import check_cpu_inputs, cpu_edge_attention
 from graphattn.functional.dense_backend import dense_edge_attention, dense_peak_bytes, sdpa
 from graphattn.functional.dropout import dropout_mask as make_dropout_mask
 from graphattn.functional.edge_terms import fold_edge_terms
 from graphattn.functional.reference import reference_edge_attention
 from graphattn.functional.triton_kernels import DTYPES as TRITON_DTYPES
 from graphattn.functional.triton_kernels import (
+    check_triton_inputs,
     triton_available,
     triton_edge_attention,
     use_triton_for,
@@ -363,8 +364,13 @@ def edge_attention_unchecked(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor
                                                         edge_value):
         # torch.func (vjp, jacrev, jvp, vmap, hessian) or forward-mode dual inputs: the fused
         # kernels have no batching or forward-mode rule; the reference computes the same
-        # function with plain torch ops.
-        if backend == "triton":  # its outputs' dtypes kept for mixed inputs (see edge_attention)
+        # function with plain torch ops. What the fused backend refuses is refused here too,
+        # and triton's outputs keep their dtypes for mixed inputs (see edge_attention).
+        if backend == "cpu":
+            check_cpu_inputs(q, k, v, edge_index)
+        else:
+            check_triton_inputs(q, k, v, score=score, bias=bias, att=att, edge_key=edge_key,
+                                edge_value=edge_value)
             triton_dtypes = (v.dtype, functools.reduce(torch.promote_types, [
                 t.dtype for t in (q, k, bias, att, edge_key) if t is not None]))
         backend = "reference"

@@ -1017,6 +1017,14 @@ class _EdgeAttentionCPU(torch.autograd.Function):
         return _grads(ctx, grad_out, grad_alpha, _backward_impl)
 
 
+def check_cpu_inputs(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor) -> None:
+    """Raise unless q, k, v and edge_index are CPU tensors: what :func:`cpu_edge_attention`
+    refuses, refused too where it gives way to the reference path (under ``torch.func``)."""
+    for name, t in (("q", q), ("k", k), ("v", v), ("edge_index", edge_index)):
+        if t.device.type != "cpu":
+            raise ValueError(f"the cpu backend needs CPU tensors, got {name} on {t.device}")
+
+
 def cpu_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *, scale: float,
                        bias: Tensor | None, dropout_mask: Tensor | None, score: str,
                        negative_slope: float, need_alpha: bool, att: Tensor | None = None,
@@ -1056,9 +1064,7 @@ def cpu_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *, s
           ``(E, H)``, att ``(H, C)``, edge_key and edge_value ``(E, H, C)``
         - **output:** out ``(N_dst, H, C)``; alpha ``(E, H)`` (before dropout) or ``None``
     """
-    for name, t in (("q", q), ("k", k), ("v", v), ("edge_index", edge_index)):
-        if t.device.type != "cpu":
-            raise ValueError(f"the cpu backend needs CPU tensors, got {name} on {t.device}")
+    check_cpu_inputs(q, k, v, edge_index)
     if v.size(1) == 0:  # no heads: empty results (the kernels would divide by H = 0)
         return reference_edge_attention(
             q, k, v, edge_index, scale=scale, bias=bias, dropout_mask=dropout_mask, score=score,

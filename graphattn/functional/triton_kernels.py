@@ -635,6 +635,28 @@ def _or(tensor: Tensor | None, placeholder: Tensor) -> Tensor:
     return placeholder if tensor is None else tensor
 
 
+def check_triton_inputs(q: Tensor, k: Tensor, v: Tensor, *, score: str, bias: Tensor | None,
+                        att: Tensor | None, edge_key: Tensor | None,
+                        edge_value: Tensor | None) -> None:
+    """Raise what :func:`triton_edge_attention` raises for inputs its kernels cannot take (see
+    its Raises); also checked where the triton backend gives way to the reference path
+    (under ``torch.func``), so that it refuses the same inputs there."""
+    if not triton_available():
+        raise ImportError(f"backend='triton' needs the optional package triton, which is not "
+                          f"installed: {INSTALL_HINT}")
+    for name, t in (("q", q), ("k", k), ("v", v), ("bias", bias), ("att", att),
+                    ("edge_key", edge_key), ("edge_value", edge_value)):
+        if t is not None and t.dtype not in DTYPES:
+            raise TypeError(f"backend='triton' supports float32, float16 and bfloat16 inputs, "
+                            f"got {name} of dtype {t.dtype}")
+    if q.device.type != "cuda" and not interpret_mode():
+        raise ValueError(f"backend='triton' runs on CUDA tensors, got q on {q.device} (on CPU, "
+                         f"set TRITON_INTERPRET=1 to run the kernels in Triton's interpreter)")
+    if edge_key is not None and score == "additive":
+        raise ValueError("edge_key needs the dot or gatv2 score, whose keys have channels; "
+                         "got score='additive'")
+
+
 def triton_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
                           scale: float, bias: Tensor | None, dropout_mask: Tensor | None,
                           score: str, negative_slope: float, need_alpha: bool,
@@ -699,20 +721,8 @@ def triton_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *
         ValueError: the tensors are not on a CUDA device and Triton's interpreter is off, or
             edge_key comes with the additive score.
     """
-    if not triton_available():
-        raise ImportError(f"backend='triton' needs the optional package triton, which is not "
-                          f"installed: {INSTALL_HINT}")
-    for name, t in (("q", q), ("k", k), ("v", v), ("bias", bias), ("att", att),
-                    ("edge_key", edge_key), ("edge_value", edge_value)):
-        if t is not None and t.dtype not in DTYPES:
-            raise TypeError(f"backend='triton' supports float32, float16 and bfloat16 inputs, "
-                            f"got {name} of dtype {t.dtype}")
-    if q.device.type != "cuda" and not interpret_mode():
-        raise ValueError(f"backend='triton' runs on CUDA tensors, got q on {q.device} (on CPU, "
-                         f"set TRITON_INTERPRET=1 to run the kernels in Triton's interpreter)")
-    if edge_key is not None and score == "additive":
-        raise ValueError("edge_key needs the dot or gatv2 score, whose keys have channels; "
-                         "got score='additive'")
+    check_triton_inputs(q, k, v, score=score, bias=bias, att=att, edge_key=edge_key,
+                        edge_value=edge_value)
     value_is_key = edge_key is not None and edge_value is edge_key
     q, k, v, att, bias, dropout_mask, edge_index, edge_key, edge_value = (
         None if t is None else t.contiguous()

@@ -279,6 +279,23 @@ def test_rejects_tensors_off_the_cpu():
                            dropout_mask=None, score="dot", negative_slope=0.2, need_alpha=False)
 
 
+@pytest.mark.parametrize("route", ["vmap", "jvp"])
+def test_rejects_tensors_off_the_cpu_under_torch_func(route):
+    """Under torch.func backend="cpu" runs the reference path, and still refuses what the
+    kernels would: tensors off the CPU."""
+    q = torch.empty(3, 2, 4, device="meta")
+
+    def f(q):
+        return edge_attention(q, q, q, torch.zeros(2, 0, dtype=torch.long, device="meta"),
+                              backend="cpu")
+
+    with pytest.raises(ValueError, match="needs CPU tensors, got q on meta"):
+        if route == "vmap":
+            torch.func.vmap(f)(q.expand(2, *q.shape))
+        else:
+            torch.func.jvp(f, (q,), (torch.ones_like(q),))
+
+
 def test_compiles_without_a_cache_when_no_cache_directory_is_writable(monkeypatch):
     njit = numba.njit
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.autograd.forward_ad as fwAD
 from conftest import (
     GRAPHS,
     assert_close,
@@ -452,29 +453,51 @@ def test_auto_picks_triton_only_for_cuda(monkeypatch):
     assert not tk.use_triton_for(cuda_like)
 
 
-def test_clear_error_without_triton(monkeypatch):
+def _call_through(route: str, f, q: torch.Tensor):
+    """``f(q)`` called plainly, under torch.func.vmap or jvp, or on a forward-mode dual q: the
+    last three run the reference path in place of the kernels (edge_attention's docstring)."""
+    if route == "plain":
+        return f(q)
+    if route == "vmap":
+        return torch.func.vmap(f)(q.expand(2, *q.shape))
+    if route == "jvp":
+        return torch.func.jvp(f, (q,), (torch.ones_like(q),))
+    with fwAD.dual_level():
+        return f(fwAD.make_dual(q, torch.ones_like(q)))
+
+
+ROUTES = ["plain", "vmap", "jvp", "dual"]
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_clear_error_without_triton(monkeypatch, route):
     monkeypatch.setattr(tk, "triton_available", lambda: False)
     inputs = attention_inputs(3, 3, 1, 1, 8)
     with pytest.raises(ImportError, match=r"needs the optional package triton.*graphattn\[gpu\]"):
-        edge_attention(inputs["q"], inputs["k"], inputs["v"], torch.tensor([[0], [1]]),
-                       backend="triton")
+        _call_through(route, lambda q: edge_attention(q, inputs["k"], inputs["v"],
+                                                      torch.tensor([[0], [1]]), backend="triton"),
+                      inputs["q"])
 
 
 @needs_triton
-def test_clear_error_for_cpu_tensors_outside_interpreter(monkeypatch):
+@pytest.mark.parametrize("route", ROUTES)
+def test_clear_error_for_cpu_tensors_outside_interpreter(monkeypatch, route):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     inputs = attention_inputs(3, 3, 1, 1, 8)
     with pytest.raises(ValueError, match="runs on CUDA tensors, got q on cpu"):
-        edge_attention(inputs["q"], inputs["k"], inputs["v"], torch.tensor([[0], [1]]),
-                       backend="triton")
+        _call_through(route, lambda q: edge_attention(q, inputs["k"], inputs["v"],
+                                                      torch.tensor([[0], [1]]), backend="triton"),
+                      inputs["q"])
 
 
 @needs_triton
-def test_clear_error_for_float64(interpreter):
+@pytest.mark.parametrize("route", ROUTES)
+def test_clear_error_for_float64(interpreter, route):
     inputs = on_device(attention_inputs(3, 3, 1, 1, 8, dtype=torch.float64))
     with pytest.raises(TypeError, match="float32, float16 and bfloat16 inputs, got q of dtype"):
-        edge_attention(inputs["q"], inputs["k"], inputs["v"],
-                       torch.tensor([[0], [1]], device=DEVICE), backend="triton")
+        _call_through(route, lambda q: edge_attention(
+            q, inputs["k"], inputs["v"], torch.tensor([[0], [1]], device=DEVICE),
+            backend="triton"), inputs["q"])
 
 
 @pytest.mark.parametrize("heads,channels,score_channels,expected", [
