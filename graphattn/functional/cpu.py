@@ -73,6 +73,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 from torch import Tensor
 
+from graphattn.functional._transforms import plain_ops_only
 from graphattn.functional.reference import reference_edge_attention, reference_grads
 
 CHUNKS_PER_THREAD = 4  # the rows are split into this many chunks of equal work per thread
@@ -1012,7 +1013,9 @@ class _EdgeAttentionCPU(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out, grad_alpha, *_):
-        if torch.is_grad_enabled():  # create_graph=True: gradients autograd can differentiate
+        # create_graph=True, or a forward-mode dual cotangent (whose tangent the kernels would
+        # drop): gradients in plain ops, which autograd can differentiate
+        if torch.is_grad_enabled() or plain_ops_only(grad_out, grad_alpha):
             return _differentiable_grads(ctx, grad_out, grad_alpha)
         return _grads(ctx, grad_out, grad_alpha, _backward_impl)
 

@@ -138,7 +138,10 @@ class _FusedSDPA(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout: Tensor, _dlse: Tensor | None = None):
-        if ctx.flash_cpu and not torch.is_grad_enabled():  # the kernel's own backward
+        # create_graph=True, or a forward-mode dual dout (the flash kernel's backward has no
+        # forward-mode derivative): the math path, which autograd differentiates
+        differentiable = torch.is_grad_enabled() or plain_ops_only(dout)
+        if ctx.flash_cpu and not differentiable:  # the kernel's own backward
             q, k, v, attn_mask, out, lse = ctx.saved_tensors
             # a mask that needs a gradient never takes the flash kernel; autograd drops the
             # gradients of inputs that need none
@@ -147,7 +150,6 @@ class _FusedSDPA(torch.autograd.Function):
                     None, None, None, None)
         inputs = list(ctx.saved_tensors[:4])  # q, k, v, attn_mask
         wanted = [i for i, t in enumerate(inputs) if t is not None and ctx.needs_input_grad[i]]
-        differentiable = torch.is_grad_enabled()
         if not differentiable:
             for i in wanted:
                 inputs[i] = inputs[i].detach().requires_grad_()

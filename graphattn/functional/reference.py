@@ -116,12 +116,20 @@ def reference_grads(grad_out: Tensor | None, grad_alpha: Tensor | None, q: Tenso
         - **output:** seven gradients, each shaped like its input, or ``None`` where not
           wanted, absent, or not reached by the outputs
     """
-    inputs = (q, k, v, att, bias, edge_key, None if edge_value is edge_key else edge_value)
-    if score == "additive" and q.dim() == 3:
-        q_, k_ = q.squeeze(-1), k.squeeze(-1)  # (N, H)
-    else:
-        q_, k_ = q, k
+    value_is_key = edge_value is edge_key
     with torch.enable_grad():
+        # one alias per role: q, k and v may be one tensor (edge_attention(x, x, x)), whose
+        # gradient autograd would otherwise give whole to each role it is asked for
+        q, k, v, att, bias, edge_key, edge_value = (
+            None if t is None else t.view_as(t)
+            for t in (q, k, v, att, bias, edge_key, None if value_is_key else edge_value))
+        inputs = (q, k, v, att, bias, edge_key, edge_value)
+        if value_is_key:
+            edge_value = edge_key
+        if score == "additive" and q.dim() == 3:
+            q_, k_ = q.squeeze(-1), k.squeeze(-1)  # (N, H)
+        else:
+            q_, k_ = q, k
         # The triton backend reads inputs of mixed dtypes each in its own (bf16 q, k, v beside
         # an fp32 att or its fp32 dropout mask, say): recompute in the dtype they promote to, as
         # edge_attention does for the other backends; autograd casts each gradient back to its

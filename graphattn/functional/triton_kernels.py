@@ -111,6 +111,7 @@ import torch
 from torch import Tensor
 
 from graphattn._tensor_cache import TensorCache
+from graphattn.functional._transforms import plain_ops_only
 from graphattn.functional.reference import reference_grads
 
 INSTALL_HINT = "pip install 'graphattn[gpu]'"
@@ -509,7 +510,9 @@ class FusedEdgeAttention(torch.autograd.Function):
     def backward(ctx, dout: Tensor | None, dalpha: Tensor | None, *_):
         (q, k, v, att, bias, dropout_mask, edge_index, out32, lse, rowptr, col, eid, edge_key,
          edge_value) = ctx.saved_tensors
-        if torch.is_grad_enabled():  # create_graph=True: gradients autograd can differentiate
+        # create_graph=True, or a forward-mode dual cotangent (whose tangent the kernels would
+        # drop): gradients in plain ops, which autograd can differentiate
+        if torch.is_grad_enabled() or plain_ops_only(dout, dalpha):
             scale, negative_slope, score = ctx.options
             needs = [ctx.needs_input_grad[i] for i in (0, 1, 2, 3, 4, 11, 12)]
             dq, dk, dv, datt, dbias, dedge_key, dedge_value = reference_grads(

@@ -326,6 +326,23 @@ def test_torch_func_transforms_match_autograd(route):
         assert_close(got, torch.func.grad(loss)(sample))
 
 
+@pytest.mark.parametrize("route", ["[L, H, C]", "[B, L, H, C]", "batch="])
+def test_backward_carries_the_tangent_of_a_dual_cotangent(route):
+    """Inputs without a tangent take SDPA's fused kernel; a forward-mode dual cotangent
+    u + eps du flows back as J^T u + eps J^T du (the flash kernel's backward has no
+    forward-mode derivative: the math path then), as through torch's SDPA on [H, L, C]."""
+    gen = torch.Generator().manual_seed(7)
+    shape = (2, 5, 2, 3) if route == "[B, L, H, C]" else (5, 2, 3)
+    x = torch.randn(shape, generator=gen, dtype=torch.float64, requires_grad=True)
+    batch = torch.tensor([1, 0, 1, 1, 0]) if route == "batch=" else None
+    out = dense_attention(x, x.flip(-1), x, batch=batch)
+    u, du = (torch.randn(out.shape, generator=gen, dtype=torch.float64) for _ in range(2))
+    (want,) = torch.autograd.grad(out, x, du, retain_graph=True)  # J^T du
+    with fwAD.dual_level():
+        (got,) = torch.autograd.grad(out, x, fwAD.make_dual(u, du))
+        assert_close(fwAD.unpack_dual(got).tangent, want)
+
+
 def test_weights_of_float64_inputs_are_normalised_in_float64():
     """The explicit path (return_attention=True) keeps fp64 scores in fp64: its weights are a
     fp64 softmax, its output equals the SDPA path's, and gradcheck passes."""

@@ -100,6 +100,29 @@ def test_gradient_penalty_of_the_weights_alone_matches_reference(backend, score,
     assert want["q"].abs().sum() > 0
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("score", ["dot", "additive", "gatv2"])
+def test_create_graph_gradients_of_one_tensor_in_several_roles(backend, score, request):
+    """edge_attention(x, x, x): under create_graph=True the fused backends' backward gives x
+    the sum of its roles' gradients, as without it, not that sum once per role."""
+    if backend == "triton":
+        request.getfixturevalue("triton_interpreter")
+    edge_index = random_graph(NUM_SRC, NUM_EDGES, seed=5)
+    inputs = attention_inputs(NUM_SRC, NUM_SRC, NUM_EDGES, HEADS, CHANNELS, score=score,
+                              bias=False, seed=3)
+    x = inputs["v"].detach().requires_grad_()
+    qk = x[..., 0] if score == "additive" else x  # (N, H) for the additive score
+
+    def f():
+        return edge_attention(qk, qk, x, edge_index, score=score, att=inputs["att"],
+                              backend=backend)
+
+    grad_out = torch.randn_like(f())
+    (want,) = torch.autograd.grad(f(), x, grad_out)
+    (got,) = torch.autograd.grad(f(), x, grad_out, create_graph=True)
+    assert_close(got, want)
+
+
 def test_reference_grads_promote_to_the_dtype_of_the_dropout_mask():
     """bf16 q, k, v with the fp32 dropout mask the triton backend draws (and no bias): the
     recompute runs in fp32, as the kernels multiply by the mask in fp32, not in bf16."""
@@ -315,6 +338,32 @@ def test_torch_func_transforms_match_autograd(score, terms, backend, request):
             assert_close(cat(t[i] for t in batched), cat(f(*sample)))
             want = torch.autograd.grad(loss(*sample), sample)
             assert_close(cat(t[i] for t in per_sample), cat(want), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("backend", ["reference", *BACKENDS])
+@pytest.mark.parametrize("return_attention", [False, True])
+def test_backward_carries_the_tangent_of_a_dual_cotangent(backend, return_attention, request):
+    """Inputs without a tangent take the fused kernels; the gradient that a forward-mode dual
+    cotangent u + eps du flows back from their outputs is J^T u + eps J^T du, on every backend
+    (J^T being linear in the cotangent), not J^T u with the tangent dropped."""
+    if backend == "triton":
+        request.getfixturevalue("triton_interpreter")
+    edge_index = random_graph(NUM_SRC, NUM_EDGES, seed=5, num_dst=NUM_DST)
+    inputs = _inputs("dot", ("edge_key", "edge_value"))
+    leaves = [inputs[name] for name in ("q", "k", "v", "edge_key", "edge_value")]
+    outputs = edge_attention(*leaves[:3], edge_index, edge_key=leaves[3], edge_value=leaves[4],
+                             return_attention=True, backend=backend)
+    outputs = outputs if return_attention else outputs[:1]
+    gen = torch.Generator().manual_seed(9)
+    u, du = ([torch.randn(t.shape, generator=gen) for t in outputs] for _ in range(2))
+    want = torch.autograd.grad(outputs, leaves, du, retain_graph=True)  # J^T du
+    with fwAD.dual_level():
+        got = torch.autograd.grad(outputs, leaves, [fwAD.make_dual(a, b) for a, b in zip(
+            u, du, strict=True)])
+        tangents = [fwAD.unpack_dual(g).tangent for g in got]
+    assert all(t is not None for t in tangents)
+    assert_close(torch.cat([t.flatten() for t in tangents]),
+                 torch.cat([w.flatten() for w in want]))
 
 
 @pytest.mark.parametrize("backend", ["reference", *BACKENDS])
