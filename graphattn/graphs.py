@@ -320,7 +320,9 @@ def to_sparse_adjacency(edge_index: Tensor, num_src: int, num_dst: int,
     src, dst = edge_index.long()
     if values is None:
         values = torch.ones(src.numel(), device=edge_index.device)
-    if values.size(0) != src.numel():
+    if not isinstance(values, Tensor):
+        raise TypeError(f"values must be a torch.Tensor, got {type(values).__name__}")
+    if values.dim() == 0 or values.size(0) != src.numel():
         raise ValueError(f"values must have one row per edge, [E, *] = [{src.numel()}, *], "
                          f"got {list(values.shape)}")
     size = (num_dst, num_src, *values.shape[1:])

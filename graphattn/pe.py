@@ -77,6 +77,11 @@ _SIGN_TIE_RTOL = 1e-6
 
 SOLVERS = ("auto", "dense", "sparse")
 
+#: :func:`random_walk_pe` multiplies the rows of the walk matrix's powers as sparse matrices
+#: while a product has at most this many entries; above it (expander-like graphs, whose powers
+#: fill in) it multiplies dense blocks of columns of the identity.
+RANDOM_WALK_SPARSE_MAX_NNZ = 1 << 23
+
 
 def _sinusoid(positions: Tensor, dim: int, base: float) -> Tensor:
     """The sinusoidal encoding of arbitrary (float64) positions, ``[L]`` -> ``[L, dim]``."""
@@ -434,8 +439,10 @@ def random_walk_pe(edge_index: Tensor, num_nodes: int, k: int) -> Tensor:
     2000 nodes that one keeps a single copy of each parallel edge, weighted by the inverse
     degree counted with all copies, so its rows of P sum to less than 1. Unlike
     :func:`laplacian_pe` the encoding is unique (no sign or basis choice) and relabelling the
-    nodes permutes its rows. Computed in float64 by sparse products on blocks of columns of the
-    identity, so memory stays ``O(E + N * block)``.
+    nodes permutes its rows. Computed in float64, on blocks of nodes: as sparse rows of
+    :math:`P^t` while they stay sparse (walks on paths, grids and meshes stay local: time
+    linear in N; see :data:`RANDOM_WALK_SPARSE_MAX_NNZ`), else by sparse products on dense
+    blocks of columns of the identity, so memory stays ``O(E + N * block)``.
 
     Args:
         edge_index (Tensor): ``[2, E]`` integer.
@@ -455,18 +462,44 @@ def random_walk_pe(edge_index: Tensor, num_nodes: int, k: int) -> Tensor:
     inv_deg = np.zeros_like(out_deg)
     np.divide(1.0, out_deg, out=inv_deg, where=out_deg > 0)
     walk = (sp.diags(inv_deg) @ adj).tocsr()  # (N, N) row-stochastic (or zero rows)
+    return_prob = _return_probabilities(walk, k)  # (N, k)
+    return torch.from_numpy(return_prob).to(device=edge_index.device,
+                                            dtype=torch.get_default_dtype())
 
-    pe = np.zeros((num_nodes, k))
-    block = max(1, min(num_nodes, (1 << 23) // max(num_nodes, 1)))
-    for start in range(0, num_nodes, block):
-        nodes = np.arange(start, min(start + block, num_nodes))
-        cols = np.arange(nodes.size)
-        y = np.zeros((num_nodes, nodes.size))
-        y[nodes, cols] = 1.0  # columns of the identity
+
+def _return_probabilities(walk: sp.csr_matrix, k: int) -> np.ndarray:
+    """The diagonals of ``walk^1 .. walk^k``, ``[N, k]``, block of nodes by block of nodes.
+
+    A block's rows of the powers are multiplied as a sparse matrix while each product has at
+    most :data:`RANDOM_WALK_SPARSE_MAX_NNZ` entries (a bound counted before it is formed): walks
+    on paths, grids and meshes stay local, so the whole graph is one block or a few, in time
+    linear in N. A block whose rows fill in is halved, down to ``2^23 / N`` nodes, whose
+    columns of the powers are multiplied as a dense ``[N, block]`` matrix."""
+    num_nodes = walk.shape[0]
+    out = np.zeros((num_nodes, k))
+    row_nnz = np.diff(walk.indptr)  # (N,) entries of each row of the walk
+    dense_block = max(1, (1 << 23) // max(num_nodes, 1))
+    pending = [(0, num_nodes)]  # node ranges [start, stop) still to compute
+    while pending:
+        start, stop = pending.pop()
+        nodes = np.arange(start, stop)  # (B,)
+        if stop - start <= dense_block:
+            y = np.zeros((num_nodes, nodes.size))
+            y[nodes, nodes - start] = 1.0  # columns of the identity
+            for t in range(k):
+                y = walk @ y  # (N, B): columns of P^(t+1)
+                out[nodes, t] = y[nodes, nodes - start]
+            continue
+        rows = walk[start:stop]  # (B, N): rows of P^(t+1), sparse
         for t in range(k):
-            y = walk @ y  # (N, block): columns of P^(t+1)
-            pe[nodes, t] = y[nodes, cols]
-    return torch.from_numpy(pe).to(device=edge_index.device, dtype=torch.get_default_dtype())
+            if t and int(row_nnz[rows.indices].sum()) > RANDOM_WALK_SPARSE_MAX_NNZ:
+                mid = (start + stop) // 2  # bounds nnz(rows @ walk): too many, split
+                pending += [(mid, stop), (start, mid)]
+                break
+            if t:
+                rows = rows @ walk
+            out[nodes, t] = np.asarray(rows[nodes - start, nodes]).ravel()
+    return out
 
 
 def _graph_of(data: Data, transform: str) -> tuple[Tensor, int]:

@@ -393,6 +393,10 @@ def test_sparse_adjacency_errors():
             graphs.from_sparse_adjacency(batched)
     with pytest.raises(ValueError, match=r"values must have one row per edge.*got \[3\]"):
         graphs.to_sparse_adjacency(ei, 3, 3, torch.ones(3))
+    with pytest.raises(ValueError, match=r"values must have one row per edge.*got \[\]"):
+        graphs.to_sparse_adjacency(ei, 3, 3, torch.tensor(2.0))  # 0-d: no rows at all
+    with pytest.raises(TypeError, match="values must be a torch.Tensor, got list"):
+        graphs.to_sparse_adjacency(ei, 3, 3, [1.0, 2.0])
     with pytest.raises(ValueError, match="layout must be one of.*got torch.strided"):
         graphs.to_sparse_adjacency(ei, 3, 3, layout=torch.strided)
     with pytest.raises(ValueError, match="targets.*< the number of target nodes 2"):

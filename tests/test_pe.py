@@ -518,12 +518,36 @@ def test_random_walk_pe_equals_pyg_without_parallel_edges():
     assert_close(pe.random_walk_pe(edge_index, n, k), pyg)
 
 
-def test_random_walk_pe_in_several_blocks():
+def test_random_walk_pe_in_several_blocks(monkeypatch):
+    monkeypatch.setattr(pe, "RANDOM_WALK_SPARSE_MAX_NNZ", 0)  # the route of expander graphs
     n, k = 3000, 4  # more than 2^23 / n columns: computed in two blocks of nodes
     enc = pe.random_walk_pe(graphs.chain_graph(n), n, k)
     assert_close(enc[[0, 1, 1500, n - 1]],
                  torch.tensor([[0, 1 / 2, 0, 3 / 8], [0, 3 / 4, 0, 5 / 8],
                                [0, 1 / 2, 0, 3 / 8], [0, 1 / 2, 0, 3 / 8]]))
+
+
+def test_random_walk_pe_on_a_long_path():
+    # P^t of a path has t + 1 entries per row: one sparse block, O(N k^2), about 0.2 s here
+    # (dense blocks of columns of the identity, 2^23 / N nodes at a time, took 25 s)
+    n, k = 30_000, 8
+    enc = pe.random_walk_pe(graphs.chain_graph(n), n, k)
+    assert_close(enc[[0, 1, n // 2, n - 1], :4],
+                 torch.tensor([[0, 1 / 2, 0, 3 / 8], [0, 3 / 4, 0, 5 / 8],
+                               [0, 1 / 2, 0, 3 / 8], [0, 1 / 2, 0, 3 / 8]]))
+
+
+def test_random_walk_pe_sparse_and_dense_blocks_agree(monkeypatch):
+    n, k = 8192, 6  # dense blocks of 2^23 / n = 1024 nodes
+    gen = torch.Generator().manual_seed(5)
+    edge_index = torch.randint(0, n, (2, 2 * n), generator=gen)  # multi-edges, loops, sinks
+    monkeypatch.setattr(pe, "RANDOM_WALK_SPARSE_MAX_NNZ", 0)  # dense blocks only
+    dense = pe.random_walk_pe(edge_index, n, k)
+    # 10^18: one sparse block; 150_000 halves the graph after 4 steps and the halves again
+    # after 5; 80_000 splits after 3 to 5 steps down to dense blocks
+    for max_nnz in (10**18, 150_000, 80_000):
+        monkeypatch.setattr(pe, "RANDOM_WALK_SPARSE_MAX_NNZ", max_nnz)
+        assert_close(pe.random_walk_pe(edge_index, n, k), dense)
 
 
 # ---------------------------------------------------------------- PyG transforms
