@@ -119,6 +119,43 @@ def test_edge_attention_compiles(request, backend, score):
         assert_close(grad, expected)
 
 
+@pytest.mark.parametrize("score", ["dot", "gatv2"])
+def test_dense_multigraph_path_under_inductor_with_threads(score):
+    """The dense backend's multigraph path (torch.compile always takes it) with a bias, dropout
+    and the weights in the loss, compiled by inductor on two threads and returning only the
+    loss, equals eager: its scatter-adds are operators inductor does not fuse. Fused, torch
+    2.13 compiled them into 2-D tiled kernels whose atomic adds wrote to the wrong entries or
+    out of bounds (wrong losses, heap corruption)."""
+    torch.manual_seed(0)
+    N, E, H, C = 8, 30, 2, 4
+    edge_index = torch.randint(0, N, (2, E))  # multi-edges
+    leaves = [torch.randn(N, H, C) for _ in range(3)] + [torch.randn(E, H)]
+    if score == "gatv2":
+        leaves.append(torch.randn(H, C))
+    leaves = [t.requires_grad_() for t in leaves]
+
+    def loss(q, k, v, bias, *att):
+        out, alpha = edge_attention(q, k, v, edge_index, bias=bias, att=att[0] if att else None,
+                                    score=score, dropout_p=0.4, training=True,
+                                    return_attention=True, backend="dense")
+        return ((out * torch.linspace(-1, 2, out.numel()).view_as(out)).sum()
+                + (alpha * torch.linspace(2, -1, alpha.numel()).view_as(alpha)).sum())
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with torch._inductor.config.patch(fallback_random=True):  # eager's dropout draws
+            results = []
+            for fn in (loss, torch.compile(loss)):
+                torch.manual_seed(5)
+                value = fn(*leaves)
+                results.append([value, *torch.autograd.grad(value, leaves)])
+    finally:
+        torch.set_num_threads(threads)
+    for got, want in zip(*results, strict=True):
+        assert_close(got, want, **COMPILED)
+
+
 def test_node_id_checks_run_inside_the_compiled_graph():
     def attend(q, k, v, edge_index):
         return edge_attention(q, k, v, edge_index)

@@ -191,6 +191,64 @@ def _softmax_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
+# Row gathers and scatter-adds as operators that torch.compile calls as they are. Inductor's C++
+# backend in torch 2.13 miscompiles a scatter-add (index_add, the gradient of a gather) fused into
+# a kernel it tiles in two dimensions when it runs on more than one thread: the atomic add's
+# index counts the inner tile offset twice (pytorch/pytorch#191837), which wrote out of bounds
+# (heap corruption) or into the wrong entries (wrong results) on the dense backend's multigraph
+# path. Opaque operators are never fused; eager calls keep the plain ops.
+@torch.library.custom_op("graphattn::gather_rows", mutates_args=())
+def _gather_rows_op(x: Tensor, index: Tensor) -> Tensor:
+    return x.index_select(0, index)
+
+
+@torch.library.custom_op("graphattn::scatter_add_rows", mutates_args=())
+def _scatter_add_rows_op(src: Tensor, index: Tensor, num_rows: int) -> Tensor:
+    return src.new_zeros(num_rows, *src.shape[1:]).index_add_(0, index, src)
+
+
+@_gather_rows_op.register_fake
+def _gather_rows_fake(x, index):
+    return x.new_empty(index.size(0), *x.shape[1:])
+
+
+@_scatter_add_rows_op.register_fake
+def _scatter_add_rows_fake(src, index, num_rows):
+    return src.new_empty(num_rows, *src.shape[1:])
+
+
+def _gather_rows_setup(ctx, inputs, output) -> None:
+    x, index = inputs
+    ctx.save_for_backward(index)
+    ctx.num_rows = x.size(0)
+
+
+def _scatter_add_rows_setup(ctx, inputs, output) -> None:
+    ctx.save_for_backward(inputs[1])
+
+
+_gather_rows_op.register_autograd(
+    lambda ctx, grad: (_scatter_add_rows_op(grad, ctx.saved_tensors[0], ctx.num_rows), None),
+    setup_context=_gather_rows_setup)
+_scatter_add_rows_op.register_autograd(
+    lambda ctx, grad: (_gather_rows_op(grad, ctx.saved_tensors[0]), None, None),
+    setup_context=_scatter_add_rows_setup)
+
+
+def gather_rows(x: Tensor, index: Tensor) -> Tensor:
+    """``x[index]`` for an int64 ``index`` ``[E]``: ``[E, *]``, an opaque operator under
+    torch.compile (see above)."""
+    return _gather_rows_op(x, index) if torch.compiler.is_compiling() else x[index]
+
+
+def scatter_add_rows(src: Tensor, index: Tensor, num_rows: int) -> Tensor:
+    """The rows of ``src`` ``[E, *]`` summed into ``num_rows`` rows at ``index`` ``[E]``, an
+    opaque operator under torch.compile (see above)."""
+    if torch.compiler.is_compiling():
+        return _scatter_add_rows_op(src, index, num_rows)
+    return src.new_zeros(num_rows, *src.shape[1:]).index_add(0, index, src)
+
+
 def _pair_log_weights(t: Tensor | None, pair: Tensor | None, mask: Tensor, simple: bool,
                       dtype: torch.dtype) -> tuple[Tensor | None, Tensor | None]:
     """Sum the per-edge log-weights ``t`` of each (target, source) pair in log space.
@@ -205,8 +263,8 @@ def _pair_log_weights(t: Tensor | None, pair: Tensor | None, mask: Tensor, simpl
     if t is None:
         if simple:
             return None, None
-        count = torch.zeros(flat.numel(), dtype=dtype, device=pair.device).index_add_(
-            0, pair, torch.ones(pair.numel(), dtype=dtype, device=pair.device))  # (P,)
+        count = scatter_add_rows(torch.ones(pair.numel(), dtype=dtype, device=pair.device),
+                                 pair, flat.numel())  # (P,)
         T = count.log().unsqueeze(0)  # (1, P); log(0) = -inf off the graph
         r = (1.0 / count[pair]).unsqueeze(-1)  # (E, 1)
         return T, r
@@ -214,24 +272,28 @@ def _pair_log_weights(t: Tensor | None, pair: Tensor | None, mask: Tensor, simpl
     if simple:
         T = t.new_full((heads, flat.numel()), float("-inf")).index_copy(1, pair, t.t())
         return T, None
-    # logsumexp per pair: shift by the pair maximum (no gradient flows through a shift).
+    # logsumexp per pair: shift by the pair maximum (no gradient flows through a shift). Pairs
+    # come first, [P, H]: gathers and scatters of whole rows. (Under torch.compile on CPU, the
+    # gradient of a gather along dim 1 of [H, P] was compiled into a scatter that wrote out of
+    # bounds with more than one thread: heap corruption.)
     with torch.no_grad():
-        m = t.new_full((heads, flat.numel()), float("-inf"))
-        m.scatter_reduce_(1, pair.expand(heads, -1), t.t(), reduce="amax", include_self=True)
-        rows = m.view(heads, *mask.shape)  # (H, N_dst, N_src)
-        top = rows.amax(dim=-1, keepdim=True).nan_to_num_(0.0, 0.0, 0.0)  # (H, N_dst, 1)
+        m = t.new_full((flat.numel(), heads), float("-inf"))
+        m.scatter_reduce_(0, pair.unsqueeze(-1).expand(-1, heads), t, reduce="amax",
+                          include_self=True)  # (P, H)
+        rows = m.view(*mask.shape, heads)  # (N_dst, N_src, H)
+        top = rows.amax(dim=1, keepdim=True).nan_to_num_(0.0, 0.0, 0.0)  # (N_dst, 1, H)
         # T relative to the largest score of its target row (a shift per row leaves the
         # softmax as it is): log(edge count) would round away next to a score of 1e9 or more
-        shift = (rows - top).view(heads, -1).nan_to_num_(0.0, 0.0, 0.0)  # (H, P)
-        m = m.masked_fill_(torch.isinf(m), 0.0)  # (H, P); off the graph, or -inf scores only
-    w = torch.exp(t.t() - m[:, pair])  # (H, E)
-    total = t.new_zeros(heads, flat.numel()).index_add(1, pair, w)  # (H, P)
+        shift = (rows - top).view(-1, heads).nan_to_num_(0.0, 0.0, 0.0)  # (P, H)
+        m = m.masked_fill_(torch.isinf(m), 0.0)  # (P, H); off the graph, or -inf scores only
+    w = torch.exp(t - m[pair])  # (E, H)
+    total = scatter_add_rows(w, pair, flat.numel())  # (P, H)
     # total = 0 where no edge lies or every edge of the pair scores -inf: T = -inf, share 0
     live = total > 0
     safe_total = torch.where(live, total, 1.0)
-    T = torch.where(live, safe_total.log() + shift, t.new_tensor(float("-inf")))
-    r = (w / safe_total[:, pair]).t()  # (E, H)
-    return T, r
+    T = torch.where(live, safe_total.log() + shift, t.new_tensor(float("-inf")))  # (P, H)
+    r = w / gather_rows(safe_total, pair)  # (E, H)
+    return T.t().contiguous(), r
 
 
 def _is_causal(src: Tensor, dst: Tensor, n_dst: int, n_src: int) -> bool:
@@ -303,18 +365,20 @@ def dense_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
     empty_rows = (mask.new_zeros(n_dst) if complete or causal
                   else ~mask.any(dim=-1))  # (N_dst,)
     vh = v.transpose(0, 1)  # (H, N_src, C)
-    # (E,) flat index of (i, j) in [N_dst, N_src], for multi-edges, per-edge scores and dropout
+    # (E,) flat index of (i, j) in [N_dst, N_src], for multi-edges, per-edge scores, dropout
+    # and the weights
     pair = (src.add(dst, alpha=n_src) if not simple or score != "dot" or bias is not None
-            or dropout_mask is not None else None)
+            or dropout_mask is not None or need_alpha else None)
 
     if score == "dot":
         t = bias
     elif score == "gatv2":
-        t = (F.leaky_relu(q[dst] + k[src], negative_slope) * att).sum(dim=-1) * scale  # (E, H)
+        t = (F.leaky_relu(gather_rows(q, dst) + gather_rows(k, src), negative_slope)
+             * att).sum(dim=-1) * scale  # (E, H)
         if bias is not None:
             t = t + bias
     else:
-        t = q[dst] + k[src]  # (E, H)
+        t = gather_rows(q, dst) + gather_rows(k, src)  # (E, H)
         if bias is not None:
             t = t + bias
         t = F.leaky_relu(t, negative_slope) * scale
@@ -352,14 +416,15 @@ def dense_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
     P = P.masked_fill(dead.unsqueeze(-1), 0.0)
     alpha = None
     if need_alpha:
-        alpha = P[:, dst, src].t()  # (E, H)
+        alpha = gather_rows(P.permute(1, 2, 0).reshape(-1, P.size(0)), pair)  # (E, H)
         if share is not None:
             alpha = alpha * share
     W = P
     if dropout_mask is not None:
         kept = dropout_mask if share is None else dropout_mask * share  # (E, H)
-        D = P.new_zeros(P.size(0), n_dst * n_src).index_add(1, pair, kept.t().to(P.dtype))
-        W = P * D.view(D.size(0), n_dst, n_src)
+        # pairs first, as in _pair_log_weights: a scatter of whole rows
+        D = scatter_add_rows(kept.to(P.dtype), pair, n_dst * n_src)  # (P, H)
+        W = P * D.view(n_dst, n_src, -1).permute(2, 0, 1)  # (H, N_dst, N_src)
     # a dead row's weights are 0, but 0 * NaN (or inf) in a value row is NaN: zero it after
     out = (W @ vh).masked_fill(dead.unsqueeze(-1), 0.0).transpose(0, 1)  # (N_dst, H, C)
     return out, alpha
