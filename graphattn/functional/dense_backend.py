@@ -284,7 +284,7 @@ def _pair_log_weights(t: Tensor | None, pair: Tensor | None, mask: Tensor, simpl
         top = rows.amax(dim=1, keepdim=True).nan_to_num_(0.0, 0.0, 0.0)  # (N_dst, 1, H)
         # T relative to the largest score of its target row (a shift per row leaves the
         # softmax as it is): log(edge count) would round away next to a score of 1e9 or more
-        shift = (rows - top).view(-1, heads).nan_to_num_(0.0, 0.0, 0.0)  # (P, H)
+        shift = (rows - top).view(flat.numel(), heads).nan_to_num_(0.0, 0.0, 0.0)  # (P, H)
         m = m.masked_fill_(torch.isinf(m), 0.0)  # (P, H); off the graph, or -inf scores only
     w = torch.exp(t - m[pair])  # (E, H)
     total = scatter_add_rows(w, pair, flat.numel())  # (P, H)
@@ -416,7 +416,8 @@ def dense_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
     P = P.masked_fill(dead.unsqueeze(-1), 0.0)
     alpha = None
     if need_alpha:
-        alpha = gather_rows(P.permute(1, 2, 0).reshape(-1, P.size(0)), pair)  # (E, H)
+        alpha = gather_rows(P.permute(1, 2, 0).reshape(n_dst * n_src, P.size(0)),
+                            pair)  # (E, H)
         if share is not None:
             alpha = alpha * share
     W = P
@@ -424,7 +425,7 @@ def dense_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
         kept = dropout_mask if share is None else dropout_mask * share  # (E, H)
         # pairs first, as in _pair_log_weights: a scatter of whole rows
         D = scatter_add_rows(kept.to(P.dtype), pair, n_dst * n_src)  # (P, H)
-        W = P * D.view(n_dst, n_src, -1).permute(2, 0, 1)  # (H, N_dst, N_src)
+        W = P * D.view(n_dst, n_src, D.size(1)).permute(2, 0, 1)  # (H, N_dst, N_src)
     # a dead row's weights are 0, but 0 * NaN (or inf) in a value row is NaN: zero it after
     out = (W @ vh).masked_fill(dead.unsqueeze(-1), 0.0).transpose(0, 1)  # (N_dst, H, C)
     return out, alpha
