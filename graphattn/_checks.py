@@ -107,16 +107,35 @@ def check_batch(batch: Tensor) -> None:
         raise ValueError(f"batch must hold graph ids >= 0, got {int(batch.min())}")
 
 
-def check_positive(value: int, name: str) -> None:
-    """Raise unless ``value`` is an int > 0."""
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+def as_integer(value: object) -> int | None:
+    """``value`` as a Python int when it is an integer: an int, a numpy integer or a
+    one-element integer tensor; ``None`` for anything else, bools included."""
+    if isinstance(value, Tensor):
+        if (value.numel() != 1 or value.is_floating_point() or value.is_complex()
+                or value.dtype == torch.bool):
+            return None
+        return int(value.item())
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        return None
+    return int(value)
+
+
+def check_positive(value: int, name: str) -> int:
+    """``value`` as an int; raise unless it is an integer (numpy and one-element tensor
+    integers included) > 0."""
+    n = as_integer(value)
+    if n is None or n <= 0:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return n
 
 
-def check_non_negative(value: int, name: str) -> None:
-    """Raise unless ``value`` is an int >= 0."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+def check_non_negative(value: int, name: str) -> int:
+    """``value`` as an int; raise unless it is an integer (numpy and one-element tensor
+    integers included) >= 0."""
+    n = as_integer(value)
+    if n is None or n < 0:
         raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+    return n
 
 
 def check_finite(value: float, name: str) -> None:
@@ -143,10 +162,12 @@ def finite_float(value: float | Tensor, name: str) -> float:
     return float(value)
 
 
-def check_in_channels(value: int | tuple[int, int]) -> None:
-    """Raise unless ``value`` is a positive int or ``-1`` (lazy), or a pair of these."""
+def check_in_channels(value: int | tuple[int, int]) -> int | tuple[int, int]:
+    """``value`` with Python ints; raise unless it is a positive integer or ``-1`` (lazy), or
+    a pair of these."""
     pair = value if isinstance(value, (tuple, list)) else (value, value)
-    if len(pair) != 2 or any(isinstance(v, bool) or not isinstance(v, int) or v < -1 or v == 0
-                             for v in pair):
+    ints = [as_integer(v) for v in pair]
+    if len(pair) != 2 or any(v is None or v < -1 or v == 0 for v in ints):
         raise ValueError(f"in_channels must be a positive integer, or -1 to infer it from the "
                          f"first call (or a pair of these), got {value!r}")
+    return tuple(ints) if isinstance(value, (tuple, list)) else ints[0]

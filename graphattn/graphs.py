@@ -43,7 +43,7 @@ def complete_graph(n: int, self_loops: bool = True) -> Tensor:
     Shapes:
         - **output:** edge_index ``(2, n^2)`` or ``(2, n^2 - n)``, int64
     """
-    check_non_negative(n, "n")
+    n = check_non_negative(n, "n")
     dst = torch.arange(n).repeat_interleave(n)  # (n^2,)
     src = torch.arange(n).repeat(n)  # (n^2,)
     if not self_loops:
@@ -113,7 +113,7 @@ def chain_graph(n: int, directed: bool = False) -> Tensor:
     Shapes:
         - **output:** edge_index ``(2, n - 1)`` (directed) or ``(2, 2 (n - 1))``, int64
     """
-    check_non_negative(n, "n")
+    n = check_non_negative(n, "n")
     offsets = torch.tensor([-1]) if directed else torch.tensor([-1, 1])
     return _window_edges(n, offsets)
 
@@ -132,7 +132,7 @@ def causal_graph(n: int) -> Tensor:
     Shapes:
         - **output:** edge_index ``(2, n (n + 1) / 2)``, int64
     """
-    check_non_negative(n, "n")
+    n = check_non_negative(n, "n")
     dst, src = torch.tril_indices(n, n)  # row-major: sorted by target, then source
     return torch.stack([src, dst])
 
@@ -155,8 +155,8 @@ def window_graph(n: int, radius: int, causal: bool = False) -> Tensor:
     Shapes:
         - **output:** edge_index ``(2, E)``, int64
     """
-    check_non_negative(n, "n")
-    check_non_negative(radius, "radius")
+    n = check_non_negative(n, "n")
+    radius = check_non_negative(radius, "radius")
     r = min(radius, max(n - 1, 0))
     offsets = torch.arange(-r, 1) if causal else torch.arange(-r, r + 1)
     return _window_edges(n, offsets)
@@ -181,9 +181,9 @@ def grid_graph(height: int, width: int, radius: int = 1) -> Tensor:
     Shapes:
         - **output:** edge_index ``(2, E)``, int64, E <= ``(2 rho + 1)^2 * height * width``
     """
-    check_non_negative(height, "height")
-    check_non_negative(width, "width")
-    check_non_negative(radius, "radius")
+    height = check_non_negative(height, "height")
+    width = check_non_negative(width, "width")
+    radius = check_non_negative(radius, "radius")
     # Capped per axis: a thin image (height or width 1) must not materialize (2 rho + 1)^2
     # offsets per pixel when only 2 rho + 1 of them can stay inside it.
     rad_r, rad_c = min(radius, max(height - 1, 0)), min(radius, max(width - 1, 0))
@@ -213,7 +213,7 @@ def to_dense_mask(edge_index: Tensor, num_nodes: int) -> Tensor:
         - **input:** edge_index ``(2, E)``
         - **output:** mask ``(N, N)``, bool, on the device of ``edge_index``
     """
-    check_non_negative(num_nodes, "num_nodes")
+    num_nodes = check_non_negative(num_nodes, "num_nodes")
     check_edge_index(edge_index, num_src=num_nodes, num_dst=num_nodes)
     mask = torch.zeros(num_nodes, num_nodes, dtype=torch.bool, device=edge_index.device)
     mask[edge_index[1].long(), edge_index[0].long()] = True
@@ -311,8 +311,8 @@ def to_sparse_adjacency(edge_index: Tensor, num_src: int, num_dst: int,
         - **input:** edge_index ``(2, E)``, values ``(E, *)``
         - **output:** adj ``(N_dst, N_src, *)``
     """
-    check_non_negative(num_src, "num_src")
-    check_non_negative(num_dst, "num_dst")
+    num_src = check_non_negative(num_src, "num_src")
+    num_dst = check_non_negative(num_dst, "num_dst")
     check_edge_index(edge_index, num_src=num_src, num_dst=num_dst)
     if layout not in SPARSE_LAYOUTS:
         raise ValueError(f"layout must be one of {[str(x) for x in SPARSE_LAYOUTS]}, "
@@ -426,7 +426,7 @@ def to_networkx(edge_index: Tensor, num_nodes: int, edge_attr: Tensor | None = N
     Shapes:
         - **input:** edge_index ``(2, E)``, edge_attr ``(E)`` or ``(E, D)``
     """
-    check_non_negative(num_nodes, "num_nodes")
+    num_nodes = check_non_negative(num_nodes, "num_nodes")
     check_edge_index(edge_index, num_src=num_nodes, num_dst=num_nodes)
     if edge_attr is not None and (edge_attr.dim() not in (1, 2)
                                   or edge_attr.size(0) != edge_index.size(1)):

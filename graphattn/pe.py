@@ -38,9 +38,6 @@ defined only up to sign (up to rotation inside a repeated eigenvalue), which is 
 
 from __future__ import annotations
 
-import contextlib
-import operator
-
 import numpy as np
 import scipy.sparse as sp
 import torch
@@ -97,11 +94,12 @@ def _check_base(base: float) -> None:
         raise ValueError(f"base must be a positive number, got {base!r}")
 
 
-def _check_dim(dim: int) -> None:
-    check_positive(dim, "dim")
+def _check_dim(dim: int) -> int:
+    dim = check_positive(dim, "dim")
     if dim % 2:
         raise ValueError(f"dim must be even (one sin and one cos column per frequency), "
                          f"got {dim}")
+    return dim
 
 
 def sinusoidal(num_positions: int, dim: int, *, base: float = 10000.0) -> Tensor:
@@ -121,8 +119,8 @@ def sinusoidal(num_positions: int, dim: int, *, base: float = 10000.0) -> Tensor
     Shapes:
         - **output:** ``(L, d)``
     """
-    check_non_negative(num_positions, "num_positions")
-    _check_dim(dim)
+    num_positions = check_non_negative(num_positions, "num_positions")
+    dim = _check_dim(dim)
     _check_base(base)
     positions = torch.arange(num_positions, dtype=torch.float64)
     return _sinusoid(positions, dim, base).to(torch.get_default_dtype())
@@ -157,7 +155,7 @@ class SinusoidalPE(torch.nn.Module):
 
     def __init__(self, dim: int, *, base: float = 10000.0) -> None:
         super().__init__()
-        _check_dim(dim)
+        dim = _check_dim(dim)
         _check_base(base)
         self.dim = dim
         self.base = float(base)
@@ -195,8 +193,8 @@ class LearnablePE(torch.nn.Module):
 
     def __init__(self, max_len: int, dim: int) -> None:
         super().__init__()
-        check_positive(max_len, "max_len")
-        check_positive(dim, "dim")
+        max_len = check_positive(max_len, "max_len")
+        dim = check_positive(dim, "dim")
         self.max_len = max_len
         self.dim = dim
         self.weight = torch.nn.Parameter(torch.empty(max_len, dim))
@@ -308,8 +306,8 @@ def laplacian_pe(edge_index: Tensor, num_nodes: int, k: int, *, pad: bool = Fals
         - **output:** ``(N, k)`` in the default float dtype on the device of ``edge_index``;
           eigenvalues ``(k)`` when ``return_eigenvalues``
     """
-    check_non_negative(num_nodes, "num_nodes")
-    check_positive(k, "k")
+    num_nodes = check_non_negative(num_nodes, "num_nodes")
+    k = check_positive(k, "k")
     if solver not in SOLVERS:
         raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}")
     check_edge_index(edge_index, num_src=num_nodes, num_dst=num_nodes)
@@ -453,8 +451,8 @@ def random_walk_pe(edge_index: Tensor, num_nodes: int, k: int) -> Tensor:
         - **input:** edge_index ``(2, E)``
         - **output:** ``(N, k)`` in the default float dtype on the device of ``edge_index``
     """
-    check_non_negative(num_nodes, "num_nodes")
-    check_positive(k, "k")
+    num_nodes = check_non_negative(num_nodes, "num_nodes")
+    k = check_positive(k, "k")
     check_edge_index(edge_index, num_src=num_nodes, num_dst=num_nodes)
     src, dst = edge_index.long().cpu().numpy()
     adj = sp.csr_matrix((np.ones(src.size), (src, dst)), shape=(num_nodes, num_nodes))
@@ -508,10 +506,7 @@ def _graph_of(data: Data, transform: str) -> tuple[Tensor, int]:
     if not isinstance(data, Data):
         raise TypeError(f"{transform} takes a homogeneous torch_geometric.data.Data, "
                         f"got {type(data).__name__}")
-    num_nodes = data.num_nodes
-    if not isinstance(num_nodes, bool) and hasattr(num_nodes, "__index__"):
-        with contextlib.suppress(TypeError):
-            num_nodes = operator.index(num_nodes)
+    num_nodes = check_non_negative(data.num_nodes, "num_nodes")
     edge_index = data.edge_index
     if edge_index is None:
         edge_index = torch.empty(2, 0, dtype=torch.long)
@@ -570,7 +565,7 @@ class AddLaplacianPE(BaseTransform):
 
     def __init__(self, k: int, attr_name: str | None = "laplacian_pe", *, pad: bool = False,
                  random_sign_flip: bool = False, solver: str = "auto") -> None:
-        check_positive(k, "k")
+        k = check_positive(k, "k")
         if solver not in SOLVERS:
             raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}")
         self.k = k
@@ -605,7 +600,7 @@ class AddRandomWalkPE(BaseTransform):
     """
 
     def __init__(self, k: int, attr_name: str | None = "random_walk_pe") -> None:
-        check_positive(k, "k")
+        k = check_positive(k, "k")
         self.k = k
         self.attr_name = attr_name
 

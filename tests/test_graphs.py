@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import networkx as nx
+import numpy as np
 import pytest
 import torch
 
@@ -140,6 +141,27 @@ def test_batch_complete_graph_errors(batch, error, match):
 def test_builder_errors(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+@pytest.mark.parametrize("as_int", [np.int64, np.int32, torch.tensor], ids=["np64", "np32", "0d"])
+def test_builders_take_numpy_and_tensor_integers(as_int):
+    # sizes often come from numpy (np.prod of a shape) or from a tensor's sum
+    calls = [(graphs.complete_graph, (5,)), (graphs.chain_graph, (5,)), (graphs.causal_graph, (5,)),
+             (graphs.window_graph, (7, 2)), (graphs.grid_graph, (3, 4, 1))]
+    for build, args in calls:
+        assert torch.equal(build(*map(as_int, args)), build(*args)), build.__name__
+    edge_index = graphs.chain_graph(4)
+    assert torch.equal(graphs.to_dense_mask(edge_index, as_int(4)),
+                       graphs.to_dense_mask(edge_index, 4))
+    adj = graphs.to_sparse_adjacency(edge_index, as_int(4), as_int(4))
+    assert adj.shape == (4, 4) and all(type(n) is int for n in adj.shape)
+
+
+@pytest.mark.parametrize("n", [torch.tensor(True), np.bool_(True), torch.tensor(3.0),
+                               np.float64(3.0), torch.tensor([2, 3]), "3"])
+def test_builders_refuse_non_integers(n):
+    with pytest.raises(ValueError, match=r"n must be a non-negative integer, got "):
+        graphs.chain_graph(n)
 
 
 def test_to_dense_mask():

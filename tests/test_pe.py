@@ -56,6 +56,18 @@ def test_sinusoidal_errors(args, match):
         pe.sinusoidal(*args)
 
 
+def test_sizes_may_be_numpy_or_tensor_integers():
+    edge_index = graphs.chain_graph(6)
+    for n in (np.int64, torch.tensor):
+        assert torch.equal(pe.sinusoidal(n(5), n(4)), pe.sinusoidal(5, 4))
+        assert pe.SinusoidalPE(n(4)).dim == 4 and pe.LearnablePE(n(5), n(4)).weight.shape == (5, 4)
+        assert torch.equal(pe.laplacian_pe(edge_index, n(6), n(2)),
+                           pe.laplacian_pe(edge_index, 6, 2))
+        assert torch.equal(pe.random_walk_pe(edge_index, n(6), n(3)),
+                           pe.random_walk_pe(edge_index, 6, 3))
+        assert pe.AddRandomWalkPE(n(3)).k == 3
+
+
 @pytest.mark.parametrize("base", [0.0, -10000.0, float("nan"), float("inf")])
 def test_sinusoidal_rejects_bad_base(base):
     with pytest.raises(ValueError, match=r"base must be a (finite|positive) number, got"):

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import operator
-
 import torch
 from torch import Tensor
 
@@ -51,10 +48,7 @@ def scatter_softmax(src: Tensor, index: Tensor, num_segments: int | None = None)
         if num_segments is None:
             num_segments = int(index.max()) + 1 if index.numel() > 0 else 0
     elif num_segments is not None:
-        if not isinstance(num_segments, bool) and hasattr(num_segments, "__index__"):
-            with contextlib.suppress(TypeError):  # numpy and 0-d tensor integers
-                num_segments = operator.index(num_segments)
-        check_non_negative(num_segments, "num_segments")
+        num_segments = check_non_negative(num_segments, "num_segments")
     if index.numel() == 0:
         num_segments = num_segments or 0
     elif not torch.compiler.is_compiling():

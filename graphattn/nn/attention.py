@@ -54,11 +54,12 @@ class _SelfAttentionBase(torch.nn.Module):
                  value_dropout: float = 0.0, residual: bool = False, beta: bool = False,
                  **kwargs) -> None:
         super().__init__(**kwargs)
-        check_positive(heads, "heads")
-        check_positive(out_channels, "out_channels")
+        heads = check_positive(heads, "heads")
+        out_channels = check_positive(out_channels, "out_channels")
         check_dropout(dropout)
         check_dropout(value_dropout, "value_dropout")
-        check_in_channels(in_channels)
+        in_channels = check_in_channels(in_channels)
+        score_channels = check_positive(score_channels, "score_channels")
         in_src, in_dst = (in_channels if isinstance(in_channels, (tuple, list))
                           else (in_channels, in_channels))
         self.in_channels = in_channels
@@ -317,7 +318,7 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
                          value_dropout=value_dropout, residual=residual, beta=beta,
                          aggr="add", node_dim=0)
         if edge_dim is not None:
-            check_positive(edge_dim, "edge_dim")
+            edge_dim = check_positive(edge_dim, "edge_dim")
         check_finite(negative_slope, "negative_slope")
         self.negative_slope = float(negative_slope)
         if isinstance(fill_value, str) and fill_value not in FILL_REDUCTIONS:
@@ -344,10 +345,10 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         self.edge_mode = edge_mode
         self.attention = attention
         self.backend = backend
-        edge_out = heads if edge_mode == "bias" else heads * out_channels
+        edge_out = self.heads if edge_mode == "bias" else self.heads * self.out_channels
         self.lin_edge = Linear(edge_dim, edge_out, bias=False) if edge_dim is not None else None
         # gatv2's attention vector a, one per head
-        self.att = (torch.nn.Parameter(torch.empty(heads, out_channels))
+        self.att = (torch.nn.Parameter(torch.empty(self.heads, self.out_channels))
                     if attention == "gatv2" else None)
         self.reset_parameters()
 

@@ -13,6 +13,7 @@ from graphattn._checks import (
     check_dropout,
     check_float_dtype,
     check_in_channels,
+    check_non_negative,
     check_positive,
 )
 from graphattn.functional.dropout import dropout
@@ -126,11 +127,11 @@ class GAT(torch.nn.Module):
                  conv: ConvFactory | None = None) -> None:
         super().__init__()
         _check_single_input(in_channels, "GAT")
-        check_in_channels(in_channels)
-        for value, name in ((out_channels, "out_channels"),
-                            (hidden_channels, "hidden_channels"), (heads, "heads"),
-                            (out_heads, "out_heads")):
-            check_positive(value, name)
+        in_channels = check_in_channels(in_channels)
+        out_channels = check_positive(out_channels, "out_channels")
+        hidden_channels = check_positive(hidden_channels, "hidden_channels")
+        heads = check_positive(heads, "heads")
+        out_heads = check_positive(out_heads, "out_heads")
         check_dropout(dropout)
         attention_dropout = dropout if attention_dropout is None else attention_dropout
         check_dropout(attention_dropout, "attention_dropout")
@@ -215,13 +216,15 @@ class GraphTransformer(torch.nn.Module):
                  edge_dim: int | None = None, edge_mode: str = "bias") -> None:
         super().__init__()
         _check_single_input(in_channels, "GraphTransformer")
-        check_in_channels(in_channels)
-        for value, name in ((hidden_channels, "hidden_channels"),
-                            (out_channels, "out_channels"), (num_layers, "num_layers"),
-                            (heads, "heads"), (ffn_ratio, "ffn_ratio")):
-            check_positive(value, name)
-        if isinstance(pe_channels, bool) or not isinstance(pe_channels, int) or pe_channels < 0:
-            raise ValueError(f"pe_channels must be an integer >= 0, got {pe_channels!r}")
+        in_channels = check_in_channels(in_channels)
+        hidden_channels = check_positive(hidden_channels, "hidden_channels")
+        out_channels = check_positive(out_channels, "out_channels")
+        num_layers = check_positive(num_layers, "num_layers")
+        heads = check_positive(heads, "heads")
+        ffn_ratio = check_positive(ffn_ratio, "ffn_ratio")
+        pe_channels = check_non_negative(pe_channels, "pe_channels")
+        if edge_dim is not None:
+            edge_dim = check_positive(edge_dim, "edge_dim")
         if hidden_channels % heads != 0:
             raise ValueError(f"hidden_channels must be divisible by heads, got "
                              f"hidden_channels={hidden_channels} and heads={heads}")

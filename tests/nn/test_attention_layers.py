@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 import torch
 import torch.autograd.forward_ad as fwAD
@@ -310,6 +311,27 @@ def test_repr_and_reset_parameters():
         layer.lin_q.bias.fill_(3.0)
     layer.reset_parameters()
     assert (layer.lin_q.bias == 0).all()
+
+
+def test_sizes_may_be_numpy_or_tensor_integers():
+    """A size from numpy or a tensor (``np.int64(4)``, ``data.x.size(1)`` as a tensor) builds
+    the same layer as the int, with int attributes."""
+    torch.manual_seed(0)
+    want = GraphSelfAttention((6, 5), 3, heads=2, attention="gatv2", edge_dim=4)
+    for as_int in (np.int64, torch.tensor):
+        torch.manual_seed(0)
+        got = GraphSelfAttention((as_int(6), as_int(5)), as_int(3), heads=as_int(2),
+                                 attention="gatv2", edge_dim=as_int(4))
+        assert (got.in_channels, got.out_channels, got.heads, got.edge_dim) == ((6, 5), 3, 2, 4)
+        assert all(type(n) is int for n in (*got.in_channels, got.out_channels, got.heads))
+        for (name, p), q in zip(want.named_parameters(), got.parameters(), strict=True):
+            assert torch.equal(p, q), name
+        dense = DenseSelfAttention(as_int(6), as_int(3), heads=as_int(2))
+        assert (dense.in_channels, dense.out_channels, dense.heads) == (6, 3, 2)
+    with pytest.raises(ValueError, match=r"heads must be a positive integer, got tensor\(True\)"):
+        GraphSelfAttention(4, 2, heads=torch.tensor(True))
+    with pytest.raises(ValueError, match=r"in_channels must be a positive integer, or -1"):
+        GraphSelfAttention(np.float64(4.0), 2)
 
 
 def test_errors_name_the_argument_and_value():

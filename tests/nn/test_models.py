@@ -3,6 +3,7 @@ import re
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from conftest import assert_close, random_graph
@@ -119,6 +120,18 @@ def test_models_train_on_csc_features(make):
     out = model.train()(x.to_sparse_csc(), ei)
     out.square().sum().backward()
     assert out.shape == (30, 4) and all(p.grad is not None for p in model.parameters())
+
+
+def test_models_take_numpy_integer_sizes():
+    torch.manual_seed(0)
+    x, ei = torch.randn(7, 6), random_graph(7, 20)
+    for make in (lambda n: GAT(n(6), n(3), hidden_channels=n(4), heads=n(2), out_heads=n(1)),
+                 lambda n: GraphTransformer(n(6), n(8), n(3), num_layers=n(1), heads=n(2),
+                                            pe_channels=n(0), ffn_ratio=n(2))):
+        torch.manual_seed(0)
+        want = make(int).eval()(x, ei)
+        torch.manual_seed(0)
+        assert torch.equal(make(np.int64).eval()(x, ei), want)
 
 
 def test_gat_rejects_bad_sizes():
