@@ -359,7 +359,8 @@ def from_networkx(G: nx.Graph, edge_attrs: Sequence[str] | None = None,
     Shapes:
         - **output:** edge_index ``(2, E)``, int64, sorted by target, then source; with
           ``edge_attrs`` also edge_attr ``(E, D)`` in the default float dtype, D the total size
-          of the attributes
+          of the attributes (a graph without edges has none to measure: its ``edge_attr`` is
+          ``(0, len(edge_attrs))``, one column per attribute)
     """
     if not isinstance(G, nx.Graph):
         raise TypeError(f"G must be a networkx graph, got {type(G).__name__}")
