@@ -264,6 +264,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.repeats is None:
         args.repeats = 3 if args.quick else 15
+    if args.repeats < 1:
+        parser.error(f"--repeats must be at least 1 (a median), got {args.repeats}")
     if args.output is None:  # a GPU run does not overwrite the CPU table
         suffix = ("_quick" if args.quick else "") + ("_gpu" if args.device.type == "cuda" else "")
         args.output = RESULTS / f"batched_global{suffix}.md"

@@ -742,7 +742,10 @@ def main(argv: list[str] | None = None) -> None:
         t = {r["method"]: r for r in rows if r["graph"] == name}
         if not t:
             continue
-        sparse = min(t[b]["fwd_bwd_ms"] for b in ("reference", "cpu") if b in t)
+        sparse = min((t[b]["fwd_bwd_ms"] for b in ("reference", "cpu")
+                      if b in t and not math.isnan(t[b]["fwd_bwd_ms"])), default=math.nan)
+        if math.isnan(sparse):
+            continue
         for dense in ("sdpa", "dense"):
             if dense in t and not math.isnan(t[dense]["fwd_bwd_ms"]):
                 summary.append(f"{name}: fastest sparse backend {sparse:.1f} ms vs {dense} "

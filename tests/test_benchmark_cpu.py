@@ -110,3 +110,59 @@ def test_batched_global_plot_names_the_device_it_ran_on(monkeypatch, tmp_path):
     rows = [{"batch": "b", "route": route, "fwd_bwd_ms": 1.0} for route in batched_global.ROUTES]
     batched_global.plot(rows, tmp_path / "b.png", torch.device("cuda"))
     assert titles == ["Global attention per graph of a mini-batch (CUDA)"]
+
+
+def test_sparse_vs_dense_citation_summary_with_the_reference_backend_skipped(monkeypatch,
+                                                                             tmp_path):
+    """With the reference backend skipped (--mem-limit-gib), the citation summary compares the
+    dense methods with the cpu backend (min() over a NaN first gave NaN: "nan ms ... nanx")."""
+    n = 64
+    point = sparse_vs_dense.Point("citation", "Cora", n, sparse_vs_dense.with_self_loops(
+        sparse_vs_dense.erdos_renyi(n, 4, 0), n))
+    monkeypatch.setattr(sparse_vs_dense, "sweep_points", lambda args: ([point], []))
+    monkeypatch.setattr(sparse_vs_dense, "check_methods_agree", lambda args, flex: None)
+    monkeypatch.setattr(sparse_vs_dense, "plot", lambda *args: None)
+    sparse_vs_dense.main(["--no-flex", "--heads", "2", "--channels", "4", "--repeats", "1",
+                          "--min-time-s", "0", "--mem-limit-gib", "1e-9", "--out",
+                          str(tmp_path)])
+    summary = [line for line in (tmp_path / "sparse_vs_dense.md").read_text().splitlines()
+               if line.startswith("- Cora: fastest sparse backend")]
+    assert len(summary) == 2 and not any("nan" in line for line in summary), summary
+
+
+def test_batched_global_rejects_no_timed_repeats(tmp_path, capsys):
+    """--repeats 0 is refused before anything runs (it ran the warm-up, then ended in
+    statistics.StatisticsError: no median for empty data)."""
+    with pytest.raises(SystemExit):
+        batched_global.main(["--quick", "--repeats", "0", "--output", str(tmp_path / "b.md")])
+    assert "--repeats must be at least 1" in capsys.readouterr().err
+    assert not (tmp_path / "b.md").exists()
+
+
+def test_citation_validation_grid_refuses_what_it_cannot_run_before_training(monkeypatch,
+                                                                             capsys):
+    """PubMed is refused (the grid's "GAT paper" setting is Cora's and CiteSeer's, not
+    PubMed's), and a dataset without its files stops the search before any run (a worker
+    raised it only once the runs of the datasets before it were done, writing nothing)."""
+    import citation_validation_grid as grid
+
+    from graphattn.datasets import MissingFilesError
+
+    def no_pool(*args, **kwargs):
+        raise AssertionError("training started")
+
+    def missing(name, root=None, **kwargs):
+        if name == "CiteSeer":
+            raise MissingFilesError("CiteSeer: missing ind.citeseer.x")
+
+    monkeypatch.setattr(grid, "ProcessPoolExecutor", no_pool)
+    monkeypatch.setattr(grid, "load_planetoid", missing)
+    monkeypatch.setattr(sys, "argv", ["citation_validation_grid.py", "--datasets", "PubMed"])
+    with pytest.raises(SystemExit):
+        grid.main()
+    assert "invalid choice: 'PubMed'" in capsys.readouterr().err
+    monkeypatch.setattr(sys, "argv", ["citation_validation_grid.py", "--datasets", "Cora",
+                                      "CiteSeer"])
+    with pytest.raises(SystemExit):
+        grid.main()
+    assert "CiteSeer: missing ind.citeseer.x" in capsys.readouterr().err
