@@ -27,17 +27,23 @@ import networkx as nx
 import torch
 
 from graphattn import graphs, pe
+from graphattn.functional.attention import BACKENDS
 from graphattn.nn import DenseSelfAttention, GraphSelfAttention
 
 TOLERANCE = 1e-5
 
 
-def patterns(length: int, radius: int, seed: int) -> dict[str, tuple[torch.Tensor, dict]]:
-    """name -> (edge_index, keyword arguments of the dense reference)."""
-    side = math.isqrt(length)
-    if side * side != length or length < 4:
+def grid_side(length: int) -> int:
+    """The side of the square grid of ``length`` pixels; exits unless ``length`` fits."""
+    if length < 4 or math.isqrt(length) ** 2 != length:
         raise SystemExit(f"--length must be a perfect square of at least 4 (the grid is side x "
                          f"side pixels; the small-world graph has degree 4), got {length}")
+    return math.isqrt(length)
+
+
+def patterns(length: int, radius: int, seed: int) -> dict[str, tuple[torch.Tensor, dict]]:
+    """name -> (edge_index, keyword arguments of the dense reference)."""
+    side = grid_side(length)
     G = nx.connected_watts_strogatz_graph(length, 4, 0.2, seed=seed)
     G.add_edges_from((v, v) for v in G)  # every node also attends to itself, as in the others
     edge_sets = {
@@ -95,7 +101,7 @@ def main() -> None:
     parser.add_argument("--channels", type=int, default=8, help="channels per head")
     parser.add_argument("--radius", type=int, default=4, help="window radius")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--backend", default="cpu",
+    parser.add_argument("--backend", default="cpu", choices=["auto", *BACKENDS],
                         help="sparse edge_attention backend of the graph layer (default: cpu)")
     parser.add_argument("--out", type=Path, default=Path("out/attention_patterns"),
                         help="folder for the heatmaps")
@@ -104,6 +110,11 @@ def main() -> None:
     if args.features < 2 or args.features % 2:
         parser.error(f"--features must be even and at least 2 (the sinusoidal positions take a "
                      f"sin and a cos column per frequency), got {args.features}")
+    for flag, value, least in (("--heads", args.heads, 1), ("--channels", args.channels, 1),
+                               ("--radius", args.radius, 0)):
+        if value < least:
+            parser.error(f"{flag} must be at least {least}, got {value}")
+    grid_side(args.length)
 
     torch.manual_seed(args.seed)
     L, F = args.length, args.features

@@ -43,3 +43,21 @@ def test_odd_or_zero_features_are_refused_by_flag_name(monkeypatch, capsys, feat
     with pytest.raises(SystemExit):
         runpy.run_path(str(SCRIPT), run_name="__main__")
     assert "--features must be even and at least 2 " in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--length", "-4"], "--length must be a perfect square of at least 4"),
+    (["--heads", "0"], "--heads must be at least 1, got 0"),
+    (["--channels", "0"], "--channels must be at least 1, got 0"),
+    (["--radius", "-1"], "--radius must be at least 0, got -1"),
+    (["--backend", "foo"], "argument --backend: invalid choice: 'foo'"),
+])
+def test_bad_flag_values_are_refused_by_flag_name(monkeypatch, capsys, argv, message):
+    # These ended in a traceback from torch ("negative dimension -4") or from a constructor
+    # naming its own argument (out_channels for --channels), after the table header.
+    monkeypatch.setattr(sys, "argv", [str(SCRIPT), "--no-plot", *argv])
+    with pytest.raises(SystemExit) as exit_info:
+        runpy.run_path(str(SCRIPT), run_name="__main__")
+    captured = capsys.readouterr()
+    assert message in f"{exit_info.value}{captured.err}"
+    assert "pattern" not in captured.out  # refused before any work
