@@ -412,6 +412,7 @@ def test_tiny_planetoid_with_all_500_validation_nodes_loads(tmp_path, monkeypatc
     ({"ally": np.array([[1.0, 0.0], [0.0, 1.0]] * 250)}, r"label matrices y \(2, 2\)"),
     ({"y": np.array([1.0, 0.0])}, r"ind\.cora\.y cannot be read .*expected a 2-D matrix"),
     ({"graph": [[1], [0]]}, r"ind\.cora\.graph cannot be read .*expected a dict"),
+    ({"graph": {0: ["a"]}}, r"ind\.cora\.graph does not hold adjacency lists of node ids"),
 ])
 def test_tiny_planetoid_that_does_not_fit_together_is_refused(tmp_path, monkeypatch, offline,
                                                               override, message):

@@ -190,6 +190,16 @@ def test_to_dense_mask_rejects_out_of_range_ids():
         graphs.to_dense_mask(torch.zeros(3, 2, dtype=torch.long), 3)
 
 
+@pytest.mark.parametrize("convert", [
+    lambda ei: graphs.to_dense_mask(ei, 2),
+    lambda ei: graphs.to_sparse_adjacency(ei, 2, 2),
+    lambda ei: graphs.to_networkx(ei, 2),
+], ids=["to_dense_mask", "to_sparse_adjacency", "to_networkx"])
+def test_conversions_name_an_edge_index_that_is_not_a_tensor(convert):
+    with pytest.raises(TypeError, match=r"edge_index must be a torch.Tensor, got list"):
+        convert([[0], [1]])
+
+
 def test_from_dense_mask_round_trip():
     gen = torch.Generator().manual_seed(0)
     mask = torch.rand(7, 7, generator=gen) < 0.4

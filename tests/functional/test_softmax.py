@@ -116,6 +116,15 @@ def test_property_sums_to_one_per_group(pairs):
     assert_close(sums[present], torch.ones(int(present.sum()), dtype=torch.float64))
 
 
+def test_compiled_without_num_segments_counts_the_groups_from_index():
+    """Traced by torch.compile, the default group count index.max() + 1 is read inside the
+    graph, not by the eager range check."""
+    src, index = torch.tensor([1.0, 1.0, 5.0, 2.0]), torch.tensor([0, 0, 3, 3])
+    torch._dynamo.reset()
+    compiled = torch.compile(scatter_softmax, backend="aot_eager")
+    assert_close(compiled(src, index), per_group_softmax(src, index, 4))
+
+
 def test_errors():
     with pytest.raises(ValueError, match=r"src must have shape \[E\] or \[E, H\], got \[2, 2, 2\]"):
         scatter_softmax(torch.zeros(2, 2, 2), torch.zeros(2, dtype=torch.long))

@@ -453,6 +453,26 @@ def test_auto_picks_triton_only_for_cuda(monkeypatch):
     assert not tk.use_triton_for(cuda_like)
 
 
+def test_triton_is_unavailable_when_it_does_not_import(monkeypatch):
+    """Without triton installed, ``import triton`` fails: the backend is not listed (and
+    edge_attention(backend="triton") refuses by name, test_clear_error_without_triton)."""
+    monkeypatch.setattr(tk, "_TRITON_IMPORT", {})  # not yet tried
+    monkeypatch.setitem(sys.modules, "triton", None)  # import triton raises ImportError
+    assert tk.triton_available() is False
+    assert "triton" not in attention.available_backends()
+
+
+def test_clear_csr_cache_frees_the_kept_orderings(monkeypatch):
+    monkeypatch.setattr(_tensor_cache, "CACHED_DEVICE_TYPES", {"cuda", "cpu"})
+    monkeypatch.setattr(tk, "_CSR_CACHE", TensorCache(max_entries=8))
+    ei = random_graph(7, 20, seed=3, num_dst=5)
+    tk.graph_csr(ei, by_target=True, num_dst=5, num_src=7)
+    tk.graph_csr(ei, by_target=False, num_dst=5, num_src=7)
+    assert len(tk._CSR_CACHE) == 2
+    tk.clear_csr_cache()
+    assert len(tk._CSR_CACHE) == 0
+
+
 def _call_through(route: str, f, q: torch.Tensor):
     """``f(q)`` called plainly, under torch.func.vmap or jvp, or on a forward-mode dual q: the
     last three run the reference path in place of the kernels (edge_attention's docstring)."""

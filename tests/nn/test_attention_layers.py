@@ -370,6 +370,8 @@ def test_errors_name_the_argument_and_value():
         GraphSelfAttention(4, 2, edge_dim=3)(torch.randn(2, 4), edge_index, torch.randn(2, 2))
     with pytest.raises(ValueError, match=r"x must have shape \[L, F\] or \[B, L, F\], got \[4\]"):
         DenseSelfAttention(4, 2)(torch.randn(4))
+    with pytest.raises(ValueError, match=r"x must have F = in_channels = 4 features, got \[3, 5\]"):
+        DenseSelfAttention(4, 2)(torch.randn(3, 5))
     with pytest.raises(ValueError, match=r"fill_value must be a number, a tensor or one of "
                                          r"\['mean', 'add', 'max', 'min', 'mul'\], got 'sum'"):
         GraphSelfAttention(4, 2, edge_dim=3, fill_value="sum")

@@ -150,6 +150,13 @@ def test_explanation_mask_of_another_size_is_refused_by_shape():
     assert layer(torch.randn(6, F), ei).shape == (6, H * C)  # cleared: no mask
 
 
+def test_explain_without_an_edge_mask_is_refused_by_name():
+    layer = GraphSelfAttention(F, C, heads=H)
+    layer.explain = True  # as an Explainer leaves a layer, but without set_masks
+    with pytest.raises(ValueError, match=r"explain is True but no edge mask is set"):
+        layer(torch.randn(6, F), random_graph(6, 10))
+
+
 def test_attention_explainer_reads_the_same_weights_as_from_gatconv():
     """AttentionExplainer collects alpha through message forward hooks, which ``propagate``
     calls; the layer calls them itself (it failed: "Could not collect any attention

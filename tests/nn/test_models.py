@@ -523,6 +523,20 @@ def test_models_refuse_a_pair_of_in_channels():
         GraphTransformer((5, 5), 8, 3)
 
 
+def test_gat_reset_parameters_redraws_both_layers():
+    """Every projection of both layers is drawn again: Glorot weights, zero biases."""
+    model = GAT(8, 16, 3, heads=4)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(float("nan"))
+    model.reset_parameters()
+    for conv in (model.conv1, model.conv2):
+        for lin in (conv.lin_q, conv.lin_k, conv.lin_v):
+            assert lin.bias.abs().sum() == 0
+            bound = (6 / (lin.in_features + lin.out_features)) ** 0.5
+            assert 0 < lin.weight.abs().max() <= bound
+
+
 def test_graph_transformer_reset_parameters_keeps_the_layers_initialisation():
     """reset_parameters re-draws every weight the way the constructor did: the attention
     layers' Glorot projections with zero biases, not torch's default Linear init."""
