@@ -132,8 +132,9 @@ def select_backend(q: Tensor, edge_index: Tensor, num_src: int | None = None, *,
     of 256 and 512 nodes, H = 4, C = 32, forward+backward on 1 thread: ``"cpu"`` 56 and 146 ms,
     ``"dense"`` 321 and 1289 ms).
 
-    On CUDA: ``"triton"`` when Triton is installed, else ``"reference"``. This is a placeholder
-    rule: the dense path is not chosen on GPUs until GPU measurements exist.
+    On CUDA: ``"triton"`` when Triton is installed and q is fp32, fp16 or bf16, else
+    ``"reference"``. This is a placeholder rule: the dense path is not chosen on GPUs until GPU
+    measurements exist.
 
     Args:
         q (Tensor): queries ``[N_dst, H, C]`` (or ``[N_dst, H]``): device, N_dst, H, dtype and

@@ -288,8 +288,9 @@ def _pair_log_weights(t: Tensor | None, pair: Tensor | None, mask: Tensor, simpl
         m = m.masked_fill_(torch.isinf(m), 0.0)  # (P, H); off the graph, or -inf scores only
     w = torch.exp(t - m[pair])  # (E, H)
     total = scatter_add_rows(w, pair, flat.numel())  # (P, H)
-    # total = 0 where no edge lies or every edge of the pair scores -inf: T = -inf, share 0
-    live = total > 0
+    # total = 0 where no edge lies or every edge of the pair scores -inf: T = -inf, share 0;
+    # a NaN score keeps its NaN (total NaN), which makes its target's row NaN, as the reference
+    live = total != 0
     safe_total = torch.where(live, total, 1.0)
     T = torch.where(live, safe_total.log() + shift, t.new_tensor(float("-inf")))  # (P, H)
     r = w / gather_rows(safe_total, pair)  # (E, H)

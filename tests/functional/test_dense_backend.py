@@ -115,6 +115,27 @@ def test_scores_of_minus_infinity_give_zero_not_nan(score, need_alpha):
     assert (out[1] == 0).all()
 
 
+@pytest.mark.parametrize("edge", [2, 1], ids=["single-edge-pair", "double-edge-pair"])
+@pytest.mark.parametrize("need_alpha", [False, True], ids=["out", "alpha"])
+@pytest.mark.parametrize("score", ["dot", "additive"])
+def test_nan_score_on_a_multigraph_makes_its_target_nan_as_the_reference(score, need_alpha,
+                                                                          edge):
+    # target 0 has in-edges from 0, 1, 2 and 1 again (a double edge): the multigraph path. A
+    # NaN score there once made its pair -inf (masked) instead of making the target's row NaN.
+    edge_index = torch.tensor([[0, 1, 2, 0, 3, 1], [0, 0, 0, 1, 2, 0]])
+    q, k, v, bias = inputs(4, 4, score, 6)
+    bias[edge, 0] = float("nan")
+    results = {}
+    for backend in ("reference", "dense"):
+        result = edge_attention(q, k, v, edge_index, bias=bias, score=score,
+                                return_attention=need_alpha, backend=backend)
+        results[backend] = result if need_alpha else (result,)
+    for got, want in zip(results["dense"], results["reference"], strict=True):
+        assert torch.equal(got.isnan(), want.isnan())
+        assert_close(got.nan_to_num(), want.nan_to_num())
+    assert results["dense"][0][0, 0].isnan().all() and not results["dense"][0][1:].isnan().any()
+
+
 def test_sdpa_path_equals_dense_attention_fp32():
     n_dst, n_src = 70, 50
     edge_index = torch.unique(random_graph(n_src, 900, seed=4, num_dst=n_dst), dim=1)
