@@ -156,6 +156,58 @@ def test_dense_multigraph_path_under_inductor_with_threads(score):
         assert_close(got, want, **COMPILED)
 
 
+@pytest.mark.parametrize(("n_dst", "n_src"), [(3, 0), (0, 0)])
+@pytest.mark.parametrize("score", ["dot", "additive"])
+def test_dense_backend_compiles_graphs_without_source_nodes(score, n_dst, n_src):
+    """torch.compile takes the dense backend's multigraph path, whose per-pair maximum over a
+    target row has no row to reduce when N_src = 0: the result and the gradients are eager's,
+    zeros."""
+    qk_shape = (2,) if score == "additive" else (2, 4)
+    leaves = [torch.randn(n_dst, *qk_shape), torch.randn(n_src, *qk_shape),
+              torch.randn(n_src, 2, 4), torch.zeros(0, 2)]
+    leaves = [t.requires_grad_() for t in leaves]
+    no_edges = torch.empty(2, 0, dtype=torch.long)
+
+    def attend(q, k, v, bias):
+        return edge_attention(q, k, v, no_edges, bias=bias, score=score, return_attention=True,
+                              backend="dense")
+
+    compiled = torch.compile(attend, backend="aot_eager", fullgraph=True)
+    for fn in (attend, compiled):
+        out, alpha = fn(*leaves)
+        assert out.shape == (n_dst, 2, 4) and (out == 0).all() and alpha.shape == (0, 2)
+        grads = torch.autograd.grad(out.sum(), leaves, allow_unused=True)
+        assert all(g is None or (g == 0).all() for g in grads)
+
+
+@pytest.mark.parametrize("transform", ["grad", "vmap_of_grad"])
+def test_dense_backend_compiles_under_torch_func_gradients(transform):
+    """torch.compile over torch.func.grad (and vmap of it) on the dense backend: its row
+    gathers and scatter-adds take plain torch ops there, since the autograd of a
+    torch.library operator does not run under torch.func's gradient transforms."""
+    torch.manual_seed(0)
+    N, E, H, C = 6, 14, 2, 3
+    edge_index = torch.randint(0, N, (2, E))  # multi-edges
+    q, k, v = (torch.randn(N, H, C) for _ in range(3))
+    bias = torch.randn(E, H)
+
+    def loss(q, k, v, bias):
+        out, alpha = edge_attention(q, k, v, edge_index, bias=bias, return_attention=True,
+                                    backend="dense")
+        return out.sin().sum() + alpha.square().sum()
+
+    def grads(q):
+        grad = torch.func.grad(loss, argnums=(0, 1, 2, 3))
+        if transform == "grad":
+            return grad(q, k, v, bias)
+        return torch.func.vmap(grad, in_dims=(0, None, None, None))(q.expand(2, -1, -1, -1),
+                                                                   k, v, bias)
+
+    compiled = torch.compile(grads, backend="aot_eager", fullgraph=True)
+    for got, want in zip(compiled(q), grads(q), strict=True):
+        assert_close(got, want, **COMPILED)
+
+
 def test_node_id_checks_run_inside_the_compiled_graph():
     def attend(q, k, v, edge_index):
         return edge_attention(q, k, v, edge_index)

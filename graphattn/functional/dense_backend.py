@@ -237,14 +237,17 @@ _scatter_add_rows_op.register_autograd(
 
 def gather_rows(x: Tensor, index: Tensor) -> Tensor:
     """``x[index]`` for an int64 ``index`` ``[E]``: ``[E, *]``, an opaque operator under
-    torch.compile (see above)."""
-    return _gather_rows_op(x, index) if torch.compiler.is_compiling() else x[index]
+    torch.compile (see above), except under torch.func's transforms, which the operators'
+    autograd does not support."""
+    if torch.compiler.is_compiling() and not plain_ops_only(x):
+        return _gather_rows_op(x, index)
+    return x[index]
 
 
 def scatter_add_rows(src: Tensor, index: Tensor, num_rows: int) -> Tensor:
     """The rows of ``src`` ``[E, *]`` summed into ``num_rows`` rows at ``index`` ``[E]``, an
-    opaque operator under torch.compile (see above)."""
-    if torch.compiler.is_compiling():
+    opaque operator under torch.compile (see above), except under torch.func's transforms."""
+    if torch.compiler.is_compiling() and not plain_ops_only(src):
         return _scatter_add_rows_op(src, index, num_rows)
     return src.new_zeros(num_rows, *src.shape[1:]).index_add(0, index, src)
 
@@ -281,7 +284,9 @@ def _pair_log_weights(t: Tensor | None, pair: Tensor | None, mask: Tensor, simpl
         m.scatter_reduce_(0, pair.unsqueeze(-1).expand(-1, heads), t, reduce="amax",
                           include_self=True)  # (P, H)
         rows = m.view(*mask.shape, heads)  # (N_dst, N_src, H)
-        top = rows.amax(dim=1, keepdim=True).nan_to_num_(0.0, 0.0, 0.0)  # (N_dst, 1, H)
+        # amax takes no empty dimension: no sources, so no edges (torch.compile comes here)
+        top = (rows.amax(dim=1, keepdim=True).nan_to_num_(0.0, 0.0, 0.0) if rows.size(1) > 0
+               else rows.new_zeros(rows.size(0), 1, heads))  # (N_dst, 1, H)
         # T relative to the largest score of its target row (a shift per row leaves the
         # softmax as it is): log(edge count) would round away next to a score of 1e9 or more
         shift = (rows - top).view(flat.numel(), heads).nan_to_num_(0.0, 0.0, 0.0)  # (P, H)
