@@ -311,6 +311,15 @@ def to_sparse_adjacency(edge_index: Tensor, num_src: int, num_dst: int,
         - **input:** edge_index ``(2, E)``, values ``(E, *)``
         - **output:** adj ``(N_dst, N_src, *)``
     """
+    return _sparse_adjacency_and_values(edge_index, num_src, num_dst, values, layout)[0]
+
+
+def _sparse_adjacency_and_values(edge_index: Tensor, num_src: int, num_dst: int,
+                                 values: Tensor | None = None,
+                                 layout: torch.layout = torch.sparse_csr,
+                                 ) -> tuple[Tensor, Tensor]:
+    """:func:`to_sparse_adjacency`, and its values in the order of its entries ``[E, *]``,
+    differentiable as ``values`` are (a COO tensor's ``_values()`` is not)."""
     num_src = check_non_negative(num_src, "num_src")
     num_dst = check_non_negative(num_dst, "num_dst")
     check_edge_index(edge_index, num_src=num_src, num_dst=num_dst)
@@ -333,12 +342,12 @@ def to_sparse_adjacency(edge_index: Tensor, num_src: int, num_dst: int,
     if layout == torch.sparse_coo:
         return torch.sparse_coo_tensor(torch.stack([major, minor]), values, size,
                                        is_coalesced=bool((key.diff() > 0).all()),
-                                       check_invariants=False)
+                                       check_invariants=False), values
     ptr = torch.zeros(num_major + 1, dtype=torch.long, device=edge_index.device)
     ptr[1:] = torch.bincount(major, minlength=num_major).cumsum(0)
     if layout == torch.sparse_csr:
-        return torch.sparse_csr_tensor(ptr, minor, values, size, check_invariants=False)
-    return torch.sparse_csc_tensor(ptr, minor, values, size, check_invariants=False)
+        return torch.sparse_csr_tensor(ptr, minor, values, size, check_invariants=False), values
+    return torch.sparse_csc_tensor(ptr, minor, values, size, check_invariants=False), values
 
 
 def from_networkx(G: nx.Graph, edge_attrs: Sequence[str] | None = None,

@@ -29,7 +29,7 @@ from graphattn.functional.attention import (
     edge_attention_unchecked,
 )
 from graphattn.functional.dropout import dropout
-from graphattn.graphs import SPARSE_LAYOUTS, from_sparse_adjacency, to_sparse_adjacency
+from graphattn.graphs import SPARSE_LAYOUTS, _sparse_adjacency_and_values, from_sparse_adjacency
 
 
 def _linear(in_features: int, out_features: int, bias: bool) -> Linear | LazyLinear:
@@ -417,8 +417,8 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         if return_attention_weights:
             out, alpha = result
             if adjacency is not None:
-                adj = to_sparse_adjacency(edge_index, N_src, N_dst, alpha, adjacency.layout)
-                alpha = adj._values() if adj.layout == torch.sparse_coo else adj.values()
+                adj, alpha = _sparse_adjacency_and_values(edge_index, N_src, N_dst, alpha,
+                                                          adjacency.layout)
                 return self._merge_heads(out, x_dst), (adj, alpha)  # alpha in entries' order
             return self._merge_heads(out, x_dst), (edge_index, alpha)
         return self._merge_heads(result, x_dst)  # (N_dst, H*C) or (N_dst, C)

@@ -6,6 +6,7 @@ from conftest import GRAPHS, assert_agrees_with_pyg, assert_close, dense_mask, r
 from torch_geometric.nn import TransformerConv
 
 from graphattn.functional import dropout_mask, edge_attention, edge_terms
+from graphattn.graphs import to_sparse_adjacency
 from graphattn.nn import DenseSelfAttention, GraphSelfAttention
 
 
@@ -606,6 +607,27 @@ def test_sparse_adjacency_edge_attr_follows_stored_entries():
     with pytest.raises(ValueError, match=rf"edge_attr must have shape \[E, edge_dim\] = "
                                          rf"\[{ei.size(1)}, 3\], got \[{ei.size(1) - 1}, 3\]"):
         layer(x, adj_t, edge_attr[:-1])
+
+
+@pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr, torch.sparse_csc],
+                         ids=str)
+def test_sparse_adjacency_weights_carry_their_gradient(layout):
+    """The weights returned for a sparse adjacency are differentiable as for an edge_index (an
+    attention regulariser): COO's ``_values()`` had no gradient, and CSR / CSC ``values()``
+    failed in backward on a multi-edge."""
+    ei = torch.tensor([[0, 1, 2, 3, 1, 0, 2], [1, 2, 0, 1, 1, 3, 0]])  # 2 -> 0 twice
+    adj_t = to_sparse_adjacency(ei, 5, 5, layout=layout)  # the multi-edge kept twice
+    torch.manual_seed(0)
+    layer = GraphSelfAttention(5, 4, heads=2)
+    x = torch.randn(5, 5)
+    grads = []
+    for graph in (ei, adj_t):
+        layer.zero_grad()
+        out, (_, alpha) = layer(x, graph, return_attention_weights=True)
+        (out.sum() + (alpha ** 2).sum()).backward()
+        grads.append(param_grads(layer))
+    for name, want in grads[0].items():
+        assert_close(grads[1][name], want)
 
 
 def test_sparse_adjacency_shape_error():
