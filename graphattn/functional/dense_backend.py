@@ -57,9 +57,10 @@ def sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
             return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, **options)
     tensors = (q, k, v, attn_mask)
     grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-    if q.dim() not in (3, 4) or (grad and dropout_p > 0):
+    if q.dim() not in (3, 4) or (grad and dropout_p > 0) or 0 in (q.size(-3), v.size(-3)):
         # with dropout a fused backward would need the same draw again: SDPA as it is (the
-        # math path for 3-D inputs and on CPU)
+        # math path for 3-D inputs and on CPU). No heads: SDPA as it is, whose own checks
+        # keep them from the CPU flash operator (it divides by H: SIGFPE).
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, **options)
     batched = q.dim() == 4
     if not batched:

@@ -1,4 +1,6 @@
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -140,6 +142,30 @@ def test_zero_channels_give_uniform_weights(is_causal, return_attention):
     ref, _ = explicit_attention(q, k, v, mask.tril() if is_causal else mask, scale=1.0)
     result = dense_attention(q, k, v, is_causal=is_causal, return_attention=return_attention)
     assert_close(result[0] if return_attention else result, ref)
+
+
+NO_HEADS = """
+import torch
+from graphattn.functional import dense_attention, edge_attention
+q = torch.randn(4, 0, 3, requires_grad=True)  # (N, H = 0, C)
+outs = [dense_attention(q, q, q), dense_attention(q[None], q[None], q[None], is_causal=True),
+        dense_attention(q, q, q, torch.ones(4, 4, dtype=torch.bool)),
+        dense_attention(q, q, q, batch=torch.tensor([1, 0, 1, 1])),
+        edge_attention(q, q, q, torch.tensor([[0, 1], [1, 2]]), backend="dense")]
+sum(out.sum() for out in outs).backward()
+print([list(out.shape) for out in outs], list(q.grad.shape))
+"""
+
+
+def test_no_heads_give_empty_outputs_with_gradients():
+    """H = 0 with gradients: torch's CPU flash operator divides by H (SIGFPE, the process
+    dies), so sdpa hands such inputs to SDPA, which returns empty outputs. In a fresh process:
+    a crash must fail the test, not end the session."""
+    done = subprocess.run([sys.executable, "-c", NO_HEADS], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, f"returncode {done.returncode}: {done.stderr[-3000:]}"
+    assert done.stdout.strip() == ("[[4, 0, 3], [1, 4, 0, 3], [4, 0, 3], [4, 0, 3], [4, 0, 3]] "
+                                   "[4, 0, 3]")
 
 
 @pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])
