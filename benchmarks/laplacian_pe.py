@@ -19,7 +19,6 @@ Writes ``results/laplacian_pe.md`` and ``.csv`` (``laplacian_pe_quick.*`` with `
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 import multiprocessing as mp
 import platform
@@ -27,18 +26,18 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import scipy.sparse as sp
 import torch
+from _child import call_in_child
 from _machine import cpu_name
+from _report import write_table
 from tqdm import tqdm
 
 from graphattn import graphs, pe
 from graphattn.datasets import load_planetoid
 
-RESULTS = Path(__file__).resolve().parent / "results"
 METHODS = ("dense", "shift-invert", "lanczos")
 
 
@@ -71,8 +70,10 @@ def cases(quick: bool) -> list[Case]:
     return out
 
 
-def run(method: str, edge_index: torch.Tensor, num_nodes: int, k: int, queue) -> None:
-    """In the child: one ``laplacian_pe`` call with ``method`` forced; sends (seconds, values)."""
+def run(method: str, edge_index: torch.Tensor, num_nodes: int, k: int
+        ) -> tuple[float, np.ndarray]:
+    """In the child: one ``laplacian_pe`` call with ``method`` forced; its seconds and
+    eigenvalues."""
     torch.set_default_dtype(torch.float64)  # eigenvalues compared to more than float32 digits
     if method != "dense":
         pe.SHIFT_INVERT_MAX_ENVELOPE = 2**62 if method == "shift-invert" else -1
@@ -80,27 +81,15 @@ def run(method: str, edge_index: torch.Tensor, num_nodes: int, k: int, queue) ->
     t0 = time.perf_counter()
     _, values = pe.laplacian_pe(edge_index, num_nodes, k, solver=solver, pad=True,
                                 return_eigenvalues=True)
-    queue.put((time.perf_counter() - t0, values.double().numpy()))
+    return time.perf_counter() - t0, values.double().numpy()
 
 
 def timed(method: str, case: Case, k: int, timeout: float) -> tuple[float, np.ndarray] | None:
-    """Seconds and eigenvalues of one call in a child process, ``None`` past ``timeout``.
-
-    The children fork from a server process that has imported graphattn and run nothing (a
-    plain fork of this process could inherit a BLAS or OpenMP lock held by one of its threads).
-    """
-    ctx = mp.get_context("forkserver")
-    queue = ctx.Queue()
-    proc = ctx.Process(target=run, args=(method, case.edge_index, case.num_nodes, k, queue))
-    proc.start()
-    proc.join(timeout)
-    if proc.is_alive():
-        proc.kill()
-        proc.join()
-        return None
-    if proc.exitcode != 0:
-        raise RuntimeError(f"{method} on {case.name} (k={k}) exited with {proc.exitcode}")
-    return queue.get()
+    """Seconds and eigenvalues of one call in a child process, ``None`` past ``timeout``."""
+    status, result = call_in_child(run, (method, case.edge_index, case.num_nodes, k), timeout)
+    if status not in ("ok", "timeout"):
+        raise RuntimeError(f"{method} on {case.name} (k={k}): {status}")
+    return result
 
 
 def auto_method(case: Case) -> str:
@@ -176,22 +165,13 @@ def main() -> None:
                 "lanczos / shift-invert": "" if math.isnan(ratio) else f"{ratio:.1f}x",
                 "max eigenvalue difference": spread, "auto takes": choice,
             })
-    RESULTS.mkdir(exist_ok=True)
-    with open(RESULTS / f"{name}.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    lines = ["# `laplacian_pe` time by eigensolver\n", *(f"{h}  " for h in header), "",
-             f"Median wall time in seconds of `laplacian_pe(edge_index, N, k)` over "
-             f"{args.repeats} interleaved repeats, each in a fresh process, in float64 (so it "
-             f"includes building the Laplacian, but not the import). `shift-invert` and "
-             f"`lanczos` are the two methods of `solver=\"sparse\"`, forced; `auto takes` is what "
-             f"`solver=\"auto\"` picks on that graph. The eigenvalue difference is the largest "
-             f"between the methods that finished.", "",
-             "| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
-    lines += ["| " + " | ".join(str(v) for v in row.values()) + " |" for row in rows]
-    text = "\n".join(lines) + "\n"
-    (RESULTS / f"{name}.md").write_text(text)
+    note = (f"Median wall time in seconds of `laplacian_pe(edge_index, N, k)` over "
+            f"{args.repeats} interleaved repeats, each in a fresh process, in float64 (so it "
+            f"includes building the Laplacian, but not the import). `shift-invert` and "
+            f"`lanczos` are the two methods of `solver=\"sparse\"`, forced; `auto takes` is "
+            f"what `solver=\"auto\"` picks on that graph. The eigenvalue difference is the "
+            f"largest between the methods that finished.")
+    text = write_table(name, "`laplacian_pe` time by eigensolver", header, note, rows)
     print(text)
 
 

@@ -74,9 +74,9 @@ _SIGN_TIE_RTOL = 1e-6
 
 SOLVERS = ("auto", "dense", "sparse")
 
-#: :func:`random_walk_pe` multiplies the rows of the walk matrix's powers as sparse matrices
-#: while a product has at most this many entries; above it (expander-like graphs, whose powers
-#: fill in) it multiplies dense blocks of columns of the identity.
+#: :func:`random_walk_pe` multiplies the rows and columns of the walk matrix's half powers as
+#: sparse matrices while a product has at most this many entries; above it (expander-like
+#: graphs, whose powers fill in) it multiplies dense blocks of columns of the identity.
 RANDOM_WALK_SPARSE_MAX_NNZ = 1 << 23
 
 
@@ -422,60 +422,109 @@ def _envelope(lap: sp.csr_matrix) -> int:
     return int((np.arange(pattern.shape[0]) - first).sum())
 
 
-def random_walk_pe(edge_index: Tensor, num_nodes: int, k: int) -> Tensor:
+def random_walk_pe(edge_index: Tensor, num_nodes: int, k: int, *,
+                   edge_weight: Tensor | None = None) -> Tensor:
     r"""Random-walk positional encoding: the return probabilities of 1..k-step walks.
 
-    A walker at node j moves along one of j's outgoing edges ``j -> i``, chosen uniformly
-    (parallel edges count separately, a self-loop lets it stay):
+    A walker at node j moves along one of j's outgoing edges ``j -> i``, chosen uniformly, or
+    with probability proportional to its weight when ``edge_weight`` is given (parallel edges
+    count separately, a self-loop lets it stay):
 
     .. math::
-        P = D_{\text{out}}^{-1} A, \qquad A_{ji} = \#\{\text{edges } j \to i\}, \qquad
+        P = D_{\text{out}}^{-1} A, \qquad A_{ji} = \sum_{\text{edges } e = j \to i} w_e,
+        \qquad D_{\text{out}} = \operatorname{diag}(A \mathbf{1}), \qquad
         \mathrm{PE}[i, t - 1] = (P^t)_{ii}, \quad t = 1 .. k
 
-    A node without outgoing edges ends every walk: its return probabilities are 0. On graphs
-    without parallel edges this is PyG's ``AddRandomWalkPE``; on a multigraph with at most
-    2000 nodes that one keeps a single copy of each parallel edge, weighted by the inverse
-    degree counted with all copies, so its rows of P sum to less than 1. Unlike
+    with :math:`w_e = 1` without weights (:math:`A_{ji}` counts the edges), so an edge of
+    integer weight w is w parallel edges. A node without outgoing edges (or whose weights sum
+    to 0) ends every walk: its return probabilities are 0. Every entry is a probability, in
+    [0, 1]. Without weights, on graphs without parallel edges, this is PyG's
+    ``AddRandomWalkPE``; on a multigraph with at most 2000 nodes that one keeps a single copy
+    of each parallel edge, weighted by the inverse degree counted with all copies, so its rows
+    of P sum to less than 1; and with weights it gives each edge :math:`1 / \max(1, d_j)`,
+    :math:`d_j` the weighted degree, not :math:`w_e / d_j`, so its entries can exceed 1
+    (pyg-team/pytorch_geometric#10098). Unlike
     :func:`laplacian_pe` the encoding is unique (no sign or basis choice) and relabelling the
-    nodes permutes its rows. Computed in float64, on blocks of nodes: as sparse rows of
-    :math:`P^t` while they stay sparse (walks on paths, grids and meshes stay local: time
-    linear in N; see :data:`RANDOM_WALK_SPARSE_MAX_NNZ`), else by sparse products on dense
-    blocks of columns of the identity, so memory stays ``O(E + N * block)``.
+    nodes permutes its rows. Computed in float64, on blocks of nodes: each diagonal entry as
+    the product of a row and a column of the half powers,
+    :math:`(P^t)_{ii} = \sum_j (P^{\lceil t/2 \rceil})_{ij} (P^{\lfloor t/2 \rfloor})_{ji}`,
+    multiplied as sparse matrices while they stay sparse (walks on paths, grids and meshes stay
+    local: time linear in N; see :data:`RANDOM_WALK_SPARSE_MAX_NNZ`), the columns taken from
+    the rows on undirected graphs; else by sparse products on dense blocks of columns of the
+    identity, so memory stays ``O(E + N * block)``. ``benchmarks/random_walk_pe.py`` times it
+    against PyG's ``AddRandomWalkPE``.
 
     Args:
         edge_index (Tensor): ``[2, E]`` integer.
         num_nodes (int): number of nodes N.
         k (int): number of walk lengths.
+        edge_weight (Tensor, optional): ``[E]`` non-negative finite weight of each edge, the
+            walker's preference for it. (default: ``None``, every edge 1)
 
     Shapes:
-        - **input:** edge_index ``(2, E)``
+        - **input:** edge_index ``(2, E)``, edge_weight ``(E)``
         - **output:** ``(N, k)`` in the default float dtype on the device of ``edge_index``
     """
     num_nodes = check_non_negative(num_nodes, "num_nodes")
     k = check_positive(k, "k")
     check_edge_index(edge_index, num_src=num_nodes, num_dst=num_nodes)
     src, dst = edge_index.long().cpu().numpy()
-    adj = sp.csr_matrix((np.ones(src.size), (src, dst)), shape=(num_nodes, num_nodes))
+    weight = np.ones(src.size) if edge_weight is None else _walk_weights(edge_weight, src.size)
+    adj = sp.csr_matrix((weight, (src, dst)), shape=(num_nodes, num_nodes))
     out_deg = np.asarray(adj.sum(axis=1)).ravel()
     inv_deg = np.zeros_like(out_deg)
     np.divide(1.0, out_deg, out=inv_deg, where=out_deg > 0)
     walk = (sp.diags(inv_deg) @ adj).tocsr()  # (N, N) row-stochastic (or zero rows)
-    return_prob = _return_probabilities(walk, k)  # (N, k)
+    symmetric = (adj != adj.T).nnz == 0  # undirected: the columns of P follow from its rows
+    return_prob = _return_probabilities(walk, k, out_deg if symmetric else None)  # (N, k)
     return torch.from_numpy(return_prob).to(device=edge_index.device,
                                             dtype=torch.get_default_dtype())
 
 
-def _return_probabilities(walk: sp.csr_matrix, k: int) -> np.ndarray:
-    """The diagonals of ``walk^1 .. walk^k``, ``[N, k]``, block of nodes by block of nodes.
+def _walk_weights(edge_weight: Tensor, num_edges: int) -> np.ndarray:
+    """``edge_weight`` as float64 numpy ``[E]``, checked: a floating-point tensor of shape
+    ``[E]`` whose entries are finite and non-negative."""
+    if not isinstance(edge_weight, Tensor) or not edge_weight.is_floating_point():
+        what = edge_weight.dtype if isinstance(edge_weight, Tensor) else type(edge_weight).__name__
+        raise TypeError(f"edge_weight must be a floating-point tensor, got {what}")
+    if edge_weight.shape != (num_edges,):
+        raise ValueError(f"edge_weight must have shape [E] = [{num_edges}], "
+                         f"got {list(edge_weight.shape)}")
+    weight = edge_weight.detach().double().cpu().numpy()
+    bad = ~np.isfinite(weight) | (weight < 0)
+    if bad.any():
+        raise ValueError(f"edge_weight must be finite and non-negative, got "
+                         f"{float(weight[bad][0])} at edge {int(np.flatnonzero(bad)[0])}")
+    return weight
 
-    A block's rows of the powers are multiplied as a sparse matrix while each product has at
-    most :data:`RANDOM_WALK_SPARSE_MAX_NNZ` entries (a bound counted before it is formed): walks
-    on paths, grids and meshes stay local, so the whole graph is one block or a few, in time
-    linear in N. A block whose rows fill in is halved, down to ``2^23 / N`` nodes, whose
-    columns of the powers are multiplied as a dense ``[N, block]`` matrix."""
+
+def _return_probabilities(walk: sp.csr_matrix, k: int,
+                          degree: np.ndarray | None = None) -> np.ndarray:
+    r"""The diagonals of ``walk^1 .. walk^k``, ``[N, k]``, block of nodes by block of nodes.
+
+    A diagonal entry of a power is the product of a row of one half power and a column of the
+    other, :math:`(P^{a + b})_{ii} = \sum_j (P^a)_{ij} (P^b)_{ji}` with
+    :math:`a = \lceil t / 2 \rceil`, :math:`b = \lfloor t / 2 \rfloor`, so a block needs the
+    rows and the columns of the powers up to :math:`\lceil k / 2 \rceil` only. ``degree``
+    (the degrees D of a symmetric adjacency A, with ``walk`` = :math:`D^{-1} A`) says the
+    columns follow from the rows, :math:`(P^b)_{ji} = d_i (P^b)_{ij} / d_j`, since
+    :math:`P^\top = D P D^{-1}`: then only the rows are multiplied.
+
+    Rows and columns are multiplied as sparse matrices while each product has at most
+    :data:`RANDOM_WALK_SPARSE_MAX_NNZ` entries (a bound counted before it is formed): walks on
+    paths, grids and meshes stay local, and the half powers fill in far less than the full
+    ones (on a grid, :math:`(2a + 1)^2` entries a row instead of :math:`(2t + 1)^2`), so the
+    whole graph is one block or a few, in time linear in N. A block whose rows fill in is
+    halved, down to ``2^23 / N`` nodes, whose columns of the powers are multiplied as a dense
+    ``[N, block]`` matrix."""
     num_nodes = walk.shape[0]
     out = np.zeros((num_nodes, k))
     row_nnz = np.diff(walk.indptr)  # (N,) entries of each row of the walk
+    if degree is None:
+        walk_t = walk.transpose().tocsr()  # (N, N): rows of P^T are the columns of P
+        col_nnz = np.diff(walk_t.indptr)  # (N,) entries of each column
+    else:
+        inv_degree = np.divide(1.0, degree, out=np.zeros_like(degree), where=degree > 0)
     dense_block = max(1, (1 << 23) // max(num_nodes, 1))
     pending = [(0, num_nodes)]  # node ranges [start, stop) still to compute
     while pending:
@@ -488,15 +537,32 @@ def _return_probabilities(walk: sp.csr_matrix, k: int) -> np.ndarray:
                 y = walk @ y  # (N, B): columns of P^(t+1)
                 out[nodes, t] = y[nodes, nodes - start]
             continue
-        rows = walk[start:stop]  # (B, N): rows of P^(t+1), sparse
-        for t in range(k):
-            if t and int(row_nnz[rows.indices].sum()) > RANDOM_WALK_SPARSE_MAX_NNZ:
-                mid = (start + stop) // 2  # bounds nnz(rows @ walk): too many, split
-                pending += [(mid, stop), (start, mid)]
-                break
-            if t:
-                rows = rows @ walk
-            out[nodes, t] = np.asarray(rows[nodes - start, nodes]).ravel()
+        rows = walk[start:stop]  # (B, N): rows of P^a, sparse
+        previous = None  # (B, N): rows of P^(a-1), for the columns of P^b when b = a - 1
+        cols = None  # (B, N): rows of (P^T)^b, the columns of P^b (without degree)
+        for t in range(1, k + 1):
+            a, b = (t + 1) // 2, t // 2
+            if a > 1 and a > b:  # a grew: rows of P^a from those of P^(a-1)
+                if int(row_nnz[rows.indices].sum()) > RANDOM_WALK_SPARSE_MAX_NNZ:
+                    break  # bounds nnz(rows @ walk): too many
+                previous, rows = rows, rows @ walk
+            elif degree is None and b > 1:  # b grew: columns of P^b
+                if int(col_nnz[cols.indices].sum()) > RANDOM_WALK_SPARSE_MAX_NNZ:
+                    break
+                cols = cols @ walk_t
+            elif degree is None and b == 1:
+                cols = walk_t[start:stop]
+            if b == 0:
+                out[nodes, t - 1] = np.asarray(rows[nodes - start, nodes]).ravel()
+            elif degree is None:  # sum_j (P^a)_ij (P^b)_ji
+                out[nodes, t - 1] = np.asarray(rows.multiply(cols).sum(axis=1)).ravel()
+            else:  # d_i sum_j (P^a)_ij (P^b)_ij / d_j
+                both = rows.power(2) if a == b else rows.multiply(previous)  # (B, N)
+                out[nodes, t - 1] = degree[nodes] * (both @ inv_degree)
+        else:
+            continue
+        mid = (start + stop) // 2  # a product would have too many entries: split
+        pending += [(mid, stop), (start, mid)]
     return out
 
 
@@ -586,7 +652,9 @@ class AddLaplacianPE(BaseTransform):
 
 
 class AddRandomWalkPE(BaseTransform):
-    r"""PyG transform that stores :func:`random_walk_pe` of ``data.edge_index`` on the graph.
+    r"""PyG transform that stores :func:`random_walk_pe` of ``data.edge_index`` on the graph,
+    with the walk weighted by ``data.edge_weight`` when the graph has one (as PyG's
+    ``AddRandomWalkPE`` reads it).
 
     Args:
         k (int): number of walk lengths.
@@ -595,7 +663,8 @@ class AddRandomWalkPE(BaseTransform):
             ``x`` is converted to the encoding's). (default: ``"random_walk_pe"``)
 
     Shapes:
-        - **input:** ``Data`` with ``edge_index (2, E)`` (none: no edges) and ``num_nodes`` N
+        - **input:** ``Data`` with ``edge_index (2, E)`` (none: no edges), ``num_nodes`` N and
+          optionally ``edge_weight (E)``
         - **output:** the same ``Data`` (shallow copy) with ``random_walk_pe (N, k)``
     """
 
@@ -605,7 +674,9 @@ class AddRandomWalkPE(BaseTransform):
         self.attr_name = attr_name
 
     def forward(self, data: Data) -> Data:
-        pe = random_walk_pe(*_graph_of(data, "AddRandomWalkPE"), self.k)
+        edge_index, num_nodes = _graph_of(data, "AddRandomWalkPE")
+        edge_weight = data.edge_weight if "edge_weight" in data else None
+        pe = random_walk_pe(edge_index, num_nodes, self.k, edge_weight=edge_weight)
         return _add_node_attr(data, pe, self.attr_name)
 
     def __repr__(self) -> str:

@@ -6,7 +6,10 @@ from __future__ import annotations
 import argparse
 import csv
 import math
+import os
+import statistics
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -16,8 +19,11 @@ from conftest import random_graph
 from torch_geometric.data import Data
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import _child  # noqa: E402
+import _report  # noqa: E402
 import batched_global  # noqa: E402
 import citation_accuracy  # noqa: E402
+import random_walk_pe  # noqa: E402
 import sparse_vs_dense  # noqa: E402
 import vs_pyg  # noqa: E402
 
@@ -166,3 +172,44 @@ def test_citation_validation_grid_refuses_what_it_cannot_run_before_training(mon
     with pytest.raises(SystemExit):
         grid.main()
     assert "CiteSeer: missing ind.citeseer.x" in capsys.readouterr().err
+
+
+def test_call_in_child_reports_each_way_a_call_ends():
+    """A result (one larger than a pipe's buffer: read while the child runs, not after it
+    exits), a timeout, a failed allocation under the address-space limit (Python's and
+    torch's), another error, and a child that dies without a word."""
+    status, value = _child.call_in_child(os.urandom, (50_000_000,), 60)
+    assert status == "ok" and len(value) == 50_000_000
+    t0 = time.perf_counter()
+    assert _child.call_in_child(time.sleep, (60,), 0.5) == ("timeout", None)
+    assert time.perf_counter() - t0 < 30
+    limit = 16 * 2**30
+    assert _child.call_in_child(bytearray, (2 * limit,), 60, memory_limit=limit) == (
+        "out of memory", None)
+    assert _child.call_in_child(torch.empty, (2 * limit,), 60, memory_limit=limit) == (
+        "out of memory", None)
+    status, value = _child.call_in_child(torch.zeros, ((-1,),), 60)
+    assert status.startswith("failed: ") and "non-negative" in status and value is None
+    with pytest.raises(RuntimeError, match="abort exited with -6 and no result"):
+        _child.call_in_child(os.abort, (), 60)
+
+
+def test_random_walk_pe_benchmark_fills_its_table(monkeypatch, tmp_path):
+    """Both encodings timed at every repeat, in agreement; the ratio is PyG's median time over
+    graphattn's. (Each call is a fresh process: one small graph keeps this short.)"""
+    from graphattn import graphs
+
+    grid = random_walk_pe.Case("grid-3x4", graphs.grid_graph(3, 4), 12)
+    monkeypatch.setattr(random_walk_pe, "cases", lambda quick, root: [grid])
+    monkeypatch.setattr(_report, "RESULTS", tmp_path)
+    monkeypatch.setattr(sys, "argv", ["random_walk_pe.py", "--quick", "--repeats", "2",
+                                      "--ks", "5"])
+    random_walk_pe.main()
+    with open(tmp_path / "random_walk_pe_quick.csv") as f:
+        (row,) = list(csv.DictReader(f))
+    ours, theirs = (grid.times[(5, m)] for m in random_walk_pe.METHODS)
+    assert len(ours) == len(theirs) == 2
+    assert row["PyG / graphattn"] == f"{statistics.median(theirs) / statistics.median(ours):.1f}x"
+    assert float(row["max difference"]) < 1e-6
+    edges = grid.edge_index.size(1)
+    assert f"| grid-3x4 | 12 | {edges} | 5 |" in (tmp_path / "random_walk_pe_quick.md").read_text()

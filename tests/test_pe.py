@@ -483,6 +483,18 @@ def test_laplacian_pe_leaves_isolated_nodes_out_of_the_dense_solver(monkeypatch)
      r"k must be a positive integer, got 0"),
     (lambda: pe.random_walk_pe(graphs.chain_graph(4).float(), 4, 2), TypeError,
      r"edge_index must have an integer dtype"),
+    (lambda: pe.random_walk_pe(graphs.chain_graph(4), 4, 2, edge_weight=torch.ones(6, 1)),
+     ValueError, r"edge_weight must have shape \[E\] = \[6\], got \[6, 1\]"),
+    (lambda: pe.random_walk_pe(graphs.chain_graph(4), 4, 2, edge_weight=torch.ones(6).long()),
+     TypeError, r"edge_weight must be a floating-point tensor, got torch.int64"),
+    (lambda: pe.random_walk_pe(graphs.chain_graph(4), 4, 2, edge_weight=[1.0] * 6),
+     TypeError, r"edge_weight must be a floating-point tensor, got list"),
+    (lambda: pe.random_walk_pe(graphs.chain_graph(4), 4, 2,
+                               edge_weight=torch.tensor([1.0, 1, 1, -0.5, 1, 1])),
+     ValueError, r"edge_weight must be finite and non-negative, got -0.5 at edge 3"),
+    (lambda: pe.random_walk_pe(graphs.chain_graph(4), 4, 2,
+                               edge_weight=torch.tensor([1.0, 1, 1, 1, 1, float("nan")])),
+     ValueError, r"edge_weight must be finite and non-negative, got nan at edge 5"),
 ])
 def test_pe_errors(call, error, match):
     with pytest.raises(error, match=match):
@@ -529,6 +541,50 @@ def test_random_walk_pe_against_matrix_powers():
                  dtype=torch.float32)
 
 
+def test_random_walk_pe_with_edge_weights_against_matrix_powers():
+    n, k = 15, 6
+    gen = torch.Generator().manual_seed(3)
+    edge_index = torch.randint(0, n, (2, 40), generator=gen)  # multi-edges, loops, sinks
+    weight = torch.rand(40, generator=gen, dtype=torch.float64)
+    weight[:3] = 0.0  # an edge of weight 0 is no edge
+    adj = np.zeros((n, n))
+    np.add.at(adj, (edge_index[0].numpy(), edge_index[1].numpy()), weight.numpy())
+    out_deg = adj.sum(axis=1, keepdims=True)
+    walk = np.divide(adj, out_deg, out=np.zeros_like(adj), where=out_deg > 0)
+    expected = np.stack([np.diag(np.linalg.matrix_power(walk, t)) for t in range(1, k + 1)], 1)
+    assert_close(pe.random_walk_pe(edge_index, n, k, edge_weight=weight),
+                 torch.from_numpy(expected), dtype=torch.float32)
+    assert_close(pe.random_walk_pe(edge_index[:, 3:], n, k, edge_weight=weight[3:].float()),
+                 torch.from_numpy(expected), dtype=torch.float32)
+
+
+@pytest.mark.parametrize("directed", [True, False], ids=["directed", "undirected"])
+@pytest.mark.parametrize("n", [50, 8192], ids=["dense-blocks", "sparse-rows"])
+def test_random_walk_pe_integer_weights_are_parallel_edges(n, directed):
+    # an edge of weight w walks as w copies of it, on every route; scaling every weight
+    # changes nothing
+    gen = torch.Generator().manual_seed(6)
+    edge_index = torch.randint(0, n, (2, 2 * n), generator=gen)
+    copies = torch.randint(1, 4, (2 * n,), generator=gen)
+    if not directed:
+        edge_index, copies = torch.cat([edge_index, edge_index.flip(0)], 1), copies.repeat(2)
+    weighted = pe.random_walk_pe(edge_index, n, 5, edge_weight=copies.double())
+    assert_close(weighted, pe.random_walk_pe(edge_index.repeat_interleave(copies, dim=1), n, 5))
+    assert_close(pe.random_walk_pe(edge_index, n, 5, edge_weight=copies * 0.25), weighted)
+
+
+def test_random_walk_pe_weighted_encodings_are_probabilities():
+    # PyG's AddRandomWalkPE gives 22252.1 on this graph (pyg-team/pytorch_geometric#10098): it
+    # weights every edge by 1 / max(1, weighted degree), without the edge's own weight
+    torch.manual_seed(42)
+    edge_index = torch.randint(0, 100, (2, 1000))
+    edge_weight = torch.rand(1000)
+    enc = pe.random_walk_pe(edge_index, 100, 20, edge_weight=edge_weight)
+    assert enc.min() >= 0 and enc.max() <= 1
+    data = Data(edge_index=edge_index, edge_weight=edge_weight, num_nodes=100)
+    assert torch.equal(pe.AddRandomWalkPE(20)(data).random_walk_pe, enc)
+
+
 def test_random_walk_pe_equals_pyg_without_parallel_edges():
     n, k = 40, 5
     gen = torch.Generator().manual_seed(4)
@@ -548,8 +604,9 @@ def test_random_walk_pe_in_several_blocks(monkeypatch):
 
 
 def test_random_walk_pe_on_a_long_path():
-    # P^t of a path has t + 1 entries per row: one sparse block, O(N k^2), about 0.2 s here
-    # (dense blocks of columns of the identity, 2^23 / N nodes at a time, took 25 s)
+    # the half powers P^a of a path have a + 1 entries a row: one sparse block, O(N k^2), a
+    # few hundredths of a second here (dense blocks of columns of the identity, 2^23 / N nodes
+    # at a time, took 25 s)
     n, k = 30_000, 8
     enc = pe.random_walk_pe(graphs.chain_graph(n), n, k)
     assert_close(enc[[0, 1, n // 2, n - 1], :4],
@@ -561,13 +618,42 @@ def test_random_walk_pe_sparse_and_dense_blocks_agree(monkeypatch):
     n, k = 8192, 6  # dense blocks of 2^23 / n = 1024 nodes
     gen = torch.Generator().manual_seed(5)
     edge_index = torch.randint(0, n, (2, 2 * n), generator=gen)  # multi-edges, loops, sinks
+    # every node points at node 0 too: sparse rows of P, but a full column, so the columns of
+    # the powers fill in where the rows do not (and P is far from symmetric)
+    hub = torch.stack([torch.arange(n), torch.zeros(n, dtype=torch.long)])
+    edge_index = torch.cat([edge_index, hub], dim=1)
     monkeypatch.setattr(pe, "RANDOM_WALK_SPARSE_MAX_NNZ", 0)  # dense blocks only
     dense = pe.random_walk_pe(edge_index, n, k)
-    # 10^18: one sparse block; 150_000 halves the graph after 4 steps and the halves again
-    # after 5; 80_000 splits after 3 to 5 steps down to dense blocks
-    for max_nnz in (10**18, 150_000, 80_000):
+    # 10^18: one sparse block; 100_000 halves the graph at the rows of P^3 (t = 5), then one
+    # half at the columns of P^3 (t = 6); 40_000 splits at rows and columns of P^2 and P^3
+    # (t = 3 to 5), down to dense blocks
+    for max_nnz in (10**18, 100_000, 40_000):
         monkeypatch.setattr(pe, "RANDOM_WALK_SPARSE_MAX_NNZ", max_nnz)
         assert_close(pe.random_walk_pe(edge_index, n, k), dense)
+
+
+def test_random_walk_pe_undirected_graphs_take_the_columns_from_the_rows(monkeypatch):
+    # an undirected multigraph with loops and 10 isolated nodes: P^T = D P D^-1, so the
+    # columns of the powers come from their rows; the dense blocks compute columns outright
+    n, k = 8192, 6
+    gen = torch.Generator().manual_seed(5)
+    edge_index = torch.randint(0, n - 10, (2, 2 * n), generator=gen)
+    edge_index = torch.cat([edge_index, edge_index.flip(0)], dim=1)
+    adj = sp.csr_matrix((np.ones(edge_index.size(1)), edge_index.numpy()), shape=(n, n))
+    degree = np.asarray(adj.sum(axis=1)).ravel()
+    monkeypatch.setattr(pe, "RANDOM_WALK_SPARSE_MAX_NNZ", 0)  # dense blocks only
+    dense = pe.random_walk_pe(edge_index, n, k)
+    assert torch.equal(dense[:, 1] > 0, torch.from_numpy(degree > 0))  # out and back
+    # 10^18: one sparse block; 200_000 halves the graph at the rows of P^3 (t = 5); 40_000
+    # splits from the rows of P^2 on (t = 3), down to dense blocks
+    for max_nnz in (10**18, 200_000, 40_000):
+        monkeypatch.setattr(pe, "RANDOM_WALK_SPARSE_MAX_NNZ", max_nnz)
+        assert_close(pe.random_walk_pe(edge_index, n, k), dense)
+    # the route that multiplies the columns too gives the same
+    walk = (sp.diags(np.divide(1.0, degree, out=np.zeros(n), where=degree > 0)) @ adj).tocsr()
+    monkeypatch.setattr(pe, "RANDOM_WALK_SPARSE_MAX_NNZ", 10**18)
+    np.testing.assert_allclose(pe._return_probabilities(walk, k, degree),
+                               pe._return_probabilities(walk, k), rtol=1e-12, atol=1e-15)
 
 
 # ---------------------------------------------------------------- PyG transforms

@@ -1,0 +1,25 @@
+"""Write a benchmark's table as CSV and Markdown under ``benchmarks/results/``."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def write_table(name: str, title: str, header: list[str], note: str, rows: list[dict]) -> str:
+    """Write ``rows`` (dicts with the same keys, the columns) to ``results/<name>.csv`` and
+    ``results/<name>.md``: the title, the ``header`` lines (command, versions, machine), the
+    ``note`` that says what the figures are, then the table. Returns the Markdown."""
+    RESULTS.mkdir(exist_ok=True)
+    with open(RESULTS / f"{name}.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    lines = [f"# {title}\n", *(f"{h}  " for h in header), "", note, "",
+             "| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
+    lines += ["| " + " | ".join(str(v) for v in row.values()) + " |" for row in rows]
+    text = "\n".join(lines) + "\n"
+    (RESULTS / f"{name}.md").write_text(text)
+    return text
