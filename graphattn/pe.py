@@ -227,15 +227,23 @@ class LearnablePE(torch.nn.Module):
         return f"{self.max_len}, {self.dim}"
 
 
-def _adjacency(edge_index: Tensor, num_nodes: int) -> sp.csr_matrix:
-    """Binary symmetric adjacency without self-loops (float64 CSR)."""
+def _adjacency(edge_index: Tensor, num_nodes: int,
+               edge_weight: np.ndarray | None = None) -> sp.csr_matrix:
+    """Symmetric adjacency without self-loops (float64 CSR): binary without weights (multi-edges
+    count once), else :math:`(W + W^\top) / 2` with the weights of multi-edges summed and the
+    pairs whose weights sum to 0 left out."""
     src, dst = edge_index.long().cpu().numpy()
     keep = src != dst
     src, dst = src[keep], dst[keep]
     rows = np.concatenate([src, dst])
     cols = np.concatenate([dst, src])
-    adj = sp.csr_matrix((np.ones(rows.size), (rows, cols)), shape=(num_nodes, num_nodes))
-    adj.data[:] = 1.0  # duplicates were summed; keep one unit weight per pair
+    values = (np.ones(rows.size) if edge_weight is None
+              else np.tile(edge_weight[keep], 2) / 2)  # each direction half of the weight
+    adj = sp.csr_matrix((values, (rows, cols)), shape=(num_nodes, num_nodes))
+    if edge_weight is None:
+        adj.data[:] = 1.0  # duplicates were summed; keep one unit weight per pair
+    else:
+        adj.eliminate_zeros()  # a pair of weight 0 is no edge (nor joins components)
     return adj
 
 
@@ -253,12 +261,16 @@ def _fix_signs(vecs: np.ndarray) -> np.ndarray:
 def laplacian_pe(edge_index: Tensor, num_nodes: int, k: int, *, pad: bool = False,
                  random_sign_flip: bool = False, generator: torch.Generator | None = None,
                  solver: str = "auto", return_eigenvalues: bool = False,
-                 ) -> Tensor | tuple[Tensor, Tensor]:
+                 edge_weight: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
     r"""Laplacian eigenvector positional encoding: the k lowest non-trivial graph frequencies.
 
-    The graph is made undirected and unweighted (an edge in either direction connects the two
-    nodes; multi-edges count once, self-loops are dropped), and with the symmetric normalized
-    Laplacian (:math:`D^{-1/2}_{ii} = 0` for an isolated node, so its row and column are 0)
+    The graph is made undirected (an edge in either direction connects the two nodes;
+    self-loops are dropped) and unweighted (multi-edges count once), or, with ``edge_weight``,
+    weighted by :math:`A_{ij} = (W_{ij} + W_{ji}) / 2`, :math:`W_{ij}` the summed weights of
+    the edges ``i -> j`` (an undirected graph given in both directions keeps its weights; a
+    pair of weight 0 is no edge). With :math:`D = \operatorname{diag}(A \mathbf{1})` and the
+    symmetric normalized Laplacian (:math:`D^{-1/2}_{ii} = 0` for an isolated node, so its row
+    and column are 0)
 
     .. math::
         \mathcal{L} = D^{-1/2} (D - A) D^{-1/2}, \qquad
@@ -300,9 +312,11 @@ def laplacian_pe(edge_index: Tensor, num_nodes: int, k: int, *, pad: bool = Fals
             (default: ``"auto"``)
         return_eigenvalues (bool, optional): also return :math:`\lambda_1 .. \lambda_k`.
             (default: ``False``)
+        edge_weight (Tensor, optional): ``[E]`` non-negative finite weight of each edge.
+            (default: ``None``, the unweighted graph)
 
     Shapes:
-        - **input:** edge_index ``(2, E)``
+        - **input:** edge_index ``(2, E)``, edge_weight ``(E)``
         - **output:** ``(N, k)`` in the default float dtype on the device of ``edge_index``;
           eigenvalues ``(k)`` when ``return_eigenvalues``
     """
@@ -311,7 +325,8 @@ def laplacian_pe(edge_index: Tensor, num_nodes: int, k: int, *, pad: bool = Fals
     if solver not in SOLVERS:
         raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}")
     check_edge_index(edge_index, num_src=num_nodes, num_dst=num_nodes)
-    adj = _adjacency(edge_index, num_nodes)
+    weight = None if edge_weight is None else _edge_weights(edge_weight, edge_index.size(1))
+    adj = _adjacency(edge_index, num_nodes, weight)
     deg = np.asarray(adj.sum(axis=1)).ravel()  # (N,)
     active = deg > 0
     inv_sqrt = np.zeros_like(deg)
@@ -469,7 +484,7 @@ def random_walk_pe(edge_index: Tensor, num_nodes: int, k: int, *,
     k = check_positive(k, "k")
     check_edge_index(edge_index, num_src=num_nodes, num_dst=num_nodes)
     src, dst = edge_index.long().cpu().numpy()
-    weight = np.ones(src.size) if edge_weight is None else _walk_weights(edge_weight, src.size)
+    weight = np.ones(src.size) if edge_weight is None else _edge_weights(edge_weight, src.size)
     adj = sp.csr_matrix((weight, (src, dst)), shape=(num_nodes, num_nodes))
     out_deg = np.asarray(adj.sum(axis=1)).ravel()
     inv_deg = np.zeros_like(out_deg)
@@ -481,7 +496,7 @@ def random_walk_pe(edge_index: Tensor, num_nodes: int, k: int, *,
                                             dtype=torch.get_default_dtype())
 
 
-def _walk_weights(edge_weight: Tensor, num_edges: int) -> np.ndarray:
+def _edge_weights(edge_weight: Tensor, num_edges: int) -> np.ndarray:
     """``edge_weight`` as float64 numpy ``[E]``, checked: a floating-point tensor of shape
     ``[E]`` whose entries are finite and non-negative."""
     if not isinstance(edge_weight, Tensor) or not edge_weight.is_floating_point():
@@ -579,19 +594,28 @@ def _graph_of(data: Data, transform: str) -> tuple[Tensor, int]:
     return edge_index, num_nodes
 
 
-def _graphs_of_batch(data: Data, edge_index: Tensor, num_nodes: int) -> list[tuple[Tensor, int]]:
-    """``(edge_index, num_nodes)`` of each graph of a ``Batch`` (nodes renumbered from 0), or
-    the one graph of a ``Data``: a batch's Laplacian eigenvectors would mix its graphs."""
+def _graphs_of_batch(data: Data, edge_index: Tensor, num_nodes: int,
+                     edge_weight: Tensor | None) -> list[tuple[Tensor, int, Tensor | None]]:
+    """``(edge_index, num_nodes, edge_weight)`` of each graph of a ``Batch`` (nodes renumbered
+    from 0; the weights of its edges, or ``None``), or the one graph of a ``Data``: a batch's
+    Laplacian eigenvectors would mix its graphs."""
     ptr = getattr(data, "ptr", None) if isinstance(data, Batch) else None
     if ptr is None or ptr.numel() <= 2:
-        return [(edge_index, num_nodes)]
+        return [(edge_index, num_nodes, edge_weight)]
     ptr = ptr.to(edge_index.device)
     graph = torch.bucketize(edge_index[0], ptr[1:], right=True)  # (E,) graph of each edge
     order = torch.sort(graph, stable=True).indices
     counts = torch.bincount(graph, minlength=ptr.numel() - 1).tolist()
     starts, sizes = ptr[:-1].tolist(), ptr.diff().tolist()
-    return [(ei - start, size) for ei, start, size in
-            zip(edge_index[:, order].split(counts, dim=1), starts, sizes, strict=True)]
+    weights = ([None] * len(counts) if edge_weight is None
+               else edge_weight[order].split(counts))
+    return [(ei - start, size, w) for ei, start, size, w in
+            zip(edge_index[:, order].split(counts, dim=1), starts, sizes, weights, strict=True)]
+
+
+def _edge_weight_of(data: Data) -> Tensor | None:
+    """``data.edge_weight``, which PyG's transforms read as the weights of the edges."""
+    return data.edge_weight if "edge_weight" in data else None
 
 
 def _add_node_attr(data: Data, value: Tensor, attr_name: str | None) -> Data:
@@ -610,7 +634,9 @@ def _add_node_attr(data: Data, value: Tensor, attr_name: str | None) -> Data:
 
 
 class AddLaplacianPE(BaseTransform):
-    r"""PyG transform that stores :func:`laplacian_pe` of ``data.edge_index`` on the graph.
+    r"""PyG transform that stores :func:`laplacian_pe` of ``data.edge_index`` on the graph,
+    weighted by ``data.edge_weight`` when the graph has one (as PyG's
+    ``AddLaplacianEigenvectorPE`` reads it).
 
     Args:
         k (int): number of eigenvectors.
@@ -624,7 +650,8 @@ class AddLaplacianPE(BaseTransform):
         solver (str, optional): see :func:`laplacian_pe`. (default: ``"auto"``)
 
     Shapes:
-        - **input:** ``Data`` with ``edge_index (2, E)`` (none: no edges) and ``num_nodes`` N
+        - **input:** ``Data`` with ``edge_index (2, E)`` (none: no edges), ``num_nodes`` N and
+          optionally ``edge_weight (E)``
         - **output:** the same ``Data`` (shallow copy) with ``laplacian_pe (N, k)``; on a
           ``Batch`` each graph gets its own encoding, as if transformed alone
     """
@@ -642,9 +669,11 @@ class AddLaplacianPE(BaseTransform):
 
     def forward(self, data: Data) -> Data:
         edge_index, num_nodes = _graph_of(data, "AddLaplacianPE")
+        parts = _graphs_of_batch(data, edge_index, num_nodes, _edge_weight_of(data))
         pe = torch.cat([laplacian_pe(ei, n, self.k, pad=self.pad,
-                                     random_sign_flip=self.random_sign_flip, solver=self.solver)
-                        for ei, n in _graphs_of_batch(data, edge_index, num_nodes)])  # (N, k)
+                                     random_sign_flip=self.random_sign_flip, solver=self.solver,
+                                     edge_weight=w)
+                        for ei, n, w in parts])  # (N, k)
         return _add_node_attr(data, pe, self.attr_name)
 
     def __repr__(self) -> str:
@@ -675,8 +704,7 @@ class AddRandomWalkPE(BaseTransform):
 
     def forward(self, data: Data) -> Data:
         edge_index, num_nodes = _graph_of(data, "AddRandomWalkPE")
-        edge_weight = data.edge_weight if "edge_weight" in data else None
-        pe = random_walk_pe(edge_index, num_nodes, self.k, edge_weight=edge_weight)
+        pe = random_walk_pe(edge_index, num_nodes, self.k, edge_weight=_edge_weight_of(data))
         return _add_node_attr(data, pe, self.attr_name)
 
     def __repr__(self) -> str:

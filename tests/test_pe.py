@@ -312,6 +312,87 @@ def test_laplacian_pe_dense_and_sparse_agree_with_signs(method, monkeypatch):
 
 
 
+def test_weighted_laplacian_pe_against_a_dense_reference(solver):
+    # directed, weighted multi-edges and loops: A = (W + W^T) / 2 without the diagonal, and
+    # the eigenvectors of I - D^-1/2 A D^-1/2, simple here, up to the sign rule
+    edge_index, n = well_separated_graph(60)
+    gen = torch.Generator().manual_seed(7)
+    extra = torch.randint(0, n, (2, 30), generator=gen)
+    edge_index = torch.cat([edge_index, extra, torch.arange(5).repeat(2, 1)], dim=1)
+    weight = torch.rand(edge_index.size(1), generator=gen, dtype=torch.float64) + 0.1
+    w = np.zeros((n, n))
+    np.add.at(w, (edge_index[0].numpy(), edge_index[1].numpy()), weight.numpy())
+    adj = (w + w.T) / 2
+    np.fill_diagonal(adj, 0.0)
+    inv_sqrt = 1 / np.sqrt(adj.sum(axis=1))
+    vals, vecs = np.linalg.eigh(np.eye(n) - inv_sqrt[:, None] * adj * inv_sqrt[None, :])
+    k = 5
+    assert np.diff(vals[: k + 2]).min() > 1e-3
+    enc, lam = pe.laplacian_pe(edge_index, n, k, solver=solver, edge_weight=weight,
+                               return_eigenvalues=True)
+    np.testing.assert_allclose(lam.double().numpy(), vals[1:k + 1], atol=1e-6)
+    expected = np.stack([expected_sign_rule(vecs[:, m]) for m in range(1, k + 1)], axis=1)
+    assert_close(enc, torch.from_numpy(expected), dtype=torch.float32)
+
+
+def test_weighted_laplacian_pe_scale_and_zero_weights():
+    edge_index, n = well_separated_graph(40)  # both directions, no multi-edges
+    unweighted = pe.laplacian_pe(edge_index, n, 4)
+    scaled = pe.laplacian_pe(edge_index, n, 4, edge_weight=torch.full((edge_index.size(1),), 3.5))
+    assert_close(scaled, unweighted)  # D^-1/2 A D^-1/2 does not see a common factor
+    # a path 0 - 1 - 2 - 3 whose middle edge weighs 0: two components, two non-trivial columns
+    path = torch.tensor([[0, 1, 1, 2, 2, 3], [1, 0, 2, 1, 3, 2]])
+    weight = torch.tensor([1.0, 1.0, 0.0, 0.0, 1.0, 1.0])
+    enc = pe.laplacian_pe(path, 4, 2, edge_weight=weight).double()
+    # eigenvalue 2 twice (each edge alone): only the span {e0 - e1, e2 - e3} is determined
+    half = math.sqrt(0.5)
+    basis = torch.tensor([[half, 0.0], [-half, 0.0], [0.0, half], [0.0, -half]],
+                         dtype=torch.float64)
+    assert_close(enc @ enc.T, basis @ basis.T, dtype=torch.float32)
+    with pytest.raises(ValueError, match=r"N - c = 4 - 2 = 2"):
+        pe.laplacian_pe(path, 4, 3, edge_weight=weight)
+    with pytest.raises(ValueError, match=r"edge_weight must be finite and non-negative"):
+        pe.laplacian_pe(path, 4, 2, edge_weight=-weight - 1)
+
+
+@pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
+def test_laplacian_pe_equals_pyg_up_to_sign(weighted):
+    """PyG's AddLaplacianEigenvectorPE on an undirected graph (both directions, the same
+    weight each way) finds the same eigenvectors; it fixes no sign."""
+    edge_index, n = well_separated_graph(30)
+    gen = torch.Generator().manual_seed(1)
+    pair_weight = torch.rand(n, n, generator=gen, dtype=torch.float64) + 0.5
+    pair_weight = pair_weight + pair_weight.T  # symmetric
+    weight = pair_weight[edge_index[0], edge_index[1]] if weighted else None
+    data = Data(edge_index=edge_index, edge_weight=weight, num_nodes=n)
+    pyg = T.AddLaplacianEigenvectorPE(4, attr_name="pe", is_undirected=True)(data).pe
+    ours = pe.laplacian_pe(edge_index, n, 4, edge_weight=weight)
+    assert_close(ours.abs(), pyg.abs(), dtype=torch.float32)
+    assert_close(pe.AddLaplacianPE(4)(data).laplacian_pe, ours)
+
+
+def test_transforms_read_edge_weight_per_graph_of_a_batch():
+    """data.edge_weight weights both encodings, as PyG's transforms read it; on a batch each
+    graph's encoding uses its own edges' weights."""
+    from torch_geometric.data import Batch
+
+    gen = torch.Generator().manual_seed(8)
+    data_list = []
+    for edge_index, n in (well_separated_graph(12), (graphs.grid_graph(2, 3), 6)):
+        weight = torch.rand(edge_index.size(1), generator=gen) + 0.5
+        data_list.append(Data(edge_index=edge_index, edge_weight=weight, num_nodes=n))
+    batch = Batch.from_data_list(data_list)
+    perm = torch.randperm(batch.edge_index.size(1), generator=gen)  # edges in any order
+    batch.edge_index, batch.edge_weight = batch.edge_index[:, perm], batch.edge_weight[perm]
+    for transform, fn, attr in ((pe.AddLaplacianPE(3), pe.laplacian_pe, "laplacian_pe"),
+                                (pe.AddRandomWalkPE(4), pe.random_walk_pe, "random_walk_pe")):
+        expected = torch.cat([fn(d.edge_index, d.num_nodes, transform.k,
+                                 edge_weight=d.edge_weight) for d in data_list])
+        assert_close(transform(batch)[attr], expected)
+        unweighted = torch.cat([fn(d.edge_index, d.num_nodes, transform.k) for d in data_list])
+        assert not torch.allclose(expected, unweighted, atol=1e-3)
+
+
 def test_laplacian_pe_does_not_rely_on_the_order_eigsh_returns(solver, monkeypatch):
     """ARPACK does not promise an order: the sparse solver sorts the eigenpairs itself."""
     eigsh = pe.eigsh
