@@ -74,6 +74,11 @@ _SIGN_TIE_RTOL = 1e-6
 
 SOLVERS = ("auto", "dense", "sparse")
 
+# What a multiply-add of a sparse product (scipy's CSR times CSR) costs in those of a sparse
+# matrix times a dense block, about: where :func:`random_walk_pe` changes route (measured on
+# Cora, PubMed, a radius-2 grid and a random graph, k = 8 and 16).
+_SPARSE_PRODUCT_COST = 4
+
 #: :func:`random_walk_pe` multiplies the rows and columns of the walk matrix's half powers as
 #: sparse matrices while a product has at most this many entries; above it (expander-like
 #: graphs, whose powers fill in) it multiplies dense blocks of columns of the identity.
@@ -486,19 +491,24 @@ def random_walk_pe(edge_index: Tensor, num_nodes: int, k: int, *,
     src, dst = edge_index.long().cpu().numpy()
     weight = np.ones(src.size) if edge_weight is None else _edge_weights(edge_weight, src.size)
     adj = sp.csr_matrix((weight, (src, dst)), shape=(num_nodes, num_nodes))
-    out_deg = np.asarray(adj.sum(axis=1)).ravel()
-    inv_deg = np.zeros_like(out_deg)
-    np.divide(1.0, out_deg, out=inv_deg, where=out_deg > 0)
-    walk = (sp.diags(inv_deg) @ adj).tocsr()  # (N, N) row-stochastic (or zero rows)
-    symmetric = (adj != adj.T).nnz == 0  # undirected: the columns of P follow from its rows
+    adj.eliminate_zeros()  # every entry left has a weight > 0, so its row a degree > 0
+    out_deg = np.asarray(adj.sum(axis=1)).ravel()  # (N,)
+    walk = adj.copy()  # (N, N) row-stochastic (or zero rows): each entry over its row's degree
+    walk.data /= np.repeat(out_deg, np.diff(adj.indptr))
+    # undirected: the columns of P follow from its rows, through ratios of degrees (while
+    # their inverses are finite: weights down to 1e-300 of the largest)
+    positive = out_deg[out_deg > 0]
+    symmetric = (positive.size == 0 or positive.min() >= 1e-300) and (adj != adj.T).nnz == 0
     return_prob = _return_probabilities(walk, k, out_deg if symmetric else None)  # (N, k)
     return torch.from_numpy(return_prob).to(device=edge_index.device,
                                             dtype=torch.get_default_dtype())
 
 
 def _edge_weights(edge_weight: Tensor, num_edges: int) -> np.ndarray:
-    """``edge_weight`` as float64 numpy ``[E]``, checked: a floating-point tensor of shape
-    ``[E]`` whose entries are finite and non-negative."""
+    """``edge_weight`` as float64 numpy ``[E]``, checked (a floating-point tensor of shape
+    ``[E]`` whose entries are finite and non-negative) and divided by its largest entry:
+    neither encoding sees a common factor, and weights near the ends of the float range
+    would make degrees or their inverses overflow."""
     if not isinstance(edge_weight, Tensor) or not edge_weight.is_floating_point():
         what = edge_weight.dtype if isinstance(edge_weight, Tensor) else type(edge_weight).__name__
         raise TypeError(f"edge_weight must be a floating-point tensor, got {what}")
@@ -510,7 +520,8 @@ def _edge_weights(edge_weight: Tensor, num_edges: int) -> np.ndarray:
     if bad.any():
         raise ValueError(f"edge_weight must be finite and non-negative, got "
                          f"{float(weight[bad][0])} at edge {int(np.flatnonzero(bad)[0])}")
-    return weight
+    largest = weight.max(initial=0.0)
+    return weight / largest if largest > 0 else weight
 
 
 def _return_probabilities(walk: sp.csr_matrix, k: int,
@@ -529,44 +540,47 @@ def _return_probabilities(walk: sp.csr_matrix, k: int,
     :data:`RANDOM_WALK_SPARSE_MAX_NNZ` entries (a bound counted before it is formed): walks on
     paths, grids and meshes stay local, and the half powers fill in far less than the full
     ones (on a grid, :math:`(2a + 1)^2` entries a row instead of :math:`(2t + 1)^2`), so the
-    whole graph is one block or a few, in time linear in N. A block whose rows fill in is
-    halved, down to ``2^23 / N`` nodes, whose columns of the powers are multiplied as a dense
-    ``[N, block]`` matrix."""
+    whole graph is one block or a few, in time linear in N. A block whose next product would
+    have too many entries is halved, each half going on from the rows it has (nothing is
+    recomputed), down to ``2^23 / N`` nodes, whose columns of the powers are then multiplied
+    as a dense ``[N, block]`` matrix."""
     num_nodes = walk.shape[0]
     out = np.zeros((num_nodes, k))
+    if num_nodes == 0:
+        return out
     row_nnz = np.diff(walk.indptr)  # (N,) entries of each row of the walk
     if degree is None:
         walk_t = walk.transpose().tocsr()  # (N, N): rows of P^T are the columns of P
         col_nnz = np.diff(walk_t.indptr)  # (N,) entries of each column
     else:
         inv_degree = np.divide(1.0, degree, out=np.zeros_like(degree), where=degree > 0)
-    dense_block = max(1, (1 << 23) // max(num_nodes, 1))
-    pending = [(0, num_nodes)]  # node ranges [start, stop) still to compute
+    dense_block = max(1, (1 << 23) // num_nodes)
+    # Blocks to compute: nodes [start, stop), the next walk length t, and the block's rows
+    # (B, N) of P^a, and of (P^T)^b without degree, for a, b of walk length t - 1. (A block
+    # splits where a product would fill in; with degree that is where a grows, which replaces
+    # the rows of P^(a-1) before they are read again.)
+    pending = [(0, num_nodes, 1, None, None)]
     while pending:
-        start, stop = pending.pop()
-        nodes = np.arange(start, stop)  # (B,)
-        if stop - start <= dense_block:
-            y = np.zeros((num_nodes, nodes.size))
-            y[nodes, nodes - start] = 1.0  # columns of the identity
-            for t in range(k):
-                y = walk @ y  # (N, B): columns of P^(t+1)
-                out[nodes, t] = y[nodes, nodes - start]
-            continue
-        rows = walk[start:stop]  # (B, N): rows of P^a, sparse
+        start, stop, t, rows, cols = pending.pop()
         previous = None  # (B, N): rows of P^(a-1), for the columns of P^b when b = a - 1
-        cols = None  # (B, N): rows of (P^T)^b, the columns of P^b (without degree)
-        for t in range(1, k + 1):
+        nodes = np.arange(start, stop)  # (B,)
+        bound = 0  # of the entries of the next product, at a break
+        while t <= k:
             a, b = (t + 1) // 2, t // 2
-            if a > 1 and a > b:  # a grew: rows of P^a from those of P^(a-1)
-                if int(row_nnz[rows.indices].sum()) > RANDOM_WALK_SPARSE_MAX_NNZ:
-                    break  # bounds nnz(rows @ walk): too many
-                previous, rows = rows, rows @ walk
-            elif degree is None and b > 1:  # b grew: columns of P^b
-                if int(col_nnz[cols.indices].sum()) > RANDOM_WALK_SPARSE_MAX_NNZ:
+            if t == 1:
+                rows = walk[start:stop]
+            elif a > b:  # a grew: rows of P^a from those of P^(a-1)
+                bound = int(row_nnz[rows.indices].sum())  # >= nnz(rows @ walk)
+                if bound > RANDOM_WALK_SPARSE_MAX_NNZ:
                     break
-                cols = cols @ walk_t
+                previous, rows = rows, rows @ walk
             elif degree is None and b == 1:
                 cols = walk_t[start:stop]
+            elif degree is None:  # b grew: columns of P^b
+                bound = int(col_nnz[cols.indices].sum())
+                if bound > RANDOM_WALK_SPARSE_MAX_NNZ:
+                    break
+                cols = cols @ walk_t
             if b == 0:
                 out[nodes, t - 1] = np.asarray(rows[nodes - start, nodes]).ravel()
             elif degree is None:  # sum_j (P^a)_ij (P^b)_ji
@@ -574,10 +588,24 @@ def _return_probabilities(walk: sp.csr_matrix, k: int,
             else:  # d_i sum_j (P^a)_ij (P^b)_ij / d_j
                 both = rows.power(2) if a == b else rows.multiply(previous)  # (B, N)
                 out[nodes, t - 1] = degree[nodes] * (both @ inv_degree)
-        else:
+            t += 1
+        if t > k:
             continue
-        mid = (start + stop) // 2  # a product would have too many entries: split
-        pending += [(mid, stop), (start, mid)]
+        # The rows fill in. Dense columns of the powers once a block fits and its next sparse
+        # product would cost as much as a dense step (E multiply-adds a node), else halves.
+        if stop - start <= dense_block and (
+                stop - start == 1
+                or _SPARSE_PRODUCT_COST * bound >= walk.nnz * (stop - start)):
+            y = np.zeros((num_nodes, nodes.size))
+            y[nodes, nodes - start] = 1.0  # columns of the identity
+            for step in range(k):
+                y = walk @ y  # (N, B): columns of P^(step+1)
+                out[nodes, step] = y[nodes, nodes - start]
+            continue
+        half = (stop - start) // 2  # each half goes on from its rows at walk length t
+        for lo, hi in ((start + half, stop), (start, start + half)):
+            part = slice(lo - start, hi - start)
+            pending.append((lo, hi, t, rows[part], None if cols is None else cols[part]))
     return out
 
 
@@ -613,9 +641,13 @@ def _graphs_of_batch(data: Data, edge_index: Tensor, num_nodes: int,
             zip(edge_index[:, order].split(counts, dim=1), starts, sizes, weights, strict=True)]
 
 
-def _edge_weight_of(data: Data) -> Tensor | None:
-    """``data.edge_weight``, which PyG's transforms read as the weights of the edges."""
-    return data.edge_weight if "edge_weight" in data else None
+def _edge_weight_of(data: Data, edge_index: Tensor) -> Tensor | None:
+    """``data.edge_weight``, which PyG's transforms read as the weights of the edges, checked
+    against ``edge_index`` before a batch is split by graph."""
+    if "edge_weight" not in data:
+        return None
+    _edge_weights(data.edge_weight, edge_index.size(1))
+    return data.edge_weight
 
 
 def _add_node_attr(data: Data, value: Tensor, attr_name: str | None) -> Data:
@@ -669,7 +701,7 @@ class AddLaplacianPE(BaseTransform):
 
     def forward(self, data: Data) -> Data:
         edge_index, num_nodes = _graph_of(data, "AddLaplacianPE")
-        parts = _graphs_of_batch(data, edge_index, num_nodes, _edge_weight_of(data))
+        parts = _graphs_of_batch(data, edge_index, num_nodes, _edge_weight_of(data, edge_index))
         pe = torch.cat([laplacian_pe(ei, n, self.k, pad=self.pad,
                                      random_sign_flip=self.random_sign_flip, solver=self.solver,
                                      edge_weight=w)
@@ -704,7 +736,8 @@ class AddRandomWalkPE(BaseTransform):
 
     def forward(self, data: Data) -> Data:
         edge_index, num_nodes = _graph_of(data, "AddRandomWalkPE")
-        pe = random_walk_pe(edge_index, num_nodes, self.k, edge_weight=_edge_weight_of(data))
+        pe = random_walk_pe(edge_index, num_nodes, self.k,
+                            edge_weight=_edge_weight_of(data, edge_index))
         return _add_node_attr(data, pe, self.attr_name)
 
     def __repr__(self) -> str:

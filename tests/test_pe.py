@@ -391,6 +391,10 @@ def test_transforms_read_edge_weight_per_graph_of_a_batch():
         assert_close(transform(batch)[attr], expected)
         unweighted = torch.cat([fn(d.edge_index, d.num_nodes, transform.k) for d in data_list])
         assert not torch.allclose(expected, unweighted, atol=1e-3)
+        extra = batch.clone()
+        extra.edge_weight = torch.ones(batch.edge_index.size(1) + 1)  # checked before a split
+        with pytest.raises(ValueError, match=r"edge_weight must have shape \[E\] = \[\d+\]"):
+            transform(extra)
 
 
 def test_laplacian_pe_does_not_rely_on_the_order_eigsh_returns(solver, monkeypatch):
@@ -654,6 +658,19 @@ def test_random_walk_pe_integer_weights_are_parallel_edges(n, directed):
     assert_close(pe.random_walk_pe(edge_index, n, 5, edge_weight=copies * 0.25), weighted)
 
 
+@pytest.mark.parametrize("scale", [1e-310, 1e308], ids=["subnormal", "huge"])
+def test_encodings_of_weights_near_the_ends_of_the_float_range(scale):
+    # the weights are divided by the largest first: degrees or their inverses overflowed
+    # (inf, NaN, or a node taken for a sink)
+    edge_index, n = well_separated_graph(20)
+    gen = torch.Generator().manual_seed(9)
+    weight = torch.rand(edge_index.size(1), generator=gen, dtype=torch.float64) + 0.5
+    extreme = weight * scale  # subnormal: 13 of float64's 16 digits left; huge: degrees overflow
+    for fn, k in ((pe.random_walk_pe, 5), (pe.laplacian_pe, 3)):
+        assert_close(fn(edge_index, n, k, edge_weight=extreme),
+                     fn(edge_index, n, k, edge_weight=weight))
+
+
 def test_random_walk_pe_weighted_encodings_are_probabilities():
     # PyG's AddRandomWalkPE gives 22252.1 on this graph (pyg-team/pytorch_geometric#10098): it
     # weights every edge by 1 / max(1, weighted degree), without the edge's own weight
@@ -676,7 +693,8 @@ def test_random_walk_pe_equals_pyg_without_parallel_edges():
 
 
 def test_random_walk_pe_in_several_blocks(monkeypatch):
-    monkeypatch.setattr(pe, "RANDOM_WALK_SPARSE_MAX_NNZ", 0)  # the route of expander graphs
+    monkeypatch.setattr(pe, "RANDOM_WALK_SPARSE_MAX_NNZ", 0)  # the route of expander graphs:
+    monkeypatch.setattr(pe, "_SPARSE_PRODUCT_COST", math.inf)  # dense once a block fits
     n, k = 3000, 4  # more than 2^23 / n columns: computed in two blocks of nodes
     enc = pe.random_walk_pe(graphs.chain_graph(n), n, k)
     assert_close(enc[[0, 1, 1500, n - 1]],
@@ -703,13 +721,16 @@ def test_random_walk_pe_sparse_and_dense_blocks_agree(monkeypatch):
     # the powers fill in where the rows do not (and P is far from symmetric)
     hub = torch.stack([torch.arange(n), torch.zeros(n, dtype=torch.long)])
     edge_index = torch.cat([edge_index, hub], dim=1)
-    monkeypatch.setattr(pe, "RANDOM_WALK_SPARSE_MAX_NNZ", 0)  # dense blocks only
-    dense = pe.random_walk_pe(edge_index, n, k)
+    monkeypatch.setattr(pe, "RANDOM_WALK_SPARSE_MAX_NNZ", 0)
+    monkeypatch.setattr(pe, "_SPARSE_PRODUCT_COST", math.inf)
+    dense = pe.random_walk_pe(edge_index, n, k)  # dense blocks of 1024 nodes, from t = 3 on
     # 10^18: one sparse block; 100_000 halves the graph at the rows of P^3 (t = 5), then one
     # half at the columns of P^3 (t = 6); 40_000 splits at rows and columns of P^2 and P^3
-    # (t = 3 to 5), down to dense blocks
-    for max_nnz in (10**18, 100_000, 40_000):
+    # (t = 3 to 5), each half going on from its rows, down to dense blocks or (when a sparse
+    # step costs less than a dense one) smaller sparse blocks
+    for max_nnz, cost in ((10**18, 4), (100_000, 4), (40_000, math.inf), (40_000, 4)):
         monkeypatch.setattr(pe, "RANDOM_WALK_SPARSE_MAX_NNZ", max_nnz)
+        monkeypatch.setattr(pe, "_SPARSE_PRODUCT_COST", cost)
         assert_close(pe.random_walk_pe(edge_index, n, k), dense)
 
 
@@ -722,13 +743,15 @@ def test_random_walk_pe_undirected_graphs_take_the_columns_from_the_rows(monkeyp
     edge_index = torch.cat([edge_index, edge_index.flip(0)], dim=1)
     adj = sp.csr_matrix((np.ones(edge_index.size(1)), edge_index.numpy()), shape=(n, n))
     degree = np.asarray(adj.sum(axis=1)).ravel()
-    monkeypatch.setattr(pe, "RANDOM_WALK_SPARSE_MAX_NNZ", 0)  # dense blocks only
-    dense = pe.random_walk_pe(edge_index, n, k)
+    monkeypatch.setattr(pe, "RANDOM_WALK_SPARSE_MAX_NNZ", 0)
+    monkeypatch.setattr(pe, "_SPARSE_PRODUCT_COST", math.inf)
+    dense = pe.random_walk_pe(edge_index, n, k)  # dense blocks of 1024 nodes, from t = 3 on
     assert torch.equal(dense[:, 1] > 0, torch.from_numpy(degree > 0))  # out and back
     # 10^18: one sparse block; 200_000 halves the graph at the rows of P^3 (t = 5); 40_000
-    # splits from the rows of P^2 on (t = 3), down to dense blocks
-    for max_nnz in (10**18, 200_000, 40_000):
+    # splits from the rows of P^2 on (t = 3), down to dense or smaller sparse blocks
+    for max_nnz, cost in ((10**18, 4), (200_000, 4), (40_000, math.inf), (40_000, 4)):
         monkeypatch.setattr(pe, "RANDOM_WALK_SPARSE_MAX_NNZ", max_nnz)
+        monkeypatch.setattr(pe, "_SPARSE_PRODUCT_COST", cost)
         assert_close(pe.random_walk_pe(edge_index, n, k), dense)
     # the route that multiplies the columns too gives the same
     walk = (sp.diags(np.divide(1.0, degree, out=np.zeros(n), where=degree > 0)) @ adj).tocsr()
