@@ -6,10 +6,11 @@
 #      fused vs reference, eager and compiled, runs before any timing);
 #   2. the Triton kernel tests compiled on the GPU (GRAPHATTN_TRITON_DEVICE=cuda) instead of in
 #      the interpreter;
-#   3. if time is left, the graphs of <= 1M edges again with --no-graph-cache (every call sorts
+#   3. if time is left, benchmarks/triton_tuning.py: the kernels' tiles (launch_tiles) against
+#      the defaults, the row-block kernels (block_n > 1) among them, on the 1M-edge and the
+#      50M-edge graphs, then PubMed;
+#   4. if time is left, the graphs of <= 1M edges again with --no-graph-cache (every call sorts
 #      the edges and reads their bounds back, as before those caches): the A/B of the caches;
-#   4. if time is left, benchmarks/triton_tuning.py: the kernels' tiles (launch_tiles) against
-#      the defaults, on the 1M-edge and the 50M-edge graphs, then PubMed;
 #   5. if time is left, the 50M-edge graphs again in bf16;
 #   6. if time is left, benchmarks/batched_global.py: global attention over mini-batches of
 #      graphs, the fused kernels' sparse route against padded and grouped SDPA.
@@ -54,18 +55,18 @@ timeout $(limit $(($(left) > 150 ? 120 : $(left) - 30))) env GRAPHATTN_TRITON_DE
   -k "not compile_for_sm90" 2>&1 | tee -a "$LOG" | tail -25
 
 if [ "$(left)" -gt 150 ]; then
-  echo "== 3. benchmarks/gpu.py, fp32, the graphs of <= 1M edges without the graph caches ($(left) s left)" | tee -a "$LOG"
-  timeout $(limit 90) "$PY" benchmarks/gpu.py --no-check --no-graph-cache --repeats 10 --warmup 2 \
-    --graphs random-1m,cora,pubmed --out "$OUT/gpu_no_graph_cache.md" 2>&1 |
-    tee -a "$LOG"
+  echo "== 3. benchmarks/triton_tuning.py, fp32 ($(left) s left)" | tee -a "$LOG"
+  timeout $(limit $(($(left) > 240 ? 150 : $(left) - 90))) "$PY" benchmarks/triton_tuning.py \
+    --out "$OUT/triton_tuning.md" 2>&1 | tee -a "$LOG"
 else
   echo "== 3. skipped: $(left) s left" | tee -a "$LOG"
 fi
 
-if [ "$(left)" -gt 120 ]; then
-  echo "== 4. benchmarks/triton_tuning.py, fp32 ($(left) s left)" | tee -a "$LOG"
-  timeout $(limit $(($(left) > 240 ? 150 : $(left) - 90))) "$PY" benchmarks/triton_tuning.py \
-    --out "$OUT/triton_tuning.md" 2>&1 | tee -a "$LOG"
+if [ "$(left)" -gt 150 ]; then
+  echo "== 4. benchmarks/gpu.py, fp32, the graphs of <= 1M edges without the graph caches ($(left) s left)" | tee -a "$LOG"
+  timeout $(limit 90) "$PY" benchmarks/gpu.py --no-check --no-graph-cache --repeats 10 --warmup 2 \
+    --graphs random-1m,cora,pubmed --out "$OUT/gpu_no_graph_cache.md" 2>&1 |
+    tee -a "$LOG"
 else
   echo "== 4. skipped: $(left) s left" | tee -a "$LOG"
 fi

@@ -50,19 +50,21 @@ from graphattn.functional import triton_kernels as tk  # noqa: E402
 # (heads, channels): the layers of benchmarks/gpu.py, GAT's 8 x 8, and wide heads
 CONFIGS = [(8, 8), (4, 16), (4, 64), (8, 64), (1, 128), (2, 256)]
 KERNELS = ("forward_kernel", "backward_target_kernel", "backward_source_kernel")
-# pointer arguments that are not of the input dtype
+# arguments that are not pointers of the input dtype
 POINTER_TYPES = {"lse": "*fp32", "delta": "*fp32", "datt_rows": "*fp32", "rowptr": "*i32",
                  "col": "*i32", "eid": "*i32", "colptr": "*i32", "row_t": "*i32",
-                 "eid_t": "*i32"}
+                 "eid_t": "*i32", "order": "*i32", "num_rows": "i32", "max_degree": "i32",
+                 "scale": "fp32", "slope": "fp32"}
 REGISTERS_PER_SM, MAX_WARPS, MAX_BLOCKS, SHARED_PER_SM = 65536, 64, 32, 233472
 
 
 def compile_kernels(heads: int, channels: int, score: str, dtype: str, *, features: bool,
                     score_channels: int | None = None, arch: int = 90,
-                    one_edge_term: bool = False,
+                    one_edge_term: bool = False, block_n: int = 1,
                     ) -> tuple[tk.LaunchConfig, dict[str, dict[str, int]]]:
     """The three kernels compiled for ``sm_<arch>``: their launch config and, by kernel name,
-    the resources of :func:`resource_usage`.
+    the resources of :func:`resource_usage`; with ``block_n > 1``, the row-block kernels
+    (``block_n`` nodes per program) under their one-node kernels' names.
 
     ``dtype`` is ``"fp32"``, ``"fp16"`` or ``"bf16"``; ``features`` turns on the bias, the
     dropout mask, the per-edge key (dot and gatv2) and value terms, the gradient through alpha
@@ -78,7 +80,11 @@ def compile_kernels(heads: int, channels: int, score: str, dtype: str, *, featur
                          f"score={score!r}, score_channels={score_channels}")
     if score_channels is None:
         score_channels = 1 if score == "additive" else channels
-    cfg = tk.launch_config(heads, channels, score_channels)
+    if block_n > 1:
+        with tk.launch_tiles(block_n=block_n):
+            cfg = tk.launch_config(heads, channels, score_channels)
+    else:
+        cfg = tk.launch_config(heads, channels, score_channels)
     edge_key = features and score != "additive"  # keys with channels
     constants = dict(H=heads, C=channels, CK=score_channels, SCORE=tk.SCORE_KINDS[score],
                      HAS_BIAS=features, HAS_DROP=features, HAS_EK=edge_key, HAS_EV=features,
@@ -86,17 +92,15 @@ def compile_kernels(heads: int, channels: int, score: str, dtype: str, *, featur
                      NEED_DATT=features and score == "gatv2", NEED_DEK=edge_key,
                      NEED_DEV=features and not one_edge_term, BLOCK_E=cfg.block_e,
                      BLOCK_H=cfg.block_h, BLOCK_C=cfg.block_c, BLOCK_CK=cfg.block_ck,
-                     EV_IS_EK=one_edge_term)
+                     EV_IS_EK=one_edge_term, BLOCK_N=block_n, HEAVY_ONLY=False)
     module = tk.kernels()
     usage = {}
     for name in KERNELS:
-        kernel = getattr(module, name)
+        kernel = getattr(module, tk.ROW_BLOCK_KERNELS[name] if block_n > 1 else name)
         signature = {}
         for arg in kernel.arg_names:
             if arg in constants:
                 signature[arg] = "constexpr"
-            elif arg in ("scale", "slope"):
-                signature[arg] = "fp32"
             else:
                 signature[arg] = POINTER_TYPES.get(arg, f"*{dtype}")
         used = {n: v for n, v in constants.items() if n in kernel.arg_names}
@@ -133,16 +137,28 @@ def resident_warps(registers: int, warps: int, shared: int) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--output", default=str(Path(__file__).parent / "results"
-                                                / "triton_resources.md"))
+    parser.add_argument("--block-n", type=int, default=1,
+                        help="nodes per program: 1 for the one-node kernels (default), a "
+                             "larger power of 2 for the row-block kernels")
+    parser.add_argument("--output", default=None,
+                        help="default: results/triton_resources.md, or "
+                             "results/triton_resources_rows<N>.md with --block-n N > 1")
     args = parser.parse_args()
+    if args.block_n < 1 or args.block_n & (args.block_n - 1):
+        parser.error(f"--block-n must be a power of 2, got {args.block_n}")
+    name = ("triton_resources.md" if args.block_n == 1
+            else f"triton_resources_rows{args.block_n}.md")
+    args.output = args.output or str(Path(__file__).parent / "results" / name)
     command = "python " + " ".join(shlex.quote(a) for a in [
         "benchmarks/triton_resources.py", *sys.argv[1:]])
     header = [f"command: `{command}`",
               f"triton {triton.__version__}, target sm_90 (compiled ahead of time, no GPU)"]
+    if args.block_n > 1:
+        header.append(f"the row-block kernels, {args.block_n} nodes per program, one edge of "
+                      f"each per step (`launch_tiles(block_n={args.block_n})`)")
     print("\n".join(header))
-    table = ["| H | C | score | dtype | inputs | tile (E x H x C), warps | kernel | registers "
-             "| shared B | spill stores / loads B | resident warps / 64 |",
+    table = ["| H | C | score | dtype | inputs | tile (E or nodes x H x C), warps | kernel "
+             "| registers | shared B | spill stores / loads B | resident warps / 64 |",
              "| ---: | ---: | --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: |"]
     spills = []
     for heads, channels in CONFIGS:
@@ -150,8 +166,10 @@ def main() -> None:
             for dtype in ("fp32", "bf16"):
                 for features in (False, True):
                     cfg, usage = compile_kernels(heads, channels, score, dtype,
-                                                 features=features)
-                    tile = (f"{cfg.block_e} x {cfg.block_h} x "
+                                                 features=features, block_n=args.block_n)
+                    lanes = (f"{cfg.block_e}" if args.block_n == 1
+                             else f"{cfg.block_n} nodes")
+                    tile = (f"{lanes} x {cfg.block_h} x "
                             f"{max(cfg.block_c, cfg.block_ck)}, {cfg.num_warps}")
                     for name, use in usage.items():
                         warps = resident_warps(use["registers"], cfg.num_warps, use["shared"])

@@ -3,7 +3,8 @@
 On each graph (default: the 1M-edge and the two 50M-edge graphs of ``benchmarks/gpu.py``, then
 the PubMed graph, skipped with the reason where its raw files are not found) and
 for each candidate set of tiles (``BLOCK_E`` edges per step, ``BLOCK_H`` heads per program,
-warps per program; see ``graphattn.functional.triton_kernels.launch_tiles``), times
+warps per program, ``BLOCK_N`` nodes per program: 1 for the one-node kernels, more for the
+row-block kernels; see ``graphattn.functional.triton_kernels.launch_tiles``), times
 ``edge_attention(q, k, v, edge_index, backend="triton")``: the forward under ``torch.no_grad``
 and the forward+backward, with the graph's CSR orderings kept from call to call (as in
 training on one graph). Candidates are interleaved repeat by repeat (rotating order) after
@@ -51,6 +52,14 @@ CANDIDATES = (
     (32, 4, 8), (8, 2, 1), (16, 2, 2), (16, 2, 4), (32, 2, 4), (16, 1, 1), (32, 1, 1),
     (32, 1, 2), (64, 1, 2),
 )
+# (block_n, block_h, num_warps) of the row-block kernels: 8 to 64 nodes per program, one edge
+# of each per step (the tile of 16 nodes x 4 heads x 32 channels is the default's size); the
+# nodes of more than 256 edges (heavy_degree) go to the one-node kernels with their default
+# BLOCK_E.
+ROW_BLOCK_CANDIDATES = (
+    (8, 4, 2), (8, 4, 4), (16, 4, 2), (16, 4, 4), (16, 4, 8), (32, 4, 4), (32, 4, 8),
+    (64, 4, 8), (32, 2, 4), (64, 1, 4),
+)
 GRAPHS = ("random-1m", "local-50m", "random-50m", "pubmed")  # the goals' graphs first
 
 
@@ -59,7 +68,7 @@ class Row:
     graph: str
     num_nodes: int
     num_edges: int
-    tiles: tuple[int, int, int]  # (block_e, block_h, num_warps) as launched
+    tiles: tuple[int, int, int, int]  # (block_e, block_h, num_warps, block_n) as launched
     forward_ms: float = math.nan
     train_ms: float = math.nan
     max_diff: float = math.nan
@@ -99,21 +108,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def candidates(heads: int, channels: int) -> list[tuple[int, int, int]]:
-    """The candidate tiles, ``block_h`` capped at the next power of 2 >= H as the kernels cap
-    it, without repeats; the default tiles (``launch_config``'s) first."""
+def candidates(heads: int, channels: int) -> list[tuple[int, int, int, int]]:
+    """The candidate tiles ``(block_e, block_h, num_warps, block_n)``, ``block_h`` capped at
+    the next power of 2 >= H as the kernels cap it, without repeats; the default tiles
+    (``launch_config``'s) first, the row-block kernels' last."""
     cap = 1 << max(0, heads - 1).bit_length()
     default = tk.launch_config(heads, channels)
     seen = []
-    for block_e, block_h, warps in ((default.block_e, default.block_h, default.num_warps),
-                                    *CANDIDATES):
-        tiles = (block_e, min(block_h, cap), warps)
+    one_node = [(block_e, block_h, warps, 1) for block_e, block_h, warps in CANDIDATES]
+    row_blocks = [(default.block_e, block_h, warps, block_n)
+                  for block_n, block_h, warps in ROW_BLOCK_CANDIDATES]
+    for block_e, block_h, warps, block_n in (
+            (default.block_e, default.block_h, default.num_warps, 1), *one_node, *row_blocks):
+        tiles = (block_e, min(block_h, cap), warps, block_n)
         if tiles not in seen:
             seen.append(tiles)
     return seen
 
 
-def measure(graph: gpu.Graph, tiles_list: list[tuple[int, int, int]], heads: int,
+def _tiles(tiles: tuple[int, int, int, int]) -> tk.launch_tiles:
+    block_e, block_h, warps, block_n = tiles
+    return tk.launch_tiles(block_e=block_e, block_h=block_h, num_warps=warps, block_n=block_n)
+
+
+def measure(graph: gpu.Graph, tiles_list: list[tuple[int, int, int, int]], heads: int,
             channels: int, dtype: torch.dtype, warmup: int, repeats: int,
             timer: Callable[[Callable[[], object]], float]) -> list[Row]:
     """Every candidate on one graph, interleaved repeat by repeat (rotating order); the first
@@ -134,9 +152,8 @@ def measure(graph: gpu.Graph, tiles_list: list[tuple[int, int, int]], heads: int
     reference = None
     live = []
     for row in rows:
-        block_e, block_h, warps = row.tiles
         try:
-            with tk.launch_tiles(block_e=block_e, block_h=block_h, num_warps=warps):
+            with _tiles(row.tiles):
                 out = forward()  # compiles the forward kernel
                 for _ in range(warmup):
                     forward()
@@ -154,8 +171,7 @@ def measure(graph: gpu.Graph, tiles_list: list[tuple[int, int, int]], heads: int
     for rep in range(repeats):
         order = live[rep % len(live):] + live[:rep % len(live)] if live else []
         for row in order:
-            block_e, block_h, warps = row.tiles
-            with tk.launch_tiles(block_e=block_e, block_h=block_h, num_warps=warps):
+            with _tiles(row.tiles):
                 row.forward_times.append(timer(forward))
                 row.train_times.append(timer(train))
     for row in live:
@@ -170,12 +186,12 @@ def render_markdown(header: list[str], rows: list[Row], skipped: list[str]) -> s
         group = [r for r in rows if r.graph == name]
         default = group[0]
         lines += [f"## {name}: N = {default.num_nodes:,}, E = {default.num_edges:,}", "",
-                  "| BLOCK_E | BLOCK_H | warps | fwd ms | fwd+bwd ms | fwd / default "
-                  "| fwd+bwd / default | max abs diff to default | note |",
-                  "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+                  "| BLOCK_N | BLOCK_E | BLOCK_H | warps | fwd ms | fwd+bwd ms "
+                  "| fwd / default | fwd+bwd / default | max abs diff to default | note |",
+                  "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
         for r in group:
             note = "default" if r is default and not r.note else r.note
-            lines.append(f"| {r.tiles[0]} | {r.tiles[1]} | {r.tiles[2]} "
+            lines.append(f"| {r.tiles[3]} | {r.tiles[0]} | {r.tiles[1]} | {r.tiles[2]} "
                          f"| {r.forward_ms:.3f} | {r.train_ms:.3f} "
                          f"| {r.forward_ms / default.forward_ms:.2f} "
                          f"| {r.train_ms / default.train_ms:.2f} | {r.max_diff:.1e} | {note} |")
@@ -236,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         graph_rows = measure(graph, tiles_list, args.heads, args.channels, dtype, args.warmup,
                              args.repeats, gpu._time_ms)
         for r in graph_rows:
-            print(f"  {str(r.tiles):14s} fwd {r.forward_ms:8.3f} ms  fwd+bwd "
+            print(f"  {str(r.tiles):17s} fwd {r.forward_ms:8.3f} ms  fwd+bwd "
                   f"{r.train_ms:8.3f} ms  diff {r.max_diff:.1e} {r.note}")
         print(f"  ({time.perf_counter() - start:.0f} s)")
         rows += graph_rows

@@ -213,6 +213,22 @@ def triton_interpreter(monkeypatch):
         pytest.skip("TRITON_INTERPRET=1 did not switch this triton to its interpreter")
 
 
+# The triton backend's two kinds of kernels: one node per program (the default) and row blocks
+# (``launch_tiles(block_n=...)``), with a heavy_degree low enough that the graphs of the tests
+# have rows of both kinds: those of at most 6 edges in blocks of 4, the others (star-in's hub,
+# degree-40 and degree-200 rows) one per program.
+TRITON_TILES = {"one-node": {}, "row-blocks": {"block_n": 4, "heavy_degree": 6}}
+
+
+@pytest.fixture(params=list(TRITON_TILES))
+def triton_tiles(request):
+    """Each triton kernel test that takes it runs with both kinds of kernels."""
+    from graphattn.functional import triton_kernels as tk
+
+    with tk.launch_tiles(**TRITON_TILES[request.param]):
+        yield request.param
+
+
 def check_nan_score_pattern(backend: str, score: str, value: float, *, grads: bool = True,
                             device: torch.device | str = "cpu") -> None:
     """A NaN or +inf bias on one edge: every weight of that edge's target in that head is NaN,

@@ -76,19 +76,20 @@ def test_no_check_neither_checks_nor_reports_a_difference(monkeypatch, tmp_path,
 
 
 def test_tuning_candidates_start_with_the_default_tiles():
-    default = triton_tuning.candidates(4, 32)[0]
-    assert default == (16, 4, 4)  # launch_config's for H = 4, C = 32
+    every = triton_tuning.candidates(4, 32)
+    assert every[0] == (16, 4, 4, 1)  # launch_config's for H = 4, C = 32
+    assert (16, 4, 4, 16) in every  # a row-block candidate, with the default BLOCK_E
     two_heads = triton_tuning.candidates(2, 8)
-    assert two_heads[0] == (32, 2, 1)
+    assert two_heads[0] == (32, 2, 1, 1)
     assert len(set(two_heads)) == len(two_heads)
-    assert max(block_h for _, block_h, _ in two_heads) == 2  # capped at H's power of 2
+    assert max(block_h for _, block_h, _, _ in two_heads) == 2  # capped at H's power of 2
 
 
 def test_tuning_times_every_candidate_in_the_interpreter(triton_interpreter, monkeypatch):
     """``benchmarks/triton_tuning.py`` before it meets a GPU: each candidate runs forward and
     forward+backward with its tiles, and its out is the default tiles' up to rounding."""
     graph = gpu.Graph("random", 8, gpu.synthetic_graph(8, 30, None, "cpu"))
-    tiles = [(32, 2, 1), (4, 1, 1), (8, 2, 2)]
+    tiles = [(32, 2, 1, 1), (4, 1, 1, 1), (8, 2, 2, 4)]
     clock, timed, launched = iter(range(1, 1000)), [], []
 
     def timer(fn):
@@ -98,7 +99,7 @@ def test_tuning_times_every_candidate_in_the_interpreter(triton_interpreter, mon
 
     def attend(*args, **kwargs):  # the tiles each call runs with
         cfg = triton_tuning.tk.launch_config(2, 8)
-        launched.append((cfg.block_e, cfg.block_h, cfg.num_warps))
+        launched.append((cfg.block_e, cfg.block_h, cfg.num_warps, cfg.block_n))
         return edge_attention(*args, **kwargs)
 
     edge_attention = triton_tuning.edge_attention
@@ -114,9 +115,10 @@ def test_tuning_times_every_candidate_in_the_interpreter(triton_interpreter, mon
     assert [r.forward_times for r in rows] == [[1, 11], [3, 7], [5, 9]]
     assert [r.train_times for r in rows] == [[2, 12], [4, 8], [6, 10]]
     table = triton_tuning.render_markdown(["- header"], rows, [])
-    assert "| 32 | 2 | 1 | 6.000 | 7.000 | 1.00 | 1.00 | 0.0e+00 | default |" in table
-    assert "| 4 | 1 | 1 | 5.000 | 6.000 | 0.83 | 0.86 |" in table
-    assert "fastest forward+backward: (4, 1, 1) at 6.000 ms (0.86)" in table
+    assert "| 1 | 32 | 2 | 1 | 6.000 | 7.000 | 1.00 | 1.00 | 0.0e+00 | default |" in table
+    assert "| 1 | 4 | 1 | 1 | 5.000 | 6.000 | 0.83 | 0.86 |" in table
+    assert "| 4 | 8 | 2 | 2 | 7.000 | 8.000 | 1.17 | 1.14 |" in table  # row blocks of 4
+    assert "fastest forward+backward: (4, 1, 1, 1) at 6.000 ms (0.86)" in table
 
 
 def test_tuning_measures_no_difference_when_the_default_tiles_fail(triton_interpreter,
@@ -137,13 +139,13 @@ def test_tuning_measures_no_difference_when_the_default_tiles_fail(triton_interp
         return 1.0
 
     monkeypatch.setattr(triton_tuning, "edge_attention", attend)
-    rows = triton_tuning.measure(graph, [(32, 2, 1), (4, 1, 1), (8, 2, 2)], 2, 8,
+    rows = triton_tuning.measure(graph, [(32, 2, 1, 1), (4, 1, 1, 1), (8, 2, 2, 1)], 2, 8,
                                  torch.float32, warmup=0, repeats=1, timer=timer)
     assert rows[0].note.startswith("failed: RuntimeError: out of resources")
     assert [r.forward_ms for r in rows[1:]] == [1.0, 1.0]
     assert all(math.isnan(r.max_diff) for r in rows), rows
     table = triton_tuning.render_markdown(["- header"], rows, [])
-    assert "| 4 | 1 | 1 | 1.000 | 1.000 | nan | nan | nan |  |" in table
+    assert "| 1 | 4 | 1 | 1 | 1.000 | 1.000 | nan | nan | nan |  |" in table
 
 
 def test_batched_global_sparse_route_on_the_triton_kernels(triton_interpreter, tmp_path):

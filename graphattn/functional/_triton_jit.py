@@ -121,17 +121,18 @@ def _pre_activation_grad(ds, q, k, b, scale, slope, SCORE: tl.constexpr):
 
 
 @triton.jit
-def _operand_grad(dz, q, k, other, slope, SCORE: tl.constexpr):
-    """Sum over an edge block of the gradient terms of a node's score operand: q in the target
-    pass, k in the source pass, ``other`` the opposite one. ``dz`` is the bias-term gradient
-    (:func:`_pre_activation_grad`). Dot and gatv2 leave out the factor ``scale * att`` (att is 1
-    for dot), the same for every edge, which the caller applies once."""
+def _operand_terms(dz, q, k, other, slope, SCORE: tl.constexpr):
+    """Each edge's gradient term of a node's score operand, ``(BL, BH)`` when additive,
+    ``(BL, BH, BCK)`` otherwise: q in the target pass, k in the source pass, ``other`` the
+    opposite one. ``dz`` is the bias-term gradient (:func:`_pre_activation_grad`). Dot and gatv2
+    leave out the factor ``scale * att`` (att is 1 for dot), the same for every edge, which the
+    kernel applies once to the sum."""
     if SCORE == ADDITIVE:
-        return _sum(dz, axis=0)  # (BH)
+        return dz
     elif SCORE == GATV2:
-        return _sum(dz[:, :, None] * _leaky_relu_grad(q + k, slope), axis=0)  # (BH, BC)
+        return dz[:, :, None] * _leaky_relu_grad(q + k, slope)
     else:
-        return _sum(dz[:, :, None] * other, axis=0)  # (BH, BC)
+        return dz[:, :, None] * other
 
 
 @triton.jit
@@ -164,34 +165,128 @@ def _softmax_weights(s, m, log_l):
 
 
 @triton.jit
-def forward_kernel(q, k, v, bias, att, drop, edge_key, edge_value, rowptr, col, eid, out, lse,
-                   scores, scale, slope,
-                   H: tl.constexpr, C: tl.constexpr, CK: tl.constexpr,
-                   SCORE: tl.constexpr,
-                   HAS_BIAS: tl.constexpr, HAS_DROP: tl.constexpr, HAS_EK: tl.constexpr,
-                   HAS_EV: tl.constexpr, NEED_SCORES: tl.constexpr,
-                   BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr,
+def _head_channels(offs_h, h_ok, C: tl.constexpr, CK: tl.constexpr, BLOCK_C: tl.constexpr,
                    BLOCK_CK: tl.constexpr):
-    """Grid (N_dst, head blocks). Online softmax over the incoming edges of one target (CSR
-    ``rowptr``, ``col`` = sources, ``eid`` = edge ids), with the key k_j + ek_e and the value
-    v_j + ev_e of each edge when ``HAS_EK``, ``HAS_EV``; writes ``out`` ``[N_dst, H, C]``, the
-    softmax statistics ``lse`` ``[N_dst, H, 2]`` (fp32: the row maximum m, +inf on a row
-    without weight and NaN on a row with a NaN or +inf score, and log l, 0 on a row without
-    weight), and the scores ``[E, H]`` when ``NEED_SCORES``."""
-    row = tl.program_id(0).to(tl.int64)
-    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)  # (BH)
+    """Offsets in a node's row of the heads ``offs_h`` ``(BH)`` (``h_ok``: those read and
+    written): ``(BH, BC)`` over the channels of v and ``(BH, BCK)`` over those of q, k and
+    att, each with its mask."""
     offs_c = tl.arange(0, BLOCK_C)  # (BC)
-    h_ok = offs_h < H
     hc = offs_h[:, None] * C + offs_c[None, :]  # (BH, BC)
     hc_ok = h_ok[:, None] & (offs_c < C)[None, :]
     offs_ck = tl.arange(0, BLOCK_CK)  # (BCK)
     hck = offs_h[:, None] * CK + offs_ck[None, :]  # (BH, BCK): q, k and att
     hck_ok = h_ok[:, None] & (offs_ck < CK)[None, :]
+    return hc, hc_ok, hck, hck_ok
+
+
+@triton.jit
+def _one_row(order, rowptr, max_degree, offs_h, H: tl.constexpr, HEAVY_ONLY: tl.constexpr):
+    """The row of a program of the one-row kernels, the positions ``[start, end)`` of its
+    edges and the heads ``(BH)`` it reads and writes. The row is ``program_id(0)``; with
+    ``HEAVY_ONLY``, the ``program_id(0)``-th row of the degree ``order``, handled only when
+    its degree exceeds ``max_degree`` (the rows the row-block kernels leave out), else given
+    no edge and no head: nothing is read or written."""
+    pid = tl.program_id(0).to(tl.int64)
+    if HEAVY_ONLY:
+        row = tl.load(order + pid).to(tl.int64)
+    else:
+        row = pid
     start = tl.load(rowptr + row)
     end = tl.load(rowptr + row + 1)
+    h_ok = offs_h < H
+    if HEAVY_ONLY:
+        heavy = end - start > max_degree
+        end = tl.where(heavy, end, start)
+        h_ok = tl.where(heavy, h_ok, False)
+    return row, start, end, h_ok
+
+
+@triton.jit
+def _row_block(order, rowptr, num_rows, max_degree, BLOCK_N: tl.constexpr):
+    """The rows ``(BN)`` of a program of the row-block kernels: ``BLOCK_N`` consecutive
+    positions of the degree ``order`` (rows sorted by decreasing degree, so the rows of a
+    program have about the same number of edges). Returns them (int64), the position of their
+    first edge, their degree, and ``mine``: the lanes that hold a row of degree at most
+    ``max_degree``, which this kernel owns (the degree is 0 on the other lanes)."""
+    lane = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # (BN)
+    lane_ok = lane < num_rows
+    row = tl.load(order + lane, mask=lane_ok, other=0).to(tl.int64)
+    start = tl.load(rowptr + row, mask=lane_ok, other=0)
+    degree = tl.load(rowptr + row + 1, mask=lane_ok, other=0) - start
+    mine = lane_ok & (degree <= max_degree)
+    return row, start, tl.where(mine, degree, 0), mine
+
+
+@triton.jit
+def _forward_tile(q_i, k, v, bias, att_h, drop, edge_key, edge_value, col, eid, scores, pos,
+                  e_ok, offs_h, hc, hck, h_ok, hc_ok, hck_ok, scale, slope,
+                  H: tl.constexpr, C: tl.constexpr, CK: tl.constexpr, SCORE: tl.constexpr,
+                  HAS_BIAS: tl.constexpr, HAS_DROP: tl.constexpr, HAS_EK: tl.constexpr,
+                  HAS_EV: tl.constexpr, NEED_SCORES: tl.constexpr):
+    """A tile of edges into their targets, at CSR positions ``pos`` ``(BL)`` (``e_ok``: the
+    real ones), with the target's q ``q_i`` (one row broadcast, or one per lane): the scores
+    ``(BL, BH)`` (-inf where masked; written at the edge ids when ``NEED_SCORES``), the dropout
+    multipliers ``(BL, BH)`` (1.0 without dropout) and the values ``(BL, BH, BC)`` of the
+    edges."""
+    ok2 = e_ok[:, None] & h_ok[None, :]  # (BL, BH)
+    ok3 = e_ok[:, None, None] & hc_ok[None, :, :]  # (BL, BH, BC)
+    ok3k = e_ok[:, None, None] & hck_ok[None, :, :]  # (BL, BH, BCK)
+    src = tl.load(col + pos, mask=e_ok, other=0).to(tl.int64)
+    if HAS_BIAS or HAS_DROP or HAS_EK or HAS_EV or NEED_SCORES:
+        edge = tl.load(eid + pos, mask=e_ok, other=0).to(tl.int64)
+    else:  # nothing reads the edge ids: no load of them
+        edge = src
+    b = 0.0
+    if HAS_BIAS:
+        b = _edge_values(bias, edge, offs_h, ok2, H)
+    k_e = _with_edge_term(_score_operand(k, src, offs_h, hck, ok2, ok3k, H, CK, SCORE),
+                          edge_key, edge, hck, ok3k, H, CK, HAS_EK)  # key of the edge
+    s = tl.where(ok2, _scores(q_i, k_e, b, att_h, scale, slope, SCORE), float("-inf"))
+    if NEED_SCORES:
+        tl.store(scores + edge[:, None] * H + offs_h[None, :], s, mask=ok2)
+    d = 1.0
+    if HAS_DROP:
+        d = _edge_values(drop, edge, offs_h, ok2, H)
+    v_e = _with_edge_term(_rows(v, src, hc, ok3, H, C), edge_value, edge, hc, ok3, H, C,
+                          HAS_EV)  # (BL, BH, BC): value of the edge
+    return s, d, v_e
+
+
+@triton.jit
+def _weights_and_stats(l_sum, m):
+    """From the running sum ``l_sum`` and maximum ``m`` of a row's online softmax (any shape):
+    the divisor of its accumulator (1 where the row has no weight) and the statistics written
+    to ``lse``, m and log l. l = 0 (no weight): m = +inf, log l = 0. l NaN (a NaN or +inf
+    score): m NaN, every weight NaN as in torch.softmax, whatever the maximum kept of a NaN."""
+    has_weight = l_sum > 0.0
+    l_safe = tl.where(has_weight, l_sum, 1.0)
+    m_out = tl.where(has_weight, m, tl.where(l_sum == 0.0, float("inf"), l_sum))
+    return l_safe, m_out, tl.where(has_weight, tl.log(l_safe), 0.0)
+
+
+@triton.jit
+def forward_kernel(q, k, v, bias, att, drop, edge_key, edge_value, rowptr, col, eid, order,
+                   num_rows, max_degree, out, lse, scores, scale, slope,
+                   H: tl.constexpr, C: tl.constexpr, CK: tl.constexpr,
+                   SCORE: tl.constexpr,
+                   HAS_BIAS: tl.constexpr, HAS_DROP: tl.constexpr, HAS_EK: tl.constexpr,
+                   HAS_EV: tl.constexpr, NEED_SCORES: tl.constexpr,
+                   BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr,
+                   BLOCK_CK: tl.constexpr, HEAVY_ONLY: tl.constexpr = False):
+    """Grid (N_dst, head blocks), or with ``HEAVY_ONLY`` (rows of the degree ``order`` above
+    ``max_degree``; see :func:`_one_row`), head blocks). Online softmax over the incoming edges
+    of one target (CSR ``rowptr``, ``col`` = sources, ``eid`` = edge ids), ``BLOCK_E`` at a
+    time, with the key k_j + ek_e and the value v_j + ev_e of each edge when ``HAS_EK``,
+    ``HAS_EV``; writes ``out`` ``[N_dst, H, C]``, the softmax statistics ``lse``
+    ``[N_dst, H, 2]`` (fp32: the row maximum m, +inf on a row without weight and NaN on a row
+    with a NaN or +inf score, and log l, 0 on a row without weight), and the scores ``[E, H]``
+    when ``NEED_SCORES``. ``num_rows`` is read by the row-block kernel only."""
+    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)  # (BH)
+    row, start, end, h_ok = _one_row(order, rowptr, max_degree, offs_h, H, HEAVY_ONLY)
+    hc, hc_ok, hck, hck_ok = _head_channels(offs_h, h_ok, C, CK, BLOCK_C, BLOCK_CK)
     this_row = tl.full([1], 0, tl.int64) + row  # (1)
     q_i = _score_operand(q, this_row, offs_h, hck, h_ok[None, :], hck_ok[None, :, :], H,
-                         CK, SCORE)  # (1, BH) or (1, BH, BC)
+                         CK, SCORE)  # (1, BH) or (1, BH, BCK)
     att_h = _attention_vector(att, hck, hck_ok, SCORE)  # (BH, BCK)
 
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)
@@ -199,51 +294,164 @@ def forward_kernel(q, k, v, bias, att, drop, edge_key, edge_value, rowptr, col, 
     acc = tl.full([BLOCK_H, BLOCK_C], 0, tl.float32)
     for e0 in range(start, end, BLOCK_E):
         offs_e = e0 + tl.arange(0, BLOCK_E)  # (BE)
-        e_ok = offs_e < end
-        ok2 = e_ok[:, None] & h_ok[None, :]  # (BE, BH)
-        ok3 = e_ok[:, None, None] & hc_ok[None, :, :]  # (BE, BH, BC)
-        ok3k = e_ok[:, None, None] & hck_ok[None, :, :]  # (BE, BH, BCK)
-        src = tl.load(col + offs_e, mask=e_ok, other=0).to(tl.int64)
-        if HAS_BIAS or HAS_DROP or HAS_EK or HAS_EV or NEED_SCORES:
-            edge = tl.load(eid + offs_e, mask=e_ok, other=0).to(tl.int64)
-        else:  # nothing reads the edge ids: no load of them
-            edge = src
-        b = 0.0
-        if HAS_BIAS:
-            b = _edge_values(bias, edge, offs_h, ok2, H)
-        k_e = _with_edge_term(_score_operand(k, src, offs_h, hck, ok2, ok3k, H, CK, SCORE),
-                              edge_key, edge, hck, ok3k, H, CK, HAS_EK)  # key of the edge
-        s = tl.where(ok2, _scores(q_i, k_e, b, att_h, scale, slope, SCORE), float("-inf"))
-        if NEED_SCORES:
-            tl.store(scores + edge[:, None] * H + offs_h[None, :], s, mask=ok2)
+        s, d, v_e = _forward_tile(q_i, k, v, bias, att_h, drop, edge_key, edge_value, col,
+                                  eid, scores, offs_e, offs_e < end, offs_h, hc, hck, h_ok,
+                                  hc_ok, hck_ok, scale, slope, H, C, CK, SCORE, HAS_BIAS,
+                                  HAS_DROP, HAS_EK, HAS_EV, NEED_SCORES)
         m_new = tl.maximum(m, _max(s, axis=0))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # all -inf so far: no shift
         rescale = tl.exp(m - m_safe)
         p = tl.exp(s - m_safe[None, :])  # (BE, BH)
         l_sum = l_sum * rescale + _sum(p, axis=0)
         if HAS_DROP:
-            p = p * _edge_values(drop, edge, offs_h, ok2, H)
-        v_e = _with_edge_term(_rows(v, src, hc, ok3, H, C), edge_value, edge, hc, ok3, H, C,
-                              HAS_EV)  # (BE, BH, BC): value of the edge
+            p = p * d
         acc = acc * rescale[:, None] + _sum(p[:, :, None] * v_e, axis=0)
         m = m_new
 
-    has_weight = l_sum > 0.0
-    l_safe = tl.where(has_weight, l_sum, 1.0)
-    o = acc / l_safe[:, None]
-    tl.store(out + row * (H * C) + hc, o.to(out.dtype.element_ty), mask=hc_ok)
+    l_safe, m_out, log_l = _weights_and_stats(l_sum, m)
+    tl.store(out + row * (H * C) + hc, (acc / l_safe[:, None]).to(out.dtype.element_ty),
+             mask=hc_ok)
     at = row * H + offs_h  # (BH): the (target, head) pairs of lse
-    # l = 0: no weight, m = +inf. l NaN (a NaN or +inf score): m NaN, every weight NaN as in
-    # torch.softmax, whatever the maximum kept of a NaN.
-    m_out = tl.where(has_weight, m, tl.where(l_sum == 0.0, float("inf"), l_sum))
     tl.store(lse + at * 2, m_out, mask=h_ok)
-    tl.store(lse + at * 2 + 1, tl.where(has_weight, tl.log(l_safe), 0.0), mask=h_ok)
+    tl.store(lse + at * 2 + 1, log_l, mask=h_ok)
+
+
+@triton.jit
+def forward_rows_kernel(q, k, v, bias, att, drop, edge_key, edge_value, rowptr, col, eid,
+                        order, num_rows, max_degree, out, lse, scores, scale, slope,
+                        H: tl.constexpr, C: tl.constexpr, CK: tl.constexpr,
+                        SCORE: tl.constexpr,
+                        HAS_BIAS: tl.constexpr, HAS_DROP: tl.constexpr,
+                        HAS_EK: tl.constexpr, HAS_EV: tl.constexpr, NEED_SCORES: tl.constexpr,
+                        BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr,
+                        BLOCK_CK: tl.constexpr):
+    """Grid (row blocks, head blocks): what :func:`forward_kernel` computes, for ``BLOCK_N``
+    targets of at most ``max_degree`` edges per program (:func:`_row_block`), one edge of each
+    per step: the lanes of a tile are targets, not edges, and each keeps its own online
+    softmax, elementwise, with no reduction across lanes."""
+    row, start, degree, mine = _row_block(order, rowptr, num_rows, max_degree, BLOCK_N)
+    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)  # (BH)
+    h_ok = offs_h < H
+    hc, hc_ok, hck, hck_ok = _head_channels(offs_h, h_ok, C, CK, BLOCK_C, BLOCK_CK)
+    row_ok2 = mine[:, None] & h_ok[None, :]  # (BN, BH)
+    q_i = _score_operand(q, row, offs_h, hck, row_ok2, mine[:, None, None] & hck_ok[None, :, :],
+                         H, CK, SCORE)  # (BN, BH) or (BN, BH, BCK)
+    att_h = _attention_vector(att, hck, hck_ok, SCORE)  # (BH, BCK)
+
+    m = tl.full([BLOCK_N, BLOCK_H], float("-inf"), tl.float32)
+    l_sum = tl.full([BLOCK_N, BLOCK_H], 0, tl.float32)
+    acc = tl.full([BLOCK_N, BLOCK_H, BLOCK_C], 0, tl.float32)
+    for t in range(0, _max(degree, axis=0)):
+        s, d, v_e = _forward_tile(q_i, k, v, bias, att_h, drop, edge_key, edge_value, col,
+                                  eid, scores, start + t, t < degree, offs_h, hc, hck, h_ok,
+                                  hc_ok, hck_ok, scale, slope, H, C, CK, SCORE, HAS_BIAS,
+                                  HAS_DROP, HAS_EK, HAS_EV, NEED_SCORES)  # (BN, BH), ...
+        m_new = tl.maximum(m, s)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # all -inf so far: no shift
+        rescale = tl.exp(m - m_safe)
+        p = tl.exp(s - m_safe)  # (BN, BH)
+        l_sum = l_sum * rescale + p
+        if HAS_DROP:
+            p = p * d
+        acc = acc * rescale[:, :, None] + p[:, :, None] * v_e
+        m = m_new
+
+    l_safe, m_out, log_l = _weights_and_stats(l_sum, m)
+    tl.store(out + row[:, None, None] * (H * C) + hc[None, :, :],
+             (acc / l_safe[:, :, None]).to(out.dtype.element_ty),
+             mask=mine[:, None, None] & hc_ok[None, :, :])
+    at = row[:, None] * H + offs_h[None, :]  # (BN, BH): the (target, head) pairs of lse
+    tl.store(lse + at * 2, m_out, mask=row_ok2)
+    tl.store(lse + at * 2 + 1, log_l, mask=row_ok2)
+
+
+@triton.jit
+def _target_scores(q_i, k, bias, att_h, edge_key, col, eid, pos, e_ok, offs_h, hck, h_ok,
+                   hck_ok, scale, slope, H: tl.constexpr, CK: tl.constexpr,
+                   SCORE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_EK: tl.constexpr):
+    """The edges at CSR positions ``pos`` (``e_ok``) of the target pass, recomputed: their
+    sources and ids ``(BL)``, the masks ``(BL, BH)`` and ``(BL, BH, BCK)``, bias, key
+    ``(BL, BH, BCK)`` and score ``(BL, BH)`` (-inf where masked)."""
+    ok2 = e_ok[:, None] & h_ok[None, :]
+    ok3k = e_ok[:, None, None] & hck_ok[None, :, :]
+    src = tl.load(col + pos, mask=e_ok, other=0).to(tl.int64)
+    edge = tl.load(eid + pos, mask=e_ok, other=0).to(tl.int64)
+    b = 0.0
+    if HAS_BIAS:
+        b = _edge_values(bias, edge, offs_h, ok2, H)
+    k_e = _with_edge_term(_score_operand(k, src, offs_h, hck, ok2, ok3k, H, CK, SCORE),
+                          edge_key, edge, hck, ok3k, H, CK, HAS_EK)  # key of the edge
+    s = tl.where(ok2, _scores(q_i, k_e, b, att_h, scale, slope, SCORE), float("-inf"))
+    return src, edge, ok2, ok3k, b, k_e, s
+
+
+@triton.jit
+def _alpha_dalpha(q_i, m_i, log_l_i, k, bias, att_h, edge_key, dalpha, col, eid, pos, e_ok,
+                  offs_h, hck, h_ok, hck_ok, scale, slope, H: tl.constexpr, CK: tl.constexpr,
+                  SCORE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_EK: tl.constexpr):
+    """``alpha_e * dalpha_e`` ``(BL, BH)`` of the edges at CSR positions ``pos``: their terms
+    of the target's delta when the returned attention weights carry a gradient."""
+    _, edge, ok2, _, _, _, s = _target_scores(q_i, k, bias, att_h, edge_key, col, eid, pos,
+                                              e_ok, offs_h, hck, h_ok, hck_ok, scale, slope,
+                                              H, CK, SCORE, HAS_BIAS, HAS_EK)
+    return _softmax_weights(s, m_i, log_l_i) * _edge_values(dalpha, edge, offs_h, ok2, H)
+
+
+@triton.jit
+def _target_tile(q_i, do_i, delta_i, m_i, log_l_i, k, v, bias, att_h, drop, edge_key,
+                 edge_value, dalpha, dbias, dedge_key, dedge_value, col, eid, pos, e_ok,
+                 offs_h, hc, hck, h_ok, hc_ok, hck_ok, scale, slope,
+                 H: tl.constexpr, C: tl.constexpr, CK: tl.constexpr, SCORE: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, HAS_DROP: tl.constexpr, HAS_EK: tl.constexpr,
+                 HAS_EV: tl.constexpr, HAS_DALPHA: tl.constexpr, NEED_DBIAS: tl.constexpr,
+                 NEED_DATT: tl.constexpr, NEED_DEK: tl.constexpr, NEED_DEV: tl.constexpr,
+                 EV_IS_EK: tl.constexpr):
+    """The edges at CSR positions ``pos`` (``e_ok``) in the target pass, with their target's
+    q, dout, delta and statistics (one row broadcast, or one per lane): writes the gradients
+    of their per-edge inputs asked for (bias, key and value terms) and returns each edge's
+    terms of dq (see :func:`_operand_terms`) and, when ``NEED_DATT``, of the target's share of
+    d att, ``(BL, BH, BCK)`` (0.0 otherwise)."""
+    src, edge, ok2, ok3k, b, k_e, s = _target_scores(q_i, k, bias, att_h, edge_key, col, eid,
+                                                     pos, e_ok, offs_h, hck, h_ok, hck_ok,
+                                                     scale, slope, H, CK, SCORE, HAS_BIAS,
+                                                     HAS_EK)
+    ok3 = e_ok[:, None, None] & hc_ok[None, :, :]  # (BL, BH, BC)
+    a = _softmax_weights(s, m_i, log_l_i)  # (BL, BH)
+    v_e = _with_edge_term(_rows(v, src, hc, ok3, H, C), edge_value, edge, hc, ok3, H, C,
+                          HAS_EV)  # (BL, BH, BC): value of the edge
+    dp = _sum(do_i * v_e, axis=2)  # (BL, BH)
+    w = a  # (BL, BH): weight of the edge's value in out_i
+    if HAS_DROP:
+        d = _edge_values(drop, edge, offs_h, ok2, H)
+        dp = dp * d
+        w = a * d
+    if HAS_DALPHA:
+        dp = dp + _edge_values(dalpha, edge, offs_h, ok2, H)
+    dz = _pre_activation_grad(a * (dp - delta_i), q_i, k_e, b, scale, slope,
+                              SCORE)  # (BL, BH)
+    if NEED_DBIAS:
+        tl.store(dbias + edge[:, None] * H + offs_h[None, :], dz.to(dbias.dtype.element_ty),
+                 mask=ok2)
+    if NEED_DEK:
+        dek = _edge_key_grad(dz, q_i, k_e, att_h, scale, slope, SCORE)  # (BL, BH, BCK)
+        if EV_IS_EK:  # the value term's gradient too: the same tensor, BCK == BC
+            dek += w[:, :, None] * do_i
+        tl.store(dedge_key + edge[:, None, None] * (H * CK) + hck[None, :, :],
+                 dek.to(dedge_key.dtype.element_ty), mask=ok3k)
+    if NEED_DEV:
+        dev = w[:, :, None] * do_i  # (BL, BH, BC)
+        tl.store(dedge_value + edge[:, None, None] * (H * C) + hc[None, :, :],
+                 dev.to(dedge_value.dtype.element_ty), mask=ok3)
+    datt = 0.0
+    if NEED_DATT:
+        datt = dz[:, :, None] * _leaky_relu(q_i + k_e, slope)
+    return _operand_terms(dz, q_i, k_e, k_e, slope, SCORE), datt
 
 
 @triton.jit
 def backward_target_kernel(q, k, v, bias, att, drop, edge_key, edge_value, out, dout, lse,
-                           dalpha, rowptr, col, eid, dq, dbias, datt_rows, dedge_key,
-                           dedge_value, delta, scale, slope,
+                           dalpha, rowptr, col, eid, order, num_rows, max_degree, dq, dbias,
+                           datt_rows, dedge_key, dedge_value, delta, scale, slope,
                            H: tl.constexpr, C: tl.constexpr, CK: tl.constexpr,
                            SCORE: tl.constexpr,
                            HAS_BIAS: tl.constexpr, HAS_DROP: tl.constexpr,
@@ -252,51 +460,35 @@ def backward_target_kernel(q, k, v, bias, att, drop, edge_key, edge_value, out, 
                            NEED_DATT: tl.constexpr, NEED_DEK: tl.constexpr,
                            NEED_DEV: tl.constexpr, BLOCK_E: tl.constexpr,
                            BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr,
-                           BLOCK_CK: tl.constexpr, EV_IS_EK: tl.constexpr = False):
-    """Grid (N_dst, head blocks). Over the incoming edges of one target: writes ``delta``
-    ``[N_dst, H]`` (dout . out, plus sum alpha * dalpha), ``dq``, when ``NEED_DATT`` (gatv2)
-    the target's share ``datt_rows[i]`` ``[N_dst, H, C]`` (fp32) of the gradient of att, and
-    for each of its edges, once, the gradients of the per-edge inputs asked for: bias
-    (``NEED_DBIAS``), key term ``dedge_key`` (``NEED_DEK``) and value term ``dedge_value``
-    (``NEED_DEV``). ``EV_IS_EK``: one tensor is both terms (``CK == C``), and ``dedge_key``
-    gets the sum of both gradients (``NEED_DEV`` off)."""
-    row = tl.program_id(0).to(tl.int64)
+                           BLOCK_CK: tl.constexpr, EV_IS_EK: tl.constexpr = False,
+                           HEAVY_ONLY: tl.constexpr = False):
+    """Grid (N_dst, head blocks), or with ``HEAVY_ONLY`` as :func:`forward_kernel`. Over the
+    incoming edges of one target: writes ``delta`` ``[N_dst, H]`` (dout . out, plus sum
+    alpha * dalpha), ``dq``, when ``NEED_DATT`` (gatv2) the target's share ``datt_rows[i]``
+    ``[N_dst, H, C]`` (fp32) of the gradient of att, and for each of its edges, once, the
+    gradients of the per-edge inputs asked for: bias (``NEED_DBIAS``), key term ``dedge_key``
+    (``NEED_DEK``) and value term ``dedge_value`` (``NEED_DEV``). ``EV_IS_EK``: one tensor is
+    both terms (``CK == C``), and ``dedge_key`` gets the sum of both gradients (``NEED_DEV``
+    off)."""
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)  # (BH)
-    offs_c = tl.arange(0, BLOCK_C)  # (BC)
-    h_ok = offs_h < H
-    hc = offs_h[:, None] * C + offs_c[None, :]  # (BH, BC)
-    hc_ok = h_ok[:, None] & (offs_c < C)[None, :]
-    offs_ck = tl.arange(0, BLOCK_CK)  # (BCK)
-    hck = offs_h[:, None] * CK + offs_ck[None, :]  # (BH, BCK): q, k and att
-    hck_ok = h_ok[:, None] & (offs_ck < CK)[None, :]
-    start = tl.load(rowptr + row)
-    end = tl.load(rowptr + row + 1)
+    row, start, end, h_ok = _one_row(order, rowptr, max_degree, offs_h, H, HEAVY_ONLY)
+    hc, hc_ok, hck, hck_ok = _head_channels(offs_h, h_ok, C, CK, BLOCK_C, BLOCK_CK)
     this_row = tl.full([1], 0, tl.int64) + row  # (1)
     q_i = _score_operand(q, this_row, offs_h, hck, h_ok[None, :], hck_ok[None, :, :], H,
-                         CK, SCORE)  # (1, BH) or (1, BH, BC)
+                         CK, SCORE)  # (1, BH) or (1, BH, BCK)
     att_h = _attention_vector(att, hck, hck_ok, SCORE)  # (BH, BCK)
-    do_i = tl.load(dout + row * (H * C) + hc, mask=hc_ok, other=0.0).to(tl.float32)
-    o_i = tl.load(out + row * (H * C) + hc, mask=hc_ok, other=0.0).to(tl.float32)
-    m_i, log_l_i = _softmax_stats(lse, row * H + offs_h, h_ok)  # (BH), (BH)
-    delta_i = _sum(do_i * o_i, axis=1)  # (BH)
+    do_i = _rows(dout, this_row, hc, hc_ok[None, :, :], H, C)  # (1, BH, BC)
+    o_i = _rows(out, this_row, hc, hc_ok[None, :, :], H, C)
+    m_i, log_l_i = _softmax_stats(lse, row * H + offs_h[None, :], h_ok[None, :])  # (1, BH)
+    delta_i = _sum(do_i * o_i, axis=2)  # (1, BH)
     if HAS_DALPHA:
         for e0 in range(start, end, BLOCK_E):
-            offs_e = e0 + tl.arange(0, BLOCK_E)
-            e_ok = offs_e < end
-            ok2 = e_ok[:, None] & h_ok[None, :]
-            ok3k = e_ok[:, None, None] & hck_ok[None, :, :]
-            src = tl.load(col + offs_e, mask=e_ok, other=0).to(tl.int64)
-            edge = tl.load(eid + offs_e, mask=e_ok, other=0).to(tl.int64)
-            b = 0.0
-            if HAS_BIAS:
-                b = _edge_values(bias, edge, offs_h, ok2, H)
-            k_e = _with_edge_term(_score_operand(k, src, offs_h, hck, ok2, ok3k, H, CK, SCORE),
-                                  edge_key, edge, hck, ok3k, H, CK, HAS_EK)
-            s = tl.where(ok2, _scores(q_i, k_e, b, att_h, scale, slope, SCORE),
-                         float("-inf"))
-            a = _softmax_weights(s, m_i[None, :], log_l_i[None, :])
-            delta_i += _sum(a * _edge_values(dalpha, edge, offs_h, ok2, H), axis=0)
-    tl.store(delta + row * H + offs_h, delta_i, mask=h_ok)
+            offs_e = e0 + tl.arange(0, BLOCK_E)  # (BE)
+            delta_i += _sum(_alpha_dalpha(q_i, m_i, log_l_i, k, bias, att_h, edge_key,
+                                          dalpha, col, eid, offs_e, offs_e < end, offs_h, hck,
+                                          h_ok, hck_ok, scale, slope, H, CK, SCORE, HAS_BIAS,
+                                          HAS_EK), axis=0)[None, :]
+    tl.store(delta + row * H + offs_h[None, :], delta_i, mask=h_ok[None, :])
 
     if SCORE == ADDITIVE:
         dq_i = tl.full([BLOCK_H], 0, tl.float32)
@@ -305,47 +497,14 @@ def backward_target_kernel(q, k, v, bias, att, drop, edge_key, edge_value, out, 
     datt_i = tl.full([BLOCK_H, BLOCK_CK], 0, tl.float32)
     for e0 in range(start, end, BLOCK_E):
         offs_e = e0 + tl.arange(0, BLOCK_E)  # (BE)
-        e_ok = offs_e < end
-        ok2 = e_ok[:, None] & h_ok[None, :]  # (BE, BH)
-        ok3 = e_ok[:, None, None] & hc_ok[None, :, :]  # (BE, BH, BC)
-        ok3k = e_ok[:, None, None] & hck_ok[None, :, :]  # (BE, BH, BCK)
-        src = tl.load(col + offs_e, mask=e_ok, other=0).to(tl.int64)
-        edge = tl.load(eid + offs_e, mask=e_ok, other=0).to(tl.int64)
-        b = 0.0
-        if HAS_BIAS:
-            b = _edge_values(bias, edge, offs_h, ok2, H)
-        k_e = _with_edge_term(_score_operand(k, src, offs_h, hck, ok2, ok3k, H, CK, SCORE),
-                              edge_key, edge, hck, ok3k, H, CK, HAS_EK)  # key of the edge
-        s = tl.where(ok2, _scores(q_i, k_e, b, att_h, scale, slope, SCORE), float("-inf"))
-        a = _softmax_weights(s, m_i[None, :], log_l_i[None, :])  # (BE, BH)
-        v_e = _with_edge_term(_rows(v, src, hc, ok3, H, C), edge_value, edge, hc, ok3, H, C,
-                              HAS_EV)  # (BE, BH, BC): value of the edge
-        dp = _sum(do_i[None, :, :] * v_e, axis=2)  # (BE, BH)
-        w = a  # (BE, BH): weight of the edge's value in out_i
-        if HAS_DROP:
-            d = _edge_values(drop, edge, offs_h, ok2, H)
-            dp = dp * d
-            w = a * d
-        if HAS_DALPHA:
-            dp = dp + _edge_values(dalpha, edge, offs_h, ok2, H)
-        dz = _pre_activation_grad(a * (dp - delta_i[None, :]), q_i, k_e, b, scale, slope,
-                                  SCORE)  # (BE, BH)
-        dq_i += _operand_grad(dz, q_i, k_e, k_e, slope, SCORE)
+        dq_terms, datt_terms = _target_tile(
+            q_i, do_i, delta_i, m_i, log_l_i, k, v, bias, att_h, drop, edge_key, edge_value,
+            dalpha, dbias, dedge_key, dedge_value, col, eid, offs_e, offs_e < end, offs_h, hc,
+            hck, h_ok, hc_ok, hck_ok, scale, slope, H, C, CK, SCORE, HAS_BIAS, HAS_DROP,
+            HAS_EK, HAS_EV, HAS_DALPHA, NEED_DBIAS, NEED_DATT, NEED_DEK, NEED_DEV, EV_IS_EK)
+        dq_i += _sum(dq_terms, axis=0)
         if NEED_DATT:
-            datt_i += _sum(dz[:, :, None] * _leaky_relu(q_i + k_e, slope), axis=0)
-        if NEED_DBIAS:
-            tl.store(dbias + edge[:, None] * H + offs_h[None, :],
-                     dz.to(dbias.dtype.element_ty), mask=ok2)
-        if NEED_DEK:
-            dek = _edge_key_grad(dz, q_i, k_e, att_h, scale, slope, SCORE)  # (BE, BH, BCK)
-            if EV_IS_EK:  # the value term's gradient too: the same tensor, BCK == BC
-                dek += w[:, :, None] * do_i[None, :, :]
-            tl.store(dedge_key + edge[:, None, None] * (H * CK) + hck[None, :, :],
-                     dek.to(dedge_key.dtype.element_ty), mask=ok3k)
-        if NEED_DEV:
-            dev = w[:, :, None] * do_i[None, :, :]  # (BE, BH, BC)
-            tl.store(dedge_value + edge[:, None, None] * (H * C) + hc[None, :, :],
-                     dev.to(dedge_value.dtype.element_ty), mask=ok3)
+            datt_i += _sum(datt_terms, axis=0)
     if SCORE == ADDITIVE:
         tl.store(dq + row * H + offs_h, dq_i.to(dq.dtype.element_ty), mask=h_ok)
     else:
@@ -356,36 +515,133 @@ def backward_target_kernel(q, k, v, bias, att, drop, edge_key, edge_value, out, 
 
 
 @triton.jit
+def backward_target_rows_kernel(q, k, v, bias, att, drop, edge_key, edge_value, out, dout,
+                                lse, dalpha, rowptr, col, eid, order, num_rows, max_degree,
+                                dq, dbias, datt_rows, dedge_key, dedge_value, delta, scale,
+                                slope, H: tl.constexpr, C: tl.constexpr, CK: tl.constexpr,
+                                SCORE: tl.constexpr,
+                                HAS_BIAS: tl.constexpr, HAS_DROP: tl.constexpr,
+                                HAS_EK: tl.constexpr, HAS_EV: tl.constexpr,
+                                HAS_DALPHA: tl.constexpr, NEED_DBIAS: tl.constexpr,
+                                NEED_DATT: tl.constexpr, NEED_DEK: tl.constexpr,
+                                NEED_DEV: tl.constexpr, BLOCK_N: tl.constexpr,
+                                BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr,
+                                BLOCK_CK: tl.constexpr, EV_IS_EK: tl.constexpr = False):
+    """Grid (row blocks, head blocks): what :func:`backward_target_kernel` computes, for
+    ``BLOCK_N`` targets of at most ``max_degree`` edges per program, one edge of each per step
+    (as :func:`forward_rows_kernel`)."""
+    row, start, degree, mine = _row_block(order, rowptr, num_rows, max_degree, BLOCK_N)
+    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)  # (BH)
+    h_ok = offs_h < H
+    hc, hc_ok, hck, hck_ok = _head_channels(offs_h, h_ok, C, CK, BLOCK_C, BLOCK_CK)
+    row_ok2 = mine[:, None] & h_ok[None, :]  # (BN, BH)
+    row_ok3 = mine[:, None, None] & hc_ok[None, :, :]  # (BN, BH, BC)
+    row_ok3k = mine[:, None, None] & hck_ok[None, :, :]  # (BN, BH, BCK)
+    q_i = _score_operand(q, row, offs_h, hck, row_ok2, row_ok3k, H, CK,
+                         SCORE)  # (BN, BH) or (BN, BH, BCK)
+    att_h = _attention_vector(att, hck, hck_ok, SCORE)  # (BH, BCK)
+    do_i = _rows(dout, row, hc, row_ok3, H, C)  # (BN, BH, BC)
+    o_i = _rows(out, row, hc, row_ok3, H, C)
+    at = row[:, None] * H + offs_h[None, :]  # (BN, BH)
+    m_i, log_l_i = _softmax_stats(lse, at, row_ok2)  # (BN, BH)
+    delta_i = _sum(do_i * o_i, axis=2)  # (BN, BH)
+    steps = _max(degree, axis=0)
+    if HAS_DALPHA:
+        for t in range(0, steps):
+            delta_i += _alpha_dalpha(q_i, m_i, log_l_i, k, bias, att_h, edge_key, dalpha, col,
+                                     eid, start + t, t < degree, offs_h, hck, h_ok, hck_ok,
+                                     scale, slope, H, CK, SCORE, HAS_BIAS, HAS_EK)
+    tl.store(delta + at, delta_i, mask=row_ok2)
+
+    if SCORE == ADDITIVE:
+        dq_i = tl.full([BLOCK_N, BLOCK_H], 0, tl.float32)
+    else:
+        dq_i = tl.full([BLOCK_N, BLOCK_H, BLOCK_CK], 0, tl.float32)
+    datt_i = tl.full([BLOCK_N, BLOCK_H, BLOCK_CK], 0, tl.float32)
+    for t in range(0, steps):
+        dq_terms, datt_terms = _target_tile(
+            q_i, do_i, delta_i, m_i, log_l_i, k, v, bias, att_h, drop, edge_key, edge_value,
+            dalpha, dbias, dedge_key, dedge_value, col, eid, start + t, t < degree, offs_h, hc,
+            hck, h_ok, hc_ok, hck_ok, scale, slope, H, C, CK, SCORE, HAS_BIAS, HAS_DROP,
+            HAS_EK, HAS_EV, HAS_DALPHA, NEED_DBIAS, NEED_DATT, NEED_DEK, NEED_DEV, EV_IS_EK)
+        dq_i += dq_terms
+        if NEED_DATT:
+            datt_i += datt_terms
+    if SCORE == ADDITIVE:
+        tl.store(dq + at, dq_i.to(dq.dtype.element_ty), mask=row_ok2)
+    else:
+        tl.store(dq + row[:, None, None] * (H * CK) + hck[None, :, :],
+                 (dq_i * scale * att_h).to(dq.dtype.element_ty), mask=row_ok3k)
+    if NEED_DATT:
+        tl.store(datt_rows + row[:, None, None] * (H * CK) + hck[None, :, :], datt_i * scale,
+                 mask=row_ok3k)
+
+
+@triton.jit
+def _source_tile(k_j, v_j, q, bias, att_h, drop, edge_key, edge_value, dout, lse, delta,
+                 dalpha, row_t, eid_t, pos, e_ok, offs_h, hc, hck, h_ok, hc_ok, hck_ok, scale,
+                 slope, H: tl.constexpr, C: tl.constexpr, CK: tl.constexpr,
+                 SCORE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_DROP: tl.constexpr,
+                 HAS_EK: tl.constexpr, HAS_EV: tl.constexpr, HAS_DALPHA: tl.constexpr):
+    """The edges at transposed-CSR positions ``pos`` (``e_ok``) out of their sources, with the
+    source's k and v (one row broadcast, or one per lane): each edge's terms of dk (see
+    :func:`_operand_terms`) and of dv, ``(BL, BH, BC)``."""
+    ok2 = e_ok[:, None] & h_ok[None, :]  # (BL, BH)
+    ok3 = e_ok[:, None, None] & hc_ok[None, :, :]  # (BL, BH, BC)
+    ok3k = e_ok[:, None, None] & hck_ok[None, :, :]  # (BL, BH, BCK)
+    dst = tl.load(row_t + pos, mask=e_ok, other=0).to(tl.int64)
+    edge = tl.load(eid_t + pos, mask=e_ok, other=0).to(tl.int64)
+    b = 0.0
+    if HAS_BIAS:
+        b = _edge_values(bias, edge, offs_h, ok2, H)
+    q_i = _score_operand(q, dst, offs_h, hck, ok2, ok3k, H, CK, SCORE)
+    k_e = _with_edge_term(k_j, edge_key, edge, hck, ok3k, H, CK, HAS_EK)  # key of the edge
+    s = tl.where(ok2, _scores(q_i, k_e, b, att_h, scale, slope, SCORE), float("-inf"))
+    m_i, log_l_i = _softmax_stats(lse, dst[:, None] * H + offs_h[None, :], ok2)
+    a = _softmax_weights(s, m_i, log_l_i)  # (BL, BH)
+    do_i = _rows(dout, dst, hc, ok3, H, C)  # (BL, BH, BC)
+    v_e = _with_edge_term(v_j, edge_value, edge, hc, ok3, H, C,
+                          HAS_EV)  # (1 or BL, BH, BC): value of the edge
+    dp = _sum(do_i * v_e, axis=2)  # (BL, BH)
+    w = a
+    if HAS_DROP:
+        d = _edge_values(drop, edge, offs_h, ok2, H)
+        dp = dp * d
+        w = a * d
+    if HAS_DALPHA:
+        dp = dp + _edge_values(dalpha, edge, offs_h, ok2, H)
+    delta_i = _edge_values(delta, dst, offs_h, ok2, H)
+    dz = _pre_activation_grad(a * (dp - delta_i), q_i, k_e, b, scale, slope,
+                              SCORE)  # (BL, BH)
+    return _operand_terms(dz, q_i, k_e, q_i, slope, SCORE), w[:, :, None] * do_i
+
+
+@triton.jit
 def backward_source_kernel(q, k, v, bias, att, drop, edge_key, edge_value, dout, lse, delta,
-                           dalpha, colptr, row_t, eid_t, dk, dv, scale, slope,
+                           dalpha, colptr, row_t, eid_t, order, num_rows, max_degree, dk, dv,
+                           scale, slope,
                            H: tl.constexpr, C: tl.constexpr, CK: tl.constexpr,
                            SCORE: tl.constexpr,
                            HAS_BIAS: tl.constexpr, HAS_DROP: tl.constexpr,
                            HAS_EK: tl.constexpr, HAS_EV: tl.constexpr,
                            HAS_DALPHA: tl.constexpr,
                            BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
-                           BLOCK_C: tl.constexpr, BLOCK_CK: tl.constexpr):
-    """Grid (N_src, head blocks). Over the outgoing edges of one source (transposed CSR
-    ``colptr``, ``row_t`` = targets, ``eid_t`` = edge ids): writes ``dk`` and ``dv``. The
-    per-edge terms enter the recomputed scores and softmax gradients only: dv_j sums
-    w_e dout_i whatever the value of the edge, and ek_e changes dk_j only through
-    LeakyReLU'(q_i + k_j + ek_e) of gatv2."""
-    node = tl.program_id(0).to(tl.int64)
+                           BLOCK_C: tl.constexpr, BLOCK_CK: tl.constexpr,
+                           HEAVY_ONLY: tl.constexpr = False):
+    """Grid (N_src, head blocks), or with ``HEAVY_ONLY`` as :func:`forward_kernel` over the
+    source ``order``. Over the outgoing edges of one source (transposed CSR ``colptr``,
+    ``row_t`` = targets, ``eid_t`` = edge ids): writes ``dk`` and ``dv``. The per-edge terms
+    enter the recomputed scores and softmax gradients only: dv_j sums w_e dout_i whatever the
+    value of the edge, and ek_e changes dk_j only through LeakyReLU'(q_i + k_j + ek_e) of
+    gatv2."""
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)  # (BH)
-    offs_c = tl.arange(0, BLOCK_C)  # (BC)
-    h_ok = offs_h < H
-    hc = offs_h[:, None] * C + offs_c[None, :]  # (BH, BC)
-    hc_ok = h_ok[:, None] & (offs_c < C)[None, :]
-    offs_ck = tl.arange(0, BLOCK_CK)  # (BCK)
-    hck = offs_h[:, None] * CK + offs_ck[None, :]  # (BH, BCK): q, k and att
-    hck_ok = h_ok[:, None] & (offs_ck < CK)[None, :]
-    start = tl.load(colptr + node)
-    end = tl.load(colptr + node + 1)
+    node, start, end, h_ok = _one_row(order, colptr, max_degree, offs_h, H, HEAVY_ONLY)
+    hc, hc_ok, hck, hck_ok = _head_channels(offs_h, h_ok, C, CK, BLOCK_C, BLOCK_CK)
     this_node = tl.full([1], 0, tl.int64) + node  # (1)
     k_j = _score_operand(k, this_node, offs_h, hck, h_ok[None, :], hck_ok[None, :, :], H,
-                         CK, SCORE)  # (1, BH) or (1, BH, BC)
+                         CK, SCORE)  # (1, BH) or (1, BH, BCK)
     att_h = _attention_vector(att, hck, hck_ok, SCORE)  # (BH, BCK)
-    v_j = tl.load(v + node * (H * C) + hc, mask=hc_ok, other=0.0).to(tl.float32)  # (BH, BC)
+    v_j = _rows(v, this_node, hc, hc_ok[None, :, :], H, C)  # (1, BH, BC)
 
     if SCORE == ADDITIVE:
         dk_j = tl.full([BLOCK_H], 0, tl.float32)
@@ -394,39 +650,63 @@ def backward_source_kernel(q, k, v, bias, att, drop, edge_key, edge_value, dout,
     dv_j = tl.full([BLOCK_H, BLOCK_C], 0, tl.float32)
     for e0 in range(start, end, BLOCK_E):
         offs_e = e0 + tl.arange(0, BLOCK_E)  # (BE)
-        e_ok = offs_e < end
-        ok2 = e_ok[:, None] & h_ok[None, :]  # (BE, BH)
-        ok3 = e_ok[:, None, None] & hc_ok[None, :, :]  # (BE, BH, BC)
-        ok3k = e_ok[:, None, None] & hck_ok[None, :, :]  # (BE, BH, BCK)
-        dst = tl.load(row_t + offs_e, mask=e_ok, other=0).to(tl.int64)
-        edge = tl.load(eid_t + offs_e, mask=e_ok, other=0).to(tl.int64)
-        b = 0.0
-        if HAS_BIAS:
-            b = _edge_values(bias, edge, offs_h, ok2, H)
-        q_i = _score_operand(q, dst, offs_h, hck, ok2, ok3k, H, CK, SCORE)
-        k_e = _with_edge_term(k_j, edge_key, edge, hck, ok3k, H, CK, HAS_EK)  # key of the edge
-        s = tl.where(ok2, _scores(q_i, k_e, b, att_h, scale, slope, SCORE), float("-inf"))
-        m_i, log_l_i = _softmax_stats(lse, dst[:, None] * H + offs_h[None, :], ok2)
-        a = _softmax_weights(s, m_i, log_l_i)  # (BE, BH)
-        do_i = _rows(dout, dst, hc, ok3, H, C)  # (BE, BH, BC)
-        v_e = _with_edge_term(v_j[None, :, :], edge_value, edge, hc, ok3, H, C,
-                              HAS_EV)  # (1 or BE, BH, BC): value of the edge
-        dp = _sum(do_i * v_e, axis=2)  # (BE, BH)
-        w = a
-        if HAS_DROP:
-            d = _edge_values(drop, edge, offs_h, ok2, H)
-            dp = dp * d
-            w = a * d
-        dv_j += _sum(w[:, :, None] * do_i, axis=0)
-        if HAS_DALPHA:
-            dp = dp + _edge_values(dalpha, edge, offs_h, ok2, H)
-        delta_i = _edge_values(delta, dst, offs_h, ok2, H)
-        dz = _pre_activation_grad(a * (dp - delta_i), q_i, k_e, b, scale, slope,
-                                  SCORE)  # (BE, BH)
-        dk_j += _operand_grad(dz, q_i, k_e, q_i, slope, SCORE)
+        dk_terms, dv_terms = _source_tile(
+            k_j, v_j, q, bias, att_h, drop, edge_key, edge_value, dout, lse, delta, dalpha,
+            row_t, eid_t, offs_e, offs_e < end, offs_h, hc, hck, h_ok, hc_ok, hck_ok, scale,
+            slope, H, C, CK, SCORE, HAS_BIAS, HAS_DROP, HAS_EK, HAS_EV, HAS_DALPHA)
+        dk_j += _sum(dk_terms, axis=0)
+        dv_j += _sum(dv_terms, axis=0)
     if SCORE == ADDITIVE:
         tl.store(dk + node * H + offs_h, dk_j.to(dk.dtype.element_ty), mask=h_ok)
     else:
         tl.store(dk + node * (H * CK) + hck, (dk_j * scale * att_h).to(dk.dtype.element_ty),
                  mask=hck_ok)
     tl.store(dv + node * (H * C) + hc, dv_j.to(dv.dtype.element_ty), mask=hc_ok)
+
+
+@triton.jit
+def backward_source_rows_kernel(q, k, v, bias, att, drop, edge_key, edge_value, dout, lse,
+                                delta, dalpha, colptr, row_t, eid_t, order, num_rows,
+                                max_degree, dk, dv, scale, slope,
+                                H: tl.constexpr, C: tl.constexpr, CK: tl.constexpr,
+                                SCORE: tl.constexpr,
+                                HAS_BIAS: tl.constexpr, HAS_DROP: tl.constexpr,
+                                HAS_EK: tl.constexpr, HAS_EV: tl.constexpr,
+                                HAS_DALPHA: tl.constexpr,
+                                BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
+                                BLOCK_C: tl.constexpr, BLOCK_CK: tl.constexpr):
+    """Grid (row blocks, head blocks): what :func:`backward_source_kernel` computes, for
+    ``BLOCK_N`` sources of at most ``max_degree`` edges per program, one edge of each per step
+    (as :func:`forward_rows_kernel`)."""
+    node, start, degree, mine = _row_block(order, colptr, num_rows, max_degree, BLOCK_N)
+    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)  # (BH)
+    h_ok = offs_h < H
+    hc, hc_ok, hck, hck_ok = _head_channels(offs_h, h_ok, C, CK, BLOCK_C, BLOCK_CK)
+    row_ok2 = mine[:, None] & h_ok[None, :]  # (BN, BH)
+    row_ok3 = mine[:, None, None] & hc_ok[None, :, :]  # (BN, BH, BC)
+    row_ok3k = mine[:, None, None] & hck_ok[None, :, :]  # (BN, BH, BCK)
+    k_j = _score_operand(k, node, offs_h, hck, row_ok2, row_ok3k, H, CK,
+                         SCORE)  # (BN, BH) or (BN, BH, BCK)
+    att_h = _attention_vector(att, hck, hck_ok, SCORE)  # (BH, BCK)
+    v_j = _rows(v, node, hc, row_ok3, H, C)  # (BN, BH, BC)
+
+    if SCORE == ADDITIVE:
+        dk_j = tl.full([BLOCK_N, BLOCK_H], 0, tl.float32)
+    else:
+        dk_j = tl.full([BLOCK_N, BLOCK_H, BLOCK_CK], 0, tl.float32)
+    dv_j = tl.full([BLOCK_N, BLOCK_H, BLOCK_C], 0, tl.float32)
+    for t in range(0, _max(degree, axis=0)):
+        dk_terms, dv_terms = _source_tile(
+            k_j, v_j, q, bias, att_h, drop, edge_key, edge_value, dout, lse, delta, dalpha,
+            row_t, eid_t, start + t, t < degree, offs_h, hc, hck, h_ok, hc_ok, hck_ok, scale,
+            slope, H, C, CK, SCORE, HAS_BIAS, HAS_DROP, HAS_EK, HAS_EV, HAS_DALPHA)
+        dk_j += dk_terms
+        dv_j += dv_terms
+    if SCORE == ADDITIVE:
+        tl.store(dk + node[:, None] * H + offs_h[None, :], dk_j.to(dk.dtype.element_ty),
+                 mask=row_ok2)
+    else:
+        tl.store(dk + node[:, None, None] * (H * CK) + hck[None, :, :],
+                 (dk_j * scale * att_h).to(dk.dtype.element_ty), mask=row_ok3k)
+    tl.store(dv + node[:, None, None] * (H * C) + hc[None, :, :], dv_j.to(dv.dtype.element_ty),
+             mask=row_ok3)

@@ -156,9 +156,16 @@ def interpret_mode() -> bool:
 class LaunchConfig:
     """Tile sizes of the kernels for one (H, C, C_k).
 
-    A program handles ``block_h`` heads of one node; a tile is ``[block_e, block_h, block_c]``
-    (edges, heads, channels of v), with ``block_c`` the next power of two >= C (masked), and
+    With ``block_n = 1`` (the default) a program handles ``block_h`` heads of one node and
+    walks its edges ``block_e`` at a time; a tile is ``[block_e, block_h, block_c]`` (edges,
+    heads, channels of v), with ``block_c`` the next power of two >= C (masked), and
     ``[block_e, block_h, block_ck]`` for q, k and att, with ``block_ck`` that of C_k.
+
+    With ``block_n > 1`` the row-block kernels run instead: a program handles ``block_n``
+    nodes of about the same degree (consecutive in the order of decreasing degree) and one
+    edge of each per step, in tiles ``[block_n, block_h, block_c]``; the nodes of more than
+    ``heavy_degree`` edges, which would hold their block for as many steps, each get a program
+    of the one-node kernels, ``block_e`` edges at a time.
     """
 
     block_e: int
@@ -166,6 +173,8 @@ class LaunchConfig:
     block_c: int
     num_warps: int
     block_ck: int
+    block_n: int = 1
+    heavy_degree: int = 256
 
 
 def _next_power_of_2(n: int) -> int:
@@ -178,7 +187,9 @@ def launch_config(heads: int, channels: int, score_channels: int | None = None) 
     head's channels always fit in one tile (C > 128 gives one head per program and, above
     2048 channels, one edge per step; C is rounded up to a power of 2). ``score_channels`` is
     C_k, the channels of q and k (1 for the additive score; default: ``channels``); the wider
-    of the two sets the tile."""
+    of the two sets the tile. Inside :func:`launch_tiles`, the tiles given replace these; with
+    ``block_n > 1`` and no ``num_warps`` given, the warps follow the row-block tile
+    ``[block_n, block_h, C]`` by the same rule (4 warps for 2048 values)."""
     block_c = _next_power_of_2(channels)
     block_ck = block_c if score_channels is None else _next_power_of_2(score_channels)
     widest = max(block_c, block_ck)
@@ -192,16 +203,21 @@ def launch_config(heads: int, channels: int, score_channels: int | None = None) 
         if "block_h" in tiles:
             tiles["block_h"] = min(tiles["block_h"], _next_power_of_2(heads))
         cfg = replace(cfg, **tiles)
+        if cfg.block_n > 1 and "num_warps" not in tiles:  # warps for the row-block tile
+            tile = cfg.block_n * cfg.block_h * widest
+            cfg = replace(cfg, num_warps=max(1, min(4, tile // 512)))
     return cfg
 
 
 _TILES: dict[str, int] = {}  # the tiles launch_tiles sets, by LaunchConfig field
 _WARPS = (1, 2, 4, 8, 16)
+_POWERS_OF_2 = ("block_e", "block_h", "block_n")
 
 
 @contextlib.contextmanager
 def launch_tiles(*, block_e: int | None = None, block_h: int | None = None,
-                 num_warps: int | None = None) -> Iterator[None]:
+                 num_warps: int | None = None, block_n: int | None = None,
+                 heavy_degree: int | None = None) -> Iterator[None]:
     """Run the Triton kernels with other tiles than :func:`launch_config` picks, to tune them
     on a GPU (``benchmarks/triton_tuning.py``).
 
@@ -218,19 +234,30 @@ def launch_tiles(*, block_e: int | None = None, block_h: int | None = None,
         block_h (int, optional): heads per program, a power of 2; at most the next power of 2
             >= H is used.
         num_warps (int, optional): warps per program: 1, 2, 4, 8 or 16.
+        block_n (int, optional): nodes per program, a power of 2: 1 runs the one-node
+            kernels, more the row-block kernels (see :class:`LaunchConfig`).
+        heavy_degree (int, optional): with ``block_n > 1``, the most edges a node may have
+            to be handled in a row block; those with more get a program each. A non-negative
+            integer.
 
     Example:
         >>> with launch_tiles(block_e=8, num_warps=2):
         ...     out = edge_attention(q, k, v, edge_index, backend="triton")
+        >>> with launch_tiles(block_n=16, heavy_degree=128):
+        ...     out = edge_attention(q, k, v, edge_index, backend="triton")
     """
-    tiles = {"block_e": block_e, "block_h": block_h, "num_warps": num_warps}
-    for name in ("block_e", "block_h"):
+    tiles = {"block_e": block_e, "block_h": block_h, "num_warps": num_warps,
+             "block_n": block_n, "heavy_degree": heavy_degree}
+    for name in _POWERS_OF_2:
         value = tiles[name]
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                   or value < 1 or value & (value - 1)):
             raise ValueError(f"{name} must be a power of 2, got {value!r}")
     if num_warps is not None and (isinstance(num_warps, bool) or num_warps not in _WARPS):
         raise ValueError(f"num_warps must be one of {list(_WARPS)}, got {num_warps!r}")
+    if heavy_degree is not None and (isinstance(heavy_degree, bool)
+                                     or not isinstance(heavy_degree, int) or heavy_degree < 0):
+        raise ValueError(f"heavy_degree must be a non-negative integer, got {heavy_degree!r}")
     if torch.compiler.is_compiling():  # dynamo would replay the change after the graph ran
         raise RuntimeError("launch_tiles must be entered outside the function that "
                            "torch.compile compiles, not inside it")
@@ -253,12 +280,14 @@ class CSR:
     """Edges grouped by one endpoint: row r owns positions ``ptr[r]:ptr[r + 1]``.
 
     ``other[p]`` is the opposite endpoint of the edge at position p and ``edge_id[p]`` its column
-    in ``edge_index`` (where bias, dropout mask and alpha live).
+    in ``edge_index`` (where bias, dropout mask and alpha live). ``order`` lists the rows by
+    decreasing number of edges (ties in row order), for the row-block kernels.
     """
 
     ptr: Tensor
     other: Tensor
     edge_id: Tensor
+    order: Tensor
 
 
 def build_csr(rows: Tensor, other: Tensor, num_rows: int, num_other: int) -> CSR:
@@ -271,8 +300,8 @@ def build_csr(rows: Tensor, other: Tensor, num_rows: int, num_other: int) -> CSR
         num_other (int): number of nodes on the opposite side.
 
     Shapes:
-        - **output:** ptr ``(num_rows + 1)``, other and edge_id ``(E)``; int32 when every value
-          fits, int64 otherwise.
+        - **output:** ptr ``(num_rows + 1)``, other and edge_id ``(E)``, order ``(num_rows)``;
+          int32 when every value fits, int64 otherwise.
     """
     num_edges = rows.numel()
     largest = max(num_edges, num_rows, num_other)
@@ -283,12 +312,15 @@ def build_csr(rows: Tensor, other: Tensor, num_rows: int, num_other: int) -> CSR
     # which on CUDA reads the largest value back to the host (a synchronisation per call).
     bounds = torch.arange(num_rows + 1, dtype=index_dtype, device=rows.device)
     ptr = torch.searchsorted(sorted_rows, bounds, out_int32=index_dtype == torch.int32)
-    return CSR(ptr=ptr, other=other[perm].to(index_dtype), edge_id=perm.to(index_dtype))
+    degree = ptr[1:] - ptr[:-1]  # (num_rows)
+    order = torch.sort(degree, descending=True, stable=True).indices.to(index_dtype)
+    return CSR(ptr=ptr, other=other[perm].to(index_dtype), edge_id=perm.to(index_dtype),
+               order=order)
 
 
 # The CSR orderings of recently used graphs, by edge_index tensor (graphattn._tensor_cache): on
 # CUDA, a training loop that passes the same edge_index at every step sorts it once per direction
-# instead of twice per step. Each entry holds 4 (N + 1) + 8 E bytes (int32 ids).
+# instead of twice per step. Each entry holds 4 (2 N + 1) + 8 E bytes (int32 ids).
 _CSR_CACHE: TensorCache[CSR] = TensorCache(max_entries=8)
 
 
@@ -349,6 +381,45 @@ def kernels() -> ModuleType:
     return _KERNEL_MODULES[mode]
 
 
+# The row-block kernel of each one-node kernel (LaunchConfig.block_n > 1).
+ROW_BLOCK_KERNELS = {"forward_kernel": "forward_rows_kernel",
+                     "backward_target_kernel": "backward_target_rows_kernel",
+                     "backward_source_kernel": "backward_source_rows_kernel"}
+
+
+def _launch_over_rows(name: str, csr: CSR, cfg: LaunchConfig, heads: int, before: tuple,
+                      after: tuple, **flags) -> None:
+    """Launch the pass ``name`` (a kernel of :func:`kernels`) over the rows of ``csr``, its
+    arguments ``before`` and ``after`` those of the CSR.
+
+    ``cfg.block_n == 1``: one program per row and head block. Otherwise one program per
+    ``block_n`` rows of the degree order, in the row-block kernel, and one per row of more
+    than ``cfg.heavy_degree`` edges in the one-row kernel: at most E // (heavy_degree + 1)
+    rows have that many, and they come first in the order, so that many programs are
+    launched, and those that find a lighter row return without a store (the number of heavy
+    rows is never read back to the host).
+    """
+    num_rows, num_edges = csr.order.numel(), csr.other.numel()
+    if num_rows == 0:
+        return
+    module = kernels()
+    args = (*before, csr.ptr, csr.other, csr.edge_id, csr.order, num_rows, cfg.heavy_degree,
+            *after)
+    head_blocks = -(-heads // cfg.block_h)
+    tiles = dict(BLOCK_H=cfg.block_h, BLOCK_C=cfg.block_c, BLOCK_CK=cfg.block_ck,
+                 num_warps=cfg.num_warps)
+    one_row = getattr(module, name)
+    if cfg.block_n == 1:
+        one_row[(num_rows, head_blocks)](*args, BLOCK_E=cfg.block_e, **tiles, **flags)
+        return
+    heavy = min(num_rows, num_edges // (cfg.heavy_degree + 1))
+    if heavy > 0:
+        one_row[(heavy, head_blocks)](*args, BLOCK_E=cfg.block_e, HEAVY_ONLY=True, **tiles,
+                                      **flags)
+    getattr(module, ROW_BLOCK_KERNELS[name])[(-(-num_rows // cfg.block_n), head_blocks)](
+        *args, BLOCK_N=cfg.block_n, **tiles, **flags)
+
+
 def fused_forward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None,
                   dropout_mask: Tensor | None, csr: CSR, *, scale: float, score: str,
                   negative_slope: float, need_scores: bool, att: Tensor | None = None,
@@ -369,16 +440,14 @@ def fused_forward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None,
     lse = torch.empty(n_dst, heads, 2, device=v.device, dtype=torch.float32)  # (m, log l)
     scores = (torch.empty(csr.other.numel(), heads, device=v.device, dtype=torch.float32)
               if need_scores else None)
-    if n_dst > 0:
-        kernels().forward_kernel[(n_dst, -(-heads // cfg.block_h))](
-            q, k, v, _or(bias, q), _or(att, q), _or(dropout_mask, q), _or(edge_key, q),
-            _or(edge_value, v), csr.ptr, csr.other, csr.edge_id, out32, lse, _or(scores, lse),
-            scale, negative_slope, H=heads, C=channels, CK=score_channels,
-            SCORE=SCORE_KINDS[score], HAS_BIAS=bias is not None,
-            HAS_DROP=dropout_mask is not None, HAS_EK=edge_key is not None,
-            HAS_EV=edge_value is not None, NEED_SCORES=need_scores, BLOCK_E=cfg.block_e,
-            BLOCK_H=cfg.block_h, BLOCK_C=cfg.block_c, BLOCK_CK=cfg.block_ck,
-            num_warps=cfg.num_warps)
+    _launch_over_rows(
+        "forward_kernel", csr, cfg, heads,
+        (q, k, v, _or(bias, q), _or(att, q), _or(dropout_mask, q), _or(edge_key, q),
+         _or(edge_value, v)),
+        (out32, lse, _or(scores, lse), scale, negative_slope),
+        H=heads, C=channels, CK=score_channels, SCORE=SCORE_KINDS[score],
+        HAS_BIAS=bias is not None, HAS_DROP=dropout_mask is not None,
+        HAS_EK=edge_key is not None, HAS_EV=edge_value is not None, NEED_SCORES=need_scores)
     return out32, lse, scores
 
 
@@ -438,9 +507,7 @@ def _backward(dout: Tensor, dalpha: Tensor | None, q: Tensor, k: Tensor, v: Tens
     flags = dict(H=heads, C=channels, CK=score_channels, SCORE=SCORE_KINDS[score],
                  HAS_BIAS=bias is not None, HAS_DROP=dropout_mask is not None,
                  HAS_EK=edge_key is not None, HAS_EV=edge_value is not None,
-                 HAS_DALPHA=dalpha is not None, BLOCK_E=cfg.block_e, BLOCK_H=cfg.block_h,
-                 BLOCK_C=cfg.block_c, BLOCK_CK=cfg.block_ck, num_warps=cfg.num_warps)
-    head_blocks = -(-heads // cfg.block_h)
+                 HAS_DALPHA=dalpha is not None)
     ek, ev = _or(edge_key, q), _or(edge_value, v)  # placeholders when absent
 
     dq = torch.empty_like(q)
@@ -454,21 +521,22 @@ def _backward(dout: Tensor, dalpha: Tensor | None, q: Tensor, k: Tensor, v: Tens
     datt_rows = (torch.empty(n_dst, *att.shape, device=v.device, dtype=torch.float32)
                  if need_datt else None)  # (N_dst, H, C)
     delta = torch.empty(n_dst, heads, device=v.device, dtype=torch.float32)
-    if n_dst > 0:
-        kernels().backward_target_kernel[(n_dst, head_blocks)](
-            q, k, v, _or(bias, q), _or(att, q), _or(dropout_mask, q), ek, ev, out32, dout, lse,
-            _or(dalpha, lse), csr.ptr, csr.other, csr.edge_id, dq, _or(dbias, lse),
-            _or(datt_rows, lse), _or(dedge_key, lse), _or(dedge_value, lse), delta, scale,
-            negative_slope, NEED_DBIAS=need_dbias, NEED_DATT=need_datt,
-            NEED_DEK=need_dedge_key, NEED_DEV=need_dedge_value, EV_IS_EK=value_is_key,
-            **flags)
+    _launch_over_rows(
+        "backward_target_kernel", csr, cfg, heads,
+        (q, k, v, _or(bias, q), _or(att, q), _or(dropout_mask, q), ek, ev, out32, dout, lse,
+         _or(dalpha, lse)),
+        (dq, _or(dbias, lse), _or(datt_rows, lse), _or(dedge_key, lse),
+         _or(dedge_value, lse), delta, scale, negative_slope),
+        NEED_DBIAS=need_dbias, NEED_DATT=need_datt, NEED_DEK=need_dedge_key,
+        NEED_DEV=need_dedge_value, EV_IS_EK=value_is_key, **flags)
     if n_src > 0:
         csc = graph_csr(edge_index, by_target=False, num_dst=n_dst, num_src=n_src,
                         cached=cached)
-        kernels().backward_source_kernel[(n_src, head_blocks)](
-            q, k, v, _or(bias, q), _or(att, q), _or(dropout_mask, q), ek, ev, dout, lse, delta,
-            _or(dalpha, lse), csc.ptr, csc.other, csc.edge_id, dk, dv, scale, negative_slope,
-            **flags)
+        _launch_over_rows(
+            "backward_source_kernel", csc, cfg, heads,
+            (q, k, v, _or(bias, q), _or(att, q), _or(dropout_mask, q), ek, ev, dout, lse,
+             delta, _or(dalpha, lse)),
+            (dk, dv, scale, negative_slope), **flags)
     datt = datt_rows.sum(dim=0).to(att.dtype) if need_datt else None  # (H, C)
     return dq, dk, dv, datt, dbias, dedge_key, dedge_value
 
@@ -486,30 +554,30 @@ class FusedEdgeAttention(torch.autograd.Function):
                 dropout_mask: Tensor | None, edge_index: Tensor, scale: float,
                 negative_slope: float, score: str, need_alpha: bool,
                 edge_key: Tensor | None, edge_value: Tensor | None,
-                ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+                ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
         out32, alpha, lse, csr = _forward(q, k, v, att, bias, dropout_mask, edge_index, scale,
                                           negative_slope, score, need_alpha, edge_key,
                                           edge_value)
-        return out32, alpha, lse, csr.ptr, csr.other, csr.edge_id
+        return out32, alpha, lse, csr.ptr, csr.other, csr.edge_id, csr.order
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
         (q, k, v, att, bias, dropout_mask, edge_index, scale, negative_slope, score, need_alpha,
          edge_key, edge_value) = inputs
-        out32, alpha, lse, rowptr, col, eid = output
+        out32, alpha, lse, rowptr, col, eid, order = output
         ctx.save_for_backward(q, k, v, att, bias, dropout_mask, edge_index, out32, lse, rowptr,
-                              col, eid, edge_key, edge_value)
+                              col, eid, order, edge_key, edge_value)
         ctx.options = (scale, negative_slope, score)
         ctx.value_is_key = edge_key is not None and edge_value is edge_key
         ctx.set_materialize_grads(False)
-        ctx.mark_non_differentiable(lse, rowptr, col, eid)
+        ctx.mark_non_differentiable(lse, rowptr, col, eid, order)
         if not need_alpha:
             ctx.mark_non_differentiable(alpha)
 
     @staticmethod
     def backward(ctx, dout: Tensor | None, dalpha: Tensor | None, *_):
-        (q, k, v, att, bias, dropout_mask, edge_index, out32, lse, rowptr, col, eid, edge_key,
-         edge_value) = ctx.saved_tensors
+        (q, k, v, att, bias, dropout_mask, edge_index, out32, lse, rowptr, col, eid, order,
+         edge_key, edge_value) = ctx.saved_tensors
         # create_graph=True, or a forward-mode dual cotangent (whose tangent the kernels would
         # drop): gradients in plain ops, which autograd can differentiate
         if torch.is_grad_enabled() or plain_ops_only(dout, dalpha):
@@ -526,7 +594,7 @@ class FusedEdgeAttention(torch.autograd.Function):
         need_dedge_key = edge_key is not None and ctx.needs_input_grad[11]
         dq, dk, dv, datt, dbias, dedge_key, dedge_value = _backward(
             dout, dalpha, q, k, v, att, bias, dropout_mask, edge_index, out32, lse,
-            CSR(rowptr, col, eid), *ctx.options,
+            CSR(rowptr, col, eid, order), *ctx.options,
             need_dbias=bias is not None and ctx.needs_input_grad[4],
             need_datt=att is not None and ctx.needs_input_grad[3], edge_key=edge_key,
             edge_value=edge_value, need_dedge_key=need_dedge_key,

@@ -78,7 +78,7 @@ def check_against_edges_as_sources(inputs, edge_index, *, score, dtype=torch.flo
 
 
 @pytest.mark.parametrize("score", ["dot", "gatv2", "additive"])
-def test_matches_edges_as_sources_on_graph_registry(graph_case, score):
+def test_matches_edges_as_sources_on_graph_registry(graph_case, score, triton_tiles):
     ei = graph_case.edge_index
     inputs = attention_inputs(graph_case.num_src, graph_case.num_dst, ei.size(1), 2, 8, score=score,
                               terms=TERMS[ALL_TERMS[score]])
@@ -92,7 +92,7 @@ def test_matches_edges_as_sources_on_graph_registry(graph_case, score):
 @pytest.mark.parametrize("score,terms", [("dot", "key"), ("dot", "value"), ("dot", "both"),
                                          ("gatv2", "key"), ("gatv2", "value"),
                                          ("gatv2", "both"), ("additive", "value")])
-def test_each_term_on_a_degree_40_row(score, terms, heads, channels):
+def test_each_term_on_a_degree_40_row(score, terms, heads, channels, triton_tiles):
     """One target of 40 edges (two edge blocks), self-loops, a triple edge, targets without
     incoming edges; one head block of 1 and of 4 heads, channel tiles of 8 and 16."""
     ei, num_nodes = mixed_graph()
@@ -105,7 +105,7 @@ def test_each_term_on_a_degree_40_row(score, terms, heads, channels):
 
 @pytest.mark.parametrize("through", [("out",), ("alpha",)], ids=["out", "alpha"])
 @pytest.mark.parametrize("score", ["dot", "gatv2"])
-def test_gradients_through_out_or_alpha_alone(score, through):
+def test_gradients_through_out_or_alpha_alone(score, through, triton_tiles):
     """Without a gradient of alpha the kernels skip its terms; without one of out, dout is 0
     and d edge_value is 0."""
     ei, num_nodes = mixed_graph()
@@ -117,7 +117,7 @@ def test_gradients_through_out_or_alpha_alone(score, through):
 
 
 @pytest.mark.parametrize("score", ["dot", "gatv2", "additive"])
-def test_dropout_mask_weights_the_value_terms(score):
+def test_dropout_mask_weights_the_value_terms(score, triton_tiles):
     """d edge_value is w_e dout_i with w_e = alpha_e * mask_e: exactly 0 on dropped edges."""
     ei = random_graph(12, 40, seed=5)
     inputs = attention_inputs(12, 12, 40, 2, 8, score=score, terms=TERMS[ALL_TERMS[score]])
@@ -138,7 +138,7 @@ def test_gatv2_terms_with_a_negative_slope_of_their_own():
 
 
 @pytest.mark.parametrize("score", ["dot", "gatv2"])
-def test_bfloat16(score):
+def test_bfloat16(score, triton_tiles):
     """bf16 inputs and terms, fp32 statistics: gradients in bf16 within bf16's tolerance."""
     ei = random_graph(12, 40, seed=6)
     inputs = attention_inputs(12, 12, 40, 2, 16, score=score, terms=TERMS["both"],
@@ -180,7 +180,7 @@ def test_terms_without_gradient(score):
 
 
 @pytest.mark.parametrize("score", ["dot", "gatv2"])
-def test_one_tensor_as_key_and_value_term(score, monkeypatch):
+def test_one_tensor_as_key_and_value_term(score, monkeypatch, triton_tiles):
     """``edge_key=e, edge_value=e`` (TransformerConv's edge features): the target pass writes
     the gradient of both roles into one buffer, and no second ``[E, H, C]`` gradient is made;
     the result is the definition's, where autograd adds the two roles."""

@@ -97,7 +97,7 @@ def check_against_reference(inputs, edge_index, *, score="dot", scale=0.5, dropo
 
 @needs_triton
 @pytest.mark.parametrize("score", attention.SCORES)
-def test_matches_reference_on_graph_registry(interpreter, graph_case, score):
+def test_matches_reference_on_graph_registry(interpreter, triton_tiles, graph_case, score):
     ei = graph_case.edge_index
     inputs = attention_inputs(graph_case.num_src, graph_case.num_dst, ei.size(1), 2, 8, score=score)
     got = check_against_reference(inputs, ei, score=score)
@@ -110,7 +110,8 @@ def test_matches_reference_on_graph_registry(interpreter, graph_case, score):
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # numpy: inf - inf
 @pytest.mark.parametrize("value", [float("nan"), float("inf")], ids=["nan", "+inf"])
 @pytest.mark.parametrize("score", attention.SCORES)
-def test_nan_or_plus_inf_score_makes_its_target_nan_in_that_head(interpreter, score, value):
+def test_nan_or_plus_inf_score_makes_its_target_nan_in_that_head(interpreter, triton_tiles,
+                                                                  score, value):
     check_nan_score_pattern("triton", score, value, device=DEVICE)
 
 
@@ -119,7 +120,7 @@ def test_nan_or_plus_inf_score_makes_its_target_nan_in_that_head(interpreter, sc
 @pytest.mark.parametrize("heads,channels",
                          [(1, 8), (1, 16), (1, 64), (4, 8), (4, 16), (4, 64), (3, 64), (2, 12)])
 @pytest.mark.parametrize("score", ["dot", "gatv2"])
-def test_heads_and_channels(interpreter, score, heads, channels, bias):
+def test_heads_and_channels(interpreter, triton_tiles, score, heads, channels, bias):
     """Channel tiles padded (C = 12) or not, head blocks full or partial (H = 3, C = 64)."""
     ei = random_graph(16, 48, seed=heads * 100 + channels)
     inputs = attention_inputs(16, 16, 48, heads, channels, score=score, bias=bias, seed=channels)
@@ -129,7 +130,8 @@ def test_heads_and_channels(interpreter, score, heads, channels, bias):
 @needs_triton
 @pytest.mark.parametrize("channels,value_channels", [(8, 4), (4, 16), (12, 5), (64, 8)])
 @pytest.mark.parametrize("score", ["dot", "gatv2"])
-def test_channels_of_v_unlike_those_of_q(interpreter, score, channels, value_channels):
+def test_channels_of_v_unlike_those_of_q(interpreter, triton_tiles, score, channels,
+                                         value_channels):
     """q and k with C channels, v with C_v: separate channel tiles (padded for 12 and 5; at
     C = 64 the q, k tile sets the head block)."""
     ei = random_graph(12, 40, seed=channels + value_channels)
@@ -141,7 +143,7 @@ def test_channels_of_v_unlike_those_of_q(interpreter, score, channels, value_cha
 
 @needs_triton
 @pytest.mark.parametrize("score", ["additive", "gatv2"])
-def test_negative_slope_of_its_own(interpreter, score):
+def test_negative_slope_of_its_own(interpreter, triton_tiles, score):
     """negative_slope 0.1, not the default 0.2: the LeakyReLU of the scores and its derivative
     in both backward passes (dq, d att on the target pass, dk on the source pass)."""
     ei = random_graph(12, 40, seed=8)
@@ -163,7 +165,7 @@ def star_graph(degree: int, extra: int = 6, seed: int = 0) -> torch.Tensor:
 
 @needs_triton
 @pytest.mark.parametrize("score", attention.SCORES)
-def test_degree_200_row(interpreter, score):
+def test_degree_200_row(interpreter, triton_tiles, score):
     ei = star_graph(200)
     inputs = attention_inputs(40, 40, ei.size(1), 2, 8, score=score, seed=3)
     check_against_reference(inputs, ei, score=score, scale=2.0)
@@ -171,7 +173,7 @@ def test_degree_200_row(interpreter, score):
 
 @needs_triton
 @pytest.mark.parametrize("score", attention.SCORES)
-def test_dropout_mask_in_forward_and_backward(interpreter, score):
+def test_dropout_mask_in_forward_and_backward(interpreter, triton_tiles, score):
     ei = random_graph(12, 40, seed=5)
     inputs = attention_inputs(12, 12, 40, 2, 8, score=score)
     p = 0.4
@@ -183,7 +185,7 @@ def test_dropout_mask_in_forward_and_backward(interpreter, score):
 @needs_triton
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("score", attention.SCORES)
-def test_half_precision(interpreter, dtype, score):
+def test_half_precision(interpreter, triton_tiles, dtype, score):
     ei = random_graph(12, 40, seed=6)
     inputs = attention_inputs(12, 12, 40, 2, 16, score=score, dtype=dtype)
     got = check_against_reference(inputs, ei, score=score, dtype=dtype)
@@ -192,7 +194,7 @@ def test_half_precision(interpreter, dtype, score):
 
 @needs_triton
 @pytest.mark.parametrize("score", attention.SCORES)
-def test_fully_masked_row_gives_zero_without_nan(interpreter, score):
+def test_fully_masked_row_gives_zero_without_nan(interpreter, triton_tiles, score):
     ei = torch.tensor([[0, 1, 2, 0, 2], [1, 1, 1, 2, 2]])
     inputs = attention_inputs(3, 3, 5, 1, 8, score=score)
     with torch.no_grad():
@@ -204,7 +206,7 @@ def test_fully_masked_row_gives_zero_without_nan(interpreter, score):
 @needs_triton
 @pytest.mark.parametrize("fill", [-1e9, torch.finfo(torch.float32).min], ids=["-1e9", "fp32-min"])
 @pytest.mark.parametrize("score", attention.SCORES)
-def test_scores_far_from_zero_keep_the_weights(interpreter, score, fill):
+def test_scores_far_from_zero_keep_the_weights(interpreter, triton_tiles, score, fill):
     """Scores so large that log(degree) vanishes next to them in fp32: node 0's three in-edges
     all masked with the finite ``fill`` (uniform weights 1/3), node 1 two ordinary edges, node 2
     two tied scores near 1e30 (weights 1/2) and an ordinary edge (weight 0). A saved max + log
@@ -225,7 +227,7 @@ def test_scores_far_from_zero_keep_the_weights(interpreter, score, fill):
 @needs_triton
 @pytest.mark.parametrize(("n_src", "n_dst"), [(0, 3), (3, 0)])
 @pytest.mark.parametrize("score", attention.SCORES)
-def test_no_source_or_target_nodes_gives_zero(interpreter, score, n_src, n_dst):
+def test_no_source_or_target_nodes_gives_zero(interpreter, triton_tiles, score, n_src, n_dst):
     inputs = attention_inputs(n_src, n_dst, 0, 2, 8, score=score)
     got = check_against_reference(inputs, torch.empty(2, 0, dtype=torch.long), score=score)
     assert (got["out"] == 0).all() and got["out"].shape[0] == n_dst
@@ -532,6 +534,29 @@ def test_launch_config_tiles(heads, channels, score_channels, expected):
     assert 1 <= cfg.num_warps <= 4
 
 
+def spy_on_launches(monkeypatch, names) -> list:
+    """Replace the kernel module (``tk.kernels()``) by one whose kernels ``names`` launch as
+    before and record ``(name, grid, keyword arguments)`` of each launch in the list
+    returned."""
+    module, launches = tk.kernels(), []
+
+    class LaunchSpy:
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            launch = getattr(module, self.name)[grid]
+
+            def record(*args, **kwargs):
+                launches.append((self.name, grid, kwargs))
+                return launch(*args, **kwargs)
+            return record
+
+    monkeypatch.setattr(tk, "kernels", lambda: types.SimpleNamespace(
+        **{name: LaunchSpy(name) for name in names}))
+    return launches
+
+
 @needs_triton
 @pytest.mark.parametrize("score,tiles,degree", [
     ("dot", dict(block_e=1, block_h=1, num_warps=1), 7),
@@ -546,31 +571,16 @@ def test_launch_tiles_run_every_kernel_with_them(interpreter, monkeypatch, score
     rest as ``launch_config`` picks them) and still computes the reference's outputs, weights
     and gradients: a row of 7, 15 or 70 edges over 1, 4 or 64 edges per step (a last step
     part full), 4 heads over 1 or 2 heads per program."""
-    module, launches = tk.kernels(), []
-
-    class LaunchSpy:
-        def __init__(self, name):
-            self.name = name
-
-        def __getitem__(self, grid):
-            launch = getattr(module, self.name)[grid]
-
-            def record(*args, **kwargs):
-                launches.append((self.name, kwargs["BLOCK_E"], kwargs["BLOCK_H"],
-                                 kwargs["num_warps"]))
-                return launch(*args, **kwargs)
-            return record
-
     names = ("forward_kernel", "backward_target_kernel", "backward_source_kernel")
-    monkeypatch.setattr(tk, "kernels", lambda: types.SimpleNamespace(
-        **{name: LaunchSpy(name) for name in names}))
+    launches = spy_on_launches(monkeypatch, names)
     ei = star_graph(degree)
     inputs = attention_inputs(40, 40, ei.size(1), 4, 8, score=score, seed=6)
     default = tk.launch_config(4, 8, 1 if score == "additive" else 8)
     with tk.launch_tiles(**tiles):
         check_against_reference(inputs, ei, score=score)
     expected = (tiles["block_e"], tiles.get("block_h", default.block_h), tiles["num_warps"])
-    assert launches == [(name, *expected) for name in names]
+    assert [(name, kw["BLOCK_E"], kw["BLOCK_H"], kw["num_warps"])
+            for name, _, kw in launches] == [(name, *expected) for name in names]
     assert tk.launch_config(4, 8) == tk.launch_config(4, 8, 8)  # the defaults again after
 
 
@@ -579,6 +589,9 @@ def test_launch_tiles_run_every_kernel_with_them(interpreter, monkeypatch, score
     (dict(block_h=0), "block_h must be a power of 2, got 0"),
     (dict(block_e=8.0), "block_e must be a power of 2, got 8.0"),
     (dict(num_warps=3), r"num_warps must be one of \[1, 2, 4, 8, 16\], got 3"),
+    (dict(block_n=6), "block_n must be a power of 2, got 6"),
+    (dict(heavy_degree=-1), "heavy_degree must be a non-negative integer, got -1"),
+    (dict(heavy_degree=2.5), "heavy_degree must be a non-negative integer, got 2.5"),
 ])
 def test_launch_tiles_errors_name_the_argument(tiles, message):
     with pytest.raises(ValueError, match=message), tk.launch_tiles(**tiles):
@@ -598,6 +611,78 @@ def test_launch_tiles_nest_and_restore():
             raise RuntimeError
         assert tk.launch_config(4, 32).block_e == 8
     assert tk.launch_config(4, 32) == default
+
+
+class _NaNFilledEmpty:
+    """torch for the triton backend's module, but with ``empty`` and ``empty_like`` filled
+    with NaN (floating point): a row no kernel writes cannot pass for a computed one."""
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    @staticmethod
+    def _nan(t):
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    def empty(self, *args, **kwargs):
+        return self._nan(torch.empty(*args, **kwargs))
+
+    def empty_like(self, *args, **kwargs):
+        return self._nan(torch.empty_like(*args, **kwargs))
+
+
+@needs_triton
+@pytest.mark.parametrize("score", attention.SCORES)
+def test_row_blocks_give_each_heavy_row_a_program(interpreter, monkeypatch, score):
+    """With ``block_n > 1`` each pass is two launches: the one-node kernel over the first
+    E // (heavy_degree + 1) rows of the degree order (``HEAVY_ONLY``: the rows of more than
+    heavy_degree edges are among them, and it writes those alone), then the row-block kernel
+    over all rows, ``block_n`` per program, which writes the others. Every row is written
+    once: the outputs are allocated with torch.empty, filled here with NaN, and match the
+    reference."""
+    launches = spy_on_launches(monkeypatch,
+                               [*tk.ROW_BLOCK_KERNELS, *tk.ROW_BLOCK_KERNELS.values()])
+    monkeypatch.setattr(tk, "torch", _NaNFilledEmpty())
+    ei = star_graph(30, extra=40)  # target 0: 30 edges; the others few, and 0 for some
+    inputs = attention_inputs(40, 40, ei.size(1), 4, 8, score=score, seed=3)
+    with tk.launch_tiles(block_n=8, heavy_degree=5):
+        check_against_reference(inputs, ei, score=score)
+    heavy = ei.size(1) // 6
+    assert [(name, grid[0], kw.get("BLOCK_N"), kw.get("HEAVY_ONLY", False))
+            for name, grid, kw in launches] == [
+        ("forward_kernel", heavy, None, True), ("forward_rows_kernel", 5, 8, False),
+        ("backward_target_kernel", heavy, None, True),
+        ("backward_target_rows_kernel", 5, 8, False),
+        ("backward_source_kernel", heavy, None, True),
+        ("backward_source_rows_kernel", 5, 8, False)]
+
+
+@needs_triton
+@pytest.mark.parametrize("heavy_degree", [0, 3, 1000])
+def test_row_blocks_on_a_graph_of_skewed_degrees(interpreter, heavy_degree):
+    """Degrees from 0 to 60 (a few hubs, many leaves) in and out, with a bias and dropout:
+    every row heavy (heavy_degree 0), some, or none; blocks of 2 nodes."""
+    gen = torch.Generator().manual_seed(11)
+    hubs = torch.tensor([3, 3, 3, 17, 17, 29])
+    dst = torch.cat([hubs.repeat_interleave(torch.tensor([20, 20, 20, 15, 15, 10])),
+                     torch.randint(0, 32, (40,), generator=gen)])
+    src = torch.cat([torch.randint(0, 32, (100,), generator=gen), hubs.repeat(7)[:40]])
+    ei = torch.stack([src, dst])
+    inputs = attention_inputs(32, 32, ei.size(1), 2, 8, score="dot", bias=True, seed=5)
+    keep = torch.rand(ei.size(1), 2, generator=gen) > 0.3
+    with tk.launch_tiles(block_n=2, heavy_degree=heavy_degree):
+        check_against_reference(inputs, ei, dropout_mask=keep.float() / 0.7)
+
+
+@pytest.mark.parametrize("tiles,warps", [(dict(block_n=16), 4), (dict(block_n=4), 1),
+                                         (dict(block_n=16, num_warps=8), 8)])
+def test_row_block_tiles_set_the_warps(tiles, warps):
+    """H = 4, C = 32: a row-block tile of 16 nodes holds 2048 values (4 warps), of 4 nodes 512
+    (1 warp), unless the warps are given."""
+    with tk.launch_tiles(**tiles):
+        cfg = tk.launch_config(4, 32)
+    assert (cfg.block_n, cfg.num_warps, cfg.heavy_degree) == (tiles["block_n"], warps, 256)
+    assert tk.launch_config(4, 32).block_n == 1
 
 
 @needs_triton
@@ -638,6 +723,7 @@ def test_build_csr_groups_rows_stably():
     csr = tk.build_csr(rows, other, num_rows=4, num_other=16)
     assert csr.ptr.tolist() == [0, 2, 3, 6, 6]
     assert csr.edge_id.tolist() == [1, 4, 3, 0, 2, 5]
+    assert csr.order.tolist() == [2, 0, 1, 3]  # by decreasing degree (3, 2, 1, 0)
     assert csr.other.tolist() == [11, 14, 13, 10, 12, 15]
     assert csr.ptr.dtype == torch.int32
     empty = tk.build_csr(torch.empty(0, dtype=torch.long), torch.empty(0, dtype=torch.long),
@@ -711,7 +797,7 @@ def test_kernels_compile_for_sm90():
 
 @needs_triton
 @pytest.mark.parametrize("score", attention.SCORES)
-def test_gradient_through_alpha_alone(interpreter, score):
+def test_gradient_through_alpha_alone(interpreter, triton_tiles, score):
     ei = random_graph(10, 30, seed=4).to(DEVICE)
     inputs = on_device(attention_inputs(10, 10, 30, 2, 8, score=score))
     wrt = [inputs[name] for name in ("q", "k", "bias", "att") if inputs[name] is not None]
@@ -729,7 +815,7 @@ def test_gradient_through_alpha_alone(interpreter, score):
 @needs_triton
 @pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
 @pytest.mark.parametrize("score", attention.SCORES)
-def test_without_alpha(interpreter, score, bias):
+def test_without_alpha(interpreter, triton_tiles, score, bias):
     """need_alpha=False: no scores written (and, without bias, no edge id read); alpha is None,
     out and the gradients are the reference backend's."""
     ei = random_graph(10, 30, seed=4).to(DEVICE)
