@@ -269,19 +269,39 @@ def _qkv(graph: Graph, heads: int, channels: int, dtype: torch.dtype, additive: 
     return q, k, v
 
 
-def op_case(backend: str) -> Callable[..., Case]:
+# The row-block kernels' tiles (graphattn.functional.triton_kernels.launch_tiles) for the
+# methods that run them beside the default one-node kernels.
+ROW_BLOCKS = {"block_n": 16}
+
+
+def _with_tiles(forward: Callable[[], torch.Tensor],
+                tiles: dict[str, int] | None) -> Callable[[], torch.Tensor]:
+    """``forward`` run inside ``launch_tiles(**tiles)`` (as it is when ``tiles`` is None)."""
+    if tiles is None:
+        return forward
+    from graphattn.functional.triton_kernels import launch_tiles
+
+    def run() -> torch.Tensor:
+        with launch_tiles(**tiles):
+            return forward()
+    return run
+
+
+def op_case(backend: str, tiles: dict[str, int] | None = None) -> Callable[..., Case]:
     def make(graph: Graph, heads: int, channels: int, dtype: torch.dtype) -> Case:
         from graphattn.functional import edge_attention
 
         q, k, v = _qkv(graph, heads, channels, dtype)
-        return Case(lambda: edge_attention(q, k, v, graph.edge_index, backend=backend), [q, k, v])
+        return Case(_with_tiles(lambda: edge_attention(q, k, v, graph.edge_index,
+                                                       backend=backend), tiles), [q, k, v])
     return make
 
 
-def layer_case(kind: str) -> Callable[..., Case]:
+def layer_case(kind: str, tiles: dict[str, int] | None = None) -> Callable[..., Case]:
     """A layer on node features ``[N, H*C]``: PyG's (``"transformer"``, ``"gat"``,
     ``"gatv2-pyg"``) or ``GraphSelfAttention`` with that score; ``"transformer-edge"`` and
-    ``"dot-edge"`` take ``EDGE_DIM`` edge features too, added to each edge's key and value."""
+    ``"dot-edge"`` take ``EDGE_DIM`` edge features too, added to each edge's key and value.
+    ``tiles``: the kernels' tiles, as :func:`op_case`."""
     def make(graph: Graph, heads: int, channels: int, dtype: torch.dtype) -> Case:
         from torch_geometric.nn import GATConv, GATv2Conv, TransformerConv
 
@@ -307,7 +327,8 @@ def layer_case(kind: str) -> Callable[..., Case]:
         layer = layer.to(device, dtype)
         x = torch.randn(graph.num_nodes, features, device=device, dtype=dtype)
         if edge_dim is None:
-            return Case(lambda: layer(x, graph.edge_index), list(layer.parameters()), [layer])
+            return Case(_with_tiles(lambda: layer(x, graph.edge_index), tiles),
+                        list(layer.parameters()), [layer])
         edge_attr = torch.randn(graph.num_edges, edge_dim, device=device, dtype=dtype)
         return Case(lambda: layer(x, graph.edge_index, edge_attr), list(layer.parameters()),
                     [layer])
@@ -327,8 +348,10 @@ def dense_case(graph: Graph, heads: int, channels: int, dtype: torch.dtype) -> C
 
 METHODS: dict[str, Callable[..., Case]] = {
     "edge_attention triton": op_case("triton"),
+    "edge_attention triton, row blocks": op_case("triton", ROW_BLOCKS),
     "edge_attention reference": op_case("reference"),
     "GraphSelfAttention dot, triton": layer_case("dot"),
+    "GraphSelfAttention dot, triton, row blocks": layer_case("dot", ROW_BLOCKS),
     "PyG TransformerConv": layer_case("transformer"),
     "GraphSelfAttention additive, triton": layer_case("additive"),
     "PyG GATConv": layer_case("gat"),
@@ -483,9 +506,11 @@ def measure_graph(graph: Graph, args: argparse.Namespace, dtype: torch.dtype,
             results[name].train_ms = statistics.median(train_times[name])
     del cases
     torch.cuda.empty_cache()
-    fused = results["edge_attention triton"]
-    if fused.forward_ms is not None:
-        fused.kernel_ms = forward_kernel_ms(graph, args, dtype)
+    for name, tiles in FUSED_OPS.items():
+        fused = results.get(name)
+        if fused is None or fused.forward_ms is None:
+            continue
+        fused.kernel_ms = forward_kernel_ms(graph, args, dtype, tiles)
         moved = minimal_forward_bytes(graph.num_nodes, graph.num_edges, args.heads,
                                       args.channels, element_size, additive=False)
         fused.bandwidth_gbs = moved / (fused.kernel_ms * 1e-3) / 1e9
@@ -500,17 +525,23 @@ def measure_graph(graph: Graph, args: argparse.Namespace, dtype: torch.dtype,
     return list(results.values())
 
 
-def forward_kernel_ms(graph: Graph, args: argparse.Namespace, dtype: torch.dtype) -> float:
-    """Median time of the fused forward kernel alone (CSR built before)."""
+# The methods that time the fused forward kernels alone too, with their tiles.
+FUSED_OPS = {"edge_attention triton": None, "edge_attention triton, row blocks": ROW_BLOCKS}
+
+
+def forward_kernel_ms(graph: Graph, args: argparse.Namespace, dtype: torch.dtype,
+                      tiles: dict[str, int] | None = None) -> float:
+    """Median time of the fused forward kernel alone (CSR built before), with the ``tiles``
+    of ``launch_tiles`` (the one-node kernels' defaults when None)."""
     from graphattn.functional.triton_kernels import build_csr, fused_forward
 
     q, k, v = (t.detach() for t in _qkv(graph, args.heads, args.channels, dtype))
     csr = build_csr(graph.edge_index[1], graph.edge_index[0], graph.num_nodes,
                     graph.num_nodes)
 
-    def run():
-        fused_forward(q, k, v, None, None, csr, scale=args.channels**-0.5, score="dot",
-                      negative_slope=0.2, need_scores=False)
+    run = _with_tiles(lambda: fused_forward(q, k, v, None, None, csr,
+                                            scale=args.channels**-0.5, score="dot",
+                                            negative_slope=0.2, need_scores=False), tiles)
 
     for _ in range(args.warmup):
         run()
@@ -629,30 +660,34 @@ def goals(results: list[Result]) -> list[str]:
     by = {(r.graph, r.method): r for r in results}
     lines = []
     for r in results:
-        if r.method != "GraphSelfAttention dot, triton" or r.num_edges < 1_000_000:
+        if (r.method not in ("GraphSelfAttention dot, triton",
+                             "GraphSelfAttention dot, triton, row blocks")
+                or r.num_edges < 1_000_000):
             continue
+        graph = r.graph + (", row blocks" if r.method.endswith("row blocks") else "")
         pyg = by.get((r.graph, "PyG TransformerConv"))
         if r.train_ms and pyg and pyg.train_ms:
             speedup = pyg.train_ms / r.train_ms
-            lines.append(f"- {r.graph}: forward+backward {speedup:.2f}x faster than "
+            lines.append(f"- {graph}: forward+backward {speedup:.2f}x faster than "
                          f"TransformerConv (goal >= 3x: {'met' if speedup >= 3 else 'not met'})")
         if r.num_edges >= 10_000_000 and r.train_mib and pyg and pyg.train_mib:
             ratio = pyg.train_mib / r.train_mib
-            lines.append(f"- {r.graph}: peak memory {ratio:.1f}x lower than TransformerConv "
+            lines.append(f"- {graph}: peak memory {ratio:.1f}x lower than TransformerConv "
                          f"(goal >= 5x: {'met' if ratio >= 5 else 'not met'})")
         elif r.num_edges >= 10_000_000 and r.train_mib and pyg and pyg.note:
-            lines.append(f"- {r.graph}: TransformerConv {pyg.note}; the fused layer peaks at "
+            lines.append(f"- {graph}: TransformerConv {pyg.note}; the fused layer peaks at "
                          f"{r.train_mib:.0f} MiB")
     for r in results:
-        if r.method == "edge_attention triton" and r.num_edges >= 50_000_000 and r.peak_percent:
+        if r.method in FUSED_OPS and r.num_edges >= 50_000_000 and r.peak_percent:
             copy = (f"; {r.copy_percent:.0f}% of the measured copy bandwidth"
                     if r.copy_percent else "")
             if r.per_edge_percent:
                 copy += (f"; {r.per_edge_percent:.0f}% of peak counting each edge's read of "
                          f"its source's k and v rows")
-            lines.append(f"- {r.graph}: forward kernel at {r.peak_percent:.0f}% of peak HBM "
-                         f"bandwidth (goal >= 50%: {'met' if r.peak_percent >= 50 else 'not met'})"
-                         f"{copy}")
+            kernels = ", row blocks" if r.method.endswith("row blocks") else ""
+            met = "met" if r.peak_percent >= 50 else "not met"
+            lines.append(f"- {r.graph}{kernels}: forward kernel at {r.peak_percent:.0f}% of "
+                         f"peak HBM bandwidth (goal >= 50%: {met}){copy}")
     return lines or ["- no graph of >= 1M edges was measured"]
 
 

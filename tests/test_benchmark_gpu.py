@@ -53,6 +53,28 @@ def test_every_method_runs_forward_and_backward_in_the_interpreter(triton_interp
             assert len(grads) == len(case.grad_of), name
 
 
+def test_goals_for_both_kinds_of_kernels():
+    """The goals are read for the default (one-node) kernels and for the row-block kernels
+    alike, each row named by its kernels."""
+    def result(graph, edges, method, **figures):
+        return gpu.Result(graph, edges // 10, edges, method, **figures)
+
+    results = [
+        result("random-1m", 10**6, "GraphSelfAttention dot, triton", train_ms=4.0),
+        result("random-1m", 10**6, "GraphSelfAttention dot, triton, row blocks", train_ms=2.0),
+        result("random-1m", 10**6, "PyG TransformerConv", train_ms=10.0),
+        result("local-50m", 5 * 10**7, "edge_attention triton", peak_percent=4.0),
+        result("local-50m", 5 * 10**7, "edge_attention triton, row blocks", peak_percent=55.0),
+    ]
+    assert gpu.goals(results) == [
+        "- random-1m: forward+backward 2.50x faster than TransformerConv (goal >= 3x: not met)",
+        "- random-1m, row blocks: forward+backward 5.00x faster than TransformerConv "
+        "(goal >= 3x: met)",
+        "- local-50m: forward kernel at 4% of peak HBM bandwidth (goal >= 50%: not met)",
+        "- local-50m, row blocks: forward kernel at 55% of peak HBM bandwidth (goal >= 50%: met)",
+    ]
+
+
 @pytest.mark.skipif(not triton_available(),
                     reason="triton is not installed (pip install 'graphattn[gpu]'): gpu.py stops")
 def test_no_check_neither_checks_nor_reports_a_difference(monkeypatch, tmp_path, capsys):

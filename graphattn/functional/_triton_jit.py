@@ -5,11 +5,15 @@ once per Triton mode: ``triton.jit`` decides at definition time whether a kernel
 interpreted (``TRITON_INTERPRET=1``), and the interpreter resolves helpers through module
 globals, so each mode needs its own copy of the module.
 
-Layout: a program owns one node (grid axis 0) and ``BLOCK_H`` heads (grid axis 1); tiles are
-``(BE, BH, BC)`` = (edges, heads, channels of v, ``C``) and ``(BE, BH, BCK)`` (channels of q, k
-and att, ``CK``; 1 for the additive score, whose q and k are ``[N, H]``), statistics ``(BH)``,
-all in fp32. The score is the
-compile-time ``SCORE``, a value of ``SCORE_KINDS``: branches test ``ADDITIVE`` and ``GATV2``, and
+Layout: in the one-node kernels (``forward_kernel``, ``backward_target_kernel``,
+``backward_source_kernel``) a program owns one node (grid axis 0) and ``BLOCK_H`` heads (grid
+axis 1); tiles are ``(BE, BH, BC)`` = (edges, heads, channels of v, ``C``) and
+``(BE, BH, BCK)`` (channels of q, k and att, ``CK``; 1 for the additive score, whose q and k are
+``[N, H]``), statistics ``(BH)``, all in fp32. In the row-block kernels (``*_rows_kernel``) a
+program owns ``BLOCK_N`` nodes and takes one edge of each per step: the tiles are
+``(BN, BH, BC)`` and ``(BN, BH, BCK)``, statistics ``(BN, BH)``, and nothing is summed across
+the lanes. The helpers take tiles of either kind, ``(BL, ...)``, BL lanes of edges. The score
+is the compile-time ``SCORE``, a value of ``SCORE_KINDS``: branches test ``ADDITIVE`` and ``GATV2``, and
 dot is the remaining case. The per-edge terms ``edge_key`` ``[E, H, CK]`` and ``edge_value``
 ``[E, H, C]`` (flags ``HAS_EK``, ``HAS_EV``) are read at the edge ids, in the same tiles as the
 keys and values of the sources they are added to.

@@ -85,6 +85,19 @@ The target pass writes the share of each target in :math:`\mathrm{d}a` (the inne
 ``[N_dst, H, C]`` in fp32, and torch adds them up. Each program owns the rows it writes, so
 there are no atomics and the gradients are bit-for-bit deterministic.
 
+**Row blocks.** The kernels above give each node a program of its own. Inside
+:func:`launch_tiles` with ``block_n > 1``, row-block kernels run instead: a program takes
+``block_n`` rows (targets in the forward and the target pass, sources in the source pass) that
+lie next to each other in the order of decreasing degree (``CSR.order``), and steps through
+one edge of each at a time, every lane keeping its own running maximum, sum and accumulator.
+Nothing is summed across lanes, and a program has ``block_n`` independent gathers in flight
+per step instead of the edges of one row. Rows of more than ``heavy_degree`` edges, which
+would hold their block for as many steps, get one program each in the one-node kernels (at
+most E // (heavy_degree + 1) of them; their number is not read back to the host). Both kinds
+compute the same values, up to the order of the sums; which is faster on a GPU is for
+``benchmarks/triton_tuning.py`` to say, and the one-node kernels stay the default until it
+has.
+
 **Dropout** is supported: ``edge_attention`` draws the ``[E, H]`` multiplier in fp32 (whatever
 the inputs' dtype, so that :math:`1 / (1 - p)` is not rounded), the kernels apply it to the
 weights and the same tensor is saved for backward.
