@@ -271,7 +271,7 @@ def _qkv(graph: Graph, heads: int, channels: int, dtype: torch.dtype, additive: 
 
 # The row-block kernels' tiles (graphattn.functional.triton_kernels.launch_tiles) for the
 # methods that run them beside the default one-node kernels.
-ROW_BLOCKS = {"block_n": 16}
+ROW_BLOCKS = {"block_n": 8}
 
 
 def _with_tiles(forward: Callable[[], torch.Tensor],

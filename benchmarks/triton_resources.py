@@ -7,7 +7,10 @@ kernel and the two backward kernels for sm_90 with the tiles ``launch_config`` p
 once with all of them ("all"; the per-edge key term with the dot and gatv2 scores only), and
 reads what ``ptxas -v`` reports as Triton runs it (its own ptxas and flags): registers per
 thread, stack frame and spill stores and loads, in bytes per thread; shared memory per block is
-Triton's (``metadata.shared``).
+Triton's (``metadata.shared``). Pointer arguments are taken as 16-byte aligned, as Triton's JIT
+specializes them at a launch on tensors torch allocated (without it, the loads are not
+vectorized and the register counts come out higher: 212 instead of 90 for the row-block
+forward kernel of 16 nodes x 4 heads x 32 channels on 4 warps).
 
 A kernel that spills keeps values in local memory, a round trip to memory per spilled value.
 Registers bound how many programs an SM runs at once; the table gives
@@ -104,9 +107,14 @@ def compile_kernels(heads: int, channels: int, score: str, dtype: str, *, featur
             else:
                 signature[arg] = POINTER_TYPES.get(arg, f"*{dtype}")
         used = {n: v for n, v in constants.items() if n in kernel.arg_names}
+        # Triton's JIT specializes a pointer to a 16-byte aligned address (every tensor torch
+        # allocates on CUDA) as divisible by 16, which lets it vectorize the loads; so does this
+        aligned = {(i,): [["tt.divisibility", 16]]
+                   for i, arg in enumerate(kernel.arg_names) if signature[arg].startswith("*")}
         log = io.StringIO()
         with contextlib.redirect_stdout(log):
-            compiled = triton.compile(ASTSource(kernel, signature=signature, constexprs=used),
+            compiled = triton.compile(ASTSource(kernel, signature=signature, constexprs=used,
+                                                attrs=aligned),
                                       target=GPUTarget("cuda", arch, 32),
                                       options={"num_warps": cfg.num_warps})
         assert compiled.asm["cubin"], name

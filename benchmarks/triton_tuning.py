@@ -52,13 +52,13 @@ CANDIDATES = (
     (32, 4, 8), (8, 2, 1), (16, 2, 2), (16, 2, 4), (32, 2, 4), (16, 1, 1), (32, 1, 1),
     (32, 1, 2), (64, 1, 2),
 )
-# (block_n, block_h, num_warps) of the row-block kernels: 8 to 64 nodes per program, one edge
-# of each per step (the tile of 16 nodes x 4 heads x 32 channels is the default's size); the
-# nodes of more than 256 edges (heavy_degree) go to the one-node kernels with their default
-# BLOCK_E.
+# (block_n, block_h, num_warps) of the row-block kernels: 4 to 64 nodes per program, one edge
+# of each per step, around their default warps (one per 256 values of the tile: 8 nodes x 4
+# heads x 32 channels on 4 warps); the nodes of more than 256 edges (heavy_degree) go to the
+# one-node kernels with their default BLOCK_E.
 ROW_BLOCK_CANDIDATES = (
-    (8, 4, 2), (8, 4, 4), (16, 4, 2), (16, 4, 4), (16, 4, 8), (32, 4, 4), (32, 4, 8),
-    (64, 4, 8), (32, 2, 4), (64, 1, 4),
+    (8, 4, 4), (8, 4, 2), (8, 4, 8), (4, 4, 2), (16, 4, 8), (16, 4, 4), (32, 4, 8),
+    (64, 4, 8), (16, 2, 4), (32, 1, 4),
 )
 GRAPHS = ("random-1m", "local-50m", "random-50m", "pubmed")  # the goals' graphs first
 

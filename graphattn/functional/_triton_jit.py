@@ -12,11 +12,11 @@ axis 1); tiles are ``(BE, BH, BC)`` = (edges, heads, channels of v, ``C``) and
 ``[N, H]``), statistics ``(BH)``, all in fp32. In the row-block kernels (``*_rows_kernel``) a
 program owns ``BLOCK_N`` nodes and takes one edge of each per step: the tiles are
 ``(BN, BH, BC)`` and ``(BN, BH, BCK)``, statistics ``(BN, BH)``, and nothing is summed across
-the lanes. The helpers take tiles of either kind, ``(BL, ...)``, BL lanes of edges. The score
-is the compile-time ``SCORE``, a value of ``SCORE_KINDS``: branches test ``ADDITIVE`` and ``GATV2``, and
-dot is the remaining case. The per-edge terms ``edge_key`` ``[E, H, CK]`` and ``edge_value``
-``[E, H, C]`` (flags ``HAS_EK``, ``HAS_EV``) are read at the edge ids, in the same tiles as the
-keys and values of the sources they are added to.
+the lanes. The helpers take tiles of either kind, ``(BL, ...)``, BL lanes of edges. The
+score is the compile-time ``SCORE``, a value of ``SCORE_KINDS``: branches test ``ADDITIVE``
+and ``GATV2``, and dot is the remaining case. The per-edge terms ``edge_key``
+``[E, H, CK]`` and ``edge_value`` ``[E, H, C]`` (flags ``HAS_EK``, ``HAS_EV``) are read at the
+edge ids, in the same tiles as the keys and values of the sources they are added to.
 """
 
 import triton
@@ -212,7 +212,7 @@ def _row_block(order, rowptr, num_rows, max_degree, BLOCK_N: tl.constexpr):
     program have about the same number of edges). Returns them (int64), the position of their
     first edge, their degree, and ``mine``: the lanes that hold a row of degree at most
     ``max_degree``, which this kernel owns (the degree is 0 on the other lanes)."""
-    lane = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # (BN)
+    lane = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)  # (BN)
     lane_ok = lane < num_rows
     row = tl.load(order + lane, mask=lane_ok, other=0).to(tl.int64)
     start = tl.load(rowptr + row, mask=lane_ok, other=0)

@@ -201,8 +201,11 @@ def launch_config(heads: int, channels: int, score_channels: int | None = None) 
     2048 channels, one edge per step; C is rounded up to a power of 2). ``score_channels`` is
     C_k, the channels of q and k (1 for the additive score; default: ``channels``); the wider
     of the two sets the tile. Inside :func:`launch_tiles`, the tiles given replace these; with
-    ``block_n > 1`` and no ``num_warps`` given, the warps follow the row-block tile
-    ``[block_n, block_h, C]`` by the same rule (4 warps for 2048 values)."""
+    ``block_n > 1`` and no ``num_warps`` given, one warp per 256 values of the row-block tile
+    ``[block_n, block_h, C]``, at most 8: a row-block program keeps a whole tile of q and of
+    its accumulator beside the tiles of k and v, and fewer values per thread keep it from
+    needing twice the registers (compiled for sm_90, H = 4, C = 32: 48 registers a thread in
+    the forward kernel with 8 nodes on 4 warps, 90 on 2; ``benchmarks/triton_resources.py``)."""
     block_c = _next_power_of_2(channels)
     block_ck = block_c if score_channels is None else _next_power_of_2(score_channels)
     widest = max(block_c, block_ck)
@@ -218,7 +221,7 @@ def launch_config(heads: int, channels: int, score_channels: int | None = None) 
         cfg = replace(cfg, **tiles)
         if cfg.block_n > 1 and "num_warps" not in tiles:  # warps for the row-block tile
             tile = cfg.block_n * cfg.block_h * widest
-            cfg = replace(cfg, num_warps=max(1, min(4, tile // 512)))
+            cfg = replace(cfg, num_warps=max(1, min(8, tile // 256)))
     return cfg
 
 

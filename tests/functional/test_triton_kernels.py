@@ -674,11 +674,12 @@ def test_row_blocks_on_a_graph_of_skewed_degrees(interpreter, heavy_degree):
         check_against_reference(inputs, ei, dropout_mask=keep.float() / 0.7)
 
 
-@pytest.mark.parametrize("tiles,warps", [(dict(block_n=16), 4), (dict(block_n=4), 1),
-                                         (dict(block_n=16, num_warps=8), 8)])
+@pytest.mark.parametrize("tiles,warps", [(dict(block_n=16), 8), (dict(block_n=8), 4),
+                                         (dict(block_n=2), 1), (dict(block_n=64), 8),
+                                         (dict(block_n=16, num_warps=2), 2)])
 def test_row_block_tiles_set_the_warps(tiles, warps):
-    """H = 4, C = 32: a row-block tile of 16 nodes holds 2048 values (4 warps), of 4 nodes 512
-    (1 warp), unless the warps are given."""
+    """H = 4, C = 32: one warp per 256 values of the row-block tile (16 nodes: 2048 values, 8
+    warps; 8 nodes: 4; 2 nodes: 1), at most 8, unless the warps are given."""
     with tk.launch_tiles(**tiles):
         cfg = tk.launch_config(4, 32)
     assert (cfg.block_n, cfg.num_warps, cfg.heavy_degree) == (tiles["block_n"], warps, 256)
@@ -772,6 +773,11 @@ for score in ("dot", "gatv2"):  # one tensor as both edge terms: one gradient fo
     _, usage = triton_resources.compile_kernels(4, 16, score, "fp16", features=True,
                                                 one_edge_term=True)
     print("one edge term", usage["backward_target_kernel"]["spill_stores"])
+for score in ("dot", "additive", "gatv2"):  # the row-block kernels, 16 nodes per program
+    for features in (False, True):
+        _, usage = triton_resources.compile_kernels(4, 16, score, "fp16", features=features,
+                                                    block_n=16)
+        print("row blocks", len(usage))
 """
 
 
@@ -779,7 +785,7 @@ for score in ("dot", "gatv2"):  # one tensor as both edge terms: one gradient fo
 def test_kernels_compile_for_sm90():
     """The interpreter does not run Triton's compiler, so compile every kernel (fp16, every
     score, with no optional input and with all of them, and with one tensor as both edge
-    terms) for sm_90 (H100/H200) ahead of time, as
+    terms; the row-block kernels too) for sm_90 (H100/H200) ahead of time, as
     ``benchmarks/triton_resources.py`` does; no GPU needed. The forward kernel, the one the
     bandwidth figures are about, must not spill registers. In a fresh process: Triton's
     interpreter leaves ``triton.language`` patched after it ran."""
@@ -791,6 +797,7 @@ def test_kernels_compile_for_sm90():
                 if line.startswith("compiled")]
     assert len(compiled) == 3 * 2 * len(tk.SCORE_KINDS)
     assert done.stdout.count("one edge term") == 2
+    assert done.stdout.count("row blocks 3") == 2 * len(tk.SCORE_KINDS)
     forward = [row for row in compiled if row[1] == "forward_kernel"]
     assert all(row[4:] == ["0", "0"] for row in forward), forward
 
