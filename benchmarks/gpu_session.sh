@@ -50,7 +50,7 @@ timeout $(limit $(($(left) - 120))) "$PY" benchmarks/gpu.py --profile --repeats 
   tee -a "$LOG"
 
 echo "== 2. Triton kernel tests on the GPU ($(left) s left)" | tee -a "$LOG"
-timeout $(limit $(($(left) > 150 ? 120 : $(left) - 30))) env GRAPHATTN_TRITON_DEVICE=cuda \
+timeout $(limit $(($(left) > 240 ? 180 : $(left) - 60))) env GRAPHATTN_TRITON_DEVICE=cuda \
   "$PY" -m pytest -q -n 8 -p no:cacheprovider tests/functional/test_triton_kernels.py \
   -k "not compile_for_sm90" 2>&1 | tee -a "$LOG" | tail -25
 

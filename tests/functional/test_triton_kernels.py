@@ -29,6 +29,8 @@ from conftest import (
     check_nan_score_pattern,
     random_graph,
 )
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from graphattn import _checks, _tensor_cache
 from graphattn._tensor_cache import TensorCache
@@ -672,6 +674,40 @@ def test_row_blocks_on_a_graph_of_skewed_degrees(interpreter, heavy_degree):
     keep = torch.rand(ei.size(1), 2, generator=gen) > 0.3
     with tk.launch_tiles(block_n=2, heavy_degree=heavy_degree):
         check_against_reference(inputs, ei, dropout_mask=keep.float() / 0.7)
+
+
+@st.composite
+def row_block_cases(draw):
+    """A bipartite graph (0 to 9 nodes a side, multi-edges and self-loops allowed, degrees
+    skewed by drawing endpoints from a few nodes more often), a score, heads, channels, and
+    row-block tiles: 2 to 8 nodes per program, heavy_degree 0 to 8."""
+    n_src, n_dst = draw(st.integers(0, 9)), draw(st.integers(0, 9))
+    num_edges = draw(st.integers(0, 30)) if n_src and n_dst else 0
+    endpoint = st.integers(0, 2**16)
+    src = [draw(endpoint) % (n_src if draw(st.booleans()) else min(n_src, 2)) for _ in
+           range(num_edges)]
+    dst = [draw(endpoint) % (n_dst if draw(st.booleans()) else min(n_dst, 2)) for _ in
+           range(num_edges)]
+    return dict(edge_index=torch.tensor([src, dst], dtype=torch.long).view(2, num_edges),
+                n_src=n_src, n_dst=n_dst, score=draw(st.sampled_from(attention.SCORES)),
+                heads=draw(st.integers(1, 3)), channels=draw(st.integers(1, 9)),
+                bias=draw(st.booleans()),
+                tiles=dict(block_n=draw(st.sampled_from([2, 4, 8])),
+                           heavy_degree=draw(st.integers(0, 8))))
+
+
+@needs_triton
+@settings(max_examples=20, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=row_block_cases())
+def test_row_blocks_match_reference_on_drawn_graphs(interpreter, case):
+    """Drawn graphs, sizes and row-block tiles: outputs, weights and gradients as the
+    reference backend's (derandomized: CI runs the same draws)."""
+    inputs = attention_inputs(case["n_src"], case["n_dst"], case["edge_index"].size(1),
+                              case["heads"], case["channels"], score=case["score"],
+                              bias=case["bias"], seed=case["edge_index"].size(1))
+    with tk.launch_tiles(**case["tiles"]):
+        check_against_reference(inputs, case["edge_index"], score=case["score"])
 
 
 @pytest.mark.parametrize("tiles,warps", [(dict(block_n=16), 8), (dict(block_n=8), 4),
