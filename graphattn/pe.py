@@ -42,7 +42,14 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 from scipy.sparse.csgraph import connected_components, reverse_cuthill_mckee
-from scipy.sparse.linalg import LinearOperator, eigsh, splu
+from scipy.sparse.linalg import (
+    ArpackError,
+    ArpackNoConvergence,
+    LinearOperator,
+    SuperLU,
+    eigsh,
+    splu,
+)
 from torch import Tensor
 from torch_geometric.data import Batch, Data
 from torch_geometric.transforms import BaseTransform
@@ -67,6 +74,15 @@ _SHIFT = -1e-10
 # normalized Laplacian, [0, 2], whose top value 2 is a genuine eigenvalue of every bipartite
 # component (a trivial eigenvector left at 2 would be indistinguishable from those).
 _TRIVIAL_SHIFT = 3.0
+
+# The sparse solver's check round (see :func:`_sparse_smallest`) stops its Lanczos run at this
+# relative residual: it only has to tell whether something lies below the k-th eigenvalue
+# found, not to converge an eigenvector.
+_CHECK_TOL = 1e-6
+
+# A check-round eigenvalue this far (relatively) below the k-th eigenvalue found is one that
+# the earlier rounds missed; closer, it is a copy of that k-th eigenvalue, which changes nothing.
+_MISSED_RTOL = 1e-8
 
 # Entries whose magnitude is within this relative distance of the largest one count as tied
 # when fixing eigenvector signs (mirror-symmetric graphs have exact ties).
@@ -295,11 +311,14 @@ def laplacian_pe(edge_index: Tensor, num_nodes: int, k: int, *, pad: bool = Fals
     Up to :data:`DENSE_SOLVER_MAX_NODES` nodes the dense ``numpy.linalg.eigh`` runs (on the
     nodes that have an edge, isolated ones left out); above it
     ``scipy.sparse.linalg.eigsh`` (Lanczos) runs on :math:`\mathcal{L}` with the trivial
-    eigenvectors shifted to eigenvalue 3, above the spectrum, from a fixed start vector: in
+    eigenvectors shifted to eigenvalue 3, above the spectrum, from seeded start vectors: in
     shift-invert mode, on one sparse LU factorization, when that factorization is small (paths,
     grids, meshes, citation graphs; see :data:`SHIFT_INVERT_MAX_ENVELOPE`), else on
     :math:`\mathcal{L}` itself (random and expander-like graphs, where Lanczos converges
-    quickly anyway).
+    quickly anyway). One start vector finds one vector per eigenspace, so it runs again from a
+    new one, with the eigenvectors found moved above the spectrum too, until a run finds nothing
+    below the k-th eigenvalue: a repeated eigenvalue (symmetric graphs) gets all its
+    eigenvectors.
 
     Args:
         edge_index (Tensor): ``[2, E]`` integer.
@@ -313,8 +332,8 @@ def laplacian_pe(edge_index: Tensor, num_nodes: int, k: int, *, pad: bool = Fals
             (default: ``False``)
         generator (torch.Generator, optional): source of the random signs. (default: ``None``)
         solver (str, optional): ``"auto"``, ``"dense"`` or ``"sparse"``; ``"sparse"`` falls
-            back to dense when ``k >= N - c - 1`` (too few eigenpairs left for Lanczos).
-            (default: ``"auto"``)
+            back to dense when k is close to ``N - c`` (always when ``k >= N - c - 1``): too
+            little room is left beside the eigenvectors for Lanczos. (default: ``"auto"``)
         return_eigenvalues (bool, optional): also return :math:`\lambda_1 .. \lambda_k`.
             (default: ``False``)
         edge_weight (Tensor, optional): ``[E]`` non-negative finite weight of each edge.
@@ -354,13 +373,7 @@ def laplacian_pe(edge_index: Tensor, num_nodes: int, k: int, *, pad: bool = Fals
     if n_eig > 0 and use_sparse and n_eig < available - 1:
         vals, vecs = _sparse_smallest(lap, deg, labels, num_trivial, n_eig)
     elif n_eig > 0:
-        # Only the nodes with an edge: an isolated node adds just an eigenvalue 0 (e_i), and a
-        # large graph with few edges must not build an N x N matrix.
-        sub_vals, sub_vecs = np.linalg.eigh(lap[active][:, active].toarray())  # ascending
-        skip = num_trivial - int((~active).sum())  # the zeros of the components with edges
-        vals = sub_vals[skip:skip + n_eig]
-        vecs = np.zeros((num_nodes, n_eig))
-        vecs[active] = sub_vecs[:, skip:skip + n_eig]
+        vals, vecs = _dense_smallest(lap, active, num_trivial, n_eig)
     vecs[~active] = 0.0  # exactly: orthogonal to every e_i of an isolated node
     vecs = _fix_signs(vecs)
 
@@ -371,11 +384,24 @@ def laplacian_pe(edge_index: Tensor, num_nodes: int, k: int, *, pad: bool = Fals
     if random_sign_flip:
         signs = torch.randint(0, 2, (k,), generator=generator) * 2 - 1  # (k,) in {-1, 1}
         pe = pe * signs
+    pe.masked_fill_(pe == 0, 0.0)  # a flipped column's zeros (isolated nodes, padding) were -0.0
     dtype, device = torch.get_default_dtype(), edge_index.device
     pe = pe.to(device=device, dtype=dtype)
     if return_eigenvalues:
         return pe, eigenvalues.to(device=device, dtype=dtype)
     return pe
+
+
+def _dense_smallest(lap: sp.csr_matrix, active: np.ndarray, num_trivial: int,
+                    n_eig: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``n_eig`` smallest non-trivial eigenpairs of ``lap`` by ``numpy.linalg.eigh``, on the
+    nodes with an edge only: an isolated node adds just an eigenvalue 0 (e_i), and a large graph
+    with few edges must not build an N x N matrix."""
+    sub_vals, sub_vecs = np.linalg.eigh(lap[active][:, active].toarray())  # ascending
+    skip = num_trivial - int((~active).sum())  # the zeros of the components with edges
+    vecs = np.zeros((lap.shape[0], n_eig))
+    vecs[active] = sub_vecs[:, skip:skip + n_eig]
+    return sub_vals[skip:skip + n_eig], vecs
 
 
 def _sparse_smallest(lap: sp.csr_matrix, deg: np.ndarray, labels: np.ndarray,
@@ -387,47 +413,118 @@ def _sparse_smallest(lap: sp.csr_matrix, deg: np.ndarray, labels: np.ndarray,
     above the spectrum (which ends at 2, an eigenvalue of every bipartite component), so Lanczos
     never has to resolve the repeated eigenvalue 0 nor mistake a trivial vector for a genuine one.
 
+    Lanczos from one start vector v finds one vector per eigenspace: the Krylov space of v
+    holds only the projection of v on each eigenspace, so the other directions of a repeated
+    eigenvalue (symmetric graphs: hypercubes, tori, unions of equal components, leaves on one
+    hub) stay hidden unless rounding happens to bring them in. So it runs in rounds, each from a
+    new random start vector on M with the eigenvectors found so far moved above the spectrum
+    too (columns of U): a round that collects eigenpairs until there are ``n_eig``, then a check
+    round (loose tolerance, one eigenvalue) for the lowest eigenvalue left. A Ritz value is an
+    upper bound of the lowest eigenvalue left, so a check below the ``n_eig``-th eigenvalue
+    found means eigenpairs were missed; another round collects them, and a check follows. When
+    the eigenvalues have few distinct values ARPACK can also run out of restart shifts
+    (``ArpackError`` 3: every unwanted Ritz value exact); the round then asks for half as many.
+
     The lowest eigenvalues of long paths and grids are tiny and crowded (about
     :math:`\pi^2 m^2 / 2 (N - 1)^2` on a path), where Lanczos on M needs many iterations. When the
     factorization is affordable (:func:`_envelope`), Lanczos runs on
     :math:`(M - \sigma I)^{-1}` instead, which maps them to the largest and best separated
-    values. Since U spans the null space of :math:`\mathcal{L}`,
+    values. Since U spans an invariant subspace of :math:`\mathcal{L}`,
 
     .. math::
         (M - \sigma I)^{-1} = P (\mathcal{L} - \sigma I)^{-1} P + \frac{U U^T}{3 - \sigma},
         \qquad P = I - U U^T
 
-    with one sparse LU factorization of :math:`\mathcal{L} - \sigma I`, :math:`\sigma < 0`.
+    (up to the eigenvalues U has in M, all far from the wanted ones) with one sparse LU
+    factorization of :math:`\mathcal{L} - \sigma I`, :math:`\sigma < 0`, for every round.
+    Lanczos needs room in the complement of U: when ``n_eig`` is close to ``N - c`` (small
+    graphs) the dense solver takes over.
     """
     num_nodes = lap.shape[0]
     values = np.where(deg > 0, np.sqrt(deg), 1.0)  # (N,) unnormalized null vectors
     norms = np.sqrt(np.bincount(labels, weights=values**2, minlength=num_trivial))
     null = sp.csr_matrix((values / norms[labels], (np.arange(num_nodes), labels)),
                          shape=(num_nodes, num_trivial))  # (N, c), orthonormal columns
+    lu = None
+    if _envelope(lap) <= SHIFT_INVERT_MAX_ENVELOPE:
+        shifted = (lap - _SHIFT * sp.identity(num_nodes, format="csc")).tocsc()
+        lu = splu(shifted, permc_spec="MMD_AT_PLUS_A", options={"SymmetricMode": True})
+    rng = np.random.default_rng(0)
+    available = num_nodes - num_trivial
+    vals, vecs = np.zeros(0), np.zeros((num_nodes, 0))  # found so far, ascending
+    want, check = n_eig, False  # what the next round asks for, and whether it is a check
+    most = n_eig  # a round's size, halved on each ArpackError
+    while True:
+        # ARPACK's Krylov space, of 2 * size + 1 vectors at least, must fit in the complement
+        size = min(want, most, (available - vals.size - 1) // 2)
+        if size < 1:
+            return _dense_smallest(lap, deg > 0, num_trivial, n_eig)
+        try:
+            new_vals, new_vecs = _deflated_lanczos(lap, null, vecs, lu, size, rng,
+                                                   tol=_CHECK_TOL if check else 0.0)
+        except ArpackError as error:  # 3: no shifts could be applied
+            if isinstance(error, ArpackNoConvergence) or size == 1:
+                raise
+            most = size // 2
+            continue
+        if check:
+            kth = vals[n_eig - 1]
+            if new_vals[0] >= kth * (1 - _MISSED_RTOL):
+                return vals[:n_eig], vecs[:, :n_eig]
+            # missed: at most the found eigenvalues above it are displaced; collect that many
+            want, check = int((vals[:n_eig] > new_vals[0]).sum()), False
+            continue
+        vals = np.concatenate([vals, new_vals])
+        vecs = np.concatenate([vecs, new_vecs], axis=1)
+        order = np.argsort(vals, kind="stable")
+        vals, vecs = vals[order], vecs[:, order]
+        want, check = (1, True) if vals.size >= n_eig else (n_eig - vals.size, False)
+
+
+def _deflated_lanczos(lap: sp.csr_matrix, null: sp.csr_matrix, found: np.ndarray,
+                      lu: SuperLU | None, want: int, rng: np.random.Generator,
+                      tol: float) -> tuple[np.ndarray, np.ndarray]:
+    r"""The ``want`` smallest eigenpairs, ascending, of :math:`\mathcal{L}` on the complement of
+    the null space ``null`` and the eigenvectors ``found`` (orthonormal columns U of both), by
+    Lanczos on :math:`M = \mathcal{L} + 3 U U^T` from a random start vector in that complement:
+    in shift-invert mode with ``lu`` (a factorization of :math:`\mathcal{L} - \sigma I`), else on
+    M itself."""
+    num_nodes = lap.shape[0]
+    found = np.asfortranarray(found)  # (N, found): each column contiguous for einsum
+
+    def on_moved(x: np.ndarray) -> np.ndarray:
+        # U U^T x. np.einsum's own loops, not numpy's BLAS: the threads of that second BLAS,
+        # woken between ARPACK's calls into scipy's, made a check round 2-3x slower (2 cores).
+        coef = np.einsum("nk,n...->k...", found, x)
+        return null @ (null.T @ x) + np.einsum("nk,k...->n...", found, coef)
 
     def matvec(x: np.ndarray) -> np.ndarray:
         x = x.reshape(num_nodes, -1)
-        return lap @ x + _TRIVIAL_SHIFT * (null @ (null.T @ x))
+        return lap @ x + _TRIVIAL_SHIFT * on_moved(x)
 
     op = LinearOperator((num_nodes, num_nodes), matvec=matvec, matmat=matvec, dtype=np.float64)
-    v0 = np.random.default_rng(0).standard_normal(num_nodes)
-    if _envelope(lap) > SHIFT_INVERT_MAX_ENVELOPE:
-        vals, vecs = eigsh(op, k=n_eig, which="SA", v0=v0)
+    v0 = rng.standard_normal(num_nodes)
+    v0 -= on_moved(v0)
+    complement = num_nodes - null.shape[1] - found.shape[1]
+    ncv = min(max(2 * want + 1, 20), complement)  # Lanczos vectors, all in the complement
+    if lu is None:
+        vals, vecs = eigsh(op, k=want, which="SA", v0=v0, ncv=ncv, tol=tol)
     else:
-        shifted = (lap - _SHIFT * sp.identity(num_nodes, format="csc")).tocsc()
-        lu = splu(shifted, permc_spec="MMD_AT_PLUS_A", options={"SymmetricMode": True})
-
         def solve(x: np.ndarray) -> np.ndarray:
             x = x.reshape(num_nodes, -1)
-            trivial = null @ (null.T @ x)
-            y = lu.solve(np.ascontiguousarray(x - trivial))
-            return y - null @ (null.T @ y) + trivial / (_TRIVIAL_SHIFT - _SHIFT)
+            moved_x = on_moved(x)
+            y = lu.solve(np.ascontiguousarray(x - moved_x))
+            return y - on_moved(y) + moved_x / (_TRIVIAL_SHIFT - _SHIFT)
 
         inverse = LinearOperator((num_nodes, num_nodes), matvec=solve, matmat=solve,
                                  dtype=np.float64)
-        vals, vecs = eigsh(op, k=n_eig, sigma=_SHIFT, which="LM", OPinv=inverse, v0=v0)
-    order = np.argsort(vals)
-    return vals[order], vecs[:, order]
+        vals, vecs = eigsh(op, k=want, sigma=_SHIFT, which="LM", OPinv=inverse, v0=v0, ncv=ncv,
+                           tol=tol)
+    # A breakdown (few distinct eigenvalues) restarts Lanczos from a random vector of ARPACK's
+    # own, which has components on U: what it returns at 3 or above is U, not an eigenvector.
+    keep = vals < (2.0 + _TRIVIAL_SHIFT) / 2
+    order = np.argsort(vals[keep])
+    return vals[keep][order], vecs[:, keep][:, order]
 
 
 def _envelope(lap: sp.csr_matrix) -> int:
