@@ -453,7 +453,7 @@ def _sparse_smallest(lap: sp.csr_matrix, deg: np.ndarray, labels: np.ndarray,
     available = num_nodes - num_trivial
     vals, vecs = np.zeros(0), np.zeros((num_nodes, 0))  # found so far, ascending
     want, check = n_eig, False  # what the next round asks for, and whether it is a check
-    most = n_eig  # a round's size, halved on each ArpackError
+    most = n_eig  # the most a round asks for, halved on each ArpackError
     while True:
         # ARPACK's Krylov space, of 2 * size + 1 vectors at least, must fit in the complement
         size = min(want, most, (available - vals.size - 1) // 2)

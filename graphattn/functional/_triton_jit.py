@@ -714,3 +714,168 @@ def backward_source_rows_kernel(q, k, v, bias, att, drop, edge_key, edge_value, 
                  (dk_j * scale * att_h).to(dk.dtype.element_ty), mask=row_ok3k)
     tl.store(dv + node[:, None, None] * (H * C) + hc[None, :, :], dv_j.to(dv.dtype.element_ty),
              mask=row_ok3)
+
+
+# Block-sparse kernels (``graphattn.functional.triton_blocks``). The graph is cut into
+# B x B tiles of (targets, sources); a program owns one block of B targets (the forward and
+# dq) or of B sources (dk and dv) and one head, and walks the tiles of its block that hold an
+# edge, whose edges are bits of ``bits`` ``[P, B, B // 32]`` (bit j % 32 of word j // 32 of
+# row i: the edge from source j to target i of the tile). Scores are B x B matrix products.
+
+
+@triton.jit
+def _tile_bits(bits, pair, TRANSPOSED: tl.constexpr, BLOCK: tl.constexpr):
+    """The edges of tile ``pair`` as a bool ``(B, B)``, (targets, sources), or (sources,
+    targets) when ``TRANSPOSED``."""
+    r = tl.arange(0, BLOCK)
+    if TRANSPOSED:
+        i, j = r[None, :], r[:, None]
+    else:
+        i, j = r[:, None], r[None, :]
+    words = tl.load(bits + pair * (BLOCK * BLOCK // 32) + i * (BLOCK // 32) + j // 32)
+    return ((words >> (j % 32)) & 1) != 0
+
+
+@triton.jit
+def _block_rows(ptr, block, head, n, H: tl.constexpr, C: tl.constexpr, BLOCK: tl.constexpr,
+                BLOCK_C: tl.constexpr, dtype: tl.constexpr):
+    """Rows ``block * B ...`` of head ``head`` of an ``[n, H, C]`` tensor as ``(B, BC)`` in
+    ``dtype`` (0 beyond n and C), their offsets and mask."""
+    rows = block * BLOCK + tl.arange(0, BLOCK)
+    offs_c = tl.arange(0, BLOCK_C)
+    at = rows[:, None] * (H * C) + head * C + offs_c[None, :]
+    ok = (rows < n)[:, None] & (offs_c < C)[None, :]
+    return tl.load(ptr + at, mask=ok, other=0.0).to(dtype), at, ok
+
+
+@triton.jit
+def _tile_scores(a, b, bias, ids, pair, edges, head, scale, H: tl.constexpr,
+                 TRANSPOSED: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
+                 PRECISION: tl.constexpr):
+    """``scale * a b^T`` plus the bias of each edge (``ids`` ``[P, B, B]``: the edge id of
+    each tile entry, read when ``HAS_BIAS``), -inf off the edges ``edges``: the scores of a
+    tile, ``(B, B)`` fp32 (a = q, b = k; or a = k, b = q, ``TRANSPOSED``)."""
+    s = tl.dot(a, tl.trans(b), input_precision=PRECISION) * scale
+    if HAS_BIAS:
+        r = tl.arange(0, BLOCK)
+        if TRANSPOSED:
+            at = r[None, :] * BLOCK + r[:, None]
+        else:
+            at = r[:, None] * BLOCK + r[None, :]
+        edge = tl.load(ids + pair * (BLOCK * BLOCK) + at).to(tl.int64)
+        s += tl.load(bias + edge * H + head, mask=edges, other=0.0).to(tl.float32)
+    return tl.where(edges, s, float("-inf"))
+
+
+@triton.jit
+def block_forward_kernel(q, k, v, bias, ptr, col, bits, ids, out, lse, n_dst, n_src, scale,
+                         H: tl.constexpr, C: tl.constexpr, CV: tl.constexpr,
+                         HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_C: tl.constexpr,
+                         BLOCK_CV: tl.constexpr, PRECISION: tl.constexpr):
+    """Grid (target blocks, H). Online softmax over the tiles ``ptr[b]:ptr[b + 1]`` of target
+    block b (``col``: their source blocks), as :func:`forward_kernel` over edges: writes
+    ``out`` ``[N_dst, H, C_v]`` (fp32) and ``lse`` ``[N_dst, H, 2]`` in its conventions."""
+    block = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    dtype = q.dtype.element_ty
+    q_i, _, _ = _block_rows(q, block, head, n_dst, H, C, BLOCK, BLOCK_C, dtype)
+    m = tl.full([BLOCK], float("-inf"), tl.float32)
+    l_sum = tl.full([BLOCK], 0, tl.float32)
+    acc = tl.full([BLOCK, BLOCK_CV], 0, tl.float32)
+    for pair in range(tl.load(ptr + block), tl.load(ptr + block + 1)):
+        source_block = tl.load(col + pair).to(tl.int64)
+        k_j, _, _ = _block_rows(k, source_block, head, n_src, H, C, BLOCK, BLOCK_C, dtype)
+        v_j, _, _ = _block_rows(v, source_block, head, n_src, H, CV, BLOCK, BLOCK_CV, dtype)
+        edges = _tile_bits(bits, pair, False, BLOCK)
+        s = _tile_scores(q_i, k_j, bias, ids, pair, edges, head, scale, H, False, HAS_BIAS,
+                         BLOCK, PRECISION)  # (B targets, B sources)
+        m_new = tl.maximum(m, _max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # all -inf so far: no shift
+        rescale = tl.exp(m - m_safe)
+        p = tl.exp(s - m_safe[:, None])
+        l_sum = l_sum * rescale + _sum(p, axis=1)
+        acc = acc * rescale[:, None] + tl.dot(p.to(dtype), v_j, input_precision=PRECISION)
+        m = m_new
+    l_safe, m_out, log_l = _weights_and_stats(l_sum, m)
+    rows = block * BLOCK + tl.arange(0, BLOCK)
+    offs_cv = tl.arange(0, BLOCK_CV)
+    tl.store(out + rows[:, None] * (H * CV) + head * CV + offs_cv[None, :],
+             acc / l_safe[:, None], mask=(rows < n_dst)[:, None] & (offs_cv < CV)[None, :])
+    at = rows * H + head
+    tl.store(lse + at * 2, m_out, mask=rows < n_dst)
+    tl.store(lse + at * 2 + 1, log_l, mask=rows < n_dst)
+
+
+@triton.jit
+def block_backward_target_kernel(q, k, v, bias, ptr, col, bits, ids, dout, lse, delta, dq,
+                                 dbias, n_dst, n_src, scale, H: tl.constexpr, C: tl.constexpr,
+                                 CV: tl.constexpr, HAS_BIAS: tl.constexpr,
+                                 NEED_DBIAS: tl.constexpr, BLOCK: tl.constexpr,
+                                 BLOCK_C: tl.constexpr, BLOCK_CV: tl.constexpr,
+                                 PRECISION: tl.constexpr):
+    """Grid (target blocks, H): dq of the block, ``scale * sum_j ds_ij k_j`` with
+    ``ds = alpha (dout_i . v_j - delta_i)``, over the tiles of the block; and d bias, ds at
+    each edge's id, written by the program of its target (once, no atomics)."""
+    block = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    dtype = q.dtype.element_ty
+    q_i, at_q, ok_q = _block_rows(q, block, head, n_dst, H, C, BLOCK, BLOCK_C, dtype)
+    do_i, _, _ = _block_rows(dout, block, head, n_dst, H, CV, BLOCK, BLOCK_CV, dtype)
+    rows = block * BLOCK + tl.arange(0, BLOCK)
+    m, log_l = _softmax_stats(lse, rows * H + head, rows < n_dst)
+    delta_i = tl.load(delta + rows * H + head, mask=rows < n_dst, other=0.0)
+    acc = tl.full([BLOCK, BLOCK_C], 0, tl.float32)
+    for pair in range(tl.load(ptr + block), tl.load(ptr + block + 1)):
+        source_block = tl.load(col + pair).to(tl.int64)
+        k_j, _, _ = _block_rows(k, source_block, head, n_src, H, C, BLOCK, BLOCK_C, dtype)
+        v_j, _, _ = _block_rows(v, source_block, head, n_src, H, CV, BLOCK, BLOCK_CV, dtype)
+        edges = _tile_bits(bits, pair, False, BLOCK)
+        s = _tile_scores(q_i, k_j, bias, ids, pair, edges, head, scale, H, False, HAS_BIAS,
+                         BLOCK, PRECISION)
+        alpha = _softmax_weights(s, m[:, None], log_l[:, None])  # (B targets, B sources)
+        dp = tl.dot(do_i, tl.trans(v_j), input_precision=PRECISION)
+        ds = tl.where(edges, alpha * (dp - delta_i[:, None]), 0.0)
+        if NEED_DBIAS:
+            r = tl.arange(0, BLOCK)
+            edge = tl.load(ids + pair * (BLOCK * BLOCK) + r[:, None] * BLOCK + r[None, :])
+            tl.store(dbias + edge.to(tl.int64) * H + head,
+                     ds.to(dbias.dtype.element_ty), mask=edges)
+        acc += tl.dot(ds.to(dtype), k_j, input_precision=PRECISION)
+    tl.store(dq + at_q, (acc * scale).to(dq.dtype.element_ty), mask=ok_q)
+
+
+@triton.jit
+def block_backward_source_kernel(q, k, v, bias, tptr, tpair, row, bits, ids, dout, lse, delta,
+                                 dk, dv, n_dst, n_src, scale, H: tl.constexpr,
+                                 C: tl.constexpr, CV: tl.constexpr, HAS_BIAS: tl.constexpr,
+                                 BLOCK: tl.constexpr, BLOCK_C: tl.constexpr,
+                                 BLOCK_CV: tl.constexpr, PRECISION: tl.constexpr):
+    """Grid (source blocks, H): dk and dv of the block over its tiles
+    (``tpair[tptr[b]:tptr[b + 1]]``, whose target blocks are ``row``), in tiles of (sources,
+    targets): ``dv_j = sum_i alpha_ij dout_i``, ``dk_j = scale * sum_i ds_ij q_i``."""
+    block = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    dtype = q.dtype.element_ty
+    k_j, at_k, ok_k = _block_rows(k, block, head, n_src, H, C, BLOCK, BLOCK_C, dtype)
+    v_j, at_v, ok_v = _block_rows(v, block, head, n_src, H, CV, BLOCK, BLOCK_CV, dtype)
+    acc_k = tl.full([BLOCK, BLOCK_C], 0, tl.float32)
+    acc_v = tl.full([BLOCK, BLOCK_CV], 0, tl.float32)
+    for t in range(tl.load(tptr + block), tl.load(tptr + block + 1)):
+        pair = tl.load(tpair + t).to(tl.int64)
+        target_block = tl.load(row + pair).to(tl.int64)
+        q_i, _, _ = _block_rows(q, target_block, head, n_dst, H, C, BLOCK, BLOCK_C, dtype)
+        do_i, _, _ = _block_rows(dout, target_block, head, n_dst, H, CV, BLOCK, BLOCK_CV,
+                                 dtype)
+        rows = target_block * BLOCK + tl.arange(0, BLOCK)
+        m, log_l = _softmax_stats(lse, rows * H + head, rows < n_dst)
+        delta_i = tl.load(delta + rows * H + head, mask=rows < n_dst, other=0.0)
+        edges = _tile_bits(bits, pair, True, BLOCK)
+        s = _tile_scores(k_j, q_i, bias, ids, pair, edges, head, scale, H, True, HAS_BIAS,
+                         BLOCK, PRECISION)  # (B sources, B targets)
+        alpha = _softmax_weights(s, m[None, :], log_l[None, :])
+        acc_v += tl.dot(alpha.to(dtype), do_i, input_precision=PRECISION)
+        dp = tl.dot(v_j, tl.trans(do_i), input_precision=PRECISION)
+        ds = tl.where(edges, alpha * (dp - delta_i[None, :]), 0.0)
+        acc_k += tl.dot(ds.to(dtype), q_i, input_precision=PRECISION)
+    tl.store(dk + at_k, (acc_k * scale).to(dk.dtype.element_ty), mask=ok_k)
+    tl.store(dv + at_v, acc_v.to(dv.dtype.element_ty), mask=ok_v)

@@ -126,6 +126,12 @@ from torch import Tensor
 from graphattn._tensor_cache import TensorCache
 from graphattn.functional._transforms import plain_ops_only
 from graphattn.functional.reference import reference_grads
+from graphattn.functional.triton_blocks import (
+    BLOCK_SIDES,
+    BlockSparseAttention,
+    graph_blocks,
+    use_blocks,
+)
 
 INSTALL_HINT = "pip install 'graphattn[gpu]'"
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -215,7 +221,7 @@ def launch_config(heads: int, channels: int, score_channels: int | None = None) 
     cfg = LaunchConfig(block_e=block_e, block_h=block_h, block_c=block_c,
                        num_warps=max(1, min(4, tile // 512)), block_ck=block_ck)
     if _TILES:  # inside launch_tiles
-        tiles = dict(_TILES)
+        tiles = {name: value for name, value in _TILES.items() if name != "block_sparse"}
         if "block_h" in tiles:
             tiles["block_h"] = min(tiles["block_h"], _next_power_of_2(heads))
         cfg = replace(cfg, **tiles)
@@ -225,7 +231,7 @@ def launch_config(heads: int, channels: int, score_channels: int | None = None) 
     return cfg
 
 
-_TILES: dict[str, int] = {}  # the tiles launch_tiles sets, by LaunchConfig field
+_TILES: dict[str, int] = {}  # what launch_tiles sets: LaunchConfig fields and block_sparse
 _WARPS = (1, 2, 4, 8, 16)
 _POWERS_OF_2 = ("block_e", "block_h", "block_n")
 
@@ -233,7 +239,8 @@ _POWERS_OF_2 = ("block_e", "block_h", "block_n")
 @contextlib.contextmanager
 def launch_tiles(*, block_e: int | None = None, block_h: int | None = None,
                  num_warps: int | None = None, block_n: int | None = None,
-                 heavy_degree: int | None = None) -> Iterator[None]:
+                 heavy_degree: int | None = None,
+                 block_sparse: int | None = None) -> Iterator[None]:
     """Run the Triton kernels with other tiles than :func:`launch_config` picks, to tune them
     on a GPU (``benchmarks/triton_tuning.py``).
 
@@ -255,15 +262,21 @@ def launch_tiles(*, block_e: int | None = None, block_h: int | None = None,
         heavy_degree (int, optional): with ``block_n > 1``, the most edges a node may have
             to be handled in a row block; those with more get a program each. A non-negative
             integer.
+        block_sparse (int, optional): run the calls that qualify on the block-sparse
+            kernels of :mod:`graphattn.functional.triton_blocks`, in tiles of
+            ``block_sparse`` x ``block_sparse`` (32, 64 or 128); the others keep to the CSR
+            kernels.
 
     Example:
         >>> with launch_tiles(block_e=8, num_warps=2):
         ...     out = edge_attention(q, k, v, edge_index, backend="triton")
         >>> with launch_tiles(block_n=16, heavy_degree=128):
         ...     out = edge_attention(q, k, v, edge_index, backend="triton")
+        >>> with launch_tiles(block_sparse=64):  # a window graph: dense tiles near the diagonal
+        ...     out = edge_attention(q, k, v, window_graph(4096, 64), backend="triton")
     """
     tiles = {"block_e": block_e, "block_h": block_h, "num_warps": num_warps,
-             "block_n": block_n, "heavy_degree": heavy_degree}
+             "block_n": block_n, "heavy_degree": heavy_degree, "block_sparse": block_sparse}
     for name in _POWERS_OF_2:
         value = tiles[name]
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)
@@ -271,6 +284,10 @@ def launch_tiles(*, block_e: int | None = None, block_h: int | None = None,
             raise ValueError(f"{name} must be a power of 2, got {value!r}")
     if num_warps is not None and (isinstance(num_warps, bool) or num_warps not in _WARPS):
         raise ValueError(f"num_warps must be one of {list(_WARPS)}, got {num_warps!r}")
+    if block_sparse is not None and (isinstance(block_sparse, bool)
+                                     or block_sparse not in BLOCK_SIDES):
+        raise ValueError(f"block_sparse must be one of {list(BLOCK_SIDES)}, got "
+                         f"{block_sparse!r}")
     if heavy_degree is not None and (isinstance(heavy_degree, bool)
                                      or not isinstance(heavy_degree, int) or heavy_degree < 0):
         raise ValueError(f"heavy_degree must be a non-negative integer, got {heavy_degree!r}")
@@ -816,6 +833,14 @@ def triton_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *
         for t in (q, k, v, att, bias, dropout_mask, edge_index, edge_key, edge_value))
     if value_is_key:  # still one tensor: read once, one gradient buffer for both roles
         edge_value = edge_key
+    block = _TILES.get("block_sparse")
+    if block is not None and use_blocks(q, k, v, score=score, dropout_mask=dropout_mask,
+                                        need_alpha=need_alpha, edge_key=edge_key,
+                                        edge_value=edge_value):
+        layout = graph_blocks(edge_index, q.size(0), v.size(0), block, bias is not None)
+        if layout is not None:  # None: a repeated edge
+            out32, _ = BlockSparseAttention.apply(q, k, v, bias, edge_index, layout, scale)
+            return out32.to(v.dtype), None
     inputs = (q, k, v, att, bias, dropout_mask, edge_index, scale, negative_slope, score,
               need_alpha, edge_key, edge_value)
     if torch.compiler.is_compiling():

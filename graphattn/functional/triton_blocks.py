@@ -1,0 +1,270 @@
+r"""Block-sparse Triton kernels of edge attention, for graphs whose edges gather in dense blocks.
+
+A window, causal or grid graph numbered along its sequence or image, or a graph reordered so
+that neighbours get nearby ids, has its edges near the diagonal of the ``[N_dst, N_src]``
+adjacency matrix. Cut that matrix into tiles of B x B (B targets by B sources); the tiles that
+hold an edge are few, and each is dense enough that computing all of its B^2 scores as one
+matrix product, on tensor cores, costs less than gathering the keys and values of its edges
+one by one. These kernels do that, in the FlashAttention style: for each block of B targets and
+each head, a program walks the tiles of its block, computes
+
+.. math::
+    S = \text{scale} \; Q_I K_J^\top + B_{IJ}, \qquad S_{ij} = -\infty \text{ off the edges},
+
+and keeps the online softmax of :mod:`graphattn.functional.triton_kernels` per row,
+:math:`\mathrm{acc} \mathrel{+}= e^{S - m} V_J`. Backward recomputes the weights from the
+saved statistics, ``lse`` ``[N_dst, H, 2]`` as in the CSR kernels: a pass over target blocks
+gives dq and d bias,
+
+.. math::
+    \mathrm{d}S = A \odot (\mathrm{dO}_I V_J^\top - \delta_I), \qquad
+    \mathrm{d}Q_I = \text{scale} \sum_J \mathrm{d}S \, K_J,
+
+and a pass over source blocks (the tiles sorted by source block) gives
+:math:`\mathrm{d}V_J = \sum_I A^\top \mathrm{dO}_I` and
+:math:`\mathrm{d}K_J = \text{scale} \sum_I \mathrm{d}S^\top Q_I`; each program writes only its
+own rows, so the gradients are deterministic.
+
+**The layout** (:class:`BlockLayout`, built by :func:`block_layout` and kept per
+``edge_index`` on CUDA, as the CSR orderings are) stores, per tile that holds an edge, one bit
+per entry (B^2 / 8 bytes) and, when a bias is given, the edge id of each entry (4 B^2 bytes),
+where the bias is read and its gradient written. It costs 4 B^2 / 8 bytes a tile against the
+8 bytes an edge of the CSR orderings: on a graph whose tiles are at least 1/16 full it is the
+smaller one.
+
+**What runs here:** the ``"dot"`` score, with or without a bias ``[E, H]``, q, k and v of one
+dtype (fp32, fp16, bf16), no dropout, no per-edge key or value terms, attention weights not
+returned, a graph without repeated edges, eager mode. :func:`use_blocks` says whether a call
+qualifies; what does not runs on the CSR kernels, as it does without the option. The block
+kernels run only inside :func:`~graphattn.functional.triton_kernels.launch_tiles` with
+``block_sparse=B``: whether they beat the CSR kernels depends on how full the tiles are, and
+``benchmarks/gpu.py`` measures both.
+
+**Precision.** Products run on tensor cores with fp32 accumulation. fp32 inputs use full fp32
+products unless ``torch.backends.cuda.matmul.allow_tf32`` is set, then TF32, as torch's own
+matrix products do. Half inputs multiply the weights, rounded to the input dtype, by the
+values (as FlashAttention does); the CSR kernels keep those products in fp32, so the two agree
+to half precision, not bit for bit.
+
+**Non-finite inputs.** A NaN or infinite entry in a row of q, k or v reaches every entry of
+the tile's products, edge or not (0 times NaN is NaN), so it spreads to the rows of its tile
+that are not its neighbours, as in dense masked attention; the CSR kernels keep it to the edges
+it is on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from graphattn._tensor_cache import TensorCache
+from graphattn.functional._transforms import plain_ops_only
+from graphattn.functional.reference import reference_grads
+
+BLOCK_SIDES = (32, 64, 128)  # B: a multiple of 32 (bits per word), at least 16 (tensor cores)
+
+
+@dataclass(frozen=True)
+class BlockLayout:
+    """The tiles of a graph's adjacency matrix that hold an edge, B x B each.
+
+    Tiles are numbered by target block, then source block: tile ``t`` is
+    ``(row[t], col[t])`` and target block r owns tiles ``ptr[r]:ptr[r + 1]``. Source block c
+    owns tiles ``tpair[tptr[c]:tptr[c + 1]]``. ``bits[t, i, j // 32]`` has bit ``j % 32`` set
+    when the tile holds the edge from source ``col[t] * B + j`` to target ``row[t] * B + i``;
+    ``ids[t, i, j]`` is that edge's column in ``edge_index`` (-1 off the edges), built only
+    for calls with a bias (``None`` otherwise).
+    """
+
+    block: int
+    ptr: Tensor
+    col: Tensor
+    row: Tensor
+    tptr: Tensor
+    tpair: Tensor
+    bits: Tensor
+    ids: Tensor | None
+
+    @property
+    def num_tiles(self) -> int:
+        return self.col.numel()
+
+    def fill(self, num_edges: int) -> float:
+        """The fraction of tile entries that are edges."""
+        return num_edges / max(1, self.num_tiles * self.block**2)
+
+
+def block_layout(edge_index: Tensor, num_dst: int, num_src: int, block: int,
+                 with_ids: bool = False) -> BlockLayout | None:
+    """The :class:`BlockLayout` of a graph in tiles of ``block`` x ``block``; ``None`` when an
+    edge is repeated (a tile entry holds one edge). Reads two numbers back to the host (the
+    number of tiles, and whether an edge repeats).
+
+    Args:
+        edge_index (Tensor): ``[2, E]`` int64, sources then targets, checked by the caller.
+        num_dst (int): number of targets.
+        num_src (int): number of sources.
+        block (int): B, one of ``BLOCK_SIDES``.
+        with_ids (bool, optional): also build ``ids``, the edge id of each tile entry (for a
+            bias). (default: ``False``)
+
+    Shapes:
+        - **output:** ptr ``(ceil(N_dst / B) + 1)``, tptr ``(ceil(N_src / B) + 1)``, col, row
+          and tpair ``(P)``, bits ``(P, B, B // 32)``, ids ``(P, B, B)``; int32.
+    """
+    if block not in BLOCK_SIDES:
+        raise ValueError(f"block must be one of {list(BLOCK_SIDES)}, got {block!r}")
+    src, dst = edge_index[0], edge_index[1]
+    device = edge_index.device
+    pair = dst * num_src + src
+    if pair.numel() > 1:
+        ordered = torch.sort(pair).values
+        if bool((ordered[1:] == ordered[:-1]).any()):
+            return None
+    row_blocks, col_blocks = -(-num_dst // block), -(-num_src // block)
+    tile_key = (dst // block) * col_blocks + src // block  # (E)
+    keys, tile_of_edge = torch.unique(tile_key, sorted=True, return_inverse=True)
+    row, col = keys // col_blocks, keys % col_blocks  # (P), sorted by row, then col
+    ptr = torch.searchsorted(row, torch.arange(row_blocks + 1, device=device))
+    col_sorted, tpair = torch.sort(col, stable=True)
+    tptr = torch.searchsorted(col_sorted, torch.arange(col_blocks + 1, device=device))
+    num_tiles = keys.numel()
+    i, j = dst % block, src % block
+    words = block // 32
+    word_at = (tile_of_edge * block + i) * words + j // 32
+    bits = torch.zeros(num_tiles * block * words, dtype=torch.int64, device=device)
+    bits.index_add_(0, word_at, torch.ones_like(j) << (j % 32))  # edges are distinct: an OR
+    bits = torch.where(bits >= 2**31, bits - 2**32, bits)  # the same 32 bits, as int32
+    ids = None
+    if with_ids:
+        ids = torch.full((num_tiles * block * block,), -1, dtype=torch.int32, device=device)
+        ids[(tile_of_edge * block + i) * block + j] = torch.arange(
+            edge_index.size(1), dtype=torch.int32, device=device)
+        ids = ids.view(num_tiles, block, block)
+    int32 = torch.int32
+    return BlockLayout(block=block, ptr=ptr.to(int32), col=col.to(int32), row=row.to(int32),
+                       tptr=tptr.to(int32), tpair=tpair.to(int32),
+                       bits=bits.to(int32).view(num_tiles, block, words), ids=ids)
+
+
+# The layouts of recently used graphs, by edge_index tensor, as graph_csr keeps the CSR.
+_LAYOUT_CACHE: TensorCache[BlockLayout | None] = TensorCache(max_entries=8)
+
+
+def graph_blocks(edge_index: Tensor, num_dst: int, num_src: int, block: int,
+                 with_ids: bool) -> BlockLayout | None:
+    """:func:`block_layout`, kept on CUDA while ``edge_index`` lives unmodified (see
+    :func:`~graphattn.functional.triton_kernels.graph_csr`)."""
+    return _LAYOUT_CACHE.get(edge_index, (num_dst, num_src, block, with_ids),
+                             lambda: block_layout(edge_index, num_dst, num_src, block,
+                                                  with_ids))
+
+
+def use_blocks(q: Tensor, k: Tensor, v: Tensor, *, score: str, dropout_mask: Tensor | None,
+               need_alpha: bool, edge_key: Tensor | None, edge_value: Tensor | None) -> bool:
+    """Whether a call of the triton backend can run on the block-sparse kernels (the graph
+    aside: see :func:`block_layout`); see the module docstring."""
+    return (score == "dot" and dropout_mask is None and not need_alpha and edge_key is None
+            and edge_value is None and q.dtype == k.dtype == v.dtype
+            and not torch.compiler.is_compiling())
+
+
+def _precision(q: Tensor) -> str:
+    """The products' input precision: TF32 for fp32 inputs only where torch allows it."""
+    tf32 = q.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
+    return "tf32" if tf32 else "ieee"
+
+
+def _channel_tile(channels: int) -> int:
+    """Channels padded to a power of 2, at least 16 (the smallest tensor-core operand)."""
+    return max(16, 1 << max(0, channels - 1).bit_length())
+
+
+def _launch_options(q: Tensor, v: Tensor, layout: BlockLayout, bias: Tensor | None) -> dict:
+    heads, channels, value_channels = q.size(1), q.size(2), v.size(2)
+    return dict(H=heads, C=channels, CV=value_channels, HAS_BIAS=bias is not None,
+                BLOCK=layout.block, BLOCK_C=_channel_tile(channels),
+                BLOCK_CV=_channel_tile(value_channels), PRECISION=_precision(q),
+                num_warps=4 if layout.block <= 64 else 8)
+
+
+def block_forward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, layout: BlockLayout,
+                  scale: float) -> tuple[Tensor, Tensor]:
+    """Launch the forward kernel on contiguous inputs: out ``[N_dst, H, C_v]`` and lse
+    ``[N_dst, H, 2]``, both fp32."""
+    from graphattn.functional.triton_kernels import kernels
+
+    n_dst, n_src, heads = q.size(0), k.size(0), q.size(1)
+    out32 = torch.empty(n_dst, heads, v.size(2), device=v.device, dtype=torch.float32)
+    lse = torch.empty(n_dst, heads, 2, device=v.device, dtype=torch.float32)
+    if n_dst == 0 or heads == 0:
+        return out32, lse
+    kernels().block_forward_kernel[(layout.ptr.numel() - 1, heads)](
+        q, k, v, q if bias is None else bias, layout.ptr, layout.col, layout.bits,
+        layout.col if layout.ids is None else layout.ids, out32, lse, n_dst, n_src, scale,
+        **_launch_options(q, v, layout, bias))
+    return out32, lse
+
+
+def block_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None,
+                   layout: BlockLayout, out32: Tensor, lse: Tensor, scale: float,
+                   need_dbias: bool) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """Launch the two backward kernels: dq, dk, dv and d bias (when ``need_dbias``)."""
+    from graphattn.functional.triton_kernels import kernels
+
+    n_dst, n_src, heads = q.size(0), k.size(0), q.size(1)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dbias = torch.empty_like(bias) if need_dbias else None  # every edge is in one tile
+    if heads == 0:
+        return dq, dk, dv, dbias
+    delta = (dout.float() * out32).sum(-1).contiguous()  # (N_dst, H)
+    options = _launch_options(q, v, layout, bias)
+    ids = layout.col if layout.ids is None else layout.ids
+    placeholder_bias = q if bias is None else bias
+    module = kernels()
+    if n_dst > 0:
+        module.block_backward_target_kernel[(layout.ptr.numel() - 1, heads)](
+            q, k, v, placeholder_bias, layout.ptr, layout.col, layout.bits, ids, dout, lse,
+            delta, dq, lse if dbias is None else dbias, n_dst, n_src, scale,
+            NEED_DBIAS=need_dbias, **options)
+    if n_src > 0:
+        module.block_backward_source_kernel[(layout.tptr.numel() - 1, heads)](
+            q, k, v, placeholder_bias, layout.tptr, layout.tpair, layout.row, layout.bits,
+            ids, dout, lse, delta, dk, dv, n_dst, n_src, scale, **options)
+    return dq, dk, dv, dbias
+
+
+class BlockSparseAttention(torch.autograd.Function):
+    """Eager autograd around the block-sparse kernels. Forward returns the fp32 out and, for
+    backward alone, lse. Gradients of gradients (``create_graph=True``) are the reference
+    backend's, as in :class:`~graphattn.functional.triton_kernels.FusedEdgeAttention`."""
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, edge_index: Tensor,
+                layout: BlockLayout, scale: float) -> tuple[Tensor, Tensor]:
+        out32, lse = block_forward(q, k, v, bias, layout, scale)
+        ctx.save_for_backward(q, k, v, bias, edge_index, out32, lse)
+        ctx.layout, ctx.scale = layout, scale
+        ctx.set_materialize_grads(False)
+        ctx.mark_non_differentiable(lse)
+        return out32, lse
+
+    @staticmethod
+    def backward(ctx, dout: Tensor | None, _dlse):
+        q, k, v, bias, edge_index, out32, lse = ctx.saved_tensors
+        none = (None, None, None)
+        if dout is None:
+            return (None,) * 4 + none
+        if torch.is_grad_enabled() or plain_ops_only(dout):
+            dq, dk, dv, _, dbias, _, _ = reference_grads(
+                dout, None, q, k, v, edge_index, scale=ctx.scale, bias=bias,
+                dropout_mask=None, score="dot", negative_slope=0.2, att=None, edge_key=None,
+                edge_value=None, needs_grad=[*ctx.needs_input_grad[:3], False,
+                                             ctx.needs_input_grad[3], False, False])
+            return (dq, dk, dv, dbias, *none)
+        dq, dk, dv, dbias = block_backward(
+            dout.contiguous(), q, k, v, bias, ctx.layout, out32, lse, ctx.scale,
+            need_dbias=bias is not None and ctx.needs_input_grad[3])
+        return (dq, dk, dv, dbias, *none)
