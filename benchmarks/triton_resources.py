@@ -23,9 +23,12 @@ with 65536 32-bit registers, 64 warps, 32 blocks and 228 KiB of shared memory pe
 (NVIDIA's H100 tuning guide), registers allocated per warp in units of 256. These are static
 figures from the compiler; times need the GPU (``benchmarks/gpu.py``).
 
+``--blocks`` compiles the block-sparse kernels instead
+(:mod:`graphattn.functional.triton_blocks`).
+
 Usage:
 
-    python benchmarks/triton_resources.py
+    python benchmarks/triton_resources.py [--block-n N | --blocks]
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+from graphattn.functional import triton_blocks as tb  # noqa: E402
 from graphattn.functional import triton_kernels as tk  # noqa: E402
 
 # (heads, channels): the layers of benchmarks/gpu.py, GAT's 8 x 8, and wide heads
@@ -57,7 +61,11 @@ KERNELS = ("forward_kernel", "backward_target_kernel", "backward_source_kernel")
 POINTER_TYPES = {"lse": "*fp32", "delta": "*fp32", "datt_rows": "*fp32", "rowptr": "*i32",
                  "col": "*i32", "eid": "*i32", "colptr": "*i32", "row_t": "*i32",
                  "eid_t": "*i32", "order": "*i32", "num_rows": "i32", "max_degree": "i32",
-                 "scale": "fp32", "slope": "fp32"}
+                 "scale": "fp32", "slope": "fp32", "ptr": "*i32", "row": "*i32",
+                 "tptr": "*i32", "tpair": "*i32", "bits": "*i32", "ids": "*i32",
+                 "n_dst": "i32", "n_src": "i32", "out": "*fp32"}
+BLOCK_KERNELS = ("block_forward_kernel", "block_backward_target_kernel",
+                 "block_backward_source_kernel")
 REGISTERS_PER_SM, MAX_WARPS, MAX_BLOCKS, SHARED_PER_SM = 65536, 64, 32, 233472
 
 
@@ -100,26 +108,44 @@ def compile_kernels(heads: int, channels: int, score: str, dtype: str, *, featur
     usage = {}
     for name in KERNELS:
         kernel = getattr(module, tk.ROW_BLOCK_KERNELS[name] if block_n > 1 else name)
-        signature = {}
-        for arg in kernel.arg_names:
-            if arg in constants:
-                signature[arg] = "constexpr"
-            else:
-                signature[arg] = POINTER_TYPES.get(arg, f"*{dtype}")
-        used = {n: v for n, v in constants.items() if n in kernel.arg_names}
-        # Triton's JIT specializes a pointer to a 16-byte aligned address (every tensor torch
-        # allocates on CUDA) as divisible by 16, which lets it vectorize the loads; so does this
-        aligned = {(i,): [["tt.divisibility", 16]]
-                   for i, arg in enumerate(kernel.arg_names) if signature[arg].startswith("*")}
-        log = io.StringIO()
-        with contextlib.redirect_stdout(log):
-            compiled = triton.compile(ASTSource(kernel, signature=signature, constexprs=used,
-                                                attrs=aligned),
-                                      target=GPUTarget("cuda", arch, 32),
-                                      options={"num_warps": cfg.num_warps})
-        assert compiled.asm["cubin"], name
-        usage[name] = {**resource_usage(log.getvalue()), "shared": compiled.metadata.shared}
+        usage[name] = _compile(kernel, constants, dtype, cfg.num_warps, arch)
     return cfg, usage
+
+
+def _compile(kernel, constants: dict, dtype: str, num_warps: int, arch: int) -> dict[str, int]:
+    """One kernel compiled for ``sm_<arch>``: the resources of :func:`resource_usage` and
+    ``shared`` (bytes per block)."""
+    signature = {arg: "constexpr" if arg in constants else POINTER_TYPES.get(arg, f"*{dtype}")
+                 for arg in kernel.arg_names}
+    used = {n: v for n, v in constants.items() if n in kernel.arg_names}
+    # Triton's JIT specializes a pointer to a 16-byte aligned address (every tensor torch
+    # allocates on CUDA) as divisible by 16, which lets it vectorize the loads; so does this
+    aligned = {(i,): [["tt.divisibility", 16]]
+               for i, arg in enumerate(kernel.arg_names) if signature[arg].startswith("*")}
+    log = io.StringIO()
+    with contextlib.redirect_stdout(log):
+        compiled = triton.compile(ASTSource(kernel, signature=signature, constexprs=used,
+                                            attrs=aligned),
+                                  target=GPUTarget("cuda", arch, 32),
+                                  options={"num_warps": num_warps})
+    assert compiled.asm["cubin"], kernel
+    return {**resource_usage(log.getvalue()), "shared": compiled.metadata.shared}
+
+
+def compile_block_kernels(heads: int, channels: int, dtype: str, block: int, *, bias: bool,
+                          precision: str = "ieee", arch: int = 90,
+                          ) -> tuple[int, dict[str, dict[str, int]]]:
+    """The three block-sparse kernels (:mod:`graphattn.functional.triton_blocks`) compiled
+    for ``sm_<arch>`` with B = ``block``: their warps and, by kernel name, the resources of
+    :func:`resource_usage`. ``bias`` turns on the bias and its gradient; ``precision`` is the
+    products' input precision of fp32 inputs (``"ieee"`` or ``"tf32"``)."""
+    tile = tb._channel_tile(channels)
+    warps = tb._warps(block)
+    constants = dict(H=heads, C=channels, CV=channels, HAS_BIAS=bias, NEED_DBIAS=bias,
+                     BLOCK=block, BLOCK_C=tile, BLOCK_CV=tile, PRECISION=precision)
+    module = tk.kernels()
+    return warps, {name: _compile(getattr(module, name), constants, dtype, warps, arch)
+                   for name in BLOCK_KERNELS}
 
 
 def resource_usage(ptxas_log: str) -> dict[str, int]:
@@ -151,7 +177,13 @@ def main() -> None:
     parser.add_argument("--output", default=None,
                         help="default: results/triton_resources.md, or "
                              "results/triton_resources_rows<N>.md with --block-n N > 1")
+    parser.add_argument("--blocks", action="store_true",
+                        help="the block-sparse kernels instead (launch_tiles(block_sparse=B)), "
+                             "written to results/triton_resources_blocks.md")
     args = parser.parse_args()
+    if args.blocks:
+        blocks_table(args)
+        return
     if args.block_n < 1 or args.block_n & (args.block_n - 1):
         parser.error(f"--block-n must be a power of 2, got {args.block_n}")
     name = ("triton_resources.md" if args.block_n == 1
@@ -206,6 +238,53 @@ def main() -> None:
         "(`benchmarks/gpu.py`).", "",
         summary, "", *(table[:2] + spills if spills else []), "", "All kernels:", "", *table,
         ""]))
+    print(f"wrote {output}")
+
+
+def blocks_table(args: argparse.Namespace) -> None:
+    """The table of the block-sparse kernels: H = 4, each tile side B, C in 16, 32, 64, fp32
+    inputs with full fp32 and with TF32 products and bf16 inputs, with and without a bias."""
+    output = Path(args.output or Path(__file__).parent / "results" / "triton_resources_blocks.md")
+    command = "python " + " ".join(shlex.quote(a) for a in [
+        "benchmarks/triton_resources.py", *sys.argv[1:]])
+    header = [f"command: `{command}`",
+              f"triton {triton.__version__}, target sm_90 (compiled ahead of time, no GPU)",
+              "the block-sparse kernels (`launch_tiles(block_sparse=B)`), H = 4, C_v = C"]
+    print("\n".join(header))
+    table = ["| B | C | inputs | products | bias | warps | kernel | registers | shared B "
+             "| spill stores / loads B | resident warps / 64 |",
+             "| ---: | ---: | --- | --- | --- | ---: | --- | ---: | ---: | ---: | ---: |"]
+    spills = []
+    for block in tb.BLOCK_SIDES:
+        for channels in (16, 32, 64):
+            for dtype, precision in (("fp32", "ieee"), ("fp32", "tf32"), ("bf16", "ieee")):
+                for bias in (False, True):
+                    warps, usage = compile_block_kernels(4, channels, dtype, block, bias=bias,
+                                                         precision=precision)
+                    for name, use in usage.items():
+                        resident = resident_warps(use["registers"], warps, use["shared"])
+                        row = (f"| {block} | {channels} | {dtype} | "
+                               f"{precision if dtype == 'fp32' else dtype} | "
+                               f"{'yes' if bias else 'no'} | {warps} | "
+                               f"{name.removeprefix('block_').removesuffix('_kernel')} | "
+                               f"{use['registers']} | {use['shared']} | "
+                               f"{use['spill_stores']} / {use['spill_loads']} | {resident} |")
+                        table.append(row)
+                        print(row, flush=True)
+                        if use["spill_stores"] or use["spill_loads"]:
+                            spills.append(row)
+    summary = (f"{len(spills)} of {len(table) - 2} kernels spill registers."
+               if spills else f"None of the {len(table) - 2} kernels spills registers.")
+    print(summary)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text("\n".join([
+        "# Resource usage of the block-sparse Triton kernels on sm_90 (H100/H200)", "",
+        *(f"- {line}" for line in header), "",
+        "Registers and spills per thread from `ptxas -v` as Triton runs it, shared memory per "
+        "block from Triton, resident warps per SM from both (formula in "
+        "`benchmarks/triton_resources.py`). \"ieee\": full fp32 products (torch's default, "
+        "`allow_tf32` off); \"tf32\": tensor-core TF32 products. Static figures: the times "
+        "need a GPU (`benchmarks/gpu.py`).", "", summary, "", *table, ""]))
     print(f"wrote {output}")
 
 

@@ -6,6 +6,8 @@ int64 and int32 ids.
 
 from __future__ import annotations
 
+import os
+import types
 from dataclasses import dataclass
 
 import pytest
@@ -13,6 +15,7 @@ import torch
 
 from graphattn.functional import cpu as _cpu_backend
 from graphattn.functional import edge_attention
+from graphattn.functional import triton_kernels as tk
 
 # The cpu backend compiles one numba kernel per set of flags and per channel count in
 # SPECIALISED_CHANNELS (the powers of two up to 128), 8-14 s each on a cold machine. The suite
@@ -264,3 +267,57 @@ def check_nan_score_pattern(backend: str, score: str, value: float, *, grads: bo
     reached = {"q": [0], "k": [0, 1, 2], "v": [0, 1, 2], "bias": [0, 1, 2], "att": None}
     for name, t in leaves.items():
         assert torch.equal(t.grad.isnan().cpu(), nan_in_head_0(t.shape, reached[name])), name
+
+
+# The Triton kernel tests run in Triton's CPU interpreter; with GRAPHATTN_TRITON_DEVICE=cuda, on
+# CUDA tensors with the compiled kernels instead (the reference backend then runs on the GPU too).
+HAS_TRITON = tk.triton_available()
+DEVICE = torch.device(os.environ.get("GRAPHATTN_TRITON_DEVICE", "cpu"))
+needs_triton = pytest.mark.skipif(not HAS_TRITON,
+                                  reason="triton is not installed (pip install 'graphattn[gpu]')")
+
+
+@pytest.fixture(scope="module")
+def interpreter():
+    """Triton's interpreter on for the tests of a module, restored afterwards; with
+    ``GRAPHATTN_TRITON_DEVICE=cuda``, the compiled kernels on the GPU instead."""
+    if DEVICE.type == "cuda":
+        if not torch.cuda.is_available():
+            pytest.skip("GRAPHATTN_TRITON_DEVICE=cuda, but torch sees no CUDA device")
+        yield
+        return
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRITON_INTERPRET", "1")
+        if not tk.interpret_mode():
+            pytest.skip("TRITON_INTERPRET=1 did not switch this triton to its interpreter")
+        yield
+
+
+def on_device(inputs):
+    """The inputs as fresh leaves on the device the kernels run on (``DEVICE``)."""
+    return {n: None if t is None else t.detach().to(DEVICE).requires_grad_(t.requires_grad)
+            for n, t in inputs.items()}
+
+
+
+def spy_on_launches(monkeypatch, names) -> list:
+    """Replace the kernel module (``tk.kernels()``) by one whose kernels ``names`` launch as
+    before and record ``(name, grid, keyword arguments)`` of each launch in the list
+    returned."""
+    module, launches = tk.kernels(), []
+
+    class LaunchSpy:
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            launch = getattr(module, self.name)[grid]
+
+            def record(*args, **kwargs):
+                launches.append((self.name, grid, kwargs))
+                return launch(*args, **kwargs)
+            return record
+
+    monkeypatch.setattr(tk, "kernels", lambda: types.SimpleNamespace(
+        **{name: LaunchSpy(name) for name in names}))
+    return launches

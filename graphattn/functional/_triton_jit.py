@@ -815,7 +815,7 @@ def block_backward_target_kernel(q, k, v, bias, ptr, col, bits, ids, dout, lse, 
                                  PRECISION: tl.constexpr):
     """Grid (target blocks, H): dq of the block, ``scale * sum_j ds_ij k_j`` with
     ``ds = alpha (dout_i . v_j - delta_i)``, over the tiles of the block; and d bias, ds at
-    each edge's id, written by the program of its target (once, no atomics)."""
+    each edge's id, written once, by the program of its target."""
     block = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     dtype = q.dtype.element_ty
@@ -832,9 +832,10 @@ def block_backward_target_kernel(q, k, v, bias, ptr, col, bits, ids, dout, lse, 
         edges = _tile_bits(bits, pair, False, BLOCK)
         s = _tile_scores(q_i, k_j, bias, ids, pair, edges, head, scale, H, False, HAS_BIAS,
                          BLOCK, PRECISION)
-        alpha = _softmax_weights(s, m[:, None], log_l[:, None])  # (B targets, B sources)
+        # 0 off the edges, also in a row whose m is NaN (a NaN score on one of its edges)
+        alpha = tl.where(edges, _softmax_weights(s, m[:, None], log_l[:, None]), 0.0)
         dp = tl.dot(do_i, tl.trans(v_j), input_precision=PRECISION)
-        ds = tl.where(edges, alpha * (dp - delta_i[:, None]), 0.0)
+        ds = tl.where(edges, alpha * (dp - delta_i[:, None]), 0.0)  # (B targets, B sources)
         if NEED_DBIAS:
             r = tl.arange(0, BLOCK)
             edge = tl.load(ids + pair * (BLOCK * BLOCK) + r[:, None] * BLOCK + r[None, :])
@@ -872,7 +873,7 @@ def block_backward_source_kernel(q, k, v, bias, tptr, tpair, row, bits, ids, dou
         edges = _tile_bits(bits, pair, True, BLOCK)
         s = _tile_scores(k_j, q_i, bias, ids, pair, edges, head, scale, H, True, HAS_BIAS,
                          BLOCK, PRECISION)  # (B sources, B targets)
-        alpha = _softmax_weights(s, m[None, :], log_l[None, :])
+        alpha = tl.where(edges, _softmax_weights(s, m[None, :], log_l[None, :]), 0.0)
         acc_v += tl.dot(alpha.to(dtype), do_i, input_precision=PRECISION)
         dp = tl.dot(v_j, tl.trans(do_i), input_precision=PRECISION)
         ds = tl.where(edges, alpha * (dp - delta_i[None, :]), 0.0)

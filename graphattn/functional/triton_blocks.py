@@ -182,12 +182,17 @@ def _channel_tile(channels: int) -> int:
     return max(16, 1 << max(0, channels - 1).bit_length())
 
 
+def _warps(block: int) -> int:
+    """Warps of a program: 4 for tiles of up to 64 x 64, 8 above."""
+    return 4 if block <= 64 else 8
+
+
 def _launch_options(q: Tensor, v: Tensor, layout: BlockLayout, bias: Tensor | None) -> dict:
     heads, channels, value_channels = q.size(1), q.size(2), v.size(2)
     return dict(H=heads, C=channels, CV=value_channels, HAS_BIAS=bias is not None,
                 BLOCK=layout.block, BLOCK_C=_channel_tile(channels),
                 BLOCK_CV=_channel_tile(value_channels), PRECISION=_precision(q),
-                num_warps=4 if layout.block <= 64 else 8)
+                num_warps=_warps(layout.block))
 
 
 def block_forward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, layout: BlockLayout,

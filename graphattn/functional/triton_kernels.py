@@ -284,7 +284,7 @@ def launch_tiles(*, block_e: int | None = None, block_h: int | None = None,
             raise ValueError(f"{name} must be a power of 2, got {value!r}")
     if num_warps is not None and (isinstance(num_warps, bool) or num_warps not in _WARPS):
         raise ValueError(f"num_warps must be one of {list(_WARPS)}, got {num_warps!r}")
-    if block_sparse is not None and (isinstance(block_sparse, bool)
+    if block_sparse is not None and (type(block_sparse) is not int
                                      or block_sparse not in BLOCK_SIDES):
         raise ValueError(f"block_sparse must be one of {list(BLOCK_SIDES)}, got "
                          f"{block_sparse!r}")

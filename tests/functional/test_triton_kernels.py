@@ -22,12 +22,16 @@ import pytest
 import torch
 import torch.autograd.forward_ad as fwAD
 from conftest import (
+    DEVICE,
     GRAPHS,
     assert_close,
     assert_results_close,
     attention_inputs,
     check_nan_score_pattern,
+    needs_triton,
+    on_device,
     random_graph,
+    spy_on_launches,
 )
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -36,33 +40,6 @@ from graphattn import _checks, _tensor_cache
 from graphattn._tensor_cache import TensorCache
 from graphattn.functional import attention, edge_attention, reference_edge_attention
 from graphattn.functional import triton_kernels as tk
-
-HAS_TRITON = tk.triton_available()
-DEVICE = torch.device(os.environ.get("GRAPHATTN_TRITON_DEVICE", "cpu"))
-needs_triton = pytest.mark.skipif(not HAS_TRITON,
-                                  reason="triton is not installed (pip install 'graphattn[gpu]')")
-
-
-@pytest.fixture(scope="module")
-def interpreter():
-    """Triton's interpreter on for the tests of this module, restored afterwards; with
-    ``GRAPHATTN_TRITON_DEVICE=cuda``, the compiled kernels on the GPU instead."""
-    if DEVICE.type == "cuda":
-        if not torch.cuda.is_available():
-            pytest.skip("GRAPHATTN_TRITON_DEVICE=cuda, but torch sees no CUDA device")
-        yield
-        return
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TRITON_INTERPRET", "1")
-        if not tk.interpret_mode():
-            pytest.skip("TRITON_INTERPRET=1 did not switch this triton to its interpreter")
-        yield
-
-
-def on_device(inputs):
-    """The inputs as fresh leaves on the device the kernels run on (``DEVICE``)."""
-    return {n: None if t is None else t.detach().to(DEVICE).requires_grad_(t.requires_grad)
-            for n, t in inputs.items()}
 
 
 def run_backend(backend, inputs, edge_index, *, score="dot", scale=0.5, dropout_mask=None,
@@ -534,29 +511,6 @@ def test_launch_config_tiles(heads, channels, score_channels, expected):
     assert (cfg.block_e, cfg.block_h, cfg.block_c, cfg.block_ck) == expected
     assert cfg.block_e * cfg.block_h * max(cfg.block_c, cfg.block_ck) <= 2048
     assert 1 <= cfg.num_warps <= 4
-
-
-def spy_on_launches(monkeypatch, names) -> list:
-    """Replace the kernel module (``tk.kernels()``) by one whose kernels ``names`` launch as
-    before and record ``(name, grid, keyword arguments)`` of each launch in the list
-    returned."""
-    module, launches = tk.kernels(), []
-
-    class LaunchSpy:
-        def __init__(self, name):
-            self.name = name
-
-        def __getitem__(self, grid):
-            launch = getattr(module, self.name)[grid]
-
-            def record(*args, **kwargs):
-                launches.append((self.name, grid, kwargs))
-                return launch(*args, **kwargs)
-            return record
-
-    monkeypatch.setattr(tk, "kernels", lambda: types.SimpleNamespace(
-        **{name: LaunchSpy(name) for name in names}))
-    return launches
 
 
 @needs_triton

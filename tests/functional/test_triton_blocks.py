@@ -1,0 +1,387 @@
+"""The block-sparse Triton kernels (``launch_tiles(block_sparse=B)``) against the reference backend.
+
+Run in Triton's CPU interpreter, or with ``GRAPHATTN_TRITON_DEVICE=cuda`` compiled on a GPU (see
+``conftest.py``). The truth is :func:`reference_edge_attention` in float64 on the same inputs;
+every call that should take the block kernels is made under a spy that has only those kernels,
+so a call that fell back to the CSR kernels fails instead of passing unnoticed.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import (
+    DEVICE,
+    GRAPHS,
+    assert_close,
+    assert_results_close,
+    attention_inputs,
+    needs_triton,
+    on_device,
+    spy_on_launches,
+)
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from graphattn.functional import edge_attention, reference_edge_attention
+from graphattn.functional import triton_blocks as tb
+from graphattn.functional import triton_kernels as tk
+from graphattn.graphs import causal_graph, complete_graph, grid_graph, to_dense_mask, window_graph
+
+BLOCK_KERNELS = ("block_forward_kernel", "block_backward_target_kernel",
+                 "block_backward_source_kernel")
+CSR_KERNELS = ("forward_kernel", "backward_target_kernel", "backward_source_kernel")
+
+
+def distinct_random_edges(num_src: int, num_dst: int, num_edges: int, seed: int = 0):
+    """``num_edges`` distinct random edges, sources in ``[0, num_src)``, targets in
+    ``[0, num_dst)``."""
+    gen = torch.Generator().manual_seed(seed)
+    pairs = torch.randperm(num_src * num_dst, generator=gen)[:num_edges]
+    return torch.stack([pairs % num_src, pairs // num_src])
+
+
+# name -> (edge_index, num_src, num_dst): structured graphs with dense tiles, sizes that are not
+# multiples of the tile, a bipartite graph with isolated targets, a row of degree 200
+STRUCTURED = {
+    "window-70-r3": (window_graph(70, 3), 70, 70),
+    "causal-40": (causal_graph(40), 40, 40),
+    "grid-6x7": (grid_graph(6, 7), 42, 42),
+    "complete-75": (complete_graph(75), 75, 75),
+    "random-bipartite": (distinct_random_edges(45, 70, 300, seed=3), 45, 70),
+    "star-200": (torch.stack([torch.arange(1, 201), torch.zeros(200, dtype=torch.long)]),
+                 201, 201),
+}
+SINGLE_EDGES = [g for g in GRAPHS if "multi-edge" not in g.tags]
+
+
+def run(inputs, edge_index, *, block=None, scale=0.5, compute_dtype=None, seed=1,
+        create_graph=False, leaves=None):
+    """out and the gradients of a fixed random loss: on the block kernels (``block``) or on the
+    reference backend (computed in ``compute_dtype``), on ``DEVICE``, with respect to fresh
+    copies of the inputs there (or to ``leaves``, a dict of them)."""
+    if leaves is None:
+        leaves = {n: t for n, t in on_device(inputs).items() if t is not None}
+    cast = {n: (t.to(compute_dtype) if compute_dtype else t) for n, t in leaves.items()}
+    args = (cast["q"], cast["k"], cast["v"], edge_index.to(DEVICE))
+    options = dict(scale=scale, bias=cast.get("bias"), dropout_mask=None, score="dot",
+                   negative_slope=0.2, need_alpha=False)
+    if block is None:
+        out, _ = reference_edge_attention(*args, **options)
+    else:
+        with tk.launch_tiles(block_sparse=block):
+            out, _ = tk.triton_edge_attention(*args, **options)
+    gen = torch.Generator().manual_seed(seed)
+    weight = torch.randn(out.shape, generator=gen, dtype=torch.float64).to(DEVICE)
+    grads = torch.autograd.grad((out.double() * weight).sum(), list(leaves.values()),
+                                create_graph=create_graph)
+    return {"out": out, **{"d" + n: g for n, g in zip(leaves, grads, strict=True)}}
+
+
+def check_blocks(monkeypatch, inputs, edge_index, *, block, dtype=torch.float32, scale=0.5):
+    """The block kernels (all three launched, nothing else) against the float64 reference."""
+    launches = spy_on_launches(monkeypatch, BLOCK_KERNELS)
+    got = run(inputs, edge_index, block=block, scale=scale)
+    assert {name for name, *_ in launches} == set(BLOCK_KERNELS)
+    monkeypatch.undo()
+    want = run(inputs, edge_index, scale=scale, compute_dtype=torch.float64)
+    assert got["out"].dtype == inputs["v"].dtype
+    assert_results_close(got, want, inputs, dtype)
+    return got
+
+
+@needs_triton
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+@pytest.mark.parametrize("block", [32, 64])
+@pytest.mark.parametrize("name", list(STRUCTURED))
+def test_matches_reference_on_structured_graphs(interpreter, monkeypatch, name, block, bias):
+    edge_index, num_src, num_dst = STRUCTURED[name]
+    inputs = attention_inputs(num_src, num_dst, edge_index.size(1), 2, 8, bias=bias)
+    check_blocks(monkeypatch, inputs, edge_index, block=block)
+
+
+@needs_triton
+def test_matches_reference_on_graph_registry(interpreter, monkeypatch, graph_case):
+    if "multi-edge" in graph_case.tags:
+        pytest.skip("a tile entry holds one edge: repeated edges take the CSR kernels "
+                    "(test_falls_back_to_the_csr_kernels)")
+    ei = graph_case.edge_index
+    inputs = attention_inputs(graph_case.num_src, graph_case.num_dst, ei.size(1), 2, 8)
+    got = check_blocks(monkeypatch, inputs, ei, block=32)
+    isolated = torch.ones(graph_case.num_dst, dtype=torch.bool)
+    isolated[ei[1]] = False
+    assert (got["out"][isolated.to(DEVICE)] == 0).all()
+
+
+@needs_triton
+@pytest.mark.parametrize("heads,channels,value_channels", [
+    (1, 8, 8), (4, 16, 16), (2, 64, 64), (2, 8, 24), (3, 5, 7)])
+def test_heads_and_channels(interpreter, monkeypatch, heads, channels, value_channels):
+    edge_index, num_src, num_dst = STRUCTURED["window-70-r3"]
+    inputs = attention_inputs(num_src, num_dst, edge_index.size(1), heads, channels,
+                              value_channels=value_channels)
+    check_blocks(monkeypatch, inputs, edge_index, block=32, scale=channels**-0.5)
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+def test_half_precision(interpreter, monkeypatch, dtype, bias):
+    """Half inputs: the weights meet the values in the input dtype (FlashAttention's rounding),
+    within the dtype's tolerance of the float64 truth."""
+    if dtype == torch.bfloat16 and DEVICE.type == "cpu":
+        pytest.skip("Triton's interpreter gets tl.dot of bf16 tiles wrong (a 16 x 16 product "
+                    "off by 1e10 in triton 3.9): bf16 is checked on a GPU "
+                    "(GRAPHATTN_TRITON_DEVICE=cuda)")
+    edge_index, num_src, num_dst = STRUCTURED["grid-6x7"]
+    inputs = attention_inputs(num_src, num_dst, edge_index.size(1), 2, 16, bias=bias,
+                              dtype=dtype)
+    check_blocks(monkeypatch, inputs, edge_index, block=32, dtype=dtype)
+
+
+@needs_triton
+@pytest.mark.parametrize("block", [32, 64])
+def test_masked_rows_get_zero_and_no_nan(interpreter, monkeypatch, block):
+    """A bias of -inf on every edge of a target leaves it without weight: out 0 and no NaN in
+    any gradient."""
+    edge_index, num_src, num_dst = STRUCTURED["window-70-r3"]
+    inputs = attention_inputs(num_src, num_dst, edge_index.size(1), 2, 8)
+    with torch.no_grad():
+        inputs["bias"][edge_index[1] == 5] = float("-inf")
+        inputs["bias"][edge_index[1] == 69] = float("-inf")  # in the last, partial block
+    got = check_blocks(monkeypatch, inputs, edge_index, block=block)
+    assert (got["out"][[5, 69]] == 0).all()
+    assert (got["dq"][[5, 69]] == 0).all()
+
+
+@needs_triton
+@pytest.mark.parametrize("fill", [-1e9, torch.finfo(torch.float32).min], ids=["-1e9", "fp32-min"])
+def test_scores_far_from_zero_keep_the_weights(interpreter, monkeypatch, fill):
+    """Every edge of target 40 masked with the finite ``fill`` (uniform weights), two edges of
+    target 20 tied near 1e30 (weights 1/2, the others 0): as the reference backend in fp32,
+    whose scores round alike (in float64 they would not)."""
+    edge_index, num_src, num_dst = STRUCTURED["window-70-r3"]
+    inputs = attention_inputs(num_src, num_dst, edge_index.size(1), 2, 8)
+    with torch.no_grad():
+        inputs["bias"][edge_index[1] == 40] = fill
+        inputs["bias"][(edge_index[1] == 20).nonzero()[:2, 0]] = 1e30
+    launches = spy_on_launches(monkeypatch, BLOCK_KERNELS)
+    got = run(inputs, edge_index, block=32)
+    assert len(launches) == 3
+    monkeypatch.undo()
+    assert_results_close(got, run(inputs, edge_index), inputs, torch.float32)
+
+
+@needs_triton
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # numpy: inf - inf
+@pytest.mark.parametrize("value", [float("nan"), float("inf")], ids=["nan", "+inf"])
+def test_nan_or_plus_inf_bias_stays_in_its_target(interpreter, monkeypatch, value):
+    """A NaN or +inf bias on one edge makes its target NaN in that head, out and gradients,
+    exactly where the reference has NaN: the weights off the edges are 0, not NaN, so the
+    other rows of the tile stay finite."""
+    edge_index, num_src, num_dst = STRUCTURED["window-70-r3"]
+    inputs = attention_inputs(num_src, num_dst, edge_index.size(1), 2, 8)
+    with torch.no_grad():
+        inputs["bias"][int((edge_index[1] == 10).nonzero()[2]), 0] = value
+    launches = spy_on_launches(monkeypatch, BLOCK_KERNELS)
+    got = run(inputs, edge_index, block=32)
+    assert len(launches) == 3
+    monkeypatch.undo()
+    want = run(inputs, edge_index, compute_dtype=torch.float64)
+    for name in got:
+        assert got[name].isnan().any(), name
+        assert torch.equal(got[name].isnan(), want[name].isnan()), name
+        assert_close(got[name], want[name], dtype=torch.float32, equal_nan=True)
+
+
+@needs_triton
+def test_gradients_of_gradients_are_the_reference_ones(interpreter, monkeypatch):
+    edge_index, num_src, num_dst = STRUCTURED["causal-40"]
+    inputs = attention_inputs(num_src, num_dst, edge_index.size(1), 2, 8)
+    results = []
+    for block in (32, None):
+        leaves = {n: t for n, t in on_device(inputs).items() if t is not None}
+        got = run(inputs, edge_index, block=block, create_graph=True, leaves=leaves)
+        loss = sum((g.double() ** 2).sum() for n, g in got.items() if n.startswith("d"))
+        results.append(torch.autograd.grad(loss, list(leaves.values())))
+    for got, want in zip(*results, strict=True):
+        assert_close(got, want)
+
+
+@needs_triton
+@pytest.mark.parametrize("case", ["repeated-edge", "dropout", "alpha", "additive", "edge-value",
+                                  "mixed-dtypes"])
+def test_falls_back_to_the_csr_kernels(interpreter, monkeypatch, case):
+    """What the block kernels do not take runs on the CSR kernels, with the same result."""
+    edge_index, num_src, num_dst = STRUCTURED["window-70-r3"]
+    if case == "repeated-edge":
+        edge_index = torch.cat([edge_index, edge_index[:, :3]], dim=1)
+    num_edges = edge_index.size(1)
+    inputs = attention_inputs(num_src, num_dst, num_edges, 2, 8,
+                              score="additive" if case == "additive" else "dot")
+    q, k, v, bias = (on_device(inputs)[n] for n in ("q", "k", "v", "bias"))
+    if case == "mixed-dtypes":
+        k = k.detach().double().float().half().requires_grad_()
+    options = dict(scale=0.5, bias=bias, score="additive" if case == "additive" else "dot",
+                   negative_slope=0.2, need_alpha=case == "alpha", dropout_mask=None)
+    if case == "dropout":
+        options["dropout_mask"] = torch.full((num_edges, 2), 2.0, device=DEVICE)
+    if case == "edge-value":
+        options["edge_value"] = torch.randn(num_edges, 2, 8, device=DEVICE)
+    edge_index = edge_index.to(DEVICE)
+    launches = spy_on_launches(monkeypatch, CSR_KERNELS + BLOCK_KERNELS)
+    with tk.launch_tiles(block_sparse=32):
+        out, _ = tk.triton_edge_attention(q, k, v, edge_index, **options)
+        out.sum().backward()
+    assert {name for name, *_ in launches} == set(CSR_KERNELS)
+    want, _ = reference_edge_attention(q.double(), k.double(), v.double(), edge_index,
+                                       **{**options, "bias": bias.double()})
+    assert_close(out, want, dtype=torch.float16 if case == "mixed-dtypes" else torch.float32)
+
+
+@needs_triton
+def test_edge_attention_takes_the_block_kernels(interpreter, monkeypatch):
+    """Through the public entry point, with the scale of 1 / sqrt(C) by default."""
+    edge_index, num_src, num_dst = STRUCTURED["window-70-r3"]
+    inputs = on_device(attention_inputs(num_src, num_dst, edge_index.size(1), 2, 8))
+    launches = spy_on_launches(monkeypatch, BLOCK_KERNELS)
+    with tk.launch_tiles(block_sparse=64):
+        out = edge_attention(inputs["q"], inputs["k"], inputs["v"], edge_index.to(DEVICE),
+                             bias=inputs["bias"], backend="triton")
+    assert [name for name, *_ in launches] == ["block_forward_kernel"]
+    want = edge_attention(inputs["q"], inputs["k"], inputs["v"], edge_index.to(DEVICE),
+                          bias=inputs["bias"], backend="reference")
+    assert_close(out, want)
+
+
+@needs_triton
+def test_no_sources(interpreter, monkeypatch):
+    q = torch.randn(5, 2, 8, device=DEVICE, requires_grad=True)
+    k = torch.randn(0, 2, 8, device=DEVICE, requires_grad=True)
+    v = torch.randn(0, 2, 8, device=DEVICE, requires_grad=True)
+    edge_index = torch.empty(2, 0, dtype=torch.long, device=DEVICE)
+    spy_on_launches(monkeypatch, BLOCK_KERNELS)
+    with tk.launch_tiles(block_sparse=32):
+        out, _ = tk.triton_edge_attention(q, k, v, edge_index, scale=1.0, bias=None,
+                                          dropout_mask=None, score="dot", negative_slope=0.2,
+                                          need_alpha=False)
+        dq, dk, dv = torch.autograd.grad(out.sum(), [q, k, v])
+    assert (out == 0).all() and (dq == 0).all()
+    assert dk.shape == (0, 2, 8) and dv.shape == (0, 2, 8)
+
+
+@pytest.mark.parametrize("name", list(STRUCTURED) + [g.name for g in SINGLE_EDGES])
+@pytest.mark.parametrize("block", tb.BLOCK_SIDES)
+def test_layout_describes_the_graph(name, block):
+    """The tiles' bits are the adjacency matrix, ids the edges' columns, and the two orders
+    of the tiles list the same tiles."""
+    if name in STRUCTURED:
+        edge_index, num_src, num_dst = STRUCTURED[name]
+    else:
+        case = next(g for g in GRAPHS if g.name == name)
+        edge_index, num_src, num_dst = case.edge_index, case.num_src, case.num_dst
+    layout = tb.block_layout(edge_index, num_dst, num_src, block, with_ids=True)
+    rows, cols = -(-num_dst // block), -(-num_src // block)
+    assert layout.ptr.numel() == rows + 1 and layout.tptr.numel() == cols + 1
+    # decode the bits into a dense [rows * B, cols * B] matrix, tile by tile
+    shifts = torch.arange(32, dtype=torch.int32)
+    entries = ((layout.bits[..., None] >> shifts) & 1).reshape(-1, block, block).bool()
+    dense = torch.zeros(rows * block, cols * block, dtype=torch.bool)
+    ids = torch.full((rows * block, cols * block), -1, dtype=torch.int32)
+    for t in range(layout.num_tiles):
+        r, c = int(layout.row[t]), int(layout.col[t])
+        assert layout.ptr[r] <= t < layout.ptr[r + 1]
+        dense[r * block:(r + 1) * block, c * block:(c + 1) * block] = entries[t]
+        ids[r * block:(r + 1) * block, c * block:(c + 1) * block] = layout.ids[t]
+        assert entries[t].any()  # only tiles that hold an edge
+    expected = torch.zeros_like(dense)
+    expected[:num_dst, :num_src] = to_dense_mask(edge_index, max(num_src, num_dst))[
+        :num_dst, :num_src]
+    assert torch.equal(dense, expected)
+    assert torch.equal(ids[edge_index[1], edge_index[0]],
+                       torch.arange(edge_index.size(1), dtype=torch.int32))
+    assert ((ids >= 0) == dense).all()
+    for c in range(cols):  # the tiles of source block c, by target block
+        mine = layout.tpair[layout.tptr[c]:layout.tptr[c + 1]].long()
+        assert (layout.col[mine] == c).all()
+        assert torch.equal(mine, torch.sort(mine).values)
+    assert torch.equal(torch.sort(layout.tpair.long()).values,
+                       torch.arange(layout.num_tiles))
+
+
+def test_layout_refuses_repeated_edges():
+    assert tb.block_layout(torch.tensor([[0, 1, 0], [1, 1, 1]]), 2, 2, 32) is None
+    with pytest.raises(ValueError, match="block must be one of .*got 48"):
+        tb.block_layout(torch.tensor([[0], [1]]), 2, 2, 48)
+
+
+@pytest.mark.parametrize("value", [48, 16, True, 64.0])
+def test_launch_tiles_refuses_other_block_sides(value):
+    with pytest.raises(ValueError, match=f"block_sparse must be one of .*got {value!r}"):
+        with tk.launch_tiles(block_sparse=value):
+            pass
+
+
+@st.composite
+def banded_graphs(draw):
+    """A graph whose sources lie near their target (distinct edges), its sizes, a tile side,
+    heads, channels and whether it has a bias."""
+    num_dst = draw(st.integers(1, 90))
+    num_src = draw(st.integers(1, 90))
+    reach = draw(st.integers(0, 40))
+    pairs = [(j, i) for i in range(num_dst) for j in range(num_src)
+             if abs(j * num_dst - i * num_src) <= reach * max(num_src, num_dst)]
+    keep = draw(st.lists(st.booleans(), min_size=len(pairs), max_size=len(pairs)))
+    kept = [p for p, k in zip(pairs, keep, strict=True) if k]
+    edge_index = (torch.tensor(kept, dtype=torch.long).t() if kept
+                  else torch.empty(2, 0, dtype=torch.long))
+    return (edge_index.contiguous(), num_src, num_dst, draw(st.sampled_from([32, 64])),
+            draw(st.sampled_from([1, 2])), draw(st.sampled_from([4, 8, 16])), draw(st.booleans()))
+
+
+@needs_triton
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                 HealthCheck.function_scoped_fixture])
+@given(case=banded_graphs())
+def test_drawn_banded_graphs(interpreter, monkeypatch, case):
+    edge_index, num_src, num_dst, block, heads, channels, bias = case
+    inputs = attention_inputs(num_src, num_dst, edge_index.size(1), heads, channels, bias=bias)
+    with monkeypatch.context() as mp:
+        check_blocks(mp, inputs, edge_index, block=block)
+
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+COMPILE_FOR_SM90 = f"""
+import sys
+sys.path.insert(0, {str(BENCHMARKS)!r})
+import triton_resources
+
+for dtype, block, bias, precision in [("fp16", 64, False, "ieee"), ("fp16", 64, True, "ieee"),
+                                      ("bf16", 32, True, "ieee"), ("fp32", 32, False, "ieee"),
+                                      ("fp32", 64, True, "tf32")]:
+    warps, usage = triton_resources.compile_block_kernels(4, 32, dtype, block, bias=bias,
+                                                          precision=precision)
+    for name, use in usage.items():
+        print("compiled", name, dtype, block, bias, use["registers"], use["spill_stores"])
+"""
+
+
+@needs_triton
+def test_block_kernels_compile_for_sm90():
+    """The interpreter does not run Triton's compiler: compile the three block kernels for
+    sm_90 ahead of time (half and fp32 inputs, full fp32 and TF32 products, with and without a
+    bias), as ``benchmarks/triton_resources.py --blocks`` does; no GPU needed. In a fresh
+    process: the interpreter leaves ``triton.language`` patched after it ran."""
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    done = subprocess.run([sys.executable, "-c", COMPILE_FOR_SM90], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    compiled = [line.split() for line in done.stdout.splitlines()
+                if line.startswith("compiled")]
+    assert len(compiled) == 5 * 3
+    assert {row[1] for row in compiled} == set(BLOCK_KERNELS)
