@@ -1,11 +1,14 @@
 """Fused Triton edge attention on a CUDA GPU: time, peak memory and memory bandwidth.
 
 On each graph (Cora, the PubMed graph, a uniform random graph with 1M edges, and 50M-edge
-graphs, uniform and local), times the forward (inference, ``torch.no_grad``) and the
-forward+backward of
+graphs: uniform, local (random sources near their target) and a sequence window graph of 2M
+nodes, each attending to the 25 nodes within 12 of it), times the forward (inference,
+``torch.no_grad``) and the forward+backward of
 
-- ``edge_attention`` with ``backend="triton"`` (the fused kernels) and ``backend="reference"``,
-  on given q, k, v ``[N, H, C]``;
+- ``edge_attention`` with ``backend="triton"`` (the fused kernels; also with the row-block
+  kernels, ``launch_tiles(block_n=8)``, and with the block-sparse kernels in 32 x 32 tiles,
+  ``launch_tiles(block_sparse=32)``, which a graph with a repeated edge leaves to the CSR
+  kernels) and ``backend="reference"``, on given q, k, v ``[N, H, C]``;
 - the layers, from node features x ``[N, H*C]`` (three projections, then attention, no output
   projection): ``GraphSelfAttention`` (dot, triton) against PyG's ``TransformerConv``
   (``root_weight=False``), ``GraphSelfAttention`` (additive, triton) against PyG's
@@ -17,7 +20,8 @@ forward+backward of
 and the peak memory of each call (``torch.cuda.max_memory_allocated`` above the memory held
 before it). What does not fit is skipped with a printed reason. Before timing, the fused kernels
 are checked against the reference backend on the device (outputs and gradients, dot,
-additive and gatv2, with and without bias), eagerly and under ``torch.compile(fullgraph=True)``.
+additive and gatv2, with and without bias), eagerly and under ``torch.compile(fullgraph=True)``,
+and so are the block-sparse kernels, for every tile side, on a window graph.
 
 Memory bandwidth of the fused forward kernel (CSR built outside the timing) is reported as a
 fraction of the device's peak HBM bandwidth, from the bytes a minimal kernel must move: read
@@ -87,7 +91,7 @@ PEAK_BANDWIDTH = (
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 EDGE_DIM = 16  # edge features of the "+ edge features" layers
-GRAPHS = ("cora", "pubmed", "random-1m", "random-50m", "local-50m")
+GRAPHS = ("cora", "pubmed", "random-1m", "random-50m", "local-50m", "window-50m")
 QUICK_GRAPHS = ("cora", "random-1m")
 # name -> (nodes, edges, window): window None draws sources uniformly, else from i-w..i+w.
 SYNTHETIC = {
@@ -95,6 +99,10 @@ SYNTHETIC = {
     "random-50m": (2_000_000, 50_000_000, None),
     "local-50m": (2_000_000, 50_000_000, 512),
 }
+# name -> (nodes, radius): graphattn.graphs.window_graph, each node attending to the nodes
+# within ``radius`` of it in a sequence (itself included), no repeated edge: dense tiles along
+# the diagonal, the graph the block-sparse kernels are for.
+WINDOWS = {"window-50m": (2_000_000, 12)}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -239,6 +247,13 @@ def build_graph(name: str, args: argparse.Namespace, device: str | torch.device,
         if data is None:
             return None, f"raw files not found ({reason})"
         return Graph(name, data.num_nodes, data.edge_index.to(device)), ""
+    if name in WINDOWS:
+        from graphattn.graphs import window_graph
+
+        num_nodes, radius = WINDOWS[name]
+        if 64 * num_nodes * (2 * radius + 1) > free_bytes:
+            return None, f"needs about {64 * num_nodes * (2 * radius + 1) / MIB:.0f} MiB"
+        return Graph(name, num_nodes, window_graph(num_nodes, radius).to(device)), ""
     num_nodes, num_edges, window = SYNTHETIC[name]
     # The graph, features and the fused kernels' CSR take roughly 64 bytes per edge.
     if 64 * num_edges > free_bytes:
@@ -272,6 +287,12 @@ def _qkv(graph: Graph, heads: int, channels: int, dtype: torch.dtype, additive: 
 # The row-block kernels' tiles (graphattn.functional.triton_kernels.launch_tiles) for the
 # methods that run them beside the default one-node kernels.
 ROW_BLOCKS = {"block_n": 8}
+# The block-sparse kernels (graphattn.functional.triton_blocks), tiles of 32 x 32: compiled for
+# sm_90 with fp32 inputs and 4 heads of 32 channels, those of 64 x 64 spill registers in both
+# backward kernels (results/triton_resources_blocks.md), and on the window graph (25 sources
+# per target) the tiles of 32 are fuller. A graph with a repeated edge (the random graphs) runs
+# the CSR kernels under this setting.
+BLOCK_SPARSE = {"block_sparse": 32}
 
 
 def _with_tiles(forward: Callable[[], torch.Tensor],
@@ -352,6 +373,8 @@ METHODS: dict[str, Callable[..., Case]] = {
     "edge_attention reference": op_case("reference"),
     "GraphSelfAttention dot, triton": layer_case("dot"),
     "GraphSelfAttention dot, triton, row blocks": layer_case("dot", ROW_BLOCKS),
+    "edge_attention triton, block-sparse": op_case("triton", BLOCK_SPARSE),
+    "GraphSelfAttention dot, triton, block-sparse": layer_case("dot", BLOCK_SPARSE),
     "PyG TransformerConv": layer_case("transformer"),
     "GraphSelfAttention additive, triton": layer_case("additive"),
     "PyG GATConv": layer_case("gat"),
@@ -511,6 +534,9 @@ def measure_graph(graph: Graph, args: argparse.Namespace, dtype: torch.dtype,
         if fused is None or fused.forward_ms is None:
             continue
         fused.kernel_ms = forward_kernel_ms(graph, args, dtype, tiles)
+        if fused.kernel_ms is None:
+            fused.note = "a repeated edge: the CSR kernels ran"
+            continue
         moved = minimal_forward_bytes(graph.num_nodes, graph.num_edges, args.heads,
                                       args.channels, element_size, additive=False)
         fused.bandwidth_gbs = moved / (fused.kernel_ms * 1e-3) / 1e9
@@ -526,22 +552,36 @@ def measure_graph(graph: Graph, args: argparse.Namespace, dtype: torch.dtype,
 
 
 # The methods that time the fused forward kernels alone too, with their tiles.
-FUSED_OPS = {"edge_attention triton": None, "edge_attention triton, row blocks": ROW_BLOCKS}
+FUSED_OPS = {"edge_attention triton": None, "edge_attention triton, row blocks": ROW_BLOCKS,
+             "edge_attention triton, block-sparse": BLOCK_SPARSE}
+# the kernels of a method, by the end of its name, for the goals
+KERNEL_KINDS = (", row blocks", ", block-sparse")
 
 
 def forward_kernel_ms(graph: Graph, args: argparse.Namespace, dtype: torch.dtype,
-                      tiles: dict[str, int] | None = None) -> float:
-    """Median time of the fused forward kernel alone (CSR built before), with the ``tiles``
-    of ``launch_tiles`` (the one-node kernels' defaults when None)."""
+                      tiles: dict[str, int] | None = None) -> float | None:
+    """Median time of the fused forward kernel alone (CSR or block layout built before), with
+    the ``tiles`` of ``launch_tiles`` (the one-node kernels' defaults when None); None for the
+    block-sparse kernels on a graph with a repeated edge, which they do not take."""
+    from graphattn.functional.triton_blocks import block_forward, block_layout
     from graphattn.functional.triton_kernels import build_csr, fused_forward
 
     q, k, v = (t.detach() for t in _qkv(graph, args.heads, args.channels, dtype))
-    csr = build_csr(graph.edge_index[1], graph.edge_index[0], graph.num_nodes,
-                    graph.num_nodes)
+    scale = args.channels**-0.5
+    if tiles is not None and "block_sparse" in tiles:
+        layout = block_layout(graph.edge_index, graph.num_nodes, graph.num_nodes,
+                              tiles["block_sparse"])
+        if layout is None:
+            return None
 
-    run = _with_tiles(lambda: fused_forward(q, k, v, None, None, csr,
-                                            scale=args.channels**-0.5, score="dot",
-                                            negative_slope=0.2, need_scores=False), tiles)
+        def run():
+            return block_forward(q, k, v, None, layout, scale)
+    else:
+        csr = build_csr(graph.edge_index[1], graph.edge_index[0], graph.num_nodes,
+                        graph.num_nodes)
+        run = _with_tiles(lambda: fused_forward(q, k, v, None, None, csr, scale=scale,
+                                                score="dot", negative_slope=0.2,
+                                                need_scores=False), tiles)
 
     for _ in range(args.warmup):
         run()
@@ -647,6 +687,42 @@ def check_on_device(graph: Graph, dtype: torch.dtype, heads: int = 2, channels: 
     return rows
 
 
+def check_blocks_on_device(device: str | torch.device, dtype: torch.dtype,
+                           num_nodes: int = 3000, radius: int = 40, heads: int = 2,
+                           channels: int = 16) -> list[tuple[str, float]]:
+    """Max abs difference of the block-sparse kernels against the reference (fp32 math) on a
+    window graph, each tile side, without and with a bias: out and every gradient."""
+    from graphattn.functional import edge_attention
+    from graphattn.functional.triton_blocks import BLOCK_SIDES
+    from graphattn.functional.triton_kernels import launch_tiles
+    from graphattn.graphs import window_graph
+
+    edge_index = window_graph(num_nodes, radius).to(device)
+    gen = torch.Generator(device=device).manual_seed(1)
+    rows = []
+    for block in BLOCK_SIDES:
+        for bias in (False, True):
+            tensors = [torch.randn(num_nodes, heads, channels, device=device, generator=gen)
+                       for _ in range(3)]
+            if bias:
+                tensors.append(torch.randn(edge_index.size(1), heads, device=device,
+                                           generator=gen))
+            leaves = [t.to(dtype).requires_grad_() for t in tensors]
+            outputs = []
+            for backend in ("triton", "reference"):
+                with launch_tiles(block_sparse=block):
+                    out = edge_attention(*leaves[:3], edge_index, bias=leaves[3] if bias
+                                         else None, backend=backend)
+                weight = torch.linspace(-1, 1, out.numel(), device=device).view_as(out)
+                outputs.append([out, *torch.autograd.grad((out.float() * weight).sum(),
+                                                          leaves)])
+            names = ["out", "dq", "dk", "dv", "dbias"][:len(outputs[0])]
+            for name, got, want in zip(names, *outputs, strict=True):
+                rows.append((f"block-sparse {block}, {'bias' if bias else 'no bias'}: {name}",
+                             (got.float() - want.float()).abs().max().item()))
+    return rows
+
+
 # ----------------------------------------------------------------------------------------------
 # Report
 
@@ -655,16 +731,20 @@ def _fmt(value: float | None, digits: int = 2) -> str:
     return "" if value is None else f"{value:.{digits}f}"
 
 
+def _kernel_kind(method: str) -> str:
+    """``", row blocks"`` or ``", block-sparse"`` for the methods of those kernels, else ``""``."""
+    return next((kind for kind in KERNEL_KINDS if method.endswith(kind)), "")
+
+
 def goals(results: list[Result]) -> list[str]:
     """The three H200 goals of the fused kernels, evaluated on these results."""
     by = {(r.graph, r.method): r for r in results}
     lines = []
     for r in results:
-        if (r.method not in ("GraphSelfAttention dot, triton",
-                             "GraphSelfAttention dot, triton, row blocks")
+        if (not r.method.startswith("GraphSelfAttention dot, triton")
                 or r.num_edges < 1_000_000):
             continue
-        graph = r.graph + (", row blocks" if r.method.endswith("row blocks") else "")
+        graph = r.graph + _kernel_kind(r.method)
         pyg = by.get((r.graph, "PyG TransformerConv"))
         if r.train_ms and pyg and pyg.train_ms:
             speedup = pyg.train_ms / r.train_ms
@@ -684,10 +764,10 @@ def goals(results: list[Result]) -> list[str]:
             if r.per_edge_percent:
                 copy += (f"; {r.per_edge_percent:.0f}% of peak counting each edge's read of "
                          f"its source's k and v rows")
-            kernels = ", row blocks" if r.method.endswith("row blocks") else ""
             met = "met" if r.peak_percent >= 50 else "not met"
-            lines.append(f"- {r.graph}{kernels}: forward kernel at {r.peak_percent:.0f}% of "
-                         f"peak HBM bandwidth (goal >= 50%: {met}){copy}")
+            lines.append(f"- {r.graph}{_kernel_kind(r.method)}: forward kernel at "
+                         f"{r.peak_percent:.0f}% of peak HBM bandwidth (goal >= 50%: "
+                         f"{met}){copy}")
     return lines or ["- no graph of >= 1M edges was measured"]
 
 
@@ -775,6 +855,7 @@ def main(argv: list[str] | None = None) -> int:
             check_graph = Graph("random", 2000, synthetic_graph(2000, 20_000, None, device))
         try:
             checks = check_on_device(check_graph, torch.float32)
+            checks += check_blocks_on_device(device, torch.float32)
         except Exception as err:  # still measure: the exit status reports the failed check
             print(f"the device check failed: {type(err).__name__}: {err}", file=sys.stderr)
             checks = [(f"check failed: {type(err).__name__}", math.nan)]

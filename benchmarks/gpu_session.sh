@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Every GPU measurement and GPU-only check of graphattn in one run, for a short lease on a CUDA
 # machine:
-#   1. benchmarks/gpu.py in fp32 on every graph, the 50M-edge graphs first, with a host-side
+#   1. benchmarks/gpu.py in fp32 on every graph, the 50M-edge graphs first (the window graph of
+#      the block-sparse kernels before the others), with a host-side
 #      profile of the fused op on the graphs of <= 1M edges (its device check,
 #      fused vs reference, eager and compiled, runs before any timing);
 #   2. the Triton kernel tests compiled on the GPU (GRAPHATTN_TRITON_DEVICE=cuda) instead of in
-#      the interpreter;
+#      the interpreter, the block-sparse kernels' too (bf16 among them, which the interpreter
+#      cannot check);
 #   3. if time is left, benchmarks/triton_tuning.py: the kernels' tiles (launch_tiles) against
 #      the defaults, the row-block kernels (block_n > 1) among them, on the 1M-edge and the
 #      50M-edge graphs, then PubMed;
@@ -46,13 +48,13 @@ platform.python_version(), 'torch', torch.__version__, 'cuda', torch.version.cud
 
 echo "== 1. benchmarks/gpu.py, fp32 ($(left) s left)" | tee -a "$LOG"
 timeout $(limit $(($(left) - 120))) "$PY" benchmarks/gpu.py --profile --repeats 10 --warmup 2 \
-  --graphs random-50m,local-50m,random-1m,cora,pubmed --out "$OUT/gpu.md" 2>&1 |
+  --graphs window-50m,random-50m,local-50m,random-1m,cora,pubmed --out "$OUT/gpu.md" 2>&1 |
   tee -a "$LOG"
 
 echo "== 2. Triton kernel tests on the GPU ($(left) s left)" | tee -a "$LOG"
 timeout $(limit $(($(left) > 240 ? 180 : $(left) - 60))) env GRAPHATTN_TRITON_DEVICE=cuda \
   "$PY" -m pytest -q -n 8 -p no:cacheprovider tests/functional/test_triton_kernels.py \
-  -k "not compile_for_sm90" 2>&1 | tee -a "$LOG" | tail -25
+  tests/functional/test_triton_blocks.py -k "not compile_for_sm90" 2>&1 | tee -a "$LOG" | tail -25
 
 if [ "$(left)" -gt 150 ]; then
   echo "== 3. benchmarks/triton_tuning.py, fp32 ($(left) s left)" | tee -a "$LOG"
@@ -74,7 +76,7 @@ fi
 if [ "$(left)" -gt 90 ]; then
   echo "== 5. benchmarks/gpu.py, bf16, 50M-edge graphs ($(left) s left)" | tee -a "$LOG"
   timeout $(limit $(($(left) > 150 ? $(left) - 60 : $(left) - 10))) "$PY" benchmarks/gpu.py \
-    --no-check --dtype bf16 --graphs random-50m,local-50m --out "$OUT/gpu_bf16.md" 2>&1 |
+    --no-check --dtype bf16 --graphs window-50m,random-50m,local-50m --out "$OUT/gpu_bf16.md" 2>&1 |
     tee -a "$LOG"
 else
   echo "== 5. skipped: $(left) s left" | tee -a "$LOG"

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from graphattn.functional.triton_kernels import triton_available
+from graphattn.graphs import window_graph
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import batched_global  # noqa: E402
@@ -37,25 +38,59 @@ def test_device_checks_pass_in_the_interpreter(triton_interpreter):
     assert not bad, bad
 
 
+def test_block_sparse_device_checks_pass_in_the_interpreter(triton_interpreter, monkeypatch):
+    from graphattn.functional import triton_kernels as tk
+
+    launches = []
+    kernels = tk.kernels
+
+    def counting():
+        launches.append(1)
+        return kernels()
+
+    monkeypatch.setattr(tk, "kernels", counting)
+    rows = gpu.check_blocks_on_device("cpu", torch.float32, num_nodes=70, radius=5,
+                                      channels=8)
+    names = [name for name, _ in rows]
+    assert len(names) == len(set(names)) == 2 * (4 + 5)
+    assert "block-sparse 64, bias: dbias" in names
+    assert len(launches) == 2 * 2 * 2  # every check: the forward, then both backward kernels
+    bad = [row for row in rows if not row[1] < 1e-4]
+    assert not bad, bad
+
+
+def test_block_sparse_forward_kernel_time_in_the_interpreter(triton_interpreter, monkeypatch):
+    """The bandwidth figure of the block-sparse kernels times their forward kernel on a graph
+    without a repeated edge, and gives None on one with (the CSR kernels ran)."""
+    monkeypatch.setattr(gpu, "_time_ms", lambda fn: (fn(), 1.0)[1])
+    args = gpu.parse_args(["--repeats", "2", "--warmup", "1", "--channels", "8", "--heads", "2"])
+    window = gpu.Graph("window", 50, window_graph(50, 3))
+    assert gpu.forward_kernel_ms(window, args, torch.float32, gpu.BLOCK_SPARSE) == 1.0
+    repeated = gpu.Graph("repeated", 5, torch.tensor([[0, 0, 1], [1, 1, 2]]))
+    assert gpu.forward_kernel_ms(repeated, args, torch.float32, gpu.BLOCK_SPARSE) is None
+
+
 def test_every_method_runs_forward_and_backward_in_the_interpreter(triton_interpreter):
     """Each timed method builds and runs (inference, then forward+backward, with finite
     gradients) on a small CPU graph: a method that fails on the device costs device time.
     graphattn's methods give a gradient to every parameter or input they time; PyG's
     ``TransformerConv(root_weight=False)`` keeps an unused ``lin_skip``."""
-    graph = gpu.Graph("random", 12, gpu.synthetic_graph(12, 40, None, "cpu"))
+    random = gpu.Graph("random", 12, gpu.synthetic_graph(12, 40, None, "cpu"))
+    window = gpu.Graph("window", 40, window_graph(40, 3))  # the block-sparse kernels run
     for name, make in gpu.METHODS.items():
-        case = make(graph, 2, 8, torch.float32)
-        gpu._inference(case)
-        gpu._train_step(case)
-        grads = [t.grad for t in case.grad_of if t.grad is not None]
-        assert grads and all(torch.isfinite(g).all() for g in grads), name
-        if not name.startswith("PyG"):
-            assert len(grads) == len(case.grad_of), name
+        for graph in (random, window) if name.endswith("block-sparse") else (random,):
+            case = make(graph, 2, 8, torch.float32)
+            gpu._inference(case)
+            gpu._train_step(case)
+            grads = [t.grad for t in case.grad_of if t.grad is not None]
+            assert grads and all(torch.isfinite(g).all() for g in grads), name
+            if not name.startswith("PyG"):
+                assert len(grads) == len(case.grad_of), name
 
 
-def test_goals_for_both_kinds_of_kernels():
-    """The goals are read for the default (one-node) kernels and for the row-block kernels
-    alike, each row named by its kernels."""
+def test_goals_for_every_kind_of_kernels():
+    """The goals are read for the default (one-node) kernels, the row-block kernels and the
+    block-sparse kernels alike, each row named by its kernels."""
     def result(graph, edges, method, **figures):
         return gpu.Result(graph, edges // 10, edges, method, **figures)
 
@@ -65,13 +100,22 @@ def test_goals_for_both_kinds_of_kernels():
         result("random-1m", 10**6, "PyG TransformerConv", train_ms=10.0),
         result("local-50m", 5 * 10**7, "edge_attention triton", peak_percent=4.0),
         result("local-50m", 5 * 10**7, "edge_attention triton, row blocks", peak_percent=55.0),
+        result("window-50m", 5 * 10**7, "GraphSelfAttention dot, triton, block-sparse",
+               train_mib=100.0),
+        result("window-50m", 5 * 10**7, "PyG TransformerConv", train_mib=1000.0),
+        result("window-50m", 5 * 10**7, "edge_attention triton, block-sparse",
+               peak_percent=60.0),
     ]
     assert gpu.goals(results) == [
         "- random-1m: forward+backward 2.50x faster than TransformerConv (goal >= 3x: not met)",
         "- random-1m, row blocks: forward+backward 5.00x faster than TransformerConv "
         "(goal >= 3x: met)",
+        "- window-50m, block-sparse: peak memory 10.0x lower than TransformerConv "
+        "(goal >= 5x: met)",
         "- local-50m: forward kernel at 4% of peak HBM bandwidth (goal >= 50%: not met)",
         "- local-50m, row blocks: forward kernel at 55% of peak HBM bandwidth (goal >= 50%: met)",
+        "- window-50m, block-sparse: forward kernel at 60% of peak HBM bandwidth "
+        "(goal >= 50%: met)",
     ]
 
 

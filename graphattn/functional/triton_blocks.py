@@ -63,7 +63,10 @@ from graphattn._tensor_cache import TensorCache
 from graphattn.functional._transforms import plain_ops_only
 from graphattn.functional.reference import reference_grads
 
-BLOCK_SIDES = (32, 64, 128)  # B: a multiple of 32 (bits per word), at least 16 (tensor cores)
+# B: a multiple of 32 (bits per word) and of 16 (tensor cores). Compiled for sm_90, tiles of 128
+# need more shared memory than an SM has (228 KiB) for fp32 inputs with C >= 32, and spill
+# registers in most cases (benchmarks/results/triton_resources_blocks.md before it dropped 128).
+BLOCK_SIDES = (32, 64)
 
 
 @dataclass(frozen=True)
@@ -183,7 +186,7 @@ def _channel_tile(channels: int) -> int:
 
 
 def _warps(block: int) -> int:
-    """Warps of a program: 4 for tiles of up to 64 x 64, 8 above."""
+    """Warps of a program: 4 (tiles of up to 64 x 64), 8 for larger ones."""
     return 4 if block <= 64 else 8
 
 

@@ -264,7 +264,7 @@ def launch_tiles(*, block_e: int | None = None, block_h: int | None = None,
             integer.
         block_sparse (int, optional): run the calls that qualify on the block-sparse
             kernels of :mod:`graphattn.functional.triton_blocks`, in tiles of
-            ``block_sparse`` x ``block_sparse`` (32, 64 or 128); the others keep to the CSR
+            ``block_sparse`` x ``block_sparse`` (32 or 64); the others keep to the CSR
             kernels.
 
     Example:

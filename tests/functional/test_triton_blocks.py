@@ -320,7 +320,7 @@ def test_layout_refuses_repeated_edges():
         tb.block_layout(torch.tensor([[0], [1]]), 2, 2, 48)
 
 
-@pytest.mark.parametrize("value", [48, 16, True, 64.0])
+@pytest.mark.parametrize("value", [48, 16, 128, True, 64.0])
 def test_launch_tiles_refuses_other_block_sides(value):
     with pytest.raises(ValueError, match=f"block_sparse must be one of .*got {value!r}"):
         with tk.launch_tiles(block_sparse=value):
