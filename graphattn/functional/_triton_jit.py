@@ -726,14 +726,20 @@ def backward_source_rows_kernel(q, k, v, bias, att, drop, edge_key, edge_value, 
 @triton.jit
 def _tile_bits(bits, pair, TRANSPOSED: tl.constexpr, BLOCK: tl.constexpr):
     """The edges of tile ``pair`` as a bool ``(B, B)``, (targets, sources), or (sources,
-    targets) when ``TRANSPOSED``."""
+    targets) when ``TRANSPOSED``: B // 32 loads of B words each, one word per target row and
+    32 sources, each spread over the 32 sources it covers."""
     r = tl.arange(0, BLOCK)
-    if TRANSPOSED:
-        i, j = r[None, :], r[:, None]
-    else:
-        i, j = r[:, None], r[None, :]
-    words = tl.load(bits + pair * (BLOCK * BLOCK // 32) + i * (BLOCK // 32) + j // 32)
-    return ((words >> (j % 32)) & 1) != 0
+    edges = tl.full([BLOCK, BLOCK], 0, tl.int32)
+    for w in tl.static_range(BLOCK // 32):
+        word = tl.load(bits + pair * (BLOCK * BLOCK // 32) + r * (BLOCK // 32) + w)  # (B)
+        if TRANSPOSED:  # word of target column i, source rows j
+            covered = (r[:, None] // 32) == w
+            bit = (word[None, :] >> (r[:, None] % 32)) & 1
+        else:  # word of target row i, source columns j
+            covered = (r[None, :] // 32) == w
+            bit = (word[:, None] >> (r[None, :] % 32)) & 1
+        edges = tl.where(covered, bit, edges)
+    return edges != 0
 
 
 @triton.jit
