@@ -47,6 +47,7 @@ os.environ["TRITON_INTERPRET"] = "0"  # compile for the GPU, even where tests se
 os.environ["TRITON_ALWAYS_COMPILE"] = "1"  # run ptxas even when the cache holds the kernel
 os.environ["TRITON_DUMP_PTXAS_LOG"] = "1"  # and print its report, read by resource_usage
 
+import torch  # noqa: E402
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
@@ -66,6 +67,7 @@ POINTER_TYPES = {"lse": "*fp32", "delta": "*fp32", "datt_rows": "*fp32", "rowptr
                  "n_dst": "i32", "n_src": "i32", "out": "*fp32"}
 BLOCK_KERNELS = ("block_forward_kernel", "block_backward_target_kernel",
                  "block_backward_source_kernel")
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 REGISTERS_PER_SM, MAX_WARPS, MAX_BLOCKS, SHARED_PER_SM = 65536, 64, 32, 233472
 
 
@@ -140,7 +142,7 @@ def compile_block_kernels(heads: int, channels: int, dtype: str, block: int, *, 
     :func:`resource_usage`. ``bias`` turns on the bias and its gradient; ``precision`` is the
     products' input precision of fp32 inputs (``"ieee"`` or ``"tf32"``)."""
     tile = tb._channel_tile(channels)
-    warps = tb._warps(block)
+    warps = tb._warps(DTYPES[dtype], precision)
     constants = dict(H=heads, C=channels, CV=channels, HAS_BIAS=bias, NEED_DBIAS=bias,
                      BLOCK=block, BLOCK_C=tile, BLOCK_CV=tile, PRECISION=precision)
     module = tk.kernels()

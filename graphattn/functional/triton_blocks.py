@@ -185,17 +185,21 @@ def _channel_tile(channels: int) -> int:
     return max(16, 1 << max(0, channels - 1).bit_length())
 
 
-def _warps(block: int) -> int:
-    """Warps of a program: 4 (tiles of up to 64 x 64), 8 for larger ones."""
-    return 4 if block <= 64 else 8
+def _warps(dtype: torch.dtype, precision: str) -> int:
+    """Warps of a program: 4 when the products run on tensor cores (half inputs, TF32), 8 for
+    full fp32 products, which run as FMAs on registers. Compiled for sm_90 with 4 heads of 32
+    channels in tiles of 32, the source pass then needs 69 registers a thread, no spill,
+    against 254 on 4 warps (``python benchmarks/triton_resources.py --blocks``)."""
+    return 8 if dtype == torch.float32 and precision == "ieee" else 4
 
 
 def _launch_options(q: Tensor, v: Tensor, layout: BlockLayout, bias: Tensor | None) -> dict:
     heads, channels, value_channels = q.size(1), q.size(2), v.size(2)
+    precision = _precision(q)
     return dict(H=heads, C=channels, CV=value_channels, HAS_BIAS=bias is not None,
                 BLOCK=layout.block, BLOCK_C=_channel_tile(channels),
-                BLOCK_CV=_channel_tile(value_channels), PRECISION=_precision(q),
-                num_warps=_warps(layout.block))
+                BLOCK_CV=_channel_tile(value_channels), PRECISION=precision,
+                num_warps=_warps(q.dtype, precision))
 
 
 def block_forward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, layout: BlockLayout,
