@@ -171,6 +171,26 @@ def resident_warps(registers: int, warps: int, shared: int) -> int:
     return min(MAX_WARPS, blocks * warps)
 
 
+def add_row(table: list[str], spills: list[str], cells: str, use: dict[str, int],
+            warps: int) -> None:
+    """Print and append to ``table`` (and to ``spills`` when the kernel spills) the row that
+    starts with ``cells`` and ends with the resources ``use`` of a kernel on ``warps`` warps."""
+    resident = resident_warps(use["registers"], warps, use["shared"])
+    row = (f"{cells}{use['registers']} | {use['shared']} | {use['spill_stores']} / "
+           f"{use['spill_loads']} | {resident} |")
+    table.append(row)
+    print(row, flush=True)
+    if use["spill_stores"] or use["spill_loads"]:
+        spills.append(row)
+
+
+def spill_summary(spills: list[str], table: list[str]) -> str:
+    """How many of the kernels of ``table`` (after its two header lines) spill."""
+    if spills:
+        return f"{len(spills)} of {len(table) - 2} kernels spill registers"
+    return f"None of the {len(table) - 2} kernels spills registers."
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--block-n", type=int, default=1,
@@ -214,18 +234,11 @@ def main() -> None:
                     tile = (f"{lanes} x {cfg.block_h} x "
                             f"{max(cfg.block_c, cfg.block_ck)}, {cfg.num_warps}")
                     for name, use in usage.items():
-                        warps = resident_warps(use["registers"], cfg.num_warps, use["shared"])
-                        row = (f"| {heads} | {channels} | {score} | {dtype} | "
-                               f"{'all' if features else 'plain'} | {tile} | "
-                               f"{name.removesuffix('_kernel')} | {use['registers']} | "
-                               f"{use['shared']} | {use['spill_stores']} / "
-                               f"{use['spill_loads']} | {warps} |")
-                        table.append(row)
-                        print(row, flush=True)
-                        if use["spill_stores"] or use["spill_loads"]:
-                            spills.append(row)
-    summary = (f"{len(spills)} of {len(table) - 2} kernels spill registers:"
-               if spills else f"None of the {len(table) - 2} kernels spills registers.")
+                        add_row(table, spills,
+                                f"| {heads} | {channels} | {score} | {dtype} | "
+                                f"{'all' if features else 'plain'} | {tile} | "
+                                f"{name.removesuffix('_kernel')} | ", use, cfg.num_warps)
+    summary = spill_summary(spills, table) + (":" if spills else "")
     print(summary)
     output = Path(args.output)
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -264,19 +277,13 @@ def blocks_table(args: argparse.Namespace) -> None:
                     warps, usage = compile_block_kernels(4, channels, dtype, block, bias=bias,
                                                          precision=precision)
                     for name, use in usage.items():
-                        resident = resident_warps(use["registers"], warps, use["shared"])
-                        row = (f"| {block} | {channels} | {dtype} | "
-                               f"{precision if dtype == 'fp32' else dtype} | "
-                               f"{'yes' if bias else 'no'} | {warps} | "
-                               f"{name.removeprefix('block_').removesuffix('_kernel')} | "
-                               f"{use['registers']} | {use['shared']} | "
-                               f"{use['spill_stores']} / {use['spill_loads']} | {resident} |")
-                        table.append(row)
-                        print(row, flush=True)
-                        if use["spill_stores"] or use["spill_loads"]:
-                            spills.append(row)
-    summary = (f"{len(spills)} of {len(table) - 2} kernels spill registers."
-               if spills else f"None of the {len(table) - 2} kernels spills registers.")
+                        add_row(table, spills,
+                                f"| {block} | {channels} | {dtype} | "
+                                f"{precision if dtype == 'fp32' else dtype} | "
+                                f"{'yes' if bias else 'no'} | {warps} | "
+                                f"{name.removeprefix('block_').removesuffix('_kernel')} | ",
+                                use, warps)
+    summary = spill_summary(spills, table) + ("." if spills else "")
     print(summary)
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text("\n".join([

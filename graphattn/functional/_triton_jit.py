@@ -774,6 +774,22 @@ def _tile_scores(a, b, bias, ids, pair, edges, head, scale, H: tl.constexpr,
 
 
 @triton.jit
+def _target_block_tile(q_i, k, v, bias, col, bits, ids, pair, head, n_src, scale,
+                       H: tl.constexpr, C: tl.constexpr, CV: tl.constexpr,
+                       HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_C: tl.constexpr,
+                       BLOCK_CV: tl.constexpr, PRECISION: tl.constexpr, dtype: tl.constexpr):
+    """Tile ``pair`` seen from its target block (queries ``q_i``): the keys and values of its
+    source block, its edges and its scores ``(B targets, B sources)``."""
+    source_block = tl.load(col + pair).to(tl.int64)
+    k_j, _, _ = _block_rows(k, source_block, head, n_src, H, C, BLOCK, BLOCK_C, dtype)
+    v_j, _, _ = _block_rows(v, source_block, head, n_src, H, CV, BLOCK, BLOCK_CV, dtype)
+    edges = _tile_bits(bits, pair, False, BLOCK)
+    s = _tile_scores(q_i, k_j, bias, ids, pair, edges, head, scale, H, False, HAS_BIAS,
+                     BLOCK, PRECISION)
+    return k_j, v_j, edges, s
+
+
+@triton.jit
 def block_forward_kernel(q, k, v, bias, ptr, col, bits, ids, out, lse, n_dst, n_src, scale,
                          H: tl.constexpr, C: tl.constexpr, CV: tl.constexpr,
                          HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_C: tl.constexpr,
@@ -789,12 +805,10 @@ def block_forward_kernel(q, k, v, bias, ptr, col, bits, ids, out, lse, n_dst, n_
     l_sum = tl.full([BLOCK], 0, tl.float32)
     acc = tl.full([BLOCK, BLOCK_CV], 0, tl.float32)
     for pair in range(tl.load(ptr + block), tl.load(ptr + block + 1)):
-        source_block = tl.load(col + pair).to(tl.int64)
-        k_j, _, _ = _block_rows(k, source_block, head, n_src, H, C, BLOCK, BLOCK_C, dtype)
-        v_j, _, _ = _block_rows(v, source_block, head, n_src, H, CV, BLOCK, BLOCK_CV, dtype)
-        edges = _tile_bits(bits, pair, False, BLOCK)
-        s = _tile_scores(q_i, k_j, bias, ids, pair, edges, head, scale, H, False, HAS_BIAS,
-                         BLOCK, PRECISION)  # (B targets, B sources)
+        # the keys and edges are in the scores already (the compiler drops them)
+        k_j, v_j, edges, s = _target_block_tile(q_i, k, v, bias, col, bits, ids, pair, head,
+                                                n_src, scale, H, C, CV, HAS_BIAS, BLOCK,
+                                                BLOCK_C, BLOCK_CV, PRECISION, dtype)
         m_new = tl.maximum(m, _max(s, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # all -inf so far: no shift
         rescale = tl.exp(m - m_safe)
@@ -832,12 +846,9 @@ def block_backward_target_kernel(q, k, v, bias, ptr, col, bits, ids, dout, lse, 
     delta_i = tl.load(delta + rows * H + head, mask=rows < n_dst, other=0.0)
     acc = tl.full([BLOCK, BLOCK_C], 0, tl.float32)
     for pair in range(tl.load(ptr + block), tl.load(ptr + block + 1)):
-        source_block = tl.load(col + pair).to(tl.int64)
-        k_j, _, _ = _block_rows(k, source_block, head, n_src, H, C, BLOCK, BLOCK_C, dtype)
-        v_j, _, _ = _block_rows(v, source_block, head, n_src, H, CV, BLOCK, BLOCK_CV, dtype)
-        edges = _tile_bits(bits, pair, False, BLOCK)
-        s = _tile_scores(q_i, k_j, bias, ids, pair, edges, head, scale, H, False, HAS_BIAS,
-                         BLOCK, PRECISION)
+        k_j, v_j, edges, s = _target_block_tile(q_i, k, v, bias, col, bits, ids, pair, head,
+                                                n_src, scale, H, C, CV, HAS_BIAS, BLOCK,
+                                                BLOCK_C, BLOCK_CV, PRECISION, dtype)
         # 0 off the edges, also in a row whose m is NaN (a NaN score on one of its edges)
         alpha = tl.where(edges, _softmax_weights(s, m[:, None], log_l[:, None]), 0.0)
         dp = tl.dot(do_i, tl.trans(v_j), input_precision=PRECISION)
