@@ -2,7 +2,8 @@
 
 On each graph (Cora, the PubMed graph, a uniform random graph with 1M edges, and 50M-edge
 graphs: uniform, local (random sources near their target) and a sequence window graph of 2M
-nodes, each attending to the 25 nodes within 12 of it), times the forward (inference,
+nodes, each attending to the 25 nodes within 12 of it, and the same window on 40k nodes, 1M
+edges), times the forward (inference,
 ``torch.no_grad``) and the forward+backward of
 
 - ``edge_attention`` with ``backend="triton"`` (the fused kernels; also with the row-block
@@ -91,7 +92,7 @@ PEAK_BANDWIDTH = (
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 EDGE_DIM = 16  # edge features of the "+ edge features" layers
-GRAPHS = ("cora", "pubmed", "random-1m", "random-50m", "local-50m", "window-50m")
+GRAPHS = ("cora", "pubmed", "random-1m", "window-1m", "random-50m", "local-50m", "window-50m")
 QUICK_GRAPHS = ("cora", "random-1m")
 # name -> (nodes, edges, window): window None draws sources uniformly, else from i-w..i+w.
 SYNTHETIC = {
@@ -102,7 +103,7 @@ SYNTHETIC = {
 # name -> (nodes, radius): graphattn.graphs.window_graph, each node attending to the nodes
 # within ``radius`` of it in a sequence (itself included), no repeated edge: dense tiles along
 # the diagonal, the graph the block-sparse kernels are for.
-WINDOWS = {"window-50m": (2_000_000, 12)}
+WINDOWS = {"window-1m": (40_000, 12), "window-50m": (2_000_000, 12)}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from graphattn.functional import triton_blocks as tb
 from graphattn.functional.triton_kernels import triton_available
 from graphattn.graphs import window_graph
 
@@ -233,3 +234,17 @@ def test_batched_global_on_cuda_without_cuda_exits_with_a_message(monkeypatch, t
     with pytest.raises(SystemExit, match="no CUDA device here; nothing measured"):
         batched_global.main(["--device", "cuda", "--output", str(tmp_path / "b.md")])
     assert not list(tmp_path.iterdir())
+
+
+def test_window_graphs_are_the_sequence_windows():
+    """The window graphs: 25 sources per target (fewer at the ends), no repeated edge, so the
+    block-sparse methods run on them; skipped with a reason when memory is short."""
+    args = gpu.parse_args([])
+    graph, reason = gpu.build_graph("window-1m", args, "cpu", free_bytes=2**40)
+    assert reason == "" and graph.num_nodes == 40_000
+    assert 25 * 40_000 - 12 * 13 == graph.num_edges  # 12 + 11 + ... + 1 missing at each end
+    assert tb.block_layout(graph.edge_index, 40_000, 40_000, 32) is not None
+    assert torch.equal(torch.bincount(graph.edge_index[1]).unique(),
+                       torch.arange(13, 26))
+    graph, reason = gpu.build_graph("window-50m", args, "cpu", free_bytes=2**20)
+    assert graph is None and "MiB" in reason
