@@ -536,7 +536,8 @@ def measure_graph(graph: Graph, args: argparse.Namespace, dtype: torch.dtype,
             continue
         fused.kernel_ms = forward_kernel_ms(graph, args, dtype, tiles)
         if fused.kernel_ms is None:
-            fused.note = "a repeated edge: the CSR kernels ran"
+            fused.note = ("the CSR kernels ran: the block-sparse ones do not take this graph "
+                          "(a repeated edge, or tiles under 1/64 full)")
             continue
         moved = minimal_forward_bytes(graph.num_nodes, graph.num_edges, args.heads,
                                       args.channels, element_size, additive=False)
@@ -563,7 +564,8 @@ def forward_kernel_ms(graph: Graph, args: argparse.Namespace, dtype: torch.dtype
                       tiles: dict[str, int] | None = None) -> float | None:
     """Median time of the fused forward kernel alone (CSR or block layout built before), with
     the ``tiles`` of ``launch_tiles`` (the one-node kernels' defaults when None); None for the
-    block-sparse kernels on a graph with a repeated edge, which they do not take."""
+    block-sparse kernels on a graph they do not take (a repeated edge, or tiles too empty:
+    ``graphattn.functional.triton_blocks.block_layout``)."""
     from graphattn.functional.triton_blocks import block_forward, block_layout
     from graphattn.functional.triton_kernels import build_csr, fused_forward
 

@@ -28,13 +28,15 @@ own rows, so the gradients are deterministic.
 **The layout** (:class:`BlockLayout`, built by :func:`block_layout` and kept per
 ``edge_index`` on CUDA, as the CSR orderings are) stores, per tile that holds an edge, one bit
 per entry (B^2 / 8 bytes) and, when a bias is given, the edge id of each entry (4 B^2 bytes),
-where the bias is read and its gradient written. It costs 4 B^2 / 8 bytes a tile against the
-8 bytes an edge of the CSR orderings: on a graph whose tiles are at least 1/16 full it is the
-smaller one.
+where the bias is read and its gradient written. With a fraction f of the tile entries edges
+(the fill), the bits cost 1 / (8 f) bytes an edge, against the 8 bytes an edge of a CSR
+ordering: fewer above f = 1/64. Below that (``MIN_FILL``) the graph keeps to the CSR kernels:
+a graph of scattered edges would spend a tile, and B^2 products, on each.
 
 **What runs here:** the ``"dot"`` score, with or without a bias ``[E, H]``, q, k and v of one
 dtype (fp32, fp16, bf16), no dropout, no per-edge key or value terms, attention weights not
-returned, a graph without repeated edges, eager mode. :func:`use_blocks` says whether a call
+returned, a graph without repeated edges whose tiles are at least ``MIN_FILL`` full, eager
+mode. :func:`use_blocks` says whether a call
 qualifies; what does not runs on the CSR kernels, as it does without the option. The block
 kernels run only inside :func:`~graphattn.functional.triton_kernels.launch_tiles` with
 ``block_sparse=B``: whether they beat the CSR kernels depends on how full the tiles are, and
@@ -67,6 +69,9 @@ from graphattn.functional.reference import reference_grads
 # need more shared memory than an SM has (228 KiB) for fp32 inputs with C >= 32, and spill
 # registers in most cases (benchmarks/results/triton_resources_blocks.md before it dropped 128).
 BLOCK_SIDES = (32, 64)
+# The least fraction of the tiles' entries that must be edges: there the bits of the layout cost
+# as much per edge as a CSR ordering's 8 bytes (see the module docstring).
+MIN_FILL = 1 / 64
 
 
 @dataclass(frozen=True)
@@ -102,8 +107,9 @@ class BlockLayout:
 def block_layout(edge_index: Tensor, num_dst: int, num_src: int, block: int,
                  with_ids: bool = False) -> BlockLayout | None:
     """The :class:`BlockLayout` of a graph in tiles of ``block`` x ``block``; ``None`` when an
-    edge is repeated (a tile entry holds one edge). Reads two numbers back to the host (the
-    number of tiles, and whether an edge repeats).
+    edge is repeated (a tile entry holds one edge) or when fewer than ``MIN_FILL`` of the tiles'
+    entries would be edges. Reads two numbers back to the host (the number of tiles, and whether
+    an edge repeats).
 
     Args:
         edge_index (Tensor): ``[2, E]`` int64, sources then targets, checked by the caller.
@@ -134,6 +140,8 @@ def block_layout(edge_index: Tensor, num_dst: int, num_src: int, block: int,
     col_sorted, tpair = torch.sort(col, stable=True)
     tptr = torch.searchsorted(col_sorted, torch.arange(col_blocks + 1, device=device))
     num_tiles = keys.numel()
+    if edge_index.size(1) < MIN_FILL * num_tiles * block**2:
+        return None
     i, j = dst % block, src % block
     words = block // 32
     word_at = (tile_of_edge * block + i) * words + j // 32

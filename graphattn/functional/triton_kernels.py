@@ -99,9 +99,10 @@ compute the same values, up to the order of the sums; which is faster on a GPU i
 has.
 
 **Block-sparse kernels.** Inside :func:`launch_tiles` with ``block_sparse=B``, calls of the dot
-score without dropout, per-edge terms or returned weights, on a graph without repeated edges,
-run the kernels of :mod:`graphattn.functional.triton_blocks` instead: B x B tiles of the
-adjacency matrix as tensor-core products, for graphs whose edges gather near its diagonal.
+score without dropout, per-edge terms or returned weights, on a graph without repeated edges
+whose tiles are at least 1/64 full, run the kernels of :mod:`graphattn.functional.triton_blocks`
+instead: B x B tiles of the adjacency matrix as tensor-core products, for graphs whose edges
+gather near its diagonal.
 
 **Dropout** is supported: ``edge_attention`` draws the ``[E, H]`` multiplier in fp32 (whatever
 the inputs' dtype, so that :math:`1 / (1 - p)` is not rounded), the kernels apply it to the
@@ -843,7 +844,7 @@ def triton_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *
                                         need_alpha=need_alpha, edge_key=edge_key,
                                         edge_value=edge_value):
         layout = graph_blocks(edge_index, q.size(0), v.size(0), block, bias is not None)
-        if layout is not None:  # None: a repeated edge
+        if layout is not None:  # None: a repeated edge, or tiles too empty
             out32, _ = BlockSparseAttention.apply(q, k, v, bias, edge_index, layout, scale)
             return out32.to(v.dtype), None
     inputs = (q, k, v, att, bias, dropout_mask, edge_index, scale, negative_slope, score,

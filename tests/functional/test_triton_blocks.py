@@ -38,6 +38,14 @@ BLOCK_KERNELS = ("block_forward_kernel", "block_backward_target_kernel",
 CSR_KERNELS = ("forward_kernel", "backward_target_kernel", "backward_source_kernel")
 
 
+@pytest.fixture(autouse=True)
+def any_fill(monkeypatch):
+    """The graphs here are small, with tiles mostly empty (one edge in a tile of 64 x 64): the
+    block kernels take them whatever their fill (``test_empty_tiles_keep_to_the_csr_kernels``
+    checks the rule with its default)."""
+    monkeypatch.setattr(tb, "MIN_FILL", 0.0)
+
+
 def distinct_random_edges(num_src: int, num_dst: int, num_edges: int, seed: int = 0):
     """``num_edges`` distinct random edges, sources in ``[0, num_src)``, targets in
     ``[0, num_dst)``."""
@@ -410,3 +418,26 @@ def test_graph_self_attention_trains_on_the_block_kernels(interpreter, monkeypat
         grads[backend] = [out] + [p.grad for p in layer.parameters()]
     for got, want in zip(grads["triton"], grads["reference"], strict=True):
         assert_close(got, want)
+
+
+@needs_triton
+def test_empty_tiles_keep_to_the_csr_kernels(interpreter, monkeypatch):
+    """Under 1/64 of the tiles' entries edges (scattered edges: 300 on 400 nodes, a tile each
+    or nearly), no layout is built and the CSR kernels run; a window graph's tiles are full
+    enough."""
+    monkeypatch.setattr(tb, "MIN_FILL", 1 / 64)
+    scattered = distinct_random_edges(400, 400, 300, seed=5)
+    layout_fill = 300 / (torch.unique((scattered[1] // 32) * 13 + scattered[0] // 32).numel()
+                         * 32**2)
+    assert layout_fill < 1 / 64
+    assert tb.block_layout(scattered, 400, 400, 32) is None
+    window = STRUCTURED["window-70-r3"][0]
+    assert tb.block_layout(window, 70, 70, 32).fill(window.size(1)) >= 1 / 64
+    inputs = on_device(attention_inputs(400, 400, 300, 2, 8))
+    launches = spy_on_launches(monkeypatch, CSR_KERNELS + BLOCK_KERNELS)
+    with tk.launch_tiles(block_sparse=32):
+        out, _ = tk.triton_edge_attention(inputs["q"], inputs["k"], inputs["v"],
+                                          scattered.to(DEVICE), scale=0.5, bias=inputs["bias"],
+                                          dropout_mask=None, score="dot", negative_slope=0.2,
+                                          need_alpha=False)
+    assert [name for name, *_ in launches] == ["forward_kernel"]
