@@ -7,9 +7,10 @@ edges), times the forward (inference,
 ``torch.no_grad``) and the forward+backward of
 
 - ``edge_attention`` with ``backend="triton"`` (the fused kernels; also with the row-block
-  kernels, ``launch_tiles(block_n=8)``, and with the block-sparse kernels in 32 x 32 tiles,
-  ``launch_tiles(block_sparse=32)``, which a graph with a repeated edge leaves to the CSR
-  kernels) and ``backend="reference"``, on given q, k, v ``[N, H, C]``;
+  kernels, ``launch_tiles(block_n=8)``, and with the block-sparse kernels in 32 x 32 and in
+  64 x 64 tiles, ``launch_tiles(block_sparse=32)``, which a graph they do not take, with a
+  repeated edge or tiles under 1/64 full, leaves to the CSR kernels) and
+  ``backend="reference"``, on given q, k, v ``[N, H, C]``;
 - the layers, from node features x ``[N, H*C]`` (three projections, then attention, no output
   projection): ``GraphSelfAttention`` (dot, triton) against PyG's ``TransformerConv``
   (``root_weight=False``), ``GraphSelfAttention`` (additive, triton) against PyG's
@@ -294,6 +295,7 @@ ROW_BLOCKS = {"block_n": 8}
 # tiles of 32 are fuller (26% of their entries are edges, against 13%). A graph with a
 # repeated edge (the random graphs) runs the CSR kernels under this setting.
 BLOCK_SPARSE = {"block_sparse": 32}
+BLOCK_SPARSE_64 = {"block_sparse": 64}  # the fused op alone, to compare the two tile sides
 
 
 def _with_tiles(forward: Callable[[], torch.Tensor],
@@ -375,6 +377,7 @@ METHODS: dict[str, Callable[..., Case]] = {
     "GraphSelfAttention dot, triton": layer_case("dot"),
     "GraphSelfAttention dot, triton, row blocks": layer_case("dot", ROW_BLOCKS),
     "edge_attention triton, block-sparse": op_case("triton", BLOCK_SPARSE),
+    "edge_attention triton, block-sparse 64": op_case("triton", BLOCK_SPARSE_64),
     "GraphSelfAttention dot, triton, block-sparse": layer_case("dot", BLOCK_SPARSE),
     "PyG TransformerConv": layer_case("transformer"),
     "GraphSelfAttention additive, triton": layer_case("additive"),
@@ -555,9 +558,8 @@ def measure_graph(graph: Graph, args: argparse.Namespace, dtype: torch.dtype,
 
 # The methods that time the fused forward kernels alone too, with their tiles.
 FUSED_OPS = {"edge_attention triton": None, "edge_attention triton, row blocks": ROW_BLOCKS,
-             "edge_attention triton, block-sparse": BLOCK_SPARSE}
-# the kernels of a method, by the end of its name, for the goals
-KERNEL_KINDS = (", row blocks", ", block-sparse")
+             "edge_attention triton, block-sparse": BLOCK_SPARSE,
+             "edge_attention triton, block-sparse 64": BLOCK_SPARSE_64}
 
 
 def forward_kernel_ms(graph: Graph, args: argparse.Namespace, dtype: torch.dtype,
@@ -735,8 +737,9 @@ def _fmt(value: float | None, digits: int = 2) -> str:
 
 
 def _kernel_kind(method: str) -> str:
-    """``", row blocks"`` or ``", block-sparse"`` for the methods of those kernels, else ``""``."""
-    return next((kind for kind in KERNEL_KINDS if method.endswith(kind)), "")
+    """The kernels of a triton method, as its name ends after "triton": ``""`` (the default
+    one-node kernels), ``", row blocks"``, ``", block-sparse"``, ``", block-sparse 64"``."""
+    return method.partition("triton")[2]
 
 
 def goals(results: list[Result]) -> list[str]:
