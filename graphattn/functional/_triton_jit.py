@@ -721,6 +721,15 @@ def backward_source_rows_kernel(q, k, v, bias, att, drop, edge_key, edge_value, 
 # dq) or of B sources (dk and dv) and one head, and walks the tiles of its block that hold an
 # edge, whose edges are bits of ``bits`` ``[P, B, B // 32]`` (bit j % 32 of word j // 32 of
 # row i: the edge from source j to target i of the tile). Scores are B x B matrix products.
+# The grid is one axis, heads fastest: the H programs of a block run side by side, so each
+# cache line of its rows (which holds several heads' channels) is fetched once for all of them.
+
+
+@triton.jit
+def _block_and_head(H: tl.constexpr):
+    """The block and the head of this program, in a grid of (blocks x H), heads fastest."""
+    pid = tl.program_id(0).to(tl.int64)
+    return pid // H, pid % H
 
 
 @triton.jit
@@ -794,11 +803,10 @@ def block_forward_kernel(q, k, v, bias, ptr, col, bits, ids, out, lse, n_dst, n_
                          H: tl.constexpr, C: tl.constexpr, CV: tl.constexpr,
                          HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_C: tl.constexpr,
                          BLOCK_CV: tl.constexpr, PRECISION: tl.constexpr):
-    """Grid (target blocks, H). Online softmax over the tiles ``ptr[b]:ptr[b + 1]`` of target
+    """Grid (target blocks x H). Online softmax over the tiles ``ptr[b]:ptr[b + 1]`` of target
     block b (``col``: their source blocks), as :func:`forward_kernel` over edges: writes
     ``out`` ``[N_dst, H, C_v]`` (fp32) and ``lse`` ``[N_dst, H, 2]`` in its conventions."""
-    block = tl.program_id(0).to(tl.int64)
-    head = tl.program_id(1)
+    block, head = _block_and_head(H)
     dtype = q.dtype.element_ty
     q_i, _, _ = _block_rows(q, block, head, n_dst, H, C, BLOCK, BLOCK_C, dtype)
     m = tl.full([BLOCK], float("-inf"), tl.float32)
@@ -833,11 +841,10 @@ def block_backward_target_kernel(q, k, v, bias, ptr, col, bits, ids, dout, lse, 
                                  NEED_DBIAS: tl.constexpr, BLOCK: tl.constexpr,
                                  BLOCK_C: tl.constexpr, BLOCK_CV: tl.constexpr,
                                  PRECISION: tl.constexpr):
-    """Grid (target blocks, H): dq of the block, ``scale * sum_j ds_ij k_j`` with
+    """Grid (target blocks x H): dq of the block, ``scale * sum_j ds_ij k_j`` with
     ``ds = alpha (dout_i . v_j - delta_i)``, over the tiles of the block; and d bias, ds at
     each edge's id, written once, by the program of its target."""
-    block = tl.program_id(0).to(tl.int64)
-    head = tl.program_id(1)
+    block, head = _block_and_head(H)
     dtype = q.dtype.element_ty
     q_i, at_q, ok_q = _block_rows(q, block, head, n_dst, H, C, BLOCK, BLOCK_C, dtype)
     do_i, _, _ = _block_rows(dout, block, head, n_dst, H, CV, BLOCK, BLOCK_CV, dtype)
@@ -868,11 +875,10 @@ def block_backward_source_kernel(q, k, v, bias, tptr, tpair, row, bits, ids, dou
                                  C: tl.constexpr, CV: tl.constexpr, HAS_BIAS: tl.constexpr,
                                  BLOCK: tl.constexpr, BLOCK_C: tl.constexpr,
                                  BLOCK_CV: tl.constexpr, PRECISION: tl.constexpr):
-    """Grid (source blocks, H): dk and dv of the block over its tiles
+    """Grid (source blocks x H): dk and dv of the block over its tiles
     (``tpair[tptr[b]:tptr[b + 1]]``, whose target blocks are ``row``), in tiles of (sources,
     targets): ``dv_j = sum_i alpha_ij dout_i``, ``dk_j = scale * sum_i ds_ij q_i``."""
-    block = tl.program_id(0).to(tl.int64)
-    head = tl.program_id(1)
+    block, head = _block_and_head(H)
     dtype = q.dtype.element_ty
     k_j, at_k, ok_k = _block_rows(k, block, head, n_src, H, C, BLOCK, BLOCK_C, dtype)
     v_j, at_v, ok_v = _block_rows(v, block, head, n_src, H, CV, BLOCK, BLOCK_CV, dtype)

@@ -221,7 +221,7 @@ def block_forward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, layout: 
     lse = torch.empty(n_dst, heads, 2, device=v.device, dtype=torch.float32)
     if n_dst == 0 or heads == 0:
         return out32, lse
-    kernels().block_forward_kernel[(layout.ptr.numel() - 1, heads)](
+    kernels().block_forward_kernel[((layout.ptr.numel() - 1) * heads,)](
         q, k, v, q if bias is None else bias, layout.ptr, layout.col, layout.bits,
         layout.col if layout.ids is None else layout.ids, out32, lse, n_dst, n_src, scale,
         **_launch_options(q, v, layout, bias))
@@ -245,12 +245,12 @@ def block_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, bias: Tensor |
     placeholder_bias = q if bias is None else bias
     module = kernels()
     if n_dst > 0:
-        module.block_backward_target_kernel[(layout.ptr.numel() - 1, heads)](
+        module.block_backward_target_kernel[((layout.ptr.numel() - 1) * heads,)](
             q, k, v, placeholder_bias, layout.ptr, layout.col, layout.bits, ids, dout, lse,
             delta, dq, lse if dbias is None else dbias, n_dst, n_src, scale,
             NEED_DBIAS=need_dbias, **options)
     if n_src > 0:
-        module.block_backward_source_kernel[(layout.tptr.numel() - 1, heads)](
+        module.block_backward_source_kernel[((layout.tptr.numel() - 1) * heads,)](
             q, k, v, placeholder_bias, layout.tptr, layout.tpair, layout.row, layout.bits,
             ids, dout, lse, delta, dk, dv, n_dst, n_src, scale, **options)
     return dq, dk, dv, dbias
