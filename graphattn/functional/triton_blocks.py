@@ -35,9 +35,10 @@ a graph of scattered edges would spend a tile, and B^2 products, on each.
 
 **What runs here:** the ``"dot"`` score, with or without a bias ``[E, H]``, q, k and v of one
 dtype (fp32, fp16, bf16), no dropout, no per-edge key or value terms, attention weights not
-returned, a graph without repeated edges whose tiles are at least ``MIN_FILL`` full, eager
-mode. :func:`use_blocks` says whether a call
-qualifies; what does not runs on the CSR kernels, as it does without the option. The block
+returned, a graph without repeated edges whose tiles are at least ``MIN_FILL`` full.
+:func:`use_blocks` says whether a call qualifies; what does not runs on the CSR kernels, as it
+does without the option. Under ``torch.compile`` the kernels run as the operators
+``graphattn::triton_block_attention`` and its backward, which check the graph themselves. The block
 kernels run only inside :func:`~graphattn.functional.triton_kernels.launch_tiles` with
 ``block_sparse=B``: whether they beat the CSR kernels depends on how full the tiles are, and
 ``benchmarks/gpu.py`` measures both.
@@ -178,8 +179,7 @@ def use_blocks(q: Tensor, k: Tensor, v: Tensor, *, score: str, dropout_mask: Ten
     """Whether a call of the triton backend can run on the block-sparse kernels (the graph
     aside: see :func:`block_layout`); see the module docstring."""
     return (score == "dot" and dropout_mask is None and not need_alpha and edge_key is None
-            and edge_value is None and q.dtype == k.dtype == v.dtype
-            and not torch.compiler.is_compiling())
+            and edge_value is None and q.dtype == k.dtype == v.dtype)
 
 
 def _precision(q: Tensor) -> str:
@@ -288,3 +288,82 @@ class BlockSparseAttention(torch.autograd.Function):
             dout.contiguous(), q, k, v, bias, ctx.layout, out32, lse, ctx.scale,
             need_dbias=bias is not None and ctx.needs_input_grad[3])
         return (dq, dk, dv, dbias, *none)
+
+
+# Under torch.compile the block kernels run as two operators, which torch.compile calls as
+# opaque nodes with their output shapes (as it calls the CSR kernels' operators). Whether the
+# graph suits the tiles (no repeated edge, tiles full enough) is known only from edge_index's
+# values, so each operator builds the layout itself and, when the graph does not suit, runs the
+# CSR kernels instead: both kinds write out and lse in the same conventions, and both
+# operators decide alike from the same edge_index. The layout is built anew in each (one sort
+# of E entries), never cached: the edge_index inductor hands them may be a reused buffer.
+@torch.library.custom_op("graphattn::triton_block_attention", mutates_args=())
+def _block_forward_op(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, edge_index: Tensor,
+                      scale: float, block: int) -> tuple[Tensor, Tensor]:
+    """out (fp32) and lse on the block kernels in tiles of ``block``, or on the CSR kernels
+    when the graph does not suit them; see :func:`block_forward`."""
+    layout = block_layout(edge_index, q.size(0), v.size(0), block, with_ids=bias is not None)
+    if layout is not None:
+        return block_forward(q, k, v, bias, layout, scale)
+    from graphattn.functional.triton_kernels import _forward
+
+    # the dot score: no att, no dropout; the slope is unused
+    out32, _, lse, _ = _forward(q, k, v, None, bias, None, edge_index, scale, 0.2, "dot",
+                                False, cached=False)
+    return out32, lse
+
+
+@_block_forward_op.register_fake
+def _block_forward_fake(q, k, v, bias, edge_index, scale, block):
+    n_dst, heads = q.size(0), v.size(1)
+    return (v.new_empty(n_dst, heads, v.size(2), dtype=torch.float32),
+            v.new_empty(n_dst, heads, 2, dtype=torch.float32))
+
+
+@torch.library.custom_op("graphattn::triton_block_attention_backward", mutates_args=())
+def _block_backward_op(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None,
+                       edge_index: Tensor, out32: Tensor, lse: Tensor, scale: float, block: int,
+                       need_dbias: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """dq, dk, dv and d bias (empty unless ``need_dbias``), by the kernels
+    :func:`_block_forward_op` ran on; see :func:`block_backward`."""
+    layout = block_layout(edge_index, q.size(0), v.size(0), block, with_ids=bias is not None)
+    if layout is not None:
+        dq, dk, dv, dbias = block_backward(dout, q, k, v, bias, layout, out32, lse, scale,
+                                           need_dbias)
+    else:
+        from graphattn.functional.triton_kernels import _backward, graph_csr
+
+        csr = graph_csr(edge_index, by_target=True, num_dst=q.size(0), num_src=v.size(0),
+                        cached=False)
+        dq, dk, dv, _, dbias, _, _ = _backward(
+            dout, None, q, k, v, None, bias, None, edge_index, out32, lse, csr, scale, 0.2,
+            "dot", need_dbias, False, cached=False)
+    return dq, dk, dv, q.new_empty(0) if dbias is None else dbias
+
+
+@_block_backward_op.register_fake
+def _block_backward_fake(dout, q, k, v, bias, edge_index, out32, lse, scale, block, need_dbias):
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
+            torch.empty_like(bias) if need_dbias else q.new_empty(0))
+
+
+def _block_setup_context(ctx, inputs, output) -> None:
+    q, k, v, bias, edge_index, scale, block = inputs
+    out32, lse = output
+    ctx.save_for_backward(q, k, v, bias, edge_index, out32, lse)
+    ctx.options = (scale, block)
+    ctx.set_materialize_grads(False)
+    ctx.mark_non_differentiable(lse)
+
+
+def _block_op_grads(ctx, dout: Tensor | None, _dlse) -> tuple:
+    q, k, v, bias, edge_index, out32, lse = ctx.saved_tensors
+    if dout is None:
+        return (None,) * 7
+    need_dbias = bias is not None and ctx.needs_input_grad[3]
+    dq, dk, dv, dbias = _block_backward_op(dout.contiguous(), q, k, v, bias, edge_index,
+                                           out32, lse, *ctx.options, need_dbias)
+    return dq, dk, dv, dbias if need_dbias else None, None, None, None
+
+
+_block_forward_op.register_autograd(_block_op_grads, setup_context=_block_setup_context)

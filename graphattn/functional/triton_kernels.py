@@ -135,6 +135,7 @@ from graphattn.functional.reference import reference_grads
 from graphattn.functional.triton_blocks import (
     BLOCK_SIDES,
     BlockSparseAttention,
+    _block_forward_op,
     graph_blocks,
     use_blocks,
 )
@@ -271,7 +272,8 @@ def launch_tiles(*, block_e: int | None = None, block_h: int | None = None,
         block_sparse (int, optional): run the calls that qualify on the block-sparse
             kernels of :mod:`graphattn.functional.triton_blocks`, in tiles of
             ``block_sparse`` x ``block_sparse`` (32 or 64); the others keep to the CSR
-            kernels.
+            kernels. ``torch.compile`` reads this one when it traces, and traces again
+            when a call sees another value.
 
     Example:
         >>> with launch_tiles(block_e=8, num_warps=2):
@@ -843,6 +845,9 @@ def triton_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *
     if block is not None and use_blocks(q, k, v, score=score, dropout_mask=dropout_mask,
                                         need_alpha=need_alpha, edge_key=edge_key,
                                         edge_value=edge_value):
+        if torch.compiler.is_compiling():
+            out32, _ = _block_forward_op(q, k, v, bias, edge_index, scale, block)
+            return out32.to(v.dtype), None
         layout = graph_blocks(edge_index, q.size(0), v.size(0), block, bias is not None)
         if layout is not None:  # None: a repeated edge, or tiles too empty
             out32, _ = BlockSparseAttention.apply(q, k, v, bias, edge_index, layout, scale)

@@ -441,3 +441,61 @@ def test_empty_tiles_keep_to_the_csr_kernels(interpreter, monkeypatch):
                                           dropout_mask=None, score="dot", negative_slope=0.2,
                                           need_alpha=False)
     assert [name for name, *_ in launches] == ["forward_kernel"]
+
+
+@needs_triton
+@pytest.mark.parametrize("case", ["window", "window-no-bias", "repeated-edge"])
+def test_compiled_calls_run_the_block_operators(interpreter, monkeypatch, case):
+    """Under ``torch.compile`` (``fullgraph=True``) the block kernels run forward and backward,
+    as the operator ``graphattn::triton_block_attention``; on a graph with a repeated edge the
+    operators find it and run the CSR kernels instead. Out and gradients are the float64
+    reference's. Called outside ``launch_tiles``, the compiled function is traced again and
+    runs the CSR kernels."""
+    edge_index, num_src, num_dst = STRUCTURED["window-70-r3"]
+    if case == "repeated-edge":
+        edge_index = torch.cat([edge_index, edge_index[:, :3]], dim=1)
+    inputs = attention_inputs(num_src, num_dst, edge_index.size(1), 2, 8)
+    if case == "window-no-bias":
+        inputs["bias"] = None
+    leaves = {n: t for n, t in on_device(inputs).items() if t is not None}
+    edge_index = edge_index.to(DEVICE)
+
+    def attend(q, k, v, bias, edge_index):
+        return edge_attention(q, k, v, edge_index, bias=bias, scale=0.5, backend="triton")
+
+    compiled = torch.compile(attend, backend="aot_eager", fullgraph=True)
+    weight = torch.randn(num_dst, 2, 8, generator=torch.Generator().manual_seed(2),
+                         dtype=torch.float64).to(DEVICE)  # run's loss
+    expected = run(inputs, edge_index, scale=0.5, compute_dtype=torch.float64, seed=2)
+    kinds = CSR_KERNELS if case == "repeated-edge" else BLOCK_KERNELS
+    for tiles in ({"block_sparse": 32}, {}):
+        launches = spy_on_launches(monkeypatch, CSR_KERNELS + BLOCK_KERNELS)
+        with tk.launch_tiles(**tiles):
+            out = compiled(leaves["q"], leaves["k"], leaves["v"], leaves.get("bias"),
+                           edge_index)
+            grads = torch.autograd.grad((out.double() * weight).sum(),
+                                        list(leaves.values()))
+        assert {name for name, *_ in launches} == set(kinds if tiles else CSR_KERNELS)
+        monkeypatch.undo()
+        got = {"out": out, **{"d" + n: g for n, g in zip(leaves, grads, strict=True)}}
+        assert_results_close(got, expected, inputs, torch.float32)
+
+
+@needs_triton
+@pytest.mark.parametrize(("bias", "repeated"), [(True, False), (False, False), (True, True)],
+                         ids=["bias", "no-bias", "repeated-edge"])
+def test_block_operators_pass_opcheck(interpreter, bias, repeated):
+    """torch's checks of the two operators (schema, fake shapes, the autograd registration),
+    on a graph the tiles take and on one they do not (a repeated edge: the CSR kernels)."""
+    edge_index, num_src, num_dst = STRUCTURED["causal-40"]
+    if repeated:
+        edge_index = torch.cat([edge_index, edge_index[:, :2]], dim=1)
+    inputs = on_device(attention_inputs(num_src, num_dst, edge_index.size(1), 2, 8))
+    q, k, v = (inputs[n].detach() for n in ("q", "k", "v"))
+    b = inputs["bias"].detach() if bias else None
+    edge_index = edge_index.to(DEVICE)
+    torch.library.opcheck(tb._block_forward_op, (q.requires_grad_(), k, v, b, edge_index,
+                                                 0.5, 32))
+    out32, lse = tb._block_forward_op(q.detach(), k, v, b, edge_index, 0.5, 32)
+    torch.library.opcheck(tb._block_backward_op, (torch.randn_like(out32), q.detach(), k, v,
+                                                  b, edge_index, out32, lse, 0.5, 32, bias))
