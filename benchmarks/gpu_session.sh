@@ -9,8 +9,8 @@
 #      the interpreter, the block-sparse kernels' too (bf16 among them, which the interpreter
 #      cannot check);
 #   3. if time is left, benchmarks/triton_tuning.py: the kernels' tiles (launch_tiles) against
-#      the defaults, the row-block kernels (block_n > 1) among them, on the 1M-edge and the
-#      50M-edge graphs, then PubMed;
+#      the defaults, the row-block kernels (block_n > 1) and the block-sparse kernels' tiles
+#      and warps among them, on the 1M-edge and the 50M-edge graphs, then PubMed;
 #   4. if time is left, the graphs of <= 1M edges again with --no-graph-cache (every call sorts
 #      the edges and reads their bounds back, as before those caches): the A/B of the caches;
 #   5. if time is left, the 50M-edge graphs again in bf16;

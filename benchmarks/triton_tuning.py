@@ -1,10 +1,12 @@
 """Tiles of the fused Triton kernels on a CUDA GPU: which ``launch_tiles`` run fastest.
 
-On each graph (default: the 1M-edge and the two 50M-edge graphs of ``benchmarks/gpu.py``, then
-the PubMed graph, skipped with the reason where its raw files are not found) and
+On each graph (default: the 1M-edge and the 50M-edge graphs of ``benchmarks/gpu.py``, each
+window graph after the random graph of its size, then the PubMed graph, skipped with the
+reason where its raw files are not found) and
 for each candidate set of tiles (``BLOCK_E`` edges per step, ``BLOCK_H`` heads per program,
 warps per program, ``BLOCK_N`` nodes per program: 1 for the one-node kernels, more for the
-row-block kernels; see ``graphattn.functional.triton_kernels.launch_tiles``), times
+row-block kernels; or, on graphs that suit them, the block-sparse kernels in tiles of 32 or
+64 with their warps; see ``graphattn.functional.triton_kernels.launch_tiles``), times
 ``edge_attention(q, k, v, edge_index, backend="triton")``: the forward under ``torch.no_grad``
 and the forward+backward, with the graph's CSR orderings kept from call to call (as in
 training on one graph). Candidates are interleaved repeat by repeat (rotating order) after
@@ -35,6 +37,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -42,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpu  # noqa: E402  (graphs and timing of benchmarks/gpu.py)
 
 from graphattn.functional import edge_attention  # noqa: E402
+from graphattn.functional import triton_blocks as tb  # noqa: E402
 from graphattn.functional import triton_kernels as tk  # noqa: E402
 
 # (block_e, block_h, num_warps) around the default tiles of H = 4, C = 32 (16, 4, 4): fewer
@@ -60,7 +64,22 @@ ROW_BLOCK_CANDIDATES = (
     (8, 4, 4), (8, 4, 2), (8, 4, 8), (4, 4, 2), (16, 4, 8), (16, 4, 4), (32, 4, 8),
     (64, 4, 8), (16, 2, 4), (32, 1, 4),
 )
-GRAPHS = ("random-1m", "local-50m", "random-50m", "pubmed")  # the goals' graphs first
+# (block_sparse, num_warps) of the block-sparse kernels: tiles of 32 and 64 on their default
+# warps (4 on tensor cores, 8 for full fp32 products) and around them; tried only on graphs
+# whose layout they take (no repeated edge, tiles at least MIN_FILL full: the window graphs).
+BLOCK_SPARSE_CANDIDATES = ((32, 4), (32, 8), (32, 2), (64, 4), (64, 8))
+# the goals' graphs first, each window graph after the random graph of its size
+GRAPHS = ("random-1m", "window-1m", "local-50m", "random-50m", "window-50m", "pubmed")
+
+
+class Tiles(NamedTuple):
+    """One candidate, as ``launch_tiles`` takes it; ``block_sparse`` 0: the CSR kernels."""
+
+    block_e: int
+    block_h: int
+    num_warps: int
+    block_n: int
+    block_sparse: int = 0
 
 
 @dataclass
@@ -68,7 +87,7 @@ class Row:
     graph: str
     num_nodes: int
     num_edges: int
-    tiles: tuple[int, int, int, int]  # (block_e, block_h, num_warps, block_n) as launched
+    tiles: Tiles  # as launched
     forward_ms: float = math.nan
     train_ms: float = math.nan
     max_diff: float = math.nan
@@ -108,10 +127,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def candidates(heads: int, channels: int) -> list[tuple[int, int, int, int]]:
-    """The candidate tiles ``(block_e, block_h, num_warps, block_n)``, ``block_h`` capped at
-    the next power of 2 >= H as the kernels cap it, without repeats; the default tiles
-    (``launch_config``'s) first, the row-block kernels' last."""
+def candidates(heads: int, channels: int) -> list[Tiles]:
+    """The candidate :class:`Tiles`, ``block_h`` capped at the next power of 2 >= H as the
+    kernels cap it, without repeats; the default tiles (``launch_config``'s) first, then the
+    one-node kernels', the row-block kernels' and the block-sparse kernels' (whose other
+    fields are the defaults')."""
     cap = 1 << max(0, heads - 1).bit_length()
     default = tk.launch_config(heads, channels)
     seen = []
@@ -120,25 +140,31 @@ def candidates(heads: int, channels: int) -> list[tuple[int, int, int, int]]:
                   for block_n, block_h, warps in ROW_BLOCK_CANDIDATES]
     for block_e, block_h, warps, block_n in (
             (default.block_e, default.block_h, default.num_warps, 1), *one_node, *row_blocks):
-        tiles = (block_e, min(block_h, cap), warps, block_n)
+        tiles = Tiles(block_e, min(block_h, cap), warps, block_n)
         if tiles not in seen:
             seen.append(tiles)
-    return seen
+    return seen + [Tiles(default.block_e, min(default.block_h, cap), warps, 1, block)
+                   for block, warps in BLOCK_SPARSE_CANDIDATES]
 
 
-def _tiles(tiles: tuple[int, int, int, int]) -> tk.launch_tiles:
-    block_e, block_h, warps, block_n = tiles
-    return tk.launch_tiles(block_e=block_e, block_h=block_h, num_warps=warps, block_n=block_n)
+def _tiles(tiles: Tiles) -> tk.launch_tiles:
+    return tk.launch_tiles(block_e=tiles.block_e, block_h=tiles.block_h,
+                           num_warps=tiles.num_warps, block_n=tiles.block_n,
+                           block_sparse=tiles.block_sparse or None)
 
 
-def measure(graph: gpu.Graph, tiles_list: list[tuple[int, int, int, int]], heads: int,
+def measure(graph: gpu.Graph, tiles_list: list[Tiles], heads: int,
             channels: int, dtype: torch.dtype, warmup: int, repeats: int,
             timer: Callable[[Callable[[], object]], float]) -> list[Row]:
     """Every candidate on one graph, interleaved repeat by repeat (rotating order); the first
     candidate (the default tiles) is the reference of the max abs differences, which stay NaN
-    when it fails."""
+    when it fails. Block-sparse candidates the graph does not suit are not run (the CSR
+    kernels would run instead)."""
     q, k, v = gpu._qkv(graph, heads, channels, dtype)
-    rows = [Row(graph.name, graph.num_nodes, graph.num_edges, t) for t in tiles_list]
+    rows = [Row(graph.name, graph.num_nodes, graph.num_edges, Tiles(*t)) for t in tiles_list]
+    suits = {block: tb.block_layout(graph.edge_index, graph.num_nodes, graph.num_nodes,
+                                    block) is not None
+             for block in {r.tiles.block_sparse for r in rows if r.tiles.block_sparse}}
 
     def forward():
         with torch.no_grad():
@@ -152,6 +178,10 @@ def measure(graph: gpu.Graph, tiles_list: list[tuple[int, int, int, int]], heads
     reference = None
     live = []
     for row in rows:
+        if row.tiles.block_sparse and not suits[row.tiles.block_sparse]:
+            row.note = (f"not run: a repeated edge, or tiles under {tb.MIN_FILL:.3g} full "
+                        f"(the CSR kernels would run)")
+            continue
         try:
             with _tiles(row.tiles):
                 out = forward()  # compiles the forward kernel
@@ -186,12 +216,15 @@ def render_markdown(header: list[str], rows: list[Row], skipped: list[str]) -> s
         group = [r for r in rows if r.graph == name]
         default = group[0]
         lines += [f"## {name}: N = {default.num_nodes:,}, E = {default.num_edges:,}", "",
-                  "| BLOCK_N | BLOCK_E | BLOCK_H | warps | fwd ms | fwd+bwd ms "
+                  "| kernels | BLOCK_N | BLOCK_E | BLOCK_H | warps | fwd ms | fwd+bwd ms "
                   "| fwd / default | fwd+bwd / default | max abs diff to default | note |",
-                  "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
         for r in group:
             note = "default" if r is default and not r.note else r.note
-            lines.append(f"| {r.tiles[3]} | {r.tiles[0]} | {r.tiles[1]} | {r.tiles[2]} "
+            t = r.tiles
+            kind, csr = ((f"block-sparse {t.block_sparse}", ("", "", "")) if t.block_sparse
+                         else ("CSR", (t.block_n, t.block_e, t.block_h)))
+            lines.append(f"| {kind} | {csr[0]} | {csr[1]} | {csr[2]} | {t.num_warps} "
                          f"| {r.forward_ms:.3f} | {r.train_ms:.3f} "
                          f"| {r.forward_ms / default.forward_ms:.2f} "
                          f"| {r.train_ms / default.train_ms:.2f} | {r.max_diff:.1e} | {note} |")
@@ -252,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         graph_rows = measure(graph, tiles_list, args.heads, args.channels, dtype, args.warmup,
                              args.repeats, gpu._time_ms)
         for r in graph_rows:
-            print(f"  {str(r.tiles):17s} fwd {r.forward_ms:8.3f} ms  fwd+bwd "
+            print(f"  {str(tuple(r.tiles)):20s} fwd {r.forward_ms:8.3f} ms  fwd+bwd "
                   f"{r.train_ms:8.3f} ms  diff {r.max_diff:.1e} {r.note}")
         print(f"  ({time.perf_counter() - start:.0f} s)")
         rows += graph_rows

@@ -143,20 +143,24 @@ def test_no_check_neither_checks_nor_reports_a_difference(monkeypatch, tmp_path,
 
 
 def test_tuning_candidates_start_with_the_default_tiles():
+    Tiles = triton_tuning.Tiles
     every = triton_tuning.candidates(4, 32)
-    assert every[0] == (16, 4, 4, 1)  # launch_config's for H = 4, C = 32
-    assert (16, 4, 4, 16) in every  # a row-block candidate, with the default BLOCK_E
+    assert every[0] == Tiles(16, 4, 4, 1)  # launch_config's for H = 4, C = 32
+    assert Tiles(16, 4, 4, 16) in every  # a row-block candidate, with the default BLOCK_E
+    assert [t for t in every if t.block_sparse] == [  # last, with the default BLOCK_E, BLOCK_H
+        Tiles(16, 4, warps, 1, block) for block, warps in triton_tuning.BLOCK_SPARSE_CANDIDATES]
     two_heads = triton_tuning.candidates(2, 8)
-    assert two_heads[0] == (32, 2, 1, 1)
+    assert two_heads[0] == Tiles(32, 2, 1, 1)
     assert len(set(two_heads)) == len(two_heads)
-    assert max(block_h for _, block_h, _, _ in two_heads) == 2  # capped at H's power of 2
+    assert max(t.block_h for t in two_heads) == 2  # capped at H's power of 2
 
 
 def test_tuning_times_every_candidate_in_the_interpreter(triton_interpreter, monkeypatch):
     """``benchmarks/triton_tuning.py`` before it meets a GPU: each candidate runs forward and
     forward+backward with its tiles, and its out is the default tiles' up to rounding."""
     graph = gpu.Graph("random", 8, gpu.synthetic_graph(8, 30, None, "cpu"))
-    tiles = [(32, 2, 1, 1), (4, 1, 1, 1), (8, 2, 2, 4)]
+    Tiles = triton_tuning.Tiles
+    tiles = [Tiles(32, 2, 1, 1), Tiles(4, 1, 1, 1), Tiles(8, 2, 2, 4)]
     clock, timed, launched = iter(range(1, 1000)), [], []
 
     def timer(fn):
@@ -166,7 +170,7 @@ def test_tuning_times_every_candidate_in_the_interpreter(triton_interpreter, mon
 
     def attend(*args, **kwargs):  # the tiles each call runs with
         cfg = triton_tuning.tk.launch_config(2, 8)
-        launched.append((cfg.block_e, cfg.block_h, cfg.num_warps, cfg.block_n))
+        launched.append(Tiles(cfg.block_e, cfg.block_h, cfg.num_warps, cfg.block_n))
         return edge_attention(*args, **kwargs)
 
     edge_attention = triton_tuning.edge_attention
@@ -182,10 +186,63 @@ def test_tuning_times_every_candidate_in_the_interpreter(triton_interpreter, mon
     assert [r.forward_times for r in rows] == [[1, 11], [3, 7], [5, 9]]
     assert [r.train_times for r in rows] == [[2, 12], [4, 8], [6, 10]]
     table = triton_tuning.render_markdown(["- header"], rows, [])
-    assert "| 1 | 32 | 2 | 1 | 6.000 | 7.000 | 1.00 | 1.00 | 0.0e+00 | default |" in table
-    assert "| 1 | 4 | 1 | 1 | 5.000 | 6.000 | 0.83 | 0.86 |" in table
-    assert "| 4 | 8 | 2 | 2 | 7.000 | 8.000 | 1.17 | 1.14 |" in table  # row blocks of 4
-    assert "fastest forward+backward: (4, 1, 1, 1) at 6.000 ms (0.86)" in table
+    assert "| CSR | 1 | 32 | 2 | 1 | 6.000 | 7.000 | 1.00 | 1.00 | 0.0e+00 | default |" in table
+    assert "| CSR | 1 | 4 | 1 | 1 | 5.000 | 6.000 | 0.83 | 0.86 |" in table
+    assert "| CSR | 4 | 8 | 2 | 2 | 7.000 | 8.000 | 1.17 | 1.14 |" in table  # row blocks of 4
+    assert ("fastest forward+backward: Tiles(block_e=4, block_h=1, num_warps=1, block_n=1, "
+            "block_sparse=0) at 6.000 ms (0.86)") in table
+
+
+def test_tuning_runs_block_sparse_candidates_on_graphs_that_suit_them(triton_interpreter,
+                                                                     monkeypatch):
+    """A block-sparse candidate runs the block kernels with its tiles and warps, forward and
+    backward, on a window graph, with out the default tiles' up to rounding; on a graph with a
+    repeated edge it is not run, and the table says why."""
+    from graphattn.functional import triton_kernels as tk
+
+    Tiles = triton_tuning.Tiles
+    tiles = [Tiles(32, 2, 1, 1), Tiles(32, 2, 2, 1, 32), Tiles(32, 2, 8, 1, 64)]
+    launches = []
+    module = tk.kernels()
+
+    class Launch:  # records the block kernels' launches: (name, BLOCK, num_warps)
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                launches.append((self.name, kwargs["BLOCK"], kwargs["num_warps"]))
+                return getattr(module, self.name)[grid](*args, **kwargs)
+            return launch
+
+    class Spy:
+        def __getattr__(self, name):
+            return Launch(name) if name.startswith("block_") else getattr(module, name)
+
+    def timer(fn):
+        fn()
+        return 1.0
+
+    monkeypatch.setattr(tk, "kernels", Spy)
+    window = gpu.Graph("window", 70, window_graph(70, 3))
+    rows = triton_tuning.measure(window, tiles, 2, 8, torch.float32, warmup=0, repeats=1,
+                                 timer=timer)
+    assert all(not r.note and r.max_diff < 1e-5 for r in rows), rows
+    for block, warps in ((32, 2), (64, 8)):
+        assert {name for name, b, w in launches if (b, w) == (block, warps)} == {
+            "block_forward_kernel", "block_backward_target_kernel",
+            "block_backward_source_kernel"}
+    assert {(b, w) for _, b, w in launches} == {(32, 2), (64, 8)}
+
+    repeated = window_graph(70, 3)
+    repeated = gpu.Graph("repeated", 70, torch.cat([repeated, repeated[:, :1]], dim=1))
+    launches.clear()
+    rows = triton_tuning.measure(repeated, tiles, 2, 8, torch.float32, warmup=0, repeats=1,
+                                 timer=timer)
+    assert not launches and not rows[0].note
+    assert all(r.note.startswith("not run: a repeated edge") for r in rows[1:])
+    table = triton_tuning.render_markdown(["- header"], rows, [])
+    assert "| block-sparse 64 |  |  |  | 8 | nan | nan | nan | nan | nan | not run:" in table
 
 
 def test_tuning_measures_no_difference_when_the_default_tiles_fail(triton_interpreter,
@@ -212,7 +269,7 @@ def test_tuning_measures_no_difference_when_the_default_tiles_fail(triton_interp
     assert [r.forward_ms for r in rows[1:]] == [1.0, 1.0]
     assert all(math.isnan(r.max_diff) for r in rows), rows
     table = triton_tuning.render_markdown(["- header"], rows, [])
-    assert "| 1 | 4 | 1 | 1 | 1.000 | 1.000 | nan | nan | nan |  |" in table
+    assert "| CSR | 1 | 4 | 1 | 1 | 1.000 | 1.000 | nan | nan | nan |  |" in table
 
 
 def test_batched_global_sparse_route_on_the_triton_kernels(triton_interpreter, tmp_path):

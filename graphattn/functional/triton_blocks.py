@@ -194,10 +194,15 @@ def _channel_tile(channels: int) -> int:
 
 
 def _warps(dtype: torch.dtype, precision: str) -> int:
-    """Warps of a program: 4 when the products run on tensor cores (half inputs, TF32), 8 for
-    full fp32 products, which run as FMAs on registers. Compiled for sm_90 with 4 heads of 32
-    channels in tiles of 32, the source pass then needs 69 registers a thread, no spill,
-    against 254 on 4 warps (``python benchmarks/triton_resources.py --blocks``)."""
+    """Warps of a program, unless ``launch_tiles(num_warps=...)`` sets them: 4 when the
+    products run on tensor cores (half inputs, TF32), 8 for full fp32 products, which run as
+    FMAs on registers. Compiled for sm_90 with 4 heads of 32 channels in tiles of 32, the
+    source pass then needs 69 registers a thread, no spill, against 254 on 4 warps
+    (``python benchmarks/triton_resources.py --blocks``)."""
+    from graphattn.functional.triton_kernels import _TILES
+
+    if "num_warps" in _TILES:
+        return _TILES["num_warps"]
     return 8 if dtype == torch.float32 and precision == "ieee" else 4
 
 

@@ -263,7 +263,8 @@ def launch_tiles(*, block_e: int | None = None, block_h: int | None = None,
         block_e (int, optional): edges per step of a row, a power of 2.
         block_h (int, optional): heads per program, a power of 2; at most the next power of 2
             >= H is used.
-        num_warps (int, optional): warps per program: 1, 2, 4, 8 or 16.
+        num_warps (int, optional): warps per program: 1, 2, 4, 8 or 16 (the block-sparse
+            kernels' too).
         block_n (int, optional): nodes per program, a power of 2: 1 runs the one-node
             kernels, more the row-block kernels (see :class:`LaunchConfig`).
         heavy_degree (int, optional): with ``block_n > 1``, the most edges a node may have
