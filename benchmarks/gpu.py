@@ -580,7 +580,7 @@ def forward_kernel_ms(graph: Graph, args: argparse.Namespace, dtype: torch.dtype
             return None
 
         def run():
-            return block_forward(q, k, v, None, layout, scale)
+            return block_forward(q, k, v, None, None, layout, scale)
     else:
         csr = build_csr(graph.edge_index[1], graph.edge_index[0], graph.num_nodes,
                         graph.num_nodes)

@@ -64,7 +64,7 @@ POINTER_TYPES = {"lse": "*fp32", "delta": "*fp32", "datt_rows": "*fp32", "rowptr
                  "eid_t": "*i32", "order": "*i32", "num_rows": "i32", "max_degree": "i32",
                  "scale": "fp32", "slope": "fp32", "ptr": "*i32", "row": "*i32",
                  "tptr": "*i32", "tpair": "*i32", "bits": "*i32", "ids": "*i32",
-                 "n_dst": "i32", "n_src": "i32", "out": "*fp32"}
+                 "n_dst": "i32", "n_src": "i32", "out": "*fp32", "drop": "*fp32"}
 BLOCK_KERNELS = ("block_forward_kernel", "block_backward_target_kernel",
                  "block_backward_source_kernel")
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -135,16 +135,18 @@ def _compile(kernel, constants: dict, dtype: str, num_warps: int, arch: int) -> 
 
 
 def compile_block_kernels(heads: int, channels: int, dtype: str, block: int, *, bias: bool,
-                          precision: str = "ieee", arch: int = 90,
+                          dropout: bool = False, precision: str = "ieee", arch: int = 90,
                           ) -> tuple[int, dict[str, dict[str, int]]]:
     """The three block-sparse kernels (:mod:`graphattn.functional.triton_blocks`) compiled
     for ``sm_<arch>`` with B = ``block``: their warps and, by kernel name, the resources of
-    :func:`resource_usage`. ``bias`` turns on the bias and its gradient; ``precision`` is the
-    products' input precision of fp32 inputs (``"ieee"`` or ``"tf32"``)."""
+    :func:`resource_usage`. ``bias`` turns on the bias and its gradient, ``dropout`` the
+    dropout mask; ``precision`` is the products' input precision of fp32 inputs (``"ieee"``
+    or ``"tf32"``)."""
     tile = tb._channel_tile(channels)
     warps = tb._warps(DTYPES[dtype], precision)
     constants = dict(H=heads, C=channels, CV=channels, HAS_BIAS=bias, NEED_DBIAS=bias,
-                     BLOCK=block, BLOCK_C=tile, BLOCK_CV=tile, PRECISION=precision)
+                     HAS_DROP=dropout, BLOCK=block, BLOCK_C=tile, BLOCK_CV=tile,
+                     PRECISION=precision)
     module = tk.kernels()
     return warps, {name: _compile(getattr(module, name), constants, dtype, warps, arch)
                    for name in BLOCK_KERNELS}
@@ -258,7 +260,8 @@ def main() -> None:
 
 def blocks_table(args: argparse.Namespace) -> None:
     """The table of the block-sparse kernels: H = 4, each tile side B, C in 16, 32, 64, fp32
-    inputs with full fp32 and with TF32 products and bf16 inputs, with and without a bias."""
+    inputs with full fp32 and with TF32 products and bf16 inputs; no per-edge input, a bias,
+    and a bias with a dropout mask."""
     output = Path(args.output or Path(__file__).parent / "results" / "triton_resources_blocks.md")
     command = "python " + " ".join(shlex.quote(a) for a in [
         "benchmarks/triton_resources.py", *sys.argv[1:]])
@@ -266,21 +269,22 @@ def blocks_table(args: argparse.Namespace) -> None:
               f"triton {triton.__version__}, target sm_90 (compiled ahead of time, no GPU)",
               "the block-sparse kernels (`launch_tiles(block_sparse=B)`), H = 4, C_v = C"]
     print("\n".join(header))
-    table = ["| B | C | inputs | products | bias | warps | kernel | registers | shared B "
+    table = ["| B | C | inputs | products | per-edge | warps | kernel | registers | shared B "
              "| spill stores / loads B | resident warps / 64 |",
              "| ---: | ---: | --- | --- | --- | ---: | --- | ---: | ---: | ---: | ---: |"]
     spills = []
     for block in tb.BLOCK_SIDES:
         for channels in (16, 32, 64):
             for dtype, precision in (("fp32", "ieee"), ("fp32", "tf32"), ("bf16", "ieee")):
-                for bias in (False, True):
+                for bias, dropout in ((False, False), (True, False), (True, True)):
                     warps, usage = compile_block_kernels(4, channels, dtype, block, bias=bias,
-                                                         precision=precision)
+                                                         dropout=dropout, precision=precision)
+                    per_edge = "bias, dropout" if dropout else "bias" if bias else "no"
                     for name, use in usage.items():
                         add_row(table, spills,
                                 f"| {block} | {channels} | {dtype} | "
                                 f"{precision if dtype == 'fp32' else dtype} | "
-                                f"{'yes' if bias else 'no'} | {warps} | "
+                                f"{per_edge} | {warps} | "
                                 f"{name.removeprefix('block_').removesuffix('_kernel')} | ",
                                 use, warps)
     summary = spill_summary(spills, table) + ("." if spills else "")

@@ -728,8 +728,8 @@ def backward_source_rows_kernel(q, k, v, bias, att, drop, edge_key, edge_value, 
 @triton.jit
 def _block_and_head(H: tl.constexpr):
     """The block and the head of this program, in a grid of (blocks x H), heads fastest."""
-    pid = tl.program_id(0).to(tl.int64)
-    return pid // H, pid % H
+    pid = tl.program_id(0)
+    return (pid // H).to(tl.int64), pid % H
 
 
 @triton.jit
@@ -764,48 +764,72 @@ def _block_rows(ptr, block, head, n, H: tl.constexpr, C: tl.constexpr, BLOCK: tl
 
 
 @triton.jit
-def _tile_scores(a, b, bias, ids, pair, edges, head, scale, H: tl.constexpr,
-                 TRANSPOSED: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
-                 PRECISION: tl.constexpr):
-    """``scale * a b^T`` plus the bias of each edge (``ids`` ``[P, B, B]``: the edge id of
-    each tile entry, read when ``HAS_BIAS``), -inf off the edges ``edges``: the scores of a
-    tile, ``(B, B)`` fp32 (a = q, b = k; or a = k, b = q, ``TRANSPOSED``)."""
-    s = tl.dot(a, tl.trans(b), input_precision=PRECISION) * scale
-    if HAS_BIAS:
+def _tile_ids(ids, pair, TRANSPOSED: tl.constexpr, HAS_IDS: tl.constexpr, BLOCK: tl.constexpr):
+    """The edge id of each entry of tile ``pair`` (``ids`` ``[P, B, B]``, -1 off the edges) as
+    int32 ``(B, B)`` (widened where an address is made: E H may pass 2^31), transposed as
+    :func:`_tile_bits`; zeros, nothing read, unless ``HAS_IDS`` (a bias or a dropout mask,
+    read at these ids)."""
+    if HAS_IDS:
         r = tl.arange(0, BLOCK)
         if TRANSPOSED:
             at = r[None, :] * BLOCK + r[:, None]
         else:
             at = r[:, None] * BLOCK + r[None, :]
-        edge = tl.load(ids + pair * (BLOCK * BLOCK) + at).to(tl.int64)
-        s += tl.load(bias + edge * H + head, mask=edges, other=0.0).to(tl.float32)
+        edge = tl.load(ids + pair * (BLOCK * BLOCK) + at)
+    else:
+        edge = tl.full([BLOCK, BLOCK], 0, tl.int32)
+    return edge
+
+
+@triton.jit
+def _tile_scores(a, b, bias, edge, edges, head, scale, H: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr):
+    """``scale * a b^T`` plus the bias of each edge (``edge``: the tile's edge ids), -inf off
+    the edges ``edges``: the scores of a tile, ``(B, B)`` fp32 (a = q, b = k; or a = k,
+    b = q for a transposed tile)."""
+    s = tl.dot(a, tl.trans(b), input_precision=PRECISION) * scale
+    if HAS_BIAS:
+        s += tl.load(bias + edge.to(tl.int64) * H + head, mask=edges, other=0.0).to(tl.float32)
     return tl.where(edges, s, float("-inf"))
+
+
+@triton.jit
+def _dropped(x, drop, edge, edges, head, H: tl.constexpr, HAS_DROP: tl.constexpr):
+    """``x`` ``(B, B)`` times each edge's dropout multiplier (``drop`` ``[E, H]``, read at the
+    tile's edge ids; 0 off the edges), or ``x`` itself without dropout."""
+    if HAS_DROP:
+        x = x * tl.load(drop + edge.to(tl.int64) * H + head, mask=edges,
+                        other=0.0).to(tl.float32)
+    return x
 
 
 @triton.jit
 def _target_block_tile(q_i, k, v, bias, col, bits, ids, pair, head, n_src, scale,
                        H: tl.constexpr, C: tl.constexpr, CV: tl.constexpr,
-                       HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_C: tl.constexpr,
-                       BLOCK_CV: tl.constexpr, PRECISION: tl.constexpr, dtype: tl.constexpr):
+                       HAS_BIAS: tl.constexpr, HAS_IDS: tl.constexpr, BLOCK: tl.constexpr,
+                       BLOCK_C: tl.constexpr, BLOCK_CV: tl.constexpr, PRECISION: tl.constexpr,
+                       dtype: tl.constexpr):
     """Tile ``pair`` seen from its target block (queries ``q_i``): the keys and values of its
-    source block, its edges and its scores ``(B targets, B sources)``."""
+    source block, its edges, their ids and its scores ``(B targets, B sources)``."""
     source_block = tl.load(col + pair).to(tl.int64)
     k_j, _, _ = _block_rows(k, source_block, head, n_src, H, C, BLOCK, BLOCK_C, dtype)
     v_j, _, _ = _block_rows(v, source_block, head, n_src, H, CV, BLOCK, BLOCK_CV, dtype)
     edges = _tile_bits(bits, pair, False, BLOCK)
-    s = _tile_scores(q_i, k_j, bias, ids, pair, edges, head, scale, H, False, HAS_BIAS,
-                     BLOCK, PRECISION)
-    return k_j, v_j, edges, s
+    edge = _tile_ids(ids, pair, False, HAS_IDS, BLOCK)
+    s = _tile_scores(q_i, k_j, bias, edge, edges, head, scale, H, HAS_BIAS, PRECISION)
+    return k_j, v_j, edges, edge, s
 
 
 @triton.jit
-def block_forward_kernel(q, k, v, bias, ptr, col, bits, ids, out, lse, n_dst, n_src, scale,
-                         H: tl.constexpr, C: tl.constexpr, CV: tl.constexpr,
-                         HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_C: tl.constexpr,
-                         BLOCK_CV: tl.constexpr, PRECISION: tl.constexpr):
+def block_forward_kernel(q, k, v, bias, drop, ptr, col, bits, ids, out, lse, n_dst, n_src,
+                         scale, H: tl.constexpr, C: tl.constexpr, CV: tl.constexpr,
+                         HAS_BIAS: tl.constexpr, HAS_DROP: tl.constexpr, BLOCK: tl.constexpr,
+                         BLOCK_C: tl.constexpr, BLOCK_CV: tl.constexpr,
+                         PRECISION: tl.constexpr):
     """Grid (target blocks x H). Online softmax over the tiles ``ptr[b]:ptr[b + 1]`` of target
     block b (``col``: their source blocks), as :func:`forward_kernel` over edges: writes
-    ``out`` ``[N_dst, H, C_v]`` (fp32) and ``lse`` ``[N_dst, H, 2]`` in its conventions."""
+    ``out`` ``[N_dst, H, C_v]`` (fp32) and ``lse`` ``[N_dst, H, 2]`` in its conventions; the
+    weights multiply the values after their dropout (``HAS_DROP``), not in the sum."""
     block, head = _block_and_head(H)
     dtype = q.dtype.element_ty
     q_i, _, _ = _block_rows(q, block, head, n_dst, H, C, BLOCK, BLOCK_C, dtype)
@@ -813,15 +837,16 @@ def block_forward_kernel(q, k, v, bias, ptr, col, bits, ids, out, lse, n_dst, n_
     l_sum = tl.full([BLOCK], 0, tl.float32)
     acc = tl.full([BLOCK, BLOCK_CV], 0, tl.float32)
     for pair in range(tl.load(ptr + block), tl.load(ptr + block + 1)):
-        # the keys and edges are in the scores already (the compiler drops them)
-        k_j, v_j, edges, s = _target_block_tile(q_i, k, v, bias, col, bits, ids, pair, head,
-                                                n_src, scale, H, C, CV, HAS_BIAS, BLOCK,
-                                                BLOCK_C, BLOCK_CV, PRECISION, dtype)
+        # the keys are in the scores already (the compiler drops them)
+        k_j, v_j, edges, edge, s = _target_block_tile(
+            q_i, k, v, bias, col, bits, ids, pair, head, n_src, scale, H, C, CV, HAS_BIAS,
+            HAS_BIAS or HAS_DROP, BLOCK, BLOCK_C, BLOCK_CV, PRECISION, dtype)
         m_new = tl.maximum(m, _max(s, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # all -inf so far: no shift
         rescale = tl.exp(m - m_safe)
         p = tl.exp(s - m_safe[:, None])
         l_sum = l_sum * rescale + _sum(p, axis=1)
+        p = _dropped(p, drop, edge, edges, head, H, HAS_DROP)
         acc = acc * rescale[:, None] + tl.dot(p.to(dtype), v_j, input_precision=PRECISION)
         m = m_new
     l_safe, m_out, log_l = _weights_and_stats(l_sum, m)
@@ -835,15 +860,16 @@ def block_forward_kernel(q, k, v, bias, ptr, col, bits, ids, out, lse, n_dst, n_
 
 
 @triton.jit
-def block_backward_target_kernel(q, k, v, bias, ptr, col, bits, ids, dout, lse, delta, dq,
-                                 dbias, n_dst, n_src, scale, H: tl.constexpr, C: tl.constexpr,
-                                 CV: tl.constexpr, HAS_BIAS: tl.constexpr,
-                                 NEED_DBIAS: tl.constexpr, BLOCK: tl.constexpr,
-                                 BLOCK_C: tl.constexpr, BLOCK_CV: tl.constexpr,
-                                 PRECISION: tl.constexpr):
+def block_backward_target_kernel(q, k, v, bias, drop, ptr, col, bits, ids, dout, lse, delta,
+                                 dq, dbias, n_dst, n_src, scale, H: tl.constexpr,
+                                 C: tl.constexpr, CV: tl.constexpr, HAS_BIAS: tl.constexpr,
+                                 HAS_DROP: tl.constexpr, NEED_DBIAS: tl.constexpr,
+                                 BLOCK: tl.constexpr, BLOCK_C: tl.constexpr,
+                                 BLOCK_CV: tl.constexpr, PRECISION: tl.constexpr):
     """Grid (target blocks x H): dq of the block, ``scale * sum_j ds_ij k_j`` with
-    ``ds = alpha (dout_i . v_j - delta_i)``, over the tiles of the block; and d bias, ds at
-    each edge's id, written once, by the program of its target."""
+    ``ds = alpha (d dout_i . v_j - delta_i)`` (d the dropout multiplier, 1 without), over the
+    tiles of the block; and d bias, ds at each edge's id, written once, by the program of its
+    target."""
     block, head = _block_and_head(H)
     dtype = q.dtype.element_ty
     q_i, at_q, ok_q = _block_rows(q, block, head, n_dst, H, C, BLOCK, BLOCK_C, dtype)
@@ -853,31 +879,32 @@ def block_backward_target_kernel(q, k, v, bias, ptr, col, bits, ids, dout, lse, 
     delta_i = tl.load(delta + rows * H + head, mask=rows < n_dst, other=0.0)
     acc = tl.full([BLOCK, BLOCK_C], 0, tl.float32)
     for pair in range(tl.load(ptr + block), tl.load(ptr + block + 1)):
-        k_j, v_j, edges, s = _target_block_tile(q_i, k, v, bias, col, bits, ids, pair, head,
-                                                n_src, scale, H, C, CV, HAS_BIAS, BLOCK,
-                                                BLOCK_C, BLOCK_CV, PRECISION, dtype)
+        k_j, v_j, edges, edge, s = _target_block_tile(
+            q_i, k, v, bias, col, bits, ids, pair, head, n_src, scale, H, C, CV, HAS_BIAS,
+            HAS_BIAS or HAS_DROP, BLOCK, BLOCK_C, BLOCK_CV, PRECISION, dtype)
         # 0 off the edges, also in a row whose m is NaN (a NaN score on one of its edges)
         alpha = tl.where(edges, _softmax_weights(s, m[:, None], log_l[:, None]), 0.0)
         dp = tl.dot(do_i, tl.trans(v_j), input_precision=PRECISION)
+        dp = _dropped(dp, drop, edge, edges, head, H, HAS_DROP)
         ds = tl.where(edges, alpha * (dp - delta_i[:, None]), 0.0)  # (B targets, B sources)
         if NEED_DBIAS:
-            r = tl.arange(0, BLOCK)
-            edge = tl.load(ids + pair * (BLOCK * BLOCK) + r[:, None] * BLOCK + r[None, :])
-            tl.store(dbias + edge.to(tl.int64) * H + head,
-                     ds.to(dbias.dtype.element_ty), mask=edges)
+            tl.store(dbias + edge.to(tl.int64) * H + head, ds.to(dbias.dtype.element_ty),
+                     mask=edges)
         acc += tl.dot(ds.to(dtype), k_j, input_precision=PRECISION)
     tl.store(dq + at_q, (acc * scale).to(dq.dtype.element_ty), mask=ok_q)
 
 
 @triton.jit
-def block_backward_source_kernel(q, k, v, bias, tptr, tpair, row, bits, ids, dout, lse, delta,
-                                 dk, dv, n_dst, n_src, scale, H: tl.constexpr,
+def block_backward_source_kernel(q, k, v, bias, drop, tptr, tpair, row, bits, ids, dout, lse,
+                                 delta, dk, dv, n_dst, n_src, scale, H: tl.constexpr,
                                  C: tl.constexpr, CV: tl.constexpr, HAS_BIAS: tl.constexpr,
-                                 BLOCK: tl.constexpr, BLOCK_C: tl.constexpr,
-                                 BLOCK_CV: tl.constexpr, PRECISION: tl.constexpr):
+                                 HAS_DROP: tl.constexpr, BLOCK: tl.constexpr,
+                                 BLOCK_C: tl.constexpr, BLOCK_CV: tl.constexpr,
+                                 PRECISION: tl.constexpr):
     """Grid (source blocks x H): dk and dv of the block over its tiles
     (``tpair[tptr[b]:tptr[b + 1]]``, whose target blocks are ``row``), in tiles of (sources,
-    targets): ``dv_j = sum_i alpha_ij dout_i``, ``dk_j = scale * sum_i ds_ij q_i``."""
+    targets): ``dv_j = sum_i d_ij alpha_ij dout_i``, ``dk_j = scale * sum_i ds_ij q_i`` (d the
+    dropout multiplier, 1 without)."""
     block, head = _block_and_head(H)
     dtype = q.dtype.element_ty
     k_j, at_k, ok_k = _block_rows(k, block, head, n_src, H, C, BLOCK, BLOCK_C, dtype)
@@ -894,12 +921,14 @@ def block_backward_source_kernel(q, k, v, bias, tptr, tpair, row, bits, ids, dou
         m, log_l = _softmax_stats(lse, rows * H + head, rows < n_dst)
         delta_i = tl.load(delta + rows * H + head, mask=rows < n_dst, other=0.0)
         edges = _tile_bits(bits, pair, True, BLOCK)
-        s = _tile_scores(k_j, q_i, bias, ids, pair, edges, head, scale, H, True, HAS_BIAS,
-                         BLOCK, PRECISION)  # (B sources, B targets)
+        edge = _tile_ids(ids, pair, True, HAS_BIAS or HAS_DROP, BLOCK)
+        s = _tile_scores(k_j, q_i, bias, edge, edges, head, scale, H, HAS_BIAS,
+                         PRECISION)  # (B sources, B targets)
         alpha = tl.where(edges, _softmax_weights(s, m[None, :], log_l[None, :]), 0.0)
-        acc_v += tl.dot(alpha.to(dtype), do_i, input_precision=PRECISION)
+        alpha_d = _dropped(alpha, drop, edge, edges, head, H, HAS_DROP)
+        acc_v += tl.dot(alpha_d.to(dtype), do_i, input_precision=PRECISION)
         dp = tl.dot(v_j, tl.trans(do_i), input_precision=PRECISION)
-        ds = tl.where(edges, alpha * (dp - delta_i[None, :]), 0.0)
+        ds = tl.where(edges, alpha_d * dp - alpha * delta_i[None, :], 0.0)
         acc_k += tl.dot(ds.to(dtype), q_i, input_precision=PRECISION)
     tl.store(dk + at_k, (acc_k * scale).to(dk.dtype.element_ty), mask=ok_k)
     tl.store(dv + at_v, acc_v.to(dv.dtype.element_ty), mask=ok_v)

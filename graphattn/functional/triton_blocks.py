@@ -27,14 +27,17 @@ own rows, so the gradients are deterministic.
 
 **The layout** (:class:`BlockLayout`, built by :func:`block_layout` and kept per
 ``edge_index`` on CUDA, as the CSR orderings are) stores, per tile that holds an edge, one bit
-per entry (B^2 / 8 bytes) and, when a bias is given, the edge id of each entry (4 B^2 bytes),
-where the bias is read and its gradient written. With a fraction f of the tile entries edges
-(the fill), the bits cost 1 / (8 f) bytes an edge, against the 8 bytes an edge of a CSR
-ordering: fewer above f = 1/64. Below that (``MIN_FILL``) the graph keeps to the CSR kernels:
-a graph of scattered edges would spend a tile, and B^2 products, on each.
+per entry (B^2 / 8 bytes) and, when a bias or a dropout mask is given, the edge id of each entry
+(4 B^2 bytes), where the bias and the mask are read and the bias's gradient written. With a
+fraction f of the tile entries edges (the fill), the bits cost 1 / (8 f) bytes an edge, against
+the 8 bytes an edge of a CSR ordering: fewer above f = 1/64. Below that (``MIN_FILL``) the
+graph keeps to the CSR kernels: a graph of scattered edges would spend a tile, and B^2
+products, on each.
 
-**What runs here:** the ``"dot"`` score, with or without a bias ``[E, H]``, q, k and v of one
-dtype (fp32, fp16, bf16), no dropout, no per-edge key or value terms, attention weights not
+**What runs here:** the ``"dot"`` score, with or without a bias ``[E, H]`` and a dropout mask
+``[E, H]`` (which multiplies the weights :math:`A` in the products with V and in dS, as in the
+CSR kernels), q, k and v of one dtype (fp32, fp16, bf16), no per-edge key or value terms,
+attention weights not
 returned, a graph without repeated edges whose tiles are at least ``MIN_FILL`` full.
 :func:`use_blocks` says whether a call qualifies; what does not runs on the CSR kernels, as it
 does without the option. Under ``torch.compile`` the kernels run as the operators
@@ -84,7 +87,7 @@ class BlockLayout:
     owns tiles ``tpair[tptr[c]:tptr[c + 1]]``. ``bits[t, i, j // 32]`` has bit ``j % 32`` set
     when the tile holds the edge from source ``col[t] * B + j`` to target ``row[t] * B + i``;
     ``ids[t, i, j]`` is that edge's column in ``edge_index`` (-1 off the edges), built only
-    for calls with a bias (``None`` otherwise).
+    for calls with a bias or a dropout mask (``None`` otherwise).
     """
 
     block: int
@@ -118,7 +121,7 @@ def block_layout(edge_index: Tensor, num_dst: int, num_src: int, block: int,
         num_src (int): number of sources.
         block (int): B, one of ``BLOCK_SIDES``.
         with_ids (bool, optional): also build ``ids``, the edge id of each tile entry (for a
-            bias). (default: ``False``)
+            bias or a dropout mask). (default: ``False``)
 
     Shapes:
         - **output:** ptr ``(ceil(N_dst / B) + 1)``, tptr ``(ceil(N_src / B) + 1)``, col, row
@@ -178,7 +181,7 @@ def use_blocks(q: Tensor, k: Tensor, v: Tensor, *, score: str, dropout_mask: Ten
                need_alpha: bool, edge_key: Tensor | None, edge_value: Tensor | None) -> bool:
     """Whether a call of the triton backend can run on the block-sparse kernels (the graph
     aside: see :func:`block_layout`); see the module docstring."""
-    return (score == "dot" and dropout_mask is None and not need_alpha and edge_key is None
+    return (score == "dot" and not need_alpha and edge_key is None
             and edge_value is None and q.dtype == k.dtype == v.dtype)
 
 
@@ -206,16 +209,19 @@ def _warps(dtype: torch.dtype, precision: str) -> int:
     return 8 if dtype == torch.float32 and precision == "ieee" else 4
 
 
-def _launch_options(q: Tensor, v: Tensor, layout: BlockLayout, bias: Tensor | None) -> dict:
+def _launch_options(q: Tensor, v: Tensor, layout: BlockLayout, bias: Tensor | None,
+                    dropout_mask: Tensor | None) -> dict:
     heads, channels, value_channels = q.size(1), q.size(2), v.size(2)
     precision = _precision(q)
     return dict(H=heads, C=channels, CV=value_channels, HAS_BIAS=bias is not None,
+                HAS_DROP=dropout_mask is not None,
                 BLOCK=layout.block, BLOCK_C=_channel_tile(channels),
                 BLOCK_CV=_channel_tile(value_channels), PRECISION=precision,
                 num_warps=_warps(q.dtype, precision))
 
 
-def block_forward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, layout: BlockLayout,
+def block_forward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None,
+                  dropout_mask: Tensor | None, layout: BlockLayout,
                   scale: float) -> tuple[Tensor, Tensor]:
     """Launch the forward kernel on contiguous inputs: out ``[N_dst, H, C_v]`` and lse
     ``[N_dst, H, 2]``, both fp32."""
@@ -227,14 +233,16 @@ def block_forward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, layout: 
     if n_dst == 0 or heads == 0:
         return out32, lse
     kernels().block_forward_kernel[((layout.ptr.numel() - 1) * heads,)](
-        q, k, v, q if bias is None else bias, layout.ptr, layout.col, layout.bits,
+        q, k, v, q if bias is None else bias, q if dropout_mask is None else dropout_mask,
+        layout.ptr, layout.col, layout.bits,
         layout.col if layout.ids is None else layout.ids, out32, lse, n_dst, n_src, scale,
-        **_launch_options(q, v, layout, bias))
+        **_launch_options(q, v, layout, bias, dropout_mask))
     return out32, lse
 
 
 def block_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None,
-                   layout: BlockLayout, out32: Tensor, lse: Tensor, scale: float,
+                   dropout_mask: Tensor | None, layout: BlockLayout, out32: Tensor,
+                   lse: Tensor, scale: float,
                    need_dbias: bool) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """Launch the two backward kernels: dq, dk, dv and d bias (when ``need_dbias``)."""
     from graphattn.functional.triton_kernels import kernels
@@ -245,18 +253,18 @@ def block_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, bias: Tensor |
     if heads == 0:
         return dq, dk, dv, dbias
     delta = (dout.float() * out32).sum(-1).contiguous()  # (N_dst, H)
-    options = _launch_options(q, v, layout, bias)
+    options = _launch_options(q, v, layout, bias, dropout_mask)
     ids = layout.col if layout.ids is None else layout.ids
-    placeholder_bias = q if bias is None else bias
+    per_edge = (q if bias is None else bias, q if dropout_mask is None else dropout_mask)
     module = kernels()
     if n_dst > 0:
         module.block_backward_target_kernel[((layout.ptr.numel() - 1) * heads,)](
-            q, k, v, placeholder_bias, layout.ptr, layout.col, layout.bits, ids, dout, lse,
+            q, k, v, *per_edge, layout.ptr, layout.col, layout.bits, ids, dout, lse,
             delta, dq, lse if dbias is None else dbias, n_dst, n_src, scale,
             NEED_DBIAS=need_dbias, **options)
     if n_src > 0:
         module.block_backward_source_kernel[((layout.tptr.numel() - 1) * heads,)](
-            q, k, v, placeholder_bias, layout.tptr, layout.tpair, layout.row, layout.bits,
+            q, k, v, *per_edge, layout.tptr, layout.tpair, layout.row, layout.bits,
             ids, dout, lse, delta, dk, dv, n_dst, n_src, scale, **options)
     return dq, dk, dv, dbias
 
@@ -267,10 +275,11 @@ class BlockSparseAttention(torch.autograd.Function):
     backend's, as in :class:`~graphattn.functional.triton_kernels.FusedEdgeAttention`."""
 
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, edge_index: Tensor,
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None,
+                dropout_mask: Tensor | None, edge_index: Tensor,
                 layout: BlockLayout, scale: float) -> tuple[Tensor, Tensor]:
-        out32, lse = block_forward(q, k, v, bias, layout, scale)
-        ctx.save_for_backward(q, k, v, bias, edge_index, out32, lse)
+        out32, lse = block_forward(q, k, v, bias, dropout_mask, layout, scale)
+        ctx.save_for_backward(q, k, v, bias, dropout_mask, edge_index, out32, lse)
         ctx.layout, ctx.scale = layout, scale
         ctx.set_materialize_grads(False)
         ctx.mark_non_differentiable(lse)
@@ -278,19 +287,20 @@ class BlockSparseAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout: Tensor | None, _dlse):
-        q, k, v, bias, edge_index, out32, lse = ctx.saved_tensors
-        none = (None, None, None)
+        q, k, v, bias, dropout_mask, edge_index, out32, lse = ctx.saved_tensors
+        none = (None, None, None, None)  # dropout_mask, edge_index, layout, scale
         if dout is None:
             return (None,) * 4 + none
         if torch.is_grad_enabled() or plain_ops_only(dout):
             dq, dk, dv, _, dbias, _, _ = reference_grads(
                 dout, None, q, k, v, edge_index, scale=ctx.scale, bias=bias,
-                dropout_mask=None, score="dot", negative_slope=0.2, att=None, edge_key=None,
-                edge_value=None, needs_grad=[*ctx.needs_input_grad[:3], False,
-                                             ctx.needs_input_grad[3], False, False])
+                dropout_mask=dropout_mask, score="dot", negative_slope=0.2, att=None,
+                edge_key=None, edge_value=None,
+                needs_grad=[*ctx.needs_input_grad[:3], False, ctx.needs_input_grad[3], False,
+                            False])
             return (dq, dk, dv, dbias, *none)
         dq, dk, dv, dbias = block_backward(
-            dout.contiguous(), q, k, v, bias, ctx.layout, out32, lse, ctx.scale,
+            dout.contiguous(), q, k, v, bias, dropout_mask, ctx.layout, out32, lse, ctx.scale,
             need_dbias=bias is not None and ctx.needs_input_grad[3])
         return (dq, dk, dv, dbias, *none)
 
@@ -302,24 +312,31 @@ class BlockSparseAttention(torch.autograd.Function):
 # CSR kernels instead: both kinds write out and lse in the same conventions, and both
 # operators decide alike from the same edge_index. The layout is built anew in each (one sort
 # of E entries), never cached: the edge_index inductor hands them may be a reused buffer.
+def _op_layout(edge_index: Tensor, q: Tensor, v: Tensor, bias: Tensor | None,
+               dropout_mask: Tensor | None, block: int) -> BlockLayout | None:
+    return block_layout(edge_index, q.size(0), v.size(0), block,
+                        with_ids=bias is not None or dropout_mask is not None)
+
+
 @torch.library.custom_op("graphattn::triton_block_attention", mutates_args=())
-def _block_forward_op(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, edge_index: Tensor,
-                      scale: float, block: int) -> tuple[Tensor, Tensor]:
+def _block_forward_op(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None,
+                      dropout_mask: Tensor | None, edge_index: Tensor, scale: float,
+                      block: int) -> tuple[Tensor, Tensor]:
     """out (fp32) and lse on the block kernels in tiles of ``block``, or on the CSR kernels
     when the graph does not suit them; see :func:`block_forward`."""
-    layout = block_layout(edge_index, q.size(0), v.size(0), block, with_ids=bias is not None)
+    layout = _op_layout(edge_index, q, v, bias, dropout_mask, block)
     if layout is not None:
-        return block_forward(q, k, v, bias, layout, scale)
+        return block_forward(q, k, v, bias, dropout_mask, layout, scale)
     from graphattn.functional.triton_kernels import _forward
 
-    # the dot score: no att, no dropout; the slope is unused
-    out32, _, lse, _ = _forward(q, k, v, None, bias, None, edge_index, scale, 0.2, "dot",
-                                False, cached=False)
+    # the dot score: no att; the slope is unused
+    out32, _, lse, _ = _forward(q, k, v, None, bias, dropout_mask, edge_index, scale, 0.2,
+                                "dot", False, cached=False)
     return out32, lse
 
 
 @_block_forward_op.register_fake
-def _block_forward_fake(q, k, v, bias, edge_index, scale, block):
+def _block_forward_fake(q, k, v, bias, dropout_mask, edge_index, scale, block):
     n_dst, heads = q.size(0), v.size(1)
     return (v.new_empty(n_dst, heads, v.size(2), dtype=torch.float32),
             v.new_empty(n_dst, heads, 2, dtype=torch.float32))
@@ -327,48 +344,50 @@ def _block_forward_fake(q, k, v, bias, edge_index, scale, block):
 
 @torch.library.custom_op("graphattn::triton_block_attention_backward", mutates_args=())
 def _block_backward_op(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None,
-                       edge_index: Tensor, out32: Tensor, lse: Tensor, scale: float, block: int,
+                       dropout_mask: Tensor | None, edge_index: Tensor, out32: Tensor,
+                       lse: Tensor, scale: float, block: int,
                        need_dbias: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """dq, dk, dv and d bias (empty unless ``need_dbias``), by the kernels
     :func:`_block_forward_op` ran on; see :func:`block_backward`."""
-    layout = block_layout(edge_index, q.size(0), v.size(0), block, with_ids=bias is not None)
+    layout = _op_layout(edge_index, q, v, bias, dropout_mask, block)
     if layout is not None:
-        dq, dk, dv, dbias = block_backward(dout, q, k, v, bias, layout, out32, lse, scale,
-                                           need_dbias)
+        dq, dk, dv, dbias = block_backward(dout, q, k, v, bias, dropout_mask, layout, out32,
+                                           lse, scale, need_dbias)
     else:
         from graphattn.functional.triton_kernels import _backward, graph_csr
 
         csr = graph_csr(edge_index, by_target=True, num_dst=q.size(0), num_src=v.size(0),
                         cached=False)
         dq, dk, dv, _, dbias, _, _ = _backward(
-            dout, None, q, k, v, None, bias, None, edge_index, out32, lse, csr, scale, 0.2,
-            "dot", need_dbias, False, cached=False)
+            dout, None, q, k, v, None, bias, dropout_mask, edge_index, out32, lse, csr, scale,
+            0.2, "dot", need_dbias, False, cached=False)
     return dq, dk, dv, q.new_empty(0) if dbias is None else dbias
 
 
 @_block_backward_op.register_fake
-def _block_backward_fake(dout, q, k, v, bias, edge_index, out32, lse, scale, block, need_dbias):
+def _block_backward_fake(dout, q, k, v, bias, dropout_mask, edge_index, out32, lse, scale, block,
+                         need_dbias):
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
             torch.empty_like(bias) if need_dbias else q.new_empty(0))
 
 
 def _block_setup_context(ctx, inputs, output) -> None:
-    q, k, v, bias, edge_index, scale, block = inputs
+    q, k, v, bias, dropout_mask, edge_index, scale, block = inputs
     out32, lse = output
-    ctx.save_for_backward(q, k, v, bias, edge_index, out32, lse)
+    ctx.save_for_backward(q, k, v, bias, dropout_mask, edge_index, out32, lse)
     ctx.options = (scale, block)
     ctx.set_materialize_grads(False)
     ctx.mark_non_differentiable(lse)
 
 
 def _block_op_grads(ctx, dout: Tensor | None, _dlse) -> tuple:
-    q, k, v, bias, edge_index, out32, lse = ctx.saved_tensors
+    q, k, v, bias, dropout_mask, edge_index, out32, lse = ctx.saved_tensors
     if dout is None:
-        return (None,) * 7
+        return (None,) * 8
     need_dbias = bias is not None and ctx.needs_input_grad[3]
-    dq, dk, dv, dbias = _block_backward_op(dout.contiguous(), q, k, v, bias, edge_index,
-                                           out32, lse, *ctx.options, need_dbias)
-    return dq, dk, dv, dbias if need_dbias else None, None, None, None
+    dq, dk, dv, dbias = _block_backward_op(dout.contiguous(), q, k, v, bias, dropout_mask,
+                                           edge_index, out32, lse, *ctx.options, need_dbias)
+    return dq, dk, dv, dbias if need_dbias else None, None, None, None, None
 
 
 _block_forward_op.register_autograd(_block_op_grads, setup_context=_block_setup_context)

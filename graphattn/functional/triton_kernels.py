@@ -847,11 +847,13 @@ def triton_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *
                                         need_alpha=need_alpha, edge_key=edge_key,
                                         edge_value=edge_value):
         if torch.compiler.is_compiling():
-            out32, _ = _block_forward_op(q, k, v, bias, edge_index, scale, block)
+            out32, _ = _block_forward_op(q, k, v, bias, dropout_mask, edge_index, scale, block)
             return out32.to(v.dtype), None
-        layout = graph_blocks(edge_index, q.size(0), v.size(0), block, bias is not None)
+        layout = graph_blocks(edge_index, q.size(0), v.size(0), block,
+                              with_ids=bias is not None or dropout_mask is not None)
         if layout is not None:  # None: a repeated edge, or tiles too empty
-            out32, _ = BlockSparseAttention.apply(q, k, v, bias, edge_index, layout, scale)
+            out32, _ = BlockSparseAttention.apply(q, k, v, bias, dropout_mask, edge_index,
+                                                  layout, scale)
             return out32.to(v.dtype), None
     inputs = (q, k, v, att, bias, dropout_mask, edge_index, scale, negative_slope, score,
               need_alpha, edge_key, edge_value)

@@ -69,15 +69,18 @@ SINGLE_EDGES = [g for g in GRAPHS if "multi-edge" not in g.tags]
 
 
 def run(inputs, edge_index, *, block=None, scale=0.5, compute_dtype=None, seed=1,
-        create_graph=False, leaves=None):
+        create_graph=False, leaves=None, dropout_mask=None):
     """out and the gradients of a fixed random loss: on the block kernels (``block``) or on the
     reference backend (computed in ``compute_dtype``), on ``DEVICE``, with respect to fresh
-    copies of the inputs there (or to ``leaves``, a dict of them)."""
+    copies of the inputs there (or to ``leaves``, a dict of them); ``dropout_mask`` ``[E, H]``
+    multiplies the weights."""
     if leaves is None:
         leaves = {n: t for n, t in on_device(inputs).items() if t is not None}
     cast = {n: (t.to(compute_dtype) if compute_dtype else t) for n, t in leaves.items()}
     args = (cast["q"], cast["k"], cast["v"], edge_index.to(DEVICE))
-    options = dict(scale=scale, bias=cast.get("bias"), dropout_mask=None, score="dot",
+    if dropout_mask is not None:
+        dropout_mask = dropout_mask.to(DEVICE, compute_dtype or torch.float32)
+    options = dict(scale=scale, bias=cast.get("bias"), dropout_mask=dropout_mask, score="dot",
                    negative_slope=0.2, need_alpha=False)
     if block is None:
         out, _ = reference_edge_attention(*args, **options)
@@ -91,13 +94,16 @@ def run(inputs, edge_index, *, block=None, scale=0.5, compute_dtype=None, seed=1
     return {"out": out, **{"d" + n: g for n, g in zip(leaves, grads, strict=True)}}
 
 
-def check_blocks(monkeypatch, inputs, edge_index, *, block, dtype=torch.float32, scale=0.5):
+def check_blocks(monkeypatch, inputs, edge_index, *, block, dtype=torch.float32, scale=0.5,
+                 dropout_mask=None):
     """The block kernels (all three launched, nothing else) against the float64 reference."""
     launches = spy_on_launches(monkeypatch, BLOCK_KERNELS)
-    got = run(inputs, edge_index, block=block, scale=scale)
+    got = run(inputs, edge_index, block=block, scale=scale, dropout_mask=dropout_mask)
     assert {name for name, *_ in launches} == set(BLOCK_KERNELS)
+    assert all(kw["HAS_DROP"] == (dropout_mask is not None) for _, _, kw in launches)
     monkeypatch.undo()
-    want = run(inputs, edge_index, scale=scale, compute_dtype=torch.float64)
+    want = run(inputs, edge_index, scale=scale, compute_dtype=torch.float64,
+               dropout_mask=dropout_mask)
     assert got["out"].dtype == inputs["v"].dtype
     assert_results_close(got, want, inputs, dtype)
     return got
@@ -124,6 +130,48 @@ def test_matches_reference_on_graph_registry(interpreter, monkeypatch, graph_cas
     isolated = torch.ones(graph_case.num_dst, dtype=torch.bool)
     isolated[ei[1]] = False
     assert (got["out"][isolated.to(DEVICE)] == 0).all()
+
+
+@needs_triton
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+@pytest.mark.parametrize("block", [32, 64])
+@pytest.mark.parametrize("name", ["window-70-r3", "causal-40", "random-bipartite"])
+def test_dropout_mask_multiplies_the_weights(interpreter, monkeypatch, name, block, bias):
+    """A dropout mask ``[E, H]`` (0 or 1 / (1 - p), read at each tile entry's edge id)
+    multiplies the weights: out and gradients are the reference's with the same mask."""
+    edge_index, num_src, num_dst = STRUCTURED[name]
+    num_edges = edge_index.size(1)
+    inputs = attention_inputs(num_src, num_dst, num_edges, 2, 8, bias=bias)
+    gen = torch.Generator().manual_seed(7)
+    mask = (torch.rand(num_edges, 2, generator=gen) > 0.3).float() / 0.7
+    check_blocks(monkeypatch, inputs, edge_index, block=block, dropout_mask=mask)
+
+
+@needs_triton
+def test_edge_attention_with_dropout_takes_the_block_kernels(interpreter, monkeypatch):
+    """``edge_attention(dropout_p > 0)`` in training runs the block kernels, forward and
+    backward; its out is the reference backend's with the mask drawn from the same seed (the
+    fp32 mask the triton backend draws)."""
+    from graphattn.functional.dropout import dropout_mask
+
+    edge_index, num_src, num_dst = STRUCTURED["window-70-r3"]
+    edge_index = edge_index.to(DEVICE)
+    inputs = on_device(attention_inputs(num_src, num_dst, edge_index.size(1), 2, 8))
+    launches = spy_on_launches(monkeypatch, BLOCK_KERNELS)
+    torch.manual_seed(3)
+    with tk.launch_tiles(block_sparse=32):
+        out = edge_attention(inputs["q"], inputs["k"], inputs["v"], edge_index,
+                             dropout_p=0.5, backend="triton")
+        out.sum().backward()
+    assert {name for name, *_ in launches} == set(BLOCK_KERNELS)
+    monkeypatch.undo()
+    torch.manual_seed(3)
+    mask = dropout_mask((edge_index.size(1), 2), 0.5, device=out.device, dtype=torch.float32)
+    assert 0 < (mask == 0).sum() < mask.numel()
+    want, _ = reference_edge_attention(inputs["q"], inputs["k"], inputs["v"], edge_index,
+                                       scale=8**-0.5, bias=None, dropout_mask=mask,
+                                       score="dot", negative_slope=0.2, need_alpha=False)
+    assert_close(out, want)
 
 
 @needs_triton
@@ -222,7 +270,7 @@ def test_gradients_of_gradients_are_the_reference_ones(interpreter, monkeypatch)
 
 
 @needs_triton
-@pytest.mark.parametrize("case", ["repeated-edge", "dropout", "alpha", "additive", "edge-value",
+@pytest.mark.parametrize("case", ["repeated-edge", "alpha", "additive", "edge-value",
                                   "mixed-dtypes"])
 def test_falls_back_to_the_csr_kernels(interpreter, monkeypatch, case):
     """What the block kernels do not take runs on the CSR kernels, with the same result."""
@@ -237,8 +285,6 @@ def test_falls_back_to_the_csr_kernels(interpreter, monkeypatch, case):
         k = k.detach().double().float().half().requires_grad_()
     options = dict(scale=0.5, bias=bias, score="additive" if case == "additive" else "dot",
                    negative_slope=0.2, need_alpha=case == "alpha", dropout_mask=None)
-    if case == "dropout":
-        options["dropout_mask"] = torch.full((num_edges, 2), 2.0, device=DEVICE)
     if case == "edge-value":
         options["edge_value"] = torch.randn(num_edges, 2, 8, device=DEVICE)
     edge_index = edge_index.to(DEVICE)
@@ -369,11 +415,12 @@ import sys
 sys.path.insert(0, {str(BENCHMARKS)!r})
 import triton_resources
 
-for dtype, block, bias, precision in [("fp16", 64, False, "ieee"), ("fp16", 64, True, "ieee"),
-                                      ("bf16", 32, True, "ieee"), ("fp32", 32, False, "ieee"),
-                                      ("fp32", 64, True, "tf32")]:
+for dtype, block, bias, dropout, precision in [
+        ("fp16", 64, False, False, "ieee"), ("fp16", 64, True, False, "ieee"),
+        ("bf16", 32, True, True, "ieee"), ("fp32", 32, False, False, "ieee"),
+        ("fp32", 64, True, False, "tf32"), ("fp32", 32, False, True, "ieee")]:
     warps, usage = triton_resources.compile_block_kernels(4, 32, dtype, block, bias=bias,
-                                                          precision=precision)
+                                                          dropout=dropout, precision=precision)
     for name, use in usage.items():
         print("compiled", name, dtype, block, bias, use["registers"], use["spill_stores"])
 """
@@ -383,15 +430,16 @@ for dtype, block, bias, precision in [("fp16", 64, False, "ieee"), ("fp16", 64, 
 def test_block_kernels_compile_for_sm90():
     """The interpreter does not run Triton's compiler: compile the three block kernels for
     sm_90 ahead of time (half and fp32 inputs, full fp32 and TF32 products, with and without a
-    bias), as ``benchmarks/triton_resources.py --blocks`` does; no GPU needed. In a fresh
-    process: the interpreter leaves ``triton.language`` patched after it ran."""
+    bias and a dropout mask), as ``benchmarks/triton_resources.py --blocks`` does; no GPU
+    needed. In a fresh process: the interpreter leaves ``triton.language`` patched after it
+    ran."""
     env = {**os.environ, "TRITON_INTERPRET": "0"}
     done = subprocess.run([sys.executable, "-c", COMPILE_FOR_SM90], env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     compiled = [line.split() for line in done.stdout.splitlines()
                 if line.startswith("compiled")]
-    assert len(compiled) == 5 * 3
+    assert len(compiled) == 6 * 3
     assert {row[1] for row in compiled} == set(BLOCK_KERNELS)
 
 
@@ -444,7 +492,8 @@ def test_empty_tiles_keep_to_the_csr_kernels(interpreter, monkeypatch):
 
 
 @needs_triton
-@pytest.mark.parametrize("case", ["window", "window-no-bias", "repeated-edge"])
+@pytest.mark.parametrize("case", ["window", "window-no-bias", "window-dropout",
+                                  "repeated-edge"])
 def test_compiled_calls_run_the_block_operators(interpreter, monkeypatch, case):
     """Under ``torch.compile`` (``fullgraph=True``) the block kernels run forward and backward,
     as the operator ``graphattn::triton_block_attention``; on a graph with a repeated edge the
@@ -454,19 +503,27 @@ def test_compiled_calls_run_the_block_operators(interpreter, monkeypatch, case):
     edge_index, num_src, num_dst = STRUCTURED["window-70-r3"]
     if case == "repeated-edge":
         edge_index = torch.cat([edge_index, edge_index[:, :3]], dim=1)
-    inputs = attention_inputs(num_src, num_dst, edge_index.size(1), 2, 8)
+    num_edges = edge_index.size(1)
+    inputs = attention_inputs(num_src, num_dst, num_edges, 2, 8)
     if case == "window-no-bias":
         inputs["bias"] = None
+    mask = None
+    if case == "window-dropout":
+        gen = torch.Generator().manual_seed(4)
+        mask = ((torch.rand(num_edges, 2, generator=gen) > 0.4).float() / 0.6).to(DEVICE)
     leaves = {n: t for n, t in on_device(inputs).items() if t is not None}
     edge_index = edge_index.to(DEVICE)
 
     def attend(q, k, v, bias, edge_index):
-        return edge_attention(q, k, v, edge_index, bias=bias, scale=0.5, backend="triton")
+        return tk.triton_edge_attention(q, k, v, edge_index, scale=0.5, bias=bias,
+                                        dropout_mask=mask, score="dot", negative_slope=0.2,
+                                        need_alpha=False)[0]
 
     compiled = torch.compile(attend, backend="aot_eager", fullgraph=True)
     weight = torch.randn(num_dst, 2, 8, generator=torch.Generator().manual_seed(2),
                          dtype=torch.float64).to(DEVICE)  # run's loss
-    expected = run(inputs, edge_index, scale=0.5, compute_dtype=torch.float64, seed=2)
+    expected = run(inputs, edge_index, scale=0.5, compute_dtype=torch.float64, seed=2,
+                   dropout_mask=mask)
     kinds = CSR_KERNELS if case == "repeated-edge" else BLOCK_KERNELS
     for tiles in ({"block_sparse": 32}, {}):
         launches = spy_on_launches(monkeypatch, CSR_KERNELS + BLOCK_KERNELS)
@@ -482,20 +539,24 @@ def test_compiled_calls_run_the_block_operators(interpreter, monkeypatch, case):
 
 
 @needs_triton
-@pytest.mark.parametrize(("bias", "repeated"), [(True, False), (False, False), (True, True)],
-                         ids=["bias", "no-bias", "repeated-edge"])
-def test_block_operators_pass_opcheck(interpreter, bias, repeated):
+@pytest.mark.parametrize(("bias", "dropout", "repeated"), [
+    (True, False, False), (False, False, False), (False, True, False), (True, True, True)],
+    ids=["bias", "no-bias", "dropout", "repeated-edge"])
+def test_block_operators_pass_opcheck(interpreter, bias, dropout, repeated):
     """torch's checks of the two operators (schema, fake shapes, the autograd registration),
     on a graph the tiles take and on one they do not (a repeated edge: the CSR kernels)."""
     edge_index, num_src, num_dst = STRUCTURED["causal-40"]
     if repeated:
         edge_index = torch.cat([edge_index, edge_index[:, :2]], dim=1)
-    inputs = on_device(attention_inputs(num_src, num_dst, edge_index.size(1), 2, 8))
+    num_edges = edge_index.size(1)
+    inputs = on_device(attention_inputs(num_src, num_dst, num_edges, 2, 8))
     q, k, v = (inputs[n].detach() for n in ("q", "k", "v"))
     b = inputs["bias"].detach() if bias else None
+    mask = (torch.rand(num_edges, 2) > 0.5).float().mul(2).to(DEVICE) if dropout else None
     edge_index = edge_index.to(DEVICE)
-    torch.library.opcheck(tb._block_forward_op, (q.requires_grad_(), k, v, b, edge_index,
-                                                 0.5, 32))
-    out32, lse = tb._block_forward_op(q.detach(), k, v, b, edge_index, 0.5, 32)
+    torch.library.opcheck(tb._block_forward_op, (q.requires_grad_(), k, v, b, mask,
+                                                 edge_index, 0.5, 32))
+    out32, lse = tb._block_forward_op(q.detach(), k, v, b, mask, edge_index, 0.5, 32)
     torch.library.opcheck(tb._block_backward_op, (torch.randn_like(out32), q.detach(), k, v,
-                                                  b, edge_index, out32, lse, 0.5, 32, bias))
+                                                  b, mask, edge_index, out32, lse, 0.5, 32,
+                                                  bias))
