@@ -64,7 +64,8 @@ POINTER_TYPES = {"lse": "*fp32", "delta": "*fp32", "datt_rows": "*fp32", "rowptr
                  "eid_t": "*i32", "order": "*i32", "num_rows": "i32", "max_degree": "i32",
                  "scale": "fp32", "slope": "fp32", "ptr": "*i32", "row": "*i32",
                  "tptr": "*i32", "tpair": "*i32", "bits": "*i32", "ids": "*i32",
-                 "n_dst": "i32", "n_src": "i32", "out": "*fp32", "drop": "*fp32"}
+                 "n_dst": "i32", "n_src": "i32", "out": "*fp32", "drop": "*fp32",
+                 "scores": "*fp32"}
 BLOCK_KERNELS = ("block_forward_kernel", "block_backward_target_kernel",
                  "block_backward_source_kernel")
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -135,17 +136,18 @@ def _compile(kernel, constants: dict, dtype: str, num_warps: int, arch: int) -> 
 
 
 def compile_block_kernels(heads: int, channels: int, dtype: str, block: int, *, bias: bool,
-                          dropout: bool = False, precision: str = "ieee", arch: int = 90,
+                          dropout: bool = False, scores: bool = False, precision: str = "ieee",
+                          arch: int = 90,
                           ) -> tuple[int, dict[str, dict[str, int]]]:
     """The three block-sparse kernels (:mod:`graphattn.functional.triton_blocks`) compiled
     for ``sm_<arch>`` with B = ``block``: their warps and, by kernel name, the resources of
     :func:`resource_usage`. ``bias`` turns on the bias and its gradient, ``dropout`` the
-    dropout mask; ``precision`` is the products' input precision of fp32 inputs (``"ieee"``
-    or ``"tf32"``)."""
+    dropout mask, ``scores`` the scores written for the weights; ``precision`` is the
+    products' input precision of fp32 inputs (``"ieee"`` or ``"tf32"``)."""
     tile = tb._channel_tile(channels)
     warps = tb._warps(DTYPES[dtype], precision)
     constants = dict(H=heads, C=channels, CV=channels, HAS_BIAS=bias, NEED_DBIAS=bias,
-                     HAS_DROP=dropout, BLOCK=block, BLOCK_C=tile, BLOCK_CV=tile,
+                     HAS_DROP=dropout, NEED_SCORES=scores, BLOCK=block, BLOCK_C=tile, BLOCK_CV=tile,
                      PRECISION=precision)
     module = tk.kernels()
     return warps, {name: _compile(getattr(module, name), constants, dtype, warps, arch)
@@ -261,7 +263,7 @@ def main() -> None:
 def blocks_table(args: argparse.Namespace) -> None:
     """The table of the block-sparse kernels: H = 4, each tile side B, C in 16, 32, 64, fp32
     inputs with full fp32 and with TF32 products and bf16 inputs; no per-edge input, a bias,
-    and a bias with a dropout mask."""
+    and a bias with a dropout mask and the weights returned."""
     output = Path(args.output or Path(__file__).parent / "results" / "triton_resources_blocks.md")
     command = "python " + " ".join(shlex.quote(a) for a in [
         "benchmarks/triton_resources.py", *sys.argv[1:]])
@@ -276,10 +278,11 @@ def blocks_table(args: argparse.Namespace) -> None:
     for block in tb.BLOCK_SIDES:
         for channels in (16, 32, 64):
             for dtype, precision in (("fp32", "ieee"), ("fp32", "tf32"), ("bf16", "ieee")):
-                for bias, dropout in ((False, False), (True, False), (True, True)):
+                for bias, every in ((False, False), (True, False), (True, True)):
                     warps, usage = compile_block_kernels(4, channels, dtype, block, bias=bias,
-                                                         dropout=dropout, precision=precision)
-                    per_edge = "bias, dropout" if dropout else "bias" if bias else "no"
+                                                         dropout=every, scores=every,
+                                                         precision=precision)
+                    per_edge = "bias, dropout, weights" if every else "bias" if bias else "no"
                     for name, use in usage.items():
                         add_row(table, spills,
                                 f"| {block} | {channels} | {dtype} | "

@@ -821,14 +821,15 @@ def _target_block_tile(q_i, k, v, bias, col, bits, ids, pair, head, n_src, scale
 
 
 @triton.jit
-def block_forward_kernel(q, k, v, bias, drop, ptr, col, bits, ids, out, lse, n_dst, n_src,
-                         scale, H: tl.constexpr, C: tl.constexpr, CV: tl.constexpr,
-                         HAS_BIAS: tl.constexpr, HAS_DROP: tl.constexpr, BLOCK: tl.constexpr,
-                         BLOCK_C: tl.constexpr, BLOCK_CV: tl.constexpr,
-                         PRECISION: tl.constexpr):
+def block_forward_kernel(q, k, v, bias, drop, ptr, col, bits, ids, out, lse, scores, n_dst,
+                         n_src, scale, H: tl.constexpr, C: tl.constexpr, CV: tl.constexpr,
+                         HAS_BIAS: tl.constexpr, HAS_DROP: tl.constexpr,
+                         NEED_SCORES: tl.constexpr, BLOCK: tl.constexpr, BLOCK_C: tl.constexpr,
+                         BLOCK_CV: tl.constexpr, PRECISION: tl.constexpr):
     """Grid (target blocks x H). Online softmax over the tiles ``ptr[b]:ptr[b + 1]`` of target
     block b (``col``: their source blocks), as :func:`forward_kernel` over edges: writes
-    ``out`` ``[N_dst, H, C_v]`` (fp32) and ``lse`` ``[N_dst, H, 2]`` in its conventions; the
+    ``out`` ``[N_dst, H, C_v]`` (fp32) and ``lse`` ``[N_dst, H, 2]`` in its conventions, and
+    with ``NEED_SCORES`` each edge's score at its id in ``scores`` ``[E, H]`` (fp32); the
     weights multiply the values after their dropout (``HAS_DROP``), not in the sum."""
     block, head = _block_and_head(H)
     dtype = q.dtype.element_ty
@@ -840,7 +841,9 @@ def block_forward_kernel(q, k, v, bias, drop, ptr, col, bits, ids, out, lse, n_d
         # the keys are in the scores already (the compiler drops them)
         k_j, v_j, edges, edge, s = _target_block_tile(
             q_i, k, v, bias, col, bits, ids, pair, head, n_src, scale, H, C, CV, HAS_BIAS,
-            HAS_BIAS or HAS_DROP, BLOCK, BLOCK_C, BLOCK_CV, PRECISION, dtype)
+            HAS_BIAS or HAS_DROP or NEED_SCORES, BLOCK, BLOCK_C, BLOCK_CV, PRECISION, dtype)
+        if NEED_SCORES:
+            tl.store(scores + edge.to(tl.int64) * H + head, s, mask=edges)
         m_new = tl.maximum(m, _max(s, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # all -inf so far: no shift
         rescale = tl.exp(m - m_safe)

@@ -36,9 +36,12 @@ products, on each.
 
 **What runs here:** the ``"dot"`` score, with or without a bias ``[E, H]`` and a dropout mask
 ``[E, H]`` (which multiplies the weights :math:`A` in the products with V and in dS, as in the
-CSR kernels), q, k and v of one dtype (fp32, fp16, bf16), no per-edge key or value terms,
-attention weights not
-returned, a graph without repeated edges whose tiles are at least ``MIN_FILL`` full.
+CSR kernels), q, k and v of one dtype (fp32, fp16, bf16), no per-edge key or value terms, a
+graph without repeated edges whose tiles are at least ``MIN_FILL`` full. The weights are
+returned when asked for: the forward kernel writes each edge's score at its id, and the weights
+follow from lse. A gradient through them runs the CSR kernels' backward, which takes it (on the
+block kernels' out and lse, in the same conventions); under ``torch.compile`` a call that returns
+them always does, since the weights' gradient then comes as zeros when unused.
 :func:`use_blocks` says whether a call qualifies; what does not runs on the CSR kernels, as it
 does without the option. Under ``torch.compile`` the kernels run as the operators
 ``graphattn::triton_block_attention`` and its backward, which check the graph themselves. The block
@@ -177,12 +180,12 @@ def graph_blocks(edge_index: Tensor, num_dst: int, num_src: int, block: int,
                                                   with_ids))
 
 
-def use_blocks(q: Tensor, k: Tensor, v: Tensor, *, score: str, dropout_mask: Tensor | None,
-               need_alpha: bool, edge_key: Tensor | None, edge_value: Tensor | None) -> bool:
+def use_blocks(q: Tensor, k: Tensor, v: Tensor, *, score: str, edge_key: Tensor | None,
+               edge_value: Tensor | None) -> bool:
     """Whether a call of the triton backend can run on the block-sparse kernels (the graph
     aside: see :func:`block_layout`); see the module docstring."""
-    return (score == "dot" and not need_alpha and edge_key is None
-            and edge_value is None and q.dtype == k.dtype == v.dtype)
+    return (score == "dot" and edge_key is None and edge_value is None
+            and q.dtype == k.dtype == v.dtype)
 
 
 def _precision(q: Tensor) -> str:
@@ -221,23 +224,27 @@ def _launch_options(q: Tensor, v: Tensor, layout: BlockLayout, bias: Tensor | No
 
 
 def block_forward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None,
-                  dropout_mask: Tensor | None, layout: BlockLayout,
-                  scale: float) -> tuple[Tensor, Tensor]:
+                  dropout_mask: Tensor | None, layout: BlockLayout, scale: float,
+                  num_scores: int | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
     """Launch the forward kernel on contiguous inputs: out ``[N_dst, H, C_v]`` and lse
-    ``[N_dst, H, 2]``, both fp32."""
+    ``[N_dst, H, 2]``, both fp32, and with ``num_scores`` = E the scores ``[E, H]`` (fp32, in
+    ``edge_index`` order; the layout must have ids), else ``None``."""
     from graphattn.functional.triton_kernels import kernels
 
     n_dst, n_src, heads = q.size(0), k.size(0), q.size(1)
     out32 = torch.empty(n_dst, heads, v.size(2), device=v.device, dtype=torch.float32)
     lse = torch.empty(n_dst, heads, 2, device=v.device, dtype=torch.float32)
+    scores = (None if num_scores is None else
+              torch.empty(num_scores, heads, device=v.device, dtype=torch.float32))
     if n_dst == 0 or heads == 0:
-        return out32, lse
+        return out32, lse, scores
     kernels().block_forward_kernel[((layout.ptr.numel() - 1) * heads,)](
         q, k, v, q if bias is None else bias, q if dropout_mask is None else dropout_mask,
         layout.ptr, layout.col, layout.bits,
-        layout.col if layout.ids is None else layout.ids, out32, lse, n_dst, n_src, scale,
-        **_launch_options(q, v, layout, bias, dropout_mask))
-    return out32, lse
+        layout.col if layout.ids is None else layout.ids, out32, lse,
+        lse if scores is None else scores, n_dst, n_src, scale,
+        NEED_SCORES=scores is not None, **_launch_options(q, v, layout, bias, dropout_mask))
+    return out32, lse, scores
 
 
 def block_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None,
@@ -269,40 +276,84 @@ def block_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, bias: Tensor |
     return dq, dk, dv, dbias
 
 
+def _alpha(q: Tensor, k: Tensor, bias: Tensor | None, scores: Tensor | None, lse: Tensor,
+           edge_index: Tensor) -> Tensor:
+    """The weights ``[E, H]`` from the forward kernel's scores (``[0, H]`` without), in the
+    dtype of the reference's scores."""
+    from graphattn.functional.triton_kernels import _alpha_dtype, weights_from_scores
+
+    return weights_from_scores(scores, lse, edge_index, _alpha_dtype(q, k, bias, None))
+
+
+def _reference_grads(dout: Tensor | None, dalpha: Tensor | None, q: Tensor, k: Tensor,
+                     v: Tensor, bias: Tensor | None, dropout_mask: Tensor | None,
+                     edge_index: Tensor, scale: float, needs: tuple[bool, ...]) -> tuple:
+    """dq, dk, dv and d bias in plain torch ops (``needs``: whether each is wanted)."""
+    dq, dk, dv, _, dbias, _, _ = reference_grads(
+        dout, dalpha, q, k, v, edge_index, scale=scale, bias=bias, dropout_mask=dropout_mask,
+        score="dot", negative_slope=0.2, att=None, edge_key=None, edge_value=None,
+        needs_grad=[*needs[:3], False, needs[3], False, False])
+    return dq, dk, dv, dbias
+
+
 class BlockSparseAttention(torch.autograd.Function):
-    """Eager autograd around the block-sparse kernels. Forward returns the fp32 out and, for
-    backward alone, lse. Gradients of gradients (``create_graph=True``) are the reference
-    backend's, as in :class:`~graphattn.functional.triton_kernels.FusedEdgeAttention`."""
+    """Eager autograd around the block-sparse kernels. Forward returns the fp32 out, the
+    weights (``[0, H]`` unless ``need_alpha``) and, for backward alone, lse. A gradient through
+    the weights, and gradients of gradients (``create_graph=True``), are the reference
+    backend's, as in :class:`~graphattn.functional.triton_kernels.FusedEdgeAttention`; the
+    kernels compute the first-order gradients through out."""
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None,
-                dropout_mask: Tensor | None, edge_index: Tensor,
-                layout: BlockLayout, scale: float) -> tuple[Tensor, Tensor]:
-        out32, lse = block_forward(q, k, v, bias, dropout_mask, layout, scale)
+                dropout_mask: Tensor | None, edge_index: Tensor, layout: BlockLayout,
+                scale: float, need_alpha: bool) -> tuple[Tensor, Tensor, Tensor]:
+        out32, lse, scores = block_forward(q, k, v, bias, dropout_mask, layout, scale,
+                                           edge_index.size(1) if need_alpha else None)
+        alpha = _alpha(q, k, bias, scores, lse, edge_index)
         ctx.save_for_backward(q, k, v, bias, dropout_mask, edge_index, out32, lse)
         ctx.layout, ctx.scale = layout, scale
         ctx.set_materialize_grads(False)
         ctx.mark_non_differentiable(lse)
-        return out32, lse
+        if not need_alpha:
+            ctx.mark_non_differentiable(alpha)
+        return out32, alpha, lse
 
     @staticmethod
-    def backward(ctx, dout: Tensor | None, _dlse):
+    def backward(ctx, dout: Tensor | None, dalpha: Tensor | None, _dlse):
         q, k, v, bias, dropout_mask, edge_index, out32, lse = ctx.saved_tensors
-        none = (None, None, None, None)  # dropout_mask, edge_index, layout, scale
-        if dout is None:
+        none = (None,) * 5  # dropout_mask, edge_index, layout, scale, need_alpha
+        if dout is None and dalpha is None:
             return (None,) * 4 + none
-        if torch.is_grad_enabled() or plain_ops_only(dout):
-            dq, dk, dv, _, dbias, _, _ = reference_grads(
-                dout, None, q, k, v, edge_index, scale=ctx.scale, bias=bias,
-                dropout_mask=dropout_mask, score="dot", negative_slope=0.2, att=None,
-                edge_key=None, edge_value=None,
-                needs_grad=[*ctx.needs_input_grad[:3], False, ctx.needs_input_grad[3], False,
-                            False])
-            return (dq, dk, dv, dbias, *none)
-        dq, dk, dv, dbias = block_backward(
-            dout.contiguous(), q, k, v, bias, dropout_mask, ctx.layout, out32, lse, ctx.scale,
-            need_dbias=bias is not None and ctx.needs_input_grad[3])
-        return (dq, dk, dv, dbias, *none)
+        if torch.is_grad_enabled() or plain_ops_only(dout, dalpha):
+            grads = _reference_grads(dout, dalpha, q, k, v, bias, dropout_mask, edge_index,
+                                     ctx.scale, ctx.needs_input_grad[:4])
+            return (*grads, *none)
+        need_dbias = bias is not None and ctx.needs_input_grad[3]
+        if dalpha is not None:
+            grads = _csr_backward(dout, dalpha, q, k, v, bias, dropout_mask, edge_index, out32,
+                                  lse, ctx.scale, need_dbias, cached=True)
+        else:
+            grads = block_backward(dout.contiguous(), q, k, v, bias, dropout_mask, ctx.layout,
+                                   out32, lse, ctx.scale, need_dbias=need_dbias)
+        return (*grads, *none)
+
+
+def _csr_backward(dout: Tensor | None, dalpha: Tensor | None, q: Tensor, k: Tensor, v: Tensor,
+                  bias: Tensor | None, dropout_mask: Tensor | None, edge_index: Tensor,
+                  out32: Tensor, lse: Tensor, scale: float, need_dbias: bool,
+                  cached: bool) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """dq, dk, dv and d bias on the CSR kernels, which take a gradient through the weights
+    (``dalpha``) too: out and lse of the block kernels are in their conventions."""
+    from graphattn.functional.triton_kernels import _backward, graph_csr
+
+    csr = graph_csr(edge_index, by_target=True, num_dst=q.size(0), num_src=v.size(0),
+                    cached=cached)
+    dout = torch.zeros_like(out32) if dout is None else dout.contiguous()
+    dq, dk, dv, _, dbias, _, _ = _backward(
+        dout, None if dalpha is None else dalpha.contiguous(), q, k, v, None, bias,
+        dropout_mask, edge_index, out32, lse, csr, scale, 0.2, "dot", need_dbias, False,
+        cached=cached)
+    return dq, dk, dv, dbias
 
 
 # Under torch.compile the block kernels run as two operators, which torch.compile calls as
@@ -313,81 +364,90 @@ class BlockSparseAttention(torch.autograd.Function):
 # operators decide alike from the same edge_index. The layout is built anew in each (one sort
 # of E entries), never cached: the edge_index inductor hands them may be a reused buffer.
 def _op_layout(edge_index: Tensor, q: Tensor, v: Tensor, bias: Tensor | None,
-               dropout_mask: Tensor | None, block: int) -> BlockLayout | None:
+               dropout_mask: Tensor | None, need_alpha: bool, block: int) -> BlockLayout | None:
     return block_layout(edge_index, q.size(0), v.size(0), block,
-                        with_ids=bias is not None or dropout_mask is not None)
+                        with_ids=bias is not None or dropout_mask is not None or need_alpha)
 
 
 @torch.library.custom_op("graphattn::triton_block_attention", mutates_args=())
 def _block_forward_op(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None,
                       dropout_mask: Tensor | None, edge_index: Tensor, scale: float,
-                      block: int) -> tuple[Tensor, Tensor]:
-    """out (fp32) and lse on the block kernels in tiles of ``block``, or on the CSR kernels
-    when the graph does not suit them; see :func:`block_forward`."""
-    layout = _op_layout(edge_index, q, v, bias, dropout_mask, block)
+                      block: int, need_alpha: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """out (fp32), the weights (``[0, H]`` unless ``need_alpha``) and lse on the block kernels
+    in tiles of ``block``, or on the CSR kernels when the graph does not suit them; see
+    :func:`block_forward`."""
+    layout = _op_layout(edge_index, q, v, bias, dropout_mask, need_alpha, block)
     if layout is not None:
-        return block_forward(q, k, v, bias, dropout_mask, layout, scale)
+        out32, lse, scores = block_forward(q, k, v, bias, dropout_mask, layout, scale,
+                                           edge_index.size(1) if need_alpha else None)
+        return out32, _alpha(q, k, bias, scores, lse, edge_index), lse
     from graphattn.functional.triton_kernels import _forward
 
     # the dot score: no att; the slope is unused
-    out32, _, lse, _ = _forward(q, k, v, None, bias, dropout_mask, edge_index, scale, 0.2,
-                                "dot", False, cached=False)
-    return out32, lse
+    out32, alpha, lse, _ = _forward(q, k, v, None, bias, dropout_mask, edge_index, scale, 0.2,
+                                    "dot", need_alpha, cached=False)
+    return out32, alpha, lse
 
 
 @_block_forward_op.register_fake
-def _block_forward_fake(q, k, v, bias, dropout_mask, edge_index, scale, block):
+def _block_forward_fake(q, k, v, bias, dropout_mask, edge_index, scale, block, need_alpha):
+    from graphattn.functional.triton_kernels import _alpha_dtype
+
     n_dst, heads = q.size(0), v.size(1)
     return (v.new_empty(n_dst, heads, v.size(2), dtype=torch.float32),
+            v.new_empty(edge_index.size(1) if need_alpha else 0, heads,
+                        dtype=_alpha_dtype(q, k, bias, None)),
             v.new_empty(n_dst, heads, 2, dtype=torch.float32))
 
 
 @torch.library.custom_op("graphattn::triton_block_attention_backward", mutates_args=())
-def _block_backward_op(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None,
-                       dropout_mask: Tensor | None, edge_index: Tensor, out32: Tensor,
-                       lse: Tensor, scale: float, block: int,
+def _block_backward_op(dout: Tensor, dalpha: Tensor | None, q: Tensor, k: Tensor, v: Tensor,
+                       bias: Tensor | None, dropout_mask: Tensor | None, edge_index: Tensor,
+                       out32: Tensor, lse: Tensor, scale: float, block: int,
                        need_dbias: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """dq, dk, dv and d bias (empty unless ``need_dbias``), by the kernels
-    :func:`_block_forward_op` ran on; see :func:`block_backward`."""
-    layout = _op_layout(edge_index, q, v, bias, dropout_mask, block)
+    """dq, dk, dv and d bias (empty unless ``need_dbias``): on the block kernels when
+    :func:`_block_forward_op` ran on them and no gradient reaches the weights (``dalpha``),
+    else on the CSR kernels; see :func:`block_backward`."""
+    layout = None if dalpha is not None else _op_layout(edge_index, q, v, bias, dropout_mask,
+                                                        False, block)
     if layout is not None:
         dq, dk, dv, dbias = block_backward(dout, q, k, v, bias, dropout_mask, layout, out32,
                                            lse, scale, need_dbias)
     else:
-        from graphattn.functional.triton_kernels import _backward, graph_csr
-
-        csr = graph_csr(edge_index, by_target=True, num_dst=q.size(0), num_src=v.size(0),
-                        cached=False)
-        dq, dk, dv, _, dbias, _, _ = _backward(
-            dout, None, q, k, v, None, bias, dropout_mask, edge_index, out32, lse, csr, scale,
-            0.2, "dot", need_dbias, False, cached=False)
+        dq, dk, dv, dbias = _csr_backward(dout, dalpha, q, k, v, bias, dropout_mask,
+                                          edge_index, out32, lse, scale, need_dbias,
+                                          cached=False)
     return dq, dk, dv, q.new_empty(0) if dbias is None else dbias
 
 
 @_block_backward_op.register_fake
-def _block_backward_fake(dout, q, k, v, bias, dropout_mask, edge_index, out32, lse, scale, block,
-                         need_dbias):
+def _block_backward_fake(dout, dalpha, q, k, v, bias, dropout_mask, edge_index, out32, lse,
+                         scale, block, need_dbias):
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
             torch.empty_like(bias) if need_dbias else q.new_empty(0))
 
 
 def _block_setup_context(ctx, inputs, output) -> None:
-    q, k, v, bias, dropout_mask, edge_index, scale, block = inputs
-    out32, lse = output
+    q, k, v, bias, dropout_mask, edge_index, scale, block, need_alpha = inputs
+    out32, alpha, lse = output
     ctx.save_for_backward(q, k, v, bias, dropout_mask, edge_index, out32, lse)
     ctx.options = (scale, block)
     ctx.set_materialize_grads(False)
     ctx.mark_non_differentiable(lse)
+    if not need_alpha:
+        ctx.mark_non_differentiable(alpha)
 
 
-def _block_op_grads(ctx, dout: Tensor | None, _dlse) -> tuple:
+def _block_op_grads(ctx, dout: Tensor | None, dalpha: Tensor | None, _dlse) -> tuple:
     q, k, v, bias, dropout_mask, edge_index, out32, lse = ctx.saved_tensors
-    if dout is None:
-        return (None,) * 8
+    if dout is None and dalpha is None:
+        return (None,) * 9
     need_dbias = bias is not None and ctx.needs_input_grad[3]
-    dq, dk, dv, dbias = _block_backward_op(dout.contiguous(), q, k, v, bias, dropout_mask,
+    dout = torch.zeros_like(out32) if dout is None else dout.contiguous()
+    dalpha = None if dalpha is None else dalpha.contiguous()
+    dq, dk, dv, dbias = _block_backward_op(dout, dalpha, q, k, v, bias, dropout_mask,
                                            edge_index, out32, lse, *ctx.options, need_dbias)
-    return dq, dk, dv, dbias if need_dbias else None, None, None, None, None
+    return dq, dk, dv, dbias if need_dbias else None, None, None, None, None, None
 
 
 _block_forward_op.register_autograd(_block_op_grads, setup_context=_block_setup_context)

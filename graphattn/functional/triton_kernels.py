@@ -517,14 +517,20 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, att: Tensor | None, bias: Tensor |
                                        score=score, att=att, negative_slope=negative_slope,
                                        need_scores=need_alpha, edge_key=edge_key,
                                        edge_value=edge_value)
-    alpha_dtype = _alpha_dtype(q, k, bias, att, edge_key)
-    if need_alpha:
-        # m = +inf on rows without weight, scores -inf on masked edges: exp gives 0.
-        stats = lse[edge_index[1]]  # (E, H, 2)
-        alpha = torch.exp((scores - stats[..., 0]) - stats[..., 1]).to(alpha_dtype)  # (E, H)
-    else:
-        alpha = torch.empty(0, v.size(1), device=v.device, dtype=alpha_dtype)
+    alpha = weights_from_scores(scores, lse, edge_index,
+                                _alpha_dtype(q, k, bias, att, edge_key))
     return out32, alpha, lse, csr
+
+
+def weights_from_scores(scores: Tensor | None, lse: Tensor, edge_index: Tensor,
+                        dtype: torch.dtype) -> Tensor:
+    """The attention weights ``[E, H]`` in ``dtype`` from the kernels' fp32 scores ``[E, H]``
+    and softmax statistics ``lse``; ``[0, H]`` when no scores were written."""
+    if scores is None:
+        return torch.empty(0, lse.size(1), device=lse.device, dtype=dtype)
+    # m = +inf on rows without weight, scores -inf on masked edges: exp gives 0.
+    stats = lse[edge_index[1]]  # (E, H, 2)
+    return torch.exp((scores - stats[..., 0]) - stats[..., 1]).to(dtype)  # (E, H)
 
 
 def _backward(dout: Tensor, dalpha: Tensor | None, q: Tensor, k: Tensor, v: Tensor,
@@ -843,18 +849,18 @@ def triton_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *
     if value_is_key:  # still one tensor: read once, one gradient buffer for both roles
         edge_value = edge_key
     block = _TILES.get("block_sparse")
-    if block is not None and use_blocks(q, k, v, score=score, dropout_mask=dropout_mask,
-                                        need_alpha=need_alpha, edge_key=edge_key,
+    if block is not None and use_blocks(q, k, v, score=score, edge_key=edge_key,
                                         edge_value=edge_value):
         if torch.compiler.is_compiling():
-            out32, _ = _block_forward_op(q, k, v, bias, dropout_mask, edge_index, scale, block)
-            return out32.to(v.dtype), None
-        layout = graph_blocks(edge_index, q.size(0), v.size(0), block,
-                              with_ids=bias is not None or dropout_mask is not None)
+            out32, alpha, _ = _block_forward_op(q, k, v, bias, dropout_mask, edge_index, scale,
+                                                block, need_alpha)
+            return out32.to(v.dtype), (alpha if need_alpha else None)
+        with_ids = bias is not None or dropout_mask is not None or need_alpha
+        layout = graph_blocks(edge_index, q.size(0), v.size(0), block, with_ids)
         if layout is not None:  # None: a repeated edge, or tiles too empty
-            out32, _ = BlockSparseAttention.apply(q, k, v, bias, dropout_mask, edge_index,
-                                                  layout, scale)
-            return out32.to(v.dtype), None
+            out32, alpha, _ = BlockSparseAttention.apply(q, k, v, bias, dropout_mask,
+                                                         edge_index, layout, scale, need_alpha)
+            return out32.to(v.dtype), (alpha if need_alpha else None)
     inputs = (q, k, v, att, bias, dropout_mask, edge_index, scale, negative_slope, score,
               need_alpha, edge_key, edge_value)
     if torch.compiler.is_compiling():

@@ -148,6 +148,61 @@ def test_dropout_mask_multiplies_the_weights(interpreter, monkeypatch, name, blo
 
 
 @needs_triton
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("through_alpha", [False, True], ids=["loss-on-out", "loss-on-alpha"])
+@pytest.mark.parametrize("per_edge", ["none", "bias+dropout"])
+def test_returned_weights(interpreter, monkeypatch, per_edge, through_alpha, compiled):
+    """The weights, returned, are the reference's; the block forward kernel writes the scores.
+    A loss on out alone runs the block kernels backward; a loss on the weights too runs the
+    CSR kernels' backward (which takes the weights' gradient) on the block kernels' out and
+    lse; the gradients are the reference's either way, in eager mode and under
+    ``torch.compile`` (the operators). Compiled, the weights' gradient comes as zeros when the
+    loss does not use them, so that backward runs the CSR kernels too."""
+    edge_index, num_src, num_dst = STRUCTURED["window-70-r3"]
+    num_edges = edge_index.size(1)
+    inputs = attention_inputs(num_src, num_dst, num_edges, 2, 8, bias=per_edge != "none")
+    mask = None
+    if per_edge != "none":
+        gen = torch.Generator().manual_seed(5)
+        mask = ((torch.rand(num_edges, 2, generator=gen) > 0.3).float() / 0.7).to(DEVICE)
+    leaves = {n: t for n, t in on_device(inputs).items() if t is not None}
+    edge_index = edge_index.to(DEVICE)
+    gen = torch.Generator().manual_seed(6)
+    w_out = torch.randn(num_dst, 2, 8, generator=gen, dtype=torch.float64).to(DEVICE)
+    w_alpha = torch.randn(num_edges, 2, generator=gen, dtype=torch.float64).to(DEVICE)
+
+    def attend(fn, dtype):
+        cast = {n: t.to(dtype) for n, t in leaves.items()}
+        out, alpha = fn(cast["q"], cast["k"], cast["v"], edge_index, scale=0.5,
+                        bias=cast.get("bias"), dropout_mask=None if mask is None
+                        else mask.to(dtype), score="dot", negative_slope=0.2,
+                        need_alpha=True)
+        loss = (out.double() * w_out).sum()
+        if through_alpha:
+            loss = loss + (alpha.double() * w_alpha).sum()
+        return out, alpha, torch.autograd.grad(loss, list(leaves.values()))
+
+    fused = tk.triton_edge_attention
+    if compiled:
+        fused = torch.compile(fused, backend="aot_eager", fullgraph=True)
+    launches = spy_on_launches(monkeypatch, BLOCK_KERNELS + CSR_KERNELS)
+    with tk.launch_tiles(block_sparse=32):
+        out, alpha, grads = attend(fused, torch.float32)
+    backward = ({"backward_target_kernel", "backward_source_kernel"}
+                if through_alpha or compiled
+                else {"block_backward_target_kernel", "block_backward_source_kernel"})
+    assert {name for name, *_ in launches} == {"block_forward_kernel"} | backward
+    assert all(kw["NEED_SCORES"] for name, _, kw in launches if name == "block_forward_kernel")
+    monkeypatch.undo()
+    want_out, want_alpha, want_grads = attend(reference_edge_attention, torch.float64)
+    assert alpha.dtype == torch.float32 and alpha.shape == (num_edges, 2)
+    assert_close(out, want_out, dtype=torch.float32)
+    assert_close(alpha, want_alpha, dtype=torch.float32)
+    for got, want in zip(grads, want_grads, strict=True):
+        assert_close(got, want, dtype=torch.float32)
+
+
+@needs_triton
 def test_edge_attention_with_dropout_takes_the_block_kernels(interpreter, monkeypatch):
     """``edge_attention(dropout_p > 0)`` in training runs the block kernels, forward and
     backward; its out is the reference backend's with the mask drawn from the same seed (the
@@ -270,8 +325,7 @@ def test_gradients_of_gradients_are_the_reference_ones(interpreter, monkeypatch)
 
 
 @needs_triton
-@pytest.mark.parametrize("case", ["repeated-edge", "alpha", "additive", "edge-value",
-                                  "mixed-dtypes"])
+@pytest.mark.parametrize("case", ["repeated-edge", "additive", "edge-value", "mixed-dtypes"])
 def test_falls_back_to_the_csr_kernels(interpreter, monkeypatch, case):
     """What the block kernels do not take runs on the CSR kernels, with the same result."""
     edge_index, num_src, num_dst = STRUCTURED["window-70-r3"]
@@ -284,7 +338,7 @@ def test_falls_back_to_the_csr_kernels(interpreter, monkeypatch, case):
     if case == "mixed-dtypes":
         k = k.detach().double().float().half().requires_grad_()
     options = dict(scale=0.5, bias=bias, score="additive" if case == "additive" else "dot",
-                   negative_slope=0.2, need_alpha=case == "alpha", dropout_mask=None)
+                   negative_slope=0.2, need_alpha=False, dropout_mask=None)
     if case == "edge-value":
         options["edge_value"] = torch.randn(num_edges, 2, 8, device=DEVICE)
     edge_index = edge_index.to(DEVICE)
@@ -420,7 +474,8 @@ for dtype, block, bias, dropout, precision in [
         ("bf16", 32, True, True, "ieee"), ("fp32", 32, False, False, "ieee"),
         ("fp32", 64, True, False, "tf32"), ("fp32", 32, False, True, "ieee")]:
     warps, usage = triton_resources.compile_block_kernels(4, 32, dtype, block, bias=bias,
-                                                          dropout=dropout, precision=precision)
+                                                          dropout=dropout, scores=dropout,
+                                                          precision=precision)
     for name, use in usage.items():
         print("compiled", name, dtype, block, bias, use["registers"], use["spill_stores"])
 """
@@ -430,9 +485,9 @@ for dtype, block, bias, dropout, precision in [
 def test_block_kernels_compile_for_sm90():
     """The interpreter does not run Triton's compiler: compile the three block kernels for
     sm_90 ahead of time (half and fp32 inputs, full fp32 and TF32 products, with and without a
-    bias and a dropout mask), as ``benchmarks/triton_resources.py --blocks`` does; no GPU
-    needed. In a fresh process: the interpreter leaves ``triton.language`` patched after it
-    ran."""
+    bias, a dropout mask and the scores written), as ``benchmarks/triton_resources.py
+    --blocks`` does; no GPU needed. In a fresh process: the interpreter leaves
+    ``triton.language`` patched after it ran."""
     env = {**os.environ, "TRITON_INTERPRET": "0"}
     done = subprocess.run([sys.executable, "-c", COMPILE_FOR_SM90], env=env,
                           capture_output=True, text=True, timeout=600)
@@ -539,10 +594,10 @@ def test_compiled_calls_run_the_block_operators(interpreter, monkeypatch, case):
 
 
 @needs_triton
-@pytest.mark.parametrize(("bias", "dropout", "repeated"), [
-    (True, False, False), (False, False, False), (False, True, False), (True, True, True)],
-    ids=["bias", "no-bias", "dropout", "repeated-edge"])
-def test_block_operators_pass_opcheck(interpreter, bias, dropout, repeated):
+@pytest.mark.parametrize(("bias", "dropout", "alpha", "repeated"), [
+    (True, False, False, False), (False, False, False, False), (False, True, True, False),
+    (True, True, True, True)], ids=["bias", "no-bias", "dropout-alpha", "repeated-edge"])
+def test_block_operators_pass_opcheck(interpreter, bias, dropout, alpha, repeated):
     """torch's checks of the two operators (schema, fake shapes, the autograd registration),
     on a graph the tiles take and on one they do not (a repeated edge: the CSR kernels)."""
     edge_index, num_src, num_dst = STRUCTURED["causal-40"]
@@ -555,8 +610,11 @@ def test_block_operators_pass_opcheck(interpreter, bias, dropout, repeated):
     mask = (torch.rand(num_edges, 2) > 0.5).float().mul(2).to(DEVICE) if dropout else None
     edge_index = edge_index.to(DEVICE)
     torch.library.opcheck(tb._block_forward_op, (q.requires_grad_(), k, v, b, mask,
-                                                 edge_index, 0.5, 32))
-    out32, lse = tb._block_forward_op(q.detach(), k, v, b, mask, edge_index, 0.5, 32)
-    torch.library.opcheck(tb._block_backward_op, (torch.randn_like(out32), q.detach(), k, v,
-                                                  b, mask, edge_index, out32, lse, 0.5, 32,
-                                                  bias))
+                                                 edge_index, 0.5, 32, alpha))
+    out32, weights, lse = tb._block_forward_op(q.detach(), k, v, b, mask, edge_index, 0.5, 32,
+                                               alpha)
+    assert weights.shape == (num_edges if alpha else 0, 2)
+    dalpha = torch.randn_like(weights) if alpha else None
+    torch.library.opcheck(tb._block_backward_op, (torch.randn_like(out32), dalpha, q.detach(),
+                                                  k, v, b, mask, edge_index, out32, lse, 0.5,
+                                                  32, bias))
