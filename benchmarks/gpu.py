@@ -696,34 +696,41 @@ def check_blocks_on_device(device: str | torch.device, dtype: torch.dtype,
                            num_nodes: int = 3000, radius: int = 40, heads: int = 2,
                            channels: int = 16) -> list[tuple[str, float]]:
     """Max abs difference of the block-sparse kernels against the reference (fp32 math) on a
-    window graph, each tile side, without and with a bias: out and every gradient."""
-    from graphattn.functional import edge_attention
+    window graph, each tile side, without per-edge inputs, with a bias, and with a bias, a
+    dropout mask and the weights returned (the loss on out only, so that backward stays on
+    the block kernels): out (and the weights) and every gradient."""
+    from graphattn.functional import reference_edge_attention
     from graphattn.functional.triton_blocks import BLOCK_SIDES
-    from graphattn.functional.triton_kernels import launch_tiles
+    from graphattn.functional.triton_kernels import launch_tiles, triton_edge_attention
     from graphattn.graphs import window_graph
 
     edge_index = window_graph(num_nodes, radius).to(device)
+    num_edges = edge_index.size(1)
     gen = torch.Generator(device=device).manual_seed(1)
     rows = []
     for block in BLOCK_SIDES:
-        for bias in (False, True):
+        for case in ("no bias", "bias", "bias, dropout, weights"):
             tensors = [torch.randn(num_nodes, heads, channels, device=device, generator=gen)
                        for _ in range(3)]
-            if bias:
-                tensors.append(torch.randn(edge_index.size(1), heads, device=device,
-                                           generator=gen))
+            if case != "no bias":
+                tensors.append(torch.randn(num_edges, heads, device=device, generator=gen))
             leaves = [t.to(dtype).requires_grad_() for t in tensors]
+            every = case == "bias, dropout, weights"
+            mask = ((torch.rand(num_edges, heads, device=device, generator=gen) > 0.2).float()
+                    / 0.8 if every else None)
             outputs = []
-            for backend in ("triton", "reference"):
+            for attend in (triton_edge_attention, reference_edge_attention):
                 with launch_tiles(block_sparse=block):
-                    out = edge_attention(*leaves[:3], edge_index, bias=leaves[3] if bias
-                                         else None, backend=backend)
+                    out, alpha = attend(*leaves[:3], edge_index, scale=channels**-0.5,
+                                        bias=leaves[3] if len(leaves) > 3 else None,
+                                        dropout_mask=mask, score="dot", negative_slope=0.2,
+                                        need_alpha=every)
                 weight = torch.linspace(-1, 1, out.numel(), device=device).view_as(out)
-                outputs.append([out, *torch.autograd.grad((out.float() * weight).sum(),
-                                                          leaves)])
-            names = ["out", "dq", "dk", "dv", "dbias"][:len(outputs[0])]
-            for name, got, want in zip(names, *outputs, strict=True):
-                rows.append((f"block-sparse {block}, {'bias' if bias else 'no bias'}: {name}",
+                grads = torch.autograd.grad((out.float() * weight).sum(), leaves)
+                outputs.append([out, *([alpha] if every else []), *grads])
+            names = ["out", *(["alpha"] if every else []), "dq", "dk", "dv", "dbias"]
+            for name, got, want in zip(names[:len(outputs[0])], *outputs, strict=True):
+                rows.append((f"block-sparse {block}, {case}: {name}",
                              (got.float() - want.float()).abs().max().item()))
     return rows
 

@@ -53,9 +53,11 @@ def test_block_sparse_device_checks_pass_in_the_interpreter(triton_interpreter, 
     rows = gpu.check_blocks_on_device("cpu", torch.float32, num_nodes=70, radius=5,
                                       channels=8)
     names = [name for name, _ in rows]
-    assert len(names) == len(set(names)) == 2 * (4 + 5)
+    # per tile side: out, dq, dk, dv; + dbias; + alpha, dbias
+    assert len(names) == len(set(names)) == 2 * (4 + 5 + 6)
     assert "block-sparse 64, bias: dbias" in names
-    assert len(launches) == 2 * 2 * 2  # every check: the forward, then both backward kernels
+    assert "block-sparse 32, bias, dropout, weights: alpha" in names
+    assert len(launches) == 2 * 3 * 2  # every check: the forward, then both backward kernels
     bad = [row for row in rows if not row[1] < 1e-4]
     assert not bad, bad
 
