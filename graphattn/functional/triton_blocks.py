@@ -298,10 +298,10 @@ def _reference_grads(dout: Tensor | None, dalpha: Tensor | None, q: Tensor, k: T
 
 class BlockSparseAttention(torch.autograd.Function):
     """Eager autograd around the block-sparse kernels. Forward returns the fp32 out, the
-    weights (``[0, H]`` unless ``need_alpha``) and, for backward alone, lse. A gradient through
-    the weights, and gradients of gradients (``create_graph=True``), are the reference
-    backend's, as in :class:`~graphattn.functional.triton_kernels.FusedEdgeAttention`; the
-    kernels compute the first-order gradients through out."""
+    weights (``[0, H]`` unless ``need_alpha``) and, for backward alone, lse. Backward runs the
+    block kernels when only out gets a gradient, the CSR kernels when the weights get one
+    too; gradients of gradients (``create_graph=True``) are the reference backend's, as in
+    :class:`~graphattn.functional.triton_kernels.FusedEdgeAttention`."""
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None,
