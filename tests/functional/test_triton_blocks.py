@@ -438,7 +438,7 @@ def test_launch_tiles_refuses_other_block_sides(value):
 @st.composite
 def banded_graphs(draw):
     """A graph whose sources lie near their target (distinct edges), its sizes, a tile side,
-    heads, channels and whether it has a bias."""
+    heads, channels, whether it has a bias and whether a dropout mask."""
     num_dst = draw(st.integers(1, 90))
     num_src = draw(st.integers(1, 90))
     reach = draw(st.integers(0, 40))
@@ -449,7 +449,8 @@ def banded_graphs(draw):
     edge_index = (torch.tensor(kept, dtype=torch.long).t() if kept
                   else torch.empty(2, 0, dtype=torch.long))
     return (edge_index.contiguous(), num_src, num_dst, draw(st.sampled_from([32, 64])),
-            draw(st.sampled_from([1, 2])), draw(st.sampled_from([4, 8, 16])), draw(st.booleans()))
+            draw(st.sampled_from([1, 2])), draw(st.sampled_from([4, 8, 16])), draw(st.booleans()),
+            draw(st.booleans()))
 
 
 @needs_triton
@@ -457,10 +458,13 @@ def banded_graphs(draw):
                                                                  HealthCheck.function_scoped_fixture])
 @given(case=banded_graphs())
 def test_drawn_banded_graphs(interpreter, monkeypatch, case):
-    edge_index, num_src, num_dst, block, heads, channels, bias = case
-    inputs = attention_inputs(num_src, num_dst, edge_index.size(1), heads, channels, bias=bias)
+    edge_index, num_src, num_dst, block, heads, channels, bias, dropout = case
+    num_edges = edge_index.size(1)
+    inputs = attention_inputs(num_src, num_dst, num_edges, heads, channels, bias=bias)
+    gen = torch.Generator().manual_seed(num_edges)
+    mask = (torch.rand(num_edges, heads, generator=gen) > 0.3).float() / 0.7 if dropout else None
     with monkeypatch.context() as mp:
-        check_blocks(mp, inputs, edge_index, block=block)
+        check_blocks(mp, inputs, edge_index, block=block, dropout_mask=mask)
 
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
