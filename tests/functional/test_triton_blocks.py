@@ -603,8 +603,9 @@ def test_compiled_calls_run_the_block_operators(interpreter, monkeypatch, case):
     (True, True, True, True)], ids=["bias", "no-bias", "dropout-alpha", "repeated-edge"])
 def test_block_operators_pass_opcheck(interpreter, bias, dropout, alpha, repeated):
     """torch's checks of the two operators (schema, fake shapes, the autograd registration),
-    on a graph the tiles take and on one they do not (a repeated edge: the CSR kernels)."""
-    edge_index, num_src, num_dst = STRUCTURED["causal-40"]
+    on a graph the tiles take and on one they do not (a repeated edge: the CSR kernels); a
+    small causal graph (20 nodes, 210 edges), as opcheck runs the operators many times."""
+    edge_index, num_src, num_dst = causal_graph(20), 20, 20
     if repeated:
         edge_index = torch.cat([edge_index, edge_index[:, :2]], dim=1)
     num_edges = edge_index.size(1)
