@@ -99,10 +99,10 @@ compute the same values, up to the order of the sums; which is faster on a GPU i
 has.
 
 **Block-sparse kernels.** Inside :func:`launch_tiles` with ``block_sparse=B``, calls of the dot
-score without dropout, per-edge terms or returned weights, on a graph without repeated edges
-whose tiles are at least 1/64 full, run the kernels of :mod:`graphattn.functional.triton_blocks`
-instead: B x B tiles of the adjacency matrix as tensor-core products, for graphs whose edges
-gather near its diagonal.
+score (with a bias, dropout and the weights returned, or without) and no per-edge terms, with
+q, k and v of one dtype, on a graph without repeated edges whose tiles are at least 1/64 full,
+run the kernels of :mod:`graphattn.functional.triton_blocks` instead: B x B tiles of the
+adjacency matrix as tensor-core products, for graphs whose edges gather near its diagonal.
 
 **Dropout** is supported: ``edge_attention`` draws the ``[E, H]`` multiplier in fp32 (whatever
 the inputs' dtype, so that :math:`1 / (1 - p)` is not rounded), the kernels apply it to the
