@@ -311,13 +311,18 @@ def test_nan_or_plus_inf_bias_stays_in_its_target(interpreter, monkeypatch, valu
 
 
 @needs_triton
-def test_gradients_of_gradients_are_the_reference_ones(interpreter, monkeypatch):
+@pytest.mark.parametrize("dropout", [False, True], ids=["no-dropout", "dropout"])
+def test_gradients_of_gradients_are_the_reference_ones(interpreter, monkeypatch, dropout):
     edge_index, num_src, num_dst = STRUCTURED["causal-40"]
-    inputs = attention_inputs(num_src, num_dst, edge_index.size(1), 2, 8)
+    num_edges = edge_index.size(1)
+    inputs = attention_inputs(num_src, num_dst, num_edges, 2, 8)
+    gen = torch.Generator().manual_seed(8)
+    mask = (torch.rand(num_edges, 2, generator=gen) > 0.3).float() / 0.7 if dropout else None
     results = []
     for block in (32, None):
         leaves = {n: t for n, t in on_device(inputs).items() if t is not None}
-        got = run(inputs, edge_index, block=block, create_graph=True, leaves=leaves)
+        got = run(inputs, edge_index, block=block, create_graph=True, leaves=leaves,
+                  dropout_mask=mask)
         loss = sum((g.double() ** 2).sum() for n, g in got.items() if n.startswith("d"))
         results.append(torch.autograd.grad(loss, list(leaves.values())))
     for got, want in zip(*results, strict=True):
