@@ -69,7 +69,8 @@ ROW_BLOCK_CANDIDATES = (
 # whose layout they take (no repeated edge, tiles at least MIN_FILL full: the window graphs).
 BLOCK_SPARSE_CANDIDATES = ((32, 4), (32, 8), (32, 2), (64, 4), (64, 8))
 # the goals' graphs first, each window graph after the random graph of its size
-GRAPHS = ("random-1m", "window-1m", "local-50m", "random-50m", "window-50m", "pubmed")
+GRAPHS = ("random-1m", "window-1m", "window-wide-1m", "local-50m", "random-50m", "window-50m",
+          "pubmed")
 
 
 class Tiles(NamedTuple):

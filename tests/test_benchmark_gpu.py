@@ -305,5 +305,10 @@ def test_window_graphs_are_the_sequence_windows():
     assert tb.block_layout(graph.edge_index, 40_000, 40_000, 32) is not None
     assert torch.equal(torch.bincount(graph.edge_index[1]).unique(),
                        torch.arange(13, 26))
+    graph, reason = gpu.build_graph("window-wide-1m", args, "cpu", free_bytes=2**40)
+    assert reason == "" and graph.num_nodes == 4_000
+    assert 257 * 4_000 - 128 * 129 == graph.num_edges
+    layout = tb.block_layout(graph.edge_index, 4_000, 4_000, 32)
+    assert 0.85 < layout.fill(graph.num_edges) < 0.9  # against 26% for window-1m
     graph, reason = gpu.build_graph("window-50m", args, "cpu", free_bytes=2**20)
     assert graph is None and "MiB" in reason
