@@ -38,6 +38,8 @@ defined only up to sign (up to rotation inside a repeated eigenvalue), which is 
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import scipy.sparse as sp
 import torch
@@ -63,6 +65,18 @@ DENSE_SOLVER_MAX_NODES = 2000
 #: reverse Cuthill-McKee order, a bound on the fill of that factorization, has at most this
 #: many entries; above it (expander-like graphs) it runs plain Lanczos on the Laplacian.
 SHIFT_INVERT_MAX_ENVELOPE = 5 * 10**7
+
+#: ... and, when that envelope is wide (more than ``SHIFT_INVERT_PROBE_WIDTH`` entries a row on
+#: average, so the factorization may cost much), when a few Lanczos steps put the smallest
+#: non-trivial eigenvalue below this. Above it (hypercubes, random graphs of mean degree 8:
+#: 0.17, 0.33) plain Lanczos converges in few iterations and the factorization costs far more
+#: (hypercube of 16384 nodes, k = 8: 27.6 s against 0.25 s); below it (paths, grids, the
+#: citation graphs: 1e-6 to 0.015) the factorization pays. ``float("inf")`` skips the probe.
+SHIFT_INVERT_MAX_EIGENVALUE = 0.05
+#: Mean envelope width (entries a row) up to which the factorization is taken without the
+#: probe: N w^2 operations at most (paths 1, grids about their side, Cora 214, PubMed 1604,
+#: a hypercube of 4096 nodes 694).
+SHIFT_INVERT_PROBE_WIDTH = 256
 
 # The shift of shift-invert Lanczos: below the spectrum of the normalized Laplacian, and at
 # most a fraction of its lowest non-zero eigenvalue up to paths of about 10^5 nodes, so those
@@ -312,12 +326,13 @@ def laplacian_pe(edge_index: Tensor, num_nodes: int, k: int, *, pad: bool = Fals
     nodes that have an edge, isolated ones left out); above it
     ``scipy.sparse.linalg.eigsh`` (Lanczos) runs on :math:`\mathcal{L}` with the trivial
     eigenvectors shifted to eigenvalue 3, above the spectrum, from seeded start vectors: in
-    shift-invert mode, on one sparse LU factorization, when that factorization is small (paths,
-    grids, meshes, citation graphs; see :data:`SHIFT_INVERT_MAX_ENVELOPE`), else on
-    :math:`\mathcal{L}` itself (random and expander-like graphs, where Lanczos converges
-    quickly anyway). One start vector finds one vector per eigenspace, so it runs again from a
-    new one, with the eigenvectors found moved above the spectrum too, until a run finds nothing
-    below the k-th eigenvalue: a repeated eigenvalue (symmetric graphs) gets all its
+    shift-invert mode, on one sparse LU factorization, when that factorization is small and the
+    lowest eigenvalues are small, which makes plain Lanczos slow (paths, grids, meshes, citation
+    graphs; see :data:`SHIFT_INVERT_MAX_ENVELOPE` and :data:`SHIFT_INVERT_MAX_EIGENVALUE`),
+    else on :math:`\mathcal{L}` itself (random and expander-like graphs, where Lanczos
+    converges quickly anyway). One start vector finds one vector per eigenspace, so it runs
+    again from a new one, with the eigenvectors found moved above the spectrum too, until a run
+    finds nothing below the k-th eigenvalue: a repeated eigenvalue (symmetric graphs) gets all its
     eigenvectors.
 
     Args:
@@ -427,7 +442,8 @@ def _sparse_smallest(lap: sp.csr_matrix, deg: np.ndarray, labels: np.ndarray,
 
     The lowest eigenvalues of long paths and grids are tiny and crowded (about
     :math:`\pi^2 m^2 / 2 (N - 1)^2` on a path), where Lanczos on M needs many iterations. When the
-    factorization is affordable (:func:`_envelope`), Lanczos runs on
+    factorization is affordable (:func:`_envelope`) and, for a wide envelope, a probe finds the
+    smallest eigenvalue small (:func:`_smallest_estimate`), Lanczos runs on
     :math:`(M - \sigma I)^{-1}` instead, which maps them to the largest and best separated
     values. Since U spans an invariant subspace of :math:`\mathcal{L}`,
 
@@ -446,7 +462,11 @@ def _sparse_smallest(lap: sp.csr_matrix, deg: np.ndarray, labels: np.ndarray,
     null = sp.csr_matrix((values / norms[labels], (np.arange(num_nodes), labels)),
                          shape=(num_nodes, num_trivial))  # (N, c), orthonormal columns
     lu = None
-    if _envelope(lap) <= SHIFT_INVERT_MAX_ENVELOPE:
+    envelope = _envelope(lap)
+    if envelope <= SHIFT_INVERT_MAX_ENVELOPE and (
+            envelope <= SHIFT_INVERT_PROBE_WIDTH * num_nodes
+            or math.isinf(SHIFT_INVERT_MAX_EIGENVALUE)
+            or _smallest_estimate(lap, null) < SHIFT_INVERT_MAX_EIGENVALUE):
         shifted = (lap - _SHIFT * sp.identity(num_nodes, format="csc")).tocsc()
         lu = splu(shifted, permc_spec="MMD_AT_PLUS_A", options={"SymmetricMode": True})
     rng = np.random.default_rng(0)
@@ -525,6 +545,36 @@ def _deflated_lanczos(lap: sp.csr_matrix, null: sp.csr_matrix, found: np.ndarray
     keep = vals < (2.0 + _TRIVIAL_SHIFT) / 2
     order = np.argsort(vals[keep])
     return vals[keep][order], vecs[:, keep][:, order]
+
+
+# Restarts of the probe of _smallest_estimate: about 100 products with the Laplacian (20
+# Lanczos vectors), a few ms on the citation graphs.
+_PROBE_RESTARTS = 5
+
+
+def _smallest_estimate(lap: sp.csr_matrix, null: sp.csr_matrix) -> float:
+    r"""The smallest eigenvalue of :math:`\mathcal{L}` on the complement of its null space
+    ``null``, from a few Lanczos restarts (``_PROBE_RESTARTS``, tolerance 1e-2, a fixed start
+    vector); 0 when they do not converge: a small, crowded low end is what keeps Lanczos from
+    converging, and what shift-invert is for."""
+    num_nodes = lap.shape[0]
+    ncv = min(20, num_nodes - null.shape[1] - 1)
+    if ncv < 3:
+        return 0.0
+
+    def matvec(x: np.ndarray) -> np.ndarray:
+        x = x.reshape(num_nodes, -1)
+        return lap @ x + _TRIVIAL_SHIFT * (null @ (null.T @ x))
+
+    op = LinearOperator((num_nodes, num_nodes), matvec=matvec, matmat=matvec, dtype=np.float64)
+    v0 = np.random.default_rng(1).standard_normal(num_nodes)
+    v0 -= null @ (null.T @ v0)
+    try:
+        vals = eigsh(op, k=1, which="SA", v0=v0, ncv=ncv, maxiter=_PROBE_RESTARTS, tol=1e-2,
+                     return_eigenvectors=False)
+    except ArpackError:  # ArpackNoConvergence among them
+        return 0.0
+    return float(vals.min())
 
 
 def _envelope(lap: sp.csr_matrix) -> int:

@@ -149,6 +149,7 @@ def solver(request, monkeypatch):
         return
     shift_invert = request.param == "shift-invert"
     monkeypatch.setattr(pe, "SHIFT_INVERT_MAX_ENVELOPE", 10**18 if shift_invert else -1)
+    monkeypatch.setattr(pe, "SHIFT_INVERT_MAX_EIGENVALUE", math.inf)  # no probe
     shifts = []
     eigsh = pe.eigsh
 
@@ -366,6 +367,7 @@ def well_separated_graph(n: int) -> tuple[torch.Tensor, int]:
 @pytest.mark.parametrize("method", ["shift-invert", "lanczos"])
 def test_laplacian_pe_dense_and_sparse_agree_with_signs(method, monkeypatch):
     monkeypatch.setattr(pe, "SHIFT_INVERT_MAX_ENVELOPE", 10**18 if method == "shift-invert" else -1)
+    monkeypatch.setattr(pe, "SHIFT_INVERT_MAX_EIGENVALUE", math.inf)  # no probe
     edge_index, n = well_separated_graph(150)
     k = 6
     lap, _ = reference_laplacian(edge_index, n)
@@ -997,3 +999,37 @@ def test_laplacian_transform_on_a_batch_with_isolated_first_and_last_nodes():
     # Path a-b-c: u_1 ~ sqrt(d_t) cos(pi t / 2) = (1, 0, -1) / sqrt(2); isolated nodes: 0.
     half = math.sqrt(0.5)
     assert_close(out[:, 0], torch.tensor([half, 0.0, -half, 0.0, half, 0.0, -half, 0.0, 0.0]))
+
+
+def test_wide_envelope_probe_picks_the_method(monkeypatch):
+    """A graph whose factorization may be costly (its reverse Cuthill-McKee envelope wider than
+    ``SHIFT_INVERT_PROBE_WIDTH`` entries a row) gets a probe of its smallest non-trivial
+    eigenvalue first. A hypercube (1/6: eigenvalues 2j/d of its normalized Laplacian) runs
+    plain Lanczos, without a factorization; two random graphs joined by one edge (a bottleneck:
+    about 2e-4) run shift-invert. Eigenvalues as known, or as the dense solver finds them."""
+    probes, shifts, factorizations = [], [], []
+    probe, eigsh, splu = pe._smallest_estimate, pe.eigsh, pe.splu
+    monkeypatch.setattr(pe, "_smallest_estimate",
+                        lambda lap, null: probes.append(probe(lap, null)) or probes[-1])
+    monkeypatch.setattr(pe, "eigsh",
+                        lambda *a, **kw: shifts.append(kw.get("sigma")) or eigsh(*a, **kw))
+    monkeypatch.setattr(pe, "splu", lambda *a, **kw: factorizations.append(1) or splu(*a, **kw))
+
+    cube = graphs.from_networkx(nx.hypercube_graph(12))
+    assert 4096 > pe.DENSE_SOLVER_MAX_NODES
+    _, lam = pe.laplacian_pe(cube, 4096, 8, return_eigenvalues=True)
+    np.testing.assert_allclose(lam.double().numpy(), 1 / 6, atol=1e-8)
+    assert len(probes) == 1 and probes[0] > pe.SHIFT_INVERT_MAX_EIGENVALUE
+    assert shifts and all(shift is None for shift in shifts) and not factorizations
+
+    probes.clear(), shifts.clear()
+    halves = [nx.gnm_random_graph(800, 5000, seed=seed) for seed in (1, 2)]
+    bridged = nx.disjoint_union(*halves)
+    bridged.add_edge(0, 800)
+    edge_index = graphs.from_networkx(bridged)
+    _, lam = pe.laplacian_pe(edge_index, 1600, 4, solver="sparse", return_eigenvalues=True)
+    assert len(probes) == 1 and probes[0] < pe.SHIFT_INVERT_MAX_EIGENVALUE
+    assert any(shift is not None for shift in shifts) and factorizations
+    _, want = pe.laplacian_pe(edge_index, 1600, 4, solver="dense", return_eigenvalues=True)
+    np.testing.assert_allclose(lam.double().numpy(), want.double().numpy(), atol=1e-8)
+    assert lam[0] < 1e-3  # the bottleneck
