@@ -239,6 +239,16 @@ def test_from_networkx_node_order_and_directions():
     assert_edges_equal(graphs.from_networkx(D), torch.tensor([[2, 0], [0, 1]]))  # 30->10, 10->20
 
 
+def test_from_networkx_sorts_by_target_then_source_whatever_the_insertion_order():
+    # networkx lists node 0's neighbours as they were added, 3 then 2 then 1
+    G = nx.Graph()
+    G.add_nodes_from(range(4))
+    G.add_edges_from([(0, 3), (0, 2), (0, 1)])
+    assert list(G.edges) == [(0, 3), (0, 2), (0, 1)]
+    assert_edges_equal(graphs.from_networkx(G),
+                       torch.tensor([[1, 2, 3, 0, 0, 0], [0, 0, 0, 1, 2, 3]]))
+
+
 def test_from_networkx_multigraph_keeps_parallel_edges():
     M = nx.MultiDiGraph()
     M.add_edges_from([(0, 1), (0, 1), (2, 1)])
@@ -268,6 +278,13 @@ def test_from_networkx_with_no_edge_attrs_named_still_returns_edge_attr():
     edge_index, edge_attr = graphs.from_networkx(G, edge_attrs=[])
     assert torch.equal(edge_index, graphs.from_networkx(G))
     assert edge_attr.shape == (4, 0) and edge_attr.dtype == torch.get_default_dtype()
+
+
+def test_from_networkx_without_edges_gives_one_column_per_attribute():
+    G = nx.empty_graph(3)
+    edge_index, edge_attr = graphs.from_networkx(G, edge_attrs=["weight", "feat"])
+    assert edge_index.shape == (2, 0) and edge_index.dtype == torch.int64
+    assert edge_attr.shape == (0, 2) and edge_attr.dtype == torch.get_default_dtype()
 
 
 def test_from_networkx_errors():
