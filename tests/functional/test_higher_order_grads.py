@@ -419,3 +419,36 @@ def test_triton_keeps_its_output_dtypes_under_torch_func(terms, triton_interpret
         assert [t.dtype for t in got] == [t.dtype for t in want]
     for got, ref in zip((t[0] for t in batched), want, strict=True):
         assert_close(got, ref, dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("score", ["dot", "additive", "gatv2"])
+def test_create_graph_on_a_graph_without_edges(backend, score, request):
+    """No edge: out is 0 whatever the inputs, so the recompute reaches none of them; their
+    gradients are zeros (or None), and differentiable again, not an error."""
+    if backend == "triton":
+        request.getfixturevalue("triton_interpreter")
+    inputs = attention_inputs(NUM_SRC, NUM_DST, 0, HEADS, CHANNELS, score=score, bias=False,
+                              seed=3)
+    leaves = [inputs[name] for name in ("q", "k", "v", "att") if inputs[name] is not None]
+    out = edge_attention(inputs["q"], inputs["k"], inputs["v"], torch.empty(2, 0, dtype=torch.long),
+                         att=inputs["att"], score=score, backend=backend)
+    assert torch.equal(out, torch.zeros_like(out))
+    grads = torch.autograd.grad((out * 2).sum(), leaves, create_graph=True, allow_unused=True)
+    for leaf, g in zip(leaves, grads, strict=True):
+        assert g is None or torch.equal(g, torch.zeros_like(leaf))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gradient_penalty_with_one_channel_matches_reference(backend, request):
+    """q and k of the dot score with C = 1 keep their channel axis in the recompute (only the
+    additive score's [N, H, 1] inputs lose it)."""
+    if backend == "triton":
+        request.getfixturevalue("triton_interpreter")
+    edge_index = random_graph(NUM_SRC, NUM_EDGES, seed=5, num_dst=NUM_DST)
+    inputs = attention_inputs(NUM_SRC, NUM_DST, NUM_EDGES, HEADS, 1, seed=3)
+    got = _penalty_grads(backend, inputs, edge_index, "dot", 0.0, True)
+    want = _penalty_grads("reference", inputs, edge_index, "dot", 0.0, True)
+    for name in want:
+        assert_close(got[name], want[name], atol=1e-4, rtol=1e-4)
+    assert any(g.abs().sum() > 0 for g in want.values())
