@@ -471,6 +471,9 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
                          f"got q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)}") from None
     check_float_dtype(q=q, k=k, v=v)
     q, k, v = _common_dtype(q, k, v)  # mixed dtypes promoted, as in edge_attention
+    if not q.shape[:-3] == k.shape[:-3] == v.shape[:-3]:
+        # SDPA broadcasts q against k but not v: each input gets the common leading dims
+        q, k, v = (t.expand(*lead, *t.shape[-3:]) for t in (q, k, v))
     check_dropout(dropout_p, "dropout_p")
     if scale is not None:
         scale = finite_float(scale, "scale")

@@ -50,8 +50,8 @@ class _SelfAttentionBase(torch.nn.Module):
     layers."""
 
     def __init__(self, in_channels: int | tuple[int, int], out_channels: int, heads: int,
-                 concat: bool, dropout: float, bias: bool, out_proj: bool, score_channels: int,
-                 value_dropout: float = 0.0, residual: bool = False, beta: bool = False,
+                 concat: bool, dropout: float, bias: bool, out_proj: bool, *,
+                 score_channels: int, value_dropout: float, residual: bool, beta: bool,
                  **kwargs) -> None:
         super().__init__(**kwargs)
         heads = check_positive(heads, "heads")

@@ -80,6 +80,35 @@ def test_mask_of_one_query_row_or_key_column_broadcasts(lead, is_causal, return_
             assert_close(g, r)
 
 
+@pytest.mark.parametrize("return_attention", [False, True])
+@pytest.mark.parametrize("batched", ["q", "k", "v"])
+def test_leading_dims_of_one_input_broadcast_over_the_others(batched, return_attention):
+    # One of q, k, v carries a batch dim of 3, the other two none; the mask carries it too.
+    # Each batch entry equals the unbatched call on that entry's slice.
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(*((3,) if name == batched else ()), L, 2, 4, generator=gen,
+                           requires_grad=True)
+               for name, L in (("q", 5), ("k", 7), ("v", 7)))
+    mask = torch.rand(3, 5, 7, generator=gen) < 0.6
+    result = dense_attention(q, k, v, mask, return_attention=return_attention)
+    out = result[0] if return_attention else result
+    assert out.shape == (3, 5, 2, 4)
+    expected = []
+    for b in range(3):
+        qb, kb, vb = (t[b] if name == batched else t
+                      for name, t in zip("qkv", (q, k, v), strict=True))
+        expected.append(dense_attention(qb, kb, vb, mask[b], return_attention=return_attention))
+        if return_attention:
+            assert_close(result[1][b], expected[b][1])
+            expected[b] = expected[b][0]
+        assert_close(out[b], expected[b])
+    # the unbatched inputs' gradients sum over the batch entries they served
+    grads = torch.autograd.grad(out.square().sum(), (q, k, v))
+    ref_grads = torch.autograd.grad(sum(e.square().sum() for e in expected), (q, k, v))
+    for g, r in zip(grads, ref_grads, strict=True):
+        assert_close(g, r)
+
+
 def test_causal_flag_equals_lower_triangular_mask():
     q, k, v = qkv(2)
     tril = torch.ones(6, 6, dtype=torch.bool).tril()
@@ -512,6 +541,9 @@ def test_batch_errors():
                                          r"entries of batch \[N\], got q \[5, 2, 4\], k "
                                          r"\[5, 2, 4\], v \[5, 2, 4\] and batch \[4\]"):
         dense_attention(q, q, q, batch=batch[:4])
+    with pytest.raises(ValueError, match=r"got q \[4, 2, 4\], k \[5, 2, 4\], v \[5, 2, 6\] "
+                                         r"and batch \[5\]"):
+        dense_attention(q[:4], q, torch.randn(5, 2, 6), batch=batch)
     with pytest.raises(ValueError, match=r"got q \[1, 5, 2, 4\]"):
         dense_attention(q[None], q[None], q[None], batch=batch)
     with pytest.raises(ValueError, match="mask and batch cannot be combined"):

@@ -548,6 +548,27 @@ def test_stacked_projection_equals_three_linears(attention, bias):
         assert_close(fused[name], grad)
 
 
+@pytest.mark.parametrize("layout", [torch.sparse_csr, torch.sparse_coo])
+def test_sparse_bipartite_features_equal_dense_ones(layout):
+    # Sparse features of a bipartite graph take the separate products: q from x_dst, k and v
+    # from x_src (the stacked product serves self-attention only).
+    torch.manual_seed(0)
+    layer = GraphSelfAttention((6, 4), 3, heads=2)
+    x_src, x_dst = torch.randn(9, 6).relu(), torch.randn(5, 4).relu()
+    edge_index = random_graph(9, 30, seed=1, num_dst=5)
+    sparse = (x_src.to_sparse(layout=layout), x_dst.to_sparse(layout=layout))
+    out = layer(sparse, edge_index)
+    out.square().sum().backward()
+    grads = param_grads(layer)
+    layer.zero_grad()
+    expected = layer((x_src, x_dst), edge_index)
+    expected.square().sum().backward()
+    assert out.shape == (5, 6)
+    assert_close(out, expected)
+    for name, grad in param_grads(layer).items():
+        assert_close(grads[name], grad)
+
+
 def unique_graph(num_src, num_dst, num_edges, seed):
     """A random graph without multi-edges (a sparse adjacency holds each pair once)."""
     ei = random_graph(num_src, num_edges, seed=seed, num_dst=num_dst)
