@@ -304,6 +304,7 @@ def test_repr_and_reset_parameters():
     assert repr(GraphSelfAttention(16, 8, attention="additive")) == (
         "GraphSelfAttention(16, 8, heads=1, attention='additive')")
     assert repr(DenseSelfAttention(16, 8, heads=4)) == "DenseSelfAttention(16, 8, heads=4)"
+    assert repr(DenseSelfAttention(16, 8)) == "DenseSelfAttention(16, 8, heads=1)"
     assert repr(GraphSelfAttention(16, 8, residual=True, attention="gatv2",
                                    negative_slope=0.1, share_weights=True)) == (
         "GraphSelfAttention(16, 8, heads=1, residual=True, attention='gatv2', "
@@ -369,6 +370,9 @@ def test_errors_name_the_argument_and_value():
         layer(torch.randn(2, 4), edge_index, torch.randn(2, 3))
     with pytest.raises(ValueError, match=r"edge_attr must have shape \[E, edge_dim\] = \[2, 3\]"):
         GraphSelfAttention(4, 2, edge_dim=3)(torch.randn(2, 4), edge_index, torch.randn(2, 2))
+    with pytest.raises(ValueError, match=r"edge_attr must have shape \[E, edge_dim\] = \[2, 3\], "
+                                         r"got \[2\]"):  # 1-D edge_attr: edge_dim=1 only
+        GraphSelfAttention(4, 2, edge_dim=3)(torch.randn(2, 4), edge_index, torch.randn(2))
     with pytest.raises(ValueError, match=r"x must have shape \[L, F\] or \[B, L, F\], got \[4\]"):
         DenseSelfAttention(4, 2)(torch.randn(4))
     with pytest.raises(ValueError, match=r"x must have F = in_channels = 4 features, got \[3, 5\]"):
