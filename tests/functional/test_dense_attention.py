@@ -491,6 +491,19 @@ def test_batch_equals_edge_attention_on_the_block_diagonal_graph(sizes, is_causa
         assert_close(g, r)
 
 
+@pytest.mark.parametrize("channels", [4, 0])
+def test_batch_takes_the_given_scale_and_zero_channels(channels):
+    # A scale given with batch is the one used; C = 0 scores 0 (uniform weights), not NaN
+    batch = shuffled_batch([3, 5, 1])
+    gen = torch.Generator().manual_seed(4)
+    q, k = (torch.randn(9, 2, channels, generator=gen) for _ in range(2))
+    v = torch.randn(9, 2, 3, generator=gen)
+    edge_index = graphs.batch_complete_graph(batch)
+    for scale in (None, 0.3):
+        out = dense_attention(q, k, v, batch=batch, scale=scale)
+        assert_close(out, edge_attention(q, k, v, edge_index, scale=scale, backend="reference"))
+
+
 def test_batch_runs_one_padded_call_per_size_group(monkeypatch):
     # sizes in (2^(b-1), 2^b] share a call, padded to the largest of them
     calls = []
