@@ -221,6 +221,9 @@ def test_node_id_checks_run_inside_the_compiled_graph():
         compiled(q, q, q, torch.tensor([[0, 5, 2], [1, 2, 3]]))
     with pytest.raises(RuntimeError, match=r"edge_index must hold node ids >= 0"):
         compiled(q, q, q, torch.tensor([[0, 1, 2], [1, -2, 3]]))
+    with pytest.raises(RuntimeError, match=r"edge_index\[1\] \(targets\) must be < the number "
+                                           r"of target nodes 5"):
+        compiled(q, q, q, torch.tensor([[0, 1, 2], [1, 5, 3]]))
 
 
 @needs_cxx

@@ -565,3 +565,5 @@ def test_batch_errors():
         dense_attention(q, q, q, batch=batch, return_attention=True)
     with pytest.raises(ValueError, match="batch must hold graph ids >= 0, got -1"):
         dense_attention(q, q, q, batch=torch.tensor([0, 0, -1, 1, 1]))
+    with pytest.raises(ValueError, match="batch must hold graph ids >= 0, got -1"):
+        dense_attention(q[:1], q[:1], q[:1], batch=torch.tensor([-1]))  # a batch of one
