@@ -698,6 +698,14 @@ def test_random_walk_pe_directed_cycle_and_sinks():
                        torch.zeros(5, 4))  # no walk ever returns
 
 
+def test_random_walk_pe_of_one_node_and_of_none():
+    loop = torch.tensor([[0], [0]])  # a walk on one node with a self-loop never leaves it
+    assert torch.equal(pe.random_walk_pe(loop, 1, 3), torch.ones(1, 3))
+    assert torch.equal(pe.random_walk_pe(torch.zeros(2, 0, dtype=torch.long), 1, 3),
+                       torch.zeros(1, 3))  # nowhere to go
+    assert pe.random_walk_pe(torch.zeros(2, 0, dtype=torch.long), 0, 3).shape == (0, 3)
+
+
 def test_random_walk_pe_against_matrix_powers():
     n, k = 15, 6
     gen = torch.Generator().manual_seed(2)

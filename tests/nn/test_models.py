@@ -38,6 +38,16 @@ def test_gat_shapes_and_layers(attention, out_heads):
     assert (model.dropout, model.conv1.dropout, model.conv2.value_dropout) == (0.5, 0.2, 0.1)
 
 
+def test_model_defaults_are_the_documented_ones():
+    gat = GAT(12, 5)  # hidden 8 x 8 heads, one averaged output head, dropout 0.6
+    assert (gat.conv1.out_channels, gat.conv1.heads, gat.conv2.heads) == (8, 8, 1)
+    assert gat.conv2.lin_q.in_features == 64 and gat.dropout == 0.6
+    gt = GraphTransformer(12, 16, 5)  # 2 blocks, 4 heads, feed-forward 2 D wide, dropout 0.5
+    assert len(gt.attns) == 2 and all(a.heads == 4 and a.out_channels == 4 for a in gt.attns)
+    assert [ffn[0].out_features for ffn in gt.ffns] == [32, 32] and gt.lin_pe is None
+    assert gt.dropout == 0.5 and gt.attns[0].dropout == 0.5
+
+
 @pytest.mark.parametrize("make", [lambda: GAT(12, 5), lambda: GraphTransformer(12, 16, 5)],
                          ids=["GAT", "GraphTransformer"])
 def test_models_take_a_sparse_adjacency(make):
