@@ -225,6 +225,9 @@ def test_graph_transformer_pe_checks_and_gradients():
         model(x, ei, torch.randn(10, 4))
     model(x, ei, torch.randn(10, 3)).sum().backward()
     assert model.lin_pe.weight.grad.abs().sum() > 0
+    one = GraphTransformer(6, 8, 2, heads=2, pe_channels=1)  # a single encoding channel
+    one(x, ei, torch.randn(10, 1)).sum().backward()
+    assert one.lin_pe.weight.shape == (8, 1) and one.lin_pe.weight.grad.abs().sum() > 0
     plain = GraphTransformer(6, 8, 2, heads=2)
     with pytest.raises(ValueError, match="pe was given but the model has pe_channels=0"):
         plain(x, ei, torch.randn(10, 3))
