@@ -1,4 +1,4 @@
-"""When the fused paths must give way to plain torch ops.
+"""When the fused paths must give way to plain torch ops, and how they call their Functions.
 
 The fused backends' autograd Functions (the ``cpu`` and ``triton`` kernels, the edge-term
 gathers and scatters, the dense backend's SDPA wrapper) have a hand-written backward and no
@@ -6,6 +6,10 @@ forward-mode or batching rule, and SDPA's flash kernel has no forward-mode deriv
 ``torch.func``'s transforms, and for inputs that carry a forward-mode tangent
 (``torch.autograd.forward_ad``), the same functions are computed with plain torch ops instead,
 which every transform differentiates and batches.
+
+Outside those transforms the Functions are called through :func:`apply_function`, which skips
+what ``torch.autograd.Function.apply`` does at every call for a Function with a separate
+``setup_context``: bind the arguments to ``forward``'s signature with :mod:`inspect`.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import torch
 import torch.autograd.forward_ad as fwAD
 from torch import Tensor
+from torch._functorch.utils import unwrap_dead_wrappers
 
 
 def plain_ops_only(*tensors: Tensor | None) -> bool:
@@ -23,3 +28,25 @@ def plain_ops_only(*tensors: Tensor | None) -> bool:
     # no dual level entered (the common case): no tensor can carry a tangent
     return fwAD._current_level >= 0 and any(
         t is not None and fwAD.unpack_dual(t).tangent is not None for t in tensors)
+
+
+def apply_function(function: type[torch.autograd.Function], *args):
+    """``function.apply(*args)``, with every argument of ``function.forward`` given.
+
+    ``Function.apply`` builds ``inspect.signature(forward)`` and binds the arguments to it on
+    each call when the Function has its own ``setup_context`` (30-40 us of host time for the
+    13 arguments of the ``triton`` kernels' Function: more than a kernel launch, on every
+    layer call). With every argument given there are no defaults to fill in, so outside
+    ``torch.func``'s transforms this hands them to the autograd engine's ``apply`` directly,
+    as ``Function.apply`` itself does after binding. Under the transforms it calls
+    ``function.apply``, which they need.
+    """
+    if torch._C._are_functorch_transforms_active():
+        return function.apply(*args)
+    return super(torch.autograd.Function, function).apply(*unwrap_dead_wrappers(args))
+
+
+def needs_grad(*tensors: Tensor | None) -> bool:
+    """Whether autograd would record an operation on ``tensors``: grad mode is on and one of
+    them requires grad. When not, a fused backend calls its forward without its Function."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)

@@ -73,7 +73,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 from torch import Tensor
 
-from graphattn.functional._transforms import plain_ops_only
+from graphattn.functional._transforms import apply_function, needs_grad, plain_ops_only
 from graphattn.functional.reference import reference_edge_attention, reference_grads
 
 CHUNKS_PER_THREAD = 4  # the rows are split into this many chunks of equal work per thread
@@ -1095,10 +1095,14 @@ def cpu_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *, s
     att, bias, dropout_mask, edge_key, edge_value = (
         None if t is None else t.to(work).contiguous()
         for t in (att, bias, dropout_mask, edge_key, edge_value))
-    attend = _forward_op if torch.compiler.is_compiling() else _EdgeAttentionCPU.apply
-    out, alpha = attend(q, k, v, att, bias, dropout_mask, edge_key, edge_value,
-                        edge_index.contiguous(), scale, negative_slope, SCORE_KINDS[score],
-                        need_alpha, value_is_key)[:2]
+    inputs = (q, k, v, att, bias, dropout_mask, edge_key, edge_value, edge_index.contiguous(),
+              scale, negative_slope, SCORE_KINDS[score], need_alpha, value_is_key)
+    if torch.compiler.is_compiling():
+        out, alpha = _forward_op(*inputs)[:2]
+    elif needs_grad(q, k, v, att, bias, edge_key, edge_value):
+        out, alpha = apply_function(_EdgeAttentionCPU, *inputs)[:2]
+    else:  # inference: no autograd node to record
+        out, alpha = _forward_impl(*inputs)[:2]
     if channels == 0:
         out = out[..., :0]  # the padded channel (a slice would cost a copy in backward otherwise)
     return out.to(dtype), (alpha.to(dtype) if need_alpha else None)

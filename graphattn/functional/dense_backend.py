@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from graphattn.functional._transforms import plain_ops_only
+from graphattn.functional._transforms import apply_function, plain_ops_only
 
 # [H, N_dst, N_src] fp32 tensors alive at the peak of forward+backward, rounded up from the peak
 # resident memory measured at N = 2048, H = 4: 3.1 on the SDPA path, 4.3 with the weights
@@ -75,7 +75,7 @@ def sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
                          and _flash_cpu_forward is not None and _flash_cpu_backward is not None)
             if flash_cpu:  # the mask as SDPA hands it to the kernel, made once
                 attn_mask = _additive_mask(attn_mask, q.dtype)
-            out = _FusedSDPA.apply_all(q, k, v, attn_mask, is_causal, scale, flash_cpu)[0]
+            out = apply_function(_FusedSDPA, q, k, v, attn_mask, is_causal, scale, flash_cpu)[0]
             return out if batched else out[0]
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, **options)
     return out if batched else out[0]
@@ -107,14 +107,6 @@ class _FusedSDPA(torch.autograd.Function):
     backward. When the gradients must be differentiable (``create_graph=True``,
     ``torch.func``), the backward recomputes the math path instead, which autograd can
     differentiate again (as the fused backends do with the reference path)."""
-
-    @classmethod
-    def apply_all(cls, *args):
-        """``apply`` with every argument given, outside torch.func's transforms (:func:`sdpa`
-        takes the math path inside them): ``Function.apply`` binds default arguments through
-        ``inspect.signature`` on each call, which costs more than a small SDPA call (one per
-        size group with ``batch=``), so this calls the autograd engine's ``apply`` directly."""
-        return super(torch.autograd.Function, cls).apply(*args)
 
     @staticmethod
     def forward(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, is_causal: bool,

@@ -130,7 +130,7 @@ import torch
 from torch import Tensor
 
 from graphattn._tensor_cache import TensorCache
-from graphattn.functional._transforms import plain_ops_only
+from graphattn.functional._transforms import apply_function, needs_grad, plain_ops_only
 from graphattn.functional.reference import reference_grads
 from graphattn.functional.triton_blocks import (
     BLOCK_SIDES,
@@ -865,6 +865,8 @@ def triton_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *
               need_alpha, edge_key, edge_value)
     if torch.compiler.is_compiling():
         out32, alpha, _ = _forward_op(*inputs)
-    else:
-        out32, alpha, *_ = FusedEdgeAttention.apply(*inputs)
+    elif needs_grad(q, k, v, att, bias, edge_key, edge_value):
+        out32, alpha, *_ = apply_function(FusedEdgeAttention, *inputs)
+    else:  # inference: no autograd node to record
+        out32, alpha, *_ = _forward(*inputs)
     return out32.to(v.dtype), (alpha if need_alpha else None)

@@ -294,8 +294,8 @@ def test_csr_is_built_once_per_unmodified_graph(interpreter, monkeypatch, compil
 
     monkeypatch.setattr(tk, "build_csr", counting_build_csr)
     if compiled:  # the operators torch.compile calls, run eagerly
-        monkeypatch.setattr(tk.FusedEdgeAttention, "apply",
-                            lambda *args: tk._forward_op(*args))
+        monkeypatch.setattr(tk, "apply_function",
+                            lambda function, *args: tk._forward_op(*args))
     ei = random_graph(7, 20, seed=3, num_dst=5).to(DEVICE)
     inputs = attention_inputs(7, 5, 20, 2, 8)
     per_step = [5, 5, 7] if compiled else [5, 7]  # by target (5 rows), by source (7 rows)
