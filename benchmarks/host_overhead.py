@@ -34,6 +34,7 @@ import os
 os.environ.setdefault("TRITON_INTERPRET", "1")  # the triton backend accepts CPU tensors
 
 import argparse  # noqa: E402
+import csv  # noqa: E402
 import platform  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
@@ -212,9 +213,10 @@ def main(argv: list[str] | None = None) -> int:
     text = "\n".join(lines) + "\n"
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
-    with open(args.out.with_suffix(".csv"), "w") as f:
-        f.write(",".join(rows[0]) + "\n")
-        f.writelines(",".join(str(v) for v in row.values()) + "\n" for row in rows)
+    with open(args.out.with_suffix(".csv"), "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
     print(text)
     print(f"wrote {args.out}")
     return 0

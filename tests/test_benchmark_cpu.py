@@ -213,3 +213,29 @@ def test_random_walk_pe_benchmark_fills_its_table(monkeypatch, tmp_path):
     assert float(row["max difference"]) < 1e-6
     edges = grid.edge_index.size(1)
     assert f"| grid-3x4 | 12 | {edges} | 5 |" in (tmp_path / "random_walk_pe_quick.md").read_text()
+
+
+def test_host_overhead_benchmark_fills_its_table(tmp_path):
+    """In a process of its own (it stubs out the Triton kernels of that process): one round
+    of one call per case, every case in the table, with its operators counted."""
+    import subprocess
+
+    out = tmp_path / "host.md"
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "host_overhead.py"
+    done = subprocess.run([sys.executable, str(script), "--rounds", "1", "--inner", "1",
+                           "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    with open(out.with_suffix(".csv")) as f:
+        rows = list(csv.DictReader(f))
+    calls = {row["call"] for row in rows}
+    assert calls == {"edge_attention triton", "GraphSelfAttention dot, triton",
+                     "GraphSelfAttention additive, triton", "GraphSelfAttention gatv2, triton",
+                     "PyG TransformerConv", "PyG GATConv", "PyG GATv2Conv"}
+    assert len(rows) == 2 * len(calls)
+    for row in rows:
+        assert float(row["host us"]) > 0
+        assert int(row["operators that compute"]) > 0
+    steps = {(row["call"], row["step"]): int(row["operators that compute"]) for row in rows}
+    for call in calls:  # backward adds operators
+        assert steps[call, "forward+backward"] > steps[call, "forward"]
+    assert "| edge_attention triton | forward |" in out.read_text()
