@@ -365,6 +365,11 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         """Attend along ``edge_index``; see the class docstring for shapes."""
         H, C = self.heads, self.out_channels
         x_src, x_dst = x if isinstance(x, (tuple, list)) else (x, x)
+        if x_dst is None:
+            raise ValueError("x_dst is None: the targets' queries are computed from their "
+                             "features, so x = (x_src, x_dst) needs both (targets that are "
+                             "the first N_dst sources, as in a sampled mini-batch, have "
+                             "x_src[:N_dst])")
         self._infer_in_channels(x_src, x_dst)
         self._check_features(x_src, self.lin_k, "x" if x_src is x_dst else "x_src")
         self._check_features(x_dst, self.lin_q, "x" if x_src is x_dst else "x_dst")
