@@ -243,7 +243,7 @@ def plot(rows: list[dict[str, object]], path: Path, device: torch.device = CPU) 
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one tiny batch, 3 repeats")
     parser.add_argument("--heads", type=int, default=4, help="heads H (default: 4)")
@@ -269,6 +269,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.output is None:  # a GPU run does not overwrite the CPU table
         suffix = ("_quick" if args.quick else "") + ("_gpu" if args.device.type == "cuda" else "")
         args.output = RESULTS / f"batched_global{suffix}.md"
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     command = "python benchmarks/batched_global.py " + " ".join(sys.argv[1:] if argv is None
                                                                 else argv)
     print(f"command: {command.strip()}")

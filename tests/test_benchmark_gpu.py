@@ -7,6 +7,7 @@ the reference backend (eager and compiled), is run here on a small CPU graph.
 from __future__ import annotations
 
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -312,3 +313,45 @@ def test_window_graphs_are_the_sequence_windows():
     assert 0.85 < layout.fill(graph.num_edges) < 0.9  # against 26% for window-1m
     graph, reason = gpu.build_graph("window-50m", args, "cpu", free_bytes=2**20)
     assert graph is None and "MiB" in reason
+
+
+def _session_commands() -> list[list[str]]:
+    """The Python command lines of ``benchmarks/gpu_session.sh`` (after ``"$PY"``, up to their
+    redirection), continuation lines joined, ``$OUT`` as ``OUT``."""
+    import shlex
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_session.sh"
+    text = script.read_text().replace("\\\n", " ")
+    commands = []
+    for line in text.splitlines():
+        if line.lstrip().startswith("#") or '"$PY"' not in line:
+            continue
+        command = line.split('"$PY"', 1)[1].split("2>&1")[0].replace('"$OUT', '"OUT')
+        commands.append(shlex.split(command))
+    return commands
+
+
+def test_gpu_session_commands_parse():
+    """Every benchmark that ``gpu_session.sh`` runs accepts its arguments, and the test files
+    and test names it asks pytest for exist: a typo there would cost a step of a short device
+    lease."""
+    modules = {"benchmarks/gpu.py": gpu, "benchmarks/triton_tuning.py": triton_tuning,
+               "benchmarks/batched_global.py": batched_global}
+    root = Path(__file__).resolve().parents[1]
+    ran = []
+    for command in _session_commands():
+        if command[0] in modules:
+            modules[command[0]].parse_args(command[1:])  # exits on an unknown argument
+            ran.append(command[0])
+        elif command[:2] == ["-m", "pytest"]:
+            files = [arg for arg in command if arg.endswith(".py")]
+            assert files and all((root / f).is_file() for f in files), files
+            deselected = command[command.index("-k") + 1].removeprefix("not ")
+            assert any(re.search(rf"def test_\w*{deselected}", (root / f).read_text())
+                       for f in files), deselected  # -k matches parts of names
+            ran.append("pytest")
+        else:
+            assert command[0] == "-c", command  # the version line
+    assert sorted(set(ran)) == ["benchmarks/batched_global.py", "benchmarks/gpu.py",
+                                "benchmarks/triton_tuning.py", "pytest"]
+    assert ran.count("benchmarks/gpu.py") == 3
