@@ -326,7 +326,8 @@ def dense_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
     :func:`torch.nn.functional.scaled_dot_product_attention` call with the bool mask (none on
     the complete graph, ``is_causal`` on the causal one, which SDPA runs faster); with a bias
     or multi-edges, SDPA gets the float mask :math:`L - \text{scale}\, q k^\top`; otherwise the
-    weights are explicit. Targets without an incoming edge get exactly 0.
+    weights are explicit. Targets without an incoming edge get exactly 0, and the value rows
+    of sources without an out-edge reach no output, whatever they hold (NaN or inf included).
 
     Memory grows as :math:`H \cdot N_{dst} \cdot N_{src}` (see :func:`dense_peak_bytes`), whatever
     the number of edges.
@@ -364,6 +365,11 @@ def dense_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
     empty_rows = (mask.new_zeros(n_dst) if complete or causal
                   else ~mask.any(dim=-1))  # (N_dst,)
     vh = v.transpose(0, 1)  # (H, N_src, C)
+    if not (complete or causal):
+        # A source without an out-edge (a padding node, say) enters every target's product
+        # with weight 0, and 0 * inf or 0 * NaN is NaN: its value row is zeroed, so that what
+        # it holds reaches no output, as in the sparse backends.
+        vh = vh.masked_fill(~mask.any(dim=0).view(1, n_src, 1), 0.0)
     # (E,) flat index of (i, j) in [N_dst, N_src], for multi-edges, per-edge scores, dropout
     # and the weights
     pair = (src.add(dst, alpha=n_src) if not simple or score != "dot" or bias is not None

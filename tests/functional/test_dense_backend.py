@@ -229,6 +229,35 @@ def test_target_without_in_edge_is_zero_whatever_the_values(need_alpha):
     assert (out[4] == 0).all()
 
 
+@pytest.mark.parametrize("need_alpha", [False, True], ids=["out", "alpha"])
+@pytest.mark.parametrize("with_bias", [False, True], ids=["nobias", "bias"])
+@pytest.mark.parametrize("score", ["dot", "additive"])
+@pytest.mark.parametrize("repeated", [False, True], ids=["simple", "multi-edge"])
+def test_sources_without_out_edges_reach_no_output_whatever_their_values(repeated, score,
+                                                                         with_bias, need_alpha):
+    """Padding: nodes 4 and 5 have no edges and hold NaN and inf. The dense product weighs
+    their value rows by 0 for every target (0 * NaN is NaN); they must reach no output and no
+    gradient, as in the reference: through SDPA with a bool mask (simple graph, dot, no
+    bias), with a float mask (multi-edges or bias) and with explicit weights."""
+    edges = [[0, 1, 2, 3, 0, 1, 3], [0, 0, 1, 1, 2, 3, 3]]
+    if repeated:
+        edges = [edges[0] + [1], edges[1] + [3]]
+    edge_index = torch.tensor(edges)
+    q, k, v, bias = inputs(6, 6, score, edge_index.size(1), bias=with_bias)
+    v[4], v[5, 1, 2] = float("nan"), float("inf")
+    expected = run("reference", q, k, v, edge_index, bias, score=score, dropout_p=0.0,
+                   need_alpha=need_alpha)
+    got = run("dense", q, k, v, edge_index, bias, score=score, dropout_p=0.0,
+              need_alpha=need_alpha)
+    assert got[0].isfinite().all()
+    assert_close(got[0], expected[0])
+    if need_alpha:
+        assert_close(got[1], expected[1])
+    for g, e in zip(got[2], expected[2], strict=True):
+        assert g.isfinite().all()
+        assert_close(g, e)
+
+
 @pytest.mark.parametrize("dtype,scale", [(torch.float16, 1.0), (torch.float32, 1e36)])
 @pytest.mark.parametrize("edges", [[[1], [0]], [[1, 1], [0, 0]]], ids=["bias", "multi-edge"])
 def test_product_overflowing_off_the_graph_is_masked_not_nan(dtype, scale, edges):
