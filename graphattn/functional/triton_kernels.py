@@ -466,19 +466,21 @@ def fused_forward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None,
                   dropout_mask: Tensor | None, csr: CSR, *, scale: float, score: str,
                   negative_slope: float, need_scores: bool, att: Tensor | None = None,
                   edge_key: Tensor | None = None, edge_value: Tensor | None = None,
+                  out_dtype: torch.dtype = torch.float32,
                   ) -> tuple[Tensor, Tensor, Tensor | None]:
     """Launch the forward kernel on contiguous inputs and the target CSR of the graph
     (``att``: the ``[H, C]`` attention vector of ``score="gatv2"``; ``edge_key``,
     ``edge_value``: the ``[E, H, C]`` per-edge terms of keys and values).
 
-    Returns out ``[N_dst, H, C]`` and lse ``[N_dst, H, 2]`` in fp32 (the row maximum m and
-    log l of each target and head; see the module docstring), and the scores ``[E, H]`` (fp32,
-    in ``edge_index`` order) when ``need_scores``.
+    Returns out ``[N_dst, H, C]`` in ``out_dtype`` (fp32, which backward needs, unless told
+    otherwise) and lse ``[N_dst, H, 2]`` in fp32 (the row maximum m and log l of each target
+    and head; see the module docstring), and the scores ``[E, H]`` (fp32, in ``edge_index``
+    order) when ``need_scores``.
     """
     n_dst, (heads, channels) = q.size(0), v.shape[1:]
     score_channels = _score_channels(q, score)
     cfg = launch_config(heads, channels, score_channels)
-    out32 = torch.empty(n_dst, heads, channels, device=v.device, dtype=torch.float32)
+    out = torch.empty(n_dst, heads, channels, device=v.device, dtype=out_dtype)
     lse = torch.empty(n_dst, heads, 2, device=v.device, dtype=torch.float32)  # (m, log l)
     scores = (torch.empty(csr.other.numel(), heads, device=v.device, dtype=torch.float32)
               if need_scores else None)
@@ -486,11 +488,11 @@ def fused_forward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None,
         "forward_kernel", csr, cfg, heads,
         (q, k, v, _or(bias, q), _or(att, q), _or(dropout_mask, q), _or(edge_key, q),
          _or(edge_value, v)),
-        (out32, lse, _or(scores, lse), scale, negative_slope),
+        (out, lse, _or(scores, lse), scale, negative_slope),
         H=heads, C=channels, CK=score_channels, SCORE=SCORE_KINDS[score],
         HAS_BIAS=bias is not None, HAS_DROP=dropout_mask is not None,
         HAS_EK=edge_key is not None, HAS_EV=edge_value is not None, NEED_SCORES=need_scores)
-    return out32, lse, scores
+    return out, lse, scores
 
 
 def _alpha_dtype(q: Tensor, k: Tensor, bias: Tensor | None, att: Tensor | None,
@@ -507,16 +509,18 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, att: Tensor | None, bias: Tensor |
              dropout_mask: Tensor | None, edge_index: Tensor, scale: float,
              negative_slope: float, score: str, need_alpha: bool,
              edge_key: Tensor | None = None, edge_value: Tensor | None = None, *,
-             cached: bool = True) -> tuple[Tensor, Tensor, Tensor, CSR]:
-    """The forward pass on contiguous inputs: out (fp32), alpha (``[0, H]`` unless
-    ``need_alpha``), lse and the target CSR (``cached``: see :func:`graph_csr`)."""
+             cached: bool = True, out_dtype: torch.dtype = torch.float32,
+             ) -> tuple[Tensor, Tensor, Tensor, CSR]:
+    """The forward pass on contiguous inputs: out (in ``out_dtype``: fp32 for backward),
+    alpha (``[0, H]`` unless ``need_alpha``), lse and the target CSR (``cached``: see
+    :func:`graph_csr`)."""
     csr = graph_csr(edge_index, by_target=True, num_dst=q.size(0), num_src=v.size(0),
                     cached=cached)
     # fp32 out: backward's delta = dout . out must not see the rounding of a half out.
     out32, lse, scores = fused_forward(q, k, v, bias, dropout_mask, csr, scale=scale,
                                        score=score, att=att, negative_slope=negative_slope,
                                        need_scores=need_alpha, edge_key=edge_key,
-                                       edge_value=edge_value)
+                                       edge_value=edge_value, out_dtype=out_dtype)
     alpha = weights_from_scores(scores, lse, edge_index,
                                 _alpha_dtype(q, k, bias, att, edge_key))
     return out32, alpha, lse, csr
@@ -864,9 +868,9 @@ def triton_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *
     inputs = (q, k, v, att, bias, dropout_mask, edge_index, scale, negative_slope, score,
               need_alpha, edge_key, edge_value)
     if torch.compiler.is_compiling():
-        out32, alpha, _ = _forward_op(*inputs)
+        out, alpha, _ = _forward_op(*inputs)  # out in fp32, for backward
     elif needs_grad(q, k, v, att, bias, edge_key, edge_value):
-        out32, alpha, *_ = apply_function(FusedEdgeAttention, *inputs)
-    else:  # inference: no autograd node to record
-        out32, alpha, *_ = _forward(*inputs)
-    return out32.to(v.dtype), (alpha if need_alpha else None)
+        out, alpha, *_ = apply_function(FusedEdgeAttention, *inputs)  # the same
+    else:  # inference: no autograd node to record, and out written once, in its dtype
+        out, alpha, *_ = _forward(*inputs, out_dtype=v.dtype)
+    return out.to(v.dtype), (alpha if need_alpha else None)

@@ -420,6 +420,39 @@ def test_repeated_step_on_one_graph_sorts_and_reads_back_nothing(interpreter, mo
         assert name not in second, name
 
 
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16],
+                         ids=["fp32", "fp16", "bf16"])
+def test_inference_writes_out_in_its_dtype(interpreter, monkeypatch, dtype):
+    """Without a gradient to compute, the forward kernel writes out in the dtype of v: no fp32
+    buffer (which backward's delta needs) and no conversion after it; the values are those of
+    a training call's out, converted."""
+    written = []
+    fused_forward = tk.fused_forward
+
+    def recording_fused_forward(*args, **kwargs):
+        result = fused_forward(*args, **kwargs)
+        written.append(result[0].dtype)
+        return result
+
+    monkeypatch.setattr(tk, "fused_forward", recording_fused_forward)
+    ei = random_graph(30, 200, seed=6).to(DEVICE)
+    gen = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(30, 4, 16, generator=gen).to(DEVICE, dtype) for _ in range(3))
+    bias = torch.randn(200, 4, generator=gen).to(DEVICE, dtype)
+    trained = edge_attention(q, k, v.requires_grad_(), ei, bias=bias, backend="triton")
+    with torch.no_grad():
+        inferred = edge_attention(q, k, v, ei, bias=bias, backend="triton")
+    assert written == [torch.float32, dtype]
+    assert inferred.dtype == dtype
+    if dtype == torch.bfloat16 and DEVICE.type == "cpu":
+        # the interpreter truncates fp32 to bf16 where GPUs (and torch) round to nearest even:
+        # one unit in the last place at most
+        assert_close(inferred, trained.detach(), atol=0.0, rtol=2.0**-7)
+    else:
+        assert torch.equal(inferred, trained.detach())
+
+
 def test_auto_picks_triton_only_for_cuda(monkeypatch):
     q = torch.randn(3, 2, 8)
     ei = torch.tensor([[0], [1]])
