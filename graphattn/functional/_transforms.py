@@ -17,7 +17,11 @@ from __future__ import annotations
 import torch
 import torch.autograd.forward_ad as fwAD
 from torch import Tensor
-from torch._functorch.utils import unwrap_dead_wrappers
+
+try:  # what Function.apply calls before the engine's apply (a private helper of torch)
+    from torch._functorch.utils import unwrap_dead_wrappers
+except ImportError:  # another torch: apply_function falls back to Function.apply
+    unwrap_dead_wrappers = None
 
 
 def plain_ops_only(*tensors: Tensor | None) -> bool:
@@ -39,9 +43,10 @@ def apply_function(function: type[torch.autograd.Function], *args):
     layer call). With every argument given there are no defaults to fill in, so outside
     ``torch.func``'s transforms this hands them to the autograd engine's ``apply`` directly,
     as ``Function.apply`` itself does after binding. Under the transforms it calls
-    ``function.apply``, which they need.
+    ``function.apply``, which they need (and so it does where torch lacks the private helper
+    that ``Function.apply`` calls first).
     """
-    if torch._C._are_functorch_transforms_active():
+    if unwrap_dead_wrappers is None or torch._C._are_functorch_transforms_active():
         return function.apply(*args)
     return super(torch.autograd.Function, function).apply(*unwrap_dead_wrappers(args))
 

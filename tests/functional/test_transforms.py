@@ -111,3 +111,18 @@ def test_inference_calls_the_kernels_without_their_function(backend, mode, monke
     assert torch.equal(alpha, recorded[1].detach())
     with pytest.raises(AssertionError, match="autograd Function"):  # the refusal is in place
         edge_attention(*(t.detach().requires_grad_() for t in (q, k, v)), ei, backend=backend)
+
+
+def test_apply_function_falls_back_without_torchs_private_helper(monkeypatch):
+    """Where torch has no ``unwrap_dead_wrappers`` (another version), ``Function.apply``."""
+    from graphattn.functional import _transforms
+
+    monkeypatch.setattr(_transforms, "unwrap_dead_wrappers", None)
+    called = []
+    monkeypatch.setattr(_Scale, "apply", classmethod(
+        lambda cls, *args: called.append(args) or torch.autograd.Function.apply.__func__(
+            cls, *args)))
+    x = torch.randn(3, requires_grad=True)
+    out = apply_function(_Scale, x, 2.0, 0.0)
+    assert len(called) == 1
+    assert torch.equal(out, 2.0 * x)
