@@ -20,6 +20,12 @@ batch of calls, and the torch operators dispatched, counted with a ``TorchDispat
 those that compute (each a kernel launch on CUDA) and the views (no kernel). PyG's figures
 include its scatter operators, which on CUDA launch kernels too.
 
+graphattn's calls are also timed the former way, interleaved with the current one: the
+kernels' autograd Function called through ``torch.autograd.Function.apply`` at every call,
+inference included (``Function.apply`` binds the arguments to ``forward``'s signature with
+``inspect`` each time; the backends now call the autograd engine's ``apply`` directly, and
+call no Function when nothing needs a gradient).
+
 Usage (one line):
 
     python benchmarks/host_overhead.py
@@ -52,7 +58,7 @@ from _machine import cpu_name  # noqa: E402
 from _report import RESULTS  # noqa: E402
 
 from graphattn import _tensor_cache  # noqa: E402
-from graphattn.functional import edge_attention  # noqa: E402
+from graphattn.functional import _transforms, edge_attention  # noqa: E402
 from graphattn.functional import triton_kernels as tk  # noqa: E402
 from graphattn.nn import GraphSelfAttention  # noqa: E402
 
@@ -132,6 +138,19 @@ def cases(num_nodes: int, num_edges: int, heads: int, channels: int,
     }
 
 
+def use_route(route: str) -> None:
+    """Call the triton backend's Function the ``"current"`` way or through
+    ``Function.apply`` at every call, as before (``"Function.apply"``)."""
+    if route == "Function.apply":
+        tk.apply_function = lambda function, *args: function.apply(*args)
+        tk.needs_grad = lambda *tensors: True
+    else:
+        tk.apply_function, tk.needs_grad = _transforms.apply_function, _transforms.needs_grad
+
+
+ROUTES = ("current", "Function.apply")
+
+
 def count_ops(call: Callable[[bool], object], train: bool) -> tuple[int, int]:
     """Operators that compute and views, of one call."""
     counter = OpCounter()
@@ -140,13 +159,15 @@ def count_ops(call: Callable[[bool], object], train: bool) -> tuple[int, int]:
     return counter.compute, counter.views
 
 
-def time_calls(calls: dict[tuple[str, bool], Callable[[], object]], rounds: int,
-               inner: int) -> dict[tuple[str, bool], float]:
+def time_calls(calls: dict[tuple, Callable[[], object]], rounds: int,
+               inner: int) -> dict[tuple, float]:
     """Median over ``rounds`` of the mean host time of ``inner`` calls (us), every call taking
-    its turn in each round."""
-    samples: dict[tuple[str, bool], list[float]] = {key: [] for key in calls}
-    for _ in tqdm(range(rounds), desc="rounds"):
-        for key, call in calls.items():
+    its turn in each round, in the order of ``calls`` (keys ending in their route) and in the
+    reverse order every other round."""
+    samples: dict[tuple, list[float]] = {key: [] for key in calls}
+    for r in tqdm(range(rounds), desc="rounds"):
+        for key, call in (list(calls.items()) if r % 2 == 0 else list(calls.items())[::-1]):
+            use_route(key[-1])
             start = time.perf_counter()
             for _ in range(inner):
                 call()
@@ -190,25 +211,38 @@ def main(argv: list[str] | None = None) -> int:
     calls, ops = {}, {}
     for name, make in makers.items():
         call = make()
+        routes = ROUTES[:1] if name.startswith("PyG") else ROUTES
         for train in (False, True):
-            for _ in range(3):  # warm-up: kernel stubs, caches, PyG's first-call work
-                call(train)
+            for route in routes:
+                use_route(route)
+                for _ in range(3):  # warm-up: kernel stubs, caches, PyG's first-call work
+                    call(train)
+                calls[name, train, route] = (lambda call=call, train=train: call(train))
+            use_route("current")
             ops[name, train] = count_ops(call, train)
-            calls[name, train] = (lambda call=call, train=train: call(train))
     times = time_calls(calls, args.rounds, args.inner)
+    use_route("current")
 
     rows = []
     for name in makers:
         for train in (False, True):
             compute, views = ops[name, train]
+            now = times[name, train, "current"]
+            before = times.get((name, train, "Function.apply"))
             rows.append({"call": name, "step": "forward+backward" if train else "forward",
-                         "host us": f"{times[name, train]:.0f}",
+                         "host us": f"{now:.0f}",
+                         "host us through Function.apply": "" if before is None
+                         else f"{before:.0f}",
+                         "ratio": "" if before is None else f"{now / before:.2f}",
                          "operators that compute": compute, "views": views})
     lines = ["# Host time per call of the GPU path (kernel launches stubbed out)", "",
              *(f"- {h}" for h in header),
              f"- median over {args.rounds} interleaved rounds of the mean of {args.inner} "
-             f"calls; operators counted in one call", "",
-             "| " + " | ".join(rows[0]) + " |", "|---|---|---:|---:|---:|"]
+             f"calls; operators counted in one call (the current route)",
+             "- through Function.apply: graphattn's Function called as before, through "
+             "`torch.autograd.Function.apply` at every call, inference included; ratio: host "
+             "us / that", "",
+             "| " + " | ".join(rows[0]) + " |", "|---|---|---:|---:|---:|---:|---:|"]
     lines += ["| " + " | ".join(str(v) for v in row.values()) + " |" for row in rows]
     text = "\n".join(lines) + "\n"
     args.out.parent.mkdir(parents=True, exist_ok=True)
