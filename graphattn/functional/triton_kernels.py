@@ -516,14 +516,15 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, att: Tensor | None, bias: Tensor |
     :func:`graph_csr`)."""
     csr = graph_csr(edge_index, by_target=True, num_dst=q.size(0), num_src=v.size(0),
                     cached=cached)
-    # fp32 out: backward's delta = dout . out must not see the rounding of a half out.
-    out32, lse, scores = fused_forward(q, k, v, bias, dropout_mask, csr, scale=scale,
-                                       score=score, att=att, negative_slope=negative_slope,
-                                       need_scores=need_alpha, edge_key=edge_key,
-                                       edge_value=edge_value, out_dtype=out_dtype)
+    # fp32 out for training: backward's delta = dout . out must not see the rounding of a
+    # half out
+    out, lse, scores = fused_forward(q, k, v, bias, dropout_mask, csr, scale=scale,
+                                     score=score, att=att, negative_slope=negative_slope,
+                                     need_scores=need_alpha, edge_key=edge_key,
+                                     edge_value=edge_value, out_dtype=out_dtype)
     alpha = weights_from_scores(scores, lse, edge_index,
                                 _alpha_dtype(q, k, bias, att, edge_key))
-    return out32, alpha, lse, csr
+    return out, alpha, lse, csr
 
 
 def weights_from_scores(scores: Tensor | None, lse: Tensor, edge_index: Tensor,
