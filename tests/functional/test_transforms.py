@@ -126,3 +126,33 @@ def test_apply_function_falls_back_without_torchs_private_helper(monkeypatch):
     out = apply_function(_Scale, x, 2.0, 0.0)
     assert len(called) == 1
     assert torch.equal(out, 2.0 * x)
+
+
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
+@pytest.mark.parametrize("backend", ["reference", "cpu", "dense", "triton"])
+def test_activation_checkpointing_gives_the_same_gradients(backend, reentrant, request):
+    """torch.utils.checkpoint runs the forward without keeping activations (the reentrant
+    kind under no_grad: the fused backends skip their Function there) and again in backward,
+    through the Function: the gradients are those of a plain step."""
+    from torch.utils.checkpoint import checkpoint
+
+    from graphattn.nn import GraphSelfAttention
+
+    if backend == "triton":
+        request.getfixturevalue("triton_interpreter")
+    torch.manual_seed(0)
+    layer = GraphSelfAttention(16, 8, heads=2, backend=backend)
+    x = torch.randn(12, 16, requires_grad=True)
+    edge_index = random_graph(12, 40, seed=7)
+    leaves = [x, *layer.parameters()]
+
+    def step(forward) -> list[torch.Tensor]:
+        for t in leaves:
+            t.grad = None
+        forward().square().sum().backward()
+        return [t.grad.clone() for t in leaves]
+
+    plain = step(lambda: layer(x, edge_index))
+    checkpointed = step(lambda: checkpoint(layer, x, edge_index, use_reentrant=reentrant))
+    for a, b in zip(plain, checkpointed, strict=True):
+        assert_close(b, a)
