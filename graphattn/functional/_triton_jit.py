@@ -828,9 +828,10 @@ def block_forward_kernel(q, k, v, bias, drop, ptr, col, bits, ids, out, lse, sco
                          BLOCK_CV: tl.constexpr, PRECISION: tl.constexpr):
     """Grid (target blocks x H). Online softmax over the tiles ``ptr[b]:ptr[b + 1]`` of target
     block b (``col``: their source blocks), as :func:`forward_kernel` over edges: writes
-    ``out`` ``[N_dst, H, C_v]`` (fp32) and ``lse`` ``[N_dst, H, 2]`` in its conventions, and
-    with ``NEED_SCORES`` each edge's score at its id in ``scores`` ``[E, H]`` (fp32); the
-    weights multiply the values after their dropout (``HAS_DROP``), not in the sum."""
+    ``out`` ``[N_dst, H, C_v]`` (fp32 for backward; in inference, the dtype of v) and ``lse``
+    ``[N_dst, H, 2]`` in its conventions, and with ``NEED_SCORES`` each edge's score at its id
+    in ``scores`` ``[E, H]`` (fp32); the weights multiply the values after their dropout
+    (``HAS_DROP``), not in the sum."""
     block, head = _block_and_head(H)
     dtype = q.dtype.element_ty
     q_i, _, _ = _block_rows(q, block, head, n_dst, H, C, BLOCK, BLOCK_C, dtype)
@@ -856,7 +857,8 @@ def block_forward_kernel(q, k, v, bias, drop, ptr, col, bits, ids, out, lse, sco
     rows = block * BLOCK + tl.arange(0, BLOCK)
     offs_cv = tl.arange(0, BLOCK_CV)
     tl.store(out + rows[:, None] * (H * CV) + head * CV + offs_cv[None, :],
-             acc / l_safe[:, None], mask=(rows < n_dst)[:, None] & (offs_cv < CV)[None, :])
+             (acc / l_safe[:, None]).to(out.dtype.element_ty),
+             mask=(rows < n_dst)[:, None] & (offs_cv < CV)[None, :])
     at = rows * H + head
     tl.store(lse + at * 2, m_out, mask=rows < n_dst)
     tl.store(lse + at * 2 + 1, log_l, mask=rows < n_dst)

@@ -225,26 +225,28 @@ def _launch_options(q: Tensor, v: Tensor, layout: BlockLayout, bias: Tensor | No
 
 def block_forward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None,
                   dropout_mask: Tensor | None, layout: BlockLayout, scale: float,
-                  num_scores: int | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
-    """Launch the forward kernel on contiguous inputs: out ``[N_dst, H, C_v]`` and lse
-    ``[N_dst, H, 2]``, both fp32, and with ``num_scores`` = E the scores ``[E, H]`` (fp32, in
+                  num_scores: int | None = None, out_dtype: torch.dtype = torch.float32,
+                  ) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Launch the forward kernel on contiguous inputs: out ``[N_dst, H, C_v]`` in
+    ``out_dtype`` (fp32, which backward needs, unless told otherwise) and lse
+    ``[N_dst, H, 2]`` in fp32, and with ``num_scores`` = E the scores ``[E, H]`` (fp32, in
     ``edge_index`` order; the layout must have ids), else ``None``."""
     from graphattn.functional.triton_kernels import kernels
 
     n_dst, n_src, heads = q.size(0), k.size(0), q.size(1)
-    out32 = torch.empty(n_dst, heads, v.size(2), device=v.device, dtype=torch.float32)
+    out = torch.empty(n_dst, heads, v.size(2), device=v.device, dtype=out_dtype)
     lse = torch.empty(n_dst, heads, 2, device=v.device, dtype=torch.float32)
     scores = (None if num_scores is None else
               torch.empty(num_scores, heads, device=v.device, dtype=torch.float32))
     if n_dst == 0 or heads == 0:
-        return out32, lse, scores
+        return out, lse, scores
     kernels().block_forward_kernel[((layout.ptr.numel() - 1) * heads,)](
         q, k, v, q if bias is None else bias, q if dropout_mask is None else dropout_mask,
         layout.ptr, layout.col, layout.bits,
-        layout.col if layout.ids is None else layout.ids, out32, lse,
+        layout.col if layout.ids is None else layout.ids, out, lse,
         lse if scores is None else scores, n_dst, n_src, scale,
         NEED_SCORES=scores is not None, **_launch_options(q, v, layout, bias, dropout_mask))
-    return out32, lse, scores
+    return out, lse, scores
 
 
 def block_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None,
@@ -283,6 +285,18 @@ def _alpha(q: Tensor, k: Tensor, bias: Tensor | None, scores: Tensor | None, lse
     from graphattn.functional.triton_kernels import _alpha_dtype, weights_from_scores
 
     return weights_from_scores(scores, lse, edge_index, _alpha_dtype(q, k, bias, None))
+
+
+def block_inference(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None,
+                    dropout_mask: Tensor | None, edge_index: Tensor, layout: BlockLayout,
+                    scale: float, need_alpha: bool) -> tuple[Tensor, Tensor]:
+    """What :class:`BlockSparseAttention` computes when nothing needs a gradient, without it:
+    out in the dtype of v, written once by the kernel, and the weights (``[0, H]`` unless
+    ``need_alpha``)."""
+    out, lse, scores = block_forward(q, k, v, bias, dropout_mask, layout, scale,
+                                     edge_index.size(1) if need_alpha else None,
+                                     out_dtype=v.dtype)
+    return out, _alpha(q, k, bias, scores, lse, edge_index)
 
 
 def _reference_grads(dout: Tensor | None, dalpha: Tensor | None, q: Tensor, k: Tensor,

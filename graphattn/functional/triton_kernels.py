@@ -136,6 +136,7 @@ from graphattn.functional.triton_blocks import (
     BLOCK_SIDES,
     BlockSparseAttention,
     _block_forward_op,
+    block_inference,
     graph_blocks,
     use_blocks,
 )
@@ -863,9 +864,14 @@ def triton_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *
         with_ids = bias is not None or dropout_mask is not None or need_alpha
         layout = graph_blocks(edge_index, q.size(0), v.size(0), block, with_ids)
         if layout is not None:  # None: a repeated edge, or tiles too empty
-            out32, alpha, _ = BlockSparseAttention.apply(q, k, v, bias, dropout_mask,
-                                                         edge_index, layout, scale, need_alpha)
-            return out32.to(v.dtype), (alpha if need_alpha else None)
+            if needs_grad(q, k, v, bias):
+                out, alpha, _ = BlockSparseAttention.apply(q, k, v, bias, dropout_mask,
+                                                           edge_index, layout, scale,
+                                                           need_alpha)
+            else:  # inference: no autograd node, out written once in its dtype
+                out, alpha = block_inference(q, k, v, bias, dropout_mask, edge_index, layout,
+                                             scale, need_alpha)
+            return out.to(v.dtype), (alpha if need_alpha else None)
     inputs = (q, k, v, att, bias, dropout_mask, edge_index, scale, negative_slope, score,
               need_alpha, edge_key, edge_value)
     if torch.compiler.is_compiling():

@@ -628,3 +628,40 @@ def test_block_operators_pass_opcheck(interpreter, bias, dropout, alpha, repeate
     torch.library.opcheck(tb._block_backward_op, (torch.randn_like(out32), dalpha, q.detach(),
                                                   k, v, b, mask, edge_index, out32, lse, 0.5,
                                                   32, bias))
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("need_alpha", [False, True], ids=["out", "alpha"])
+def test_inference_writes_out_in_its_dtype(interpreter, monkeypatch, dtype, need_alpha):
+    """Without a gradient to compute, the block forward kernel runs without the autograd
+    Function and writes out in the dtype of v; its values and weights are those of a training
+    call (bf16: the interpreter's tl.dot of bf16 tiles is wrong, see test_half_precision)."""
+    written = []
+    block_forward = tb.block_forward
+
+    def recording_block_forward(*args, **kwargs):
+        result = block_forward(*args, **kwargs)
+        written.append(result[0].dtype)
+        return result
+
+    monkeypatch.setattr(tb, "block_forward", recording_block_forward)
+    launches = spy_on_launches(monkeypatch, BLOCK_KERNELS)
+    edge_index, num_src, num_dst = STRUCTURED["window-70-r3"]
+    edge_index = edge_index.to(DEVICE)
+    inputs = on_device(attention_inputs(num_src, num_dst, edge_index.size(1), 2, 8,
+                                        dtype=dtype))
+    q, k, v, bias = (inputs[name].detach() for name in ("q", "k", "v", "bias"))
+    with tk.launch_tiles(block_sparse=32):
+        trained = edge_attention(q, k, v.requires_grad_(), edge_index, bias=bias,
+                                 backend="triton", return_attention=need_alpha)
+        with torch.no_grad():
+            inferred = edge_attention(q, k, v, edge_index, bias=bias, backend="triton",
+                                      return_attention=need_alpha)
+    assert [name for name, *_ in launches] == ["block_forward_kernel"] * 2
+    assert written == [torch.float32, dtype]
+    if not need_alpha:
+        trained, inferred = (trained,), (inferred,)
+    assert inferred[0].dtype == dtype and inferred[0].grad_fn is None
+    for got, want in zip(inferred, trained, strict=True):
+        assert torch.equal(got, want.detach())
