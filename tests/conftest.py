@@ -337,6 +337,20 @@ def on_device(inputs):
 
 
 
+def record_out_dtypes(monkeypatch, module, name: str) -> list:
+    """Wrap the forward launcher ``module.name`` (it returns out first) so that the dtype of
+    each out it allocates is appended to the list returned."""
+    launcher, written = getattr(module, name), []
+
+    def recording(*args, **kwargs):
+        result = launcher(*args, **kwargs)
+        written.append(result[0].dtype)
+        return result
+
+    monkeypatch.setattr(module, name, recording)
+    return written
+
+
 def spy_on_launches(monkeypatch, names) -> list:
     """Replace the kernel module (``tk.kernels()``) by one whose kernels ``names`` launch as
     before and record ``(name, grid, keyword arguments)`` of each launch in the list

@@ -23,6 +23,7 @@ from conftest import (
     attention_inputs,
     needs_triton,
     on_device,
+    record_out_dtypes,
     spy_on_launches,
 )
 from hypothesis import HealthCheck, given, settings
@@ -637,15 +638,7 @@ def test_inference_writes_out_in_its_dtype(interpreter, monkeypatch, dtype, need
     """Without a gradient to compute, the block forward kernel runs without the autograd
     Function and writes out in the dtype of v; its values and weights are those of a training
     call (bf16: the interpreter's tl.dot of bf16 tiles is wrong, see test_half_precision)."""
-    written = []
-    block_forward = tb.block_forward
-
-    def recording_block_forward(*args, **kwargs):
-        result = block_forward(*args, **kwargs)
-        written.append(result[0].dtype)
-        return result
-
-    monkeypatch.setattr(tb, "block_forward", recording_block_forward)
+    written = record_out_dtypes(monkeypatch, tb, "block_forward")
     launches = spy_on_launches(monkeypatch, BLOCK_KERNELS)
     edge_index, num_src, num_dst = STRUCTURED["window-70-r3"]
     edge_index = edge_index.to(DEVICE)

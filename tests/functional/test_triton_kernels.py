@@ -31,6 +31,7 @@ from conftest import (
     needs_triton,
     on_device,
     random_graph,
+    record_out_dtypes,
     spy_on_launches,
 )
 from hypothesis import HealthCheck, given, settings
@@ -427,15 +428,7 @@ def test_inference_writes_out_in_its_dtype(interpreter, monkeypatch, dtype):
     """Without a gradient to compute, the forward kernel writes out in the dtype of v: no fp32
     buffer (which backward's delta needs) and no conversion after it; the values are those of
     a training call's out, converted."""
-    written = []
-    fused_forward = tk.fused_forward
-
-    def recording_fused_forward(*args, **kwargs):
-        result = fused_forward(*args, **kwargs)
-        written.append(result[0].dtype)
-        return result
-
-    monkeypatch.setattr(tk, "fused_forward", recording_fused_forward)
+    written = record_out_dtypes(monkeypatch, tk, "fused_forward")
     ei = random_graph(30, 200, seed=6).to(DEVICE)
     gen = torch.Generator().manual_seed(6)
     q, k, v = (torch.randn(30, 4, 16, generator=gen).to(DEVICE, dtype) for _ in range(3))
