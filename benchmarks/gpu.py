@@ -153,7 +153,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="keep nothing of a graph from call to call (no CSR orderings, "
                              "checked bounds or self-looped graphs), as before those caches: "
                              "every call sorts the edges and reads the bounds back")
+    parser.add_argument("--tf32", action="store_true",
+                        help="let fp32 matrix products run as TF32 on tensor cores "
+                             "(torch.backends.cuda.matmul.allow_tf32, after the device check): "
+                             "the block-sparse kernels' and every layer's projections, PyG's "
+                             "included; without it fp32 products are full fp32, which the "
+                             "block-sparse kernels run on the FMA units")
+    parser.add_argument("--only", action="append", default=None, metavar="TEXT",
+                        help="time only the methods whose name contains TEXT (repeatable; "
+                             "default: every method), e.g. --only 'edge_attention triton'")
     args = parser.parse_args(argv)
+    if args.only:
+        methods = [name for name in METHODS if any(text in name for text in args.only)]
+        if not methods:
+            parser.error(f"--only matches no method among {', '.join(METHODS)}: got "
+                         f"{args.only}")
+        args.methods = tuple(methods)
+    else:
+        args.methods = tuple(METHODS)
     names = QUICK_GRAPHS if args.quick and args.graphs is None else (
         tuple(args.graphs.split(",")) if args.graphs else GRAPHS)
     unknown = [n for n in names if n not in GRAPHS]
@@ -500,7 +517,8 @@ def measure_graph(graph: Graph, args: argparse.Namespace, dtype: torch.dtype,
     element_size = torch.empty(0, dtype=dtype).element_size()
     free_bytes = torch.cuda.mem_get_info()[0]
     results, cases, trains = {}, {}, set()  # trains: the cases whose fwd+bwd fits too
-    for name, make in METHODS.items():
+    for name in args.methods:
+        make = METHODS[name]
         result = Result(graph.name, graph.num_nodes, graph.num_edges, name)
         results[name] = result
         if name.startswith("dense"):
@@ -854,6 +872,12 @@ def environment(args: argparse.Namespace, peak: float | None, peak_source: str,
             f"- H = {args.heads}, C = {args.channels}, dtype {args.dtype}; "
             f"median of {args.repeats} repeats after {args.warmup} warm-up calls, methods "
             f"interleaved",
+            ("- fp32 matrix products as TF32 (--tf32): the block-sparse kernels' on tensor "
+             "cores, and every layer's projections" if args.tf32 else
+             "- fp32 matrix products in full fp32 (torch's default; the block-sparse kernels "
+             "run theirs on the FMA units)"),
+            *([f"- methods: those whose name contains {', '.join(map(repr, args.only))}"]
+              if args.only else []),
             ("- --no-graph-cache: nothing of a graph is kept from call to call; every call "
              "sorts the edges and reads the bounds back" if args.no_graph_cache else
              "- the triton backend keeps the CSR orderings of an unmodified edge_index from call "
@@ -906,6 +930,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fused vs reference on {check_graph.name}: max abs difference {worst:.2e}")
     else:
         print("fused vs reference: not checked (--no-check)")
+    # after the check, which compares full fp32 products with the reference's
+    torch.backends.cuda.matmul.allow_tf32 = args.tf32
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

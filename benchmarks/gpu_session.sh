@@ -10,17 +10,21 @@
 #   2. the Triton kernel tests compiled on the GPU (GRAPHATTN_TRITON_DEVICE=cuda) instead of in
 #      the interpreter, the block-sparse kernels' too (bf16 among them, which the interpreter
 #      cannot check);
-#   3. if time is left, benchmarks/triton_tuning.py: the kernels' tiles (launch_tiles) against
+#   3. if time is left, the block-sparse kernels' forward on the 50M-edge window graph in fp32
+#      with TF32 products (--tf32: on tensor cores, where full fp32 products run on the FMA
+#      units), for the bandwidth goal;
+#   4. if time is left, benchmarks/triton_tuning.py: the kernels' tiles (launch_tiles) against
 #      the defaults, the row-block kernels (block_n > 1) and the block-sparse kernels' tiles
 #      and warps among them, on the 1M-edge and the 50M-edge graphs, then PubMed;
-#   4. if time is left, the graphs of <= 1M edges again with --no-graph-cache (every call sorts
+#   5. if time is left, the graphs of <= 1M edges again with --no-graph-cache (every call sorts
 #      the edges and reads their bounds back, as before those caches): the A/B of the caches;
-#   5. if time is left, the 50M-edge graphs again in bf16;
-#   6. if time is left, benchmarks/batched_global.py: global attention over mini-batches of
+#   6. if time is left, the 50M-edge graphs again in bf16;
+#   7. if time is left, benchmarks/batched_global.py: global attention over mini-batches of
 #      graphs, the fused kernels' sparse route against padded and grouped SDPA.
 # Each step has its own time limit inside the budget, so a slow step still leaves the others
 # their turn. Tables go to $OUT (default: benchmarks/results/gpu_session/), the log of every
-# step to $OUT/session.log: 7 files at most (the device tool brings back 8).
+# step to $OUT/session.log: 8 files at most, what the device tool brings back (a test counts
+# them).
 #
 # Usage: bash benchmarks/gpu_session.sh [budget in seconds, default 560]
 # The Planetoid files under datasets/ are ignored by git: on a machine that gets a copy of the
@@ -60,36 +64,44 @@ timeout $(limit $(($(left) > 240 ? 180 : $(left) - 60))) env GRAPHATTN_TRITON_DE
   tests/functional/test_triton_blocks.py -k "not compile_for_sm90" 2>&1 | tee -a "$LOG" | tail -25
 
 if [ "$(left)" -gt 150 ]; then
-  echo "== 3. benchmarks/triton_tuning.py, fp32 ($(left) s left)" | tee -a "$LOG"
-  timeout $(limit $(($(left) > 240 ? 150 : $(left) - 90))) "$PY" benchmarks/triton_tuning.py \
-    --out "$OUT/triton_tuning.md" 2>&1 | tee -a "$LOG"
+  echo "== 3. benchmarks/gpu.py, fp32 with TF32 products, block-sparse forward, window-50m ($(left) s left)" | tee -a "$LOG"
+  timeout $(limit 75) "$PY" benchmarks/gpu.py --no-check --tf32 --only "edge_attention triton, block-sparse" \
+    --repeats 10 --warmup 2 --graphs window-50m --out "$OUT/gpu_tf32.md" 2>&1 | tee -a "$LOG"
 else
   echo "== 3. skipped: $(left) s left" | tee -a "$LOG"
 fi
 
 if [ "$(left)" -gt 150 ]; then
-  echo "== 4. benchmarks/gpu.py, fp32, the graphs of <= 1M edges without the graph caches ($(left) s left)" | tee -a "$LOG"
-  timeout $(limit 90) "$PY" benchmarks/gpu.py --no-check --no-graph-cache --repeats 10 --warmup 2 \
-    --graphs random-1m,cora,pubmed --out "$OUT/gpu_no_graph_cache.md" 2>&1 |
-    tee -a "$LOG"
+  echo "== 4. benchmarks/triton_tuning.py, fp32 ($(left) s left)" | tee -a "$LOG"
+  timeout $(limit $(($(left) > 240 ? 150 : $(left) - 90))) "$PY" benchmarks/triton_tuning.py \
+    --out "$OUT/triton_tuning.md" 2>&1 | tee -a "$LOG"
 else
   echo "== 4. skipped: $(left) s left" | tee -a "$LOG"
 fi
 
-if [ "$(left)" -gt 90 ]; then
-  echo "== 5. benchmarks/gpu.py, bf16, 50M-edge graphs ($(left) s left)" | tee -a "$LOG"
-  timeout $(limit $(($(left) > 150 ? $(left) - 60 : $(left) - 10))) "$PY" benchmarks/gpu.py \
-    --no-check --dtype bf16 --graphs window-50m,random-50m,local-50m --out "$OUT/gpu_bf16.md" 2>&1 |
+if [ "$(left)" -gt 150 ]; then
+  echo "== 5. benchmarks/gpu.py, fp32, the graphs of <= 1M edges without the graph caches ($(left) s left)" | tee -a "$LOG"
+  timeout $(limit 90) "$PY" benchmarks/gpu.py --no-check --no-graph-cache --repeats 10 --warmup 2 \
+    --graphs random-1m,cora,pubmed --out "$OUT/gpu_no_graph_cache.md" 2>&1 |
     tee -a "$LOG"
 else
   echo "== 5. skipped: $(left) s left" | tee -a "$LOG"
 fi
 
+if [ "$(left)" -gt 90 ]; then
+  echo "== 6. benchmarks/gpu.py, bf16, 50M-edge graphs ($(left) s left)" | tee -a "$LOG"
+  timeout $(limit $(($(left) > 150 ? $(left) - 60 : $(left) - 10))) "$PY" benchmarks/gpu.py \
+    --no-check --dtype bf16 --graphs window-50m,random-50m,local-50m --out "$OUT/gpu_bf16.md" 2>&1 |
+    tee -a "$LOG"
+else
+  echo "== 6. skipped: $(left) s left" | tee -a "$LOG"
+fi
+
 if [ "$(left)" -gt 40 ]; then
-  echo "== 6. benchmarks/batched_global.py on the GPU ($(left) s left)" | tee -a "$LOG"
+  echo "== 7. benchmarks/batched_global.py on the GPU ($(left) s left)" | tee -a "$LOG"
   timeout $(limit $(($(left) - 10))) "$PY" benchmarks/batched_global.py --device cuda \
     --table-only --output "$OUT/batched_global_gpu.md" 2>&1 | tee -a "$LOG" | tail -25
 else
-  echo "== 6. skipped: $(left) s left" | tee -a "$LOG"
+  echo "== 7. skipped: $(left) s left" | tee -a "$LOG"
 fi
 echo "== done in ${SECONDS} s" | tee -a "$LOG"

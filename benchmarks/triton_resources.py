@@ -116,8 +116,9 @@ def compile_kernels(heads: int, channels: int, score: str, dtype: str, *, featur
 
 
 def _compile(kernel, constants: dict, dtype: str, num_warps: int, arch: int) -> dict[str, int]:
-    """One kernel compiled for ``sm_<arch>``: the resources of :func:`resource_usage` and
-    ``shared`` (bytes per block)."""
+    """One kernel compiled for ``sm_<arch>``: the resources of :func:`resource_usage`,
+    ``shared`` (bytes per block) and ``mma``, the tensor-core instructions in its PTX
+    (``wgmma.mma_async`` and ``mma.sync``; 0 where its products run on the FMA units)."""
     signature = {arg: "constexpr" if arg in constants else POINTER_TYPES.get(arg, f"*{dtype}")
                  for arg in kernel.arg_names}
     used = {n: v for n, v in constants.items() if n in kernel.arg_names}
@@ -132,7 +133,9 @@ def _compile(kernel, constants: dict, dtype: str, num_warps: int, arch: int) -> 
                                   target=GPUTarget("cuda", arch, 32),
                                   options={"num_warps": num_warps})
     assert compiled.asm["cubin"], kernel
-    return {**resource_usage(log.getvalue()), "shared": compiled.metadata.shared}
+    ptx = compiled.asm["ptx"]
+    return {**resource_usage(log.getvalue()), "shared": compiled.metadata.shared,
+            "mma": ptx.count("wgmma.mma_async") + ptx.count("mma.sync")}
 
 
 def compile_block_kernels(heads: int, channels: int, dtype: str, block: int, *, bias: bool,

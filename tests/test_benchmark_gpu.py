@@ -161,6 +161,50 @@ def test_no_check_neither_checks_nor_reports_a_difference(monkeypatch, tmp_path,
     assert "Fused vs reference" not in out.read_text()
 
 
+@pytest.mark.skipif(not triton_available(),
+                    reason="triton is not installed (pip install 'graphattn[gpu]'): gpu.py stops")
+def test_tf32_comes_on_after_the_check_and_only_picks_methods(monkeypatch, tmp_path):
+    """--tf32 lets fp32 products run as TF32 in the timings but not in the device check (which
+    compares full fp32 products with the reference), and says so in the table's header;
+    --only times the methods whose name holds one of its texts."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H200")
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (2**37, 2**37))
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    monkeypatch.setattr(gpu, "copy_bandwidth", lambda: 4.3e12)
+    seen = {}
+
+    def check(*args, **kwargs):
+        seen.setdefault("check", torch.backends.cuda.matmul.allow_tf32)
+        return [("a check", 0.0)]
+
+    def measure(graph, args, *rest):
+        seen["measure"] = (torch.backends.cuda.matmul.allow_tf32, args.methods)
+        return []
+
+    monkeypatch.setattr(gpu, "check_on_device", check)
+    monkeypatch.setattr(gpu, "check_blocks_on_device", check)
+    monkeypatch.setattr(gpu, "build_graph",
+                        lambda name, *a: (gpu.Graph(name, 3, torch.zeros(2, 1)), ""))
+    monkeypatch.setattr(gpu, "measure_graph", measure)
+    monkeypatch.setattr(gpu, "synthetic_graph", lambda *a: torch.zeros(2, 1))
+    out = tmp_path / "gpu.md"
+    argv = ["--graphs", "window-50m", "--out", str(out), "--tf32", "--only", "block-sparse",
+            "--only", "edge_attention triton"]
+    assert gpu.main(argv) == 0
+    assert seen["check"] is False
+    assert seen["measure"] == (True, (
+        "edge_attention triton", "edge_attention triton, row blocks",
+        "edge_attention triton, block-sparse", "edge_attention triton, block-sparse 64",
+        "GraphSelfAttention dot, triton, block-sparse"))
+    assert "fp32 matrix products as TF32 (--tf32)" in out.read_text()
+    assert "methods: those whose name contains 'block-sparse', 'edge_attention triton'" in (
+        out.read_text())
+    with pytest.raises(SystemExit):
+        gpu.parse_args(["--only", "no such method"])
+    assert gpu.parse_args([]).methods == tuple(gpu.METHODS)
+
+
 def test_tuning_candidates_start_with_the_default_tiles():
     Tiles = triton_tuning.Tiles
     every = triton_tuning.candidates(4, 32)
@@ -370,4 +414,22 @@ def test_gpu_session_commands_parse():
             assert command[0] == "-c", command  # the version line
     assert sorted(set(ran)) == ["benchmarks/batched_global.py", "benchmarks/gpu.py",
                                 "benchmarks/triton_tuning.py", "pytest"]
-    assert ran.count("benchmarks/gpu.py") == 3
+    assert ran.count("benchmarks/gpu.py") == 4
+
+
+def test_gpu_session_writes_what_the_device_tool_brings_back():
+    """The device tool brings back at most 8 files from $OUT: the session's log, each
+    benchmark's table and what goes beside it (gpu.py's profile, batched_global.py's .csv
+    and .png unless --table-only) must fit, each under its own name."""
+    files = ["session.log"]
+    for command in _session_commands():
+        if command[0].startswith("benchmarks/"):
+            flag = "--output" if command[0] == "benchmarks/batched_global.py" else "--out"
+            path = Path(command[command.index(flag) + 1])
+            assert path.parent == Path("OUT"), command
+            files.append(path.name)
+            if command[0] == "benchmarks/gpu.py" and "--profile" in command:
+                files.append(f"{path.stem}_profile.txt")
+            if command[0] == "benchmarks/batched_global.py" and "--table-only" not in command:
+                files += [path.with_suffix(".csv").name, path.with_suffix(".png").name]
+    assert len(files) == len(set(files)) <= 8, files

@@ -49,11 +49,14 @@ kernels run only inside :func:`~graphattn.functional.triton_kernels.launch_tiles
 ``block_sparse=B``: whether they beat the CSR kernels depends on how full the tiles are, and
 ``benchmarks/gpu.py`` measures both.
 
-**Precision.** Products run on tensor cores with fp32 accumulation. fp32 inputs use full fp32
-products unless ``torch.backends.cuda.matmul.allow_tf32`` is set, then TF32, as torch's own
-matrix products do. Half inputs multiply the weights, rounded to the input dtype, by the
-values (as FlashAttention does); the CSR kernels keep those products in fp32, so the two agree
-to half precision, not bit for bit.
+**Precision.** Products accumulate in fp32. Half inputs multiply on tensor cores; fp32 inputs
+use full fp32 products unless ``torch.backends.cuda.matmul.allow_tf32`` is set, then TF32 on
+tensor cores, as torch's own matrix products do. Full fp32 products have no tensor-core
+instruction: Triton runs them on the FMA units (compiled for sm_90, B = 64, H = 4, C = 32, the
+forward kernel's PTX holds 1028 ``fma.rn.f32`` and no ``wgmma`` in fp32, 12 ``wgmma`` with
+TF32), so on fp32 graphs they pay most with TF32 (``benchmarks/gpu.py --tf32``). Half inputs
+multiply the weights, rounded to the input dtype, by the values (as FlashAttention does); the
+CSR kernels keep those products in fp32, so the two agree to half precision, not bit for bit.
 
 **Non-finite inputs.** A NaN or infinite entry in a row of q, k or v reaches every entry of
 the tile's products, edge or not (0 times NaN is NaN), so it spreads to the rows of its tile

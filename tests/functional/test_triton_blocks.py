@@ -487,7 +487,8 @@ for dtype, block, bias, dropout, precision in [
                                                           dropout=dropout, scores=dropout,
                                                           precision=precision)
     for name, use in usage.items():
-        print("compiled", name, dtype, block, bias, use["registers"], use["spill_stores"])
+        print("compiled", name, dtype, block, bias, use["registers"], use["spill_stores"],
+              precision, use["mma"])
 """
 
 
@@ -496,7 +497,8 @@ def test_block_kernels_compile_for_sm90():
     """The interpreter does not run Triton's compiler: compile the three block kernels for
     sm_90 ahead of time (half and fp32 inputs, full fp32 and TF32 products, with and without a
     bias, a dropout mask and the scores written), as ``benchmarks/triton_resources.py
-    --blocks`` does; no GPU needed. In a fresh process: the interpreter leaves
+    --blocks`` does; no GPU needed. Their PTX multiplies on tensor cores except with full fp32
+    products, which Triton runs on the FMA units. In a fresh process: the interpreter leaves
     ``triton.language`` patched after it ran."""
     env = {**os.environ, "TRITON_INTERPRET": "0"}
     done = subprocess.run([sys.executable, "-c", COMPILE_FOR_SM90], env=env,
@@ -506,6 +508,10 @@ def test_block_kernels_compile_for_sm90():
                 if line.startswith("compiled")]
     assert len(compiled) == 6 * 3
     assert {row[1] for row in compiled} == set(BLOCK_KERNELS)
+    # every kernel's products on tensor cores but full fp32 ones, which have no such instruction
+    for _, name, dtype, _, _, _, _, precision, mma in compiled:
+        on_tensor_cores = dtype != "fp32" or precision == "tf32"
+        assert (int(mma) > 0) == on_tensor_cores, (name, dtype, precision, mma)
 
 
 @needs_triton
