@@ -254,7 +254,9 @@ def launch_tiles(*, block_e: int | None = None, block_h: int | None = None,
 
     Inside the ``with`` block, every launch in the process takes the tiles given here and
     :func:`launch_config` picks the rest; calls under ``torch.compile`` too, since the tiles are
-    read at each launch. Enter it outside the compiled function: dynamo cannot trace it (it
+    read at each launch. The setting is process-wide on purpose: on CUDA, autograd runs the
+    backward kernels on its own thread for the device, which a thread- or context-local
+    setting would not reach. Enter it outside the compiled function: dynamo cannot trace it (it
     would set and restore the tiles after the graph ran), so a compiled function that enters
     it runs eagerly, and with ``fullgraph=True`` fails. Each set of tiles compiles its own
     kernels. Results differ from those of other tiles by rounding only: ``block_e`` changes
