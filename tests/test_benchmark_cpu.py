@@ -242,3 +242,25 @@ def test_host_overhead_benchmark_fills_its_table(tmp_path):
     for call in calls:  # backward adds operators
         assert steps[call, "forward+backward"] > steps[call, "forward"]
     assert "| edge_attention triton | forward |" in out.read_text()
+
+
+def test_compile_benchmark_fills_its_table(tmp_path):
+    """In a process of its own (it sets the torch threads): one warm-up and one timed step of
+    each way on Cora, compiled by dynamo alone (``--compile-backend eager``: inductor's C++
+    build would take the suite's time), every way in the table."""
+    import subprocess
+
+    out = tmp_path / "compile.md"
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "compile_cpu.py"
+    done = subprocess.run([sys.executable, str(script), "--rounds", "1", "--warmup", "1",
+                           "--compile-backend", "eager", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    with open(out.with_suffix(".csv")) as f:
+        rows = {row["way"]: row for row in csv.DictReader(f)}
+    assert list(rows) == ["eager", "compiled", "compiled fullgraph", "eager, sparse features"]
+    assert all(float(row["step ms"]) > 0 for row in rows.values())
+    assert rows["eager"]["ratio to eager"] == "1.00"
+    assert int(rows["compiled"]["graphs of the forward"]) >= 1
+    assert rows["compiled fullgraph"]["graphs of the forward"] == "1"
+    assert "backend eager" in out.read_text()

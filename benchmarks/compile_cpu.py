@@ -1,0 +1,151 @@
+"""torch.compile on CPU: a GAT training step on Cora, eager against compiled.
+
+One training step (forward, cross-entropy on the training nodes, backward, Adam) of
+``graphattn.nn.GAT`` (the GAT paper's configuration: 8 heads x 8 channels, dropout 0.6) on
+Cora's public split, four ways, each with its own copy of the same initial model:
+
+- ``eager``: dense ``[2708, 1433]`` features;
+- ``compiled``: ``torch.compile(model)``, default mode, dense features;
+- ``compiled fullgraph``: ``torch.compile(model, fullgraph=True)``, dense features;
+- ``eager, sparse features``: the features as a sparse CSR tensor (torch does not trace
+  sparse tensors, so this one is not compiled).
+
+The steps are interleaved (the order rotates every round) after warm-up calls, which include
+the compilation; the table gives the median step time, its ratio to the eager step, and the
+number of graphs dynamo makes of the model's forward (``torch._dynamo.explain``; one graph
+means no graph break).
+
+Usage (one line):
+
+    python benchmarks/compile_cpu.py
+
+Writes ``results/compile_cpu.md`` and ``.csv`` (``--out`` names another ``.md``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _machine import cpu_name  # noqa: E402
+from _report import RESULTS  # noqa: E402
+
+from graphattn.datasets import load_planetoid  # noqa: E402
+from graphattn.nn import GAT  # noqa: E402
+
+WAYS = ("eager", "compiled", "compiled fullgraph", "eager, sparse features")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--root", default=None,
+                        help="data root holding Cora/raw (default: graphattn's data root)")
+    parser.add_argument("--rounds", type=int, default=40,
+                        help="timed steps of each way (default: 40)")
+    parser.add_argument("--warmup", type=int, default=3,
+                        help="steps of each way before timing, compilation included "
+                             "(default: 3)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
+    parser.add_argument("--compile-backend", default="inductor",
+                        help="torch.compile backend (default: inductor)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=RESULTS / "compile_cpu.md")
+    args = parser.parse_args(argv)
+    for name in ("rounds", "warmup", "threads"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    return args
+
+
+def training_steps(data, args: argparse.Namespace) -> dict[str, Callable[[], None]]:
+    """One training step per way, each on its own copy of the model and its optimizer."""
+    x, edge_index, y, train = data.x, data.edge_index, data.y, data.train_mask
+    x_sparse = x.to_sparse_csr()
+    steps = {}
+    for way in WAYS:
+        torch.manual_seed(args.seed)
+        model = GAT(x.size(1), int(y.max()) + 1)
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.005, weight_decay=5e-4)
+        forward = model
+        if way.startswith("compiled"):
+            forward = torch.compile(model, backend=args.compile_backend,
+                                    fullgraph=way.endswith("fullgraph"))
+        features = x_sparse if way.endswith("sparse features") else x
+
+        def step(forward=forward, optimizer=optimizer, features=features) -> None:
+            optimizer.zero_grad()
+            out = forward(features, edge_index)  # (N, classes)
+            F.cross_entropy(out[train], y[train]).backward()
+            optimizer.step()
+
+        steps[way] = step
+    return steps
+
+
+def graph_count(data, args: argparse.Namespace) -> int:
+    """The graphs dynamo makes of the model's forward on dense features (1: no break)."""
+    torch._dynamo.reset()
+    model = GAT(data.x.size(1), int(data.y.max()) + 1)
+    return torch._dynamo.explain(model)(data.x, data.edge_index).graph_count
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    command = "python benchmarks/compile_cpu.py " + " ".join(
+        sys.argv[1:] if argv is None else argv)
+    header = [f"command: `{command.strip()}`",
+              f"torch {torch.__version__}, python {platform.python_version()}",
+              f"device: CPU ({cpu_name()}), {args.threads} torch thread(s); torch.compile "
+              f"backend {args.compile_backend}",
+              f"{args.rounds} interleaved steps of each way after {args.warmup} warm-up steps "
+              f"(compilation included), medians"]
+    print("\n".join(header))
+    data = load_planetoid("Cora", root=args.root)
+    graphs = graph_count(data, args)
+    steps = training_steps(data, args)
+    for _ in tqdm(range(args.warmup), desc="warm-up (compiling)"):
+        for step in steps.values():
+            step()
+    times = {way: [] for way in WAYS}
+    for i in tqdm(range(args.rounds), desc="timing"):
+        for way in WAYS[i % len(WAYS):] + WAYS[:i % len(WAYS)]:
+            start = time.perf_counter()
+            steps[way]()
+            times[way].append(time.perf_counter() - start)
+    medians = {way: 1e3 * statistics.median(t) for way, t in times.items()}
+    rows = [{"way": way, "step ms": f"{ms:.1f}", "ratio to eager": f"{ms / medians['eager']:.2f}",
+             "graphs of the forward": {"compiled": graphs, "compiled fullgraph": 1}.get(way, "")}
+            for way, ms in medians.items()]
+    lines = ["# torch.compile on CPU: a GAT training step on Cora", "",
+             *(f"- {h}" for h in header), "",
+             "One training step (forward, loss, backward, Adam) of `graphattn.nn.GAT` (8 heads "
+             "x 8 channels, dropout 0.6) on Cora's public split. \"graphs of the forward\": "
+             "the graphs dynamo makes of the forward in the default mode "
+             "(`torch._dynamo.explain`); `fullgraph=True` makes one or fails.", "",
+             "| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0]),
+             *("| " + " | ".join(str(v) for v in row.values()) + " |" for row in rows)]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text("\n".join(lines) + "\n")
+    with open(args.out.with_suffix(".csv"), "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    print("\n".join(lines[len(header) + 3:]))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
