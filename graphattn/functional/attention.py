@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
+from typing import Literal, overload
 
 import torch
 import torch.nn.functional as F
@@ -215,6 +216,34 @@ def _check_attention_inputs(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor,
                          f"got {list(edge_value.shape)}")
 
 
+# For type checkers: out alone, or (out, alpha) with return_attention=True.
+@overload
+def edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
+                   scale: float | None = ..., bias: Tensor | None = ..., dropout_p: float = ...,
+                   training: bool = ..., return_attention: Literal[False] = ...,
+                   backend: str = ..., score: str = ..., negative_slope: float = ...,
+                   att: Tensor | None = ..., edge_key: Tensor | None = ...,
+                   edge_value: Tensor | None = ...) -> Tensor: ...
+
+
+@overload
+def edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
+                   scale: float | None = ..., bias: Tensor | None = ..., dropout_p: float = ...,
+                   training: bool = ..., return_attention: Literal[True], backend: str = ...,
+                   score: str = ..., negative_slope: float = ..., att: Tensor | None = ...,
+                   edge_key: Tensor | None = ...,
+                   edge_value: Tensor | None = ...) -> tuple[Tensor, Tensor]: ...
+
+
+@overload
+def edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
+                   scale: float | None = ..., bias: Tensor | None = ..., dropout_p: float = ...,
+                   training: bool = ..., return_attention: bool, backend: str = ...,
+                   score: str = ..., negative_slope: float = ..., att: Tensor | None = ...,
+                   edge_key: Tensor | None = ...,
+                   edge_value: Tensor | None = ...) -> Tensor | tuple[Tensor, Tensor]: ...
+
+
 def edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
                    scale: float | None = None, bias: Tensor | None = None,
                    dropout_p: float = 0.0, training: bool = True,
@@ -403,6 +432,28 @@ def edge_attention_unchecked(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor
         out, alpha = out.to(triton_dtypes[0]), alpha if alpha is None else alpha.to(
             triton_dtypes[1])
     return (out, alpha) if return_attention else out
+
+
+# For type checkers: out alone, or (out, attention) with return_attention=True.
+@overload
+def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = ..., *,
+                    is_causal: bool = ..., scale: float | None = ..., dropout_p: float = ...,
+                    training: bool = ..., return_attention: Literal[False] = ...,
+                    batch: Tensor | None = ...) -> Tensor: ...
+
+
+@overload
+def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = ..., *,
+                    is_causal: bool = ..., scale: float | None = ..., dropout_p: float = ...,
+                    training: bool = ..., return_attention: Literal[True],
+                    batch: Tensor | None = ...) -> tuple[Tensor, Tensor]: ...
+
+
+@overload
+def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = ..., *,
+                    is_causal: bool = ..., scale: float | None = ..., dropout_p: float = ...,
+                    training: bool = ..., return_attention: bool,
+                    batch: Tensor | None = ...) -> Tensor | tuple[Tensor, Tensor]: ...
 
 
 def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *,
