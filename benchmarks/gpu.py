@@ -1,6 +1,7 @@
 """Fused Triton edge attention on a CUDA GPU: time, peak memory and memory bandwidth.
 
-On each graph (Cora, the PubMed graph, a uniform random graph with 1M edges, and 50M-edge
+On each graph (Cora, the PubMed graph, uniform random graphs with 1M and 10M edges (the
+smallest size of the memory goal, where PyG's layers still fit), and 50M-edge
 graphs: uniform, local (random sources near their target) and a sequence window graph of 2M
 nodes, each attending to the 25 nodes within 12 of it, and the same window on 40k nodes, 1M
 edges), times the forward (inference,
@@ -102,12 +103,13 @@ PEAK_BANDWIDTH = (
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 EDGE_DIM = 16  # edge features of the "+ edge features" layers
-GRAPHS = ("cora", "pubmed", "random-1m", "window-1m", "window-wide-1m", "random-50m", "local-50m",
-          "window-50m")
+GRAPHS = ("cora", "pubmed", "random-1m", "random-10m", "window-1m", "window-wide-1m", "random-50m",
+          "local-50m", "window-50m")
 QUICK_GRAPHS = ("cora", "random-1m")
 # name -> (nodes, edges, window): window None draws sources uniformly, else from i-w..i+w.
 SYNTHETIC = {
     "random-1m": (100_000, 1_000_000, None),
+    "random-10m": (400_000, 10_000_000, None),
     "random-50m": (2_000_000, 50_000_000, None),
     "local-50m": (2_000_000, 50_000_000, 512),
 }
