@@ -146,8 +146,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--profile", action="store_true",
                         help="also profile edge_attention(backend='triton') forward+backward "
                              "with torch.profiler on the graphs of <= 1M edges: host time per "
-                             "call and the top operators, written beside --out as "
-                             "<name>_profile.txt")
+                             "call and the top operators, in a last section of --out")
     parser.add_argument("--no-check", action="store_true",
                         help="skip the fused-vs-reference check on the device (for a second run "
                              "in one session, after a run that checked)")
@@ -833,7 +832,7 @@ def goals(results: list[Result]) -> list[str]:
 
 
 def render_markdown(results: list[Result], header: list[str], checks: list[tuple[str, float]],
-                    skipped: list[str]) -> str:
+                    skipped: list[str], profiles: list[str] | None = None) -> str:
     lines = ["# Fused Triton edge attention on GPU", "", *header, ""]
     lines += ["| graph | N | E | method | fwd ms | fwd+bwd ms | peak fwd MiB | peak fwd+bwd MiB "
               "| fwd kernel ms | GB/s | % peak HBM | % copy | % peak, k v per edge | note |",
@@ -852,6 +851,9 @@ def render_markdown(results: list[Result], header: list[str], checks: list[tuple
         lines += ["", "## Fused vs reference on the device (max abs difference)", "",
                   "| case | max abs diff |", "|---|---:|"]
         lines += [f"| {name} | {err:.2e} |" for name, err in checks]
+    if profiles:
+        lines += ["", "## Host profile of the fused op (--profile)", "", "```",
+                  *(p.rstrip("\n").replace("## ", "", 1) for p in profiles), "```"]
     return "\n".join(lines) + "\n"
 
 
@@ -938,7 +940,6 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     results, skipped, profiles = [], [], []
-    profile_path = out.with_name(f"{out.stem}_profile.txt")
     for name in args.graph_names:
         graph, reason = build_graph(name, args, device, torch.cuda.mem_get_info()[0])
         if graph is None:
@@ -951,16 +952,15 @@ def main(argv: list[str] | None = None) -> int:
                 profiles.append(profile_fused(graph, args, dtype))
             except Exception as err:  # a profile is extra: the timings still run
                 profiles.append(f"## {name}: profile failed: {type(err).__name__}: {err}\n")
-            profile_path.write_text("\n".join(profiles))
         for r in measure_graph(graph, args, dtype, peak, copy_bytes_per_s):
             results.append(r)
             print(f"  {r.method:38s} fwd {_fmt(r.forward_ms, 3):>9s} ms  fwd+bwd "
                   f"{_fmt(r.train_ms, 3):>9s} ms  peak {_fmt(r.train_mib, 1):>9s} MiB  {r.note}")
         del graph
         torch.cuda.empty_cache()
-        out.write_text(render_markdown(results, header, checks, skipped))
+        out.write_text(render_markdown(results, header, checks, skipped, profiles))
 
-    out.write_text(render_markdown(results, header, checks, skipped))
+    out.write_text(render_markdown(results, header, checks, skipped, profiles))
     print(f"wrote {out}")
     if not worst < 1e-3:  # also catches NaN
         print(f"the fused kernels differ from the reference by {worst:.2e} (> 1e-3)",

@@ -126,6 +126,18 @@ def test_goals_for_every_kind_of_kernels():
     ]
 
 
+def test_profiles_go_into_the_table():
+    """--profile's text ends the table, in a section of its own, one graph after the other."""
+    profiles = ["## cora: N = 2,708\nhost ms per forward: median 1.000\n",
+                "## pubmed: profile failed: RuntimeError: x\n"]
+    text = gpu.render_markdown([], ["- header"], [], [], profiles)
+    section = text.split("## Host profile of the fused op (--profile)\n", 1)[1]
+    assert section.splitlines() == ["", "```", "cora: N = 2,708",
+                                     "host ms per forward: median 1.000",
+                                     "pubmed: profile failed: RuntimeError: x", "```"]
+    assert "Host profile" not in gpu.render_markdown([], ["- header"], [], [])
+
+
 def test_no_reuse_ceiling_worked_by_hand():
     """The ceiling of the minimal-bytes figure without reuse, on sizes worked by hand from
     the module docstring's formulas. N = 2, E = 5, H = 1, C = 2, fp32, dot: q, k, v, out
@@ -419,8 +431,8 @@ def test_gpu_session_commands_parse():
 
 def test_gpu_session_writes_what_the_device_tool_brings_back():
     """The device tool brings back at most 8 files from $OUT: the session's log, each
-    benchmark's table and what goes beside it (gpu.py's profile, batched_global.py's .csv
-    and .png unless --table-only) must fit, each under its own name."""
+    benchmark's table and what goes beside it (batched_global.py's .csv and .png unless
+    --table-only; gpu.py's profile goes into its table) must fit, each under its own name."""
     files = ["session.log"]
     for command in _session_commands():
         if command[0].startswith("benchmarks/"):
@@ -428,8 +440,6 @@ def test_gpu_session_writes_what_the_device_tool_brings_back():
             path = Path(command[command.index(flag) + 1])
             assert path.parent == Path("OUT"), command
             files.append(path.name)
-            if command[0] == "benchmarks/gpu.py" and "--profile" in command:
-                files.append(f"{path.stem}_profile.txt")
             if command[0] == "benchmarks/batched_global.py" and "--table-only" not in command:
                 files += [path.with_suffix(".csv").name, path.with_suffix(".png").name]
     assert len(files) == len(set(files)) <= 8, files
