@@ -20,7 +20,9 @@
 #   5. if time is left, the graphs of <= 1M edges again with --no-graph-cache (every call sorts
 #      the edges and reads their bounds back, as before those caches): the A/B of the caches;
 #   6. if time is left, the 50M-edge graphs again in bf16;
-#   7. if time is left, benchmarks/batched_global.py: global attention over mini-batches of
+#   7. if time is left, benchmarks/gpu_density.py: the fused kernels against the dense path
+#      over graph density, the crossover that backend="auto" needs on CUDA;
+#   8. if time is left, benchmarks/batched_global.py: global attention over mini-batches of
 #      graphs, the fused kernels' sparse route against padded and grouped SDPA.
 # Each step has its own time limit inside the budget, so a slow step still leaves the others
 # their turn. Tables go to $OUT (default: benchmarks/results/gpu_session/), the log of every
@@ -98,11 +100,19 @@ else
   echo "== 6. skipped: $(left) s left" | tee -a "$LOG"
 fi
 
+if [ "$(left)" -gt 60 ]; then
+  echo "== 7. benchmarks/gpu_density.py ($(left) s left)" | tee -a "$LOG"
+  timeout $(limit $(($(left) > 150 ? 90 : $(left) - 40))) "$PY" benchmarks/gpu_density.py \
+    --table-only --out "$OUT/gpu_density.md" 2>&1 | tee -a "$LOG"
+else
+  echo "== 7. skipped: $(left) s left" | tee -a "$LOG"
+fi
+
 if [ "$(left)" -gt 40 ]; then
-  echo "== 7. benchmarks/batched_global.py on the GPU ($(left) s left)" | tee -a "$LOG"
+  echo "== 8. benchmarks/batched_global.py on the GPU ($(left) s left)" | tee -a "$LOG"
   timeout $(limit $(($(left) - 10))) "$PY" benchmarks/batched_global.py --device cuda \
     --table-only --output "$OUT/batched_global_gpu.md" 2>&1 | tee -a "$LOG" | tail -25
 else
-  echo "== 7. skipped: $(left) s left" | tee -a "$LOG"
+  echo "== 8. skipped: $(left) s left" | tee -a "$LOG"
 fi
 echo "== done in ${SECONDS} s" | tee -a "$LOG"

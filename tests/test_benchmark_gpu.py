@@ -6,7 +6,9 @@ the reference backend (eager and compiled), is run here on a small CPU graph.
 
 from __future__ import annotations
 
+import csv
 import math
+import os
 import re
 import sys
 from pathlib import Path
@@ -21,6 +23,7 @@ from graphattn.graphs import window_graph
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import batched_global  # noqa: E402
 import gpu  # noqa: E402
+import gpu_density  # noqa: E402
 import triton_tuning  # noqa: E402
 
 
@@ -408,7 +411,8 @@ def test_gpu_session_commands_parse():
     and test names it asks pytest for exist: a typo there would cost a step of a short device
     lease."""
     modules = {"benchmarks/gpu.py": gpu, "benchmarks/triton_tuning.py": triton_tuning,
-               "benchmarks/batched_global.py": batched_global}
+               "benchmarks/batched_global.py": batched_global,
+               "benchmarks/gpu_density.py": gpu_density}
     root = Path(__file__).resolve().parents[1]
     ran = []
     for command in _session_commands():
@@ -425,7 +429,8 @@ def test_gpu_session_commands_parse():
         else:
             assert command[0] == "-c", command  # the version line
     assert sorted(set(ran)) == ["benchmarks/batched_global.py", "benchmarks/gpu.py",
-                                "benchmarks/triton_tuning.py", "pytest"]
+                                "benchmarks/gpu_density.py", "benchmarks/triton_tuning.py",
+                                "pytest"]
     assert ran.count("benchmarks/gpu.py") == 4
 
 
@@ -443,3 +448,60 @@ def test_gpu_session_writes_what_the_device_tool_brings_back():
             if command[0] == "benchmarks/batched_global.py" and "--table-only" not in command:
                 files += [path.with_suffix(".csv").name, path.with_suffix(".png").name]
     assert len(files) == len(set(files)) <= 8, files
+
+
+def _density_point(nodes, density, forward, train):
+    """A measured point of gpu_density.py: (triton, dense) medians forward and fwd+bwd."""
+    return gpu_density.Point(nodes, density, edges=1,
+                             forward_ms=dict(zip(gpu_density.METHODS, forward, strict=True)),
+                             train_ms=dict(zip(gpu_density.METHODS, train, strict=True)))
+
+
+def test_density_crossover_is_where_dense_stays_as_fast():
+    """The crossover is the lowest density from which the dense path is as fast as the
+    kernels at every higher density measured: a single dense win below a loss is noise."""
+    points = [_density_point(64, 0.5, (2.0, 1.0), (2.0, 1.0)),  # given out of order
+              _density_point(64, 0.01, (1.0, 0.5), (1.0, 3.0)),
+              _density_point(64, 0.1, (1.0, 2.0), (1.0, 1.0)),
+              _density_point(128, 0.1, (1.0, 2.0), (1.0, 2.0)),
+              gpu_density.Point(128, 0.5, note="skipped")]
+    assert gpu_density.crossovers(points) == [
+        "- N = 64: dense as fast as triton forward from density 0.5; forward+backward from "
+        "density 0.1",
+        "- N = 128: dense as fast as triton forward never up to 0.1; forward+backward never "
+        "up to 0.1"]
+
+
+def test_density_points_too_large_are_skipped_with_the_reason():
+    args = gpu_density.parse_args(["--max-edges", "1000", "--heads", "4"])
+    assert "more than --max-edges" in gpu_density.skip_reason(100, 0.5, args, None, 4)
+    assert gpu_density.skip_reason(40, 0.5, args, None, 4) == ""  # 800 edges, no memory bound
+    # dense: 6 * 4 heads * 40^2 * 4 bytes + 2 * 40^2 = 156,800 bytes, over half of 200,000
+    assert "half the" in gpu_density.skip_reason(40, 0.5, args, 200_000, 4)
+    with pytest.raises(SystemExit):
+        gpu_density.parse_args(["--densities", "0,0.5"])
+
+
+@pytest.mark.skipif(not triton_available(),
+                    reason="triton is not installed (pip install 'graphattn[gpu]')")
+def test_density_sweep_runs_in_the_interpreter(tmp_path):
+    """On CPU tensors, the triton backend in Triton's interpreter (a process of its own, with
+    TRITON_INTERPRET=1): one tiny graph per size, both methods forward and forward+backward,
+    the table, the csv and the plot written."""
+    import subprocess
+
+    out = tmp_path / "density.md"
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_density.py"
+    done = subprocess.run([sys.executable, str(script), "--device", "cpu", "--sizes", "8,12",
+                           "--densities", "0.3,1", "--repeats", "1", "--warmup", "0",
+                           "--heads", "2", "--channels", "8", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    with open(out.with_suffix(".csv")) as f:
+        table = list(csv.DictReader(f))
+    assert [(row["N"], row["density"]) for row in table] == [
+        ("8", "0.3"), ("8", "1"), ("12", "0.3"), ("12", "1")]
+    assert all(float(row[f"{m} fwd+bwd ms"]) > 0 for row in table for m in ("triton", "dense"))
+    assert [row["E"] for row in table if row["density"] == "1"] == ["64", "144"]
+    assert "## Crossover" in out.read_text() and out.with_suffix(".png").is_file()

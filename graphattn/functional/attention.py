@@ -135,7 +135,7 @@ def select_backend(q: Tensor, edge_index: Tensor, num_src: int | None = None, *,
 
     On CUDA: ``"triton"`` when Triton is installed and q is fp32, fp16 or bf16, else
     ``"reference"``. This is a placeholder rule: the dense path is not chosen on GPUs until GPU
-    measurements exist.
+    measurements exist (``benchmarks/gpu_density.py`` measures the crossover; not yet run).
 
     Args:
         q (Tensor): queries ``[N_dst, H, C]`` (or ``[N_dst, H]``): device, N_dst, H, dtype and
