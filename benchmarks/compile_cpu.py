@@ -8,10 +8,15 @@ Cora's public split, four ways, each with its own copy of the same initial model
 - ``compiled``: ``torch.compile(model)``, default mode, dense features;
 - ``compiled fullgraph``: ``torch.compile(model, fullgraph=True)``, dense features;
 - ``eager, sparse features``: the features as a sparse CSR tensor (torch does not trace
-  sparse tensors, so this one is not compiled).
+  sparse tensors, so this one is not compiled);
+
+and one inference step (the forward in eval mode under ``torch.no_grad``: no dropout) two
+ways, ``eager, inference`` and ``compiled fullgraph, inference``, which separate what
+compiling does to the dropout's random draws from what it does to the rest.
 
 The steps are interleaved (the order rotates every round) after warm-up calls, which include
-the compilation; the table gives the median step time, its ratio to the eager step, and the
+the compilation; the table gives the median step time, its ratio to the eager step of the
+same kind (training or inference), and the
 number of graphs dynamo makes of the model's forward (``torch._dynamo.explain``; one graph
 means no graph break).
 
@@ -44,7 +49,8 @@ from _report import RESULTS  # noqa: E402
 from graphattn.datasets import load_planetoid  # noqa: E402
 from graphattn.nn import GAT  # noqa: E402
 
-WAYS = ("eager", "compiled", "compiled fullgraph", "eager, sparse features")
+WAYS = ("eager", "compiled", "compiled fullgraph", "eager, sparse features",
+        "eager, inference", "compiled fullgraph, inference")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -69,7 +75,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def training_steps(data, args: argparse.Namespace) -> dict[str, Callable[[], None]]:
-    """One training step per way, each on its own copy of the model and its optimizer."""
+    """One step per way, each on its own copy of the model and its optimizer: a training
+    step, or a forward in eval mode under ``torch.no_grad`` for the inference ways."""
     x, edge_index, y, train = data.x, data.edge_index, data.y, data.train_mask
     x_sparse = x.to_sparse_csr()
     steps = {}
@@ -77,10 +84,11 @@ def training_steps(data, args: argparse.Namespace) -> dict[str, Callable[[], Non
         torch.manual_seed(args.seed)
         model = GAT(x.size(1), int(y.max()) + 1)
         optimizer = torch.optim.Adam(model.parameters(), lr=0.005, weight_decay=5e-4)
+        model.train(not way.endswith("inference"))
         forward = model
         if way.startswith("compiled"):
             forward = torch.compile(model, backend=args.compile_backend,
-                                    fullgraph=way.endswith("fullgraph"))
+                                    fullgraph="fullgraph" in way)
         features = x_sparse if way.endswith("sparse features") else x
 
         def step(forward=forward, optimizer=optimizer, features=features) -> None:
@@ -89,8 +97,17 @@ def training_steps(data, args: argparse.Namespace) -> dict[str, Callable[[], Non
             F.cross_entropy(out[train], y[train]).backward()
             optimizer.step()
 
-        steps[way] = step
+        def inference(forward=forward) -> None:
+            with torch.no_grad():
+                forward(x, edge_index)
+
+        steps[way] = inference if way.endswith("inference") else step
     return steps
+
+
+def _eager_of(way: str) -> str:
+    """The eager way a way's ratio is taken against: of the same kind of step."""
+    return "eager, inference" if way.endswith("inference") else "eager"
 
 
 def graph_count(data, args: argparse.Namespace) -> int:
@@ -125,13 +142,17 @@ def main(argv: list[str] | None = None) -> int:
             steps[way]()
             times[way].append(time.perf_counter() - start)
     medians = {way: 1e3 * statistics.median(t) for way, t in times.items()}
-    rows = [{"way": way, "step ms": f"{ms:.1f}", "ratio to eager": f"{ms / medians['eager']:.2f}",
-             "graphs of the forward": {"compiled": graphs, "compiled fullgraph": 1}.get(way, "")}
+    rows = [{"way": way, "step ms": f"{ms:.1f}",
+             "ratio to eager": f"{ms / medians[_eager_of(way)]:.2f}",
+             "graphs of the forward": graphs if way == "compiled" else (
+                 1 if "fullgraph" in way else "")}
             for way, ms in medians.items()]
     lines = ["# torch.compile on CPU: a GAT training step on Cora", "",
              *(f"- {h}" for h in header), "",
              "One training step (forward, loss, backward, Adam) of `graphattn.nn.GAT` (8 heads "
-             "x 8 channels, dropout 0.6) on Cora's public split. \"graphs of the forward\": "
+             "x 8 channels, dropout 0.6) on Cora's public split; \"inference\": the forward in "
+             "eval mode under `torch.no_grad` (no dropout), against the eager inference. "
+             "\"graphs of the forward\": "
              "the graphs dynamo makes of the forward in the default mode "
              "(`torch._dynamo.explain`); `fullgraph=True` makes one or fails.", "",
              "| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0]),

@@ -247,7 +247,8 @@ def test_host_overhead_benchmark_fills_its_table(tmp_path):
 def test_compile_benchmark_fills_its_table(tmp_path):
     """In a process of its own (it sets the torch threads): one warm-up and one timed step of
     each way on Cora, compiled by dynamo alone (``--compile-backend eager``: inductor's C++
-    build would take the suite's time), every way in the table."""
+    build would take the suite's time), every way in the table, the inference ways' ratios
+    against the eager inference."""
     import subprocess
 
     out = tmp_path / "compile.md"
@@ -258,9 +259,15 @@ def test_compile_benchmark_fills_its_table(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     with open(out.with_suffix(".csv")) as f:
         rows = {row["way"]: row for row in csv.DictReader(f)}
-    assert list(rows) == ["eager", "compiled", "compiled fullgraph", "eager, sparse features"]
+    assert list(rows) == ["eager", "compiled", "compiled fullgraph", "eager, sparse features",
+                          "eager, inference", "compiled fullgraph, inference"]
     assert all(float(row["step ms"]) > 0 for row in rows.values())
-    assert rows["eager"]["ratio to eager"] == "1.00"
+    for way in ("eager", "eager, inference"):  # each kind of step against its own eager one
+        assert rows[way]["ratio to eager"] == "1.00"
+    ratio = float(rows["compiled fullgraph, inference"]["step ms"]) / float(
+        rows["eager, inference"]["step ms"])
+    assert float(rows["compiled fullgraph, inference"]["ratio to eager"]) == pytest.approx(
+        ratio, abs=0.02)
     assert int(rows["compiled"]["graphs of the forward"]) >= 1
     assert rows["compiled fullgraph"]["graphs of the forward"] == "1"
     assert "backend eager" in out.read_text()
