@@ -486,13 +486,13 @@ def test_density_points_too_large_are_skipped_with_the_reason():
                     reason="triton is not installed (pip install 'graphattn[gpu]')")
 def test_density_sweep_runs_in_the_interpreter(tmp_path):
     """On CPU tensors, the triton backend in Triton's interpreter (a process of its own, with
-    TRITON_INTERPRET=1): one tiny graph per size, both methods forward and forward+backward,
-    the table, the csv and the plot written."""
+    TRITON_INTERPRET=1): two tiny graphs, both methods forward and forward+backward, the
+    table, the csv and the plot written."""
     import subprocess
 
     out = tmp_path / "density.md"
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_density.py"
-    done = subprocess.run([sys.executable, str(script), "--device", "cpu", "--sizes", "8,12",
+    done = subprocess.run([sys.executable, str(script), "--device", "cpu", "--sizes", "8",
                            "--densities", "0.3,1", "--repeats", "1", "--warmup", "0",
                            "--heads", "2", "--channels", "8", "--out", str(out)],
                           capture_output=True, text=True, timeout=300,
@@ -500,8 +500,7 @@ def test_density_sweep_runs_in_the_interpreter(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     with open(out.with_suffix(".csv")) as f:
         table = list(csv.DictReader(f))
-    assert [(row["N"], row["density"]) for row in table] == [
-        ("8", "0.3"), ("8", "1"), ("12", "0.3"), ("12", "1")]
+    assert [(row["N"], row["density"]) for row in table] == [("8", "0.3"), ("8", "1")]
     assert all(float(row[f"{m} fwd+bwd ms"]) > 0 for row in table for m in ("triton", "dense"))
-    assert [row["E"] for row in table if row["density"] == "1"] == ["64", "144"]
+    assert [row["E"] for row in table if row["density"] == "1"] == ["64"]
     assert "## Crossover" in out.read_text() and out.with_suffix(".png").is_file()
