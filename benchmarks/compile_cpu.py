@@ -7,6 +7,9 @@ Cora's public split, four ways, each with its own copy of the same initial model
 - ``eager``: dense ``[2708, 1433]`` features;
 - ``compiled``: ``torch.compile(model)``, default mode, dense features;
 - ``compiled fullgraph``: ``torch.compile(model, fullgraph=True)``, dense features;
+- ``compiled fullgraph, fallback_random``: the same with inductor's option
+  ``fallback_random=True``: the dropout masks are drawn by torch's own generator (as eagerly)
+  instead of inductor's in-kernel random numbers;
 - ``eager, sparse features``: the features as a sparse CSR tensor (torch does not trace
   sparse tensors, so this one is not compiled);
 
@@ -49,8 +52,8 @@ from _report import RESULTS  # noqa: E402
 from graphattn.datasets import load_planetoid  # noqa: E402
 from graphattn.nn import GAT  # noqa: E402
 
-WAYS = ("eager", "compiled", "compiled fullgraph", "eager, sparse features",
-        "eager, inference", "compiled fullgraph, inference")
+WAYS = ("eager", "compiled", "compiled fullgraph", "compiled fullgraph, fallback_random",
+        "eager, sparse features", "eager, inference", "compiled fullgraph, inference")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -87,8 +90,11 @@ def training_steps(data, args: argparse.Namespace) -> dict[str, Callable[[], Non
         model.train(not way.endswith("inference"))
         forward = model
         if way.startswith("compiled"):
+            options = ({"fallback_random": True}  # inductor's option; others take none
+                       if "fallback_random" in way and args.compile_backend == "inductor"
+                       else None)
             forward = torch.compile(model, backend=args.compile_backend,
-                                    fullgraph="fullgraph" in way)
+                                    fullgraph="fullgraph" in way, options=options)
         features = x_sparse if way.endswith("sparse features") else x
 
         def step(forward=forward, optimizer=optimizer, features=features) -> None:
@@ -154,7 +160,10 @@ def main(argv: list[str] | None = None) -> int:
              "eval mode under `torch.no_grad` (no dropout), against the eager inference. "
              "\"graphs of the forward\": "
              "the graphs dynamo makes of the forward in the default mode "
-             "(`torch._dynamo.explain`); `fullgraph=True` makes one or fails.", "",
+             "(`torch._dynamo.explain`); `fullgraph=True` makes one or fails. "
+             "\"fallback_random\": inductor's option `fallback_random=True`, which draws the "
+             "dropout masks with torch's generator instead of inductor's in-kernel random "
+             "numbers.", "",
              "| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0]),
              *("| " + " | ".join(str(v) for v in row.values()) + " |" for row in rows)]
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -259,7 +259,8 @@ def test_compile_benchmark_fills_its_table(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     with open(out.with_suffix(".csv")) as f:
         rows = {row["way"]: row for row in csv.DictReader(f)}
-    assert list(rows) == ["eager", "compiled", "compiled fullgraph", "eager, sparse features",
+    assert list(rows) == ["eager", "compiled", "compiled fullgraph",
+                          "compiled fullgraph, fallback_random", "eager, sparse features",
                           "eager, inference", "compiled fullgraph, inference"]
     assert all(float(row["step ms"]) > 0 for row in rows.values())
     for way in ("eager", "eager, inference"):  # each kind of step against its own eager one
@@ -270,4 +271,5 @@ def test_compile_benchmark_fills_its_table(tmp_path):
         ratio, abs=0.02)
     assert int(rows["compiled"]["graphs of the forward"]) >= 1
     assert rows["compiled fullgraph"]["graphs of the forward"] == "1"
+    assert rows["compiled fullgraph, fallback_random"]["graphs of the forward"] == "1"
     assert "backend eager" in out.read_text()

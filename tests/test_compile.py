@@ -5,7 +5,8 @@ backward), so compiled graphs call the numba kernels instead of tracing into the
 ``triton`` backend (``graphattn::triton_edge_attention``, run here in Triton's CPU interpreter).
 The node-id checks become asserts in the graph. Every case compiles with ``fullgraph=True``: no
 graph break. Models are compared in eval mode, since a compiled graph draws its dropout masks from
-other random numbers than eager; training mode is checked to run and give finite gradients.
+other random numbers than eager; training mode is checked to run and give finite gradients, and
+to match eager when inductor's ``fallback_random`` option draws them with torch's generator.
 """
 
 from __future__ import annotations
@@ -70,18 +71,30 @@ def _loss_and_grads(model: torch.nn.Module, *inputs) -> tuple[torch.Tensor, list
 
 
 def _assert_compiles_like_eager(model: torch.nn.Module, inputs_list: list[tuple],
-                                backend: str) -> None:
+                                backend: str, options: dict | None = None) -> None:
+    """Eval mode: the compiled model's outputs and gradients are eager's. Training mode: they
+    are finite, and with inductor's ``fallback_random`` option, which draws the dropout masks
+    with torch's generator, they are eager's at the same seed."""
     model.eval()
-    compiled = torch.compile(model, backend=backend, fullgraph=True)
+    compiled = torch.compile(model, backend=backend, fullgraph=True, options=options)
     for inputs in inputs_list:
         out, grads = _loss_and_grads(compiled, *inputs)
         expected_out, expected_grads = _loss_and_grads(model, *inputs)
         assert_close(out, expected_out, **COMPILED)
         for grad, expected in zip(grads, expected_grads, strict=True):
             assert_close(grad, expected, **COMPILED)
+    eval_out = _loss_and_grads(model, *inputs_list[0])[0]
     model.train()
+    torch.manual_seed(1)
     out, grads = _loss_and_grads(compiled, *inputs_list[0])
     assert torch.isfinite(out).all() and all(torch.isfinite(g).all() for g in grads)
+    if (options or {}).get("fallback_random"):
+        torch.manual_seed(1)
+        expected_out, expected_grads = _loss_and_grads(model, *inputs_list[0])
+        assert not torch.allclose(expected_out, eval_out)  # the masks dropped something
+        assert_close(out, expected_out, **COMPILED)
+        for grad, expected in zip(grads, expected_grads, strict=True):
+            assert_close(grad, expected, **COMPILED)
 
 
 @pytest.mark.parametrize("backend", ["cpu", "reference", "dense", "triton"])
@@ -228,10 +241,12 @@ def test_node_id_checks_run_inside_the_compiled_graph():
 
 @needs_cxx
 def test_gat_compiles_with_inductor():
+    """With ``fallback_random`` (README, torch.compile), training steps draw eager's masks."""
     torch.manual_seed(0)
     x = torch.randn(60, 16)
     inputs = [(x, _graph()), (x, _graph(num_edges=437, seed=2))]  # a second edge count
-    _assert_compiles_like_eager(GAT(16, 5), inputs, backend="inductor")
+    _assert_compiles_like_eager(GAT(16, 5), inputs, backend="inductor",
+                                options={"fallback_random": True})
 
 
 @needs_cxx
