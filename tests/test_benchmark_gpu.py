@@ -482,11 +482,10 @@ def test_density_points_too_large_are_skipped_with_the_reason():
         gpu_density.parse_args(["--densities", "0,0.5"])
 
 
-@pytest.mark.skipif(not triton_available(),
-                    reason="triton is not installed (pip install 'graphattn[gpu]')")
-def test_density_sweep_runs_in_the_interpreter(tmp_path):
+def test_density_sweep_runs_in_the_interpreter(triton_interpreter, tmp_path):
     """On CPU tensors, the triton backend in Triton's interpreter (a process of its own, with
-    TRITON_INTERPRET=1): two tiny graphs, both methods forward and forward+backward, the
+    TRITON_INTERPRET=1; skipped where this triton's interpreter cannot run the kernels, as
+    ``triton_interpreter`` says): two tiny graphs, both methods forward and forward+backward, the
     table, the csv and the plot written."""
     import subprocess
 
