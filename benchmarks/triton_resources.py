@@ -5,12 +5,13 @@ kernel and the two backward kernels for sm_90 with the tiles ``launch_config`` p
 (heads, channels) below, each score and fp32 / bf16 inputs, once with no optional input
 ("plain": no bias, no dropout, no per-edge key or value term, no gradient through alpha) and
 once with all of them ("all"; the per-edge key term with the dot and gatv2 scores only), and
-reads what ``ptxas -v`` reports as Triton runs it (its own ptxas and flags): registers per
-thread, stack frame and spill stores and loads, in bytes per thread; shared memory per block is
-Triton's (``metadata.shared``). Pointer arguments are taken as 16-byte aligned, as Triton's JIT
-specializes them at a launch on tensors torch allocated (without it, the loads are not
-vectorized and the register counts come out higher: 212 instead of 90 for the row-block
-forward kernel of 16 nodes x 4 heads x 32 channels on 4 warps).
+reads what ``ptxas -v`` reports as Triton runs it (its own ptxas and flags; where a triton
+drops that report, as 3.4 does, ptxas runs again on the kernel's PTX with the same flags):
+registers per thread, stack frame and spill stores and loads, in bytes per thread; shared
+memory per block is Triton's (``metadata.shared``). Pointer arguments are taken as 16-byte
+aligned, as Triton's JIT specializes them at a launch on tensors torch allocated (without it,
+the loads are not vectorized and the register counts come out higher: 212 instead of 90 for
+the row-block forward kernel of 16 nodes x 4 heads x 32 channels on 4 warps).
 
 A kernel that spills keeps values in local memory, a round trip to memory per spilled value.
 Registers bound how many programs an SM runs at once; the table gives
@@ -40,7 +41,9 @@ import math
 import os
 import re
 import shlex
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 os.environ["TRITON_INTERPRET"] = "0"  # compile for the GPU, even where tests set the interpreter
@@ -134,8 +137,31 @@ def _compile(kernel, constants: dict, dtype: str, num_warps: int, arch: int) -> 
                                   options={"num_warps": num_warps})
     assert compiled.asm["cubin"], kernel
     ptx = compiled.asm["ptx"]
-    return {**resource_usage(log.getvalue()), "shared": compiled.metadata.shared,
+    report = log.getvalue()
+    if "Used " not in report:  # this triton discards the report: ask its ptxas again
+        report = ptxas_report(ptx, arch)
+    return {**resource_usage(report), "shared": compiled.metadata.shared,
             "mma": ptx.count("wgmma.mma_async") + ptx.count("mma.sync")}
+
+
+def ptxas_report(ptx: str, arch: int) -> str:
+    """What ``ptxas -v`` prints on ``ptx`` for ``sm_<arch>``, run as Triton runs it: its own
+    ptxas, ``-lineinfo -v --gpu-name=<arch>`` (Triton's default flags). For tritons that run
+    ptxas with ``-v`` but drop its report (3.4: no ``TRITON_DUMP_PTXAS_LOG``)."""
+    from triton.backends.nvidia import compiler as nvidia
+
+    try:
+        ptxas = nvidia.get_ptxas(arch).path  # triton >= 3.5 picks a ptxas per architecture
+    except TypeError:
+        ptxas = nvidia.get_ptxas().path
+    with tempfile.TemporaryDirectory() as tmp:
+        source = Path(tmp) / "kernel.ptx"
+        source.write_text(ptx)
+        done = subprocess.run([ptxas, "-lineinfo", "-v",
+                               f"--gpu-name={nvidia.sm_arch_from_capability(arch)}",
+                               str(source), "-o", str(source.with_suffix(".cubin"))],
+                              capture_output=True, text=True, check=True)
+    return done.stdout + done.stderr
 
 
 def compile_block_kernels(heads: int, channels: int, dtype: str, block: int, *, bias: bool,
