@@ -102,7 +102,8 @@ has.
 score (with a bias, dropout and the weights returned, or without) and no per-edge terms, with
 q, k and v of one dtype, on a graph without repeated edges whose tiles are at least 1/64 full,
 run the kernels of :mod:`graphattn.functional.triton_blocks` instead: B x B tiles of the
-adjacency matrix as tensor-core products, for graphs whose edges gather near its diagonal.
+adjacency matrix as matrix products (on tensor cores for half inputs and TF32; full fp32
+products run on the FMA units), for graphs whose edges gather near its diagonal.
 
 **Dropout** is supported: ``edge_attention`` draws the ``[E, H]`` multiplier in fp32 (whatever
 the inputs' dtype, so that :math:`1 / (1 - p)` is not rounded), the kernels apply it to the
