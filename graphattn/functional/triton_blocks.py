@@ -5,8 +5,9 @@ that neighbours get nearby ids, has its edges near the diagonal of the ``[N_dst,
 adjacency matrix. Cut that matrix into tiles of B x B (B targets by B sources); the tiles that
 hold an edge are few, and each is dense enough that computing all of its B^2 scores as one
 matrix product (on tensor cores for half inputs and TF32, see **Precision**) costs less than
-gathering the keys and values of its edges one by one. These kernels do that, in the FlashAttention style: for each block of B targets and
-each head, a program walks the tiles of its block, computes
+gathering the keys and values of its edges one by one. These kernels do that, in the
+FlashAttention style: for each block of B targets and each head, a program walks the tiles of
+its block, computes
 
 .. math::
     S = \text{scale} \; Q_I K_J^\top + B_{IJ}, \qquad S_{ij} = -\infty \text{ off the edges},
