@@ -57,10 +57,14 @@ def sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
             return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, **options)
     tensors = (q, k, v, attn_mask)
     grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-    if q.dim() not in (3, 4) or (grad and dropout_p > 0) or 0 in (q.size(-3), v.size(-3)):
+    if 0 in (q.size(-3), v.size(-3)):
+        # No heads: the empty output of two empty products, which autograd follows back to q,
+        # k and v. SDPA is not called: torch before 2.13 hands 4-D inputs without heads to
+        # its CPU flash operator, which divides by H (SIGFPE: the process dies).
+        return q @ k.transpose(-2, -1) @ v
+    if q.dim() not in (3, 4) or (grad and dropout_p > 0):
         # with dropout a fused backward would need the same draw again: SDPA as it is (the
-        # math path for 3-D inputs and on CPU). No heads: SDPA as it is, whose own checks
-        # keep them from the CPU flash operator (it divides by H: SIGFPE).
+        # math path for 3-D inputs and on CPU)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, **options)
     batched = q.dim() == 4
     if not batched:
