@@ -95,6 +95,8 @@ def training_steps(data, args: argparse.Namespace) -> dict[str, Callable[[], Non
                        else None)
             forward = torch.compile(model, backend=args.compile_backend,
                                     fullgraph="fullgraph" in way, options=options)
+            if "fullgraph" in way and torch.__version__ < (2, 10):
+                forward = _with_data_dependent_sizes(forward)
         features = x_sparse if way.endswith("sparse features") else x
 
         def step(forward=forward, optimizer=optimizer, features=features) -> None:
@@ -109,6 +111,16 @@ def training_steps(data, args: argparse.Namespace) -> dict[str, Callable[[], Non
 
         steps[way] = inference if way.endswith("inference") else step
     return steps
+
+
+def _with_data_dependent_sizes(compiled: Callable) -> Callable:
+    """Calls ``compiled`` with dynamo's ``capture_dynamic_output_shape_ops``: with it, torch
+    2.8 and 2.9 trace the self-loop replacement's data-dependent edge count in one graph, as
+    ``fullgraph=True`` alone does from torch 2.10 on."""
+    def call(*args):
+        with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+            return compiled(*args)
+    return call
 
 
 def _eager_of(way: str) -> str:

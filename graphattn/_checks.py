@@ -63,7 +63,19 @@ def check_edge_index(edge_index: Tensor, num_src: int, num_dst: int) -> None:
 
 def _edge_index_bounds(edge_index: Tensor) -> tuple[int, int, int]:
     """``(min, max of row 0, max of row 1)`` of a non-empty ``[2, E]`` edge_index."""
-    return tuple(torch.cat([edge_index.min().view(1), edge_index.amax(dim=1)]).tolist())
+    return tuple(host_list(torch.cat([edge_index.min().view(1), edge_index.amax(dim=1)])))
+
+
+def host_list(values: Tensor) -> list:
+    """``values.tolist()`` of a 1-D tensor, in one read back to the host.
+
+    Under ``torch.func``'s transforms torch 2.8 wraps the results of every operator, those of
+    an integer tensor too, and ``tolist`` cannot read the wrapper ("Cannot access data
+    pointer of Tensor that doesn't have storage"); ``item`` can, so there the values are read
+    one by one."""
+    if torch._C._are_functorch_transforms_active():
+        return [value.item() for value in values.unbind()]
+    return values.tolist()
 
 
 def check_same_device(**tensors: Tensor | None) -> None:

@@ -25,6 +25,19 @@ from graphattn.functional import triton_kernels as tk
 # (test_constant_and_run_time_channel_kernels_agree_bit_for_bit).
 _cpu_backend.SPECIALISED_CHANNELS = frozenset({8, 16, 64})
 
+# torch 2.8 and 2.9 trace an operator whose output size depends on the data (the boolean index
+# of the self-loop replacement: nonzero) only with this flag, where fullgraph=True implies it
+# from torch 2.10 on (torch/_dynamo/output_graph.py). As README.md's torch.compile section tells
+# users of those versions, the suite sets it there. It changes nothing on CI's torch.
+FULLGRAPH_NEEDS_THE_FLAG = torch.__version__ < (2, 10)
+
+
+@pytest.fixture(autouse=True)
+def _dynamic_output_shapes_on_older_torch(monkeypatch):
+    if FULLGRAPH_NEEDS_THE_FLAG:
+        monkeypatch.setattr(torch._dynamo.config, "capture_dynamic_output_shape_ops", True)
+
+
 # Tolerances live here and nowhere else.
 TOL = {
     torch.float64: dict(atol=1e-10, rtol=1e-8),

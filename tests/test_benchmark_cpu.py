@@ -189,7 +189,8 @@ def test_call_in_child_reports_each_way_a_call_ends():
     assert _child.call_in_child(torch.empty, (2 * limit,), 60, memory_limit=limit) == (
         "out of memory", None)
     status, value = _child.call_in_child(torch.zeros, ((-1,),), 60)
-    assert status.startswith("failed: ") and "non-negative" in status and value is None
+    # torch 2.13: "... must be non-negative ..."; 2.8: "... negative dimension -1 ..."
+    assert status.startswith("failed: ") and "negative" in status and value is None
     with pytest.raises(RuntimeError, match="abort exited with -6 and no result"):
         _child.call_in_child(os.abort, (), 60)
 

@@ -24,6 +24,7 @@ from graphattn._checks import (
     check_float_dtype,
     check_same_device,
     finite_float,
+    host_list,
 )
 from graphattn.functional._transforms import plain_ops_only
 from graphattn.functional.cpu import check_cpu_inputs, cpu_edge_attention
@@ -636,7 +637,7 @@ def _dense_attention_per_graph(q: Tensor, k: Tensor, v: Tensor, batch: Tensor, *
     outs = []
     position = torch.empty_like(members)  # (N,) row of each node in the groups' outputs
     offset = 0  # rows of the groups' outputs so far
-    for b in torch.unique(group[sizes > 0]).tolist():
+    for b in host_list(torch.unique(group[sizes > 0])):
         graphs_b = torch.nonzero((group == b) & (sizes > 0)).flatten()  # (G_b,)
         G_b, n_b = graphs_b.numel(), int(sizes[graphs_b].max())
         slot = torch.full_like(sizes, -1)

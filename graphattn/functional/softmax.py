@@ -5,7 +5,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from graphattn._checks import check_float_dtype, check_non_negative, check_same_device
+from graphattn._checks import (
+    check_float_dtype,
+    check_non_negative,
+    check_same_device,
+    host_list,
+)
 
 
 def scatter_softmax(src: Tensor, index: Tensor, num_segments: int | None = None) -> Tensor:
@@ -53,7 +58,7 @@ def scatter_softmax(src: Tensor, index: Tensor, num_segments: int | None = None)
         num_segments = num_segments or 0
     elif not torch.compiler.is_compiling():
         # One host sync (not one per bound) for the range check and the default group count.
-        lo, hi = torch.stack(torch.aminmax(index)).tolist()
+        lo, hi = host_list(torch.stack(torch.aminmax(index)))
         num_segments = hi + 1 if num_segments is None else num_segments
         if lo < 0 or hi >= num_segments:
             raise ValueError(f"index must hold groups in [0, num_segments) = "

@@ -729,8 +729,12 @@ def test_launch_tiles_inside_a_compiled_function_are_not_traced_away(interpreter
         assert launched == [(2, 1, 1)]
         assert_close(got, edge_attention(q, q, q, ei, backend="reference"))
         torch._dynamo.reset()  # the frame is not left marked as run eagerly
-        with pytest.raises(Exception, match="outside the function that torch.compile"):
+        with pytest.raises(Exception) as refused:
             torch.compile(attend, backend="aot_eager", fullgraph=True)(q)
+        # torch 2.11 and 2.13 quote launch_tiles's message; 2.8 names the exception's place
+        message = str(refused.value)
+        assert ("outside the function that torch.compile" in message
+                or ("Observed exception" in message and "tk.launch_tiles(" in message)), message
     assert tk._TILES == {}
 
 
