@@ -33,9 +33,14 @@ FULLGRAPH_NEEDS_THE_FLAG = torch.__version__ < (2, 10)
 
 
 @pytest.fixture(autouse=True)
-def _dynamic_output_shapes_on_older_torch(monkeypatch):
-    if FULLGRAPH_NEEDS_THE_FLAG:
-        monkeypatch.setattr(torch._dynamo.config, "capture_dynamic_output_shape_ops", True)
+def _dynamic_output_shapes_on_older_torch():
+    if not FULLGRAPH_NEEDS_THE_FLAG:
+        yield
+        return
+    # config.patch, not monkeypatch: pytest 9.2's undo deletes what it did not find in the
+    # object's __dict__, and dynamo's config lives behind __getattr__ / __setattr__
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        yield
 
 
 # Tolerances live here and nowhere else.

@@ -178,14 +178,19 @@ def test_no_check_neither_checks_nor_reports_a_difference(monkeypatch, tmp_path,
 
 @pytest.mark.skipif(not triton_available(),
                     reason="triton is not installed (pip install 'graphattn[gpu]'): gpu.py stops")
-def test_tf32_comes_on_after_the_check_and_only_picks_methods(monkeypatch, tmp_path):
+def test_tf32_comes_on_after_the_check_and_only_picks_methods(monkeypatch, tmp_path,
+                                                                request):
     """--tf32 lets fp32 products run as TF32 in the timings but not in the device check (which
     compares full fp32 products with the reference), and says so in the table's header;
     --only times the methods whose name holds one of its texts."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H200")
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (2**37, 2**37))
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    # not monkeypatch: from pytest 9.2 it deletes, on undo, an attribute it did not find in the
+    # object's __dict__, and torch keeps allow_tf32 behind __getattr__ / __setattr__
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    request.addfinalizer(lambda: setattr(torch.backends.cuda.matmul, "allow_tf32", tf32))
+    torch.backends.cuda.matmul.allow_tf32 = False
     monkeypatch.setattr(gpu, "copy_bandwidth", lambda: 4.3e12)
     seen = {}
 
