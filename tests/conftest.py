@@ -27,8 +27,10 @@ _cpu_backend.SPECIALISED_CHANNELS = frozenset({8, 16, 64})
 
 # torch 2.8 and 2.9 trace an operator whose output size depends on the data (the boolean index
 # of the self-loop replacement: nonzero) only with this flag, where fullgraph=True implies it
-# from torch 2.10 on (torch/_dynamo/output_graph.py). As README.md's torch.compile section tells
-# users of those versions, the suite sets it there. It changes nothing on CI's torch.
+# from torch 2.10 on (torch/_dynamo/output_graph.py). Without it the layers keep the given
+# self-loops flagged (README.md, torch.compile); the suite sets it there, so that fullgraph=True
+# takes the path it takes on later torch. It changes nothing on CI's torch. Tests of the default
+# mode unset it (test_compile.py's default_mode fixture).
 FULLGRAPH_NEEDS_THE_FLAG = torch.__version__ < (2, 10)
 
 

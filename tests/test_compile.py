@@ -71,12 +71,13 @@ def _loss_and_grads(model: torch.nn.Module, *inputs) -> tuple[torch.Tensor, list
 
 
 def _assert_compiles_like_eager(model: torch.nn.Module, inputs_list: list[tuple],
-                                backend: str, options: dict | None = None) -> None:
+                                backend: str, options: dict | None = None, *,
+                                fullgraph: bool = True) -> None:
     """Eval mode: the compiled model's outputs and gradients are eager's. Training mode: they
     are finite, and with inductor's ``fallback_random`` option, which draws the dropout masks
     with torch's generator, they are eager's at the same seed."""
     model.eval()
-    compiled = torch.compile(model, backend=backend, fullgraph=True, options=options)
+    compiled = torch.compile(model, backend=backend, fullgraph=fullgraph, options=options)
     for inputs in inputs_list:
         out, grads = _loss_and_grads(compiled, *inputs)
         expected_out, expected_grads = _loss_and_grads(model, *inputs)
@@ -296,12 +297,107 @@ def test_sdpa_without_a_batch_dimension_compiles(make):
     _assert_compiles_like_eager(layer, [inputs], backend="aot_eager")
 
 
-def test_layer_on_the_triton_backend_compiles(triton_interpreter):
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "default-mode"])
+def test_layer_on_the_triton_backend_compiles(triton_interpreter, default_mode, fullgraph):
+    """In the default mode the given self-loops reach the kernels with a bias of -inf."""
     torch.manual_seed(0)
     layer = GraphSelfAttention(16, 8, heads=2, attention="gatv2", edge_dim=3, backend="triton")
     edge_index = _graph(num_nodes=20, num_edges=80)
     inputs = [(torch.randn(20, 16), edge_index, torch.randn(edge_index.size(1), 3))]
-    _assert_compiles_like_eager(layer, inputs, backend="aot_eager")
+    _assert_compiles_like_eager(layer, inputs, backend="aot_eager", fullgraph=fullgraph)
+
+
+@pytest.fixture
+def default_mode():
+    """Dynamo without ``capture_dynamic_output_shape_ops``, as it comes (conftest sets it on
+    torch < 2.10)."""
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=False):
+        yield
+
+
+def _graph_count(model: torch.nn.Module, *inputs) -> int:
+    """The number of graphs dynamo cuts ``model``'s forward into in its default mode."""
+    torch._dynamo.reset()
+    count = torch._dynamo.explain(model)(*inputs).graph_count
+    torch._dynamo.reset()
+    return count
+
+
+@pytest.mark.parametrize(("attention", "edge_mode", "fill_value", "backend"), [
+    ("dot", "bias", "mean", "auto"), ("dot", "key", "mul", "dense"),
+    ("additive", "bias", "max", "auto"), ("gatv2", "key_value", 0.5, "reference")])
+def test_default_mode_traces_one_graph(default_mode, attention, edge_mode, fill_value, backend):
+    """Without ``fullgraph=True`` dynamo does not trace the data-dependent edge count of
+    dropping the given self-loops; the layer keeps them with a score of -inf instead and adds
+    its own: one graph, eager's outputs and gradients, also for a node with two given loops."""
+    torch.manual_seed(0)
+    layer = GraphSelfAttention(16, 8, heads=2, attention=attention, edge_dim=3,
+                               edge_mode=edge_mode, fill_value=fill_value, backend=backend,
+                               dropout=0.2)
+    edge_index = torch.cat([_graph(), torch.tensor([[7, 3], [7, 3]])], dim=1)  # 7 twice looped
+    inputs = [(torch.randn(60, 16), ei, torch.randn(ei.size(1), 3))
+              for ei in (edge_index, _graph(num_edges=437, seed=2))]
+    assert _graph_count(layer, *inputs[0]) == 1
+    _assert_compiles_like_eager(layer, inputs, backend="aot_eager", fullgraph=False)
+
+
+@needs_cxx
+def test_gat_compiles_to_one_graph_in_the_default_mode_with_inductor(default_mode):
+    """On a graph without self-loops nothing is flagged, and with ``fallback_random`` a training
+    step draws eager's dropout masks (README, torch.compile)."""
+    torch.manual_seed(0)
+    model, x = GAT(16, 5), torch.randn(60, 16)
+    edge_index = random_graph(60, 400, seed=4)
+    loopless = edge_index[:, edge_index[0] != edge_index[1]]
+    assert _graph_count(model, x, _graph()) == 1
+    _assert_compiles_like_eager(model, [(x, loopless), (x, _graph())], backend="inductor",
+                                options={"fallback_random": True}, fullgraph=False)
+
+
+def test_default_mode_on_a_bipartite_graph(default_mode):
+    """Loops on the first min(N_src, N_dst) targets; edges into the others stay as given."""
+    torch.manual_seed(0)
+    layer = GraphSelfAttention((16, 12), 8, heads=2, edge_dim=3)
+    edge_index = torch.cat([random_graph(40, 200, seed=3, num_dst=25),
+                            torch.tensor([[0, 5, 24], [0, 5, 24]])], dim=1)
+    inputs = ((torch.randn(40, 16), torch.randn(25, 12)), edge_index,
+              torch.randn(edge_index.size(1), 3))
+    assert _graph_count(layer, *inputs) == 1
+    _assert_compiles_like_eager(layer, [inputs], backend="aot_eager", fullgraph=False)
+
+
+def test_fullgraph_compiles_without_the_flag_on_every_torch(default_mode):
+    """torch 2.8 and 2.9 do not trace data-dependent sizes with ``fullgraph=True`` alone: there
+    the layers keep the given loops flagged; later torch drops them as eager does."""
+    torch.manual_seed(0)
+    inputs = [(torch.randn(60, 16), _graph())]
+    _assert_compiles_like_eager(GAT(16, 5), inputs, backend="aot_eager")
+
+
+@pytest.mark.parametrize("case", ["weights", "hook", "additive-slope-0"])
+def test_default_mode_drops_the_given_loops_where_a_masked_edge_would_show(default_mode, case):
+    """Returned weights and message hooks list the edges attended over, as eager does; the
+    additive score with ``negative_slope=0`` would turn -inf into 0 * -inf = NaN. These calls
+    drop the given loops, as eager does, and dynamo cuts the graph there."""
+    torch.manual_seed(0)
+    layer = GraphSelfAttention(16, 8, heads=2, attention="additive",
+                               negative_slope=0.0 if case == "additive-slope-0" else 0.2).eval()
+    seen = []
+    if case == "hook":
+        layer.register_message_forward_hook(lambda module, inputs, out: seen.append(inputs[0]))
+    x, edge_index = torch.randn(60, 16), _graph()
+    weights = case == "weights"
+    compiled = torch.compile(layer, backend="aot_eager")
+    got, expected = compiled(x, edge_index, None, weights), layer(x, edge_index, None, weights)
+    if weights:
+        (got, (got_index, got_alpha)), (expected, (index, alpha)) = got, expected
+        assert torch.equal(got_index, index)
+        assert_close(got_alpha, alpha)
+    if case == "hook":
+        assert torch.equal(seen[0]["edge_index"], seen[1]["edge_index"])
+        assert_close(seen[0]["alpha"], seen[1]["alpha"])
+    assert_close(got, expected, **COMPILED)
+    assert torch.isfinite(got).all()
 
 
 def _assert_operator_matches_reference(out, alpha, leaves, reference_inputs, *, bias, mask,

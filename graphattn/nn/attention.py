@@ -388,7 +388,12 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         edge_weight = None  # (E',): PyG's explanation mask, when an Explainer set one
         if self.explain:
             edge_weight = self._explain_mask(edge_index, num_loops=min(N_src, N_dst))
-        if self.add_self_loops:
+        hooks = bool(self._message_forward_hooks)  # PyG's, e.g. AttentionExplainer's
+        old_loops = None  # (E',) bool: given self-loops left in place with a score of -inf
+        if self.add_self_loops and self._masks_old_loops(return_attention_weights or hooks):
+            edge_index, edge_attr, old_loops = _self_loops_masking_old_ones(
+                edge_index, edge_attr, min(N_src, N_dst), fill_value=self.fill_value)
+        elif self.add_self_loops:
             edge_index, edge_attr = add_remaining_self_loops(
                 edge_index, edge_attr, min(N_src, N_dst), fill_value=self.fill_value,
                 trace_key=(id(self) >> 4) % 2**31 if torch.compiler.is_compiling() else 0)
@@ -407,7 +412,11 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             else:  # W^E e_ij enters the key k_j (and the value v_j) of each edge
                 edge_key = self.lin_edge(edge_attr).view(-1, H, C)  # (E, H, C)
                 edge_value = edge_key if self.edge_mode == "key_value" else None
-        hooks = bool(self._message_forward_hooks)  # PyG's, e.g. AttentionExplainer's
+        if old_loops is not None:
+            # exactly 0 weight, in every backend, for the loops add_remaining_self_loops drops
+            mask = torch.zeros(old_loops.shape, dtype=v.dtype, device=v.device).masked_fill(
+                old_loops, float("-inf")).unsqueeze(-1)  # (E', 1)
+            bias = mask.expand(-1, H).contiguous() if bias is None else bias + mask  # (E', H)
         # edge_index was checked above and q, k, v are built to match it: skip the re-check.
         result = edge_attention_unchecked(q, k, v, edge_index, scale=None, bias=bias,
                                           dropout_p=self.dropout, training=self.training,
@@ -441,6 +450,20 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
                                    f"returned replacement messages, but the layer computes its "
                                    f"messages inside the attention operator: hooks may read "
                                    f"the arguments (alpha, edge_index), not replace messages")
+
+    def _masks_old_loops(self, returns_weights: bool) -> bool:
+        """Whether this call keeps the edge count static by leaving the given self-loops in place
+        with a score of -inf (:func:`_self_loops_masking_old_ones`) instead of dropping them.
+
+        Only while ``torch.compile`` traces without data-dependent sizes (its default mode;
+        ``fullgraph=True`` traces them from torch 2.10), where dropping them would cut the graph.
+        Not when the weights are returned or an explanation mask is set (both list the edges
+        attended over), nor for the additive score with ``negative_slope=0``, where a score of
+        -inf becomes 0 * -inf = NaN.
+        """
+        return (torch.compiler.is_compiling() and not _traces_dynamic_sizes()
+                and not (returns_weights or self.explain)
+                and (self.attention != "additive" or self.negative_slope > 0))
 
     def _explain_mask(self, edge_index: Tensor, num_loops: int) -> Tensor:
         """The explanation mask that PyG's ``Explainer`` set (``_edge_mask``, one value per edge
@@ -535,6 +558,37 @@ def add_remaining_self_loops(edge_index: Tensor, edge_attr: Tensor | None, num_n
         kept_dst = new_index[1, :kept.numel()]  # (E_kept,)
     return new_index, torch.cat([edge_attr, _loop_attr(edge_attr, kept_dst, num_nodes,
                                                        fill_value)], dim=0)
+
+
+def _self_loops_masking_old_ones(edge_index: Tensor, edge_attr: Tensor | None, num_nodes: int,
+                                 *, fill_value: float | Tensor | str = "mean",
+                                 ) -> tuple[Tensor, Tensor | None, Tensor]:
+    """:func:`add_remaining_self_loops` with an edge count known before the data: all the given
+    edges, then ``i -> i`` for each ``i < num_nodes`` ``[2, E + num_nodes]``, their features,
+    and which of them are the given self-loops ``[E + num_nodes]`` (bool), for the caller to
+    score -inf. The attention over the result is the attention over
+    :func:`add_remaining_self_loops`'s graph, with weight 0 on the flagged edges. The given
+    loops enter no ``fill_value`` reduction."""
+    src, dst = edge_index  # (E,), (E,)
+    old = src == dst  # (E,)
+    loops = torch.arange(num_nodes, device=edge_index.device, dtype=edge_index.dtype)
+    new_index = torch.cat([edge_index, loops.expand(2, -1)], dim=1)  # (2, E + N)
+    flagged = torch.cat([old, old.new_zeros(num_nodes)])  # (E + N,)
+    if edge_attr is None:
+        return new_index, None, flagged
+    kept_dst = dst.masked_fill(old, num_nodes)  # (E,): _loop_attr's spare row for the old loops
+    loop_attr = _loop_attr(edge_attr, kept_dst, num_nodes, fill_value)  # (N, D_e)
+    return new_index, torch.cat([edge_attr, loop_attr], dim=0), flagged
+
+
+@torch._dynamo.assume_constant_result
+def _traces_dynamic_sizes() -> bool:
+    """Whether the running ``torch.compile`` trace takes operators whose output size depends on
+    the data (``fullgraph=True`` from torch 2.10, or ``capture_dynamic_output_shape_ops``),
+    read from its shape environment once per trace."""
+    context = torch._guards.TracingContext.try_get()
+    shape_env = getattr(getattr(context, "fake_mode", None), "shape_env", None)
+    return bool(getattr(shape_env, "allow_dynamic_output_shape_ops", False))
 
 
 # The self-looped graphs of recently used edge_index tensors (graphattn._tensor_cache): on CUDA,

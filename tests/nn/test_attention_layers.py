@@ -779,6 +779,27 @@ def test_bipartite_self_loops_fill_from_their_own_targets_only(fill_value):
     assert torch.equal(attr[:6], edge_attr)
 
 
+@pytest.mark.parametrize("graph_case", GRAPHS, ids=lambda g: g.name)
+@pytest.mark.parametrize("fill_value", ["mean", "add", "max", "min", "mul", 0.5])
+def test_self_loops_with_the_given_ones_flagged_are_the_replaced_graph(graph_case, fill_value):
+    """The static-count twin that compiled layers use in dynamo's default mode: without its
+    flagged edges it is add_remaining_self_loops's graph, features and order included."""
+    from graphattn.nn.attention import _self_loops_masking_old_ones, add_remaining_self_loops
+
+    num_loops = min(graph_case.num_src, graph_case.num_dst)
+    E = graph_case.edge_index.size(1)
+    edge_attr = torch.randn(E, 3, generator=torch.Generator().manual_seed(1))
+    ei, attr, flagged = _self_loops_masking_old_ones(graph_case.edge_index, edge_attr,
+                                                     num_loops, fill_value=fill_value)
+    expected_ei, expected_attr = add_remaining_self_loops(graph_case.edge_index, edge_attr,
+                                                          num_loops, fill_value=fill_value)
+    assert ei.size(1) == E + num_loops and flagged.tolist() == (
+        (ei[0] == ei[1]).tolist()[:E] + [False] * num_loops)
+    assert torch.equal(ei[:, ~flagged], expected_ei)
+    assert_close(attr[~flagged], expected_attr)
+    assert torch.equal(attr[:E], edge_attr)
+
+
 def test_lazy_in_channels_errors():
     for bad in (0, -2, 2.5, (3, 0), (1, 2, 3)):
         with pytest.raises(ValueError, match=r"in_channels must be a positive integer, or -1 "
