@@ -43,6 +43,22 @@ def test_device_checks_pass_in_the_interpreter(triton_interpreter):
     assert not bad, bad
 
 
+def test_layer_compile_device_check_passes_in_the_interpreter(triton_interpreter):
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=False):  # as it comes
+        rows = gpu.check_layer_compile_on_device("cpu", torch.float32, num_nodes=30,
+                                                 num_edges=120, channels=8,
+                                                 compile_backend="aot_eager")
+    torch._dynamo.reset()
+    names = [name for name, _ in rows]
+    # out and the gradients of the 9 parameters (lin_q/k/v/out and their biases, lin_edge),
+    # per mode
+    assert len(names) == len(set(names)) == 2 * 10
+    assert "layer, torch.compile default mode (1 graph): dlin_edge.weight" in names
+    assert "layer, torch.compile fullgraph: out" in names
+    bad = [row for row in rows if not row[1] < 1e-4]
+    assert not bad, bad
+
+
 def test_block_sparse_device_checks_pass_in_the_interpreter(triton_interpreter, monkeypatch):
     from graphattn.functional import triton_kernels as tk
 
@@ -204,6 +220,7 @@ def test_tf32_comes_on_after_the_check_and_only_picks_methods(monkeypatch, tmp_p
 
     monkeypatch.setattr(gpu, "check_on_device", check)
     monkeypatch.setattr(gpu, "check_blocks_on_device", check)
+    monkeypatch.setattr(gpu, "check_layer_compile_on_device", check)
     monkeypatch.setattr(gpu, "build_graph",
                         lambda name, *a: (gpu.Graph(name, 3, torch.zeros(2, 1)), ""))
     monkeypatch.setattr(gpu, "measure_graph", measure)
