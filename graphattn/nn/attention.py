@@ -231,8 +231,9 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             (default: ``True``)
         add_self_loops (bool, optional): give every target exactly one self-loop (existing ones
             are replaced, with their features; for bipartite inputs the first
-            ``min(N_src, N_dst)`` nodes).
-            (default: ``True``)
+            ``min(N_src, N_dst)`` nodes). In ``torch.compile``'s default mode the existing ones
+            stay in place with a score of -inf, so that the edge count does not depend on the
+            data (README, torch.compile). (default: ``True``)
         edge_dim (int, optional): edge feature size; ``edge_attr`` then enters as
             ``edge_mode`` says. (default: ``None``)
         edge_mode (str, optional): how edge features :math:`e_{ij}` enter, with ``edge_dim``:
