@@ -311,9 +311,9 @@ def test_flash_operators_run_forward_once_per_training_step(sdpa_calls):
 def test_gradients_of_gradients_with_batch(is_causal):
     """Per-graph attention (``batch=``: one batched SDPA call per size group) has gradients of
     gradients, checked against finite differences in fp64."""
-    batch = shuffled_batch([1, 3, 4, 6], seed=2)
+    batch = shuffled_batch([1, 3, 4], seed=2)  # two size groups, one graph padded
     gen = torch.Generator().manual_seed(5)
-    q, k, v = (torch.randn(14, 2, 3, generator=gen, dtype=torch.float64, requires_grad=True)
+    q, k, v = (torch.randn(8, 2, 2, generator=gen, dtype=torch.float64, requires_grad=True)
                for _ in range(3))
     assert torch.autograd.gradgradcheck(
         lambda q, k, v: dense_attention(q, k, v, batch=batch, is_causal=is_causal), (q, k, v))
