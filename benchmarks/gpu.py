@@ -61,7 +61,10 @@ Usage (one line; ``--quick`` runs Cora and the 1M-edge graph with fewer repeats)
 
     python benchmarks/gpu.py [--quick]
 
-Writes ``results/gpu.md`` (or ``--out``). Exits with a message on a machine without CUDA.
+Writes ``results/gpu.md`` (or ``--out``) and, with matplotlib, its figure beside it (``.png``:
+forward+backward time and peak memory per graph of the layers and dense SDPA; ``--no-plot``:
+none). ``--replot results/gpu.md`` draws the figure of a table written before and measures
+nothing. Exits with a message on a machine without CUDA.
 """
 
 from __future__ import annotations
@@ -161,6 +164,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "the block-sparse kernels' and every layer's projections, PyG's "
                              "included; without it fp32 products are full fp32, which the "
                              "block-sparse kernels run on the FMA units")
+    parser.add_argument("--no-plot", action="store_true",
+                        help="write the table alone, without its figure (--out with .png)")
+    parser.add_argument("--replot", default=None, metavar="MD",
+                        help="measure nothing: draw the figure of a table this script wrote "
+                             "(MD with .png), e.g. --replot benchmarks/results/gpu.md")
     parser.add_argument("--only", action="append", default=None, metavar="TEXT",
                         help="time only the methods whose name contains TEXT (repeatable; "
                              "default: every method), e.g. --only 'edge_attention triton'")
@@ -900,6 +908,111 @@ def render_markdown(results: list[Result], header: list[str], checks: list[tuple
     return "\n".join(lines) + "\n"
 
 
+# The columns of render_markdown's table and the Result fields they hold, for read_markdown.
+COLUMNS = {"fwd ms": "forward_ms", "fwd+bwd ms": "train_ms", "peak fwd MiB": "forward_mib",
+           "peak fwd+bwd MiB": "train_mib", "fwd kernel ms": "kernel_ms",
+           "GB/s": "bandwidth_gbs", "% peak HBM": "peak_percent", "% copy": "copy_percent",
+           "% peak, k v per edge": "per_edge_percent"}
+
+
+def read_markdown(text: str) -> tuple[list[str], list[Result]]:
+    """The header lines (``- ...``) and the results of a table :func:`render_markdown` wrote,
+    columns found by name (a table of an earlier version, with fewer columns, reads too)."""
+    lines = text.splitlines()
+    start = next((n for n, line in enumerate(lines) if line.startswith("| graph | N | E |")),
+                 None)
+    if start is None:
+        raise ValueError("no table of benchmarks/gpu.py found: no line starts with "
+                         "'| graph | N | E |'")
+    header = [line for line in lines[:start] if line.startswith("- ")]
+    names = [cell.strip() for cell in lines[start].strip().strip("|").split("|")]
+    results = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        # the note, last, may hold a |
+        cells = [cell.strip() for cell in line.strip()[1:-1].split("|", len(names) - 1)]
+        row = dict(zip(names, cells, strict=True))
+        result = Result(row["graph"], int(row["N"].replace(",", "")),
+                        int(row["E"].replace(",", "")), row["method"], note=row["note"])
+        for column, name in COLUMNS.items():
+            if row.get(column):
+                setattr(result, name, float(row[column]))
+        results.append(result)
+    return header, results
+
+
+# Colours by score; the layers of PyG hatched, graphattn's kernel variants dotted.
+_SCORE_COLOURS = (("+ edge features", "tab:purple"), ("dot", "tab:blue"),
+                  ("TransformerConv", "tab:blue"), ("additive", "tab:orange"),
+                  ("GATConv", "tab:orange"), ("gatv2", "tab:green"), ("GATv2", "tab:green"))
+
+
+def plot(results: list[Result], path: Path, header: list[str]) -> None:
+    """Bars of forward+backward time and of its peak memory per graph, for the layers
+    (graphattn's solid, PyG's hatched, colour by score) and dense SDPA (grey), log scale; a bar
+    without a value says why: OOM (out of memory), skip (the dense mask would not fit) or the
+    failure."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot (pip install graphattn[plot])")
+        return
+    shown = [r for r in results if not r.method.startswith("edge_attention")]
+    graphs = list(dict.fromkeys(r.graph for r in shown))
+    methods = list(dict.fromkeys(r.method for r in shown))
+    if not graphs:
+        print("no layer was measured: no plot")
+        return
+    by = {(r.graph, r.method): r for r in shown}
+    sizes = {r.graph: (r.num_nodes, r.num_edges) for r in shown}
+    fig, axes = plt.subplots(1, 2, figsize=(15, 5))
+    width = 0.85 / len(methods)
+    for ax, key, label in ((axes[0], "train_ms", "forward+backward (ms)"),
+                           (axes[1], "train_mib", "peak memory of forward+backward (MiB)")):
+        missing = []  # (x, why) of bars without a value
+        for n, method in enumerate(methods):
+            colour = next((c for text, c in _SCORE_COLOURS if text in method), "tab:gray")
+            pyg = method.startswith("PyG")
+            variant = "row blocks" in method or "block-sparse" in method
+            xs = [g + (n - (len(methods) - 1) / 2) * width for g in range(len(graphs))]
+            cells = [by.get((graph, method)) for graph in graphs]
+            ys = [getattr(r, key) if r else None for r in cells]
+            ax.bar(xs, [y or 0.0 for y in ys], width, color=colour, label=method,
+                   alpha=0.45 if pyg else 1.0, hatch="//" if pyg else (".." if variant else ""),
+                   edgecolor="black" if variant else None, linewidth=0.4)
+            for x, y, r in zip(xs, ys, cells, strict=True):
+                if y is None and r is not None:
+                    note = r.note
+                    missing.append((x, "OOM" if "out of memory" in note else
+                                    "skip" if "needs about" in note else note[:12].strip() or "-"))
+        ax.set_yscale("log")
+        for x, why in missing:
+            ax.text(x, ax.get_ylim()[0], why, rotation=90, ha="center", va="bottom", fontsize=7)
+        ax.set_ylabel(label)
+        ax.set_xticks(range(len(graphs)),
+                      [f"{g}\nN {sizes[g][0]:,}\nE {sizes[g][1]:,}" for g in graphs],
+                      fontsize=7)
+    handles, labels = axes[0].get_legend_handles_labels()
+    # two rows, filled column by column: each layer of graphattn above its PyG counterpart
+    fig.legend(handles, labels, loc="lower center", ncol=-(-len(labels) // 2), fontsize=8)
+    device = next((line[len("- device: "):].split(";")[0] for line in header
+                   if line.startswith("- device: ")), "GPU")
+    sizes_line = next((line[2:].split(";")[0] for line in header
+                       if line.startswith("- H = ")), "")
+    date = next((line[len("- date: "):][:10] for line in header
+                 if line.startswith("- date: ")), "")
+    fig.suptitle(f"graphattn (solid) vs PyG (hatched) on {device}, {sizes_line}, {date}; "
+                 "the layers with their projections")
+    fig.tight_layout(rect=(0, 0.11, 1, 1))
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    print(f"wrote {path}")
+
+
 def environment(args: argparse.Namespace, peak: float | None, peak_source: str,
                 copy_bytes_per_s: float | None = None) -> list[str]:
     import triton
@@ -938,6 +1051,11 @@ def environment(args: argparse.Namespace, peak: float | None, peak_source: str,
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.replot:
+        table = Path(args.replot)
+        header, results = read_markdown(table.read_text())
+        plot(results, table.with_suffix(".png"), header)
+        return 0
     if not torch.cuda.is_available():
         print("benchmarks/gpu.py needs a CUDA GPU (torch.cuda.is_available() is False); "
               "nothing was measured.", file=sys.stderr)
@@ -1006,6 +1124,8 @@ def main(argv: list[str] | None = None) -> int:
 
     out.write_text(render_markdown(results, header, checks, skipped, profiles))
     print(f"wrote {out}")
+    if not args.no_plot:
+        plot(results, out.with_suffix(".png"), header)
     if not worst < 1e-3:  # also catches NaN
         print(f"the fused kernels differ from the reference by {worst:.2e} (> 1e-3)",
               file=sys.stderr)

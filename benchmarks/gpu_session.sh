@@ -27,7 +27,8 @@
 # Each step has its own time limit inside the budget, so a slow step still leaves the others
 # their turn. Tables go to $OUT (default: benchmarks/results/gpu_session/), the log of every
 # step to $OUT/session.log: 8 files at most, what the device tool brings back (a test counts
-# them).
+# them). gpu.py's figures are drawn afterwards from its tables, off the device:
+#   python benchmarks/gpu.py --replot benchmarks/results/gpu.md
 #
 # Usage: bash benchmarks/gpu_session.sh [budget in seconds, default 560]
 # The Planetoid files under datasets/ are ignored by git: on a machine that gets a copy of the
@@ -56,7 +57,7 @@ platform.python_version(), 'torch', torch.__version__, 'cuda', torch.version.cud
 } 2>&1 | tee "$LOG"
 
 echo "== 1. benchmarks/gpu.py, fp32 ($(left) s left)" | tee -a "$LOG"
-timeout $(limit $(($(left) - 120))) "$PY" benchmarks/gpu.py --profile --repeats 10 --warmup 2 \
+timeout $(limit $(($(left) - 120))) "$PY" benchmarks/gpu.py --no-plot --profile --repeats 10 --warmup 2 \
   --graphs random-1m,window-1m,window-wide-1m,random-10m,window-50m,random-50m,local-50m,cora,pubmed \
   --out "$OUT/gpu.md" 2>&1 |
   tee -a "$LOG"
@@ -68,7 +69,7 @@ timeout $(limit $(($(left) > 240 ? 180 : $(left) - 60))) env GRAPHATTN_TRITON_DE
 
 if [ "$(left)" -gt 150 ]; then
   echo "== 3. benchmarks/gpu.py, fp32 with TF32 products, block-sparse forward, window-50m ($(left) s left)" | tee -a "$LOG"
-  timeout $(limit 75) "$PY" benchmarks/gpu.py --no-check --tf32 --only "edge_attention triton, block-sparse" \
+  timeout $(limit 75) "$PY" benchmarks/gpu.py --no-plot --no-check --tf32 --only "edge_attention triton, block-sparse" \
     --repeats 10 --warmup 2 --graphs window-50m --out "$OUT/gpu_tf32.md" 2>&1 | tee -a "$LOG"
 else
   echo "== 3. skipped: $(left) s left" | tee -a "$LOG"
@@ -84,7 +85,7 @@ fi
 
 if [ "$(left)" -gt 150 ]; then
   echo "== 5. benchmarks/gpu.py, fp32, the graphs of <= 1M edges without the graph caches ($(left) s left)" | tee -a "$LOG"
-  timeout $(limit 90) "$PY" benchmarks/gpu.py --no-check --no-graph-cache --repeats 10 --warmup 2 \
+  timeout $(limit 90) "$PY" benchmarks/gpu.py --no-plot --no-check --no-graph-cache --repeats 10 --warmup 2 \
     --graphs random-1m,cora,pubmed --out "$OUT/gpu_no_graph_cache.md" 2>&1 |
     tee -a "$LOG"
 else
@@ -94,7 +95,7 @@ fi
 if [ "$(left)" -gt 90 ]; then
   echo "== 6. benchmarks/gpu.py, bf16, 50M-edge graphs ($(left) s left)" | tee -a "$LOG"
   timeout $(limit $(($(left) > 150 ? $(left) - 60 : $(left) - 10))) "$PY" benchmarks/gpu.py \
-    --no-check --dtype bf16 --graphs window-50m,random-50m,local-50m --out "$OUT/gpu_bf16.md" 2>&1 |
+    --no-plot --no-check --dtype bf16 --graphs window-50m,random-50m,local-50m --out "$OUT/gpu_bf16.md" 2>&1 |
     tee -a "$LOG"
 else
   echo "== 6. skipped: $(left) s left" | tee -a "$LOG"

@@ -157,6 +157,88 @@ def test_profiles_go_into_the_table():
     assert "Host profile" not in gpu.render_markdown([], ["- header"], [], [])
 
 
+def _measured_results():
+    """Results as gpu.py measures them: values at the table's precision, a note with a |,
+    methods out of memory or skipped."""
+    return [
+        gpu.Result("random-1m", 100_000, 1_000_000, "edge_attention triton", forward_ms=2.084,
+                   train_ms=3.844, forward_mib=60.7, train_mib=292.0, kernel_ms=0.741,
+                   bandwidth_gbs=287.0, peak_percent=6.0, copy_percent=6.8,
+                   per_edge_percent=30.5),
+        gpu.Result("random-1m", 100_000, 1_000_000, "GraphSelfAttention dot, triton",
+                   forward_ms=2.238, train_ms=4.599, forward_mib=207.1, train_mib=438.5),
+        gpu.Result("random-1m", 100_000, 1_000_000, "PyG TransformerConv", forward_ms=5.544,
+                   train_ms=12.628, forward_mib=2163.7, train_mib=3088.4),
+        gpu.Result("random-1m", 100_000, 1_000_000, "dense SDPA + mask",
+                   note="the [N, N] mask needs about 57220 MiB, more than a quarter"),
+        gpu.Result("random-50m", 2_000_000, 50_000_000, "GraphSelfAttention dot, triton",
+                   forward_ms=34.18, train_ms=102.09, forward_mib=4655.4, train_mib=10019.2),
+        gpu.Result("random-50m", 2_000_000, 50_000_000, "PyG TransformerConv",
+                   forward_ms=261.351, forward_mib=102325.4, note="fwd+bwd out of memory"),
+        gpu.Result("random-50m", 2_000_000, 50_000_000, "PyG GATConv", note="failed: a | b"),
+    ]
+
+
+def test_table_reads_back_as_written():
+    """read_markdown gives back the header lines and every result of render_markdown's table,
+    missing values and notes included; a table without the per-edge column (an earlier
+    version's) reads too."""
+    header = ["- device: NVIDIA H200; peak HBM bandwidth 4.80 TB/s",
+              "- H = 4, C = 32, dtype fp32"]
+    results = _measured_results()
+    text = gpu.render_markdown(results, header, [("dot: out", 1e-6)], ["cora: no files"])
+    assert gpu.read_markdown(text) == (header, results)
+    earlier = """- device: NVIDIA H200
+| graph | N | E | method | fwd ms | fwd+bwd ms | peak fwd MiB | peak fwd+bwd MiB \
+| fwd kernel ms | GB/s | % peak HBM | % copy | note |
+|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|
+| cora | 2,708 | 10,556 | edge_attention triton | 1.061 | 2.081 | 1.5 | 7.2 | 0.112 | 51 \
+| 1.1 | 1.2 |  |
+| cora | 2,708 | 10,556 | dense SDPA + mask |  |  |  |  |  |  |  |  | out of memory |
+"""  # a backslash at the end of a line joins it to the next
+    assert gpu.read_markdown(earlier) == (["- device: NVIDIA H200"], [
+        gpu.Result("cora", 2708, 10556, "edge_attention triton", forward_ms=1.061,
+                   train_ms=2.081, forward_mib=1.5, train_mib=7.2, kernel_ms=0.112,
+                   bandwidth_gbs=51.0, peak_percent=1.1, copy_percent=1.2),
+        gpu.Result("cora", 2708, 10556, "dense SDPA + mask", note="out of memory")])
+    with pytest.raises(ValueError, match="no table of benchmarks/gpu.py"):
+        gpu.read_markdown("# something else\n")
+
+
+def test_replot_draws_the_figure_of_a_table(tmp_path, capsys):
+    """--replot reads a table and writes its figure beside it, without CUDA."""
+    pytest.importorskip("matplotlib", reason="the figure needs matplotlib (the plot extra)")
+    table = tmp_path / "gpu.md"
+    table.write_text(gpu.render_markdown(_measured_results(), ["- device: NVIDIA H200; x",
+                                                               "- date: 2026-12-01T00:36:38"],
+                                         [], []))
+    assert gpu.main(["--replot", str(table)]) == 0
+    assert (tmp_path / "gpu.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"wrote {tmp_path / 'gpu.png'}" in capsys.readouterr().out
+
+
+def test_plot_marks_the_bars_without_a_value(tmp_path, monkeypatch):
+    """The layers and dense SDPA get bars, edge_attention alone does not; each missing bar is
+    labelled by its note."""
+    pytest.importorskip("matplotlib", reason="the figure needs matplotlib (the plot extra)")
+    import matplotlib.axes
+
+    labels, bars = [], []
+    text, bar = matplotlib.axes.Axes.text, matplotlib.axes.Axes.bar
+    monkeypatch.setattr(matplotlib.axes.Axes, "text",
+                        lambda self, x, y, s, *a, **k: labels.append(s) or text(self, x, y, s,
+                                                                                *a, **k))
+    monkeypatch.setattr(matplotlib.axes.Axes, "bar",
+                        lambda self, *a, label=None, **k: bars.append(label) or bar(
+                            self, *a, label=label, **k))
+    gpu.plot(_measured_results(), tmp_path / "gpu.png", [])
+    assert bars == 2 * ["GraphSelfAttention dot, triton", "PyG TransformerConv",
+                        "dense SDPA + mask", "PyG GATConv"]
+    # per panel: dense skipped on random-1m; on random-50m, TransformerConv's fwd+bwd out of
+    # memory, GATConv failed; dense not run there (no result, no label)
+    assert labels == 2 * ["OOM", "skip", "failed: a |"]
+
+
 def test_no_reuse_ceiling_worked_by_hand():
     """The ceiling of the minimal-bytes figure without reuse, on sizes worked by hand from
     the module docstring's formulas. N = 2, E = 5, H = 1, C = 2, fp32, dot: q, k, v, out
@@ -459,7 +541,8 @@ def test_gpu_session_commands_parse():
 def test_gpu_session_writes_what_the_device_tool_brings_back():
     """The device tool brings back at most 8 files from $OUT: the session's log, each
     benchmark's table and what goes beside it (batched_global.py's .csv and .png unless
-    --table-only; gpu.py's profile goes into its table) must fit, each under its own name."""
+    --table-only, gpu.py's .png unless --no-plot; gpu.py's profile goes into its table) must
+    fit, each under its own name."""
     files = ["session.log"]
     for command in _session_commands():
         if command[0].startswith("benchmarks/"):
@@ -469,6 +552,8 @@ def test_gpu_session_writes_what_the_device_tool_brings_back():
             files.append(path.name)
             if command[0] == "benchmarks/batched_global.py" and "--table-only" not in command:
                 files += [path.with_suffix(".csv").name, path.with_suffix(".png").name]
+            if command[0] == "benchmarks/gpu.py" and "--no-plot" not in command:
+                files.append(path.with_suffix(".png").name)
     assert len(files) == len(set(files)) <= 8, files
 
 
