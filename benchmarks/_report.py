@@ -8,12 +8,15 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def write_table(name: str, title: str, header: list[str], note: str, rows: list[dict]) -> str:
+def write_table(name: str, title: str, header: list[str], note: str, rows: list[dict], *,
+                out: Path | None = None) -> str:
     """Write ``rows`` (dicts with the same keys, the columns) to ``results/<name>.csv`` and
-    ``results/<name>.md``: the title, the ``header`` lines (command, versions, machine), the
-    ``note`` that says what the figures are, then the table. Returns the Markdown."""
-    RESULTS.mkdir(exist_ok=True)
-    with open(RESULTS / f"{name}.csv", "w", newline="") as f:
+    ``results/<name>.md`` (or to ``out`` and its ``.csv``): the title, the ``header`` lines
+    (command, versions, machine), the ``note`` that says what the figures are, then the table.
+    Returns the Markdown."""
+    out = RESULTS / f"{name}.md" if out is None else Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.with_suffix(".csv"), "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
@@ -21,5 +24,5 @@ def write_table(name: str, title: str, header: list[str], note: str, rows: list[
              "| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
     lines += ["| " + " | ".join(str(v) for v in row.values()) + " |" for row in rows]
     text = "\n".join(lines) + "\n"
-    (RESULTS / f"{name}.md").write_text(text)
+    out.write_text(text)
     return text

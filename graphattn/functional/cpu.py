@@ -810,6 +810,15 @@ def _np(t: Tensor) -> np.ndarray:
     return t.detach().numpy()
 
 
+def csr_transpose(crow: Tensor, col: Tensor, num_cols: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The structure of the transpose of a CSR matrix ``[N, num_cols]`` (CPU index tensors of
+    one integer type), by a counting sort in one pass over its entries: ``colptr
+    [num_cols + 1]``, the position in the transpose of each entry, and the row of each entry
+    of the transpose (ascending within each column, as a stable sort leaves them)."""
+    colptr, position, row = _csc(_np(crow), _np(col), num_cols)
+    return torch.from_numpy(colptr), torch.from_numpy(position), torch.from_numpy(row)
+
+
 def _rows(t: Tensor) -> np.ndarray:
     """A contiguous ``[N, H, C]`` (or ``[N, H]``) tensor as the ``[N, H * C]`` array of a kernel."""
     return t.detach().view(t.size(0), t.shape[1:].numel()).numpy()  # also for N = 0

@@ -29,6 +29,7 @@ from graphattn.functional.attention import (
     edge_attention_unchecked,
 )
 from graphattn.functional.dropout import dropout
+from graphattn.functional.sparse_linear import sparse_linear
 from graphattn.graphs import SPARSE_LAYOUTS, _sparse_adjacency_and_values, from_sparse_adjacency
 
 
@@ -122,8 +123,10 @@ class _SelfAttentionBase(torch.nn.Module):
 
         For sparse (CSR or COO) features of self-attention, x is multiplied once by the stacked
         weights ``[W^Q; W^K; W^V]``: one sparse product and one transpose in backward instead
-        of three. Dense features take three products, whose outputs are contiguous: the
-        attention kernels read them without a copy and backward needs no concatenation.
+        of three (for CSR on CPU, :func:`~graphattn.functional.sparse_linear.sparse_linear`'s
+        counting-sort transpose). Dense features take three products, whose outputs are
+        contiguous: the attention kernels read them without a copy and backward needs no
+        concatenation.
         Parameters stay three ``Linear`` modules either way.
         """
         lins = (self.lin_q, self.lin_k, self.lin_v)
@@ -138,8 +141,8 @@ class _SelfAttentionBase(torch.nn.Module):
             if lins[0].bias is not None:
                 v_bias = self.lin_v.bias if value_bias is None else torch.zeros_like(value_bias)
                 bias = torch.cat([self.lin_q.bias, self.lin_k.bias, v_bias])
-            q, k, v = F.linear(x_src, weight, bias).split([lin.out_features for lin in lins],
-                                                          dim=-1)
+            q, k, v = sparse_linear(x_src, weight, bias).split(
+                [lin.out_features for lin in lins], dim=-1)
         v = dropout(v, self.value_dropout, self.training)
         return q, k, v if value_bias is None else v + value_bias
 

@@ -1,0 +1,86 @@
+r"""A linear layer on sparse CSR features whose backward transposes them in linear time.
+
+Bag-of-words node features (Cora, CiteSeer) are about 1% nonzeros, and a layer's first
+projection :math:`y = x W^\top + b` takes them as a sparse CSR matrix ``x [N, F]``. The weight's
+gradient is
+
+.. math::
+    \frac{\partial L}{\partial W} = \Big(x^\top \frac{\partial L}{\partial y}\Big)^\top,
+
+a product with the transpose of x. torch's ``F.linear`` gets :math:`x^\top` by sorting x's
+entries by column at every backward (``to_sparse_csr`` of the CSC view). Here a counting sort
+builds it in one pass over the entries (the ``cpu`` backend's
+:func:`~graphattn.functional.cpu.csr_transpose`), and the product with :math:`x^\top` is the
+same CSR-times-dense product as the forward's: a GAT training step on Cora or CiteSeer takes
+0.77-0.85 of the time it takes through ``F.linear`` (``benchmarks/sparse_features.py``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from graphattn.functional._transforms import apply_function, plain_ops_only
+from graphattn.functional.cpu import csr_transpose
+
+
+class _CSRLinear(torch.autograd.Function):
+    """``x @ weight.T + bias`` for a CSR ``x`` given by its parts; gradients for weight and
+    bias only (x is data)."""
+
+    @staticmethod
+    def forward(crow: Tensor, col: Tensor, values: Tensor, num_cols: int, weight: Tensor,
+                bias: Tensor | None) -> Tensor:
+        x = torch.sparse_csr_tensor(crow, col, values, (crow.numel() - 1, num_cols),
+                                    check_invariants=False)
+        out = x @ weight.t()  # (N, D)
+        return out if bias is None else out + bias
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        crow, col, values, num_cols, _, bias = inputs
+        ctx.save_for_backward(crow, col, values)
+        ctx.num_cols, ctx.has_bias = num_cols, bias is not None
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple:
+        crow, col, values = ctx.saved_tensors
+        grad_weight = grad_bias = None
+        if ctx.needs_input_grad[4]:
+            colptr, position, row = csr_transpose(crow, col, ctx.num_cols)
+            values_t = torch.empty_like(values).index_put_((position,), values)  # x^T's
+            x_t = torch.sparse_csr_tensor(colptr, row, values_t, (ctx.num_cols, crow.numel() - 1),
+                                          check_invariants=False)
+            grad_weight = (x_t @ grad).t().contiguous()  # (D, F)
+        if ctx.has_bias and ctx.needs_input_grad[5]:
+            grad_bias = grad.sum(0)  # (D,)
+        return None, None, None, None, grad_weight, grad_bias
+
+
+def sparse_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    r"""``F.linear(x, weight, bias)``, :math:`x W^\top + b`, with a faster backward for a
+    sparse CSR ``x`` on CPU.
+
+    For a CSR x on CPU that does not require grad (features are data), outside
+    ``torch.compile`` and ``torch.func``'s transforms, the weight's gradient
+    :math:`(x^\top \, \partial L / \partial y)^\top` takes x's transpose from a counting sort
+    of its entries, in one pass, where ``F.linear`` sorts them (see the module docstring).
+    Everything else, and every other layout, goes to ``F.linear``. Both compute the same
+    values: the sums of each product run over the same entries, in the same order.
+
+    Args:
+        x (Tensor): features ``[N, F]``, dense or sparse.
+        weight (Tensor): ``[D, F]``.
+        bias (Tensor, optional): ``[D]``. (default: ``None``)
+
+    Shapes:
+        - **input:** x ``(N, F)``, weight ``(D, F)``, bias ``(D)``
+        - **output:** ``(N, D)``
+    """
+    if (x.layout != torch.sparse_csr or x.device.type != "cpu" or x.dim() != 2
+            or x.requires_grad or x.dtype != weight.dtype or torch.compiler.is_compiling()
+            or plain_ops_only(weight, bias)):
+        return F.linear(x, weight, bias)
+    return apply_function(_CSRLinear, x.crow_indices(), x.col_indices(), x.values(), x.size(1),
+                          weight, bias)
