@@ -392,3 +392,19 @@ def spy_on_launches(monkeypatch, names) -> list:
     monkeypatch.setattr(tk, "kernels", lambda: types.SimpleNamespace(
         **{name: LaunchSpy(name) for name in names}))
     return launches
+
+
+@pytest.fixture
+def transposes(monkeypatch):
+    """The calls of sparse_linear's counting-sort transpose: its backward ran once for each."""
+    from graphattn.functional import sparse_linear as module
+
+    calls = []
+
+    def counted(*args):
+        calls.append(args)
+        return transpose(*args)
+
+    transpose = module.csr_transpose
+    monkeypatch.setattr(module, "csr_transpose", counted)
+    return calls

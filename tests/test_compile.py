@@ -367,6 +367,16 @@ def test_default_mode_on_a_bipartite_graph(default_mode):
     _assert_compiles_like_eager(layer, [inputs], backend="aot_eager", fullgraph=False)
 
 
+def test_sparse_features_compile_in_the_default_mode(default_mode, transposes):
+    """Sparse CSR features, which dynamo does not trace: the projection runs eagerly between
+    graphs (sparse_linear, with its own backward) and the compiled model is eager's."""
+    torch.manual_seed(0)
+    x = (torch.rand(60, 16) * (torch.rand(60, 16) < 0.2)).to_sparse_csr()
+    _assert_compiles_like_eager(GAT(16, 5), [(x, _graph())], backend="aot_eager",
+                                fullgraph=False)
+    assert transposes  # the counting-sort backward ran
+
+
 def test_fullgraph_compiles_without_the_flag_on_every_torch(default_mode):
     """torch 2.8 and 2.9 do not trace data-dependent sizes with ``fullgraph=True`` alone: there
     the layers keep the given loops flagged; later torch drops them as eager does."""

@@ -12,7 +12,7 @@ entries by column at every backward (``to_sparse_csr`` of the CSC view). Here a 
 builds it in one pass over the entries (the ``cpu`` backend's
 :func:`~graphattn.functional.cpu.csr_transpose`), and the product with :math:`x^\top` is the
 same CSR-times-dense product as the forward's: a GAT training step on Cora or CiteSeer takes
-0.77-0.85 of the time it takes through ``F.linear`` (``benchmarks/sparse_features.py``).
+0.76-0.84 of the time it takes through ``F.linear`` (``benchmarks/sparse_features.py``).
 """
 
 from __future__ import annotations
@@ -58,16 +58,19 @@ class _CSRLinear(torch.autograd.Function):
         return None, None, None, None, grad_weight, grad_bias
 
 
+@torch.compiler.disable  # dynamo takes no sparse tensor: eager, behind a graph break
 def sparse_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     r"""``F.linear(x, weight, bias)``, :math:`x W^\top + b`, with a faster backward for a
     sparse CSR ``x`` on CPU.
 
     For a CSR x on CPU that does not require grad (features are data), outside
-    ``torch.compile`` and ``torch.func``'s transforms, the weight's gradient
+    ``torch.func``'s transforms, the weight's gradient
     :math:`(x^\top \, \partial L / \partial y)^\top` takes x's transpose from a counting sort
     of its entries, in one pass, where ``F.linear`` sorts them (see the module docstring).
     Everything else, and every other layout, goes to ``F.linear``. Both compute the same
     values: the sums of each product run over the same entries, in the same order.
+    ``torch.compile`` does not trace sparse tensors: in a compiled model this function runs
+    eagerly, between graphs (``fullgraph=True`` fails on sparse features either way).
 
     Args:
         x (Tensor): features ``[N, F]``, dense or sparse.
@@ -79,8 +82,7 @@ def sparse_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tens
         - **output:** ``(N, D)``
     """
     if (x.layout != torch.sparse_csr or x.device.type != "cpu" or x.dim() != 2
-            or x.requires_grad or x.dtype != weight.dtype or torch.compiler.is_compiling()
-            or plain_ops_only(weight, bias)):
+            or x.requires_grad or x.dtype != weight.dtype or plain_ops_only(weight, bias)):
         return F.linear(x, weight, bias)
     return apply_function(_CSRLinear, x.crow_indices(), x.col_indices(), x.values(), x.size(1),
                           weight, bias)

@@ -6,7 +6,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from graphattn.functional import sparse_linear as sl
 from graphattn.functional.sparse_linear import sparse_linear
 
 
@@ -18,20 +17,6 @@ def bag_of_words(num_rows: int, num_cols: int, dtype=torch.float32, seed: int = 
     x[min(3, num_rows - 1)] = 0.0
     x[:, min(5, num_cols - 1)] = 0.0
     return x
-
-
-@pytest.fixture
-def transposes(monkeypatch):
-    """The calls of the counting-sort transpose: the fast path's backward ran once for each."""
-    calls = []
-
-    def counted(*args):
-        calls.append(args)
-        return transpose(*args)
-
-    transpose = sl.csr_transpose
-    monkeypatch.setattr(sl, "csr_transpose", counted)
-    return calls
 
 
 def _out_and_grads(x, weight, bias, grad, linear):
