@@ -25,25 +25,20 @@ Writes ``results/sparse_features.md`` and ``.csv`` (``--out`` names another ``.m
 from __future__ import annotations
 
 import argparse
-import platform
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _machine import cpu_name  # noqa: E402
+from _cpu_steps import cpu_header, gat_step, interleaved  # noqa: E402
 from _report import RESULTS, write_table  # noqa: E402
 
 import graphattn.nn.attention  # noqa: E402
 from graphattn.datasets import load_planetoid  # noqa: E402
 from graphattn.functional.sparse_linear import sparse_linear  # noqa: E402
-from graphattn.nn import GAT  # noqa: E402
 
 WAYS = ("dense features", "sparse CSR, F.linear", "sparse CSR, sparse_linear")
 BASELINE = "sparse CSR, F.linear"
@@ -72,56 +67,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def training_steps(data, seed: int) -> dict[str, Callable[[], None]]:
     """One training step per way, each on its own copy of the model and its optimizer."""
-    edge_index, y, train = data.edge_index, data.y, data.train_mask
     features = {"dense features": data.x, "sparse CSR, F.linear": data.x.to_sparse_csr(),
                 "sparse CSR, sparse_linear": data.x.to_sparse_csr()}
     linears = {"dense features": sparse_linear, "sparse CSR, F.linear": F.linear,
                "sparse CSR, sparse_linear": sparse_linear}
-    steps = {}
-    for way in WAYS:
-        torch.manual_seed(seed)
-        model = GAT(data.x.size(1), int(y.max()) + 1)
-        optimizer = torch.optim.Adam(model.parameters(), lr=0.005, weight_decay=5e-4)
-
-        def step(model=model, optimizer=optimizer, x=features[way], linear=linears[way]):
-            graphattn.nn.attention.sparse_linear = linear  # the layers' projection
-            try:
-                optimizer.zero_grad()
-                out = model(x, edge_index)  # (N, classes)
-                F.cross_entropy(out[train], y[train]).backward()
-                optimizer.step()
-            finally:
-                graphattn.nn.attention.sparse_linear = sparse_linear
-
-        steps[way] = step
-    return steps
+    return {way: gat_step(data, features[way], seed,
+                          [(graphattn.nn.attention, "sparse_linear", linears[way])])
+            for way in WAYS}
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    command = "python benchmarks/sparse_features.py " + " ".join(
-        sys.argv[1:] if argv is None else argv)
-    header = [f"command: `{command.strip()}`",
-              f"torch {torch.__version__}, python {platform.python_version()}",
-              f"device: CPU ({cpu_name()}), {args.threads} torch thread(s)",
-              f"{args.rounds} interleaved steps of each way after {args.warmup} warm-up steps, "
-              f"medians"]
+    header = cpu_header("sparse_features.py", sys.argv[1:] if argv is None else argv,
+                        args.threads, f"{args.rounds} interleaved steps of each way after "
+                        f"{args.warmup} warm-up steps, medians")
     print("\n".join(header))
     rows = []
     for name in args.datasets:
         data = load_planetoid(name, root=args.root)
-        steps = training_steps(data, args.seed)
-        for _ in range(args.warmup):
-            for step in steps.values():
-                step()
-        times = {way: [] for way in WAYS}
-        for i in tqdm(range(args.rounds), desc=name):
-            for way in WAYS[i % len(WAYS):] + WAYS[:i % len(WAYS)]:
-                start = time.perf_counter()
-                steps[way]()
-                times[way].append(time.perf_counter() - start)
-        medians = {way: 1e3 * statistics.median(t) for way, t in times.items()}
+        medians = interleaved(training_steps(data, args.seed), args.rounds, args.warmup, name)
         nnz = int(torch.count_nonzero(data.x))
         rows += [{"dataset": name, "features": f"{data.x.size(0)} x {data.x.size(1)}, "
                   f"{100 * nnz / data.x.numel():.2f}% nonzero", "way": way,

@@ -23,6 +23,7 @@ import _child  # noqa: E402
 import _report  # noqa: E402
 import batched_global  # noqa: E402
 import citation_accuracy  # noqa: E402
+import dropout_cpu  # noqa: E402
 import random_walk_pe  # noqa: E402
 import sparse_vs_dense  # noqa: E402
 import vs_pyg  # noqa: E402
@@ -266,6 +267,41 @@ def test_sparse_features_benchmark_fills_its_table(tmp_path):
         ratio = float(row["step ms"]) / float(rows["sparse CSR, F.linear"]["step ms"])
         assert float(row["ratio to sparse CSR, F.linear"]) == pytest.approx(ratio, abs=0.02)
     assert "command: `python benchmarks/sparse_features.py --rounds 1" in out.read_text()
+
+
+def test_dropout_benchmark_fills_its_table(tmp_path):
+    """In a process of its own (it sets the torch threads and swaps the masks' draw): one
+    warm-up and one timed round of one mask size and of the GAT step on Cora, every way in
+    the table, the ratios against the former draw, and the draw restored after each step."""
+    import subprocess
+
+    out = tmp_path / "dropout.md"
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "dropout_cpu.py"
+    done = subprocess.run([sys.executable, str(script), "--rounds", "1", "--warmup", "1",
+                           "--datasets", "Cora", "--masks", "Cora attention 13264x8",
+                           "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    with open(out.with_suffix(".csv")) as f:
+        rows = [(row["part"], row["case"], row["way"], row) for row in csv.DictReader(f)]
+    assert [r[:3] for r in rows] == [
+        ("mask", "Cora attention 13264x8", "graphattn"),
+        ("mask", "Cora attention 13264x8", "torch.rand >= p"),
+        ("mask", "Cora attention 13264x8", "F.dropout"),
+        ("GAT step", "Cora", "graphattn"), ("GAT step", "Cora", "torch.rand >= p")]
+    for part in ("mask", "GAT step"):
+        group = {way: row for p, _, way, row in rows if p == part}
+        base = float(group["torch.rand >= p"]["ms"])
+        assert group["torch.rand >= p"]["ratio to torch.rand >= p"] == "1.00"
+        for row in group.values():
+            assert float(row["ratio to torch.rand >= p"]) == pytest.approx(
+                float(row["ms"]) / base, abs=0.02)
+    assert "command: `python benchmarks/dropout_cpu.py --rounds 1" in out.read_text()
+
+
+def test_dropout_benchmark_refuses_an_unknown_mask_size(capsys):
+    with pytest.raises(SystemExit):
+        dropout_cpu.parse_args(["--masks", "1M entries"])
+    assert "--masks: unknown size '1M entries'" in capsys.readouterr().err
 
 
 def test_compile_benchmark_fills_its_table(tmp_path):

@@ -59,8 +59,10 @@ output shapes, which the compiled graph calls as they are instead of tracing int
 from __future__ import annotations
 
 import functools
+import math
 import os
 import threading
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numba
@@ -78,6 +80,7 @@ from graphattn.functional.reference import reference_edge_attention, reference_g
 
 CHUNKS_PER_THREAD = 4  # the rows are split into this many chunks of equal work per thread
 MIN_PARALLEL_WORK = 2**15  # rows + edges below which one thread does all
+MIN_PARALLEL_MASK = 2**20  # dropout mask entries below which one thread draws all
 PREFETCH_DISTANCE = 4  # edges ahead whose rows are prefetched
 CACHE_LINE = 64  # bytes
 
@@ -182,6 +185,27 @@ SPECIALISED_CHANNELS = frozenset({1, 2, 4, 8, 16, 32, 64, 128})  # compiled as c
 DOT, ADDITIVE, GATV2 = 0, 1, 2  # the scores, as the kernels' compile-time flag
 SCORE_KINDS = {"dot": DOT, "additive": ADDITIVE, "gatv2": GATV2}
 SCORE_NAMES = {kind: name for name, kind in SCORE_KINDS.items()}
+
+
+# SplitMix64 (Steele, Lea and Flood, "Fast splittable pseudorandom number generators", OOPSLA
+# 2014): the state advances by this odd constant, and each output is the state, mixed.
+_SPLITMIX_GAMMA = np.uint64(0x9E3779B97F4A7C15)
+_SPLITMIX_MIX = (np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB))
+
+
+@_jit()
+def _dropout_bits(out, seed, threshold, bits, first, last):
+    """Entries ``first..last-1`` of a flat dropout mask, as the raw bits of its float type:
+    ``bits`` where the 32 high bits of SplitMix64's output for the entry are at least
+    ``threshold``, else 0. Entry ``i`` takes output ``i + 1`` of the generator seeded with
+    ``seed``, so any split of the entries fills the same mask."""
+    mix1, mix2 = _SPLITMIX_MIX
+    for i in range(first, last):
+        z = seed + np.uint64(i + 1) * _SPLITMIX_GAMMA
+        z = (z ^ (z >> np.uint64(30))) * mix1
+        z = (z ^ (z >> np.uint64(27))) * mix2
+        z = z ^ (z >> np.uint64(31))
+        out[i] = bits if (z >> np.uint64(32)) >= threshold else 0
 
 
 def _channels(channels: int) -> int:
@@ -795,15 +819,52 @@ def _run_rows(kernel, ptr: np.ndarray, *args) -> None:
     if threads == 1 or work < MIN_PARALLEL_WORK:
         kernel(*args, 0, ptr.shape[0] - 1)
         return
+    _run_chunks(kernel, _balanced_chunks(ptr, CHUNKS_PER_THREAD * threads), threads, *args)
+
+
+def _run_chunks(kernel, bounds: np.ndarray, threads: int, *args) -> None:
+    """Run ``kernel(*args, first, last)`` for each pair of consecutive ``bounds`` on a pool of
+    ``threads`` threads, and wait for all."""
     with _pools_lock:
         if threads not in _pools:
             _pools[threads] = ThreadPoolExecutor(threads, thread_name_prefix="graphattn-cpu")
         pool = _pools[threads]
-    bounds = _balanced_chunks(ptr, CHUNKS_PER_THREAD * threads)
     jobs = [pool.submit(kernel, *args, first, last)
             for first, last in zip(bounds[:-1], bounds[1:], strict=True)]
     for job in jobs:
         job.result()
+
+
+# The integer type whose bits a dropout mask of each float type is written in.
+_MASK_BITS = {torch.float64: torch.int64, torch.float32: torch.int32,
+              torch.float16: torch.int16, torch.bfloat16: torch.int16}
+MASK_DTYPES = frozenset(_MASK_BITS)
+
+
+def dropout_mask_from_seed(seed: int, shape: Sequence[int], p: float,
+                           dtype: torch.dtype) -> Tensor:
+    r"""The dropout mask of :func:`graphattn.functional.dropout_mask` on CPU, drawn from ``seed``
+    (in ``[0, 2^63)``): entry ``i`` of the flat mask is 0 when the 32 high bits :math:`u_i` of
+    output ``i + 1`` of SplitMix64 seeded with ``seed`` are below
+    :math:`t = \lceil p \cdot 2^{32} \rceil`, else :math:`1 / (1 - p)` rounded to ``dtype``.
+    An entry is dropped with probability :math:`t / 2^{32} \in [p, p + 2^{-32})`.
+
+    The entries are written straight in ``dtype``'s bits, by the threads of torch's thread
+    count for large masks; each entry depends on ``seed`` and its index only, so the mask is
+    the same for any number of threads and for every ``dtype`` (up to its value).
+    """
+    mask = torch.empty(tuple(shape), dtype=dtype)
+    flat = mask.view(-1).view(_MASK_BITS[dtype]).numpy()
+    bits = torch.tensor(1.0 / (1.0 - p), dtype=dtype).view(_MASK_BITS[dtype]).item()
+    args = (flat, np.uint64(seed), np.uint64(min(math.ceil(p * 2.0**32), 2**32)),
+            flat.dtype.type(bits))
+    threads, n = torch.get_num_threads(), flat.shape[0]
+    if threads == 1 or n < MIN_PARALLEL_MASK:
+        _dropout_bits(*args, 0, n)
+    else:
+        _run_chunks(_dropout_bits, np.linspace(0, n, threads + 1).astype(np.int64), threads,
+                    *args)
+    return mask
 
 
 def _np(t: Tensor) -> np.ndarray:

@@ -1,4 +1,5 @@
 import math
+import sys
 
 import pytest
 import torch
@@ -86,3 +87,110 @@ def test_dropout_under_vmap_follows_its_randomness(randomness):
     if randomness == "same":
         torch.manual_seed(2)
         assert torch.equal(y[0], dropout(x[0], 0.3))
+
+
+# The CPU masks: SplitMix64 written out here from its published definition (Steele, Lea and
+# Flood 2014; Vigna's splitmix64.c), in Python integers, to check the kernel against.
+_MASK64 = 2**64 - 1
+
+
+def splitmix64(seed: int, count: int) -> list[int]:
+    """The first ``count`` outputs of SplitMix64 seeded with ``seed``."""
+    state, outputs = seed, []
+    for _ in range(count):
+        state = (state + 0x9E3779B97F4A7C15) & _MASK64
+        z = state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+        outputs.append(z ^ (z >> 31))
+    return outputs
+
+
+def drawn_seed(seed: int) -> int:
+    """The seed a CPU mask draws from torch's generator right after ``torch.manual_seed(seed)``."""
+    torch.manual_seed(seed)
+    return int(torch.randint(2**63 - 1, (), dtype=torch.int64))
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.6])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_cpu_mask_is_splitmix64_of_a_seed_from_torch(p, dtype):
+    """Entry i is dropped when the 32 high bits of output i + 1 are below ceil(p 2^32)."""
+    shape = (37, 3)
+    outputs = splitmix64(drawn_seed(5), math.prod(shape))
+    threshold = math.ceil(p * 2**32)
+    kept = torch.tensor([z >> 32 >= threshold for z in outputs]).view(shape)
+    torch.manual_seed(5)
+    mask = dropout_mask(shape, p, dtype=dtype)
+    assert mask.dtype == dtype and mask.shape == shape
+    scale = torch.tensor(1 / (1 - p), dtype=dtype)
+    assert torch.equal(mask, torch.where(kept, scale, torch.zeros((), dtype=dtype)))
+
+
+def test_cpu_mask_is_the_same_for_any_number_of_threads(monkeypatch):
+    """Large masks are drawn by several threads: each entry depends on the seed and its index
+    only, so the split does not change the mask."""
+    cpu = sys.modules["graphattn.functional.cpu"]
+    calls = []
+    draw = cpu._dropout_bits
+
+    def spy(*args):
+        calls.append(args[-2:])
+        draw(*args)
+
+    monkeypatch.setattr(cpu, "_dropout_bits", spy)
+    monkeypatch.setattr(cpu, "MIN_PARALLEL_MASK", 100)
+    threads = torch.get_num_threads()
+    masks = {}
+    try:
+        for n in (1, 3):
+            torch.set_num_threads(n)
+            torch.manual_seed(6)
+            masks[n] = dropout_mask((101, 7), 0.4)
+    finally:
+        torch.set_num_threads(threads)
+    assert calls[0] == (0, 707) and len(calls) == 4  # one call, then three chunks
+    assert torch.equal(masks[1], masks[3])
+
+
+def test_cpu_masks_follow_torch_seed_and_fork_rng():
+    torch.manual_seed(7)
+    first, second = dropout_mask((64, 8), 0.5), dropout_mask((64, 8), 0.5)
+    torch.manual_seed(7)
+    assert torch.equal(dropout_mask((64, 8), 0.5), first)
+    with torch.random.fork_rng():
+        dropout_mask((64, 8), 0.5)
+    assert torch.equal(dropout_mask((64, 8), 0.5), second)
+    # two draws in a row agree on an entry as two independent draws do: p^2 + (1 - p)^2
+    agree = ((first != 0) == (second != 0)).double().mean().item()
+    assert abs(agree - 0.5) < 5 * math.sqrt(0.25 / first.numel())
+
+
+def test_cpu_mask_entries_are_uncorrelated_with_their_neighbours():
+    """Neighbouring entries come from consecutive outputs of the generator: both dropped with
+    probability p^2, within 5 standard deviations."""
+    torch.manual_seed(8)
+    p, n = 0.3, 200_000
+    dropped = dropout_mask((n,), p) == 0
+    both = (dropped[1:] & dropped[:-1]).double().mean().item()
+    assert abs(both - p * p) < 5 * math.sqrt(p * p * (1 - p * p) / n)
+
+
+def test_cpu_mask_operator_draws_what_eager_draws():
+    """The operator torch.compile and torch.func call: the same mask from the same seed, and a
+    compiled call with fallback_random (torch's generator for the seed) draws eager's mask."""
+    seed = torch.tensor(drawn_seed(9))
+    torch.manual_seed(9)
+    eager = dropout_mask((40, 4), 0.25, dtype=torch.float64)
+    assert torch.equal(torch.ops.graphattn.cpu_dropout_mask(seed, [40, 4], 0.25, torch.float64),
+                       eager)
+    compiled = torch.compile(lambda: dropout_mask((40, 4), 0.25, dtype=torch.float64),
+                             backend="inductor", fullgraph=True)
+    with torch._inductor.config.patch(fallback_random=True):
+        torch.manual_seed(9)
+        assert torch.equal(compiled(), eager)
+
+
+def test_zero_probability_keeps_every_entry_and_empty_masks_are_empty():
+    assert torch.equal(dropout_mask((5, 3), 0.0), torch.ones(5, 3))
+    assert dropout_mask((0, 3), 0.5).shape == (0, 3)
