@@ -7,8 +7,9 @@ Cora's public split, seven ways, each with its own copy of the same initial mode
 - ``eager``: dense ``[2708, 1433]`` features;
 - ``compiled``: ``torch.compile(model)``, default mode, dense features;
 - ``compiled, fallback_random``: the same with inductor's option ``fallback_random=True``: the
-  dropout masks are drawn by torch's own generator (as eagerly) instead of inductor's
-  in-kernel random numbers;
+  graph's random numbers are drawn by torch's own generator (as eagerly) instead of
+  inductor's. On CPU these are only the seeds of the dropout masks: the masks themselves are
+  graphattn's operator (``graphattn::cpu_dropout_mask``) in either case;
 - ``compiled, loops dropped``: the default mode with each layer dropping the given self-loops
   as eager does (``_masks_old_loops`` off), which cuts the forward into graphs at the
   data-dependent edge count: how layers compiled before they kept those loops flagged (they
@@ -189,9 +190,9 @@ def main(argv: list[str] | None = None) -> int:
              "\"graphs of the forward\": "
              "the graphs dynamo makes of the forward in the default mode "
              "(`torch._dynamo.explain`); `fullgraph=True` makes one or fails. "
-             "\"fallback_random\": inductor's option `fallback_random=True`, which draws the "
-             "dropout masks with torch's generator instead of inductor's in-kernel random "
-             "numbers.", "",
+             "\"fallback_random\": inductor's option `fallback_random=True`: the seeds of the "
+             "dropout masks are drawn by torch's generator instead of inductor's (the masks "
+             "are graphattn's operator either way).", "",
              "| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0]),
              *("| " + " | ".join(str(v) for v in row.values()) + " |" for row in rows)]
     args.out.parent.mkdir(parents=True, exist_ok=True)
