@@ -272,7 +272,7 @@ def test_sparse_features_benchmark_fills_its_table(tmp_path):
 def test_dropout_benchmark_fills_its_table(tmp_path):
     """In a process of its own (it sets the torch threads and swaps the masks' draw): one
     warm-up and one timed round of one mask size and of the GAT step on Cora, every way in
-    the table, the ratios against the former draw, and the draw restored after each step."""
+    the table, and the ratios against the former draw."""
     import subprocess
 
     out = tmp_path / "dropout.md"

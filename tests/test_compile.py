@@ -4,9 +4,10 @@ The ``cpu`` backend is a pair of torch operators (``graphattn::cpu_edge_attentio
 backward), so compiled graphs call the numba kernels instead of tracing into them; so is the
 ``triton`` backend (``graphattn::triton_edge_attention``, run here in Triton's CPU interpreter).
 The node-id checks become asserts in the graph. Every case compiles with ``fullgraph=True``: no
-graph break. Models are compared in eval mode, since a compiled graph draws its dropout masks from
-other random numbers than eager; training mode is checked to run and give finite gradients, and
-to match eager when inductor's ``fallback_random`` option draws them with torch's generator.
+graph break. Models are compared in eval mode, since a compiled graph draws the seeds of its
+dropout masks (``graphattn::cpu_dropout_mask`` on CPU) from other random numbers than eager;
+training mode is checked to run and give finite gradients, and to match eager when inductor's
+``fallback_random`` option draws them with torch's generator.
 """
 
 from __future__ import annotations
@@ -74,8 +75,8 @@ def _assert_compiles_like_eager(model: torch.nn.Module, inputs_list: list[tuple]
                                 backend: str, options: dict | None = None, *,
                                 fullgraph: bool = True) -> None:
     """Eval mode: the compiled model's outputs and gradients are eager's. Training mode: they
-    are finite, and with inductor's ``fallback_random`` option, which draws the dropout masks
-    with torch's generator, they are eager's at the same seed."""
+    are finite, and with inductor's ``fallback_random`` option, which draws the dropout masks'
+    seeds with torch's generator, they are eager's at the same seed."""
     model.eval()
     compiled = torch.compile(model, backend=backend, fullgraph=fullgraph, options=options)
     for inputs in inputs_list:

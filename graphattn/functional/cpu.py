@@ -80,7 +80,9 @@ from graphattn.functional.reference import reference_edge_attention, reference_g
 
 CHUNKS_PER_THREAD = 4  # the rows are split into this many chunks of equal work per thread
 MIN_PARALLEL_WORK = 2**15  # rows + edges below which one thread does all
-MIN_PARALLEL_MASK = 2**20  # dropout mask entries below which one thread draws all
+# dropout mask entries below which one thread draws all (two threads broke even at 2^20 in an
+# ad-hoc timing: a fresh mask is bound by writing its memory)
+MIN_PARALLEL_MASK = 2**20
 PREFETCH_DISTANCE = 4  # edges ahead whose rows are prefetched
 CACHE_LINE = 64  # bytes
 
@@ -856,8 +858,8 @@ def dropout_mask_from_seed(seed: int, shape: Sequence[int], p: float,
     mask = torch.empty(tuple(shape), dtype=dtype)
     flat = mask.view(-1).view(_MASK_BITS[dtype]).numpy()
     bits = torch.tensor(1.0 / (1.0 - p), dtype=dtype).view(_MASK_BITS[dtype]).item()
-    args = (flat, np.uint64(seed), np.uint64(min(math.ceil(p * 2.0**32), 2**32)),
-            flat.dtype.type(bits))
+    # p * 2^32 is exact in float64, and below 2^32 for p < 1
+    args = (flat, np.uint64(seed), np.uint64(math.ceil(p * 2.0**32)), flat.dtype.type(bits))
     threads, n = torch.get_num_threads(), flat.shape[0]
     if threads == 1 or n < MIN_PARALLEL_MASK:
         _dropout_bits(*args, 0, n)

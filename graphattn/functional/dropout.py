@@ -23,7 +23,8 @@ from graphattn._checks import check_dropout
 from graphattn.functional import cpu
 
 
-def dropout_mask(shape: tuple[int, ...], p: float, *, device: torch.device | str | None = None,
+def dropout_mask(shape: int | tuple[int, ...], p: float, *,
+                 device: torch.device | str | None = None,
                  dtype: torch.dtype = torch.float32) -> Tensor:
     r"""An inverted-dropout multiplier: each entry is 0 with probability ``p``, else
     :math:`1 / (1 - p)`, so that :math:`\mathbb{E}[m] = 1`.
@@ -33,19 +34,22 @@ def dropout_mask(shape: tuple[int, ...], p: float, *, device: torch.device | str
     the mask is ``torch.rand(shape) >= p``.
 
     Args:
-        shape (tuple): shape of the mask.
+        shape (int or tuple): shape of the mask.
         p (float): drop probability, in ``[0, 1)``.
         device (torch.device, optional): where to draw it. (default: the current default)
         dtype (torch.dtype, optional): its dtype. (default: ``torch.float32``)
     """
     check_dropout(p, "p")
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)  # as torch.rand takes it
     # (torch.get_default_device() returns no tensor, which torch.compile cannot trace)
     device = torch.empty(0).device if device is None else torch.device(device)
     if device.type == "cpu" and dtype in cpu.MASK_DTYPES:
         # the seed is torch's: manual_seed, fork_rng and inductor's fallback_random apply to it
         seed = torch.randint(2**63 - 1, (), dtype=torch.int64, device="cpu")
-        if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
-            # an operator to trace, with a rule for vmap's batched seeds
+        if (torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active()
+                or torch.jit.is_tracing() or torch._C._len_torch_dispatch_stack() > 0):
+            # an operator for tracers (dynamo, make_fx, torch.jit.trace) and modes to see,
+            # with a rule for vmap's batched seeds
             return torch.ops.graphattn.cpu_dropout_mask(seed, list(shape), float(p), dtype)
         return cpu.dropout_mask_from_seed(int(seed), shape, p, dtype)
     # drawn out of place: under torch.func.vmap(randomness="different") a fresh tensor filled

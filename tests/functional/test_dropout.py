@@ -1,10 +1,9 @@
 import math
-import sys
 
 import pytest
 import torch
 
-from graphattn.functional import dropout, dropout_mask
+from graphattn.functional import cpu, dropout, dropout_mask
 
 
 @pytest.mark.parametrize("p", [0.1, 0.6])
@@ -130,7 +129,6 @@ def test_cpu_mask_is_splitmix64_of_a_seed_from_torch(p, dtype):
 def test_cpu_mask_is_the_same_for_any_number_of_threads(monkeypatch):
     """Large masks are drawn by several threads: each entry depends on the seed and its index
     only, so the split does not change the mask."""
-    cpu = sys.modules["graphattn.functional.cpu"]
     calls = []
     draw = cpu._dropout_bits
 
@@ -167,13 +165,13 @@ def test_cpu_masks_follow_torch_seed_and_fork_rng():
 
 
 def test_cpu_mask_entries_are_uncorrelated_with_their_neighbours():
-    """Neighbouring entries come from consecutive outputs of the generator: both dropped with
-    probability p^2, within 5 standard deviations."""
+    """Neighbouring entries come from consecutive outputs of the generator: each disjoint pair
+    (2t, 2t + 1) is dropped together with probability p^2, within 5 standard deviations."""
     torch.manual_seed(8)
-    p, n = 0.3, 200_000
-    dropped = dropout_mask((n,), p) == 0
-    both = (dropped[1:] & dropped[:-1]).double().mean().item()
-    assert abs(both - p * p) < 5 * math.sqrt(p * p * (1 - p * p) / n)
+    p, pairs = 0.3, 100_000
+    dropped = dropout_mask((2 * pairs,), p) == 0
+    both = (dropped[0::2] & dropped[1::2]).double().mean().item()
+    assert abs(both - p * p) < 5 * math.sqrt(p * p * (1 - p * p) / pairs)
 
 
 def test_cpu_mask_operator_draws_what_eager_draws():
@@ -194,3 +192,38 @@ def test_cpu_mask_operator_draws_what_eager_draws():
 def test_zero_probability_keeps_every_entry_and_empty_masks_are_empty():
     assert torch.equal(dropout_mask((5, 3), 0.0), torch.ones(5, 3))
     assert dropout_mask((0, 3), 0.5).shape == (0, 3)
+
+
+def test_vmap_draws_one_splitmix64_mask_per_sample_seed():
+    """Under vmap(randomness="different") the seed draw is batched: sample b's mask is the one
+    drawn from the b-th seed, as torch's generator gives them for a batch of seeds."""
+    torch.manual_seed(10)
+    masks = torch.func.vmap(lambda x: dropout_mask((30, 2), 0.4), randomness="different")(
+        torch.zeros(3))
+    torch.manual_seed(10)
+    seeds = torch.randint(2**63 - 1, (3,), dtype=torch.int64).tolist()
+    assert masks.shape == (3, 30, 2)
+    for mask, seed in zip(masks, seeds, strict=True):
+        assert torch.equal(mask, cpu.dropout_mask_from_seed(seed, (30, 2), 0.4, torch.float32))
+    with pytest.raises(RuntimeError, match="randomness"):  # vmap's default, as for F.dropout
+        torch.func.vmap(lambda x: dropout_mask((30, 2), 0.4))(torch.zeros(3))
+
+
+def test_traced_masks_are_drawn_at_every_call():
+    """Tracers outside dynamo (make_fx, torch.jit.trace) record the mask's operator, so a
+    traced function draws a new mask at each call instead of replaying the traced one."""
+    traced = torch.fx.experimental.proxy_tensor.make_fx(
+        lambda x: x * dropout_mask((20, 5), 0.5))(torch.ones(20, 5))
+    assert any(node.target is torch.ops.graphattn.cpu_dropout_mask.default
+               for node in traced.graph.nodes)
+    assert not torch.equal(traced(torch.ones(20, 5)), traced(torch.ones(20, 5)))
+    scripted = torch.jit.trace(lambda x: x * dropout_mask((20, 5), 0.5), torch.ones(20, 5),
+                               check_trace=False)
+    assert not torch.equal(scripted(torch.ones(20, 5)), scripted(torch.ones(20, 5)))
+
+
+def test_shape_may_be_an_int():
+    torch.manual_seed(11)
+    mask = dropout_mask(40, 0.5)
+    torch.manual_seed(11)
+    assert mask.shape == (40,) and torch.equal(mask, dropout_mask((40,), 0.5))
