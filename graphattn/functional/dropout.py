@@ -58,7 +58,10 @@ def dropout_mask(shape: int | tuple[int, ...], p: float, *,
     return keep.to(dtype).mul_(1.0 / (1.0 - p))
 
 
-@torch.library.custom_op("graphattn::cpu_dropout_mask", mutates_args=())
+# the schema written out: older torch versions do not infer it from every annotation
+@torch.library.custom_op(
+    "graphattn::cpu_dropout_mask", mutates_args=(),
+    schema="(Tensor seed, SymInt[] shape, float p, ScalarType dtype) -> Tensor")
 def _cpu_dropout_mask_op(seed: Tensor, shape: list[int], p: float, dtype: torch.dtype) -> Tensor:
     """:func:`~graphattn.functional.cpu.dropout_mask_from_seed` as a torch operator, for
     ``torch.compile`` and ``torch.func``; ``seed`` is a 0-dim int64 CPU tensor."""
