@@ -3,10 +3,13 @@ swapped for others, interleaved timing with warm-up, and the header of their tab
 
 from __future__ import annotations
 
+import argparse
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -16,12 +19,46 @@ from tqdm import tqdm
 from graphattn.nn import GAT
 
 
-def cpu_header(script: str, argv: list[str], threads: int, how: str) -> list[str]:
-    """The header lines of a table: the command, the versions, the CPU and ``how`` it timed."""
-    command = f"python benchmarks/{script} " + " ".join(argv)
-    return [f"command: `{command.strip()}`",
-            f"torch {torch.__version__}, python {platform.python_version()}",
-            f"device: CPU ({cpu_name()}), {threads} torch thread(s)", how]
+def step_parser(description: str, out: Path, warmup: int) -> argparse.ArgumentParser:
+    """A parser with the arguments the step benchmarks share: ``--root``, ``--datasets``
+    (Cora and CiteSeer), ``--rounds``, ``--warmup``, ``--threads``, ``--seed``, ``--out``."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--root", default=None,
+                        help="data root holding <Name>/raw (default: graphattn's data root)")
+    parser.add_argument("--datasets", default="Cora,CiteSeer",
+                        help="comma-separated Planetoid names (default: Cora,CiteSeer)")
+    parser.add_argument("--rounds", type=int, default=60, help="timed rounds (default: 60)")
+    parser.add_argument("--warmup", type=int, default=warmup,
+                        help=f"rounds before timing (default: {warmup})")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=out,
+                        help=f"the table's .md, with a .csv beside it (default: {out.name})")
+    return parser
+
+
+def parse_step_args(parser: argparse.ArgumentParser, argv: list[str] | None
+                    ) -> argparse.Namespace:
+    """``parser``'s arguments, refusing a count below 1; ``datasets`` split into a list."""
+    args = parser.parse_args(argv)
+    for name in ("rounds", "warmup", "threads"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    args.datasets = [] if args.datasets == "none" else args.datasets.split(",")
+    return args
+
+
+def cpu_header(script: str, argv: list[str] | None, threads: int, how: str) -> list[str]:
+    """Set torch's thread count, then print and return the header lines of a table: the
+    command (``argv``: the arguments, ``None`` for the process's own), the versions, the CPU
+    and ``how`` it timed."""
+    torch.set_num_threads(threads)
+    command = f"python benchmarks/{script} " + " ".join(sys.argv[1:] if argv is None else argv)
+    header = [f"command: `{command.strip()}`",
+              f"torch {torch.__version__}, python {platform.python_version()}",
+              f"device: CPU ({cpu_name()}), {threads} torch thread(s)", how]
+    print("\n".join(header))
+    return header
 
 
 def gat_step(data, x, seed: int, swaps: list[tuple[object, str, object]]) -> Callable[[], None]:

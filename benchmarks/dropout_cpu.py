@@ -32,7 +32,13 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _cpu_steps import cpu_header, gat_step, interleaved  # noqa: E402
+from _cpu_steps import (  # noqa: E402
+    cpu_header,
+    gat_step,
+    interleaved,
+    parse_step_args,
+    step_parser,
+)
 from _report import RESULTS, write_table  # noqa: E402
 
 import graphattn.functional.attention  # noqa: E402
@@ -57,24 +63,10 @@ def former_mask(shape, p, *, device=None, dtype=torch.float32):
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--root", default=None,
-                        help="data root holding <Name>/raw (default: graphattn's data root)")
-    parser.add_argument("--datasets", default="Cora,CiteSeer",
-                        help="comma-separated Planetoid names for the GAT step, or 'none' "
-                             "(default: Cora,CiteSeer)")
+    parser = step_parser(__doc__.split("\n\n")[0], RESULTS / "dropout_cpu.md", warmup=5)
     parser.add_argument("--masks", default=",".join(MASKS),
                         help=f"comma-separated mask sizes among: {', '.join(MASKS)}")
-    parser.add_argument("--rounds", type=int, default=60, help="timed rounds (default: 60)")
-    parser.add_argument("--warmup", type=int, default=5, help="rounds before timing (default: 5)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=RESULTS / "dropout_cpu.md")
-    args = parser.parse_args(argv)
-    for name in ("rounds", "warmup", "threads"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
-    args.datasets = [] if args.datasets == "none" else args.datasets.split(",")
+    args = parse_step_args(parser, argv)  # (--datasets none: the masks alone)
     args.masks = args.masks.split(",")
     unknown = [m for m in args.masks if m not in MASKS]
     if unknown:
@@ -100,12 +92,10 @@ def training_steps(data, seed: int) -> dict[str, Callable[[], None]]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    header = cpu_header("dropout_cpu.py", sys.argv[1:] if argv is None else argv,
+    header = cpu_header("dropout_cpu.py", argv,
                         args.threads, f"p = {P}, fp32; {args.rounds} interleaved rounds after "
                         f"{args.warmup} warm-up rounds, medians")
-    print("\n".join(header))
     rows = []
     for name in args.masks:
         medians = interleaved(mask_ways(MASKS[name]), args.rounds, args.warmup, name)

@@ -33,7 +33,13 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _cpu_steps import cpu_header, gat_step, interleaved  # noqa: E402
+from _cpu_steps import (  # noqa: E402
+    cpu_header,
+    gat_step,
+    interleaved,
+    parse_step_args,
+    step_parser,
+)
 from _report import RESULTS, write_table  # noqa: E402
 
 import graphattn.nn.attention  # noqa: E402
@@ -45,24 +51,8 @@ BASELINE = "sparse CSR, F.linear"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--root", default=None,
-                        help="data root holding <Name>/raw (default: graphattn's data root)")
-    parser.add_argument("--datasets", default="Cora,CiteSeer",
-                        help="comma-separated Planetoid names (default: Cora,CiteSeer)")
-    parser.add_argument("--rounds", type=int, default=60,
-                        help="timed steps of each way (default: 60)")
-    parser.add_argument("--warmup", type=int, default=5,
-                        help="steps of each way before timing (default: 5)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=RESULTS / "sparse_features.md")
-    args = parser.parse_args(argv)
-    for name in ("rounds", "warmup", "threads"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
-    args.datasets = args.datasets.split(",")
-    return args
+    parser = step_parser(__doc__.split("\n\n")[0], RESULTS / "sparse_features.md", warmup=5)
+    return parse_step_args(parser, argv)
 
 
 def training_steps(data, seed: int) -> dict[str, Callable[[], None]]:
@@ -78,11 +68,9 @@ def training_steps(data, seed: int) -> dict[str, Callable[[], None]]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    torch.set_num_threads(args.threads)
-    header = cpu_header("sparse_features.py", sys.argv[1:] if argv is None else argv,
+    header = cpu_header("sparse_features.py", argv,
                         args.threads, f"{args.rounds} interleaved steps of each way after "
                         f"{args.warmup} warm-up steps, medians")
-    print("\n".join(header))
     rows = []
     for name in args.datasets:
         data = load_planetoid(name, root=args.root)

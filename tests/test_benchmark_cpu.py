@@ -304,6 +304,33 @@ def test_dropout_benchmark_refuses_an_unknown_mask_size(capsys):
     assert "--masks: unknown size '1M entries'" in capsys.readouterr().err
 
 
+def test_one_head_benchmark_fills_its_table(tmp_path):
+    """In a process of its own (it sets the torch threads and swaps the kernels' head count):
+    one warm-up and one timed round on Cora with one channel count, every call in the table,
+    and each ratio the quotient of its two times."""
+    import subprocess
+
+    out = tmp_path / "heads.md"
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "cpu_one_head.py"
+    done = subprocess.run([sys.executable, str(script), "--rounds", "1", "--warmup", "1",
+                           "--datasets", "Cora", "--channels", "8", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    with open(out.with_suffix(".csv")) as f:
+        rows = list(csv.DictReader(f))
+    assert [(row["call"], row["step"]) for row in rows] == [
+        ("edge_attention dot, C = 8", "forward"), ("edge_attention dot, C = 8", "forward+backward"),
+        ("edge_attention additive, C = 8", "forward"),
+        ("edge_attention additive, C = 8", "forward+backward"),
+        ("GAT training step (output layer: 1 head)", "step")]
+    assert all(row["graph"] == "Cora (13264 edges)" for row in rows)
+    for row in rows:
+        ratio = (float(row["one head compiled as a constant ms"])
+                 / float(row["heads read at run time ms"]))
+        assert float(row["ratio"]) == pytest.approx(ratio, abs=0.02)
+    assert "command: `python benchmarks/cpu_one_head.py --rounds 1" in out.read_text()
+
+
 def test_compile_benchmark_fills_its_table(tmp_path):
     """In a process of its own (it sets the torch threads): one warm-up and one timed step of
     each way on Cora, compiled by dynamo alone (``--compile-backend eager``: inductor's C++

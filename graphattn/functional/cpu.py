@@ -49,7 +49,10 @@ in forward, their gradient read in backward) are switches read at run time inste
 per edge and head, always taken the same way, which costs nothing measurable, and training,
 evaluation and ``return_attention`` share one compiled kernel.
 Channel counts in ``SPECIALISED_CHANNELS`` (powers of two up to 128) are compiled as constants;
-others are read at run time by one shared variant. Every variant is cached on disk.
+others are read at run time by one shared variant. One head (the layers' default, and GAT's
+output layer) is compiled as a constant too: the loops over the heads, which run once per edge,
+then vanish (a one-head call on Cora or CiteSeer takes 0.75-0.93x the time with the head count
+read at run time, ``benchmarks/cpu_one_head.py``). Every variant is cached on disk.
 
 Under ``torch.compile`` forward and backward run as torch operators
 (``graphattn::cpu_edge_attention`` and ``graphattn::cpu_edge_attention_backward``) with their
@@ -499,8 +502,9 @@ def _max_degree(ptr, first, last):
 
 @functools.cache
 def _forward_kernel(score: int, has_bias: bool, qk_channels: int, v_channels: int,
-                    has_ek: bool = False, has_ev: bool = False):
-    """The forward kernel compiled for these flags and channel counts (0: read at run time)."""
+                    has_ek: bool = False, has_ev: bool = False, heads: int = 0):
+    """The forward kernel compiled for these flags, channel counts and head count (0: read at
+    run time)."""
 
     @_jit()
     def kernel(q, k, v, att, bias, mask, ek, ev, rowptr, perm, src, scale, slope, out, lse,
@@ -512,7 +516,7 @@ def _forward_kernel(score: int, has_bias: bool, qk_channels: int, v_channels: in
         Two passes over each target's in-edges: the scores (kept in a ``[degree, H]`` scratch)
         and their maximum per head, then the exponentials and the weighted sum of ``v``.
         """
-        H = lse.shape[1]
+        H = heads if heads else lse.shape[1]
         Cq = qk_channels if qk_channels else q.shape[1] // H
         C = v_channels if v_channels else v.shape[1] // H
         num_edges = src.shape[0]
@@ -589,8 +593,9 @@ def _forward_kernel(score: int, has_bias: bool, qk_channels: int, v_channels: in
 
 @functools.cache
 def _backward_target_kernel(score: int, has_bias: bool, qk_channels: int, v_channels: int,
-                            has_ek: bool = False, has_ev: bool = False):
-    """The target pass of backward compiled for these flags and channel counts."""
+                            has_ek: bool = False, has_ev: bool = False, heads: int = 0):
+    """The target pass of backward compiled for these flags, channel counts and head count
+    (0: read at run time)."""
 
     @_jit()
     def kernel(q, k, v, att, bias, mask, ek, ev, out, grad_out, grad_alpha, lse, rowptr, perm,
@@ -609,7 +614,7 @@ def _backward_target_kernel(score: int, has_bias: bool, qk_channels: int, v_chan
         ``grad_q``'s sum with ``q_i`` in place of the key (dot) or the same share (gatv2). With
         one tensor as both terms, ``grad_ev`` is ``grad_ek`` and gets their sum.
         """
-        H = lse.shape[1]
+        H = heads if heads else lse.shape[1]
         Cq = qk_channels if qk_channels else q.shape[1] // H
         C = v_channels if v_channels else v.shape[1] // H
         num_edges = src.shape[0]
@@ -702,8 +707,10 @@ def _backward_target_kernel(score: int, has_bias: bool, qk_channels: int, v_chan
 
 
 @functools.cache
-def _backward_source_kernel(score: int, qk_channels: int, v_channels: int, has_ek: bool = False):
-    """The source pass of backward compiled for this score and these channel counts.
+def _backward_source_kernel(score: int, qk_channels: int, v_channels: int, has_ek: bool = False,
+                            heads: int = 0):
+    """The source pass of backward compiled for this score, these channel counts and head count
+    (0: read at run time).
 
     With both channel counts constant (see ``_source_channels``) each edge's two factors are
     spread over a whole ``H * C`` row and the sums run over the row at once; otherwise they
@@ -715,7 +722,7 @@ def _backward_source_kernel(score: int, qk_channels: int, v_channels: int, has_e
                grad_k, grad_v, first, last):
         """Sources ``first..last-1``: ``grad_k`` and ``grad_v`` summed over their out-edges
         (gatv2 with ``has_ek``: the edge's key term from ``ek[csc_edge[t]]``)."""
-        H = grad_key.shape[1]
+        H = heads if heads else grad_key.shape[1]
         Cq = qk_channels if qk_channels else grad_k.shape[1] // H
         C = v_channels if v_channels else grad_v.shape[1] // H
         num_edges = target.shape[0]
@@ -887,6 +894,15 @@ def _rows(t: Tensor) -> np.ndarray:
     return t.detach().view(t.size(0), t.shape[1:].numel()).numpy()  # also for N = 0
 
 
+def _kernel_heads(v: Tensor) -> int:
+    """The head count the kernels are compiled for: 1 for one head, else 0 (read at run time).
+
+    With one head every per-head loop runs once per edge; with the count a constant the
+    compiler drops those loops.
+    """
+    return 1 if v.size(1) == 1 else 0
+
+
 def _kernel_channels(q: Tensor, v: Tensor) -> tuple[int, int]:
     """The (score, value) channel counts the kernels are compiled for."""
     return _channels(q.size(2)), _channels(v.size(2))
@@ -909,7 +925,7 @@ def _forward_impl(q: Tensor, k: Tensor, v: Tensor, att: Tensor | None, bias: Ten
     lse = torch.empty(n_dst, H, 2, dtype=v.dtype)  # (max, log sum exp(s - max)) per target
     alpha = torch.empty(edge_index.size(1) if need_alpha else 0, H, dtype=v.dtype)
     kernel = _forward_kernel(score, bias is not None, *_kernel_channels(q, v),
-                             edge_key is not None, edge_value is not None)
+                             edge_key is not None, edge_value is not None, _kernel_heads(v))
     _run_rows(kernel, rowptr, _rows(q), _rows(k), _rows(v),
               none[0] if att is None else _np(att).reshape(-1),
               none if bias is None else _np(bias),
@@ -961,7 +977,7 @@ def _backward_impl(grad_out: Tensor, grad_alpha: Tensor | None, q: Tensor, k: Te
     channels = _kernel_channels(q, v)
     att_row = none[0] if att is None else _np(att).reshape(-1)  # (H * C,)
     kernel = _backward_target_kernel(score, bias is not None, *channels, edge_key is not None,
-                                     has_ev)
+                                     has_ev, _kernel_heads(v))
     # (E, H * C); the source pass views it per head, so a placeholder needs H * C columns too
     ek = np.zeros((1, q.shape[1:].numel()), dtype=real) if edge_key is None else _rows(edge_key)
     _run_rows(kernel, rowptr, _rows(q), _rows(k), _rows(v), att_row,
@@ -982,7 +998,8 @@ def _backward_impl(grad_out: Tensor, grad_alpha: Tensor | None, q: Tensor, k: Te
         csc_edge = np.empty_like(perm)  # CSC position -> edge id (gatv2 with a key term)
         if has_ek:
             csc_edge[csc_position] = perm
-        kernel = _backward_source_kernel(score, *_source_channels(*channels), has_ek)
+        kernel = _backward_source_kernel(score, *_source_channels(*channels), has_ek,
+                                         _kernel_heads(v))
         _run_rows(kernel, colptr, _rows(q), _rows(k), att_row, ek, real(negative_slope),
                   _rows(grad_out), colptr, target, csc_edge, grad_key.numpy(), weight.numpy(),
                   _rows(grad_k), _rows(grad_v))

@@ -198,6 +198,38 @@ def test_constant_and_run_time_channel_kernels_agree_bit_for_bit(monkeypatch, ch
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("score, channels", [("dot", 8), ("additive", 5), ("gatv2", 8)])
+def test_one_head_kernels_agree_bit_for_bit_with_run_time_heads(monkeypatch, channels, score):
+    """One head is compiled as a constant (the per-head loops then vanish): the same outputs,
+    weights and gradients, bit for bit, as the kernels that read the head count at run time,
+    through all three kernels (dropout, bias, a loss on the weights)."""
+    n, E = 40, 300
+    edge_index = random_graph(n, E, seed=14)
+    gen = torch.Generator().manual_seed(15)
+    shape = (1,) if score == "additive" else (1, channels)
+    q, k = (torch.randn(n, *shape, generator=gen, requires_grad=True) for _ in range(2))
+    v = torch.randn(n, 1, channels, generator=gen, requires_grad=True)
+    bias = torch.randn(E, 1, generator=gen, requires_grad=True)
+    mask = (torch.rand(E, 1, generator=gen) >= 0.3).float() / 0.7
+    alpha_weight = torch.randn(E, 1, generator=gen)
+    att = (torch.randn(1, channels, generator=gen).requires_grad_() if score == "gatv2"
+           else None)
+    factories = ("_forward_kernel", "_backward_target_kernel", "_backward_source_kernel")
+    heads = []
+    for name in factories:  # record the head count each kernel is compiled for
+        factory = getattr(cpu_module, name)
+        monkeypatch.setattr(cpu_module, name, lambda *a, _f=factory, **kw: (
+            heads.append(a[-1]), _f(*a, **kw))[1])
+    constant = run(cpu_edge_attention, q, k, v, edge_index, bias, mask, score, alpha_weight,
+                   att=att)
+    monkeypatch.setattr(cpu_module, "_kernel_heads", lambda v: 0)
+    run_time = run(cpu_edge_attention, q, k, v, edge_index, bias, mask, score, alpha_weight,
+                   att=att)
+    assert heads == [1, 1, 1, 0, 0, 0]
+    for a, b in zip(constant, run_time, strict=True):
+        assert torch.equal(a, b)
+
+
 def test_empty_edge_set_gives_zero_output_and_gradients():
     (q, k, v, _), _ = make_inputs(4, 6, 0)
     out = edge_attention(q, k, v, torch.empty(2, 0, dtype=torch.long), backend="cpu")
