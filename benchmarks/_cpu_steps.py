@@ -26,7 +26,8 @@ def step_parser(description: str, out: Path, warmup: int) -> argparse.ArgumentPa
     parser.add_argument("--root", default=None,
                         help="data root holding <Name>/raw (default: graphattn's data root)")
     parser.add_argument("--datasets", default="Cora,CiteSeer",
-                        help="comma-separated Planetoid names (default: Cora,CiteSeer)")
+                        help="comma-separated Planetoid names, or 'none' "
+                             "(default: Cora,CiteSeer)")
     parser.add_argument("--rounds", type=int, default=60, help="timed rounds (default: 60)")
     parser.add_argument("--warmup", type=int, default=warmup,
                         help=f"rounds before timing (default: {warmup})")

@@ -46,8 +46,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = step_parser(__doc__.split("\n\n")[0], RESULTS / "cpu_one_head.md", warmup=3)
     parser.add_argument("--channels", default="7,8,64",
                         help="comma-separated channel counts per head (default: 7,8,64)")
+    parser.add_argument("--scores", default="dot,additive",
+                        help="comma-separated scores (default: dot,additive)")
     args = parse_step_args(parser, argv)
     args.channels = [int(c) for c in args.channels.split(",")]
+    args.scores = args.scores.split(",")
     return args
 
 
@@ -92,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         loops = torch.arange(n).repeat(2, 1)
         edge_index = torch.cat([data.edge_index, loops], dim=1)  # (2, E): one loop per node
         cases = {}
-        for score in ("dot", "additive"):
+        for score in args.scores:
             for channels in args.channels:
                 for step, call in operator_calls(edge_index, n, score, channels,
                                                  args.seed).items():

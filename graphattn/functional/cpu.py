@@ -466,8 +466,8 @@ def _score_overload(q, k, att, bias, ek, i, j, e, h, Cq, scale, slope, score, ha
 
 
 @_jit(inline="always")
-def _target_scores(q, k, att, bias, ek, rowptr, perm, src, i, Cq, scale, slope, score, has_bias,
-                   has_ek, scores, top, slopes, backward):
+def _target_scores(q, k, att, bias, ek, rowptr, perm, src, i, H, Cq, scale, slope, score,
+                   has_bias, has_ek, scores, top, slopes, backward):
     """Scores of target i's in-edges (``[degree, H]``, CSR order) into ``scores``, with the rows
     of ``k`` (and ``bias``, ``ek``) prefetched; for backward their ds/d(pre-activation) into
     ``slopes``, else the maximum per head into ``top``."""
@@ -481,7 +481,7 @@ def _target_scores(q, k, att, bias, ek, rowptr, perm, src, i, Cq, scale, slope, 
             if has_ek:
                 _prefetch_row(ek, perm[p + PREFETCH_DISTANCE])
         j, e = src[p], perm[p]
-        for h in range(scores.shape[1]):
+        for h in range(H):
             s, d_pre = _score(q, k, att, bias, ek, i, j, e, h, Cq, scale, slope, score, has_bias,
                               has_ek)
             scores[p - start, h] = s
@@ -529,7 +529,7 @@ def _forward_kernel(score: int, has_bias: bool, qk_channels: int, v_channels: in
         for i in range(first, last):
             start, stop = rowptr[i], rowptr[i + 1]
             top[:] = -np.inf
-            _target_scores(q, k, att, bias, ek, rowptr, perm, src, i, Cq, scale, slope, score,
+            _target_scores(q, k, att, bias, ek, rowptr, perm, src, i, H, Cq, scale, slope, score,
                            has_bias, has_ek, scores, top, scores, False)
             for h in range(H):  # a row whose scores are all -inf gets weights exp(-inf) = 0
                 if top[h] == -np.inf:
@@ -627,7 +627,7 @@ def _backward_target_kernel(score: int, has_bias: bool, qk_channels: int, v_chan
         acc_att = np.empty(H * Cq, dtype=out.dtype)
         for i in range(first, last):
             start, stop = rowptr[i], rowptr[i + 1]
-            _target_scores(q, k, att, bias, ek, rowptr, perm, src, i, Cq, scale, slope, score,
+            _target_scores(q, k, att, bias, ek, rowptr, perm, src, i, H, Cq, scale, slope, score,
                            has_bias, has_ek, alphas, delta, slopes, True)
             degree = stop - start
             for p in range(degree):

@@ -198,11 +198,15 @@ def test_constant_and_run_time_channel_kernels_agree_bit_for_bit(monkeypatch, ch
         assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("score, channels", [("dot", 8), ("additive", 5), ("gatv2", 8)])
-def test_one_head_kernels_agree_bit_for_bit_with_run_time_heads(monkeypatch, channels, score):
+@pytest.mark.parametrize("score, channels, edge_terms", [
+    ("dot", 8, None), ("additive", 5, None), ("gatv2", 8, None),
+    ("gatv2", 16, "key"), ("dot", 16, "key and value")])
+def test_one_head_kernels_agree_bit_for_bit_with_run_time_heads(monkeypatch, score, channels,
+                                                                edge_terms):
     """One head is compiled as a constant (the per-head loops then vanish): the same outputs,
     weights and gradients, bit for bit, as the kernels that read the head count at run time,
-    through all three kernels (dropout, bias, a loss on the weights)."""
+    through all three kernels (dropout, bias, a loss on the weights; edge terms on the key,
+    or one tensor as both terms; 16 channels take the source pass's run-time branch)."""
     n, E = 40, 300
     edge_index = random_graph(n, E, seed=14)
     gen = torch.Generator().manual_seed(15)
@@ -214,17 +218,29 @@ def test_one_head_kernels_agree_bit_for_bit_with_run_time_heads(monkeypatch, cha
     alpha_weight = torch.randn(E, 1, generator=gen)
     att = (torch.randn(1, channels, generator=gen).requires_grad_() if score == "gatv2"
            else None)
+    edge_key = (torch.randn(E, 1, channels, generator=gen).requires_grad_() if edge_terms
+                else None)
+    edge_value = edge_key if edge_terms == "key and value" else None
+    inputs = [t for t in (q, k, v, bias, att, edge_key) if t is not None]
+
+    def outputs_and_grads():
+        out, alpha = cpu_edge_attention(
+            q, k, v, edge_index, scale=0.7, bias=bias, dropout_mask=mask, score=score,
+            negative_slope=0.2, need_alpha=True, att=att, edge_key=edge_key,
+            edge_value=edge_value)
+        loss = ((out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum()
+                + (alpha * alpha_weight).sum())
+        return (out, alpha, *torch.autograd.grad(loss, inputs))
+
     factories = ("_forward_kernel", "_backward_target_kernel", "_backward_source_kernel")
     heads = []
     for name in factories:  # record the head count each kernel is compiled for
         factory = getattr(cpu_module, name)
         monkeypatch.setattr(cpu_module, name, lambda *a, _f=factory, **kw: (
             heads.append(a[-1]), _f(*a, **kw))[1])
-    constant = run(cpu_edge_attention, q, k, v, edge_index, bias, mask, score, alpha_weight,
-                   att=att)
+    constant = outputs_and_grads()
     monkeypatch.setattr(cpu_module, "_kernel_heads", lambda v: 0)
-    run_time = run(cpu_edge_attention, q, k, v, edge_index, bias, mask, score, alpha_weight,
-                   att=att)
+    run_time = outputs_and_grads()
     assert heads == [1, 1, 1, 0, 0, 0]
     for a, b in zip(constant, run_time, strict=True):
         assert torch.equal(a, b)
