@@ -17,6 +17,7 @@ from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from graphattn.functional._transforms import apply_function, plain_ops_only
+from graphattn.functional.reference import reference_edge_attention
 
 # [H, N_dst, N_src] fp32 tensors alive at the peak of forward+backward, rounded up from the peak
 # resident memory measured at N = 2048, H = 4: 3.1 on the SDPA path, 4.3 with the weights
@@ -356,6 +357,10 @@ def dense_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
         - **output:** out ``(N_dst, H, C)``; alpha ``(E, H)`` or ``None``
     """
     n_dst, n_src = q.size(0), v.size(0)
+    if edge_index.size(1) == 0:  # every output 0; the reference path gives each input a
+        return reference_edge_attention(  # (zero) gradient, the bias [0, H] included
+            q, k, v, edge_index, scale=scale, bias=bias, dropout_mask=dropout_mask, score=score,
+            negative_slope=negative_slope, need_alpha=need_alpha, att=att)
     src, dst = edge_index[0].long(), edge_index[1].long()
     num_edges = src.numel()
     mask = torch.zeros(n_dst, n_src, dtype=torch.bool, device=q.device)
@@ -407,8 +412,8 @@ def dense_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
             attn_mask = mask | empty_rows.unsqueeze(-1)  # (N_dst, N_src); empty rows see all
         out = sdpa(qh, kh, vh, attn_mask=attn_mask, is_causal=causal,
                    scale=scale)  # (H, N_dst, C)
-        out = out.masked_fill(dead.unsqueeze(-1), 0.0).transpose(0, 1)  # (N_dst, H, C)
-        return out, None
+        # contiguous, as every backend returns it: (N_dst, H, C) views as (N_dst, H * C)
+        return out.masked_fill(dead.unsqueeze(-1), 0.0).transpose(0, 1).contiguous(), None
 
     if score == "dot":
         # scaled before the product: in fp16, q . k can overflow where the score does not
@@ -437,4 +442,4 @@ def dense_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
         W = P * D.view(n_dst, n_src, D.size(1)).permute(2, 0, 1)  # (H, N_dst, N_src)
     # a dead row's weights are 0, but 0 * NaN (or inf) in a value row is NaN: zero it after
     out = (W @ vh).masked_fill(dead.unsqueeze(-1), 0.0).transpose(0, 1)  # (N_dst, H, C)
-    return out, alpha
+    return out.contiguous(), alpha

@@ -281,28 +281,50 @@ def test_mixed_float_dtypes_are_promoted(backend, score):
         assert_close(a, b.to(a.dtype))
 
 
+@pytest.mark.parametrize("weights", [False, True], ids=["plain", "dropout+weights"])
 @pytest.mark.parametrize(("n_dst", "n_src"), [(3, 0), (0, 3), (0, 0)])
 @pytest.mark.parametrize("score", ["dot", "additive", "gatv2"])
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
 def test_no_source_or_target_nodes_gives_zero_output_and_gradients(backend, score, n_dst,
-                                                                     n_src):
+                                                                     n_src, weights):
     """N_src = 0 (a bipartite graph whose source side is empty, or a layer's edges-as-sources
     graph without edges) or N_dst = 0: every target gets 0, weights and gradients are empty or
-    zero."""
+    zero, the bias's ``[0, H]`` included. With and without dropout and returned weights (the
+    dense backend's SDPA route and its explicit one)."""
     gen = torch.Generator().manual_seed(0)
     qk_shape = (2,) if score == "additive" else (2, 4)
     q = torch.randn(n_dst, *qk_shape, generator=gen).requires_grad_()
     k = torch.randn(n_src, *qk_shape, generator=gen).requires_grad_()
     v = torch.randn(n_src, 2, 4, generator=gen).requires_grad_()
     att = torch.randn(2, 4, generator=gen).requires_grad_() if score == "gatv2" else None
+    bias = torch.zeros(0, 2, requires_grad=True)
     no_edges = torch.empty(2, 0, dtype=torch.long)
-    out, alpha = edge_attention(q, k, v, no_edges, bias=torch.zeros(0, 2), backend=backend,
-                                score=score, att=att, dropout_p=0.5, return_attention=True)
+    out, alpha = edge_attention(q, k, v, no_edges, bias=bias, backend=backend, score=score,
+                                att=att, dropout_p=0.5,
+                                return_attention=True) if weights else (
+        edge_attention(q, k, v, no_edges, bias=bias, backend=backend, score=score, att=att),
+        torch.zeros(0, 2))
     assert out.shape == (n_dst, 2, 4) and (out == 0).all()
     assert alpha.shape == (0, 2)
     (out.sum() + alpha.sum()).backward()
-    for t in (q, k, v) + ((att,) if att is not None else ()):
+    for t in (q, k, v, bias) + ((att,) if att is not None else ()):
         assert t.grad.shape == t.shape and (t.grad == 0).all()
+
+
+@pytest.mark.parametrize("return_attention", [False, True])
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_output_is_contiguous_on_every_backend(backend, return_attention):
+    """``out`` ``[N_dst, H, C]`` and ``alpha`` ``[E, H]`` come contiguous from every backend
+    (the dense one computes ``[H, N_dst, C]``), so that ``out.view(N_dst, H * C)`` works."""
+    n = 10
+    edge_index = unique_edges(random_graph(n, 60, seed=4))
+    q, k, v = qkv(n, n, H=3, C=5, grad=True)
+    result = edge_attention(q, k, v, edge_index, backend=backend,
+                            return_attention=return_attention)
+    out, alpha = result if return_attention else (result, None)
+    assert out.is_contiguous()
+    assert out.view(n, 3 * 5).shape == (n, 15)
+    assert alpha is None or alpha.is_contiguous()
 
 
 @pytest.mark.parametrize("score", ["dot", "additive", "gatv2"])
