@@ -378,6 +378,29 @@ def test_sparse_features_compile_in_the_default_mode(default_mode, transposes):
     assert transposes  # the counting-sort backward ran
 
 
+@pytest.mark.parametrize("layout", [torch.sparse_csr, torch.sparse_csc, torch.sparse_coo],
+                         ids=["csr", "csc", "coo"])
+def test_sparse_features_train_from_the_first_compiled_call(default_mode, layout):
+    """The first compiled call trains (feature dropout on the stored values): dynamo failed
+    inside its own tracing (an IndexError) on the values of a sparse tensor, a view of a
+    tensor without strides, when that was the first tensor it saw in ``dropout``."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    dense = torch.rand(60, 16) * (torch.rand(60, 16) < 0.2)
+    x = {torch.sparse_csr: dense.to_sparse_csr, torch.sparse_csc: dense.to_sparse_csc,
+         torch.sparse_coo: dense.to_sparse}[layout]()
+    model = GAT(16, 5)
+    edge_index = _graph()
+    loopless = edge_index[:, edge_index[0] != edge_index[1]]  # nothing flagged: eager's masks
+    compiled = torch.compile(model, backend="aot_eager")
+    torch.manual_seed(1)
+    out = compiled(x, loopless)
+    out.sum().backward()
+    torch.manual_seed(1)
+    expected = model(x, loopless)
+    assert_close(out, expected, **COMPILED)
+
+
 def test_fullgraph_compiles_without_the_flag_on_every_torch(default_mode):
     """torch 2.8 and 2.9 do not trace data-dependent sizes with ``fullgraph=True`` alone: there
     the layers keep the given loops flagged; later torch drops them as eager does."""

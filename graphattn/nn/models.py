@@ -30,6 +30,15 @@ def feature_dropout(x: Tensor, p: float, training: bool) -> Tensor:
     """
     if not training or p == 0.0:
         return x
+    if x.layout == torch.strided:
+        return dropout(x, p)
+    return _sparse_feature_dropout(x, p)
+
+
+@torch.compiler.disable  # dynamo takes no sparse tensor: eager, behind a graph break
+def _sparse_feature_dropout(x: Tensor, p: float) -> Tensor:
+    """:func:`feature_dropout` of a sparse ``x``. Outside dynamo: traced, the stored values (a
+    view of a tensor without strides) made dynamo fail inside its own code (an IndexError)."""
     if x.layout == torch.sparse_csr:
         return torch.sparse_csr_tensor(x.crow_indices(), x.col_indices(),
                                        dropout(x.values(), p), x.shape,
@@ -42,7 +51,7 @@ def feature_dropout(x: Tensor, p: float, training: bool) -> Tensor:
         x = x.coalesce()
         return torch.sparse_coo_tensor(x.indices(), dropout(x.values(), p), x.shape,
                                        is_coalesced=True, check_invariants=False)
-    return dropout(x, p)
+    raise ValueError(f"feature_dropout takes strided, COO, CSR or CSC features, got {x.layout}")
 
 
 def _reset_outermost(module: torch.nn.Module) -> None:
