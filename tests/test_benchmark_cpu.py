@@ -348,7 +348,8 @@ def test_compile_benchmark_fills_its_table(tmp_path):
     assert list(rows) == ["eager", "compiled", "compiled, fallback_random",
                           "compiled, loops dropped", "compiled fullgraph",
                           "compiled fullgraph, fallback_random", "eager, sparse features",
-                          "eager, inference", "compiled fullgraph, inference"]
+                          "compiled, fallback_random, sparse features", "eager, inference",
+                          "compiled fullgraph, inference"]
     assert all(float(row["step ms"]) > 0 for row in rows.values())
     for way in ("eager", "eager, inference"):  # each kind of step against its own eager one
         assert rows[way]["ratio to eager"] == "1.00"
@@ -361,4 +362,6 @@ def test_compile_benchmark_fills_its_table(tmp_path):
     assert int(rows["compiled, loops dropped"]["graphs of the forward"]) > 1
     assert rows["compiled fullgraph"]["graphs of the forward"] == "1"
     assert rows["compiled fullgraph, fallback_random"]["graphs of the forward"] == "1"
+    # the frames that hold the sparse features run eagerly, the rest in graphs
+    assert int(rows["compiled, fallback_random, sparse features"]["graphs of the forward"]) >= 1
     assert "backend eager" in out.read_text()
