@@ -117,6 +117,14 @@ def test_feature_dropout(layout):
     assert feature_dropout(xs[layout], 0.25, training=False) is xs[layout]
 
 
+def test_feature_dropout_refuses_block_sparse_features_by_name():
+    x = sparse_features(8, 4, density=0.5).to_sparse_bsr((2, 2))
+    with pytest.raises(ValueError, match="strided, COO, CSR or CSC features, got "
+                                         "torch.sparse_bsr"):
+        feature_dropout(x, 0.5, training=True)
+    assert feature_dropout(x, 0.5, training=False) is x  # no dropout: passed through
+
+
 @pytest.mark.parametrize("make", [lambda: GAT(40, 4, hidden_channels=4, heads=2),
                                   lambda: GraphTransformer(40, 8, 4)])
 def test_models_train_on_csc_features(make):
