@@ -35,9 +35,10 @@ PLANETOID_URL = "https://github.com/kimiyoung/planetoid/raw/master/data"
 PLANETOID_SOURCE = "https://github.com/kimiyoung/planetoid (folder data/, MIT licence)"
 
 NAMES = {"cora": "Cora", "citeseer": "CiteSeer", "pubmed": "PubMed"}
-"""Known datasets: lower-case name -> folder name."""
+"""The known datasets, each lower-case name with its folder name."""
 
 PARTS = ("x", "tx", "allx", "y", "ty", "ally", "graph", "test.index")
+"""The raw files of a dataset, ``ind.<name>.<part>`` for each part."""
 FEATURE_PARTS = ("x", "tx", "allx")
 STRUCTURE_PARTS = tuple(p for p in PARTS if p not in FEATURE_PARTS)
 
@@ -133,7 +134,7 @@ def download_file(url: str, path: str | os.PathLike, sha256: str, *, progress: b
 
     Args:
         url (str): source.
-        path (path-like): destination file.
+        path (str or os.PathLike): destination file.
         sha256 (str): expected hex SHA-256.
         progress (bool, optional): show a tqdm progress bar. (default: ``True``)
         timeout (float, optional): socket timeout in seconds. (default: ``60.0``)
@@ -187,7 +188,7 @@ def ensure_raw_files(name: str, root: str | os.PathLike | None = None,
 
     Args:
         name (str): ``"Cora"``, ``"CiteSeer"`` or ``"PubMed"`` (any case).
-        root (path-like, optional): data root. (default: :func:`default_root`)
+        root (str or os.PathLike, optional): data root. (default: :func:`default_root`)
         parts (tuple of str, optional): which of :data:`PARTS` are needed. (default: all)
         download (bool, optional): fetch missing files from :data:`PLANETOID_URL`.
             (default: ``True``)
@@ -397,7 +398,7 @@ def load_planetoid(name: str, root: str | os.PathLike | None = None, *,
 
     Args:
         name (str): ``"Cora"``, ``"CiteSeer"`` or ``"PubMed"`` (any case).
-        root (path-like, optional): data root. (default: ``$GRAPHATTN_DATA``, else
+        root (str or os.PathLike, optional): data root. (default: ``$GRAPHATTN_DATA``, else
             ``datasets/`` of a source checkout, else ``~/.cache/graphattn``; see
             :func:`default_root`)
         structure_only (bool, optional): skip the feature files (``x``, ``tx``, ``allx``) and

@@ -105,7 +105,8 @@ def select_backend(q: Tensor, edge_index: Tensor, num_src: int | None = None, *,
     ``"dense"`` when :math:`\rho \ge \rho^*` and the dense matrices fit comfortably:
     :func:`~graphattn.functional.dense_backend.dense_peak_bytes` :math:`\le`
     ``DENSE_MAX_BYTES_CPU`` (2 GiB; 4 heads in fp32 stop there at about 4700 nodes); ``"cpu"``
-    otherwise. :math:`\rho^*` (:func:`dense_min_density`) is the crossover measured by
+    otherwise. :math:`\rho^*`
+    (:func:`~graphattn.functional.attention.dense_min_density`) is the crossover measured by
     ``benchmarks/sparse_vs_dense.py`` on 2 cores (Erdos-Renyi graphs, H = 4, C = 32, fp32): the
     density at which the dense backend is as fast as the ``"cpu"`` backend. For inference, the
     mean of two machines (AMD EPYC, mean of two runs / Intel Xeon, one run); for training, the

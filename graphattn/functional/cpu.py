@@ -38,7 +38,7 @@ take the scores of all of a target's in-edges, then their exponentials in one lo
 ``[degree, H]`` block as a flat array, which vectorises whatever the number of heads (a loop
 over the heads alone runs scalar when H is below the vector width: 1.1-1.4x slower at H = 4).
 Dot products of 8 channels or more are summed in 8 partial sums held in one vector, always in
-the same order (:func:`_dot`).
+the same order (``_dot``).
 
 On graphs larger than the cache the kernels are bound by gathering rows of ``k, v`` (forward) and
 ``q, dL/d out`` (backward) at random node ids; they prefetch the rows a few edges ahead. Each

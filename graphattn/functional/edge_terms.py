@@ -102,7 +102,7 @@ def fold_edge_terms(attend, q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor,
                     scale: float, bias: Tensor | None, dropout_mask: Tensor | None, score: str,
                     need_alpha: bool, edge_key: Tensor | None, edge_value: Tensor | None,
                     **options) -> tuple[Tensor, Tensor | None]:
-    """Run the backend ``attend`` (a function of :data:`~graphattn.functional.attention.BACKENDS`'
+    """Run the backend ``attend`` (a function of ``graphattn.functional.attention.BACKENDS``'
     signature, without edge terms) on a call with edge terms, as the module docstring says:
     gatv2's key term through edges as sources, everything else as score bias and value sum."""
     if edge_key is not None and score != "dot":

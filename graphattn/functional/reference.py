@@ -101,13 +101,14 @@ def reference_grads(grad_out: Tensor | None, grad_alpha: Tensor | None, q: Tenso
     and to :math:`g_o, g_\alpha`. ``edge_value is edge_key`` (one tensor in both roles) gets
     the gradient of both roles in the ``edge_key`` slot and ``None`` in the other.
 
+    The arguments ``q, k, v, edge_index, scale, bias, dropout_mask, score, negative_slope, att,
+    edge_key, edge_value`` are those of :func:`reference_edge_attention` (q and k of the
+    additive score may carry a trailing channel of size 1, as the ``"cpu"`` backend keeps them).
+
     Args:
         grad_out (Tensor, optional): :math:`g_o`; ``None`` for zeros.
         grad_alpha (Tensor, optional): :math:`g_\alpha`; ``None`` when alpha gets no gradient.
-        q, k, v, edge_index, scale, bias, dropout_mask, score, negative_slope, att, edge_key,
-            edge_value: as in :func:`reference_edge_attention` (q and k of the additive score
-            may carry a trailing channel of size 1, as the ``"cpu"`` backend keeps them).
-        needs_grad (sequence of bool): for each of the seven inputs above, whether its
+        needs_grad (list of bool): for each of the seven inputs above, whether its
             gradient is wanted.
 
     Shapes:

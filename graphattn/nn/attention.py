@@ -295,7 +295,9 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
     and the self-loops the layer adds get 1. That call takes the reference backend, which
     differentiates the mask; the weights returned are those before the mask. Hooks registered
     with PyG's ``register_message_forward_hook`` (``AttentionExplainer`` uses one) are called
-    with the message arguments ``alpha`` and ``edge_index`` (see :meth:`_call_message_hooks`).
+    with the message arguments ``alpha`` ``[E', H]`` and ``edge_index`` ``[2, E']`` (the edges
+    attended over, self-loops included) and ``None`` for the messages, which the fused operator
+    never builds; a hook that returns replacement messages is refused.
     """
 
     def __init__(self, in_channels: int | tuple[int, int], out_channels: int, heads: int = 1, *,
