@@ -1,0 +1,56 @@
+"""The positional-encodings example runs: the chain's Laplacian eigenvectors are its closed-form
+sinusoids, to the eigensolver's precision."""
+
+from __future__ import annotations
+
+import math
+import runpy
+from pathlib import Path
+
+import pytest
+import torch
+
+SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "positional_encodings.py"
+
+
+@pytest.fixture(scope="module")
+def example():
+    return runpy.run_path(str(SCRIPT))  # its functions, without running main
+
+
+def test_tables_match_the_closed_forms(example, capsys):
+    dtype = torch.get_default_dtype()
+    tables = example["main"](["--length", "40", "--pairs", "3", "--no-plot"])
+    assert torch.get_default_dtype() == dtype  # the example restores it
+    assert [r["m"] for r in tables["cycle"]] == [1, 2, 3]
+    assert [r["m"] for r in tables["path"]] == list(range(1, 7))
+    for r in tables["cycle"] + tables["path"]:
+        assert abs(r["eigenvalue"] - r["closed form"]) < 1e-12, r
+        assert r["residual"] < 1e-10, r
+    assert tables["cycle"][1]["closed form"] == pytest.approx(1 - math.cos(2 * math.pi * 2 / 40))
+    assert "largest residual" in capsys.readouterr().out
+
+
+def test_a_wrong_closed_form_shows_as_a_residual(example):
+    """The residual measures something: the path's eigenvectors against the cycle's frequency
+    (2 pi m / n instead of pi m / (n - 1)) are far off."""
+    n = 40
+    enc = example["path_table"](n, 2)[1]
+    t = torch.arange(n, dtype=enc.dtype)
+    wrong = torch.cos(2 * math.pi * t / n)
+    wrong = wrong / wrong.norm()
+    u = enc[:, 0] / enc[:, 0].norm()
+    assert (wrong - u * (u @ wrong)).norm() > 0.1
+
+
+def test_figure_is_written(example, tmp_path, capsys):
+    pytest.importorskip("matplotlib", reason="the example's figure needs the 'plot' extra")
+    example["main"](["--length", "24", "--pairs", "2", "--out", str(tmp_path)])
+    assert (tmp_path / "positional_encodings.png").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("argv", [["--length", "4"], ["--pairs", "0"], ["--pairs", "32"]])
+def test_bad_sizes_are_refused_by_name(example, argv, capsys):
+    with pytest.raises(SystemExit):
+        example["main"](argv + ["--no-plot"])
+    assert argv[0] in capsys.readouterr().err
