@@ -1,0 +1,206 @@
+r"""PyG's attention layers as :class:`~graphattn.nn.GraphSelfAttention`, weights included.
+
+:func:`from_pyg` turns a ``GATConv``, ``GATv2Conv`` or ``TransformerConv`` into a
+``GraphSelfAttention`` that computes the same function (outputs, attention weights and input
+gradients, on every graph), and :func:`convert_pyg` swaps every such layer inside a model, PyG's
+``GAT`` and ``GraphTransformer``-style models included, so that a trained model runs on the
+fused kernels without retraining. How each layer maps:
+
+- ``GATConv``: the additive score. GAT's score
+  :math:`a_{dst}^\top W_{dst} x_i + a_{src}^\top W_{src} x_j (+ a_e^\top W_e e_{ij})` is linear
+  in the features, so each attention vector is folded into its projection, ``lin_q = a_dst W_dst``
+  and ``lin_k = a_src W_src`` (``Linear(F, H)``, biases 0), and ``lin_edge = a_e W_e``
+  (``edge_mode="bias"``); ``lin_v = W_src``.
+- ``GATv2Conv``: the gatv2 score, ``lin_q = lin_r``, ``lin_k = lin_l``, ``att = att``, and
+  ``lin_v = lin_l`` (GATv2's value is its key); edge features enter the key
+  (``edge_mode="key"``).
+- ``TransformerConv``: the dot score, ``lin_q, lin_k, lin_v = lin_query, lin_key, lin_value``,
+  ``res = lin_skip`` (``root_weight``), ``lin_beta``, and edge features in the key and the value
+  (``edge_mode="key_value"``); no self-loops are added, as ``TransformerConv`` adds none.
+
+No layer gets an output projection (``out_proj=False``). GAT's and GATv2's output bias
+:math:`b`, added after the weighted sum, is added to every value instead (:math:`\sum_j
+\alpha_{ij} (v_j + b) = \sum_j \alpha_{ij} v_j + b`, since the weights sum to 1), or with
+``residual=True`` to the residual projection, which then holds it. The one difference: without
+self-loops and without a residual, a target with no in-edge gets 0 where PyG gives :math:`b`
+(:func:`from_pyg` warns when that can happen). Attention dropout keeps its probability; the
+masks are graphattn's (:func:`graphattn.functional.dropout_mask`), so training steps with
+dropout draw other masks than PyG's.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch.nn import Module
+from torch.nn.parameter import UninitializedParameter
+
+from graphattn.nn.attention import GraphSelfAttention
+
+CONVERTIBLE = ("GATConv", "GATv2Conv", "TransformerConv")
+"""The names of the PyG layers :func:`from_pyg` converts."""
+
+
+def _pyg_convs() -> dict[str, type]:
+    from torch_geometric.nn import GATConv, GATv2Conv, TransformerConv
+
+    return {"GATConv": GATConv, "GATv2Conv": GATv2Conv, "TransformerConv": TransformerConv}
+
+
+def _kind(module: Module) -> str | None:
+    """The name in :data:`CONVERTIBLE` of ``module``'s class (a subclass counts), or ``None``."""
+    for name, cls in _pyg_convs().items():
+        if isinstance(module, cls):
+            return name
+    return None
+
+
+def _check_convertible(conv: Module, kind: str) -> None:
+    if any(isinstance(p, UninitializedParameter) for p in conv.parameters()):
+        raise ValueError(f"conv is a lazy {kind} (in_channels=-1) whose weights do not exist "
+                         f"yet: run one forward through it before converting it")
+    if conv.aggr not in ("add", "sum"):
+        raise ValueError(f"conv must aggregate with aggr='add' (the weighted sum of attention), "
+                         f"got aggr={conv.aggr!r}")
+    if conv.flow != "source_to_target":
+        raise ValueError(f"conv must have flow='source_to_target' (edges j -> i, as "
+                         f"graphattn's edge_index), got flow={conv.flow!r}")
+
+
+def from_pyg(conv: Module, *, backend: str = "auto") -> GraphSelfAttention:
+    r"""A :class:`~graphattn.nn.GraphSelfAttention` that computes what the PyG layer ``conv``
+    computes, with its weights copied (see :mod:`graphattn.nn.pyg` for the mapping).
+
+    Same outputs and attention weights on every graph, and the same gradients with respect to
+    the inputs, up to floating-point rounding. The new layer is a separate module on ``conv``'s
+    device, in its dtype and training mode; ``conv`` is left as it was.
+
+    Args:
+        conv (torch.nn.Module): a ``torch_geometric.nn.GATConv``, ``GATv2Conv`` or
+            ``TransformerConv`` (with ``aggr="add"``, PyG's default).
+        backend (str, optional): the new layer's ``backend``. (default: ``"auto"``)
+
+    Returns:
+        GraphSelfAttention: the converted layer; it takes the same ``forward`` arguments
+        (``x``, ``edge_index``, ``edge_attr``, ``return_attention_weights``).
+    """
+    kind = _kind(conv)
+    if kind is None:
+        raise TypeError(f"conv must be one of PyG's {', '.join(CONVERTIBLE)}, "
+                        f"got {type(conv).__name__}")
+    _check_convertible(conv, kind)
+    H, C = conv.heads, conv.out_channels
+    reference = next(conv.parameters())
+
+    def new_layer(**options) -> GraphSelfAttention:  # in conv's dtype before the weights come
+        layer = GraphSelfAttention(conv.in_channels, C, heads=H, concat=conv.concat,
+                                   dropout=conv.dropout, out_proj=False, edge_dim=conv.edge_dim,
+                                   backend=backend, **options)
+        return layer.to(device=reference.device, dtype=reference.dtype).train(conv.training)
+
+    if kind == "TransformerConv":
+        layer = new_layer(attention="dot", bias=conv.lin_key.bias is not None,
+                          add_self_loops=False, residual=conv.root_weight, beta=conv.beta,
+                          edge_mode="key_value")
+        pairs = [(layer.lin_q, conv.lin_query), (layer.lin_k, conv.lin_key),
+                 (layer.lin_v, conv.lin_value), (layer.lin_edge, conv.lin_edge)]
+        if conv.root_weight:
+            pairs += [(layer.res, conv.lin_skip), (layer.lin_beta, conv.lin_beta)]
+        with torch.no_grad():
+            for ours, theirs in pairs:
+                if theirs is not None:
+                    ours.weight.copy_(theirs.weight)
+                    if theirs.bias is not None:
+                        ours.bias.copy_(theirs.bias)
+    else:
+        gat = kind == "GATConv"
+        out_bias = conv.bias
+        layer = new_layer(
+            attention="additive" if gat else "gatv2",
+            bias=out_bias is not None or (not gat and conv.lin_l.bias is not None),
+            add_self_loops=conv.add_self_loops, negative_slope=conv.negative_slope,
+            fill_value=conv.fill_value, residual=conv.residual,
+            share_weights=not gat and conv.share_weights, edge_mode="bias" if gat else "key")
+        if out_bias is not None and not conv.add_self_loops and not conv.residual:
+            warnings.warn(f"conv ({kind}) adds its output bias after the weighted sum, the "
+                          f"converted layer adds it to the values: the two agree on every "
+                          f"target with an in-edge, but with add_self_loops=False and no "
+                          f"residual a target without one gets 0 where {kind} gives its bias",
+                          stacklevel=2)
+        with torch.no_grad():
+            if gat:
+                _copy_gat(layer, conv)
+            else:
+                _copy_gatv2(layer, conv)
+            if layer.res is not None:
+                layer.res.weight.copy_(conv.res.weight)
+            if out_bias is not None and layer.res is not None:  # PyG's res has no bias
+                layer.res.bias.copy_(out_bias)  # (H * C,) or (C,), as the output
+            elif out_bias is not None:  # one bias on every value is that bias on out
+                layer.lin_v.bias.add_(out_bias if conv.concat else out_bias.repeat(H))
+            elif layer.res is not None and layer.res.bias is not None:
+                layer.res.bias.zero_()
+    return layer
+
+
+def _copy_gat(layer: GraphSelfAttention, conv: Module) -> None:
+    """GATConv's attention vectors folded into lin_q / lin_k (and lin_edge); lin_v is W_src."""
+    H, C = conv.heads, conv.out_channels
+    lin_src = conv.lin if conv.lin is not None else conv.lin_src
+    lin_dst = conv.lin if conv.lin is not None else conv.lin_dst
+    W_src = lin_src.weight.view(H, C, -1)  # (H, C, F_src)
+    W_dst = lin_dst.weight.view(H, C, -1)  # (H, C, F_dst)
+    layer.lin_q.weight.copy_(torch.einsum("hc,hcf->hf", conv.att_dst[0], W_dst))  # (H, F_dst)
+    layer.lin_k.weight.copy_(torch.einsum("hc,hcf->hf", conv.att_src[0], W_src))  # (H, F_src)
+    layer.lin_v.weight.copy_(lin_src.weight)
+    if layer.lin_q.bias is not None:  # GAT's score has no constant inside its LeakyReLU
+        layer.lin_q.bias.zero_()
+        layer.lin_k.bias.zero_()
+        layer.lin_v.bias.zero_()
+    if conv.lin_edge is not None:
+        W_edge = conv.lin_edge.weight.view(H, C, -1)  # (H, C, edge_dim)
+        layer.lin_edge.weight.copy_(torch.einsum("hc,hcd->hd", conv.att_edge[0], W_edge))
+
+
+def _copy_gatv2(layer: GraphSelfAttention, conv: Module) -> None:
+    """lin_r -> lin_q, lin_l -> lin_k and lin_v, att -> att, lin_edge -> lin_edge."""
+    pairs = [(layer.lin_v, conv.lin_l)]
+    if not conv.share_weights:  # shared: lin_k is lin_q, copied once
+        pairs.append((layer.lin_k, conv.lin_l))
+    pairs.append((layer.lin_q, conv.lin_r))
+    for ours, theirs in pairs:  # with bias=True both have biases, else neither
+        ours.weight.copy_(theirs.weight)
+        if ours.bias is not None:
+            ours.bias.copy_(theirs.bias)
+    layer.att.copy_(conv.att[0])
+    if conv.lin_edge is not None:
+        layer.lin_edge.weight.copy_(conv.lin_edge.weight)
+
+
+def convert_pyg(module: Module, *, backend: str = "auto") -> Module:
+    r"""Replace every ``GATConv``, ``GATv2Conv`` and ``TransformerConv`` inside ``module`` by
+    the :class:`~graphattn.nn.GraphSelfAttention` of :func:`from_pyg`, in place.
+
+    A model built from these layers (PyG's ``torch_geometric.nn.models.GAT``, say) then
+    computes the same function on graphattn's kernels. Layers shared between places stay
+    shared (one converted layer replaces them all).
+
+    Args:
+        module (torch.nn.Module): a model, or one PyG layer.
+        backend (str, optional): the converted layers' ``backend``. (default: ``"auto"``)
+
+    Returns:
+        torch.nn.Module: ``module`` with its layers replaced, or the converted layer when
+        ``module`` itself is one.
+    """
+    if _kind(module) is not None:
+        return from_pyg(module, backend=backend)
+    converted: dict[int, Module] = {}
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if _kind(child) is not None:
+                if id(child) not in converted:
+                    converted[id(child)] = from_pyg(child, backend=backend)
+                setattr(parent, name, converted[id(child)])
+    return module

@@ -1,0 +1,157 @@
+"""from_pyg and convert_pyg: PyG's attention layers, converted, compute what they computed."""
+
+import warnings
+
+import pytest
+import torch
+from conftest import GRAPHS, assert_agrees_with_pyg, assert_close
+from torch_geometric.nn import GATConv, GATv2Conv, TransformerConv
+
+from graphattn.nn import GraphSelfAttention, convert_pyg, from_pyg
+
+DTYPE = torch.float64
+F_SRC, F_DST, C, D = 5, 4, 6, 3  # source and target features, channels, edge features
+
+# Each PyG layer with the options that change its mapping. GAT and GATv2 without self-loops
+# take a residual here: then the output bias sits in it and every target agrees (without one,
+# see test_no_self_loops_and_no_residual_warns_and_differs_by_the_bias_alone).
+CONVS = {
+    "gat": (GATConv, {}),
+    "gat-mean-edges": (GATConv, dict(concat=False, edge_dim=D, fill_value="add")),
+    "gat-residual-no-loops": (GATConv, dict(residual=True, add_self_loops=False)),
+    "gat-no-bias": (GATConv, dict(bias=False, negative_slope=0.1)),
+    "gatv2": (GATv2Conv, {}),
+    "gatv2-mean-edges-shared": (GATv2Conv, dict(concat=False, edge_dim=D, share_weights=True)),
+    "gatv2-residual-no-loops": (GATv2Conv, dict(residual=True, add_self_loops=False)),
+    "gatv2-no-bias": (GATv2Conv, dict(bias=False)),
+    "transformer": (TransformerConv, {}),
+    "transformer-mean-edges-beta": (TransformerConv, dict(concat=False, edge_dim=D, beta=True)),
+    "transformer-no-root": (TransformerConv, dict(root_weight=False, edge_dim=D)),
+    "transformer-no-bias": (TransformerConv, dict(bias=False)),
+}
+
+
+def make_conv(name: str, bipartite: bool, heads: int = 3, seed: int = 0):
+    cls, options = CONVS[name]
+    if bipartite and options.get("share_weights"):
+        pytest.skip("share_weights needs the same features for sources and targets")
+    torch.manual_seed(seed)
+    conv = cls((F_SRC, F_DST) if bipartite else F_SRC, C, heads, **options).to(DTYPE)
+    with torch.no_grad():  # PyG zero-initialises its biases: make them matter
+        for param_name, param in conv.named_parameters():
+            if "bias" in param_name:
+                param.normal_()
+    return conv.eval()
+
+
+def inputs(case, edge_dim, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(case.num_src, F_SRC, generator=gen, dtype=DTYPE)
+    if case.bipartite:
+        x = (x, torch.randn(case.num_dst, F_DST, generator=gen, dtype=DTYPE))
+    edge_attr = (torch.randn(case.edge_index.size(1), edge_dim, generator=gen, dtype=DTYPE)
+                 if edge_dim is not None else None)
+    return x, edge_attr
+
+
+@pytest.mark.parametrize("name", list(CONVS))
+@pytest.mark.parametrize("case", GRAPHS, ids=lambda g: g.name)
+def test_converted_layer_agrees_with_pyg(case, name):
+    """Outputs, edge order (self-loops included), attention weights and input gradients."""
+    conv = make_conv(name, case.bipartite)
+    layer = from_pyg(conv)
+    assert isinstance(layer, GraphSelfAttention)
+    assert not layer.training and layer.lin_v.weight.dtype == DTYPE
+    x, edge_attr = inputs(case, conv.edge_dim)
+    assert_agrees_with_pyg(layer, conv, x, case.edge_index, edge_attr)
+
+
+def test_converted_layer_is_a_copy():
+    conv = make_conv("gatv2", bipartite=False)
+    before = {name: p.clone() for name, p in conv.state_dict().items()}
+    layer = from_pyg(conv)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.add_(1.0)
+    assert all(torch.equal(conv.state_dict()[name], p) for name, p in before.items())
+    assert not any(p is q for p in layer.parameters() for q in conv.parameters())
+
+
+def test_training_mode_is_kept_and_dropout_carried():
+    conv = GATConv(F_SRC, C, heads=2, dropout=0.6).train()
+    layer = from_pyg(conv)
+    assert layer.training and layer.dropout == 0.6
+
+
+def test_no_self_loops_and_no_residual_warns_and_differs_by_the_bias_alone():
+    """GATConv(add_self_loops=False) adds its bias after the sum; the converted layer adds it
+    to the values: equal where a target has an in-edge, 0 against the bias where not."""
+    conv = GATConv(F_SRC, C, heads=2, add_self_loops=False).to(DTYPE).eval()
+    with torch.no_grad():
+        conv.bias.normal_()
+    with pytest.warns(UserWarning, match="add_self_loops=False"):
+        layer = from_pyg(conv)
+    x = torch.randn(4, F_SRC, dtype=DTYPE)
+    edge_index = torch.tensor([[0, 1, 2], [1, 2, 1]])  # targets 0 and 3 have no in-edge
+    ours, theirs = layer(x, edge_index), conv(x, edge_index)
+    assert_close(ours[[1, 2]], theirs[[1, 2]])
+    assert_close(theirs[[0, 3]], conv.bias.expand(2, -1))
+    assert torch.equal(ours[[0, 3]], torch.zeros(2, 2 * C, dtype=DTYPE))
+
+
+def test_no_warning_where_every_target_agrees():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for name in CONVS:
+            from_pyg(make_conv(name, bipartite=False))
+        from_pyg(GATConv(F_SRC, C, add_self_loops=False, bias=False))
+
+
+def test_convert_pyg_swaps_the_layers_of_pygs_gat_model():
+    """PyG's ``GAT`` model (GATConv layers, or GATv2Conv with ``v2=True``) converted in place
+    gives the same outputs and input gradients."""
+    from torch_geometric.nn.models import GAT as PyGGAT
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(10, F_SRC, generator=gen, dtype=DTYPE)
+    edge_index = torch.randint(0, 10, (2, 30), generator=gen)
+    for v2 in (False, True):
+        torch.manual_seed(0)
+        model = PyGGAT(F_SRC, 8, num_layers=3, out_channels=3, heads=2, v2=v2).to(DTYPE).eval()
+        with torch.no_grad():
+            for param_name, param in model.named_parameters():
+                if "bias" in param_name:
+                    param.normal_()
+        x_ref = x.clone().requires_grad_()
+        ref = model(x_ref, edge_index)
+        ref.square().sum().backward()
+        converted = convert_pyg(model)
+        assert converted is model
+        assert all(isinstance(conv, GraphSelfAttention) for conv in model.convs)
+        x_ours = x.clone().requires_grad_()
+        out = model(x_ours, edge_index)
+        out.square().sum().backward()
+        assert_close(out, ref)
+        assert_close(x_ours.grad, x_ref.grad)
+
+
+def test_convert_pyg_keeps_a_shared_layer_shared_and_converts_a_layer_itself():
+    conv = make_conv("transformer", bipartite=False)
+    model = torch.nn.ModuleDict({"a": conv, "b": torch.nn.Sequential(conv)})
+    convert_pyg(model, backend="reference")
+    assert model["a"] is model["b"][0] and isinstance(model["a"], GraphSelfAttention)
+    assert model["a"].backend == "reference"
+    assert isinstance(convert_pyg(make_conv("gat", bipartite=False)), GraphSelfAttention)
+    linear = torch.nn.Linear(2, 2)
+    assert convert_pyg(linear) is linear  # nothing to convert
+
+
+def test_refusals_name_the_problem():
+    with pytest.raises(TypeError, match="GATConv, GATv2Conv, TransformerConv, got Linear"):
+        from_pyg(torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="lazy GATConv"):
+        from_pyg(GATConv(-1, C))
+    with pytest.raises(ValueError, match="aggr='mean'"):
+        from_pyg(TransformerConv(F_SRC, C, aggr="mean"))
+    with pytest.raises(ValueError, match="flow='target_to_source'"):
+        from_pyg(GATv2Conv(F_SRC, C, flow="target_to_source"))
