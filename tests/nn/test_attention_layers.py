@@ -1,13 +1,17 @@
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
 import torch.autograd.forward_ad as fwAD
+import torch.nn.functional as F
 from conftest import GRAPHS, assert_agrees_with_pyg, assert_close, dense_mask, random_graph
 from torch_geometric.nn import TransformerConv
 
 from graphattn.functional import dropout_mask, edge_attention, edge_terms
 from graphattn.graphs import to_sparse_adjacency
 from graphattn.nn import DenseSelfAttention, GraphSelfAttention
+from graphattn.nn import attention as attention_module
 
 
 def complete_edges(n):
@@ -511,17 +515,19 @@ def test_value_dropout_is_the_same_in_the_dense_twin():
     assert not torch.allclose(graph(x, complete_edges(N)), out_graph)  # a fresh mask per call
 
 
-@pytest.mark.parametrize("features", ["dense", "sparse_csr", "bipartite"])
+@pytest.mark.parametrize("features", ["dense", "dense-wide", "sparse_csr", "bipartite"])
 def test_value_dropout_spares_the_value_bias_on_every_projection_path(features):
-    # The stacked product of sparse features, three products of dense ones and the bipartite
-    # path must all give v_j = m_j * W^V x_j + b^V, with the same mask for the same seed.
+    # The stacked product of sparse and wide dense features, three products of narrow dense
+    # ones and the bipartite path must all give v_j = m_j * W^V x_j + b^V, with the same mask
+    # for the same seed.
     torch.manual_seed(0)
     N, H, C = 8, 2, 3
-    layer = GraphSelfAttention(5, C, heads=H, value_dropout=0.5, add_self_loops=False,
+    F_in = 300 if features == "dense-wide" else 5  # 300 >= 256 and 3 x 18 outputs: stacked
+    layer = GraphSelfAttention(F_in, C, heads=H, value_dropout=0.5, add_self_loops=False,
                                out_proj=False)
     for lin in (layer.lin_q, layer.lin_k, layer.lin_v):
         torch.nn.init.uniform_(lin.bias, -2.0, 2.0)
-    x, edge_index = torch.randn(N, 5).relu(), complete_edges(N)
+    x, edge_index = torch.randn(N, F_in).relu(), complete_edges(N)
     x_in = (x.to_sparse_csr() if features == "sparse_csr"
             else (x, x.clone()) if features == "bipartite" else x)
     torch.manual_seed(1)
@@ -535,21 +541,47 @@ def test_value_dropout_spares_the_value_bias_on_every_projection_path(features):
 
 @pytest.mark.parametrize("attention", ["dot", "additive"])
 @pytest.mark.parametrize("bias", [True, False])
-def test_stacked_projection_equals_three_linears(attention, bias):
-    # Self-attention projects x once by [W^Q; W^K; W^V]; a clone of x as x_dst takes the
-    # three separate Linear calls. Outputs and gradients must agree.
+@pytest.mark.parametrize("features", ["dense-wide", "sparse_csr"])
+def test_stacked_projection_equals_three_linears(attention, bias, features, monkeypatch):
+    # Self-attention on sparse features, or on dense ones at least DENSE_STACK_MIN_RATIO times
+    # wider than the three outputs, projects x once by [W^Q; W^K; W^V]; a clone of x as x_dst
+    # takes the three separate Linear calls. Outputs and gradients must agree.
     torch.manual_seed(0)
-    layer = GraphSelfAttention(6, 4, heads=3, bias=bias, attention=attention)
-    x, edge_index = torch.randn(12, 6), random_graph(12, 40)
-    out_fused = layer(x, edge_index)
+    F_in, H, C = 300, 3, 4  # >= 256, and >= 3 x the outputs: 36 (dot) or 18 (additive)
+    layer = GraphSelfAttention(F_in, C, heads=H, bias=bias, attention=attention)
+    x, edge_index = torch.randn(12, F_in).relu(), random_graph(12, 40)
+    products = []
+    # dense features take F.linear, sparse ones sparse_linear
+    name = "sparse_linear" if features == "sparse_csr" else "F"
+    if name == "F":
+        spy = SimpleNamespace(**vars(F))
+        spy.linear = lambda x, w, b=None: products.append(w.shape) or F.linear(x, w, b)
+    else:
+        def spy(x, w, b):
+            products.append(w.shape)
+            return F.linear(x, w, b)
+    monkeypatch.setattr(attention_module, name, spy)
+    x_in = x.to_sparse_csr() if features == "sparse_csr" else x
+    out_fused = layer(x_in, edge_index)
+    widths = sum(lin.out_features for lin in (layer.lin_q, layer.lin_k, layer.lin_v))
+    assert products == [(widths, F_in)]  # one product, by the stacked weights
     out_fused.square().sum().backward()
     fused = param_grads(layer)
     layer.zero_grad()
+    monkeypatch.undo()
     out_split = layer((x, x.clone()), edge_index)
     out_split.square().sum().backward()
     assert_close(out_fused, out_split)
     for name, grad in param_grads(layer).items():
         assert_close(fused[name], grad)
+
+
+def test_narrow_dense_features_take_three_products(monkeypatch):
+    layer = GraphSelfAttention(16, 4, heads=2)  # 16 features < 256
+    spy = SimpleNamespace(**vars(F))
+    spy.linear = lambda *args: pytest.fail("the stacked product ran")
+    monkeypatch.setattr(attention_module, "F", spy)
+    layer(torch.randn(5, 16), random_graph(5, 10))
 
 
 @pytest.mark.parametrize("layout", [torch.sparse_csr, torch.sparse_coo])
