@@ -94,7 +94,7 @@ def from_pyg(conv: Module, *, backend: str = "auto") -> GraphSelfAttention:
     reference = next(conv.parameters())
 
     def new_layer(**options) -> GraphSelfAttention:  # in conv's dtype before the weights come
-        layer = GraphSelfAttention(conv.in_channels, C, heads=H, concat=conv.concat,
+        layer = GraphSelfAttention(_in_channels(conv, kind), C, heads=H, concat=conv.concat,
                                    dropout=conv.dropout, out_proj=False, edge_dim=conv.edge_dim,
                                    backend=backend, **options)
         return layer.to(device=reference.device, dtype=reference.dtype).train(conv.training)
@@ -142,6 +142,20 @@ def from_pyg(conv: Module, *, backend: str = "auto") -> GraphSelfAttention:
             elif layer.res is not None and layer.res.bias is not None:
                 layer.res.bias.zero_()
     return layer
+
+
+def _in_channels(conv: Module, kind: str) -> int | tuple[int, int]:
+    """``conv``'s ``in_channels`` as its weights have them: a lazy layer (``-1``, which PyG's
+    ``to_hetero`` models use) keeps ``-1`` there after its first call."""
+    if kind == "GATConv":
+        src, dst = (conv.lin, conv.lin) if conv.lin is not None else (conv.lin_src, conv.lin_dst)
+    elif kind == "GATv2Conv":
+        src, dst = conv.lin_l, conv.lin_r
+    else:
+        src, dst = conv.lin_key, conv.lin_query
+    if isinstance(conv.in_channels, int):
+        return src.weight.size(1)
+    return src.weight.size(1), dst.weight.size(1)
 
 
 def _copy_gat(layer: GraphSelfAttention, conv: Module) -> None:

@@ -155,3 +155,43 @@ def test_refusals_name_the_problem():
         from_pyg(TransformerConv(F_SRC, C, aggr="mean"))
     with pytest.raises(ValueError, match="flow='target_to_source'"):
         from_pyg(GATv2Conv(F_SRC, C, flow="target_to_source"))
+
+
+def test_convert_pyg_after_to_hetero_with_lazy_layers():
+    """A heterogeneous model from ``to_hetero`` with lazy bipartite layers (``(-1, -1)``, whose
+    ``in_channels`` stays -1 after their first call): converted, the same outputs."""
+    from torch_geometric.data import HeteroData
+    from torch_geometric.nn import to_hetero
+
+    gen = torch.Generator().manual_seed(0)
+    data = HeteroData()
+    data["paper"].x = torch.randn(6, 5, generator=gen, dtype=DTYPE)
+    data["author"].x = torch.randn(4, 3, generator=gen, dtype=DTYPE)
+    # every target has an in-edge: GATConv(add_self_loops=False)'s bias then agrees everywhere
+    data["author", "writes", "paper"].edge_index = torch.tensor([[0, 1, 2, 3, 0, 1],
+                                                                 [0, 1, 2, 3, 4, 5]])
+    data["paper", "rev_writes", "author"].edge_index = torch.tensor([[0, 1, 2, 3, 4],
+                                                                     [0, 1, 2, 3, 0]])
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = GATConv((-1, -1), 8, heads=2, add_self_loops=False)
+
+        def forward(self, x, edge_index):
+            return self.conv(x, edge_index)
+
+    model = to_hetero(Net(), data.metadata(), aggr="sum").to(DTYPE)
+    model(data.x_dict, data.edge_index_dict)  # sizes the lazy layers
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "bias" in name:
+                param.normal_()
+    ref = model(data.x_dict, data.edge_index_dict)
+    with pytest.warns(UserWarning, match="add_self_loops=False"):
+        convert_pyg(model)
+    assert isinstance(model.conv["author__writes__paper"], GraphSelfAttention)
+    assert model.conv["author__writes__paper"].lin_k.in_features == 3
+    out = model(data.x_dict, data.edge_index_dict)
+    for node_type in ("paper", "author"):
+        assert_close(out[node_type], ref[node_type])
