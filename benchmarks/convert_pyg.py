@@ -6,7 +6,9 @@ weights included, and leaves everything else (feature dropout, activations, the 
 as it was. This times both: PyG's ``torch_geometric.nn.models.GAT`` (``v2=False`` and
 ``v2=True``; 2 layers, 8 heads of 8 channels, dropout 0.6, the GAT paper's Cora sizes) and a
 deep copy of it, converted, on the Planetoid graphs with their dense features, as PyG's
-``Planetoid`` gives them.
+``Planetoid`` gives them, and with the same features as a sparse CSR tensor (both models take
+it: PyG's linear layers multiply it with torch's sparse product, the converted layers with
+``graphattn.functional.sparse_linear``).
 
 Per dataset and model: a training step (forward, cross-entropy on the training nodes, backward,
 Adam) and an inference call (``eval`` mode, ``torch.no_grad``), both ways interleaved in a
@@ -80,24 +82,29 @@ def main(argv: list[str] | None = None) -> None:
             ours.eval()
             with torch.no_grad():
                 difference = (pyg(x, edge_index) - ours(x, edge_index)).abs().max().item()
-            ways = {}
-            for way, model in (("PyG", pyg), ("converted", ours)):
-                optimizer = torch.optim.Adam(model.parameters(), lr=0.005, weight_decay=5e-4)
-                ways[f"{way} train"] = train_step(model, optimizer, x, edge_index, y, train)
-                ways[f"{way} infer"] = inference(model, x, edge_index)
-            ms = interleaved(ways, args.rounds, args.warmup, f"{name} v2={v2}")
-            for step in ("train", "infer"):
-                theirs, converted = ms[f"PyG {step}"], ms[f"converted {step}"]
-                rows.append({"dataset": name, "model": "GAT (GATv2Conv)" if v2 else "GAT (GATConv)",
-                             "step": "training step" if step == "train" else "inference",
-                             "PyG ms": f"{theirs:.2f}", "converted ms": f"{converted:.2f}",
-                             "converted / PyG": f"{converted / theirs:.2f}",
-                             "max |out difference|": f"{difference:.1e}"})
-                print(rows[-1])
+            for features, x_in in (("dense", x), ("sparse CSR", x.to_sparse_csr())):
+                ways = {}
+                for way, model in (("PyG", pyg), ("converted", ours)):
+                    optimizer = torch.optim.Adam(model.parameters(), lr=0.005,
+                                                 weight_decay=5e-4)
+                    ways[f"{way} train"] = train_step(model, optimizer, x_in, edge_index, y,
+                                                      train)
+                    ways[f"{way} infer"] = inference(model, x_in, edge_index)
+                ms = interleaved(ways, args.rounds, args.warmup, f"{name} v2={v2} {features}")
+                for step in ("train", "infer"):
+                    theirs, converted = ms[f"PyG {step}"], ms[f"converted {step}"]
+                    rows.append({"dataset": name,
+                                 "model": "GAT (GATv2Conv)" if v2 else "GAT (GATConv)",
+                                 "features": features,
+                                 "step": "training step" if step == "train" else "inference",
+                                 "PyG ms": f"{theirs:.2f}", "converted ms": f"{converted:.2f}",
+                                 "converted / PyG": f"{converted / theirs:.2f}",
+                                 "max |out difference|": f"{difference:.1e}"})
+                    print(rows[-1])
     note = ("PyG's `torch_geometric.nn.models.GAT` (2 layers, 8 heads x 8 channels, dropout "
-            "0.6) against a deep copy after `graphattn.nn.convert_pyg`, dense Planetoid "
-            "features, fp32; the last column compares the two models' eval-mode outputs "
-            "before timing.")
+            "0.6) against a deep copy after `graphattn.nn.convert_pyg`, on the Planetoid "
+            "features dense and as a sparse CSR tensor, fp32; the last column compares the "
+            "two models' eval-mode outputs (dense features) before timing.")
     print(write_table("convert_pyg", "PyG's GAT model against the same model converted",
                       header, note, rows, out=args.out))
 
