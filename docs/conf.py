@@ -12,6 +12,7 @@ extensions = [
     "sphinx.ext.autodoc",   # the reference is the docstrings
     "sphinx.ext.napoleon",  # their "Args:", "Returns:" and "Shapes:" sections
     "sphinx.ext.mathjax",   # their math
+    "myst_parser",          # the README as the guide page
 ]
 autodoc_member_order = "bysource"
 autodoc_typehints = "none"  # the docstrings give the types; overloads show one signature

@@ -1,5 +1,5 @@
-"""The API reference (``docs/``) builds from the docstrings without a warning, and lists every
-public name."""
+"""The documentation (``docs/``: the README, then the API reference from the docstrings) builds
+without a warning, and lists every public name."""
 
 import inspect
 import subprocess
@@ -17,6 +17,7 @@ def built(tmp_path_factory):
     """The HTML reference, built as ``python -m sphinx -b html -n -W docs docs/_build`` builds
     it: nitpicky (every cross-reference must resolve) and with warnings as errors."""
     pytest.importorskip("sphinx", reason="sphinx (in the test extra) builds the API reference")
+    pytest.importorskip("myst_parser", reason="myst-parser (in the test extra) reads the README")
     out = tmp_path_factory.mktemp("docs")
     run = subprocess.run([sys.executable, "-m", "sphinx", "-b", "html", "-n", "-W", "-q",
                           str(DOCS), str(out)], capture_output=True, text=True)
