@@ -22,8 +22,9 @@ No layer gets an output projection (``out_proj=False``). GAT's and GATv2's outpu
 :math:`b`, added after the weighted sum, is added to every value instead (:math:`\sum_j
 \alpha_{ij} (v_j + b) = \sum_j \alpha_{ij} v_j + b`, since the weights sum to 1), or with
 ``residual=True`` to the residual projection, which then holds it. The one difference: without
-self-loops and without a residual, a target with no in-edge gets 0 where PyG gives :math:`b`
-(:func:`from_pyg` warns when that can happen). Attention dropout keeps its probability; the
+a residual, a target with no in-edge gets 0 where PyG gives :math:`b`. Self-loops give every
+target one, except on bipartite inputs beyond the first :math:`\min(N_{src}, N_{dst})` targets
+(:func:`from_pyg` warns for layers without self-loops or made for bipartite inputs). Attention dropout keeps its probability; the
 masks are graphattn's (:func:`graphattn.functional.dropout_mask`), so training steps with
 dropout draw other masks than PyG's.
 """
@@ -122,12 +123,14 @@ def from_pyg(conv: Module, *, backend: str = "auto") -> GraphSelfAttention:
             add_self_loops=conv.add_self_loops, negative_slope=conv.negative_slope,
             fill_value=conv.fill_value, residual=conv.residual,
             share_weights=not gat and conv.share_weights, edge_mode="bias" if gat else "key")
-        if out_bias is not None and not conv.add_self_loops and not conv.residual:
+        bipartite = not isinstance(conv.in_channels, int)
+        if out_bias is not None and not conv.residual and (bipartite or not conv.add_self_loops):
             warnings.warn(f"conv ({kind}) adds its output bias after the weighted sum, the "
                           f"converted layer adds it to the values: the two agree on every "
-                          f"target with an in-edge, but with add_self_loops=False and no "
-                          f"residual a target without one gets 0 where {kind} gives its bias",
-                          stacklevel=2)
+                          f"target with an in-edge, but without a residual a target without "
+                          f"one gets 0 where {kind} gives its bias (add_self_loops="
+                          f"{conv.add_self_loops}; on bipartite inputs self-loops reach only "
+                          f"the first min(N_src, N_dst) targets)", stacklevel=2)
         with torch.no_grad():
             if gat:
                 _copy_gat(layer, conv)

@@ -59,7 +59,16 @@ def inputs(case, edge_dim, seed=1):
 def test_converted_layer_agrees_with_pyg(case, name):
     """Outputs, edge order (self-loops included), attention weights and input gradients."""
     conv = make_conv(name, case.bipartite)
-    layer = from_pyg(conv)
+    # a layer for bipartite inputs (or without self-loops) whose output bias the converted one
+    # can only add to the values is warned about (the registry's bipartite graph has
+    # N_src > N_dst: self-loops reach every target, and the two agree)
+    cls, options = CONVS[name]
+    warns = (cls is not TransformerConv and options.get("bias", True)
+             and not options.get("residual") and case.bipartite)
+    with pytest.warns(UserWarning, match="bipartite") if warns else warnings.catch_warnings():
+        if not warns:
+            warnings.simplefilter("error")
+        layer = from_pyg(conv)
     assert isinstance(layer, GraphSelfAttention)
     assert not layer.training and layer.lin_v.weight.dtype == DTYPE
     x, edge_attr = inputs(case, conv.edge_dim)
@@ -195,3 +204,19 @@ def test_convert_pyg_after_to_hetero_with_lazy_layers():
     out = model(data.x_dict, data.edge_index_dict)
     for node_type in ("paper", "author"):
         assert_close(out[node_type], ref[node_type])
+
+
+def test_bipartite_targets_beyond_the_self_loops_differ_by_the_bias_alone():
+    """On a bipartite input self-loops reach the first min(N_src, N_dst) targets: a target
+    past them without an in-edge gets 0 from the converted layer, GATConv's bias from PyG."""
+    conv = GATConv((F_SRC, F_DST), C, heads=2).to(DTYPE).eval()
+    with torch.no_grad():
+        conv.bias.normal_()
+    with pytest.warns(UserWarning, match="bipartite"):
+        layer = from_pyg(conv)
+    x = (torch.randn(2, F_SRC, dtype=DTYPE), torch.randn(4, F_DST, dtype=DTYPE))
+    edge_index = torch.tensor([[0, 1], [2, 0]])  # target 2 has an edge, target 3 none
+    ours, theirs = layer(x, edge_index), conv(x, edge_index)
+    assert_close(ours[:3], theirs[:3])
+    assert_close(theirs[3], conv.bias)
+    assert torch.equal(ours[3], torch.zeros(2 * C, dtype=DTYPE))
