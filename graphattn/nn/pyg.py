@@ -24,9 +24,10 @@ No layer gets an output projection (``out_proj=False``). GAT's and GATv2's outpu
 ``residual=True`` to the residual projection, which then holds it. The one difference: without
 a residual, a target with no in-edge gets 0 where PyG gives :math:`b`. Self-loops give every
 target one, except on bipartite inputs beyond the first :math:`\min(N_{src}, N_{dst})` targets
-(:func:`from_pyg` warns for layers without self-loops or made for bipartite inputs). Attention dropout keeps its probability; the
-masks are graphattn's (:func:`graphattn.functional.dropout_mask`), so training steps with
-dropout draw other masks than PyG's.
+(:func:`from_pyg` warns for layers without self-loops or made for bipartite inputs).
+Attention dropout keeps its probability; the masks are graphattn's
+(:func:`graphattn.functional.dropout_mask`), so training steps with dropout draw other masks
+than PyG's.
 """
 
 from __future__ import annotations
