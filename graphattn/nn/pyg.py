@@ -28,6 +28,12 @@ target one, except on bipartite inputs beyond the first :math:`\min(N_{src}, N_{
 Attention dropout keeps its probability; the masks are graphattn's
 (:func:`graphattn.functional.dropout_mask`), so training steps with dropout draw other masks
 than PyG's.
+
+The function is the same at conversion; the parameters are not. Trained further, a converted
+layer learns in graphattn's parametrization: for GAT, ``lin_q`` and ``lin_k`` are free
+``Linear(F, H)`` (with their biases, when ``bias=True``), no longer tied to the value weights
+``W`` as ``a^\top W`` is in ``GATConv``, and the output bias lives in ``lin_v``'s. Training from
+there follows another path than PyG's would, and optimizer states do not carry over.
 """
 
 from __future__ import annotations
