@@ -16,8 +16,9 @@ DOCS = Path(__file__).resolve().parents[1] / "docs"
 def built(tmp_path_factory):
     """The HTML reference, built as ``python -m sphinx -b html -n -W docs docs/_build`` builds
     it: nitpicky (every cross-reference must resolve) and with warnings as errors."""
-    pytest.importorskip("sphinx", reason="sphinx (in the test extra) builds the API reference")
-    pytest.importorskip("myst_parser", reason="myst-parser (in the test extra) reads the README")
+    reason = "{} (in the test extra from Python 3.11) {}"
+    pytest.importorskip("sphinx", reason=reason.format("sphinx", "builds the documentation"))
+    pytest.importorskip("myst_parser", reason=reason.format("myst-parser", "reads the README"))
     out = tmp_path_factory.mktemp("docs")
     run = subprocess.run([sys.executable, "-m", "sphinx", "-b", "html", "-n", "-W", "-q",
                           str(DOCS), str(out)], capture_output=True, text=True)
