@@ -57,10 +57,12 @@ def _pyg_convs() -> dict[str, type]:
 
 
 def _kind(module: Module) -> str | None:
-    """The name in :data:`CONVERTIBLE` of ``module``'s class (a subclass counts), or ``None``."""
+    """The name in :data:`CONVERTIBLE` of ``module``'s class, or ``None``. A subclass counts
+    when it keeps the class's ``forward`` (``FusedGATConv``, a ``GATConv`` called with CSR and
+    CSC structures, does not: converted, it would not take its callers' arguments)."""
     for name, cls in _pyg_convs().items():
         if isinstance(module, cls):
-            return name
+            return name if type(module).forward is cls.forward else None
     return None
 
 
@@ -95,6 +97,10 @@ def from_pyg(conv: Module, *, backend: str = "auto") -> GraphSelfAttention:
     """
     kind = _kind(conv)
     if kind is None:
+        bases = [name for name, cls in _pyg_convs().items() if isinstance(conv, cls)]
+        if bases:
+            raise TypeError(f"conv is a {type(conv).__name__}, a {bases[0]} with a forward of "
+                            f"its own, whose arguments the converted layer would not take")
         raise TypeError(f"conv must be one of PyG's {', '.join(CONVERTIBLE)}, "
                         f"got {type(conv).__name__}")
     _check_convertible(conv, kind)

@@ -220,3 +220,21 @@ def test_bipartite_targets_beyond_the_self_loops_differ_by_the_bias_alone():
     assert_close(ours[:3], theirs[:3])
     assert_close(theirs[3], conv.bias)
     assert torch.equal(ours[3], torch.zeros(2 * C, dtype=DTYPE))
+
+
+def test_a_subclass_with_its_own_forward_is_not_converted():
+    """PyG's FusedGATConv is a GATConv whose forward takes CSR and CSC structures: a converted
+    layer would not take its callers' arguments, so it is refused, and left in place."""
+
+    class CSRGAT(GATConv):  # as FusedGATConv: another forward
+        def forward(self, x, csr, csc, perm):
+            raise NotImplementedError
+
+    class Renamed(GATConv):  # the same forward: converted
+        pass
+
+    with pytest.raises(TypeError, match="conv is a CSRGAT, a GATConv with a forward of its own"):
+        from_pyg(CSRGAT(F_SRC, C))
+    model = torch.nn.ModuleList([CSRGAT(F_SRC, C), Renamed(F_SRC, C)])
+    convert_pyg(model)
+    assert isinstance(model[0], CSRGAT) and isinstance(model[1], GraphSelfAttention)
