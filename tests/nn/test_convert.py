@@ -1,4 +1,5 @@
-"""from_pyg and convert_pyg: PyG's attention layers, converted, compute what they computed."""
+"""from_pyg, convert_pyg and from_mha: PyG's and torch's attention layers, converted, compute
+what they computed."""
 
 import warnings
 
@@ -7,7 +8,7 @@ import torch
 from conftest import GRAPHS, assert_agrees_with_pyg, assert_close
 from torch_geometric.nn import GATConv, GATv2Conv, TransformerConv
 
-from graphattn.nn import GraphSelfAttention, convert_pyg, from_pyg
+from graphattn.nn import DenseSelfAttention, GraphSelfAttention, convert_pyg, from_mha, from_pyg
 
 DTYPE = torch.float64
 F_SRC, F_DST, C, D = 5, 4, 6, 3  # source and target features, channels, edge features
@@ -238,3 +239,93 @@ def test_a_subclass_with_its_own_forward_is_not_converted():
     model = torch.nn.ModuleList([CSRGAT(F_SRC, C), Renamed(F_SRC, C)])
     convert_pyg(model)
     assert isinstance(model[0], CSRGAT) and isinstance(model[1], GraphSelfAttention)
+
+
+def _mha(embed_dim=12, heads=3, seed=0, **options):
+    torch.manual_seed(seed)
+    mha = torch.nn.MultiheadAttention(embed_dim, heads, **options).to(DTYPE).eval()
+    with torch.no_grad():  # torch zero-initialises the biases: make them matter
+        for name, param in mha.named_parameters():
+            if "bias" in name:
+                param.normal_()
+    return mha
+
+
+@pytest.mark.parametrize("pattern", ["complete", "causal", "window", "grid"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_from_mha_attends_over_the_graph_as_an_attn_mask_would(pattern, bias):
+    """The converted layer on a graph is ``mha`` with the mask of that graph (torch's boolean
+    mask: True where a pair may not attend): outputs and input gradients."""
+    from graphattn import graphs
+
+    L = 16
+    edge_index = {"complete": graphs.complete_graph(L), "causal": graphs.causal_graph(L),
+                  "window": graphs.window_graph(L, 2), "grid": graphs.grid_graph(4, 4)}[pattern]
+    mha = _mha(bias=bias)
+    layer = from_mha(mha)
+    assert isinstance(layer, GraphSelfAttention) and not layer.add_self_loops
+    x = torch.randn(L, 12, dtype=DTYPE)
+    x_ours, x_ref = x.clone().requires_grad_(), x.clone().requires_grad_()
+    out = layer(x_ours, edge_index)
+    blocked = ~graphs.to_dense_mask(edge_index, L)  # (L, L): True where j may not reach i
+    ref, _ = mha(x_ref, x_ref, x_ref, attn_mask=blocked, need_weights=False)
+    assert_close(out, ref)
+    weight = torch.linspace(-1, 1, out.numel(), dtype=DTYPE).view_as(out)
+    (out * weight).sum().backward()
+    (ref * weight).sum().backward()
+    assert_close(x_ours.grad, x_ref.grad)
+
+
+def test_from_mha_attention_weights_are_torchs_averaged_over_heads():
+    from graphattn import graphs
+
+    L = 7
+    mha = _mha()
+    edge_index = graphs.complete_graph(L)
+    x = torch.randn(L, 12, dtype=DTYPE)
+    _, (ei, alpha) = from_mha(mha)(x, edge_index, return_attention_weights=True)  # (E, H)
+    _, ref = mha(x, x, x, average_attn_weights=False)  # (H, L, L): [h, i, j]
+    assert_close(alpha, ref[:, ei[1], ei[0]].T)
+
+
+def test_from_mha_with_other_key_dims_is_bipartite():
+    """kdim = vdim != embed_dim: queries from x_dst, keys and values from x_src."""
+    mha = _mha(embed_dim=8, heads=2, kdim=5, vdim=5)
+    layer = from_mha(mha)
+    x_src, x_dst = torch.randn(6, 5, dtype=DTYPE), torch.randn(4, 8, dtype=DTYPE)
+    j, i = torch.meshgrid(torch.arange(6), torch.arange(4), indexing="ij")
+    out = layer((x_src, x_dst), torch.stack([j.flatten(), i.flatten()]))  # every pair
+    ref, _ = mha(x_dst, x_src, x_src, need_weights=False)
+    assert_close(out, ref)
+
+
+def test_from_mha_dense_is_a_batched_masked_mha():
+    mha = _mha(batch_first=True)
+    layer = from_mha(mha, dense=True)
+    assert isinstance(layer, DenseSelfAttention)
+    x = torch.randn(2, 9, 12, dtype=DTYPE)
+    causal = torch.ones(9, 9, dtype=torch.bool).tril()
+    ref, _ = mha(x, x, x, attn_mask=~causal, need_weights=False)
+    assert_close(layer(x, is_causal=True), ref)
+    assert_close(layer(x, mask=causal), ref)
+
+
+def test_from_mha_keeps_mode_dropout_device_and_dtype():
+    mha = torch.nn.MultiheadAttention(8, 2, dropout=0.1).train()
+    layer = from_mha(mha)
+    assert layer.training and layer.dropout == 0.1
+    assert layer.lin_q.weight.dtype == torch.float32
+    assert not any(p is q for p in layer.parameters() for q in mha.parameters())
+
+
+def test_from_mha_refusals_name_the_option():
+    with pytest.raises(TypeError, match="got Linear"):
+        from_mha(torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="add_bias_kv=True"):
+        from_mha(torch.nn.MultiheadAttention(8, 2, add_bias_kv=True))
+    with pytest.raises(ValueError, match="add_zero_attn=True"):
+        from_mha(torch.nn.MultiheadAttention(8, 2, add_zero_attn=True))
+    with pytest.raises(ValueError, match="kdim=4, vdim=6"):
+        from_mha(torch.nn.MultiheadAttention(8, 2, kdim=4, vdim=6))
+    with pytest.raises(ValueError, match="dense=True needs kdim = embed_dim"):
+        from_mha(torch.nn.MultiheadAttention(8, 2, kdim=4, vdim=4), dense=True)

@@ -1,10 +1,10 @@
-r"""PyG's attention layers as :class:`~graphattn.nn.GraphSelfAttention`, weights included.
+r"""Attention layers of PyG and of torch, as graphattn's layers, weights included.
 
-:func:`from_pyg` turns a ``GATConv``, ``GATv2Conv`` or ``TransformerConv`` into a
-``GraphSelfAttention`` that computes the same function (outputs, attention weights and input
-gradients, on every graph), and :func:`convert_pyg` swaps every such layer inside a model, PyG's
-``GAT`` and ``GraphTransformer``-style models included, so that a trained model runs on the
-fused kernels without retraining. How each layer maps:
+**PyG.** :func:`from_pyg` turns a ``GATConv``, ``GATv2Conv`` or ``TransformerConv`` into a
+:class:`~graphattn.nn.GraphSelfAttention` that computes the same function (outputs, attention
+weights and input gradients, on every graph), and :func:`convert_pyg` swaps every such layer
+inside a model, PyG's ``GAT`` model and ``to_hetero`` models included, so that a trained model
+runs on the fused kernels without retraining. How each layer maps:
 
 - ``GATConv``: the additive score. GAT's score
   :math:`a_{dst}^\top W_{dst} x_i + a_{src}^\top W_{src} x_j (+ a_e^\top W_e e_{ij})` is linear
@@ -34,6 +34,13 @@ layer learns in graphattn's parametrization: for GAT, ``lin_q`` and ``lin_k`` ar
 ``Linear(F, H)`` (with their biases, when ``bias=True``), no longer tied to the value weights
 ``W`` as ``a^\top W`` is in ``GATConv``, and the output bias lives in ``lin_v``'s. Training from
 there follows another path than PyG's would, and optimizer states do not carry over.
+
+**torch.** :func:`from_mha` turns a ``torch.nn.MultiheadAttention`` (a pretrained
+transformer's, say) into a ``GraphSelfAttention`` without added self-loops, which attends over
+the edges it is given: on the complete graph it is the ``MultiheadAttention`` itself, on a
+window, causal or grid graph that attention restricted to the graph, as an ``attn_mask`` would
+restrict it, at the cost of the edges instead of :math:`L^2`. Or into a
+:class:`~graphattn.nn.DenseSelfAttention` (``dense=True``). Here the parameters map one to one.
 """
 
 from __future__ import annotations
@@ -44,7 +51,7 @@ import torch
 from torch.nn import Module
 from torch.nn.parameter import UninitializedParameter
 
-from graphattn.nn.attention import GraphSelfAttention
+from graphattn.nn.attention import DenseSelfAttention, GraphSelfAttention
 
 CONVERTIBLE = ("GATConv", "GATv2Conv", "TransformerConv")
 """The names of the PyG layers :func:`from_pyg` converts."""
@@ -80,7 +87,7 @@ def _check_convertible(conv: Module, kind: str) -> None:
 
 def from_pyg(conv: Module, *, backend: str = "auto") -> GraphSelfAttention:
     r"""A :class:`~graphattn.nn.GraphSelfAttention` that computes what the PyG layer ``conv``
-    computes, with its weights copied (see :mod:`graphattn.nn.pyg` for the mapping).
+    computes, with its weights copied (see :mod:`graphattn.nn.convert` for the mapping).
 
     Same outputs and attention weights on every graph, and the same gradients with respect to
     the inputs, up to floating-point rounding. The new layer is a separate module on ``conv``'s
@@ -234,3 +241,71 @@ def convert_pyg(module: Module, *, backend: str = "auto") -> Module:
                     converted[id(child)] = from_pyg(child, backend=backend)
                 setattr(parent, name, converted[id(child)])
     return module
+
+
+def from_mha(mha: torch.nn.MultiheadAttention, *, dense: bool = False,
+             backend: str = "auto") -> GraphSelfAttention | DenseSelfAttention:
+    r"""The :class:`~graphattn.nn.GraphSelfAttention` (or, with ``dense=True``, the
+    :class:`~graphattn.nn.DenseSelfAttention`) that computes what ``mha`` computes, with its
+    weights copied: ``lin_q, lin_k, lin_v`` from ``in_proj_weight`` (or ``q_proj_weight,
+    k_proj_weight, v_proj_weight``) and ``in_proj_bias``, ``lin_out`` from ``out_proj``.
+
+    With ``x [L, D]`` and a graph ``edge_index`` on its L positions (no self-loops are added)
+
+    .. math::
+        \text{layer}(x, \text{edge\_index}) = \text{mha}(x, x, x,
+        \text{attn\_mask} = \lnot M)[0], \qquad M_{ij} = [\, j \to i \in \text{edge\_index} \,]
+
+    (``M = graphattn.graphs.to_dense_mask(edge_index, L)``; torch's boolean ``attn_mask`` marks
+    the pairs that may *not* attend). On the complete graph that is ``mha(x, x, x)``. A
+    ``mha`` with ``kdim = vdim`` other than ``embed_dim`` gives a bipartite layer: keys and
+    values from ``x_src [L_k, kdim]``, queries from ``x_dst [L_q, embed_dim]``, as
+    ``mha(x_dst, x_src, x_src)``. The dense layer takes ``x [L, D]`` or ``[B, L, D]`` with a
+    mask in graphattn's convention (``True``: may attend), or ``is_causal=True``.
+
+    Args:
+        mha (torch.nn.MultiheadAttention): without ``add_bias_kv`` and ``add_zero_attn``, and
+            with its keys and values of one size (``kdim == vdim``).
+        dense (bool, optional): return a ``DenseSelfAttention``. (default: ``False``)
+        backend (str, optional): the ``GraphSelfAttention``'s ``backend``.
+            (default: ``"auto"``)
+
+    Returns:
+        GraphSelfAttention or DenseSelfAttention: on ``mha``'s device, in its dtype and
+        training mode (its attention dropout included).
+    """
+    if not isinstance(mha, torch.nn.MultiheadAttention):
+        raise TypeError(f"mha must be a torch.nn.MultiheadAttention, got {type(mha).__name__}")
+    if mha.bias_k is not None or mha.add_zero_attn:
+        raise ValueError(f"mha must have add_bias_kv=False and add_zero_attn=False (they attend "
+                         f"to keys that are no node), got add_bias_kv={mha.bias_k is not None}, "
+                         f"add_zero_attn={mha.add_zero_attn}")
+    if mha.kdim != mha.vdim:
+        raise ValueError(f"mha must take keys and values of one size (both come from x_src), "
+                         f"got kdim={mha.kdim}, vdim={mha.vdim}")
+    D, H = mha.embed_dim, mha.num_heads
+    bias = mha.in_proj_bias is not None
+    if dense:
+        if mha.kdim != D:
+            raise ValueError(f"dense=True needs kdim = embed_dim ({D}): DenseSelfAttention "
+                             f"attends within one sequence; got kdim={mha.kdim}")
+        layer = DenseSelfAttention(D, D // H, heads=H, dropout=mha.dropout, bias=bias)
+    else:
+        in_channels = D if mha.kdim == D else (mha.kdim, D)
+        layer = GraphSelfAttention(in_channels, D // H, heads=H, dropout=mha.dropout, bias=bias,
+                                   add_self_loops=False, backend=backend)
+    reference = mha.out_proj.weight
+    layer = layer.to(device=reference.device, dtype=reference.dtype).train(mha.training)
+    if mha.in_proj_weight is not None:
+        weights = mha.in_proj_weight.chunk(3)  # (D, D) each
+    else:
+        weights = (mha.q_proj_weight, mha.k_proj_weight, mha.v_proj_weight)
+    with torch.no_grad():
+        for i, lin in enumerate((layer.lin_q, layer.lin_k, layer.lin_v)):
+            lin.weight.copy_(weights[i])
+            if bias:
+                lin.bias.copy_(mha.in_proj_bias[i * D:(i + 1) * D])
+        layer.lin_out.weight.copy_(mha.out_proj.weight)
+        if bias:
+            layer.lin_out.bias.copy_(mha.out_proj.bias)
+    return layer
