@@ -83,6 +83,7 @@ class _SelfAttentionBase(torch.nn.Module):
         self.beta = bool(beta)
         # the gate's weights w: beta_i = sigmoid(w . [o_i, r_i, o_i - r_i])
         self.lin_beta = Linear(3 * out_dim, 1, bias=False) if beta else None
+        self.out_bias: torch.nn.Parameter | None = None  # GraphSelfAttention(out_bias=True)
 
     def reset_parameters(self) -> None:
         """Glorot-uniform weights (each projection on its own) and zero biases.
@@ -136,6 +137,16 @@ class _SelfAttentionBase(torch.nn.Module):
         lins = (self.lin_q, self.lin_k, self.lin_v)
         drop = self.training and self.value_dropout > 0.0
         value_bias = self.lin_v.bias if drop else None  # added after the dropout
+        if self.lin_v is self.lin_k:  # share_value: one product, W^K x_j, for k_j and v_j
+            project = F.linear if x_src.layout == torch.strided else sparse_linear
+            product = project(x_src, self.lin_k.weight)  # (N_src, H * C)
+            bias = self.lin_k.bias
+            k = product if bias is None else product + bias
+            q = k if self.lin_q is self.lin_k and x_dst is x_src else self.lin_q(x_dst)
+            if not drop:
+                return q, k, k
+            v = dropout(product, self.value_dropout, self.training)
+            return q, k, v if bias is None else v + bias
         widths = [lin.out_features for lin in lins]
         if x_src is not x_dst or (x_src.layout == torch.strided and x_src.size(-1) < max(
                 DENSE_STACK_MIN_FEATURES, DENSE_STACK_MIN_RATIO * sum(widths))):
@@ -154,16 +165,19 @@ class _SelfAttentionBase(torch.nn.Module):
 
     def _merge_heads(self, out: Tensor, x_dst: Tensor) -> Tensor:
         """``[..., H, C]`` -> ``[..., H*C]`` (concat) or ``[..., C]`` (mean), then ``lin_out``,
-        plus ``res(x_dst)`` with ``residual=True`` (gated by ``lin_beta`` with ``beta=True``)."""
+        plus ``res(x_dst)`` with ``residual=True`` (gated by ``lin_beta`` with ``beta=True``),
+        plus ``out_bias``."""
         out = out.flatten(-2) if self.concat else out.mean(dim=-2)  # (..., D)
         out = out if self.lin_out is None else self.lin_out(out)
-        if self.res is None:
-            return out
-        skip = self.res(x_dst)  # (..., D)
-        if self.lin_beta is None:
-            return out + skip
-        gate = torch.sigmoid(self.lin_beta(torch.cat([out, skip, out - skip], dim=-1)))  # (..., 1)
-        return gate * skip + (1 - gate) * out
+        if self.res is not None:
+            skip = self.res(x_dst)  # (..., D)
+            if self.lin_beta is None:
+                out = out + skip
+            else:
+                gate = torch.sigmoid(self.lin_beta(torch.cat([out, skip, out - skip],
+                                                             dim=-1)))  # (..., 1)
+                out = gate * skip + (1 - gate) * out
+        return out if self.out_bias is None else out + self.out_bias
 
     def _check_features(self, x: Tensor, lin: Linear, name: str) -> None:
         """Raise unless ``x`` is ``[N, F]`` with the ``F`` that ``lin`` takes."""
@@ -282,6 +296,13 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             as ``TransformerConv(beta=True)``: :math:`\beta_i = \sigma(w^\top [o_i \Vert r_i
             \Vert o_i - r_i])`, :math:`x'_i = \beta_i r_i + (1 - \beta_i) o_i`
             (``lin_beta = Linear(3 * out, 1, bias=False)``). (default: ``False``)
+        share_value (bool, optional): the values are the keys: ``lin_v`` is ``lin_k``, one
+            product for both, :math:`v_j = k_j = W^K x_j` (as ``GATv2Conv``, whose
+            ``lin_l`` serves both; ``value_dropout`` still drops the values alone). For the
+            dot and gatv2 scores. (default: ``False``)
+        out_bias (bool, optional): a learned bias ``out_bias`` ``[out]`` added to every
+            output, after the residual: a target without an in-edge gets it too, as with the
+            output bias of ``GATConv`` and ``GATv2Conv``. (default: ``False``)
 
     Shapes:
         - **input:** x ``(|V|, F)`` or ``((|V_src|, F_src), (|V_dst|, F_dst))``,
@@ -312,7 +333,8 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
                  attention: str = "dot", backend: str = "auto", value_dropout: float = 0.0,
                  negative_slope: float = 0.2, residual: bool = False,
                  share_weights: bool = False, fill_value: float | Tensor | str = "mean",
-                 edge_mode: str = "bias", beta: bool = False) -> None:
+                 edge_mode: str = "bias", beta: bool = False, share_value: bool = False,
+                 out_bias: bool = False) -> None:
         if attention not in SCORES:
             raise ValueError(f"attention must be one of {SCORES}, got {attention!r}")
         if edge_mode not in EDGE_MODES:
@@ -322,6 +344,10 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
                              f"additive score has one number per head, and edge_mode='bias' "
                              f"already adds edge features inside its LeakyReLU, as GATConv "
                              f"does; got attention={attention!r}")
+        if share_value and attention == "additive":
+            raise ValueError("share_value=True needs the dot or gatv2 score, whose keys have the "
+                             "values' channels; the additive score's keys are one number per "
+                             "head; got attention='additive'")
         if backend != "auto" and backend not in BACKENDS:
             raise ValueError(f"backend must be 'auto' or one of {list(BACKENDS)}, "
                              f"got {backend!r}")
@@ -352,6 +378,11 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
                 raise ValueError(f"share_weights=True needs the same features for sources and "
                                  f"targets, got in_channels={in_channels!r}")
             self.lin_k = self.lin_q  # one module: its weights serve q_i and k_j
+        self.share_value = bool(share_value)
+        if share_value:
+            self.lin_v = self.lin_k  # one module: its product serves k_j and v_j
+        out_dim = self.heads * self.out_channels if concat else self.out_channels
+        self.out_bias = torch.nn.Parameter(torch.empty(out_dim)) if out_bias else None
         self.add_self_loops = add_self_loops
         self.edge_dim = edge_dim
         self.edge_mode = edge_mode
@@ -366,6 +397,8 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
 
     def reset_parameters(self) -> None:
         super().reset_parameters()
+        if self.out_bias is not None:
+            torch.nn.init.zeros_(self.out_bias)
         if self.lin_edge is not None:
             torch.nn.init.xavier_uniform_(self.lin_edge.weight)
         if self.att is not None:
@@ -515,13 +548,16 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             extra += f", negative_slope={self.negative_slope}"
         if self.share_weights:
             extra += ", share_weights=True"
+        if self.share_value:
+            extra += ", share_value=True"
+        if self.out_bias is not None:
+            extra += ", out_bias=True"
         if self.edge_dim is not None:
             extra += f", edge_dim={self.edge_dim}"
             extra += "" if self.edge_mode == "bias" else f", edge_mode={self.edge_mode!r}"
         return f"{self.__class__.__name__}({self._repr_args()}{extra})"
 
 
-# how edge features enter the attention (GraphSelfAttention's edge_mode)
 # Dense features of self-attention at least this many times wider than lin_q, lin_k and lin_v's
 # outputs together, and at least this wide, are projected by one product with the stacked
 # weights. Timed on 2 cores (forward and backward of the projections, interleaved): from 256
@@ -531,6 +567,7 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
 DENSE_STACK_MIN_RATIO = 3
 DENSE_STACK_MIN_FEATURES = 256
 
+# how edge features enter the attention (GraphSelfAttention's edge_mode)
 EDGE_MODES = ("bias", "key", "key_value")
 
 # fill_value names of PyG's self-loop attributes -> the reduction over a target's in-edges

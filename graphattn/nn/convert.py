@@ -9,31 +9,26 @@ runs on the fused kernels without retraining. How each layer maps:
 - ``GATConv``: the additive score. GAT's score
   :math:`a_{dst}^\top W_{dst} x_i + a_{src}^\top W_{src} x_j (+ a_e^\top W_e e_{ij})` is linear
   in the features, so each attention vector is folded into its projection, ``lin_q = a_dst W_dst``
-  and ``lin_k = a_src W_src`` (``Linear(F, H)``, biases 0), and ``lin_edge = a_e W_e``
+  and ``lin_k = a_src W_src`` (``Linear(F, H)``, no biases), and ``lin_edge = a_e W_e``
   (``edge_mode="bias"``); ``lin_v = W_src``.
 - ``GATv2Conv``: the gatv2 score, ``lin_q = lin_r``, ``lin_k = lin_l``, ``att = att``, and
-  ``lin_v = lin_l`` (GATv2's value is its key); edge features enter the key
-  (``edge_mode="key"``).
+  ``share_value=True`` (GATv2's value is its key: ``lin_v`` is ``lin_k``); edge features enter
+  the key (``edge_mode="key"``).
 - ``TransformerConv``: the dot score, ``lin_q, lin_k, lin_v = lin_query, lin_key, lin_value``,
   ``res = lin_skip`` (``root_weight``), ``lin_beta``, and edge features in the key and the value
   (``edge_mode="key_value"``); no self-loops are added, as ``TransformerConv`` adds none.
 
-No layer gets an output projection (``out_proj=False``). GAT's and GATv2's output bias
-:math:`b`, added after the weighted sum, is added to every value instead (:math:`\sum_j
-\alpha_{ij} (v_j + b) = \sum_j \alpha_{ij} v_j + b`, since the weights sum to 1), or with
-``residual=True`` to the residual projection, which then holds it. The one difference: without
-a residual, a target with no in-edge gets 0 where PyG gives :math:`b`. Self-loops give every
-target one, except on bipartite inputs beyond the first :math:`\min(N_{src}, N_{dst})` targets
-(:func:`from_pyg` warns for layers without self-loops or made for bipartite inputs).
-Attention dropout keeps its probability; the masks are graphattn's
+No layer gets an output projection (``out_proj=False``); the output bias of ``GATConv`` and
+``GATv2Conv``, added after the weighted sum (so a target without an in-edge gets it too), is the
+layer's ``out_bias``. Attention dropout keeps its probability; the masks are graphattn's
 (:func:`graphattn.functional.dropout_mask`), so training steps with dropout draw other masks
 than PyG's.
 
-The function is the same at conversion; the parameters are not. Trained further, a converted
-layer learns in graphattn's parametrization: for GAT, ``lin_q`` and ``lin_k`` are free
-``Linear(F, H)`` (with their biases, when ``bias=True``), no longer tied to the value weights
-``W`` as ``a^\top W`` is in ``GATConv``, and the output bias lives in ``lin_v``'s. Training from
-there follows another path than PyG's would, and optimizer states do not carry over.
+The function is the same at conversion, and so are the parameters, with one exception: a
+converted GAT layer holds ``a^\top W`` as free ``lin_q`` and ``lin_k`` (``Linear(F, H)``), where
+``GATConv`` ties its attention vectors to the value weights ``W``, so trained further it
+follows another path than ``GATConv`` would. (A residual of ``GATv2Conv`` gets a bias, 0 at
+conversion, with ``bias=True``.) Optimizer states do not carry over.
 
 **torch.** :func:`from_mha` turns a ``torch.nn.MultiheadAttention`` (a pretrained
 transformer's, say) into a ``GraphSelfAttention`` without added self-loops, which attends over
@@ -44,8 +39,6 @@ restrict it, at the cost of the edges instead of :math:`L^2`. Or into a
 """
 
 from __future__ import annotations
-
-import warnings
 
 import torch
 from torch.nn import Module
@@ -136,21 +129,15 @@ def from_pyg(conv: Module, *, backend: str = "auto") -> GraphSelfAttention:
                         ours.bias.copy_(theirs.bias)
     else:
         gat = kind == "GATConv"
-        out_bias = conv.bias
+        out_bias = conv.bias  # added after the weighted sum: the layer's out_bias
         layer = new_layer(
             attention="additive" if gat else "gatv2",
-            bias=out_bias is not None or (not gat and conv.lin_l.bias is not None),
+            # GATConv's projections have no biases; GATv2Conv's lin_l and lin_r do
+            bias=not gat and conv.lin_l.bias is not None, out_bias=out_bias is not None,
             add_self_loops=conv.add_self_loops, negative_slope=conv.negative_slope,
             fill_value=conv.fill_value, residual=conv.residual,
-            share_weights=not gat and conv.share_weights, edge_mode="bias" if gat else "key")
-        bipartite = not isinstance(conv.in_channels, int)
-        if out_bias is not None and not conv.residual and (bipartite or not conv.add_self_loops):
-            warnings.warn(f"conv ({kind}) adds its output bias after the weighted sum, the "
-                          f"converted layer adds it to the values: the two agree on every "
-                          f"target with an in-edge, but without a residual a target without "
-                          f"one gets 0 where {kind} gives its bias (add_self_loops="
-                          f"{conv.add_self_loops}; on bipartite inputs self-loops reach only "
-                          f"the first min(N_src, N_dst) targets)", stacklevel=2)
+            share_weights=not gat and conv.share_weights, share_value=not gat,
+            edge_mode="bias" if gat else "key")
         with torch.no_grad():
             if gat:
                 _copy_gat(layer, conv)
@@ -158,12 +145,10 @@ def from_pyg(conv: Module, *, backend: str = "auto") -> GraphSelfAttention:
                 _copy_gatv2(layer, conv)
             if layer.res is not None:
                 layer.res.weight.copy_(conv.res.weight)
-            if out_bias is not None and layer.res is not None:  # PyG's res has no bias
-                layer.res.bias.copy_(out_bias)  # (H * C,) or (C,), as the output
-            elif out_bias is not None:  # one bias on every value is that bias on out
-                layer.lin_v.bias.add_(out_bias if conv.concat else out_bias.repeat(H))
-            elif layer.res is not None and layer.res.bias is not None:
-                layer.res.bias.zero_()
+                if layer.res.bias is not None:  # PyG's residual has no bias
+                    layer.res.bias.zero_()
+            if out_bias is not None:
+                layer.out_bias.copy_(out_bias)  # (H * C,) or (C,), as the output
     return layer
 
 
@@ -191,24 +176,16 @@ def _copy_gat(layer: GraphSelfAttention, conv: Module) -> None:
     layer.lin_q.weight.copy_(torch.einsum("hc,hcf->hf", conv.att_dst[0], W_dst))  # (H, F_dst)
     layer.lin_k.weight.copy_(torch.einsum("hc,hcf->hf", conv.att_src[0], W_src))  # (H, F_src)
     layer.lin_v.weight.copy_(lin_src.weight)
-    if layer.lin_q.bias is not None:  # GAT's score has no constant inside its LeakyReLU
-        layer.lin_q.bias.zero_()
-        layer.lin_k.bias.zero_()
-        layer.lin_v.bias.zero_()
     if conv.lin_edge is not None:
         W_edge = conv.lin_edge.weight.view(H, C, -1)  # (H, C, edge_dim)
         layer.lin_edge.weight.copy_(torch.einsum("hc,hcd->hd", conv.att_edge[0], W_edge))
 
 
 def _copy_gatv2(layer: GraphSelfAttention, conv: Module) -> None:
-    """lin_r -> lin_q, lin_l -> lin_k and lin_v, att -> att, lin_edge -> lin_edge."""
-    pairs = [(layer.lin_v, conv.lin_l)]
-    if not conv.share_weights:  # shared: lin_k is lin_q, copied once
-        pairs.append((layer.lin_k, conv.lin_l))
-    pairs.append((layer.lin_q, conv.lin_r))
-    for ours, theirs in pairs:  # with bias=True both have biases, else neither
-        ours.weight.copy_(theirs.weight)
-        if ours.bias is not None:
+    """lin_r -> lin_q, lin_l -> lin_k (which is lin_v), att -> att, lin_edge -> lin_edge."""
+    for ours, theirs in ((layer.lin_k, conv.lin_l), (layer.lin_q, conv.lin_r)):
+        ours.weight.copy_(theirs.weight)  # shared weights: lin_q is lin_k, lin_r is lin_l
+        if ours.bias is not None:  # with bias=True both have biases, else neither
             ours.bias.copy_(theirs.bias)
     layer.att.copy_(conv.att[0])
     if conv.lin_edge is not None:

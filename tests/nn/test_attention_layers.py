@@ -1105,3 +1105,73 @@ def test_forward_mode_ad_through_a_layer(attention, edge_mode, backend):
         got_out, got_tangent = fwAD.unpack_dual(got)
     assert_close(got_out, out)
     assert_close(got_tangent, want)
+
+
+@pytest.mark.parametrize("attention", ["dot", "gatv2"])
+@pytest.mark.parametrize("features", ["dense", "sparse_csr", "bipartite"])
+def test_share_value_is_a_value_projection_equal_to_the_keys(attention, features):
+    """share_value=True (lin_v is lin_k) computes what a layer whose lin_v holds a copy of
+    lin_k computes; the shared weights get the sum of both gradients."""
+    torch.manual_seed(0)
+    F_in, H, C, N = 5, 2, 3, 8
+    shared = GraphSelfAttention(F_in, C, heads=H, attention=attention, share_value=True)
+    assert shared.lin_v is shared.lin_k and "share_value=True" in repr(shared)
+    apart = GraphSelfAttention(F_in, C, heads=H, attention=attention)
+    apart.load_state_dict(shared.state_dict())  # lin_v.* are lin_k's
+    assert torch.equal(apart.lin_v.weight, apart.lin_k.weight)
+    x, edge_index = torch.randn(N, F_in).relu(), random_graph(N, 20)
+    x_in = (x.to_sparse_csr() if features == "sparse_csr"
+            else (x, x.clone()) if features == "bipartite" else x)
+    out_shared, out_apart = shared(x_in, edge_index), apart(x_in, edge_index)
+    assert_close(out_shared, out_apart)
+    out_shared.square().sum().backward()
+    out_apart.square().sum().backward()
+    assert_close(shared.lin_k.weight.grad, apart.lin_k.weight.grad + apart.lin_v.weight.grad)
+    assert_close(shared.lin_k.bias.grad, apart.lin_k.bias.grad + apart.lin_v.bias.grad)
+
+
+def test_share_value_drops_the_values_alone():
+    """With value_dropout the values are m * W^K x_j + b^K; the keys keep every entry."""
+    torch.manual_seed(0)
+    N, H, C = 6, 2, 3
+    layer = GraphSelfAttention(4, C, heads=H, share_value=True, value_dropout=0.5,
+                               add_self_loops=False, out_proj=False)
+    torch.nn.init.uniform_(layer.lin_k.bias, -2.0, 2.0)
+    x, edge_index = torch.randn(N, 4), complete_edges(N)
+    torch.manual_seed(1)
+    out = layer(x, edge_index)
+    torch.manual_seed(1)
+    mask = dropout_mask((N, H * C), 0.5)
+    q = layer.lin_q(x).view(N, H, C)
+    k = layer.lin_k(x).view(N, H, C)
+    v = ((x @ layer.lin_k.weight.T) * mask + layer.lin_k.bias).view(N, H, C)
+    assert_close(out, edge_attention(q, k, v, edge_index, backend="reference").flatten(-2))
+
+
+def test_share_value_refuses_the_additive_score():
+    with pytest.raises(ValueError, match="share_value=True needs the dot or gatv2 score"):
+        GraphSelfAttention(4, 3, attention="additive", share_value=True)
+
+
+@pytest.mark.parametrize("concat", [True, False])
+def test_out_bias_reaches_every_target(concat):
+    """out_bias is added to every output row, a target without an in-edge included, after the
+    residual; its gradient is the sum of the output's."""
+    torch.manual_seed(0)
+    H, C = 2, 3
+    layer = GraphSelfAttention(4, C, heads=H, concat=concat, out_bias=True, residual=True,
+                               add_self_loops=False)
+    assert "out_bias=True" in repr(layer) and torch.equal(layer.out_bias, torch.zeros_like(
+        layer.out_bias))
+    torch.nn.init.uniform_(layer.out_bias, -1.0, 1.0)
+    x, edge_index = torch.randn(5, 4), torch.tensor([[0, 1], [1, 2]])  # 0, 3, 4: no in-edge
+    out = layer(x, edge_index)
+    assert out.shape == (5, H * C if concat else C)
+    without = GraphSelfAttention(4, C, heads=H, concat=concat, residual=True,
+                                 add_self_loops=False)
+    without.load_state_dict({k: v for k, v in layer.state_dict().items() if k != "out_bias"})
+    assert_close(out, without(x, edge_index) + layer.out_bias)
+    assert_close(out[[0, 3, 4]], layer.res(x[[0, 3, 4]]) + layer.out_bias)
+    weight = torch.randn(out.shape)
+    (out * weight).sum().backward()
+    assert_close(layer.out_bias.grad, weight.sum(0))

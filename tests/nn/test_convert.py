@@ -13,17 +13,17 @@ from graphattn.nn import DenseSelfAttention, GraphSelfAttention, convert_pyg, fr
 DTYPE = torch.float64
 F_SRC, F_DST, C, D = 5, 4, 6, 3  # source and target features, channels, edge features
 
-# Each PyG layer with the options that change its mapping. GAT and GATv2 without self-loops
-# take a residual here: then the output bias sits in it and every target agrees (without one,
-# see test_no_self_loops_and_no_residual_warns_and_differs_by_the_bias_alone).
+# Each PyG layer with the options that change its mapping.
 CONVS = {
     "gat": (GATConv, {}),
     "gat-mean-edges": (GATConv, dict(concat=False, edge_dim=D, fill_value="add")),
     "gat-residual-no-loops": (GATConv, dict(residual=True, add_self_loops=False)),
+    "gat-no-loops": (GATConv, dict(add_self_loops=False)),
     "gat-no-bias": (GATConv, dict(bias=False, negative_slope=0.1)),
     "gatv2": (GATv2Conv, {}),
     "gatv2-mean-edges-shared": (GATv2Conv, dict(concat=False, edge_dim=D, share_weights=True)),
     "gatv2-residual-no-loops": (GATv2Conv, dict(residual=True, add_self_loops=False)),
+    "gatv2-no-loops": (GATv2Conv, dict(add_self_loops=False)),
     "gatv2-no-bias": (GATv2Conv, dict(bias=False)),
     "transformer": (TransformerConv, {}),
     "transformer-mean-edges-beta": (TransformerConv, dict(concat=False, edge_dim=D, beta=True)),
@@ -60,16 +60,7 @@ def inputs(case, edge_dim, seed=1):
 def test_converted_layer_agrees_with_pyg(case, name):
     """Outputs, edge order (self-loops included), attention weights and input gradients."""
     conv = make_conv(name, case.bipartite)
-    # a layer for bipartite inputs (or without self-loops) whose output bias the converted one
-    # can only add to the values is warned about (the registry's bipartite graph has
-    # N_src > N_dst: self-loops reach every target, and the two agree)
-    cls, options = CONVS[name]
-    warns = (cls is not TransformerConv and options.get("bias", True)
-             and not options.get("residual") and case.bipartite)
-    with pytest.warns(UserWarning, match="bipartite") if warns else warnings.catch_warnings():
-        if not warns:
-            warnings.simplefilter("error")
-        layer = from_pyg(conv)
+    layer = from_pyg(conv)
     assert isinstance(layer, GraphSelfAttention)
     assert not layer.training and layer.lin_v.weight.dtype == DTYPE
     x, edge_attr = inputs(case, conv.edge_dim)
@@ -93,28 +84,37 @@ def test_training_mode_is_kept_and_dropout_carried():
     assert layer.training and layer.dropout == 0.6
 
 
-def test_no_self_loops_and_no_residual_warns_and_differs_by_the_bias_alone():
-    """GATConv(add_self_loops=False) adds its bias after the sum; the converted layer adds it
-    to the values: equal where a target has an in-edge, 0 against the bias where not."""
+def test_a_target_without_in_edges_gets_the_output_bias():
+    """GATConv(add_self_loops=False) adds its bias after the sum, to every target: so does the
+    converted layer's out_bias, also where a target has no in-edge."""
     conv = GATConv(F_SRC, C, heads=2, add_self_loops=False).to(DTYPE).eval()
     with torch.no_grad():
         conv.bias.normal_()
-    with pytest.warns(UserWarning, match="add_self_loops=False"):
-        layer = from_pyg(conv)
+    layer = from_pyg(conv)
+    assert layer.out_bias is not None and layer.lin_v.bias is None
     x = torch.randn(4, F_SRC, dtype=DTYPE)
     edge_index = torch.tensor([[0, 1, 2], [1, 2, 1]])  # targets 0 and 3 have no in-edge
     ours, theirs = layer(x, edge_index), conv(x, edge_index)
-    assert_close(ours[[1, 2]], theirs[[1, 2]])
-    assert_close(theirs[[0, 3]], conv.bias.expand(2, -1))
-    assert torch.equal(ours[[0, 3]], torch.zeros(2, 2 * C, dtype=DTYPE))
+    assert_close(ours, theirs)
+    assert_close(ours[[0, 3]], conv.bias.expand(2, -1))
 
 
-def test_no_warning_where_every_target_agrees():
+def test_conversions_warn_of_nothing():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         for name in CONVS:
             from_pyg(make_conv(name, bipartite=False))
-        from_pyg(GATConv(F_SRC, C, add_self_loops=False, bias=False))
+        from_pyg(make_conv("gat", bipartite=True))
+
+
+def test_gatv2_values_are_its_keys_and_gat_projections_have_no_bias():
+    """The converted layers hold PyG's parameters: GATv2Conv's lin_l serves keys and values
+    (one product), GATConv's projections have no biases and its bias is the output's."""
+    gatv2 = from_pyg(make_conv("gatv2", bipartite=False))
+    assert gatv2.lin_v is gatv2.lin_k and gatv2.out_bias is not None
+    gat = from_pyg(make_conv("gat", bipartite=False))
+    assert all(lin.bias is None for lin in (gat.lin_q, gat.lin_k, gat.lin_v))
+    assert gat.out_bias is not None
 
 
 def test_convert_pyg_swaps_the_layers_of_pygs_gat_model():
@@ -177,9 +177,8 @@ def test_convert_pyg_after_to_hetero_with_lazy_layers():
     data = HeteroData()
     data["paper"].x = torch.randn(6, 5, generator=gen, dtype=DTYPE)
     data["author"].x = torch.randn(4, 3, generator=gen, dtype=DTYPE)
-    # every target has an in-edge: GATConv(add_self_loops=False)'s bias then agrees everywhere
-    data["author", "writes", "paper"].edge_index = torch.tensor([[0, 1, 2, 3, 0, 1],
-                                                                 [0, 1, 2, 3, 4, 5]])
+    data["author", "writes", "paper"].edge_index = torch.tensor([[0, 1, 2, 3, 0],
+                                                                 [0, 1, 2, 3, 4]])  # 5: none
     data["paper", "rev_writes", "author"].edge_index = torch.tensor([[0, 1, 2, 3, 4],
                                                                      [0, 1, 2, 3, 0]])
 
@@ -198,8 +197,7 @@ def test_convert_pyg_after_to_hetero_with_lazy_layers():
             if "bias" in name:
                 param.normal_()
     ref = model(data.x_dict, data.edge_index_dict)
-    with pytest.warns(UserWarning, match="add_self_loops=False"):
-        convert_pyg(model)
+    convert_pyg(model)
     assert isinstance(model.conv["author__writes__paper"], GraphSelfAttention)
     assert model.conv["author__writes__paper"].lin_k.in_features == 3
     out = model(data.x_dict, data.edge_index_dict)
@@ -207,20 +205,19 @@ def test_convert_pyg_after_to_hetero_with_lazy_layers():
         assert_close(out[node_type], ref[node_type])
 
 
-def test_bipartite_targets_beyond_the_self_loops_differ_by_the_bias_alone():
-    """On a bipartite input self-loops reach the first min(N_src, N_dst) targets: a target
-    past them without an in-edge gets 0 from the converted layer, GATConv's bias from PyG."""
+def test_bipartite_targets_beyond_the_self_loops_agree():
+    """On a bipartite input self-loops reach the first min(N_src, N_dst) targets: a target past
+    them without an in-edge gets GATConv's bias from both."""
     conv = GATConv((F_SRC, F_DST), C, heads=2).to(DTYPE).eval()
     with torch.no_grad():
         conv.bias.normal_()
-    with pytest.warns(UserWarning, match="bipartite"):
-        layer = from_pyg(conv)
+    layer = from_pyg(conv)
     x = (torch.randn(2, F_SRC, dtype=DTYPE), torch.randn(4, F_DST, dtype=DTYPE))
     edge_index = torch.tensor([[0, 1], [2, 0]])  # target 2 has an edge, target 3 none
     ours, theirs = layer(x, edge_index), conv(x, edge_index)
-    assert_close(ours[:3], theirs[:3])
-    assert_close(theirs[3], conv.bias)
-    assert torch.equal(ours[3], torch.zeros(2 * C, dtype=DTYPE))
+    assert_close(ours, theirs)
+    assert_close(ours[3], conv.bias)
+
 
 
 def test_a_subclass_with_its_own_forward_is_not_converted():
