@@ -33,6 +33,14 @@ from graphattn.functional.sparse_linear import sparse_linear
 from graphattn.graphs import SPARSE_LAYOUTS, _sparse_adjacency_and_values, from_sparse_adjacency
 
 
+def _stacks(x: Tensor, widths: list[int]) -> bool:
+    """Whether self-attention features ``x`` are projected by one product with the stacked
+    weights of projections ``widths`` wide: always for sparse features, and for dense ones at
+    least ``DENSE_STACK_MIN_FEATURES`` wide and ``DENSE_STACK_MIN_RATIO`` times the outputs."""
+    return x.layout != torch.strided or x.size(-1) >= max(
+        DENSE_STACK_MIN_FEATURES, DENSE_STACK_MIN_RATIO * sum(widths))
+
+
 def _linear(in_features: int, out_features: int, bias: bool) -> Linear | LazyLinear:
     """``Linear``, or ``LazyLinear`` for ``in_features=-1`` (sized by its first input)."""
     if in_features == -1:
@@ -132,24 +140,32 @@ class _SelfAttentionBase(torch.nn.Module):
         instead of three times, which outweighs copying the outputs apart. Narrower dense
         features take three products, whose outputs are contiguous: the attention kernels read
         them without a copy and backward needs no concatenation.
-        Parameters stay three ``Linear`` modules either way.
+        Parameters stay three ``Linear`` modules either way. With ``share_value`` the keys'
+        product serves the values (stacked with the queries' by the same rule).
         """
         lins = (self.lin_q, self.lin_k, self.lin_v)
         drop = self.training and self.value_dropout > 0.0
         value_bias = self.lin_v.bias if drop else None  # added after the dropout
+        project = F.linear if x_src.layout == torch.strided else sparse_linear
         if self.lin_v is self.lin_k:  # share_value: one product, W^K x_j, for k_j and v_j
-            project = F.linear if x_src.layout == torch.strided else sparse_linear
-            product = project(x_src, self.lin_k.weight)  # (N_src, H * C)
-            bias = self.lin_k.bias
-            k = product if bias is None else product + bias
-            q = k if self.lin_q is self.lin_k and x_dst is x_src else self.lin_q(x_dst)
+            lin_q, lin_k = self.lin_q, self.lin_k
+            widths = [lin_q.out_features, lin_k.out_features]
+            q = None
+            if x_src is x_dst and lin_q is not lin_k and _stacks(x_src, widths):
+                q, product = project(x_src, torch.cat([lin_q.weight, lin_k.weight])).split(
+                    widths, dim=-1)
+                q = q if lin_q.bias is None else q + lin_q.bias
+            else:
+                product = project(x_src, lin_k.weight)  # (N_src, H * C)
+            k = product if lin_k.bias is None else product + lin_k.bias
+            if q is None:
+                q = k if lin_q is lin_k and x_dst is x_src else lin_q(x_dst)
             if not drop:
                 return q, k, k
             v = dropout(product, self.value_dropout, self.training)
-            return q, k, v if bias is None else v + bias
+            return q, k, v if lin_k.bias is None else v + lin_k.bias
         widths = [lin.out_features for lin in lins]
-        if x_src is not x_dst or (x_src.layout == torch.strided and x_src.size(-1) < max(
-                DENSE_STACK_MIN_FEATURES, DENSE_STACK_MIN_RATIO * sum(widths))):
+        if x_src is not x_dst or not _stacks(x_src, widths):
             q, k = self.lin_q(x_dst), self.lin_k(x_src)
             v = F.linear(x_src, self.lin_v.weight) if drop else self.lin_v(x_src)
         else:
@@ -158,7 +174,6 @@ class _SelfAttentionBase(torch.nn.Module):
             if lins[0].bias is not None:
                 v_bias = self.lin_v.bias if value_bias is None else torch.zeros_like(value_bias)
                 bias = torch.cat([self.lin_q.bias, self.lin_k.bias, v_bias])
-            project = F.linear if x_src.layout == torch.strided else sparse_linear
             q, k, v = project(x_src, weight, bias).split(widths, dim=-1)
         v = dropout(v, self.value_dropout, self.training)
         return q, k, v if value_bias is None else v + value_bias

@@ -1108,12 +1108,13 @@ def test_forward_mode_ad_through_a_layer(attention, edge_mode, backend):
 
 
 @pytest.mark.parametrize("attention", ["dot", "gatv2"])
-@pytest.mark.parametrize("features", ["dense", "sparse_csr", "bipartite"])
+@pytest.mark.parametrize("features", ["dense", "dense-wide", "sparse_csr", "bipartite"])
 def test_share_value_is_a_value_projection_equal_to_the_keys(attention, features):
     """share_value=True (lin_v is lin_k) computes what a layer whose lin_v holds a copy of
-    lin_k computes; the shared weights get the sum of both gradients."""
+    lin_k computes, on every projection path (wide dense and sparse features stack the
+    queries' and keys' weights); the shared weights get the sum of both gradients."""
     torch.manual_seed(0)
-    F_in, H, C, N = 5, 2, 3, 8
+    F_in, H, C, N = 300 if features == "dense-wide" else 5, 2, 3, 8
     shared = GraphSelfAttention(F_in, C, heads=H, attention=attention, share_value=True)
     assert shared.lin_v is shared.lin_k and "share_value=True" in repr(shared)
     apart = GraphSelfAttention(F_in, C, heads=H, attention=attention)
