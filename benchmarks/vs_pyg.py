@@ -1,9 +1,11 @@
 """GraphSelfAttention against PyG's TransformerConv, GATConv and GATv2Conv on CPU: time and memory.
 
-Each PyG layer is compared with the GraphSelfAttention that computes the same function
-(``out_proj=False``; the tests check each pair with copied weights): TransformerConv with
-``attention="dot", residual=True`` (its root weight is the residual), GATConv with
-``"additive"`` and GATv2Conv with ``"gatv2"``. One configuration for all layers: input dim 64,
+Each PyG layer is compared with the GraphSelfAttention that computes the same function, with
+the same parameters: the PyG layer converted by ``graphattn.nn.from_pyg``
+(``tests/nn/test_convert.py`` checks each conversion): TransformerConv as
+``attention="dot", residual=True`` (its root weight is the residual), GATConv as
+``"additive"`` (``bias=False, out_bias=True``) and GATv2Conv as ``"gatv2"``
+(``share_value=True, out_bias=True``). One configuration for all layers: input dim 64,
 8 heads x 8 channels (concatenated, 64 outputs), fp32, projections included, on the same edge
 set with one self-loop per node (added once with ``torch_geometric.utils.add_remaining_self_loops``;
 the layers that add self-loops get ``add_self_loops=False`` so that none redoes it;
@@ -64,7 +66,7 @@ from torch_geometric.nn import GATConv, GATv2Conv, TransformerConv
 from torch_geometric.utils import add_remaining_self_loops
 
 from graphattn.datasets import load_planetoid
-from graphattn.nn import GraphSelfAttention
+from graphattn.nn import from_pyg
 
 IN_CHANNELS, HEADS, CHANNELS = 64, 8, 8
 # each PyG layer -> the GraphSelfAttention it is compared with
@@ -115,22 +117,17 @@ def make_graph(case: Case, root: str | None, edge_dim: int = 0,
     return x, edge_index, edge_attr
 
 
-# each score -> how the PyG layer with that score takes edge features
-EDGE_MODE = {"dot": "key_value", "additive": "bias", "gatv2": "key"}
+# each score -> the PyG layer whose conversion (graphattn.nn.from_pyg) has it
+PYG_COUNTERPART = {"dot": "TransformerConv", "additive": "GATConv", "gatv2": "GATv2Conv"}
 
 
 def make_layer(name: str, edge_dim: int = 0) -> torch.nn.Module:
     torch.manual_seed(0)
     edge = {"edge_dim": edge_dim} if edge_dim > 0 else {}
     if name.startswith("GraphSelfAttention"):
-        attention = name.split()[1]
-        # each the same function as its PyG counterpart (tests/nn): TransformerConv's root
-        # weight is the dot layer's residual
-        if edge:
-            edge["edge_mode"] = EDGE_MODE[attention]
-        return GraphSelfAttention(IN_CHANNELS, CHANNELS, heads=HEADS, add_self_loops=False,
-                                  attention=attention, out_proj=False,
-                                  residual=attention == "dot", **edge)
+        # the PyG counterpart converted by graphattn.nn.from_pyg: the same function, with the
+        # same parameters (tests/nn/test_convert.py)
+        return from_pyg(make_layer(PYG_COUNTERPART[name.split()[1]], edge_dim))
     if name == "TransformerConv":
         return TransformerConv(IN_CHANNELS, CHANNELS, heads=HEADS, **edge)
     conv = GATConv if name == "GATConv" else GATv2Conv
@@ -444,8 +441,8 @@ def main() -> None:
         "above the memory before it, in a fresh process per layer and graph. Each PyG row's "
         "ratios are GraphSelfAttention with the same score (the row above it) / that PyG "
         "layer: below 1 favours GraphSelfAttention. Each pair computes the same function "
-        "(`out_proj=False`; the dot layer with `residual=True`, TransformerConv's root weight), "
-        "as the tests check with copied weights.",
+        "with the same parameters: the GraphSelfAttention is the PyG layer converted by "
+        "`graphattn.nn.from_pyg` (tests/nn/test_convert.py).",
         *(["", edge_line] if args.edge_dim > 0 else []),
         "",
         *table,
