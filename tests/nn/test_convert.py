@@ -273,7 +273,7 @@ def test_from_mha_attends_over_the_graph_as_an_attn_mask_would(pattern, bias):
     assert_close(x_ours.grad, x_ref.grad)
 
 
-def test_from_mha_attention_weights_are_torchs_averaged_over_heads():
+def test_from_mha_attention_weights_are_torchs_per_head():
     from graphattn import graphs
 
     L = 7
