@@ -96,6 +96,43 @@ def batch_complete_graph(batch: Tensor, self_loops: bool = True) -> Tensor:
     return torch.stack([src, dst])
 
 
+def repeat_graph(edge_index: Tensor, num_nodes: int, copies: int) -> Tensor:
+    r"""One graph repeated ``copies`` times without edges between the copies: a mini-batch of
+    sequences or images that share one attention pattern.
+
+    Copy ``b`` holds nodes ``b * num_nodes`` to ``(b + 1) * num_nodes - 1``, so features of
+    shape ``[B, L, F]`` flattened to ``[B * L, F]`` line up with
+    ``repeat_graph(edge_index, L, B)``, and copy b of edge j -> i is
+
+    .. math::
+        (j + b\,n) \to (i + b\,n), \qquad b = 0, \dots, \texttt{copies} - 1.
+
+    ``GraphSelfAttention`` on it attends within each sequence (image) alone, as
+    ``DenseSelfAttention`` on the ``[B, L, F]`` batch with ``mask=to_dense_mask(edge_index,
+    L)`` does. For a graph given per example (as in PyG's ``Batch``), concatenate with offsets
+    instead; :func:`batch_complete_graph` builds the complete graph of each.
+
+    Args:
+        edge_index (Tensor): ``[2, E]`` integer, the graph of one copy, ids below ``num_nodes``.
+        num_nodes (int): nodes n of one copy (isolated ones included).
+        copies (int): number of copies B >= 0.
+
+    Shapes:
+        - **input:** edge_index ``(2, E)``
+        - **output:** edge_index ``(2, B * E)``, the dtype and device of ``edge_index``,
+          copy by copy; sorted by target, then source, when ``edge_index`` is
+    """
+    num_nodes = check_non_negative(num_nodes, "num_nodes")
+    copies = check_non_negative(copies, "copies")
+    check_edge_index(edge_index, num_src=num_nodes, num_dst=num_nodes)
+    if copies * num_nodes - 1 > torch.iinfo(edge_index.dtype).max:
+        raise ValueError(f"copies * num_nodes = {copies} * {num_nodes} node ids do not fit "
+                         f"in edge_index's dtype {edge_index.dtype}; pass int64 ids")
+    offsets = torch.arange(copies, dtype=edge_index.dtype, device=edge_index.device)
+    offsets = offsets * num_nodes  # (B,)
+    return (edge_index.unsqueeze(1) + offsets.view(1, -1, 1)).reshape(2, -1)  # (2, B * E)
+
+
 def chain_graph(n: int, directed: bool = False) -> Tensor:
     r"""The path ``0 - 1 - ... - n-1``: each position sees its direct neighbours.
 

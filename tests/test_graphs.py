@@ -450,3 +450,62 @@ def test_sparse_adjacency_errors():
         graphs.to_sparse_adjacency(ei, 3, 3, layout=torch.strided)
     with pytest.raises(ValueError, match="targets.*< the number of target nodes 2"):
         graphs.to_sparse_adjacency(ei, 3, 2)
+
+
+@pytest.mark.parametrize("make,n", [(lambda: graphs.window_graph(5, 1, causal=True), 5),
+                                    (lambda: graphs.grid_graph(2, 3), 6),
+                                    (lambda: torch.tensor([[0, 0, 2], [1, 1, 0]]), 4)])
+@pytest.mark.parametrize("copies", [0, 1, 3])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_repeat_graph_is_the_block_diagonal_mask(make, n, copies, dtype):
+    edge_index = make().to(dtype)
+    out = graphs.repeat_graph(edge_index, n, copies)
+    assert out.dtype == dtype and out.shape == (2, copies * edge_index.size(1))
+    mask = graphs.to_dense_mask(edge_index.long(), n)
+    assert torch.equal(graphs.to_dense_mask(out.long(), copies * n),
+                       torch.block_diag(*[mask] * copies) if copies else torch.zeros(0, 0).bool())
+    # copy by copy, each the graph shifted by its offset (multi-edges kept)
+    for b in range(copies):
+        part = out[:, b * edge_index.size(1):(b + 1) * edge_index.size(1)]
+        assert torch.equal(part, edge_index + b * n)
+
+
+def test_repeat_graph_keeps_target_order_and_matches_pyg_batch():
+    from torch_geometric.data import Batch, Data
+
+    edge_index, n = graphs.grid_graph(3, 3), 9
+    out = graphs.repeat_graph(edge_index, n, 4)
+    assert bool((out[1, 1:] >= out[1, :-1]).all())
+    pyg = Batch.from_data_list([Data(edge_index=edge_index, num_nodes=n)] * 4)
+    assert torch.equal(out, pyg.edge_index)
+
+
+def test_repeat_graph_batches_sequences_as_dense_attention_does():
+    from graphattn.nn import DenseSelfAttention, GraphSelfAttention
+
+    torch.manual_seed(0)
+    B, L, F = 3, 7, 8
+    sparse = GraphSelfAttention(F, 4, heads=2, add_self_loops=False)
+    dense = DenseSelfAttention(F, 4, heads=2)
+    dense.load_state_dict(sparse.state_dict())
+    edge_index = graphs.window_graph(L, 2, causal=True)
+    x = torch.randn(B, L, F)
+    out = sparse(x.reshape(B * L, F), graphs.repeat_graph(edge_index, L, B))
+    expected = dense(x, mask=graphs.to_dense_mask(edge_index, L))
+    torch.testing.assert_close(out.view(B, L, -1), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("call,error,match", [
+    (lambda: graphs.repeat_graph(graphs.chain_graph(3), 3, -1), ValueError,
+     r"copies must be a non-negative integer, got -1"),
+    (lambda: graphs.repeat_graph(graphs.chain_graph(3), 2, 2), ValueError,
+     r"edge_index\[0\] \(sources\) must be < the number of source nodes 2, got a maximum of 2"),
+    (lambda: graphs.repeat_graph(graphs.chain_graph(3).float(), 3, 2), TypeError,
+     r"edge_index must have an integer dtype"),
+    (lambda: graphs.repeat_graph(graphs.chain_graph(3).int(), 2**30, 3), ValueError,
+     r"copies \* num_nodes = 3 \* 1073741824 node ids do not fit in edge_index's dtype "
+     r"torch.int32"),
+])
+def test_repeat_graph_errors(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
