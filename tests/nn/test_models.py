@@ -659,8 +659,7 @@ def test_graph_transformer_training_wiring(monkeypatch):
     stream). Written out with the model's own sublayers and a fixed-mask dropout."""
     import graphattn.nn.models as models
 
-    monkeypatch.setattr(models, "dropout", fixed_dropout)
-    monkeypatch.setattr(torch.nn.functional, "dropout", fixed_dropout)  # nn.Dropout in the FFN
+    monkeypatch.setattr(models, "dropout", fixed_dropout)  # the FFN's Dropout module too
     torch.manual_seed(0)
     N, F_in, D, P, p = 9, 5, 8, 3, 0.25
     model = GraphTransformer(F_in, D, 3, num_layers=2, heads=2, pe_channels=P, dropout=p,
@@ -679,6 +678,26 @@ def test_graph_transformer_training_wiring(monkeypatch):
         h = h + fixed_dropout(lin2(inner), p)
     expected = model.lin_out(model.norm_out(h))
     assert_close(model(x, ei, pe), expected)
+
+
+def test_graph_transformer_ffn_dropout_draws_graphattns_masks():
+    """The FFN's dropout module is torch.nn.Dropout drawing graphattn's masks (the fast CPU
+    draw): the same seed gives x * dropout_mask; in eval it is the identity; the parameter
+    names are those of torch.nn.Dropout in the same place."""
+    from graphattn.functional.dropout import dropout_mask
+
+    model = GraphTransformer(5, 8, 3, heads=2, dropout=0.3)
+    drop = model.ffns[0][2]
+    assert isinstance(drop, torch.nn.Dropout) and drop.p == 0.3
+    x = torch.randn(40, 16)
+    torch.manual_seed(7)
+    out = drop(x)
+    torch.manual_seed(7)
+    assert_close(out, x * dropout_mask((40, 16), 0.3))
+    assert 0 < int((out == 0).sum()) < x.numel()
+    assert drop.eval()(x) is x
+    keys = [k for k in model.state_dict() if k.startswith("ffns.0.")]
+    assert keys == ["ffns.0.0.weight", "ffns.0.0.bias", "ffns.0.3.weight", "ffns.0.3.bias"]
 
 
 def test_graph_transformer_parameter_count():
