@@ -60,7 +60,7 @@ def test_short_training_learns_and_reports(example, capsys):
     for r in out["results"]:
         assert len(r.val_curve) == 6 and 1 <= r.best_epoch <= 6
         assert r.val_acc == max(r.val_curve)
-    # chance is 10%: a model that does not learn stays near it (seeded: 49.7% and 29.3% here)
+    # chance is 10%: a model that does not learn stays near it (seeded: 48.2% and 32.1% here)
     assert rows["grid1"]["test mean"] > 0.35, rows
     assert rows["grid0"]["test mean"] > 0.2, rows
     printed = capsys.readouterr().out

@@ -1,0 +1,365 @@
+r"""Masked and truncated attention over text: one character-level language model, four graphs.
+
+A sequence is a chain of tokens, and a decoder's attention is edge attention on a graph over
+them. This script trains the same model, :class:`graphattn.nn.GraphTransformer` (two pre-norm
+blocks, 4 heads, width 64), to predict the next character of English text, with each
+character attending to
+
+- ``window0``: itself only (``graphs.window_graph(L, 0, causal=True)``): no context, the
+  model can learn the next character's distribution given the current one and nothing more;
+- ``window8`` and ``window32``: itself and the 8 or 32 characters before it
+  (``graphs.window_graph(L, r, causal=True)``): truncated attention, the long-sequence
+  transformer's local window;
+- ``causal``: itself and every character before it in the sequence
+  (``graphs.causal_graph(L)``): masked decoder attention, what ``DenseSelfAttention`` computes
+  with ``is_causal=True``.
+
+The text is the Python documentation's topic pages that ship with CPython
+(``pydoc_data.topics``, about 465,000 characters, here in the order of their names): the first
+90% trains, the last 10% validates. A step draws ``--batch-size`` sequences of ``--length``
+characters at random places of the training text; a batch of B sequences is one graph,
+``graphs.repeat_graph(edge_index, L, B)``. A character's input is its one-hot vector and the
+transformer's sinusoidal encoding of its position (``pe.sinusoidal``, ``--pe`` columns; the
+chain's Laplacian eigenvectors are sinusoids too, but only the lowest frequencies, which cannot
+tell a character from its neighbour). Every
+``--eval-every`` steps the script measures the validation loss in bits per character on fixed
+sequences (every position predicts the next character; positions near a sequence's start see
+less context on every graph).
+
+It prints the final validation bits per character of each graph, the scores a sequence
+computes (its edges E against L^2 for unmasked dense attention) and the median time of a
+training step; with matplotlib it draws the validation curves (``--no-plot``: none). Last, it
+times one attention layer's forward+backward on a batch, ``GraphSelfAttention`` on each graph
+against ``DenseSelfAttention`` with the same weights (SDPA, with ``is_causal=True`` for the
+causal graph and the graph's mask otherwise), to show which route to take for which pattern
+(``--timing-rounds 0`` skips it).
+
+Usage::
+
+    python examples/sequence_attention.py --out out/sequence_attention   # ~8 min on 2 cores
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from graphattn import graphs, pe
+from graphattn.nn import DenseSelfAttention, GraphSelfAttention, GraphTransformer
+
+GRAPHS = ("window0", "window8", "window32", "causal")
+
+
+def sequence_graph(name: str, length: int) -> Tensor:
+    """The edges j -> i among the ``length`` positions of one sequence."""
+    if name == "causal":
+        return graphs.causal_graph(length)
+    if name.startswith("window") and name[6:].isdigit():
+        return graphs.window_graph(length, int(name[6:]), causal=True)
+    raise ValueError(f"graph must be one of {', '.join(GRAPHS)} (or windowR for a radius R), "
+                     f"got {name!r}")
+
+
+@dataclass
+class Corpus:
+    """Characters as ids, split into a training and a validation text."""
+
+    vocab: str  # the characters, sorted: id c is vocab[c]
+    train: Tensor  # (n_train,) int64 character ids
+    val: Tensor  # (n_val,)
+
+
+def load_corpus() -> Corpus:
+    """The Python documentation's topic pages (``pydoc_data.topics``): first 90% to train."""
+    from pydoc_data.topics import topics
+
+    text = "\n\n".join(topics[name] for name in sorted(topics))
+    vocab = "".join(sorted(set(text)))
+    lookup = {ch: i for i, ch in enumerate(vocab)}
+    ids = torch.tensor([lookup[ch] for ch in text], dtype=torch.long)
+    cut = int(0.9 * ids.numel())
+    return Corpus(vocab, ids[:cut], ids[cut:])
+
+
+def windows(text: Tensor, starts: Tensor, length: int) -> tuple[Tensor, Tensor]:
+    """Inputs ``text[s : s + L]`` and next-character targets ``text[s + 1 : s + L + 1]``."""
+    offsets = starts.unsqueeze(1) + torch.arange(length + 1)  # (B, L + 1)
+    chunk = text[offsets]
+    return chunk[:, :-1], chunk[:, 1:]  # (B, L), (B, L)
+
+
+class CharModel(torch.nn.Module):
+    """A GraphTransformer over the positions of each sequence: next-character logits."""
+
+    def __init__(self, vocab_size: int, edge_index: Tensor, positions: Tensor, *,
+                 hidden: int, heads: int, layers: int, dropout: float) -> None:
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.register_buffer("edge_index", edge_index, persistent=False)  # (2, E), one sequence
+        self.register_buffer("positions", positions, persistent=False)  # (L, P)
+        self.body = GraphTransformer(vocab_size, hidden, vocab_size, num_layers=layers,
+                                     heads=heads, pe_channels=positions.size(1),
+                                     dropout=dropout, attention_dropout=0.0)
+        self._batch_graphs: dict[int, Tensor] = {}
+
+    def forward(self, chars: Tensor) -> Tensor:
+        B, L = chars.shape
+        if B not in self._batch_graphs:
+            self._batch_graphs[B] = graphs.repeat_graph(self.edge_index, L, B)
+        x = F.one_hot(chars.reshape(B * L), self.vocab_size).float()  # (B * L, V)
+        pos = self.positions.repeat(B, 1)  # (B * L, P)
+        return self.body(x, self._batch_graphs[B], pos).view(B, L, -1)  # (B, L, V)
+
+
+@dataclass
+class RunResult:
+    graph: str
+    scores: int  # edges of one sequence
+    steps: list[int] = field(default_factory=list)
+    val_bpc: list[float] = field(default_factory=list)
+    step_seconds: list[float] = field(default_factory=list)
+
+
+@torch.no_grad()
+def validation_bpc(model: CharModel, inputs: Tensor, targets: Tensor, batch_size: int) -> float:
+    """Mean cross-entropy of every next-character prediction, in bits."""
+    model.eval()
+    total = 0.0
+    for first in range(0, inputs.size(0), batch_size):
+        logits = model(inputs[first:first + batch_size])
+        total += F.cross_entropy(logits.flatten(0, 1), targets[first:first + batch_size].flatten(),
+                                 reduction="sum").item()
+    model.train()
+    return total / targets.numel() / math.log(2)
+
+
+def train(model: CharModel, corpus: Corpus, val: tuple[Tensor, Tensor], *, steps: int,
+          batch_size: int, length: int, lr: float, eval_every: int, seed: int, desc: str,
+          progress: bool) -> RunResult:
+    """AdamW with a linear warm-up over the first 5% of the steps and cosine decay to 10%."""
+    generator = torch.Generator().manual_seed(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    warmup = max(1, steps // 20)
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return 0.1 + 0.45 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    result = RunResult(desc, model.edge_index.size(1))
+    bar = tqdm(range(1, steps + 1), desc=desc, disable=not progress, leave=False)
+    for step in bar:
+        starts = torch.randint(corpus.train.numel() - length - 1, (batch_size,),
+                               generator=generator)
+        inputs, targets = windows(corpus.train, starts, length)
+        start = time.perf_counter()
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(inputs).flatten(0, 1), targets.flatten())
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+        result.step_seconds.append(time.perf_counter() - start)
+        if step % eval_every == 0 or step == steps:
+            result.steps.append(step)
+            result.val_bpc.append(validation_bpc(model, *val, batch_size))
+            bar.set_postfix(val_bpc=f"{result.val_bpc[-1]:.3f}")
+    return result
+
+
+def time_one_layer(names: list[str], length: int, batch_size: int, hidden: int, heads: int,
+                   rounds: int) -> list[dict]:
+    """Forward+backward of one attention layer on a batch, ``GraphSelfAttention`` on each
+    graph against ``DenseSelfAttention`` with the same weights on ``[B, L, D]`` (SDPA with
+    ``is_causal=True`` for the causal graph, with the graph's mask otherwise): interleaved
+    after 3 warm-up rounds, medians. Both compute the same outputs (checked first)."""
+    torch.manual_seed(0)
+    sparse = GraphSelfAttention(hidden, hidden // heads, heads)
+    dense = DenseSelfAttention(hidden, hidden // heads, heads)
+    dense.load_state_dict(sparse.state_dict())
+    x = torch.randn(batch_size, length, hidden, requires_grad=True)  # (B, L, D)
+    calls = {}
+    for name in names:
+        edge_index = sequence_graph(name, length)
+        batch_graph = graphs.repeat_graph(edge_index, length, batch_size)
+        calls[name, "sparse"] = lambda g=batch_graph: sparse(x.flatten(0, 1), g)
+        if name == "causal":
+            calls[name, "dense"] = lambda: dense(x, is_causal=True).flatten(0, 1)
+        else:
+            mask = graphs.to_dense_mask(edge_index, length)  # (L, L)
+            calls[name, "dense"] = lambda m=mask: dense(x, mask=m).flatten(0, 1)
+        torch.testing.assert_close(calls[name, "sparse"](), calls[name, "dense"](),
+                                   atol=1e-4, rtol=1e-4)
+    seconds: dict[tuple[str, str], list[float]] = {key: [] for key in calls}
+    for round_ in range(3 + rounds):
+        for key, call in calls.items():
+            start = time.perf_counter()
+            call().sum().backward()
+            if round_ >= 3:
+                seconds[key].append(time.perf_counter() - start)
+    rows = []
+    for name in names:
+        sparse_ms, dense_ms = (1e3 * statistics.median(seconds[name, way])
+                               for way in ("sparse", "dense"))
+        rows.append({"graph": name, "sparse ms": sparse_ms, "dense ms": dense_ms,
+                     "dense route": "is_causal" if name == "causal" else "mask"})
+    return rows
+
+
+def format_timing(rows: list[dict], length: int, batch_size: int) -> str:
+    lines = [f"One attention layer, forward+backward, {batch_size} sequences of {length}:",
+             "| graph | GraphSelfAttention ms | DenseSelfAttention ms | dense call | "
+             "sparse / dense |", "|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['graph']} | {r['sparse ms']:.1f} | {r['dense ms']:.1f} | "
+                     f"{r['dense route']} | {r['sparse ms'] / r['dense ms']:.2f} |")
+    return "\n".join(lines)
+
+
+def format_table(results: list[RunResult], length: int) -> str:
+    lines = ["| graph | scores per sequence | of L^2 | validation bits per char | step ms |",
+             "|---|---|---|---|---|"]
+    for r in results:
+        lines.append(f"| {r.graph} | {r.scores} | {r.scores / length ** 2:.1%} | "
+                     f"{r.val_bpc[-1]:.3f} | {1e3 * statistics.median(r.step_seconds):.0f} |")
+    return "\n".join(lines)
+
+
+def plot(results: list[RunResult], path: Path, length: int) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no figure (pip install -e '.[plot]')")
+        return False
+    fig, (curves, cost) = plt.subplots(1, 2, figsize=(11, 4), layout="constrained",
+                                       width_ratios=[2, 1])
+    for r in results:
+        curves.plot(r.steps, r.val_bpc, marker="o", markersize=3, label=r.graph)
+    curves.set(xlabel="training step", ylabel="validation bits per character",
+               title=f"character model, sequences of {length}: four attention graphs")
+    curves.legend()
+    curves.grid(alpha=0.3)
+    names = [r.graph for r in results]
+    step_ms = [1e3 * statistics.median(r.step_seconds) for r in results]
+    cost.barh(names, step_ms)
+    for i, r in enumerate(results):
+        cost.text(step_ms[i], i, f" {r.scores} scores", va="center")
+    cost.set(xlabel="median training step (ms)", title="time per step (scores per sequence)",
+             xlim=(0, 1.6 * max(step_ms)))
+    cost.invert_yaxis()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--graphs", default=",".join(GRAPHS),
+                        help="comma-separated graphs: windowR (itself and the R characters "
+                             "before), causal")
+    parser.add_argument("--steps", type=positive_int, default=2000)
+    parser.add_argument("--eval-every", type=positive_int, default=100)
+    parser.add_argument("--length", type=positive_int, default=256, help="characters L")
+    parser.add_argument("--batch-size", type=positive_int, default=16)
+    parser.add_argument("--val-sequences", type=positive_int, default=64)
+    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--hidden", type=positive_int, default=64)
+    parser.add_argument("--heads", type=positive_int, default=4)
+    parser.add_argument("--layers", type=positive_int, default=2)
+    parser.add_argument("--dropout", type=float, default=0.0)
+    parser.add_argument("--pe", type=positive_int, default=16,
+                        help="columns of the sinusoidal position encoding (even)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timing-rounds", type=int, default=30,
+                        help="rounds of the one-layer sparse-vs-dense timing; 0 skips it")
+    parser.add_argument("--out", default="out/sequence_attention",
+                        help="folder of the figure (default: out/sequence_attention)")
+    parser.add_argument("--no-plot", action="store_true")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    parser.add_argument("--threads", type=positive_int, default=None,
+                        help="torch CPU threads (default: torch's choice)")
+    args = parser.parse_args(argv)
+    args.graphs = [g.strip() for g in args.graphs.split(",") if g.strip()]
+    for name in args.graphs:
+        try:
+            sequence_graph(name, 2)
+        except ValueError as error:
+            parser.error(f"--graphs: {error}")
+    if args.hidden % args.heads != 0:
+        parser.error(f"--hidden must be divisible by --heads, got {args.hidden} and "
+                     f"{args.heads}")
+    if args.length < 2:
+        parser.error(f"--length must be at least 2, got {args.length}")
+    if args.timing_rounds < 0:
+        parser.error(f"--timing-rounds must be >= 0, got {args.timing_rounds}")
+    if args.pe % 2:
+        parser.error(f"--pe must be even (sin and cos pairs), got {args.pe}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    corpus = load_corpus()
+    print(f"text: {corpus.train.numel()} training and {corpus.val.numel()} validation "
+          f"characters, {len(corpus.vocab)} distinct")
+    L = args.length
+    spacing = (corpus.val.numel() - L - 1) // args.val_sequences
+    if spacing < 1:
+        raise SystemExit(f"--val-sequences {args.val_sequences} of --length {L} do not fit "
+                         f"in the {corpus.val.numel()} validation characters")
+    val = windows(corpus.val, torch.arange(args.val_sequences) * spacing, L)
+    positions = pe.sinusoidal(L, args.pe)  # (L, P)
+    results = []
+    for name in args.graphs:
+        torch.manual_seed(args.seed)
+        model = CharModel(len(corpus.vocab), sequence_graph(name, L), positions,
+                          hidden=args.hidden, heads=args.heads, layers=args.layers,
+                          dropout=args.dropout)
+        result = train(model, corpus, val, steps=args.steps, batch_size=args.batch_size,
+                       length=L, lr=args.lr, eval_every=args.eval_every, seed=args.seed,
+                       desc=name, progress=not args.no_progress)
+        print(f"{name:>9}: validation {result.val_bpc[-1]:.3f} bits per character after "
+              f"{args.steps} steps, {1e3 * statistics.median(result.step_seconds):.0f} ms per "
+              f"step, {result.scores} scores per sequence")
+        results.append(result)
+    print()
+    print(format_table(results, L))
+    timing = []
+    if args.timing_rounds > 0:
+        timing = time_one_layer(args.graphs, L, args.batch_size, args.hidden, args.heads,
+                                args.timing_rounds)
+        print()
+        print(format_timing(timing, L, args.batch_size))
+    figure = None
+    if not args.no_plot:
+        path = Path(args.out) / "sequence_attention.png"
+        if plot(results, path, L):
+            figure = path
+            print(f"figure: {path}")
+    return {"results": results, "timing": timing, "figure": figure}
+
+
+if __name__ == "__main__":
+    main()

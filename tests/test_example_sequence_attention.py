@@ -1,0 +1,130 @@
+"""The sequence-attention example runs: its text and windows are sound, its model is causal
+with the receptive field its graph gives, and a short training learns."""
+
+from __future__ import annotations
+
+import math
+import runpy
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("pydoc_data.topics", reason="the example's text is CPython's pydoc_data "
+                                                "(absent from some stripped installs)")
+
+SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "sequence_attention.py"
+SMALL = ["--timing-rounds", "0", "--length", "32", "--batch-size", "8", "--val-sequences", "8",
+         "--hidden", "32", "--heads", "2", "--layers", "1", "--no-progress", "--threads", "1"]
+
+
+@pytest.fixture(scope="module")
+def example():
+    return runpy.run_path(str(SCRIPT))  # its functions, without running main
+
+
+@pytest.fixture(scope="module")
+def corpus(example):
+    return example["load_corpus"]()
+
+
+def test_corpus_and_windows(example, corpus):
+    from pydoc_data.topics import topics
+
+    assert corpus.vocab == "".join(sorted(set(corpus.vocab)))
+    total = corpus.train.numel() + corpus.val.numel()
+    assert corpus.train.numel() == int(0.9 * total)
+    text = "".join(corpus.vocab[i] for i in torch.cat([corpus.train, corpus.val]).tolist())
+    assert text == "\n\n".join(topics[name] for name in sorted(topics))
+    inputs, targets = example["windows"](corpus.train, torch.tensor([0, 100]), 16)
+    assert inputs.shape == targets.shape == (2, 16)
+    assert torch.equal(inputs[:, 1:], targets[:, :-1])
+    assert torch.equal(targets[1], corpus.train[101:117])
+
+
+@pytest.mark.parametrize("name,edges", [("window0", 10), ("window3", 10 + 9 + 8 + 7),
+                                        ("causal", 55)])
+def test_sequence_graphs(example, name, edges):
+    edge_index = example["sequence_graph"](name, 10)
+    assert edge_index.size(1) == edges
+    assert bool((edge_index[0] <= edge_index[1]).all())  # no edge from the future
+
+
+@pytest.mark.parametrize("name,reach", [("window2", 2), ("causal", None)])
+def test_model_is_causal_with_its_graphs_receptive_field(example, corpus, name, reach):
+    """Changing character t changes no prediction before t, and with a window of r over two
+    blocks none after t + 2 r; within reach it does change them."""
+    torch.manual_seed(0)
+    L, t = 24, 10
+    model = example["CharModel"](len(corpus.vocab), example["sequence_graph"](name, L),
+                                 torch.randn(L, 4), hidden=16, heads=2, layers=2,
+                                 dropout=0.0).eval()
+    chars = corpus.train[:L].clone().unsqueeze(0)
+    other = chars.clone()
+    other[0, t] = (chars[0, t] + 1) % len(corpus.vocab)
+    with torch.no_grad():
+        diff = (model(chars) - model(other)).abs().amax(dim=2)[0]  # (L,)
+    assert float(diff[:t].max()) == 0.0
+    assert float(diff[t]) > 0
+    if reach is not None:
+        assert float(diff[t + 2 * reach]) > 0
+        assert float(diff[t + 2 * reach + 1:].max()) == 0.0
+    else:
+        assert bool((diff[t:] > 0).all())
+
+
+def test_batch_of_sequences_equals_sequences_one_by_one(example, corpus):
+    torch.manual_seed(0)
+    L = 16
+    model = example["CharModel"](len(corpus.vocab), example["sequence_graph"]("window3", L),
+                                 torch.randn(L, 4), hidden=16, heads=2, layers=2, dropout=0.0)
+    chars = corpus.train[:4 * L].view(4, L)
+    together = model(chars)
+    alone = torch.cat([model(chars[i:i + 1]) for i in range(4)])
+    torch.testing.assert_close(together, alone, atol=1e-5, rtol=1e-5)
+
+
+def test_short_training_learns_and_reports(example, corpus, capsys):
+    out = example["main"](["--graphs", "window4,window0", "--steps", "200", "--eval-every",
+                           "100", "--no-plot", *SMALL])
+    results = {r.graph: r for r in out["results"]}
+    assert list(results) == ["window4", "window0"]
+    for r in results.values():
+        assert r.steps == [100, 200] and len(r.step_seconds) == 200
+    # predicting every character as equally likely costs log2(V) = 6.69 bits; a model that
+    # learns nothing stays there (seeded: 4.34 and 3.97 here)
+    uniform = math.log2(len(corpus.vocab))
+    for r in results.values():
+        assert r.val_bpc[-1] < uniform - 2, (r.graph, r.val_bpc)
+    printed = capsys.readouterr().out
+    assert "| window4 | " in printed and "validation bits per char" in printed
+
+
+def test_one_layer_timing_compares_equal_outputs(example):
+    """The timing checks that both routes compute the same layer before timing them."""
+    rows = example["time_one_layer"](["window2", "causal"], 16, 3, 8, 2, rounds=2)
+    assert [(r["graph"], r["dense route"]) for r in rows] == [("window2", "mask"),
+                                                             ("causal", "is_causal")]
+    assert all(r["sparse ms"] > 0 and r["dense ms"] > 0 for r in rows)
+    table = example["format_timing"](rows, 16, 3)
+    assert "| causal | " in table and "3 sequences of 16" in table
+
+
+def test_figure_is_written(example, tmp_path, capsys):
+    pytest.importorskip("matplotlib", reason="the example's figure needs the 'plot' extra")
+    out = example["main"](["--graphs", "window2,causal", "--steps", "2", "--eval-every", "1",
+                           "--out", str(tmp_path), *SMALL])
+    assert out["figure"] == tmp_path / "sequence_attention.png"
+    assert out["figure"].stat().st_size > 20_000
+
+
+@pytest.mark.parametrize("argv,name", [
+    (["--graphs", "window"], "--graphs"), (["--graphs", "grid1"], "--graphs"),
+    (["--hidden", "30", "--heads", "4"], "--hidden"), (["--pe", "7"], "--pe"),
+    (["--length", "1"], "--length"), (["--steps", "0"], "--steps"),
+    (["--timing-rounds", "-1"], "--timing-rounds"),
+])
+def test_bad_arguments_are_refused_by_name(example, argv, name, capsys):
+    with pytest.raises(SystemExit):
+        example["main"](argv + ["--no-plot"])
+    assert name in capsys.readouterr().err
