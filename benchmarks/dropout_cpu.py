@@ -12,8 +12,15 @@ Two parts, each interleaved (the order rotates every round) after warm-up, media
   Adam) of ``graphattn.nn.GAT`` (8 heads x 8 channels, dropout 0.6) on the public split with
   sparse CSR features, its masks drawn the ``graphattn`` way or the ``torch.rand >= p`` way;
   each way has its own copy of the same initial model.
+- ``GraphTransformer step``: one training step of ``graphattn.nn.GraphTransformer`` as
+  ``examples/node_classification.py --model transformer`` builds it (width 64, 4 heads, 2
+  blocks, dropout 0.5) on the same split and features, the dropout of its feed-forward inner
+  units drawn by its own module (``graphattn``: ``graphattn.functional.dropout``'s mask) or by
+  ``torch.nn.Dropout`` (``bernoulli_``) put in its place; every other mask is graphattn's in
+  both.
 
-Ratios are to the ``torch.rand >= p`` way of the same row group.
+Ratios are to the ``torch.rand >= p`` way of the same row group (``torch.nn.Dropout`` for the
+GraphTransformer step).
 
 Usage (one line):
     python benchmarks/dropout_cpu.py
@@ -44,9 +51,11 @@ from _report import RESULTS, write_table  # noqa: E402
 import graphattn.functional.attention  # noqa: E402
 from graphattn.datasets import load_planetoid  # noqa: E402
 from graphattn.functional import dropout_mask  # noqa: E402
+from graphattn.nn import GraphTransformer  # noqa: E402
 
 dropout_module = sys.modules["graphattn.functional.dropout"]  # (the package exports dropout())
 BASELINE = "torch.rand >= p"
+TORCH_MODULE = "torch.nn.Dropout"
 P = 0.6  # the GAT paper's dropout
 MASKS = {  # what a GAT on Cora draws per step, a PubMed-sized one, and a large one
     "Cora features 2708x64": (2708, 64),
@@ -90,6 +99,28 @@ def training_steps(data, seed: int) -> dict[str, Callable[[], None]]:
             for way, draw in (("graphattn", dropout_mask), (BASELINE, former_mask))}
 
 
+def transformer_steps(data, seed: int) -> dict[str, Callable[[], None]]:
+    """One GraphTransformer training step per way of drawing the feed-forward dropout, each on
+    its own copy of the same initial model."""
+    x, edge_index, y, train = data.x.to_sparse_csr(), data.edge_index, data.y, data.train_mask
+    steps = {}
+    for way in ("graphattn", TORCH_MODULE):
+        torch.manual_seed(seed)
+        model = GraphTransformer(data.x.size(1), 64, int(y.max()) + 1, num_layers=2, heads=4,
+                                 dropout=0.5)
+        if way == TORCH_MODULE:
+            for ffn in model.ffns:
+                ffn[2] = torch.nn.Dropout(ffn[2].p)
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.001, weight_decay=5e-4)
+
+        def step(model=model, optimizer=optimizer):
+            optimizer.zero_grad()
+            F.cross_entropy(model(x, edge_index)[train], y[train]).backward()
+            optimizer.step()
+        steps[way] = step
+    return steps
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.manual_seed(args.seed)
@@ -108,12 +139,23 @@ def main(argv: list[str] | None = None) -> int:
         rows += [{"part": "GAT step", "case": name, "way": way, "ms": f"{ms:.3f}",
                   f"ratio to {BASELINE}": f"{ms / medians[BASELINE]:.2f}"}
                  for way, ms in medians.items()]
+    for name in args.datasets:
+        data = load_planetoid(name, root=args.root)
+        medians = interleaved(transformer_steps(data, args.seed), args.rounds, args.warmup,
+                              f"{name} GraphTransformer")
+        rows += [{"part": "GraphTransformer step", "case": name, "way": way, "ms": f"{ms:.3f}",
+                  f"ratio to {BASELINE}": f"{ms / medians[TORCH_MODULE]:.2f}"}
+                 for way, ms in medians.items()]
     note = (f"`mask`: one fp32 mask, p = {P}. `GAT step`: one training step of `graphattn.nn.GAT` "
             "(8 heads x 8 channels, dropout 0.6, sparse CSR features) on the public split. "
             "\"graphattn\": `dropout_mask` (SplitMix64 from a seed drawn by torch's generator, "
             "written in one pass); \"torch.rand >= p\": a uniform draw, a comparison and a "
             "conversion (graphattn's former draw); \"F.dropout\": torch's bernoulli_ draw and "
-            "scaling.")
+            "scaling. `GraphTransformer step`: one training step of "
+            "`graphattn.nn.GraphTransformer` (width 64, 4 heads, 2 blocks, dropout 0.5), its "
+            "feed-forward dropout drawn by its own module (\"graphattn\") or by "
+            "`torch.nn.Dropout` (bernoulli_), every other mask graphattn's; its ratio is to the "
+            "torch.nn.Dropout way.")
     text = write_table("dropout_cpu", "Dropout masks on CPU", [f"- {h}" for h in header], note,
                        rows, out=args.out)
     print(text.split(note, 1)[1].strip())

@@ -271,8 +271,8 @@ def test_sparse_features_benchmark_fills_its_table(tmp_path):
 
 def test_dropout_benchmark_fills_its_table(tmp_path):
     """In a process of its own (it sets the torch threads and swaps the masks' draw): one
-    warm-up and one timed round of one mask size and of the GAT step on Cora, every way in
-    the table, and the ratios against the former draw."""
+    warm-up and one timed round of one mask size and of the GAT and GraphTransformer steps on
+    Cora, every way in the table, and the ratios against the baseline of each part."""
     import subprocess
 
     out = tmp_path / "dropout.md"
@@ -287,11 +287,14 @@ def test_dropout_benchmark_fills_its_table(tmp_path):
         ("mask", "Cora attention 13264x8", "graphattn"),
         ("mask", "Cora attention 13264x8", "torch.rand >= p"),
         ("mask", "Cora attention 13264x8", "F.dropout"),
-        ("GAT step", "Cora", "graphattn"), ("GAT step", "Cora", "torch.rand >= p")]
-    for part in ("mask", "GAT step"):
+        ("GAT step", "Cora", "graphattn"), ("GAT step", "Cora", "torch.rand >= p"),
+        ("GraphTransformer step", "Cora", "graphattn"),
+        ("GraphTransformer step", "Cora", "torch.nn.Dropout")]
+    for part, baseline in (("mask", "torch.rand >= p"), ("GAT step", "torch.rand >= p"),
+                           ("GraphTransformer step", "torch.nn.Dropout")):
         group = {way: row for p, _, way, row in rows if p == part}
-        base = float(group["torch.rand >= p"]["ms"])
-        assert group["torch.rand >= p"]["ratio to torch.rand >= p"] == "1.00"
+        base = float(group[baseline]["ms"])
+        assert group[baseline]["ratio to torch.rand >= p"] == "1.00"
         for row in group.values():
             assert float(row["ratio to torch.rand >= p"]) == pytest.approx(
                 float(row["ms"]) / base, abs=0.02)
