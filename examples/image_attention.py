@@ -133,9 +133,9 @@ class PixelClassifier(torch.nn.Module):
         h = body.lin_in(image.reshape(PIXELS, 1)) + body.lin_pe(self.positions)  # (64, D)
         _, (edge_index, alpha) = body.attns[0](body.attn_norms[0](h), self.edge_index,
                                                return_attention_weights=True)
-        weights = torch.zeros(PIXELS, PIXELS)
+        weights = torch.zeros(PIXELS, PIXELS, device=alpha.device)
         weights.index_put_((edge_index[1], edge_index[0]), alpha.mean(dim=1), accumulate=True)
-        return weights
+        return weights.cpu()
 
 
 @dataclass
@@ -178,6 +178,8 @@ def train(model: PixelClassifier, digits: Digits, *, epochs: int, batch_size: in
             optimizer.zero_grad()
             F.cross_entropy(model(digits.x[batch]), digits.y[batch]).backward()
             optimizer.step()
+        if digits.x.is_cuda:
+            torch.cuda.synchronize(digits.x.device)
         result.epoch_seconds.append(time.perf_counter() - start)
         val = accuracy(model, digits, "val", batch_size)
         result.val_curve.append(val)
@@ -240,7 +242,7 @@ def plot(results: list[RunResult], models: dict[str, PixelClassifier], digits: D
     image = digits.x[image_id]
     node = pixel[0] * SIDE + pixel[1]
     ax = fig.add_subplot(grid[1, 0])
-    ax.imshow(image.view(SIDE, SIDE), cmap="gray_r")
+    ax.imshow(image.view(SIDE, SIDE).cpu(), cmap="gray_r")
     ax.plot(pixel[1], pixel[0], "r+", markersize=14, markeredgewidth=2)
     ax.set(title=f"test digit {int(digits.y[image_id])}, pixel {pixel}", xticks=[], yticks=[])
     for col, name in enumerate(names, start=1):
@@ -260,6 +262,22 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
     return value
+
+
+def check_training_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse, by name, a device torch cannot use and rates outside their ranges."""
+    try:
+        device = torch.device(args.device)
+    except RuntimeError as error:
+        parser.error(f"--device must name a torch device (cpu, cuda, cuda:1, ...), got "
+                     f"{args.device!r}: {error}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}, but torch {torch.__version__} sees no CUDA "
+                     f"device; use --device cpu")
+    if not 0 <= args.dropout < 1:
+        parser.error(f"--dropout must be in [0, 1), got {args.dropout}")
+    if not args.lr > 0:
+        parser.error(f"--lr must be > 0, got {args.lr}")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -289,7 +307,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     parser.add_argument("--threads", type=positive_int, default=None,
                         help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
+    check_training_args(parser, args)
     args.graphs = [g.strip() for g in args.graphs.split(",") if g.strip()]
     for name in args.graphs:
         try:
@@ -311,10 +331,11 @@ def main(argv: list[str] | None = None) -> dict:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     digits = load_digits(args.split_seed)
+    digits.x, digits.y = digits.x.to(args.device), digits.y.to(args.device)
     sizes = {k: v.numel() for k, v in digits.splits.items()}
     print(f"digits: {digits.x.size(0)} images of {SIDE}x{SIDE} pixels, split {sizes}")
     positions = pe.laplacian_pe(graphs.grid_graph(SIDE, SIDE, radius=1), PIXELS, args.pe)
-    positions = positions.float() * PIXELS ** 0.5  # (64, P): unit-norm columns to unit RMS
+    positions = positions.float().to(args.device) * PIXELS ** 0.5  # (64, P): unit RMS
     results: list[RunResult] = []
     models: dict[str, PixelClassifier] = {}
     edges = {}
@@ -325,7 +346,7 @@ def main(argv: list[str] | None = None) -> dict:
             seed = args.seed + run
             torch.manual_seed(seed)
             model = PixelClassifier(edge_index, positions, hidden=args.hidden, heads=args.heads,
-                                    layers=args.layers, dropout=args.dropout)
+                                    layers=args.layers, dropout=args.dropout).to(args.device)
             result = train(model, digits, epochs=args.epochs, batch_size=args.batch_size,
                            lr=args.lr, weight_decay=args.weight_decay, seed=seed,
                            desc=f"{name} run {run + 1}/{args.runs}",

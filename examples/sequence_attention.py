@@ -147,6 +147,7 @@ def train(model: CharModel, corpus: Corpus, val: tuple[Tensor, Tensor], *, steps
           progress: bool) -> RunResult:
     """AdamW with a linear warm-up over the first 5% of the steps and cosine decay to 10%."""
     generator = torch.Generator().manual_seed(seed)
+    device = model.positions.device
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     warmup = max(1, steps // 20)
 
@@ -161,13 +162,14 @@ def train(model: CharModel, corpus: Corpus, val: tuple[Tensor, Tensor], *, steps
     for step in bar:
         starts = torch.randint(corpus.train.numel() - length - 1, (batch_size,),
                                generator=generator)
-        inputs, targets = windows(corpus.train, starts, length)
+        inputs, targets = (t.to(device) for t in windows(corpus.train, starts, length))
         start = time.perf_counter()
         optimizer.zero_grad()
         loss = F.cross_entropy(model(inputs).flatten(0, 1), targets.flatten())
         loss.backward()
         optimizer.step()
         scheduler.step()
+        synchronize(device)
         result.step_seconds.append(time.perf_counter() - start)
         if step % eval_every == 0 or step == steps:
             result.steps.append(step)
@@ -176,20 +178,27 @@ def train(model: CharModel, corpus: Corpus, val: tuple[Tensor, Tensor], *, steps
     return result
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work, so that a host clock times it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def time_one_layer(names: list[str], length: int, batch_size: int, hidden: int, heads: int,
-                   rounds: int) -> list[dict]:
+                   rounds: int, device: torch.device | str = "cpu") -> list[dict]:
     """Forward+backward of one attention layer on a batch, ``GraphSelfAttention`` on each
     graph against ``DenseSelfAttention`` with the same weights on ``[B, L, D]`` (SDPA with
     ``is_causal=True`` for the causal graph, with the graph's mask otherwise): interleaved
     after 3 warm-up rounds, medians. Both compute the same outputs (checked first)."""
     torch.manual_seed(0)
-    sparse = GraphSelfAttention(hidden, hidden // heads, heads)
-    dense = DenseSelfAttention(hidden, hidden // heads, heads)
+    device = torch.device(device)
+    sparse = GraphSelfAttention(hidden, hidden // heads, heads).to(device)
+    dense = DenseSelfAttention(hidden, hidden // heads, heads).to(device)
     dense.load_state_dict(sparse.state_dict())
-    x = torch.randn(batch_size, length, hidden, requires_grad=True)  # (B, L, D)
+    x = torch.randn(batch_size, length, hidden, device=device, requires_grad=True)  # (B, L, D)
     calls = {}
     for name in names:
-        edge_index = sequence_graph(name, length)
+        edge_index = sequence_graph(name, length).to(device)
         batch_graph = graphs.repeat_graph(edge_index, length, batch_size)
         calls[name, "sparse"] = lambda g=batch_graph: sparse(x.flatten(0, 1), g)
         if name == "causal":
@@ -202,8 +211,10 @@ def time_one_layer(names: list[str], length: int, batch_size: int, hidden: int, 
     seconds: dict[tuple[str, str], list[float]] = {key: [] for key in calls}
     for round_ in range(3 + rounds):
         for key, call in calls.items():
+            synchronize(device)
             start = time.perf_counter()
             call().sum().backward()
+            synchronize(device)
             if round_ >= 3:
                 seconds[key].append(time.perf_counter() - start)
     rows = []
@@ -272,6 +283,22 @@ def positive_int(text: str) -> int:
     return value
 
 
+def check_training_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse, by name, a device torch cannot use and rates outside their ranges."""
+    try:
+        device = torch.device(args.device)
+    except RuntimeError as error:
+        parser.error(f"--device must name a torch device (cpu, cuda, cuda:1, ...), got "
+                     f"{args.device!r}: {error}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}, but torch {torch.__version__} sees no CUDA "
+                     f"device; use --device cpu")
+    if not 0 <= args.dropout < 1:
+        parser.error(f"--dropout must be in [0, 1), got {args.dropout}")
+    if not args.lr > 0:
+        parser.error(f"--lr must be > 0, got {args.lr}")
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--graphs", default=",".join(GRAPHS),
@@ -298,7 +325,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     parser.add_argument("--threads", type=positive_int, default=None,
                         help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
+    check_training_args(parser, args)
     args.graphs = [g.strip() for g in args.graphs.split(",") if g.strip()]
     for name in args.graphs:
         try:
@@ -329,14 +358,15 @@ def main(argv: list[str] | None = None) -> dict:
     if spacing < 1:
         raise SystemExit(f"--val-sequences {args.val_sequences} of --length {L} do not fit "
                          f"in the {corpus.val.numel()} validation characters")
-    val = windows(corpus.val, torch.arange(args.val_sequences) * spacing, L)
-    positions = pe.sinusoidal(L, args.pe)  # (L, P)
+    val = tuple(t.to(args.device) for t in windows(corpus.val,
+                                                   torch.arange(args.val_sequences) * spacing, L))
+    positions = pe.sinusoidal(L, args.pe).to(args.device)  # (L, P)
     results = []
     for name in args.graphs:
         torch.manual_seed(args.seed)
         model = CharModel(len(corpus.vocab), sequence_graph(name, L), positions,
                           hidden=args.hidden, heads=args.heads, layers=args.layers,
-                          dropout=args.dropout)
+                          dropout=args.dropout).to(args.device)
         result = train(model, corpus, val, steps=args.steps, batch_size=args.batch_size,
                        length=L, lr=args.lr, eval_every=args.eval_every, seed=args.seed,
                        desc=name, progress=not args.no_progress)
@@ -349,7 +379,7 @@ def main(argv: list[str] | None = None) -> dict:
     timing = []
     if args.timing_rounds > 0:
         timing = time_one_layer(args.graphs, L, args.batch_size, args.hidden, args.heads,
-                                args.timing_rounds)
+                                args.timing_rounds, args.device)
         print()
         print(format_timing(timing, L, args.batch_size))
     figure = None

@@ -102,6 +102,8 @@ def test_figure_is_written(example, tmp_path, capsys):
     (["--graphs", "grid"], "--graphs"), (["--graphs", "window"], "--graphs"),
     (["--pixel", "8", "0"], "--pixel"), (["--hidden", "30", "--heads", "4"], "--hidden"),
     (["--epochs", "0"], "--epochs"), (["--pe", "64"], "--pe"),
+    (["--device", "nonsense"], "--device"), (["--dropout", "1"], "--dropout"),
+    (["--lr", "0"], "--lr"),
 ])
 def test_bad_arguments_are_refused_by_name(example, argv, name, capsys):
     with pytest.raises(SystemExit):

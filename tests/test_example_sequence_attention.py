@@ -123,6 +123,8 @@ def test_figure_is_written(example, tmp_path, capsys):
     (["--hidden", "30", "--heads", "4"], "--hidden"), (["--pe", "7"], "--pe"),
     (["--length", "1"], "--length"), (["--steps", "0"], "--steps"),
     (["--timing-rounds", "-1"], "--timing-rounds"),
+    (["--device", "nonsense"], "--device"), (["--dropout", "1"], "--dropout"),
+    (["--lr", "0"], "--lr"),
 ])
 def test_bad_arguments_are_refused_by_name(example, argv, name, capsys):
     with pytest.raises(SystemExit):
