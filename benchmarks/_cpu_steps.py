@@ -1,5 +1,6 @@
-"""What the CPU step benchmarks share: a GAT training step with some of graphattn's functions
-swapped for others, interleaved timing with warm-up, and the header of their tables."""
+"""What the CPU step benchmarks share: a GAT or GraphTransformer training step with some of
+graphattn's functions swapped for others, interleaved timing with warm-up, and the header of
+their tables."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import torch.nn.functional as F
 from _machine import cpu_name
 from tqdm import tqdm
 
-from graphattn.nn import GAT
+from graphattn.nn import GAT, GraphTransformer
 
 
 def step_parser(description: str, out: Path, warmup: int) -> argparse.ArgumentParser:
@@ -66,10 +67,29 @@ def gat_step(data, x, seed: int, swaps: list[tuple[object, str, object]]) -> Cal
     """One training step (forward, cross-entropy on the training nodes, backward, Adam) of a
     fresh ``graphattn.nn.GAT`` (seeded with ``seed``) on features ``x``, with each
     ``(module, name, value)`` of ``swaps`` set during the step and restored after it."""
-    edge_index, y, train = data.edge_index, data.y, data.train_mask
     torch.manual_seed(seed)
-    model = GAT(data.x.size(1), int(y.max()) + 1)
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.005, weight_decay=5e-4)
+    model = GAT(data.x.size(1), int(data.y.max()) + 1)
+    return _training_step(model, 0.005, data, x, swaps)
+
+
+def transformer_step(data, x, seed: int, swaps: list[tuple[object, str, object]],
+                     prepare: Callable[[GraphTransformer], None] | None = None
+                     ) -> Callable[[], None]:
+    """:func:`gat_step` of a fresh ``graphattn.nn.GraphTransformer`` as
+    ``examples/node_classification.py --model transformer`` builds it (width 64, 4 heads, 2
+    blocks, dropout 0.5; Adam, lr 0.001), ``prepare(model)`` applied to it first."""
+    torch.manual_seed(seed)
+    model = GraphTransformer(data.x.size(1), 64, int(data.y.max()) + 1, num_layers=2, heads=4,
+                             dropout=0.5)
+    if prepare is not None:
+        prepare(model)
+    return _training_step(model, 0.001, data, x, swaps)
+
+
+def _training_step(model: torch.nn.Module, lr: float, data, x,
+                   swaps: list[tuple[object, str, object]]) -> Callable[[], None]:
+    edge_index, y, train = data.edge_index, data.y, data.train_mask
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=5e-4)
 
     def step():
         kept = [(module, name, getattr(module, name)) for module, name, _ in swaps]

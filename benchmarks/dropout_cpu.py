@@ -45,13 +45,13 @@ from _cpu_steps import (  # noqa: E402
     interleaved,
     parse_step_args,
     step_parser,
+    transformer_step,
 )
 from _report import RESULTS, write_table  # noqa: E402
 
 import graphattn.functional.attention  # noqa: E402
 from graphattn.datasets import load_planetoid  # noqa: E402
 from graphattn.functional import dropout_mask  # noqa: E402
-from graphattn.nn import GraphTransformer  # noqa: E402
 
 dropout_module = sys.modules["graphattn.functional.dropout"]  # (the package exports dropout())
 BASELINE = "torch.rand >= p"
@@ -102,23 +102,13 @@ def training_steps(data, seed: int) -> dict[str, Callable[[], None]]:
 def transformer_steps(data, seed: int) -> dict[str, Callable[[], None]]:
     """One GraphTransformer training step per way of drawing the feed-forward dropout, each on
     its own copy of the same initial model."""
-    x, edge_index, y, train = data.x.to_sparse_csr(), data.edge_index, data.y, data.train_mask
-    steps = {}
-    for way in ("graphattn", TORCH_MODULE):
-        torch.manual_seed(seed)
-        model = GraphTransformer(data.x.size(1), 64, int(y.max()) + 1, num_layers=2, heads=4,
-                                 dropout=0.5)
-        if way == TORCH_MODULE:
-            for ffn in model.ffns:
-                ffn[2] = torch.nn.Dropout(ffn[2].p)
-        optimizer = torch.optim.Adam(model.parameters(), lr=0.001, weight_decay=5e-4)
+    x = data.x.to_sparse_csr()
 
-        def step(model=model, optimizer=optimizer):
-            optimizer.zero_grad()
-            F.cross_entropy(model(x, edge_index)[train], y[train]).backward()
-            optimizer.step()
-        steps[way] = step
-    return steps
+    def torch_dropout(model):
+        for ffn in model.ffns:
+            ffn[2] = torch.nn.Dropout(ffn[2].p)
+    return {"graphattn": transformer_step(data, x, seed, []),
+            TORCH_MODULE: transformer_step(data, x, seed, [], prepare=torch_dropout)}
 
 
 def main(argv: list[str] | None = None) -> int:

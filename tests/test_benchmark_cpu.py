@@ -247,9 +247,9 @@ def test_host_overhead_benchmark_fills_its_table(tmp_path):
 
 
 def test_sparse_features_benchmark_fills_its_table(tmp_path):
-    """In a process of its own (it sets the torch threads and swaps the layers' projection):
-    one warm-up and one timed step of each way on Cora, every way in the table, the ratios
-    against the F.linear way."""
+    """In a process of its own (it sets the torch threads and swaps the models' projection):
+    one warm-up and one timed step of each way and model on Cora, every way in the table, the
+    ratios against the F.linear way of the same model."""
     import subprocess
 
     out = tmp_path / "sparse.md"
@@ -259,13 +259,17 @@ def test_sparse_features_benchmark_fills_its_table(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     with open(out.with_suffix(".csv")) as f:
-        rows = {row["way"]: row for row in csv.DictReader(f)}
-    assert list(rows) == ["dense features", "sparse CSR, F.linear", "sparse CSR, sparse_linear"]
-    assert all(row["features"] == "2708 x 1433, 1.27% nonzero" for row in rows.values())
-    assert rows["sparse CSR, F.linear"]["ratio to sparse CSR, F.linear"] == "1.00"
-    for row in rows.values():
-        ratio = float(row["step ms"]) / float(rows["sparse CSR, F.linear"]["step ms"])
-        assert float(row["ratio to sparse CSR, F.linear"]) == pytest.approx(ratio, abs=0.02)
+        table = list(csv.DictReader(f))
+    ways = ["dense features", "sparse CSR, F.linear", "sparse CSR, sparse_linear"]
+    assert [(row["model"], row["way"]) for row in table] == [
+        (model, way) for model in ("GAT", "GraphTransformer") for way in ways]
+    for model in ("GAT", "GraphTransformer"):
+        rows = {row["way"]: row for row in table if row["model"] == model}
+        assert all(row["features"] == "2708 x 1433, 1.27% nonzero" for row in rows.values())
+        assert rows["sparse CSR, F.linear"]["ratio to sparse CSR, F.linear"] == "1.00"
+        for row in rows.values():
+            ratio = float(row["step ms"]) / float(rows["sparse CSR, F.linear"]["step ms"])
+            assert float(row["ratio to sparse CSR, F.linear"]) == pytest.approx(ratio, abs=0.02)
     assert "command: `python benchmarks/sparse_features.py --rounds 1" in out.read_text()
 
 

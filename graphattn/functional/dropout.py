@@ -7,8 +7,8 @@ generator, and entry ``i`` of the mask is a function of that seed and ``i`` alon
 the mask's dtype in one pass (:func:`graphattn.functional.cpu.dropout_mask_from_seed`).
 ``torch.manual_seed``, ``torch.random.fork_rng`` and inductor's ``fallback_random`` therefore
 govern the masks as they govern ``torch.rand``. A Cora-sized ``[2708, 64]`` mask takes
-0.19 ms on one core, where ``torch.rand(shape).ge(p)`` and the conversion to a float mask take
-0.62 ms and ``F.dropout`` (torch's ``bernoulli_``) 1.7 ms (``benchmarks/dropout_cpu.py``).
+0.17 ms on one core, where ``torch.rand(shape).ge(p)`` and the conversion to a float mask take
+0.59 ms and ``F.dropout`` (torch's ``bernoulli_``) 1.7 ms (``benchmarks/dropout_cpu.py``).
 
 Elsewhere (CUDA, other devices) the mask is drawn as ``torch.rand(shape) >= p``. Both draw each
 entry's drop independently with probability ``p`` (on CPU within :math:`2^{-32}` of it).

@@ -12,7 +12,8 @@ entries by column at every backward (``to_sparse_csr`` of the CSC view). Here a 
 builds it in one pass over the entries (the ``cpu`` backend's
 :func:`~graphattn.functional.cpu.csr_transpose`), and the product with :math:`x^\top` is the
 same CSR-times-dense product as the forward's: a GAT training step on Cora or CiteSeer takes
-0.76-0.84 of the time it takes through ``F.linear`` (``benchmarks/sparse_features.py``).
+0.71-0.85 of the time it takes through ``F.linear``, a GraphTransformer step 0.87-0.94
+(``benchmarks/sparse_features.py``).
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from graphattn._checks import (
     check_positive,
 )
 from graphattn.functional.dropout import dropout
+from graphattn.functional.sparse_linear import sparse_linear
 from graphattn.nn.attention import GraphSelfAttention
 
 ConvFactory = Callable[..., torch.nn.Module]
@@ -193,8 +194,11 @@ class GraphTransformer(torch.nn.Module):
     :math:`p` optional positional encodings (e.g. Laplacian eigenvectors), extra input
     features: :math:`W_\mathrm{in} x + W_\mathrm{pe} p` is :math:`[W_\mathrm{in}\;
     W_\mathrm{pe}]` applied to :math:`x \Vert p`. ``x`` may be a sparse (CSR, CSC or COO)
-    tensor. On a PyG ``Batch`` of graphs, ``edge_index=graphs.batch_complete_graph(data.batch)``
-    lets every node attend to every node of its own graph: a full transformer encoder per graph.
+    tensor (on CPU a CSR one is projected by
+    ``graphattn.functional.sparse_linear.sparse_linear``, whose backward skips torch's sort
+    of its entries). On a PyG ``Batch`` of graphs,
+    ``edge_index=graphs.batch_complete_graph(data.batch)`` lets every node attend to every node
+    of its own graph: a full transformer encoder per graph.
 
     Args:
         in_channels (int): input features F; ``-1`` infers them from the first call.
@@ -294,7 +298,11 @@ class GraphTransformer(torch.nn.Module):
         elif pe is not None:
             raise ValueError("pe was given but the model has pe_channels=0; construct it with "
                              "pe_channels=<size of the encodings>")
-        h = self.lin_in(feature_dropout(x, self.dropout, self.training))  # (N, D)
+        x = feature_dropout(x, self.dropout, self.training)
+        if x.layout == torch.strided or isinstance(self.lin_in, LazyLinear):
+            h = self.lin_in(x)  # (N, D)
+        else:  # sparse features: the weight's gradient without torch's sort of x's entries
+            h = sparse_linear(x, self.lin_in.weight, self.lin_in.bias)  # (N, D)
         if self.lin_pe is not None:
             h = h + self.lin_pe(pe.to(h.dtype))  # (N, D)
         for attn_norm, attn, ffn_norm, ffn in zip(self.attn_norms, self.attns, self.ffn_norms,

@@ -84,11 +84,14 @@ def test_gat_accepts_other_convs():
 
 
 @pytest.mark.parametrize("layout", [torch.sparse_csr, torch.sparse_coo])
-def test_sparse_features_give_dense_results(layout):
+@pytest.mark.parametrize("make", [lambda: GAT(40, 4, hidden_channels=4, heads=2),
+                                  lambda: GraphTransformer(40, 8, 4, heads=2)],
+                         ids=["GAT", "GraphTransformer"])
+def test_sparse_features_give_dense_results(layout, make):
     torch.manual_seed(0)
     x, ei = sparse_features(30, 40), random_graph(30, 90)
     xs = x.to_sparse_csr() if layout == torch.sparse_csr else x.to_sparse()
-    model = GAT(40, 4, hidden_channels=4, heads=2).eval()
+    model = make().eval()
     out_dense = model(x, ei)
     out_dense.square().sum().backward()
     dense_grads = [p.grad.clone() for p in model.parameters()]
@@ -98,6 +101,27 @@ def test_sparse_features_give_dense_results(layout):
     assert_close(out_sparse, out_dense)
     for g_sparse, g_dense in zip((p.grad for p in model.parameters()), dense_grads, strict=True):
         assert_close(g_sparse, g_dense)
+
+
+def test_graph_transformer_projects_sparse_features_with_sparse_linear(monkeypatch):
+    """Sparse features go through sparse_linear (whose backward transposes x without torch's
+    sort), with the input projection's own parameters; dense ones through the module."""
+    import graphattn.nn.models as models
+
+    calls = []
+
+    def spy(x, weight, bias=None):
+        calls.append((x.layout, weight, bias))
+        return torch.nn.functional.linear(x, weight, bias)
+
+    monkeypatch.setattr(models, "sparse_linear", spy)
+    model = GraphTransformer(40, 8, 4, heads=2)
+    x, ei = sparse_features(30, 40), random_graph(30, 90)
+    model(x, ei)
+    assert calls == []
+    model(x.to_sparse_csr(), ei)
+    assert len(calls) == 1 and calls[0][0] == torch.sparse_csr
+    assert calls[0][1] is model.lin_in.weight and calls[0][2] is model.lin_in.bias
 
 
 @pytest.mark.parametrize("layout", [torch.strided, torch.sparse_csr, torch.sparse_csc,
