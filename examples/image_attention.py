@@ -129,10 +129,12 @@ class PixelClassifier(torch.nn.Module):
     def first_layer_attention(self, image: Tensor) -> Tensor:
         """The first block's attention weights of one image, mean over heads: ``[64, 64]``,
         row i the weights pixel i gives to each pixel (zero off the graph)."""
-        body = self.body
-        h = body.lin_in(image.reshape(PIXELS, 1)) + body.lin_pe(self.positions)  # (64, D)
-        _, (edge_index, alpha) = body.attns[0](body.attn_norms[0](h), self.edge_index,
-                                               return_attention_weights=True)
+        was_training = self.training
+        self.eval()
+        _, blocks = self.body(image.reshape(PIXELS, 1), self.edge_index, self.positions,
+                              return_attention_weights=True)
+        self.train(was_training)
+        edge_index, alpha = blocks[0]  # (2, E), (E, H): the first block's
         weights = torch.zeros(PIXELS, PIXELS, device=alpha.device)
         weights.index_put_((edge_index[1], edge_index[0]), alpha.mean(dim=1), accumulate=True)
         return weights.cpu()

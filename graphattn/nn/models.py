@@ -227,7 +227,9 @@ class GraphTransformer(torch.nn.Module):
         - **input:** x ``(|V|, F)``, edge_index ``(2, |E|)`` or a sparse adjacency adj_t
           ``(|V|, |V|)``, pe ``(|V|, P)`` (when
           ``pe_channels > 0``), edge_attr ``(|E|, D_e)`` (when ``edge_dim`` is set)
-        - **output:** ``(|V|, out_channels)``
+        - **output:** ``(|V|, out_channels)``; with ``return_attention_weights=True`` also
+          ``num_layers`` pairs of edge_index ``(2, |E'|)`` and alpha ``(|E'|, H)``, E' the
+          edges with the self-loops the layers add
     """
 
     def __init__(self, in_channels: int, hidden_channels: int, out_channels: int,
@@ -277,8 +279,13 @@ class GraphTransformer(torch.nn.Module):
         _reset_outermost(self)
 
     def forward(self, x: Tensor, edge_index: Tensor, pe: Tensor | None = None,
-                edge_attr: Tensor | None = None) -> Tensor:
-        """Outputs of every node; see the class docstring for shapes."""
+                edge_attr: Tensor | None = None, return_attention_weights: bool = False
+                ) -> Tensor | tuple[Tensor, list[tuple[Tensor, Tensor]]]:
+        """Outputs of every node; see the class docstring for shapes. With
+        ``return_attention_weights=True`` also each block's attention weights, first block
+        first: a list of ``(edge_index, alpha)`` as :class:`GraphSelfAttention` returns them
+        (self-loops included; for a sparse ``adj_t``, the adjacency of each block's edges and
+        their ``alpha``)."""
         if not isinstance(x, Tensor) or x.dim() != 2:
             shape = list(x.shape) if isinstance(x, Tensor) else type(x).__name__
             raise ValueError(f"x must have shape [N, F], got {shape}")
@@ -305,9 +312,16 @@ class GraphTransformer(torch.nn.Module):
             h = sparse_linear(x, self.lin_in.weight, self.lin_in.bias)  # (N, D)
         if self.lin_pe is not None:
             h = h + self.lin_pe(pe.to(h.dtype))  # (N, D)
+        weights = []
         for attn_norm, attn, ffn_norm, ffn in zip(self.attn_norms, self.attns, self.ffn_norms,
                                                   self.ffns, strict=True):
-            h = h + dropout(attn(attn_norm(h), edge_index, edge_attr), self.dropout,
-                            self.training)
+            if return_attention_weights:
+                a, edges_alpha = attn(attn_norm(h), edge_index, edge_attr,
+                                      return_attention_weights=True)  # (N, D), ((2, E'), (E', H))
+                weights.append(edges_alpha)
+            else:
+                a = attn(attn_norm(h), edge_index, edge_attr)  # (N, D)
+            h = h + dropout(a, self.dropout, self.training)
             h = h + dropout(ffn(ffn_norm(h)), self.dropout, self.training)
-        return self.lin_out(self.norm_out(h))  # (N, out_channels)
+        out = self.lin_out(self.norm_out(h))  # (N, out_channels)
+        return (out, weights) if return_attention_weights else out

@@ -724,6 +724,32 @@ def test_graph_transformer_ffn_dropout_draws_graphattns_masks():
     assert keys == ["ffns.0.0.weight", "ffns.0.0.bias", "ffns.0.3.weight", "ffns.0.3.bias"]
 
 
+def test_graph_transformer_returns_each_blocks_attention_weights():
+    """The weights of block b are those its layer gives on block b's input, written out with
+    the model's own sublayers; the outputs are the same with and without them."""
+    from torch_geometric.utils import scatter
+
+    torch.manual_seed(0)
+    N, P = 12, 3
+    model = GraphTransformer(5, 8, 3, num_layers=3, heads=2, pe_channels=P).eval()
+    x, pe, ei = torch.randn(N, 5), torch.randn(N, P), random_graph(N, 30)
+    out, weights = model(x, ei, pe, return_attention_weights=True)
+    assert_close(out, model(x, ei, pe))
+    assert len(weights) == 3
+    h = model.lin_in(x) + model.lin_pe(pe)
+    for b in range(3):
+        a, (edges, alpha) = model.attns[b](model.attn_norms[b](h), ei,
+                                           return_attention_weights=True)
+        assert torch.equal(weights[b][0], edges)
+        assert_close(weights[b][1], alpha)
+        assert_close(scatter(alpha, edges[1], 0, dim_size=N, reduce="sum"), torch.ones(N, 2))
+        h = h + a
+        h = h + model.ffns[b](model.ffn_norms[b](h))
+    adj_t = torch.sparse_coo_tensor(ei.flip(0), torch.ones(ei.size(1)), (N, N)).coalesce()
+    _, sparse_weights = model(x, adj_t, pe, return_attention_weights=True)
+    assert [w[0].layout for w in sparse_weights] == [torch.sparse_coo] * 3
+
+
 def test_graph_transformer_parameter_count():
     """Counted from the docstring: lin_in, lin_pe without bias, per block two LayerNorms,
     four D x D projections with biases and an FFN of ffn_ratio * D units; a final LayerNorm
