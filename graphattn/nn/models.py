@@ -135,7 +135,9 @@ class GAT(torch.nn.Module):
     Shapes:
         - **input:** x ``(|V|, F)``, edge_index ``(2, |E|)`` or a sparse adjacency adj_t
           ``(|V|, |V|)`` (see :class:`~graphattn.nn.GraphSelfAttention`)
-        - **output:** logits ``(|V|, out_channels)``
+        - **output:** logits ``(|V|, out_channels)``; with ``return_attention_weights=True``
+          also two pairs of edge_index ``(2, |E'|)`` and weights ``(|E'|, H)`` and
+          ``(|E'|, H_out)``, E' the edges with the self-loops the layers add
     """
 
     def __init__(self, in_channels: int, out_channels: int, hidden_channels: int = 8,
@@ -170,12 +172,21 @@ class GAT(torch.nn.Module):
         self.conv1.reset_parameters()
         self.conv2.reset_parameters()
 
-    def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
-        """Class logits of every node; see the class docstring for shapes."""
+    def forward(self, x: Tensor, edge_index: Tensor, return_attention_weights: bool = False
+                ) -> Tensor | tuple[Tensor, list[tuple[Tensor, Tensor]]]:
+        """Class logits of every node; see the class docstring for shapes. With
+        ``return_attention_weights=True`` also both layers' attention weights, ``[(edge_index,
+        alpha), (edge_index, beta)]``, as each layer returns them (for PyG layers passed as
+        ``conv``, those that take the flag)."""
         x = feature_dropout(x, self.dropout, self.training)  # (N, F)
-        x = F.elu(self.conv1(x, edge_index))  # (N, H * C)
-        x = dropout(x, self.dropout, self.training)
-        return self.conv2(x, edge_index)  # (N, classes)
+        if not return_attention_weights:
+            x = F.elu(self.conv1(x, edge_index))  # (N, H * C)
+            x = dropout(x, self.dropout, self.training)
+            return self.conv2(x, edge_index)  # (N, classes)
+        x, first = self.conv1(x, edge_index, return_attention_weights=True)
+        x = dropout(F.elu(x), self.dropout, self.training)  # (N, H * C)
+        out, second = self.conv2(x, edge_index, return_attention_weights=True)  # (N, classes)
+        return out, [first, second]
 
 
 class GraphTransformer(torch.nn.Module):

@@ -724,6 +724,22 @@ def test_graph_transformer_ffn_dropout_draws_graphattns_masks():
     assert keys == ["ffns.0.0.weight", "ffns.0.0.bias", "ffns.0.3.weight", "ffns.0.3.bias"]
 
 
+@pytest.mark.parametrize("conv", [None, GATConv], ids=["GraphSelfAttention", "GATConv"])
+def test_gat_returns_both_layers_attention_weights(conv):
+    torch.manual_seed(0)
+    N = 12
+    model = GAT(5, 3, hidden_channels=4, heads=2, conv=conv).eval()
+    x, ei = torch.randn(N, 5), random_graph(N, 30)
+    out, weights = model(x, ei, return_attention_weights=True)
+    assert_close(out, model(x, ei))
+    hidden, first = model.conv1(x, ei, return_attention_weights=True)
+    _, second = model.conv2(torch.nn.functional.elu(hidden), ei, return_attention_weights=True)
+    for got, expected in zip(weights, [first, second], strict=True):
+        assert torch.equal(got[0], expected[0])
+        assert_close(got[1], expected[1])
+    assert weights[0][1].shape[1] == 2 and weights[1][1].shape[1] == 1  # heads, out_heads
+
+
 def test_graph_transformer_returns_each_blocks_attention_weights():
     """The weights of block b are those its layer gives on block b's input, written out with
     the model's own sublayers; the outputs are the same with and without them."""
