@@ -80,7 +80,11 @@ class Corpus:
 
 def load_corpus() -> Corpus:
     """The Python documentation's topic pages (``pydoc_data.topics``): first 90% to train."""
-    from pydoc_data.topics import topics
+    try:
+        from pydoc_data.topics import topics
+    except ImportError:
+        raise SystemExit("the text is CPython's pydoc_data package, which this Python install "
+                         "lacks (some Linux distributions strip it)") from None
 
     text = "\n\n".join(topics[name] for name in sorted(topics))
     vocab = "".join(sorted(set(text)))
