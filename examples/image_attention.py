@@ -235,7 +235,7 @@ def plot(results: list[RunResult], models: dict[str, PixelClassifier], digits: D
     ax = fig.add_subplot(grid[0, :])
     for name in names:
         curves = torch.tensor([r.val_curve for r in results if r.graph == name])
-        ax.plot(range(1, curves.size(1) + 1), 100 * curves.mean(dim=0), label=name)
+        ax.plot(range(1, curves.size(1) + 1), (100 * curves.mean(dim=0)).numpy(), label=name)
     ax.set(xlabel="epoch", ylabel="validation accuracy (%)",
            title="8x8 digits: the same transformer over four pixel graphs (mean of runs)")
     ax.legend(loc="lower right")
@@ -244,11 +244,11 @@ def plot(results: list[RunResult], models: dict[str, PixelClassifier], digits: D
     image = digits.x[image_id]
     node = pixel[0] * SIDE + pixel[1]
     ax = fig.add_subplot(grid[1, 0])
-    ax.imshow(image.view(SIDE, SIDE).cpu(), cmap="gray_r")
+    ax.imshow(image.view(SIDE, SIDE).cpu().numpy(), cmap="gray_r")
     ax.plot(pixel[1], pixel[0], "r+", markersize=14, markeredgewidth=2)
     ax.set(title=f"test digit {int(digits.y[image_id])}, pixel {pixel}", xticks=[], yticks=[])
     for col, name in enumerate(names, start=1):
-        weights = models[name].first_layer_attention(image)[node].view(SIDE, SIDE)
+        weights = models[name].first_layer_attention(image)[node].view(SIDE, SIDE).numpy()
         ax = fig.add_subplot(grid[1, col])
         ax.imshow(weights, cmap="viridis", vmin=0)
         ax.plot(pixel[1], pixel[0], "r+", markersize=14, markeredgewidth=2)
