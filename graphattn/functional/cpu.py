@@ -186,6 +186,41 @@ def _csc(rowptr, src_sorted, num_src):
     return colptr, csc_position, target
 
 
+@_jit()
+def _block_starts(src, dst, num_nodes):
+    """The finest split of the nodes ``0 .. N-1`` into ranges that no edge crosses: the first
+    node of each range, then N. One pass over the edges takes, for each node, the furthest
+    node an edge joins it to at or after itself; one pass over the nodes then closes a range
+    where no node so far reaches beyond."""
+    reach = np.arange(num_nodes)
+    for e in range(src.shape[0]):
+        a, b = src[e], dst[e]
+        if a > b:
+            a, b = b, a
+        if b > reach[a]:
+            reach[a] = b
+    starts = np.empty(num_nodes + 1, dtype=np.int64)
+    starts[0] = 0
+    count, furthest = 1, -1
+    for i in range(num_nodes):
+        furthest = max(furthest, reach[i])
+        if furthest == i:  # no edge from nodes 0..i reaches past i
+            starts[count] = i + 1
+            count += 1
+    return starts[:count]
+
+
+def block_starts(edge_index: Tensor, num_nodes: int) -> Tensor:
+    """Where the graph splits into diagonal blocks: ``[B + 1]`` int64, the first node of each
+    of the B ranges of consecutive nodes that no edge crosses (finest split; a node that no
+    edge joins to another is a range of its own), then ``num_nodes``. One pass over the edges
+    (about 1 ns each). ``edge_index`` ``[2, E]`` is a CPU tensor of ids below ``num_nodes``."""
+    if num_nodes == 0:
+        return torch.zeros(1, dtype=torch.int64)
+    ids = edge_index.detach()
+    return torch.from_numpy(_block_starts(ids[0].numpy(), ids[1].numpy(), num_nodes))
+
+
 SPECIALISED_CHANNELS = frozenset({1, 2, 4, 8, 16, 32, 64, 128})  # compiled as constants
 DOT, ADDITIVE, GATV2 = 0, 1, 2  # the scores, as the kernels' compile-time flag
 SCORE_KINDS = {"dot": DOT, "additive": ADDITIVE, "gatv2": GATV2}

@@ -10,12 +10,14 @@ crossover, and :func:`dense_peak_bytes` keeps it from picking dense when the mat
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from graphattn.functional import cpu
 from graphattn.functional._transforms import apply_function, plain_ops_only
 from graphattn.functional.reference import reference_edge_attention
 
@@ -254,11 +256,12 @@ def _pair_log_weights(t: Tensor | None, pair: Tensor | None, mask: Tensor, simpl
                       dtype: torch.dtype) -> tuple[Tensor | None, Tensor | None]:
     """Sum the per-edge log-weights ``t`` of each (target, source) pair in log space.
 
-    Returns ``T [H, N_dst * N_src]`` with ``T_p = log sum_{e in p} exp(t_e)`` less the largest
-    ``t_e`` of its target row, which the softmax over the row does not see (``-inf`` where no
-    edge lies; ``None`` when the graph is simple and ``t`` is ``None``, i.e. all zeros on the
-    mask) and ``r [E, H]``, each edge's share ``exp(t_e) / sum_{e' in p} exp(t_e')`` of its pair
-    (``None`` when every share is 1).
+    ``mask`` is the ``[B, N_dst, N_src]`` bool mask of the graph's blocks and ``pair`` ``[E]``
+    each edge's flat index in it. Returns ``T [H, B * N_dst * N_src]`` with
+    ``T_p = log sum_{e in p} exp(t_e)`` less the largest ``t_e`` of its target row, which the
+    softmax over the row does not see (``-inf`` where no edge lies; ``None`` when the graph is
+    simple and ``t`` is ``None``, i.e. all zeros on the mask) and ``r [E, H]``, each edge's
+    share ``exp(t_e) / sum_{e' in p} exp(t_e')`` of its pair (``None`` when every share is 1).
     """
     flat = mask.view(-1)  # (P,)
     if t is None:
@@ -281,10 +284,10 @@ def _pair_log_weights(t: Tensor | None, pair: Tensor | None, mask: Tensor, simpl
         m = t.new_full((flat.numel(), heads), float("-inf"))
         m.scatter_reduce_(0, pair.unsqueeze(-1).expand(-1, heads), t, reduce="amax",
                           include_self=True)  # (P, H)
-        rows = m.view(*mask.shape, heads)  # (N_dst, N_src, H)
+        rows = m.view(*mask.shape, heads)  # (B, N_dst, N_src, H)
         # amax takes no empty dimension: no sources, so no edges (torch.compile comes here)
-        top = (rows.amax(dim=1, keepdim=True).nan_to_num_(0.0, 0.0, 0.0) if rows.size(1) > 0
-               else rows.new_zeros(rows.size(0), 1, heads))  # (N_dst, 1, H)
+        top = (rows.amax(dim=-2, keepdim=True).nan_to_num_(0.0, 0.0, 0.0) if rows.size(-2) > 0
+               else rows.new_zeros(*rows.shape[:-2], 1, heads))  # (B, N_dst, 1, H)
         # T relative to the largest score of its target row (a shift per row leaves the
         # softmax as it is): log(edge count) would round away next to a score of 1e9 or more
         shift = (rows - top).view(flat.numel(), heads).nan_to_num_(0.0, 0.0, 0.0)  # (P, H)
@@ -300,11 +303,85 @@ def _pair_log_weights(t: Tensor | None, pair: Tensor | None, mask: Tensor, simpl
     return T.t().contiguous(), r
 
 
-def _is_causal(src: Tensor, dst: Tensor, n_dst: int, n_src: int) -> bool:
-    """Whether the edges of a simple graph are exactly the causal pattern ``j -> i`` for
-    ``j <= i``: all N (N + 1) / 2 pairs on or below the diagonal."""
+def _is_causal(src: Tensor, dst: Tensor, blocks: int, n_dst: int, n_src: int) -> bool:
+    """Whether the edges of a simple graph of ``blocks`` diagonal blocks of ``n_dst`` targets
+    and sources each are exactly the causal pattern in every block, ``j -> i`` for ``j <= i``:
+    all N (N + 1) / 2 pairs on or below each block's diagonal."""
     n = n_dst
-    return n == n_src and n > 0 and src.numel() == n * (n + 1) // 2 and bool((src <= dst).all())
+    return (n == n_src and n > 0 and src.numel() == blocks * n * (n + 1) // 2
+            and bool((src <= dst).all()))
+
+
+# A graph that no edge crosses between ranges of its nodes (a batch of sequences, images or
+# small graphs, as graphs.repeat_graph and graphs.batch_complete_graph build them) is run block
+# by block, when that saves at least this share of the whole graph's N_dst * N_src pairs.
+BLOCK_MIN_SAVING = 0.5
+
+
+@dataclass(frozen=True)
+class BlockLayout:
+    """A block-diagonal graph as the dense backend runs it: its blocks (ranges of consecutive
+    nodes that no edge crosses) in groups of similar size, each group padded to its largest
+    block and run as one batch of ``[L, L]`` blocks.
+
+    Attributes:
+        starts (Tensor): ``[B + 1]`` int64, the first node of each block, then N.
+        groups (list): per group, ``(blocks, size)``: the group's block ids ``[B_g]`` (int64,
+            ascending) and the size L_g its blocks are padded to. Blocks of equal size form
+            one group; otherwise a group holds the blocks of ``(2^(g-1), 2^g]`` nodes.
+    """
+
+    starts: Tensor
+    groups: list[tuple[Tensor, int]]
+
+    @property
+    def pairs(self) -> int:
+        r"""The (target, source) pairs of the padded blocks, :math:`\sum_g B_g L_g^2`."""
+        return sum(blocks.numel() * size * size for blocks, size in self.groups)
+
+    @property
+    def padded(self) -> bool:
+        """Whether any block is padded (blocks of unequal sizes)."""
+        return len(self.groups) > 1 or self.starts.numel() - 1 != self.groups[0][0].numel()
+
+
+def _readable(t: Tensor) -> bool:
+    """Whether ``t``'s values can be read on the host now: a plain CPU tensor, outside
+    ``torch.compile``, ``torch.jit.trace``, ``torch.func``'s transforms and dispatch modes
+    (``make_fx``, fake tensors), where they are symbolic or wrapped."""
+    return (type(t) is Tensor and t.device.type == "cpu" and not torch.compiler.is_compiling()
+            and not torch.jit.is_tracing() and not torch._C._are_functorch_transforms_active()
+            and torch._C._len_torch_dispatch_stack() == 0)
+
+
+def block_layout(edge_index: Tensor, num_nodes: int) -> BlockLayout | None:
+    r"""The block layout of a graph over one node set, when running it block by block needs at
+    most ``1 - BLOCK_MIN_SAVING`` of the whole graph's :math:`N^2` pairs; ``None`` otherwise
+    (one block, a few large ones, or a graph whose ids cannot be read while it is traced or
+    transformed: ``torch.compile``, ``torch.jit.trace``, ``torch.func``).
+
+    Args:
+        edge_index (Tensor): ``[2, E]`` CPU tensor of node ids below ``num_nodes``.
+        num_nodes (int): the number of nodes N, targets and sources alike.
+    """
+    if num_nodes < 2 or not _readable(edge_index):
+        return None
+    starts = cpu.block_starts(edge_index, num_nodes)  # (B + 1,)
+    sizes = starts.diff()  # (B,)
+    if sizes.numel() == 1:
+        return None
+    if bool((sizes == sizes[0]).all()):
+        groups = [(torch.arange(sizes.numel()), int(sizes[0]))]
+    else:  # by ceil(log2(size)): a block padded to at most twice its size
+        bucket = torch.ceil(torch.log2(sizes.double())).long()
+        groups = []
+        for b in bucket.unique().tolist():
+            members = (bucket == b).nonzero().squeeze(1)
+            groups.append((members, int(sizes[members].max())))
+    layout = BlockLayout(starts, groups)
+    if layout.pairs > (1.0 - BLOCK_MIN_SAVING) * num_nodes * num_nodes:
+        return None
+    return layout
 
 
 def dense_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
@@ -334,8 +411,16 @@ def dense_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
     weights are explicit. Targets without an incoming edge get exactly 0, and the value rows
     of sources without an out-edge reach no output, whatever they hold (NaN or inf included).
 
-    Memory grows as :math:`H \cdot N_{dst} \cdot N_{src}` (see :func:`dense_peak_bytes`), whatever
-    the number of edges.
+    **Block-diagonal graphs.** On CPU, a graph over one node set whose nodes split into ranges
+    that no edge crosses (a batch of B sequences or images built by
+    :func:`~graphattn.graphs.repeat_graph`, the complete graphs of a mini-batch of graphs) runs
+    as a batch of ``[H, L, L]`` blocks, :math:`B L^2` pairs instead of :math:`(B L)^2` (see
+    :func:`block_layout`). Blocks of equal size are viewed in place (a batch of causal
+    sequences runs SDPA with ``is_causal``); blocks of unequal sizes are grouped by size, each
+    group padded to its largest block (at most twice a block's size), and gathered into place.
+
+    Memory grows as :math:`H \cdot N_{dst} \cdot N_{src}` (see :func:`dense_peak_bytes`), or
+    :math:`H \sum_g B_g L_g^2` block by block, whatever the number of edges.
 
     Args:
         q (Tensor): ``[N_dst, H, C]`` (``[N_dst, H]`` when additive).
@@ -357,32 +442,108 @@ def dense_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
         - **output:** out ``(N_dst, H, C)``; alpha ``(E, H)`` or ``None``
     """
     n_dst, n_src = q.size(0), v.size(0)
+    options = dict(scale=scale, bias=bias, dropout_mask=dropout_mask, score=score,
+                   negative_slope=negative_slope, need_alpha=need_alpha, att=att)
     if edge_index.size(1) == 0:  # every output 0; the reference path gives each input a
         return reference_edge_attention(  # (zero) gradient, the bias [0, H] included
-            q, k, v, edge_index, scale=scale, bias=bias, dropout_mask=dropout_mask, score=score,
-            negative_slope=negative_slope, need_alpha=need_alpha, att=att)
+            q, k, v, edge_index, **options)
     src, dst = edge_index[0].long(), edge_index[1].long()
+    layout = (block_layout(edge_index, n_dst)
+              if n_dst == n_src and q.device.type == "cpu" else None)
+    if layout is None:
+        return _dense_blocks(q, k, v, src, dst, 1, n_dst, n_src, **options)
+    if not layout.padded:  # B blocks of L nodes: viewed in place
+        blocks, size = layout.groups[0]
+        return _dense_blocks(q, k, v, src, dst, blocks.numel(), size, size, **options)
+    return _padded_groups(q, k, v, src, dst, layout, **options)
+
+
+def _padded_groups(q: Tensor, k: Tensor, v: Tensor, src: Tensor, dst: Tensor,
+                   layout: BlockLayout, **options) -> tuple[Tensor, Tensor | None]:
+    """Blocks of unequal sizes, group by group: each group's nodes gathered into its padded
+    ``[B_g, L_g]`` blocks (zero rows for the padding, which no edge touches), its edges
+    renumbered, the group run as equal blocks, and the outputs (and weights) put back."""
+    n = q.size(0)
+    starts = layout.starts
+    sizes = starts.diff()
+    block_of = torch.repeat_interleave(torch.arange(sizes.numel()), sizes)  # (N,)
+    group_of_block = torch.empty(sizes.numel(), dtype=torch.int64)
+    rank_of_block = torch.empty(sizes.numel(), dtype=torch.int64)  # its place in its group
+    for g, (blocks, _) in enumerate(layout.groups):
+        group_of_block[blocks] = g
+        rank_of_block[blocks] = torch.arange(blocks.numel())
+    size_of_group = torch.tensor([size for _, size in layout.groups])
+    node = torch.arange(n)
+    # each node's row in its group's padded [B_g * L_g] rows
+    padded_row = (rank_of_block[block_of] * size_of_group[group_of_block[block_of]]
+                  + node - starts[block_of])  # (N,)
+    group_of_node = group_of_block[block_of]  # (N,)
+    group_of_edge = group_of_node[dst.cpu()]  # (E,)
+    device = q.device
+    padded_row_d = padded_row.to(device)
+
+    def with_zero_row(t: Tensor) -> Tensor:
+        return torch.cat([t, t.new_zeros(1, *t.shape[1:])])  # row N: the padding
+
+    q0, k0, v0 = with_zero_row(q), with_zero_row(k), with_zero_row(v)
+    node_parts, out_parts, edge_parts, alpha_parts = [], [], [], []
+    for g, (blocks, size) in enumerate(layout.groups):
+        nodes = (group_of_node == g).nonzero().squeeze(1)  # (N_g,)
+        rows = padded_row[nodes]
+        gather = torch.full((blocks.numel() * size,), n, dtype=torch.int64)
+        gather[rows] = nodes  # padded row -> node (N: the zero row)
+        gather, rows_d = gather.to(device), rows.to(device)
+        edges = (group_of_edge == g).nonzero().squeeze(1).to(device)  # (E_g,)
+        group_options = dict(options)
+        for name in ("bias", "dropout_mask"):
+            if options[name] is not None:
+                group_options[name] = options[name][edges]
+        out, alpha = _dense_blocks(
+            gather_rows(q0, gather), gather_rows(k0, gather), gather_rows(v0, gather),
+            padded_row_d[src[edges]], padded_row_d[dst[edges]], blocks.numel(), size, size,
+            **group_options)
+        node_parts.append(nodes.to(device))
+        out_parts.append(gather_rows(out, rows_d))
+        edge_parts.append(edges)
+        alpha_parts.append(alpha)
+    order = torch.cat(node_parts)
+    out = torch.cat(out_parts).new_zeros(q.size(0), *out_parts[0].shape[1:]).index_copy(
+        0, order, torch.cat(out_parts))
+    alpha = None
+    if options["need_alpha"]:
+        parts = torch.cat(alpha_parts)
+        alpha = parts.new_zeros(src.numel(), parts.size(1)).index_copy(
+            0, torch.cat(edge_parts), parts)
+    return out, alpha
+
+
+def _dense_blocks(q: Tensor, k: Tensor, v: Tensor, src: Tensor, dst: Tensor, blocks: int,
+                  n_dst: int, n_src: int, *, scale: float, bias: Tensor | None,
+                  dropout_mask: Tensor | None, score: str, negative_slope: float,
+                  need_alpha: bool, att: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    """:func:`dense_edge_attention` on a graph of ``blocks`` diagonal blocks of ``n_dst``
+    targets and ``n_src`` sources each (one block: the whole graph), whose edges ``src -> dst``
+    (int64, at least one) stay inside their block: the work on ``[B, H, n_dst, n_src]``."""
+    B = blocks
     num_edges = src.numel()
-    mask = torch.zeros(n_dst, n_src, dtype=torch.bool, device=q.device)
-    mask.index_put_((dst, src), torch.ones((), dtype=torch.bool, device=q.device))
+    # (E,) flat index of (block, i, j) in [B, N_dst, N_src]: block * N_dst + i is the target
+    pair = dst * n_src + (src - (dst // n_dst) * n_src if B > 1 else src)
+    mask = torch.zeros(B, n_dst, n_src, dtype=torch.bool, device=q.device)
+    mask.view(-1)[pair] = True
     # Whether no pair holds two edges is known only at run time: torch.compile takes the
     # multigraph path, which gives the same result on any graph.
     simple = not torch.compiler.is_compiling() and int(mask.count_nonzero()) == num_edges
     # The complete and the causal graph run SDPA without a mask (and have no empty row).
-    complete = simple and 0 < num_edges == n_dst * n_src
-    causal = simple and not complete and _is_causal(src, dst, n_dst, n_src)
-    empty_rows = (mask.new_zeros(n_dst) if complete or causal
-                  else ~mask.any(dim=-1))  # (N_dst,)
-    vh = v.transpose(0, 1)  # (H, N_src, C)
+    complete = simple and num_edges == B * n_dst * n_src
+    causal = simple and not complete and _is_causal(src, dst, B, n_dst, n_src)
+    empty_rows = (mask.new_zeros(B, 1, n_dst) if complete or causal
+                  else ~mask.any(dim=-1).unsqueeze(1))  # (B, 1, N_dst)
+    vh = v.view(B, n_src, *v.shape[1:]).transpose(1, 2)  # (B, H, N_src, C)
     if not (complete or causal):
         # A source without an out-edge (a padding node, say) enters every target's product
         # with weight 0, and 0 * inf or 0 * NaN is NaN: its value row is zeroed, so that what
         # it holds reaches no output, as in the sparse backends.
-        vh = vh.masked_fill(~mask.any(dim=0).view(1, n_src, 1), 0.0)
-    # (E,) flat index of (i, j) in [N_dst, N_src], for multi-edges, per-edge scores, dropout
-    # and the weights
-    pair = (src.add(dst, alpha=n_src) if not simple or score != "dot" or bias is not None
-            or dropout_mask is not None or need_alpha else None)
+        vh = vh.masked_fill(~mask.any(dim=1).view(B, 1, n_src, 1), 0.0)
 
     if score == "dot":
         t = bias
@@ -397,40 +558,52 @@ def dense_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
             t = t + bias
         t = F.leaky_relu(t, negative_slope) * scale
     T, share = _pair_log_weights(t, pair, mask, simple, v.dtype)
+    if T is not None:  # (H or 1, B * N_dst * N_src) -> (B, H or 1, N_dst, N_src)
+        T = T.view(T.size(0), B, n_dst, n_src).transpose(0, 1)
     # rows that get 0: no in-edge, or (with per-edge scores) every in-edge scoring -inf
-    dead = empty_rows if T is None else (
-        T.view(T.size(0), n_dst, n_src) == float("-inf")).all(dim=-1)  # (N_dst) or (H|1, N_dst)
+    dead = empty_rows if T is None else (T == float("-inf")).all(dim=-1)  # (B, H or 1, N_dst)
+
+    def heads_first(x: Tensor, n: int) -> Tensor:  # (B * n, H, C) -> (B, H, n, C)
+        return x.view(B, n, *x.shape[1:]).transpose(1, 2)
+
+    def nodes_first(out: Tensor) -> Tensor:  # (B, H, N_dst, C) -> (B * N_dst, H, C)
+        # contiguous, as every backend returns it: (N_dst, H, C) views as (N_dst, H * C)
+        return out.masked_fill(dead.unsqueeze(-1), 0.0).transpose(1, 2).reshape(
+            B * n_dst, *out.shape[1::2])
 
     explicit = score != "dot" or need_alpha or dropout_mask is not None
     if not explicit:
-        qh, kh = q.transpose(0, 1), k.transpose(0, 1)  # (H, N, C)
+        qh, kh = heads_first(q, n_dst), heads_first(k, n_src)  # (B, H, N, C)
         attn_mask = None  # the complete graph; the causal one: SDPA skips the masked half
         if T is not None:
-            attn_mask = T.view(T.size(0), n_dst, n_src).to(q.dtype).masked_fill(
-                dead.unsqueeze(-1), 0.0)  # (H or 1, N_dst, N_src)
+            attn_mask = T.to(q.dtype).masked_fill(dead.unsqueeze(-1), 0.0)  # (B, H|1, N, N)
         elif not (complete or causal):
-            attn_mask = mask | empty_rows.unsqueeze(-1)  # (N_dst, N_src); empty rows see all
-        out = sdpa(qh, kh, vh, attn_mask=attn_mask, is_causal=causal,
-                   scale=scale)  # (H, N_dst, C)
-        # contiguous, as every backend returns it: (N_dst, H, C) views as (N_dst, H * C)
-        return out.masked_fill(dead.unsqueeze(-1), 0.0).transpose(0, 1).contiguous(), None
+            attn_mask = mask | empty_rows.transpose(1, 2)  # (B, N_dst, N_src); empty rows see all
+        if B == 1:  # one block: SDPA on (H, N, C), as sdpa() batches it
+            qh, kh, vh = qh[0], kh[0], vh[0]
+            attn_mask = None if attn_mask is None else attn_mask[0]
+        elif attn_mask is not None and attn_mask.dim() == 3:
+            attn_mask = attn_mask.unsqueeze(1)  # (B, 1, N_dst, N_src)
+        out = sdpa(qh, kh, vh, attn_mask=attn_mask, is_causal=causal, scale=scale)
+        return nodes_first(out.view(B, *out.shape[-3:])), None
 
     if score == "dot":
         # scaled before the product: in fp16, q . k can overflow where the score does not
-        L = (q.transpose(0, 1) * scale) @ k.permute(1, 2, 0)  # (H, N_dst, N_src)
+        L = (heads_first(q, n_dst) * scale) @ heads_first(k, n_src).transpose(-2, -1)
         # -inf off the graph before T is added: a pair without an edge whose product overflowed
         # to +inf (fp16) would make inf + T = inf - inf = NaN in its target row
-        L = L.masked_fill(~mask, float("-inf"))
+        L = L.masked_fill(~mask.unsqueeze(1), float("-inf"))  # (B, H, N_dst, N_src)
         if T is not None:
-            L = L + T.view(T.size(0), n_dst, n_src)
+            L = L + T
     else:  # the whole score is in T
-        L = T.view(T.size(0), n_dst, n_src)  # (H, N_dst, N_src)
+        L = T  # (B, H, N_dst, N_src)
     L = L.masked_fill(dead.unsqueeze(-1), 0.0)
-    P = torch.softmax(L, dim=-1, dtype=_softmax_dtype(L.dtype)).to(v.dtype)  # (H, N_dst, N_src)
-    P = P.masked_fill(dead.unsqueeze(-1), 0.0)
+    P = torch.softmax(L, dim=-1, dtype=_softmax_dtype(L.dtype)).to(v.dtype)
+    P = P.masked_fill(dead.unsqueeze(-1), 0.0)  # (B, H, N_dst, N_src)
+    heads = P.size(1)
     alpha = None
     if need_alpha:
-        alpha = gather_rows(P.permute(1, 2, 0).reshape(n_dst * n_src, P.size(0)),
+        alpha = gather_rows(P.permute(0, 2, 3, 1).reshape(B * n_dst * n_src, heads),
                             pair)  # (E, H)
         if share is not None:
             alpha = alpha * share
@@ -438,8 +611,7 @@ def dense_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
     if dropout_mask is not None:
         kept = dropout_mask if share is None else dropout_mask * share  # (E, H)
         # pairs first, as in _pair_log_weights: a scatter of whole rows
-        D = scatter_add_rows(kept.to(P.dtype), pair, n_dst * n_src)  # (P, H)
-        W = P * D.view(n_dst, n_src, D.size(1)).permute(2, 0, 1)  # (H, N_dst, N_src)
-    # a dead row's weights are 0, but 0 * NaN (or inf) in a value row is NaN: zero it after
-    out = (W @ vh).masked_fill(dead.unsqueeze(-1), 0.0).transpose(0, 1)  # (N_dst, H, C)
-    return out.contiguous(), alpha
+        D = scatter_add_rows(kept.to(P.dtype), pair, B * n_dst * n_src)  # (P, H)
+        W = P * D.view(B, n_dst, n_src, heads).permute(0, 3, 1, 2)  # (B, H, N_dst, N_src)
+    # a dead row's weights are 0, but 0 * NaN (or inf) in a value row is NaN: zeroed after
+    return nodes_first(W @ vh), alpha
