@@ -28,7 +28,13 @@ from graphattn._checks import (
 )
 from graphattn.functional._transforms import plain_ops_only
 from graphattn.functional.cpu import check_cpu_inputs, cpu_edge_attention
-from graphattn.functional.dense_backend import dense_edge_attention, dense_peak_bytes, sdpa
+from graphattn.functional.dense_backend import (
+    BlockLayout,
+    block_layout,
+    dense_edge_attention,
+    dense_peak_bytes,
+    sdpa,
+)
 from graphattn.functional.dropout import dropout_mask as make_dropout_mask
 from graphattn.functional.edge_terms import fold_edge_terms
 from graphattn.functional.reference import reference_edge_attention
@@ -65,7 +71,25 @@ def available_backends() -> list[str]:
 # measured on 2 cores (see select_backend), by size sqrt(N_dst * N_src):
 # (size, forward+backward, forward only).
 DENSE_CROSSOVER_CPU = ((256, 0.06, 0.10), (1024, 0.08, 0.10), (4096, 0.09, 0.23))
+# The same for block-diagonal graphs run block by block, by block size L, the density counted
+# over the blocks' pairs (benchmarks/block_diagonal.py, 2 cores; see select_backend).
+DENSE_CROSSOVER_CPU_BLOCKS = ((16, 0.45, 0.50), (64, 0.13, 0.29), (256, 0.12, 0.19),
+                              (1024, 0.13, 0.26))
 DENSE_MAX_BYTES_CPU = 2 * 2**30
+
+
+def _interpolate(table: tuple[tuple[float, float, float], ...], size: float,
+                 training: bool) -> float:
+    """The crossover of ``table`` at ``size``, linear in log size, constant outside it."""
+    column = 1 if training else 2
+    points = [(math.log(row[0]), row[column]) for row in table]
+    x = math.log(size) if size > 0 else points[0][0]
+    if x <= points[0][0]:
+        return points[0][1]
+    for (x0, y0), (x1, y1) in zip(points, points[1:], strict=False):
+        if x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return points[-1][1]
 
 
 def dense_min_density(num_dst: int, num_src: int, *, training: bool) -> float:
@@ -80,16 +104,22 @@ def dense_min_density(num_dst: int, num_src: int, *, training: bool) -> float:
         num_src (int): number of sources N_src.
         training (bool): forward+backward (``True``) or forward only (``False``).
     """
-    column = 1 if training else 2
-    size = math.sqrt(num_dst * num_src)
-    points = [(math.log(row[0]), row[column]) for row in DENSE_CROSSOVER_CPU]
-    x = math.log(size) if size > 0 else points[0][0]
-    if x <= points[0][0]:
-        return points[0][1]
-    for (x0, y0), (x1, y1) in zip(points, points[1:], strict=False):
-        if x <= x1:
-            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
-    return points[-1][1]
+    return _interpolate(DENSE_CROSSOVER_CPU, math.sqrt(num_dst * num_src), training)
+
+
+def block_min_density(block_size: float, *, training: bool) -> float:
+    r"""The block density from which ``backend="auto"`` runs a block-diagonal graph as dense
+    blocks on CPU.
+
+    Interpolates the measured crossovers ``DENSE_CROSSOVER_CPU_BLOCKS`` linearly in
+    :math:`\log L` (held constant outside the sizes measured).
+
+    Args:
+        block_size (float): the block size L (for blocks of unequal sizes, the root mean
+            square of their padded sizes, :math:`\sqrt{\sum_g B_g L_g^2 / \sum_g B_g}`).
+        training (bool): forward+backward (``True``) or forward only (``False``).
+    """
+    return _interpolate(DENSE_CROSSOVER_CPU_BLOCKS, block_size, training)
 
 
 def select_backend(q: Tensor, edge_index: Tensor, num_src: int | None = None, *,
@@ -130,6 +160,28 @@ def select_backend(q: Tensor, edge_index: Tensor, num_src: int | None = None, *,
     0.0018: ``"cpu"`` 4.1-8.3 ms, ``"dense"`` 147-218 ms forward+backward), so the choice
     matters far more than its exact place.
 
+    **Block-diagonal graphs.** A graph that is sparse as a whole but splits into diagonal
+    blocks that no edge crosses (a batch of B sequences or images through
+    :func:`~graphattn.graphs.repeat_graph`, the complete graphs of a mini-batch of graphs) is
+    judged by the density over its blocks, :math:`\rho_B = E / \sum_g B_g L_g^2` (the padded
+    blocks the dense backend runs, see :func:`~graphattn.functional.dense_backend.block_layout`),
+    against the block crossover :math:`\rho_B^*`
+    (:func:`~graphattn.functional.attention.block_min_density`) measured by
+    ``benchmarks/block_diagonal.py`` on 2 cores (N = 4096 nodes, H = 4, C = 32, fp32; the mean
+    of a window and a random pattern inside the blocks):
+
+    ======================  ======  ======  ======  ======
+    block size L            16      64      256     1024
+    ======================  ======  ======  ======  ======
+    forward+backward        0.45    0.13    0.12    0.13
+    forward only            0.50    0.29    0.19    0.26
+    ======================  ======  ======  ======  ======
+
+    A batch of 16 causal sequences of 256 tokens (:math:`\rho_B = 0.5`, :math:`\rho = 0.03`)
+    thus runs as 16 causal SDPA blocks. Finding the blocks takes one pass over the edges
+    (about 1 ns each), and is skipped when the whole graph is dense enough on its own (the
+    dense backend then finds its blocks itself).
+
     The ``"gatv2"`` score always takes ``"cpu"`` on CPU: the dense backend computes its
     ``[E, H, C]`` per-edge terms as the reference does, before any dense work (complete graphs
     of 256 and 512 nodes, H = 4, C = 32, forward+backward on 1 thread: ``"cpu"`` 56 and 146 ms,
@@ -146,22 +198,42 @@ def select_backend(q: Tensor, edge_index: Tensor, num_src: int | None = None, *,
         num_src (int, optional): number of sources N_src. (default: N_dst)
         score (str, optional): the score function. (default: ``"dot"``)
     """
+    return _select(q, edge_index, num_src, score)[0]
+
+
+def _select(q: Tensor, edge_index: Tensor, num_src: int | None,
+            score: str) -> tuple[str, BlockLayout | None]:
+    """:func:`select_backend`, and the block layout it found when it chose dense blocks."""
     if q.device.type == "cpu":
         if score == "gatv2":
-            return "cpu"
+            return "cpu", None
         n_dst = q.size(0)
         n_src = n_dst if num_src is None else num_src
         pairs = n_dst * n_src
-        density = edge_index.size(1) / pairs if pairs > 0 else 0.0
+        num_edges = edge_index.size(1)
+        density = num_edges / pairs if pairs > 0 else 0.0
         training = q.requires_grad and torch.is_grad_enabled()
         threshold = dense_min_density(n_dst, n_src, training=training)
-        fits = dense_peak_bytes(n_dst, n_src, q.size(1), q.element_size()) <= DENSE_MAX_BYTES_CPU
+        heads, itemsize = q.size(1), q.element_size()
+        fits = dense_peak_bytes(n_dst, n_src, heads, itemsize) <= DENSE_MAX_BYTES_CPU
         # guard_or_false: under torch.compile an edge count known only at run time (after the
         # self-loops were replaced) cannot be compared while tracing; the sparse path is taken.
-        return "dense" if fits and guard_or_false(density >= threshold) else "cpu"
+        if fits and guard_or_false(density >= threshold):
+            return "dense", None
+        layout = (block_layout(edge_index, n_dst)
+                  if n_dst == n_src and num_edges > 0 else None)
+        if layout is not None:
+            blocks = sum(members.numel() for members, _ in layout.groups)
+            block_density = num_edges / layout.pairs
+            # the blocks' pairs as one row of sources: the same bytes
+            if (dense_peak_bytes(layout.pairs, 1, heads, itemsize) <= DENSE_MAX_BYTES_CPU
+                    and block_density >= block_min_density(math.sqrt(layout.pairs / blocks),
+                                                           training=training)):
+                return "dense", layout
+        return "cpu", None
     if use_triton_for(q):
-        return "triton"
-    return "reference"
+        return "triton", None
+    return "reference", None
 
 
 def _check_attention_inputs(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor,
@@ -381,10 +453,11 @@ def edge_attention_unchecked(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor
     if scale is None:
         # 1 / sqrt(C) for dot (C = 0: the score is 0 whatever the scale)
         scale = 1.0 / math.sqrt(max(q.size(-1), 1)) if score == "dot" else 1.0
+    layout = None  # the blocks of a block-diagonal graph that auto sends to the dense backend
     if edge_weight is not None:
         backend = "reference"
     elif backend == "auto":
-        backend = select_backend(q, edge_index, num_src=k.size(0), score=score)
+        backend, layout = _select(q, edge_index, k.size(0), score)
         if backend == "triton" and any(t is not None and t.dtype not in TRITON_DTYPES
                                        for t in (k, v, bias, att, edge_key, edge_value)):
             backend = "reference"  # a float64 input beside q: the kernels take none
@@ -423,6 +496,8 @@ def edge_attention_unchecked(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor
     options = dict(scale=float(scale), bias=bias, dropout_mask=dropout_mask, score=score,
                    negative_slope=float(negative_slope), need_alpha=return_attention, att=att)
     if edge_key is None and edge_value is None:
+        if layout is not None and backend == "dense":
+            options["layout"] = layout  # found once, by the rule
         out, alpha = BACKENDS[backend](q, k, v, edge_index.long(), **options)
     elif backend in NATIVE_EDGE_TERMS:
         out, alpha = BACKENDS[backend](q, k, v, edge_index.long(), edge_key=edge_key,

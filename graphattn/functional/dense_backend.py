@@ -387,7 +387,8 @@ def block_layout(edge_index: Tensor, num_nodes: int) -> BlockLayout | None:
 def dense_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
                          scale: float, bias: Tensor | None, dropout_mask: Tensor | None,
                          score: str, negative_slope: float, need_alpha: bool,
-                         att: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+                         att: Tensor | None = None, layout: BlockLayout | None = None,
+                         ) -> tuple[Tensor, Tensor | None]:
     r"""Edge attention computed as dense masked attention over ``[H, N_dst, N_src]`` scores.
 
     Computes exactly what :func:`~graphattn.functional.attention.reference_edge_attention`
@@ -435,6 +436,8 @@ def dense_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
         negative_slope (float): LeakyReLU slope of the additive and gatv2 scores.
         need_alpha (bool): also return the weights per edge.
         att (Tensor, optional): ``[H, C]`` attention vector of ``"gatv2"``.
+        layout (BlockLayout, optional): the graph's blocks, when the caller found them
+            (:func:`block_layout`). (default: found here)
 
     Shapes:
         - **input:** q ``(N_dst, H, C)``, k and v ``(N_src, H, C)``, edge_index ``(2, E)``,
@@ -448,8 +451,8 @@ def dense_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
         return reference_edge_attention(  # (zero) gradient, the bias [0, H] included
             q, k, v, edge_index, **options)
     src, dst = edge_index[0].long(), edge_index[1].long()
-    layout = (block_layout(edge_index, n_dst)
-              if n_dst == n_src and q.device.type == "cpu" else None)
+    if layout is None and n_dst == n_src and q.device.type == "cpu":
+        layout = block_layout(edge_index, n_dst)
     if layout is None:
         return _dense_blocks(q, k, v, src, dst, 1, n_dst, n_src, **options)
     if not layout.padded:  # B blocks of L nodes: viewed in place
@@ -569,7 +572,7 @@ def _dense_blocks(q: Tensor, k: Tensor, v: Tensor, src: Tensor, dst: Tensor, blo
     def nodes_first(out: Tensor) -> Tensor:  # (B, H, N_dst, C) -> (B * N_dst, H, C)
         # contiguous, as every backend returns it: (N_dst, H, C) views as (N_dst, H * C)
         return out.masked_fill(dead.unsqueeze(-1), 0.0).transpose(1, 2).reshape(
-            B * n_dst, *out.shape[1::2])
+            B * n_dst, *out.shape[1::2]).contiguous()
 
     explicit = score != "dot" or need_alpha or dropout_mask is not None
     if not explicit:

@@ -28,6 +28,12 @@ def test_min_density_follows_the_measured_crossovers():
     assert dense_min_density(s0, s1, training=True) == pytest.approx((t0 + t1) / 2)
 
 
+def one_block(num_edges: int, n: int) -> torch.Tensor:
+    """``num_edges`` copies of the edge 0 -> n - 1 (without their memory): a graph that does not
+    split into diagonal blocks, so the whole graph's density decides."""
+    return torch.tensor([[0], [n - 1]]).expand(2, num_edges)
+
+
 def graph_with_density(n_dst: int, n_src: int, density: float, seed: int) -> torch.Tensor:
     """A simple graph (no repeated edge) with round(density * N_dst * N_src) random edges."""
     num_edges = round(density * n_dst * n_src)
@@ -58,7 +64,7 @@ def test_inference_has_its_own_threshold():
     n = 50
     q = torch.randn(n, 2, 4, requires_grad=True)
     for density in (THRESHOLD, THRESHOLD_INFERENCE):
-        edge_index = torch.zeros(2, math.ceil(density * n * n), dtype=torch.long)
+        edge_index = one_block(math.ceil(density * n * n), n)
         training = select_backend(q, edge_index)
         with torch.no_grad():
             no_grad = select_backend(q, edge_index)
@@ -83,12 +89,11 @@ def test_never_dense_when_the_matrices_do_not_fit():
     n, heads = 20_000, 8  # 6 * 8 * 20000^2 * 4 bytes = 77 GB
     assert dense_peak_bytes(n, n, heads) > attention.DENSE_MAX_BYTES_CPU
     q = torch.empty(1, 1, 1).expand(n, heads, 16)  # the shape without the memory
-    complete = torch.zeros(2, 1, dtype=torch.long).expand(2, n * n)
-    assert select_backend(q, complete) == "cpu"
+    assert select_backend(q, one_block(n * n, n)) == "cpu"
     # The largest complete graph that fits goes dense.
     fits = int(math.sqrt(attention.DENSE_MAX_BYTES_CPU / (DENSE_TENSORS_AT_PEAK * heads * 4 + 2)))
     q = torch.empty(1, 1, 1).expand(fits, heads, 16)
-    assert select_backend(q, torch.zeros(2, 1, dtype=torch.long).expand(2, fits**2)) == "dense"
+    assert select_backend(q, one_block(fits**2, fits)) == "dense"
 
 
 def test_memory_limit_is_inclusive_and_counts_the_itemsize(monkeypatch):
@@ -246,7 +251,7 @@ def test_auto_on_cuda_promotes_a_float64_input_beside_float32_q(triton_interpret
         return triton(*args, **kwargs)
 
     # the rule on CUDA, where use_triton_for(q) holds for a float32 q
-    monkeypatch.setattr(attention, "select_backend", lambda q, *args, **kwargs: "triton")
+    monkeypatch.setattr(attention, "_select", lambda q, *args, **kwargs: ("triton", None))
     monkeypatch.setitem(attention.BACKENDS, "triton", spy)
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(6, 2, 4, generator=gen) for _ in range(3))
