@@ -409,8 +409,10 @@ def dense_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
     :func:`torch.nn.functional.scaled_dot_product_attention` call with the bool mask (none on
     the complete graph, ``is_causal`` on the causal one, which SDPA runs faster); with a bias
     or multi-edges, SDPA gets the float mask :math:`L - \text{scale}\, q k^\top`; otherwise the
-    weights are explicit. Targets without an incoming edge get exactly 0, and the value rows
-    of sources without an out-edge reach no output, whatever they hold (NaN or inf included).
+    weights are explicit. Targets without an incoming edge get exactly 0, and the rows of
+    nodes that no edge reads (the queries of targets without an in-edge, the keys and values
+    of sources without an out-edge) reach no output and no gradient, whatever they hold (NaN
+    or inf included).
 
     **Block-diagonal graphs.** On CPU, a graph over one node set whose nodes split into ranges
     that no edge crosses (a batch of B sequences or images built by
@@ -541,12 +543,22 @@ def _dense_blocks(q: Tensor, k: Tensor, v: Tensor, src: Tensor, dst: Tensor, blo
     causal = simple and not complete and _is_causal(src, dst, B, n_dst, n_src)
     empty_rows = (mask.new_zeros(B, 1, n_dst) if complete or causal
                   else ~mask.any(dim=-1).unsqueeze(1))  # (B, 1, N_dst)
+    def heads_first(x: Tensor, n: int) -> Tensor:  # (B * n, H, C) -> (B, H, n, C)
+        return x.view(B, n, *x.shape[1:]).transpose(1, 2)
+
     vh = v.view(B, n_src, *v.shape[1:]).transpose(1, 2)  # (B, H, N_src, C)
+    if score == "dot":
+        qh, kh = heads_first(q, n_dst), heads_first(k, n_src)  # (B, H, N, C)
     if not (complete or causal):
         # A source without an out-edge (a padding node, say) enters every target's product
-        # with weight 0, and 0 * inf or 0 * NaN is NaN: its value row is zeroed, so that what
-        # it holds reaches no output, as in the sparse backends.
-        vh = vh.masked_fill(~mask.any(dim=1).view(B, 1, n_src, 1), 0.0)
+        # with weight 0, and 0 * inf or 0 * NaN is NaN: its rows are zeroed, so that what it
+        # holds reaches no output and no gradient, as in the sparse backends; so are the query
+        # rows of targets without an in-edge.
+        unread = ~mask.any(dim=1).view(B, 1, n_src, 1)
+        vh = vh.masked_fill(unread, 0.0)
+        if score == "dot":
+            kh = kh.masked_fill(unread, 0.0)
+            qh = qh.masked_fill(empty_rows.unsqueeze(-1), 0.0)
 
     if score == "dot":
         t = bias
@@ -566,9 +578,6 @@ def _dense_blocks(q: Tensor, k: Tensor, v: Tensor, src: Tensor, dst: Tensor, blo
     # rows that get 0: no in-edge, or (with per-edge scores) every in-edge scoring -inf
     dead = empty_rows if T is None else (T == float("-inf")).all(dim=-1)  # (B, H or 1, N_dst)
 
-    def heads_first(x: Tensor, n: int) -> Tensor:  # (B * n, H, C) -> (B, H, n, C)
-        return x.view(B, n, *x.shape[1:]).transpose(1, 2)
-
     def nodes_first(out: Tensor) -> Tensor:  # (B, H, N_dst, C) -> (B * N_dst, H, C)
         # contiguous, as every backend returns it: (N_dst, H, C) views as (N_dst, H * C)
         return out.masked_fill(dead.unsqueeze(-1), 0.0).transpose(1, 2).reshape(
@@ -576,7 +585,6 @@ def _dense_blocks(q: Tensor, k: Tensor, v: Tensor, src: Tensor, dst: Tensor, blo
 
     explicit = score != "dot" or need_alpha or dropout_mask is not None
     if not explicit:
-        qh, kh = heads_first(q, n_dst), heads_first(k, n_src)  # (B, H, N, C)
         attn_mask = None  # the complete graph; the causal one: SDPA skips the masked half
         if T is not None:
             attn_mask = T.to(q.dtype).masked_fill(dead.unsqueeze(-1), 0.0)  # (B, H|1, N, N)
@@ -587,12 +595,14 @@ def _dense_blocks(q: Tensor, k: Tensor, v: Tensor, src: Tensor, dst: Tensor, blo
             attn_mask = None if attn_mask is None else attn_mask[0]
         elif attn_mask is not None and attn_mask.dim() == 3:
             attn_mask = attn_mask.unsqueeze(1)  # (B, 1, N_dst, N_src)
-        out = sdpa(qh, kh, vh, attn_mask=attn_mask, is_causal=causal, scale=scale)
+        # with a bias, the float mask holds the causal pattern (SDPA takes one or the other)
+        out = sdpa(qh, kh, vh, attn_mask=attn_mask, is_causal=causal and attn_mask is None,
+                   scale=scale)
         return nodes_first(out.view(B, *out.shape[-3:])), None
 
     if score == "dot":
         # scaled before the product: in fp16, q . k can overflow where the score does not
-        L = (heads_first(q, n_dst) * scale) @ heads_first(k, n_src).transpose(-2, -1)
+        L = (qh * scale) @ kh.transpose(-2, -1)
         # -inf off the graph before T is added: a pair without an edge whose product overflowed
         # to +inf (fp16) would make inf + T = inf - inf = NaN in its target row
         L = L.masked_fill(~mask.unsqueeze(1), float("-inf"))  # (B, H, N_dst, N_src)

@@ -4,7 +4,14 @@ import pytest
 import torch
 from conftest import assert_close
 
-from graphattn.functional import attention, available_backends, edge_attention, select_backend
+from graphattn import graphs
+from graphattn.functional import (
+    attention,
+    available_backends,
+    dense_backend,
+    edge_attention,
+    select_backend,
+)
 from graphattn.functional.attention import dense_min_density
 from graphattn.functional.dense_backend import DENSE_TENSORS_AT_PEAK, dense_peak_bytes
 from graphattn.nn import GraphSelfAttention
@@ -265,3 +272,77 @@ def test_auto_on_cuda_promotes_a_float64_input_beside_float32_q(triton_interpret
     assert calls == [] and out.dtype == torch.float64
     edge_attention(q, k, v, edge_index, bias=bias.float())  # all float32: the kernels
     assert calls == ["triton"]
+
+
+# ---- block-diagonal graphs: judged by the density over their blocks ----
+
+def test_block_min_density_follows_the_measured_crossovers():
+    table = attention.DENSE_CROSSOVER_CPU_BLOCKS
+    for size, training, inference in table:
+        assert attention.block_min_density(size, training=True) == pytest.approx(training)
+        assert attention.block_min_density(size, training=False) == pytest.approx(inference)
+    assert attention.block_min_density(2, training=True) == table[0][1]  # constant outside
+    assert attention.block_min_density(10**6, training=False) == table[-1][2]
+
+
+def test_a_batch_of_causal_sequences_takes_dense_blocks():
+    """16 causal sequences of 64 tokens: density 0.03 over the whole graph (sparse by the
+    whole-graph rule), 0.51 over its blocks (dense)."""
+    edge_index = graphs.repeat_graph(graphs.causal_graph(64), 64, 16)
+    n = 16 * 64
+    q = torch.randn(n, 2, 4, requires_grad=True)
+    assert edge_index.size(1) / n**2 < dense_min_density(n, n, training=True)
+    assert select_backend(q, edge_index) == "dense"
+    assert select_backend(q.detach(), edge_index) == "dense"
+
+
+@pytest.mark.parametrize("size,radius,expected", [(64, 1, "cpu"), (64, 16, "dense"),
+                                                  (16, 2, "cpu"), (16, 7, "dense")])
+def test_windowed_batches_go_dense_from_the_block_crossover(size, radius, expected):
+    edge_index = graphs.repeat_graph(graphs.window_graph(size, radius), size, 8)
+    blocks_density = edge_index.size(1) / (8 * size * size)
+    threshold = attention.block_min_density(size, training=True)
+    assert (blocks_density >= threshold) == (expected == "dense")  # the case is on its side
+    q = torch.randn(8 * size, 2, 4, requires_grad=True)
+    assert select_backend(q, edge_index) == expected
+
+
+def test_block_memory_limit_counts_the_blocks_pairs(monkeypatch):
+    """4 causal blocks of 32 nodes: 4 * 32^2 pairs, not 128^2, must fit."""
+    edge_index = graphs.repeat_graph(graphs.causal_graph(32), 32, 4)
+    q = torch.randn(128, 2, 4, requires_grad=True)
+    monkeypatch.setattr(attention, "DENSE_CROSSOVER_CPU", ((256, 1.0, 1.0),))  # never whole
+    need = dense_peak_bytes(4 * 32 * 32, 1, 2)
+    monkeypatch.setattr(attention, "DENSE_MAX_BYTES_CPU", need)
+    assert select_backend(q, edge_index) == "dense"
+    monkeypatch.setattr(attention, "DENSE_MAX_BYTES_CPU", need - 1)
+    assert select_backend(q, edge_index) == "cpu"
+
+
+def test_auto_finds_the_blocks_once_and_equals_the_reference(monkeypatch):
+    edge_index = graphs.repeat_graph(graphs.causal_graph(40), 40, 6)
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(240, 2, 8, generator=gen, requires_grad=True) for _ in range(3))
+    found = []
+    real = dense_backend.block_layout
+
+    def spy(*args):
+        found.append(real(*args))
+        return found[-1]
+
+    monkeypatch.setattr(attention, "block_layout", spy)
+    monkeypatch.setattr(dense_backend, "block_layout", spy)
+    out = edge_attention(q, k, v, edge_index)
+    assert len(found) == 1 and found[0] is not None
+    ref = edge_attention(q, k, v, edge_index, backend="reference")
+    assert_close(out, ref)
+    for g, r in zip(torch.autograd.grad(out.square().sum(), (q, k, v)),
+                    torch.autograd.grad(ref.square().sum(), (q, k, v)), strict=True):
+        assert_close(g, r)
+
+
+def test_a_connected_sparse_graph_keeps_the_whole_graph_rule():
+    edge_index = graphs.chain_graph(500)
+    q = torch.randn(500, 2, 4, requires_grad=True)
+    assert dense_backend.block_layout(edge_index, 500) is None
+    assert select_backend(q, edge_index) == "cpu"

@@ -5,8 +5,8 @@ import torch
 from conftest import GRAPHS, assert_close, attention_inputs, dense_mask, random_graph
 
 from graphattn import graphs
-from graphattn.functional import dense_attention, edge_attention
-from graphattn.functional.dense_backend import dense_edge_attention, dense_peak_bytes
+from graphattn.functional import cpu, dense_attention, dense_backend, edge_attention
+from graphattn.functional.dense_backend import block_layout, dense_edge_attention, dense_peak_bytes
 
 
 def inputs(case_dst, case_src, score, E, H=2, C=3, dtype=torch.float64, seed=0, bias=True):
@@ -290,3 +290,170 @@ def test_simple_graph_with_every_in_edge_at_minus_infinity_has_zero_weights(scor
     alpha = edge_attention(q, k, v, edge_index, bias=bias, score=score, return_attention=True,
                            backend="dense")[1]
     assert (alpha[:2, 0] == 0).all()
+
+
+# ---- block-diagonal graphs: run block by block ----
+
+def brute_force_block_starts(edge_index: torch.Tensor, n: int) -> list[int]:
+    """The gaps between nodes p - 1 and p that no edge spans, found edge by edge."""
+    cut = [True] * (n + 1)
+    for a, b in edge_index.t().tolist():
+        for p in range(min(a, b) + 1, max(a, b) + 1):
+            cut[p] = False
+    return [p for p in range(n + 1) if cut[p]]
+
+
+def random_blocks(sizes: list[int], edges_per_block: int, seed: int) -> torch.Tensor:
+    """Random edges (multi-edges and self-loops allowed) inside consecutive blocks of
+    ``sizes`` nodes; a block of one node gets no edge."""
+    gen = torch.Generator().manual_seed(seed)
+    parts, start = [], 0
+    for size in sizes:
+        if size > 1:
+            parts.append(torch.randint(start, start + size, (2, edges_per_block), generator=gen))
+        start += size
+    return torch.cat(parts, dim=1)
+
+
+BLOCK_GRAPHS = {
+    # name: (edge_index, N, the (blocks, block size) of each _dense_blocks call)
+    "3-causal-sequences": (graphs.repeat_graph(graphs.causal_graph(5), 5, 3), 15, [(3, 5)]),
+    "4-windows": (graphs.repeat_graph(graphs.window_graph(6, 1), 6, 4), 24, [(4, 6)]),
+    "4-random-blocks": (random_blocks([6] * 4, 14, seed=1), 24, [(4, 6)]),
+    # sizes 1 | 3, 4, 3 | 7, 6, 5 | 2: groups (1], (2], (2, 4], (4, 8]
+    "unequal-blocks": (random_blocks([1, 3, 4, 7, 3, 6, 5, 2], 9, seed=2), 31,
+                       [(1, 1), (1, 2), (3, 4), (3, 7)]),
+}
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_block_starts_split_where_no_edge_crosses(seed):
+    gen = torch.Generator().manual_seed(seed)
+    n = int(torch.randint(1, 30, (), generator=gen))
+    span = int(torch.randint(1, 6, (), generator=gen))  # edges join nodes at most span apart
+    src = torch.randint(0, n, (int(torch.randint(0, 25, (), generator=gen)),), generator=gen)
+    dst = (src + torch.randint(-span, span + 1, src.shape, generator=gen)).clamp(0, n - 1)
+    for edge_index in (torch.stack([src, dst]), torch.stack([dst, src]).int()):
+        starts = cpu.block_starts(edge_index, n)
+        assert starts.tolist() == brute_force_block_starts(edge_index, n)
+        assert starts.dtype == torch.int64
+
+
+def test_block_starts_of_repeated_patterns_and_edge_cases():
+    assert cpu.block_starts(graphs.repeat_graph(graphs.causal_graph(4), 4, 3), 12).tolist() == [
+        0, 4, 8, 12]
+    assert cpu.block_starts(torch.zeros(2, 0, dtype=torch.long), 3).tolist() == [0, 1, 2, 3]
+    assert cpu.block_starts(torch.zeros(2, 0, dtype=torch.long), 0).tolist() == [0]
+    # one long edge joins everything between its ends
+    assert cpu.block_starts(torch.tensor([[5], [1]]), 7).tolist() == [0, 1, 6, 7]
+
+
+def test_block_layout_groups_blocks_and_pads_each_less_than_twice():
+    sizes = [1, 3, 4, 7, 3, 6, 5, 2]
+    layout = block_layout(random_blocks(sizes, 9, seed=2), sum(sizes))
+    assert layout is not None and layout.padded
+    assert layout.starts.diff().tolist() == sizes
+    seen = []
+    for members, size in layout.groups:
+        member_sizes = [sizes[b] for b in members.tolist()]
+        assert max(member_sizes) == size and all(2 * s > size for s in member_sizes)
+        seen += members.tolist()
+    assert sorted(seen) == list(range(len(sizes)))  # every block in exactly one group
+    assert layout.pairs == sum(len(m) * s * s for m, s in layout.groups)
+    equal = block_layout(graphs.repeat_graph(graphs.causal_graph(5), 5, 3), 15)
+    assert not equal.padded and [(m.tolist(), s) for m, s in equal.groups] == [([0, 1, 2], 5)]
+
+
+def test_block_layout_is_none_when_blocks_save_less_than_half_the_pairs():
+    assert block_layout(graphs.chain_graph(10), 10) is None  # one block
+    # blocks of 8 and 2 nodes: 68 of 100 pairs, more than half
+    assert block_layout(random_blocks([8, 2], 12, seed=0), 10) is None
+    # blocks of 5 and 5: 50 of 100 pairs, exactly half
+    assert block_layout(random_blocks([5, 5], 12, seed=0), 10) is not None
+
+
+@pytest.fixture
+def block_calls(monkeypatch) -> list[tuple[int, int]]:
+    """Records ``(blocks, block size)`` of every call of the dense backend's block routine."""
+    calls, real = [], dense_backend._dense_blocks
+
+    def spy(q, k, v, src, dst, blocks, n_dst, n_src, **kwargs):
+        calls.append((blocks, n_dst))
+        return real(q, k, v, src, dst, blocks, n_dst, n_src, **kwargs)
+
+    monkeypatch.setattr(dense_backend, "_dense_blocks", spy)
+    return calls
+
+
+@pytest.mark.parametrize("need_alpha", [False, True], ids=["out", "alpha"])
+@pytest.mark.parametrize("dropout_p", [0.0, 0.4], ids=["nodrop", "dropout"])
+@pytest.mark.parametrize("with_bias", [False, True], ids=["nobias", "bias"])
+@pytest.mark.parametrize("score", ["dot", "additive", "gatv2"])
+@pytest.mark.parametrize("name", list(BLOCK_GRAPHS))
+def test_block_diagonal_graphs_run_block_by_block_and_equal_the_reference(
+        name, score, with_bias, dropout_p, need_alpha, block_calls):
+    """Equal blocks viewed in place, unequal blocks padded by size group: out, alpha and every
+    gradient equal the reference, and the work runs on the blocks alone."""
+    edge_index, n, expected = BLOCK_GRAPHS[name]
+    q, k, v, bias = inputs(n, n, "additive" if score == "additive" else "dot",
+                           edge_index.size(1), bias=with_bias)
+    if score == "gatv2":  # its att [H, C] as a fixed tensor through edge_attention's argument
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        att = torch.randn(2, 3, generator=torch.Generator().manual_seed(5), dtype=q.dtype)
+        outs = {}
+        for backend in ("dense", "reference"):
+            torch.manual_seed(0)
+            out, alpha = edge_attention(*leaves, edge_index, bias=bias, score="gatv2", att=att,
+                                        dropout_p=dropout_p, return_attention=True,
+                                        backend=backend)
+            grads = torch.autograd.grad(out.sin().sum() + alpha.square().sum(), leaves)
+            outs[backend] = (out, alpha, grads)
+        for got, want in zip(outs["dense"], outs["reference"], strict=True):
+            for g, w in zip(*((got, want) if isinstance(got, tuple) else ([got], [want])),
+                            strict=True):
+                assert_close(g, w)
+    else:
+        assert_dense_equals_reference(q, k, v, edge_index, bias, score=score,
+                                      dropout_p=dropout_p, need_alpha=need_alpha)
+    assert block_calls and set(block_calls) == set(expected), block_calls
+
+
+def test_batch_of_causal_sequences_runs_sdpa_with_is_causal_on_its_blocks(sdpa_calls,
+                                                                          block_calls):
+    edge_index = graphs.repeat_graph(graphs.causal_graph(7), 7, 4)
+    q, k, v, _ = inputs(28, 28, "dot", edge_index.size(1), bias=False)
+    assert_dense_equals_reference(q, k, v, edge_index, None, score="dot", dropout_p=0.0,
+                                  need_alpha=False)
+    assert block_calls == [(4, 7)]
+    assert sdpa_calls and all(call == (4, None, True) for call in sdpa_calls), sdpa_calls
+
+
+@pytest.mark.parametrize("need_alpha", [False, True], ids=["out", "alpha"])
+@pytest.mark.parametrize("blocks", [True, False], ids=["blocks", "one-block"])
+def test_nodes_without_edges_reach_no_output_or_gradient(blocks, need_alpha):
+    """Node 3 has no edge, and holds NaN and inf in q, k and v: no output and no gradient take
+    them in, as in the reference, whether the graph runs as blocks of 3, 1, 4 and 1 nodes
+    (node 8 has no edge either) or as one block (the edge 1 -> 8 spans every node)."""
+    edges = [[0, 1, 2, 0, 4, 5, 6, 7, 4], [1, 2, 0, 0, 5, 6, 7, 4, 4]]
+    if not blocks:
+        edges = [edges[0] + [1], edges[1] + [8]]
+    edge_index = torch.tensor(edges)
+    assert (block_layout(edge_index, 9) is not None) == blocks
+    q, k, v, _ = inputs(9, 9, "dot", edge_index.size(1), bias=False)
+    for node in (3, 8) if blocks else (3,):
+        for t in (q, k, v):
+            t[node, 0], t[node, 1] = float("nan"), float("inf")
+    out = assert_dense_equals_reference(q, k, v, edge_index, None, score="dot", dropout_p=0.0,
+                                        need_alpha=need_alpha)
+    assert (out[3] == 0).all()
+
+
+def test_block_path_gradients_of_gradients():
+    edge_index = random_blocks([4, 4, 4], 10, seed=3)
+    q, k, v, bias = (t.requires_grad_() for t in inputs(12, 12, "dot", edge_index.size(1)))
+
+    def attend(q, k, v, bias):
+        return edge_attention(q, k, v, edge_index, bias=bias, backend="dense")
+
+    assert block_layout(edge_index, 12) is not None
+    assert torch.autograd.gradgradcheck(attend, (q, k, v, bias))
