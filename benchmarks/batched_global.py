@@ -1,12 +1,16 @@
 """Global attention inside each graph of a mini-batch: sparse (block-diagonal) or padded dense.
 
 A graph transformer's global attention lets every node attend to every node of its own graph.
-On a PyG mini-batch of graphs of n_1, ..., n_B nodes that is one of four routes, all computing
+On a PyG mini-batch of graphs of n_1, ..., n_B nodes that is one of five routes, all computing
 the same ``[N, H, C]`` output from the batch vector and ``[N, H, C]`` q, k, v (the tests check
 that they agree):
 
-- ``sparse``: ``edge_attention`` on ``graphs.batch_complete_graph(batch)``, sum n_g^2 scores
-  (the graph is built inside the timed call, as a training loop builds it per batch);
+- ``sparse``: ``edge_attention(backend="cpu")`` (the sparse kernels) on
+  ``graphs.batch_complete_graph(batch)``, sum n_g^2 scores (the graph is built inside the
+  timed call, as a training loop builds it per batch);
+- ``auto``: the same call with ``backend="auto"``, which on CPU finds the graph's diagonal
+  blocks (one per graph) and runs them on the dense backend, grouped by size as ``grouped``
+  pads them;
 - ``padded``: ``to_dense_batch`` to ``[B, n_max, H, C]``, ``dense_attention`` with the node mask
   as key mask, B n_max^2 scores, and the real rows taken back out;
 - ``loop``: ``dense_attention`` on each graph alone, B calls;
@@ -21,8 +25,8 @@ repeats after warm-up, medians.
     python benchmarks/batched_global.py --device cuda --table-only   # on a GPU (gpu_session.sh)
 
 Writes ``results/batched_global.md``, ``.csv`` and ``.png`` (``--table-only``: the ``.md``
-alone). On CUDA the sparse route takes the ``triton`` backend, and every timed call ends with
-``torch.cuda.synchronize()``.
+alone). On CUDA the sparse route takes the ``triton`` backend (so does ``auto``), and every
+timed call ends with ``torch.cuda.synchronize()``.
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ from graphattn import graphs
 from graphattn.functional import dense_attention, edge_attention
 
 RESULTS = Path(__file__).resolve().parent / "results"
-ROUTES = ("sparse", "padded", "loop", "grouped")
+ROUTES = ("sparse", "auto", "padded", "loop", "grouped")
 CPU = torch.device("cpu")
 
 
@@ -79,14 +83,17 @@ def batches(quick: bool, seed: int = 0) -> list[Batch]:
             Batch("equal-16x256", [256] * 16)]
 
 
-def routes(batch: Tensor, sizes: list[int], backend: str = "auto",
+def routes(batch: Tensor, sizes: list[int], backend: str = "cpu",
            ) -> dict[str, Callable[[Tensor, Tensor, Tensor], Tensor]]:
-    """The four ways from q, k, v ``[N, H, C]`` to out ``[N, H, C]`` (``backend``: that of the
+    """The five ways from q, k, v ``[N, H, C]`` to out ``[N, H, C]`` (``backend``: that of the
     sparse route)."""
     bounds = torch.tensor([0, *sizes]).cumsum(0).tolist()
 
     def sparse(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         return edge_attention(q, k, v, graphs.batch_complete_graph(batch), backend=backend)
+
+    def auto(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        return edge_attention(q, k, v, graphs.batch_complete_graph(batch), backend="auto")
 
     def padded(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         N, H, C = q.shape
@@ -103,7 +110,7 @@ def routes(batch: Tensor, sizes: list[int], backend: str = "auto",
     def grouped(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         return dense_attention(q, k, v, batch=batch)
 
-    return {"sparse": sparse, "padded": padded, "loop": loop, "grouped": grouped}
+    return {"sparse": sparse, "auto": auto, "padded": padded, "loop": loop, "grouped": grouped}
 
 
 def grouped_scores(sizes: list[int]) -> int:
@@ -125,7 +132,7 @@ def timed(fn: Callable[[], object], device: torch.device) -> float:
 
 
 def measure(case: Batch, heads: int, channels: int, repeats: int, warmup: int,
-            device: torch.device = CPU, backend: str = "auto",
+            device: torch.device = CPU, backend: str = "cpu",
             ) -> list[dict[str, object]]:
     """Median forward and forward+backward time of each route on one batch, and the largest
     difference of its output from the sparse route's."""
@@ -155,7 +162,10 @@ def measure(case: Batch, heads: int, channels: int, repeats: int, warmup: int,
                     times[name, kind].append(t)
     n_max = max(case.sizes)
     exact = sum(n * n for n in case.sizes)
-    scores = {"sparse": exact, "padded": len(case.sizes) * n_max * n_max, "loop": exact,
+    # auto on CPU runs the graph's blocks (one per graph) as dense blocks grouped as grouped
+    # pads them; elsewhere it takes the sparse kernels
+    scores = {"sparse": exact, "auto": grouped_scores(case.sizes) if device.type == "cpu"
+              else exact, "padded": len(case.sizes) * n_max * n_max, "loop": exact,
               "grouped": grouped_scores(case.sizes)}
     rows = []
     for name in fns:
@@ -185,8 +195,10 @@ def write_table(rows: list[dict[str, object]], args: argparse.Namespace, command
         "- routes, each from the batch vector and q, k, v `[N, H, C]` to out `[N, H, C]`: "
         f"`sparse` = `edge_attention(backend=\"{args.backend}\")` on "
         "`graphs.batch_complete_graph(batch)` "
-        "(graph built in the call); `padded` = `to_dense_batch`, `dense_attention` with the "
-        "node mask as key mask (SDPA), real rows taken out; `loop` = `dense_attention` per graph; "
+        "(graph built in the call); `auto` = the same with `backend=\"auto\"` (on CPU: the "
+        "dense backend on the graph's blocks, grouped by size); `padded` = `to_dense_batch`, "
+        "`dense_attention` with the node mask as key mask (SDPA), real rows taken out; "
+        "`loop` = `dense_attention` per graph; "
         "`grouped` = `dense_attention(batch=batch)`, one padded call per size group",
         "- ratios: the route's time over the sparse route's (above 1: sparse is faster); "
         "max abs diff: of its out from the sparse route's",
@@ -254,8 +266,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=3, help="untimed repeats (default: 3)")
     parser.add_argument("--device", type=torch.device, default=torch.device("cpu"),
                         help="cpu or cuda (default: cpu)")
-    parser.add_argument("--backend", default="auto",
-                        help="edge_attention backend of the sparse route (default: auto)")
+    parser.add_argument("--backend", default=None,
+                        help="edge_attention backend of the sparse route (default: cpu, "
+                             "triton with --device cuda)")
     parser.add_argument("--table-only", action="store_true",
                         help="write the .md table alone, no .csv or .png")
     parser.add_argument("--output", type=Path, default=None,
@@ -264,6 +277,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.repeats is None:
         args.repeats = 3 if args.quick else 15
+    if args.backend is None:
+        args.backend = "triton" if args.device.type == "cuda" else "cpu"
     if args.repeats < 1:
         parser.error(f"--repeats must be at least 1 (a median), got {args.repeats}")
     if args.output is None:  # a GPU run does not overwrite the CPU table

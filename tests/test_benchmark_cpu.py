@@ -85,7 +85,7 @@ def test_citation_accuracy_row_of_a_run_diverged_at_its_first_epoch(monkeypatch)
 
 
 def test_batched_global_routes_agree_and_fill_the_table(tmp_path):
-    """The four routes of global attention over a mini-batch compute the same outputs, and
+    """The five routes of global attention over a mini-batch compute the same outputs, and
     each gets its times, ratios and score count."""
     out = tmp_path / "batched.md"
     batched_global.main(["--quick", "--repeats", "1", "--warmup", "0", "--output", str(out)])
@@ -96,7 +96,9 @@ def test_batched_global_routes_agree_and_fill_the_table(tmp_path):
     groups = {}  # sizes in (2^(b-1), 2^b] by b
     for n in sizes:
         groups.setdefault(math.ceil(math.log2(n)), []).append(n)
+    grouped = sum(len(g) * max(g) ** 2 for g in groups.values())
     expected = {"sparse": sum(n * n for n in sizes), "loop": sum(n * n for n in sizes),
+                "auto": grouped,
                 "padded": len(sizes) * max(sizes) ** 2,
                 "grouped": sum(len(g) * max(g) ** 2 for g in groups.values())}
     for r in rows:
