@@ -30,9 +30,10 @@ It prints the final validation bits per character of each graph, the scores a se
 computes (its edges E against L^2 for unmasked dense attention) and the median time of a
 training step; with matplotlib it draws the validation curves (``--no-plot``: none). Last, it
 times one attention layer's forward+backward on a batch, ``GraphSelfAttention`` on each graph
-against ``DenseSelfAttention`` with the same weights (SDPA, with ``is_causal=True`` for the
-causal graph and the graph's mask otherwise), to show which route to take for which pattern
-(``--timing-rounds 0`` skips it).
+(on the sparse kernels, and with the backend ``"auto"`` picks: the dense backend, block by
+block, where the sequences' blocks are dense enough) against ``DenseSelfAttention`` with the
+same weights (SDPA, with ``is_causal=True`` for the causal graph and the graph's mask
+otherwise), to show which route to take for which pattern (``--timing-rounds 0`` skips it).
 
 Usage::
 
@@ -54,6 +55,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from graphattn import graphs, pe
+from graphattn.functional import select_backend
 from graphattn.nn import DenseSelfAttention, GraphSelfAttention, GraphTransformer
 
 GRAPHS = ("window0", "window8", "window32", "causal")
@@ -191,27 +193,37 @@ def synchronize(device: torch.device) -> None:
 def time_one_layer(names: list[str], length: int, batch_size: int, hidden: int, heads: int,
                    rounds: int, device: torch.device | str = "cpu") -> list[dict]:
     """Forward+backward of one attention layer on a batch, ``GraphSelfAttention`` on each
-    graph against ``DenseSelfAttention`` with the same weights on ``[B, L, D]`` (SDPA with
-    ``is_causal=True`` for the causal graph, with the graph's mask otherwise): interleaved
-    after 3 warm-up rounds, medians. Both compute the same outputs (checked first)."""
+    graph, on the sparse kernels (``backend="cpu"``; on a GPU, ``"triton"``) and as
+    ``backend="auto"`` picks, against ``DenseSelfAttention`` with the same weights on
+    ``[B, L, D]`` (SDPA with ``is_causal=True`` for the causal graph, with the graph's mask
+    otherwise): interleaved after 3 warm-up rounds, medians. All compute the same outputs
+    (checked first)."""
     torch.manual_seed(0)
     device = torch.device(device)
-    sparse = GraphSelfAttention(hidden, hidden // heads, heads).to(device)
+    sparse_backend = "cpu" if device.type == "cpu" else "triton"
+    sparse = GraphSelfAttention(hidden, hidden // heads, heads, backend=sparse_backend).to(device)
+    auto = GraphSelfAttention(hidden, hidden // heads, heads).to(device)
     dense = DenseSelfAttention(hidden, hidden // heads, heads).to(device)
+    auto.load_state_dict(sparse.state_dict())
     dense.load_state_dict(sparse.state_dict())
     x = torch.randn(batch_size, length, hidden, device=device, requires_grad=True)  # (B, L, D)
-    calls = {}
+    q_like = torch.empty(batch_size * length, heads, hidden // heads, device=device,
+                         requires_grad=True)  # what the layer hands edge_attention
+    calls, picks = {}, {}
     for name in names:
         edge_index = sequence_graph(name, length).to(device)
         batch_graph = graphs.repeat_graph(edge_index, length, batch_size)
+        picks[name] = select_backend(q_like, batch_graph)
         calls[name, "sparse"] = lambda g=batch_graph: sparse(x.flatten(0, 1), g)
+        calls[name, "auto"] = lambda g=batch_graph: auto(x.flatten(0, 1), g)
         if name == "causal":
             calls[name, "dense"] = lambda: dense(x, is_causal=True).flatten(0, 1)
         else:
             mask = graphs.to_dense_mask(edge_index, length)  # (L, L)
             calls[name, "dense"] = lambda m=mask: dense(x, mask=m).flatten(0, 1)
-        torch.testing.assert_close(calls[name, "sparse"](), calls[name, "dense"](),
-                                   atol=1e-4, rtol=1e-4)
+        want = calls[name, "dense"]()
+        for way in ("sparse", "auto"):
+            torch.testing.assert_close(calls[name, way](), want, atol=1e-4, rtol=1e-4)
     seconds: dict[tuple[str, str], list[float]] = {key: [] for key in calls}
     for round_ in range(3 + rounds):
         for key, call in calls.items():
@@ -223,20 +235,23 @@ def time_one_layer(names: list[str], length: int, batch_size: int, hidden: int, 
                 seconds[key].append(time.perf_counter() - start)
     rows = []
     for name in names:
-        sparse_ms, dense_ms = (1e3 * statistics.median(seconds[name, way])
-                               for way in ("sparse", "dense"))
-        rows.append({"graph": name, "sparse ms": sparse_ms, "dense ms": dense_ms,
+        sparse_ms, auto_ms, dense_ms = (1e3 * statistics.median(seconds[name, way])
+                                        for way in ("sparse", "auto", "dense"))
+        rows.append({"graph": name, "sparse ms": sparse_ms, "auto ms": auto_ms,
+                     "auto picks": picks[name], "dense ms": dense_ms,
                      "dense route": "is_causal" if name == "causal" else "mask"})
     return rows
 
 
 def format_timing(rows: list[dict], length: int, batch_size: int) -> str:
     lines = [f"One attention layer, forward+backward, {batch_size} sequences of {length}:",
-             "| graph | GraphSelfAttention ms | DenseSelfAttention ms | dense call | "
-             "sparse / dense |", "|---|---|---|---|---|"]
+             "| graph | GraphSelfAttention, sparse kernels ms | GraphSelfAttention, auto ms "
+             "| auto picks | DenseSelfAttention ms | dense call | auto / dense |",
+             "|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['graph']} | {r['sparse ms']:.1f} | {r['dense ms']:.1f} | "
-                     f"{r['dense route']} | {r['sparse ms'] / r['dense ms']:.2f} |")
+        lines.append(f"| {r['graph']} | {r['sparse ms']:.1f} | {r['auto ms']:.1f} | "
+                     f"{r['auto picks']} | {r['dense ms']:.1f} | {r['dense route']} | "
+                     f"{r['auto ms'] / r['dense ms']:.2f} |")
     return "\n".join(lines)
 
 

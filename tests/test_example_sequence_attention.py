@@ -101,11 +101,13 @@ def test_short_training_learns_and_reports(example, corpus, capsys):
 
 
 def test_one_layer_timing_compares_equal_outputs(example):
-    """The timing checks that both routes compute the same layer before timing them."""
+    """The timing checks that the three routes compute the same layer before timing them."""
     rows = example["time_one_layer"](["window2", "causal"], 16, 3, 8, 2, rounds=2)
     assert [(r["graph"], r["dense route"]) for r in rows] == [("window2", "mask"),
                                                              ("causal", "is_causal")]
-    assert all(r["sparse ms"] > 0 and r["dense ms"] > 0 for r in rows)
+    assert all(r["sparse ms"] > 0 and r["auto ms"] > 0 and r["dense ms"] > 0 for r in rows)
+    # the causal blocks are half dense: auto runs them on the dense backend
+    assert [r["auto picks"] for r in rows] == ["cpu", "dense"]
     table = example["format_timing"](rows, 16, 3)
     assert "| causal | " in table and "3 sequences of 16" in table
 
