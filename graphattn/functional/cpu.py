@@ -221,6 +221,81 @@ def block_starts(edge_index: Tensor, num_nodes: int) -> Tensor:
     return torch.from_numpy(_block_starts(ids[0].numpy(), ids[1].numpy(), num_nodes))
 
 
+@_jit()
+def _block_pairs(src, dst, blocks, num_dst, num_src):
+    """One pass over the edges of a graph of diagonal blocks (see :func:`block_pairs`)."""
+    num_edges = src.shape[0]
+    pair = np.empty(num_edges, dtype=np.int64)
+    mask = np.zeros(blocks * num_dst * num_src, dtype=np.bool_)
+    distinct, lower = 0, True
+    for e in range(num_edges):
+        i = np.int64(dst[e])
+        block = i // num_dst
+        j = np.int64(src[e]) - block * num_src  # the source within its block
+        p = i * num_src + j
+        pair[e] = p
+        if not mask[p]:
+            mask[p] = True
+            distinct += 1
+        if j > i - block * num_dst:
+            lower = False
+    return pair, mask, distinct, lower
+
+
+def block_pairs(src: Tensor, dst: Tensor, blocks: int, num_dst: int, num_src: int
+                ) -> tuple[Tensor, Tensor, int, bool]:
+    """What the dense backend needs of a graph of ``blocks`` diagonal blocks of ``num_dst``
+    targets and ``num_src`` sources (one block: the whole graph), in one pass over its edges
+    ``src -> dst`` (CPU, ``[E]`` each): each edge's flat index ``(block, i, j)`` in
+    ``[B, N_dst, N_src]`` (int64 ``[E]``), the bool mask ``[B, N_dst, N_src]`` of the pairs
+    that hold an edge, the number of such pairs (E when no pair holds two edges), and whether
+    every edge's source comes at or before its target within the block (``j <= i``)."""
+    pair, mask, distinct, lower = _block_pairs(src.detach().numpy(), dst.detach().numpy(),
+                                               blocks, num_dst, num_src)
+    return (torch.from_numpy(pair), torch.from_numpy(mask).view(blocks, num_dst, num_src),
+            int(distinct), bool(lower))
+
+
+@_jit()
+def _group_edges(src, dst, node_row, node_group, num_groups):
+    """A stable counting sort of the edges by the group of their target, with both ends
+    renumbered to their rows in the group (see :func:`group_edges`)."""
+    num_edges = src.shape[0]
+    ptr = np.zeros(num_groups + 1, dtype=np.int64)
+    for e in range(num_edges):
+        ptr[node_group[dst[e]] + 1] += 1
+    for g in range(num_groups):
+        ptr[g + 1] += ptr[g]
+    cursor = ptr[:-1].copy()
+    perm = np.empty(num_edges, dtype=np.int64)
+    src_row = np.empty(num_edges, dtype=np.int64)
+    dst_row = np.empty(num_edges, dtype=np.int64)
+    has_in = np.zeros(node_row.shape[0], dtype=np.bool_)
+    has_out = np.zeros(node_row.shape[0], dtype=np.bool_)
+    for e in range(num_edges):
+        g = node_group[dst[e]]
+        p = cursor[g]
+        cursor[g] += 1
+        perm[p] = e
+        src_row[p] = node_row[src[e]]
+        dst_row[p] = node_row[dst[e]]
+        has_in[dst[e]] = True
+        has_out[src[e]] = True
+    return perm, ptr, src_row, dst_row, has_in, has_out
+
+
+def group_edges(src: Tensor, dst: Tensor, node_row: Tensor, node_group: Tensor,
+                num_groups: int) -> tuple[Tensor, ...]:
+    """The edges ``src -> dst`` (CPU, ``[E]`` each) grouped by the group ``node_group`` of
+    their target (both ends lie in one group), in one pass: the edge ids in group order
+    (stable, ``[E]``), where each group's edges start (``[G + 1]``), both ends of each edge in
+    that order renumbered to their ``node_row`` (``[E]`` each, int64), and which nodes have
+    an in-edge and an out-edge (bool ``[N]`` each)."""
+    out = _group_edges(src.detach().numpy(), dst.detach().numpy(), node_row.numpy(),
+                       node_group.numpy(), num_groups)
+    return tuple(torch.from_numpy(a) for a in out)
+
+
 SPECIALISED_CHANNELS = frozenset({1, 2, 4, 8, 16, 32, 64, 128})  # compiled as constants
 DOT, ADDITIVE, GATV2 = 0, 1, 2  # the scores, as the kernels' compile-time flag
 SCORE_KINDS = {"dot": DOT, "additive": ADDITIVE, "gatv2": GATV2}

@@ -303,15 +303,6 @@ def _pair_log_weights(t: Tensor | None, pair: Tensor | None, mask: Tensor, simpl
     return T.t().contiguous(), r
 
 
-def _is_causal(src: Tensor, dst: Tensor, blocks: int, n_dst: int, n_src: int) -> bool:
-    """Whether the edges of a simple graph of ``blocks`` diagonal blocks of ``n_dst`` targets
-    and sources each are exactly the causal pattern in every block, ``j -> i`` for ``j <= i``:
-    all N (N + 1) / 2 pairs on or below each block's diagonal."""
-    n = n_dst
-    return (n == n_src and n > 0 and src.numel() == blocks * n * (n + 1) // 2
-            and bool((src <= dst).all()))
-
-
 # A graph that no edge crosses between ranges of its nodes (a batch of sequences, images or
 # small graphs, as graphs.repeat_graph and graphs.batch_complete_graph build them) is run block
 # by block, when that saves at least this share of the whole graph's N_dst * N_src pairs.
@@ -465,91 +456,93 @@ def dense_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
 
 def _padded_groups(q: Tensor, k: Tensor, v: Tensor, src: Tensor, dst: Tensor,
                    layout: BlockLayout, **options) -> tuple[Tensor, Tensor | None]:
-    """Blocks of unequal sizes, group by group: each group's nodes gathered into its padded
-    ``[B_g, L_g]`` blocks (zero rows for the padding, which no edge touches), its edges
-    renumbered, the group run as equal blocks, and the outputs (and weights) put back."""
+    """Blocks of unequal sizes, group by group: the nodes gathered once into every group's
+    padded ``[B_g, L_g]`` blocks one after the other (zero rows for the padding, which no
+    edge touches), the edges sorted by group and renumbered, each group run as equal blocks,
+    and the outputs (and weights) put back."""
     n = q.size(0)
-    starts = layout.starts
-    sizes = starts.diff()
+    starts, groups = layout.starts, layout.groups
+    sizes = starts.diff()  # (B,)
+    group_of_block = torch.empty_like(sizes)
+    first_row = torch.empty_like(sizes)  # of each block, in its group's rows
+    base = [0]  # where each group's rows start among all padded rows
+    for g, (members, size) in enumerate(groups):
+        group_of_block[members] = g
+        first_row[members] = torch.arange(members.numel()) * size
+        base.append(base[-1] + members.numel() * size)
     block_of = torch.repeat_interleave(torch.arange(sizes.numel()), sizes)  # (N,)
-    group_of_block = torch.empty(sizes.numel(), dtype=torch.int64)
-    rank_of_block = torch.empty(sizes.numel(), dtype=torch.int64)  # its place in its group
-    for g, (blocks, _) in enumerate(layout.groups):
-        group_of_block[blocks] = g
-        rank_of_block[blocks] = torch.arange(blocks.numel())
-    size_of_group = torch.tensor([size for _, size in layout.groups])
-    node = torch.arange(n)
-    # each node's row in its group's padded [B_g * L_g] rows
-    padded_row = (rank_of_block[block_of] * size_of_group[group_of_block[block_of]]
-                  + node - starts[block_of])  # (N,)
-    group_of_node = group_of_block[block_of]  # (N,)
-    group_of_edge = group_of_node[dst.cpu()]  # (E,)
-    device = q.device
-    padded_row_d = padded_row.to(device)
+    node_group = group_of_block[block_of]  # (N,)
+    node_row = first_row[block_of] + torch.arange(n) - starts[block_of]  # (N,) in its group
+    padded_row = node_row + torch.tensor(base[:-1])[node_group]  # (N,) among all
+    perm, ptr, src_row, dst_row, has_in, has_out = cpu.group_edges(src, dst, node_row,
+                                                                   node_group, len(groups))
 
-    def with_zero_row(t: Tensor) -> Tensor:
-        return torch.cat([t, t.new_zeros(1, *t.shape[1:])])  # row N: the padding
+    def padded(t: Tensor, read: Tensor) -> Tensor:  # (N, ...) -> (rows of every group, ...)
+        # padded row -> node; n, the zero row, for the padding and for the rows no edge reads
+        # (a target's query without an in-edge, a source's key and value without an out-edge),
+        # so that what those rows hold (NaN or inf included) reaches no output or gradient
+        gather = torch.full((base[-1],), n, dtype=torch.int64)
+        gather[padded_row[read]] = read.nonzero().squeeze(1)
+        return gather_rows(torch.cat([t, t.new_zeros(1, *t.shape[1:])]), gather.to(t.device))
 
-    q0, k0, v0 = with_zero_row(q), with_zero_row(k), with_zero_row(v)
-    node_parts, out_parts, edge_parts, alpha_parts = [], [], [], []
-    for g, (blocks, size) in enumerate(layout.groups):
-        nodes = (group_of_node == g).nonzero().squeeze(1)  # (N_g,)
-        rows = padded_row[nodes]
-        gather = torch.full((blocks.numel() * size,), n, dtype=torch.int64)
-        gather[rows] = nodes  # padded row -> node (N: the zero row)
-        gather, rows_d = gather.to(device), rows.to(device)
-        edges = (group_of_edge == g).nonzero().squeeze(1).to(device)  # (E_g,)
-        group_options = dict(options)
-        for name in ("bias", "dropout_mask"):
-            if options[name] is not None:
-                group_options[name] = options[name][edges]
+    qp, kp, vp = padded(q, has_in), padded(k, has_out), padded(v, has_out)
+    edge_terms = {name: gather_rows(options[name], perm)
+                  for name in ("bias", "dropout_mask") if options[name] is not None}
+    outs, alphas = [], []
+    for g, (members, size) in enumerate(groups):
+        rows, edges = slice(base[g], base[g + 1]), slice(int(ptr[g]), int(ptr[g + 1]))
         out, alpha = _dense_blocks(
-            gather_rows(q0, gather), gather_rows(k0, gather), gather_rows(v0, gather),
-            padded_row_d[src[edges]], padded_row_d[dst[edges]], blocks.numel(), size, size,
-            **group_options)
-        node_parts.append(nodes.to(device))
-        out_parts.append(gather_rows(out, rows_d))
-        edge_parts.append(edges)
-        alpha_parts.append(alpha)
-    order = torch.cat(node_parts)
-    out = torch.cat(out_parts).new_zeros(q.size(0), *out_parts[0].shape[1:]).index_copy(
-        0, order, torch.cat(out_parts))
+            qp[rows], kp[rows], vp[rows], src_row[edges], dst_row[edges], members.numel(),
+            size, size, rows_read_only=True,
+            **{**options, **{name: t[edges] for name, t in edge_terms.items()}})
+        outs.append(out)
+        alphas.append(alpha)
+    out = gather_rows(torch.cat(outs), padded_row)  # (N, H, C)
     alpha = None
     if options["need_alpha"]:
-        parts = torch.cat(alpha_parts)
-        alpha = parts.new_zeros(src.numel(), parts.size(1)).index_copy(
-            0, torch.cat(edge_parts), parts)
+        grouped = torch.cat(alphas)  # (E, H) in group order
+        alpha = grouped.new_empty(grouped.shape).index_copy(0, perm, grouped)
     return out, alpha
 
 
 def _dense_blocks(q: Tensor, k: Tensor, v: Tensor, src: Tensor, dst: Tensor, blocks: int,
                   n_dst: int, n_src: int, *, scale: float, bias: Tensor | None,
                   dropout_mask: Tensor | None, score: str, negative_slope: float,
-                  need_alpha: bool, att: Tensor | None) -> tuple[Tensor, Tensor | None]:
+                  need_alpha: bool, att: Tensor | None, rows_read_only: bool = False,
+                  ) -> tuple[Tensor, Tensor | None]:
     """:func:`dense_edge_attention` on a graph of ``blocks`` diagonal blocks of ``n_dst``
     targets and ``n_src`` sources each (one block: the whole graph), whose edges ``src -> dst``
-    (int64, at least one) stay inside their block: the work on ``[B, H, n_dst, n_src]``."""
+    (int64, at least one) stay inside their block: the work on ``[B, H, n_dst, n_src]``.
+    ``rows_read_only``: the rows of q, k and v that no edge reads are zero already."""
     B = blocks
     num_edges = src.numel()
-    # (E,) flat index of (block, i, j) in [B, N_dst, N_src]: block * N_dst + i is the target
-    pair = dst * n_src + (src - (dst // n_dst) * n_src if B > 1 else src)
-    mask = torch.zeros(B, n_dst, n_src, dtype=torch.bool, device=q.device)
-    mask.view(-1)[pair] = True
-    # Whether no pair holds two edges is known only at run time: torch.compile takes the
-    # multigraph path, which gives the same result on any graph.
-    simple = not torch.compiler.is_compiling() and int(mask.count_nonzero()) == num_edges
+    causal_count = n_dst == n_src and num_edges == B * n_dst * (n_dst + 1) // 2
+    if _readable(src) and _readable(dst):  # one pass of a CPU kernel
+        pair, mask, distinct, lower = cpu.block_pairs(src, dst, B, n_dst, n_src)
+        simple = distinct == num_edges
+        causal = simple and causal_count and lower
+    else:
+        # (E,) flat index of (block, i, j) in [B, N_dst, N_src]: block * N_dst + i is the target
+        pair = dst * n_src + (src - (dst // n_dst) * n_src if B > 1 else src)
+        mask = torch.zeros(B, n_dst, n_src, dtype=torch.bool, device=q.device)
+        mask.view(-1)[pair] = True
+        # Whether no pair holds two edges is known only at run time: torch.compile takes the
+        # multigraph path, which gives the same result on any graph.
+        simple = not torch.compiler.is_compiling() and int(mask.count_nonzero()) == num_edges
+        causal = simple and causal_count and bool((src <= dst).all())
     # The complete and the causal graph run SDPA without a mask (and have no empty row).
     complete = simple and num_edges == B * n_dst * n_src
-    causal = simple and not complete and _is_causal(src, dst, B, n_dst, n_src)
+    causal = causal and not complete
     empty_rows = (mask.new_zeros(B, 1, n_dst) if complete or causal
                   else ~mask.any(dim=-1).unsqueeze(1))  # (B, 1, N_dst)
+
     def heads_first(x: Tensor, n: int) -> Tensor:  # (B * n, H, C) -> (B, H, n, C)
         return x.view(B, n, *x.shape[1:]).transpose(1, 2)
 
     vh = v.view(B, n_src, *v.shape[1:]).transpose(1, 2)  # (B, H, N_src, C)
     if score == "dot":
         qh, kh = heads_first(q, n_dst), heads_first(k, n_src)  # (B, H, N, C)
-    if not (complete or causal):
+    if not (complete or causal or rows_read_only):
         # A source without an out-edge (a padding node, say) enters every target's product
         # with weight 0, and 0 * inf or 0 * NaN is NaN: its rows are zeroed, so that what it
         # holds reaches no output and no gradient, as in the sparse backends; so are the query
