@@ -22,6 +22,7 @@ medians. Each crossover is the block density at which the dense backend is as fa
 Usage (one line):
     python benchmarks/block_diagonal.py            # ~4 min on 2 cores
     python benchmarks/block_diagonal.py --quick    # L = 64 only, for a smoke run
+    python benchmarks/block_diagonal.py --replot benchmarks/results/block_diagonal.csv
 
 Writes ``results/block_diagonal.md``, ``.csv`` and ``.png`` (``--out`` names another ``.md``).
 """
@@ -29,6 +30,7 @@ Writes ``results/block_diagonal.md``, ``.csv`` and ``.png`` (``--out`` names ano
 from __future__ import annotations
 
 import argparse
+import csv
 import math
 import platform
 import statistics
@@ -59,18 +61,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="comma-separated block sizes L (default: 16,64,256,1024)")
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--channels", type=int, default=32, help="channels per head")
-    parser.add_argument("--rounds", type=int, default=7, help="timed rounds (default: 7)")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="timed rounds (default: 7, 3 with --quick)")
     parser.add_argument("--warmup", type=int, default=2, help="rounds before timing")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=RESULTS / "block_diagonal.md")
     parser.add_argument("--no-plot", action="store_true")
+    parser.add_argument("--replot", type=Path, default=None, metavar="CSV",
+                        help="draw the figure of a table written before (its .csv), no timing")
     args = parser.parse_args(argv)
     args.sizes = [64] if args.quick else [int(s) for s in args.sizes.split(",")]
-    if args.quick:
-        args.rounds = 3
-    for name in ("nodes", "heads", "channels", "rounds", "warmup"):
+    if args.rounds is None:
+        args.rounds = 3 if args.quick else 7
+    for name in ("nodes", "heads", "channels", "rounds"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if args.warmup < 0:
+        parser.error(f"--warmup must be >= 0, got {args.warmup}")
     for size in args.sizes:
         if size < 2 or args.nodes % size:
             parser.error(f"--sizes: each L must be >= 2 and divide --nodes {args.nodes}, "
@@ -136,6 +143,7 @@ def plot(rows: list[dict], path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FixedFormatter, FixedLocator, NullFormatter
     sizes = sorted({row["L"] for row in rows})
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
     for ax, phase in zip(axes, PHASES, strict=True):
@@ -149,6 +157,10 @@ def plot(rows: list[dict], path: Path) -> None:
                             label=f"L = {size}, {pattern}")
         ax.axhline(1.0, color="k", lw=0.8)
         ax.set(xscale="log", yscale="log", title=phase, xlabel="block density E / (B L^2)")
+        ticks = [0.01, 0.03, 0.1, 0.3, 1.0]
+        ax.xaxis.set_major_locator(FixedLocator(ticks))
+        ax.xaxis.set_major_formatter(FixedFormatter([f"{t:g}" for t in ticks]))
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.grid(True, which="both", alpha=0.3)
     axes[0].set_ylabel("dense / cpu time (below 1: dense faster)")
     axes[1].legend(fontsize=7, ncol=2)
@@ -158,8 +170,23 @@ def plot(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def read_rows(path: Path) -> list[dict]:
+    """The rows of a ``.csv`` this script wrote, with the numbers the figure reads."""
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    for row in rows:
+        row["L"] = int(row["L"])
+        row["block density"], row["dense / cpu"] = (float(row["block density"]),
+                                                     float(row["dense / cpu"]))
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.replot is not None:
+        plot(read_rows(args.replot), args.replot.with_suffix(".png"))
+        print(f"wrote {args.replot.with_suffix('.png')}")
+        return 0
     command = "python benchmarks/block_diagonal.py " + " ".join(
         sys.argv[1:] if argv is None else argv)
     header = [f"command: `{command.strip()}`",

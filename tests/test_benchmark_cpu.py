@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import _child  # noqa: E402
 import _report  # noqa: E402
 import batched_global  # noqa: E402
+import block_diagonal  # noqa: E402
 import citation_accuracy  # noqa: E402
 import dropout_cpu  # noqa: E402
 import random_walk_pe  # noqa: E402
@@ -374,3 +375,37 @@ def test_compile_benchmark_fills_its_table(tmp_path):
     # the frames that hold the sparse features run eagerly, the rest in graphs
     assert int(rows["compiled, fallback_random, sparse features"]["graphs of the forward"]) >= 1
     assert "backend eager" in out.read_text()
+
+
+def test_block_diagonal_sweep_fills_its_table_and_replots(tmp_path):
+    """A small sweep: every graph on its side, both phases, crossovers, auto's pick; then the
+    figure drawn again from the .csv alone."""
+    pytest.importorskip("matplotlib", reason="the figure needs the 'plot' extra")
+    out = tmp_path / "blocks.md"
+    block_diagonal.main(["--quick", "--nodes", "256", "--rounds", "1", "--warmup", "0",
+                         "--out", str(out)])
+    with out.with_suffix(".csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert {r["pattern"] for r in rows} == {"window", "random", "causal", "complete"}
+    assert {r["phase"] for r in rows} == {"forward", "forward+backward"}
+    for r in rows:
+        assert int(r["L"]) * int(r["B"]) == 256
+        density = int(r["edges"]) / (int(r["B"]) * int(r["L"]) ** 2)
+        assert float(r["block density"]) == pytest.approx(density, abs=1e-4)
+        cpu_ms, dense_ms = float(r["cpu ms"]), float(r["dense ms"])  # rounded to 0.01
+        rounding = 0.005 * (1 + dense_ms / cpu_ms) / cpu_ms + 0.0005
+        assert dense_ms / cpu_ms == pytest.approx(float(r["dense / cpu"]), abs=rounding)
+        assert r["auto picks"] in ("cpu", "dense")
+    causal = [r for r in rows if r["pattern"] == "causal"]
+    assert all(float(r["block density"]) > 0.5 for r in causal)  # L (L + 1) / 2 of L^2
+    text = out.read_text()
+    assert "| 64 | window | forward+backward |" in text  # the crossover summary
+    out.with_suffix(".png").unlink()
+    block_diagonal.main(["--replot", str(out.with_suffix(".csv"))])
+    assert out.with_suffix(".png").stat().st_size > 0
+
+
+def test_block_diagonal_refuses_a_size_that_does_not_divide_the_nodes(capsys):
+    with pytest.raises(SystemExit):
+        block_diagonal.main(["--nodes", "100", "--sizes", "64"])
+    assert "--sizes" in capsys.readouterr().err

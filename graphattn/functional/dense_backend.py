@@ -5,6 +5,12 @@ a product and a scatter per edge); dense masked attention costs O(N_dst N_src H 
 matrix products, which run an order of magnitude faster per element. On a dense enough graph the
 dense path wins; :func:`~graphattn.functional.attention.select_backend` decides from the measured
 crossover, and :func:`dense_peak_bytes` keeps it from picking dense when the matrices would not fit.
+
+A graph whose nodes split into ranges that no edge crosses (:func:`diagonal_blocks`: a batch of
+sequences, images or small graphs side by side) runs block by block, as a batch of dense
+``[H, L, L]`` blocks: its cost then follows the pairs inside the blocks, not :math:`N^2`. On CPU
+one pass of a compiled kernel over the edges finds the blocks, and another the pairs, the mask
+and whether the pattern is causal.
 """
 
 from __future__ import annotations
