@@ -326,6 +326,38 @@ def batch_complete_edges(batch: Tensor, members: Tensor, first: Tensor, sizes: T
                                                   sizes.numpy(), self_loops))
 
 
+@_jit()
+def _one_loop_per_node(src, dst, num_nodes):
+    """The edges that are not self-loops, then the loops (see :func:`one_loop_per_node`)."""
+    num_edges = src.shape[0]
+    count = 0
+    for e in range(num_edges):
+        if src[e] != dst[e]:
+            count += 1
+    edges = np.empty((2, count + num_nodes), dtype=src.dtype)
+    kept = np.empty(count, dtype=np.int64)
+    p = 0
+    for e in range(num_edges):
+        if src[e] != dst[e]:
+            edges[0, p] = src[e]
+            edges[1, p] = dst[e]
+            kept[p] = e
+            p += 1
+    for i in range(num_nodes):
+        edges[0, count + i] = i
+        edges[1, count + i] = i
+    return edges, kept
+
+
+def one_loop_per_node(edge_index: Tensor, num_nodes: int) -> tuple[Tensor, Tensor]:
+    """The edges of ``edge_index`` (CPU ``[2, E]``) that are not self-loops, in order, then
+    ``i -> i`` for each ``i < num_nodes``: ``[2, E_kept + num_nodes]`` in the ids' dtype, and
+    the positions of the kept edges ``[E_kept]`` (int64), in two passes over the edges."""
+    ids = edge_index.detach()
+    edges, kept = _one_loop_per_node(ids[0].numpy(), ids[1].numpy(), num_nodes)
+    return torch.from_numpy(edges), torch.from_numpy(kept)
+
+
 SPECIALISED_CHANNELS = frozenset({1, 2, 4, 8, 16, 32, 64, 128})  # compiled as constants
 DOT, ADDITIVE, GATV2 = 0, 1, 2  # the scores, as the kernels' compile-time flag
 SCORE_KINDS = {"dot": DOT, "additive": ADDITIVE, "gatv2": GATV2}

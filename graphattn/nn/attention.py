@@ -22,6 +22,8 @@ from graphattn._checks import (
     check_same_device,
 )
 from graphattn._tensor_cache import TensorCache
+from graphattn.functional import cpu
+from graphattn.functional._transforms import host_readable
 from graphattn.functional.attention import (
     BACKENDS,
     SCORES,
@@ -673,6 +675,8 @@ def _one_loop_per_node(edge_index: Tensor, num_nodes: int) -> tuple[Tensor, Tens
     """The edges that are not self-loops, then ``i -> i`` for each ``i < num_nodes``
     ``[2, E_kept + num_nodes]``, and the positions of the kept edges in ``edge_index``
     ``[E_kept]``."""
+    if host_readable(edge_index):  # one CPU kernel: 3-4x faster than the torch ops below
+        return cpu.one_loop_per_node(edge_index, num_nodes)
     kept = (edge_index[0] != edge_index[1]).nonzero().squeeze(1)  # (E_kept,)
     loops = torch.arange(num_nodes, device=edge_index.device, dtype=edge_index.dtype)
     return torch.cat([edge_index.index_select(1, kept), loops.expand(2, -1)], dim=1), kept

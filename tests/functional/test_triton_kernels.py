@@ -387,6 +387,8 @@ def test_repeated_step_on_one_graph_sorts_and_reads_back_nothing(interpreter, mo
     monkeypatch.setattr(tk, "_CSR_CACHE", TensorCache(max_entries=8))
     monkeypatch.setattr(_checks, "_EDGE_INDEX_BOUNDS", TensorCache(max_entries=16))
     monkeypatch.setattr(nn_attention, "_SELF_LOOPED", TensorCache(max_entries=8))
+    # the self-loops found by torch ops, as for CUDA tensors (CPU tensors take a CPU kernel)
+    monkeypatch.setattr(nn_attention, "host_readable", lambda t: False)
     monkeypatch.setattr(tk, "kernels", lambda: types.SimpleNamespace(
         forward_kernel=_NoLaunch(), backward_target_kernel=_NoLaunch(),
         backward_source_kernel=_NoLaunch()))

@@ -793,6 +793,25 @@ def test_self_loops_replaced_and_filled_like_gatconv(graph_case, fill_value):
     assert_close(attr, attr_ref)
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+@pytest.mark.parametrize("num_nodes", [0, 5, 9])
+def test_self_loops_cpu_kernel_equals_the_torch_ops(dtype, num_nodes, monkeypatch):
+    """CPU tensors take one kernel to drop the old loops and add one per node; other devices
+    and traced graphs take torch ops: the same edges, order, dtype and kept positions."""
+    from graphattn.nn import attention as nn_attention
+
+    gen = torch.Generator().manual_seed(num_nodes)
+    n = max(num_nodes, 1)
+    edge_index = torch.randint(0, n, (2, 40), generator=gen).to(dtype)
+    edge_index[:, :4] = torch.tensor([[0, 0, 0, 0], [0, 0, 0, 0]], dtype=dtype)  # loops, doubled
+    fast = nn_attention._one_loop_per_node(edge_index, num_nodes)
+    monkeypatch.setattr(nn_attention, "host_readable", lambda t: False)
+    slow = nn_attention._one_loop_per_node(edge_index, num_nodes)
+    for got, want in zip(fast, slow, strict=True):
+        assert got.dtype == want.dtype and torch.equal(got, want)
+    assert fast[0].dtype == dtype and fast[1].dtype == torch.int64
+
+
 @pytest.mark.parametrize("fill_value", ["mean", "add", "max", "min", "mul"])
 def test_bipartite_self_loops_fill_from_their_own_targets_only(fill_value):
     # 3 sources, 5 targets: loops on targets 0..2; the edges into targets 3 and 4 must not
