@@ -452,12 +452,18 @@ def test_nodes_without_edges_reach_no_output_or_gradient(blocks, need_alpha):
     assert (out[3] == 0).all()
 
 
-def test_block_path_gradients_of_gradients():
-    edge_index = random_blocks([4, 4, 4], 10, seed=3)
-    q, k, v, bias = (t.requires_grad_() for t in inputs(12, 12, "dot", edge_index.size(1)))
+@pytest.mark.parametrize("sizes", [[4, 4, 4], [3, 5, 2, 4]], ids=["equal", "padded"])
+def test_block_path_gradients_of_gradients(sizes):
+    n = sum(sizes)
+    edge_index = random_blocks(sizes, 10, seed=3)
+    q, k, v, bias = (t.requires_grad_() for t in inputs(n, n, "dot", edge_index.size(1)))
 
     def attend(q, k, v, bias):
-        return edge_attention(q, k, v, edge_index, bias=bias, backend="dense")
+        out, alpha = edge_attention(q, k, v, edge_index, bias=bias, backend="dense",
+                                    return_attention=True)
+        return out, alpha
 
-    assert diagonal_blocks(edge_index, 12) is not None
+    layout = diagonal_blocks(edge_index, n)
+    assert layout is not None and layout.padded == (len(set(sizes)) > 1)
+    assert torch.autograd.gradcheck(attend, (q, k, v, bias))
     assert torch.autograd.gradgradcheck(attend, (q, k, v, bias))
