@@ -222,38 +222,62 @@ def block_starts(edge_index: Tensor, num_nodes: int) -> Tensor:
 
 
 @_jit()
-def _block_pairs(src, dst, blocks, num_dst, num_src):
-    """One pass over the edges of a graph of diagonal blocks (see :func:`block_pairs`)."""
-    num_edges = src.shape[0]
-    pair = np.empty(num_edges, dtype=np.int64)
-    mask = np.zeros(blocks * num_dst * num_src, dtype=np.bool_)
-    distinct, lower = 0, True
-    for e in range(num_edges):
-        i = np.int64(dst[e])
-        block = i // num_dst
-        j = np.int64(src[e]) - block * num_src  # the source within its block
-        p = i * num_src + j
-        pair[e] = p
-        if not mask[p]:
+def _block_pairs(src, dst, num_dst, num_src, pair, want_pair, mask, upper, first, last):
+    """Edges ``first .. last - 1`` of a graph of diagonal blocks (see :func:`block_pairs`):
+    each one's pair index (when ``want_pair``), its entry of the mask, and ``upper[0] = 1``
+    when a source comes after its target within the block (every writer writes 1)."""
+    found = False
+    if mask.shape[0] == num_dst * num_src:  # one block: no division per edge
+        for e in range(first, last):
+            i, j = np.int64(dst[e]), np.int64(src[e])
+            p = i * num_src + j
+            if want_pair:
+                pair[e] = p
             mask[p] = True
-            distinct += 1
-        if j > i - block * num_dst:
-            lower = False
-    return pair, mask, distinct, lower
+            found |= j > i
+    else:
+        for e in range(first, last):
+            i = np.int64(dst[e])
+            block = i // num_dst
+            j = np.int64(src[e]) - block * num_src  # the source within its block
+            p = i * num_src + j
+            if want_pair:
+                pair[e] = p
+            mask[p] = True
+            found |= j > i - block * num_dst
+    if found:
+        upper[0] = 1
 
 
-def block_pairs(src: Tensor, dst: Tensor, blocks: int, num_dst: int, num_src: int
-                ) -> tuple[Tensor, Tensor, int, bool]:
+def block_pairs(src: Tensor, dst: Tensor, blocks: int, num_dst: int, num_src: int, *,
+                want_pair: bool = True) -> tuple[Tensor | None, Tensor, int, bool]:
     """What the dense backend needs of a graph of ``blocks`` diagonal blocks of ``num_dst``
     targets and ``num_src`` sources (one block: the whole graph), in one pass over its edges
-    ``src -> dst`` (CPU, ``[E]`` each): each edge's flat index ``(block, i, j)`` in
-    ``[B, N_dst, N_src]`` (int64 ``[E]``), the bool mask ``[B, N_dst, N_src]`` of the pairs
-    that hold an edge, the number of such pairs (E when no pair holds two edges), and whether
-    every edge's source comes at or before its target within the block (``j <= i``)."""
-    pair, mask, distinct, lower = _block_pairs(src.detach().numpy(), dst.detach().numpy(),
-                                               blocks, num_dst, num_src)
-    return (torch.from_numpy(pair), torch.from_numpy(mask).view(blocks, num_dst, num_src),
-            int(distinct), bool(lower))
+    ``src -> dst`` (CPU, ``[E]`` each; on torch's threads for large graphs): each edge's flat
+    index ``(block, i, j)`` in ``[B, N_dst, N_src]`` (int64 ``[E]``; ``None`` unless
+    ``want_pair``, or when the graph repeats a pair), the bool mask ``[B, N_dst, N_src]`` of
+    the pairs that hold an edge, the number of such pairs (E when no pair holds two edges), and
+    whether every edge's source comes at or before its target within the block
+    (``j <= i``)."""
+    num_edges = src.numel()
+    s, d = src.detach().numpy(), dst.detach().numpy()
+    pair = np.empty(num_edges if want_pair else 0, dtype=np.int64)
+    mask = torch.zeros(blocks, num_dst, num_src, dtype=torch.bool)
+    upper = np.zeros(1, dtype=np.int64)
+    args = (s, d, num_dst, num_src, pair, want_pair, mask.view(-1).numpy(), upper)
+    threads = torch.get_num_threads()
+    if threads == 1 or num_edges < MIN_PARALLEL_WORK:
+        _block_pairs(*args, 0, num_edges)
+    else:  # each edge writes its own pair index; mask entries only ever become True
+        _run_chunks(_block_pairs, np.linspace(0, num_edges, threads + 1).astype(np.int64),
+                    threads, *args)
+    distinct = int(mask.count_nonzero())
+    if distinct != num_edges and not want_pair:  # a multigraph: its pairs are needed
+        pair = np.empty(num_edges, dtype=np.int64)
+        _block_pairs(s, d, num_dst, num_src, pair, True, mask.view(-1).numpy(), upper, 0,
+                     num_edges)
+    return (torch.from_numpy(pair) if pair.shape[0] == num_edges else None, mask, distinct,
+            not upper[0])
 
 
 @_jit()

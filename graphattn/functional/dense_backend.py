@@ -358,7 +358,9 @@ def diagonal_blocks(edge_index: Tensor, num_nodes: int) -> DiagonalBlocks | None
         edge_index (Tensor): ``[2, E]`` CPU tensor of node ids below ``num_nodes``.
         num_nodes (int): the number of nodes N, targets and sources alike.
     """
-    if num_nodes < 2 or not host_readable(edge_index):
+    max_pairs = (1.0 - BLOCK_MIN_SAVING) * num_nodes * num_nodes
+    # more edges than that would not fit in such blocks without repeating a pair: not looked for
+    if num_nodes < 2 or edge_index.size(1) > max_pairs or not host_readable(edge_index):
         return None
     starts = cpu.block_starts(edge_index, num_nodes)  # (B + 1,)
     sizes = starts.diff()  # (B,)
@@ -373,7 +375,7 @@ def diagonal_blocks(edge_index: Tensor, num_nodes: int) -> DiagonalBlocks | None
             members = (bucket == b).nonzero().squeeze(1)
             groups.append((members, int(sizes[members].max())))
     layout = DiagonalBlocks(starts, groups)
-    if layout.pairs > (1.0 - BLOCK_MIN_SAVING) * num_nodes * num_nodes:
+    if layout.pairs > max_pairs:
         return None
     return layout
 
@@ -521,7 +523,12 @@ def _dense_blocks(q: Tensor, k: Tensor, v: Tensor, src: Tensor, dst: Tensor, blo
     num_edges = src.numel()
     causal_count = n_dst == n_src and num_edges == B * n_dst * (n_dst + 1) // 2
     if host_readable(src) and host_readable(dst):  # one pass of a CPU kernel
-        pair, mask, distinct, lower = cpu.block_pairs(src, dst, B, n_dst, n_src)
+        # the pair index is needed beyond the mask only for per-edge terms, weights and
+        # multi-edges (block_pairs finds the last itself)
+        want_pair = (score != "dot" or bias is not None or dropout_mask is not None
+                     or need_alpha)
+        pair, mask, distinct, lower = cpu.block_pairs(src, dst, B, n_dst, n_src,
+                                                      want_pair=want_pair)
         simple = distinct == num_edges
         causal = simple and causal_count and lower
     else:
