@@ -343,6 +343,38 @@ def test_block_starts_split_where_no_edge_crosses(seed):
         assert starts.dtype == torch.int64
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("want_pair", [True, False])
+@pytest.mark.parametrize("blocks", [1, 3])
+def test_block_pairs_equal_their_definition(blocks, want_pair, threads, monkeypatch):
+    """Pair index, mask, pair count and causal order, in one pass or on two threads (forced
+    for a small graph), against torch ops; a multigraph returns its pairs even when they were
+    not asked for (the dense backend needs them there)."""
+    monkeypatch.setattr(cpu, "MIN_PARALLEL_WORK", 0)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        L = 6
+        for edge_index in (random_blocks([L] * blocks, 20, seed=blocks),  # multi-edges
+                           graphs.repeat_graph(graphs.causal_graph(L), L, blocks)):
+            src, dst = edge_index
+            pair, mask, distinct, lower = cpu.block_pairs(src, dst, blocks, L, L,
+                                                          want_pair=want_pair)
+            b = dst // L
+            expected = (b * L + dst % L) * L + src % L
+            want_mask = torch.zeros(blocks * L * L, dtype=torch.bool)
+            want_mask[expected] = True
+            assert torch.equal(mask.view(-1), want_mask)
+            assert distinct == int(want_mask.sum())
+            assert lower == bool((src % L <= dst % L).all())
+            if want_pair or distinct != edge_index.size(1):
+                assert torch.equal(pair, expected)
+            else:
+                assert pair is None
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_block_starts_of_repeated_patterns_and_edge_cases():
     assert cpu.block_starts(graphs.repeat_graph(graphs.causal_graph(4), 4, 3), 12).tolist() == [
         0, 4, 8, 12]
