@@ -224,8 +224,7 @@ def _select(q: Tensor, edge_index: Tensor, num_src: int | None,
         # self-loops were replaced) cannot be compared while tracing; the sparse path is taken.
         if fits and guard_or_false(density >= threshold):
             return "dense", None
-        layout = (diagonal_blocks(edge_index, n_dst)
-                  if n_dst == n_src and num_edges > 0 else None)
+        layout = diagonal_blocks(edge_index, n_dst) if n_dst == n_src else None
         # blocks smaller than the smallest size measured stay sparse (there, at 16 nodes,
         # the dense blocks won on the densest graphs only)
         if layout is not None and layout.size >= DENSE_CROSSOVER_CPU_BLOCKS[0][0]:

@@ -359,8 +359,11 @@ def diagonal_blocks(edge_index: Tensor, num_nodes: int) -> DiagonalBlocks | None
         num_nodes (int): the number of nodes N, targets and sources alike.
     """
     max_pairs = (1.0 - BLOCK_MIN_SAVING) * num_nodes * num_nodes
+    # (read first: under torch.compile the edge count may be symbolic, and is not compared)
+    if not host_readable(edge_index) or num_nodes < 2:
+        return None
     # more edges than that would not fit in such blocks without repeating a pair: not looked for
-    if num_nodes < 2 or edge_index.size(1) > max_pairs or not host_readable(edge_index):
+    if edge_index.size(1) > max_pairs:
         return None
     starts = cpu.block_starts(edge_index, num_nodes)  # (B + 1,)
     sizes = starts.diff()  # (B,)
