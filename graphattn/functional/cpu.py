@@ -222,31 +222,45 @@ def block_starts(edge_index: Tensor, num_nodes: int) -> Tensor:
 
 
 @_jit()
-def _block_pairs(src, dst, num_dst, num_src, pair, want_pair, mask, upper, first, last):
+def _block_pairs(src, dst, num_src, first_source, row, pair, want_pair, mask, upper, first,
+                 last):
     """Edges ``first .. last - 1`` of a graph of diagonal blocks (see :func:`block_pairs`):
     each one's pair index (when ``want_pair``), its entry of the mask, and ``upper[0] = 1``
-    when a source comes after its target within the block (every writer writes 1)."""
+    when a source comes after its target within the block (every writer writes 1). For each
+    target, ``first_source`` holds the first source of its block and ``row`` its row in the
+    block (two reads of small tables, where a division per edge took twice the time)."""
     found = False
-    if mask.shape[0] == num_dst * num_src:  # one block: no division per edge
-        for e in range(first, last):
-            i, j = np.int64(dst[e]), np.int64(src[e])
-            p = i * num_src + j
-            if want_pair:
-                pair[e] = p
-            mask[p] = True
-            found |= j > i
-    else:
-        for e in range(first, last):
-            i = np.int64(dst[e])
-            block = i // num_dst
-            j = np.int64(src[e]) - block * num_src  # the source within its block
-            p = i * num_src + j
-            if want_pair:
-                pair[e] = p
-            mask[p] = True
-            found |= j > i - block * num_dst
+    for e in range(first, last):
+        i = dst[e]
+        j = np.int64(src[e]) - first_source[i]  # the source within its block
+        p = np.int64(i) * num_src + j
+        if want_pair:
+            pair[e] = p
+        mask[p] = True
+        found |= j > row[i]
     if found:
         upper[0] = 1
+
+
+@_jit()
+def _target_major(src, dst):
+    """See :func:`target_major`: stops at the first edge out of order."""
+    lower = True
+    for e in range(src.shape[0]):
+        if e > 0 and (dst[e] < dst[e - 1] or (dst[e] == dst[e - 1] and src[e] <= src[e - 1])):
+            return False, False
+        lower &= src[e] <= dst[e]
+    return True, lower
+
+
+def target_major(src: Tensor, dst: Tensor) -> tuple[bool, bool]:
+    """Whether the edges ``src -> dst`` (CPU, ``[E]`` each) come in strictly increasing
+    ``(dst, src)`` order, the order of :func:`graphattn.graphs.complete_graph`,
+    :func:`~graphattn.graphs.causal_graph` and :func:`~graphattn.graphs.batch_complete_graph`
+    (so no pair holds two edges), and, when they do, whether every source is at most its
+    target. One streaming pass, stopped at the first edge out of order: about 0.5 ms per
+    million edges, where :func:`block_pairs` writes a mask entry per edge."""
+    return _target_major(src.detach().numpy(), dst.detach().numpy())
 
 
 def block_pairs(src: Tensor, dst: Tensor, blocks: int, num_dst: int, num_src: int, *,
@@ -264,7 +278,9 @@ def block_pairs(src: Tensor, dst: Tensor, blocks: int, num_dst: int, num_src: in
     pair = np.empty(num_edges if want_pair else 0, dtype=np.int64)
     mask = torch.zeros(blocks, num_dst, num_src, dtype=torch.bool)
     upper = np.zeros(1, dtype=np.int64)
-    args = (s, d, num_dst, num_src, pair, want_pair, mask.view(-1).numpy(), upper)
+    target = np.arange(blocks * num_dst, dtype=np.int64)
+    block, row = np.divmod(target, num_dst)
+    args = (s, d, num_src, block * num_src, row, pair, want_pair, mask.view(-1).numpy(), upper)
     threads = torch.get_num_threads()
     if threads == 1 or num_edges < MIN_PARALLEL_WORK:
         _block_pairs(*args, 0, num_edges)
@@ -274,8 +290,7 @@ def block_pairs(src: Tensor, dst: Tensor, blocks: int, num_dst: int, num_src: in
     distinct = int(mask.count_nonzero())
     if distinct != num_edges and not want_pair:  # a multigraph: its pairs are needed
         pair = np.empty(num_edges, dtype=np.int64)
-        _block_pairs(s, d, num_dst, num_src, pair, True, mask.view(-1).numpy(), upper, 0,
-                     num_edges)
+        _block_pairs(*args[:5], pair, True, *args[7:], 0, num_edges)
     return (torch.from_numpy(pair) if pair.shape[0] == num_edges else None, mask, distinct,
             not upper[0])
 

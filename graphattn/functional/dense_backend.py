@@ -524,14 +524,28 @@ def _dense_blocks(q: Tensor, k: Tensor, v: Tensor, src: Tensor, dst: Tensor, blo
     ``rows_read_only``: the rows of q, k and v that no edge reads are zero already."""
     B = blocks
     num_edges = src.numel()
+    capacity = B * n_dst * n_src
     causal_count = n_dst == n_src and num_edges == B * n_dst * (n_dst + 1) // 2
     if host_readable(src) and host_readable(dst):  # one pass of a CPU kernel
         # the pair index is needed beyond the mask only for per-edge terms, weights and
         # multi-edges (block_pairs finds the last itself)
         want_pair = (score != "dot" or bias is not None or dropout_mask is not None
                      or need_alpha)
-        pair, mask, distinct, lower = cpu.block_pairs(src, dst, B, n_dst, n_src,
-                                                      want_pair=want_pair)
+        # Complete and causal blocks in target-major order (as graphs builds them) are known
+        # from a read of the edges; edges in blocks and in strictly increasing (dst, src) order
+        # fill their pairs in order, so a complete graph's pair index is the edge's position.
+        ordered, lower = (cpu.target_major(src, dst) if num_edges == capacity or causal_count
+                          else (False, False))
+        if ordered and (num_edges == capacity or (lower and not want_pair)):
+            pair = torch.arange(num_edges, device=src.device) if want_pair else None
+            mask = torch.ones(n_dst, n_src, dtype=torch.bool)
+            if num_edges != capacity:
+                mask = mask.tril_()  # causal
+            mask = mask.expand(B, n_dst, n_src).contiguous()
+            distinct = num_edges
+        else:
+            pair, mask, distinct, lower = cpu.block_pairs(src, dst, B, n_dst, n_src,
+                                                          want_pair=want_pair)
         simple = distinct == num_edges
         causal = simple and causal_count and lower
     else:

@@ -375,6 +375,68 @@ def test_block_pairs_equal_their_definition(blocks, want_pair, threads, monkeypa
         torch.set_num_threads(before)
 
 
+def test_target_major_against_its_definition():
+    """Strictly increasing (dst, src) order and sources at most their targets, against a sort;
+    stopped early on a graph out of order (the second answer is then False)."""
+    gen = torch.Generator().manual_seed(0)
+    cases = [graphs.complete_graph(5), graphs.causal_graph(5),
+             graphs.batch_complete_graph(torch.tensor([0, 0, 1, 1, 1])),
+             graphs.complete_graph(5).flip(0),  # source-major: out of order
+             graphs.causal_graph(5).flip(0),  # sources after their targets, in order
+             torch.tensor([[0, 0], [1, 1]]),  # a repeated pair: not strictly increasing
+             torch.zeros(2, 0, dtype=torch.long)]
+    cases += [torch.randint(0, 4, (2, 6), generator=gen) for _ in range(20)]
+    for edge_index in cases:
+        src, dst = edge_index
+        key = dst * 100 + src
+        ordered = bool((key.diff() > 0).all())
+        got = cpu.target_major(src, dst)
+        assert got == (ordered, ordered and bool((src <= dst).all())), edge_index
+
+
+@pytest.mark.parametrize("need_alpha", [False, True], ids=["out", "alpha"])
+@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
+@pytest.mark.parametrize("order", ["target-major", "shuffled", "flipped"])
+@pytest.mark.parametrize("pattern", ["complete", "causal"])
+def test_complete_and_causal_blocks_in_any_order(pattern, order, bias, need_alpha, monkeypatch):
+    """Complete and causal blocks are recognised from their order (target-major, as graphs
+    builds them) without the pass of block_pairs, and from that pass in any other order; a
+    graph with the causal edge count in target-major order but its sources after their
+    targets ("flipped" causal) is not causal. Each matches the reference, weights and
+    gradients too, with SDPA told is_causal only for the causal graph without a bias."""
+    one = graphs.complete_graph(5) if pattern == "complete" else graphs.causal_graph(5)
+    edge_index = graphs.repeat_graph(one, 5, 3)
+    if order == "shuffled":
+        edge_index = edge_index[:, torch.randperm(edge_index.size(1),
+                                                  generator=torch.Generator().manual_seed(1))]
+    elif order == "flipped":  # target-major again after the swap
+        flipped = edge_index.flip(0)
+        edge_index = flipped[:, torch.argsort(flipped[1] * 100 + flipped[0])]
+    pairs_passes, causal_calls = [], []
+    block_pairs, sdpa = cpu.block_pairs, dense_backend.sdpa
+
+    def counting_block_pairs(*args, **kw):
+        pairs_passes.append(1)
+        return block_pairs(*args, **kw)
+
+    def recording_sdpa(*args, **kw):
+        causal_calls.append(kw.get("is_causal", False))
+        return sdpa(*args, **kw)
+
+    monkeypatch.setattr(cpu, "block_pairs", counting_block_pairs)
+    monkeypatch.setattr(dense_backend, "sdpa", recording_sdpa)
+    q, k, v, b = inputs(15, 15, "dot", edge_index.size(1), bias=bias)
+    assert_dense_equals_reference(q, k, v, edge_index, b, score="dot", dropout_p=0.0,
+                                  need_alpha=need_alpha)
+    wants_pair = bias or need_alpha
+    # (the complete graph flipped and sorted again is itself)
+    shortcut = order != "shuffled" and (pattern == "complete" or (order == "target-major"
+                                                                  and not wants_pair))
+    assert bool(pairs_passes) != shortcut
+    if causal_calls:  # the implicit path (no weights); a bias's float mask holds the pattern
+        assert causal_calls == [pattern == "causal" and order != "flipped" and not bias]
+
+
 def test_block_starts_of_repeated_patterns_and_edge_cases():
     assert cpu.block_starts(graphs.repeat_graph(graphs.causal_graph(4), 4, 3), 12).tolist() == [
         0, 4, 8, 12]
