@@ -24,7 +24,6 @@ from graphattn._checks import (
     check_float_dtype,
     check_same_device,
     finite_float,
-    host_list,
 )
 from graphattn.functional._transforms import plain_ops_only
 from graphattn.functional.cpu import check_cpu_inputs, cpu_edge_attention
@@ -33,6 +32,7 @@ from graphattn.functional.dense_backend import (
     dense_edge_attention,
     dense_peak_bytes,
     diagonal_blocks,
+    per_graph_attention,
     sdpa,
 )
 from graphattn.functional.dropout import dropout_mask as make_dropout_mask
@@ -687,54 +687,12 @@ def _check_batch(batch: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | 
 def _dense_attention_per_graph(q: Tensor, k: Tensor, v: Tensor, batch: Tensor, *,
                                is_causal: bool, scale: float | None, dropout_p: float,
                                training: bool) -> Tensor:
-    """Dense attention inside each graph of ``batch`` (see :func:`dense_attention`).
-
-    Graphs with sizes in ``(2^(b-1), 2^b]`` form group b; each group is gathered into
-    ``[G_b, n_b, H, C]`` tensors, padded to its largest graph n_b (padding at most quadruples a
-    graph's scores, and there are at most log2(n_max) + 1 groups), and runs as one SDPA call
-    with the padding masked out as keys (every padded row keeps its graph's first node as a
-    key, so no row is empty). q, k and v are gathered together, with one ``index_select`` per
-    group, and the real rows of the groups' outputs put back in node order with one more:
-    index ops, which autograd differentiates (with ``index_add``).
-    """
-    N, H, C_v = v.shape
-    C = q.size(-1)
-    if N == 0:  # no graph: the plain path's empty output, with its autograd graph
+    """Dense attention inside each graph of ``batch`` (see :func:`dense_attention` and
+    :func:`~graphattn.functional.dense_backend.per_graph_attention`)."""
+    if v.size(0) == 0:  # no graph: the plain path's empty output, with its autograd graph
         return dense_attention(q, k, v, is_causal=is_causal, scale=scale, dropout_p=dropout_p,
                                training=training)
     if scale is None:
-        scale = 1.0 / math.sqrt(max(C, 1))
-    p = dropout_p if training else 0.0
-    batch = batch.long()
-    sizes = torch.bincount(batch)  # (G,) nodes per graph
-    members = torch.sort(batch, stable=True).indices  # (N,): each graph's nodes, ascending
-    first = sizes.cumsum(0) - sizes  # (G,) where each graph starts in members
-    rank = torch.empty_like(members)  # (N,) position of each node in its graph
-    rank[members] = torch.arange(N, device=batch.device) - first[batch[members]]
-    group = torch.ceil(torch.log2(sizes.clamp(min=1).double())).long()  # (G,) size group
-    qkv = torch.cat([q, k, v], dim=-1).view(N, H * (2 * C + C_v))  # (N, H (2C + C_v))
-    outs = []
-    position = torch.empty_like(members)  # (N,) row of each node in the groups' outputs
-    offset = 0  # rows of the groups' outputs so far
-    for b in host_list(torch.unique(group[sizes > 0])):
-        graphs_b = torch.nonzero((group == b) & (sizes > 0)).flatten()  # (G_b,)
-        G_b, n_b = graphs_b.numel(), int(sizes[graphs_b].max())
-        slot = torch.full_like(sizes, -1)
-        slot[graphs_b] = torch.arange(G_b, device=batch.device)
-        nodes = torch.nonzero(slot[batch] >= 0).flatten()  # (N_b,) nodes of the group's graphs
-        padded_row = slot[batch[nodes]] * n_b + rank[nodes]  # (N_b,) row in [G_b * n_b]
-        index = torch.zeros(G_b * n_b, dtype=torch.long, device=batch.device)
-        index[padded_row] = nodes  # node at each padded row (node 0 on padding)
-        valid = torch.zeros(G_b * n_b, dtype=torch.bool, device=batch.device)
-        valid[padded_row] = True
-        position[nodes] = offset + padded_row
-        offset += G_b * n_b
-        padded = qkv.index_select(0, index).view(G_b, n_b, H, 2 * C + C_v)
-        q_b, k_b, v_b = (t.transpose(1, 2) for t in padded.split([C, C, C_v], dim=-1))
-        key_mask = valid.view(G_b, 1, 1, n_b)  # (G_b, 1, 1, n_b): padding is no key
-        if is_causal:
-            key_mask = key_mask & torch.ones(n_b, n_b, dtype=torch.bool,
-                                             device=batch.device).tril()
-        out_b = sdpa(q_b, k_b, v_b, attn_mask=key_mask, dropout_p=p, scale=scale)
-        outs.append(out_b.transpose(1, 2).reshape(G_b * n_b, H, C_v))  # (G_b n_b, H, C_v)
-    return torch.cat(outs).index_select(0, position)  # (N, H, C_v)
+        scale = 1.0 / math.sqrt(max(q.size(-1), 1))
+    return per_graph_attention(q, k, v, batch, is_causal=is_causal, scale=scale,
+                               dropout_p=dropout_p if training else 0.0)

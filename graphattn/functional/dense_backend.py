@@ -10,7 +10,10 @@ A graph whose nodes split into ranges that no edge crosses (:func:`diagonal_bloc
 sequences, images or small graphs side by side) runs block by block, as a batch of dense
 ``[H, L, L]`` blocks: its cost then follows the pairs inside the blocks, not :math:`N^2`. On CPU
 one pass of a compiled kernel over the edges finds the blocks, and another the pairs, the mask
-and whether the pattern is causal.
+and whether the pattern is causal. Blocks that are complete or causal, with their edges in
+target-major order (as :mod:`graphattn.graphs` builds them: a batch of graphs' global
+attention, a batch of sequences), need no pairs: a read of the edges tells, and SDPA runs
+them without a mask of the graph (blocks of unequal sizes as :func:`per_graph_attention`).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from graphattn._checks import host_list
 from graphattn.functional import cpu
 from graphattn.functional._transforms import apply_function, host_readable, plain_ops_only
 from graphattn.functional.reference import reference_edge_attention
@@ -315,6 +319,67 @@ def _pair_log_weights(t: Tensor | None, pair: Tensor | None, mask: Tensor, simpl
 BLOCK_MIN_SAVING = 0.5
 
 
+def per_graph_attention(q: Tensor, k: Tensor, v: Tensor, batch: Tensor, *, is_causal: bool,
+                        scale: float, dropout_p: float) -> Tensor:
+    r"""Dense attention of each node over the nodes of its own graph of ``batch`` (in node
+    order, the earlier ones only when ``is_causal``), with SDPA's ``dropout_p``: what
+    ``dense_attention(..., batch=)`` and the dense backend on complete or causal diagonal
+    blocks run.
+
+    Graphs with sizes in ``(2^(b-1), 2^b]`` form group b; each group is gathered into
+    ``[G_b, n_b, H, C]`` tensors, padded to its largest graph n_b (padding at most quadruples a
+    graph's scores, and there are at most log2(n_max) + 1 groups), and runs as one SDPA call
+    with the padding masked out as keys (every padded row keeps its graph's first node as a
+    key, so no row is empty). The padding reads a row of zeros: a NaN or inf in one graph's
+    inputs stays in that graph (a masked key's value is still multiplied by its weight 0).
+    q, k and v are gathered together, with one ``index_select`` per group, and the real rows
+    of the groups' outputs put back in node order with one more: index ops, which autograd
+    differentiates (with ``index_add``).
+
+    Shapes:
+        - **input:** q and k ``(N, H, C)``, v ``(N, H, C_v)``, batch ``(N)`` (graph ids,
+          at least one node)
+        - **output:** ``(N, H, C_v)``
+    """
+    N, H, C_v = v.shape
+    C = q.size(-1)
+    batch = batch.long()
+    sizes = torch.bincount(batch)  # (G,) nodes per graph
+    members = torch.sort(batch, stable=True).indices  # (N,): each graph's nodes, ascending
+    first = sizes.cumsum(0) - sizes  # (G,) where each graph starts in members
+    rank = torch.empty_like(members)  # (N,) position of each node in its graph
+    rank[members] = torch.arange(N, device=batch.device) - first[batch[members]]
+    group = torch.ceil(torch.log2(sizes.clamp(min=1).double())).long()  # (G,) size group
+    width = H * (2 * C + C_v)
+    qkv = torch.cat([torch.cat([q, k, v], dim=-1).view(N, width),
+                     q.new_zeros(1, width)])  # (N + 1, H (2C + C_v)): row N for the padding
+    outs = []
+    position = torch.empty_like(members)  # (N,) row of each node in the groups' outputs
+    offset = 0  # rows of the groups' outputs so far
+    for b in host_list(torch.unique(group[sizes > 0])):
+        graphs_b = torch.nonzero((group == b) & (sizes > 0)).flatten()  # (G_b,)
+        G_b, n_b = graphs_b.numel(), int(sizes[graphs_b].max())
+        slot = torch.full_like(sizes, -1)
+        slot[graphs_b] = torch.arange(G_b, device=batch.device)
+        nodes = torch.nonzero(slot[batch] >= 0).flatten()  # (N_b,) nodes of the group's graphs
+        padded_row = slot[batch[nodes]] * n_b + rank[nodes]  # (N_b,) row in [G_b * n_b]
+        index = torch.full((G_b * n_b,), N, dtype=torch.long, device=batch.device)
+        index[padded_row] = nodes  # node at each padded row (the zero row on padding)
+        valid = torch.zeros(G_b * n_b, dtype=torch.bool, device=batch.device)
+        valid[padded_row] = True
+        position[nodes] = offset + padded_row
+        offset += G_b * n_b
+        padded = qkv.index_select(0, index).view(G_b, n_b, H, 2 * C + C_v)
+        q_b, k_b, v_b = (t.transpose(1, 2) for t in padded.split([C, C, C_v], dim=-1))
+        key_mask = valid.view(G_b, 1, 1, n_b)  # (G_b, 1, 1, n_b): padding is no key
+        if is_causal:
+            key_mask = key_mask & torch.ones(n_b, n_b, dtype=torch.bool,
+                                             device=batch.device).tril()
+        out_b = sdpa(q_b, k_b, v_b, attn_mask=key_mask, dropout_p=dropout_p, scale=scale)
+        outs.append(out_b.transpose(1, 2).reshape(G_b * n_b, H, C_v))  # (G_b n_b, H, C_v)
+    return torch.cat(outs).index_select(0, position)  # (N, H, C_v)
+
+
 @dataclass(frozen=True)
 class DiagonalBlocks:
     """A block-diagonal graph as the dense backend runs it: its blocks (ranges of consecutive
@@ -459,7 +524,32 @@ def dense_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
     if not layout.padded:  # B blocks of L nodes: viewed in place
         blocks, size = layout.groups[0]
         return _dense_blocks(q, k, v, src, dst, blocks.numel(), size, size, **options)
+    if score == "dot" and bias is None and dropout_mask is None and not need_alpha:
+        pattern = _whole_blocks(src, dst, layout)
+        if pattern is not None:  # no pair to find: each block's nodes are all it needs
+            sizes = layout.starts.diff()
+            block_of = torch.repeat_interleave(torch.arange(sizes.numel()), sizes)  # (N,)
+            out = per_graph_attention(q, k, v, block_of.to(q.device),
+                                      is_causal=pattern == "causal", scale=scale,
+                                      dropout_p=0.0)
+            return out, None
     return _padded_groups(q, k, v, src, dst, layout, **options)
+
+
+def _whole_blocks(src: Tensor, dst: Tensor, layout: DiagonalBlocks) -> str | None:
+    """``"complete"`` when every block of ``layout`` holds all its pairs, ``"causal"`` when
+    it holds those with the source at or before the target, once each (known from the edge
+    count and one read of the edges in target-major order, :func:`cpu.target_major
+    <graphattn.functional.cpu.target_major>`); ``None`` otherwise, or in another order."""
+    sizes = layout.starts.diff()
+    num_edges = src.numel()
+    complete = num_edges == int(sizes.square().sum())
+    if not (complete or num_edges == int((sizes * (sizes + 1)).sum()) // 2):
+        return None
+    ordered, lower = cpu.target_major(src, dst)
+    if not ordered:
+        return None
+    return "complete" if complete else ("causal" if lower else None)
 
 
 def _padded_groups(q: Tensor, k: Tensor, v: Tensor, src: Tensor, dst: Tensor,

@@ -10,7 +10,7 @@ from conftest import assert_close
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from graphattn import graphs
-from graphattn.functional import attention, dense_attention, dense_backend, edge_attention
+from graphattn.functional import dense_attention, dense_backend, edge_attention
 from graphattn.graphs import window_graph
 
 
@@ -508,17 +508,37 @@ def test_batch_takes_the_given_scale_and_zero_channels(channels):
 def test_batch_runs_one_padded_call_per_size_group(monkeypatch):
     # sizes in (2^(b-1), 2^b] share a call, padded to the largest of them
     calls = []
-    sdpa = attention.sdpa
+    sdpa = dense_backend.sdpa
 
     def spy(q, k, v, attn_mask=None, **kwargs):
         calls.append((q.size(0), q.size(-2)))  # (graphs, padded length) of (G, H, n, C)
         return sdpa(q, k, v, attn_mask=attn_mask, **kwargs)
 
-    monkeypatch.setattr(attention, "sdpa", spy)
+    monkeypatch.setattr(dense_backend, "sdpa", spy)
     batch = shuffled_batch(GROUP_SIZES, seed=1)
     q = torch.randn(batch.numel(), 2, 4)
     dense_attention(q, q, q, batch=batch)
     assert sorted(calls) == [(1, 1), (1, 2), (1, 9), (1, 17), (1, 40), (2, 4), (2, 8)]
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_batch_keeps_a_nan_in_its_own_graph(is_causal):
+    """Graphs of 4 and 3 nodes share a size group, the second padded to 4; node 0, in the first,
+    holds inf in its key and NaN in its value: the second graph's outputs and gradients are
+    those it has alone (the padding reads zeros, not node 0)."""
+    batch = torch.tensor([0, 0, 0, 0, 1, 1, 1])
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(7, 2, 4, generator=gen) for _ in range(3))
+    k[0, 0, 0], v[0, 1, 2] = float("inf"), float("nan")
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    out = dense_attention(q, k, v, batch=batch, is_causal=is_causal)
+    alone = [t[4:].detach().clone().requires_grad_() for t in (q, k, v)]
+    want = dense_attention(*alone, is_causal=is_causal)
+    assert torch.isfinite(out[4:]).all()
+    assert_close(out[4:], want)
+    grads = torch.autograd.grad(out[4:].sum(), (q, k, v))
+    for g, a in zip(grads, torch.autograd.grad(want.sum(), alone), strict=True):
+        assert_close(g[4:], a)  # (the first graph's own gradients are NaN, 0 times NaN)
 
 
 def test_batch_of_no_nodes_and_dropout():

@@ -437,6 +437,59 @@ def test_complete_and_causal_blocks_in_any_order(pattern, order, bias, need_alph
         assert causal_calls == [pattern == "causal" and order != "flipped" and not bias]
 
 
+@pytest.mark.parametrize("order", ["target-major", "shuffled", "flipped"])
+@pytest.mark.parametrize("pattern", ["complete", "causal"])
+def test_complete_and_causal_blocks_of_unequal_sizes(pattern, order, monkeypatch):
+    """Blocks of 7, 3, 1, 5 and 6 nodes (padded groups), each complete or causal in
+    target-major order, run as per-graph attention (no pair of the graph found, no edge
+    sorted by group); in another order, or with the sources after their targets, as padded
+    groups of the graph's pairs. Every route matches the reference, gradients too, and a NaN
+    in one block's inputs stays in that block."""
+    sizes = [7, 3, 1, 5, 6]
+    batch = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
+    edge_index = graphs.batch_complete_graph(batch)
+    if pattern == "causal":
+        edge_index = edge_index[:, edge_index[0] <= edge_index[1]]
+    if order == "shuffled":
+        edge_index = edge_index[:, torch.randperm(edge_index.size(1),
+                                                  generator=torch.Generator().manual_seed(2))]
+    elif order == "flipped":  # target-major again after the swap
+        flipped = edge_index.flip(0)
+        edge_index = flipped[:, torch.argsort(flipped[1] * 100 + flipped[0])]
+    n = sum(sizes)
+    layout = diagonal_blocks(edge_index, n)
+    assert layout is not None and layout.padded
+    routes = []
+    per_graph, group_edges = dense_backend.per_graph_attention, cpu.group_edges
+
+    def spy_per_graph(*args, **kw):
+        routes.append(("per-graph", kw["is_causal"]))
+        return per_graph(*args, **kw)
+
+    def spy_group_edges(*args):
+        routes.append("groups")
+        return group_edges(*args)
+
+    monkeypatch.setattr(dense_backend, "per_graph_attention", spy_per_graph)
+    monkeypatch.setattr(cpu, "group_edges", spy_group_edges)
+    q, k, v, _ = inputs(n, n, "dot", edge_index.size(1), bias=False)
+    out = assert_dense_equals_reference(q, k, v, edge_index, None, score="dot",
+                                        dropout_p=0.0, need_alpha=False)
+    whole = order == "target-major" or (order == "flipped" and pattern == "complete")
+    route = ("per-graph", pattern == "causal") if whole else "groups"
+    assert routes == [route]
+    # node 0 opens the first block, in one group with the (padded) blocks of 5 and 6 nodes
+    v[0, 1, 2], k[1, 0, 0] = float("inf"), float("nan")
+    spoilt = edge_attention(q, k, v, edge_index, backend="dense", scale=0.7)
+    assert_close(spoilt[7:], out[7:])
+    # with weights asked for, the pairs are needed: padded groups
+    routes.clear()
+    assert_dense_equals_reference(*inputs(n, n, "dot", edge_index.size(1), bias=False)[:3],
+                                  edge_index, None, score="dot", dropout_p=0.0,
+                                  need_alpha=True)
+    assert routes == ["groups"]
+
+
 def test_block_starts_of_repeated_patterns_and_edge_cases():
     assert cpu.block_starts(graphs.repeat_graph(graphs.causal_graph(4), 4, 3), 12).tolist() == [
         0, 4, 8, 12]
