@@ -243,24 +243,40 @@ def _block_pairs(src, dst, num_src, first_source, row, pair, want_pair, mask, up
 
 
 @_jit()
-def _target_major(src, dst):
-    """See :func:`target_major`: stops at the first edge out of order."""
-    lower = True
-    for e in range(src.shape[0]):
+def _pair_order(src, dst):
+    """See :func:`pair_order`: stops at the first edge that fits neither run."""
+    num_edges = src.shape[0]
+    lower, loops = True, False  # over the first run
+    e = 0
+    while e < num_edges:
         if e > 0 and (dst[e] < dst[e - 1] or (dst[e] == dst[e - 1] and src[e] <= src[e - 1])):
-            return False, False
+            break
         lower &= src[e] <= dst[e]
-    return True, lower
+        loops |= src[e] == dst[e]
+        e += 1
+    if e == num_edges:
+        return True, lower, True
+    if loops:
+        return False, False, False
+    for f in range(e, num_edges):  # the rest: self-loops, in increasing order
+        if src[f] != dst[f] or (f > e and dst[f] <= dst[f - 1]):
+            return False, False, False
+    return True, lower, False
 
 
-def target_major(src: Tensor, dst: Tensor) -> tuple[bool, bool]:
-    """Whether the edges ``src -> dst`` (CPU, ``[E]`` each) come in strictly increasing
-    ``(dst, src)`` order, the order of :func:`graphattn.graphs.complete_graph`,
-    :func:`~graphattn.graphs.causal_graph` and :func:`~graphattn.graphs.batch_complete_graph`
-    (so no pair holds two edges), and, when they do, whether every source is at most its
-    target. One streaming pass, stopped at the first edge out of order: about 0.5 ms per
-    million edges, where :func:`block_pairs` writes a mask entry per edge."""
-    return _target_major(src.detach().numpy(), dst.detach().numpy())
+def pair_order(src: Tensor, dst: Tensor) -> tuple[bool, bool, bool]:
+    """What the order of the edges ``src -> dst`` (CPU, ``[E]`` each) tells of their pairs, in
+    one streaming pass (about 0.5 ms per million edges, where :func:`block_pairs` writes a mask
+    entry per edge): ``(distinct, lower, target_major)``.
+
+    ``target_major``: the edges come in strictly increasing ``(dst, src)`` order, the order of
+    :func:`graphattn.graphs.complete_graph`, :func:`~graphattn.graphs.causal_graph` and
+    :func:`~graphattn.graphs.batch_complete_graph`. ``distinct`` (no pair holds two edges): so
+    they do, or they are edges without self-loops in that order followed by self-loops in
+    increasing order (what a layer's ``add_self_loops`` makes of such a graph). ``lower``:
+    when ``distinct``, whether every source is at most its target. ``False`` where the order
+    does not tell."""
+    return _pair_order(src.detach().numpy(), dst.detach().numpy())
 
 
 def block_pairs(src: Tensor, dst: Tensor, blocks: int, num_dst: int, num_src: int, *,

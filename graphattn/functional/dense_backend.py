@@ -539,15 +539,16 @@ def dense_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
 def _whole_blocks(src: Tensor, dst: Tensor, layout: DiagonalBlocks) -> str | None:
     """``"complete"`` when every block of ``layout`` holds all its pairs, ``"causal"`` when
     it holds those with the source at or before the target, once each (known from the edge
-    count and one read of the edges in target-major order, :func:`cpu.target_major
-    <graphattn.functional.cpu.target_major>`); ``None`` otherwise, or in another order."""
+    count and one read of the edges, :func:`cpu.pair_order
+    <graphattn.functional.cpu.pair_order>`); ``None`` otherwise, or in an order that does
+    not tell."""
     sizes = layout.starts.diff()
     num_edges = src.numel()
     complete = num_edges == int(sizes.square().sum())
     if not (complete or num_edges == int((sizes * (sizes + 1)).sum()) // 2):
         return None
-    ordered, lower = cpu.target_major(src, dst)
-    if not ordered:
+    distinct, lower, _ = cpu.pair_order(src, dst)
+    if not distinct:
         return None
     return "complete" if complete else ("causal" if lower else None)
 
@@ -621,12 +622,15 @@ def _dense_blocks(q: Tensor, k: Tensor, v: Tensor, src: Tensor, dst: Tensor, blo
         # multi-edges (block_pairs finds the last itself)
         want_pair = (score != "dot" or bias is not None or dropout_mask is not None
                      or need_alpha)
-        # Complete and causal blocks in target-major order (as graphs builds them) are known
-        # from a read of the edges; edges in blocks and in strictly increasing (dst, src) order
-        # fill their pairs in order, so a complete graph's pair index is the edge's position.
-        ordered, lower = (cpu.target_major(src, dst) if num_edges == capacity or causal_count
-                          else (False, False))
-        if ordered and (num_edges == capacity or (lower and not want_pair)):
+        # Complete and causal blocks whose edge order shows no pair twice (as graphs builds
+        # them, self-loops moved last or not) are known from a read of the edges and their
+        # count. Edges in target-major order fill the pairs in order: a complete graph's pair
+        # index is then the edge's position.
+        distinct, lower, in_order = (cpu.pair_order(src, dst)
+                                     if num_edges == capacity or causal_count
+                                     else (False, False, False))
+        if distinct and (num_edges == capacity or lower) and (
+                not want_pair or (in_order and num_edges == capacity)):
             pair = torch.arange(num_edges, device=src.device) if want_pair else None
             mask = torch.ones(n_dst, n_src, dtype=torch.bool)
             if num_edges != capacity:

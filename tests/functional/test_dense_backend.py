@@ -375,28 +375,45 @@ def test_block_pairs_equal_their_definition(blocks, want_pair, threads, monkeypa
         torch.set_num_threads(before)
 
 
-def test_target_major_against_its_definition():
-    """Strictly increasing (dst, src) order and sources at most their targets, against a sort;
-    stopped early on a graph out of order (the second answer is then False)."""
+def test_pair_order_against_its_definition():
+    """Target-major order (strictly increasing (dst, src)), or edges without loops in that
+    order then self-loops in increasing order, by brute force over the split; the graphs of
+    graphs in both orders, a layer's self-loops moved last among them; random small graphs,
+    whose pairs must be distinct wherever the answer says so."""
+    def increasing(src, dst):
+        return bool(((dst * 100 + src).diff() > 0).all())
+
+    def definition(src, dst):
+        in_order = increasing(src, dst)
+        distinct = in_order or any(
+            increasing(src[:k], dst[:k]) and not (src[:k] == dst[:k]).any()
+            and increasing(src[k:], dst[k:]) and bool((src[k:] == dst[k:]).all())
+            for k in range(src.numel() + 1))
+        return distinct, distinct and bool((src <= dst).all()), in_order
+
     gen = torch.Generator().manual_seed(0)
-    cases = [graphs.complete_graph(5), graphs.causal_graph(5),
-             graphs.batch_complete_graph(torch.tensor([0, 0, 1, 1, 1])),
+    complete = graphs.batch_complete_graph(torch.tensor([0, 0, 1, 1, 1]))
+    cases = [graphs.complete_graph(5), graphs.causal_graph(5), complete,
+             cpu.one_loop_per_node(complete, 5)[0],  # the loops moved last
+             cpu.one_loop_per_node(graphs.causal_graph(5), 5)[0],
+             cpu.one_loop_per_node(graphs.causal_graph(5), 5)[0].flip(1),
              graphs.complete_graph(5).flip(0),  # source-major: out of order
              graphs.causal_graph(5).flip(0),  # sources after their targets, in order
-             torch.tensor([[0, 0], [1, 1]]),  # a repeated pair: not strictly increasing
+             torch.tensor([[0, 0], [1, 1]]),  # a repeated pair
+             torch.tensor([[0, 1, 1], [1, 1, 1]]),  # a loop in each run: repeated
              torch.zeros(2, 0, dtype=torch.long)]
-    cases += [torch.randint(0, 4, (2, 6), generator=gen) for _ in range(20)]
+    cases += [torch.randint(0, 3, (2, 5), generator=gen) for _ in range(40)]
     for edge_index in cases:
         src, dst = edge_index
-        key = dst * 100 + src
-        ordered = bool((key.diff() > 0).all())
-        got = cpu.target_major(src, dst)
-        assert got == (ordered, ordered and bool((src <= dst).all())), edge_index
+        got = cpu.pair_order(src, dst)
+        assert got == definition(src, dst), edge_index
+        if got[0]:
+            assert torch.unique(edge_index, dim=1).size(1) == edge_index.size(1)
 
 
 @pytest.mark.parametrize("need_alpha", [False, True], ids=["out", "alpha"])
 @pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
-@pytest.mark.parametrize("order", ["target-major", "shuffled", "flipped"])
+@pytest.mark.parametrize("order", ["target-major", "loops-last", "shuffled", "flipped"])
 @pytest.mark.parametrize("pattern", ["complete", "causal"])
 def test_complete_and_causal_blocks_in_any_order(pattern, order, bias, need_alpha, monkeypatch):
     """Complete and causal blocks are recognised from their order (target-major, as graphs
@@ -412,6 +429,8 @@ def test_complete_and_causal_blocks_in_any_order(pattern, order, bias, need_alph
     elif order == "flipped":  # target-major again after the swap
         flipped = edge_index.flip(0)
         edge_index = flipped[:, torch.argsort(flipped[1] * 100 + flipped[0])]
+    elif order == "loops-last":  # as a layer's add_self_loops leaves it
+        edge_index = cpu.one_loop_per_node(edge_index, 15)[0]
     pairs_passes, causal_calls = [], []
     block_pairs, sdpa = cpu.block_pairs, dense_backend.sdpa
 
@@ -429,15 +448,17 @@ def test_complete_and_causal_blocks_in_any_order(pattern, order, bias, need_alph
     assert_dense_equals_reference(q, k, v, edge_index, b, score="dot", dropout_p=0.0,
                                   need_alpha=need_alpha)
     wants_pair = bias or need_alpha
-    # (the complete graph flipped and sorted again is itself)
-    shortcut = order != "shuffled" and (pattern == "complete" or (order == "target-major"
-                                                                  and not wants_pair))
+    # (the complete graph flipped and sorted again is itself); only in target-major order is
+    # the pair index of each edge known (and only there for the complete graph)
+    in_order = order == "target-major" or (order == "flipped" and pattern == "complete")
+    known = in_order or order == "loops-last"
+    shortcut = known and (not wants_pair or (in_order and pattern == "complete"))
     assert bool(pairs_passes) != shortcut
     if causal_calls:  # the implicit path (no weights); a bias's float mask holds the pattern
         assert causal_calls == [pattern == "causal" and order != "flipped" and not bias]
 
 
-@pytest.mark.parametrize("order", ["target-major", "shuffled", "flipped"])
+@pytest.mark.parametrize("order", ["target-major", "loops-last", "shuffled", "flipped"])
 @pytest.mark.parametrize("pattern", ["complete", "causal"])
 def test_complete_and_causal_blocks_of_unequal_sizes(pattern, order, monkeypatch):
     """Blocks of 7, 3, 1, 5 and 6 nodes (padded groups), each complete or causal in
@@ -456,6 +477,8 @@ def test_complete_and_causal_blocks_of_unequal_sizes(pattern, order, monkeypatch
     elif order == "flipped":  # target-major again after the swap
         flipped = edge_index.flip(0)
         edge_index = flipped[:, torch.argsort(flipped[1] * 100 + flipped[0])]
+    elif order == "loops-last":  # as a layer's add_self_loops leaves it
+        edge_index = cpu.one_loop_per_node(edge_index, sum(sizes))[0]
     n = sum(sizes)
     layout = diagonal_blocks(edge_index, n)
     assert layout is not None and layout.padded
@@ -475,7 +498,8 @@ def test_complete_and_causal_blocks_of_unequal_sizes(pattern, order, monkeypatch
     q, k, v, _ = inputs(n, n, "dot", edge_index.size(1), bias=False)
     out = assert_dense_equals_reference(q, k, v, edge_index, None, score="dot",
                                         dropout_p=0.0, need_alpha=False)
-    whole = order == "target-major" or (order == "flipped" and pattern == "complete")
+    whole = order in ("target-major", "loops-last") or (order == "flipped"
+                                                        and pattern == "complete")
     route = ("per-graph", pattern == "causal") if whole else "groups"
     assert routes == [route]
     # node 0 opens the first block, in one group with the (padded) blocks of 5 and 6 nodes
