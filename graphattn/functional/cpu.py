@@ -382,13 +382,20 @@ def batch_complete_edges(batch: Tensor, members: Tensor, first: Tensor, sizes: T
 
 
 @_jit()
-def _one_loop_per_node(src, dst, num_nodes):
-    """The edges that are not self-loops, then the loops (see :func:`one_loop_per_node`)."""
+def _one_loop_per_node(src, dst, num_nodes, keep_if_looped):
+    """The edges that are not self-loops, then the loops, their positions, and ``False``
+    (see :func:`one_loop_per_node`); two empty arrays and ``True``, after one pass, when
+    ``keep_if_looped`` and every node has one loop."""
     num_edges = src.shape[0]
     count = 0
+    loops = np.zeros(num_nodes if keep_if_looped else 0, dtype=np.int32)
     for e in range(num_edges):
         if src[e] != dst[e]:
             count += 1
+        elif keep_if_looped and src[e] < num_nodes:
+            loops[src[e]] += 1
+    if keep_if_looped and count + num_nodes == num_edges and (loops == 1).all():
+        return np.empty((2, 0), dtype=src.dtype), np.empty(0, dtype=np.int64), True
     edges = np.empty((2, count + num_nodes), dtype=src.dtype)
     kept = np.empty(count, dtype=np.int64)
     p = 0
@@ -401,15 +408,23 @@ def _one_loop_per_node(src, dst, num_nodes):
     for i in range(num_nodes):
         edges[0, count + i] = i
         edges[1, count + i] = i
-    return edges, kept
+    return edges, kept, False
 
 
-def one_loop_per_node(edge_index: Tensor, num_nodes: int) -> tuple[Tensor, Tensor]:
+def one_loop_per_node(edge_index: Tensor, num_nodes: int, *,
+                      keep_if_looped: bool = False) -> tuple[Tensor, Tensor | None]:
     """The edges of ``edge_index`` (CPU ``[2, E]``) that are not self-loops, in order, then
     ``i -> i`` for each ``i < num_nodes``: ``[2, E_kept + num_nodes]`` in the ids' dtype, and
-    the positions of the kept edges ``[E_kept]`` (int64), in two passes over the edges."""
+    the positions of the kept edges ``[E_kept]`` (int64), in two passes over the edges.
+
+    With ``keep_if_looped``, a graph in which each of the ``num_nodes`` nodes has exactly one
+    self-loop already (and no other node has one) comes back as it is, with ``None`` for the
+    positions, after one pass: the same edges in another order."""
     ids = edge_index.detach()
-    edges, kept = _one_loop_per_node(ids[0].numpy(), ids[1].numpy(), num_nodes)
+    edges, kept, looped = _one_loop_per_node(ids[0].numpy(), ids[1].numpy(), num_nodes,
+                                             keep_if_looped)
+    if looped:
+        return edge_index, None
     return torch.from_numpy(edges), torch.from_numpy(kept)
 
 

@@ -458,7 +458,8 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         elif self.add_self_loops:
             edge_index, edge_attr = add_remaining_self_loops(
                 edge_index, edge_attr, min(N_src, N_dst), fill_value=self.fill_value,
-                trace_key=(id(self) >> 4) % 2**31 if torch.compiler.is_compiling() else 0)
+                trace_key=(id(self) >> 4) % 2**31 if torch.compiler.is_compiling() else 0,
+                keep_if_looped=not (return_attention_weights or hooks))
 
         q, k, v = self._project(x_src, x_dst)
         score_channels = 1 if self.attention == "additive" else C
@@ -593,7 +594,8 @@ FILL_REDUCTIONS = {"mean": "mean", "add": "sum", "max": "amax", "min": "amin", "
 
 def add_remaining_self_loops(edge_index: Tensor, edge_attr: Tensor | None, num_nodes: int,
                              *, fill_value: float | Tensor | str = "mean",
-                             trace_key: int = 0) -> tuple[Tensor, Tensor | None]:
+                             trace_key: int = 0, keep_if_looped: bool = False,
+                             ) -> tuple[Tensor, Tensor | None]:
     """Replace all self-loops by exactly one loop ``i -> i`` for each ``i < num_nodes``.
 
     The loops' ``edge_attr`` follows PyG's ``fill_value``: a reduction of the target's other
@@ -605,6 +607,12 @@ def add_remaining_self_loops(edge_index: Tensor, edge_attr: Tensor | None, num_n
     given ``edge_index`` lives unmodified (see ``graphattn._tensor_cache``): a layer called on
     the same graph again finds the old loops without a host synchronisation, and hands the
     ``"triton"`` backend the same tensor, whose CSR orderings that backend keeps too.
+
+    With ``keep_if_looped`` and no ``edge_attr``, a CPU ``edge_index`` whose nodes have one
+    self-loop each already comes back as it is, after one read (the same edges; the loops not
+    moved last): a complete or causal graph from :mod:`graphattn.graphs` keeps the order in
+    which the dense backend recognises it. Calls that return the attention weights leave it
+    off, so that the edges come in PyG's order.
 
     ``trace_key`` changes nothing in the result. Under ``torch.compile`` each layer passes a key
     from its ``id()`` (below 2**31, for int32 ids too): the node ids are compared XOR the key,
@@ -624,6 +632,9 @@ def add_remaining_self_loops(edge_index: Tensor, edge_attr: Tensor | None, num_n
             return new_index, None
         edge_attr, kept_dst = edge_attr[keep], edge_index[1]  # (E_kept, D_e), (E_kept,)
     else:
+        if keep_if_looped and edge_attr is None and host_readable(edge_index):
+            # a graph with one loop per node already is kept as it is (one pass, no copy)
+            return cpu.one_loop_per_node(edge_index, num_nodes, keep_if_looped=True)[0], None
         # eagerly, by the kept edges' positions, found once per unmodified CUDA edge_index
         new_index, kept = _SELF_LOOPED.get(edge_index, num_nodes,
                                            lambda: _one_loop_per_node(edge_index, num_nodes))

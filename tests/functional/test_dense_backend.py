@@ -411,6 +411,21 @@ def test_pair_order_against_its_definition():
             assert torch.unique(edge_index, dim=1).size(1) == edge_index.size(1)
 
 
+def reordered(edge_index: torch.Tensor, order: str, num_nodes: int) -> torch.Tensor:
+    """``edge_index`` (target-major) shuffled, with its ends swapped and sorted target-major
+    again ("flipped"), with its self-loops moved last as a layer's ``add_self_loops`` leaves
+    them, or as it is."""
+    if order == "shuffled":
+        return edge_index[:, torch.randperm(edge_index.size(1),
+                                            generator=torch.Generator().manual_seed(1))]
+    if order == "flipped":
+        flipped = edge_index.flip(0)
+        return flipped[:, torch.argsort(flipped[1] * num_nodes + flipped[0])]
+    if order == "loops-last":
+        return cpu.one_loop_per_node(edge_index, num_nodes)[0]
+    return edge_index
+
+
 @pytest.mark.parametrize("need_alpha", [False, True], ids=["out", "alpha"])
 @pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
 @pytest.mark.parametrize("order", ["target-major", "loops-last", "shuffled", "flipped"])
@@ -423,14 +438,7 @@ def test_complete_and_causal_blocks_in_any_order(pattern, order, bias, need_alph
     gradients too, with SDPA told is_causal only for the causal graph without a bias."""
     one = graphs.complete_graph(5) if pattern == "complete" else graphs.causal_graph(5)
     edge_index = graphs.repeat_graph(one, 5, 3)
-    if order == "shuffled":
-        edge_index = edge_index[:, torch.randperm(edge_index.size(1),
-                                                  generator=torch.Generator().manual_seed(1))]
-    elif order == "flipped":  # target-major again after the swap
-        flipped = edge_index.flip(0)
-        edge_index = flipped[:, torch.argsort(flipped[1] * 100 + flipped[0])]
-    elif order == "loops-last":  # as a layer's add_self_loops leaves it
-        edge_index = cpu.one_loop_per_node(edge_index, 15)[0]
+    edge_index = reordered(edge_index, order, 15)
     pairs_passes, causal_calls = [], []
     block_pairs, sdpa = cpu.block_pairs, dense_backend.sdpa
 
@@ -471,14 +479,7 @@ def test_complete_and_causal_blocks_of_unequal_sizes(pattern, order, monkeypatch
     edge_index = graphs.batch_complete_graph(batch)
     if pattern == "causal":
         edge_index = edge_index[:, edge_index[0] <= edge_index[1]]
-    if order == "shuffled":
-        edge_index = edge_index[:, torch.randperm(edge_index.size(1),
-                                                  generator=torch.Generator().manual_seed(2))]
-    elif order == "flipped":  # target-major again after the swap
-        flipped = edge_index.flip(0)
-        edge_index = flipped[:, torch.argsort(flipped[1] * 100 + flipped[0])]
-    elif order == "loops-last":  # as a layer's add_self_loops leaves it
-        edge_index = cpu.one_loop_per_node(edge_index, sum(sizes))[0]
+    edge_index = reordered(edge_index, order, sum(sizes))
     n = sum(sizes)
     layout = diagonal_blocks(edge_index, n)
     assert layout is not None and layout.padded

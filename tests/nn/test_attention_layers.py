@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from conftest import GRAPHS, assert_agrees_with_pyg, assert_close, dense_mask, random_graph
 from torch_geometric.nn import TransformerConv
 
+from graphattn import graphs
 from graphattn.functional import dropout_mask, edge_attention, edge_terms
 from graphattn.graphs import to_sparse_adjacency
 from graphattn.nn import DenseSelfAttention, GraphSelfAttention
@@ -810,6 +811,38 @@ def test_self_loops_cpu_kernel_equals_the_torch_ops(dtype, num_nodes, monkeypatc
     for got, want in zip(fast, slow, strict=True):
         assert got.dtype == want.dtype and torch.equal(got, want)
     assert fast[0].dtype == dtype and fast[1].dtype == torch.int64
+
+
+def test_a_graph_with_one_loop_per_node_keeps_its_edges_without_features():
+    """Asked to, without edge features, a CPU graph whose nodes have one self-loop each comes
+    back as it is (the same tensor: the same edge set as with the loops moved last); a node
+    without a loop, one with two, a loop beyond the loop count (bipartite), edge features, or
+    not asking rebuild it. A layer asks unless it returns the attention weights."""
+    from graphattn.nn.attention import add_remaining_self_loops
+
+    looped = graphs.batch_complete_graph(torch.tensor([0, 0, 1, 1, 1]))  # one loop each
+    ei, attr = add_remaining_self_loops(looped, None, 5, keep_if_looped=True)
+    assert ei is looped and attr is None
+    assert add_remaining_self_loops(looped, None, 5)[0] is not looped
+    rebuilt = add_remaining_self_loops(looped, torch.ones(looped.size(1), 2), 5,
+                                       keep_if_looped=True)[0]
+    assert rebuilt is not looped and sorted(map(tuple, rebuilt.t().tolist())) == sorted(
+        map(tuple, looped.t().tolist()))
+    others = [looped[:, 1:],  # node 0 without its loop
+              torch.cat([looped, torch.tensor([[3], [3]])], dim=1),  # node 3 with two
+              torch.cat([looped[:, 1:], torch.tensor([[5], [5]])], dim=1)]  # a loop on node 5
+    for edge_index in others:
+        ei = add_remaining_self_loops(edge_index, None, 5, keep_if_looped=True)[0]
+        assert ei is not edge_index
+        loops = ei[:, ei[0] == ei[1]]
+        assert loops.tolist() == [[0, 1, 2, 3, 4], [0, 1, 2, 3, 4]]
+    # a layer: the same output as on the rebuilt graph, on which it returns the weights
+    layer = GraphSelfAttention(6, 4, heads=2, backend="auto")
+    x = torch.randn(5, 6, generator=torch.Generator().manual_seed(2))
+    out = layer(x, looped)
+    out_rebuilt, (ei, _) = layer(x, looped, return_attention_weights=True)
+    assert ei is not looped
+    assert_close(out, out_rebuilt)
 
 
 @pytest.mark.parametrize("fill_value", ["mean", "add", "max", "min", "mul"])
