@@ -21,7 +21,7 @@ from graphattn._checks import (
     check_positive,
     check_same_device,
 )
-from graphattn._tensor_cache import TensorCache
+from graphattn._tensor_cache import TensorCache, cacheable
 from graphattn.functional import cpu
 from graphattn.functional._transforms import host_readable
 from graphattn.functional.attention import (
@@ -608,8 +608,9 @@ def add_remaining_self_loops(edge_index: Tensor, edge_attr: Tensor | None, num_n
     the same graph again finds the old loops without a host synchronisation, and hands the
     ``"triton"`` backend the same tensor, whose CSR orderings that backend keeps too.
 
-    With ``keep_if_looped`` and no ``edge_attr``, a CPU ``edge_index`` whose nodes have one
-    self-loop each already comes back as it is, after one read (the same edges; the loops not
+    With ``keep_if_looped`` and no ``edge_attr``, a CPU ``edge_index`` (one the cache above
+    does not keep) whose nodes have one self-loop each already comes back as it is, after one
+    read (the same edges; the loops not
     moved last): a complete or causal graph from :mod:`graphattn.graphs` keeps the order in
     which the dense backend recognises it. Calls that return the attention weights leave it
     off, so that the edges come in PyG's order.
@@ -632,8 +633,10 @@ def add_remaining_self_loops(edge_index: Tensor, edge_attr: Tensor | None, num_n
             return new_index, None
         edge_attr, kept_dst = edge_attr[keep], edge_index[1]  # (E_kept, D_e), (E_kept,)
     else:
-        if keep_if_looped and edge_attr is None and host_readable(edge_index):
-            # a graph with one loop per node already is kept as it is (one pass, no copy)
+        if (keep_if_looped and edge_attr is None and host_readable(edge_index)
+                and not cacheable(edge_index)):
+            # a graph with one loop per node already is kept as it is (one pass, no copy);
+            # where the graph is cached, the cached one serves (and keeps the CSR cached too)
             return cpu.one_loop_per_node(edge_index, num_nodes, keep_if_looped=True)[0], None
         # eagerly, by the kept edges' positions, found once per unmodified CUDA edge_index
         new_index, kept = _SELF_LOOPED.get(edge_index, num_nodes,
