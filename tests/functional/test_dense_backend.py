@@ -638,4 +638,6 @@ def test_block_path_gradients_of_gradients(sizes):
     layout = diagonal_blocks(edge_index, n)
     assert layout is not None and layout.padded == (len(set(sizes)) > 1)
     assert torch.autograd.gradcheck(attend, (q, k, v, bias))
-    assert torch.autograd.gradgradcheck(attend, (q, k, v, bias))
+    # random projections of the second derivatives (the full check: 3.9 s alone, 42 s in the
+    # suite beside the compile tests)
+    assert torch.autograd.gradgradcheck(attend, (q, k, v, bias), fast_mode=True)
