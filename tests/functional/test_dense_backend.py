@@ -624,6 +624,28 @@ def test_nodes_without_edges_reach_no_output_or_gradient(blocks, need_alpha):
     assert (out[3] == 0).all()
 
 
+@pytest.mark.parametrize("pattern", ["complete", "causal"])
+def test_per_graph_path_gradients_of_gradients(pattern, monkeypatch):
+    """Complete and causal blocks of 3, 4 and 2 nodes (the first padded to 4) run as per-graph
+    attention; its gradients and gradients of gradients are checked numerically."""
+    batch = torch.repeat_interleave(torch.arange(3), torch.tensor([3, 4, 2]))
+    edge_index = graphs.batch_complete_graph(batch)
+    if pattern == "causal":
+        edge_index = edge_index[:, edge_index[0] <= edge_index[1]]
+    calls = []
+    per_graph = dense_backend.per_graph_attention
+    monkeypatch.setattr(dense_backend, "per_graph_attention",
+                        lambda *a, **kw: calls.append(1) or per_graph(*a, **kw))
+    q, k, v = (t.requires_grad_() for t in inputs(9, 9, "dot", 0, bias=False)[:3])
+
+    def attend(q, k, v):
+        return edge_attention(q, k, v, edge_index, backend="dense")
+
+    assert torch.autograd.gradcheck(attend, (q, k, v))
+    assert torch.autograd.gradgradcheck(attend, (q, k, v))
+    assert calls
+
+
 @pytest.mark.parametrize("sizes", [[4, 4, 4], [3, 5, 2, 4]], ids=["equal", "padded"])
 def test_block_path_gradients_of_gradients(sizes):
     n = sum(sizes)
