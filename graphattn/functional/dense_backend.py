@@ -409,8 +409,10 @@ class DiagonalBlocks:
 
     @property
     def padded(self) -> bool:
-        """Whether any block is padded (blocks of unequal sizes)."""
-        return len(self.groups) > 1 or self.starts.numel() - 1 != self.groups[0][0].numel()
+        """Whether any block is padded (blocks of unequal sizes, in one size group or more)."""
+        blocks, size = self.groups[0]
+        return (len(self.groups) > 1 or self.starts.numel() - 1 != blocks.numel()
+                or bool((self.starts.diff() != size).any()))
 
 
 def diagonal_blocks(edge_index: Tensor, num_nodes: int) -> DiagonalBlocks | None:

@@ -3,6 +3,8 @@ import math
 import pytest
 import torch
 from conftest import GRAPHS, assert_close, attention_inputs, dense_mask, random_graph
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from graphattn import graphs
 from graphattn.functional import cpu, dense_attention, dense_backend, edge_attention
@@ -524,6 +526,22 @@ def test_block_starts_of_repeated_patterns_and_edge_cases():
     assert cpu.block_starts(torch.tensor([[5], [1]]), 7).tolist() == [0, 1, 6, 7]
 
 
+@pytest.mark.parametrize("self_loops", [True, False])
+def test_blocks_of_unequal_sizes_in_one_group_are_padded(self_loops):
+    """Graphs of 20, 24, 30 and 32 nodes share the size group (16, 32]: the blocks are padded
+    (they were taken for equal blocks of 32 and viewed as such, which raised), and auto and
+    dense equal the reference, with self-loops (per-graph attention) and without (pairs)."""
+    sizes = [20, 24, 30, 32]
+    batch = torch.repeat_interleave(torch.arange(4), torch.tensor(sizes))
+    edge_index = graphs.batch_complete_graph(batch, self_loops=self_loops)
+    layout = diagonal_blocks(edge_index, sum(sizes))
+    assert layout is not None and len(layout.groups) == 1 and layout.padded
+    q, k, v, _ = inputs(sum(sizes), sum(sizes), "dot", edge_index.size(1), bias=False)
+    want = edge_attention(q, k, v, edge_index, backend="reference")
+    for backend in ("auto", "dense"):
+        assert_close(edge_attention(q, k, v, edge_index, backend=backend), want)
+
+
 def test_diagonal_blocks_groups_blocks_and_pads_each_less_than_twice():
     sizes = [1, 3, 4, 7, 3, 6, 5, 2]
     layout = diagonal_blocks(random_blocks(sizes, 9, seed=2), sum(sizes))
@@ -622,6 +640,48 @@ def test_nodes_without_edges_reach_no_output_or_gradient(blocks, need_alpha):
     out = assert_dense_equals_reference(q, k, v, edge_index, None, score="dot", dropout_p=0.0,
                                         need_alpha=need_alpha)
     assert (out[3] == 0).all()
+
+
+@settings(max_examples=60, deadline=None)
+@given(sizes=st.lists(st.integers(1, 7), min_size=1, max_size=5),
+       pattern=st.sampled_from(["complete", "causal"]),
+       order=st.sampled_from(["target-major", "loops-last", "shuffled", "flipped"]),
+       change=st.sampled_from(["none", "drop", "repeat", "swap"]), data=st.data())
+def test_property_blocks_known_from_their_order_equal_the_reference(sizes, pattern, order,
+                                                                    change, data):
+    """Complete or causal blocks in any order, with an edge dropped, one repeated (the count
+    of a complete graph kept by dropping another), or two edges swapped: whichever route the
+    dense backend takes (per-graph attention, the shortcut of the equal blocks, the pairs),
+    out and the gradients equal the reference's, and pair_order never calls a graph with a
+    repeated pair distinct."""
+    n = sum(sizes)
+    batch = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
+    edge_index = graphs.batch_complete_graph(batch)
+    if pattern == "causal":
+        edge_index = edge_index[:, edge_index[0] <= edge_index[1]]
+    edge_index = reordered(edge_index, order, n)
+    E = edge_index.size(1)
+    if change == "drop":
+        keep = torch.ones(E, dtype=torch.bool)
+        keep[data.draw(st.integers(0, E - 1))] = False
+        edge_index = edge_index[:, keep]
+    elif change == "repeat" and E > 1:
+        i, j = data.draw(st.integers(0, E - 1)), data.draw(st.integers(0, E - 1))
+        edge_index = edge_index.clone()
+        edge_index[:, j] = edge_index[:, i]  # the count kept, one pair twice (or unchanged)
+    elif change == "swap":
+        i, j = data.draw(st.integers(0, E - 1)), data.draw(st.integers(0, E - 1))
+        edge_index = edge_index.clone()
+        edge_index[:, [i, j]] = edge_index[:, [j, i]]
+    src, dst = edge_index
+    distinct, _, _ = cpu.pair_order(src, dst)
+    if distinct:
+        assert torch.unique(edge_index, dim=1).size(1) == edge_index.size(1)
+    if edge_index.size(1) == 0:
+        return
+    q, k, v, _ = inputs(n, n, "dot", edge_index.size(1), bias=False, seed=len(sizes))
+    assert_dense_equals_reference(q, k, v, edge_index, None, score="dot", dropout_p=0.0,
+                                  need_alpha=False)
 
 
 @pytest.mark.parametrize("pattern", ["complete", "causal"])
