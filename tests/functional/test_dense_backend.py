@@ -684,6 +684,44 @@ def test_property_blocks_known_from_their_order_equal_the_reference(sizes, patte
                                   need_alpha=False)
 
 
+@settings(max_examples=60, deadline=None)
+@given(sizes=st.lists(st.integers(1, 9), min_size=1, max_size=6),
+       per_block=st.integers(1, 40), seed=st.integers(0, 1000),
+       score=st.sampled_from(["dot", "additive", "gatv2"]), with_bias=st.booleans(),
+       dropout_p=st.sampled_from([0.0, 0.3]), need_alpha=st.booleans(),
+       backend=st.sampled_from(["dense", "auto"]))
+def test_property_random_blocks_equal_the_reference(sizes, per_block, seed, score, with_bias,
+                                                    dropout_p, need_alpha, backend):
+    """Random edges inside blocks of 1 to 9 nodes (multi-edges, self-loops and isolated nodes
+    allowed), each score, with or without bias, dropout and the weights: the dense backend (on
+    the blocks it finds, padded by size group or not) and auto (whichever backend it picks)
+    equal the reference, out, weights and gradients."""
+    if all(size == 1 for size in sizes):
+        sizes = sizes + [2]  # random_blocks gives a block of one node no edge
+    n = sum(sizes)
+    edge_index = random_blocks(sizes, per_block, seed=seed)
+    inputs_ = attention_inputs(n, n, edge_index.size(1), 2, 3, score=score,
+                               dtype=torch.float64)
+    results = []
+    for name in (backend, "reference"):
+        leaves = {key: t.detach().clone().requires_grad_() for key, t in inputs_.items()
+                  if t is not None and (key != "bias" or with_bias)}
+        torch.manual_seed(0)  # the same dropout mask for both backends
+        result = edge_attention(leaves["q"], leaves["k"], leaves["v"], edge_index,
+                                bias=leaves.get("bias"), att=leaves.get("att"), score=score,
+                                dropout_p=dropout_p, return_attention=need_alpha,
+                                backend=name, scale=0.7)
+        out, alpha = result if need_alpha else (result, None)
+        loss = out.square().sum() + (alpha.square().sum() if alpha is not None else 0.0)
+        results.append((out, alpha, torch.autograd.grad(loss, list(leaves.values()))))
+    (out, alpha, grads), (ref, ref_alpha, ref_grads) = results
+    assert_close(out, ref)
+    if need_alpha:
+        assert_close(alpha, ref_alpha)
+    for got, want in zip(grads, ref_grads, strict=True):
+        assert_close(got, want)
+
+
 @pytest.mark.parametrize("pattern", ["complete", "causal"])
 def test_per_graph_path_gradients_of_gradients(pattern, monkeypatch):
     """Complete and causal blocks of 3, 4 and 2 nodes (the first padded to 4) run as per-graph
