@@ -646,14 +646,16 @@ def test_nodes_without_edges_reach_no_output_or_gradient(blocks, need_alpha):
 @given(sizes=st.lists(st.integers(1, 7), min_size=1, max_size=5),
        pattern=st.sampled_from(["complete", "causal"]),
        order=st.sampled_from(["target-major", "loops-last", "shuffled", "flipped"]),
-       change=st.sampled_from(["none", "drop", "repeat", "swap"]), data=st.data())
-def test_property_blocks_known_from_their_order_equal_the_reference(sizes, pattern, order,
-                                                                    change, data):
+       change=st.sampled_from(["none", "drop", "repeat", "swap"]), with_bias=st.booleans(),
+       dropout_p=st.sampled_from([0.0, 0.3]), need_alpha=st.booleans(), data=st.data())
+def test_property_blocks_known_from_their_order_equal_the_reference(
+        sizes, pattern, order, change, with_bias, dropout_p, need_alpha, data):
     """Complete or causal blocks in any order, with an edge dropped, one repeated (the count
-    of a complete graph kept by dropping another), or two edges swapped: whichever route the
-    dense backend takes (per-graph attention, the shortcut of the equal blocks, the pairs),
-    out and the gradients equal the reference's, and pair_order never calls a graph with a
-    repeated pair distinct."""
+    of a complete graph kept by dropping another), or two edges swapped, with or without a
+    bias, dropout and the weights: whichever route the dense backend takes (per-graph
+    attention, the shortcut of the equal blocks, the pairs in place or found), out, weights
+    and gradients equal the reference's, and pair_order never calls a graph with a repeated
+    pair distinct."""
     n = sum(sizes)
     batch = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
     edge_index = graphs.batch_complete_graph(batch)
@@ -679,9 +681,9 @@ def test_property_blocks_known_from_their_order_equal_the_reference(sizes, patte
         assert torch.unique(edge_index, dim=1).size(1) == edge_index.size(1)
     if edge_index.size(1) == 0:
         return
-    q, k, v, _ = inputs(n, n, "dot", edge_index.size(1), bias=False, seed=len(sizes))
-    assert_dense_equals_reference(q, k, v, edge_index, None, score="dot", dropout_p=0.0,
-                                  need_alpha=False)
+    q, k, v, bias = inputs(n, n, "dot", edge_index.size(1), bias=with_bias, seed=len(sizes))
+    assert_dense_equals_reference(q, k, v, edge_index, bias, score="dot", dropout_p=dropout_p,
+                                  need_alpha=need_alpha)
 
 
 @settings(max_examples=60, deadline=None)
