@@ -25,6 +25,7 @@ import batched_global  # noqa: E402
 import block_diagonal  # noqa: E402
 import citation_accuracy  # noqa: E402
 import dropout_cpu  # noqa: E402
+import global_layers  # noqa: E402
 import random_walk_pe  # noqa: E402
 import sparse_vs_dense  # noqa: E402
 import vs_pyg  # noqa: E402
@@ -83,6 +84,21 @@ def test_citation_accuracy_row_of_a_run_diverged_at_its_first_epoch(monkeypatch)
         row = citation_accuracy.run_job(job)
     assert (row["epochs"], row["selected_epoch"], row["test_acc"]) == (0, 0, 75.0)
     assert math.isnan(row["median_epoch_ms"])
+
+
+def test_global_layers_agree_and_fill_the_table(tmp_path):
+    """The three global attention layers, checked equal at dropout 0 inside the run, each get
+    a step time and a ratio at dropout 0 and 0.3."""
+    out = tmp_path / "layers.md"
+    global_layers.main(["--quick", "--repeats", "1", "--warmup", "0", "--dropout", "0.3",
+                        "--output", str(out)])
+    with out.with_suffix(".csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["dropout"], r["layer"]) for r in rows] == [
+        (p, layer) for p in ("0.0", "0.3") for layer in global_layers.LAYERS]
+    assert all(float(r["step_ms"]) > 0 for r in rows)
+    assert all(float(r["vs_graph_cpu"]) == 1.0 for r in rows if r["layer"] == "graph cpu")
+    assert "global_layers.py --quick" in out.read_text()
 
 
 def test_batched_global_routes_agree_and_fill_the_table(tmp_path):
