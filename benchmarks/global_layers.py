@@ -36,8 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from _machine import cpu_name
-from batched_global import Batch, batches
+from batched_global import CPU, Batch, batches, device_line
 from tqdm import tqdm
 
 from graphattn import graphs
@@ -106,8 +105,7 @@ def write_table(rows: list[dict[str, object]], args: argparse.Namespace, command
         "# Global attention layers over a mini-batch of graphs: a training step",
         "",
         f"- command: `{command}`",
-        f"- torch {torch.__version__}, device cpu ({cpu_name()}), {torch.get_num_threads()} "
-        f"torch threads, python {platform.python_version()}",
+        f"- torch {torch.__version__}, {device_line(CPU)}, python {platform.python_version()}",
         f"- {args.heads} heads x {args.channels} channels, input width "
         f"{args.heads * args.channels}, fp32, dot-product score, output projection; "
         f"{args.repeats} interleaved repeats after {args.warmup} warm-up, medians",
@@ -162,8 +160,7 @@ def main(argv: list[str] | None = None) -> None:
     command = "python benchmarks/global_layers.py " + " ".join(sys.argv[1:] if argv is None
                                                                 else argv)
     print(f"command: {command.strip()}")
-    print(f"torch {torch.__version__}, device cpu ({cpu_name()}), "
-          f"{torch.get_num_threads()} torch threads")
+    print(f"torch {torch.__version__}, {device_line(CPU)}")
     rows = []
     args.output.parent.mkdir(parents=True, exist_ok=True)
     for case in tqdm(batches(args.quick), desc="batches"):
