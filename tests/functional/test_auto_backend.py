@@ -152,10 +152,17 @@ def test_empty_graphs_take_the_sparse_path():
     assert select_backend(torch.randn(5, 2, 4), torch.zeros(2, 0, dtype=torch.long)) == "cpu"
 
 
+@pytest.mark.parametrize("weights", [False, True], ids=["out", "weights"])
 @pytest.mark.parametrize("score", ["dot", "additive"])
 @pytest.mark.parametrize("n_dst,n_src,density,expected", SIDES,
                          ids=[f"{a}x{b}-{d:.3g}" for a, b, d, _ in SIDES])
-def test_auto_equals_every_backend(n_dst, n_src, density, expected, score, monkeypatch):
+def test_auto_equals_every_backend(n_dst, n_src, density, expected, score, weights,
+                                   monkeypatch):
+    """auto goes to the side the rule promises for training: the additive score always to
+    the sparse kernels, the dot score by density, from EXPLICIT_MIN_DENSITY_CPU on when the
+    weights are returned; and it equals every CPU backend, out, weights and gradients."""
+    if score == "additive" or (weights and density < attention.EXPLICIT_MIN_DENSITY_CPU):
+        expected = "cpu"
     edge_index = graph_with_density(n_dst, n_src, density, seed=1)
     E, H, C = edge_index.size(1), 2, 4
     gen = torch.Generator().manual_seed(2)
@@ -163,7 +170,7 @@ def test_auto_equals_every_backend(n_dst, n_src, density, expected, score, monke
     q, k = (torch.randn(n, *shape, generator=gen, dtype=torch.float64) for n in (n_dst, n_src))
     v = torch.randn(n_src, H, C, generator=gen, dtype=torch.float64)
     bias = torch.randn(E, H, generator=gen, dtype=torch.float64)
-    weights = torch.randn(n_dst, H, C, generator=gen, dtype=torch.float64)
+    out_weights = torch.randn(n_dst, H, C, generator=gen, dtype=torch.float64)
 
     calls = []
     chosen = attention.BACKENDS[expected]
@@ -174,9 +181,10 @@ def test_auto_equals_every_backend(n_dst, n_src, density, expected, score, monke
 
     def run(backend):
         leaves = [t.clone().requires_grad_() for t in (q, k, v, bias)]
-        out, alpha = edge_attention(*leaves[:3], edge_index, bias=leaves[3], score=score,
-                                    return_attention=True, backend=backend)
-        loss = (out * weights).sum() + alpha.square().sum()
+        result = edge_attention(*leaves[:3], edge_index, bias=leaves[3], score=score,
+                                return_attention=weights, backend=backend)
+        out, alpha = result if weights else (result, out_weights.new_zeros(0))
+        loss = (out * out_weights).sum() + alpha.square().sum()
         return out, alpha, torch.autograd.grad(loss, leaves)
 
     with monkeypatch.context() as m:
@@ -215,6 +223,29 @@ def test_auto_equals_every_backend_without_grad(density, monkeypatch):
                                         backend=backend)
             assert_close(auto[0], out)
             assert_close(auto[1], alpha)
+
+
+def test_weights_or_dropout_in_training_take_the_explicit_crossover(monkeypatch):
+    """Training that returns the weights or drops some out takes dense only from
+    EXPLICIT_MIN_DENSITY_CPU on (the explicit softmax's crossover); inference and calls
+    without them keep the measured rule; edge_attention passes dropout and weights to it."""
+    q = torch.randn(48, 2, 4, requires_grad=True)
+    middle = graph_with_density(48, 48, (THRESHOLD_INFERENCE + 0.6) / 2, seed=7)
+    complete = graph_with_density(48, 48, 1.0, seed=7)
+    assert select_backend(q, middle) == "dense"
+    assert select_backend(q, middle, needs_weights=True) == "cpu"
+    assert select_backend(q.detach(), middle, needs_weights=True) == "dense"
+    assert select_backend(q, complete, needs_weights=True) == "dense"
+    calls = []
+    for name in ("cpu", "dense"):
+        chosen = attention.BACKENDS[name]
+        monkeypatch.setitem(attention.BACKENDS, name,
+                            lambda *a, chosen=chosen, name=name, **kw: calls.append(name)
+                            or chosen(*a, **kw))
+    for dropout_p, training in ((0.5, True), (0.5, False), (0.0, True)):
+        edge_attention(q, q, q, middle, dropout_p=dropout_p, training=training)
+    edge_attention(q, q, q, middle, return_attention=True)
+    assert calls == ["cpu", "dense", "dense", "cpu"]
 
 
 def test_layer_auto_equals_reference_on_a_dense_graph():
