@@ -546,11 +546,13 @@ def test_value_dropout_spares_the_value_bias_on_every_projection_path(features):
 def test_stacked_projection_equals_three_linears(attention, bias, features, monkeypatch):
     # Self-attention on sparse features, or on dense ones at least DENSE_STACK_MIN_RATIO times
     # wider than the three outputs, projects x once by [W^Q; W^K; W^V]; a clone of x as x_dst
-    # takes the three separate Linear calls. Outputs and gradients must agree.
+    # takes the three separate Linear calls. Outputs and gradients must agree (in float64: the
+    # two routes sum the weight gradients over the 12 nodes in different orders).
     torch.manual_seed(0)
     F_in, H, C = 300, 3, 4  # >= 256, and >= 3 x the outputs: 36 (dot) or 18 (additive)
-    layer = GraphSelfAttention(F_in, C, heads=H, bias=bias, attention=attention)
-    x, edge_index = torch.randn(12, F_in).relu(), random_graph(12, 40)
+    layer = GraphSelfAttention(F_in, C, heads=H, bias=bias, attention=attention).double()
+    x = torch.randn(12, F_in, dtype=torch.float64).relu()
+    edge_index = random_graph(12, 40)
     products = []
     # dense features take F.linear, sparse ones sparse_linear
     name = "sparse_linear" if features == "sparse_csr" else "F"
