@@ -4,7 +4,8 @@ Triton compiles ahead of time for a target it is told about: this script compile
 kernel and the two backward kernels for sm_90 with the tiles ``launch_config`` picks, for each
 (heads, channels) below, each score and fp32 / bf16 inputs, once with no optional input
 ("plain": no bias, no dropout, no per-edge key or value term, no gradient through alpha) and
-once with all of them ("all"; the per-edge key term with the dot and gatv2 scores only), and
+once with all of them ("all"; the per-edge key term with the dot and gatv2 scores only; the
+dropout mask drawn in the kernels from a seed, as ``edge_attention`` runs them), and
 reads what ``ptxas -v`` reports as Triton runs it (its own ptxas and flags; where a triton
 drops that report, as 3.4 does, ptxas runs again on the kernel's PTX with the same flags):
 registers per thread, stack frame and spill stores and loads, in bytes per thread; shared
@@ -78,6 +79,7 @@ REGISTERS_PER_SM, MAX_WARPS, MAX_BLOCKS, SHARED_PER_SM = 65536, 64, 32, 233472
 def compile_kernels(heads: int, channels: int, score: str, dtype: str, *, features: bool,
                     score_channels: int | None = None, arch: int = 90,
                     one_edge_term: bool = False, block_n: int = 1,
+                    seeded_dropout: bool = True,
                     ) -> tuple[tk.LaunchConfig, dict[str, dict[str, int]]]:
     """The three kernels compiled for ``sm_<arch>``: their launch config and, by kernel name,
     the resources of :func:`resource_usage`; with ``block_n > 1``, the row-block kernels
@@ -88,7 +90,9 @@ def compile_kernels(heads: int, channels: int, score: str, dtype: str, *, featur
     and the gradients of bias, att and the per-edge terms; ``score_channels``
     is C_k (default: ``channels``, 1 for the additive score). ``one_edge_term`` (with
     ``features``, dot or gatv2, ``score_channels == channels``): one tensor is both terms, and
-    the target pass writes one gradient for both (``EV_IS_EK``).
+    the target pass writes one gradient for both (``EV_IS_EK``). ``seeded_dropout`` (with
+    ``features``): the dropout mask is drawn in the kernels from a seed, as ``edge_attention``
+    runs them, rather than read from an ``[E, H]`` tensor.
     """
     if one_edge_term and not (features and score != "additive"
                               and score_channels in (None, channels)):
@@ -114,15 +118,24 @@ def compile_kernels(heads: int, channels: int, score: str, dtype: str, *, featur
     usage = {}
     for name in KERNELS:
         kernel = getattr(module, tk.ROW_BLOCK_KERNELS[name] if block_n > 1 else name)
-        usage[name] = _compile(kernel, constants, dtype, cfg.num_warps, arch)
+        usage[name] = _compile(kernel, constants, dtype, cfg.num_warps, arch,
+                               _drop_type(features and seeded_dropout))
     return cfg, usage
 
 
-def _compile(kernel, constants: dict, dtype: str, num_warps: int, arch: int) -> dict[str, int]:
+def _drop_type(seeded: bool) -> dict[str, str]:
+    """The type of the ``drop`` argument: a seeded mask's int64 parameters, or the fp32 mask
+    of ``POINTER_TYPES``."""
+    return {"drop": "*i64"} if seeded else {}
+
+
+def _compile(kernel, constants: dict, dtype: str, num_warps: int, arch: int,
+             types: dict[str, str] | None = None) -> dict[str, int]:
     """One kernel compiled for ``sm_<arch>``: the resources of :func:`resource_usage`,
     ``shared`` (bytes per block) and ``mma``, the tensor-core instructions in its PTX
     (``wgmma.mma_async`` and ``mma.sync``; 0 where its products run on the FMA units)."""
-    signature = {arg: "constexpr" if arg in constants else POINTER_TYPES.get(arg, f"*{dtype}")
+    pointer_types = {**POINTER_TYPES, **(types or {})}
+    signature = {arg: "constexpr" if arg in constants else pointer_types.get(arg, f"*{dtype}")
                  for arg in kernel.arg_names}
     used = {n: v for n, v in constants.items() if n in kernel.arg_names}
     # Triton's JIT specializes a pointer to a 16-byte aligned address (every tensor torch
@@ -166,20 +179,23 @@ def ptxas_report(ptx: str, arch: int) -> str:
 
 def compile_block_kernels(heads: int, channels: int, dtype: str, block: int, *, bias: bool,
                           dropout: bool = False, scores: bool = False, precision: str = "ieee",
-                          arch: int = 90,
+                          arch: int = 90, seeded_dropout: bool = True,
                           ) -> tuple[int, dict[str, dict[str, int]]]:
     """The three block-sparse kernels (:mod:`graphattn.functional.triton_blocks`) compiled
     for ``sm_<arch>`` with B = ``block``: their warps and, by kernel name, the resources of
     :func:`resource_usage`. ``bias`` turns on the bias and its gradient, ``dropout`` the
-    dropout mask, ``scores`` the scores written for the weights; ``precision`` is the
-    products' input precision of fp32 inputs (``"ieee"`` or ``"tf32"``)."""
+    dropout mask (drawn from a seed in the kernels with ``seeded_dropout``, as
+    ``edge_attention`` runs them, else read from an ``[E, H]`` tensor), ``scores`` the scores
+    written for the weights; ``precision`` is the products' input precision of fp32 inputs
+    (``"ieee"`` or ``"tf32"``)."""
     tile = tb._channel_tile(channels)
-    warps = tb._warps(DTYPES[dtype], precision)
+    warps = tb._warps(DTYPES[dtype], precision, dropout and seeded_dropout)
     constants = dict(H=heads, C=channels, CV=channels, HAS_BIAS=bias, NEED_DBIAS=bias,
                      HAS_DROP=dropout, NEED_SCORES=scores, BLOCK=block, BLOCK_C=tile, BLOCK_CV=tile,
                      PRECISION=precision)
     module = tk.kernels()
-    return warps, {name: _compile(getattr(module, name), constants, dtype, warps, arch)
+    return warps, {name: _compile(getattr(module, name), constants, dtype, warps, arch,
+                                  _drop_type(dropout and seeded_dropout))
                    for name in BLOCK_KERNELS}
 
 
@@ -279,7 +295,8 @@ def main() -> None:
         "# Resource usage of the fused Triton kernels on sm_90 (H100/H200)", "",
         *(f"- {line}" for line in header), "",
         "Each kernel compiled with the tiles `launch_config` picks; \"plain\": no bias, dropout, "
-        "per-edge term or gradient through alpha; \"all\": every optional input and gradient. "
+        "per-edge term or gradient through alpha; \"all\": every optional input and gradient "
+        "(the dropout mask drawn in the kernels from a seed). "
         "Registers and spills per thread from `ptxas -v` as Triton runs it, shared memory per "
         "block from Triton; resident warps per SM from registers and shared memory (formula in "
         "`benchmarks/triton_resources.py`). Static figures: the times need a GPU "

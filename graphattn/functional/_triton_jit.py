@@ -52,6 +52,34 @@ def _edge_values(ptr, edge_id, offs_h, ok2, H: tl.constexpr):
                    other=0.0).to(tl.float32)
 
 
+# SplitMix64 (see graphattn.functional.dropout): the state's increment and the two multipliers of
+# its output mix, as in graphattn.functional.cpu
+_GAMMA = tl.constexpr(0x9E3779B97F4A7C15)
+_MIX1 = tl.constexpr(0xBF58476D1CE4E5B9)
+_MIX2 = tl.constexpr(0x94D049BB133111EB)
+
+
+@triton.jit
+def _dropout_multipliers(drop, entry, ok):
+    """The dropout multipliers of the flat mask entries ``entry`` (int64, any shape: entry
+    ``e H + h`` is edge e, head h) as fp32 of the same shape, 0 where not ``ok``. ``drop`` is
+    a mask ``[E, H]`` to read, or, as int64, the parameters ``[3]`` of a seeded mask (seed,
+    threshold, fp32 bits of the kept entries' multiplier;
+    :func:`graphattn.functional.dropout.seeded_mask_parameters`): each entry is then drawn here
+    as the CPU mask draws it, from output ``entry + 1`` of SplitMix64 seeded with the seed,
+    and kept when its 32 high bits reach the threshold; nothing of size ``[E, H]`` is read."""
+    if drop.dtype.element_ty == tl.int64:
+        seed = tl.load(drop).to(tl.uint64)
+        threshold = tl.load(drop + 1).to(tl.uint64)
+        kept = tl.load(drop + 2).to(tl.int32).to(tl.float32, bitcast=True)
+        z = seed + (entry + 1).to(tl.uint64) * _GAMMA
+        z = (z ^ (z >> 30)) * _MIX1
+        z = (z ^ (z >> 27)) * _MIX2
+        z = z ^ (z >> 31)
+        return tl.where(ok & ((z >> 32) >= threshold), kept, 0.0)
+    return tl.load(drop + entry, mask=ok, other=0.0).to(tl.float32)
+
+
 @triton.jit
 def _rows(ptr, rows, hc, ok3, H: tl.constexpr, C: tl.constexpr):
     """Load an ``[N, H, C]`` tensor at node ids ``rows`` (or an ``[E, H, C]`` one at edge ids)
@@ -250,7 +278,7 @@ def _forward_tile(q_i, k, v, bias, att_h, drop, edge_key, edge_value, col, eid, 
         tl.store(scores + edge[:, None] * H + offs_h[None, :], s, mask=ok2)
     d = 1.0
     if HAS_DROP:
-        d = _edge_values(drop, edge, offs_h, ok2, H)
+        d = _dropout_multipliers(drop, edge[:, None] * H + offs_h[None, :], ok2)
     v_e = _with_edge_term(_rows(v, src, hc, ok3, H, C), edge_value, edge, hc, ok3, H, C,
                           HAS_EV)  # (BL, BH, BC): value of the edge
     return s, d, v_e
@@ -426,7 +454,7 @@ def _target_tile(q_i, do_i, delta_i, m_i, log_l_i, k, v, bias, att_h, drop, edge
     dp = _sum(do_i * v_e, axis=2)  # (BL, BH)
     w = a  # (BL, BH): weight of the edge's value in out_i
     if HAS_DROP:
-        d = _edge_values(drop, edge, offs_h, ok2, H)
+        d = _dropout_multipliers(drop, edge[:, None] * H + offs_h[None, :], ok2)
         dp = dp * d
         w = a * d
     if HAS_DALPHA:
@@ -609,7 +637,7 @@ def _source_tile(k_j, v_j, q, bias, att_h, drop, edge_key, edge_value, dout, lse
     dp = _sum(do_i * v_e, axis=2)  # (BL, BH)
     w = a
     if HAS_DROP:
-        d = _edge_values(drop, edge, offs_h, ok2, H)
+        d = _dropout_multipliers(drop, edge[:, None] * H + offs_h[None, :], ok2)
         dp = dp * d
         w = a * d
     if HAS_DALPHA:
@@ -795,11 +823,11 @@ def _tile_scores(a, b, bias, edge, edges, head, scale, H: tl.constexpr,
 
 @triton.jit
 def _dropped(x, drop, edge, edges, head, H: tl.constexpr, HAS_DROP: tl.constexpr):
-    """``x`` ``(B, B)`` times each edge's dropout multiplier (``drop`` ``[E, H]``, read at the
-    tile's edge ids; 0 off the edges), or ``x`` itself without dropout."""
+    """``x`` ``(B, B)`` times each edge's dropout multiplier (``drop``: a mask ``[E, H]`` read
+    at the tile's edge ids, or a seeded mask's parameters, see :func:`_dropout_multipliers`; 0
+    off the edges), or ``x`` itself without dropout."""
     if HAS_DROP:
-        x = x * tl.load(drop + edge.to(tl.int64) * H + head, mask=edges,
-                        other=0.0).to(tl.float32)
+        x = x * _dropout_multipliers(drop, edge.to(tl.int64) * H + head, edges)
     return x
 
 

@@ -36,6 +36,7 @@ from graphattn.functional.dense_backend import (
     sdpa,
 )
 from graphattn.functional.dropout import dropout_mask as make_dropout_mask
+from graphattn.functional.dropout import seeded_mask_parameters
 from graphattn.functional.edge_terms import fold_edge_terms
 from graphattn.functional.reference import reference_edge_attention
 from graphattn.functional.triton_kernels import DTYPES as TRITON_DTYPES
@@ -511,12 +512,14 @@ def edge_attention_unchecked(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor
         q, k, v, bias, att, edge_key, edge_value = _common_dtype(q, k, v, bias, att, edge_key,
                                                                  edge_value)
     dropout_mask = None
-    if training and dropout_p > 0.0:
-        # The Triton kernels read it in fp32: kept so, 1 / (1 - p) is not rounded to bf16 or
-        # fp16 (bf16 keeps 1.109375 for p = 0.1, and the outputs would shrink by 0.16%).
-        mask_dtype = torch.float32 if backend == "triton" else v.dtype
+    if training and dropout_p > 0.0 and backend == "triton":
+        # The kernels draw the mask in registers from these, the CPU mask's SplitMix64 entries
+        # (nothing of size [E, H] in memory), with 1 / (1 - p) in fp32: not rounded to bf16
+        # or fp16 (bf16 keeps 1.109375 for p = 0.1, and the outputs would shrink by 0.16%).
+        dropout_mask = seeded_mask_parameters(dropout_p, device=v.device)  # (3)
+    elif training and dropout_p > 0.0:
         dropout_mask = make_dropout_mask((edge_index.size(1), v.size(1)), dropout_p,
-                                         device=v.device, dtype=mask_dtype)  # (E, H)
+                                         device=v.device, dtype=v.dtype)  # (E, H)
     if edge_weight is not None:
         weight = edge_weight.to(v.dtype).unsqueeze(-1)  # (E, 1)
         dropout_mask = weight.expand(-1, v.size(1)) if dropout_mask is None else (

@@ -1104,11 +1104,18 @@ def dropout_mask_from_seed(seed: int, shape: Sequence[int], p: float,
     count for large masks; each entry depends on ``seed`` and its index only, so the mask is
     the same for any number of threads and for every ``dtype`` (up to its value).
     """
+    # p * 2^32 is exact in float64, and below 2^32 for p < 1
+    return seeded_mask(seed, math.ceil(p * 2.0**32), 1.0 / (1.0 - p), shape, dtype)
+
+
+def seeded_mask(seed: int, threshold: int, kept: float, shape: Sequence[int],
+                dtype: torch.dtype) -> Tensor:
+    """The mask of :func:`dropout_mask_from_seed` given its threshold :math:`t` and the value
+    ``kept`` of its kept entries (rounded to ``dtype``) instead of p."""
     mask = torch.empty(tuple(shape), dtype=dtype)
     flat = mask.view(-1).view(_MASK_BITS[dtype]).numpy()
-    bits = torch.tensor(1.0 / (1.0 - p), dtype=dtype).view(_MASK_BITS[dtype]).item()
-    # p * 2^32 is exact in float64, and below 2^32 for p < 1
-    args = (flat, np.uint64(seed), np.uint64(math.ceil(p * 2.0**32)), flat.dtype.type(bits))
+    bits = torch.tensor(kept, dtype=dtype).view(_MASK_BITS[dtype]).item()
+    args = (flat, np.uint64(seed), np.uint64(threshold), flat.dtype.type(bits))
     threads, n = torch.get_num_threads(), flat.shape[0]
     if threads == 1 or n < MIN_PARALLEL_MASK:
         _dropout_bits(*args, 0, n)

@@ -12,9 +12,19 @@ govern the masks as they govern ``torch.rand``. A Cora-sized ``[2708, 64]`` mask
 
 Elsewhere (CUDA, other devices) the mask is drawn as ``torch.rand(shape) >= p``. Both draw each
 entry's drop independently with probability ``p`` (on CPU within :math:`2^{-32}` of it).
+
+The Triton kernels draw their mask themselves, as the CPU mask is drawn: they take the
+parameters of :func:`seeded_mask_parameters` (a seed drawn on the inputs' device, the threshold
+and the kept entries' multiplier) and compute each ``[E, H]`` entry's multiplier in registers
+where they read it, in the forward pass and again in backward, so the mask is neither drawn
+into memory nor read from it. For one seed it is the CPU mask: :func:`seeded_mask` writes it
+out (for the paths that need it as a tensor).
 """
 
 from __future__ import annotations
+
+import math
+import struct
 
 import torch
 from torch import Tensor
@@ -80,6 +90,45 @@ def _(info, in_dims, seed, shape, p, dtype):
         return _cpu_dropout_mask_op(seed, shape, p, dtype), None
     seeds = seed.movedim(in_dims[0], 0)  # (B,)
     return torch.stack([_cpu_dropout_mask_op(s, shape, p, dtype) for s in seeds]), 0
+
+
+def seeded_mask_parameters(p: float, *, device: torch.device | str) -> Tensor:
+    r"""The parameters of a dropout mask the Triton kernels draw in registers: an int64 tensor
+    ``[3]`` on ``device`` holding a seed in :math:`[0, 2^{63})` drawn from ``device``'s
+    generator (as :func:`dropout_mask` draws the CPU seed, so on CPU ``torch.manual_seed``
+    gives the seed of the CPU mask), the threshold :math:`\lceil p \cdot 2^{32} \rceil`, and
+    the IEEE 754 bits of :math:`1 / (1 - p)` in fp32. Nothing is copied from the host: the
+    seed stays on the device. :func:`seeded_mask` writes out the mask they stand for.
+
+    Args:
+        p (float): drop probability, in ``[0, 1)``.
+        device (torch.device or str): where the kernels run.
+    """
+    check_dropout(p, "p")
+    seed = torch.randint(2**63 - 1, (), dtype=torch.int64, device=device)
+    kept = struct.unpack("<i", struct.pack("<f", 1.0 / (1.0 - p)))[0]
+    return torch.stack((seed, torch.full((), math.ceil(p * 2.0**32), dtype=torch.int64,
+                                         device=device),
+                        torch.full((), kept, dtype=torch.int64, device=device)))
+
+
+def seeded_mask(parameters: Tensor, shape: tuple[int, ...], dtype: torch.dtype = torch.float32,
+                ) -> Tensor:
+    """The mask ``parameters`` (:func:`seeded_mask_parameters`) stand for, as a tensor of
+    ``shape`` on their device: entry ``i`` of the flat mask is what the Triton kernels draw for
+    it (0 or the kept multiplier, rounded to ``dtype``). Written on CPU and copied to the
+    device (a host sync), for the paths that need the mask itself: gradients of gradients."""
+    seed, threshold, kept_bits = parameters.tolist()
+    kept = struct.unpack("<f", struct.pack("<i", kept_bits))[0]
+    return cpu.seeded_mask(seed, threshold, kept, shape, dtype).to(parameters.device)
+
+
+def mask_tensor(dropout_mask: Tensor | None, num_edges: int, heads: int) -> Tensor | None:
+    """A Triton backend's dropout argument as the mask ``[E, H]`` itself: written out by
+    :func:`seeded_mask` when it is a seeded mask's parameters (int64), else as it is."""
+    if dropout_mask is None or dropout_mask.dtype != torch.int64:
+        return dropout_mask
+    return seeded_mask(dropout_mask, (num_edges, heads))
 
 
 def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:

@@ -29,14 +29,15 @@ own rows, so the gradients are deterministic.
 **The layout** (:class:`BlockLayout`, built by :func:`block_layout` and kept per
 ``edge_index`` on CUDA, as the CSR orderings are) stores, per tile that holds an edge, one bit
 per entry (B^2 / 8 bytes) and, when a bias or a dropout mask is given, the edge id of each entry
-(4 B^2 bytes), where the bias and the mask are read and the bias's gradient written. With a
+(4 B^2 bytes), where the bias and the mask are read (or the mask drawn, from a seed: see
+:func:`~graphattn.functional.dropout.seeded_mask_parameters`) and the bias's gradient written. With a
 fraction f of the tile entries edges (the fill), the bits cost 1 / (8 f) bytes an edge, against
 the 8 bytes an edge of a CSR ordering: fewer above f = 1/64. Below that (``MIN_FILL``) the
 graph keeps to the CSR kernels: a graph of scattered edges would spend a tile, and B^2
 products, on each.
 
 **What runs here:** the ``"dot"`` score, with or without a bias ``[E, H]`` and a dropout mask
-``[E, H]`` (which multiplies the weights :math:`A` in the products with V and in dS, as in the
+``[E, H]``, read or drawn from a seed (which multiplies the weights :math:`A` in the products with V and in dS, as in the
 CSR kernels), q, k and v of one dtype (fp32, fp16, bf16), no per-edge key or value terms, a
 graph without repeated edges whose tiles are at least ``MIN_FILL`` full. The weights are
 returned when asked for: the forward kernel writes each edge's score at its id, and the weights
@@ -74,6 +75,7 @@ from torch import Tensor
 
 from graphattn._tensor_cache import TensorCache
 from graphattn.functional._transforms import plain_ops_only
+from graphattn.functional.dropout import mask_tensor
 from graphattn.functional.reference import reference_grads
 
 # B: a multiple of 32 (bits per word) and of 16 (tensor cores). Compiled for sm_90, tiles of 128
@@ -203,17 +205,20 @@ def _channel_tile(channels: int) -> int:
     return max(16, 1 << max(0, channels - 1).bit_length())
 
 
-def _warps(dtype: torch.dtype, precision: str) -> int:
+def _warps(dtype: torch.dtype, precision: str, seeded_dropout: bool = False) -> int:
     """Warps of a program, unless ``launch_tiles(num_warps=...)`` sets them: 4 when the
     products run on tensor cores (half inputs, TF32), 8 for full fp32 products, which run as
     FMAs on registers. Compiled for sm_90 with 4 heads of 32 channels in tiles of 32, the
     source pass then needs 69 registers a thread, no spill, against 254 on 4 warps
-    (``python benchmarks/triton_resources.py --blocks``)."""
+    (``python benchmarks/triton_resources.py --blocks``). 8 too for a seeded dropout mask
+    (drawn in registers, a 64-bit hash per entry of a tile): with bf16 tiles of 64 x 64 the
+    source pass needs 255 registers and spills 44 bytes a thread on 4 warps, 254 and no spill
+    on 8 (compiled as ``benchmarks/triton_resources.py --blocks`` compiles them)."""
     from graphattn.functional.triton_kernels import _TILES
 
     if "num_warps" in _TILES:
         return _TILES["num_warps"]
-    return 8 if dtype == torch.float32 and precision == "ieee" else 4
+    return 8 if (dtype == torch.float32 and precision == "ieee") or seeded_dropout else 4
 
 
 def _launch_options(q: Tensor, v: Tensor, layout: BlockLayout, bias: Tensor | None,
@@ -224,7 +229,8 @@ def _launch_options(q: Tensor, v: Tensor, layout: BlockLayout, bias: Tensor | No
                 HAS_DROP=dropout_mask is not None,
                 BLOCK=layout.block, BLOCK_C=_channel_tile(channels),
                 BLOCK_CV=_channel_tile(value_channels), PRECISION=precision,
-                num_warps=_warps(q.dtype, precision))
+                num_warps=_warps(q.dtype, precision, dropout_mask is not None
+                                 and dropout_mask.dtype == torch.int64))
 
 
 def block_forward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None,
@@ -308,8 +314,9 @@ def _reference_grads(dout: Tensor | None, dalpha: Tensor | None, q: Tensor, k: T
                      edge_index: Tensor, scale: float, needs: tuple[bool, ...]) -> tuple:
     """dq, dk, dv and d bias in plain torch ops (``needs``: whether each is wanted)."""
     dq, dk, dv, _, dbias, _, _ = reference_grads(
-        dout, dalpha, q, k, v, edge_index, scale=scale, bias=bias, dropout_mask=dropout_mask,
-        score="dot", negative_slope=0.2, att=None, edge_key=None, edge_value=None,
+        dout, dalpha, q, k, v, edge_index, scale=scale, bias=bias,
+        dropout_mask=mask_tensor(dropout_mask, edge_index.size(1), v.size(1)), score="dot",
+        negative_slope=0.2, att=None, edge_key=None, edge_value=None,
         needs_grad=[*needs[:3], False, needs[3], False, False])
     return dq, dk, dv, dbias
 

@@ -132,6 +132,7 @@ from torch import Tensor
 
 from graphattn._tensor_cache import TensorCache
 from graphattn.functional._transforms import apply_function, needs_grad, plain_ops_only
+from graphattn.functional.dropout import mask_tensor
 from graphattn.functional.reference import reference_grads
 from graphattn.functional.triton_blocks import (
     BLOCK_SIDES,
@@ -642,7 +643,8 @@ class FusedEdgeAttention(torch.autograd.Function):
             needs = [ctx.needs_input_grad[i] for i in (0, 1, 2, 3, 4, 11, 12)]
             dq, dk, dv, datt, dbias, dedge_key, dedge_value = reference_grads(
                 dout, dalpha, q, k, v, edge_index, scale=scale, bias=bias,
-                dropout_mask=dropout_mask, score=score, negative_slope=negative_slope,
+                dropout_mask=mask_tensor(dropout_mask, edge_index.size(1), v.size(1)),
+                score=score, negative_slope=negative_slope,
                 att=att, edge_key=edge_key, edge_value=edge_value, needs_grad=needs)
             return (dq, dk, dv, datt, dbias, None, None, None, None, None, None, dedge_key,
                     dedge_value)
@@ -826,7 +828,10 @@ def triton_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *
         scale (float): score multiplier.
         bias (Tensor, optional): ``[E, H]`` added to the scores.
         dropout_mask (Tensor, optional): ``[E, H]`` multiplier on the weights (0 or
-            ``1 / (1 - p)``).
+            ``1 / (1 - p)``), or, as int64, the parameters ``[3]`` of a mask the kernels draw
+            in registers where they use it
+            (:func:`~graphattn.functional.dropout.seeded_mask_parameters`; what
+            ``edge_attention`` passes), so that no ``[E, H]`` mask is stored or read.
         score (str): ``"dot"``, ``"additive"`` or ``"gatv2"``.
         negative_slope (float): LeakyReLU slope of the additive and gatv2 scores.
         need_alpha (bool): also return :math:`\alpha` (before dropout).

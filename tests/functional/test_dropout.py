@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from graphattn.functional import cpu, dropout, dropout_mask
+from graphattn.functional.dropout import mask_tensor, seeded_mask, seeded_mask_parameters
 
 
 @pytest.mark.parametrize("p", [0.1, 0.6])
@@ -234,3 +235,26 @@ def test_shape_may_be_an_int():
     mask = dropout_mask(40, 0.5)
     torch.manual_seed(11)
     assert mask.shape == (40,) and torch.equal(mask, dropout_mask((40,), 0.5))
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+def test_seeded_mask_parameters_stand_for_the_cpu_mask(p):
+    """The parameters the Triton kernels draw from: the seed torch's generator gives
+    ``dropout_mask`` (the same ``torch.manual_seed``, the same seed), the threshold
+    ceil(p 2^32), and 1 / (1 - p) in fp32; written out they are the CPU mask."""
+    torch.manual_seed(4)
+    parameters = seeded_mask_parameters(p, device="cpu")
+    torch.manual_seed(4)
+    mask = dropout_mask((70, 3), p)
+    torch.manual_seed(4)
+    seed = int(torch.randint(2**63 - 1, (), dtype=torch.int64))
+    assert parameters.dtype == torch.int64 and parameters.shape == (3,)
+    assert parameters[:2].tolist() == [seed, math.ceil(p * 2**32)]
+    kept = parameters[2:].to(torch.int32).view(torch.float32)
+    assert kept.item() == torch.tensor(1.0 / (1.0 - p), dtype=torch.float32).item()
+    assert torch.equal(seeded_mask(parameters, (70, 3)), mask)
+    assert torch.equal(seeded_mask(parameters, (70, 3), torch.bfloat16),
+                       mask.to(torch.bfloat16))
+    # as the kernels take it: a float mask passes through, and no mask stays None
+    assert torch.equal(mask_tensor(parameters, 70, 3), mask)
+    assert mask_tensor(mask, 70, 3) is mask and mask_tensor(None, 70, 3) is None

@@ -32,6 +32,7 @@ from hypothesis import strategies as st
 from graphattn.functional import edge_attention, reference_edge_attention
 from graphattn.functional import triton_blocks as tb
 from graphattn.functional import triton_kernels as tk
+from graphattn.functional.dropout import mask_tensor, seeded_mask_parameters
 from graphattn.graphs import causal_graph, complete_graph, grid_graph, to_dense_mask, window_graph
 
 BLOCK_KERNELS = ("block_forward_kernel", "block_backward_target_kernel",
@@ -74,12 +75,15 @@ def run(inputs, edge_index, *, block=None, scale=0.5, compute_dtype=None, seed=1
     """out and the gradients of a fixed random loss: on the block kernels (``block``) or on the
     reference backend (computed in ``compute_dtype``), on ``DEVICE``, with respect to fresh
     copies of the inputs there (or to ``leaves``, a dict of them); ``dropout_mask`` ``[E, H]``
-    multiplies the weights."""
+    multiplies the weights (a seeded mask's parameters: the kernels draw it, the reference gets
+    it written out)."""
     if leaves is None:
         leaves = {n: t for n, t in on_device(inputs).items() if t is not None}
     cast = {n: (t.to(compute_dtype) if compute_dtype else t) for n, t in leaves.items()}
     args = (cast["q"], cast["k"], cast["v"], edge_index.to(DEVICE))
-    if dropout_mask is not None:
+    if dropout_mask is not None and block is None:
+        dropout_mask = mask_tensor(dropout_mask, edge_index.size(1), inputs["v"].size(1))
+    if dropout_mask is not None and dropout_mask.is_floating_point():
         dropout_mask = dropout_mask.to(DEVICE, compute_dtype or torch.float32)
     options = dict(scale=scale, bias=cast.get("bias"), dropout_mask=dropout_mask, score="dot",
                    negative_slope=0.2, need_alpha=False)
@@ -137,14 +141,20 @@ def test_matches_reference_on_graph_registry(interpreter, monkeypatch, graph_cas
 @pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
 @pytest.mark.parametrize("block", [32, 64])
 @pytest.mark.parametrize("name", ["window-70-r3", "causal-40", "random-bipartite"])
-def test_dropout_mask_multiplies_the_weights(interpreter, monkeypatch, name, block, bias):
-    """A dropout mask ``[E, H]`` (0 or 1 / (1 - p), read at each tile entry's edge id)
-    multiplies the weights: out and gradients are the reference's with the same mask."""
+@pytest.mark.parametrize("kind", ["read", "seeded"])
+def test_dropout_mask_multiplies_the_weights(interpreter, monkeypatch, kind, name, block, bias):
+    """A dropout mask ``[E, H]`` (0 or 1 / (1 - p), read at each tile entry's edge id, or
+    drawn there from a seed) multiplies the weights: out and gradients are the reference's
+    with the same mask."""
     edge_index, num_src, num_dst = STRUCTURED[name]
     num_edges = edge_index.size(1)
     inputs = attention_inputs(num_src, num_dst, num_edges, 2, 8, bias=bias)
     gen = torch.Generator().manual_seed(7)
-    mask = (torch.rand(num_edges, 2, generator=gen) > 0.3).float() / 0.7
+    if kind == "seeded":
+        torch.manual_seed(7)
+        mask = seeded_mask_parameters(0.3, device=DEVICE)
+    else:
+        mask = (torch.rand(num_edges, 2, generator=gen) > 0.3).float() / 0.7
     check_blocks(monkeypatch, inputs, edge_index, block=block, dropout_mask=mask)
 
 
@@ -489,6 +499,14 @@ for dtype, block, bias, dropout, precision in [
     for name, use in usage.items():
         print("compiled", name, dtype, block, bias, use["registers"], use["spill_stores"],
               precision, use["mma"])
+# a dropout mask read from memory (a user's mask) rather than drawn from a seed
+warps, usage = triton_resources.compile_block_kernels(4, 32, "bf16", 64, bias=True,
+                                                      dropout=True, seeded_dropout=False)
+print("read mask", warps, len(usage))
+# drawn from a seed, half tiles of 64 x 64 on 8 warps: no spill
+warps, usage = triton_resources.compile_block_kernels(4, 32, "bf16", 64, bias=True,
+                                                      dropout=True)
+print("seeded", warps, *(use["spill_stores"] for use in usage.values()))
 """
 
 
@@ -496,10 +514,10 @@ for dtype, block, bias, dropout, precision in [
 def test_block_kernels_compile_for_sm90():
     """The interpreter does not run Triton's compiler: compile the three block kernels for
     sm_90 ahead of time (half and fp32 inputs, full fp32 and TF32 products, with and without a
-    bias, a dropout mask and the scores written), as ``benchmarks/triton_resources.py
-    --blocks`` does; no GPU needed. Their PTX multiplies on tensor cores except with full fp32
-    products, which Triton runs on the FMA units. In a fresh process: the interpreter leaves
-    ``triton.language`` patched after it ran."""
+    bias, a dropout mask, drawn from a seed or read from a tensor, and the scores written), as
+    ``benchmarks/triton_resources.py --blocks`` does; no GPU needed. Their PTX multiplies on
+    tensor cores except with full fp32 products, which Triton runs on the FMA units. In a
+    fresh process: the interpreter leaves ``triton.language`` patched after it ran."""
     env = {**os.environ, "TRITON_INTERPRET": "0"}
     done = subprocess.run([sys.executable, "-c", COMPILE_FOR_SM90], env=env,
                           capture_output=True, text=True, timeout=600)
@@ -507,6 +525,8 @@ def test_block_kernels_compile_for_sm90():
     compiled = [line.split() for line in done.stdout.splitlines()
                 if line.startswith("compiled")]
     assert len(compiled) == 6 * 3
+    assert "read mask 4 3" in done.stdout
+    assert "seeded 8 0 0 0" in done.stdout
     assert {row[1] for row in compiled} == set(BLOCK_KERNELS)
     # every kernel's products on tensor cores but full fp32 ones, which have no such instruction
     for _, name, dtype, _, _, _, _, precision, mma in compiled:

@@ -41,6 +41,7 @@ from graphattn import _checks, _tensor_cache
 from graphattn._tensor_cache import TensorCache
 from graphattn.functional import attention, edge_attention, reference_edge_attention
 from graphattn.functional import triton_kernels as tk
+from graphattn.functional.dropout import mask_tensor, seeded_mask, seeded_mask_parameters
 
 
 def run_backend(backend, inputs, edge_index, *, score="dot", scale=0.5, dropout_mask=None,
@@ -65,11 +66,14 @@ def run_backend(backend, inputs, edge_index, *, score="dot", scale=0.5, dropout_
 
 def check_against_reference(inputs, edge_index, *, score="dot", scale=0.5, dropout_mask=None,
                             dtype=torch.float32, negative_slope=0.2):
+    """The kernels against the float64 reference; ``dropout_mask`` is a mask ``[E, H]`` or a
+    seeded mask's parameters, which the reference gets written out (``seeded_mask``)."""
     got = run_backend(tk.triton_edge_attention, inputs, edge_index, score=score, scale=scale,
                       dropout_mask=dropout_mask, negative_slope=negative_slope)
     want = run_backend(reference_edge_attention, inputs, edge_index, score=score, scale=scale,
-                       dropout_mask=dropout_mask, compute_dtype=torch.float64,
-                       negative_slope=negative_slope)
+                       dropout_mask=mask_tensor(dropout_mask, edge_index.size(1),
+                                                inputs["v"].size(1)),
+                       compute_dtype=torch.float64, negative_slope=negative_slope)
     assert got["out"].dtype == inputs["v"].dtype
     assert_results_close(got, want, inputs, dtype)
     return got
@@ -163,6 +167,23 @@ def test_dropout_mask_in_forward_and_backward(interpreter, triton_tiles, score):
 
 
 @needs_triton
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+@pytest.mark.parametrize("score", attention.SCORES)
+def test_seeded_dropout_in_forward_and_backward(interpreter, triton_tiles, score, bias):
+    """The mask drawn in the kernels from a seed: the forward and both backward passes draw
+    the same entries, those of the mask ``seeded_mask`` writes out (the reference gets it)."""
+    ei = random_graph(12, 60, seed=5)
+    inputs = attention_inputs(12, 12, 60, 2, 8, score=score, bias=bias)
+    torch.manual_seed(3)
+    parameters = seeded_mask_parameters(0.4, device=DEVICE)
+    mask = seeded_mask(parameters, (60, 2))
+    assert 0.2 < (mask == 0).float().mean() < 0.6  # the test sees dropped and kept entries
+    got = check_against_reference(inputs, ei, score=score, dropout_mask=parameters)
+    undropped = run_backend(tk.triton_edge_attention, inputs, ei, score=score)
+    assert not torch.allclose(got["out"], undropped["out"])
+
+
+@needs_triton
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("score", attention.SCORES)
 def test_half_precision(interpreter, triton_tiles, dtype, score):
@@ -238,16 +259,30 @@ def test_edge_attention_dispatches_by_name(interpreter, index_dtype, score):
 
 @needs_triton
 def test_edge_attention_dropout_uses_one_mask(interpreter):
+    """``edge_attention`` hands the kernels a seed drawn from the inputs' device (so
+    ``torch.manual_seed`` governs it) and the kernels draw the mask of ``seeded_mask`` from it,
+    in forward and backward alike. On CPU that is the mask every backend draws: the same seed
+    gives the reference backend's output and gradients."""
     ei = random_graph(10, 30, seed=2).to(DEVICE)
     inputs = on_device(attention_inputs(10, 10, 30, 2, 8, bias=False))
     args = (inputs["q"], inputs["k"], inputs["v"], ei)
+    results = {}
+    for backend in ("triton", "reference"):
+        torch.manual_seed(11)
+        out = edge_attention(*args, dropout_p=0.5, backend=backend)
+        results[backend] = (out, *torch.autograd.grad(out.square().sum(), args[:3]))
     torch.manual_seed(11)
-    out = edge_attention(*args, dropout_p=0.5, backend="triton")
-    torch.manual_seed(11)
-    want = edge_attention(*args, dropout_p=0.5, backend="reference")
-    assert_close(out, want)
-    assert not torch.equal(out, edge_attention(*args, dropout_p=0.5, training=False,
-                                               backend="triton"))
+    mask = seeded_mask(seeded_mask_parameters(0.5, device=DEVICE), (30, 2))
+    want = reference_edge_attention(*args, scale=8**-0.5, bias=None, dropout_mask=mask,
+                                    score="dot", negative_slope=0.2, need_alpha=False)[0]
+    want = (want, *torch.autograd.grad(want.square().sum(), args[:3]))
+    for got, expected in zip(results["triton"], want, strict=True):
+        assert_close(got, expected)
+    if DEVICE.type == "cpu":  # elsewhere the other backends draw torch.rand masks
+        for got, expected in zip(results["triton"], results["reference"], strict=True):
+            assert_close(got, expected)
+    assert not torch.equal(results["triton"][0], edge_attention(
+        *args, dropout_p=0.5, training=False, backend="triton"))
 
 
 @needs_triton
@@ -266,7 +301,13 @@ def test_dropout_mask_beside_half_values_is_not_rounded(interpreter, v_dtype):
     results = {}
     for backend in ("triton", "reference"):
         torch.manual_seed(5)
-        out = edge_attention(q, k, v, ei, dropout_p=0.1, backend=backend)
+        if backend == "triton":
+            out = edge_attention(q, k, v, ei, dropout_p=0.1, backend=backend)
+        else:  # the triton backend's mask, wherever the kernels run
+            mask = seeded_mask(seeded_mask_parameters(0.1, device=DEVICE), (40, 2))
+            out = reference_edge_attention(q, k, v.float(), ei, scale=8**-0.5, bias=None,
+                                           dropout_mask=mask, score="dot", negative_slope=0.2,
+                                           need_alpha=False)[0]
         results[backend] = (out, *torch.autograd.grad((out.float() * w / 4).sum(), (q, k, v)))
     (out, dq, dk, dv), (want_out, want_dq, want_dk, want_dv) = results.values()
     assert out.dtype == dv.dtype == v_dtype and want_out.dtype == torch.float32
@@ -644,8 +685,9 @@ def test_row_blocks_give_each_heavy_row_a_program(interpreter, monkeypatch, scor
 @needs_triton
 @pytest.mark.parametrize("heavy_degree", [0, 3, 1000])
 def test_row_blocks_on_a_graph_of_skewed_degrees(interpreter, heavy_degree):
-    """Degrees from 0 to 60 (a few hubs, many leaves) in and out, with a bias and dropout:
-    every row heavy (heavy_degree 0), some, or none; blocks of 2 nodes."""
+    """Degrees from 0 to 60 (a few hubs, many leaves) in and out, with a bias and dropout (a
+    mask read, and one drawn from a seed): every row heavy (heavy_degree 0), some, or none;
+    blocks of 2 nodes."""
     gen = torch.Generator().manual_seed(11)
     hubs = torch.tensor([3, 3, 3, 17, 17, 29])
     dst = torch.cat([hubs.repeat_interleave(torch.tensor([20, 20, 20, 15, 15, 10])),
@@ -654,8 +696,11 @@ def test_row_blocks_on_a_graph_of_skewed_degrees(interpreter, heavy_degree):
     ei = torch.stack([src, dst])
     inputs = attention_inputs(32, 32, ei.size(1), 2, 8, score="dot", bias=True, seed=5)
     keep = torch.rand(ei.size(1), 2, generator=gen) > 0.3
+    torch.manual_seed(heavy_degree)
+    seeded = seeded_mask_parameters(0.3, device=DEVICE)
     with tk.launch_tiles(block_n=2, heavy_degree=heavy_degree):
         check_against_reference(inputs, ei, dropout_mask=keep.float() / 0.7)
+        check_against_reference(inputs, ei, dropout_mask=seeded)
 
 
 @st.composite
@@ -791,6 +836,10 @@ for score in ("dot", "additive", "gatv2"):
             score_channels=None if score == "additive" else 32)
         for name, use in usage.items():
             print("compiled", name, score, features, use["spill_stores"], use["spill_loads"])
+for score in ("dot", "additive", "gatv2"):  # a dropout mask read from memory (a user's mask)
+    _, usage = triton_resources.compile_kernels(4, 16, score, "fp16", features=True,
+                                                seeded_dropout=False)
+    print("read mask", len(usage))
 for score in ("dot", "gatv2"):  # one tensor as both edge terms: one gradient for both roles
     _, usage = triton_resources.compile_kernels(4, 16, score, "fp16", features=True,
                                                 one_edge_term=True)
@@ -814,8 +863,9 @@ print("ptxas again", len(runs), again == reported, reported["forward_kernel"]["r
 @needs_triton
 def test_kernels_compile_for_sm90():
     """The interpreter does not run Triton's compiler, so compile every kernel (fp16, every
-    score, with no optional input and with all of them, and with one tensor as both edge
-    terms; the row-block kernels too) for sm_90 (H100/H200) ahead of time, as
+    score, with no optional input and with all of them, the dropout mask drawn from a seed
+    and read from a tensor, and with one tensor as both edge terms; the row-block kernels
+    too) for sm_90 (H100/H200) ahead of time, as
     ``benchmarks/triton_resources.py`` does; no GPU needed. The forward kernel, the one the
     bandwidth figures are about, must not spill registers. Where ptxas runs again on the PTX
     (tritons that drop its report), it reports what it reported as Triton ran it. In a fresh
@@ -829,6 +879,7 @@ def test_kernels_compile_for_sm90():
                 if line.startswith("compiled")]
     assert len(compiled) == 3 * 2 * len(tk.SCORE_KINDS)
     assert done.stdout.count("one edge term") == 2
+    assert done.stdout.count("read mask 3") == len(tk.SCORE_KINDS)
     assert done.stdout.count("row blocks 3") == 2 * len(tk.SCORE_KINDS)
     again = next(line.split() for line in done.stdout.splitlines()
                  if line.startswith("ptxas again"))
