@@ -694,8 +694,13 @@ def check_on_device(graph: Graph, dtype: torch.dtype, heads: int = 2, channels: 
     """Max abs difference fused vs reference (fp32 math) of out, alpha and every gradient, in
     eager and under ``torch.compile(fullgraph=True)`` (the kernels as torch operators): each
     score without and with a bias, and the dot and gatv2 scores also with one ``[E, H, C]``
-    tensor as both edge terms (``edge_key=edge_value``, TransformerConv's edge features)."""
-    from graphattn.functional import edge_attention
+    tensor as both edge terms (``edge_key=edge_value``, TransformerConv's edge features); the
+    dot score also with a bias and attention dropout, the mask the kernels draw from a seed
+    given to the reference written out."""
+    import torch._inductor.config
+
+    from graphattn.functional import edge_attention, reference_edge_attention
+    from graphattn.functional.dropout import seeded_mask, seeded_mask_parameters
 
     compiled_attention = torch.compile(edge_attention, fullgraph=True, dynamic=False,
                                        backend=compile_backend)
@@ -704,6 +709,7 @@ def check_on_device(graph: Graph, dtype: torch.dtype, heads: int = 2, channels: 
     gen = torch.Generator(device=graph.edge_index.device).manual_seed(0)
     for score in ("dot", "additive", "gatv2"):
         configs = ["no bias", "bias"] + ([] if score == "additive" else ["bias, edge terms"])
+        configs += ["bias, dropout"] if score == "dot" else []
         for config in configs:
             # each config compiles anew: 8 of them would meet dynamo's recompile limit (8), past
             # which it runs the function eagerly without a word
@@ -723,15 +729,28 @@ def check_on_device(graph: Graph, dtype: torch.dtype, heads: int = 2, channels: 
                                              tensors, strict=True) if t is not None]
             leaves = [t.to(dtype).requires_grad_() for t in tensors if t is not None]
             outputs = {}
+            dropout_p = 0.3 if config == "bias, dropout" else 0.0
             for mode in ("triton", "compiled", "reference"):
                 q, k, v, *rest = leaves
                 att = rest.pop(0) if score == "gatv2" else None
                 bias = rest.pop(0) if rest else None
                 term = rest.pop(0) if rest else None  # one tensor as key and value term
                 attend = compiled_attention if mode == "compiled" else edge_attention
-                out, alpha = attend(q, k, v, graph.edge_index, bias=bias, return_attention=True,
-                                    score=score, att=att, edge_key=term, edge_value=term,
-                                    backend="reference" if mode == "reference" else "triton")
+                options = dict(bias=bias, return_attention=True, score=score, att=att,
+                               edge_key=term, edge_value=term)
+                torch.manual_seed(1)  # one seed, so one mask, in every mode
+                if mode == "reference" and dropout_p:  # the kernels' mask, written out
+                    mask = seeded_mask(seeded_mask_parameters(dropout_p, device=dev), (e, heads))
+                    out, alpha = reference_edge_attention(
+                        q, k, v, graph.edge_index, scale=channels**-0.5, bias=bias,
+                        dropout_mask=mask, score=score, negative_slope=0.2, need_alpha=True)
+                else:
+                    # inductor draws random numbers its own way unless fallback_random
+                    with torch._inductor.config.patch(fallback_random=True):
+                        out, alpha = attend(
+                            q, k, v, graph.edge_index, dropout_p=dropout_p,
+                            backend="reference" if mode == "reference" else "triton",
+                            **options)
                 weight = torch.linspace(-1, 1, out.numel(), device=dev).view_as(out)
                 loss = (out.float() * weight).sum() + alpha.float().square().sum()
                 outputs[mode] = [out, alpha, *torch.autograd.grad(loss, leaves)]
@@ -791,10 +810,12 @@ def check_blocks_on_device(device: str | torch.device, dtype: torch.dtype,
                            num_nodes: int = 3000, radius: int = 40, heads: int = 2,
                            channels: int = 16) -> list[tuple[str, float]]:
     """Max abs difference of the block-sparse kernels against the reference (fp32 math) on a
-    window graph, each tile side, without per-edge inputs, with a bias, and with a bias, a
+    window graph, each tile side, without per-edge inputs, with a bias, with a bias, a
     dropout mask and the weights returned (the loss on out only, so that backward stays on
-    the block kernels): out (and the weights) and every gradient."""
+    the block kernels), and with a bias and a mask the kernels draw from a seed (the reference
+    gets it written out): out (and the weights) and every gradient."""
     from graphattn.functional import reference_edge_attention
+    from graphattn.functional.dropout import mask_tensor, seeded_mask_parameters
     from graphattn.functional.triton_blocks import BLOCK_SIDES
     from graphattn.functional.triton_kernels import launch_tiles, triton_edge_attention
     from graphattn.graphs import window_graph
@@ -804,7 +825,7 @@ def check_blocks_on_device(device: str | torch.device, dtype: torch.dtype,
     gen = torch.Generator(device=device).manual_seed(1)
     rows = []
     for block in BLOCK_SIDES:
-        for case in ("no bias", "bias", "bias, dropout, weights"):
+        for case in ("no bias", "bias", "bias, dropout, weights", "bias, seeded dropout"):
             tensors = [torch.randn(num_nodes, heads, channels, device=device, generator=gen)
                        for _ in range(3)]
             if case != "no bias":
@@ -813,8 +834,12 @@ def check_blocks_on_device(device: str | torch.device, dtype: torch.dtype,
             every = case == "bias, dropout, weights"
             mask = ((torch.rand(num_edges, heads, device=device, generator=gen) > 0.2).float()
                     / 0.8 if every else None)
+            if case == "bias, seeded dropout":  # drawn by the kernels, written out for the other
+                mask = seeded_mask_parameters(0.2, device=device)
             outputs = []
             for attend in (triton_edge_attention, reference_edge_attention):
+                if attend is reference_edge_attention:
+                    mask = mask_tensor(mask, num_edges, heads)
                 with launch_tiles(block_sparse=block):
                     out, alpha = attend(*leaves[:3], edge_index, scale=channels**-0.5,
                                         bias=leaves[3] if len(leaves) > 3 else None,

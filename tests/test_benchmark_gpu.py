@@ -35,9 +35,11 @@ def test_device_checks_pass_in_the_interpreter(triton_interpreter):
     names = [name for name, _ in rows]
     # eager and compiled; per score out, alpha, dq, dk, dv without bias, with it (+ dbias) and,
     # for dot and gatv2, with one edge term as key and value (+ dbias, dedge_term); gatv2 also
-    # datt: dot 5 + 6 + 7, additive 5 + 6, gatv2 6 + 7 + 8
-    assert len(names) == len(set(names)) == 2 * (18 + 11 + 21)
+    # datt; dot also with a bias and dropout drawn from a seed: dot 5 + 6 + 7 + 6, additive
+    # 5 + 6, gatv2 6 + 7 + 8
+    assert len(names) == len(set(names)) == 2 * (24 + 11 + 21)
     assert "torch.compile, gatv2, bias, edge terms: dedge_term" in names
+    assert "torch.compile, dot, bias, dropout: dk" in names
     assert sum(name.startswith("torch.compile") for name in names) == len(names) // 2
     bad = [row for row in rows if not row[1] < 1e-4]  # also NaN, which max() passes over
     assert not bad, bad
@@ -73,11 +75,12 @@ def test_block_sparse_device_checks_pass_in_the_interpreter(triton_interpreter, 
     rows = gpu.check_blocks_on_device("cpu", torch.float32, num_nodes=70, radius=5,
                                       channels=8)
     names = [name for name, _ in rows]
-    # per tile side: out, dq, dk, dv; + dbias; + alpha, dbias
-    assert len(names) == len(set(names)) == 2 * (4 + 5 + 6)
+    # per tile side: out, dq, dk, dv; + dbias; + alpha, dbias; + dbias (seeded dropout)
+    assert len(names) == len(set(names)) == 2 * (4 + 5 + 6 + 5)
+    assert "block-sparse 64, bias, seeded dropout: dv" in names
     assert "block-sparse 64, bias: dbias" in names
     assert "block-sparse 32, bias, dropout, weights: alpha" in names
-    assert len(launches) == 2 * 3 * 2  # every check: the forward, then both backward kernels
+    assert len(launches) == 2 * 4 * 2  # every check: the forward, then both backward kernels
     bad = [row for row in rows if not row[1] < 1e-4]
     assert not bad, bad
 
