@@ -487,6 +487,9 @@ def dense_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
     :func:`diagonal_blocks`). Blocks of equal size are viewed in place (a batch of causal
     sequences runs SDPA with ``is_causal``); blocks of unequal sizes are grouped by size, each
     group padded to its largest block (at most twice a block's size), and gathered into place.
+    Complete or causal blocks of unequal sizes (the dot score, no bias) need no search for
+    each edge's pair: per-graph SDPA runs them, or, when the weights themselves are needed
+    (returned, or under dropout), padded blocks whose pairs follow from the edges' positions.
 
     Memory grows as :math:`H \cdot N_{dst} \cdot N_{src}` (see :func:`dense_peak_bytes`), or
     :math:`H \sum_g B_g L_g^2` block by block, whatever the number of edges.
@@ -526,15 +529,18 @@ def dense_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
     if not layout.padded:  # B blocks of L nodes: viewed in place
         blocks, size = layout.groups[0]
         return _dense_blocks(q, k, v, src, dst, blocks.numel(), size, size, **options)
-    if score == "dot" and bias is None and dropout_mask is None and not need_alpha:
-        pattern = _whole_blocks(src, dst, layout)
-        if pattern is not None:  # no pair to find: each block's nodes are all it needs
-            sizes = layout.starts.diff()
-            block_of = torch.repeat_interleave(torch.arange(sizes.numel()), sizes)  # (N,)
-            out = per_graph_attention(q, k, v, block_of.to(q.device),
-                                      is_causal=pattern == "causal", scale=scale,
-                                      dropout_p=0.0)
-            return out, None
+    pattern = _whole_blocks(src, dst, layout) if score == "dot" and bias is None else None
+    if pattern is not None and dropout_mask is None and not need_alpha:
+        # no pair to find: each block's nodes are all it needs
+        sizes = layout.starts.diff()
+        block_of = torch.repeat_interleave(torch.arange(sizes.numel()), sizes)  # (N,)
+        out = per_graph_attention(q, k, v, block_of.to(q.device),
+                                  is_causal=pattern == "causal", scale=scale, dropout_p=0.0)
+        return out, None
+    if pattern is not None:  # the weights themselves: each edge's pair from its positions
+        return _whole_padded_blocks(q, k, v, src, dst, layout, pattern == "causal",
+                                    scale=scale, dropout_mask=dropout_mask,
+                                    need_alpha=need_alpha)
     return _padded_groups(q, k, v, src, dst, layout, **options)
 
 
@@ -553,6 +559,78 @@ def _whole_blocks(src: Tensor, dst: Tensor, layout: DiagonalBlocks) -> str | Non
     if not distinct:
         return None
     return "complete" if complete else ("causal" if lower else None)
+
+
+def _whole_padded_blocks(q: Tensor, k: Tensor, v: Tensor, src: Tensor, dst: Tensor,
+                         layout: DiagonalBlocks, causal: bool, *, scale: float,
+                         dropout_mask: Tensor | None, need_alpha: bool,
+                         ) -> tuple[Tensor, Tensor | None]:
+    r"""Complete (or, with ``causal``, causal) blocks of unequal sizes, each pair once, with
+    the dot score and no bias, when the weights themselves are needed (a dropout mask, or
+    ``need_alpha``): group by group, the blocks padded to the group's size L_g as
+    ``[B_g, H, L_g, L_g]`` scores, with the padding masked out as keys only. Every row then has
+    a key (a padding row reads its block's first node, and a zero query), so no row needs the
+    empty-row handling of the general path, and the padding rows' outputs are never read.
+    The pair of edge :math:`j \to i` of block b, in group g at slot s, is known from the
+    positions :math:`i - s_b`, :math:`j - s_b` in the block (:math:`s_b` its first node):
+    :math:`P_g + s L_g^2 + (i - s_b) L_g + (j - s_b)`, with :math:`P_g` the pairs of the groups
+    before; no sort of the edges and no mask search."""
+    n, heads, channels = v.shape
+    starts, sizes = layout.starts, layout.starts.diff()  # (B + 1,), (B,)
+    width = torch.empty_like(sizes)  # (B,) the padded size of each block
+    slot = torch.empty_like(sizes)  # (B,) of each block in its group
+    row_base = torch.empty_like(sizes)  # (B,) first padded row of its group
+    pair_base = torch.empty_like(sizes)  # (B,) first padded pair of its group
+    rows = pairs = 0
+    bounds = []  # per group: its rows and its pairs among all of the groups'
+    for members, size in layout.groups:
+        count = members.numel()
+        width[members], row_base[members], pair_base[members] = size, rows, pairs
+        slot[members] = torch.arange(count)
+        bounds.append((slice(rows, rows + count * size), slice(pairs, pairs + count * size**2)))
+        rows, pairs = rows + count * size, pairs + count * size**2
+    block_of = torch.repeat_interleave(torch.arange(sizes.numel()), sizes)  # (N,)
+    local = torch.arange(n) - starts[block_of]  # (N,) position of each node in its block
+    padded_row = row_base[block_of] + slot[block_of] * width[block_of] + local  # (N,)
+    # the pair of j -> i less j, per target i: one gather per edge
+    row_pairs = (pair_base + slot * width.square() - starts[:-1])[block_of] + local * width[
+        block_of]  # (N,)
+    pair = (row_pairs[dst] + src).to(q.device)  # (E,) among all padded pairs
+    # padded row -> node; n, a zero row, for the padding: what no edge reads reaches nothing
+    gather = torch.full((rows,), n, dtype=torch.int64)
+    gather[padded_row] = torch.arange(n)
+    qkv = torch.cat([q, k, v], dim=-1)  # (N, H, 2C + C_v)
+    qkv = gather_rows(torch.cat([qkv, qkv.new_zeros(1, *qkv.shape[1:])]), gather.to(q.device))
+    D = None
+    if dropout_mask is not None:  # (pairs, H): 0 on the padding
+        D = dropout_mask.new_zeros(pairs, heads).index_copy(0, pair, dropout_mask)
+    outs, weights = [], []
+    # split, not sliced: the gradient of each part is then written once, not added to zeros
+    parts = qkv.split([r.stop - r.start for r, _ in bounds])
+    for (members, size), (_, pair_range), part in zip(layout.groups, bounds, parts,
+                                                      strict=True):
+        count = members.numel()
+        group = part.view(count, size, heads, -1).transpose(1, 2)  # (B_g, H, L, .)
+        qh, kh, vh = group.split([q.size(-1), k.size(-1), channels], dim=-1)
+        keys = torch.arange(size) < sizes[members].unsqueeze(1)  # (B_g, L): real nodes
+        mask = keys.view(count, 1, 1, size)
+        if causal:
+            mask = mask & torch.ones(size, size, dtype=torch.bool).tril()
+        # scaled before the product: in fp16, q . k can overflow where the score does not
+        scores = ((qh * scale) @ kh.transpose(-2, -1)).masked_fill(~mask.to(q.device),
+                                                                   float("-inf"))
+        P = torch.softmax(scores, dim=-1, dtype=_softmax_dtype(scores.dtype)).to(v.dtype)
+        weights.append(P)
+        W = P
+        if D is not None:  # (B_g, H, L, L)
+            W = P * D[pair_range].view(count, size, size, heads).permute(0, 3, 1, 2).to(P.dtype)
+        outs.append((W @ vh).transpose(1, 2).reshape(count * size, heads, channels))
+    out = gather_rows(torch.cat(outs), padded_row.to(q.device))  # (N, H, C_v)
+    alpha = None
+    if need_alpha:
+        alpha = gather_rows(torch.cat([P.permute(0, 2, 3, 1).reshape(-1, heads)
+                                       for P in weights]), pair)  # (E, H)
+    return out, alpha
 
 
 def _padded_groups(q: Tensor, k: Tensor, v: Tensor, src: Tensor, dst: Tensor,

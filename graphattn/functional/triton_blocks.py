@@ -26,30 +26,30 @@ and a pass over source blocks (the tiles sorted by source block) gives
 :math:`\mathrm{d}K_J = \text{scale} \sum_I \mathrm{d}S^\top Q_I`; each program writes only its
 own rows, so the gradients are deterministic.
 
-**The layout** (:class:`BlockLayout`, built by :func:`block_layout` and kept per
-``edge_index`` on CUDA, as the CSR orderings are) stores, per tile that holds an edge, one bit
-per entry (B^2 / 8 bytes) and, when a bias or a dropout mask is given, the edge id of each entry
-(4 B^2 bytes), where the bias and the mask are read (or the mask drawn, from a seed: see
-:func:`~graphattn.functional.dropout.seeded_mask_parameters`) and the bias's gradient written. With a
-fraction f of the tile entries edges (the fill), the bits cost 1 / (8 f) bytes an edge, against
-the 8 bytes an edge of a CSR ordering: fewer above f = 1/64. Below that (``MIN_FILL``) the
-graph keeps to the CSR kernels: a graph of scattered edges would spend a tile, and B^2
+**The layout** (:class:`BlockLayout`, built by :func:`block_layout` and kept per ``edge_index``
+on CUDA, as the CSR orderings are) stores, per tile that holds an edge, one bit per entry (B^2 /
+8 bytes) and, when a bias or a dropout mask is given, the edge id of each entry (4 B^2 bytes),
+where the bias and the mask are read (or the mask drawn, from a seed: see
+:func:`~graphattn.functional.dropout.seeded_mask_parameters`) and the bias's gradient written.
+With a fraction f of the tile entries edges (the fill), the bits cost 1 / (8 f) bytes an edge,
+against the 8 bytes an edge of a CSR ordering: fewer above f = 1/64. Below that (``MIN_FILL``)
+the graph keeps to the CSR kernels: a graph of scattered edges would spend a tile, and B^2
 products, on each.
 
 **What runs here:** the ``"dot"`` score, with or without a bias ``[E, H]`` and a dropout mask
-``[E, H]``, read or drawn from a seed (which multiplies the weights :math:`A` in the products with V and in dS, as in the
-CSR kernels), q, k and v of one dtype (fp32, fp16, bf16), no per-edge key or value terms, a
-graph without repeated edges whose tiles are at least ``MIN_FILL`` full. The weights are
-returned when asked for: the forward kernel writes each edge's score at its id, and the weights
-follow from lse. A gradient through them runs the CSR kernels' backward, which takes it (on the
-block kernels' out and lse, in the same conventions); under ``torch.compile`` a call that returns
-them always does, since the weights' gradient then comes as zeros when unused.
-:func:`use_blocks` says whether a call qualifies; what does not runs on the CSR kernels, as it
-does without the option. Under ``torch.compile`` the kernels run as the operators
-``graphattn::triton_block_attention`` and its backward, which check the graph themselves. The block
-kernels run only inside :func:`~graphattn.functional.triton_kernels.launch_tiles` with
-``block_sparse=B``: whether they beat the CSR kernels depends on how full the tiles are, and
-``benchmarks/gpu.py`` measures both.
+``[E, H]``, read or drawn from a seed (which multiplies the weights :math:`A` in the products
+with V and in dS, as in the CSR kernels), q, k and v of one dtype (fp32, fp16, bf16), no
+per-edge key or value terms, a graph without repeated edges whose tiles are at least
+``MIN_FILL`` full. The weights are returned when asked for: the forward kernel writes each
+edge's score at its id, and the weights follow from lse. A gradient through them runs the CSR
+kernels' backward, which takes it (on the block kernels' out and lse, in the same conventions);
+under ``torch.compile`` a call that returns them always does, since the weights' gradient then
+comes as zeros when unused. :func:`use_blocks` says whether a call qualifies; what does not runs
+on the CSR kernels, as it does without the option. Under ``torch.compile`` the kernels run as
+the operators ``graphattn::triton_block_attention`` and its backward, which check the graph
+themselves. The block kernels run only inside
+:func:`~graphattn.functional.triton_kernels.launch_tiles` with ``block_sparse=B``: whether they
+beat the CSR kernels depends on how full the tiles are, and ``benchmarks/gpu.py`` measures both.
 
 **Precision.** Products accumulate in fp32. Half inputs multiply on tensor cores; fp32 inputs
 use full fp32 products unless ``torch.backends.cuda.matmul.allow_tf32`` is set, then TF32 on

@@ -473,9 +473,10 @@ def test_complete_and_causal_blocks_in_any_order(pattern, order, bias, need_alph
 def test_complete_and_causal_blocks_of_unequal_sizes(pattern, order, monkeypatch):
     """Blocks of 7, 3, 1, 5 and 6 nodes (padded groups), each complete or causal in
     target-major order, run as per-graph attention (no pair of the graph found, no edge
-    sorted by group); in another order, or with the sources after their targets, as padded
-    groups of the graph's pairs. Every route matches the reference, gradients too, and a NaN
-    in one block's inputs stays in that block."""
+    sorted by group), and with the weights needed (returned, or under dropout) as padded
+    whole blocks (each edge's pair from its positions); in another order, or with the sources
+    after their targets, as padded groups of the graph's pairs. Every route matches the
+    reference, gradients too, and a NaN in one block's inputs stays in that block."""
     sizes = [7, 3, 1, 5, 6]
     batch = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
     edge_index = graphs.batch_complete_graph(batch)
@@ -496,7 +497,14 @@ def test_complete_and_causal_blocks_of_unequal_sizes(pattern, order, monkeypatch
         routes.append("groups")
         return group_edges(*args)
 
+    whole_padded = dense_backend._whole_padded_blocks
+
+    def spy_whole_padded(*args, **kw):
+        routes.append("whole-padded")
+        return whole_padded(*args, **kw)
+
     monkeypatch.setattr(dense_backend, "per_graph_attention", spy_per_graph)
+    monkeypatch.setattr(dense_backend, "_whole_padded_blocks", spy_whole_padded)
     monkeypatch.setattr(cpu, "group_edges", spy_group_edges)
     q, k, v, _ = inputs(n, n, "dot", edge_index.size(1), bias=False)
     out = assert_dense_equals_reference(q, k, v, edge_index, None, score="dot",
@@ -509,12 +517,21 @@ def test_complete_and_causal_blocks_of_unequal_sizes(pattern, order, monkeypatch
     v[0, 1, 2], k[1, 0, 0] = float("inf"), float("nan")
     spoilt = edge_attention(q, k, v, edge_index, backend="dense", scale=0.7)
     assert_close(spoilt[7:], out[7:])
-    # with weights asked for, the pairs are needed: padded groups
-    routes.clear()
-    assert_dense_equals_reference(*inputs(n, n, "dot", edge_index.size(1), bias=False)[:3],
-                                  edge_index, None, score="dot", dropout_p=0.0,
-                                  need_alpha=True)
-    assert routes == ["groups"]
+    # with the weights needed, each edge's pair too: padded whole blocks, or padded groups
+    for dropout_p, need_alpha in ((0.0, True), (0.4, False), (0.4, True)):
+        routes.clear()
+        assert_dense_equals_reference(*inputs(n, n, "dot", edge_index.size(1), bias=False)[:3],
+                                      edge_index, None, score="dot", dropout_p=dropout_p,
+                                      need_alpha=need_alpha)
+        assert routes == ["whole-padded" if whole else "groups"]
+    spoilt, alpha = edge_attention(q, k, v, edge_index, backend="dense", scale=0.7,
+                                   dropout_p=0.4, return_attention=True)
+    torch.manual_seed(0)
+    want, want_alpha = edge_attention(q.detach(), k.detach(), v.detach(), edge_index,
+                                      backend="reference", scale=0.7, return_attention=True)
+    outside = edge_index[1] >= 7  # the edges of the other blocks
+    assert_close(alpha[outside], want_alpha[outside])
+    assert torch.isfinite(spoilt[7:]).all()
 
 
 def test_block_starts_of_repeated_patterns_and_edge_cases():
@@ -743,6 +760,31 @@ def test_per_graph_path_gradients_of_gradients(pattern, monkeypatch):
 
     assert torch.autograd.gradcheck(attend, (q, k, v))
     assert torch.autograd.gradgradcheck(attend, (q, k, v))
+    assert calls
+
+
+@pytest.mark.parametrize("pattern", ["complete", "causal"])
+def test_whole_padded_blocks_gradients_of_gradients(pattern, monkeypatch):
+    """The same blocks with the weights returned and dropout (one seed at every call, so one
+    mask) run as padded whole blocks; gradients and gradients of gradients of out and the
+    weights are checked numerically."""
+    batch = torch.repeat_interleave(torch.arange(3), torch.tensor([3, 4, 2]))
+    edge_index = graphs.batch_complete_graph(batch)
+    if pattern == "causal":
+        edge_index = edge_index[:, edge_index[0] <= edge_index[1]]
+    calls = []
+    whole_padded = dense_backend._whole_padded_blocks
+    monkeypatch.setattr(dense_backend, "_whole_padded_blocks",
+                        lambda *a, **kw: calls.append(1) or whole_padded(*a, **kw))
+    q, k, v = (t.requires_grad_() for t in inputs(9, 9, "dot", 0, bias=False)[:3])
+
+    def attend(q, k, v):
+        torch.manual_seed(3)
+        return edge_attention(q, k, v, edge_index, backend="dense", dropout_p=0.3,
+                              return_attention=True)
+
+    assert torch.autograd.gradcheck(attend, (q, k, v))
+    assert torch.autograd.gradgradcheck(attend, (q, k, v), fast_mode=True)
     assert calls
 
 
