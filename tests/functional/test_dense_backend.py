@@ -741,50 +741,31 @@ def test_property_random_blocks_equal_the_reference(sizes, per_block, seed, scor
         assert_close(got, want)
 
 
+@pytest.mark.parametrize("route", ["_per_graph", "_whole_padded_blocks"])
 @pytest.mark.parametrize("pattern", ["complete", "causal"])
-def test_per_graph_path_gradients_of_gradients(pattern, monkeypatch):
+def test_whole_block_paths_gradients_of_gradients(pattern, route, monkeypatch):
     """Complete and causal blocks of 3, 4 and 2 nodes (the first padded to 4) run as per-graph
-    attention; its gradients and gradients of gradients are checked numerically."""
+    attention, and with the weights returned and dropout (one seed at every call, so one
+    mask) as padded whole blocks; gradients and gradients of gradients are checked
+    numerically."""
     batch = torch.repeat_interleave(torch.arange(3), torch.tensor([3, 4, 2]))
     edge_index = graphs.batch_complete_graph(batch)
     if pattern == "causal":
         edge_index = edge_index[:, edge_index[0] <= edge_index[1]]
-    calls = []
-    per_graph = dense_backend.per_graph_attention
-    monkeypatch.setattr(dense_backend, "per_graph_attention",
-                        lambda *a, **kw: calls.append(1) or per_graph(*a, **kw))
+    name = "per_graph_attention" if route == "_per_graph" else route
+    calls, run_route = [], getattr(dense_backend, name)
+    monkeypatch.setattr(dense_backend, name,
+                        lambda *a, **kw: calls.append(1) or run_route(*a, **kw))
     q, k, v = (t.requires_grad_() for t in inputs(9, 9, "dot", 0, bias=False)[:3])
-
-    def attend(q, k, v):
-        return edge_attention(q, k, v, edge_index, backend="dense")
-
-    assert torch.autograd.gradcheck(attend, (q, k, v))
-    assert torch.autograd.gradgradcheck(attend, (q, k, v))
-    assert calls
-
-
-@pytest.mark.parametrize("pattern", ["complete", "causal"])
-def test_whole_padded_blocks_gradients_of_gradients(pattern, monkeypatch):
-    """The same blocks with the weights returned and dropout (one seed at every call, so one
-    mask) run as padded whole blocks; gradients and gradients of gradients of out and the
-    weights are checked numerically."""
-    batch = torch.repeat_interleave(torch.arange(3), torch.tensor([3, 4, 2]))
-    edge_index = graphs.batch_complete_graph(batch)
-    if pattern == "causal":
-        edge_index = edge_index[:, edge_index[0] <= edge_index[1]]
-    calls = []
-    whole_padded = dense_backend._whole_padded_blocks
-    monkeypatch.setattr(dense_backend, "_whole_padded_blocks",
-                        lambda *a, **kw: calls.append(1) or whole_padded(*a, **kw))
-    q, k, v = (t.requires_grad_() for t in inputs(9, 9, "dot", 0, bias=False)[:3])
+    weights = route == "_whole_padded_blocks"
 
     def attend(q, k, v):
         torch.manual_seed(3)
-        return edge_attention(q, k, v, edge_index, backend="dense", dropout_p=0.3,
-                              return_attention=True)
+        return edge_attention(q, k, v, edge_index, backend="dense", dropout_p=0.3 * weights,
+                              return_attention=weights)
 
     assert torch.autograd.gradcheck(attend, (q, k, v))
-    assert torch.autograd.gradgradcheck(attend, (q, k, v), fast_mode=True)
+    assert torch.autograd.gradgradcheck(attend, (q, k, v), fast_mode=weights)
     assert calls
 
 
