@@ -209,7 +209,12 @@ def select_backend(q: Tensor, edge_index: Tensor, num_src: int | None = None, *,
     dense over ``"cpu"``: random graphs of 1024 nodes 2.97x at density 0.1, 2.12x at 0.2,
     1.50x at 0.5, 0.97x at 0.7 (with the weights returned: 2.94, 2.59, 1.31, 0.84x), 0.31x on
     the complete graph; 4096 nodes in blocks of 16 to 512, at density 0.3 inside the blocks
-    1.46-2.74x, causal blocks 0.79-1.18x, complete blocks 0.32-0.43x.
+    1.46-2.74x, causal blocks 0.79-1.18x, complete blocks 0.32-0.43x; ~4000 nodes in complete
+    blocks of unequal sizes, padded per size group, by the density of the padded pairs: blocks
+    of 17-32 nodes (density 0.59) 1.19x (1.43x with the weights returned), 9-37 (0.70)
+    0.84-1.06x (1.0-1.22x), 31-32 (0.97) 0.73x (0.79x); of 64-128 nodes (0.57) 0.84x (1.04x),
+    50-150 (0.71) 0.59-0.72x (0.89-1.03x), 120-128 (0.94) 0.61x (0.82x): about even at the
+    floor of 0.6.
 
     On CUDA: ``"triton"`` when Triton is installed and q is fp32, fp16 or bf16, else
     ``"reference"``. This is a placeholder rule: the dense path is not chosen on GPUs until GPU
