@@ -298,6 +298,32 @@ def test_sdpa_without_a_batch_dimension_compiles(make):
     _assert_compiles_like_eager(layer, [inputs], backend="aot_eager")
 
 
+def test_triton_dropout_seed_is_drawn_in_the_compiled_graph(triton_interpreter):
+    """Attention dropout on the triton backend under torch.compile: the seed of the mask the
+    kernels draw is a random op of the graph (a new mask at every call), and at one
+    ``torch.manual_seed`` the compiled function draws eager's, outputs and gradients alike."""
+    torch.manual_seed(0)
+    N, H, C = 20, 2, 8
+    edge_index = random_graph(N, 90, seed=2)
+    leaves = [torch.randn(N, H, C).requires_grad_() for _ in range(3)]
+
+    def attend(q, k, v):
+        return edge_attention(q, k, v, edge_index, backend="triton", dropout_p=0.4)
+
+    compiled = torch.compile(attend, backend="aot_eager", fullgraph=True)
+    results = []
+    for fn in (compiled, attend):
+        torch.manual_seed(5)
+        out = fn(*leaves)
+        results.append((out, *torch.autograd.grad(out.square().sum(), leaves)))
+    for got, want in zip(*results, strict=True):
+        assert_close(got, want)
+    assert not torch.equal(compiled(*leaves), compiled(*leaves))
+    undropped = edge_attention(*leaves, edge_index, backend="triton", dropout_p=0.4,
+                               training=False)
+    assert not torch.allclose(results[0][0], undropped)
+
+
 @pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "default-mode"])
 def test_layer_on_the_triton_backend_compiles(triton_interpreter, default_mode, fullgraph):
     """In the default mode the given self-loops reach the kernels with a bias of -inf."""
