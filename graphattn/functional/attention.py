@@ -83,6 +83,10 @@ DENSE_MAX_BYTES_CPU = 2 * 2**30
 # crossover with the sparse kernels moves up (2 cores, H = 4, C = 16, forward+backward; see
 # select_backend).
 EXPLICIT_MIN_DENSITY_CPU = 0.6
+# The same in inference (weights returned without a gradient): the sparse kernels' forward
+# alone is cheaper still beside the dense path's explicit softmax and its gather of the weights
+# (forward on 2 cores, H = 4, C = 16; see select_backend).
+EXPLICIT_MIN_DENSITY_CPU_INFERENCE = 0.9
 
 
 def _interpolate(table: tuple[tuple[float, float, float], ...], size: float,
@@ -201,20 +205,25 @@ def select_backend(q: Tensor, edge_index: Tensor, num_src: int | None = None, *,
     was 2.0-3.3x slower than ``"cpu"`` on random graphs of 1024 nodes at densities 0.1 to 0.7,
     1.06x on the complete graph, 1.68x on 16 complete blocks of 256 nodes.
 
-    **Calls that need the weights** (``needs_weights``: weights returned, or dropout on them
-    in training) take the dense path for training only from density
-    ``EXPLICIT_MIN_DENSITY_CPU`` (0.6) on, whole graph or blocks: the dense backend then
-    computes an explicit softmax instead of SDPA's fused one (inference keeps the rule above;
-    it was not measured there). Forward+backward on 2 cores with dropout 0.5 (H = 4, C = 16),
-    dense over ``"cpu"``: random graphs of 1024 nodes 2.97x at density 0.1, 2.12x at 0.2,
-    1.50x at 0.5, 0.97x at 0.7 (with the weights returned: 2.94, 2.59, 1.31, 0.84x), 0.31x on
-    the complete graph; 4096 nodes in blocks of 16 to 512, at density 0.3 inside the blocks
+    **Calls that need the weights** (``needs_weights``: weights returned, or dropout on them in
+    training) take the dense path for training only from density ``EXPLICIT_MIN_DENSITY_CPU``
+    (0.6) on, whole graph or blocks, and in inference from
+    ``EXPLICIT_MIN_DENSITY_CPU_INFERENCE`` (0.9) on: the dense backend then computes an explicit
+    softmax instead of SDPA's fused one. Forward alone with the weights returned (2 cores, H =
+    4, C = 16, ``torch.no_grad``), dense over ``"cpu"``: random graphs of 1024 nodes 7.35x at
+    density 0.05, 3.99x at 0.1, 2.32x at 0.35, 1.44x at 0.7, 1.19x at 0.9, 1.06x at 0.95, 0.23x
+    on the complete graph; 4096 nodes in blocks of 32, 128 and 512: complete 0.48, 0.39, 0.64x,
+    causal (density ~0.5) 0.75, 1.06, 1.59x, random at density 0.3 2.18x (32), 1.35x (128), at
+    0.8 0.75x (32), 0.96x (128). Forward+backward on 2 cores with dropout 0.5 (H = 4, C = 16),
+    dense over ``"cpu"``: random graphs of 1024 nodes 2.97x at density 0.1, 2.12x at 0.2, 1.50x
+    at 0.5, 0.97x at 0.7 (with the weights returned: 2.94, 2.59, 1.31, 0.84x), 0.31x on the
+    complete graph; 4096 nodes in blocks of 16 to 512, at density 0.3 inside the blocks
     1.46-2.74x, causal blocks 0.79-1.18x, complete blocks 0.32-0.43x; ~4000 nodes in complete
     blocks of unequal sizes, padded per size group, by the density of the padded pairs: blocks
     of 17-32 nodes (density 0.59) 1.19x (1.43x with the weights returned), 9-37 (0.70)
     0.84-1.06x (1.0-1.22x), 31-32 (0.97) 0.73x (0.79x); of 64-128 nodes (0.57) 0.84x (1.04x),
-    50-150 (0.71) 0.59-0.72x (0.89-1.03x), 120-128 (0.94) 0.61x (0.82x): about even at the
-    floor of 0.6.
+    50-150 (0.71) 0.59-0.72x (0.89-1.03x), 120-128 (0.94) 0.61x (0.82x): about even at the floor
+    of 0.6.
 
     On CUDA: ``"triton"`` when Triton is installed and q is fp32, fp16 or bf16, else
     ``"reference"``. This is a placeholder rule: the dense path is not chosen on GPUs until GPU
@@ -241,7 +250,8 @@ def _select(q: Tensor, edge_index: Tensor, num_src: int | None, score: str,
         # the explicit softmax's crossover, where the weights themselves are needed
         # (measured forward+backward)
         training = q.requires_grad and torch.is_grad_enabled()
-        floor = EXPLICIT_MIN_DENSITY_CPU if needs_weights and training else 0.0
+        floor = ((EXPLICIT_MIN_DENSITY_CPU if training else EXPLICIT_MIN_DENSITY_CPU_INFERENCE)
+                 if needs_weights else 0.0)
         n_dst = q.size(0)
         n_src = n_dst if num_src is None else num_src
         pairs = n_dst * n_src

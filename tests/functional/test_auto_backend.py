@@ -199,13 +199,17 @@ def test_auto_equals_every_backend(n_dst, n_src, density, expected, score, weigh
             assert_close(g, r)
 
 
-@pytest.mark.parametrize("density", [THRESHOLD_INFERENCE / 2, min(1.0, THRESHOLD_INFERENCE * 2)])
+@pytest.mark.parametrize("density", [THRESHOLD_INFERENCE / 2, min(1.0, THRESHOLD_INFERENCE * 2),
+                                     1.0])
 def test_auto_equals_every_backend_without_grad(density, monkeypatch):
+    """Inference that returns the weights: dense from the rule's threshold and
+    EXPLICIT_MIN_DENSITY_CPU_INFERENCE on, and the same out and weights as every backend."""
     n = 40
     edge_index = graph_with_density(n, n, density, seed=5)
     gen = torch.Generator().manual_seed(6)
     q, k, v = (torch.randn(n, 2, 4, generator=gen, dtype=torch.float64) for _ in range(3))
-    expected = "dense" if density >= THRESHOLD_INFERENCE else "cpu"
+    floor = max(THRESHOLD_INFERENCE, attention.EXPLICIT_MIN_DENSITY_CPU_INFERENCE)
+    expected = "dense" if density >= floor else "cpu"
     calls = []
     chosen = attention.BACKENDS[expected]
 
@@ -227,15 +231,22 @@ def test_auto_equals_every_backend_without_grad(density, monkeypatch):
 
 def test_weights_or_dropout_in_training_take_the_explicit_crossover(monkeypatch):
     """Training that returns the weights or drops some out takes dense only from
-    EXPLICIT_MIN_DENSITY_CPU on (the explicit softmax's crossover); inference and calls
-    without them keep the measured rule; edge_attention passes dropout and weights to it."""
+    EXPLICIT_MIN_DENSITY_CPU on (the explicit softmax's crossover), inference that returns
+    them from EXPLICIT_MIN_DENSITY_CPU_INFERENCE on; calls without them keep the measured
+    rule; edge_attention passes dropout and weights to it."""
     q = torch.randn(48, 2, 4, requires_grad=True)
     middle = graph_with_density(48, 48, (THRESHOLD_INFERENCE + 0.6) / 2, seed=7)
+    between = graph_with_density(48, 48, 0.75, seed=7)
+    assert 0.6 < attention.EXPLICIT_MIN_DENSITY_CPU_INFERENCE - 0.1
     complete = graph_with_density(48, 48, 1.0, seed=7)
     assert select_backend(q, middle) == "dense"
     assert select_backend(q, middle, needs_weights=True) == "cpu"
-    assert select_backend(q.detach(), middle, needs_weights=True) == "dense"
+    assert select_backend(q.detach(), middle) == "dense"
+    assert select_backend(q.detach(), middle, needs_weights=True) == "cpu"
+    assert select_backend(q, between, needs_weights=True) == "dense"
+    assert select_backend(q.detach(), between, needs_weights=True) == "cpu"
     assert select_backend(q, complete, needs_weights=True) == "dense"
+    assert select_backend(q.detach(), complete, needs_weights=True) == "dense"
     calls = []
     for name in ("cpu", "dense"):
         chosen = attention.BACKENDS[name]
