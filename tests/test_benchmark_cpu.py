@@ -25,6 +25,7 @@ import batched_global  # noqa: E402
 import block_diagonal  # noqa: E402
 import citation_accuracy  # noqa: E402
 import dropout_cpu  # noqa: E402
+import explicit_weights  # noqa: E402
 import global_layers  # noqa: E402
 import random_walk_pe  # noqa: E402
 import sparse_vs_dense  # noqa: E402
@@ -99,6 +100,28 @@ def test_global_layers_agree_and_fill_the_table(tmp_path):
     assert all(float(r["step_ms"]) > 0 for r in rows)
     assert all(float(r["vs_graph_cpu"]) == 1.0 for r in rows if r["layer"] == "graph cpu")
     assert "global_layers.py --quick" in out.read_text()
+
+
+def test_explicit_weights_fills_the_table(tmp_path):
+    """Each graph gets the three calls, a time on both backends, their ratio and auto's pick,
+    which follows the floors of the rule (no dense below EXPLICIT_MIN_DENSITY_CPU in training
+    nor below EXPLICIT_MIN_DENSITY_CPU_INFERENCE in inference)."""
+    from graphattn.functional import attention
+
+    out = tmp_path / "weights.md"
+    explicit_weights.main(["--quick", "--rounds", "1", "--warmup", "0", "--out", str(out)])
+    with out.with_suffix(".csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 3 * len(explicit_weights.CALLS)
+    assert [r["call"] for r in rows[:3]] == list(explicit_weights.CALLS)
+    for r in rows:
+        assert float(r["dense_ms"]) > 0 and float(r["cpu_ms"]) > 0
+        floor = (attention.EXPLICIT_MIN_DENSITY_CPU if r["call"].startswith("training")
+                 else attention.EXPLICIT_MIN_DENSITY_CPU_INFERENCE)
+        assert r["auto"] in ("cpu", "dense")
+        if float(r["density"]) < floor:
+            assert r["auto"] == "cpu", r
+    assert "explicit_weights.py --quick" in out.read_text()
 
 
 def test_batched_global_routes_agree_and_fill_the_table(tmp_path):

@@ -209,21 +209,17 @@ def select_backend(q: Tensor, edge_index: Tensor, num_src: int | None = None, *,
     training) take the dense path for training only from density ``EXPLICIT_MIN_DENSITY_CPU``
     (0.6) on, whole graph or blocks, and in inference from
     ``EXPLICIT_MIN_DENSITY_CPU_INFERENCE`` (0.9) on: the dense backend then computes an explicit
-    softmax instead of SDPA's fused one. Forward alone with the weights returned (2 cores, H =
-    4, C = 16, ``torch.no_grad``), dense over ``"cpu"``: random graphs of 1024 nodes 7.35x at
-    density 0.05, 3.99x at 0.1, 2.32x at 0.35, 1.44x at 0.7, 1.19x at 0.9, 1.06x at 0.95, 0.23x
-    on the complete graph; 4096 nodes in blocks of 32, 128 and 512: complete 0.48, 0.39, 0.64x,
-    causal (density ~0.5) 0.75, 1.06, 1.59x, random at density 0.3 2.18x (32), 1.35x (128), at
-    0.8 0.75x (32), 0.96x (128). Forward+backward on 2 cores with dropout 0.5 (H = 4, C = 16),
-    dense over ``"cpu"``: random graphs of 1024 nodes 2.97x at density 0.1, 2.12x at 0.2, 1.50x
-    at 0.5, 0.97x at 0.7 (with the weights returned: 2.94, 2.59, 1.31, 0.84x), 0.31x on the
-    complete graph; 4096 nodes in blocks of 16 to 512, at density 0.3 inside the blocks
-    1.46-2.74x, causal blocks 0.79-1.18x, complete blocks 0.32-0.43x; ~4000 nodes in complete
-    blocks of unequal sizes, padded per size group, by the density of the padded pairs: blocks
-    of 17-32 nodes (density 0.59) 1.19x (1.43x with the weights returned), 9-37 (0.70)
-    0.84-1.06x (1.0-1.22x), 31-32 (0.97) 0.73x (0.79x); of 64-128 nodes (0.57) 0.84x (1.04x),
-    50-150 (0.71) 0.59-0.72x (0.89-1.03x), 120-128 (0.94) 0.61x (0.82x): about even at the floor
-    of 0.6.
+    softmax instead of SDPA's fused one. Dense over ``"cpu"`` (``python
+    benchmarks/explicit_weights.py``, 2 cores, H = 4, C = 16; inference with the weights
+    returned / training with dropout 0.5 / training with the weights returned): random graphs of
+    1024 nodes at density 0.05 8.3 / 6.3 / 5.7x, 0.35 2.6 / 1.7 / 1.8x, 0.7 1.16 / 1.02 / 0.93x,
+    0.9 1.11 / 0.88 / 0.77x, the complete graph 0.22 / 0.32 / 0.20x; 4096 nodes in complete
+    blocks of 32 to 512 0.32-0.55 / 0.28-0.53 / 0.25-0.37x, in random blocks of 32 and 128 at
+    density 0.3 1.31-2.32 / 0.96-1.09 / 0.96-1.17x and at 0.8 0.84-0.89 / 0.58-0.67 /
+    0.65-0.80x, in causal blocks (density 0.5, below both floors) of 32 and 128 0.78-0.96 /
+    0.54-0.64 / 0.60-0.76x but of 512 1.67 / 1.67 / 1.59x; complete graphs of 9-37 and 50-150
+    nodes (~4000 nodes, padded per size group to density 0.67-0.68) 0.96-1.12 / 0.76-0.92 /
+    0.73-1.01x.
 
     On CUDA: ``"triton"`` when Triton is installed and q is fp32, fp16 or bf16, else
     ``"reference"``. This is a placeholder rule: the dense path is not chosen on GPUs until GPU
