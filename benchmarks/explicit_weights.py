@@ -19,7 +19,7 @@ blocks of unequal sizes (padded per size group: ~4000 nodes of graphs of 9-37 an
 nodes), H = 4, C = 16, fp32; interleaved rounds after warm-up, medians.
 
 Usage (one line):
-    python benchmarks/explicit_weights.py           # ~3 min on 2 cores
+    python benchmarks/explicit_weights.py           # ~1 min on 2 cores
     python benchmarks/explicit_weights.py --quick   # three small graphs, a smoke run
 
 Writes ``results/explicit_weights.md`` and ``.csv``.
@@ -66,7 +66,7 @@ def cases(quick: bool, seed: int) -> list[tuple[str, torch.Tensor, int]]:
     out = [(f"random-1024-d{d}", random_pairs(1024, d, gen), 1024)
            for d in (0.05, 0.1, 0.35, 0.7, 0.9)]
     out.append(("complete-1024", graphs.complete_graph(1024), 1024))
-    for size in (32, 128, 512):
+    for size in (32, 64, 128, 256, 512):
         for name, g in (("complete", graphs.complete_graph(size)),
                         ("causal", graphs.causal_graph(size))):
             out.append((f"{name}-blocks-{4096 // size}x{size}",

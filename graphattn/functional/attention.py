@@ -87,6 +87,12 @@ EXPLICIT_MIN_DENSITY_CPU = 0.6
 # alone is cheaper still beside the dense path's explicit softmax and its gather of the weights
 # (forward on 2 cores, H = 4, C = 16; see select_backend).
 EXPLICIT_MIN_DENSITY_CPU_INFERENCE = 0.9
+# In training, blocks of at most EXPLICIT_SMALL_BLOCK nodes take the dense path from this
+# density on instead: their explicit softmax stays in cache (causal blocks of 32-128 nodes,
+# density 0.5, train 1.2-1.8x faster dense; of 256 about even, of 512 1.8x slower; see
+# select_backend).
+EXPLICIT_MIN_DENSITY_CPU_SMALL_BLOCKS = 0.4
+EXPLICIT_SMALL_BLOCK = 128
 
 
 def _interpolate(table: tuple[tuple[float, float, float], ...], size: float,
@@ -207,19 +213,20 @@ def select_backend(q: Tensor, edge_index: Tensor, num_src: int | None = None, *,
 
     **Calls that need the weights** (``needs_weights``: weights returned, or dropout on them in
     training) take the dense path for training only from density ``EXPLICIT_MIN_DENSITY_CPU``
-    (0.6) on, whole graph or blocks, and in inference from
+    (0.6) on, whole graph or blocks (blocks of at most ``EXPLICIT_SMALL_BLOCK`` = 128 nodes from
+    ``EXPLICIT_MIN_DENSITY_CPU_SMALL_BLOCKS`` = 0.4 on), and in inference from
     ``EXPLICIT_MIN_DENSITY_CPU_INFERENCE`` (0.9) on: the dense backend then computes an explicit
-    softmax instead of SDPA's fused one. Dense over ``"cpu"`` (``python
-    benchmarks/explicit_weights.py``, 2 cores, H = 4, C = 16; inference with the weights
-    returned / training with dropout 0.5 / training with the weights returned): random graphs of
-    1024 nodes at density 0.05 8.3 / 6.3 / 5.7x, 0.35 2.6 / 1.7 / 1.8x, 0.7 1.16 / 1.02 / 0.93x,
-    0.9 1.11 / 0.88 / 0.77x, the complete graph 0.22 / 0.32 / 0.20x; 4096 nodes in complete
-    blocks of 32 to 512 0.32-0.55 / 0.28-0.53 / 0.25-0.37x, in random blocks of 32 and 128 at
-    density 0.3 1.31-2.32 / 0.96-1.09 / 0.96-1.17x and at 0.8 0.84-0.89 / 0.58-0.67 /
-    0.65-0.80x, in causal blocks (density 0.5, below both floors) of 32 and 128 0.78-0.96 /
-    0.54-0.64 / 0.60-0.76x but of 512 1.67 / 1.67 / 1.59x; complete graphs of 9-37 and 50-150
-    nodes (~4000 nodes, padded per size group to density 0.67-0.68) 0.96-1.12 / 0.76-0.92 /
-    0.73-1.01x.
+    softmax instead of SDPA's fused one. Dense over ``"cpu"``
+    (``benchmarks/results/explicit_weights.md``, 2 cores, H = 4, C = 16; inference with the
+    weights returned / training with dropout 0.5 / training with the weights returned; a second
+    run differed by up to 30%): random graphs of 1024 nodes at density 0.05 12.9 / 5.0 / 5.9x,
+    0.1 6.0 / 4.3 / 3.7x, 0.35 2.4 / 2.1 / 1.8x, 0.7 1.05 / 0.86 / 0.93x, 0.9 1.43 / 0.85 /
+    0.81x, the complete graph 0.26 / 0.33 / 0.23x; 4096 nodes in complete blocks of 32 to 512
+    0.35-0.47 / 0.27-0.51 / 0.23-0.35x, in causal blocks (density 0.5) of 32, 64 and 128
+    1.03-1.36 / 0.68-0.74 / 0.56-0.81x, of 256 1.10 / 0.86 / 0.87x, of 512 1.00 / 1.78 / 1.78x,
+    in random blocks of 32 and 128 at density 0.3 1.7-2.4 / 1.09-1.38 / 1.06-1.28x and at 0.8
+    0.91-1.10 / 0.59-0.79 / 0.69-0.72x; complete graphs of 9-37 and 50-150 nodes (~4000 nodes,
+    padded per size group to density 0.67-0.68) 0.85-0.89 / 0.71-0.78 / 0.74-0.86x.
 
     On CUDA: ``"triton"`` when Triton is installed and q is fp32, fp16 or bf16, else
     ``"reference"``. This is a placeholder rule: the dense path is not chosen on GPUs until GPU
@@ -266,6 +273,8 @@ def _select(q: Tensor, edge_index: Tensor, num_src: int | None, score: str,
         if layout is not None and layout.size >= DENSE_CROSSOVER_CPU_BLOCKS[0][0]:
             # the blocks' pairs as one row of sources: the same bytes
             fits = dense_peak_bytes(layout.pairs, 1, heads, itemsize) <= DENSE_MAX_BYTES_CPU
+            if needs_weights and training and layout.size <= EXPLICIT_SMALL_BLOCK:
+                floor = EXPLICIT_MIN_DENSITY_CPU_SMALL_BLOCKS
             threshold = max(block_min_density(layout.size, training=training), floor)
             if fits and num_edges / layout.pairs >= threshold:
                 return "dense", layout

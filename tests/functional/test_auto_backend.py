@@ -259,6 +259,20 @@ def test_weights_or_dropout_in_training_take_the_explicit_crossover(monkeypatch)
     assert calls == ["cpu", "dense", "dense", "cpu"]
 
 
+def test_small_blocks_take_the_dense_path_from_a_lower_density_in_training():
+    """Causal blocks (density ~0.5, below EXPLICIT_MIN_DENSITY_CPU): blocks of at most
+    EXPLICIT_SMALL_BLOCK nodes go dense in training with the weights needed, larger ones and
+    inference keep the sparse kernels."""
+    assert (attention.EXPLICIT_MIN_DENSITY_CPU_SMALL_BLOCKS < 0.5
+            < attention.EXPLICIT_MIN_DENSITY_CPU)
+    small = attention.EXPLICIT_SMALL_BLOCK // 2
+    for size, blocks, expected in ((small, 8, "dense"), (512, 2, "cpu")):
+        edge_index = graphs.repeat_graph(graphs.causal_graph(size), size, blocks)
+        q = torch.randn(size * blocks, 2, 4, requires_grad=True)
+        assert select_backend(q, edge_index, needs_weights=True) == expected, size
+        assert select_backend(q.detach(), edge_index, needs_weights=True) == "cpu", size
+
+
 def test_layer_auto_equals_reference_on_a_dense_graph():
     n = 32
     edge_index = graph_with_density(n, n, 0.9, seed=3)
