@@ -569,8 +569,8 @@ def _whole_padded_blocks(q: Tensor, k: Tensor, v: Tensor, src: Tensor, dst: Tens
     the dot score and no bias, when the weights themselves are needed (a dropout mask, or
     ``need_alpha``): group by group, the blocks padded to the group's size L_g as
     ``[B_g, H, L_g, L_g]`` scores, with the padding masked out as keys only. Every row then has
-    a key (a padding row reads its block's first node, and a zero query), so no row needs the
-    empty-row handling of the general path, and the padding rows' outputs are never read.
+    a key (a padding row, whose query is a zero row, has its block's nodes), so no row needs
+    the empty-row handling of the general path, and the padding rows' outputs are never read.
     The pair of edge :math:`j \to i` of block b, in group g at slot s, is known from the
     positions :math:`i - s_b`, :math:`j - s_b` in the block (:math:`s_b` its first node):
     :math:`P_g + s L_g^2 + (i - s_b) L_g + (j - s_b)`, with :math:`P_g` the pairs of the groups
