@@ -81,6 +81,17 @@ def _dropout_multipliers(drop, entry, ok):
 
 
 @triton.jit
+def seeded_mask_kernel(drop, out, n, BLOCK: tl.constexpr):
+    """Grid (cdiv(n, BLOCK)): write the ``n`` entries of the seeded mask ``drop`` (its
+    parameters ``[3]``) to ``out`` in ``out``'s dtype, the multipliers the other kernels draw
+    in registers."""
+    entry = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = entry < n
+    tl.store(out + entry, _dropout_multipliers(drop, entry, ok).to(out.dtype.element_ty),
+             mask=ok)
+
+
+@triton.jit
 def _rows(ptr, rows, hc, ok3, H: tl.constexpr, C: tl.constexpr):
     """Load an ``[N, H, C]`` tensor at node ids ``rows`` (or an ``[E, H, C]`` one at edge ids)
     as fp32 ``(BE, BH, BC)``."""

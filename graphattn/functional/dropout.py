@@ -10,8 +10,13 @@ govern the masks as they govern ``torch.rand``. A Cora-sized ``[2708, 64]`` mask
 0.17 ms on one core, where ``torch.rand(shape).ge(p)`` and the conversion to a float mask take
 0.59 ms and ``F.dropout`` (torch's ``bernoulli_``) 1.7 ms (``benchmarks/dropout_cpu.py``).
 
-Elsewhere (CUDA, other devices) the mask is drawn as ``torch.rand(shape) >= p``. Both draw each
-entry's drop independently with probability ``p`` (on CPU within :math:`2^{-32}` of it).
+On CUDA with Triton installed the mask is the same function of a seed, drawn from the device's
+generator and written by a Triton kernel (fp32, fp16, bf16): every backend of
+:func:`~graphattn.functional.edge_attention` then drops the same entries for one
+``torch.manual_seed``, the ``triton`` backend's included. Elsewhere (other devices, fp64 on
+CUDA, CUDA without Triton) the mask is drawn as ``torch.rand(shape) >= p``. All draw each
+entry's drop independently with probability ``p`` (the seeded ones within :math:`2^{-32}` of
+it).
 
 The Triton kernels draw their mask themselves, as the CPU mask is drawn: they take the
 parameters of :func:`seeded_mask_parameters` (a seed drawn on the inputs' device, the threshold
@@ -32,6 +37,9 @@ from torch import Tensor
 from graphattn._checks import check_dropout
 from graphattn.functional import cpu
 
+# the dtypes of the seeded masks (the kept multiplier is held in fp32)
+SEEDED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
 
 def dropout_mask(shape: int | tuple[int, ...], p: float, *,
                  device: torch.device | str | None = None,
@@ -39,9 +47,10 @@ def dropout_mask(shape: int | tuple[int, ...], p: float, *,
     r"""An inverted-dropout multiplier: each entry is 0 with probability ``p``, else
     :math:`1 / (1 - p)`, so that :math:`\mathbb{E}[m] = 1`.
 
-    On CPU (in fp64, fp32, fp16 and bf16) the entries are drawn by SplitMix64 from one seed that
-    torch's generator draws, so the same ``torch.manual_seed`` gives the same mask; elsewhere
-    the mask is ``torch.rand(shape) >= p``.
+    On CPU (in fp64, fp32, fp16 and bf16), and on CUDA with Triton installed (fp32, fp16,
+    bf16), the entries are drawn by SplitMix64 from one seed that the device's generator
+    draws, so the same ``torch.manual_seed`` gives the same mask; elsewhere the mask is
+    ``torch.rand(shape) >= p``.
 
     Args:
         shape (int or tuple): shape of the mask.
@@ -56,12 +65,13 @@ def dropout_mask(shape: int | tuple[int, ...], p: float, *,
     if device.type == "cpu" and dtype in cpu.MASK_DTYPES:
         # the seed is torch's: manual_seed, fork_rng and inductor's fallback_random apply to it
         seed = torch.randint(2**63 - 1, (), dtype=torch.int64, device="cpu")
-        if (torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active()
-                or torch.jit.is_tracing() or torch._C._len_torch_dispatch_stack() > 0):
+        if _traced():
             # an operator for tracers (dynamo, make_fx, torch.jit.trace) and modes to see,
             # with a rule for vmap's batched seeds
             return torch.ops.graphattn.cpu_dropout_mask(seed, list(shape), float(p), dtype)
         return cpu.dropout_mask_from_seed(int(seed), shape, p, dtype)
+    if device.type == "cuda" and dtype in SEEDED_DTYPES and _triton_available():
+        return seeded_mask(seeded_mask_parameters(p, device=device), shape, dtype)
     # drawn out of place: under torch.func.vmap(randomness="different") a fresh tensor filled
     # in place would be unbatched, which vmap refuses (the same numbers as uniform_())
     keep = torch.rand(shape, device=device, dtype=torch.float32).ge(p)
@@ -116,11 +126,57 @@ def seeded_mask(parameters: Tensor, shape: tuple[int, ...], dtype: torch.dtype =
                 ) -> Tensor:
     """The mask ``parameters`` (:func:`seeded_mask_parameters`) stand for, as a tensor of
     ``shape`` on their device: entry ``i`` of the flat mask is what the Triton kernels draw for
-    it (0 or the kept multiplier, rounded to ``dtype``). Written on CPU and copied to the
-    device (a host sync), for the paths that need the mask itself: gradients of gradients."""
+    it (0 or the kept multiplier, rounded to ``dtype``). On CUDA with Triton a kernel writes it
+    there (:func:`~graphattn.functional.triton_kernels.write_seeded_mask`, no host sync);
+    elsewhere it is written on CPU and copied (a host sync)."""
+    if _traced():
+        return torch.ops.graphattn.seeded_dropout_mask(parameters, list(shape), dtype)
+    return _write_seeded_mask(parameters, tuple(shape), dtype)
+
+
+def _write_seeded_mask(parameters: Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+    if parameters.device.type == "cuda" and _triton_available():
+        from graphattn.functional.triton_kernels import write_seeded_mask
+
+        return write_seeded_mask(parameters, shape, dtype)
     seed, threshold, kept_bits = parameters.tolist()
     kept = struct.unpack("<f", struct.pack("<i", kept_bits))[0]
     return cpu.seeded_mask(seed, threshold, kept, shape, dtype).to(parameters.device)
+
+
+def _triton_available() -> bool:
+    from graphattn.functional.triton_kernels import triton_available
+
+    return triton_available()
+
+
+def _traced() -> bool:
+    """Whether a tracer (dynamo, make_fx, torch.jit.trace), a functorch transform or a
+    dispatch mode is active: they see the masks as operators."""
+    return (torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active()
+            or torch.jit.is_tracing() or torch._C._len_torch_dispatch_stack() > 0)
+
+
+@torch.library.custom_op(
+    "graphattn::seeded_dropout_mask", mutates_args=(),
+    schema="(Tensor parameters, SymInt[] shape, ScalarType dtype) -> Tensor")
+def _seeded_mask_op(parameters: Tensor, shape: list[int], dtype: torch.dtype) -> Tensor:
+    """:func:`seeded_mask` as a torch operator, for ``torch.compile`` and ``torch.func``."""
+    return _write_seeded_mask(parameters, tuple(shape), dtype)
+
+
+@_seeded_mask_op.register_fake
+def _(parameters, shape, dtype):
+    return torch.empty(shape, dtype=dtype, device=parameters.device)
+
+
+@_seeded_mask_op.register_vmap
+def _(info, in_dims, parameters, shape, dtype):
+    # vmap(randomness="different") draws one seed per sample (batched parameters): one mask each
+    if in_dims[0] is None:
+        return _seeded_mask_op(parameters, shape, dtype), None
+    batch = parameters.movedim(in_dims[0], 0)  # (B, 3)
+    return torch.stack([_seeded_mask_op(row, shape, dtype) for row in batch]), 0
 
 
 def mask_tensor(dropout_mask: Tensor | None, num_edges: int, heads: int) -> Tensor | None:

@@ -467,6 +467,23 @@ def _launch_over_rows(name: str, csr: CSR, cfg: LaunchConfig, heads: int, before
         *args, BLOCK_N=cfg.block_n, **tiles, **flags)
 
 
+SEEDED_MASK_BLOCK = 1024  # mask entries per program of seeded_mask_kernel
+
+
+def write_seeded_mask(parameters: Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+    """The mask a seeded mask's ``parameters`` stand for
+    (:func:`~graphattn.functional.dropout.seeded_mask_parameters`), written by a Triton kernel
+    on their device, in ``dtype``: the multipliers the other kernels draw in registers, entry
+    by entry, and the mask :func:`~graphattn.functional.dropout.seeded_mask` writes on CPU.
+    No host sync: the parameters stay on the device."""
+    out = torch.empty(shape, dtype=dtype, device=parameters.device)
+    n = out.numel()
+    if n > 0:
+        kernels().seeded_mask_kernel[(-(-n // SEEDED_MASK_BLOCK),)](
+            parameters, out, n, BLOCK=SEEDED_MASK_BLOCK)
+    return out
+
+
 def fused_forward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None,
                   dropout_mask: Tensor | None, csr: CSR, *, scale: float, score: str,
                   negative_slope: float, need_scores: bool, att: Tensor | None = None,

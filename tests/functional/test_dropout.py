@@ -258,3 +258,24 @@ def test_seeded_mask_parameters_stand_for_the_cpu_mask(p):
     # as the kernels take it: a float mask passes through, and no mask stays None
     assert torch.equal(mask_tensor(parameters, 70, 3), mask)
     assert mask_tensor(mask, 70, 3) is mask and mask_tensor(None, 70, 3) is None
+
+
+def test_seeded_mask_operator_writes_the_eager_mask_and_batches_under_vmap():
+    """Tracers and functorch transforms see ``seeded_mask`` as the operator
+    ``graphattn::seeded_dropout_mask``: it writes eager's mask, make_fx records it, and under
+    vmap each sample's parameters give that sample's mask."""
+    torch.manual_seed(6)
+    parameters = seeded_mask_parameters(0.3, device="cpu")
+    eager = seeded_mask(parameters, (25, 2), torch.float16)
+    assert torch.equal(torch.ops.graphattn.seeded_dropout_mask(parameters, [25, 2],
+                                                                torch.float16), eager)
+    traced = torch.fx.experimental.proxy_tensor.make_fx(
+        lambda prm: seeded_mask(prm, (25, 2), torch.float16))(parameters)
+    assert any(node.target is torch.ops.graphattn.seeded_dropout_mask.default
+               for node in traced.graph.nodes)
+    assert torch.equal(traced(parameters), eager)
+    batch = torch.stack([parameters, seeded_mask_parameters(0.3, device="cpu")])
+    masks = torch.func.vmap(lambda prm: seeded_mask(prm, (25, 2)))(batch)
+    assert masks.shape == (2, 25, 2) and not torch.equal(masks[0], masks[1])
+    for mask, prm in zip(masks, batch, strict=True):
+        assert torch.equal(mask, seeded_mask(prm, (25, 2)))

@@ -39,7 +39,7 @@ from hypothesis import strategies as st
 
 from graphattn import _checks, _tensor_cache
 from graphattn._tensor_cache import TensorCache
-from graphattn.functional import attention, edge_attention, reference_edge_attention
+from graphattn.functional import attention, dropout_mask, edge_attention, reference_edge_attention
 from graphattn.functional import triton_kernels as tk
 from graphattn.functional.dropout import mask_tensor, seeded_mask, seeded_mask_parameters
 
@@ -261,8 +261,8 @@ def test_edge_attention_dispatches_by_name(interpreter, index_dtype, score):
 def test_edge_attention_dropout_uses_one_mask(interpreter):
     """``edge_attention`` hands the kernels a seed drawn from the inputs' device (so
     ``torch.manual_seed`` governs it) and the kernels draw the mask of ``seeded_mask`` from it,
-    in forward and backward alike. On CPU that is the mask every backend draws: the same seed
-    gives the reference backend's output and gradients."""
+    in forward and backward alike. That is the mask every backend draws (on CPU, and on CUDA
+    with Triton): the same seed gives the reference backend's output and gradients."""
     ei = random_graph(10, 30, seed=2).to(DEVICE)
     inputs = on_device(attention_inputs(10, 10, 30, 2, 8, bias=False))
     args = (inputs["q"], inputs["k"], inputs["v"], ei)
@@ -278,11 +278,32 @@ def test_edge_attention_dropout_uses_one_mask(interpreter):
     want = (want, *torch.autograd.grad(want.square().sum(), args[:3]))
     for got, expected in zip(results["triton"], want, strict=True):
         assert_close(got, expected)
-    if DEVICE.type == "cpu":  # elsewhere the other backends draw torch.rand masks
-        for got, expected in zip(results["triton"], results["reference"], strict=True):
-            assert_close(got, expected)
+    for got, expected in zip(results["triton"], results["reference"], strict=True):
+        assert_close(got, expected)
     assert not torch.equal(results["triton"][0], edge_attention(
         *args, dropout_p=0.5, training=False, backend="triton"))
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16],
+                         ids=["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize(("p", "shape"), [(0.0, (7, 3)), (0.1, (1023,)), (0.5, (700, 4)),
+                                          (0.9, (2, 1500)), (0.5, (0, 4))])
+def test_seeded_mask_kernel_writes_the_cpu_mask(interpreter, dtype, p, shape):
+    """``write_seeded_mask`` (the Triton kernel that writes a seeded mask on the device) writes
+    entry for entry what the CPU writes from the same parameters, in several programs, the last
+    one partial; and ``dropout_mask`` on the device draws that mask from the seed a
+    ``torch.manual_seed`` gives (on CUDA through that kernel)."""
+    torch.manual_seed(int(p * 10) + len(shape))
+    parameters = seeded_mask_parameters(p, device=DEVICE)
+    got = tk.write_seeded_mask(parameters, shape, dtype)
+    want = seeded_mask(parameters.cpu(), shape, dtype)  # the CPU writer
+    assert got.shape == shape and got.dtype == dtype and got.device.type == DEVICE.type
+    assert torch.equal(got.cpu(), want)
+    if want.numel() >= 1000:
+        assert abs((want == 0).float().mean().item() - p) < 0.05
+    torch.manual_seed(int(p * 10) + len(shape))
+    assert torch.equal(dropout_mask(shape, p, device=DEVICE, dtype=dtype).cpu(), want)
 
 
 @needs_triton
