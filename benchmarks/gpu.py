@@ -171,12 +171,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "(MD with .png), e.g. --replot benchmarks/results/gpu.md")
     parser.add_argument("--only", action="append", default=None, metavar="TEXT",
                         help="time only the methods whose name contains TEXT (repeatable; "
-                             "default: every method), e.g. --only 'edge_attention triton'")
+                             "default: every method but the dropout ones), e.g. --only "
+                             "'edge_attention triton'; --only dropout: the fused op with "
+                             "attention dropout, its mask drawn in the kernels or read, and "
+                             "without")
     args = parser.parse_args(argv)
     if args.only:
         methods = [name for name in METHODS if any(text in name for text in args.only)]
+        methods += [name for name in OPTIONAL_METHODS
+                    if any("dropout" in text and text in name for text in args.only)]
         if not methods:
-            parser.error(f"--only matches no method among {', '.join(METHODS)}: got "
+            parser.error(f"--only matches no method among "
+                         f"{', '.join({**METHODS, **OPTIONAL_METHODS})}: got "
                          f"{args.only}")
         args.methods = tuple(methods)
     else:
@@ -369,6 +375,29 @@ def op_case(backend: str, tiles: dict[str, int] | None = None) -> Callable[..., 
     return make
 
 
+DROPOUT_P = 0.1  # the attention dropout of the dropout methods (--only dropout)
+
+
+def dropout_case(mask: str) -> Callable[..., Case]:
+    """The fused op training with attention dropout ``DROPOUT_P``: ``"seeded"``, as
+    ``edge_attention`` calls it (the kernels draw each entry in registers from a seed drawn per
+    call), or ``"read"``, one ``[E, H]`` fp32 mask drawn once beforehand that the kernels read
+    (the kernels' cost of reading it, the cost of drawing it left out)."""
+    def make(graph: Graph, heads: int, channels: int, dtype: torch.dtype) -> Case:
+        from graphattn.functional import dropout_mask, edge_attention
+        from graphattn.functional.triton_kernels import triton_edge_attention
+
+        q, k, v = _qkv(graph, heads, channels, dtype)
+        if mask == "seeded":
+            return Case(lambda: edge_attention(q, k, v, graph.edge_index, dropout_p=DROPOUT_P,
+                                               backend="triton"), [q, k, v])
+        drawn = dropout_mask((graph.num_edges, heads), DROPOUT_P, device=q.device)
+        return Case(lambda: triton_edge_attention(
+            q, k, v, graph.edge_index, scale=channels**-0.5, bias=None, dropout_mask=drawn,
+            score="dot", negative_slope=0.2, need_alpha=False)[0], [q, k, v])
+    return make
+
+
 def layer_case(kind: str, tiles: dict[str, int] | None = None) -> Callable[..., Case]:
     """A layer on node features ``[N, H*C]``: PyG's (``"transformer"``, ``"gat"``,
     ``"gatv2-pyg"``) or ``GraphSelfAttention`` with that score; ``"transformer-edge"`` and
@@ -435,6 +464,13 @@ METHODS: dict[str, Callable[..., Case]] = {
     "GraphSelfAttention dot + edge features, triton": layer_case("dot-edge"),
     "PyG TransformerConv + edge features": layer_case("transformer-edge"),
     "dense SDPA + mask": dense_case,
+}
+# Timed only when a --only text with "dropout" in it names them (--only dropout): the seeded
+# mask against a read one, and the same op without dropout.
+OPTIONAL_METHODS: dict[str, Callable[..., Case]] = {
+    "edge_attention triton, dropout: none": op_case("triton"),
+    f"edge_attention triton, dropout: {DROPOUT_P} seeded": dropout_case("seeded"),
+    f"edge_attention triton, dropout: {DROPOUT_P} read mask": dropout_case("read"),
 }
 
 
@@ -528,7 +564,7 @@ def measure_graph(graph: Graph, args: argparse.Namespace, dtype: torch.dtype,
     free_bytes = torch.cuda.mem_get_info()[0]
     results, cases, trains = {}, {}, set()  # trains: the cases whose fwd+bwd fits too
     for name in args.methods:
-        make = METHODS[name]
+        make = {**METHODS, **OPTIONAL_METHODS}[name]
         result = Result(graph.name, graph.num_nodes, graph.num_edges, name)
         results[name] = result
         if name.startswith("dense"):

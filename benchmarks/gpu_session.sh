@@ -13,7 +13,10 @@
 #      cannot check);
 #   3. if time is left, the block-sparse kernels' forward on the 50M-edge window graph in fp32
 #      with TF32 products (--tf32: on tensor cores, where full fp32 products run on the FMA
-#      units), for the bandwidth goal;
+#      units), for the bandwidth goal; in the same table, on the 1M- and 50M-edge random
+#      graphs, the fused op training with attention dropout, its mask drawn in the kernels
+#      from a seed against one read from memory, and without dropout (--only dropout; the CSR
+#      kernels, which TF32 does not touch);
 #   4. if time is left, benchmarks/triton_tuning.py: the kernels' tiles (launch_tiles) against
 #      the defaults, the row-block kernels (block_n > 1) and the block-sparse kernels' tiles
 #      and warps among them, on the 1M-edge and the 50M-edge graphs, then PubMed;
@@ -68,9 +71,9 @@ timeout $(limit $(($(left) > 240 ? 180 : $(left) - 60))) env GRAPHATTN_TRITON_DE
   tests/functional/test_triton_blocks.py -k "not compile_for_sm90" 2>&1 | tee -a "$LOG" | tail -25
 
 if [ "$(left)" -gt 150 ]; then
-  echo "== 3. benchmarks/gpu.py, fp32 with TF32 products, block-sparse forward, window-50m ($(left) s left)" | tee -a "$LOG"
-  timeout $(limit 75) "$PY" benchmarks/gpu.py --no-plot --no-check --tf32 --only "edge_attention triton, block-sparse" \
-    --repeats 10 --warmup 2 --graphs window-50m --out "$OUT/gpu_tf32.md" 2>&1 | tee -a "$LOG"
+  echo "== 3. benchmarks/gpu.py, fp32 with TF32 products, block-sparse forward, window-50m; dropout, random graphs ($(left) s left)" | tee -a "$LOG"
+  timeout $(limit 100) "$PY" benchmarks/gpu.py --no-plot --no-check --tf32 --only "edge_attention triton, block-sparse" \
+    --only dropout --repeats 10 --warmup 2 --graphs window-50m,random-1m,random-50m --out "$OUT/gpu_tf32.md" 2>&1 | tee -a "$LOG"
 else
   echo "== 3. skipped: $(left) s left" | tee -a "$LOG"
 fi

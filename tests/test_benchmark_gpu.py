@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from graphattn.functional import edge_attention
 from graphattn.functional import triton_blocks as tb
 from graphattn.functional.triton_kernels import triton_available
 from graphattn.graphs import window_graph
@@ -103,7 +104,7 @@ def test_every_method_runs_forward_and_backward_in_the_interpreter(triton_interp
     ``TransformerConv(root_weight=False)`` keeps an unused ``lin_skip``."""
     random = gpu.Graph("random", 12, gpu.synthetic_graph(12, 40, None, "cpu"))
     window = gpu.Graph("window", 40, window_graph(40, 3))  # the block-sparse kernels run
-    for name, make in gpu.METHODS.items():
+    for name, make in {**gpu.METHODS, **gpu.OPTIONAL_METHODS}.items():
         for graph in (random, window) if name.endswith("block-sparse") else (random,):
             case = make(graph, 2, 8, torch.float32)
             gpu._inference(case)
@@ -325,6 +326,35 @@ def test_tf32_comes_on_after_the_check_and_only_picks_methods(monkeypatch, tmp_p
     with pytest.raises(SystemExit):
         gpu.parse_args(["--only", "no such method"])
     assert gpu.parse_args([]).methods == tuple(gpu.METHODS)
+    # the dropout methods: only for a text that says dropout
+    assert gpu.parse_args(["--only", "dropout"]).methods == tuple(gpu.OPTIONAL_METHODS)
+    assert not set(gpu.OPTIONAL_METHODS) & set(
+        gpu.parse_args(["--only", "edge_attention triton"]).methods)
+
+
+def test_dropout_methods_draw_their_masks_as_named(triton_interpreter):
+    """The seeded method draws a new mask per call from torch's seed, as ``edge_attention``
+    does; the read-mask one reads one mask drawn beforehand, the same at every call."""
+    graph = gpu.Graph("random", 12, gpu.synthetic_graph(12, 40, None, "cpu"))
+    seeded = gpu.OPTIONAL_METHODS["edge_attention triton, dropout: 0.1 seeded"](
+        graph, 2, 8, torch.float32)
+    read = gpu.OPTIONAL_METHODS["edge_attention triton, dropout: 0.1 read mask"](
+        graph, 2, 8, torch.float32)
+    plain = gpu.OPTIONAL_METHODS["edge_attention triton, dropout: none"](
+        graph, 2, 8, torch.float32)
+    with torch.no_grad():
+        assert not torch.equal(seeded.forward(), seeded.forward())
+        torch.manual_seed(2)
+        got = seeded.forward()
+        torch.manual_seed(2)
+        assert torch.equal(got, edge_attention(*seeded.grad_of, graph.edge_index,
+                                               dropout_p=0.1, backend="triton"))
+        assert torch.equal(read.forward(), read.forward())
+        undropped = edge_attention(*read.grad_of, graph.edge_index, training=False,
+                                   backend="triton")
+        assert not torch.allclose(read.forward(), undropped)
+        assert torch.equal(plain.forward(), edge_attention(*plain.grad_of, graph.edge_index,
+                                                           training=False, backend="triton"))
 
 
 def test_tuning_candidates_start_with_the_default_tiles():
