@@ -105,9 +105,18 @@ run the kernels of :mod:`graphattn.functional.triton_blocks` instead: B x B tile
 adjacency matrix as matrix products (on tensor cores for half inputs and TF32; full fp32
 products run on the FMA units), for graphs whose edges gather near its diagonal.
 
-**Dropout** is supported: ``edge_attention`` draws the ``[E, H]`` multiplier in fp32 (whatever
-the inputs' dtype, so that :math:`1 / (1 - p)` is not rounded), the kernels apply it to the
-weights and the same tensor is saved for backward.
+**Dropout** is supported: ``edge_attention`` passes the parameters of a seeded mask (a seed
+drawn on the inputs' device, the threshold and :math:`1 / (1 - p)` in fp32, whatever the
+inputs' dtype, so that it is not rounded;
+:func:`~graphattn.functional.dropout.seeded_mask_parameters`), and every kernel computes the
+multiplier :math:`d_e` of the entries it touches in registers from them, the same in forward
+and backward; no ``[E, H]`` mask is stored. A float ``[E, H]`` mask given to
+``triton_edge_attention`` is read instead.
+
+**Tiles of 64 in fp32** without TF32 (``launch_tiles(block_sparse=64)``, ``allow_tf32``
+off): the block-sparse backward kernels spill registers, up to tens of KB per thread with
+C = 64 (``benchmarks/results/triton_resources_blocks.md``, compiled for sm_90); tiles of 32,
+and tiles of 64 with TF32 or bf16, spill at most 168 bytes there.
 
 **Triton is optional.** This module imports it lazily; kernels are defined on first use. With
 ``TRITON_INTERPRET=1`` in the environment at that moment they run in Triton's interpreter,
