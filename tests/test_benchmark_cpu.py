@@ -317,32 +317,41 @@ def test_sparse_features_benchmark_fills_its_table(tmp_path):
 
 def test_dropout_benchmark_fills_its_table(tmp_path):
     """In a process of its own (it sets the torch threads and swaps the masks' draw): one
-    warm-up and one timed round of one mask size and of the GAT and GraphTransformer steps on
-    Cora, every way in the table, and the ratios against the baseline of each part."""
+    warm-up and one timed round of one mask size, of the GAT and GraphTransformer steps on
+    Cora and of edge_attention on a small random graph, every way in the table, and the ratios
+    against the baseline of each part."""
     import subprocess
 
     out = tmp_path / "dropout.md"
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "dropout_cpu.py"
     done = subprocess.run([sys.executable, str(script), "--rounds", "1", "--warmup", "1",
                            "--datasets", "Cora", "--masks", "Cora attention 13264x8",
-                           "--out", str(out)], capture_output=True, text=True, timeout=300)
+                           "--graph-nodes", "300", "--graph-edges", "3000",
+                           "--graph-rounds", "1", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     with open(out.with_suffix(".csv")) as f:
         rows = [(row["part"], row["case"], row["way"], row) for row in csv.DictReader(f)]
+    graph = "random graph, 300 nodes, 3000 edges"
     assert [r[:3] for r in rows] == [
         ("mask", "Cora attention 13264x8", "graphattn"),
         ("mask", "Cora attention 13264x8", "torch.rand >= p"),
         ("mask", "Cora attention 13264x8", "F.dropout"),
-        ("GAT step", "Cora", "graphattn"), ("GAT step", "Cora", "torch.rand >= p"),
+        ("GAT step", "Cora", "graphattn"),
+        ("GAT step", "Cora", "graphattn, attention mask in memory"),
+        ("GAT step", "Cora", "torch.rand >= p"),
+        ("edge_attention", graph, "graphattn"), ("edge_attention", graph, "mask in memory"),
+        ("edge_attention", graph, "no dropout"),
         ("GraphTransformer step", "Cora", "graphattn"),
         ("GraphTransformer step", "Cora", "torch.nn.Dropout")]
     for part, baseline in (("mask", "torch.rand >= p"), ("GAT step", "torch.rand >= p"),
+                           ("edge_attention", "mask in memory"),
                            ("GraphTransformer step", "torch.nn.Dropout")):
         group = {way: row for p, _, way, row in rows if p == part}
         base = float(group[baseline]["ms"])
-        assert group[baseline]["ratio to torch.rand >= p"] == "1.00"
+        assert group[baseline]["ratio to baseline"] == "1.00"
         for row in group.values():
-            assert float(row["ratio to torch.rand >= p"]) == pytest.approx(
+            assert float(row["ratio to baseline"]) == pytest.approx(
                 float(row["ms"]) / base, abs=0.02)
     assert "command: `python benchmarks/dropout_cpu.py --rounds 1" in out.read_text()
 
@@ -448,3 +457,27 @@ def test_block_diagonal_refuses_a_size_that_does_not_divide_the_nodes(capsys):
     with pytest.raises(SystemExit):
         block_diagonal.main(["--nodes", "100", "--sizes", "64"])
     assert "--sizes" in capsys.readouterr().err
+
+
+def test_dropout_benchmark_mask_in_memory_is_the_kernels_mask():
+    """The ``mask in memory`` way reads the mask the kernels draw for the same seed: the same
+    output, so the two ways time the same computation."""
+    from graphattn.functional import edge_attention
+    from graphattn.functional.cpu import cpu_edge_attention
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(30, 2, 8, generator=gen) for _ in range(3))
+    edge_index = torch.randint(0, 30, (2, 200), generator=gen)
+    torch.manual_seed(1)
+    want = edge_attention(q, k, v, edge_index, dropout_p=0.6, backend="cpu")
+    from graphattn.functional.dropout import seeded_mask_parameters
+    torch.manual_seed(1)
+    parameters = seeded_mask_parameters(0.6, device="cpu")
+    options = dict(scale=8**-0.5, bias=None, score="dot", negative_slope=0.2, need_alpha=False)
+    got, _ = dropout_cpu.mask_in_memory(None)(q, k, v, edge_index, dropout_mask=parameters,
+                                              **options)
+    assert torch.equal(got, want)
+    former, _ = dropout_cpu.mask_in_memory(dropout_cpu.former_mask)(
+        q, k, v, edge_index, dropout_mask=parameters, **options)
+    undropped, _ = cpu_edge_attention(q, k, v, edge_index, dropout_mask=None, **options)
+    assert not torch.allclose(former, want) and not torch.allclose(former, undropped)

@@ -532,10 +532,13 @@ def edge_attention_unchecked(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor
         q, k, v, bias, att, edge_key, edge_value = _common_dtype(q, k, v, bias, att, edge_key,
                                                                  edge_value)
     dropout_mask = None
-    if training and dropout_p > 0.0 and backend == "triton":
-        # The kernels draw the mask in registers from these, the CPU mask's SplitMix64 entries
-        # (nothing of size [E, H] in memory), with 1 / (1 - p) in fp32: not rounded to bf16
-        # or fp16 (bf16 keeps 1.109375 for p = 0.1, and the outputs would shrink by 0.16%).
+    if training and dropout_p > 0.0 and (backend == "triton" or (
+            backend == "cpu" and v.dtype == torch.float32)):
+        # The kernels draw the mask where they use it from these, the CPU mask's SplitMix64
+        # entries (nothing of size [E, H] in memory), with 1 / (1 - p) in fp32: not rounded to
+        # bf16 or fp16 (bf16 keeps 1.109375 for p = 0.1, and the outputs would shrink by
+        # 0.16%). The cpu kernels take them in fp32, whose mask in memory held the same
+        # values; in fp64 and half precision they read the mask of v's dtype, as the others.
         dropout_mask = seeded_mask_parameters(dropout_p, device=v.device)  # (3)
     elif training and dropout_p > 0.0:
         dropout_mask = make_dropout_mask((edge_index.size(1), v.size(1)), dropout_p,

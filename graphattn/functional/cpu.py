@@ -440,19 +440,57 @@ _SPLITMIX_GAMMA = np.uint64(0x9E3779B97F4A7C15)
 _SPLITMIX_MIX = (np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB))
 
 
+@_jit(inline="always")
+def _splitmix_high(seed, index):
+    """The 32 high bits of output ``index + 1`` of SplitMix64 seeded with ``seed`` (uint64)."""
+    mix1, mix2 = _SPLITMIX_MIX
+    z = seed + np.uint64(index + 1) * _SPLITMIX_GAMMA
+    z = (z ^ (z >> np.uint64(30))) * mix1
+    z = (z ^ (z >> np.uint64(27))) * mix2
+    z = z ^ (z >> np.uint64(31))
+    return z >> np.uint64(32)
+
+
 @_jit()
 def _dropout_bits(out, seed, threshold, bits, first, last):
     """Entries ``first..last-1`` of a flat dropout mask, as the raw bits of its float type:
     ``bits`` where the 32 high bits of SplitMix64's output for the entry are at least
     ``threshold``, else 0. Entry ``i`` takes output ``i + 1`` of the generator seeded with
     ``seed``, so any split of the entries fills the same mask."""
-    mix1, mix2 = _SPLITMIX_MIX
     for i in range(first, last):
-        z = seed + np.uint64(i + 1) * _SPLITMIX_GAMMA
-        z = (z ^ (z >> np.uint64(30))) * mix1
-        z = (z ^ (z >> np.uint64(27))) * mix2
-        z = z ^ (z >> np.uint64(31))
-        out[i] = bits if (z >> np.uint64(32)) >= threshold else 0
+        out[i] = bits if _splitmix_high(seed, i) >= threshold else 0
+
+
+def _mask_multiplier(mask, e, h, H):
+    """The dropout multiplier of edge ``e``, head ``h`` (of ``H``): ``mask[e, h]`` of a mask
+    ``[E, H]``, or, when ``mask`` is the int64 parameters ``[3]`` of a seeded mask (seed,
+    threshold, fp32 bits of the kept multiplier;
+    :func:`graphattn.functional.dropout.seeded_mask_parameters`), the entry ``e H + h`` of that
+    mask drawn here, as :func:`seeded_mask` writes it and the Triton kernels draw it."""
+
+
+@overload(_mask_multiplier, inline="always")
+def _mask_multiplier_overload(mask, e, h, H):
+    if mask.ndim == 2:
+        return lambda mask, e, h, H: mask[e, h]
+
+    def seeded(mask, e, h, H):
+        if _splitmix_high(np.uint64(mask[0]), np.int64(e) * H + h) >= np.uint64(mask[1]):
+            return _float32_from_bits(np.int32(mask[2]))
+        return np.float32(0.0)
+    return seeded
+
+
+def _prefetch_mask(mask, e):
+    """Prefetch row ``e`` of a dropout mask ``[E, H]``; nothing for a seeded mask's
+    parameters (see :func:`_mask_multiplier`)."""
+
+
+@overload(_prefetch_mask, inline="always")
+def _prefetch_mask_overload(mask, e):
+    if mask.ndim == 2:
+        return lambda mask, e: _prefetch_row(mask, e)
+    return lambda mask, e: None
 
 
 def _channels(channels: int) -> int:
@@ -792,14 +830,14 @@ def _forward_kernel(score: int, has_bias: bool, qk_channels: int, v_channels: in
                 if p + PREFETCH_DISTANCE < num_edges:
                     _prefetch_row(v, src[p + PREFETCH_DISTANCE])
                     if has_mask:
-                        _prefetch_row(mask, perm[p + PREFETCH_DISTANCE])
+                        _prefetch_mask(mask, perm[p + PREFETCH_DISTANCE])
                     if has_ev:
                         _prefetch_row(ev, perm[p + PREFETCH_DISTANCE])
                 j, e = src[p], perm[p]
                 for h in range(H):
                     w = scores[p - start, h]
                     if has_mask:
-                        w *= mask[e, h]
+                        w *= _mask_multiplier(mask, e, h, H)
                     for x in range(C):
                         weight[h * C + x] = w
                 if has_ev:
@@ -890,7 +928,7 @@ def _backward_target_kernel(score: int, has_bias: bool, qk_channels: int, v_chan
                 if p + PREFETCH_DISTANCE < num_edges:
                     _prefetch_row(v, src[p + PREFETCH_DISTANCE])
                     if has_mask:
-                        _prefetch_row(mask, perm[p + PREFETCH_DISTANCE])
+                        _prefetch_mask(mask, perm[p + PREFETCH_DISTANCE])
                     _prefetch_row_for_write(grad_key, csc_position[p + PREFETCH_DISTANCE])
                     _prefetch_row_for_write(weight, csc_position[p + PREFETCH_DISTANCE])
                 j, e, t = src[p], perm[p], csc_position[p]
@@ -900,8 +938,9 @@ def _backward_target_kernel(score: int, has_bias: bool, qk_channels: int, v_chan
                     if has_ev:
                         d_alpha += _dot(grad_out, i, ev, e, h * C, C)
                     if has_mask:
-                        d_alpha *= mask[e, h]
-                        weight[t, h] = a * mask[e, h]
+                        m = _mask_multiplier(mask, e, h, H)
+                        d_alpha *= m
+                        weight[t, h] = a * m
                     else:
                         weight[t, h] = a
                     if has_ev:
@@ -1125,6 +1164,25 @@ def seeded_mask(seed: int, threshold: int, kept: float, shape: Sequence[int],
     return mask
 
 
+def seeded_mask_from(parameters: Tensor, shape: Sequence[int], dtype: torch.dtype) -> Tensor:
+    """The CPU mask that a seeded mask's int64 ``parameters`` ``[3]`` stand for (seed,
+    threshold, fp32 bits of the kept multiplier;
+    :func:`graphattn.functional.dropout.seeded_mask_parameters`), written by
+    :func:`seeded_mask`."""
+    seed, threshold, kept_bits = parameters.tolist()
+    kept = float(np.array(kept_bits, dtype=np.int64).astype(np.int32).view(np.float32))
+    return seeded_mask(seed, threshold, kept, shape, dtype)
+
+
+def _as_mask(dropout_mask: Tensor | None, num_edges: int, heads: int,
+             dtype: torch.dtype) -> Tensor | None:
+    """The dropout argument as a mask ``[E, H]``: a seeded mask's parameters written out (for
+    the paths in plain torch ops), a mask as it is."""
+    if dropout_mask is None or dropout_mask.dtype != torch.int64:
+        return dropout_mask
+    return seeded_mask_from(dropout_mask, (num_edges, heads), dtype)
+
+
 def _np(t: Tensor) -> np.ndarray:
     return t.detach().numpy()
 
@@ -1330,7 +1388,9 @@ def _differentiable_grads(ctx, grad_out: Tensor | None, grad_alpha: Tensor | Non
         edge_value = edge_key
     needs = [ctx.needs_input_grad[i] for i in (0, 1, 2, 3, 4, 6, 7)]
     grads = reference_grads(grad_out, grad_alpha, q, k, v, edge_index, scale=scale, bias=bias,
-                            dropout_mask=dropout_mask, score=SCORE_NAMES[score],
+                            dropout_mask=_as_mask(dropout_mask, perm.numel(), v.size(1),
+                                                  v.dtype),
+                            score=SCORE_NAMES[score],
                             negative_slope=negative_slope, att=att, edge_key=edge_key,
                             edge_value=edge_value, needs_grad=needs)
     grad_q, grad_k, grad_v, grad_att, grad_bias, grad_ek, grad_ev = grads
@@ -1391,7 +1451,11 @@ def cpu_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *, s
         edge_index (Tensor): ``[2, E]`` int64, row 0 sources, row 1 targets, in any order.
         scale (float): score multiplier.
         bias (Tensor, optional): ``[E, H]`` score bias.
-        dropout_mask (Tensor, optional): ``[E, H]`` multiplier of the attention weights.
+        dropout_mask (Tensor, optional): ``[E, H]`` multiplier of the attention weights, or,
+            as int64, the parameters ``[3]`` of a seeded mask whose entries the kernels draw
+            where they use them, in forward and again in backward
+            (:func:`~graphattn.functional.dropout.seeded_mask_parameters`; what
+            ``edge_attention`` passes for fp32 inputs): no ``[E, H]`` mask is stored or read.
         score (str): ``"dot"``, ``"additive"`` or ``"gatv2"``.
         negative_slope (float): LeakyReLU slope of the additive and gatv2 scores.
         need_alpha (bool): also return the attention weights.
@@ -1408,7 +1472,8 @@ def cpu_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *, s
     check_cpu_inputs(q, k, v, edge_index)
     if v.size(1) == 0:  # no heads: empty results (the kernels would divide by H = 0)
         return reference_edge_attention(
-            q, k, v, edge_index, scale=scale, bias=bias, dropout_mask=dropout_mask, score=score,
+            q, k, v, edge_index, scale=scale, bias=bias,
+            dropout_mask=_as_mask(dropout_mask, edge_index.size(1), 0, v.dtype), score=score,
             negative_slope=negative_slope, need_alpha=need_alpha, att=att, edge_key=edge_key,
             edge_value=edge_value)
     dtype, channels = v.dtype, v.size(-1)
@@ -1430,9 +1495,10 @@ def cpu_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *, s
         if edge_value is not None:
             edge_value = F.pad(edge_value, (0, 1))  # (E, H, 1)
     q, k, v = (t.to(work).contiguous() for t in (q, k, v))
-    att, bias, dropout_mask, edge_key, edge_value = (
-        None if t is None else t.to(work).contiguous()
-        for t in (att, bias, dropout_mask, edge_key, edge_value))
+    att, bias, edge_key, edge_value = (None if t is None else t.to(work).contiguous()
+                                       for t in (att, bias, edge_key, edge_value))
+    if dropout_mask is not None and dropout_mask.dtype != torch.int64:  # (int64: parameters)
+        dropout_mask = dropout_mask.to(work).contiguous()
     inputs = (q, k, v, att, bias, dropout_mask, edge_key, edge_value, edge_index.contiguous(),
               scale, negative_slope, SCORE_KINDS[score], need_alpha, value_is_key)
     if torch.compiler.is_compiling():

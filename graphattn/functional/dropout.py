@@ -139,9 +139,7 @@ def _write_seeded_mask(parameters: Tensor, shape: tuple[int, ...], dtype: torch.
         from graphattn.functional.triton_kernels import write_seeded_mask
 
         return write_seeded_mask(parameters, shape, dtype)
-    seed, threshold, kept_bits = parameters.tolist()
-    kept = struct.unpack("<f", struct.pack("<i", kept_bits))[0]
-    return cpu.seeded_mask(seed, threshold, kept, shape, dtype).to(parameters.device)
+    return cpu.seeded_mask_from(parameters, shape, dtype).to(parameters.device)
 
 
 def _triton_available() -> bool:

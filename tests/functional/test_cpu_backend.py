@@ -106,6 +106,83 @@ def test_dropout_through_edge_attention_uses_the_same_mask(score):
         assert_close(a, b)
 
 
+# (each case compiles kernels of its own: a few, to keep the suite's cold run short)
+@pytest.mark.parametrize("score, edge_terms, dtype, ids", [
+    ("dot", None, torch.float32, torch.int64), ("additive", None, torch.float32, torch.int64),
+    ("gatv2", "key", torch.float32, torch.int64),
+    ("dot", "key and value", torch.float32, torch.int32),
+    ("dot", None, torch.float64, torch.int64)],
+    ids=["dot", "additive", "gatv2-key", "dot-key-and-value-int32", "dot-fp64"])
+def test_seeded_mask_is_the_written_mask_bit_for_bit(score, edge_terms, dtype, ids):
+    """Given a seeded mask's parameters, the kernels draw each multiplier where they use it:
+    outputs, weights and every gradient equal, bit for bit, those of the kernels reading the
+    mask the parameters stand for (bias, a loss on the weights, edge terms, int32 ids)."""
+    from graphattn.functional.dropout import seeded_mask, seeded_mask_parameters
+
+    n, E = 40, 300
+    edge_index = random_graph(n, E, seed=16).to(ids)
+    (q, k, v, bias), _ = make_inputs(n, n, E, score, dtype=dtype, seed=2)
+    att = make_att(score, dtype=dtype)
+    gen = torch.Generator().manual_seed(17)
+    edge_key = (torch.randn(E, H, C, generator=gen, dtype=dtype).requires_grad_()
+                if edge_terms else None)
+    edge_value = edge_key if edge_terms == "key and value" else None
+    alpha_weight = torch.randn(E, H, generator=gen, dtype=dtype)
+    inputs = [t for t in (q, k, v, bias, att, edge_key) if t is not None]
+    torch.manual_seed(18)
+    parameters = seeded_mask_parameters(0.3, device="cpu")
+    mask = seeded_mask(parameters, (E, H), dtype)
+    assert 0.2 < (mask == 0).double().mean() < 0.4
+
+    def outputs_and_grads(dropout_mask):
+        out, alpha = cpu_edge_attention(
+            q, k, v, edge_index, scale=0.7, bias=bias, dropout_mask=dropout_mask, score=score,
+            negative_slope=0.2, need_alpha=True, att=att, edge_key=edge_key,
+            edge_value=edge_value)
+        loss = ((out * torch.linspace(-1, 1, out.numel(), dtype=dtype).view_as(out)).sum()
+                + (alpha * alpha_weight).sum())
+        return (out, alpha, *torch.autograd.grad(loss, inputs))
+
+    for a, b in zip(outputs_and_grads(parameters), outputs_and_grads(mask), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_seeded_mask_through_edge_attention_and_gradients_of_gradients():
+    """``edge_attention`` hands the kernels a seeded mask in fp32 (no ``[E, H]`` mask), a
+    written one in fp64; gradients of gradients through the seeded mask are the reference's
+    with the mask written out."""
+    from graphattn.functional.dropout import seeded_mask, seeded_mask_parameters
+
+    seen = []
+    real = cpu_module.cpu_edge_attention
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["dropout_mask"])
+        return real(*args, **kwargs)
+
+    edge_index = random_graph(20, 120, seed=5)
+    with pytest.MonkeyPatch.context() as mp:
+        from graphattn.functional import attention
+        mp.setitem(attention.BACKENDS, "cpu", spy)
+        for dtype in (torch.float32, torch.float64):
+            (q, k, v, _), _ = make_inputs(20, 20, 120, dtype=dtype)
+            edge_attention(q, k, v, edge_index, dropout_p=0.5, backend="cpu")
+    assert seen[0].dtype == torch.int64 and seen[0].shape == (3,)
+    assert seen[1].dtype == torch.float64 and seen[1].shape == (120, H)
+    (q, k, v, _), _ = make_inputs(20, 20, 120, dtype=torch.float64)
+    parameters = seeded_mask_parameters(0.5, device="cpu")
+    results = []
+    for backend, dropout_mask in ((cpu_edge_attention, parameters),
+                                  (reference_edge_attention,
+                                   seeded_mask(parameters, (120, H), torch.float64))):
+        out, _ = backend(q, k, v, edge_index, scale=0.7, bias=None, dropout_mask=dropout_mask,
+                         score="dot", negative_slope=0.2, need_alpha=False)
+        grads = torch.autograd.grad(out.square().sum(), (q, k, v), create_graph=True)
+        results.append(torch.autograd.grad(sum(g.square().sum() for g in grads), (q, k, v)))
+    for a, b in zip(*results, strict=True):
+        assert_close(a, b)
+
+
 @pytest.mark.parametrize("with_mask", [False, True])
 @pytest.mark.parametrize("score", ["dot", "additive", "gatv2"])
 def test_gradcheck_float64(score, with_mask):
