@@ -7,8 +7,9 @@ generator, and entry ``i`` of the mask is a function of that seed and ``i`` alon
 the mask's dtype in one pass (:func:`graphattn.functional.cpu.dropout_mask_from_seed`).
 ``torch.manual_seed``, ``torch.random.fork_rng`` and inductor's ``fallback_random`` therefore
 govern the masks as they govern ``torch.rand``. A Cora-sized ``[2708, 64]`` mask takes
-0.17 ms on one core, where ``torch.rand(shape).ge(p)`` and the conversion to a float mask take
-0.59 ms and ``F.dropout`` (torch's ``bernoulli_``) 1.7 ms (``benchmarks/dropout_cpu.py``).
+0.48 ms on one AMD EPYC core, where ``torch.rand(shape).ge(p)`` and the conversion to a float
+mask take 1.34 ms and ``F.dropout`` (torch's ``bernoulli_``) 2.6 ms
+(``benchmarks/dropout_cpu.py``).
 
 On CUDA with Triton installed the mask is the same function of a seed, drawn from the device's
 generator and written by a Triton kernel (fp32, fp16, bf16): every backend of
@@ -18,12 +19,13 @@ CUDA, CUDA without Triton) the mask is drawn as ``torch.rand(shape) >= p``. All 
 entry's drop independently with probability ``p`` (the seeded ones within :math:`2^{-32}` of
 it).
 
-The Triton kernels draw their mask themselves, as the CPU mask is drawn: they take the
-parameters of :func:`seeded_mask_parameters` (a seed drawn on the inputs' device, the threshold
-and the kept entries' multiplier) and compute each ``[E, H]`` entry's multiplier in registers
-where they read it, in the forward pass and again in backward, so the mask is neither drawn
-into memory nor read from it. For one seed it is the CPU mask: :func:`seeded_mask` writes it
-out (for the paths that need it as a tensor).
+The Triton kernels, and the ``cpu`` kernels in fp32, draw the attention weights' mask
+themselves, as the CPU mask is drawn: they take the parameters of
+:func:`seeded_mask_parameters` (a seed drawn on the inputs' device, the threshold and the kept
+entries' multiplier) and compute each ``[E, H]`` entry's multiplier where they would have read
+it, in the forward pass and again in backward, so the mask is neither drawn into memory nor
+read from it. For one seed it is the CPU mask: :func:`seeded_mask` writes it out (for the
+paths that need it as a tensor).
 """
 
 from __future__ import annotations
