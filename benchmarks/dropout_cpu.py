@@ -11,12 +11,10 @@ Two parts, each interleaved (the order rotates every round) after warm-up, media
 - ``GAT step``: one training step (forward, cross-entropy on the training nodes, backward,
   Adam) of ``graphattn.nn.GAT`` (8 heads x 8 channels, dropout 0.6) on the public split with
   sparse CSR features, its masks drawn the ``graphattn`` way (the attention weights' mask
-  drawn by the kernels where they use it from ``SEEDED_DROPOUT_MIN_ENTRIES_CPU`` entries,
-  written to memory below, as ``edge_attention`` decides), the same with the attention
-  weights' mask always written to memory and read by the kernels (``graphattn, attention
-  mask in memory``), or the ``torch.rand >= p`` way (every mask in memory: graphattn's former
-  way); each way has its own copy of the same initial model. ``--seeded-always`` makes the
-  kernels draw it at every size.
+  drawn by the kernels where they use it), the same with the attention weights' mask written
+  to memory and read by the kernels (``graphattn, attention mask in memory``), or the
+  ``torch.rand >= p`` way (every mask in memory: graphattn's former way); each way has its own
+  copy of the same initial model.
 - ``edge_attention``: forward and backward of ``edge_attention(..., dropout_p=0.6,
   backend="cpu")`` (fp32, 8 heads x 8 channels) on a random graph of ``--graph-nodes`` nodes
   and ``--graph-edges`` edges (default 100,000 and 1,000,000, in random order), three ways:
@@ -96,9 +94,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="its edges (default: 1000000)")
     parser.add_argument("--graph-rounds", type=int, default=15,
                         help="timed rounds of the edge_attention part (default: 15)")
-    parser.add_argument("--seeded-always", action="store_true",
-                        help="the cpu kernels draw the attention mask themselves at every "
-                             "size (default: from SEEDED_DROPOUT_MIN_ENTRIES_CPU entries)")
     args = parse_step_args(parser, argv)  # (--datasets none: the masks alone)
     for name in ("graph_nodes", "graph_edges", "graph_rounds"):
         if getattr(args, name) < (0 if name == "graph_nodes" else 1):
@@ -191,8 +186,6 @@ def transformer_steps(data, seed: int) -> dict[str, Callable[[], None]]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.manual_seed(args.seed)
-    if args.seeded_always:
-        graphattn.functional.attention.SEEDED_DROPOUT_MIN_ENTRIES_CPU = 0
     header = cpu_header("dropout_cpu.py", argv,
                         args.threads, f"p = {P}, fp32; {args.rounds} interleaved rounds after "
                         f"{args.warmup} warm-up rounds, medians")
@@ -229,9 +222,7 @@ def main(argv: list[str] | None = None) -> int:
             "(8 heads x 8 channels, dropout 0.6, sparse CSR features) on the public split. "
             "\"graphattn\": `dropout_mask` (SplitMix64 from a seed drawn by torch's generator, "
             "written in one pass; the attention weights' mask drawn by the kernels where they "
-            "use it, from a seed, from "
-            f"{graphattn.functional.attention.SEEDED_DROPOUT_MIN_ENTRIES_CPU} entries, else "
-            "written to memory); \"graphattn, attention mask in memory\": the same masks, "
+            "use it, from a seed); \"graphattn, attention mask in memory\": the same masks, "
             "the attention weights' written to an [E, H] tensor that the kernels read; "
             "\"torch.rand >= p\": a uniform draw, a comparison and a "
             "conversion, every mask in memory (graphattn's former way); \"F.dropout\": "

@@ -94,12 +94,6 @@ EXPLICIT_MIN_DENSITY_CPU_INFERENCE = 0.9
 EXPLICIT_MIN_DENSITY_CPU_SMALL_BLOCKS = 0.4
 EXPLICIT_SMALL_BLOCK = 128
 
-# Attention dropout on the cpu kernels (fp32): from this many [E, H] entries they draw the mask
-# themselves from its seed; below, it is written to memory (the same entries) and read, which
-# is faster while it is small: a GAT step (1 thread, 200 interleaved rounds) took 1.07x (Cora,
-# 106k entries) and 1.04x (CiteSeer) the time with the kernels drawing it, where a 1M-edge
-# graph of 8 heads (8M entries) takes 0.92-0.95x (benchmarks/dropout_cpu.py).
-SEEDED_DROPOUT_MIN_ENTRIES_CPU = 2**20
 
 
 def _interpolate(table: tuple[tuple[float, float, float], ...], size: float,
@@ -540,15 +534,12 @@ def edge_attention_unchecked(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor
                                                                  edge_value)
     dropout_mask = None
     if training and dropout_p > 0.0 and (backend == "triton" or (
-            backend == "cpu" and v.dtype == torch.float32
-            and guard_or_false(edge_index.size(1) * v.size(1)
-                               >= SEEDED_DROPOUT_MIN_ENTRIES_CPU))):
+            backend == "cpu" and v.dtype == torch.float32)):
         # The kernels draw the mask where they use it from these, the CPU mask's SplitMix64
         # entries (nothing of size [E, H] in memory), with 1 / (1 - p) in fp32: not rounded to
         # bf16 or fp16 (bf16 keeps 1.109375 for p = 0.1, and the outputs would shrink by
-        # 0.16%). The cpu kernels take them in fp32 on large graphs (a mask in memory holds
-        # the same values); in fp64 and half precision, and below
-        # SEEDED_DROPOUT_MIN_ENTRIES_CPU entries, they read the mask of v's dtype.
+        # 0.16%). The cpu kernels take them in fp32 (a mask in memory would hold the same
+        # values); in fp64 and half precision they read the mask of v's dtype.
         dropout_mask = seeded_mask_parameters(dropout_p, device=v.device)  # (3)
     elif training and dropout_p > 0.0:
         dropout_mask = make_dropout_mask((edge_index.size(1), v.size(1)), dropout_p,

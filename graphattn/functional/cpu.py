@@ -461,22 +461,37 @@ def _dropout_bits(out, seed, threshold, bits, first, last):
         out[i] = bits if _splitmix_high(seed, i) >= threshold else 0
 
 
-def _mask_multiplier(mask, e, h, H):
+def _mask_state(mask):
+    """What a kernel reads once, before its loops, of a seeded mask's int64 parameters ``[3]``
+    (:func:`graphattn.functional.dropout.seeded_mask_parameters`): the seed and the threshold
+    as uint64, the kept multiplier as float32; zeros for a mask ``[E, H]``, which is read
+    entry by entry instead."""
+
+
+@overload(_mask_state, inline="always")
+def _mask_state_overload(mask):
+    if mask.ndim == 2:
+        return lambda mask: (np.uint64(0), np.uint64(0), np.float32(0.0))
+    return lambda mask: (np.uint64(mask[0]), np.uint64(mask[1]),
+                         _float32_from_bits(np.int32(mask[2])))
+
+
+def _mask_multiplier(mask, state, e, h, H):
     """The dropout multiplier of edge ``e``, head ``h`` (of ``H``): ``mask[e, h]`` of a mask
-    ``[E, H]``, or, when ``mask`` is the int64 parameters ``[3]`` of a seeded mask (seed,
-    threshold, fp32 bits of the kept multiplier;
-    :func:`graphattn.functional.dropout.seeded_mask_parameters`), the entry ``e H + h`` of that
-    mask drawn here, as :func:`seeded_mask` writes it and the Triton kernels draw it."""
+    ``[E, H]``, or, when ``mask`` is a seeded mask's parameters (``state``, from
+    :func:`_mask_state`), entry ``e H + h`` of that mask drawn here, as :func:`seeded_mask`
+    writes it and the Triton kernels draw it."""
 
 
 @overload(_mask_multiplier, inline="always")
-def _mask_multiplier_overload(mask, e, h, H):
+def _mask_multiplier_overload(mask, state, e, h, H):
     if mask.ndim == 2:
-        return lambda mask, e, h, H: mask[e, h]
+        return lambda mask, state, e, h, H: mask[e, h]
 
-    def seeded(mask, e, h, H):
-        if _splitmix_high(np.uint64(mask[0]), np.int64(e) * H + h) >= np.uint64(mask[1]):
-            return _float32_from_bits(np.int32(mask[2]))
+    def seeded(mask, state, e, h, H):
+        seed, threshold, kept = state
+        if _splitmix_high(seed, np.int64(e) * H + h) >= threshold:
+            return kept
         return np.float32(0.0)
     return seeded
 
@@ -801,6 +816,7 @@ def _forward_kernel(score: int, has_bias: bool, qk_channels: int, v_channels: in
         C = v_channels if v_channels else v.shape[1] // H
         num_edges = src.shape[0]
         scores = np.empty((_max_degree(rowptr, first, last), H), dtype=out.dtype)
+        state = _mask_state(mask)  # a seeded mask's parameters, read once
         top = np.empty(H, dtype=out.dtype)
         total = np.empty(H, dtype=out.dtype)
         inv = np.empty(H, dtype=out.dtype)
@@ -837,7 +853,7 @@ def _forward_kernel(score: int, has_bias: bool, qk_channels: int, v_channels: in
                 for h in range(H):
                     w = scores[p - start, h]
                     if has_mask:
-                        w *= _mask_multiplier(mask, e, h, H)
+                        w *= _mask_multiplier(mask, state, e, h, H)
                     for x in range(C):
                         weight[h * C + x] = w
                 if has_ev:
@@ -899,6 +915,7 @@ def _backward_target_kernel(score: int, has_bias: bool, qk_channels: int, v_chan
         C = v_channels if v_channels else v.shape[1] // H
         num_edges = src.shape[0]
         delta = np.empty(H, dtype=out.dtype)
+        state = _mask_state(mask)  # a seeded mask's parameters, read once
         most = _max_degree(rowptr, first, last)
         alphas = np.empty((most, H), dtype=out.dtype)  # a target's scores, then its weights
         slopes = np.empty((most, H), dtype=out.dtype)  # ds/d(pre-activation) of its edges
@@ -938,7 +955,7 @@ def _backward_target_kernel(score: int, has_bias: bool, qk_channels: int, v_chan
                     if has_ev:
                         d_alpha += _dot(grad_out, i, ev, e, h * C, C)
                     if has_mask:
-                        m = _mask_multiplier(mask, e, h, H)
+                        m = _mask_multiplier(mask, state, e, h, H)
                         d_alpha *= m
                         weight[t, h] = a * m
                     else:

@@ -7,8 +7,8 @@ generator, and entry ``i`` of the mask is a function of that seed and ``i`` alon
 the mask's dtype in one pass (:func:`graphattn.functional.cpu.dropout_mask_from_seed`).
 ``torch.manual_seed``, ``torch.random.fork_rng`` and inductor's ``fallback_random`` therefore
 govern the masks as they govern ``torch.rand``. A Cora-sized ``[2708, 64]`` mask takes
-0.18 ms on one AMD EPYC core, where ``torch.rand(shape).ge(p)`` and the conversion to a float
-mask take 0.70 ms and ``F.dropout`` (torch's ``bernoulli_``) 2.0 ms
+0.26 ms on one AMD EPYC core, where ``torch.rand(shape).ge(p)`` and the conversion to a float
+mask take 0.72 ms and ``F.dropout`` (torch's ``bernoulli_``) 2.0 ms
 (``benchmarks/dropout_cpu.py``).
 
 On CUDA with Triton installed the mask is the same function of a seed, drawn from the device's
@@ -19,8 +19,8 @@ CUDA, CUDA without Triton) the mask is drawn as ``torch.rand(shape) >= p``. All 
 entry's drop independently with probability ``p`` (the seeded ones within :math:`2^{-32}` of
 it).
 
-The Triton kernels, and the ``cpu`` kernels in fp32 from 2^20 entries, draw the attention
-weights' mask themselves, as the CPU mask is drawn: they take the parameters of
+The Triton kernels, and the ``cpu`` kernels in fp32, draw the attention weights' mask
+themselves, as the CPU mask is drawn: they take the parameters of
 :func:`seeded_mask_parameters` (a seed drawn on the inputs' device, the threshold and the kept
 entries' multiplier) and compute each ``[E, H]`` entry's multiplier where they would have read
 it, in the forward pass and again in backward, so the mask is neither drawn into memory nor
