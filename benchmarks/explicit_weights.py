@@ -5,21 +5,23 @@ A call needs the weights when it returns them (``return_attention=True``) or app
 dropout in training: the dense backend then cannot run SDPA's fused kernel and computes the
 softmax explicitly, gathering each edge's weight from the dense matrix (and scattering its
 dropout multiplier into it). Its crossover with the sparse kernels lies far above the fused
-one; ``EXPLICIT_MIN_DENSITY_CPU`` (training) and ``EXPLICIT_MIN_DENSITY_CPU_INFERENCE`` (the
-weights returned under ``torch.no_grad``) are the floors ``auto`` keeps. Three calls:
+one, and grows with the graph; ``EXPLICIT_CROSSOVER_CPU`` (whole graphs, by size),
+``EXPLICIT_MIN_DENSITY_CPU`` (blocks, training) and ``EXPLICIT_MIN_DENSITY_CPU_INFERENCE``
+(blocks, the weights returned under ``torch.no_grad``) are the floors ``auto`` keeps. Three
+calls:
 
 - ``inference, weights``: ``edge_attention(..., return_attention=True)`` under ``no_grad``;
 - ``training, dropout``: ``dropout_p=0.5``, forward+backward of ``out.square().sum()``;
 - ``training, weights``: the weights returned, forward+backward of the output's and the
   weights' sum;
 
-on random graphs of 1024 nodes (each pair an edge with probability d), the complete graph,
-4096 nodes in diagonal blocks (complete, causal, random at density 0.3 and 0.8) and complete
-blocks of unequal sizes (padded per size group: ~4000 nodes of graphs of 9-37 and 50-150
-nodes), H = 4, C = 16, fp32; interleaved rounds after warm-up, medians.
+on random graphs of 512, 1024 and 2048 nodes (each pair an edge with probability d), the
+complete graph, 4096 nodes in diagonal blocks (complete, causal, random at density 0.3 and 0.8)
+and complete blocks of unequal sizes (padded per size group: ~4000 nodes of graphs of 9-37 and
+50-150 nodes), H = 4, C = 16, fp32; interleaved rounds after warm-up, medians.
 
 Usage (one line):
-    python benchmarks/explicit_weights.py           # ~1 min on 2 cores
+    python benchmarks/explicit_weights.py           # ~3 min on 2 cores
     python benchmarks/explicit_weights.py --quick   # three small graphs, a smoke run
 
 Writes ``results/explicit_weights.md`` and ``.csv``.
@@ -64,7 +66,9 @@ def cases(quick: bool, seed: int) -> list[tuple[str, torch.Tensor, int]]:
                  128),
                 ("complete-padded-9-37", *unequal_complete(9, 37, 160, gen))]
     out = [(f"random-1024-d{d}", random_pairs(1024, d, gen), 1024)
-           for d in (0.05, 0.1, 0.35, 0.7, 0.9)]
+           for d in (0.05, 0.1, 0.35, 0.5, 0.7, 0.9)]
+    out += [(f"random-{size}-d{d}", random_pairs(size, d, gen), size)
+            for size in (512, 2048) for d in (0.5, 0.7, 0.9)]
     out.append(("complete-1024", graphs.complete_graph(1024), 1024))
     for size in (32, 64, 128, 256, 512):
         for name, g in (("complete", graphs.complete_graph(size)),
@@ -151,13 +155,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="three small graphs, 2 rounds")
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--channels", type=int, default=16, help="channels per head")
-    parser.add_argument("--rounds", type=int, default=None, help="timed rounds (default: 8)")
+    parser.add_argument("--rounds", type=int, default=None, help="timed rounds (default: 16)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None,
                         help="default: results/explicit_weights.md")
     args = parser.parse_args(argv)
-    args.rounds = args.rounds or (2 if args.quick else 8)
+    args.rounds = args.rounds or (2 if args.quick else 16)
     command = "python " + shlex.join(["benchmarks/explicit_weights.py", *(argv or sys.argv[1:])])
     header = [f"- command: `{command}`",
               f"- torch {torch.__version__}, device cpu ({cpu_name()}), "

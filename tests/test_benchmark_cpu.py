@@ -104,8 +104,9 @@ def test_global_layers_agree_and_fill_the_table(tmp_path):
 
 def test_explicit_weights_fills_the_table(tmp_path):
     """Each graph gets the three calls, a time on both backends, their ratio and auto's pick,
-    which follows the floors of the rule (no dense below EXPLICIT_MIN_DENSITY_CPU in training
-    nor below EXPLICIT_MIN_DENSITY_CPU_INFERENCE in inference)."""
+    which follows the floors of the rule (on a whole graph no dense below
+    explicit_min_density; on blocks none below EXPLICIT_MIN_DENSITY_CPU_SMALL_BLOCKS in
+    training nor below EXPLICIT_MIN_DENSITY_CPU_INFERENCE in inference)."""
     from graphattn.functional import attention
 
     out = tmp_path / "weights.md"
@@ -116,8 +117,13 @@ def test_explicit_weights_fills_the_table(tmp_path):
     assert [r["call"] for r in rows[:3]] == list(explicit_weights.CALLS)
     for r in rows:
         assert float(r["dense_ms"]) > 0 and float(r["cpu_ms"]) > 0
-        floor = (attention.EXPLICIT_MIN_DENSITY_CPU if r["call"].startswith("training")
-                 else attention.EXPLICIT_MIN_DENSITY_CPU_INFERENCE)
+        training = r["call"].startswith("training")
+        if r["graph"].startswith("random-"):  # random-{nodes}-d{density}: a whole graph
+            nodes = int(r["graph"].split("-")[1])
+            floor = attention.explicit_min_density(nodes, nodes, training=training)
+        else:
+            floor = (attention.EXPLICIT_MIN_DENSITY_CPU_SMALL_BLOCKS if training
+                     else attention.EXPLICIT_MIN_DENSITY_CPU_INFERENCE)
         assert r["auto"] in ("cpu", "dense")
         if float(r["density"]) < floor:
             assert r["auto"] == "cpu", r

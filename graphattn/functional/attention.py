@@ -77,11 +77,15 @@ DENSE_CROSSOVER_CPU = ((256, 0.06, 0.10), (1024, 0.08, 0.10), (4096, 0.09, 0.23)
 DENSE_CROSSOVER_CPU_BLOCKS = ((16, 0.47, 0.50), (64, 0.16, 0.22), (256, 0.11, 0.18),
                               (1024, 0.12, 0.24))
 DENSE_MAX_BYTES_CPU = 2 * 2**30
-# The least density (whole graph or over the blocks) at which auto takes the dense path on CPU
-# for a call that needs the weights themselves (returned, or multiplied by a dropout mask in
-# training): the dense backend then computes an explicit softmax, not SDPA's fused one, and its
-# crossover with the sparse kernels moves up (2 cores, H = 4, C = 16, forward+backward; see
-# select_backend).
+# For a call that needs the weights themselves (returned, or multiplied by a dropout mask in
+# training), the dense backend computes an explicit softmax, not SDPA's fused one, and its
+# crossover with the sparse kernels moves up. On a whole graph, by size sqrt(N_dst N_src):
+# (size, forward+backward, forward only), measured by benchmarks/explicit_weights.py on 2 cores
+# (random graphs, H = 4, C = 16; at 4096 nodes and density 0.9 the ratios were those of 2048).
+# From about 2048 nodes the [H, N, N] matrices leave the cache, and each pass over them costs.
+EXPLICIT_CROSSOVER_CPU = ((512, 0.45, 0.55), (1024, 0.55, 0.65), (2048, 0.7, 0.9))
+# The least density over the blocks at which auto runs a block-diagonal graph as dense blocks
+# on CPU for such a call, in training (2 cores, H = 4, C = 16; see select_backend).
 EXPLICIT_MIN_DENSITY_CPU = 0.6
 # The same in inference (weights returned without a gradient): the sparse kernels' forward
 # alone is cheaper still beside the dense path's explicit softmax and its gather of the weights
@@ -138,6 +142,24 @@ def block_min_density(block_size: float, *, training: bool) -> float:
         training (bool): forward+backward (``True``) or forward only (``False``).
     """
     return _interpolate(DENSE_CROSSOVER_CPU_BLOCKS, block_size, training)
+
+
+def explicit_min_density(num_dst: int, num_src: int, *, training: bool) -> float:
+    r"""The density from which ``backend="auto"`` takes the dense path on CPU for a whole
+    graph when the call needs the attention weights themselves (returned, or dropped out in
+    training).
+
+    Interpolates the measured crossovers ``EXPLICIT_CROSSOVER_CPU`` linearly in
+    :math:`\log \sqrt{N_{dst} N_{src}}` (held constant below the smallest and above the
+    largest size measured). ``auto`` takes the larger of this and
+    :func:`dense_min_density`.
+
+    Args:
+        num_dst (int): number of targets N_dst.
+        num_src (int): number of sources N_src.
+        training (bool): forward+backward (``True``) or forward only (``False``).
+    """
+    return _interpolate(EXPLICIT_CROSSOVER_CPU, math.sqrt(num_dst * num_src), training)
 
 
 def select_backend(q: Tensor, edge_index: Tensor, num_src: int | None = None, *,
@@ -213,21 +235,36 @@ def select_backend(q: Tensor, edge_index: Tensor, num_src: int | None = None, *,
     1.06x on the complete graph, 1.68x on 16 complete blocks of 256 nodes.
 
     **Calls that need the weights** (``needs_weights``: weights returned, or dropout on them in
-    training) take the dense path for training only from density ``EXPLICIT_MIN_DENSITY_CPU``
-    (0.6) on, whole graph or blocks (blocks of at most ``EXPLICIT_SMALL_BLOCK`` = 128 nodes from
-    ``EXPLICIT_MIN_DENSITY_CPU_SMALL_BLOCKS`` = 0.4 on), and in inference from
-    ``EXPLICIT_MIN_DENSITY_CPU_INFERENCE`` (0.9) on: the dense backend then computes an explicit
-    softmax instead of SDPA's fused one. Dense over ``"cpu"``
-    (``benchmarks/results/explicit_weights.md``, 2 cores, H = 4, C = 16; inference with the
-    weights returned / training with dropout 0.5 / training with the weights returned; a second
-    run differed by up to 30%): random graphs of 1024 nodes at density 0.05 12.9 / 5.0 / 5.9x,
-    0.1 6.0 / 4.3 / 3.7x, 0.35 2.4 / 2.1 / 1.8x, 0.7 1.05 / 0.86 / 0.93x, 0.9 1.43 / 0.85 /
-    0.81x, the complete graph 0.26 / 0.33 / 0.23x; 4096 nodes in complete blocks of 32 to 512
-    0.35-0.47 / 0.27-0.51 / 0.23-0.35x, in causal blocks (density 0.5) of 32, 64 and 128
-    1.03-1.36 / 0.68-0.74 / 0.56-0.81x, of 256 1.10 / 0.86 / 0.87x, of 512 1.00 / 1.78 / 1.78x,
-    in random blocks of 32 and 128 at density 0.3 1.7-2.4 / 1.09-1.38 / 1.06-1.28x and at 0.8
-    0.91-1.10 / 0.59-0.79 / 0.69-0.72x; complete graphs of 9-37 and 50-150 nodes (~4000 nodes,
-    padded per size group to density 0.67-0.68) 0.85-0.89 / 0.71-0.78 / 0.74-0.86x.
+    training) make the dense backend compute an explicit softmax instead of SDPA's fused one.
+    A whole graph then takes the dense path only from
+    :func:`~graphattn.functional.attention.explicit_min_density` on, interpolated like
+    :math:`\rho^*` from the crossovers ``EXPLICIT_CROSSOVER_CPU``
+    (``benchmarks/explicit_weights.py``, random graphs, 2 cores, H = 4, C = 16):
+
+    ======================  ======  ======  ======
+    size sqrt(N_dst N_src)  512     1024    2048
+    ======================  ======  ======  ======
+    forward+backward        0.45    0.55    0.7
+    forward only            0.55    0.65    0.9
+    ======================  ======  ======  ======
+
+    From about 2048 nodes the ``[H, N, N]`` matrices leave the cache, and each pass of the
+    explicit softmax over them costs (4096 nodes at density 0.9 gave the ratios of 2048).
+    Blocks take it in training from ``EXPLICIT_MIN_DENSITY_CPU`` (0.6) on (blocks of at most
+    ``EXPLICIT_SMALL_BLOCK`` = 128 nodes from ``EXPLICIT_MIN_DENSITY_CPU_SMALL_BLOCKS`` = 0.4
+    on), and in inference from ``EXPLICIT_MIN_DENSITY_CPU_INFERENCE`` (0.9) on. Dense over
+    ``"cpu"`` (``benchmarks/results/explicit_weights.md``; inference with the weights returned
+    / training with dropout 0.5 / training with the weights returned; runs differ by up to
+    30%): random graphs of 512 nodes at density 0.5 1.11 / 0.75 / 0.74x, 0.7 0.66 / 0.58 /
+    0.51x; of 1024 nodes at 0.05 3.1 / 4.4 / 4.0x, 0.35 1.49 / 1.48 / 1.25x, 0.5 1.11 / 1.06 /
+    0.99x, 0.7 0.83 / 0.87 / 0.93x, 0.9 0.60 / 0.63 / 0.62x; of 2048 nodes at 0.5 1.75 / 1.51
+    / 1.33x, 0.7 1.29 / 1.02 / 0.96x, 0.9 0.92 / 0.77 / 0.73x; the complete graph of 1024
+    0.22 / 0.41 / 0.22x; 4096 nodes in complete blocks of 32 to 512 0.31-0.77 / 0.29-0.62 /
+    0.24-0.44x, in causal blocks (density 0.5) of 32, 64 and 128 0.64-1.08 / 0.51-0.60 /
+    0.53-0.70x, of 256 0.89 / 0.78 / 0.94x, of 512 1.78 / 1.55 / 1.41x, in random blocks of 32
+    and 128 at density 0.3 0.96-1.11 / 0.86-0.87 / 0.81-0.97x and at 0.8 0.72-1.02 /
+    0.46-0.52 / 0.57-0.61x; complete graphs of 9-37 and 50-150 nodes (~4000 nodes, padded per
+    size group to density 0.70-0.71) 0.78-0.79 / 0.71-0.75 / 0.76-0.78x.
 
     On CUDA: ``"triton"`` when Triton is installed and q is fp32, fp16 or bf16, else
     ``"reference"``. This is a placeholder rule: the dense path is not chosen on GPUs until GPU
@@ -254,10 +291,10 @@ def _select(q: Tensor, edge_index: Tensor, num_src: int | None, score: str,
         # the explicit softmax's crossover, where the weights themselves are needed
         # (measured forward+backward)
         training = q.requires_grad and torch.is_grad_enabled()
-        floor = ((EXPLICIT_MIN_DENSITY_CPU if training else EXPLICIT_MIN_DENSITY_CPU_INFERENCE)
-                 if needs_weights else 0.0)
         n_dst = q.size(0)
         n_src = n_dst if num_src is None else num_src
+        floor = (explicit_min_density(n_dst, n_src, training=training) if needs_weights
+                 else 0.0)
         pairs = n_dst * n_src
         num_edges = edge_index.size(1)
         density = num_edges / pairs if pairs > 0 else 0.0
@@ -274,8 +311,12 @@ def _select(q: Tensor, edge_index: Tensor, num_src: int | None, score: str,
         if layout is not None and layout.size >= DENSE_CROSSOVER_CPU_BLOCKS[0][0]:
             # the blocks' pairs as one row of sources: the same bytes
             fits = dense_peak_bytes(layout.pairs, 1, heads, itemsize) <= DENSE_MAX_BYTES_CPU
-            if needs_weights and training and layout.size <= EXPLICIT_SMALL_BLOCK:
-                floor = EXPLICIT_MIN_DENSITY_CPU_SMALL_BLOCKS
+            floor = 0.0
+            if needs_weights and not training:
+                floor = EXPLICIT_MIN_DENSITY_CPU_INFERENCE
+            elif needs_weights:
+                floor = (EXPLICIT_MIN_DENSITY_CPU_SMALL_BLOCKS
+                         if layout.size <= EXPLICIT_SMALL_BLOCK else EXPLICIT_MIN_DENSITY_CPU)
             threshold = max(block_min_density(layout.size, training=training), floor)
             if fits and num_edges / layout.pairs >= threshold:
                 return "dense", layout

@@ -12,27 +12,31 @@ from graphattn.functional import (
     edge_attention,
     select_backend,
 )
-from graphattn.functional.attention import dense_min_density
+from graphattn.functional.attention import dense_min_density, explicit_min_density
 from graphattn.functional.dense_backend import DENSE_TENSORS_AT_PEAK, dense_peak_bytes
 from graphattn.nn import GraphSelfAttention
 
 CPU_BACKENDS = [b for b in available_backends() if b != "triton"]
 # Every graph below is smaller than the first measured size: the first crossovers apply.
 _, THRESHOLD, THRESHOLD_INFERENCE = attention.DENSE_CROSSOVER_CPU[0]  # training, inference
+_, EXPLICIT, EXPLICIT_INFERENCE = attention.EXPLICIT_CROSSOVER_CPU[0]  # the weights needed
 
 
-def test_min_density_follows_the_measured_crossovers():
-    table = attention.DENSE_CROSSOVER_CPU
+@pytest.mark.parametrize("min_density,table", [
+    (dense_min_density, attention.DENSE_CROSSOVER_CPU),
+    (explicit_min_density, attention.EXPLICIT_CROSSOVER_CPU)], ids=["fused", "explicit"])
+def test_min_density_follows_the_measured_crossovers(min_density, table):
     for size, training, inference in table:
-        assert dense_min_density(size, size, training=True) == pytest.approx(training)
-        assert dense_min_density(size, size, training=False) == pytest.approx(inference)
-    assert dense_min_density(10, 10, training=True) == table[0][1]  # constant outside
-    assert dense_min_density(10**5, 10**5, training=False) == table[-1][2]
+        assert min_density(size, size, training=True) == pytest.approx(training)
+        assert min_density(size, size, training=False) == pytest.approx(inference)
+    assert min_density(10, 10, training=True) == table[0][1]  # constant outside
+    assert min_density(10**5, 10**5, training=False) == table[-1][2]
     (s0, t0, _), (s1, t1, _) = table[0], table[1]
-    half_way = round(math.sqrt(s0 * s1))  # half way between the two in log size
-    assert dense_min_density(half_way, half_way, training=True) == pytest.approx((t0 + t1) / 2)
+    n = round(math.sqrt(s0 * s1))  # about half way between the two in log size
+    expected = t0 + (t1 - t0) * math.log(n / s0) / math.log(s1 / s0)
+    assert min_density(n, n, training=True) == pytest.approx(expected)
     # The size of a bipartite graph is the geometric mean of its two sides.
-    assert dense_min_density(s0, s1, training=True) == pytest.approx((t0 + t1) / 2)
+    assert min_density(s0, s1, training=True) == pytest.approx((t0 + t1) / 2)
 
 
 def one_block(num_edges: int, n: int) -> torch.Tensor:
@@ -159,9 +163,9 @@ def test_empty_graphs_take_the_sparse_path():
 def test_auto_equals_every_backend(n_dst, n_src, density, expected, score, weights,
                                    monkeypatch):
     """auto goes to the side the rule promises for training: the additive score always to
-    the sparse kernels, the dot score by density, from EXPLICIT_MIN_DENSITY_CPU on when the
+    the sparse kernels, the dot score by density, from explicit_min_density on when the
     weights are returned; and it equals every CPU backend, out, weights and gradients."""
-    if score == "additive" or (weights and density < attention.EXPLICIT_MIN_DENSITY_CPU):
+    if score == "additive" or (weights and density < EXPLICIT):
         expected = "cpu"
     edge_index = graph_with_density(n_dst, n_src, density, seed=1)
     E, H, C = edge_index.size(1), 2, 4
@@ -200,15 +204,15 @@ def test_auto_equals_every_backend(n_dst, n_src, density, expected, score, weigh
 
 
 @pytest.mark.parametrize("density", [THRESHOLD_INFERENCE / 2, min(1.0, THRESHOLD_INFERENCE * 2),
-                                     1.0])
+                                     (EXPLICIT_INFERENCE + 1) / 2, 1.0])
 def test_auto_equals_every_backend_without_grad(density, monkeypatch):
     """Inference that returns the weights: dense from the rule's threshold and
-    EXPLICIT_MIN_DENSITY_CPU_INFERENCE on, and the same out and weights as every backend."""
+    explicit_min_density on, and the same out and weights as every backend."""
     n = 40
     edge_index = graph_with_density(n, n, density, seed=5)
     gen = torch.Generator().manual_seed(6)
     q, k, v = (torch.randn(n, 2, 4, generator=gen, dtype=torch.float64) for _ in range(3))
-    floor = max(THRESHOLD_INFERENCE, attention.EXPLICIT_MIN_DENSITY_CPU_INFERENCE)
+    floor = max(THRESHOLD_INFERENCE, EXPLICIT_INFERENCE)
     expected = "dense" if density >= floor else "cpu"
     calls = []
     chosen = attention.BACKENDS[expected]
@@ -231,13 +235,13 @@ def test_auto_equals_every_backend_without_grad(density, monkeypatch):
 
 def test_weights_or_dropout_in_training_take_the_explicit_crossover(monkeypatch):
     """Training that returns the weights or drops some out takes dense only from
-    EXPLICIT_MIN_DENSITY_CPU on (the explicit softmax's crossover), inference that returns
-    them from EXPLICIT_MIN_DENSITY_CPU_INFERENCE on; calls without them keep the measured
-    rule; edge_attention passes dropout and weights to it."""
+    explicit_min_density's training crossover on, inference that returns them from its
+    inference crossover on; calls without them keep the measured rule; edge_attention passes
+    dropout and weights to it."""
     q = torch.randn(48, 2, 4, requires_grad=True)
-    middle = graph_with_density(48, 48, (THRESHOLD_INFERENCE + 0.6) / 2, seed=7)
-    between = graph_with_density(48, 48, 0.75, seed=7)
-    assert 0.6 < attention.EXPLICIT_MIN_DENSITY_CPU_INFERENCE - 0.1
+    assert THRESHOLD_INFERENCE + 0.1 < EXPLICIT < EXPLICIT_INFERENCE - 0.05
+    middle = graph_with_density(48, 48, (THRESHOLD_INFERENCE + EXPLICIT) / 2, seed=7)
+    between = graph_with_density(48, 48, (EXPLICIT + EXPLICIT_INFERENCE) / 2, seed=7)
     complete = graph_with_density(48, 48, 1.0, seed=7)
     assert select_backend(q, middle) == "dense"
     assert select_backend(q, middle, needs_weights=True) == "cpu"
@@ -257,6 +261,21 @@ def test_weights_or_dropout_in_training_take_the_explicit_crossover(monkeypatch)
         edge_attention(q, q, q, middle, dropout_p=dropout_p, training=training)
     edge_attention(q, q, q, middle, return_attention=True)
     assert calls == ["cpu", "dense", "dense", "cpu"]
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["training", "inference"])
+def test_larger_whole_graphs_need_a_denser_graph_for_the_explicit_softmax(training):
+    """Between the first and the last crossover of EXPLICIT_CROSSOVER_CPU a graph goes dense
+    with the weights needed when it is small, and keeps the sparse kernels when it is large:
+    the dense matrices of the larger one leave the cache."""
+    (small, *low), (large, *high) = (attention.EXPLICIT_CROSSOVER_CPU[i] for i in (0, -1))
+    column = 0 if training else 1
+    density = (low[column] + high[column]) / 2
+    for n, expected in ((small, "dense"), (large, "cpu")):
+        q = torch.randn(n, 2, 4, requires_grad=training)
+        edge_index = one_block(round(density * n * n), n)
+        assert select_backend(q, edge_index, needs_weights=True) == expected, n
+        assert select_backend(q, edge_index) == "dense", n  # the fused crossover lies below
 
 
 def test_small_blocks_take_the_dense_path_from_a_lower_density_in_training():
