@@ -623,8 +623,8 @@ def _whole_padded_blocks(q: Tensor, k: Tensor, v: Tensor, src: Tensor, dst: Tens
         if causal:
             mask = mask & torch.ones(size, size, dtype=torch.bool).tril()
         # scaled before the product: in fp16, q . k can overflow where the score does not
-        scores = ((qh * scale) @ kh.transpose(-2, -1)).masked_fill(~mask.to(q.device),
-                                                                   float("-inf"))
+        scores = (qh * scale) @ kh.transpose(-2, -1)
+        scores = scores.masked_fill_(~mask.to(q.device), float("-inf"))  # in place: one pass
         P = torch.softmax(scores, dim=-1, dtype=_softmax_dtype(scores.dtype)).to(v.dtype)
         weights.append(P)
         W = P
