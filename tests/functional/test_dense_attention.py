@@ -461,6 +461,71 @@ def test_weights_path_applies_dropout_in_training_only():
     assert_close(out, undropped)
 
 
+@pytest.mark.parametrize("return_attention", [False, True], ids=["sdpa", "weights"])
+@pytest.mark.parametrize("masked", [False, True], ids=["all", "mask"])
+@pytest.mark.parametrize("is_causal", [False, True], ids=["", "causal"])
+def test_dropout_on_cpu_is_graphattns_mask_on_the_weights(return_attention, masked, is_causal):
+    """With dropout on CPU, out = (weights * M) @ v with M graphattn's dropout_mask of the
+    weights' shape [..., H, L_q, L_k] drawn from the same seed (not SDPA's bernoulli_ mask);
+    gradients too, by an independent einsum."""
+    from graphattn.functional import dropout_mask
+
+    q, k, v = qkv(3, L=7, S=7, seed=4)
+    mask = (torch.rand(3, 7, 7, generator=torch.Generator().manual_seed(5)) < 0.6) | torch.eye(
+        7, dtype=torch.bool) if masked else None
+    torch.manual_seed(11)
+    result = dense_attention(q, k, v, mask, is_causal=is_causal, scale=0.6, dropout_p=0.4,
+                             return_attention=return_attention)
+    out = result[0] if return_attention else result
+    allowed = torch.ones(3, 7, 7, dtype=torch.bool) if mask is None else mask
+    if is_causal:
+        allowed = allowed & torch.ones(7, 7, dtype=torch.bool).tril()
+    _, weights = explicit_attention(q, k, v, allowed, 0.6)  # (3, H, L, L)
+    torch.manual_seed(11)
+    M = dropout_mask(weights.shape, 0.4)
+    assert 0.25 < (M == 0).double().mean() < 0.55
+    want = torch.einsum("...hij,...jhc->...ihc", weights * M, v)
+    assert_close(out, want)
+    if return_attention:
+        assert_close(result[1], weights)
+    gen = torch.Generator().manual_seed(6)
+    w = torch.randn(out.shape, generator=gen)
+    for g, r in zip(torch.autograd.grad((out * w).sum(), (q, k, v)),
+                    torch.autograd.grad((want * w).sum(), (q, k, v)), strict=True):
+        assert_close(g, r)
+
+
+def test_dropout_on_cpu_is_differentiable_twice():
+    """The explicit path with dropout (plain torch ops) passes gradcheck and gradgradcheck in
+    fp64, the mask drawn again from the same seed at each evaluation."""
+    q, k, v = (t.detach().double().requires_grad_() for t in qkv(L=5, S=5, seed=8))
+    mask = torch.rand(5, 5, generator=torch.Generator().manual_seed(9)) < 0.7
+    mask |= torch.eye(5, dtype=torch.bool)
+
+    def f(q, k, v):
+        torch.manual_seed(12)
+        return dense_attention(q, k, v, mask, dropout_p=0.3)
+
+    assert torch.autograd.gradcheck(f, (q, k, v))
+    assert torch.autograd.gradgradcheck(f, (q, k, v))
+
+
+def test_batch_dropout_on_cpu_is_each_graphs_masked_softmax_times_graphattns_mask():
+    """dense_attention(batch=) with dropout on CPU: each size group's padded SDPA call draws
+    graphattn's mask of its [G_b, H, n_b, n_b] weights; one graph alone is one group, so the
+    mask is that of its own weights' shape."""
+    from graphattn.functional import dropout_mask
+
+    q, k, v = (t[0] for t in qkv(1, L=9, S=9, seed=10))  # (9, H, C)
+    batch = torch.zeros(9, dtype=torch.long)
+    torch.manual_seed(13)
+    out = dense_attention(q, k, v, batch=batch, dropout_p=0.5)
+    _, weights = explicit_attention(q, k, v, torch.ones(9, 9, dtype=torch.bool), 0.5)
+    torch.manual_seed(13)
+    M = dropout_mask((1, *weights.shape), 0.5)[0]  # (H, 9, 9)
+    assert_close(out, torch.einsum("...hij,...jhc->...ihc", weights * M, v))
+
+
 # graph sizes of one per size group (2^(b-1), 2^b] and more, in shuffled node order
 GROUP_SIZES = [1, 2, 3, 4, 5, 8, 9, 17, 40]
 
