@@ -283,14 +283,16 @@ def test_edge_features_in_keys_and_the_beta_gate_compile(attention, edge_mode):
 
 @pytest.mark.parametrize("make", [
     lambda: DenseSelfAttention(16, 8, heads=2),
+    # with attention dropout on CPU: the explicit softmax and graphattn's mask operator
+    lambda: DenseSelfAttention(16, 8, heads=2, dropout=0.3),
     lambda: GraphSelfAttention(16, 8, heads=2, backend="dense"),
     # backend="auto" takes "dense" on the complete graph when no self-loops are added
     lambda: GraphSelfAttention(16, 8, heads=2, residual=True, add_self_loops=False),
-], ids=["dense-twin", "dense-backend", "auto-backend"])
+], ids=["dense-twin", "dense-twin-dropout", "dense-backend", "auto-backend"])
 def test_sdpa_without_a_batch_dimension_compiles(make):
     """Inputs without a batch dimension reach SDPA through an autograd.Function in eager mode,
     whose backward calls ``torch.autograd.grad``: dynamo cannot trace that, so under the
-    compiler SDPA runs directly."""
+    compiler SDPA runs directly. With attention dropout the dense twin traces in one graph too."""
     torch.manual_seed(0)
     layer, x = make(), torch.randn(12, 16)
     complete = torch.cartesian_prod(torch.arange(12), torch.arange(12)).t()
