@@ -30,6 +30,7 @@ Writes ``results/explicit_weights.md`` and ``.csv``.
 from __future__ import annotations
 
 import argparse
+import csv
 import platform
 import shlex
 import statistics
@@ -43,7 +44,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _machine import cpu_name  # noqa: E402
-from _report import write_table  # noqa: E402
+from _report import RESULTS, write_table  # noqa: E402
 
 from graphattn import graphs  # noqa: E402
 from graphattn.functional import edge_attention, select_backend  # noqa: E402
@@ -150,6 +151,43 @@ def density(edge_index: torch.Tensor, nodes: int) -> float:
     return edge_index.size(1) / pairs
 
 
+def plot(rows: list[dict], path: Path) -> None:
+    """Dense over cpu against density on the whole random graphs, one panel per call, a line
+    per size, and the floor ``auto`` keeps there (``explicit_min_density``) as a dotted line."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FixedFormatter, FixedLocator, NullFormatter
+
+    from graphattn.functional.attention import explicit_min_density
+
+    whole = [r for r in rows if str(r["graph"]).startswith("random-")]
+    sizes = sorted({int(str(r["graph"]).split("-")[1]) for r in whole})
+    fig, axes = plt.subplots(1, len(CALLS), figsize=(13, 4.2), sharey=True)
+    for ax, kind in zip(axes, CALLS, strict=True):
+        for n, size in enumerate(sizes):
+            pts = sorted((float(r["density"]), float(r["dense_over_cpu"])) for r in whole
+                         if r["call"] == kind and int(str(r["graph"]).split("-")[1]) == size)
+            if pts:
+                ax.plot(*zip(*pts, strict=True), "o-", color=f"C{n}", label=f"{size} nodes")
+            floor = explicit_min_density(size, size, training=kind.startswith("training"))
+            ax.axvline(floor, color=f"C{n}", ls=":", lw=1.2)
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set(yscale="log", title=kind, xlabel="density E / N^2", xlim=(0, 1.02))
+        ticks = [0.25, 0.5, 0.7, 1.0, 1.5, 2.0, 3.0, 5.0]
+        ax.yaxis.set_major_locator(FixedLocator(ticks))
+        ax.yaxis.set_major_formatter(FixedFormatter([f"{t:g}" for t in ticks]))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].set_ylabel("dense / cpu time (below 1: dense faster)")
+    axes[-1].legend(title="random graph (dotted: auto's floor)", fontsize=8)
+    fig.suptitle("Calls that need the weights: the dense backend's explicit softmax vs the cpu "
+                 "kernels (2 cores)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="three small graphs, 2 rounds")
@@ -160,7 +198,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None,
                         help="default: results/explicit_weights.md")
+    parser.add_argument("--no-plot", action="store_true", help="no figure (.png beside --out)")
+    parser.add_argument("--replot", type=Path, default=None, metavar="CSV",
+                        help="draw the figure of a table this script wrote, and stop")
     args = parser.parse_args(argv)
+    if args.replot is not None:
+        with open(args.replot, newline="") as f:
+            plot(list(csv.DictReader(f)), args.replot.with_suffix(".png"))
+        return 0
     args.rounds = args.rounds or (2 if args.quick else 16)
     command = "python " + shlex.join(["benchmarks/explicit_weights.py", *(argv or sys.argv[1:])])
     header = [f"- command: `{command}`",
@@ -180,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     text = write_table("explicit_weights", "Calls that need the weights: dense vs cpu on CPU",
                        header, note, rows, out=args.out)
     print(text)
+    if not args.no_plot:
+        out = Path(args.out) if args.out is not None else RESULTS / "explicit_weights.md"
+        plot(rows, out.with_suffix(".png"))
     return 0
 
 

@@ -128,6 +128,11 @@ def test_explicit_weights_fills_the_table(tmp_path):
         if float(r["density"]) < floor:
             assert r["auto"] == "cpu", r
     assert "explicit_weights.py --quick" in out.read_text()
+    assert out.with_suffix(".png").stat().st_size > 0  # the figure, beside the table
+    replot = tmp_path / "again.csv"
+    replot.write_text(out.with_suffix(".csv").read_text())
+    assert explicit_weights.main(["--replot", str(replot)]) == 0
+    assert replot.with_suffix(".png").stat().st_size > 0
 
 
 def test_batched_global_routes_agree_and_fill_the_table(tmp_path):
