@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from pathlib import Path
 
 import networkx as nx
 import torch
 
 from graphattn import graphs, pe
+from graphattn.functional import available_backends
 from graphattn.functional.attention import BACKENDS
 from graphattn.nn import DenseSelfAttention, GraphSelfAttention
 
@@ -114,6 +116,11 @@ def main() -> None:
                                ("--radius", args.radius, 0)):
         if value < least:
             parser.error(f"{flag} must be at least {least}, got {value}")
+    if args.backend == "triton" and "triton" not in available_backends():
+        parser.error("--backend triton needs the package triton (pip install graphattn[gpu])")
+    if args.backend == "triton" and os.environ.get("TRITON_INTERPRET") != "1":
+        parser.error("--backend triton: this example runs on CPU tensors, which the triton "
+                     "kernels take in Triton's interpreter only: run it with TRITON_INTERPRET=1")
     grid_side(args.length)
 
     torch.manual_seed(args.seed)

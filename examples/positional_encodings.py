@@ -138,16 +138,22 @@ def plot(n: int, pairs: int, cycle_enc: torch.Tensor, path_enc: torch.Tensor,
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--length", type=int, default=64, help="sequence length n (>= 8)")
-    parser.add_argument("--pairs", type=int, default=4,
+    parser.add_argument("--pairs", type=int, default=None,
                         help="sin/cos pairs of the cycle (2 * pairs eigenvectors; the path takes "
-                             "as many)")
+                             "as many), at most (length - 1) // 2 (default: 4, or that bound "
+                             "if lower)")
     parser.add_argument("--out", type=Path, default=Path("out/positional_encodings"))
     parser.add_argument("--no-plot", action="store_true", help="skip the figure")
     args = parser.parse_args(argv)
     if args.length < 8:
         parser.error(f"--length must be at least 8, got {args.length}")
-    if not 1 <= args.pairs < args.length // 2:
-        parser.error(f"--pairs must be in [1, {args.length // 2 - 1}], got {args.pairs}")
+    # the cycle's frequencies m < n / 2 have an eigenspace of two sinusoids (m = n / 2, on an
+    # even cycle, has one), so the pairs end at m = (n - 1) // 2
+    most = (args.length - 1) // 2
+    args.pairs = min(4, most) if args.pairs is None else args.pairs
+    if not 1 <= args.pairs <= most:
+        parser.error(f"--pairs must be in [1, {most}] for --length {args.length}, "
+                     f"got {args.pairs}")
     default = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)  # laplacian_pe computes and returns in it
     try:

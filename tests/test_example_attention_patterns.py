@@ -61,3 +61,14 @@ def test_bad_flag_values_are_refused_by_flag_name(monkeypatch, capsys, argv, mes
     captured = capsys.readouterr()
     assert message in f"{exit_info.value}{captured.err}"
     assert "pattern" not in captured.out  # refused before any work
+
+
+def test_triton_outside_the_interpreter_is_refused_by_flag_name(monkeypatch, capsys):
+    # The example's tensors are on CPU: this ended in the backend's traceback after the header.
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(sys, "argv", [str(SCRIPT), "--no-plot", "--backend", "triton"])
+    with pytest.raises(SystemExit):
+        runpy.run_path(str(SCRIPT), run_name="__main__")
+    captured = capsys.readouterr()
+    assert "--backend triton" in captured.err
+    assert "pattern" not in captured.out

@@ -36,7 +36,7 @@ import struct
 import torch
 from torch import Tensor
 
-from graphattn._checks import check_dropout
+from graphattn._checks import check_dropout, check_float_dtype
 from graphattn.functional import cpu
 
 # the dtypes of the seeded masks (the kept multiplier is held in fp32)
@@ -192,7 +192,7 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     :math:`x \odot m`, and the gradient :math:`g \odot m` in backward.
 
     Args:
-        x (Tensor): any dense tensor.
+        x (Tensor): any dense tensor of a floating-point dtype.
         p (float): drop probability, in ``[0, 1)``.
         training (bool, optional): apply dropout; otherwise return ``x`` itself.
             (default: ``True``)
@@ -204,4 +204,5 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     check_dropout(p, "p")
     if not training or p == 0.0:
         return x
+    check_float_dtype(x=x)  # the mask, 0 or 1 / (1 - p), takes x's dtype
     return x * dropout_mask(tuple(x.shape), p, device=x.device, dtype=x.dtype)

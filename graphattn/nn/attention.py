@@ -172,10 +172,13 @@ class _SelfAttentionBase(torch.nn.Module):
             v = F.linear(x_src, self.lin_v.weight) if drop else self.lin_v(x_src)
         else:
             weight = torch.cat([lin.weight for lin in lins])  # (2 * H * C_qk + H * C, F)
+            # the values' bias, when dropout is on, is added after it (a zero bias here); a
+            # projection without a bias (GAT's lin_v) gets zeros
+            biases = (self.lin_q.bias, self.lin_k.bias, None if drop else self.lin_v.bias)
             bias = None
-            if lins[0].bias is not None:
-                v_bias = self.lin_v.bias if value_bias is None else torch.zeros_like(value_bias)
-                bias = torch.cat([self.lin_q.bias, self.lin_k.bias, v_bias])
+            if any(b is not None for b in biases):
+                bias = torch.cat([lin.weight.new_zeros(lin.out_features) if b is None else b
+                                  for lin, b in zip(lins, biases, strict=True)])
             q, k, v = project(x_src, weight, bias).split(widths, dim=-1)
         v = dropout(v, self.value_dropout, self.training)
         return q, k, v if value_bias is None else v + value_bias
@@ -423,8 +426,15 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
 
     def forward(self, x: Tensor | tuple[Tensor, Tensor], edge_index: Tensor,
                 edge_attr: Tensor | None = None, return_attention_weights: bool = False,
+                *, size: tuple[int | None, int | None] | None = None,
                 ) -> Tensor | tuple[Tensor, tuple[Tensor, Tensor]]:
-        """Attend along ``edge_index``; see the class docstring for shapes."""
+        """Attend along ``edge_index``; see the class docstring for shapes.
+
+        ``size`` ``(N_src, N_dst)`` is ``GATConv``'s argument, taken so that models written
+        for it run unchanged (by keyword: the fourth argument is ``return_attention_weights``,
+        as in ``TransformerConv`` and ``GATv2Conv``). The features fix both counts; a ``size``
+        that disagrees with them is refused, and ``None`` entries are not checked.
+        """
         H, C = self.heads, self.out_channels
         x_src, x_dst = x if isinstance(x, (tuple, list)) else (x, x)
         if x_dst is None:
@@ -432,6 +442,12 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
                              "features, so x = (x_src, x_dst) needs both (targets that are "
                              "the first N_dst sources, as in a sampled mini-batch, have "
                              "x_src[:N_dst])")
+        if size is not None:
+            _check_size(size, x_src, x_dst)
+        if isinstance(return_attention_weights, (tuple, list)):  # GATConv's size, by position
+            raise TypeError(f"return_attention_weights must be a bool, got "
+                            f"{return_attention_weights!r}: pass GATConv's size by keyword, "
+                            f"size={tuple(return_attention_weights)!r}")
         self._infer_in_channels(x_src, x_dst)
         self._check_features(x_src, self.lin_k, "x" if x_src is x_dst else "x_src")
         self._check_features(x_dst, self.lin_q, "x" if x_src is x_dst else "x_dst")
@@ -574,6 +590,18 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             extra += f", edge_dim={self.edge_dim}"
             extra += "" if self.edge_mode == "bias" else f", edge_mode={self.edge_mode!r}"
         return f"{self.__class__.__name__}({self._repr_args()}{extra})"
+
+
+def _check_size(size: tuple[int | None, int | None], x_src: Tensor, x_dst: Tensor) -> None:
+    """Raise unless ``size`` is a pair ``(N_src, N_dst)`` that agrees with the features'
+    rows (``None`` for either count leaves it unchecked)."""
+    if not isinstance(size, (tuple, list)) or len(size) != 2:
+        raise ValueError(f"size must be a pair (N_src, N_dst), got {size!r}")
+    for name, given, rows in (("N_src", size[0], x_src.size(0)),
+                              ("N_dst", size[1], x_dst.size(0))):
+        if given is not None and int(given) != rows:
+            raise ValueError(f"size = {tuple(size)!r} gives {name} = {given}, but the features "
+                             f"have {rows} rows")
 
 
 # Dense features of self-attention at least this many times wider than lin_q, lin_k and lin_v's

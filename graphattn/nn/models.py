@@ -86,17 +86,20 @@ class GAT(torch.nn.Module):
 
     .. math::
         h = \mathrm{ELU}\Big(\big\Vert_{k=1}^{H} \sum_{j \in \mathcal{N}(i) \cup \{i\}}
-            \alpha^{k}_{ij}\, \big(m_j \odot W^{k} \tilde x_j + b^k\big)\Big), \qquad
+            \alpha^{k}_{ij}\, \big(m_j \odot W^{k} \tilde x_j\big) + b\Big), \qquad
         \mathrm{logits}_i = \frac{1}{H_\mathrm{out}} \sum_{k=1}^{H_\mathrm{out}}
             \sum_{j \in \mathcal{N}(i) \cup \{i\}} \beta^{k}_{ij}\,
-            \big(m'_j \odot U^{k} \tilde h_j + c^k\big)
+            \big(m'_j \odot U^{k} \tilde h_j\big) + c
 
     where :math:`\tilde x, \tilde h` are the inputs after dropout (``x`` may be a sparse CSR,
     CSC or COO tensor: bag-of-words features are mostly zeros, and dropout then touches only the
-    stored values), :math:`m, m'` dropout masks on the projected values (``value_dropout``;
-    the value biases :math:`b, c` are not dropped)
+    stored values), :math:`m, m'` dropout masks on the projected values (``value_dropout``)
     and :math:`\alpha, \beta` the attention weights of :class:`GraphSelfAttention` (with dropout
-    during training). With ``attention="additive"`` the score is GAT's
+    during training). The biases :math:`b` ``[H C]`` and :math:`c` ``[classes]`` are each
+    layer's ``out_bias``, added after the weighted sum as in ``GATConv`` and the authors'
+    reference code: the values have none (``lin_v.bias`` is ``None``), so neither value nor
+    attention dropout touches them (the dropped weights of a target do not sum to 1).
+    With ``attention="additive"`` the score is GAT's
     :math:`\mathrm{LeakyReLU}_{0.2}(a_l^\top W x_i + a_r^\top W x_j + b_s)`, where the
     per-head :math:`b_s`, the biases of ``lin_q`` and ``lin_k``, starts at 0 and is learnt
     (``GATConv`` has none); ``"gatv2"`` swaps in
@@ -159,8 +162,13 @@ class GAT(torch.nn.Module):
         check_dropout(value_dropout, "value_dropout")
         if conv is None:
             def conv(i: int, o: int, **kwargs) -> GraphSelfAttention:
-                return GraphSelfAttention(i, o, **kwargs, out_proj=False, attention=attention,
-                                          backend=backend, value_dropout=value_dropout)
+                layer = GraphSelfAttention(i, o, **kwargs, out_proj=False, out_bias=True,
+                                           attention=attention, backend=backend,
+                                           value_dropout=value_dropout)
+                # the bias is added after the weighted sum (out_bias), not to every value:
+                # the dropped attention weights of a target do not sum to 1
+                layer.lin_v.register_parameter("bias", None)
+                return layer
         self.dropout = float(dropout)
         self.conv1 = conv(in_channels, hidden_channels, heads=heads, concat=True,
                           dropout=attention_dropout)
@@ -178,6 +186,7 @@ class GAT(torch.nn.Module):
         ``return_attention_weights=True`` also both layers' attention weights, ``[(edge_index,
         alpha), (edge_index, beta)]``, as each layer returns them (for PyG layers passed as
         ``conv``, those that take the flag)."""
+        check_float_dtype(x=x)  # before the dropout, whose mask takes x's dtype
         x = feature_dropout(x, self.dropout, self.training)  # (N, F)
         if not return_attention_weights:
             x = F.elu(self.conv1(x, edge_index))  # (N, H * C)

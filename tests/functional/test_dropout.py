@@ -56,6 +56,14 @@ def test_dropout_keeps_the_dtype_of_x(dtype):
     assert torch.equal(y, x * dropout_mask((50, 7), 0.3, dtype=dtype))
 
 
+def test_dropout_of_integers_is_refused_by_name():
+    """The mask takes x's dtype: for integers it read "result type Float can't be cast"."""
+    x = torch.ones(4, 3, dtype=torch.long)
+    with pytest.raises(TypeError, match="x must have a floating-point dtype, got torch.int64"):
+        dropout(x, 0.5)
+    assert dropout(x, 0.5, training=False) is x  # nothing to drop: x itself, as F.dropout
+
+
 @pytest.mark.parametrize("p", [-0.5, 1.0, 1.5, float("nan"), "0.5"])
 def test_probability_outside_zero_one_is_refused(p):
     x = torch.ones(4)

@@ -28,8 +28,10 @@ def copy_gat_into(layer: GraphSelfAttention, gat: GATConv) -> None:
         layer.lin_v.weight.copy_(W_src.reshape(-1, W_src.size(-1)))
         layer.lin_q.bias.zero_()
         layer.lin_k.bias.zero_()
-        # alpha sums to 1 over each target's edges, so a bias on every value is a bias on out.
-        layer.lin_v.bias.copy_(gat.bias if gat.concat else gat.bias.repeat(H))
+        if layer.lin_v.bias is None:  # GAT's layers: the bias comes after the sum, as GATConv's
+            layer.out_bias.copy_(gat.bias)
+        else:  # alpha sums to 1 over each target's edges: a bias on every value is one on out
+            layer.lin_v.bias.copy_(gat.bias if gat.concat else gat.bias.repeat(H))
         if gat.lin_edge is not None:
             W_edge = gat.lin_edge.weight.view(H, gat.out_channels, -1)
             layer.lin_edge.weight.copy_(torch.einsum("hc,hcd->hd", gat.att_edge[0], W_edge))

@@ -219,6 +219,26 @@ def test_bipartite_targets_beyond_the_self_loops_agree():
     assert_close(ours[3], conv.bias)
 
 
+def test_a_converted_gatconv_takes_its_size_argument():
+    """A model written for GATConv passes ``size=(N_src, N_dst)``: the converted layer takes it,
+    refuses one that disagrees with the features as GATConv does, and names the mistake of
+    passing it in GATConv's position (ours is ``return_attention_weights``)."""
+    conv = GATConv((F_SRC, F_DST), C, heads=2, add_self_loops=False).to(DTYPE).eval()
+    layer = from_pyg(conv)
+    x = (torch.randn(6, F_SRC, dtype=DTYPE), torch.randn(4, F_DST, dtype=DTYPE))
+    edge_index = torch.tensor([[0, 5, 3, 2, 1], [0, 0, 1, 3, 2]])
+    for size in [(6, 4), (None, 4), (6, None)]:
+        assert_close(layer(x, edge_index, size=size), conv(x, edge_index, size=size))
+    with pytest.raises(ValueError, match=r"size = \(6, 5\) gives N_dst = 5, but the features "
+                                         r"have 4 rows"):
+        layer(x, edge_index, size=(6, 5))
+    with pytest.raises(ValueError, match=r"size must be a pair \(N_src, N_dst\), got 6"):
+        layer(x, edge_index, size=6)
+    with pytest.raises(TypeError, match=r"return_attention_weights must be a bool, got \(6, 4\)"
+                                        r": pass GATConv's size by keyword, size=\(6, 4\)"):
+        layer(x, edge_index, None, (6, 4))
+
+
 
 def test_a_subclass_with_its_own_forward_is_not_converted():
     """PyG's FusedGATConv is a GATConv whose forward takes CSR and CSC structures: a converted

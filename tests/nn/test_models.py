@@ -77,6 +77,26 @@ def test_gat_with_gatconv_layers_equals_graphattn_with_copied_weights():
     assert_close(ours(x, ei), ref(x, ei))
 
 
+@pytest.mark.parametrize("conv, backend", [(None, "reference"), (None, "cpu"), (None, "dense"),
+                                           (GATConv, None)],
+                         ids=["reference", "cpu", "dense", "GATConv"])
+def test_gat_adds_its_biases_after_the_dropped_weighted_sum(conv, backend):
+    """Attention dropout leaves a target's weights summing to anything but 1, and value
+    dropout zeroes values: neither may scale the bias, which GATConv and the GAT reference code
+    add after the sum. With every weight 0 the logits are the output bias, in training too."""
+    model = GAT(5, 3, hidden_channels=2, heads=2, dropout=0.0, attention_dropout=0.6,
+                value_dropout=0.6, conv=conv, **({} if conv else {"backend": backend}))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+        bias = model.conv2.bias if conv else model.conv2.out_bias
+        bias.copy_(torch.tensor([1.0, -2.0, 3.0]))
+    x, ei = torch.randn(30, 5), random_graph(30, 120)
+    torch.manual_seed(0)
+    for _ in range(3):  # three draws of the masks
+        assert_close(model.train()(x, ei), bias.detach().expand(30, 3))
+
+
 def test_gat_accepts_other_convs():
     model = GAT(8, 3, hidden_channels=4, heads=2, conv=TransformerConv)
     assert isinstance(model.conv1, TransformerConv)
@@ -576,8 +596,9 @@ def test_gat_reset_parameters_redraws_both_layers():
             p.fill_(float("nan"))
     model.reset_parameters()
     for conv in (model.conv1, model.conv2):
+        assert conv.lin_v.bias is None and conv.out_bias.abs().sum() == 0
         for lin in (conv.lin_q, conv.lin_k, conv.lin_v):
-            assert lin.bias.abs().sum() == 0
+            assert lin.bias is None or lin.bias.abs().sum() == 0
             bound = (6 / (lin.in_features + lin.out_features)) ** 0.5
             assert 0 < lin.weight.abs().max() <= bound
 
@@ -598,6 +619,15 @@ def test_graph_transformer_reset_parameters_keeps_the_layers_initialisation():
             assert lin.weight.abs().max() > 1 / lin.in_features ** 0.5
     assert not torch.equal(model.lin_in.weight, before["lin_in.weight"])
     assert not torch.equal(model.attns[0].lin_q.weight, before["attns.0.lin_q.weight"])
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
+def test_gat_refuses_integer_features_by_name(training):
+    """In training the feature dropout met the integers first: "result type Float can't be
+    cast to the desired output type Long"."""
+    model = GAT(6, 3, hidden_channels=2, heads=2).train(training)
+    with pytest.raises(TypeError, match="x must have a floating-point dtype, got torch.int64"):
+        model(torch.ones(10, 6, dtype=torch.long), random_graph(10, 30))
 
 
 def test_graph_transformer_checks_x_by_name():
