@@ -227,7 +227,7 @@ def write_results(rows: list[dict], skipped: dict[str, str], args: argparse.Name
         verdict = "meets" if acc >= goal else "falls short of"
         ours = {m: s for m, s in stats.items() if m.startswith("graphattn")}
         by_val = max(ours, key=lambda m: ours[m]["val_mean"])
-        lines.append(f"- {dataset}: {DEFAULT_MODEL} {acc:.1f} {verdict} the GAT paper's {goal}. "
+        lines.append(f"- {dataset}: {DEFAULT_MODEL} {acc:.2f} {verdict} the GAT paper's {goal}. "
                      f"Best on validation: {by_val} (val {ours[by_val]['val_mean']:.2f}), "
                      f"test {ours[by_val]['test_mean']:.1f}.")
     if skipped:
