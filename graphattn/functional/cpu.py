@@ -74,7 +74,8 @@ import torch
 import torch.nn.functional as F
 from llvmlite import ir
 from numba import types
-from numba.core import cgutils
+from numba.core import cgutils, ir_utils
+from numba.core.compiler_lock import global_compiler_lock
 from numba.extending import intrinsic, overload
 from torch import Tensor
 
@@ -1114,6 +1115,23 @@ _pools_lock = threading.Lock()
 os.register_at_fork(after_in_child=_pools.clear)  # a forked child has none of the threads
 
 
+# numba labels the blocks of the IR it builds from one process-wide counter, and each helper
+# inlined into a kernel raises it to about twice its value: a kernel variant compiled adds 4
+# to 7 digits. Past about 1000 digits the block names pass LLVM's limit of 1024 characters and
+# every compile fails ("unable to create block named 'B...'"), after some 200 variants in one
+# process. Labels need only be unique within one function's IR, and inlining offsets a
+# callee's labels past its caller's, so the counter may start again between compiles.
+LABEL_LIMIT = 10**100
+
+
+def _bound_block_labels() -> None:
+    """Start numba's block-label counter again when it is past :data:`LABEL_LIMIT`."""
+    counter = getattr(ir_utils, "_the_max_label", None)
+    if getattr(counter, "_value", 0) > LABEL_LIMIT:
+        with global_compiler_lock:  # no compile runs in any thread meanwhile
+            counter._value = 0
+
+
 def _run_rows(kernel, ptr: np.ndarray, *args) -> None:
     """Run ``kernel(*args, first, last)`` over all rows of ``ptr``, on torch's thread count.
 
@@ -1121,6 +1139,7 @@ def _run_rows(kernel, ptr: np.ndarray, *args) -> None:
     kernels release the GIL); every row is computed by one call in the same way whatever the
     chunking, so the result does not depend on the number of threads.
     """
+    _bound_block_labels()
     threads = torch.get_num_threads()
     work = ptr[-1] + ptr.shape[0]
     if threads == 1 or work < MIN_PARALLEL_WORK:

@@ -550,9 +550,11 @@ def dense_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
     n_dst, n_src = q.size(0), v.size(0)
     options = dict(scale=scale, bias=bias, dropout_mask=dropout_mask, score=score,
                    negative_slope=negative_slope, need_alpha=need_alpha, att=att)
-    if edge_index.size(1) == 0:  # every output 0; the reference path gives each input a
-        return reference_edge_attention(  # (zero) gradient, the bias [0, H] included
-            q, k, v, edge_index, **options)
+    if edge_index.size(1) == 0 or 0 in (q.size(1), v.size(-1)):
+        # no edges, heads or value channels: every output 0 or empty. The reference path
+        # gives each input a (zero) gradient, the bias included; SDPA's empty products would
+        # leave the bias out of the autograd graph.
+        return reference_edge_attention(q, k, v, edge_index, **options)
     src, dst = edge_index[0].long(), edge_index[1].long()
     if layout is None and n_dst == n_src and q.device.type == "cpu":
         layout = diagonal_blocks(edge_index, n_dst)

@@ -475,6 +475,54 @@ def test_runs_as_python_under_numba_disable_jit():
     assert "same as reference" in done.stdout
 
 
+PAST_THE_LABEL_LIMIT = """
+import torch
+from numba.core import ir_utils
+from graphattn.functional import edge_attention
+gen = torch.Generator().manual_seed(0)
+edge_index = torch.randint(0, 9, (2, 40), generator=gen)
+q, k = (torch.randn(9, 2, 11, generator=gen, requires_grad=True) for _ in range(2))
+v = torch.randn(9, 2, 13, generator=gen, requires_grad=True)
+att = torch.randn(2, 11, generator=gen, requires_grad=True)
+bias = torch.randn(40, 2, generator=gen, requires_grad=True)
+# the block-label counter as about 200 kernel variants compiled in one process leave it
+ir_utils._the_max_label._value = 10**1100
+results = []
+for backend in ("cpu", "reference"):
+    out = edge_attention(q, k, v, edge_index, bias=bias, att=att, score="gatv2", backend=backend)
+    results.append((out, *torch.autograd.grad(out.sin().sum(), (q, k, v, att, bias))))
+for a, b in zip(*results, strict=True):
+    torch.testing.assert_close(a, b)
+print("same as reference")
+"""
+
+
+def test_compiles_after_numba_block_labels_grew_past_llvm_name_limit(tmp_path):
+    """numba's process-wide block-label counter grows by some 5 digits with each kernel variant
+    compiled; past about 1000 digits the labels pass LLVM's limit on names and compiles fail.
+    In a fresh process with an empty cache, so that the kernels really compile: they do, and
+    agree with the reference."""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", PAST_THE_LABEL_LIMIT], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "same as reference" in done.stdout
+
+
+def test_block_label_counter_starts_again_only_past_its_limit():
+    counter = numba.core.ir_utils._the_max_label
+    saved = counter._value
+    try:
+        counter._value = cpu_module.LABEL_LIMIT
+        cpu_module._bound_block_labels()
+        assert counter._value == cpu_module.LABEL_LIMIT
+        counter._value = cpu_module.LABEL_LIMIT + 1
+        cpu_module._bound_block_labels()
+        assert counter._value == 0
+    finally:
+        counter._value = max(saved, counter._value)
+
+
 def test_float32_exp_of_the_kernels_is_within_one_ulp():
     @numba.njit
     def apply(x, out):

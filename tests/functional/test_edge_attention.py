@@ -346,6 +346,30 @@ def test_no_heads_gives_empty_output_and_gradients(backend, score):
         assert g is None or g.shape == t.shape
 
 
+@pytest.mark.parametrize(("heads", "value_channels"), [(0, 4), (2, 0)])
+@pytest.mark.parametrize("score", ["dot", "additive", "gatv2"])
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_empty_outputs_give_every_input_a_zero_gradient(backend, score, heads,
+                                                        value_channels):
+    """No heads, or no value channels: the output alone is empty or 0, and every input (the
+    bias included) has a zero gradient of its shape, without ``allow_unused``. The dense path
+    once left the bias out of the autograd graph when H = 0."""
+    gen = torch.Generator().manual_seed(0)
+    qk_shape = (heads,) if score == "additive" else (heads, 3)
+    edge_index = torch.tensor([[0, 1, 2, 0], [1, 2, 0, 0]])
+    inputs = [torch.randn(3, *qk_shape, generator=gen), torch.randn(3, *qk_shape, generator=gen),
+              torch.randn(3, heads, value_channels, generator=gen),
+              torch.randn(4, heads, generator=gen)]
+    if score == "gatv2":
+        inputs.append(torch.randn(heads, 3, generator=gen))
+    q, k, v, bias, *att = [t.requires_grad_() for t in inputs]
+    out = edge_attention(q, k, v, edge_index, bias=bias, backend=backend, score=score,
+                         att=att[0] if att else None)
+    assert out.shape == (3, heads, value_channels)
+    for t, g in zip(inputs, torch.autograd.grad(out.sum(), inputs), strict=True):
+        assert g.shape == t.shape and (g == 0).all()
+
+
 @pytest.mark.parametrize("fill", [-1e9, torch.finfo(torch.float32).min, 1e30])
 @pytest.mark.parametrize("score", ["dot", "additive"])
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
