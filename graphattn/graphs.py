@@ -453,7 +453,12 @@ def _edge_attr_row(data: dict, names: list[str], edge: tuple) -> Tensor:
     for name in names:
         if name not in data:
             raise ValueError(f"edge_attrs: edge {edge} has no attribute {name!r}")
-        parts.append(torch.as_tensor(data[name], dtype=torch.get_default_dtype()).reshape(-1))
+        try:
+            part = torch.as_tensor(data[name], dtype=torch.get_default_dtype())
+        except (TypeError, ValueError, RuntimeError) as error:
+            raise TypeError(f"edge_attrs: attribute {name!r} of edge {edge} must be a number "
+                            f"or a sequence of numbers, got {data[name]!r} ({error})") from None
+        parts.append(part.reshape(-1))
     return torch.cat(parts)
 
 

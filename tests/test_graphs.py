@@ -303,6 +303,11 @@ def test_from_networkx_errors():
         graphs.from_networkx(G, edge_attrs=["weight"])
     with pytest.raises(TypeError, match=r"G must be a networkx graph, got Tensor"):
         graphs.from_networkx(torch.zeros(2, 2))
+    for value in ("abc", None, [1.0, [2.0, 3.0]]):
+        G.edges[1, 2]["weight"] = value
+        with pytest.raises(TypeError, match=r"attribute 'weight' of edge \(1, 2\) must be a "
+                                            r"number or a sequence of numbers, got "):
+            graphs.from_networkx(G, edge_attrs=["weight"])
 
 
 def test_from_networkx_refuses_a_single_attribute_name_as_string():

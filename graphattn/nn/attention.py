@@ -475,7 +475,7 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             edge_index, edge_attr = add_remaining_self_loops(
                 edge_index, edge_attr, min(N_src, N_dst), fill_value=self.fill_value,
                 trace_key=(id(self) >> 4) % 2**31 if torch.compiler.is_compiling() else 0,
-                keep_if_looped=not (return_attention_weights or hooks))
+                keep_if_looped=not (return_attention_weights or hooks or self.explain))
 
         q, k, v = self._project(x_src, x_dst)
         score_channels = 1 if self.attention == "additive" else C

@@ -2,6 +2,8 @@
 ``MessagePassing`` applies them, checked against ``GATConv`` and ``TransformerConv`` with
 copied weights (outputs and mask gradients) and through ``Explainer`` itself."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from conftest import GRAPHS, assert_close, random_graph
@@ -10,6 +12,7 @@ from torch_geometric.explain import AttentionExplainer, Explainer, GNNExplainer
 from torch_geometric.explain.algorithm.utils import clear_masks, set_masks
 from torch_geometric.nn import TransformerConv
 
+from graphattn import graphs
 from graphattn.nn import GraphSelfAttention
 
 DTYPE = torch.float64
@@ -97,6 +100,41 @@ def test_edge_mask_as_gatconv_applies_it_with_self_loops(case, apply_sigmoid):
     assert_close(grad, want_grad)
     loops = case.edge_index[0] == case.edge_index[1]
     assert (grad[loops] == 0).all()  # replaced: the mask does not reach them
+
+
+LOOPED = {"complete": graphs.complete_graph(5), "window": graphs.window_graph(6, radius=1),
+          "self-loops": next(g.edge_index for g in GRAPHS if g.name == "self-loops")}
+
+
+@pytest.mark.parametrize("name", LOOPED)
+def test_edge_mask_on_a_graph_with_one_loop_per_node_reaches_the_right_edges(name):
+    """Every node already has one self-loop (the graphs of ``complete_graph``,
+    ``window_graph``, ``grid_graph``): the layer replaces them, so their mask entries go and
+    its loops get 1, and each other edge's weight is multiplied by its own entry. The output
+    is the weighted sum built here from the layer's weights, and does not depend on the order
+    of the edges. (PyG's layers, whose edge count does not change here, apply the mask as it
+    comes to the edges they re-ordered: no comparison with them.)"""
+    ei = LOOPED[name]
+    n = int(ei.max()) + 1
+    torch.manual_seed(0)
+    layer = GraphSelfAttention(F, C, heads=H, out_proj=False).to(DTYPE)
+    x, mask = inputs(SimpleNamespace(num_src=n, edge_index=ei, bipartite=False))
+    out, grad = masked_run(layer, x, ei, mask, False)
+    loops = ei[0] == ei[1]
+    assert (grad[loops] == 0).all() and (grad[~loops] != 0).any()
+    # what the docstring promises, from the layer's edges and weights
+    edges, alpha = layer(x, ei, return_attention_weights=True)[1]  # (2, E'), (E', H)
+    given = {(int(j), int(i)): float(m) for (j, i), m in zip(ei.t(), mask, strict=True)}
+    factor = torch.tensor([1.0 if j == i else given[(j, i)] for j, i in edges.t().tolist()],
+                          dtype=DTYPE)  # (E',)
+    v = layer.lin_v(x).view(n, H, C)
+    want = torch.zeros(n, H, C, dtype=DTYPE).index_add_(
+        0, edges[1], (alpha * factor[:, None]).unsqueeze(-1) * v[edges[0]]).view(n, H * C)
+    assert_close(out, want)
+    perm = torch.randperm(ei.size(1), generator=torch.Generator().manual_seed(2))
+    out_perm, grad_perm = masked_run(layer, x, ei[:, perm], mask[perm], False)
+    assert_close(out_perm, out)
+    assert_close(grad_perm, grad[perm])
 
 
 @pytest.mark.parametrize("flip", [False, True], ids=["more-sources", "more-targets"])
