@@ -39,13 +39,15 @@ def check_edge_index(edge_index: Tensor, num_src: int, num_dst: int) -> None:
         return
     if torch.compiler.is_compiling():
         # Traced by torch.compile: the node ids are not known until the graph runs, so the
-        # checks become asserts inside it, and their messages cannot quote the bad value.
+        # checks become asserts inside it, and their messages cannot quote the bad value. Nor
+        # the node counts: formatting a traced size into a string would fix it to the value
+        # traced, and every other graph size would compile again.
         src_max, dst_max = edge_index.amax(dim=1)
         torch._assert_async(edge_index.min() >= 0, "edge_index must hold node ids >= 0")
-        torch._assert_async(src_max < num_src, f"edge_index[0] (sources) must be < the "
-                                               f"number of source nodes {num_src}")
-        torch._assert_async(dst_max < num_dst, f"edge_index[1] (targets) must be < the "
-                                               f"number of target nodes {num_dst}")
+        torch._assert_async(src_max < num_src, "edge_index[0] (sources) must be < the "
+                                               "number of source nodes")
+        torch._assert_async(dst_max < num_dst, "edge_index[1] (targets) must be < the "
+                                               "number of target nodes")
         return
     # one read back to the host (on CUDA, one synchronisation) for the three bounds; on CUDA
     # kept for as long as this edge_index lives unmodified

@@ -101,10 +101,19 @@ EXPLICIT_SMALL_BLOCK = 128
 
 def _interpolate(table: tuple[tuple[float, float, float], ...], size: float,
                  training: bool) -> float:
-    """The crossover of ``table`` at ``size``, linear in log size, constant outside it."""
+    """The crossover of ``table`` at ``size``, linear in log size, constant outside it.
+
+    Traced by ``torch.compile``, linear in the size itself: a compiled call then traces again
+    only where a new size crosses one of the table's sizes (or changes the choice made)."""
     column = 1 if training else 2
-    points = [(math.log(row[0]), row[column]) for row in table]
-    x = math.log(size) if size > 0 else points[0][0]
+    if torch.compiler.is_compiling():
+        # traced by torch.compile: linear in the size itself, which stays symbolic (a
+        # logarithm would fix it to the size traced, and each other size compile again)
+        points = [(row[0], row[column]) for row in table]
+        x = size
+    else:
+        points = [(math.log(row[0]), row[column]) for row in table]
+        x = math.log(size) if size > 0 else points[0][0]
     if x <= points[0][0]:
         return points[0][1]
     for (x0, y0), (x1, y1) in zip(points, points[1:], strict=False):
