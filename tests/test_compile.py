@@ -19,7 +19,7 @@ import pytest
 import torch
 from conftest import assert_close, random_graph
 
-from graphattn.functional import cpu, edge_attention
+from graphattn.functional import cpu, dense_attention, edge_attention
 from graphattn.functional import triton_kernels as tk
 from graphattn.functional.attention import reference_edge_attention
 from graphattn.nn import GAT, DenseSelfAttention, GraphSelfAttention, GraphTransformer
@@ -389,6 +389,55 @@ def test_new_graph_sizes_do_not_compile_again(attention, backend, fullgraph):
         x, edge_index = torch.randn(n, 4), random_graph(n, 3 * n, seed=n)
         assert_close(compiled(x, edge_index), layer(x, edge_index))
     assert counter.frame_count == 2
+
+
+def test_dense_attention_takes_a_mask_after_the_sizes_changed():
+    """A first call without a mask, then one with a mask on other sizes: the mask's shape is
+    checked against the symbolic sizes (a ``size in (1, L)`` check once refused a valid mask
+    there, failing ``fullgraph=True``)."""
+    def attend(q, mask=None):
+        return dense_attention(q, q, q, mask)
+
+    compiled = torch.compile(attend, backend="aot_eager", fullgraph=True)
+    compiled(torch.randn(5, 2, 4))
+    q, mask = torch.randn(9, 2, 4), torch.rand(9, 9) < 0.5
+    assert_close(compiled(q, mask), attend(q, mask))
+    layer = DenseSelfAttention(4, 4, heads=2)
+    compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)
+    compiled(torch.randn(3, 5, 4))
+    x, mask = torch.randn(3, 9, 4), torch.rand(3, 9, 9) < 0.5
+    assert_close(compiled(x, mask=mask), layer(x, mask=mask))
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
+@pytest.mark.parametrize("make", [
+    lambda: GAT(8, 3, hidden_channels=4, heads=2),
+    lambda: GraphSelfAttention(8, 4, heads=2, dropout=0.3),
+    lambda: GraphTransformer(8, 8, 3, heads=2)], ids=["GAT", "GraphSelfAttention", "transformer"])
+def test_models_trace_with_torch_jit_trace(make, training):
+    """``torch.jit.trace`` records sizes as values: the sparse kernels run as their operator,
+    ``auto`` takes them, and the dropout masks' sizes are those traced. Outputs and gradients
+    equal eager's at the same seed (on ``auto``'s choice in eager, to float rounding)."""
+    torch.manual_seed(0)
+    model = make().train(training)
+    x = torch.randn(6, 8)
+    edge_index = torch.tensor([[0, 1, 2, 3, 5, 4], [1, 2, 3, 4, 0, 0]])
+    traced = torch.jit.trace(model, (x, edge_index), check_trace=False)
+    results = []
+    for run in (traced, model):
+        torch.manual_seed(3)
+        results.append(_loss_and_grads(run, x, edge_index))
+    (out, grads), (want, want_grads) = results
+    assert_close(out, want, **COMPILED)
+    for grad, expected in zip(grads, want_grads, strict=True):
+        assert_close(grad, expected, **COMPILED)
+
+
+def test_dense_backend_refuses_torch_jit_trace_by_name():
+    layer = GraphSelfAttention(8, 4, heads=2, backend="dense")
+    with pytest.raises(ValueError, match="backend='dense' .* torch.jit.trace"):
+        torch.jit.trace(layer, (torch.randn(4, 8), torch.tensor([[0, 1], [1, 2]])),
+                        check_trace=False)
 
 
 @needs_cxx

@@ -32,6 +32,7 @@ from graphattn.functional.dense_backend import (
     dense_peak_bytes,
     diagonal_blocks,
     per_graph_attention,
+    scaled_scores,
     sdpa,
 )
 from graphattn.functional.dropout import dropout_mask as make_dropout_mask
@@ -294,7 +295,9 @@ def _select(q: Tensor, edge_index: Tensor, num_src: int | None, score: str,
             needs_weights: bool = False) -> tuple[str, DiagonalBlocks | None]:
     """:func:`select_backend`, and the block layout it found when it chose dense blocks."""
     if q.device.type == "cpu":
-        if score != "dot":
+        if score != "dot" or torch.jit.is_tracing():
+            # (torch.jit.trace records sizes as values, which no rule below can compare; the
+            # sparse kernels' operator traces)
             return "cpu", None
         # the explicit softmax's crossover, where the weights themselves are needed
         # (measured forward+backward)
@@ -563,6 +566,10 @@ def edge_attention_unchecked(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor
     if backend not in BACKENDS:
         raise ValueError(f"backend must be 'auto' or one of {available_backends()}, "
                          f"got {backend!r}")
+    if backend == "dense" and torch.jit.is_tracing():
+        raise ValueError("backend='dense' reads the graph's structure as it runs, which "
+                         "torch.jit.trace cannot record: trace with backend='auto' or 'cpu' "
+                         "(the sparse kernels' operator), or use torch.compile")
     triton_dtypes = None  # (out, alpha) dtypes of the triton backend, when rerouted from it
     if backend in ("cpu", "triton") and plain_ops_only(q, k, v, bias, att, edge_key,
                                                         edge_value):
@@ -720,7 +727,9 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
     if mask is not None:
         if mask.dtype != torch.bool:
             raise TypeError(f"mask must be a bool tensor, got {mask.dtype}")
-        if mask.dim() < 2 or mask.size(-2) not in (1, L_q) or mask.size(-1) not in (1, L_k):
+        # != each: under torch.compile, `in (1, L_q)` of a symbolic L_q decides wrongly
+        rows, cols = (mask.size(-2), mask.size(-1)) if mask.dim() >= 2 else (0, 0)
+        if mask.dim() < 2 or (rows != 1 and rows != L_q) or (cols != 1 and cols != L_k):
             raise ValueError(f"mask must have shape [..., L_q, L_k] = [..., {L_q}, {L_k}] "
                              f"(or 1 for either, broadcast), got {list(mask.shape)}")
         try:
@@ -746,16 +755,13 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
 
     weights = None
     if return_attention:
-        # scaled before the product: in fp16, q . k can overflow where the score does not
-        scores = (qh * scale) @ kh.transpose(-2, -1)  # (..., H, L_q, L_k)
+        scores = scaled_scores(qh, kh, scale)  # (..., H, L_q, L_k)
         if is_causal:
             mask = torch.ones(L_q, L_k, dtype=torch.bool, device=q.device).tril()
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
-        # half precision is normalised in fp32, fp32 and fp64 in their own dtype
-        half = scores.dtype in (torch.float16, torch.bfloat16)
-        weights = torch.softmax(scores, dim=-1, dtype=torch.float32 if half else None)
-        weights = weights.to(q.dtype)
+        # half precision is scored and normalised in fp32, fp32 and fp64 in their own dtype
+        weights = torch.softmax(scores, dim=-1).to(q.dtype)
         if empty_rows is not None:
             weights = weights.masked_fill(empty_rows.unsqueeze(-1).unsqueeze(-3), 0.0)
         if p > 0.0:  # graphattn's mask, as the explicit path of sdpa draws it

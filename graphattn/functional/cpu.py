@@ -1537,7 +1537,9 @@ def cpu_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *, s
         dropout_mask = dropout_mask.to(work).contiguous()
     inputs = (q, k, v, att, bias, dropout_mask, edge_key, edge_value, edge_index.contiguous(),
               scale, negative_slope, SCORE_KINDS[score], need_alpha, value_is_key)
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():
+        # an operator for the tracers (torch.jit.trace reads sizes as traced values, which
+        # the kernels cannot take)
         out, alpha = _forward_op(*inputs)[:2]
     elif needs_grad(q, k, v, att, bias, edge_key, edge_value):
         out, alpha = apply_function(_EdgeAttentionCPU, *inputs)[:2]

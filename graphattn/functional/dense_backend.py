@@ -116,8 +116,7 @@ def _explicit_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | Non
     softmax of half precision in fp32."""
     if scale is None:
         scale = 1.0 / math.sqrt(max(q.size(-1), 1))
-    # scaled before the product: in fp16, q . k can overflow where the score does not
-    scores = (q * scale) @ k.transpose(-2, -1)  # (..., H, L_q, L_k)
+    scores = scaled_scores(q, k, scale)  # (..., H, L_q, L_k)
     if is_causal:
         causal = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool, device=q.device).tril()
         attn_mask = causal if attn_mask is None else attn_mask & causal
@@ -230,6 +229,15 @@ def dense_peak_bytes(num_dst: int, num_src: int, heads: int, itemsize: int = 4) 
 def _softmax_dtype(dtype: torch.dtype) -> torch.dtype:
     """Half precision is normalised in fp32, like :func:`~graphattn.functional.scatter_softmax`."""
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def scaled_scores(q: Tensor, k: Tensor, scale: float) -> Tensor:
+    r""":math:`\text{scale} \cdot q k^\top` of ``(..., L_q, C)`` and ``(..., L_k, C)``, formed in
+    fp32 for half precision, as the fused kernels form them (a score past 65504 would be inf
+    in fp16, and its row NaN after the softmax) ``(..., L_q, L_k)``."""
+    work = _softmax_dtype(q.dtype)
+    # scaled before the product: q . k can overflow where the score does not
+    return (q.to(work) * scale) @ k.to(work).transpose(-2, -1)
 
 
 # Row gathers and scatter-adds as operators that torch.compile calls as they are. Inductor's C++
@@ -656,8 +664,7 @@ def _whole_padded_blocks(q: Tensor, k: Tensor, v: Tensor, src: Tensor, dst: Tens
         mask = keys.view(count, 1, 1, size)
         if causal:
             mask = mask & torch.ones(size, size, dtype=torch.bool).tril()
-        # scaled before the product: in fp16, q . k can overflow where the score does not
-        scores = (qh * scale) @ kh.transpose(-2, -1)
+        scores = scaled_scores(qh, kh, scale)  # (B_g, H, L, L)
         scores = scores.masked_fill_(~mask.to(q.device), float("-inf"))  # in place: one pass
         P = torch.softmax(scores, dim=-1, dtype=_softmax_dtype(scores.dtype)).to(v.dtype)
         weights.append(P)
@@ -799,15 +806,16 @@ def _dense_blocks(q: Tensor, k: Tensor, v: Tensor, src: Tensor, dst: Tensor, blo
             kh = kh.masked_fill(unread, 0.0)
             qh = qh.masked_fill(empty_rows.unsqueeze(-1), 0.0)
 
+    work = _softmax_dtype(q.dtype)  # half precision is scored in fp32 (see scaled_scores)
     if score == "dot":
         t = bias
     elif score == "gatv2":
-        t = (F.leaky_relu(gather_rows(q, dst) + gather_rows(k, src), negative_slope)
-             * att).sum(dim=-1) * scale  # (E, H)
+        t = (F.leaky_relu(gather_rows(q, dst).to(work) + gather_rows(k, src).to(work),
+                          negative_slope) * att.to(work)).sum(dim=-1) * scale  # (E, H)
         if bias is not None:
             t = t + bias
     else:
-        t = gather_rows(q, dst) + gather_rows(k, src)  # (E, H)
+        t = gather_rows(q, dst).to(work) + gather_rows(k, src).to(work)  # (E, H)
         if bias is not None:
             t = t + bias
         t = F.leaky_relu(t, negative_slope) * scale
@@ -845,8 +853,7 @@ def _dense_blocks(q: Tensor, k: Tensor, v: Tensor, src: Tensor, dst: Tensor, blo
     if rows_dead and host_readable(dead) and not bool(dead.any()):
         rows_dead = False
     if score == "dot":
-        # scaled before the product: in fp16, q . k can overflow where the score does not
-        L = (qh * scale) @ kh.transpose(-2, -1)
+        L = scaled_scores(qh, kh, scale)
         # -inf off the graph before T is added: a pair without an edge whose product overflowed
         # to +inf (fp16) would make inf + T = inf - inf = NaN in its target row
         if not complete:

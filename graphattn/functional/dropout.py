@@ -70,7 +70,10 @@ def dropout_mask(shape: int | tuple[int, ...], p: float, *,
         if _traced():
             # an operator for tracers (dynamo, make_fx, torch.jit.trace) and modes to see,
             # with a rule for vmap's batched seeds
-            return torch.ops.graphattn.cpu_dropout_mask(seed, list(shape), float(p), dtype)
+            # torch.jit.trace records sizes read from a tensor as values, which the
+            # operator's SymInt[] refuses (an internal assert): the sizes traced, as ints
+            sizes = [int(s) for s in shape] if torch.jit.is_tracing() else list(shape)
+            return torch.ops.graphattn.cpu_dropout_mask(seed, sizes, float(p), dtype)
         return cpu.dropout_mask_from_seed(int(seed), shape, p, dtype)
     if device.type == "cuda" and dtype in SEEDED_DTYPES and _triton_available():
         return seeded_mask(seeded_mask_parameters(p, device=device), shape, dtype)

@@ -62,6 +62,10 @@ def reference_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor
     src, dst = edge_index[0], edge_index[1]
     k_e = k[src] if edge_key is None else k[src] + edge_key  # (E, H, C): each edge's key
     v_e = v[src] if edge_value is None else v[src] + edge_value  # (E, H, C): each edge's value
+    if q.dtype in (torch.float16, torch.bfloat16):
+        # half precision is scored in fp32, as the fused kernels score it: a score past 65504
+        # would be inf in fp16, and its target's weights NaN
+        q, k_e, att, bias = (None if t is None else t.float() for t in (q, k_e, att, bias))
     if score == "dot":
         # scaled before the product: in fp16, q . k can overflow where the score does not
         s = ((q * scale)[dst] * k_e).sum(dim=-1)  # (E, H)
@@ -77,7 +81,7 @@ def reference_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor
         if bias is not None:
             s = s + bias
         s = F.leaky_relu(s, negative_slope) * scale
-    alpha = scatter_softmax(s, dst, num_segments=q.size(0))  # (E, H)
+    alpha = scatter_softmax(s, dst, num_segments=q.size(0)).to(v_e.dtype)  # (E, H)
     weight = alpha if dropout_mask is None else alpha * dropout_mask  # (E, H)
     msg = weight.unsqueeze(-1) * v_e  # (E, H, C)
     # zeros like msg, not v: under torch.func.vmap of q alone, v is not batched and msg is

@@ -653,3 +653,20 @@ def test_batch_errors():
         dense_attention(q, q, q, batch=torch.tensor([0, 0, -1, 1, 1]))
     with pytest.raises(ValueError, match="batch must hold graph ids >= 0, got -1"):
         dense_attention(q[:1], q[:1], q[:1], batch=torch.tensor([-1]))  # a batch of one
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_scores_past_fp16_range_stay_finite_on_every_path(dtype):
+    """Scores of 80000 (q = k = 200, C = 4): SDPA, the weights returned and dropout's explicit
+    softmax all give the fp32 result (the explicit paths once formed the scores in fp16: inf,
+    then NaN)."""
+    q = torch.full((4, 1, 4), 200.0)
+    v = torch.randn(4, 1, 4, generator=torch.Generator().manual_seed(0))
+    want = dense_attention(q, q, v)  # every score equal: the mean of v
+    qh, vh = q.to(dtype), v.to(dtype)
+    assert_close(dense_attention(qh, qh, vh).float(), want, atol=1e-2, rtol=1e-2)
+    out, weights = dense_attention(qh, qh, vh, return_attention=True)
+    assert_close(out.float(), want, atol=1e-2, rtol=1e-2)
+    assert_close(weights.float(), torch.full((1, 4, 4), 0.25), atol=1e-3, rtol=0)
+    torch.manual_seed(1)
+    assert torch.isfinite(dense_attention(qh, qh, vh, dropout_p=0.3)).all()

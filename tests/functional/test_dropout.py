@@ -238,6 +238,18 @@ def test_traced_masks_are_drawn_at_every_call():
     assert not torch.equal(scripted(torch.ones(20, 5)), scripted(torch.ones(20, 5)))
 
 
+def test_dropout_of_a_tensor_traces_with_torch_jit_trace():
+    """``dropout(x, p)`` reads the mask's shape from ``x``, which ``torch.jit.trace`` records
+    as traced sizes (once an internal assert of the operator's ``SymInt[]``): the traced
+    function draws the eager masks at the same seed."""
+    traced = torch.jit.trace(lambda x: dropout(x, 0.5), torch.ones(6, 7), check_trace=False)
+    torch.manual_seed(3)
+    out = traced(torch.ones(6, 7))
+    torch.manual_seed(3)
+    assert torch.equal(out, dropout(torch.ones(6, 7), 0.5))
+    assert (out == 0).any() and (out == 2).any()
+
+
 def test_shape_may_be_an_int():
     torch.manual_seed(11)
     mask = dropout_mask(40, 0.5)
