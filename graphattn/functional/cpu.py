@@ -1191,6 +1191,7 @@ def seeded_mask(seed: int, threshold: int, kept: float, shape: Sequence[int],
     flat = mask.view(-1).view(_MASK_BITS[dtype]).numpy()
     bits = torch.tensor(kept, dtype=dtype).view(_MASK_BITS[dtype]).item()
     args = (flat, np.uint64(seed), np.uint64(threshold), flat.dtype.type(bits))
+    _bound_block_labels()  # (the kernel inlines a helper)
     threads, n = torch.get_num_threads(), flat.shape[0]
     if threads == 1 or n < MIN_PARALLEL_MASK:
         _dropout_bits(*args, 0, n)

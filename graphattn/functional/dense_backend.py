@@ -873,7 +873,7 @@ def _dense_blocks(q: Tensor, k: Tensor, v: Tensor, src: Tensor, dst: Tensor, blo
         alpha = P.permute(0, 2, 3, 1).reshape(B * n_dst * n_src, heads)  # (P, H)
         alpha = alpha if in_place else gather_rows(alpha, pair)  # (E, H)
         if share is not None:
-            alpha = alpha * share
+            alpha = (alpha * share).to(P.dtype)  # share: fp32 for half precision
     W = P
     if dropout_mask is not None:
         kept = (dropout_mask if share is None else dropout_mask * share).to(P.dtype)  # (E, H)

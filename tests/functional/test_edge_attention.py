@@ -371,23 +371,26 @@ def test_empty_outputs_give_every_input_a_zero_gradient(backend, score, heads,
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("score", ["dot", "gatv2"])
+@pytest.mark.parametrize("score", ["dot", "gatv2", "additive"])
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
 def test_half_precision_scores_past_fp16_range_stay_finite(backend, score, dtype):
-    """Scores of 80000, past fp16's 65504 (q = k = 200, C = 4): formed in fp32, as the fused
-    kernels form them, every path gives the fp32 result; once the reference and the dense
-    backend's explicit softmax formed them in fp16 and gave NaN. With the weights returned
-    and with dropout (the paths that need the weights themselves)."""
+    """Scores of 80000, past fp16's 65504 (q = k = 200, C = 4; additive: q = k = 40000, one
+    channel): formed in fp32, as the fused
+    kernels form them, every path gives the fp32 result, in the inputs' dtype; once the
+    reference and the dense backend's explicit softmax formed them in fp16 and gave NaN. With
+    the weights returned and with dropout (the paths that need the weights themselves), on a
+    graph with a repeated edge."""
     gen = torch.Generator().manual_seed(0)
-    q = torch.full((4, 1, 4), 200.0)
+    q = torch.full((4, 1), 40000.0) if score == "additive" else torch.full((4, 1, 4), 200.0)
     v = torch.randn(4, 1, 4, generator=gen)
     att = torch.full((1, 4), 100.0) if score == "gatv2" else None
-    edge_index = torch.tensor([[0, 1, 2, 3, 1], [0, 0, 1, 2, 3]])
+    edge_index = torch.tensor([[0, 1, 2, 3, 1, 2], [0, 0, 1, 2, 3, 1]])  # 2 -> 1 twice
     want, want_alpha = edge_attention(q, q, v, edge_index, score=score, att=att,
                                       backend="reference", return_attention=True)
     half = [t.to(dtype) for t in (q, v)] + [None if att is None else att.to(dtype)]
     out, alpha = edge_attention(half[0], half[0], half[1], edge_index, score=score,
                                 att=half[2], backend=backend, return_attention=True)
+    assert out.dtype == alpha.dtype == dtype
     assert_close(out.float(), want, atol=1e-2, rtol=1e-2)
     assert_close(alpha.float(), want_alpha, atol=1e-2, rtol=1e-2)
     torch.manual_seed(1)
