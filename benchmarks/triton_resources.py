@@ -80,7 +80,7 @@ def compile_kernels(heads: int, channels: int, score: str, dtype: str, *, featur
                     score_channels: int | None = None, arch: int = 90,
                     one_edge_term: bool = False, block_n: int = 1,
                     seeded_dropout: bool = True,
-                    ) -> tuple[tk.LaunchConfig, dict[str, dict[str, int]]]:
+                    ) -> tuple[tk.LaunchConfig, dict[str, dict[str, int | str]]]:
     """The three kernels compiled for ``sm_<arch>``: their launch config and, by kernel name,
     the resources of :func:`resource_usage`; with ``block_n > 1``, the row-block kernels
     (``block_n`` nodes per program) under their one-node kernels' names.
@@ -130,10 +130,11 @@ def _drop_type(seeded: bool) -> dict[str, str]:
 
 
 def _compile(kernel, constants: dict, dtype: str, num_warps: int, arch: int,
-             types: dict[str, str] | None = None) -> dict[str, int]:
+             types: dict[str, str] | None = None) -> dict[str, int | str]:
     """One kernel compiled for ``sm_<arch>``: the resources of :func:`resource_usage`,
-    ``shared`` (bytes per block) and ``mma``, the tensor-core instructions in its PTX
-    (``wgmma.mma_async`` and ``mma.sync``; 0 where its products run on the FMA units)."""
+    ``shared`` (bytes per block), ``mma``, the tensor-core instructions in its PTX
+    (``wgmma.mma_async`` and ``mma.sync``; 0 where its products run on the FMA units), and
+    ``ttir``, its Triton IR as text (for checks of its index arithmetic)."""
     pointer_types = {**POINTER_TYPES, **(types or {})}
     signature = {arg: "constexpr" if arg in constants else pointer_types.get(arg, f"*{dtype}")
                  for arg in kernel.arg_names}
@@ -154,7 +155,8 @@ def _compile(kernel, constants: dict, dtype: str, num_warps: int, arch: int,
     if "Used " not in report:  # this triton discards the report: ask its ptxas again
         report = ptxas_report(ptx, arch)
     return {**resource_usage(report), "shared": compiled.metadata.shared,
-            "mma": ptx.count("wgmma.mma_async") + ptx.count("mma.sync")}
+            "mma": ptx.count("wgmma.mma_async") + ptx.count("mma.sync"),
+            "ttir": compiled.asm["ttir"]}
 
 
 def ptxas_report(ptx: str, arch: int) -> str:
@@ -180,7 +182,7 @@ def ptxas_report(ptx: str, arch: int) -> str:
 def compile_block_kernels(heads: int, channels: int, dtype: str, block: int, *, bias: bool,
                           dropout: bool = False, scores: bool = False, precision: str = "ieee",
                           arch: int = 90, seeded_dropout: bool = True,
-                          ) -> tuple[int, dict[str, dict[str, int]]]:
+                          ) -> tuple[int, dict[str, dict[str, int | str]]]:
     """The three block-sparse kernels (:mod:`graphattn.functional.triton_blocks`) compiled
     for ``sm_<arch>`` with B = ``block``: their warps and, by kernel name, the resources of
     :func:`resource_usage`. ``bias`` turns on the bias and its gradient, ``dropout`` the

@@ -204,7 +204,9 @@ class SinusoidalPE(torch.nn.Module):
             positions = torch.arange(x.size(-2), device=x.device)
         _check_positions(positions, x.size(-2), integer=False)
         pe = _sinusoid(positions, self.dim, self.base)  # (L, d)
-        return x + pe.to(x.dtype)
+        # a float x keeps its dtype; an integer one is promoted, as x + LearnablePE's weights
+        dtype = x.dtype if x.is_floating_point() else torch.get_default_dtype()
+        return x + pe.to(dtype)
 
     def extra_repr(self) -> str:
         return f"{self.dim}"
@@ -256,7 +258,7 @@ class LearnablePE(torch.nn.Module):
             lo, hi = int(positions.min()), int(positions.max())
             raise IndexError(f"positions must lie in [0, max_len) = [0, {self.max_len}), "
                              f"got values in [{lo}, {hi}]")
-        return x + self.weight[positions]
+        return x + self.weight[positions.long()]  # uint8 would index as a boolean mask
 
     def extra_repr(self) -> str:
         return f"{self.max_len}, {self.dim}"
@@ -385,10 +387,12 @@ def laplacian_pe(edge_index: Tensor, num_nodes: int, k: int, *, pad: bool = Fals
 
     vals, vecs = np.zeros(0), np.zeros((num_nodes, 0))
     use_sparse = solver == "sparse" or (solver == "auto" and num_nodes > DENSE_SOLVER_MAX_NODES)
+    null = _null_space(deg, labels, num_trivial)  # (N, c)
     if n_eig > 0 and use_sparse and n_eig < available - 1:
-        vals, vecs = _sparse_smallest(lap, deg, labels, num_trivial, n_eig)
+        vals, vecs = _sparse_smallest(lap, null, n_eig)
     elif n_eig > 0:
-        vals, vecs = _dense_smallest(lap, active, num_trivial, n_eig)
+        vals, vecs = _dense_smallest(lap, null, n_eig)
+    vals = np.maximum(vals, 0.0)  # L is positive semi-definite; rounding gave -5e-16
     vecs[~active] = 0.0  # exactly: orthogonal to every e_i of an isolated node
     vecs = _fix_signs(vecs)
 
@@ -407,20 +411,39 @@ def laplacian_pe(edge_index: Tensor, num_nodes: int, k: int, *, pad: bool = Fals
     return pe
 
 
-def _dense_smallest(lap: sp.csr_matrix, active: np.ndarray, num_trivial: int,
+def _null_space(deg: np.ndarray, labels: np.ndarray, num_trivial: int) -> sp.csr_matrix:
+    r"""The null space of :math:`\mathcal{L}` in closed form, ``[N, c]`` orthonormal columns:
+    :math:`D^{1/2} \mathbb{1}_C / \lVert D^{1/2} \mathbb{1}_C \rVert` per component C,
+    :math:`e_i` for an isolated node i."""
+    num_nodes = deg.shape[0]
+    values = np.where(deg > 0, np.sqrt(deg), 1.0)  # (N,) unnormalized null vectors
+    norms = np.sqrt(np.bincount(labels, weights=values**2, minlength=num_trivial))
+    return sp.csr_matrix((values / norms[labels], (np.arange(num_nodes), labels)),
+                         shape=(num_nodes, num_trivial))
+
+
+def _dense_smallest(lap: sp.csr_matrix, null: sp.csr_matrix,
                     n_eig: int) -> tuple[np.ndarray, np.ndarray]:
-    """The ``n_eig`` smallest non-trivial eigenpairs of ``lap`` by ``numpy.linalg.eigh``, on the
-    nodes with an edge only: an isolated node adds just an eigenvalue 0 (e_i), and a large graph
-    with few edges must not build an N x N matrix."""
-    sub_vals, sub_vecs = np.linalg.eigh(lap[active][:, active].toarray())  # ascending
-    skip = num_trivial - int((~active).sum())  # the zeros of the components with edges
+    r"""The ``n_eig`` smallest non-trivial eigenpairs of ``lap`` by ``numpy.linalg.eigh``, on
+    the nodes with an edge only: an isolated node adds just an eigenvalue 0 (e_i), and a large
+    graph with few edges must not build an N x N matrix.
+
+    The null space (``null``, U) is moved to eigenvalue 3, above the spectrum:
+    ``eigh`` of :math:`\mathcal{L} + 3 U U^T`. Skipping the c lowest eigenvectors of
+    :math:`\mathcal{L}` instead would trust ``eigh`` to separate eigenvalue 0 from the
+    smallest genuine one, which it cannot when that one is near rounding (a weak link, weight
+    1e-13 against 1, mixed the trivial vector into the encoding)."""
+    active = lap.diagonal() > 0  # 1 on a node with an edge (no self-loops), 0 on an isolated one
+    sub_null = null[active].toarray()  # (N_active, c); isolated nodes' columns are 0
+    sub = lap[active][:, active].toarray() + 3.0 * sub_null @ sub_null.T
+    sub_vals, sub_vecs = np.linalg.eigh(sub)  # ascending; the trivial ones at 3, last
     vecs = np.zeros((lap.shape[0], n_eig))
-    vecs[active] = sub_vecs[:, skip:skip + n_eig]
-    return sub_vals[skip:skip + n_eig], vecs
+    vecs[active] = sub_vecs[:, :n_eig]
+    return sub_vals[:n_eig], vecs
 
 
-def _sparse_smallest(lap: sp.csr_matrix, deg: np.ndarray, labels: np.ndarray,
-                     num_trivial: int, n_eig: int) -> tuple[np.ndarray, np.ndarray]:
+def _sparse_smallest(lap: sp.csr_matrix, null: sp.csr_matrix,
+                     n_eig: int) -> tuple[np.ndarray, np.ndarray]:
     r"""The ``n_eig`` smallest eigenpairs of ``lap`` orthogonal to its null space, by Lanczos.
 
     The null space is known in closed form (:math:`D^{1/2} 1_C` per component C, :math:`e_i`
@@ -456,11 +479,7 @@ def _sparse_smallest(lap: sp.csr_matrix, deg: np.ndarray, labels: np.ndarray,
     Lanczos needs room in the complement of U: when ``n_eig`` is close to ``N - c`` (small
     graphs) the dense solver takes over.
     """
-    num_nodes = lap.shape[0]
-    values = np.where(deg > 0, np.sqrt(deg), 1.0)  # (N,) unnormalized null vectors
-    norms = np.sqrt(np.bincount(labels, weights=values**2, minlength=num_trivial))
-    null = sp.csr_matrix((values / norms[labels], (np.arange(num_nodes), labels)),
-                         shape=(num_nodes, num_trivial))  # (N, c), orthonormal columns
+    num_nodes, num_trivial = null.shape
     lu = None
     envelope = _envelope(lap)
     if envelope <= SHIFT_INVERT_MAX_ENVELOPE and (
@@ -478,7 +497,7 @@ def _sparse_smallest(lap: sp.csr_matrix, deg: np.ndarray, labels: np.ndarray,
         # ARPACK's Krylov space, of 2 * size + 1 vectors at least, must fit in the complement
         size = min(want, most, (available - vals.size - 1) // 2)
         if size < 1:
-            return _dense_smallest(lap, deg > 0, num_trivial, n_eig)
+            return _dense_smallest(lap, null, n_eig)
         try:
             new_vals, new_vecs = _deflated_lanczos(lap, null, vecs, lu, size, rng,
                                                    tol=_CHECK_TOL if check else 0.0)

@@ -103,6 +103,24 @@ def test_learnable_pe():
     assert repr(module) == "LearnablePE(10, 4)"
 
 
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int16, torch.int32])
+def test_learnable_pe_takes_positions_of_every_integer_dtype(dtype):
+    """uint8 positions must not index as a boolean mask, nor int8/int16 fail to index."""
+    module = pe.LearnablePE(4, 3)
+    x = torch.zeros(3, 3)
+    positions = torch.tensor([0, 1, 3])
+    assert torch.equal(module(x, positions.to(dtype)), module(x, positions))
+
+
+def test_sinusoidal_pe_promotes_an_integer_input():
+    x = torch.ones(4, 6, dtype=torch.int64)
+    out = pe.SinusoidalPE(6)(x)
+    assert out.dtype == torch.get_default_dtype()  # as x + LearnablePE's weights
+    assert_close(out, 1 + pe.sinusoidal(4, 6))
+    half = torch.zeros(4, 6, dtype=torch.float16)
+    assert pe.SinusoidalPE(6)(half).dtype == torch.float16  # a float x keeps its dtype
+
+
 def test_learnable_pe_out_of_range():
     module = pe.LearnablePE(5, 4)
     with pytest.raises(IndexError, match=r"max_len=5 positions, got a sequence of length 6"):
@@ -425,6 +443,27 @@ def test_weighted_laplacian_pe_scale_and_zero_weights():
         pe.laplacian_pe(path, 4, 3, edge_weight=weight)
     with pytest.raises(ValueError, match=r"edge_weight must be finite and non-negative"):
         pe.laplacian_pe(path, 4, 2, edge_weight=-weight - 1)
+
+
+@pytest.mark.parametrize("eps", [1e-10, 1e-13, 1e-17])
+def test_weighted_laplacian_pe_of_a_weak_link(solver, eps):
+    """Two 4-cliques joined by one edge of weight eps: the lowest eigenvalue is about eps / 6,
+    below eigh's rounding at 1e-17, and its eigenvector is exactly antisymmetric (i -> 7 - i)
+    and orthogonal to the trivial one, D^1/2 1. Each solver must keep the trivial vector out."""
+    clique = [(i, j) for c in (range(4), range(4, 8)) for i in c for j in c if i != j]
+    edge_index = torch.tensor(clique + [(3, 4), (4, 3)]).t()
+    weight = torch.tensor([1.0] * len(clique) + [eps, eps], dtype=torch.float64)
+    enc, lam = pe.laplacian_pe(edge_index, 8, 1, solver=solver, edge_weight=weight,
+                               return_eigenvalues=True)
+    u = enc[:, 0].double()
+    deg = torch.full((8,), 3.0, dtype=torch.float64)
+    deg[[3, 4]] += eps
+    trivial = deg.sqrt() / deg.sqrt().norm()
+    assert abs(float(u @ trivial)) < 1e-6
+    assert_close(u[:4], -u.flip(0)[:4], dtype=torch.float32)
+    assert_close(u.abs(), torch.full((8,), math.sqrt(1 / 8), dtype=torch.float64),
+                 dtype=torch.float32)
+    assert 0 <= float(lam) < 1e-9
 
 
 @pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])

@@ -877,7 +877,8 @@ def block_forward_kernel(q, k, v, bias, drop, ptr, col, bits, ids, out, lse, sco
     m = tl.full([BLOCK], float("-inf"), tl.float32)
     l_sum = tl.full([BLOCK], 0, tl.float32)
     acc = tl.full([BLOCK, BLOCK_CV], 0, tl.float32)
-    for pair in range(tl.load(ptr + block), tl.load(ptr + block + 1)):
+    # int64: the tile's edge ids start at pair * B^2, past 2^31 from 2^21 tiles of 32 x 32
+    for pair in range(tl.load(ptr + block).to(tl.int64), tl.load(ptr + block + 1).to(tl.int64)):
         # the keys are in the scores already (the compiler drops them)
         k_j, v_j, edges, edge, s = _target_block_tile(
             q_i, k, v, bias, col, bits, ids, pair, head, n_src, scale, H, C, CV, HAS_BIAS,
@@ -922,7 +923,8 @@ def block_backward_target_kernel(q, k, v, bias, drop, ptr, col, bits, ids, dout,
     m, log_l = _softmax_stats(lse, rows * H + head, rows < n_dst)
     delta_i = tl.load(delta + rows * H + head, mask=rows < n_dst, other=0.0)
     acc = tl.full([BLOCK, BLOCK_C], 0, tl.float32)
-    for pair in range(tl.load(ptr + block), tl.load(ptr + block + 1)):
+    # int64: the tile's edge ids start at pair * B^2, past 2^31 from 2^21 tiles of 32 x 32
+    for pair in range(tl.load(ptr + block).to(tl.int64), tl.load(ptr + block + 1).to(tl.int64)):
         k_j, v_j, edges, edge, s = _target_block_tile(
             q_i, k, v, bias, col, bits, ids, pair, head, n_src, scale, H, C, CV, HAS_BIAS,
             HAS_BIAS or HAS_DROP, BLOCK, BLOCK_C, BLOCK_CV, PRECISION, dtype)

@@ -485,6 +485,7 @@ def test_drawn_banded_graphs(interpreter, monkeypatch, case):
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 COMPILE_FOR_SM90 = f"""
+import re
 import sys
 sys.path.insert(0, {str(BENCHMARKS)!r})
 import triton_resources
@@ -497,8 +498,10 @@ for dtype, block, bias, dropout, precision in [
                                                           dropout=dropout, scores=dropout,
                                                           precision=precision)
     for name, use in usage.items():
+        # a tile's edge ids start at pair * B^2: an int32 product wraps from 2^31 / B^2 tiles
+        narrow = len(re.findall(rf"arith.muli .*c{{block * block}}_i32 : i32", use["ttir"]))
         print("compiled", name, dtype, block, bias, use["registers"], use["spill_stores"],
-              precision, use["mma"])
+              precision, use["mma"], narrow)
 # a dropout mask read from memory (a user's mask) rather than drawn from a seed
 warps, usage = triton_resources.compile_block_kernels(4, 32, "bf16", 64, bias=True,
                                                       dropout=True, seeded_dropout=False)
@@ -516,7 +519,8 @@ def test_block_kernels_compile_for_sm90():
     sm_90 ahead of time (half and fp32 inputs, full fp32 and TF32 products, with and without a
     bias, a dropout mask, drawn from a seed or read from a tensor, and the scores written), as
     ``benchmarks/triton_resources.py --blocks`` does; no GPU needed. Their PTX multiplies on
-    tensor cores except with full fp32 products, which Triton runs on the FMA units. In a
+    tensor cores except with full fp32 products, which Triton runs on the FMA units, and
+    address a tile's edge ids (from pair * B^2) in int64, past 2^31 on large graphs. In a
     fresh process: the interpreter leaves ``triton.language`` patched after it ran."""
     env = {**os.environ, "TRITON_INTERPRET": "0"}
     done = subprocess.run([sys.executable, "-c", COMPILE_FOR_SM90], env=env,
@@ -529,9 +533,10 @@ def test_block_kernels_compile_for_sm90():
     assert "seeded 8 0 0 0" in done.stdout
     assert {row[1] for row in compiled} == set(BLOCK_KERNELS)
     # every kernel's products on tensor cores but full fp32 ones, which have no such instruction
-    for _, name, dtype, _, _, _, _, precision, mma in compiled:
+    for _, name, dtype, block, _, _, _, precision, mma, narrow in compiled:
         on_tensor_cores = dtype != "fp32" or precision == "tf32"
         assert (int(mma) > 0) == on_tensor_cores, (name, dtype, precision, mma)
+        assert narrow == "0", (name, dtype, block)  # tile offsets in int64
 
 
 @needs_triton
