@@ -14,11 +14,12 @@ one step (forward, ``out.square().sum()``, backward) on the batches of
 - ``dense batch=``: ``DenseSelfAttention(x, batch=batch)``, one SDPA call per size group.
 
 At attention dropout 0 the three outputs are checked equal first. With dropout (0.5 here) the
-graph layers draw graphattn's per-edge masks (the same for both) and the dense layer SDPA's own;
-the graph layers then take the explicit softmax (the weights are multiplied by the mask), the
-dense one SDPA's math path. Interleaved repeats after warm-up, medians.
+graph layers draw graphattn's per-edge masks (the same for both) and the dense layer
+graphattn's mask of its padded weights ``[G_b, H, n_b, n_b]``; the graph layer on ``auto`` and
+the dense layer then multiply an explicit softmax by the mask instead of calling SDPA's fused
+kernel. Interleaved repeats after warm-up, medians.
 
-    python benchmarks/global_layers.py           # ~1 min on 2 cores
+    python benchmarks/global_layers.py           # under a minute on 2 cores
     python benchmarks/global_layers.py --quick   # one tiny batch, a smoke run
 
 Writes ``results/global_layers.md`` and ``.csv``.
@@ -113,7 +114,7 @@ def write_table(rows: list[dict[str, object]], args: argparse.Namespace, command
         "`GraphSelfAttention(backend=...)` on `graphs.batch_complete_graph(batch)` (built in "
         "the step); `dense batch=`: `DenseSelfAttention(x, batch=batch)`. Same weights; at "
         "dropout 0 the outputs are checked equal first. With dropout the graph layers draw "
-        "graphattn's per-edge masks, the dense layer SDPA's.",
+        "graphattn's per-edge masks, the dense layer graphattn's mask of its padded weights.",
         "- ratio: the step's time over `graph cpu`'s (below 1: faster than the sparse kernels)",
         "",
         "| batch | graphs | nodes | attention dropout | layer | step ms | / graph cpu |",

@@ -63,8 +63,8 @@ Usage (one line; ``--quick`` runs Cora and the 1M-edge graph with fewer repeats)
 
 Writes ``results/gpu.md`` (or ``--out``) and, with matplotlib, its figure beside it (``.png``:
 forward+backward time and peak memory per graph of the layers and dense SDPA; ``--no-plot``:
-none). ``--replot results/gpu.md`` draws the figure of a table written before and measures
-nothing. Exits with a message on a machine without CUDA.
+none). ``--replot benchmarks/results/gpu.md`` draws the figure of a table written before and
+measures nothing. Exits with a message on a machine without CUDA.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from graphattn._checks import (
     check_dropout,
     check_edge_index,
     check_float_dtype,
+    check_non_negative,
     check_same_device,
     finite_float,
 )
@@ -206,8 +207,9 @@ def select_backend(q: Tensor, edge_index: Tensor, num_src: int | None = None, *,
     of the sweep on both machines (4096 nodes at density 0.25, where the machines disagree).
     Small graphs cross over earlier (their dense matrices stay in cache). A factor 4 away from
     the crossover one backend is already several times slower than the other (Cora, density
-    0.0018: ``"cpu"`` 4.1-8.3 ms, ``"dense"`` 147-218 ms forward+backward), so the choice
-    matters far more than its exact place.
+    0.0018: ``"cpu"`` 3.4 ms, ``"dense"`` 77.2 ms forward+backward in
+    ``benchmarks/results/sparse_vs_dense.md``; 4.1-8.3 and 147-218 ms in earlier runs), so
+    the choice matters far more than its exact place.
 
     **Block-diagonal graphs.** A graph that is sparse as a whole but splits into diagonal
     blocks that no edge crosses (a batch of B sequences or images through
@@ -288,6 +290,15 @@ def select_backend(q: Tensor, edge_index: Tensor, num_src: int | None = None, *,
         needs_weights (bool, optional): the call returns the weights or applies dropout to
             them in training. (default: ``False``)
     """
+    if score not in SCORES:
+        raise ValueError(f"score must be one of {SCORES}, got {score!r}")
+    if not isinstance(q, Tensor) or q.dim() not in (2, 3):
+        shape = list(q.shape) if isinstance(q, Tensor) else type(q).__name__
+        raise ValueError(f"q must have shape [N_dst, H, C] or [N_dst, H], got {shape}")
+    if num_src is not None:
+        num_src = check_non_negative(num_src, "num_src")
+    check_edge_index(edge_index, num_src=q.size(0) if num_src is None else num_src,
+                     num_dst=q.size(0))
     return _select(q, edge_index, num_src, score, needs_weights)[0]
 
 
@@ -470,12 +481,15 @@ def edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
     (``torch.autograd.forward_ad``) work on every backend: under them the fused backends run
     the reference path, since their kernels have no batching or forward-mode rule.
 
-    Every tensor input but ``edge_index`` must be floating-point. Inputs of mixed floating
-    dtypes (an fp32 ``att`` beside bf16 q, k, v under autocast, say) are cast to the dtype
-    torch's arithmetic promotes them to, except on the ``"triton"`` backend, whose kernels read
-    each in its own dtype and compute in fp32 (and take no float64: ``backend="auto"`` then
-    takes ``"reference"``); their output has the dtype of v, and the weights that of the
-    scores' inputs (q, k, bias, att, ``edge_key``) promoted.
+    Every tensor input but ``edge_index`` must be floating-point. Under ``torch.autocast`` for
+    their device, the floating inputs (float64 aside) are first cast to its dtype, as autocast
+    casts those of ``scaled_dot_product_attention``, and nothing inside is autocast again:
+    every backend returns what it returns for inputs of that dtype, with or without a
+    gradient. Inputs of mixed floating dtypes (an fp32 ``att`` beside bf16 q, k and v) are
+    cast to the dtype torch's arithmetic promotes them to, except on the ``"triton"``
+    backend, whose kernels read each in its own dtype and compute in fp32 (and take no
+    float64: ``backend="auto"`` then takes ``"reference"``); their output has the dtype of
+    v, and the weights that of the scores' inputs (q, k, bias, att, ``edge_key``) promoted.
 
     Args:
         q (Tensor): queries of the targets, ``[N_dst, H, C]`` (``[N_dst, H]`` when additive).
@@ -520,6 +534,35 @@ def edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
                                     edge_key=edge_key, edge_value=edge_value)
 
 
+def _autocast_inputs(*tensors: Tensor | None) -> tuple[Tensor | None, ...]:
+    """Under ``torch.autocast`` for the inputs' device, the floating inputs (float64 aside) in
+    its dtype, as autocast casts those of ``scaled_dot_product_attention`` (an op it runs in
+    lower precision): the same dtype whatever the backend, and whether or not a gradient is
+    needed. The caller then turns autocast off, so that every path computes as it does on
+    inputs of that dtype (scores of half precision in fp32). A tensor given twice stays one
+    tensor. The inputs as they are otherwise."""
+    device = _autocast_device(*tensors)
+    if device is None:
+        return tensors
+    dtype = torch.get_autocast_dtype(device)
+    cast: dict[int, Tensor] = {}
+    for t in tensors:
+        if isinstance(t, Tensor) and id(t) not in cast:
+            eligible = t.is_floating_point() and t.dtype != torch.float64
+            cast[id(t)] = t.to(dtype) if eligible else t
+    return tuple(cast.get(id(t), t) for t in tensors)
+
+
+def _autocast_device(*tensors: Tensor | None) -> str | None:
+    """The device type of the first tensor, when ``torch.autocast`` is on for it; else None."""
+    first = next((t for t in tensors if isinstance(t, Tensor)), None)
+    if first is None or not torch.amp.is_autocast_available(first.device.type):
+        return None  # (meta tensors, say)
+    if not torch.is_autocast_enabled(first.device.type):
+        return None
+    return first.device.type
+
+
 def _common_dtype(*tensors: Tensor | None) -> tuple[Tensor | None, ...]:
     """Inputs of mixed floating dtypes (an fp32 ``att`` beside bf16 q, k, v under autocast, say)
     cast to the dtype torch's arithmetic would promote them to; one tensor given as both edge
@@ -551,6 +594,16 @@ def edge_attention_unchecked(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor
     dropout), gradients included (PyG's explanation masks); it takes the reference backend,
     the one that differentiates it.
     """
+    autocast = _autocast_device(q, k, v)
+    if autocast is not None:
+        q, k, v, bias, att, edge_key, edge_value = _autocast_inputs(q, k, v, bias, att,
+                                                                    edge_key, edge_value)
+        with torch.autocast(autocast, enabled=False):
+            return edge_attention_unchecked(
+                q, k, v, edge_index, scale=scale, bias=bias, dropout_p=dropout_p,
+                training=training, return_attention=return_attention, backend=backend,
+                score=score, negative_slope=negative_slope, att=att, edge_key=edge_key,
+                edge_value=edge_value, edge_weight=edge_weight)
     if scale is None:
         # 1 / sqrt(C) for dot (C = 0: the score is 0 whatever the scale)
         scale = 1.0 / math.sqrt(max(q.size(-1), 1)) if score == "dot" else 1.0
@@ -658,8 +711,11 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
     ``mask[i, j] = True`` means query i may attend to key j (the edge j -> i), so
     ``dense_attention(q, k, v, graphs.to_dense_mask(edge_index, N))`` equals
     ``edge_attention(q, k, v, edge_index)`` for a graph without multi-edges.
-    A query row with no allowed key gets exactly 0. q, k and v of different floating dtypes
-    are cast to the one torch's arithmetic promotes them to, as in :func:`edge_attention`.
+    A query row with no allowed key gets exactly 0, and what no query reads (the q of such a
+    row, the k and v of a key no row may attend to) reaches no output and no gradient, NaN or
+    inf included. q, k and v of different floating dtypes are cast to the one torch's
+    arithmetic promotes them to, and under ``torch.autocast`` to its dtype, as in
+    :func:`edge_attention`.
 
     Args:
         q (Tensor): ``[..., L_q, H, C]``.
@@ -699,6 +755,13 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
           with ``batch``: q, k ``(N, H, C)``, v ``(N, H, C_v)``, batch ``(N)``
         - **output:** ``(..., L_q, H, C_v)``; weights ``(..., H, L_q, L_k)``
     """
+    autocast = _autocast_device(q, k, v)
+    if autocast is not None:  # inputs in autocast's dtype, and no autocast inside
+        q, k, v = _autocast_inputs(q, k, v)
+        with torch.autocast(autocast, enabled=False):
+            return dense_attention(q, k, v, mask, is_causal=is_causal, scale=scale,
+                                   dropout_p=dropout_p, training=training,
+                                   return_attention=return_attention, batch=batch)
     check_same_device(q=q, k=k, v=v, mask=mask)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() < 3:
@@ -746,12 +809,17 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
         scale = 1.0 / math.sqrt(max(q.size(-1), 1))  # C = 0: the score is 0 whatever the scale
     p = dropout_p if training else 0.0
 
-    qh, kh, vh = (t.transpose(-3, -2) for t in (q, k, v))  # (..., H, L, C)
     empty_rows = None
     if mask is not None:
         empty_rows = ~mask.any(dim=-1)  # (..., L_q)
-        # A fully masked row would give NaN: let it attend everywhere, then zero its output.
+        unread = ~mask.any(dim=-2)  # (..., L_k): keys no query reads
+        # What no output reads reaches no output and no gradient, whatever it holds (NaN or
+        # inf included), as in edge_attention: a fully masked row attends everywhere (else
+        # its softmax is NaN) with its query 0, and keys and values that no row reads are 0
+        q = q.masked_fill(empty_rows[..., None, None], 0.0)
+        k, v = (t.masked_fill(unread[..., None, None], 0.0) for t in (k, v))
         mask = (mask | empty_rows.unsqueeze(-1)).unsqueeze(-3)  # (..., 1, L_q, L_k)
+    qh, kh, vh = (t.transpose(-3, -2) for t in (q, k, v))  # (..., H, L, C)
 
     weights = None
     if return_attention:

@@ -46,11 +46,15 @@ def reference_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor
     against this one. Keeps ``[E, H, C]`` tensors for autograd.
 
     Args:
-        q, k, v, edge_index, scale, bias, score, negative_slope, att, edge_key, edge_value:
-            as in :func:`edge_attention`, with ``scale`` a number (no default).
-        dropout_mask (Tensor, optional): ``None`` or the ``[E, H]`` multiplier :math:`d_e`
-            (0 or :math:`1 / (1 - p)`).
-        need_alpha (bool): return :math:`\alpha` as well (else ``None`` in its place).
+        q, k, v, edge_index, bias, score, negative_slope, att, edge_key, edge_value:
+            as in :func:`edge_attention`; ``bias``, ``score`` and ``negative_slope`` have no
+            default here (``None``, ``"dot"``, ``0.2`` there).
+        scale (float): :math:`\sigma`, a number (no default; for ``None``
+            ``edge_attention`` passes its default, :math:`1 / \sqrt{C_k}` for ``"dot"``).
+        dropout_mask (Tensor or None): ``None`` (no dropout) or the ``[E, H]`` multiplier
+            :math:`d_e` (0 or :math:`1 / (1 - p)`); no default.
+        need_alpha (bool): return :math:`\alpha` as well (else ``None`` in its place); no
+            default.
 
     Shapes:
         - **input:** q ``(N_dst, H, C_k)`` (``(N_dst, H)`` for the additive score), k

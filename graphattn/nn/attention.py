@@ -210,7 +210,13 @@ class _SelfAttentionBase(torch.nn.Module):
                              f"got {list(x.shape)}")
 
     def _repr_args(self) -> str:
-        extra = ", residual=True" if self.residual else ""
+        """The constructor's arguments, those away from their defaults after ``heads``."""
+        extra = "" if self.concat else ", concat=False"
+        extra += f", dropout={self.dropout}" if self.dropout else ""
+        extra += "" if self.lin_v.bias is not None else ", bias=False"
+        extra += "" if self.lin_out is not None else ", out_proj=False"
+        extra += f", value_dropout={self.value_dropout}" if self.value_dropout else ""
+        extra += ", residual=True" if self.residual else ""
         extra += ", beta=True" if self.beta else ""
         return f"{self.in_channels}, {self.out_channels}, heads={self.heads}{extra}"
 
@@ -577,7 +583,8 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         return edge_attr
 
     def __repr__(self) -> str:
-        extra = "" if self.attention == "dot" else f", attention={self.attention!r}"
+        extra = "" if self.add_self_loops else ", add_self_loops=False"
+        extra += "" if self.attention == "dot" else f", attention={self.attention!r}"
         if self.negative_slope != 0.2:
             extra += f", negative_slope={self.negative_slope}"
         if self.share_weights:

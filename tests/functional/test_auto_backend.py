@@ -443,3 +443,24 @@ def test_block_size_is_that_of_an_average_pair():
     layout = dense_backend.diagonal_blocks(edges, 64)
     assert layout.size == pytest.approx((32**3 + 32) / (32**2 + 32))
     assert select_backend(torch.randn(64, 2, 4, requires_grad=True), edges) == "dense"
+
+
+@pytest.mark.parametrize("call,error,match", [
+    (lambda q, ei: select_backend(q, ei, score="bogus"), ValueError,
+     r"score must be one of \('dot', 'additive', 'gatv2'\), got 'bogus'"),
+    (lambda q, ei: select_backend(q, ei.float()), TypeError,
+     r"edge_index must have an integer dtype \(int64 or int32\), got torch.float32"),
+    (lambda q, ei: select_backend(q[0, 0], ei), ValueError,
+     r"q must have shape \[N_dst, H, C\] or \[N_dst, H\], got \[8\]"),
+    (lambda q, ei: select_backend(q, ei + 3), ValueError,
+     r"edge_index\[0\] \(sources\) must be < the number of source nodes 5, got a maximum of 7"),
+    (lambda q, ei: select_backend(q, ei, num_src=-1), ValueError,
+     r"num_src must be a non-negative integer, got -1"),
+])
+def test_select_backend_checks_its_arguments(call, error, match):
+    """As edge_attention does: a wrong score or graph must not get an answer."""
+    q = torch.randn(5, 2, 8)
+    edge_index = torch.tensor([[0, 1, 4], [1, 2, 3]])
+    assert select_backend(q, edge_index) in ("cpu", "dense")  # the valid call answers
+    with pytest.raises(error, match=match):
+        call(q, edge_index)

@@ -670,3 +670,65 @@ def test_half_precision_scores_past_fp16_range_stay_finite_on_every_path(dtype):
     assert_close(weights.float(), torch.full((1, 4, 4), 0.25), atol=1e-3, rtol=0)
     torch.manual_seed(1)
     assert torch.isfinite(dense_attention(qh, qh, vh, dropout_p=0.3)).all()
+
+
+@pytest.mark.parametrize("return_attention", [False, True])
+@pytest.mark.parametrize("poison", [float("nan"), float("inf")])
+@pytest.mark.parametrize("case", ["isolated node", "padded key"])
+def test_what_no_output_reads_reaches_nothing(return_attention, poison, case):
+    """What no output reads holds NaN or inf: the q, k and v of an isolated node (its mask row
+    and column all False), or the k and v of a padded key (a batch's key mask [B, 1, L]). As
+    in edge_attention, every other output and every gradient is what it is without them, and
+    the unread entries get gradient 0."""
+    L, H, C = 5, 2, 3
+    if case == "isolated node":
+        lead, unread, poisoned_inputs = (), (3,), (0, 1, 2)
+        mask = torch.rand(L, L, generator=torch.Generator().manual_seed(3)) < 0.7
+        mask.fill_diagonal_(True)
+        mask[3], mask[:, 3] = False, False
+    else:  # graph 1 of 2 padded at node 4: its query still reads the keys of graph 1
+        lead, unread, poisoned_inputs = (2,), (1, 4), (1, 2)
+        mask = torch.ones(2, 1, L, dtype=torch.bool)
+        mask[1, 0, 4] = False
+    clean = qkv(*lead, L=L, S=L, H=H, C=C)
+    poisoned = [t.detach().clone() for t in clean]
+    for i in poisoned_inputs:
+        poisoned[i][unread] = poison
+    poisoned = [t.requires_grad_() for t in poisoned]
+    results = []
+    for inputs in (clean, poisoned):
+        out = dense_attention(*inputs, mask, return_attention=return_attention)
+        out = out[0] if return_attention else out
+        results.append((out, torch.autograd.grad(out.square().sum(), inputs)))
+    (out, grads), (out_p, grads_p) = results
+    read = torch.ones(*lead, L, dtype=torch.bool)
+    read[unread] = False
+    assert_close(out_p, out)  # (an isolated node's row is 0 in both)
+    for i, (g, g_p) in enumerate(zip(grads, grads_p, strict=True)):
+        assert torch.isfinite(g_p).all()
+        if i in poisoned_inputs:
+            assert_close(g_p[read], g[read])
+            assert (g_p[~read] == 0).all()
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+@pytest.mark.parametrize("call", ["mask", "causal", "batch", "weights"])
+def test_autocast_runs_in_its_dtype_as_sdpa(requires_grad, call):
+    """Under torch.autocast fp32 inputs are cast to its dtype, as autocast casts SDPA's:
+    bf16 out (and weights), whether or not a gradient is needed; the same numbers as bf16
+    inputs without autocast, and fp32 gradients."""
+    q, k, v = (t.detach().requires_grad_(requires_grad) for t in qkv(L=6, S=6))
+    mask = torch.rand(6, 6, generator=torch.Generator().manual_seed(2)) < 0.6
+    options = {"mask": dict(mask=mask), "causal": dict(is_causal=True),
+               "batch": dict(batch=torch.tensor([0, 0, 1, 1, 1, 0])),
+               "weights": dict(mask=mask, return_attention=True)}[call]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = dense_attention(q, k, v, **options)
+    want = dense_attention(*(t.detach().bfloat16() for t in (q, k, v)), **options)
+    got, want = (x if isinstance(x, tuple) else (x,) for x in (got, want))
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == torch.bfloat16
+        assert torch.equal(g, w)
+    if requires_grad:
+        grads = torch.autograd.grad(got[0].float().square().sum(), (q, k, v))
+        assert all(g.dtype == torch.float32 and torch.isfinite(g).all() for g in grads)

@@ -3,7 +3,14 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import GRAPHS, assert_close, check_nan_score_pattern, dense_mask, random_graph
+from conftest import (
+    GRAPHS,
+    assert_close,
+    attention_inputs,
+    check_nan_score_pattern,
+    dense_mask,
+    random_graph,
+)
 
 from graphattn.functional import attention, available_backends, dense_attention, edge_attention
 
@@ -491,3 +498,29 @@ def test_default_dot_scale_is_one_over_the_root_of_the_channels(channels):
     assert not torch.allclose(edge_attention(q, k, v, ei, backend="reference"),
                               edge_attention(q, k, v, ei, scale=1.1 * channels ** -0.5,
                                              backend="reference"))
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+@pytest.mark.parametrize("score", ["dot", "additive", "gatv2"])
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_autocast_runs_in_its_dtype_on_every_backend(backend, score, requires_grad):
+    """Under torch.autocast fp32 inputs (gatv2's att and the bias too) are cast to its dtype,
+    as autocast casts SDPA's, and nothing inside is autocast again: every backend returns
+    the output and weights of bf16 inputs without autocast, bit for bit, whether or not a
+    gradient is needed, with fp32 gradients."""
+    edge_index = random_graph(12, 50, seed=5)
+    inputs = {name: None if t is None else t.detach().requires_grad_(requires_grad)
+              for name, t in attention_inputs(12, 12, 50, 2, 8, score=score).items()}
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = edge_attention(**inputs, edge_index=edge_index, score=score, backend=backend,
+                             return_attention=True)
+    half = {name: None if t is None else t.detach().bfloat16() for name, t in inputs.items()}
+    want = edge_attention(**half, edge_index=edge_index, score=score, backend=backend,
+                          return_attention=True)
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == torch.bfloat16
+        assert torch.equal(g, w)
+    if requires_grad:
+        leaves = [t for t in inputs.values() if t is not None]
+        grads = torch.autograd.grad(got[0].float().square().sum(), leaves)
+        assert all(g.dtype == torch.float32 and torch.isfinite(g).all() for g in grads)

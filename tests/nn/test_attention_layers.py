@@ -314,6 +314,15 @@ def test_repr_and_reset_parameters():
                                    negative_slope=0.1, share_weights=True)) == (
         "GraphSelfAttention(16, 8, heads=1, residual=True, attention='gatv2', "
         "negative_slope=0.1, share_weights=True)")
+    # every argument away from its default shows, so the repr rebuilds the layer
+    other = GraphSelfAttention(16, 8, heads=2, concat=False, dropout=0.1, bias=False,
+                               out_proj=False, add_self_loops=False, value_dropout=0.2)
+    text = ("GraphSelfAttention(16, 8, heads=2, concat=False, dropout=0.1, bias=False, "
+            "out_proj=False, value_dropout=0.2, add_self_loops=False)")
+    assert repr(other) == text
+    assert repr(eval(text, {"GraphSelfAttention": GraphSelfAttention})) == text
+    assert repr(DenseSelfAttention(16, 8, concat=False, out_proj=False)) == (
+        "DenseSelfAttention(16, 8, heads=1, concat=False, out_proj=False)")
     with torch.no_grad():
         layer.lin_q.bias.fill_(3.0)
     layer.reset_parameters()
@@ -705,7 +714,7 @@ def test_lazy_in_channels_equal_a_sized_layer(attention):
     x_src, x_dst = torch.randn(7, 5), torch.randn(4, 3)
     edge_index = random_graph(7, 20, seed=3, num_dst=4)
     lazy = GraphSelfAttention((-1, -1), 6, heads=2, attention=attention, add_self_loops=False)
-    assert repr(lazy) == "GraphSelfAttention((-1, -1), 6, heads=2" + (
+    assert repr(lazy) == "GraphSelfAttention((-1, -1), 6, heads=2, add_self_loops=False" + (
         ")" if attention == "dot" else ", attention='additive')")
     out = lazy((x_src, x_dst), edge_index)
     assert (lazy.lin_k.in_features, lazy.lin_q.in_features) == (5, 3)
