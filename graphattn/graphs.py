@@ -484,6 +484,8 @@ def to_networkx(edge_index: Tensor, num_nodes: int, edge_attr: Tensor | None = N
     """
     num_nodes = check_non_negative(num_nodes, "num_nodes")
     check_edge_index(edge_index, num_src=num_nodes, num_dst=num_nodes)
+    if edge_attr is not None and not isinstance(edge_attr, Tensor):
+        raise TypeError(f"edge_attr must be a torch.Tensor, got {type(edge_attr).__name__}")
     if edge_attr is not None and (edge_attr.dim() not in (1, 2)
                                   or edge_attr.size(0) != edge_index.size(1)):
         raise ValueError(f"edge_attr must have shape [E] or [E, D] with E = "

@@ -868,11 +868,17 @@ class AddLaplacianPE(BaseTransform):
     def forward(self, data: Data) -> Data:
         edge_index, num_nodes = _graph_of(data, "AddLaplacianPE")
         parts = _graphs_of_batch(data, edge_index, num_nodes, _edge_weight_of(data, edge_index))
-        pe = torch.cat([laplacian_pe(ei, n, self.k, pad=self.pad,
-                                     random_sign_flip=self.random_sign_flip, solver=self.solver,
-                                     edge_weight=w)
-                        for ei, n, w in parts])  # (N, k)
-        return _add_node_attr(data, pe, self.attr_name)
+        encodings = []
+        for g, (ei, n, w) in enumerate(parts):
+            try:
+                encodings.append(laplacian_pe(ei, n, self.k, pad=self.pad,
+                                              random_sign_flip=self.random_sign_flip,
+                                              solver=self.solver, edge_weight=w))  # (n, k)
+            except ValueError as error:
+                if len(parts) == 1:
+                    raise
+                raise ValueError(f"graph {g} of the batch ({n} nodes): {error}") from None
+        return _add_node_attr(data, torch.cat(encodings), self.attr_name)
 
     def __repr__(self) -> str:
         return f"{self.__class__.__name__}(k={self.k})"

@@ -338,6 +338,8 @@ def test_to_networkx():
     with pytest.raises(ValueError, match=r"edge_attr must have shape \[E\] or \[E, D\] with "
                                          r"E = 3, got \[2, 2\]"):
         graphs.to_networkx(edge_index, 3, edge_attr=attr[:2])
+    with pytest.raises(TypeError, match=r"edge_attr must be a torch.Tensor, got list"):
+        graphs.to_networkx(edge_index, 3, edge_attr=[1.0, 2.0, 3.0])
     with pytest.raises(ValueError, match=r"edge_index\[0\] \(sources\) must be <"):
         graphs.to_networkx(edge_index, 2)
 

@@ -1003,6 +1003,12 @@ def test_laplacian_transform_encodes_each_graph_of_a_batch_alone():
     batch = transform(Batch.from_data_list(data_list))
     expected = torch.cat([transform(d).laplacian_pe for d in data_list])
     assert_close(batch.laplacian_pe, expected)
+    # a graph too small for k names itself
+    small = Batch.from_data_list(data_list + [Data(edge_index=graphs.chain_graph(2),
+                                                   num_nodes=2)])
+    with pytest.raises(ValueError, match=r"graph 3 of the batch \(2 nodes\): k must be at "
+                                         r"most the number of non-trivial eigenvectors"):
+        transform(small)
 
 
 def test_laplacian_transform_on_a_batch_with_edges_in_any_order():
