@@ -207,8 +207,8 @@ def select_backend(q: Tensor, edge_index: Tensor, num_src: int | None = None, *,
     of the sweep on both machines (4096 nodes at density 0.25, where the machines disagree).
     Small graphs cross over earlier (their dense matrices stay in cache). A factor 4 away from
     the crossover one backend is already several times slower than the other (Cora, density
-    0.0018: ``"cpu"`` 3.4 ms, ``"dense"`` 77.2 ms forward+backward in
-    ``benchmarks/results/sparse_vs_dense.md``; 4.1-8.3 and 147-218 ms in earlier runs), so
+    0.0018: ``"cpu"`` 3.5 ms, ``"dense"`` 147.7 ms (one call) forward+backward in
+    ``benchmarks/results/sparse_vs_dense.md``; 3.4-8.3 and 77-218 ms in earlier runs), so
     the choice matters far more than its exact place.
 
     **Block-diagonal graphs.** A graph that is sparse as a whole but splits into diagonal
