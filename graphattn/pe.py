@@ -209,7 +209,7 @@ class SinusoidalPE(torch.nn.Module):
         return x + pe.to(dtype)
 
     def extra_repr(self) -> str:
-        return f"{self.dim}"
+        return f"{self.dim}" + ("" if self.base == 10000.0 else f", base={self.base}")
 
 
 class LearnablePE(torch.nn.Module):
@@ -881,7 +881,13 @@ class AddLaplacianPE(BaseTransform):
         return _add_node_attr(data, torch.cat(encodings), self.attr_name)
 
     def __repr__(self) -> str:
-        return f"{self.__class__.__name__}(k={self.k})"
+        # every argument away from its default: PyG compares a pre_transform's repr with the
+        # one a processed dataset was made with
+        extra = "" if self.attr_name == "laplacian_pe" else f", attr_name={self.attr_name!r}"
+        extra += ", pad=True" if self.pad else ""
+        extra += ", random_sign_flip=True" if self.random_sign_flip else ""
+        extra += "" if self.solver == "auto" else f", solver={self.solver!r}"
+        return f"{self.__class__.__name__}(k={self.k}{extra})"
 
 
 class AddRandomWalkPE(BaseTransform):
@@ -913,4 +919,5 @@ class AddRandomWalkPE(BaseTransform):
         return _add_node_attr(data, pe, self.attr_name)
 
     def __repr__(self) -> str:
-        return f"{self.__class__.__name__}(k={self.k})"
+        extra = "" if self.attr_name == "random_walk_pe" else f", attr_name={self.attr_name!r}"
+        return f"{self.__class__.__name__}(k={self.k}{extra})"

@@ -938,6 +938,13 @@ def test_transform_padding_sign_flips_and_repr():
     assert_close(flipped.abs(), base.abs())
     assert repr(pe.AddLaplacianPE(4)) == "AddLaplacianPE(k=4)"
     assert repr(pe.AddRandomWalkPE(3)) == "AddRandomWalkPE(k=3)"
+    # every argument away from its default shows: PyG compares a pre_transform's repr with
+    # the one a processed dataset was made with, to warn that it is stale
+    text = ("AddLaplacianPE(k=2, attr_name=None, pad=True, random_sign_flip=True, "
+            "solver='dense')")
+    assert repr(eval(text, {"AddLaplacianPE": pe.AddLaplacianPE})) == text
+    assert repr(pe.AddRandomWalkPE(3, attr_name="rw")) == "AddRandomWalkPE(k=3, attr_name='rw')"
+    assert repr(pe.SinusoidalPE(8, base=100.0)) == "SinusoidalPE(8, base=100.0)"
     with pytest.raises(ValueError, match=r"k must be a positive integer, got -1"):
         pe.AddRandomWalkPE(-1)
 

@@ -50,6 +50,12 @@ def _linear(in_features: int, out_features: int, bias: bool) -> Linear | LazyLin
     return Linear(in_features, out_features, bias=bias)
 
 
+def _plain_linear(lin: torch.nn.Module) -> bool:
+    """Whether ``lin`` computes exactly ``F.linear(x, lin.weight, lin.bias)``: a ``Linear``
+    (an initialised ``LazyLinear`` is one) without forward hooks, not a subclass."""
+    return type(lin) is Linear and not (lin._forward_hooks or lin._forward_pre_hooks)
+
+
 def _glorot(lin: Linear) -> None:
     torch.nn.init.xavier_uniform_(lin.weight)
     if lin.bias is not None:
@@ -143,10 +149,22 @@ class _SelfAttentionBase(torch.nn.Module):
         features take three products, whose outputs are contiguous: the attention kernels read
         them without a copy and backward needs no concatenation.
         Parameters stay three ``Linear`` modules either way. With ``share_value`` the keys'
-        product serves the values (stacked with the queries' by the same rule).
+        product serves the values (stacked with the queries' by the same rule). A projection
+        that is not a plain ``Linear`` (one with forward hooks, a parametrization such as
+        ``weight_norm``, a quantized or other subclass) makes dense features go through each
+        module's own forward instead, so that what it adds runs; sparse features always take
+        the stacked product of the weights.
         """
         lins = (self.lin_q, self.lin_k, self.lin_v)
         drop = self.training and self.value_dropout > 0.0
+        if x_src.layout == torch.strided and not all(_plain_linear(lin) for lin in lins):
+            q, k = self.lin_q(x_dst), self.lin_k(x_src)
+            v = k if self.lin_v is self.lin_k else self.lin_v(x_src)
+            if drop:  # on W^V x_j, not on the bias
+                b = self.lin_v.bias
+                v = dropout(v if b is None else v - b, self.value_dropout, self.training)
+                v = v if b is None else v + b
+            return q, k, v
         value_bias = self.lin_v.bias if drop else None  # added after the dropout
         project = F.linear if x_src.layout == torch.strided else sparse_linear
         if self.lin_v is self.lin_k:  # share_value: one product, W^K x_j, for k_j and v_j
@@ -213,7 +231,7 @@ class _SelfAttentionBase(torch.nn.Module):
         """The constructor's arguments, those away from their defaults after ``heads``."""
         extra = "" if self.concat else ", concat=False"
         extra += f", dropout={self.dropout}" if self.dropout else ""
-        extra += "" if self.lin_v.bias is not None else ", bias=False"
+        extra += "" if self.lin_q.bias is not None else ", bias=False"
         extra += "" if self.lin_out is not None else ", out_proj=False"
         extra += f", value_dropout={self.value_dropout}" if self.value_dropout else ""
         extra += ", residual=True" if self.residual else ""
@@ -584,6 +602,7 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
 
     def __repr__(self) -> str:
         extra = "" if self.add_self_loops else ", add_self_loops=False"
+        extra += "" if self.backend == "auto" else f", backend={self.backend!r}"
         extra += "" if self.attention == "dot" else f", attention={self.attention!r}"
         if self.negative_slope != 0.2:
             extra += f", negative_slope={self.negative_slope}"
@@ -596,6 +615,10 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         if self.edge_dim is not None:
             extra += f", edge_dim={self.edge_dim}"
             extra += "" if self.edge_mode == "bias" else f", edge_mode={self.edge_mode!r}"
+            if not (isinstance(self.fill_value, str) and self.fill_value == "mean"):
+                fill = self.fill_value
+                fill = fill.tolist() if isinstance(fill, Tensor) else fill
+                extra += f", fill_value={fill!r}"
         return f"{self.__class__.__name__}({self._repr_args()}{extra})"
 
 

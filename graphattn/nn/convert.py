@@ -212,8 +212,10 @@ def convert_pyg(module: Module, *, backend: str = "auto") -> Module:
         return from_pyg(module, backend=backend)
     converted: dict[int, Module] = {}
     for parent in list(module.modules()):
-        for name, child in list(parent.named_children()):
-            if _kind(child) is not None:
+        # _modules, not named_children(): a layer held twice by one parent (a ModuleList
+        # [conv, conv], or self.a = self.b = conv) is listed once there
+        for name, child in list(parent._modules.items()):
+            if child is not None and _kind(child) is not None:
                 if id(child) not in converted:
                     converted[id(child)] = from_pyg(child, backend=backend)
                 setattr(parent, name, converted[id(child)])

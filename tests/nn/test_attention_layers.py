@@ -1,3 +1,4 @@
+import copy
 from types import SimpleNamespace
 
 import numpy as np
@@ -323,6 +324,11 @@ def test_repr_and_reset_parameters():
     assert repr(eval(text, {"GraphSelfAttention": GraphSelfAttention})) == text
     assert repr(DenseSelfAttention(16, 8, concat=False, out_proj=False)) == (
         "DenseSelfAttention(16, 8, heads=1, concat=False, out_proj=False)")
+    text = ("GraphSelfAttention(4, 3, heads=2, backend='reference', edge_dim=2, "
+            "fill_value='add')")
+    assert repr(eval(text, {"GraphSelfAttention": GraphSelfAttention})) == text
+    assert repr(GraphSelfAttention(4, 3, edge_dim=2, fill_value=[1.0, 2.0])).endswith(
+        "edge_dim=2, fill_value=[1.0, 2.0])")
     with torch.no_grad():
         layer.lin_q.bias.fill_(3.0)
     layer.reset_parameters()
@@ -1239,3 +1245,38 @@ def test_out_bias_reaches_every_target(concat):
     weight = torch.randn(out.shape)
     (out * weight).sum().backward()
     assert_close(layer.out_bias.grad, weight.sum(0))
+
+
+@pytest.mark.parametrize("options", [dict(), dict(share_value=True), dict(value_dropout=0.5)],
+                         ids=["plain", "share_value", "value_dropout"])
+def test_projections_run_their_modules_hooks_and_parametrizations(options):
+    """Wide features take one stacked product of the three weights, which bypasses the
+    modules: a projection with a forward hook or a parametrization (weight_norm) runs as
+    its own module instead, with the same numbers as the plain layer."""
+    torch.manual_seed(0)
+    layer = GraphSelfAttention(300, 4, heads=2, **options).train()
+    hooked = copy.deepcopy(layer)
+    calls = []
+    for name in ("lin_q", "lin_k", "lin_v"):
+        getattr(hooked, name).register_forward_hook(lambda m, i, o, n=name: calls.append(n))
+    x = torch.randn(12, 300)
+    edge_index = random_graph(12, 40, seed=1)
+    torch.manual_seed(1)
+    want = layer(x, edge_index)
+    torch.manual_seed(1)
+    got = hooked(x, edge_index)
+    assert_close(got, want)
+    assert set(calls) == {"lin_q", "lin_k", "lin_v"}  # (share_value: lin_v is lin_k)
+    # weight_norm recomputes lin_q.weight in a pre-hook: two training steps must work
+    normed = copy.deepcopy(layer)
+    torch.nn.utils.parametrizations.weight_norm(normed.lin_q)
+    optimizer = torch.optim.SGD(normed.parameters(), lr=0.1)
+    for _ in range(2):
+        optimizer.zero_grad()
+        normed(x, edge_index).square().sum().backward()
+        optimizer.step()
+    old_hook = copy.deepcopy(layer)
+    with pytest.warns(FutureWarning):
+        torch.nn.utils.weight_norm(old_hook.lin_k)  # the deprecated pre-hook form
+    for _ in range(2):
+        old_hook(x, edge_index).square().sum().backward()

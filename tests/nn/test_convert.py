@@ -151,6 +151,11 @@ def test_convert_pyg_keeps_a_shared_layer_shared_and_converts_a_layer_itself():
     convert_pyg(model, backend="reference")
     assert model["a"] is model["b"][0] and isinstance(model["a"], GraphSelfAttention)
     assert model["a"].backend == "reference"
+    # held twice by one parent (named_children() lists it once)
+    conv = make_conv("gat", bipartite=False)
+    twice = torch.nn.ModuleList([conv, conv])
+    convert_pyg(twice)
+    assert twice[0] is twice[1] and isinstance(twice[0], GraphSelfAttention)
     assert isinstance(convert_pyg(make_conv("gat", bipartite=False)), GraphSelfAttention)
     linear = torch.nn.Linear(2, 2)
     assert convert_pyg(linear) is linear  # nothing to convert
