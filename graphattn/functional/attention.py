@@ -72,7 +72,7 @@ def available_backends() -> list[str]:
 # The rule of backend="auto" on CPU: the crossover densities that benchmarks/sparse_vs_dense.py
 # measured on 2 cores (see select_backend), by size sqrt(N_dst * N_src):
 # (size, forward+backward, forward only).
-DENSE_CROSSOVER_CPU = ((256, 0.06, 0.10), (1024, 0.08, 0.10), (4096, 0.09, 0.23))
+DENSE_CROSSOVER_CPU = ((256, 0.16, 0.25), (1024, 0.13, 0.14), (4096, 0.11, 0.21))
 # The same for block-diagonal graphs run block by block, by block size L, the density counted
 # over the blocks' pairs (benchmarks/block_diagonal.py, 2 cores; see select_backend).
 DENSE_CROSSOVER_CPU_BLOCKS = ((16, 0.47, 0.50), (64, 0.16, 0.22), (256, 0.11, 0.18),
@@ -188,24 +188,25 @@ def select_backend(q: Tensor, edge_index: Tensor, num_src: int | None = None, *,
     otherwise. :math:`\rho^*`
     (:func:`~graphattn.functional.attention.dense_min_density`) is the crossover measured by
     ``benchmarks/sparse_vs_dense.py`` on 2 cores (Erdos-Renyi graphs, H = 4, C = 32, fp32): the
-    density at which the dense backend is as fast as the ``"cpu"`` backend. For inference, the
-    mean of two machines (AMD EPYC, mean of two runs / Intel Xeon, one run); for training, the
-    Intel run after the dense backend's backward stopped recomputing SDPA's forward (17-26%
-    off its training step; AMD's runs predate that and crossed over at 0.10, 0.15 and 0.16),
+    density at which the dense backend is as fast as the ``"cpu"`` backend: the mean of the
+    latest run on each of two machines, both with the present kernels (Intel Xeon / AMD
+    EPYC),
 
-    ======================  ==================  ==================  ==================
-    size sqrt(N_dst N_src)  256                 1024                4096
-    ======================  ==================  ==================  ==================
-    forward+backward        0.06 (Intel 0.055)  0.08 (Intel 0.083)  0.09 (Intel 0.086)
-    forward only            0.10 (0.13 / 0.06)  0.10 (0.12 / 0.07)  0.23 (0.35 / 0.12)
-    ======================  ==================  ==================  ==================
+    ======================  ====================  ====================  ====================
+    size sqrt(N_dst N_src)  256                   1024                  4096
+    ======================  ====================  ====================  ====================
+    forward+backward        0.16 (0.138 / 0.177)  0.13 (0.100 / 0.162)  0.11 (0.086 / 0.140)
+    forward only            0.25 (0.247 / 0.242)  0.14 (0.155 / 0.133)  0.21 (0.205 / 0.224)
+    ======================  ====================  ====================  ====================
 
     interpolated in log size. The forward+backward column applies when q requires a gradient
     under grad mode, the forward column otherwise. The crossover moves with the machine (the
-    Intel cores run the dense matrix products faster relative to the sparse kernels' gathers);
-    for inference the mean keeps ``"auto"`` within 1.32x of the faster backend on every graph
-    of the sweep on both machines (4096 nodes at density 0.25, where the machines disagree).
-    Small graphs cross over earlier (their dense matrices stay in cache). A factor 4 away from
+    Intel cores run the dense matrix products faster relative to the sparse kernels' gathers)
+    and from run to run; on the two runs' tables this rule keeps ``"auto"`` within 1.12x of
+    the faster of ``"cpu"`` and ``"dense"`` on every random graph, for training and for
+    inference (the rule before it, drawn from older runs with slower sparse kernels and lower
+    crossovers, 0.06-0.09 for training and 0.10-0.23 for inference, was 1.47x slower at 256
+    nodes and density 0.12 in inference). A factor 4 away from
     the crossover one backend is already several times slower than the other (Cora, density
     0.0018: ``"cpu"`` 3.5 ms, ``"dense"`` 147.7 ms (one call) forward+backward in
     ``benchmarks/results/sparse_vs_dense.md``; 3.4-8.3 and 77-218 ms in earlier runs), so

@@ -155,7 +155,7 @@ def reference_grads(grad_out: Tensor | None, grad_alpha: Tensor | None, q: Tenso
             att=att_, edge_key=edge_key_, edge_value=edge_value_)
         outputs = [out]
         grads = [torch.zeros_like(out) if grad_out is None else grad_out]
-        if grad_alpha is not None:
+        if grad_alpha is not None and alpha.requires_grad:  # (not when only v is wanted)
             outputs.append(alpha)
             grads.append(grad_alpha)
         wanted = [i for i, (t, need) in enumerate(zip(inputs, needs_grad, strict=True))

@@ -102,6 +102,33 @@ def test_gradient_penalty_of_the_weights_alone_matches_reference(backend, score,
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("score", ["dot", "additive", "gatv2"])
+@pytest.mark.parametrize("wanted", [("v",), ("v", "edge_value")], ids=["v", "v+edge_value"])
+def test_create_graph_gradients_of_the_values_alone_with_weights_in_the_loss(
+        backend, score, wanted, request):
+    """Only v (and edge_value) need a gradient, create_graph=True, and the loss holds the
+    weights too, which do not depend on them: the differentiable recompute must leave the
+    weights out of its autograd.grad (it raised "element 1 of tensors does not require
+    grad")."""
+    if backend == "triton":
+        request.getfixturevalue("triton_interpreter")
+    edge_index = random_graph(NUM_SRC, NUM_EDGES, seed=5, num_dst=NUM_DST)
+    inputs = _inputs(score, ("edge_value",))
+    inputs = {name: None if t is None else t.detach().requires_grad_(name in wanted)
+              for name, t in inputs.items()}
+    results = []
+    for b in (backend, "reference"):
+        out, alpha = edge_attention(**inputs, edge_index=edge_index, score=score,
+                                    return_attention=True, backend=b)
+        loss = (out * torch.linspace(-1, 2, out.numel()).view_as(out)).sum() + alpha.square().sum()
+        leaves = [inputs[name] for name in wanted]
+        # (the gradients do not depend on v: a penalty on them would have nothing to reach)
+        results.append(torch.autograd.grad(loss, leaves, create_graph=True))
+    for got, want in zip(*results, strict=True):
+        assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("score", ["dot", "additive", "gatv2"])
 def test_create_graph_gradients_of_one_tensor_in_several_roles(backend, score, request):
     """edge_attention(x, x, x): under create_graph=True the fused backends' backward gives x
     the sum of its roles' gradients, as without it, not that sum once per role."""
