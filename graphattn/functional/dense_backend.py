@@ -339,7 +339,10 @@ def _pair_log_weights(t: Tensor | None, pair: Tensor | None, mask: Tensor, simpl
                else rows.new_zeros(*rows.shape[:-2], 1, heads))  # (B, N_dst, 1, H)
         # T relative to the largest score of its target row (a shift per row leaves the
         # softmax as it is): log(edge count) would round away next to a score of 1e9 or more
-        shift = (rows - top).view(flat.numel(), heads).nan_to_num_(0.0, 0.0, 0.0)  # (P, H)
+        # 0 for a pair without a live edge (-inf) or a +inf/NaN score (its row is NaN anyway);
+        # a difference of finite scores that overflows stays -inf: its weight underflows to 0
+        shift = torch.where(torch.isneginf(rows), 0.0, (rows - top).nan_to_num_(
+            0.0, 0.0, float("-inf"))).view(flat.numel(), heads)  # (P, H)
         m = m.masked_fill_(torch.isinf(m), 0.0)  # (P, H); off the graph, or -inf scores only
     w = torch.exp(t - m[pair])  # (E, H)
     total = scatter_add_rows(w, pair, flat.numel())  # (P, H)

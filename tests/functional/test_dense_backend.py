@@ -786,3 +786,28 @@ def test_block_path_gradients_of_gradients(sizes):
     # random projections of the second derivatives (the full check: 3.9 s alone, 42 s in the
     # suite beside the compile tests)
     assert torch.autograd.gradgradcheck(attend, (q, k, v, bias), fast_mode=True)
+
+
+@pytest.mark.parametrize("dtype,big", [(torch.float32, 2e38), (torch.float64, 1e308)])
+def test_repeated_edges_with_scores_whose_differences_overflow(dtype, big):
+    """A pair with two edges beside an edge scoring +big, each of its edges -big: the shift
+    of the pair's log-sum-exp below its row's top overflows to -inf. Its weight underflows to
+    0 (it was taken as a shift of 0, and the row's weights came out 1/3 each)."""
+    edge_index = torch.tensor([[0, 1, 1, 2, 0], [0, 0, 0, 1, 1]])  # pair (1 -> 0) twice
+    q, k = torch.zeros(2, 1, 3, dtype=dtype), torch.zeros(3, 1, 3, dtype=dtype)
+    v = torch.randn(3, 1, 3, dtype=dtype, generator=torch.Generator().manual_seed(0))
+    bias = torch.tensor([[big], [-big], [-big], [1.0], [2.0]], dtype=dtype)
+    results = {}
+    for backend in ("dense", "reference"):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out, alpha = edge_attention(*leaves, edge_index, bias=bias, backend=backend,
+                                    return_attention=True)
+        grads = torch.autograd.grad((out * torch.arange(out.numel()).view_as(out)).sum(),
+                                    leaves)
+        results[backend] = (out, alpha, *grads)
+    two = torch.tensor([-1.0, 1.0], dtype=dtype).sigmoid()  # target 1: scores 1 and 2
+    assert_close(results["dense"][1][:, 0], torch.cat([torch.tensor([1.0, 0, 0], dtype=dtype),
+                                                       two]))
+    for got, want in zip(results["dense"], results["reference"], strict=True):
+        assert torch.isfinite(got).all()
+        assert_close(got, want)
