@@ -206,11 +206,11 @@ def select_backend(q: Tensor, edge_index: Tensor, num_src: int | None = None, *,
     the faster of ``"cpu"`` and ``"dense"`` on every random graph, for training and for
     inference (the rule before it, drawn from older runs with slower sparse kernels and lower
     crossovers, 0.06-0.09 for training and 0.10-0.23 for inference, was 1.47x slower at 256
-    nodes and density 0.12 in inference). A factor 4 away from
-    the crossover one backend is already several times slower than the other (Cora, density
-    0.0018: ``"cpu"`` 3.5 ms, ``"dense"`` 147.7 ms (one call) forward+backward in
-    ``benchmarks/results/sparse_vs_dense.md``; 3.4-8.3 and 77-218 ms in earlier runs), so
-    the choice matters far more than its exact place.
+    nodes and density 0.12 in inference). Far from the crossover one backend is many times
+    slower than the other (Cora, density 0.0018, about 80 times below it: ``"cpu"`` 3.4 ms,
+    ``"dense"`` 139.4 ms (one call) forward+backward in
+    ``benchmarks/results/sparse_vs_dense.md``; 3.4-8.3 and 77-218 ms in earlier runs), while
+    near it the two are close: the choice matters far more than its exact place.
 
     **Block-diagonal graphs.** A graph that is sparse as a whole but splits into diagonal
     blocks that no edge crosses (a batch of B sequences or images through
