@@ -115,6 +115,28 @@ def test_every_method_runs_forward_and_backward_in_the_interpreter(triton_interp
                 assert len(grads) == len(case.grad_of), name
 
 
+def test_row_block_methods_run_their_backward_on_row_blocks(triton_interpreter, monkeypatch):
+    """The row-block methods' training step launches every kernel, backward included, with
+    their tile settings (the backward reads them when it launches: timed outside
+    launch_tiles, it ran the default one-node kernels)."""
+    from graphattn.functional import triton_kernels as tk
+
+    random = gpu.Graph("random", 12, gpu.synthetic_graph(12, 40, None, "cpu"))
+    names = [name for name in {**gpu.METHODS, **gpu.OPTIONAL_METHODS}
+             if name.endswith("row blocks")]
+    assert names
+    config = tk.launch_config
+    seen = []
+    monkeypatch.setattr(tk, "launch_config",
+                        lambda *a, **kw: seen.append(config(*a, **kw)) or seen[-1])
+    for name in names:
+        seen.clear()
+        gpu._train_step({**gpu.METHODS, **gpu.OPTIONAL_METHODS}[name](random, 2, 8,
+                                                                       torch.float32))
+        assert len(seen) >= 2 and all(cfg.block_n == gpu.ROW_BLOCKS["block_n"]
+                                      for cfg in seen), (name, seen)
+
+
 def test_goals_for_every_kind_of_kernels():
     """The goals are read for the default (one-node) kernels, the row-block kernels and the
     block-sparse kernels alike, each row named by its kernels."""
@@ -128,10 +150,10 @@ def test_goals_for_every_kind_of_kernels():
         result("local-50m", 5 * 10**7, "edge_attention triton", peak_percent=4.0,
                no_reuse_ceiling=8.16),
         result("local-50m", 5 * 10**7, "edge_attention triton, row blocks", peak_percent=55.0),
-        result("window-50m", 5 * 10**7, "GraphSelfAttention dot, triton, block-sparse",
+        result("window-50m", 50_000_019, "GraphSelfAttention dot, triton, block-sparse",
                train_mib=100.0),
-        result("window-50m", 5 * 10**7, "PyG TransformerConv", train_mib=1000.0),
-        result("window-50m", 5 * 10**7, "edge_attention triton, block-sparse",
+        result("window-50m", 50_000_019, "PyG TransformerConv", train_mib=1000.0),
+        result("window-50m", 50_000_019, "edge_attention triton, block-sparse",
                peak_percent=60.0),
     ]
     assert gpu.goals(results) == [
@@ -246,14 +268,29 @@ def test_plot_marks_the_bars_without_a_value(tmp_path, monkeypatch):
 def test_no_reuse_ceiling_worked_by_hand():
     """The ceiling of the minimal-bytes figure without reuse, on sizes worked by hand from
     the module docstring's formulas. N = 2, E = 5, H = 1, C = 2, fp32, dot: q, k, v, out
-    2 * 1 * 8 * 4 = 64 bytes, lse 16, edge ids 20, row pointers 12: 112 minimal bytes; the
-    three edges past the first two read k and v again, 3 * 4 * 4 = 48 more: 112 / 160 = 70%.
+    2 * 1 * 8 * 4 = 64 bytes, lse 8, edge ids 20, row pointers 12: 104 minimal bytes; the
+    three edges past the first two read k and v again, 3 * 4 * 4 = 48 more: 104 / 152.
     With one edge per node nothing is read twice (100%); the additive score reads one number
-    of k per head: 2 * (2 + 4) * 4 = 48 + 48 = 96 minimal, 96 + 3 * 3 * 4 = 132 per edge."""
-    assert gpu.no_reuse_ceiling_percent(2, 5, 1, 2, 4, additive=False) == pytest.approx(70.0)
+    of k per head: 2 * (2 + 4) * 4 = 48 + 40 = 88 minimal, 88 + 3 * 3 * 4 = 124 per edge.
+    A graph of 100 bytes instead of its CSR: 64 + 8 + 100."""
+    assert gpu.no_reuse_ceiling_percent(2, 5, 1, 2, 4, additive=False) == pytest.approx(
+        100 * 104 / 152)
     assert gpu.no_reuse_ceiling_percent(5, 5, 1, 2, 4, additive=False) == 100.0
     assert gpu.no_reuse_ceiling_percent(2, 5, 1, 2, 4, additive=True) == pytest.approx(
-        100 * 96 / 132)
+        100 * 88 / 124)
+    assert gpu.minimal_forward_bytes(2, 5, 1, 2, 4, additive=False, structure_bytes=100) == 172
+
+
+def test_graph_bytes_take_the_smaller_of_the_csr_and_the_tile_layout():
+    """S of the bandwidth formula: the block layout's row pointers, column ids and bit masks
+    on a window graph (25 sources per target, far fewer bytes than 4 per edge); the CSR on a
+    graph with a repeated edge, which the block kernels do not take."""
+    window = gpu.Graph("window", 2000, window_graph(2000, 12))
+    layout = tb.block_layout(window.edge_index, 2000, 2000, 32, False)
+    tiles = layout.ptr.nbytes + layout.col.nbytes + layout.bits.nbytes
+    assert gpu.graph_bytes(window) == tiles < 4 * window.num_edges
+    repeated = gpu.Graph("random", 50, torch.tensor([[0, 0, 1], [1, 1, 2]]))
+    assert gpu.graph_bytes(repeated) == 4 * 3 + 4 * 51
 
 
 @pytest.mark.skipif(not triton_available(),
@@ -513,9 +550,9 @@ def test_window_graphs_are_the_sequence_windows():
     block-sparse methods run on them; skipped with a reason when memory is short."""
     args = gpu.parse_args([])
     graph, reason = gpu.build_graph("window-1m", args, "cpu", free_bytes=2**40)
-    assert reason == "" and graph.num_nodes == 40_000
-    assert 25 * 40_000 - 12 * 13 == graph.num_edges  # 12 + 11 + ... + 1 missing at each end
-    assert tb.block_layout(graph.edge_index, 40_000, 40_000, 32) is not None
+    assert reason == "" and graph.num_nodes == 40_007
+    assert 25 * 40_007 - 12 * 13 == graph.num_edges  # 12 + 11 + ... + 1 missing at each end
+    assert tb.block_layout(graph.edge_index, 40_007, 40_007, 32) is not None
     assert torch.equal(torch.bincount(graph.edge_index[1]).unique(),
                        torch.arange(13, 26))
     graph, reason = gpu.build_graph("window-wide-1m", args, "cpu", free_bytes=2**40)
@@ -525,6 +562,11 @@ def test_window_graphs_are_the_sequence_windows():
     assert 0.85 < layout.fill(graph.num_edges) < 0.9  # against 26% for window-1m
     graph, reason = gpu.build_graph("window-50m", args, "cpu", free_bytes=2**20)
     assert graph is None and "MiB" in reason
+    # each reaches the edges of its name, from which goals() judges the speed, memory and
+    # bandwidth goals (1M, 10M, 50M edges)
+    for name, (nodes, radius) in gpu.WINDOWS.items():
+        edges = nodes * (2 * radius + 1) - radius * (radius + 1)
+        assert edges >= {"1m": 10**6, "50m": 5 * 10**7}[name.rsplit("-", 1)[1]], name
 
 
 def _session_commands() -> list[list[str]]:
