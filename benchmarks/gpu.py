@@ -702,7 +702,8 @@ FUSED_OPS = {"edge_attention triton": None, "edge_attention triton, row blocks":
 
 def forward_kernel_ms(graph: Graph, args: argparse.Namespace, dtype: torch.dtype,
                       tiles: dict[str, int] | None = None) -> float | None:
-    """Median time of the fused forward kernel alone (CSR or block layout built before), with
+    """Median time of the fused forward kernel alone (CSR or block layout built before; out
+    written in ``dtype``, as inference returns it, which the minimal bytes count), with
     the ``tiles`` of ``launch_tiles`` (the one-node kernels' defaults when None); None for the
     block-sparse kernels on a graph they do not take (a repeated edge, or tiles too empty:
     ``graphattn.functional.triton_blocks.block_layout``)."""
@@ -717,14 +718,14 @@ def forward_kernel_ms(graph: Graph, args: argparse.Namespace, dtype: torch.dtype
         if layout is None:
             return None
 
-        def run():
-            return block_forward(q, k, v, None, None, layout, scale)
+        def run():  # out in the inputs' dtype, as inference returns it (the bytes counted)
+            return block_forward(q, k, v, None, None, layout, scale, out_dtype=dtype)
     else:
         csr = build_csr(graph.edge_index[1], graph.edge_index[0], graph.num_nodes,
                         graph.num_nodes)
         run = _with_tiles(lambda: fused_forward(q, k, v, None, None, csr, scale=scale,
                                                 score="dot", negative_slope=0.2,
-                                                need_scores=False), tiles)
+                                                need_scores=False, out_dtype=dtype), tiles)
 
     for _ in range(args.warmup):
         run()
