@@ -272,6 +272,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.model == "transformer" and args.hidden % args.heads != 0:
         parser.error(f"--hidden must be divisible by --heads for the transformer, got "
                      f"--hidden {args.hidden} and --heads {args.heads}")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir() or any(p.exists() and not p.is_dir()
+                                                 for p in out.parents):
+        parser.error(f"--out must be a folder (it gets the training-curve PNG), got "
+                     f"{args.out!r}, a file")  # refused before any training
     return args
 
 

@@ -186,6 +186,9 @@ class GAT(torch.nn.Module):
         ``return_attention_weights=True`` also both layers' attention weights, ``[(edge_index,
         alpha), (edge_index, beta)]``, as each layer returns them (for PyG layers passed as
         ``conv``, those that take the flag)."""
+        if not isinstance(x, Tensor) or x.dim() != 2:  # (a pair (x_src, x_dst) included)
+            shape = list(x.shape) if isinstance(x, Tensor) else type(x).__name__
+            raise ValueError(f"x must have shape [N, F], got {shape}")
         check_float_dtype(x=x)  # before the dropout, whose mask takes x's dtype
         x = feature_dropout(x, self.dropout, self.training)  # (N, F)
         if not return_attention_weights:

@@ -524,6 +524,8 @@ def test_example_exits_with_the_loader_message(tmp_path):
     (["--weight-decay", "nan"], r"--weight-decay must be >= 0, got nan"),
     (["--model", "transformer", "--heads", "3"],
      r"--hidden must be divisible by --heads .*got --hidden 64 and --heads 3"),
+    (["--out", __file__], r"--out must be a folder .*, a file"),  # before any training
+    (["--out", __file__ + "/sub"], r"--out must be a folder .*, a file"),
 ])
 def test_example_refuses_bad_flag_values_by_flag_name(argv, match, capsys):
     """A wrong value ends the script with a usage error naming the flag, not a traceback from
@@ -619,6 +621,16 @@ def test_graph_transformer_reset_parameters_keeps_the_layers_initialisation():
             assert lin.weight.abs().max() > 1 / lin.in_features ** 0.5
     assert not torch.equal(model.lin_in.weight, before["lin_in.weight"])
     assert not torch.equal(model.attns[0].lin_q.weight, before["attns.0.lin_q.weight"])
+
+
+@pytest.mark.parametrize("x, got", [((torch.randn(10, 6), torch.randn(10, 6)), "tuple"),
+                                    (None, "NoneType"), (torch.randn(10), "[10]")])
+def test_gat_checks_x_by_name(x, got):
+    """A pair (x_src, x_dst), as GraphSelfAttention takes, None, or a 1-D x: "'tuple' object
+    has no attribute 'dtype'" and the like before."""
+    model = GAT(6, 3, hidden_channels=2, heads=2)
+    with pytest.raises(ValueError, match=rf"x must have shape \[N, F\], got {re.escape(got)}"):
+        model(x, random_graph(10, 30))
 
 
 @pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
