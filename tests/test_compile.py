@@ -620,3 +620,28 @@ def test_cpu_operators_pass_opcheck_and_match_the_reference(score, with_bias, wi
         *(None if t is None else t.detach() for t in (att, bias)), mask,
         *(None if t is None else t.detach() for t in (edge_key, edge_value)), out, lse, rowptr,
         perm, src, 0.5, 0.2, cpu.SCORE_KINDS[score], True, value_is_key))
+
+
+@pytest.mark.parametrize("fn", ["edge_attention", "dense_attention"])
+def test_autocast_inputs_do_not_compile_again_per_call(fn):
+    """Under autocast the inputs are cast to its dtype; a tensor given twice stays one tensor,
+    found by `is` (an id() of each input guarded on the tensor object: every call with new
+    tensors of the same shapes compiled again, and fullgraph=True failed at the 9th)."""
+    from torch._dynamo.testing import CompileCounter
+
+    counter = CompileCounter()
+    edge_index = random_graph(12, 40, seed=2)
+
+    def attend(q, k, v):
+        if fn == "edge_attention":
+            return edge_attention(q, k, v, edge_index, backend="reference")
+        return dense_attention(q, k, v, is_causal=True)
+
+    compiled = torch.compile(attend, backend=counter, fullgraph=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        for seed in range(10):
+            q, k, v = torch.randn(3, 12, 2, 4, generator=torch.Generator().manual_seed(seed))
+            out = compiled(q, k, v)
+            assert out.dtype == torch.bfloat16
+            assert torch.equal(out, attend(q.bfloat16(), k.bfloat16(), v.bfloat16()))
+    assert counter.frame_count == 1

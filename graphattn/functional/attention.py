@@ -546,12 +546,18 @@ def _autocast_inputs(*tensors: Tensor | None) -> tuple[Tensor | None, ...]:
     if device is None:
         return tensors
     dtype = torch.get_autocast_dtype(device)
-    cast: dict[int, Tensor] = {}
-    for t in tensors:
-        if isinstance(t, Tensor) and id(t) not in cast:
-            eligible = t.is_floating_point() and t.dtype != torch.float64
-            cast[id(t)] = t.to(dtype) if eligible else t
-    return tuple(cast.get(id(t), t) for t in tensors)
+    cast: list[Tensor | None] = []
+    for i, t in enumerate(tensors):
+        # a tensor given before is the same cast tensor; compared by `is`, which torch.compile
+        # traces (id() would guard on the tensor object: every new input would compile again)
+        earlier = next((j for j in range(i) if tensors[j] is t), None)
+        if earlier is not None:
+            cast.append(cast[earlier])
+        elif isinstance(t, Tensor) and t.is_floating_point() and t.dtype != torch.float64:
+            cast.append(t.to(dtype))
+        else:
+            cast.append(t)
+    return tuple(cast)
 
 
 def _autocast_device(*tensors: Tensor | None) -> str | None:
