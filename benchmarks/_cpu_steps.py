@@ -29,10 +29,12 @@ def step_parser(description: str, out: Path, warmup: int) -> argparse.ArgumentPa
     parser.add_argument("--datasets", default="Cora,CiteSeer",
                         help="comma-separated Planetoid names, or 'none' "
                              "(default: Cora,CiteSeer)")
-    parser.add_argument("--rounds", type=int, default=60, help="timed rounds (default: 60)")
+    parser.add_argument("--rounds", type=int, default=60,
+                        help="timed rounds (default: %(default)s)")
     parser.add_argument("--warmup", type=int, default=warmup,
-                        help=f"rounds before timing (default: {warmup})")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
+                        help="rounds before timing (default: %(default)s)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=out,
                         help=f"the table's .md, with a .csv beside it (default: {out.name})")

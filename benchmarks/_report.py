@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import csv
 from pathlib import Path
 
@@ -26,3 +27,20 @@ def write_table(name: str, title: str, header: list[str], note: str, rows: list[
     text = "\n".join(lines) + "\n"
     out.write_text(text)
     return text
+
+
+def replot_rows(parser: argparse.ArgumentParser, path: Path, columns: tuple[str, ...]
+                ) -> list[dict]:
+    """The rows of the ``.csv`` that ``--replot`` names, or the parser's error when it is not
+    a table the script wrote (another suffix, no such file, or without ``columns``)."""
+    if path.suffix != ".csv":
+        parser.error(f"--replot takes the .csv a run wrote, got {str(path)!r}")
+    if not path.is_file():
+        parser.error(f"--replot: no such file {str(path)!r}")
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    missing = [c for c in columns if not rows or c not in rows[0]]
+    if missing:
+        parser.error(f"--replot: {str(path)!r} has no rows with the columns {missing}: not a "
+                     f"table this script wrote")
+    return rows

@@ -255,6 +255,15 @@ def plot(rows: list[dict[str, object]], path: Path, device: torch.device = CPU) 
     plt.close(fig)
 
 
+def _device(name: str) -> torch.device:
+    """``--device``'s value, or argparse's error (torch raises RuntimeError, which argparse
+    would not report as a bad value)."""
+    try:
+        return torch.device(name)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"not a torch device: {name!r}") from None
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one tiny batch, 3 repeats")
@@ -264,7 +273,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=None,
                         help="timed repeats per route (default: 15, 3 with --quick)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed repeats (default: 3)")
-    parser.add_argument("--device", type=torch.device, default=torch.device("cpu"),
+    parser.add_argument("--device", type=_device, default=torch.device("cpu"),
                         help="cpu or cuda (default: cpu)")
     parser.add_argument("--backend", default=None,
                         help="edge_attention backend of the sparse route (default: cpu, "
@@ -281,6 +290,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.backend = "triton" if args.device.type == "cuda" else "cpu"
     if args.repeats < 1:
         parser.error(f"--repeats must be at least 1 (a median), got {args.repeats}")
+    if args.warmup < 0:
+        parser.error(f"--warmup must be >= 0, got {args.warmup}")
     if args.output is None:  # a GPU run does not overwrite the CPU table
         suffix = ("_quick" if args.quick else "") + ("_gpu" if args.device.type == "cuda" else "")
         args.output = RESULTS / f"batched_global{suffix}.md"

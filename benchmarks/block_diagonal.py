@@ -30,7 +30,6 @@ Writes ``results/block_diagonal.md``, ``.csv`` and ``.png`` (``--out`` names ano
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 import platform
 import statistics
@@ -44,7 +43,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _machine import cpu_name  # noqa: E402
-from _report import RESULTS, write_table  # noqa: E402
+from _report import RESULTS, replot_rows, write_table  # noqa: E402
 
 from graphattn import graphs  # noqa: E402
 from graphattn.functional import edge_attention, select_backend  # noqa: E402
@@ -55,10 +54,12 @@ PHASES = ("forward", "forward+backward")
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="L = 64 only, 3 rounds")
+    parser.add_argument("--quick", action="store_true",
+                        help="L = 64 only (unless --sizes says), 3 rounds")
     parser.add_argument("--nodes", type=int, default=4096, help="N = B * L (default: 4096)")
-    parser.add_argument("--sizes", default="16,64,256,1024",
-                        help="comma-separated block sizes L (default: 16,64,256,1024)")
+    parser.add_argument("--sizes", default=None,
+                        help="comma-separated block sizes L (default: 16,64,256,1024; "
+                             "64 with --quick)")
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--channels", type=int, default=32, help="channels per head")
     parser.add_argument("--rounds", type=int, default=None,
@@ -70,7 +71,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--replot", type=Path, default=None, metavar="CSV",
                         help="draw the figure of a table written before (its .csv), no timing")
     args = parser.parse_args(argv)
-    args.sizes = [64] if args.quick else [int(s) for s in args.sizes.split(",")]
+    if args.replot is not None:
+        args.replot_rows = replot_rows(parser, args.replot, ("L", "block density", "dense / cpu"))
+        return args
+    sizes = args.sizes or ("64" if args.quick else "16,64,256,1024")
+    try:
+        args.sizes = [int(s) for s in sizes.split(",")]
+    except ValueError:
+        parser.error(f"--sizes must be comma-separated integers, got {sizes!r}")
     if args.rounds is None:
         args.rounds = 3 if args.quick else 7
     for name in ("nodes", "heads", "channels", "rounds"):
@@ -170,10 +178,8 @@ def plot(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def read_rows(path: Path) -> list[dict]:
+def read_rows(rows: list[dict]) -> list[dict]:
     """The rows of a ``.csv`` this script wrote, with the numbers the figure reads."""
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
     for row in rows:
         row["L"] = int(row["L"])
         row["block density"], row["dense / cpu"] = (float(row["block density"]),
@@ -184,7 +190,7 @@ def read_rows(path: Path) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.replot is not None:
-        plot(read_rows(args.replot), args.replot.with_suffix(".png"))
+        plot(read_rows(args.replot_rows), args.replot.with_suffix(".png"))
         print(f"wrote {args.replot.with_suffix('.png')}")
         return 0
     command = "python benchmarks/block_diagonal.py " + " ".join(

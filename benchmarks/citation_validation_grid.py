@@ -76,6 +76,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.seeds < 2:
         parser.error(f"--seeds must be at least 2 (a standard deviation), got {args.seeds}")
+    if args.jobs < 1:
+        parser.error(f"--jobs must be >= 1, got {args.jobs}")
     for dataset in args.datasets:  # here, not in a worker after the other datasets' runs
         try:
             load_planetoid(dataset, args.root, download=False)

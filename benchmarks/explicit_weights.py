@@ -30,7 +30,6 @@ Writes ``results/explicit_weights.md`` and ``.csv``.
 from __future__ import annotations
 
 import argparse
-import csv
 import platform
 import shlex
 import statistics
@@ -44,7 +43,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _machine import cpu_name  # noqa: E402
-from _report import RESULTS, write_table  # noqa: E402
+from _report import RESULTS, replot_rows, write_table  # noqa: E402
 
 from graphattn import graphs  # noqa: E402
 from graphattn.functional import edge_attention, select_backend  # noqa: E402
@@ -203,10 +202,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="draw the figure of a table this script wrote, and stop")
     args = parser.parse_args(argv)
     if args.replot is not None:
-        with open(args.replot, newline="") as f:
-            plot(list(csv.DictReader(f)), args.replot.with_suffix(".png"))
+        rows = replot_rows(parser, args.replot, ("graph", "call", "density", "dense_over_cpu"))
+        plot(rows, args.replot.with_suffix(".png"))
         return 0
-    args.rounds = args.rounds or (2 if args.quick else 16)
+    for name in ("rounds", "warmup", "heads", "channels"):
+        if getattr(args, name) is not None and getattr(args, name) < (name != "warmup"):
+            parser.error(f"--{name} must be >= {int(name != 'warmup')}, "
+                         f"got {getattr(args, name)}")
+    if args.rounds is None:
+        args.rounds = 2 if args.quick else 16
     command = "python " + shlex.join(["benchmarks/explicit_weights.py", *(argv or sys.argv[1:])])
     header = [f"- command: `{command}`",
               f"- torch {torch.__version__}, device cpu ({cpu_name()}), "

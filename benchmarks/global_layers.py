@@ -149,6 +149,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.repeats = 3 if args.quick else 10
     if args.repeats < 1:
         parser.error(f"--repeats must be at least 1 (a median), got {args.repeats}")
+    if args.warmup < 0:
+        parser.error(f"--warmup must be >= 0, got {args.warmup}")
     if not 0.0 < args.dropout < 1.0:
         parser.error(f"--dropout must be in (0, 1), got {args.dropout}")
     if args.output is None:

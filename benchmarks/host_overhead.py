@@ -15,10 +15,11 @@ every step, so its CSR orderings and checked bounds are reused), for
   their host cost from above;
 
 each as inference (forward under ``torch.no_grad``) and as a training step (forward, then
-backward of the sum). Figures per call: the median over interleaved rounds of the mean of a
-batch of calls, and the torch operators dispatched, counted with a ``TorchDispatchMode``:
-those that compute (each a kernel launch on CUDA) and the views (no kernel). PyG's figures
-include its scatter operators, which on CUDA launch kernels too.
+backward of the sum, then the gradients set to None as ``zero_grad()`` does, so that no
+backward adds into the last step's). Figures per call: the median over interleaved rounds of
+the mean of a batch of calls, and the torch operators dispatched, counted with a
+``TorchDispatchMode``: those that compute (each a kernel launch on CUDA) and the views (no
+kernel). PyG's figures include its scatter operators, which on CUDA launch kernels too.
 
 graphattn's calls are also timed the former way, interleaved with the current one: the
 kernels' autograd Function called through ``torch.autograd.Function.apply`` at every call,
@@ -109,18 +110,21 @@ def cases(num_nodes: int, num_edges: int, heads: int, channels: int,
     qkv = [torch.randn(num_nodes, heads, channels, generator=gen).requires_grad_()
            for _ in range(3)]
 
-    def step(f: Callable[[], torch.Tensor]) -> Callable[[bool], object]:
+    def step(f: Callable[[], torch.Tensor],
+             leaves: list[torch.Tensor]) -> Callable[[bool], object]:
         def call(train: bool) -> object:
             if not train:
                 with torch.no_grad():
                     return f()
             out = f()
             out.sum().backward()
+            for t in leaves:  # as zero_grad(set_to_none=True): no accumulating add next time
+                t.grad = None
             return out
         return call
 
     def layer(module: torch.nn.Module) -> Callable[[bool], object]:
-        return step(lambda: module(x, edge_index))
+        return step(lambda: module(x, edge_index), list(module.parameters()))
 
     def ours(score: str) -> Callable[[bool], object]:
         return layer(GraphSelfAttention(features, channels, heads=heads, attention=score,
@@ -128,7 +132,7 @@ def cases(num_nodes: int, num_edges: int, heads: int, channels: int,
 
     return {
         "edge_attention triton": lambda: step(
-            lambda: edge_attention(*qkv, edge_index, backend="triton")),
+            lambda: edge_attention(*qkv, edge_index, backend="triton"), qkv),
         "GraphSelfAttention dot, triton": lambda: ours("dot"),
         "PyG TransformerConv": lambda: layer(TransformerConv(features, channels, heads=heads)),
         "GraphSelfAttention additive, triton": lambda: ours("additive"),

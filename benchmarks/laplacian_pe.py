@@ -123,6 +123,12 @@ def main() -> None:
                         help="skip the dense solver above this many nodes (default: 20000)")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error(f"--repeats must be >= 1, got {args.repeats}")
+    if min(args.ks) < 1:
+        parser.error(f"--ks must be >= 1, got {args.ks}")
+    if args.timeout <= 0:
+        parser.error(f"--timeout must be > 0, got {args.timeout}")
     mp.set_forkserver_preload(["graphattn.pe", "scipy.sparse.linalg"])
     name = "laplacian_pe_quick" if args.quick else "laplacian_pe"
     command = "python " + " ".join(sys.argv)

@@ -662,6 +662,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--download", action="store_true", help="download missing datasets")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
+    for name in ("repeats", "max_repeats", "threads", "heads", "channels"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     if args.quick:
         args.repeats, args.min_time_s = min(args.repeats, 3), min(args.min_time_s, 0.3)
     if args.threads is not None:
@@ -750,7 +754,7 @@ def main(argv: list[str] | None = None) -> None:
             if dense in t and not math.isnan(t[dense]["fwd_bwd_ms"]):
                 summary.append(f"{name}: fastest sparse backend {sparse:.1f} ms vs {dense} "
                                f"{t[dense]['fwd_bwd_ms']:.1f} ms forward+backward: "
-                               f"{t[dense]['fwd_bwd_ms'] / sparse:.1f}x faster")
+                               f"sparse {t[dense]['fwd_bwd_ms'] / sparse:.1f}x faster")
     if flex is not None:
         summary.append(f"FlexAttention compile (first call minus a warm call, dynamic shapes, "
                        f"one compile for every N; {compile_cache}): {flex.compile_s:.1f} s; "

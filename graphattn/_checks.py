@@ -80,12 +80,18 @@ def host_list(values: Tensor) -> list:
     return values.tolist()
 
 
-def check_same_device(**tensors: Tensor | None) -> None:
-    """Raise if the given tensors are not all tensors on one device; the message names each."""
-    present = {name: t for name, t in tensors.items() if t is not None}
-    for name, t in present.items():
+def check_tensors(**tensors: object) -> None:
+    """Raise unless each given argument is a tensor (``None`` included); the message names it."""
+    for name, t in tensors.items():
         if not isinstance(t, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+
+
+def check_same_device(**tensors: Tensor | None) -> None:
+    """Raise if the given tensors are not all tensors on one device (``None`` stands for an
+    optional argument not given); the message names each."""
+    present = {name: t for name, t in tensors.items() if t is not None}
+    check_tensors(**present)
     devices = {t.device for t in present.values()}
     if len(devices) > 1:
         where = ", ".join(f"{name} on {t.device}" for name, t in present.items())
@@ -97,6 +103,26 @@ def check_float_dtype(**tensors: Tensor | None) -> None:
     for name, t in tensors.items():
         if t is not None and not t.dtype.is_floating_point:
             raise TypeError(f"{name} must have a floating-point dtype, got {t.dtype}")
+
+
+def check_weight_dtype(x: Tensor, module: torch.nn.Module, name: str) -> None:
+    """Raise unless ``x`` has the dtype of ``module.weight``, which computes on it: float64
+    features read from numpy into an fp32 layer, say. Under ``torch.autocast`` for ``x``'s
+    device, which casts both (float64 aside, as autocast leaves it), only a float64 ``x`` is
+    refused; a weight that is not a plain tensor yet (a lazy or quantized module's) is not
+    checked."""
+    weight = getattr(module, "weight", None)
+    # isinstance, not torch.nn.parameter.is_lazy: dynamo traces the one, not the other
+    if (not isinstance(weight, Tensor)
+            or isinstance(weight, torch.nn.parameter.UninitializedTensorMixin)
+            or x.dtype == weight.dtype):
+        return
+    if (x.dtype != torch.float64 and torch.amp.is_autocast_available(x.device.type)
+            and torch.is_autocast_enabled(x.device.type)):
+        return
+    raise TypeError(f"{name} must have the dtype of the layer's weights, {weight.dtype}, got "
+                    f"{x.dtype}: cast {name} with .to({weight.dtype}), or the layer with "
+                    f".to({x.dtype})")
 
 
 def check_dropout(p: float, name: str = "dropout") -> None:

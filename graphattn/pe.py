@@ -776,8 +776,9 @@ def _return_probabilities(walk: sp.csr_matrix, k: int,
 
 
 def _graph_of(data: Data, transform: str) -> tuple[Tensor, int]:
-    """``(edge_index, num_nodes)`` of a homogeneous graph: no ``edge_index`` means no edges, and
-    a numpy or 0-d tensor ``num_nodes`` (as PyG's own transforms take) becomes an int."""
+    """``(edge_index, num_nodes)`` of a homogeneous graph, checked before anything reads it (a
+    batch's split, its edge weights): no ``edge_index`` means no edges, and a numpy or 0-d
+    tensor ``num_nodes`` (as PyG's own transforms take) becomes an int."""
     if not isinstance(data, Data):
         raise TypeError(f"{transform} takes a homogeneous torch_geometric.data.Data, "
                         f"got {type(data).__name__}")
@@ -785,6 +786,7 @@ def _graph_of(data: Data, transform: str) -> tuple[Tensor, int]:
     edge_index = data.edge_index
     if edge_index is None:
         edge_index = torch.empty(2, 0, dtype=torch.long)
+    check_edge_index(edge_index, num_nodes, num_nodes)
     return edge_index, num_nodes
 
 

@@ -412,6 +412,8 @@ def test_compile_benchmark_fills_its_table(tmp_path):
                            "--compile-backend", "eager", "--out", str(out)],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
+    # past the limit dynamo would run the later ways' frames eagerly
+    assert "recompile_limit" not in done.stderr
     with open(out.with_suffix(".csv")) as f:
         rows = {row["way"]: row for row in csv.DictReader(f)}
     assert list(rows) == ["eager", "compiled", "compiled, fallback_random",
@@ -493,3 +495,34 @@ def test_dropout_benchmark_mask_in_memory_is_the_kernels_mask():
         q, k, v, edge_index, dropout_mask=parameters, **options)
     undropped, _ = cpu_edge_attention(q, k, v, edge_index, dropout_mask=None, **options)
     assert not torch.allclose(former, want) and not torch.allclose(former, undropped)
+
+
+@pytest.mark.parametrize("parse, argv, message", [
+    (batched_global.parse_args, ["--device", "bogus"], "not a torch device: 'bogus'"),
+    (batched_global.parse_args, ["--warmup", "-1"], "--warmup must be >= 0"),
+    (global_layers.parse_args, ["--warmup", "-5", "--repeats", "1"], "--warmup must be >= 0"),
+    (block_diagonal.parse_args, ["--sizes", "16,x"], "--sizes must be comma-separated"),
+    (block_diagonal.parse_args, ["--replot", "table.md"], "--replot takes the .csv"),
+    (block_diagonal.parse_args, ["--replot", "missing.csv"], "--replot: no such file"),
+    (explicit_weights.main, ["--rounds", "0"], "--rounds must be >= 1, got 0"),
+    (explicit_weights.main, ["--replot", "table.md"], "--replot takes the .csv"),
+    (sparse_vs_dense.main, ["--threads", "0"], "--threads must be >= 1, got 0"),
+])
+def test_bad_arguments_are_argparse_errors(parse, argv, message, capsys):
+    """A bad value ends in argparse's usage error naming the option, not a traceback."""
+    with pytest.raises(SystemExit) as exit_:
+        parse(argv)
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_block_diagonal_quick_keeps_the_sizes_given():
+    assert block_diagonal.parse_args(["--quick", "--sizes", "16"]).sizes == [16]
+    assert block_diagonal.parse_args(["--quick"]).sizes == [64]
+
+
+def test_replot_refuses_a_csv_of_another_script(tmp_path):
+    other = tmp_path / "other.csv"
+    other.write_text("graph,method\nCora,cpu\n")
+    with pytest.raises(SystemExit):
+        block_diagonal.parse_args(["--replot", str(other)])

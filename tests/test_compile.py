@@ -645,3 +645,22 @@ def test_autocast_inputs_do_not_compile_again_per_call(fn):
             assert out.dtype == torch.bfloat16
             assert torch.equal(out, attend(q.bfloat16(), k.bfloat16(), v.bfloat16()))
     assert counter.frame_count == 1
+
+
+@pytest.mark.parametrize("model", ["layer", "GraphTransformer"])
+def test_export_with_dynamic_sizes_runs_on_other_graphs(model):
+    """``torch.export`` with the node and edge counts dynamic: ``auto`` takes the ``cpu``
+    kernels' operator there (its size rules would fix N and E, or fail to export), so the
+    program runs on graphs of other sizes, dense ones included, as eager does."""
+    from torch.export import Dim, export
+
+    torch.manual_seed(0)
+    module = (GraphSelfAttention(8, 4, heads=2) if model == "layer"
+              else GraphTransformer(8, 8, 3, heads=2)).eval()
+    x, edge_index = torch.randn(12, 8), torch.randint(0, 12, (2, 100))  # density 0.69
+    nodes, edges = Dim("N", min=2, max=10**6), Dim("E", min=2, max=10**7)
+    program = export(module, (x, edge_index), dynamic_shapes=({0: nodes}, {1: edges}))
+    for n, e in [(12, 100), (50, 300), (7, 40)]:
+        x, edge_index = torch.randn(n, 8), torch.randint(0, n, (2, e))
+        with torch.no_grad():
+            assert_close(program.module()(x, edge_index), module(x, edge_index))

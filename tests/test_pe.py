@@ -1096,3 +1096,12 @@ def test_wide_envelope_probe_picks_the_method(monkeypatch):
     _, want = pe.laplacian_pe(edge_index, 1600, 4, solver="dense", return_eigenvalues=True)
     np.testing.assert_allclose(lam.double().numpy(), want.double().numpy(), atol=1e-8)
     assert lam[0] < 1e-3  # the bottleneck
+
+
+@pytest.mark.parametrize("transform", [pe.AddLaplacianPE(2), pe.AddRandomWalkPE(2)])
+def test_transforms_check_edge_index_before_the_edge_weights(transform):
+    """A transposed edge_index is named as such, not as edge weights of the wrong length."""
+    edge_index = torch.tensor([[0, 1, 2, 3, 4], [1, 2, 3, 4, 0]])
+    data = Data(edge_index=edge_index.t(), edge_weight=torch.ones(5), num_nodes=5)
+    with pytest.raises(ValueError, match=r"edge_index must have shape \[2, E\], got \[5, 2\]"):
+        transform(data)

@@ -23,6 +23,7 @@ from graphattn._checks import (
     check_float_dtype,
     check_non_negative,
     check_same_device,
+    check_tensors,
     finite_float,
 )
 from graphattn.functional._transforms import plain_ops_only
@@ -307,9 +308,10 @@ def _select(q: Tensor, edge_index: Tensor, num_src: int | None, score: str,
             needs_weights: bool = False) -> tuple[str, DiagonalBlocks | None]:
     """:func:`select_backend`, and the block layout it found when it chose dense blocks."""
     if q.device.type == "cpu":
-        if score != "dot" or torch.jit.is_tracing():
-            # (torch.jit.trace records sizes as values, which no rule below can compare; the
-            # sparse kernels' operator traces)
+        if score != "dot" or torch.jit.is_tracing() or torch.compiler.is_exporting():
+            # (torch.jit.trace records sizes as values, which no rule below can compare, and
+            # torch.export would fix the sizes the rules compare; the sparse kernels' operator
+            # takes every size)
             return "cpu", None
         # the explicit softmax's crossover, where the weights themselves are needed
         # (measured forward+backward)
@@ -354,6 +356,7 @@ def _check_attention_inputs(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor,
                             edge_key: Tensor | None, edge_value: Tensor | None) -> None:
     if score not in SCORES:
         raise ValueError(f"score must be one of {SCORES}, got {score!r}")
+    check_tensors(q=q, k=k, v=v, edge_index=edge_index)
     check_same_device(q=q, k=k, v=v, edge_index=edge_index, bias=bias, att=att,
                       edge_key=edge_key, edge_value=edge_value)
     if v.dim() != 3:
@@ -499,7 +502,10 @@ def edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
         edge_index (Tensor): ``[2, E]`` integer; row 0 the source j, row 1 the target i.
         scale (float, optional): score multiplier. (default: :math:`1/\sqrt{C}` for ``"dot"``,
             ``1`` for ``"additive"`` and ``"gatv2"``)
-        bias (Tensor, optional): ``[E, H]`` added to the scores before the softmax.
+        bias (Tensor, optional): ``[E, H]`` added to the scores before the softmax; a
+            ``-inf`` entry gives its edge the weight 0. The additive score adds it inside the
+            LeakyReLU, where ``-inf`` stays ``-inf`` only with ``negative_slope > 0`` and
+            ``scale > 0`` (a slope of 0 makes it NaN, as torch's ``leaky_relu`` does).
             (default: ``None``)
         dropout_p (float, optional): dropout probability on the attention weights, applied when
             ``training``. (default: ``0.0``)
@@ -623,7 +629,7 @@ def edge_attention_unchecked(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor
         if backend == "triton" and any(t is not None and t.dtype not in TRITON_DTYPES
                                        for t in (k, v, bias, att, edge_key, edge_value)):
             backend = "reference"  # a float64 input beside q: the kernels take none
-    if backend not in BACKENDS:
+    if not isinstance(backend, str) or backend not in BACKENDS:
         raise ValueError(f"backend must be 'auto' or one of {available_backends()}, "
                          f"got {backend!r}")
     if backend == "dense" and torch.jit.is_tracing():
@@ -769,6 +775,7 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
             return dense_attention(q, k, v, mask, is_causal=is_causal, scale=scale,
                                    dropout_p=dropout_p, training=training,
                                    return_attention=return_attention, batch=batch)
+    check_tensors(q=q, k=k, v=v)
     check_same_device(q=q, k=k, v=v, mask=mask)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() < 3:
@@ -776,6 +783,8 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
     if k.shape[-3:-1] != v.shape[-3:-1] or q.size(-2) != k.size(-2) or q.size(-1) != k.size(-1):
         raise ValueError(f"q [..., L_q, H, C], k and v [..., L_k, H, C] do not fit together: "
                          f"got q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)}")
+    if batch is not None:  # before any broadcast: its message quotes the shapes given
+        _check_batch(batch, q, k, v, mask, return_attention)
     try:
         lead = torch.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
     except RuntimeError:
@@ -791,7 +800,6 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
         scale = finite_float(scale, "scale")
     L_q, L_k = q.size(-3), k.size(-3)
     if batch is not None:
-        _check_batch(batch, q, k, v, mask, return_attention)
         return _dense_attention_per_graph(q, k, v, batch, is_causal=is_causal, scale=scale,
                                           dropout_p=dropout_p, training=training)
     if mask is not None:

@@ -9,6 +9,7 @@ from graphattn._checks import (
     check_float_dtype,
     check_non_negative,
     check_same_device,
+    check_tensors,
     host_list,
 )
 
@@ -40,7 +41,8 @@ def scatter_softmax(src: Tensor, index: Tensor, num_segments: int | None = None)
         >>> scatter_softmax(torch.tensor([1.0, 1.0, 5.0]), torch.tensor([0, 0, 1]))
         tensor([0.5000, 0.5000, 1.0000])
     """
-    check_same_device(src=src, index=index)  # tensors, on one device
+    check_tensors(src=src, index=index)
+    check_same_device(src=src, index=index)
     if src.dim() not in (1, 2):
         raise ValueError(f"src must have shape [E] or [E, H], got {list(src.shape)}")
     if index.dim() != 1 or index.numel() != src.size(0):

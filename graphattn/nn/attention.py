@@ -20,6 +20,8 @@ from graphattn._checks import (
     check_in_channels,
     check_positive,
     check_same_device,
+    check_tensors,
+    check_weight_dtype,
 )
 from graphattn._tensor_cache import TensorCache, cacheable
 from graphattn.functional import cpu
@@ -226,6 +228,7 @@ class _SelfAttentionBase(torch.nn.Module):
         if x.size(-1) != lin.in_features:
             raise ValueError(f"{name} must have F = in_channels = {lin.in_features} features, "
                              f"got {list(x.shape)}")
+        check_weight_dtype(x, lin, name)
 
     def _repr_args(self) -> str:
         """The constructor's arguments, those away from their defaults after ``heads``."""
@@ -392,7 +395,7 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             raise ValueError("share_value=True needs the dot or gatv2 score, whose keys have the "
                              "values' channels; the additive score's keys are one number per "
                              "head; got attention='additive'")
-        if backend != "auto" and backend not in BACKENDS:
+        if not isinstance(backend, str) or (backend != "auto" and backend not in BACKENDS):
             raise ValueError(f"backend must be 'auto' or one of {list(BACKENDS)}, "
                              f"got {backend!r}")
         super().__init__(in_channels, out_channels, heads, concat, dropout, bias, out_proj,
@@ -406,10 +409,13 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         if isinstance(fill_value, str) and fill_value not in FILL_REDUCTIONS:
             raise ValueError(f"fill_value must be a number, a tensor or one of "
                              f"{list(FILL_REDUCTIONS)}, got {fill_value!r}")
+        # on the CPU, not the default device: under `with torch.device("meta")` a meta tensor
+        # could not be checked (the fill moves to edge_attr's device when it is used)
         if isinstance(fill_value, (list, tuple)):
-            fill_value = torch.tensor(fill_value, dtype=torch.get_default_dtype())
-        if not isinstance(fill_value, str) and not torch.isfinite(
-                torch.as_tensor(fill_value, dtype=torch.float64)).all():
+            fill_value = torch.tensor(fill_value, dtype=torch.get_default_dtype(), device="cpu")
+        if not isinstance(fill_value, str) and not (
+                isinstance(fill_value, Tensor) and fill_value.is_meta) and not torch.isfinite(
+                torch.as_tensor(fill_value, dtype=torch.float64, device="cpu")).all():
             raise ValueError(f"fill_value must be finite, got {fill_value!r}")
         if (isinstance(fill_value, Tensor) and edge_dim is not None
                 and fill_value.numel() not in (1, edge_dim)):
@@ -460,12 +466,19 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         that disagrees with them is refused, and ``None`` entries are not checked.
         """
         H, C = self.heads, self.out_channels
-        x_src, x_dst = x if isinstance(x, (tuple, list)) else (x, x)
-        if x_dst is None:
-            raise ValueError("x_dst is None: the targets' queries are computed from their "
-                             "features, so x = (x_src, x_dst) needs both (targets that are "
-                             "the first N_dst sources, as in a sampled mini-batch, have "
-                             "x_src[:N_dst])")
+        if isinstance(x, (tuple, list)):
+            if len(x) != 2:
+                raise ValueError(f"x as a pair must be (x_src, x_dst), got {len(x)} entries")
+            x_src, x_dst = x
+            if x_dst is None:
+                raise ValueError("x_dst is None: the targets' queries are computed from their "
+                                 "features, so x = (x_src, x_dst) needs both (targets that "
+                                 "are the first N_dst sources, as in a sampled mini-batch, "
+                                 "have x_src[:N_dst])")
+            check_tensors(x_src=x_src, x_dst=x_dst)
+        else:
+            check_tensors(x=x)
+            x_src = x_dst = x
         if size is not None:
             _check_size(size, x_src, x_dst)
         if isinstance(return_attention_weights, (tuple, list)):  # GATConv's size, by position
@@ -593,6 +606,7 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             raise ValueError("edge_attr was given but the layer has edge_dim=None; "
                              "construct it with edge_dim=<number of edge features>")
         check_float_dtype(edge_attr=edge_attr)
+        check_weight_dtype(edge_attr, self.lin_edge, "edge_attr")
         if edge_attr.dim() == 1 and self.edge_dim == 1:
             edge_attr = edge_attr.view(-1, 1)
         if edge_attr.dim() != 2 or tuple(edge_attr.shape) != (num_edges, self.edge_dim):
@@ -856,6 +870,7 @@ class DenseSelfAttention(_SelfAttentionBase):
         if x.size(-1) != self.lin_q.in_features:
             raise ValueError(f"x must have F = in_channels = {self.lin_q.in_features} features, "
                              f"got {list(x.shape)}")
+        check_weight_dtype(x, self.lin_q, "x")
         q, k, v = (t.unflatten(-1, (H, C)) for t in self._project(x, x))  # (B, L, H, C)
         result = dense_attention(q, k, v, mask, is_causal=is_causal, dropout_p=self.dropout,
                                  training=self.training,

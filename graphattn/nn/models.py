@@ -15,6 +15,7 @@ from graphattn._checks import (
     check_in_channels,
     check_non_negative,
     check_positive,
+    check_weight_dtype,
 )
 from graphattn.functional.dropout import dropout
 from graphattn.functional.sparse_linear import sparse_linear
@@ -313,6 +314,7 @@ class GraphTransformer(torch.nn.Module):
             shape = list(x.shape) if isinstance(x, Tensor) else type(x).__name__
             raise ValueError(f"x must have shape [N, F], got {shape}")
         check_float_dtype(x=x)
+        check_weight_dtype(x, self.lin_in, "x")
         if not isinstance(self.lin_in, LazyLinear) and x.size(1) != self.lin_in.in_features:
             raise ValueError(f"x must have F = in_channels = {self.lin_in.in_features} "
                              f"features, got {list(x.shape)}")

@@ -732,3 +732,19 @@ def test_autocast_runs_in_its_dtype_as_sdpa(requires_grad, call):
     if requires_grad:
         grads = torch.autograd.grad(got[0].float().square().sum(), (q, k, v))
         assert all(g.dtype == torch.float32 and torch.isfinite(g).all() for g in grads)
+
+
+def test_a_missing_tensor_is_named():
+    x = torch.randn(3, 2, 4)
+    with pytest.raises(TypeError, match="q must be a torch.Tensor, got NoneType"):
+        dense_attention(None, x, x)
+    with pytest.raises(TypeError, match="v must be a torch.Tensor, got NoneType"):
+        dense_attention(x, x, None)
+
+
+def test_batch_errors_quote_the_shapes_given():
+    """A batched q beside [N, H, C] k and v: the message quotes the shapes as they came, not
+    as broadcast for SDPA."""
+    q, k = torch.randn(2, 4, 2, 3), torch.randn(4, 2, 3)
+    with pytest.raises(ValueError, match=r"got q \[2, 4, 2, 3\], k \[4, 2, 3\], v \[4, 2, 3\]"):
+        dense_attention(q, k, k, batch=torch.zeros(4, dtype=torch.long))

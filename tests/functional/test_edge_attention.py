@@ -524,3 +524,23 @@ def test_autocast_runs_in_its_dtype_on_every_backend(backend, score, requires_gr
         leaves = [t for t in inputs.values() if t is not None]
         grads = torch.autograd.grad(got[0].float().square().sum(), leaves)
         assert all(g.dtype == torch.float32 and torch.isfinite(g).all() for g in grads)
+
+
+@pytest.mark.parametrize("missing", ["q", "k", "v", "edge_index"])
+def test_a_missing_tensor_is_named(missing):
+    """``None`` (or a list) where a tensor is required is named, not met by an
+    AttributeError from inside."""
+    x = torch.randn(3, 2, 4)
+    args = {"q": x, "k": x, "v": x, "edge_index": torch.tensor([[0, 1], [1, 2]])}
+    args[missing] = None
+    with pytest.raises(TypeError, match=f"{missing} must be a torch.Tensor, got NoneType"):
+        edge_attention(*args.values())
+    args[missing] = [1, 2]
+    with pytest.raises(TypeError, match=f"{missing} must be a torch.Tensor, got list"):
+        edge_attention(*args.values())
+
+
+def test_a_backend_that_is_not_a_name_is_refused_by_name():
+    x = torch.randn(3, 2, 4)
+    with pytest.raises(ValueError, match=r"backend must be 'auto' or one of .*got \['cpu'\]"):
+        edge_attention(x, x, x, torch.tensor([[0, 1], [1, 2]]), backend=["cpu"])

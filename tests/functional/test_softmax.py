@@ -157,3 +157,10 @@ def test_num_segments_takes_numpy_and_tensor_integers():
     want = scatter_softmax(src, index, num_segments=4)
     for n in (np.int64(4), torch.tensor(4)):
         assert torch.equal(scatter_softmax(src, index, num_segments=n), want)
+
+
+def test_a_missing_tensor_is_named():
+    with pytest.raises(TypeError, match="index must be a torch.Tensor, got NoneType"):
+        scatter_softmax(torch.randn(3), None)
+    with pytest.raises(TypeError, match="src must be a torch.Tensor, got list"):
+        scatter_softmax([1.0, 2.0], torch.tensor([0, 0]))

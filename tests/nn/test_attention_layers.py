@@ -1280,3 +1280,45 @@ def test_projections_run_their_modules_hooks_and_parametrizations(options):
         torch.nn.utils.weight_norm(old_hook.lin_k)  # the deprecated pre-hook form
     for _ in range(2):
         old_hook(x, edge_index).square().sum().backward()
+
+
+@pytest.mark.parametrize("make", ["graph", "dense"])
+def test_features_of_another_dtype_than_the_weights_are_named(make):
+    """float64 features (read from numpy, say) in an fp32 layer: the message names x and
+    both dtypes, instead of torch's matmul error from inside. Under autocast the layer casts
+    them, as autocast does (float64 aside, which autocast leaves)."""
+    layer = GraphSelfAttention(4, 3, heads=2) if make == "graph" else DenseSelfAttention(4, 3,
+                                                                                     heads=2)
+    x, edge_index = torch.randn(3, 4), torch.tensor([[0, 1], [1, 2]])
+
+    def call(x):
+        return layer(x, edge_index) if make == "graph" else layer(x)
+
+    for dtype in (torch.float64, torch.bfloat16):
+        with pytest.raises(TypeError, match=rf"x must have the dtype of the layer's weights, "
+                                            rf"torch.float32, got {dtype}"):
+            call(x.to(dtype))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert call(x.half()).dtype == torch.bfloat16
+        with pytest.raises(TypeError, match="got torch.float64"):
+            call(x.double())
+    layer.double()  # the layer cast instead: float64 throughout
+    assert call(x.double()).dtype == torch.float64
+
+
+def test_edge_attr_of_another_dtype_than_the_weights_is_named():
+    layer = GraphSelfAttention(4, 3, heads=2, edge_dim=2)
+    x, edge_index = torch.randn(3, 4), torch.tensor([[0, 1], [1, 2]])
+    with pytest.raises(TypeError, match="edge_attr must have the dtype of the layer's weights"):
+        layer(x, edge_index, torch.randn(2, 2, dtype=torch.float64))
+
+
+def test_x_that_is_none_or_not_a_pair_is_named():
+    layer = GraphSelfAttention(4, 3)
+    x, edge_index = torch.randn(3, 4), torch.tensor([[0, 1], [1, 2]])
+    with pytest.raises(TypeError, match="x must be a torch.Tensor, got NoneType"):
+        layer(None, edge_index)
+    with pytest.raises(ValueError, match=r"x as a pair must be \(x_src, x_dst\), got 3 entries"):
+        layer((x, x, x), edge_index)
+    with pytest.raises(TypeError, match="x_src must be a torch.Tensor, got NoneType"):
+        layer((None, x), edge_index)

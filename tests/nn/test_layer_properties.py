@@ -11,6 +11,7 @@ The triton backend runs fewer draws, in Triton's CPU interpreter.
 
 import copy
 
+import pytest
 import torch
 from conftest import assert_close
 from hypothesis import HealthCheck, given, settings
@@ -98,3 +99,19 @@ def test_every_cpu_backend_agrees_with_the_reference(case):
 @given(layer_cases())
 def test_the_triton_backend_agrees_with_the_reference(triton_interpreter, case):
     check_backends(case, ("triton",), torch.float32)  # the kernels' dtypes: fp32/16, bf16
+
+
+@pytest.mark.parametrize("fill_value", ["mean", 0.5, [1.0, 2.0, 3.0]])
+def test_layer_built_on_the_meta_device_materialises(fill_value):
+    """Built under ``torch.device("meta")`` (as large models are, before ``to_empty``), with
+    every kind of ``fill_value``; materialised and reset, it computes what a layer built on the
+    CPU with the same parameters computes."""
+    with torch.device("meta"):
+        layer = GraphSelfAttention(16, 8, heads=2, edge_dim=3, fill_value=fill_value)
+    layer.to_empty(device="cpu")
+    layer.reset_parameters()
+    twin = GraphSelfAttention(16, 8, heads=2, edge_dim=3, fill_value=fill_value)
+    twin.load_state_dict(layer.state_dict())
+    x, edge_attr = torch.randn(5, 16), torch.randn(4, 3)
+    edge_index = torch.tensor([[0, 1, 2, 3], [1, 2, 3, 3]])  # node 3 has a loop of its own
+    assert_close(layer(x, edge_index, edge_attr), twin(x, edge_index, edge_attr))
