@@ -359,8 +359,8 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
           ``return_attention_weights=True`` also ``(edge_index (2, |E'|), alpha (|E'|, H))``,
           where E' includes the added self-loops (for a sparse input
           ``(adj (|V_dst|, |V_src|, H) sparse, alpha (|E'|, H))``). The weights are those
-          before dropout, as ``TransformerConv`` and ``GATv2Conv`` return them (``GATConv``
-          returns them after).
+          before dropout, as ``TransformerConv`` returns them (``GATConv`` and ``GATv2Conv``
+          return them after: in training with dropout, theirs are partly 0).
 
     The layer computes its messages in one fused operator, not through ``propagate``; PyG's
     ``Explainer`` still masks its edges (``edge_mask_type="object"``): with an explanation

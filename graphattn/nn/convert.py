@@ -40,6 +40,8 @@ restrict it, at the cost of the edges instead of :math:`L^2`. Or into a
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch.nn import Module
 from torch.nn.parameter import UninitializedParameter
@@ -56,18 +58,34 @@ def _pyg_convs() -> dict[str, type]:
     return {"GATConv": GATConv, "GATv2Conv": GATv2Conv, "TransformerConv": TransformerConv}
 
 
+# the methods that make a PyG layer's computation: a subclass that overrides one of them
+# computes something else than the layer the conversion maps (propagate and edge_updater are
+# left out: PyG generates them per class, from the signatures of these)
+_COMPUTING_METHODS = ("forward", "message", "aggregate", "message_and_aggregate", "update",
+                      "edge_update")
+
+
+def _own_methods(module: Module, cls: type) -> list[str]:
+    """The methods of :data:`_COMPUTING_METHODS` that ``module``'s class overrides."""
+    return [m for m in _COMPUTING_METHODS if getattr(type(module), m) is not getattr(cls, m)]
+
+
 def _kind(module: Module) -> str | None:
     """The name in :data:`CONVERTIBLE` of ``module``'s class, or ``None``. A subclass counts
-    when it keeps the class's ``forward`` (``FusedGATConv``, a ``GATConv`` called with CSR and
-    CSC structures, does not: converted, it would not take its callers' arguments)."""
+    when it keeps the class's computation: ``forward``, ``message`` and the rest of
+    :data:`_COMPUTING_METHODS` (``FusedGATConv``, a ``GATConv`` called with CSR and CSC
+    structures, does not: converted, it would not take its callers' arguments)."""
     for name, cls in _pyg_convs().items():
         if isinstance(module, cls):
-            return name if type(module).forward is cls.forward else None
+            return None if _own_methods(module, cls) else name
     return None
 
 
 def _check_convertible(conv: Module, kind: str) -> None:
-    if any(isinstance(p, UninitializedParameter) for p in conv.parameters()):
+    # TransformerConv builds lin_skip without root_weight too, and never sizes it then
+    unread = (set(conv.lin_skip.parameters())
+              if kind == "TransformerConv" and not conv.root_weight else set())
+    if any(isinstance(p, UninitializedParameter) for p in conv.parameters() if p not in unread):
         raise ValueError(f"conv is a lazy {kind} (in_channels=-1) whose weights do not exist "
                          f"yet: run one forward through it before converting it")
     if conv.aggr not in ("add", "sum"):
@@ -84,7 +102,11 @@ def from_pyg(conv: Module, *, backend: str = "auto") -> GraphSelfAttention:
 
     Same outputs and attention weights on every graph, and the same gradients with respect to
     the inputs, up to floating-point rounding. The new layer is a separate module on ``conv``'s
-    device, in its dtype and training mode; ``conv`` is left as it was.
+    device, in its dtype and training mode, frozen when ``conv`` is (every parameter with
+    ``requires_grad=False``); ``conv`` is left as it was. Hooks registered on ``conv`` and
+    partly frozen weights do not carry over: a warning says so. A subclass that overrides a
+    step of the computation (``forward``, ``message``, ``aggregate``, ``update``,
+    ``edge_update``) is refused.
 
     Args:
         conv (torch.nn.Module): a ``torch_geometric.nn.GATConv``, ``GATv2Conv`` or
@@ -97,10 +119,13 @@ def from_pyg(conv: Module, *, backend: str = "auto") -> GraphSelfAttention:
     """
     kind = _kind(conv)
     if kind is None:
-        bases = [name for name, cls in _pyg_convs().items() if isinstance(conv, cls)]
+        bases = [(name, cls) for name, cls in _pyg_convs().items() if isinstance(conv, cls)]
         if bases:
-            raise TypeError(f"conv is a {type(conv).__name__}, a {bases[0]} with a forward of "
-                            f"its own, whose arguments the converted layer would not take")
+            name, cls = bases[0]
+            raise TypeError(f"conv is a {type(conv).__name__}, a {name} with its own "
+                            f"{', '.join(_own_methods(conv, cls))}: the converted layer would "
+                            f"compute {name}'s function, not this one, or not take its "
+                            f"arguments")
         raise TypeError(f"conv must be one of PyG's {', '.join(CONVERTIBLE)}, "
                         f"got {type(conv).__name__}")
     _check_convertible(conv, kind)
@@ -149,7 +174,30 @@ def from_pyg(conv: Module, *, backend: str = "auto") -> GraphSelfAttention:
                     layer.res.bias.zero_()
             if out_bias is not None:
                 layer.out_bias.copy_(out_bias)  # (H * C,) or (C,), as the output
+    _carry_state(layer, conv)
     return layer
+
+
+def _carry_state(layer: GraphSelfAttention, conv: Module) -> None:
+    """What the weights do not hold: a frozen ``conv`` gives a frozen layer; partly frozen
+    weights (which the folded GAT projections cannot split) and hooks, which do not carry
+    over, are warned about."""
+    trainable = {p.requires_grad for p in conv.parameters()}
+    if trainable == {False}:
+        layer.requires_grad_(False)
+    elif trainable == {False, True}:
+        warnings.warn(f"conv ({type(conv).__name__}) has some parameters frozen "
+                      f"(requires_grad=False): the converted layer's parameters all require "
+                      f"gradients; freeze those you want frozen again", stacklevel=3)
+    hooks = [name for name in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
+                               "_backward_pre_hooks", "_propagate_forward_hooks",
+                               "_propagate_forward_pre_hooks", "_message_forward_hooks",
+                               "_message_forward_pre_hooks")
+             if getattr(conv, name, None)]
+    if hooks:
+        warnings.warn(f"conv ({type(conv).__name__}) has hooks ({', '.join(hooks)}) that the "
+                      f"converted layer does not have: register them on it again",
+                      stacklevel=3)
 
 
 def _in_channels(conv: Module, kind: str) -> int | tuple[int, int]:

@@ -172,6 +172,17 @@ def test_refusals_name_the_problem():
         from_pyg(GATv2Conv(F_SRC, C, flow="target_to_source"))
 
 
+def test_a_lazy_transformer_conv_without_root_weight_converts_after_one_call():
+    """TransformerConv builds lin_skip without root_weight too, and never calls it: after one
+    forward every weight the conversion reads exists."""
+    conv = TransformerConv(-1, C, heads=2, root_weight=False).to(DTYPE)
+    x, edge_index = torch.randn(5, F_SRC, dtype=DTYPE), torch.tensor([[0, 1, 2], [1, 2, 3]])
+    with pytest.raises(ValueError, match="lazy TransformerConv"):
+        from_pyg(conv)
+    expected = conv(x, edge_index)
+    assert_close(from_pyg(conv)(x, edge_index), expected)
+
+
 def test_convert_pyg_after_to_hetero_with_lazy_layers():
     """A heterogeneous model from ``to_hetero`` with lazy bipartite layers (``(-1, -1)``, whose
     ``in_channels`` stays -1 after their first call): converted, the same outputs."""
@@ -256,11 +267,41 @@ def test_a_subclass_with_its_own_forward_is_not_converted():
     class Renamed(GATConv):  # the same forward: converted
         pass
 
-    with pytest.raises(TypeError, match="conv is a CSRGAT, a GATConv with a forward of its own"):
+    with pytest.raises(TypeError, match="conv is a CSRGAT, a GATConv with its own forward"):
         from_pyg(CSRGAT(F_SRC, C))
     model = torch.nn.ModuleList([CSRGAT(F_SRC, C), Renamed(F_SRC, C)])
     convert_pyg(model)
     assert isinstance(model[0], CSRGAT) and isinstance(model[1], GraphSelfAttention)
+
+
+class TanhMessageGAT(GATConv):
+    def message(self, x_j, alpha):
+        return super().message(x_j, alpha).tanh()
+
+
+class DoubledScoreGATv2(GATv2Conv):
+    def edge_update(self, x_j, x_i, edge_attr, index, ptr, dim_size):
+        return super().edge_update(x_j, x_i, edge_attr, index, ptr, dim_size) * 2
+
+
+class TripledTransformer(TransformerConv):
+    def update(self, inputs):
+        return 3 * inputs
+
+
+@pytest.mark.parametrize("custom, base, method", [
+    (TanhMessageGAT, "GATConv", "message"), (DoubledScoreGATv2, "GATv2Conv", "edge_update"),
+    (TripledTransformer, "TransformerConv", "update")])
+def test_a_subclass_with_its_own_computation_is_not_converted(custom, base, method):
+    """A subclass that keeps forward but overrides a step of the message passing computes
+    another function than the layer the conversion maps: it is refused by name, and
+    convert_pyg leaves it in place."""
+    with pytest.raises(TypeError, match=f"conv is a {custom.__name__}, a {base} with its own "
+                                        f"{method}:"):
+        from_pyg(custom(F_SRC, C))
+    model = torch.nn.ModuleList([custom(F_SRC, C)])
+    convert_pyg(model)
+    assert isinstance(model[0], custom)
 
 
 def _mha(embed_dim=12, heads=3, seed=0, **options):
@@ -351,3 +392,22 @@ def test_from_mha_refusals_name_the_option():
         from_mha(torch.nn.MultiheadAttention(8, 2, kdim=4, vdim=6))
     with pytest.raises(ValueError, match="dense=True needs kdim = embed_dim"):
         from_mha(torch.nn.MultiheadAttention(8, 2, kdim=4, vdim=4), dense=True)
+
+
+def test_a_frozen_layer_converts_frozen_and_what_does_not_carry_over_is_warned_about():
+    """A frozen conv (fine-tuning the rest of a model) gives a frozen layer; partly frozen
+    weights and hooks do not carry over, and say so."""
+    conv = GATConv(F_SRC, C, heads=2).requires_grad_(False)
+    assert not any(p.requires_grad for p in from_pyg(conv).parameters())
+    conv = GATConv(F_SRC, C, heads=2)
+    conv.att_src.requires_grad_(False)
+    with pytest.warns(UserWarning, match="some parameters frozen"):
+        layer = from_pyg(conv)
+    assert all(p.requires_grad for p in layer.parameters())
+    conv = TransformerConv(F_SRC, C)
+    conv.register_forward_hook(lambda module, inputs, output: None)
+    with pytest.warns(UserWarning, match=r"has hooks \(_forward_hooks\)"):
+        convert_pyg(torch.nn.Sequential(conv))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        from_pyg(GATv2Conv(F_SRC, C))  # nothing to warn about
