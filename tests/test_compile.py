@@ -435,6 +435,20 @@ def test_models_trace_with_torch_jit_trace(make, training):
         assert_close(grad, expected, **COMPILED)
 
 
+@pytest.mark.parametrize("backend", ["auto", "cpu", "reference"])
+def test_a_layer_traced_in_eval_mode_runs_on_graphs_of_other_sizes(backend):
+    """The trace records the node count where the backends use it (the reference path's
+    softmax groups, as a traced size): a larger graph than the traced one computes what eager
+    computes."""
+    torch.manual_seed(0)
+    layer = GraphSelfAttention(8, 4, heads=2, backend=backend).eval()
+    x, edge_index = torch.randn(12, 8), torch.randint(0, 12, (2, 40))
+    traced = torch.jit.trace(layer, (x, edge_index), check_trace=False)
+    for n, e in [(30, 100), (5, 9)]:
+        x, edge_index = torch.randn(n, 8), torch.randint(0, n, (2, e))
+        assert_close(traced(x, edge_index), layer(x, edge_index))
+
+
 def test_dense_backend_refuses_torch_jit_trace_by_name():
     layer = GraphSelfAttention(8, 4, heads=2, backend="dense")
     with pytest.raises(ValueError, match="backend='dense' .* torch.jit.trace"):

@@ -54,7 +54,10 @@ def scatter_softmax(src: Tensor, index: Tensor, num_segments: int | None = None)
     if torch.compiler.is_compiling():
         if num_segments is None:
             num_segments = int(index.max()) + 1 if index.numel() > 0 else 0
-    elif num_segments is not None:
+    elif num_segments is not None and not (torch.jit.is_tracing()
+                                           and isinstance(num_segments, Tensor)):
+        # (torch.jit.trace gives a size as a 0-d tensor, which records it; an int would fix
+        # the traced graph to that many groups)
         num_segments = check_non_negative(num_segments, "num_segments")
     if index.numel() == 0:
         num_segments = num_segments or 0
