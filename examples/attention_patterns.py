@@ -36,9 +36,9 @@ TOLERANCE = 1e-5
 
 
 def grid_side(length: int) -> int:
-    """The side of the square grid of ``length`` pixels; exits unless ``length`` fits."""
+    """The side of the square grid of ``length`` pixels; ValueError unless ``length`` fits."""
     if length < 4 or math.isqrt(length) ** 2 != length:
-        raise SystemExit(f"--length must be a perfect square of at least 4 (the grid is side x "
+        raise ValueError(f"--length must be a perfect square of at least 4 (the grid is side x "
                          f"side pixels; the small-world graph has degree 4), got {length}")
     return math.isqrt(length)
 
@@ -121,7 +121,10 @@ def main() -> None:
     if args.backend == "triton" and os.environ.get("TRITON_INTERPRET") != "1":
         parser.error("--backend triton: this example runs on CPU tensors, which the triton "
                      "kernels take in Triton's interpreter only: run it with TRITON_INTERPRET=1")
-    grid_side(args.length)
+    try:
+        grid_side(args.length)
+    except ValueError as error:
+        parser.error(str(error))
 
     torch.manual_seed(args.seed)
     L, F = args.length, args.features

@@ -33,7 +33,7 @@ weights (mean over heads) of one pixel on each graph (``--no-plot``: none).
 
 Needs scikit-learn for the images (``pip install scikit-learn``). Usage::
 
-    python examples/image_attention.py --out out/image_attention   # 3 runs, ~3 min on 2 cores
+    python examples/image_attention.py --out out/image_attention   # 3 runs, ~7 min on 2 cores
 """
 
 from __future__ import annotations
@@ -237,7 +237,8 @@ def plot(results: list[RunResult], models: dict[str, PixelClassifier], digits: D
         curves = torch.tensor([r.val_curve for r in results if r.graph == name])
         ax.plot(range(1, curves.size(1) + 1), (100 * curves.mean(dim=0)).numpy(), label=name)
     ax.set(xlabel="epoch", ylabel="validation accuracy (%)",
-           title="8x8 digits: the same transformer over four pixel graphs (mean of runs)")
+           title=f"8x8 digits: the same transformer over {len(names)} pixel "
+                 f"graph{'s' * (len(names) != 1)} (mean of runs)")
     ax.legend(loc="lower right")
     ax.grid(alpha=0.3)
     image_id = int(digits.splits["test"][0])
@@ -276,10 +277,17 @@ def check_training_args(parser: argparse.ArgumentParser, args: argparse.Namespac
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error(f"--device {args.device}, but torch {torch.__version__} sees no CUDA "
                      f"device; use --device cpu")
+    try:  # a device torch knows but this machine lacks (mps, xpu, cuda:7)
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError, NotImplementedError) as error:
+        parser.error(f"--device {args.device} is not usable here: "
+                     f"{str(error).splitlines()[0].split('. ')[0]}")
     if not 0 <= args.dropout < 1:
         parser.error(f"--dropout must be in [0, 1), got {args.dropout}")
     if not args.lr > 0:
         parser.error(f"--lr must be > 0, got {args.lr}")
+    if not args.weight_decay >= 0:
+        parser.error(f"--weight-decay must be >= 0, got {args.weight_decay}")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -313,6 +321,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     check_training_args(parser, args)
     args.graphs = [g.strip() for g in args.graphs.split(",") if g.strip()]
+    if not args.graphs:
+        parser.error("--graphs must name at least one graph, got none")
+    if len(set(args.graphs)) < len(args.graphs):
+        parser.error(f"--graphs must name each graph once, got {','.join(args.graphs)}")
     for name in args.graphs:
         try:
             pixel_graph(name)

@@ -146,6 +146,9 @@ def train_node_classifier(model: torch.nn.Module, data: Data, *, lr: float = 0.0
             bad_epochs += 1
             if bad_epochs == patience:
                 break
+        # the last epoch the run reaches unless it makes progress again: an ETA that means
+        # something where --epochs is a mere bound (100000 by default)
+        bar.total = min(epochs, epoch + patience - bad_epochs)
         bar.set_postfix(loss=f"{train_loss:.3f}", val_loss=f"{val_loss:.3f}",
                         val_acc=f"{val_acc:.3f}")
     bar.close()
@@ -237,7 +240,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out-heads", type=int, default=None,
                         help="averaged output heads of gat (default: the GAT paper's, 8 on "
                              "PubMed, else 1)")
-    parser.add_argument("--layers", type=int, default=2, help="transformer blocks")
+    parser.add_argument("--layers", type=int, default=None,
+                        help="transformer blocks (default: 2)")
     parser.add_argument("--dropout", type=float, default=None)
     parser.add_argument("--root", default=None, help="data root (default: see datasets/README.md)")
     parser.add_argument("--out", default="out/node_classification",
@@ -252,6 +256,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     except RuntimeError as error:
         parser.error(f"--device must name a torch device (cpu, cuda, cuda:1, ...), got "
                      f"{args.device!r}: {error}")
+    # an option of the other model would be ignored: refused instead
+    for flag, key, model in (("--layers", "layers", "transformer"),
+                             ("--out-heads", "out_heads", "gat")):
+        if getattr(args, key) is not None and args.model != model:
+            parser.error(f"{flag} is an option of --model {model}, got --model {args.model}")
+    if args.layers is None:
+        args.layers = 2
     for key, value in MODEL_DEFAULTS[args.model].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -266,6 +277,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          f"{getattr(args, key)}")
     if not 0 <= args.dropout < 1:
         parser.error(f"--dropout must be in [0, 1), got {args.dropout}")
+    if args.threads is not None and args.threads < 1:
+        parser.error(f"--threads must be at least 1, got {args.threads}")
+    if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}, but torch {torch.__version__} sees no CUDA "
+                     f"device; use --device cpu")
+    try:  # a device torch knows but this machine lacks (mps, xpu, cuda:7)
+        torch.empty(0, device=args.device)
+    except (RuntimeError, AssertionError, NotImplementedError) as error:
+        parser.error(f"--device {args.device} is not usable here: "
+                     f"{str(error).splitlines()[0].split('. ')[0]}")
+    if not args.lr > 0:
+        parser.error(f"--lr must be > 0, got {args.lr}")
     for key in ("lr", "weight_decay"):
         if not getattr(args, key) >= 0:
             parser.error(f"--{key.replace('_', '-')} must be >= 0, got {getattr(args, key)}")
@@ -283,12 +306,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> list[RunResult]:
     args = parse_args(argv)
     if args.threads is not None:
-        if args.threads < 1:
-            raise SystemExit(f"error: --threads must be at least 1, got {args.threads}")
         torch.set_num_threads(args.threads)
-    if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit(f"error: --device {args.device}, but torch {torch.__version__} sees no "
-                         f"CUDA device; use --device cpu")
     try:
         data = load_planetoid(args.dataset, args.root)
     except MissingFilesError as error:  # the loader's advice, in this script's terms

@@ -278,7 +278,8 @@ def plot(results: list[RunResult], path: Path, length: int) -> bool:
     for r in results:
         curves.plot(r.steps, r.val_bpc, marker="o", markersize=3, label=r.graph)
     curves.set(xlabel="training step", ylabel="validation bits per character",
-               title=f"character model, sequences of {length}: four attention graphs")
+               title=f"character model, sequences of {length}: {len(results)} attention "
+                     f"graph{'s' * (len(results) != 1)}")
     curves.legend()
     curves.grid(alpha=0.3)
     names = [r.graph for r in results]
@@ -312,6 +313,11 @@ def check_training_args(parser: argparse.ArgumentParser, args: argparse.Namespac
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error(f"--device {args.device}, but torch {torch.__version__} sees no CUDA "
                      f"device; use --device cpu")
+    try:  # a device torch knows but this machine lacks (mps, xpu, cuda:7)
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError, NotImplementedError) as error:
+        parser.error(f"--device {args.device} is not usable here: "
+                     f"{str(error).splitlines()[0].split('. ')[0]}")
     if not 0 <= args.dropout < 1:
         parser.error(f"--dropout must be in [0, 1), got {args.dropout}")
     if not args.lr > 0:
@@ -348,6 +354,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     check_training_args(parser, args)
     args.graphs = [g.strip() for g in args.graphs.split(",") if g.strip()]
+    if not args.graphs:
+        parser.error("--graphs must name at least one graph, got none")
+    if len(set(args.graphs)) < len(args.graphs):
+        parser.error(f"--graphs must name each graph once, got {','.join(args.graphs)}")
     for name in args.graphs:
         try:
             sequence_graph(name, 2)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import runpy
 import sys
 from pathlib import Path
@@ -27,12 +28,14 @@ def test_attention_patterns_example(tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("length", [0, 1])
-def test_too_short_sequence_is_refused_by_name(monkeypatch, length):
+def test_too_short_sequence_is_refused_by_name(monkeypatch, capsys, length):
     # 0 and 1 are perfect squares, but the small-world graph needs more nodes than its degree 4.
     monkeypatch.setattr(sys, "argv", [str(SCRIPT), "--length", str(length), "--no-plot"])
-    with pytest.raises(SystemExit, match=f"--length must be a perfect square of at least 4.*"
-                                         f"got {length}"):
+    with pytest.raises(SystemExit) as exit_info:
         runpy.run_path(str(SCRIPT), run_name="__main__")
+    assert exit_info.value.code == 2  # argparse's usage error
+    assert re.search(f"--length must be a perfect square of at least 4.*got {length}",
+                     capsys.readouterr().err)
 
 
 @pytest.mark.parametrize("features", [0, 7])

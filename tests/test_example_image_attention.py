@@ -103,7 +103,10 @@ def test_figure_is_written(example, tmp_path, capsys):
     (["--pixel", "8", "0"], "--pixel"), (["--hidden", "30", "--heads", "4"], "--hidden"),
     (["--epochs", "0"], "--epochs"), (["--pe", "64"], "--pe"),
     (["--device", "nonsense"], "--device"), (["--dropout", "1"], "--dropout"),
-    (["--lr", "0"], "--lr"),
+    (["--lr", "0"], "--lr"), (["--weight-decay", "-1"], "--weight-decay"),
+    (["--graphs", ","], "--graphs must name at least one"),
+    (["--graphs", "grid1,grid1"], "--graphs must name each graph once"),
+    (["--device", "mps"], "--device mps is not usable here"),
 ])
 def test_bad_arguments_are_refused_by_name(example, argv, name, capsys):
     with pytest.raises(SystemExit):

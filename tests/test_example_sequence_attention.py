@@ -126,7 +126,9 @@ def test_figure_is_written(example, tmp_path, capsys):
     (["--length", "1"], "--length"), (["--steps", "0"], "--steps"),
     (["--timing-rounds", "-1"], "--timing-rounds"),
     (["--device", "nonsense"], "--device"), (["--dropout", "1"], "--dropout"),
-    (["--lr", "0"], "--lr"),
+    (["--lr", "0"], "--lr"), (["--graphs", ","], "--graphs must name at least one"),
+    (["--graphs", "causal,causal"], "--graphs must name each graph once"),
+    (["--device", "mps"], "--device mps is not usable here"),
 ])
 def test_bad_arguments_are_refused_by_name(example, argv, name, capsys):
     with pytest.raises(SystemExit):
