@@ -314,9 +314,10 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             the gatv2 score this is ``GATv2Conv``'s way, inside the LeakyReLU);
             ``"key_value"`` adds it to the key and the value, :math:`v_{ij} = v_j + W^E
             e_{ij}` (``TransformerConv``'s way). ``"key"`` and ``"key_value"`` are for the dot
-            and gatv2 scores. The operator takes :math:`W^E e_{ij}` as its ``edge_key`` (and
-            ``edge_value``): the ``cpu`` and ``triton`` kernels add it as they go, where PyG
-            builds a key (and value) ``[H, C]`` per edge. (default: ``"bias"``)
+            and gatv2 scores, and need ``edge_dim``. The operator takes :math:`W^E e_{ij}` as
+            its ``edge_key`` (and ``edge_value``): the ``cpu`` and ``triton`` kernels add it as
+            they go, where PyG builds a key (and value) ``[H, C]`` per edge.
+            (default: ``"bias"``)
         fill_value (float or Tensor or str, optional): ``edge_attr`` of the added self-loops,
             as in PyG: ``"mean"``, ``"add"``, ``"max"``, ``"min"`` or ``"mul"`` of the target's
             other in-edge features (without any: 1 for ``"mul"``, 0 for the others), or a
@@ -386,6 +387,10 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             raise ValueError(f"attention must be one of {SCORES}, got {attention!r}")
         if edge_mode not in EDGE_MODES:
             raise ValueError(f"edge_mode must be one of {EDGE_MODES}, got {edge_mode!r}")
+        if edge_mode != "bias" and edge_dim is None:
+            raise ValueError(f"edge_mode={edge_mode!r} says how edge features enter, and the "
+                             f"layer has none: give edge_dim=<number of edge features>, or "
+                             f"leave edge_mode at 'bias'")
         if edge_mode != "bias" and attention == "additive":
             raise ValueError(f"edge_mode={edge_mode!r} needs the dot or gatv2 score: the "
                              f"additive score has one number per head, and edge_mode='bias' "

@@ -141,7 +141,7 @@ def from_pyg(conv: Module, *, backend: str = "auto") -> GraphSelfAttention:
     if kind == "TransformerConv":
         layer = new_layer(attention="dot", bias=conv.lin_key.bias is not None,
                           add_self_loops=False, residual=conv.root_weight, beta=conv.beta,
-                          edge_mode="key_value")
+                          edge_mode="key_value" if conv.edge_dim is not None else "bias")
         pairs = [(layer.lin_q, conv.lin_query), (layer.lin_k, conv.lin_key),
                  (layer.lin_v, conv.lin_value), (layer.lin_edge, conv.lin_edge)]
         if conv.root_weight:
@@ -162,7 +162,7 @@ def from_pyg(conv: Module, *, backend: str = "auto") -> GraphSelfAttention:
             add_self_loops=conv.add_self_loops, negative_slope=conv.negative_slope,
             fill_value=conv.fill_value, residual=conv.residual,
             share_weights=not gat and conv.share_weights, share_value=not gat,
-            edge_mode="bias" if gat else "key")
+            edge_mode="bias" if gat or conv.edge_dim is None else "key")
         with torch.no_grad():
             if gat:
                 _copy_gat(layer, conv)

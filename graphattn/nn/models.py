@@ -245,7 +245,7 @@ class GraphTransformer(torch.nn.Module):
             call then needs; every attention layer takes them as ``edge_mode`` says.
             (default: ``None``)
         edge_mode (str, optional): ``"bias"``, ``"key"`` or ``"key_value"``, as in
-            :class:`GraphSelfAttention`. (default: ``"bias"``)
+            :class:`GraphSelfAttention` (the last two need ``edge_dim``). (default: ``"bias"``)
 
     Shapes:
         - **input:** x ``(|V|, F)``, edge_index ``(2, |E|)`` or a sparse adjacency adj_t

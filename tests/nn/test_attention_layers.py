@@ -1071,6 +1071,9 @@ def test_edge_mode_and_beta_errors():
     with pytest.raises(ValueError, match=r"edge_mode must be one of \('bias', 'key', "
                                          r"'key_value'\), got 'values'"):
         GraphSelfAttention(4, 2, edge_dim=3, edge_mode="values")
+    with pytest.raises(ValueError, match=r"edge_mode='key' says how edge features enter, and "
+                                         r"the layer has none: give edge_dim"):
+        GraphSelfAttention(4, 2, edge_mode="key")
     with pytest.raises(ValueError, match=r"edge_mode='key' needs the dot or gatv2 score.*"
                                          r"got attention='additive'"):
         GraphSelfAttention(4, 2, edge_dim=3, edge_mode="key", attention="additive")
