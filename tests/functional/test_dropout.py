@@ -299,3 +299,16 @@ def test_seeded_mask_operator_writes_the_eager_mask_and_batches_under_vmap():
     assert masks.shape == (2, 25, 2) and not torch.equal(masks[0], masks[1])
     for mask, prm in zip(masks, batch, strict=True):
         assert torch.equal(mask, seeded_mask(prm, (25, 2)))
+
+
+def test_mask_drawn_by_torch_elsewhere_is_zero_or_the_inverse_keep(monkeypatch):
+    """The path of devices without graphattn's seeded masks (CUDA without triton, fp64 on
+    CUDA, MPS): ``torch.rand`` draws it, with the same values as every other path."""
+    monkeypatch.setattr(cpu, "MASK_DTYPES", frozenset())  # the CPU takes that path too
+    torch.manual_seed(0)
+    p = 0.3
+    mask = dropout_mask((200_000,), p)
+    values = mask.unique().tolist()
+    assert values == [0.0, pytest.approx(1 / (1 - p))]
+    assert (mask == 0).float().mean().item() == pytest.approx(p, abs=0.005)
+    assert mask.mean().item() == pytest.approx(1.0, abs=0.01)

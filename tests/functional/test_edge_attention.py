@@ -12,7 +12,13 @@ from conftest import (
     random_graph,
 )
 
-from graphattn.functional import attention, available_backends, dense_attention, edge_attention
+from graphattn.functional import (
+    attention,
+    available_backends,
+    dense_attention,
+    dropout_mask,
+    edge_attention,
+)
 
 # Backends that run on CPU tensors here (the Triton kernels have their own interpreter tests).
 CPU_BACKENDS = [b for b in available_backends() if b != "triton"]
@@ -544,3 +550,26 @@ def test_a_backend_that_is_not_a_name_is_refused_by_name():
     x = torch.randn(3, 2, 4)
     with pytest.raises(ValueError, match=r"backend must be 'auto' or one of .*got \['cpu'\]"):
         edge_attention(x, x, x, torch.tensor([[0, 1], [1, 2]]), backend=["cpu"])
+
+
+def test_edge_weight_multiplies_the_dropped_weights_in_training():
+    """An explanation mask (``edge_weight``) in training with dropout: each edge's weight is
+    alpha times its dropout mask times its edge weight, the mask drawn as without it."""
+    from graphattn.functional.attention import edge_attention_unchecked
+    from graphattn.functional.reference import reference_edge_attention
+
+    torch.manual_seed(0)
+    N, E, H, C = 9, 30, 2, 4
+    q, k, v = (torch.randn(N, H, C) for _ in range(3))
+    edge_index = torch.randint(0, N, (2, E))
+    edge_weight = torch.rand(E)
+    torch.manual_seed(1)
+    out = edge_attention_unchecked(q, k, v, edge_index, scale=None, bias=None, dropout_p=0.5,
+                                   training=True, return_attention=False, backend="auto",
+                                   score="dot", edge_weight=edge_weight)
+    torch.manual_seed(1)
+    mask = dropout_mask((E, H), 0.5)
+    expected, _ = reference_edge_attention(q, k, v, edge_index, scale=C ** -0.5, bias=None,
+                                           dropout_mask=mask * edge_weight[:, None],
+                                           score="dot", negative_slope=0.2, need_alpha=False)
+    assert_close(out, expected)

@@ -834,7 +834,8 @@ def test_build_csr_keeps_edge_order_within_rows_of_many_ties():
     assert torch.equal(csr.other, csr.edge_id)
 
 
-@pytest.mark.parametrize("num_other,dtype", [(2**31 - 2, torch.int32), (2**31 + 1, torch.int64)])
+@pytest.mark.parametrize("num_other,dtype", [(2**31 - 2, torch.int32), (2**31 - 1, torch.int64),
+                                             (2**31 + 1, torch.int64)])
 def test_build_csr_index_dtype_at_the_int32_limit(num_other, dtype):
     """Ids are int32 while every value fits, int64 beyond: a source id of 2**31 would wrap."""
     other = torch.tensor([0, num_other - 1])
@@ -915,13 +916,15 @@ def test_gradient_through_alpha_alone(interpreter, triton_tiles, score):
     ei = random_graph(10, 30, seed=4).to(DEVICE)
     inputs = on_device(attention_inputs(10, 10, 30, 2, 8, score=score))
     wrt = [inputs[name] for name in ("q", "k", "bias", "att") if inputs[name] is not None]
-    grads = []
+    grads, alphas = [], []
     for backend in (tk.triton_edge_attention, reference_edge_attention):
         _, alpha = backend(inputs["q"], inputs["k"], inputs["v"], ei, scale=0.5,
                            bias=inputs["bias"], dropout_mask=None, score=score,
                            negative_slope=0.2, need_alpha=True, att=inputs["att"])
         weight = torch.linspace(-1, 1, alpha.numel(), device=DEVICE).view_as(alpha)
         grads.append(torch.autograd.grad((alpha * weight).sum(), wrt))
+        alphas.append(alpha.detach())
+    assert_close(*alphas)
     for got, want in zip(*grads, strict=True):
         assert_close(got, want)
 
