@@ -290,7 +290,7 @@ def gather_rows(x: Tensor, index: Tensor) -> Tensor:
     autograd does not support."""
     if torch.compiler.is_compiling() and not plain_ops_only(x):
         return _gather_rows_op(x, index)
-    return x[index]
+    return x.index_select(0, index)  # its backward sums in a fixed order, x[index]'s not
 
 
 def scatter_add_rows(src: Tensor, index: Tensor, num_rows: int) -> Tensor:

@@ -64,24 +64,28 @@ def reference_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor
         - **output:** ``(out (N_dst, H, C), alpha (E, H) or None)``
     """
     src, dst = edge_index[0], edge_index[1]
-    k_e = k[src] if edge_key is None else k[src] + edge_key  # (E, H, C): each edge's key
-    v_e = v[src] if edge_value is None else v[src] + edge_value  # (E, H, C): each edge's value
+    # gathers by index_select, not x[idx]: on a multithreaded CPU the backward of x[idx] sums
+    # in an order that changes from run to run, index_select's does not
+    k_e = k.index_select(0, src)  # (E, H, C): each edge's key
+    k_e = k_e if edge_key is None else k_e + edge_key
+    v_e = v.index_select(0, src)  # (E, H, C): each edge's value
+    v_e = v_e if edge_value is None else v_e + edge_value
     if q.dtype in (torch.float16, torch.bfloat16):
         # half precision is scored in fp32, as the fused kernels score it: a score past 65504
         # would be inf in fp16, and its target's weights NaN
         q, k_e, att, bias = (None if t is None else t.float() for t in (q, k_e, att, bias))
     if score == "dot":
         # scaled before the product: in fp16, q . k can overflow where the score does not
-        s = ((q * scale)[dst] * k_e).sum(dim=-1)  # (E, H)
+        s = ((q * scale).index_select(0, dst) * k_e).sum(dim=-1)  # (E, H)
         if bias is not None:
             s = s + bias
     elif score == "gatv2":
-        z = F.leaky_relu(q[dst] + k_e, negative_slope)  # (E, H, C)
+        z = F.leaky_relu(q.index_select(0, dst) + k_e, negative_slope)  # (E, H, C)
         s = (z * att).sum(dim=-1) * scale  # (E, H)
         if bias is not None:
             s = s + bias
     else:
-        s = q[dst] + k_e  # (E, H)
+        s = q.index_select(0, dst) + k_e  # (E, H)
         if bias is not None:
             s = s + bias
         s = F.leaky_relu(s, negative_slope) * scale

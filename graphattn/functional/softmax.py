@@ -80,9 +80,10 @@ def scatter_softmax(src: Tensor, index: Tensor, num_segments: int | None = None)
         # an empty or all -inf group: no shift. A +inf maximum stays, so that its group comes
         # out NaN throughout (inf - inf), as in torch.softmax.
         seg_max = seg_max.masked_fill_(seg_max == float("-inf"), 0.0)
-    exp = torch.exp(s - seg_max[index])  # (E, H); exactly 0 for -inf scores
+    # index_select: its backward sums in a fixed order on a multithreaded CPU, x[index]'s not
+    exp = torch.exp(s - seg_max.index_select(0, index))  # (E, H); exactly 0 for -inf scores
     seg_sum = exp.new_zeros((num_segments, *s.shape[1:])).index_add_(0, index, exp)
     # A group of all -inf has seg_sum 0 and exp 0: dividing by 1 there gives 0 instead of NaN,
     # and a gradient of 0 (a tiny divisor would overflow it to inf, and inf * 0 is NaN).
-    out = exp / seg_sum.masked_fill(seg_sum == 0, 1.0)[index]
+    out = exp / seg_sum.masked_fill(seg_sum == 0, 1.0).index_select(0, index)
     return out.to(out_dtype)

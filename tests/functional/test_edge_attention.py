@@ -573,3 +573,36 @@ def test_edge_weight_multiplies_the_dropped_weights_in_training():
                                            dropout_mask=mask * edge_weight[:, None],
                                            score="dot", negative_slope=0.2, need_alpha=False)
     assert_close(out, expected)
+
+
+@pytest.mark.parametrize("backend", ["reference", "dense"])
+@pytest.mark.parametrize("score", attention.SCORES)
+def test_gradients_repeat_bit_for_bit_with_two_threads(backend, score):
+    """The reference and dense backends gather with index_select: on a CPU with several
+    threads the backward of ``x[index]`` sums in an order that changes from run to run (the
+    weights of every edge of a node), index_select's does not. (The cpu backend's kernels
+    have no atomics; the seeded dropout mask is the same every run.)"""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        gen = torch.Generator().manual_seed(0)
+        N, E, H, C = 3000, 30000, 2, 16
+        edge_index = torch.randint(0, N, (2, E), generator=gen)
+        qk_shape = (N, H) if score == "additive" else (N, H, C)
+        inputs = [torch.randn(qk_shape, generator=gen), torch.randn(qk_shape, generator=gen),
+                  torch.randn(N, H, C, generator=gen)]
+        att = torch.randn(H, C, generator=gen) if score == "gatv2" else None
+        grad_out = torch.randn(N, H, C, generator=gen)
+        grads = []
+        for _ in range(3):
+            leaves = [t.clone().requires_grad_() for t in inputs]
+            torch.manual_seed(1)
+            out = edge_attention(*leaves, edge_index, backend=backend, score=score, att=att,
+                                 dropout_p=0.5)
+            out.backward(grad_out)
+            grads.append([t.grad for t in leaves])
+        for again in grads[1:]:
+            for got, want in zip(again, grads[0], strict=True):
+                assert torch.equal(got, want)
+    finally:
+        torch.set_num_threads(threads)
