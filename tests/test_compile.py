@@ -456,6 +456,20 @@ def test_dense_backend_refuses_torch_jit_trace_by_name():
                         check_trace=False)
 
 
+@pytest.mark.parametrize("make", [
+    lambda: GraphSelfAttention(8, 4, heads=2), lambda: DenseSelfAttention(8, 4, heads=2),
+    lambda: GAT(8, 3), lambda: torch.nn.Sequential(GraphTransformer(8, 8, 3, heads=2))],
+    ids=["GraphSelfAttention", "DenseSelfAttention", "GAT", "nested"])
+def test_torch_jit_script_is_refused_by_name(make):
+    """TorchScript is refused with the layer's name and the ways that work, for a layer inside
+    a model too, instead of TorchScript's own error about the keyword-only ``size``."""
+    model = make()
+    name = "DenseSelfAttention" if isinstance(model, DenseSelfAttention) else \
+        "GraphSelfAttention"
+    with pytest.raises(RuntimeError, match=f"jit.script does not compile {name}.*torch.export"):
+        torch.jit.script(model)
+
+
 @needs_cxx
 def test_gat_compiles_to_one_graph_in_the_default_mode_with_inductor(default_mode):
     """On a graph without self-loops nothing is flagged, and with ``fallback_random`` a training

@@ -103,6 +103,14 @@ class _SelfAttentionBase(torch.nn.Module):
         self.lin_beta = Linear(3 * out_dim, 1, bias=False) if beta else None
         self.out_bias: torch.nn.Parameter | None = None  # GraphSelfAttention(out_bias=True)
 
+    def __prepare_scriptable__(self):
+        # torch.jit.script calls this on every submodule before compiling it: refuse here, by
+        # name, rather than with TorchScript's error about the keyword-only ``size``
+        raise RuntimeError(
+            f"torch.jit.script does not compile {type(self).__name__}: graphattn's layers are "
+            "written for torch.compile and torch.export, not TorchScript. Use "
+            "torch.export.export (node and edge counts can be dynamic) or torch.jit.trace")
+
     def reset_parameters(self) -> None:
         """Glorot-uniform weights (each projection on its own) and zero biases.
 
