@@ -313,7 +313,8 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             stay in place with a score of -inf, so that the edge count does not depend on the
             data (README, torch.compile). (default: ``True``)
         edge_dim (int, optional): edge feature size; ``edge_attr`` then enters as
-            ``edge_mode`` says. (default: ``None``)
+            ``edge_mode`` says. A call without ``edge_attr`` leaves the edge term out, as
+            ``GATConv`` does (``TransformerConv`` refuses it). (default: ``None``)
         edge_mode (str, optional): how edge features :math:`e_{ij}` enter, with ``edge_dim``:
             ``"bias"`` adds :math:`w_h^\top e_{ij}` to the score of head h
             (``lin_edge = Linear(edge_dim, H)``; ``GATConv``'s way, inside its LeakyReLU for
