@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import numbers
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -143,8 +144,26 @@ def check_batch(batch: Tensor) -> None:
         raise ValueError(f"batch must have shape [N], got {list(batch.shape)}")
     if batch.is_floating_point() or batch.is_complex() or batch.dtype == torch.bool:
         raise TypeError(f"batch must be an integer tensor, got {batch.dtype}")
-    if batch.numel() > 0 and int(batch.min()) < 0:
+    if batch.numel() > 0 and batch.dtype.is_signed and int(batch.min()) < 0:
         raise ValueError(f"batch must hold graph ids >= 0, got {int(batch.min())}")
+
+
+def dense_graph_ids(batch: Tensor) -> Tensor:
+    """``batch`` (checked by :func:`check_batch`) as int64 graph ids below N, so that
+    ``bincount`` has at most N bins: ids as large as 10^9 for a few nodes are renumbered in
+    their order (only which nodes share a graph matters to the callers)."""
+    batch = batch.long()
+    if batch.numel() > 0 and int(batch.max()) >= batch.numel():
+        batch = torch.unique(batch, return_inverse=True)[1]
+    return batch
+
+
+def check_flag(value: object, name: str) -> bool:
+    """``value`` as a bool; raise unless it is one (a Python or numpy bool): a string such as
+    ``"False"`` or a None would otherwise be read by its truth value."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise TypeError(f"{name} must be a bool, got {value!r} (a {type(value).__name__})")
 
 
 def as_integer(value: object) -> int | None:

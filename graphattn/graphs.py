@@ -18,7 +18,13 @@ import networkx as nx
 import torch
 from torch import Tensor
 
-from graphattn._checks import check_batch, check_edge_index, check_non_negative
+from graphattn._checks import (
+    check_batch,
+    check_edge_index,
+    check_flag,
+    check_non_negative,
+    dense_graph_ids,
+)
 from graphattn.functional import cpu
 from graphattn.functional._transforms import host_readable
 
@@ -46,6 +52,7 @@ def complete_graph(n: int, self_loops: bool = True) -> Tensor:
         - **output:** edge_index ``(2, n^2)`` or ``(2, n^2 - n)``, int64
     """
     n = check_non_negative(n, "n")
+    self_loops = check_flag(self_loops, "self_loops")
     dst = torch.arange(n).repeat_interleave(n)  # (n^2,)
     src = torch.arange(n).repeat(n)  # (n^2,)
     if not self_loops:
@@ -82,7 +89,8 @@ def batch_complete_graph(batch: Tensor, self_loops: bool = True) -> Tensor:
           self-loops), int64, on the device of ``batch``, sorted by target, then source
     """
     check_batch(batch)
-    batch = batch.long()
+    self_loops = check_flag(self_loops, "self_loops")
+    batch = dense_graph_ids(batch)  # ids below N: bincount's bins stay O(N)
     n = batch.numel()
     members = torch.sort(batch, stable=True).indices  # (N,): each graph's nodes, ascending
     sizes = torch.bincount(batch)  # (G,) nodes per graph
@@ -113,8 +121,10 @@ def repeat_graph(edge_index: Tensor, num_nodes: int, copies: int) -> Tensor:
 
     ``GraphSelfAttention`` on it attends within each sequence (image) alone, as
     ``DenseSelfAttention`` on the ``[B, L, F]`` batch with ``mask=to_dense_mask(edge_index,
-    L)`` does. For a graph given per example (as in PyG's ``Batch``), concatenate with offsets
-    instead; :func:`batch_complete_graph` builds the complete graph of each.
+    L)`` does (with ``add_self_loops=False``, or a pattern that has its self-loops: the layer
+    adds them by default, the mask does not). For a graph given per example (as in PyG's
+    ``Batch``), concatenate with offsets instead; :func:`batch_complete_graph` builds the
+    complete graph of each.
 
     Args:
         edge_index (Tensor): ``[2, E]`` integer, the graph of one copy, ids below ``num_nodes``.
@@ -152,9 +162,11 @@ def chain_graph(n: int, directed: bool = False) -> Tensor:
         directed (bool, optional): only the forward edges ``i-1 -> i``. (default: ``False``)
 
     Shapes:
-        - **output:** edge_index ``(2, n - 1)`` (directed) or ``(2, 2 (n - 1))``, int64
+        - **output:** edge_index ``(2, m)`` (directed) or ``(2, 2 m)``, int64, with
+          ``m = max(n - 1, 0)``
     """
     n = check_non_negative(n, "n")
+    directed = check_flag(directed, "directed")
     offsets = torch.tensor([-1]) if directed else torch.tensor([-1, 1])
     return _window_edges(n, offsets)
 
@@ -198,6 +210,7 @@ def window_graph(n: int, radius: int, causal: bool = False) -> Tensor:
     """
     n = check_non_negative(n, "n")
     radius = check_non_negative(radius, "radius")
+    causal = check_flag(causal, "causal")
     r = min(radius, max(n - 1, 0))
     offsets = torch.arange(-r, 1) if causal else torch.arange(-r, r + 1)
     return _window_edges(n, offsets)
@@ -483,6 +496,7 @@ def to_networkx(edge_index: Tensor, num_nodes: int, edge_attr: Tensor | None = N
         - **input:** edge_index ``(2, E)``, edge_attr ``(E)`` or ``(E, D)``
     """
     num_nodes = check_non_negative(num_nodes, "num_nodes")
+    undirected = check_flag(undirected, "undirected")
     check_edge_index(edge_index, num_src=num_nodes, num_dst=num_nodes)
     if edge_attr is not None and not isinstance(edge_attr, Tensor):
         raise TypeError(f"edge_attr must be a torch.Tensor, got {type(edge_attr).__name__}")

@@ -56,7 +56,13 @@ from torch import Tensor
 from torch_geometric.data import Batch, Data
 from torch_geometric.transforms import BaseTransform
 
-from graphattn._checks import check_edge_index, check_finite, check_non_negative, check_positive
+from graphattn._checks import (
+    check_edge_index,
+    check_finite,
+    check_flag,
+    check_non_negative,
+    check_positive,
+)
 
 #: ``laplacian_pe(solver="auto")`` uses the dense eigensolver up to this many nodes.
 DENSE_SOLVER_MAX_NODES = 2000
@@ -363,6 +369,9 @@ def laplacian_pe(edge_index: Tensor, num_nodes: int, k: int, *, pad: bool = Fals
     """
     num_nodes = check_non_negative(num_nodes, "num_nodes")
     k = check_positive(k, "k")
+    pad = check_flag(pad, "pad")
+    random_sign_flip = check_flag(random_sign_flip, "random_sign_flip")
+    return_eigenvalues = check_flag(return_eigenvalues, "return_eigenvalues")
     if solver not in SOLVERS:
         raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}")
     check_edge_index(edge_index, num_src=num_nodes, num_dst=num_nodes)
@@ -863,8 +872,8 @@ class AddLaplacianPE(BaseTransform):
             raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}")
         self.k = k
         self.attr_name = attr_name
-        self.pad = pad
-        self.random_sign_flip = random_sign_flip
+        self.pad = check_flag(pad, "pad")
+        self.random_sign_flip = check_flag(random_sign_flip, "random_sign_flip")
         self.solver = solver
 
     def forward(self, data: Data) -> Data:

@@ -119,6 +119,49 @@ def test_batch_complete_graph_of_a_pyg_batch_has_sum_of_squares_edges():
     assert torch.equal(data.batch[edge_index[0]], data.batch[edge_index[1]])
 
 
+@pytest.mark.parametrize("dtype", [torch.uint16, torch.uint32, torch.uint64])
+def test_batch_complete_graph_takes_unsigned_graph_ids(dtype):
+    """torch has no ``min`` for these dtypes: the check of ids >= 0 skips them."""
+    batch = [2, 0, 2, 1]
+    assert_edges_equal(graphs.batch_complete_graph(torch.tensor(batch, dtype=dtype)),
+                       brute_force(len(batch), lambda i, j: batch[i] == batch[j]))
+
+
+@pytest.mark.parametrize("route", ["cpu-kernel", "torch-ops"])
+def test_batch_complete_graph_takes_graph_ids_far_above_the_node_count(route, monkeypatch):
+    """Per-graph sizes came from bincount, with max id + 1 bins: ids of 10^12 asked for
+    terabytes. Only which nodes share an id matters, so the ids are renumbered."""
+    if route == "torch-ops":
+        monkeypatch.setattr(graphs, "host_readable", lambda t: False)
+    far = 10 ** 12
+    batch = [far, 0, far, 7]
+    assert_edges_equal(graphs.batch_complete_graph(torch.tensor(batch)),
+                       brute_force(len(batch), lambda i, j: batch[i] == batch[j]))
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: graphs.complete_graph(3, self_loops="False"), r"self_loops must be a bool, got "
+                                                           r"'False' \(a str\)"),
+    (lambda: graphs.batch_complete_graph(torch.zeros(3, dtype=torch.long),
+                                         self_loops=torch.tensor(False)),
+     r"self_loops must be a bool, got tensor\(False\) \(a Tensor\)"),
+    (lambda: graphs.chain_graph(4, directed="no"), r"directed must be a bool, got 'no'"),
+    (lambda: graphs.window_graph(5, 1, causal=None), r"causal must be a bool, got None"),
+    (lambda: graphs.to_networkx(graphs.chain_graph(3), 3, undirected=1),
+     r"undirected must be a bool, got 1 \(a int\)"),
+])
+def test_builder_flags_must_be_bools(call, match):
+    """A string such as "False" was read by its truth value: window_graph(causal="False")
+    built the causal window."""
+    with pytest.raises(TypeError, match=match):
+        call()
+
+
+def test_builder_flags_take_numpy_bools():
+    assert torch.equal(graphs.complete_graph(3, self_loops=np.bool_(False)),
+                       graphs.complete_graph(3, self_loops=False))
+
+
 @pytest.mark.parametrize("batch,error,match", [
     ([0, 1], TypeError, r"batch must be a torch.Tensor, got list"),
     (torch.zeros(2, 2, dtype=torch.long), ValueError, r"batch must have shape \[N\], got \[2, 2\]"),

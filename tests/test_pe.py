@@ -704,6 +704,14 @@ def test_laplacian_pe_leaves_isolated_nodes_out_of_the_dense_solver(monkeypatch)
     (lambda: pe.random_walk_pe(graphs.chain_graph(4), 4, 2,
                                edge_weight=torch.tensor([1.0, 1, 1, 1, 1, float("nan")])),
      ValueError, r"edge_weight must be finite and non-negative, got nan at edge 5"),
+    (lambda: pe.laplacian_pe(graphs.chain_graph(4), 4, 2, pad="False"), TypeError,
+     r"pad must be a bool, got 'False' \(a str\)"),
+    (lambda: pe.laplacian_pe(graphs.chain_graph(4), 4, 2, random_sign_flip=None), TypeError,
+     r"random_sign_flip must be a bool, got None"),
+    (lambda: pe.laplacian_pe(graphs.chain_graph(4), 4, 2, return_eigenvalues="yes"), TypeError,
+     r"return_eigenvalues must be a bool, got 'yes'"),
+    (lambda: pe.AddLaplacianPE(2, random_sign_flip="False"), TypeError,
+     r"random_sign_flip must be a bool, got 'False'"),
 ])
 def test_pe_errors(call, error, match):
     with pytest.raises(error, match=match):

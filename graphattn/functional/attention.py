@@ -24,6 +24,7 @@ from graphattn._checks import (
     check_non_negative,
     check_same_device,
     check_tensors,
+    dense_graph_ids,
     finite_float,
 )
 from graphattn.functional._transforms import plain_ops_only
@@ -892,5 +893,6 @@ def _dense_attention_per_graph(q: Tensor, k: Tensor, v: Tensor, batch: Tensor, *
                                training=training)
     if scale is None:
         scale = 1.0 / math.sqrt(max(q.size(-1), 1))
+    batch = dense_graph_ids(batch)  # ids below N: the per-graph sizes take O(N) memory
     return per_graph_attention(q, k, v, batch, is_causal=is_causal, scale=scale,
                                dropout_p=dropout_p if training else 0.0)

@@ -16,6 +16,7 @@ from graphattn._checks import (
     check_dropout,
     check_edge_index,
     check_finite,
+    check_flag,
     check_float_dtype,
     check_in_channels,
     check_positive,
@@ -73,6 +74,10 @@ class _SelfAttentionBase(torch.nn.Module):
                  score_channels: int, value_dropout: float, residual: bool, beta: bool,
                  **kwargs) -> None:
         super().__init__(**kwargs)
+        concat, bias, out_proj, residual, beta = (
+            check_flag(value, name) for value, name in ((concat, "concat"), (bias, "bias"),
+                                                        (out_proj, "out_proj"),
+                                                        (residual, "residual"), (beta, "beta")))
         heads = check_positive(heads, "heads")
         out_channels = check_positive(out_channels, "out_channels")
         check_dropout(dropout)
@@ -394,6 +399,10 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
                  out_bias: bool = False) -> None:
         if attention not in SCORES:
             raise ValueError(f"attention must be one of {SCORES}, got {attention!r}")
+        add_self_loops, share_weights, share_value, out_bias = (
+            check_flag(value, name) for value, name in (
+                (add_self_loops, "add_self_loops"), (share_weights, "share_weights"),
+                (share_value, "share_value"), (out_bias, "out_bias")))
         if edge_mode not in EDGE_MODES:
             raise ValueError(f"edge_mode must be one of {EDGE_MODES}, got {edge_mode!r}")
         if edge_mode != "bias" and edge_dim is None:

@@ -557,6 +557,25 @@ def test_batch_equals_edge_attention_on_the_block_diagonal_graph(sizes, is_causa
         assert_close(g, r)
 
 
+def test_batch_takes_graph_ids_far_above_the_node_count():
+    """The per-graph sizes came from bincount, with max id + 1 bins: ids of 10^12 asked for
+    terabytes. Renumbered, they give the output of the ids 0, 1, 2."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(5, 2, 4, generator=gen) for _ in range(3))
+    far = torch.tensor([10 ** 12, 3, 10 ** 12, 0, 3])
+    near = torch.tensor([2, 1, 2, 0, 1])
+    assert_close(dense_attention(q, k, v, batch=far), dense_attention(q, k, v, batch=near))
+
+
+@pytest.mark.parametrize("dtype", [torch.uint16, torch.uint32, torch.uint64])
+def test_batch_takes_unsigned_graph_ids(dtype):
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(4, 2, 4, generator=gen) for _ in range(3))
+    batch = torch.tensor([1, 0, 1, 2])
+    assert_close(dense_attention(q, k, v, batch=batch.to(dtype)),
+                 dense_attention(q, k, v, batch=batch))
+
+
 @pytest.mark.parametrize("channels", [4, 0])
 def test_batch_takes_the_given_scale_and_zero_channels(channels):
     # A scale given with batch is the one used; C = 0 scores 0 (uniform weights), not NaN

@@ -356,6 +356,18 @@ def test_sizes_may_be_numpy_or_tensor_integers():
         GraphSelfAttention(np.float64(4.0), 2)
 
 
+@pytest.mark.parametrize("flag", ["concat", "bias", "out_proj", "residual", "beta",
+                                  "add_self_loops", "share_weights", "share_value", "out_bias"])
+def test_layer_flags_must_be_bools(flag):
+    """A string such as "False" was read by its truth value: concat="False" concatenated."""
+    with pytest.raises(TypeError, match=rf"{flag} must be a bool, got 'False' \(a str\)"):
+        GraphSelfAttention(4, 2, **{flag: "False"})
+    if flag in ("concat", "bias", "out_proj", "residual", "beta"):
+        with pytest.raises(TypeError, match=rf"{flag} must be a bool, got None"):
+            DenseSelfAttention(4, 2, **{flag: None})
+    assert GraphSelfAttention(4, 2, concat=np.bool_(False)).concat is False
+
+
 def test_errors_name_the_argument_and_value():
     with pytest.raises(ValueError, match="heads must be a positive integer, got 0"):
         GraphSelfAttention(4, 2, heads=0)
