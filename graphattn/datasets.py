@@ -203,6 +203,8 @@ def ensure_raw_files(name: str, root: str | os.PathLike | None = None,
         ChecksumError: a file's SHA-256 differs from :data:`SHA256`.
     """
     name = canonical_name(name)
+    if isinstance(parts, str) or not all(part in PARTS for part in parts):
+        raise ValueError(f"parts must be a sequence of names from {PARTS}, got {parts!r}")
     folder = raw_dir(name, root)
     paths = {part: folder / f"ind.{name.lower()}.{part}" for part in parts}
     missing = [part for part, p in paths.items() if not p.is_file()]
@@ -220,8 +222,9 @@ def ensure_raw_files(name: str, root: str | os.PathLike | None = None,
         files = [paths[p].name for p in missing]
         hint = ""
         if all(p in FEATURE_PARTS for p in missing):
-            hint = (f"\nWithout them, load_planetoid({name!r}, structure_only=True) loads the "
-                    f"graph, labels and split (no features).")
+            where = "" if root is None else f", root={str(root)!r}"
+            hint = (f"\nWithout them, load_planetoid({name!r}{where}, structure_only=True) "
+                    f"loads the graph, labels and split (no features).")
         raise MissingFilesError(
             f"{name}: {len(files)} raw file(s) missing from {folder} ({failure}): "
             f"{', '.join(files)}.\n" + _manual_help(name, folder, files) + hint)

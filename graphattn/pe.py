@@ -794,6 +794,11 @@ def _graph_of(data: Data, transform: str) -> tuple[Tensor, int]:
     num_nodes = check_non_negative(data.num_nodes, "num_nodes")
     edge_index = data.edge_index
     if edge_index is None:
+        for name in ("adj_t", "adj"):
+            if name in data:  # T.ToSparseTensor moved the edges there
+                raise ValueError(f"{transform} reads data.edge_index, and this graph holds its "
+                                 f"edges as data.{name} (T.ToSparseTensor): apply {transform} "
+                                 f"before ToSparseTensor")
         edge_index = torch.empty(2, 0, dtype=torch.long)
     check_edge_index(edge_index, num_nodes, num_nodes)
     return edge_index, num_nodes
@@ -804,7 +809,7 @@ def _graphs_of_batch(data: Data, edge_index: Tensor, num_nodes: int,
     """``(edge_index, num_nodes, edge_weight)`` of each graph of a ``Batch`` (nodes renumbered
     from 0; the weights of its edges, or ``None``), or the one graph of a ``Data``: a batch's
     Laplacian eigenvectors would mix its graphs."""
-    ptr = getattr(data, "ptr", None) if isinstance(data, Batch) else None
+    ptr = _batch_ptr(data, num_nodes) if isinstance(data, Batch) else None
     if ptr is None or ptr.numel() <= 2:
         return [(edge_index, num_nodes, edge_weight)]
     ptr = ptr.to(edge_index.device)
@@ -816,6 +821,24 @@ def _graphs_of_batch(data: Data, edge_index: Tensor, num_nodes: int,
                else edge_weight[order].split(counts))
     return [(ei - start, size, w) for ei, start, size, w in
             zip(edge_index[:, order].split(counts, dim=1), starts, sizes, weights, strict=True)]
+
+
+def _batch_ptr(data: Batch, num_nodes: int) -> Tensor | None:
+    """Where each graph of a ``Batch`` starts, ``(G + 1)``, from ``data.batch`` when it has one
+    entry per node: ``Batch.subgraph`` (and transforms built on it, ``RemoveIsolatedNodes``)
+    updates ``batch`` but leaves ``ptr`` as it was."""
+    ptr, batch = getattr(data, "ptr", None), getattr(data, "batch", None)
+    if isinstance(batch, Tensor) and batch.dim() == 1 and batch.numel() == num_nodes:
+        if batch.numel() > 1 and bool((batch.diff() < 0).any()):
+            raise ValueError("data.batch must list each graph's nodes together, in graph "
+                             "order (as Batch.from_data_list makes it), to be split by graph")
+        graphs = 0 if ptr is None else ptr.numel() - 1  # graphs without nodes kept
+        sizes = torch.bincount(batch, minlength=graphs)  # (G,)
+        return torch.cat([sizes.new_zeros(1), sizes.cumsum(0)])
+    if ptr is not None and int(ptr[-1]) != num_nodes:
+        raise ValueError(f"data.ptr ends at {int(ptr[-1])} but the batch has {num_nodes} "
+                         f"nodes, and no data.batch to split it by")
+    return ptr
 
 
 def _edge_weight_of(data: Data, edge_index: Tensor) -> Tensor | None:

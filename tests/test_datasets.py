@@ -200,7 +200,16 @@ def test_pubmed_without_allx_raises_clear_error(tmp_path, offline):
     assert "1 raw file(s) missing" in msg and "ind.pubmed.allx" in msg
     assert "https://github.com/kimiyoung/planetoid/raw/master/data/ind.pubmed.allx" in msg
     assert str(tmp_path / "PubMed" / "raw") in msg
-    assert "structure_only=True" in msg
+    # the call to run instead, with the root given (the default root holds no files)
+    assert f"load_planetoid('PubMed', root={str(tmp_path)!r}, structure_only=True)" in msg
+
+
+@pytest.mark.parametrize("parts", ["graph", ("graph", "features")])
+def test_ensure_raw_files_refuses_unknown_parts(tmp_path, parts):
+    """A str was split into letters (ind.cora.g, ind.cora.r, ... missing); an unknown part was
+    a bare KeyError."""
+    with pytest.raises(ValueError, match=r"parts must be a sequence of names from \("):
+        ds.ensure_raw_files("Cora", tmp_path, parts, download=False)
 
 
 def test_pubmed_structure_only(tmp_path, offline):

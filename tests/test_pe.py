@@ -1026,6 +1026,56 @@ def test_laplacian_transform_encodes_each_graph_of_a_batch_alone():
         transform(small)
 
 
+@pytest.mark.parametrize("dropped", [[0, 1], [10, 11]], ids=["first-graph", "last-graph"])
+def test_laplacian_transform_splits_a_subgraph_of_a_batch_by_its_batch_vector(dropped):
+    """``Batch.subgraph`` (and ``RemoveIsolatedNodes``) update ``data.batch`` and keep the old
+    ``ptr``: split by ``ptr``, the graphs took the wrong nodes (an error naming the wrong
+    graph, or 12 rows of encoding for 10 nodes)."""
+    from torch_geometric.data import Batch
+    from torch_geometric.utils import subgraph
+
+    path = graphs.grid_graph(1, 6)  # 6 nodes in a row, self-loops included
+    data_list = [Data(edge_index=path, num_nodes=6), Data(edge_index=path, num_nodes=6)]
+    keep = torch.ones(12, dtype=torch.bool)
+    keep[dropped] = False
+    sub = Batch.from_data_list(data_list).subgraph(keep)
+    assert sub.ptr.tolist() == [0, 6, 12]  # stale, as PyG leaves it
+    transform = pe.AddLaplacianPE(2, pad=True)
+    expected = []
+    for g in range(2):  # each graph's kept nodes, alone
+        nodes = keep[6 * g:6 * (g + 1)]
+        edge_index, _ = subgraph(nodes, path, relabel_nodes=True)
+        one = Data(edge_index=edge_index, num_nodes=int(nodes.sum()))
+        expected.append(transform(one).laplacian_pe)
+    assert_close(transform(sub).laplacian_pe, torch.cat(expected))
+
+
+def test_laplacian_transform_refuses_a_batch_whose_ptr_and_nodes_disagree():
+    from torch_geometric.data import Batch
+
+    batch = Batch.from_data_list([Data(edge_index=graphs.chain_graph(3), num_nodes=3)] * 2)
+    del batch.batch
+    batch.num_nodes = 5
+    batch.edge_index = batch.edge_index[:, (batch.edge_index < 5).all(0)]
+    with pytest.raises(ValueError, match=r"data.ptr ends at 6 but the batch has 5 nodes"):
+        pe.AddLaplacianPE(1)(batch)
+
+
+@pytest.mark.parametrize("transform", [pe.AddLaplacianPE(1, pad=True), pe.AddRandomWalkPE(2)],
+                         ids=["laplacian", "random-walk"])
+def test_transforms_refuse_a_graph_held_as_a_sparse_adjacency(transform):
+    """After ``T.ToSparseTensor`` the edges are in ``adj_t``: read as a graph without edges,
+    the encodings were all zeros."""
+    import torch_geometric.transforms as T
+
+    data = Data(edge_index=graphs.chain_graph(4), num_nodes=4, x=torch.randn(4, 2))
+    data = T.ToSparseTensor(layout=torch.sparse_csr)(data)
+    name = type(transform).__name__
+    with pytest.raises(ValueError, match=rf"{name} reads data.edge_index, and this graph holds "
+                                         r"its edges as data.adj_t"):
+        transform(data)
+
+
 def test_laplacian_transform_on_a_batch_with_edges_in_any_order():
     """A batch's edges need not be grouped by graph (edges shuffled, or appended later): each
     graph still gets its own encoding, here the closed-form path cosines and a lone edge."""
