@@ -386,8 +386,15 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
     with PyG's ``register_message_forward_hook`` (``AttentionExplainer`` uses one) are called
     with the message arguments ``alpha`` ``[E', H]`` and ``edge_index`` ``[2, E']`` (the edges
     attended over, self-loops included) and ``None`` for the messages, which the fused operator
-    never builds; a hook that returns replacement messages is refused.
+    never builds; a hook that returns replacement messages is refused, and so are PyG's
+    other message-passing hooks (``propagate``, ``aggregate``, ``edge_update`` and message
+    pre-hooks), which the layer would never call. Explainers that change messages
+    (``GraphMaskExplainer``) are refused for the same reason.
     """
+
+    # from_pyg sets it on a layer converted from a GATConv without edge_dim, which drops
+    # edge_attr as GATConv does (PyG's GAT model passes edge_attr to every layer)
+    _ignores_edge_attr = False
 
     def __init__(self, in_channels: int | tuple[int, int], out_channels: int, heads: int = 1, *,
                  concat: bool = True, dropout: float = 0.0, bias: bool = True,
@@ -527,6 +534,7 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         if self.explain:
             edge_weight = self._explain_mask(edge_index, num_loops=min(N_src, N_dst))
         hooks = bool(self._message_forward_hooks)  # PyG's, e.g. AttentionExplainer's
+        self._check_no_uncalled_hooks()
         old_loops = None  # (E',) bool: given self-loops left in place with a score of -inf
         if self.add_self_loops and self._masks_old_loops(return_attention_weights or hooks):
             edge_index, edge_attr, old_loops = _self_loops_masking_old_ones(
@@ -590,6 +598,17 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
                                    f"messages inside the attention operator: hooks may read "
                                    f"the arguments (alpha, edge_index), not replace messages")
 
+    def _check_no_uncalled_hooks(self) -> None:
+        """Raise if PyG hooks are registered that the layer would never call: it runs no
+        ``propagate``, ``aggregate`` or ``edge_update``, and builds no messages."""
+        names = [name for name in _UNCALLED_HOOKS if getattr(self, name, None)]
+        if names:
+            raise RuntimeError(f"{self.__class__.__name__} has hooks it never calls "
+                               f"({', '.join(names)}): the layer computes its messages inside "
+                               f"one attention operator, without propagate, aggregate or "
+                               f"edge_update; of PyG's message-passing hooks only "
+                               f"register_message_forward_hook is called")
+
     def _masks_old_loops(self, returns_weights: bool) -> bool:
         """Whether this call keeps the edge count static by leaving the given self-loops in place
         with a score of -inf (:func:`_self_loops_masking_old_ones`) instead of dropping them.
@@ -610,6 +629,12 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         without the self-loops it replaces, and 1 on those it adds (as in
         ``MessagePassing.explain_message``) ``[E']``."""
         mask = self._edge_mask
+        if mask is None and "explain_message" in self.__dict__:  # GraphMaskExplainer's
+            raise NotImplementedError(
+                f"explain is True with an explain_message of its own on the "
+                f"{self.__class__.__name__} (as GraphMaskExplainer sets), which would change "
+                f"messages the layer never builds: it takes explainers that mask edges "
+                f"(GNNExplainer, PGExplainer; AttentionExplainer reads its weights)")
         if mask is None:
             raise ValueError("explain is True but no edge mask is set: set one with "
                              "torch_geometric.explain.algorithm.utils.set_masks")
@@ -623,7 +648,7 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         return torch.cat([kept, kept.new_ones(num_loops)])  # (E_kept + num_loops,)
 
     def _check_edge_attr(self, edge_attr: Tensor | None, num_edges: int) -> Tensor | None:
-        if edge_attr is None:
+        if edge_attr is None or (self.lin_edge is None and self._ignores_edge_attr):
             return None
         if self.lin_edge is None:
             raise ValueError("edge_attr was given but the layer has edge_dim=None; "
@@ -679,6 +704,13 @@ def _check_size(size: tuple[int | None, int | None], x_src: Tensor, x_dst: Tenso
 # 0.96-1.7, and at 64 features (a second GAT layer) 1.03-1.56 on Cora and CiteSeer sizes.
 DENSE_STACK_MIN_RATIO = 3
 DENSE_STACK_MIN_FEATURES = 256
+
+# PyG's message-passing hooks that GraphSelfAttention never calls (it calls the message forward
+# hooks with the weights): registered, they would do nothing
+_UNCALLED_HOOKS = ("_propagate_forward_pre_hooks", "_propagate_forward_hooks",
+                   "_message_forward_pre_hooks", "_aggregate_forward_pre_hooks",
+                   "_aggregate_forward_hooks", "_edge_update_forward_pre_hooks",
+                   "_edge_update_forward_hooks")
 
 # how edge features enter the attention (GraphSelfAttention's edge_mode)
 EDGE_MODES = ("bias", "key", "key_value")

@@ -46,7 +46,7 @@ import torch
 from torch.nn import Module
 from torch.nn.parameter import UninitializedParameter
 
-from graphattn.nn.attention import DenseSelfAttention, GraphSelfAttention
+from graphattn.nn.attention import _UNCALLED_HOOKS, DenseSelfAttention, GraphSelfAttention
 
 CONVERTIBLE = ("GATConv", "GATv2Conv", "TransformerConv")
 """The names of the PyG layers :func:`from_pyg` converts."""
@@ -115,7 +115,10 @@ def from_pyg(conv: Module, *, backend: str = "auto") -> GraphSelfAttention:
 
     Returns:
         GraphSelfAttention: the converted layer; it takes the same ``forward`` arguments
-        (``x``, ``edge_index``, ``edge_attr``, ``return_attention_weights``).
+        (``x``, ``edge_index``, ``edge_attr``, ``return_attention_weights``). Converted from
+        a ``GATConv`` without ``edge_dim``, it drops ``edge_attr`` as ``GATConv`` does (PyG's
+        ``GAT`` model passes it to every layer); a ``GraphSelfAttention`` built without
+        ``edge_dim`` refuses it.
     """
     kind = _kind(conv)
     if kind is None:
@@ -163,6 +166,7 @@ def from_pyg(conv: Module, *, backend: str = "auto") -> GraphSelfAttention:
             fill_value=conv.fill_value, residual=conv.residual,
             share_weights=not gat and conv.share_weights, share_value=not gat,
             edge_mode="bias" if gat or conv.edge_dim is None else "key")
+        layer._ignores_edge_attr = gat and conv.edge_dim is None  # GATConv drops edge_attr
         with torch.no_grad():
             if gat:
                 _copy_gat(layer, conv)
@@ -190,13 +194,17 @@ def _carry_state(layer: GraphSelfAttention, conv: Module) -> None:
                       f"(requires_grad=False): the converted layer's parameters all require "
                       f"gradients; freeze those you want frozen again", stacklevel=3)
     hooks = [name for name in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
-                               "_backward_pre_hooks", "_propagate_forward_hooks",
-                               "_propagate_forward_pre_hooks", "_message_forward_hooks",
-                               "_message_forward_pre_hooks")
+                               "_backward_pre_hooks", "_message_forward_hooks")
              if getattr(conv, name, None)]
+    uncalled = [name for name in _UNCALLED_HOOKS if getattr(conv, name, None)]
     if hooks:
         warnings.warn(f"conv ({type(conv).__name__}) has hooks ({', '.join(hooks)}) that the "
                       f"converted layer does not have: register them on it again",
+                      stacklevel=3)
+    if uncalled:
+        warnings.warn(f"conv ({type(conv).__name__}) has hooks ({', '.join(uncalled)}) that "
+                      f"the converted layer has no step for (it runs no propagate, aggregate "
+                      f"or edge_update, and builds no messages): they are not carried over",
                       stacklevel=3)
 
 

@@ -408,6 +408,30 @@ def test_a_frozen_layer_converts_frozen_and_what_does_not_carry_over_is_warned_a
     conv.register_forward_hook(lambda module, inputs, output: None)
     with pytest.warns(UserWarning, match=r"has hooks \(_forward_hooks\)"):
         convert_pyg(torch.nn.Sequential(conv))
+    conv = GATConv(F_SRC, C)
+    conv.register_propagate_forward_hook(lambda module, inputs, output: None)
+    with pytest.warns(UserWarning, match=r"has hooks \(_propagate_forward_hooks\) that the "
+                                         r"converted layer has no step for"):
+        layer = from_pyg(conv)
+    assert not layer._propagate_forward_hooks  # registered there, it would be refused
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         from_pyg(GATv2Conv(F_SRC, C))  # nothing to warn about
+
+
+def test_a_gatconv_without_edge_dim_drops_edge_attr_as_gatconv_does():
+    """PyG's GAT model passes edge_attr to every layer, and GATConv without edge_dim ignores
+    it: the converted model refused the call. A layer built without edge_dim still refuses."""
+    from torch_geometric.nn import GAT as PyGGAT
+
+    torch.manual_seed(0)
+    x, edge_index = torch.randn(7, F_SRC), torch.randint(0, 7, (2, 20))
+    edge_attr = torch.randn(20, 3)
+    model = PyGGAT(F_SRC, 8, 2, 3, heads=2).eval()
+    expected = model(x, edge_index, edge_attr=edge_attr)
+    convert_pyg(model)
+    assert_close(model(x, edge_index, edge_attr=edge_attr), expected)
+    with pytest.raises(ValueError, match="edge_attr was given but the layer has edge_dim=None"):
+        GraphSelfAttention(F_SRC, C)(x, edge_index, edge_attr)
+    with pytest.raises(ValueError, match="edge_attr was given but the layer has edge_dim=None"):
+        from_pyg(GATv2Conv(F_SRC, C))(x, edge_index, edge_attr)  # GATv2Conv refuses it too

@@ -225,3 +225,34 @@ def test_message_hooks_see_the_weights_and_may_not_replace_messages():
     layer.register_message_forward_hook(lambda module, inputs, out: torch.zeros(1))
     with pytest.raises(RuntimeError, match="returned replacement messages"):
         layer(x, ei)
+
+
+@pytest.mark.parametrize("register", [
+    "register_propagate_forward_pre_hook", "register_propagate_forward_hook",
+    "register_message_forward_pre_hook", "register_aggregate_forward_pre_hook",
+    "register_aggregate_forward_hook", "register_edge_update_forward_pre_hook",
+    "register_edge_update_forward_hook"])
+def test_hooks_the_layer_never_calls_are_refused(register):
+    """The layer runs no propagate, aggregate or edge_update: these hooks did nothing."""
+    layer = GraphSelfAttention(F, C, heads=H)
+    handle = getattr(layer, register)(lambda *args: None)
+    with pytest.raises(RuntimeError, match=r"has hooks it never calls \(_\w+_hooks\)"):
+        layer(torch.randn(6, F), random_graph(6, 10))
+    handle.remove()
+    assert layer(torch.randn(6, F), random_graph(6, 10)).shape == (6, H * C)
+
+
+def test_graphmask_explainer_is_refused_by_name():
+    """GraphMaskExplainer replaces explain_message, which changes messages the layer never
+    builds; the error blamed a missing edge mask, and setting one would not have helped."""
+    from torch_geometric.explain.algorithm import GraphMaskExplainer
+
+    model = gat_pair()[0].eval()
+    explainer = Explainer(model, algorithm=GraphMaskExplainer(1, epochs=1, log=False),
+                          explanation_type="model", edge_mask_type="object",
+                          model_config=dict(mode="regression", task_level="node",
+                                            return_type="raw"))
+    x = torch.randn(12, F, generator=torch.Generator().manual_seed(2), dtype=DTYPE)
+    with pytest.raises(NotImplementedError, match=r"explain_message of its own .*"
+                                                  r"GraphMaskExplainer"):
+        explainer(x, random_graph(12, 40, seed=3), index=3)
