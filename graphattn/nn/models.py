@@ -82,6 +82,16 @@ def _check_single_input(in_channels: int, model: str) -> None:
                          f"got {in_channels!r}")
 
 
+def _check_not_fx_traced(x: object, model: torch.nn.Module) -> None:
+    """Raise when ``torch.fx`` traces the model (``to_hetero`` does): its checks read shapes,
+    and its layers add self-loops, which ``to_hetero`` refuses on edges between two types."""
+    if isinstance(x, torch.fx.Proxy):
+        raise TypeError(f"{type(model).__name__} is a model of graphs with one node type and "
+                        f"is not traced by torch.fx, as torch_geometric.nn.to_hetero traces: "
+                        f"build the heterogeneous model from GraphSelfAttention layers "
+                        f"(add_self_loops=False), which to_hetero converts")
+
+
 class GAT(torch.nn.Module):
     r"""The two-layer graph attention network of Veličković et al. (ICLR 2018).
 
@@ -187,6 +197,7 @@ class GAT(torch.nn.Module):
         ``return_attention_weights=True`` also both layers' attention weights, ``[(edge_index,
         alpha), (edge_index, beta)]``, as each layer returns them (for PyG layers passed as
         ``conv``, those that take the flag)."""
+        _check_not_fx_traced(x, self)
         if not isinstance(x, Tensor) or x.dim() != 2:  # (a pair (x_src, x_dst) included)
             shape = list(x.shape) if isinstance(x, Tensor) else type(x).__name__
             raise ValueError(f"x must have shape [N, F], got {shape}")
@@ -310,6 +321,7 @@ class GraphTransformer(torch.nn.Module):
         first: a list of ``(edge_index, alpha)`` as :class:`GraphSelfAttention` returns them
         (self-loops included; for a sparse ``adj_t``, the adjacency of each block's edges and
         their ``alpha``)."""
+        _check_not_fx_traced(x, self)
         if not isinstance(x, Tensor) or x.dim() != 2:
             shape = list(x.shape) if isinstance(x, Tensor) else type(x).__name__
             raise ValueError(f"x must have shape [N, F], got {shape}")

@@ -368,6 +368,15 @@ def test_layer_flags_must_be_bools(flag):
     assert GraphSelfAttention(4, 2, concat=np.bool_(False)).concat is False
 
 
+def test_a_torch_sparse_adjacency_is_refused_with_the_conversion_to_make():
+    """torch_sparse's SparseTensor (what T.ToSparseTensor makes with torch_sparse installed)
+    is not a torch tensor: the error says how to get one the layer takes."""
+    SparseTensor = type("SparseTensor", (), {})  # torch_sparse is not installed here
+    with pytest.raises(TypeError, match=r"got SparseTensor: convert it with "
+                                        r"adj_t.to_torch_sparse_csr_tensor\(\)"):
+        GraphSelfAttention(4, 2)(torch.randn(3, 4), SparseTensor())
+
+
 def test_errors_name_the_argument_and_value():
     with pytest.raises(ValueError, match="heads must be a positive integer, got 0"):
         GraphSelfAttention(4, 2, heads=0)

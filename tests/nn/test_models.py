@@ -837,3 +837,20 @@ def test_feature_dropout_on_uncoalesced_coo():
         kept = out != 0
         assert not (kept & (dense == 0)).any()
         assert_close(out[kept], dense[kept] / 0.5)
+
+
+@pytest.mark.parametrize("make", [lambda: GAT(-1, 3), lambda: GraphTransformer(-1, 8, 3)],
+                         ids=["GAT", "GraphTransformer"])
+def test_to_hetero_on_the_models_is_refused_by_name(make):
+    """The models' shape checks read a torch.fx Proxy and said "x must have shape [N, F], got
+    Proxy"; their layers add self-loops, which to_hetero refuses between two node types."""
+    from torch_geometric.data import HeteroData
+    from torch_geometric.nn import to_hetero
+
+    data = HeteroData()
+    data["paper"].x, data["author"].x = torch.randn(4, 6), torch.randn(3, 6)
+    data["author", "writes", "paper"].edge_index = torch.tensor([[0, 1, 2], [0, 1, 3]])
+    data["paper", "cites", "paper"].edge_index = torch.tensor([[0, 1], [1, 2]])
+    with pytest.raises(TypeError, match=r"is a model of graphs with one node type .*"
+                                        r"GraphSelfAttention layers"):
+        to_hetero(make(), data.metadata())
