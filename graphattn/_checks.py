@@ -27,13 +27,7 @@ def check_edge_index(edge_index: Tensor, num_src: int, num_dst: int) -> None:
     On CUDA the bounds read back for a tensor are kept while it lives unmodified (see
     ``graphattn._tensor_cache``): checking the same graph again costs no synchronisation.
     """
-    if not isinstance(edge_index, Tensor):
-        hint = ""
-        if type(edge_index).__name__ == "SparseTensor":  # torch_sparse's, T.ToSparseTensor's
-            hint = (": convert it with adj_t.to_torch_sparse_csr_tensor(), or build it with "
-                    "T.ToSparseTensor(layout=torch.sparse_csr)")
-        raise TypeError(f"edge_index must be a torch.Tensor, got "
-                        f"{type(edge_index).__name__}{hint}")
+    check_tensors(edge_index=edge_index)
     if edge_index.dim() != 2 or edge_index.size(0) != 2:
         raise ValueError(f"edge_index must have shape [2, E], got {list(edge_index.shape)}")
     # int64 or int32 only: a narrower dtype cannot hold the ids of the self-loops a layer adds
@@ -90,7 +84,11 @@ def check_tensors(**tensors: object) -> None:
     """Raise unless each given argument is a tensor (``None`` included); the message names it."""
     for name, t in tensors.items():
         if not isinstance(t, Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+            hint = ""
+            if type(t).__name__ == "SparseTensor":  # torch_sparse's, as T.ToSparseTensor makes
+                hint = (": convert it with adj_t.to_torch_sparse_csr_tensor(), or build it "
+                        "with T.ToSparseTensor(layout=torch.sparse_csr)")
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}{hint}")
 
 
 def check_same_device(**tensors: Tensor | None) -> None:
