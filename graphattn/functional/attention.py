@@ -201,15 +201,16 @@ def select_backend(q: Tensor, edge_index: Tensor, num_src: int | None = None, *,
     forward only            0.25 (0.247 / 0.242)  0.14 (0.155 / 0.133)  0.21 (0.205 / 0.224)
     ======================  ====================  ====================  ====================
 
-    interpolated in log size. The forward+backward column applies when q requires a gradient
-    under grad mode, the forward column otherwise. The crossover moves with the machine (the
+    interpolated in log size (the first forward entry, a mean of 0.2445, is rounded up). The
+    forward+backward column applies when q requires a gradient under grad mode, the forward
+    column otherwise. The crossover moves with the machine (the
     Intel cores run the dense matrix products faster relative to the sparse kernels' gathers)
     and from run to run; on the two runs' tables this rule keeps ``"auto"`` within 1.12x of
     the faster of ``"cpu"`` and ``"dense"`` on every random graph, for training and for
     inference (the rule before it, drawn from older runs with slower sparse kernels and lower
     crossovers, 0.06-0.09 for training and 0.10-0.23 for inference, was 1.47x slower at 256
     nodes and density 0.12 in inference). Far from the crossover one backend is many times
-    slower than the other (Cora, density 0.0018, about 80 times below it: ``"cpu"`` 3.4 ms,
+    slower than the other (Cora, density 0.0018, about 64 times below it: ``"cpu"`` 3.4 ms,
     ``"dense"`` 139.4 ms (one call) forward+backward in
     ``benchmarks/results/sparse_vs_dense.md``; 3.4-8.3 and 77-218 ms in earlier runs), while
     near it the two are close: the choice matters far more than its exact place.
