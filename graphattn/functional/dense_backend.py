@@ -143,6 +143,22 @@ def _additive_mask(attn_mask: Tensor | None, dtype: torch.dtype) -> Tensor | Non
     return torch.full_like(attn_mask, float("-inf"), dtype=dtype).masked_fill_(attn_mask, 0.0)
 
 
+# SDPA's CPU flash kernel keeps one fp32 log-sum-exp per row, and its backward recomputes the
+# weights exp(s - lse) from scores rounded otherwise than its forward's: off by a factor of
+# about exp(|s| eps). Past this |lse| its gradients lose more than about 1e-5 of their size
+# (measured against float64, 4 heads x 32 channels, 256 keys: 2e-6 at |lse| 21, 5e-6 at 48,
+# 2e-5 at 193, while SDPA's math path stays at 2e-6; at |lse| 1e3 and above, inf or garbage),
+# and the backward recomputes the math path instead (1.6-2.3x the flash backward's time).
+FLASH_CPU_BACKWARD_MAX_LSE = 64.0
+
+
+def _flash_backward_is_accurate(lse: Tensor) -> bool:
+    """Whether the flash kernel's backward keeps its precision for these rows' log-sum-exps
+    ``(B, H, L_q)`` (rows without any key, at -inf, excluded)."""
+    finite = torch.where(lse.isfinite(), lse.abs(), 0.0)
+    return lse.numel() == 0 or float(finite.amax()) <= FLASH_CPU_BACKWARD_MAX_LSE
+
+
 class _FusedSDPA(torch.autograd.Function):
     """SDPA without dropout on ``(B, H, L, C)`` inputs, with gradients that autograd can
     differentiate again.
@@ -150,10 +166,12 @@ class _FusedSDPA(torch.autograd.Function):
     Where SDPA would take its CPU flash kernel, the forward calls that kernel's operator,
     which also returns the log-sum-exp of each row, and the backward hands both to the
     kernel's backward operator: the same numbers as SDPA's own autograd, bit for bit, with no
-    work repeated. Elsewhere (CUDA, the math path) the backward recomputes SDPA and takes its
-    backward. When the gradients must be differentiable (``create_graph=True``,
-    ``torch.func``), the backward recomputes the math path instead, which autograd can
-    differentiate again (as the fused backends do with the reference path)."""
+    work repeated, as long as no row's log-sum-exp passes ``FLASH_CPU_BACKWARD_MAX_LSE`` in
+    magnitude (past it that backward loses precision, and the math path's is taken).
+    Elsewhere (CUDA, the math path) the backward recomputes SDPA and takes its backward. When
+    the gradients must be differentiable (``create_graph=True``, ``torch.func``), the backward
+    recomputes the math path instead, which autograd can differentiate again (as the fused
+    backends do with the reference path)."""
 
     @staticmethod
     def forward(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, is_causal: bool,
@@ -183,17 +201,20 @@ class _FusedSDPA(torch.autograd.Function):
         differentiable = torch.is_grad_enabled() or plain_ops_only(dout)
         if ctx.flash_cpu and not differentiable:  # the kernel's own backward
             q, k, v, attn_mask, out, lse = ctx.saved_tensors
-            # a mask that needs a gradient never takes the flash kernel; autograd drops the
-            # gradients of inputs that need none
-            return (*_flash_cpu_backward(dout, q, k, v, out, lse, 0.0, ctx.is_causal,
-                                         attn_mask=attn_mask, scale=ctx.scale),
-                    None, None, None, None)
+            if _flash_backward_is_accurate(lse):
+                # a mask that needs a gradient never takes the flash kernel; autograd drops
+                # the gradients of inputs that need none
+                return (*_flash_cpu_backward(dout, q, k, v, out, lse, 0.0, ctx.is_causal,
+                                             attn_mask=attn_mask, scale=ctx.scale),
+                        None, None, None, None)
         inputs = list(ctx.saved_tensors[:4])  # q, k, v, attn_mask
         wanted = [i for i, t in enumerate(inputs) if t is not None and ctx.needs_input_grad[i]]
         if not differentiable:
             for i in wanted:
                 inputs[i] = inputs[i].detach().requires_grad_()
-        kernels = sdpa_kernel(SDPBackend.MATH) if differentiable else contextlib.nullcontext()
+        # the math path where the flash kernel's backward would lose precision, too
+        math = differentiable or ctx.flash_cpu
+        kernels = sdpa_kernel(SDPBackend.MATH) if math else contextlib.nullcontext()
         with torch.enable_grad(), kernels:
             out = F.scaled_dot_product_attention(*inputs[:3], attn_mask=inputs[3],
                                                  is_causal=ctx.is_causal, scale=ctx.scale)
