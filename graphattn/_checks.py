@@ -207,6 +207,18 @@ def check_finite(value: float, name: str) -> None:
         raise ValueError(f"{name} must be a finite number, got {value!r}")
 
 
+def score_factor(value: float | Tensor, name: str, *tensors: Tensor) -> float:
+    """:func:`finite_float`, and finite in the dtype the scores are computed in: float64 when
+    an input is float64, else float32 (half-precision inputs score in fp32); ``1e39`` with
+    fp32 inputs became inf, and the scores NaN."""
+    value = finite_float(value, name)
+    dtype = torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+    if abs(value) > torch.finfo(dtype).max:
+        raise ValueError(f"{name} must be finite in {dtype}, the dtype the scores of these "
+                         f"inputs are computed in, got {value!r}")
+    return value
+
+
 def finite_float(value: float | Tensor, name: str) -> float:
     """``value`` as a Python float: a real number or a one-element tensor that needs no
     gradient, finite. A tensor that requires grad is refused: the float would drop its

@@ -25,7 +25,7 @@ from graphattn._checks import (
     check_same_device,
     check_tensors,
     dense_graph_ids,
-    finite_float,
+    score_factor,
 )
 from graphattn.functional._transforms import plain_ops_only
 from graphattn.functional.cpu import check_cpu_inputs, cpu_edge_attention
@@ -533,9 +533,9 @@ def edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
     """
     _check_attention_inputs(q, k, v, edge_index, bias, score, att, edge_key, edge_value)
     check_dropout(dropout_p, "dropout_p")
-    negative_slope = finite_float(negative_slope, "negative_slope")
+    negative_slope = score_factor(negative_slope, "negative_slope", q, k, v)
     if scale is not None:
-        scale = finite_float(scale, "scale")
+        scale = score_factor(scale, "scale", q, k, v)
     return edge_attention_unchecked(q, k, v, edge_index, scale=scale, bias=bias,
                                     dropout_p=dropout_p, training=training,
                                     return_attention=return_attention, backend=backend,
@@ -799,7 +799,7 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
         q, k, v = (t.expand(*lead, *t.shape[-3:]) for t in (q, k, v))
     check_dropout(dropout_p, "dropout_p")
     if scale is not None:
-        scale = finite_float(scale, "scale")
+        scale = score_factor(scale, "scale", q, k, v)
     L_q, L_k = q.size(-3), k.size(-3)
     if batch is not None:
         return _dense_attention_per_graph(q, k, v, batch, is_causal=is_causal, scale=scale,

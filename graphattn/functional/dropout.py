@@ -61,6 +61,11 @@ def dropout_mask(shape: int | tuple[int, ...], p: float, *,
         dtype (torch.dtype, optional): its dtype. (default: ``torch.float32``)
     """
     check_dropout(p, "p")
+    if p > 0.0 and dtype.is_floating_point and 1.0 / (1.0 - p) > torch.finfo(dtype).max:
+        raise ValueError(f"a dropout probability of {p!r} keeps entries as 1 / (1 - p) = "
+                         f"{1.0 / (1.0 - p):.6g}, past the largest {dtype} "
+                         f"({torch.finfo(dtype).max:.6g}): the mask would hold inf; use a "
+                         f"smaller probability or a wider dtype")
     shape = (shape,) if isinstance(shape, int) else tuple(shape)  # as torch.rand takes it
     # (torch.get_default_device() returns no tensor, which torch.compile cannot trace)
     device = torch.empty(0).device if device is None else torch.device(device)

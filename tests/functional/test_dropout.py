@@ -312,3 +312,16 @@ def test_mask_drawn_by_torch_elsewhere_is_zero_or_the_inverse_keep(monkeypatch):
     assert values == [0.0, pytest.approx(1 / (1 - p))]
     assert (mask == 0).float().mean().item() == pytest.approx(p, abs=0.005)
     assert mask.mean().item() == pytest.approx(1.0, abs=0.01)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_multiplier_past_the_dtype_is_refused(dtype):
+    """p = 0.99999 keeps entries as 1e5, past fp16's 65504: the mask held inf, and attention
+    outputs inf and gradients NaN from finite inputs. bf16 holds 1e5 (and refuses nothing)."""
+    if dtype == torch.float16:
+        with pytest.raises(ValueError, match=r"dropout probability of 0.99999 .* 100000, past "
+                                             r"the largest torch.float16 \(65504\)"):
+            dropout_mask(8, 0.99999, dtype=dtype)
+    else:
+        assert dropout_mask(8, 0.99999, dtype=dtype).isfinite().all()
+    assert dropout_mask(8, 0.99, dtype=dtype).isfinite().all()

@@ -223,6 +223,25 @@ def test_wrong_dtypes_and_non_tensors_are_named(backend):
 
 
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_scale_and_slope_past_the_scores_dtype_are_refused(backend):
+    """scale=1e39 is a finite float but inf in fp32: the scores were NaN, on some targets for
+    one backend and on all for another. float64 inputs score in float64 and take it."""
+    q, k, v = qkv(4, 4)
+    good = torch.tensor([[0, 1], [1, 2]])
+    with pytest.raises(ValueError, match=r"scale must be finite in torch.float32, .* 1e\+39"):
+        edge_attention(q, k, v, good, scale=1e39, backend=backend)
+    with pytest.raises(ValueError, match=r"scale must be finite in torch.float32"):
+        edge_attention(q.half(), k.half(), v.half(), good, scale=-1e39, backend=backend)
+    with pytest.raises(ValueError, match=r"negative_slope must be finite in torch.float32"):
+        edge_attention(q, k, v, good, score="gatv2", att=torch.ones(2, 4),
+                       negative_slope=1e39, backend=backend)
+    with pytest.raises(ValueError, match=r"scale must be finite in torch.float32"):
+        dense_attention(q, k, v, scale=1e39)
+    out = edge_attention(q.double(), k.double(), v.double(), good, scale=1e39, backend=backend)
+    assert out.dtype == torch.float64
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
 def test_scale_and_slope_take_numpy_and_tensor_scalars(backend):
     """numpy scalars and one-element tensors without grad act as the float they hold; a tensor
     scale that requires grad is refused, since its gradient would be lost."""
