@@ -13,6 +13,7 @@ target i (node i attends to node j), sorted by target and then by source, so
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import overload
 
 import networkx as nx
 import torch
@@ -402,6 +403,14 @@ def _sparse_adjacency_and_values(edge_index: Tensor, num_src: int, num_dst: int,
     if layout == torch.sparse_csr:
         return torch.sparse_csr_tensor(ptr, minor, values, size, check_invariants=False), values
     return torch.sparse_csc_tensor(ptr, minor, values, size, check_invariants=False), values
+
+
+@overload
+def from_networkx(G: nx.Graph, edge_attrs: None = None) -> Tensor: ...
+
+
+@overload
+def from_networkx(G: nx.Graph, edge_attrs: Sequence[str]) -> tuple[Tensor, Tensor]: ...
 
 
 def from_networkx(G: nx.Graph, edge_attrs: Sequence[str] | None = None,

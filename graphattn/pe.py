@@ -39,6 +39,7 @@ defined only up to sign (up to rotation inside a repeated eigenvalue), which is 
 from __future__ import annotations
 
 import math
+from typing import Literal, overload
 
 import numpy as np
 import scipy.sparse as sp
@@ -299,6 +300,27 @@ def _fix_signs(vecs: np.ndarray) -> np.ndarray:
     first = tied.argmax(axis=0)  # (k,) first row of each column's top entries
     signs = np.sign(vecs[first, np.arange(vecs.shape[1])])
     return vecs * np.where(signs == 0, 1.0, signs)
+
+
+@overload
+def laplacian_pe(edge_index: Tensor, num_nodes: int, k: int, *, pad: bool = ...,
+                 random_sign_flip: bool = ..., generator: torch.Generator | None = ...,
+                 solver: str = ..., return_eigenvalues: Literal[False] = ...,
+                 edge_weight: Tensor | None = ...) -> Tensor: ...
+
+
+@overload
+def laplacian_pe(edge_index: Tensor, num_nodes: int, k: int, *, pad: bool = ...,
+                 random_sign_flip: bool = ..., generator: torch.Generator | None = ...,
+                 solver: str = ..., return_eigenvalues: Literal[True],
+                 edge_weight: Tensor | None = ...) -> tuple[Tensor, Tensor]: ...
+
+
+@overload
+def laplacian_pe(edge_index: Tensor, num_nodes: int, k: int, *, pad: bool = ...,
+                 random_sign_flip: bool = ..., generator: torch.Generator | None = ...,
+                 solver: str = ..., return_eigenvalues: bool,
+                 edge_weight: Tensor | None = ...) -> Tensor | tuple[Tensor, Tensor]: ...
 
 
 def laplacian_pe(edge_index: Tensor, num_nodes: int, k: int, *, pad: bool = False,

@@ -366,10 +366,15 @@ def test_default_root(monkeypatch, tmp_path):
     assert ds.default_root() == tmp_path / "data"
     assert ds.raw_dir("citeseer") == tmp_path / "data" / "CiteSeer" / "raw"
 
+    # an editable install (or the checkout on sys.path): the checkout's datasets/; the package
+    # installed as a wheel: the user cache (below)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    editable = Path(ds.__file__).resolve().parents[1] == REPO
+    expected = REPO / "datasets" if editable else tmp_path / "cache" / "graphattn"
     monkeypatch.setenv("GRAPHATTN_DATA", "")  # set but empty: as if unset, not the cwd
-    assert ds.default_root() == REPO / "datasets"
+    assert ds.default_root() == expected
     monkeypatch.delenv("GRAPHATTN_DATA")
-    assert ds.default_root() == REPO / "datasets"  # editable install: the checkout's datasets/
+    assert ds.default_root() == expected
 
     # Installed as a wheel: no datasets/SHA256SUMS next to the package -> the user cache.
     wheel = tmp_path / "site-packages" / "graphattn"

@@ -163,7 +163,7 @@ def from_pyg(conv: Module, *, backend: str = "auto") -> GraphSelfAttention:
             # GATConv's projections have no biases; GATv2Conv's lin_l and lin_r do
             bias=not gat and conv.lin_l.bias is not None, out_bias=out_bias is not None,
             add_self_loops=conv.add_self_loops, negative_slope=conv.negative_slope,
-            fill_value=conv.fill_value, residual=conv.residual,
+            fill_value=conv.fill_value, residual=getattr(conv, "residual", False),
             share_weights=not gat and conv.share_weights, share_value=not gat,
             edge_mode="bias" if gat or conv.edge_dim is None else "key")
         layer._ignores_edge_attr = gat and conv.edge_dim is None  # GATConv drops edge_attr
@@ -212,7 +212,8 @@ def _in_channels(conv: Module, kind: str) -> int | tuple[int, int]:
     """``conv``'s ``in_channels`` as its weights have them: a lazy layer (``-1``, which PyG's
     ``to_hetero`` models use) keeps ``-1`` there after its first call."""
     if kind == "GATConv":
-        src, dst = (conv.lin, conv.lin) if conv.lin is not None else (conv.lin_src, conv.lin_dst)
+        lin = _shared_lin(conv)
+        src, dst = (lin, lin) if lin is not None else (conv.lin_src, conv.lin_dst)
     elif kind == "GATv2Conv":
         src, dst = conv.lin_l, conv.lin_r
     else:
@@ -222,11 +223,19 @@ def _in_channels(conv: Module, kind: str) -> int | tuple[int, int]:
     return src.weight.size(1), dst.weight.size(1)
 
 
+def _shared_lin(conv: Module) -> Module | None:
+    """``GATConv.lin``, its one projection of sources and targets alike; ``None`` when it
+    has two (``lin_src``, ``lin_dst``). Before PyG 2.6 it had no ``lin`` (nor ``residual``),
+    and ``lin_src`` was ``lin_dst`` when they were shared."""
+    return getattr(conv, "lin", None)
+
+
 def _copy_gat(layer: GraphSelfAttention, conv: Module) -> None:
     """GATConv's attention vectors folded into lin_q / lin_k (and lin_edge); lin_v is W_src."""
     H, C = conv.heads, conv.out_channels
-    lin_src = conv.lin if conv.lin is not None else conv.lin_src
-    lin_dst = conv.lin if conv.lin is not None else conv.lin_dst
+    lin = _shared_lin(conv)
+    lin_src = lin if lin is not None else conv.lin_src
+    lin_dst = lin if lin is not None else conv.lin_dst
     W_src = lin_src.weight.view(H, C, -1)  # (H, C, F_src)
     W_dst = lin_dst.weight.view(H, C, -1)  # (H, C, F_dst)
     layer.lin_q.weight.copy_(torch.einsum("hc,hcf->hf", conv.att_dst[0], W_dst))  # (H, F_dst)

@@ -435,3 +435,18 @@ def test_a_gatconv_without_edge_dim_drops_edge_attr_as_gatconv_does():
         GraphSelfAttention(F_SRC, C)(x, edge_index, edge_attr)
     with pytest.raises(ValueError, match="edge_attr was given but the layer has edge_dim=None"):
         from_pyg(GATv2Conv(F_SRC, C))(x, edge_index, edge_attr)  # GATv2Conv refuses it too
+
+
+def test_a_gatconv_as_pyg_before_2_6_made_it_converts():
+    """pyproject allows torch-geometric 2.4, whose GATConv has no ``residual`` and no ``lin``
+    (``lin_src`` is ``lin_dst`` when shared): from_pyg read both and failed. The conv here is
+    rebuilt to that layout after its output is taken."""
+    torch.manual_seed(0)
+    conv = GATConv(F_SRC, C, heads=2).eval()
+    x, edge_index = torch.randn(6, F_SRC), torch.randint(0, 6, (2, 15))
+    expected = conv(x, edge_index)
+    shared = conv.lin
+    del conv.lin, conv.residual
+    conv.lin_src = conv.lin_dst = shared
+    assert not hasattr(conv, "residual") and not hasattr(conv, "lin")
+    assert_close(from_pyg(conv)(x, edge_index), expected)
