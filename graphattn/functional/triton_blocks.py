@@ -120,9 +120,9 @@ class BlockLayout:
 def block_layout(edge_index: Tensor, num_dst: int, num_src: int, block: int,
                  with_ids: bool = False) -> BlockLayout | None:
     """The :class:`BlockLayout` of a graph in tiles of ``block`` x ``block``; ``None`` when an
-    edge is repeated (a tile entry holds one edge) or when fewer than ``MIN_FILL`` of the tiles'
-    entries would be edges. Reads two numbers back to the host (the number of tiles, and whether
-    an edge repeats).
+    edge is repeated (a tile entry holds one edge), when fewer than ``MIN_FILL`` of the tiles'
+    entries would be edges, or when there are 2^31 edges or more (their ids, int32 here).
+    Reads two numbers back to the host (the number of tiles, and whether an edge repeats).
 
     Args:
         edge_index (Tensor): ``[2, E]`` int64, sources then targets, checked by the caller.
@@ -138,6 +138,8 @@ def block_layout(edge_index: Tensor, num_dst: int, num_src: int, block: int,
     """
     if block not in BLOCK_SIDES:
         raise ValueError(f"block must be one of {list(BLOCK_SIDES)}, got {block!r}")
+    if edge_index.size(1) > 2**31 - 1:  # edge ids past int32, which ids and the kernels hold
+        return None
     src, dst = edge_index[0], edge_index[1]
     device = edge_index.device
     pair = dst * num_src + src

@@ -346,6 +346,23 @@ class CSR:
     order: Tensor
 
 
+# A kernel walks a row in tiles of BLOCK_E positions from its start, e0 + arange(BLOCK_E), and
+# the lanes of its last tile reach past the row's end: int32 positions stay this far below
+# 2^31 - 1 so that those lanes do not wrap to negative positions, which the mask `< end` would
+# let through (the kernels also widen the row's bounds to int64, which Triton's interpreter,
+# whose loop counter is a Python int typed int32 when it fits, does not honour).
+CSR_POSITION_MARGIN = 2**16
+
+
+def csr_index_dtype(num_edges: int, num_rows: int, num_other: int) -> torch.dtype:
+    """int32 for the CSR of ``num_edges`` edges between ``num_rows`` rows and ``num_other``
+    nodes when every id fits, with the positions ``CSR_POSITION_MARGIN`` below 2^31 - 1; else
+    int64."""
+    fits = (num_edges < 2**31 - 1 - CSR_POSITION_MARGIN
+            and max(num_rows, num_other) < 2**31 - 1)
+    return torch.int32 if fits else torch.int64
+
+
 def build_csr(rows: Tensor, other: Tensor, num_rows: int, num_other: int) -> CSR:
     """Group edges by ``rows`` with a stable sort (so the summation order is deterministic).
 
@@ -359,9 +376,7 @@ def build_csr(rows: Tensor, other: Tensor, num_rows: int, num_other: int) -> CSR
         - **output:** ptr ``(num_rows + 1)``, other and edge_id ``(E)``, order ``(num_rows)``;
           int32 when every value fits, int64 otherwise.
     """
-    num_edges = rows.numel()
-    largest = max(num_edges, num_rows, num_other)
-    index_dtype = torch.int32 if largest < 2**31 - 1 else torch.int64
+    index_dtype = csr_index_dtype(rows.numel(), num_rows, num_other)
     rows = rows.to(index_dtype)
     sorted_rows, perm = torch.sort(rows, stable=True)  # (E)
     # ptr[r] = the number of edges in rows < r. A binary search per row rather than bincount,

@@ -689,3 +689,11 @@ def test_inference_writes_out_in_its_dtype(interpreter, monkeypatch, dtype, need
     assert inferred[0].dtype == dtype and inferred[0].grad_fn is None
     for got, want in zip(inferred, trained, strict=True):
         assert torch.equal(got, want.detach())
+
+
+def test_a_graph_of_2_to_the_31_edges_takes_the_csr_kernels():
+    """The tile entries hold edge ids in int32: edge 2^31 would wrap to -2^31, and the kernels
+    read a bias and wrote weights before their buffers. Such a graph gets no block layout (an
+    expanded edge_index: its size is all that is read)."""
+    edge_index = torch.zeros(2, 1, dtype=torch.long).expand(2, 2**31)
+    assert tb.block_layout(edge_index, 64, 64, 32, with_ids=True) is None

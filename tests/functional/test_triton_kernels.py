@@ -844,6 +844,17 @@ def test_build_csr_index_dtype_at_the_int32_limit(num_other, dtype):
     assert csr.other.tolist() == [num_other - 1, 0]
 
 
+@pytest.mark.parametrize("num_edges,dtype", [
+    (2**31 - 1 - tk.CSR_POSITION_MARGIN - 1, torch.int32),
+    (2**31 - 1 - tk.CSR_POSITION_MARGIN, torch.int64), (2**31 - 2, torch.int64)])
+def test_csr_positions_stay_int32_only_a_margin_below_the_limit(num_edges, dtype):
+    """A row ending at position 2^31 - 2 in an int32 CSR: the lanes of its last tile passed
+    2^31 - 1, wrapped to negative positions below its end, and were read as its edges (Triton's
+    interpreter: out off by 225 with v = 0 on the row's real sources). Positions that close to
+    the limit are int64 (building a CSR of 2^31 edges takes 16 GB: the rule is checked)."""
+    assert tk.csr_index_dtype(num_edges, 2, 2) == dtype
+
+
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 COMPILE_FOR_SM90 = f"""
 import sys
