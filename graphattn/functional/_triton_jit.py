@@ -234,10 +234,11 @@ def _one_row(order, rowptr, max_degree, offs_h, H: tl.constexpr, HEAVY_ONLY: tl.
         row = tl.load(order + pid).to(tl.int64)
     else:
         row = pid
-    # int64, so that e0 + arange(BLOCK_E) past the row's end cannot wrap (see
-    # triton_kernels.CSR_POSITION_MARGIN)
-    start = tl.load(rowptr + row).to(tl.int64)
-    end = tl.load(rowptr + row + 1).to(tl.int64)
+    # in the CSR's dtype: int32 positions stay triton_kernels.CSR_POSITION_MARGIN below 2^31 - 1,
+    # so that e0 + arange(BLOCK_E) past the row's end cannot wrap (int64 bounds would cost up
+    # to 16 registers a thread, and a spill, in the committed resource tables)
+    start = tl.load(rowptr + row)
+    end = tl.load(rowptr + row + 1)
     h_ok = offs_h < H
     if HEAVY_ONLY:
         heavy = end - start > max_degree

@@ -349,8 +349,8 @@ class CSR:
 # A kernel walks a row in tiles of BLOCK_E positions from its start, e0 + arange(BLOCK_E), and
 # the lanes of its last tile reach past the row's end: int32 positions stay this far below
 # 2^31 - 1 so that those lanes do not wrap to negative positions, which the mask `< end` would
-# let through (the kernels also widen the row's bounds to int64, which Triton's interpreter,
-# whose loop counter is a Python int typed int32 when it fits, does not honour).
+# let through. (The margin keeps the kernels' int32 arithmetic, which widening the bounds to
+# int64 in the kernels would not: Triton's interpreter types its loop counter int32 anyway.)
 CSR_POSITION_MARGIN = 2**16
 
 
