@@ -9,7 +9,11 @@ An entry is valid while its tensor is the same object with the same storage, sha
 and the same version counter, which every in-place operation bumps (also through views), and
 while the tensors of the kept value are unmodified too (a caller may have handed one out).
 Writes that torch does not see are not detected: through ``.data``, through memory shared with
-numpy or DLPack, or by a custom kernel. The entry is dropped when its tensor is freed.
+numpy or DLPack, through ``untyped_storage()``, by a custom kernel, or by ``torch.distributed``
+(``broadcast``, ``recv``, ``all_gather`` into a tensor, DDP's buffer sync: the collectives fill
+their tensors without a version bump). After such a write into an ``edge_index`` the caches
+have seen, call :func:`clear_graph_caches`, or pass a new tensor. The entry is dropped when its
+tensor is freed.
 
 An entry holds a weak reference to its tensor, and ``torch.utils.swap_tensors`` refuses a tensor
 that has one: ``load_state_dict`` and ``module.to()`` swap a model's buffers under
@@ -77,7 +81,10 @@ def clear_graph_caches() -> None:
     read back, and the graphs with self-loops of
     :class:`~graphattn.nn.GraphSelfAttention` (CUDA tensors only). Their memory is freed, and
     the tensors lose the weak references their entries held, which
-    ``torch.utils.swap_tensors`` refuses. The next call on a graph computes them again.
+    ``torch.utils.swap_tensors`` refuses. The next call on a graph computes them again. Call
+    it too after writing a new graph into a kept ``edge_index`` in a way torch does not count
+    (``torch.distributed``'s collectives, ``.data``, numpy, the storage), which the caches
+    cannot detect.
     """
     for cache in list(_CACHES):
         cache.clear()

@@ -251,6 +251,7 @@ def launch_config(heads: int, channels: int, score_channels: int | None = None) 
 
 
 _TILES: dict[str, int] = {}  # what launch_tiles sets: LaunchConfig fields and block_sparse
+_OPEN_TILES: list[dict[str, int]] = []  # the settings of each open launch_tiles, in entry order
 _WARPS = (1, 2, 4, 8, 16)
 _POWERS_OF_2 = ("block_e", "block_h", "block_n")
 
@@ -317,13 +318,24 @@ def launch_tiles(*, block_e: int | None = None, block_h: int | None = None,
     if torch.compiler.is_compiling():  # dynamo would replay the change after the graph ran
         raise RuntimeError("launch_tiles must be entered outside the function that "
                            "torch.compile compiles, not inside it")
-    previous = dict(_TILES)
-    _TILES.update({name: value for name, value in tiles.items() if value is not None})
+    entry = {name: value for name, value in tiles.items() if value is not None}
+    _OPEN_TILES.append(entry)
+    _apply_open_tiles()
     try:
         yield
     finally:
-        _TILES.clear()
-        _TILES.update(previous)
+        # this block's own entry, found by identity: blocks that threads open and close out of
+        # order leave what the still open ones set (restoring a saved copy left a closed
+        # block's tiles in force for good)
+        del _OPEN_TILES[next(i for i, e in enumerate(_OPEN_TILES) if e is entry)]
+        _apply_open_tiles()
+
+
+def _apply_open_tiles() -> None:
+    """``_TILES``: the settings of the open ``launch_tiles`` blocks, later ones on top."""
+    _TILES.clear()
+    for entry in _OPEN_TILES:
+        _TILES.update(entry)
 
 
 def _score_channels(q: Tensor, score: str) -> int:

@@ -659,6 +659,21 @@ def test_launch_tiles_nest_and_restore():
     assert tk.launch_config(4, 32) == default
 
 
+def test_launch_tiles_blocks_closed_out_of_order_leave_the_open_ones():
+    """Two threads: A opens, B opens, A closes, B closes. B restored the tiles it saw on entry,
+    A's, which then stayed in force for every later launch of the process."""
+    default = tk.launch_config(4, 32)
+    a, b = tk.launch_tiles(block_e=8), tk.launch_tiles(num_warps=1)
+    a.__enter__()
+    b.__enter__()
+    assert (tk.launch_config(4, 32).block_e, tk.launch_config(4, 32).num_warps) == (8, 1)
+    a.__exit__(None, None, None)
+    assert tk.launch_config(4, 32).block_e == default.block_e  # A's tiles are gone
+    assert tk.launch_config(4, 32).num_warps == 1  # B's stay while B is open
+    b.__exit__(None, None, None)
+    assert tk.launch_config(4, 32) == default
+
+
 class _NaNFilledEmpty:
     """torch for the triton backend's module, but with ``empty`` and ``empty_like`` filled
     with NaN (floating point): a row no kernel writes cannot pass for a computed one."""
