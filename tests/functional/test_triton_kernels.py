@@ -974,3 +974,34 @@ def test_without_alpha(interpreter, triton_tiles, score, bias):
         results.append((out, *torch.autograd.grad((out * weight).sum(), leaves)))
     for got, want in zip(*results, strict=True):
         assert_close(got, want)
+
+
+@needs_triton
+@pytest.mark.parametrize("score", attention.SCORES)
+def test_strided_and_expanded_inputs(interpreter, score):
+    """q a transposed view, k one row expanded to every node (stride 0), a bias of stride 2:
+    outputs, weights and gradients equal the reference's on the same tensors."""
+    gen = torch.Generator().manual_seed(5)
+    N, H, C = 12, 3, 8
+    edge_index = random_graph(N, 40, seed=7).to(DEVICE)
+    q_base = torch.randn(N, C, H, generator=gen).to(DEVICE).requires_grad_()
+    k_row = torch.randn(1, H, C, generator=gen).to(DEVICE).requires_grad_()
+    v = torch.randn(N, H, C, generator=gen).to(DEVICE).requires_grad_()
+    bias_base = torch.randn(40, 2 * H, generator=gen).to(DEVICE).requires_grad_()
+    att = torch.randn(H, C, generator=gen).to(DEVICE) if score == "gatv2" else None
+    if score == "additive":
+        q_base = torch.randn(H, N, generator=gen).to(DEVICE).requires_grad_()
+        k_row = torch.randn(1, H, generator=gen).to(DEVICE).requires_grad_()
+    results = []
+    for backend in ("triton", "reference"):
+        q = q_base.t() if score == "additive" else q_base.transpose(1, 2)
+        k = k_row.expand(N, *k_row.shape[1:])
+        bias = bias_base[:, ::2]
+        assert not q.is_contiguous() and k.stride(0) == 0 and not bias.is_contiguous()
+        out, alpha = edge_attention(q, k, v, edge_index, bias=bias, score=score, att=att,
+                                    return_attention=True, backend=backend)
+        grads = torch.autograd.grad((out * out).sum() + alpha.sum(),
+                                    (q_base, k_row, v, bias_base))
+        results.append((out, alpha, *grads))
+    for got, want in zip(*results, strict=True):
+        assert_close(got, want, atol=1e-5, rtol=1e-5)
