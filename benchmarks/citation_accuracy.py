@@ -124,8 +124,8 @@ def run_job(job: Job) -> dict:
     data.x = data.x.to_sparse_csr()
     setup = SETUPS[job.dataset]
     torch.manual_seed(job.seed)
-    model = GAT(data.num_features, int(data.y.max()) + 1, 8, 8, setup["out_heads"], dropout=0.6,
-                **MODELS[job.model])
+    model = GAT(data.num_features, int(data.y.max()) + 1, hidden_channels=8, heads=8,
+                out_heads=setup["out_heads"], dropout=0.6, **MODELS[job.model])
     r = train_node_classifier(model, data, lr=setup["lr"], weight_decay=setup["weight_decay"],
                               epochs=job.epochs, patience=job.patience,
                               stop_on=job.stop_on, progress=False,

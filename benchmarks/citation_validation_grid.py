@@ -56,8 +56,8 @@ def run(job: tuple) -> tuple:
     data.x = data.x.to_sparse_csr()
     data.test_mask = data.val_mask  # the run's final evaluation reads validation labels only
     torch.manual_seed(seed)
-    model = GAT(data.num_features, int(data.y.max()) + 1, hidden, 8, SETUPS[dataset]["out_heads"],
-                dropout=dropout)
+    model = GAT(data.num_features, int(data.y.max()) + 1, hidden_channels=hidden, heads=8,
+                out_heads=SETUPS[dataset]["out_heads"], dropout=dropout)
     result = train_node_classifier(model, data, lr=lr, weight_decay=weight_decay,
                                    epochs=100_000, patience=100, progress=False,
                                    desc=f"{dataset} {setting} seed {seed}")

@@ -70,8 +70,8 @@ def build_model(name: str, data: Data, num_classes: int, *, hidden: int, heads: 
                 layers: int = 2) -> torch.nn.Module:
     """The GAT-style classifier or the GraphTransformer for ``data``."""
     if name == "gat":
-        return GAT(data.num_features, num_classes, hidden, heads, out_heads, dropout=dropout,
-                   attention=attention)
+        return GAT(data.num_features, num_classes, hidden_channels=hidden, heads=heads,
+                   out_heads=out_heads, dropout=dropout, attention=attention)
     return GraphTransformer(data.num_features, hidden, num_classes, layers, heads,
                             dropout=dropout, attention=attention)
 

@@ -28,7 +28,9 @@ The function is the same at conversion, and so are the parameters, with one exce
 converted GAT layer holds ``a^\top W`` as free ``lin_q`` and ``lin_k`` (``Linear(F, H)``), where
 ``GATConv`` ties its attention vectors to the value weights ``W``, so trained further it
 follows another path than ``GATConv`` would. (A residual of ``GATv2Conv`` gets a bias, 0 at
-conversion, with ``bias=True``.) Optimizer states do not carry over.
+conversion, with ``bias=True``.) The converted layers hold new parameters: build the optimizer
+after converting (one built before holds the old tensors and trains nothing); optimizer states
+do not carry over.
 
 **torch.** :func:`from_mha` turns a ``torch.nn.MultiheadAttention`` (a pretrained
 transformer's, say) into a ``GraphSelfAttention`` without added self-loops, which attends over
@@ -263,7 +265,8 @@ def convert_pyg(module: Module, *, backend: str = "auto") -> Module:
 
     A model built from these layers (PyG's ``torch_geometric.nn.models.GAT``, say) then
     computes the same function on graphattn's kernels. Layers shared between places stay
-    shared (one converted layer replaces them all).
+    shared (one converted layer replaces them all). The new layers' parameters are new
+    tensors: build the optimizer after converting.
 
     Args:
         module (torch.nn.Module): a model, or one PyG layer.

@@ -123,6 +123,12 @@ class GAT(torch.nn.Module):
     reference code, also on the projected values. (The paper averages 8 output heads on
     PubMed: ``out_heads=8``.)
 
+    Everything after ``out_channels`` is a keyword: PyG's ``GAT(in_channels, hidden_channels,
+    num_layers, out_channels)`` and :class:`GraphTransformer` put the hidden width second, so
+    ``GAT(1433, 64, 7)`` would have built 64 classes of 7 channels a head. Here
+    ``hidden_channels`` is per head (the hidden layer is ``heads * hidden_channels`` wide;
+    PyG's ``GAT`` counts the whole width).
+
     Args:
         in_channels (int): input features F; ``-1`` infers them from the first call.
         out_channels (int): classes.
@@ -154,8 +160,8 @@ class GAT(torch.nn.Module):
           ``(|E'|, H_out)``, E' the edges with the self-loops the layers add
     """
 
-    def __init__(self, in_channels: int, out_channels: int, hidden_channels: int = 8,
-                 heads: int = 8, out_heads: int = 1, *, dropout: float = 0.6,
+    def __init__(self, in_channels: int, out_channels: int, *, hidden_channels: int = 8,
+                 heads: int = 8, out_heads: int = 1, dropout: float = 0.6,
                  attention_dropout: float | None = None, value_dropout: float | None = None,
                  attention: str = "additive", backend: str = "auto",
                  conv: ConvFactory | None = None) -> None:

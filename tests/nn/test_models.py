@@ -597,7 +597,7 @@ def test_models_refuse_a_pair_of_in_channels():
 
 def test_gat_reset_parameters_redraws_both_layers():
     """Every projection of both layers is drawn again: Glorot weights, zero biases."""
-    model = GAT(8, 16, 3, heads=4)
+    model = GAT(8, 16, hidden_channels=3, heads=4)
     with torch.no_grad():
         for p in model.parameters():
             p.fill_(float("nan"))
@@ -854,3 +854,11 @@ def test_to_hetero_on_the_models_is_refused_by_name(make):
     with pytest.raises(TypeError, match=r"is a model of graphs with one node type .*"
                                         r"GraphSelfAttention layers"):
         to_hetero(make(), data.metadata())
+
+
+def test_gat_takes_its_widths_by_keyword():
+    """GAT(1433, 64, 7), read in PyG's or GraphTransformer's order (hidden second), built 64
+    classes with hidden_channels=7: now a TypeError."""
+    with pytest.raises(TypeError, match="positional argument"):
+        GAT(20, 64, 7)
+    assert GAT(20, 7, hidden_channels=64).conv2.out_channels == 7
