@@ -305,11 +305,15 @@ def test_download_with_wrong_checksum_is_discarded(tmp_path, monkeypatch):
     assert not list((tmp_path / "Cora" / "raw").glob(".*part"))
 
 
-def test_local_checksum_mismatch_is_never_parsed(tmp_path, monkeypatch, offline):
+@pytest.mark.parametrize("part", PARTS)
+def test_local_checksum_mismatch_is_never_parsed(tmp_path, monkeypatch, offline, part):
+    """Every part is checked (mutation testing: skipping the last, test.index, went unnoticed
+    while only the graph file was corrupted here)."""
     folder = copy_raw("Cora", tmp_path, PARTS)
-    with open(folder / "ind.cora.graph", "ab") as f:
+    name = f"ind.cora.{part}"
+    with open(folder / name, "ab") as f:
         f.write(b"\0")
-    actual = hashlib.sha256((folder / "ind.cora.graph").read_bytes()).hexdigest()
+    actual = hashlib.sha256((folder / name).read_bytes()).hexdigest()
 
     def no_parsing(*args):
         raise AssertionError("a file with a wrong checksum was parsed")
@@ -318,8 +322,8 @@ def test_local_checksum_mismatch_is_never_parsed(tmp_path, monkeypatch, offline)
     with pytest.raises(ChecksumError) as info:
         load_planetoid("Cora", tmp_path)
     msg = str(info.value)
-    assert "ind.cora.graph" in msg and actual in msg
-    assert published_sums()["ind.cora.graph"] in msg
+    assert name in msg and actual in msg
+    assert published_sums()[name] in msg
 
 
 @pytest.mark.parametrize("part, message", [
@@ -379,6 +383,7 @@ def test_default_root(monkeypatch, tmp_path):
     # Installed as a wheel: no datasets/SHA256SUMS next to the package -> the user cache.
     wheel = tmp_path / "site-packages" / "graphattn"
     wheel.mkdir(parents=True)
+    (wheel.parent / "datasets").mkdir()  # another package named datasets (Hugging Face's)
     monkeypatch.setattr(ds, "__file__", str(wheel / "datasets.py"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     assert ds.default_root() == tmp_path / "cache" / "graphattn"
@@ -433,3 +438,8 @@ def test_tiny_planetoid_that_does_not_fit_together_is_refused(tmp_path, monkeypa
     write_tiny_planetoid(tmp_path, monkeypatch, **override)
     with pytest.raises(CorruptFileError, match=message):
         load_planetoid("Cora", tmp_path)
+
+
+def test_graphattn_data_expands_the_home_directory(monkeypatch):
+    monkeypatch.setenv("GRAPHATTN_DATA", "~/graphattn-data")
+    assert ds.default_root() == Path.home() / "graphattn-data"

@@ -119,6 +119,18 @@ def test_batch_complete_graph_of_a_pyg_batch_has_sum_of_squares_edges():
     assert torch.equal(data.batch[edge_index[0]], data.batch[edge_index[1]])
 
 
+@pytest.mark.parametrize("route", ["cpu-kernel", "torch-ops"])
+def test_batch_complete_graph_of_a_large_shuffled_batch(route, monkeypatch):
+    """Mutation testing: an unstable sort of the graph ids kept the order on batches of 7
+    nodes; on 300 the edges were no longer sorted by target, then source."""
+    if route == "torch-ops":
+        monkeypatch.setattr(graphs, "host_readable", lambda t: False)
+    batch = torch.randint(0, 3, (300,), generator=torch.Generator().manual_seed(0))
+    ids = batch.tolist()
+    assert_edges_equal(graphs.batch_complete_graph(batch),
+                       brute_force(len(ids), lambda i, j: ids[i] == ids[j]))
+
+
 @pytest.mark.parametrize("dtype", [torch.uint16, torch.uint32, torch.uint64])
 def test_batch_complete_graph_takes_unsigned_graph_ids(dtype):
     """torch has no ``min`` for these dtypes: the check of ids >= 0 skips them."""

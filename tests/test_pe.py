@@ -1163,3 +1163,29 @@ def test_transforms_check_edge_index_before_the_edge_weights(transform):
     data = Data(edge_index=edge_index.t(), edge_weight=torch.ones(5), num_nodes=5)
     with pytest.raises(ValueError, match=r"edge_index must have shape \[2, E\], got \[5, 2\]"):
         transform(data)
+
+
+def test_random_walk_weights_near_the_smallest_double_stay_probabilities():
+    """Mutation testing: without the guard on tiny positive weights, weights of 1e-310 gave
+    inf (1 / a denormal degree)."""
+    edge_index = torch.tensor([[0, 1, 2, 3], [1, 0, 3, 2]])
+    weight = torch.tensor([1.0, 1.0, 1e-310, 1e-310], dtype=torch.float64)
+    out = pe.random_walk_pe(edge_index, 4, 3, edge_weight=weight)
+    assert out.isfinite().all() and (out >= 0).all() and (out <= 1).all()
+
+
+def test_sinusoidal_positions_past_float32_integers():
+    """Position 2^24 + 1 has no float32: cast through it, the encoding was that of 2^24."""
+    position = 2 ** 24 + 1
+    out = pe.SinusoidalPE(2)(torch.zeros(1, 2, dtype=torch.float64), torch.tensor([position]))
+    assert_close(out[0], torch.tensor([math.sin(position), math.cos(position)],
+                                      dtype=torch.float64))
+
+
+def test_laplacian_transform_refuses_a_batch_vector_that_interleaves_graphs():
+    from torch_geometric.data import Batch
+
+    batch = Batch.from_data_list([Data(edge_index=graphs.chain_graph(3), num_nodes=3)] * 2)
+    batch.batch = torch.tensor([0, 1, 0, 1, 0, 1])
+    with pytest.raises(ValueError, match=r"data.batch must list each graph's nodes together"):
+        pe.AddLaplacianPE(1)(batch)

@@ -8,6 +8,7 @@ import torch
 from conftest import GRAPHS, assert_agrees_with_pyg, assert_close
 from torch_geometric.nn import GATConv, GATv2Conv, TransformerConv
 
+from graphattn import graphs
 from graphattn.nn import DenseSelfAttention, GraphSelfAttention, convert_pyg, from_mha, from_pyg
 
 DTYPE = torch.float64
@@ -450,3 +451,30 @@ def test_a_gatconv_as_pyg_before_2_6_made_it_converts():
     conv.lin_src = conv.lin_dst = shared
     assert not hasattr(conv, "residual") and not hasattr(conv, "lin")
     assert_close(from_pyg(conv)(x, edge_index), expected)
+
+
+@pytest.mark.parametrize("dense", [False, True], ids=["graph", "dense"])
+def test_from_mha_of_an_eval_mha_is_in_eval_mode_with_its_dropout(dense):
+    """Mutation testing: dropping the mode went unnoticed (the test's MHA was in training
+    mode, the default), and so did the dense layer's dropout."""
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(8, 2, dropout=0.5).eval()
+    layer = from_mha(mha, dense=dense)
+    assert not layer.training and layer.dropout == 0.5
+    x = torch.randn(6, 8)
+    out = layer(x) if dense else layer(x, graphs.complete_graph(6))
+    assert_close(out, mha(x, x, x, need_weights=False)[0], atol=1e-5, rtol=1e-5)
+
+
+def test_converted_layers_have_pyg_s_parameters_shared_and_without_bias():
+    """Mutation testing: unshared GATv2 weights and biases added to a bias-free
+    TransformerConv gave the same output at conversion, but more (trainable) parameters."""
+    def count(module):
+        return sum(p.numel() for p in module.parameters())
+
+    gatv2 = GATv2Conv(4, 3, heads=2, share_weights=True)
+    layer = from_pyg(gatv2)
+    assert layer.lin_q is layer.lin_k and count(layer) == count(gatv2)
+    transformer = TransformerConv(4, 3, heads=2, bias=False)
+    layer = from_pyg(transformer)
+    assert layer.lin_q.bias is None and count(layer) == count(transformer)
