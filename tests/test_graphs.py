@@ -576,3 +576,11 @@ def test_repeat_graph_batches_sequences_as_dense_attention_does():
 def test_repeat_graph_errors(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+def test_edge_checks_kept_by_mutation_testing():
+    """to_networkx refuses a 3-D edge_attr; repeat_graph takes int32 ids up to 2^31 - 1."""
+    with pytest.raises(ValueError, match=r"edge_attr must have shape \[E\] or \[E, D\]"):
+        graphs.to_networkx(torch.tensor([[0, 1], [1, 2]]), 3, torch.ones(2, 2, 2))
+    empty = torch.empty(2, 0, dtype=torch.int32)
+    assert graphs.repeat_graph(empty, 2 ** 30, 2).dtype == torch.int32

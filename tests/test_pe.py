@@ -1189,3 +1189,15 @@ def test_laplacian_transform_refuses_a_batch_vector_that_interleaves_graphs():
     batch.batch = torch.tensor([0, 1, 0, 1, 0, 1])
     with pytest.raises(ValueError, match=r"data.batch must list each graph's nodes together"):
         pe.AddLaplacianPE(1)(batch)
+
+
+def test_pe_checks_kept_by_mutation_testing():
+    """AddLaplacianPE's pad must be a bool; learned edge weights (requiring grad) are read as
+    their values."""
+    with pytest.raises(TypeError, match=r"pad must be a bool, got 'False'"):
+        pe.AddLaplacianPE(2, pad="False")
+    edge_index = torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]])
+    weight = torch.tensor([1.0, 1.0, 2.0, 2.0])
+    for encode in (pe.laplacian_pe, pe.random_walk_pe):
+        assert_close(encode(edge_index, 3, 1, edge_weight=weight.clone().requires_grad_()),
+                     encode(edge_index, 3, 1, edge_weight=weight))

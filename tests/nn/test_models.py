@@ -862,3 +862,18 @@ def test_gat_takes_its_widths_by_keyword():
     with pytest.raises(TypeError, match="positional argument"):
         GAT(20, 64, 7)
     assert GAT(20, 7, hidden_channels=64).conv2.out_channels == 7
+
+
+def test_model_input_checks_kept_by_mutation_testing():
+    """Checks whose removal the suite did not notice: a list in_channels (read as a bipartite
+    pair), x of another dtype than the weights (torch's "mat1 and mat2"), and a float64
+    positional encoding, which the model casts to its dtype."""
+    with pytest.raises(ValueError, match="in_channels"):
+        GAT([3, 4], 2)
+    model = GraphTransformer(3, 8, 2, pe_channels=2).eval()
+    edge_index = torch.tensor([[0, 1, 2], [1, 2, 3]])
+    with pytest.raises(TypeError, match=r"x must have the dtype of the layer's weights"):
+        model(torch.ones(4, 3, dtype=torch.float64), edge_index, torch.zeros(4, 2))
+    pe = torch.randn(4, 2, dtype=torch.float64)
+    x = torch.randn(4, 3)
+    assert_close(model(x, edge_index, pe), model(x, edge_index, pe.float()))
