@@ -88,6 +88,11 @@ MIN_PARALLEL_WORK = 2**15  # rows + edges below which one thread does all
 # ad-hoc timing: a fresh mask is bound by writing its memory)
 MIN_PARALLEL_MASK = 2**20
 PREFETCH_DISTANCE = 4  # edges ahead whose rows are prefetched
+# Edges a row's sums run over in the inputs' dtype before they are added into float64 sums: a
+# row of n edges then rounds like one of SUM_BLOCK edges plus n / SUM_BLOCK float64 adds, where
+# one running float32 sum over 10^6 edges was off by 1e-5 (its error grows with n). Rows of at
+# most SUM_BLOCK edges never touch the float64 sums.
+SUM_BLOCK = 128
 CACHE_LINE = 64  # bytes
 
 
@@ -788,6 +793,15 @@ def _target_scores(q, k, att, bias, ek, rowptr, perm, src, i, H, Cq, scale, slop
 
 
 @_jit(inline="always")
+def _add_block(sums, acc):
+    """``sums += acc`` (``sums`` in float64), then ``acc = 0``: one block of a long row's sum
+    (see ``SUM_BLOCK``)."""
+    for x in range(acc.shape[0]):
+        sums[x] += acc[x]
+        acc[x] = 0
+
+
+@_jit(inline="always")
 def _max_degree(ptr, first, last):
     """The largest ``ptr[i + 1] - ptr[i]`` over rows ``first..last-1`` (at least 1)."""
     most = 1
@@ -819,10 +833,11 @@ def _forward_kernel(score: int, has_bias: bool, qk_channels: int, v_channels: in
         scores = np.empty((_max_degree(rowptr, first, last), H), dtype=out.dtype)
         state = _mask_state(mask)  # a seeded mask's parameters, read once
         top = np.empty(H, dtype=out.dtype)
-        total = np.empty(H, dtype=out.dtype)
+        total = np.empty(H, dtype=np.float64)
         inv = np.empty(H, dtype=out.dtype)
         weight = np.empty(H * C, dtype=out.dtype)  # the edge's weight, repeated per channel
         acc = np.empty(H * C, dtype=out.dtype)
+        acc_blocks = np.empty(H * C, dtype=np.float64)  # sum of acc over full SUM_BLOCKs
         for i in range(first, last):
             start, stop = rowptr[i], rowptr[i + 1]
             top[:] = -np.inf
@@ -843,26 +858,30 @@ def _forward_kernel(score: int, has_bias: bool, qk_channels: int, v_channels: in
                 for h in range(H):
                     total[h] += scores[p, h]
             acc[:] = 0
-            for p in range(start, stop):
-                if p + PREFETCH_DISTANCE < num_edges:
-                    _prefetch_row(v, src[p + PREFETCH_DISTANCE])
-                    if has_mask:
-                        _prefetch_mask(mask, perm[p + PREFETCH_DISTANCE])
+            acc_blocks[:] = 0
+            for block in range(start, stop, SUM_BLOCK):
+                for p in range(block, min(block + SUM_BLOCK, stop)):
+                    if p + PREFETCH_DISTANCE < num_edges:
+                        _prefetch_row(v, src[p + PREFETCH_DISTANCE])
+                        if has_mask:
+                            _prefetch_mask(mask, perm[p + PREFETCH_DISTANCE])
+                        if has_ev:
+                            _prefetch_row(ev, perm[p + PREFETCH_DISTANCE])
+                    j, e = src[p], perm[p]
+                    for h in range(H):
+                        w = scores[p - start, h]
+                        if has_mask:
+                            w *= _mask_multiplier(mask, state, e, h, H)
+                        for x in range(C):
+                            weight[h * C + x] = w
                     if has_ev:
-                        _prefetch_row(ev, perm[p + PREFETCH_DISTANCE])
-                j, e = src[p], perm[p]
-                for h in range(H):
-                    w = scores[p - start, h]
-                    if has_mask:
-                        w *= _mask_multiplier(mask, state, e, h, H)
-                    for x in range(C):
-                        weight[h * C + x] = w
-                if has_ev:
-                    for x in range(H * C):
-                        acc[x] += weight[x] * (v[j, x] + ev[e, x])
-                else:
-                    for x in range(H * C):
-                        acc[x] += weight[x] * v[j, x]
+                        for x in range(H * C):
+                            acc[x] += weight[x] * (v[j, x] + ev[e, x])
+                    else:
+                        for x in range(H * C):
+                            acc[x] += weight[x] * v[j, x]
+                if block + SUM_BLOCK < stop:
+                    _add_block(acc_blocks, acc)
             for h in range(H):
                 # the log-sum-exp top + log(total) in two parts: log(total) would round away
                 # in the sum when |top| >> log(degree) (a bias of -1e9 on every in-edge)
@@ -878,8 +897,12 @@ def _forward_kernel(score: int, has_bias: bool, qk_channels: int, v_channels: in
                     inv[h] = total[h]
                     lse[i, h, 0] = total[h]
                     lse[i, h, 1] = total[h]
-                for x in range(C):
-                    out[i, h * C + x] = acc[h * C + x] * inv[h]
+                if degree > SUM_BLOCK:
+                    for x in range(C):
+                        out[i, h * C + x] = (acc_blocks[h * C + x] + acc[h * C + x]) * inv[h]
+                else:
+                    for x in range(C):
+                        out[i, h * C + x] = acc[h * C + x] * inv[h]
             if need_alpha:
                 for p in range(start, stop):
                     e = perm[p]
@@ -923,6 +946,8 @@ def _backward_target_kernel(score: int, has_bias: bool, qk_channels: int, v_chan
         factor = np.empty(H * Cq, dtype=out.dtype)  # the edge's d_pre, repeated per channel
         acc = np.empty(H * Cq, dtype=out.dtype)
         acc_att = np.empty(H * Cq, dtype=out.dtype)
+        acc_blocks = np.empty(H * Cq, dtype=np.float64)  # sums of acc over full SUM_BLOCKs
+        att_blocks = np.empty(H * Cq, dtype=np.float64)  # and of acc_att
         for i in range(first, last):
             start, stop = rowptr[i], rowptr[i + 1]
             _target_scores(q, k, att, bias, ek, rowptr, perm, src, i, H, Cq, scale, slope, score,
@@ -937,71 +962,87 @@ def _backward_target_kernel(score: int, has_bias: bool, qk_channels: int, v_chan
             for h in range(H):
                 delta[h] = _dot(grad_out, i, out, i, h * C, C)
             if has_grad_alpha:
-                for p in range(start, stop):
-                    for h in range(H):
-                        delta[h] += alphas[p - start, h] * grad_alpha[perm[p], h]
+                for h in range(H):
+                    extra = 0.0  # float64, as the other sums over a row's edges
+                    for p in range(start, stop):
+                        extra += alphas[p - start, h] * grad_alpha[perm[p], h]
+                    delta[h] += extra
             acc[:] = 0
             acc_att[:] = 0
-            for p in range(start, stop):
-                if p + PREFETCH_DISTANCE < num_edges:
-                    _prefetch_row(v, src[p + PREFETCH_DISTANCE])
-                    if has_mask:
-                        _prefetch_mask(mask, perm[p + PREFETCH_DISTANCE])
-                    _prefetch_row_for_write(grad_key, csc_position[p + PREFETCH_DISTANCE])
-                    _prefetch_row_for_write(weight, csc_position[p + PREFETCH_DISTANCE])
-                j, e, t = src[p], perm[p], csc_position[p]
-                for h in range(H):
-                    a = alphas[p - start, h]
-                    d_alpha = _dot(grad_out, i, v, j, h * C, C)
-                    if has_ev:
-                        d_alpha += _dot(grad_out, i, ev, e, h * C, C)
-                    if has_mask:
-                        m = _mask_multiplier(mask, state, e, h, H)
-                        d_alpha *= m
-                        weight[t, h] = a * m
+            acc_blocks[:] = 0
+            att_blocks[:] = 0
+            for block in range(start, stop, SUM_BLOCK):
+                for p in range(block, min(block + SUM_BLOCK, stop)):
+                    if p + PREFETCH_DISTANCE < num_edges:
+                        _prefetch_row(v, src[p + PREFETCH_DISTANCE])
+                        if has_mask:
+                            _prefetch_mask(mask, perm[p + PREFETCH_DISTANCE])
+                        _prefetch_row_for_write(grad_key, csc_position[p + PREFETCH_DISTANCE])
+                        _prefetch_row_for_write(weight, csc_position[p + PREFETCH_DISTANCE])
+                    j, e, t = src[p], perm[p], csc_position[p]
+                    for h in range(H):
+                        a = alphas[p - start, h]
+                        d_alpha = _dot(grad_out, i, v, j, h * C, C)
+                        if has_ev:
+                            d_alpha += _dot(grad_out, i, ev, e, h * C, C)
+                        if has_mask:
+                            m = _mask_multiplier(mask, state, e, h, H)
+                            d_alpha *= m
+                            weight[t, h] = a * m
+                        else:
+                            weight[t, h] = a
+                        if has_ev:
+                            for x in range(C):
+                                grad_ev[e, h * C + x] = weight[t, h] * grad_out[i, h * C + x]
+                        if has_grad_alpha:
+                            d_alpha += grad_alpha[e, h]
+                        d_score = a * (d_alpha - delta[h])  # dL/ds
+                        # dL/d(q.k) for "dot" (s = scale q.k + b), dL/d(q + k + b) for "additive",
+                        # dL/d(a . LeakyReLU(q + k)) for "gatv2"
+                        d_pre = slopes[p - start, h] * d_score
+                        grad_key[t, h] = d_pre
+                        if has_bias:
+                            grad_bias[e, h] = d_pre if score == ADDITIVE else d_score
+                        for x in range(Cq):
+                            factor[h * Cq + x] = d_pre
+                    if score == ADDITIVE:
+                        for x in range(H):
+                            acc[x] += factor[x]
+                    elif score == GATV2 and has_ek:  # z = q_i + k_j + ek_e; d/d ek_e = d/d q_i
+                        for x in range(H * Cq):
+                            z = q[i, x] + (k[j, x] + ek[e, x])
+                            g = _leaky_relu(z, slope, factor[x] * att[x])
+                            grad_ek[e, x] += g
+                            acc[x] += g
+                            acc_att[x] += factor[x] * _leaky_relu(z, slope, z)
+                    elif score == GATV2:  # d/dz of a . LeakyReLU(z) is a, or a * slope for z <= 0
+                        for x in range(H * Cq):
+                            z = q[i, x] + k[j, x]
+                            acc[x] += _leaky_relu(z, slope, factor[x] * att[x])
+                            acc_att[x] += factor[x] * _leaky_relu(z, slope, z)
+                    elif has_ek:  # the key of the edge is k_j + ek_e, and d/d ek_e = d/d k_j
+                        for x in range(H * Cq):
+                            acc[x] += factor[x] * (k[j, x] + ek[e, x])
+                            grad_ek[e, x] += factor[x] * q[i, x]
                     else:
-                        weight[t, h] = a
-                    if has_ev:
-                        for x in range(C):
-                            grad_ev[e, h * C + x] = weight[t, h] * grad_out[i, h * C + x]
-                    if has_grad_alpha:
-                        d_alpha += grad_alpha[e, h]
-                    d_score = a * (d_alpha - delta[h])  # dL/ds
-                    # dL/d(q.k) for "dot" (s = scale q.k + b), dL/d(q + k + b) for "additive",
-                    # dL/d(a . LeakyReLU(q + k)) for "gatv2"
-                    d_pre = slopes[p - start, h] * d_score
-                    grad_key[t, h] = d_pre
-                    if has_bias:
-                        grad_bias[e, h] = d_pre if score == ADDITIVE else d_score
-                    for x in range(Cq):
-                        factor[h * Cq + x] = d_pre
-                if score == ADDITIVE:
-                    for x in range(H):
-                        acc[x] += factor[x]
-                elif score == GATV2 and has_ek:  # z = q_i + k_j + ek_e; d/d ek_e = d/d q_i
-                    for x in range(H * Cq):
-                        z = q[i, x] + (k[j, x] + ek[e, x])
-                        g = _leaky_relu(z, slope, factor[x] * att[x])
-                        grad_ek[e, x] += g
-                        acc[x] += g
-                        acc_att[x] += factor[x] * _leaky_relu(z, slope, z)
-                elif score == GATV2:  # d/dz of a . LeakyReLU(z) is a, or a * slope for z <= 0
-                    for x in range(H * Cq):
-                        z = q[i, x] + k[j, x]
-                        acc[x] += _leaky_relu(z, slope, factor[x] * att[x])
-                        acc_att[x] += factor[x] * _leaky_relu(z, slope, z)
-                elif has_ek:  # the key of the edge is k_j + ek_e, and d/d ek_e = d/d k_j
-                    for x in range(H * Cq):
-                        acc[x] += factor[x] * (k[j, x] + ek[e, x])
-                        grad_ek[e, x] += factor[x] * q[i, x]
-                else:
-                    for x in range(H * Cq):
-                        acc[x] += factor[x] * k[j, x]
-            for x in range(H * Cq):
-                grad_q[i, x] = acc[x]
-            if score == GATV2:
+                        for x in range(H * Cq):
+                            acc[x] += factor[x] * k[j, x]
+                if block + SUM_BLOCK < stop:
+                    _add_block(acc_blocks, acc)
+                    if score == GATV2:
+                        _add_block(att_blocks, acc_att)
+            if degree > SUM_BLOCK:
                 for x in range(H * Cq):
-                    grad_att[i, x] = acc_att[x]
+                    grad_q[i, x] = acc_blocks[x] + acc[x]
+                if score == GATV2:
+                    for x in range(H * Cq):
+                        grad_att[i, x] = att_blocks[x] + acc_att[x]
+            else:
+                for x in range(H * Cq):
+                    grad_q[i, x] = acc[x]
+                if score == GATV2:
+                    for x in range(H * Cq):
+                        grad_att[i, x] = acc_att[x]
     return kernel
 
 
@@ -1027,6 +1068,8 @@ def _backward_source_kernel(score: int, qk_channels: int, v_channels: int, has_e
         num_edges = target.shape[0]
         key_factor = np.empty(H * Cq, dtype=grad_k.dtype)
         value_factor = np.empty(H * C, dtype=grad_v.dtype)
+        key_blocks = np.empty(grad_k.shape[1], dtype=np.float64)  # sums over full SUM_BLOCKs
+        value_blocks = np.empty(grad_v.shape[1], dtype=np.float64)
         q3 = q.reshape((q.shape[0], H, Cq))
         k3 = k.reshape((k.shape[0], H, Cq))
         ek3 = ek.reshape((ek.shape[0], H, Cq))
@@ -1036,57 +1079,69 @@ def _backward_source_kernel(score: int, qk_channels: int, v_channels: int, has_e
         for j in range(first, last):
             grad_k[j] = 0
             grad_v[j] = 0
-            for t in range(colptr[j], colptr[j + 1]):
-                if t + PREFETCH_DISTANCE < num_edges:
-                    if score != ADDITIVE:
-                        _prefetch_row(q, target[t + PREFETCH_DISTANCE])
-                    if score == GATV2 and has_ek:
-                        _prefetch_row(ek, csc_edge[t + PREFETCH_DISTANCE])
-                    _prefetch_row(grad_out, target[t + PREFETCH_DISTANCE])
-                i = target[t]
-                if qk_channels and v_channels:
-                    for h in range(H):
-                        g, w = grad_key[t, h], weight[t, h]
-                        for x in range(Cq):
-                            key_factor[h * Cq + x] = g
-                        for x in range(C):
-                            value_factor[h * C + x] = w
-                    if score == ADDITIVE:
-                        for x in range(H):
-                            grad_k[j, x] += key_factor[x]
-                    elif score == GATV2 and has_ek:
-                        e = csc_edge[t]
-                        for x in range(H * Cq):
-                            z = q[i, x] + (k[j, x] + ek[e, x])
-                            grad_k[j, x] += _leaky_relu(z, slope, key_factor[x] * att[x])
-                    elif score == GATV2:
-                        for x in range(H * Cq):
-                            z = q[i, x] + k[j, x]
-                            grad_k[j, x] += _leaky_relu(z, slope, key_factor[x] * att[x])
-                    else:
-                        for x in range(H * Cq):
-                            grad_k[j, x] += key_factor[x] * q[i, x]
-                    for x in range(H * C):
-                        grad_v[j, x] += value_factor[x] * grad_out[i, x]
-                else:  # (N, H, C) views: the compiler vectorises these loops with them
-                    for h in range(H):
-                        g, w = grad_key[t, h], weight[t, h]
+            start, stop = colptr[j], colptr[j + 1]
+            key_blocks[:] = 0
+            value_blocks[:] = 0
+            for block in range(start, stop, SUM_BLOCK):
+                for t in range(block, min(block + SUM_BLOCK, stop)):
+                    if t + PREFETCH_DISTANCE < num_edges:
+                        if score != ADDITIVE:
+                            _prefetch_row(q, target[t + PREFETCH_DISTANCE])
+                        if score == GATV2 and has_ek:
+                            _prefetch_row(ek, csc_edge[t + PREFETCH_DISTANCE])
+                        _prefetch_row(grad_out, target[t + PREFETCH_DISTANCE])
+                    i = target[t]
+                    if qk_channels and v_channels:
+                        for h in range(H):
+                            g, w = grad_key[t, h], weight[t, h]
+                            for x in range(Cq):
+                                key_factor[h * Cq + x] = g
+                            for x in range(C):
+                                value_factor[h * C + x] = w
                         if score == ADDITIVE:
-                            grad_k[j, h] += g
+                            for x in range(H):
+                                grad_k[j, x] += key_factor[x]
                         elif score == GATV2 and has_ek:
                             e = csc_edge[t]
-                            for x in range(Cq):
-                                z = q3[i, h, x] + (k3[j, h, x] + ek3[e, h, x])
-                                grad_k3[j, h, x] += _leaky_relu(z, slope, g * att[h * Cq + x])
+                            for x in range(H * Cq):
+                                z = q[i, x] + (k[j, x] + ek[e, x])
+                                grad_k[j, x] += _leaky_relu(z, slope, key_factor[x] * att[x])
                         elif score == GATV2:
-                            for x in range(Cq):
-                                z = q3[i, h, x] + k3[j, h, x]
-                                grad_k3[j, h, x] += _leaky_relu(z, slope, g * att[h * Cq + x])
+                            for x in range(H * Cq):
+                                z = q[i, x] + k[j, x]
+                                grad_k[j, x] += _leaky_relu(z, slope, key_factor[x] * att[x])
                         else:
-                            for x in range(Cq):
-                                grad_k3[j, h, x] += g * q3[i, h, x]
-                        for x in range(C):
-                            grad_v3[j, h, x] += w * grad_out3[i, h, x]
+                            for x in range(H * Cq):
+                                grad_k[j, x] += key_factor[x] * q[i, x]
+                        for x in range(H * C):
+                            grad_v[j, x] += value_factor[x] * grad_out[i, x]
+                    else:  # (N, H, C) views: the compiler vectorises these loops with them
+                        for h in range(H):
+                            g, w = grad_key[t, h], weight[t, h]
+                            if score == ADDITIVE:
+                                grad_k[j, h] += g
+                            elif score == GATV2 and has_ek:
+                                e = csc_edge[t]
+                                for x in range(Cq):
+                                    z = q3[i, h, x] + (k3[j, h, x] + ek3[e, h, x])
+                                    grad_k3[j, h, x] += _leaky_relu(z, slope, g * att[h * Cq + x])
+                            elif score == GATV2:
+                                for x in range(Cq):
+                                    z = q3[i, h, x] + k3[j, h, x]
+                                    grad_k3[j, h, x] += _leaky_relu(z, slope, g * att[h * Cq + x])
+                            else:
+                                for x in range(Cq):
+                                    grad_k3[j, h, x] += g * q3[i, h, x]
+                            for x in range(C):
+                                grad_v3[j, h, x] += w * grad_out3[i, h, x]
+                if block + SUM_BLOCK < stop:
+                    _add_block(key_blocks, grad_k[j])
+                    _add_block(value_blocks, grad_v[j])
+            if stop - start > SUM_BLOCK:
+                for x in range(grad_k.shape[1]):
+                    grad_k[j, x] += key_blocks[x]
+                for x in range(grad_v.shape[1]):
+                    grad_v[j, x] += value_blocks[x]
     return kernel
 
 
@@ -1478,8 +1533,12 @@ def cpu_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *, s
     allocates ``[E, H]`` scratch only (and, for gatv2, ``[N_dst, H, C]`` for the gradient of
     ``att``). Results are the same bit for bit on every run. fp32 and fp64 are
     computed in their own dtype; fp16 and bf16 are computed in fp32 and returned in their own
-    dtype. Gradients of gradients (``create_graph=True``) are those of the reference backend,
-    recomputed with its ``[E, H, C]`` tensors.
+    dtype. Sums over a node's edges (the output and softmax denominator of a target, the
+    gradients of ``q`` and of a source's ``k`` and ``v``) run in blocks of ``SUM_BLOCK`` (128)
+    edges added in float64, so a node of 10^6 edges in fp32 rounds like one of 128: 4e-8
+    relative error in its output, against 1.6e-5 for one running fp32 sum. Gradients of
+    gradients (``create_graph=True``) are those of the reference backend, recomputed with its
+    ``[E, H, C]`` tensors.
 
     Args:
         q (Tensor): ``[N_dst, H, C]`` (``[N_dst, H]`` when ``score="additive"``).

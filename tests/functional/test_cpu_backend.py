@@ -92,6 +92,67 @@ def test_equals_reference_on_a_skewed_random_graph(score, need_alpha):
         assert_close(a, b, **({"atol": 1e-3, "rtol": 1e-4} if b.shape == (H, C) else {}))
 
 
+def star_both_ways(num_edges):
+    """Node 0 with ``num_edges`` in-edges (from 0..E-1) and as many out-edges (to 1..E): the
+    longest row of both the target and the source pass."""
+    j = torch.arange(num_edges)
+    return torch.cat([torch.stack([j, torch.zeros_like(j)]),
+                      torch.stack([torch.zeros_like(j), j + 1])], dim=1)
+
+
+@pytest.mark.parametrize("score, channels, edge_terms", [
+    ("dot", 16, "key and value"), ("gatv2", 4, "key"), ("additive", 16, None)])
+def test_rows_longer_than_a_sum_block_equal_reference(score, channels, edge_terms):
+    # rows of 2.5 SUM_BLOCKs, in float64 where both sum alike: the partial block sums of the
+    # target and source passes add up to the whole, with edge terms, dropout and a loss on alpha
+    E = 2 * cpu_module.SUM_BLOCK + cpu_module.SUM_BLOCK // 2
+    edge_index = star_both_ways(E)
+    (q, k, v, bias), mask = make_inputs(E + 1, E + 1, 2 * E, score, torch.float64, seed=6,
+                                        dropout=0.2, channels=channels)
+    att = make_att(score, channels=channels, dtype=torch.float64)
+    gen = torch.Generator().manual_seed(7)
+    edge_key = edge_value = None
+    if edge_terms:
+        edge_key = torch.randn(2 * E, H, channels, generator=gen,
+                               dtype=torch.float64).requires_grad_()
+        edge_value = edge_key if edge_terms == "key and value" else None
+    alpha_weight = torch.randn(2 * E, H, generator=gen, dtype=torch.float64)
+    inputs = [t for t in (q, k, v, bias, att, edge_key) if t is not None]
+    results = []
+    for backend in (cpu_edge_attention, reference_edge_attention):
+        out, alpha = backend(q, k, v, edge_index, scale=0.7, bias=bias, dropout_mask=mask,
+                             score=score, negative_slope=0.2, need_alpha=True, att=att,
+                             edge_key=edge_key, edge_value=edge_value)
+        loss = (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)).sum()
+        loss = loss + (alpha * alpha_weight).sum()
+        results.append((out, alpha, *torch.autograd.grad(loss, inputs)))
+    for a, b in zip(*results, strict=True):
+        assert_close(a, b)
+
+
+def test_long_rows_in_float32_are_summed_to_float64_accuracy():
+    # One running float32 sum over a row of 2^15 edges was off by 3e-6 (out) and 3e-6 (the
+    # source's grad v, summed over its out-edges); summed in blocks added in float64, by 4e-8
+    # and 2e-7. Compared with the same kernels in float64.
+    E, gen = 2**15, torch.Generator().manual_seed(0)
+    edge_index = star_both_ways(E)
+    q, k, v, w = (torch.randn(E + 1, H, C, generator=gen, dtype=torch.float64)
+                  for _ in range(4))
+    v = v + 1  # values of one sign: the sum does not cancel
+    results = {}
+    for dtype in (torch.float64, torch.float32):
+        inputs = [t.to(dtype).requires_grad_() for t in (q, k, v)]
+        out, alpha = edge_attention(*inputs, edge_index, backend="cpu", return_attention=True)
+        grads = torch.autograd.grad((out * w.to(dtype)).sum(), inputs)
+        results[dtype] = (out[0], alpha[:E].sum(0) - 1, *(g[0] for g in grads))
+    names = ("out", "sum alpha - 1", "grad q", "grad k", "grad v")
+    bounds = (5e-7, 5e-7, 5e-5, 3e-6, 7e-7)
+    for name, bound, single, double in zip(names, bounds, results[torch.float32],
+                                           results[torch.float64], strict=True):
+        error = (single.double() - double).norm() / double.norm().clamp_min(1)
+        assert error < bound, (name, error.item())
+
+
 @pytest.mark.parametrize("score", ["dot", "additive", "gatv2"])
 def test_dropout_through_edge_attention_uses_the_same_mask(score):
     edge_index = random_graph(20, 120, seed=5)
