@@ -19,6 +19,11 @@ autodoc_typehints = "none"  # the docstrings give the types; overloads show one 
 autodoc_default_options = {"members": True}
 napoleon_custom_sections = ["Shapes"]  # a heading over its list, as written
 exclude_patterns = ["_build"]
+# the README links to benchmarks/README.md by its path in the repository, with GitHub's heading
+# anchors: the stub that includes that page stands at the same path under docs/ as the README's
+# stub (readme.md) at its root, so the link resolves here too, and MyST gives the headings down
+# to ### those anchors
+myst_heading_anchors = 3
 html_theme = "alabaster"
 
 # nitpicky mode (-n) checks every cross-reference; the builds run offline, without the

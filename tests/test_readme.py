@@ -1,4 +1,5 @@
-"""The README's Python examples run as written, each block on its own."""
+"""The README's Python examples run as written, each block on its own; its links and the
+benchmarks' README they lead to hold what they promise."""
 
 import re
 from pathlib import Path
@@ -6,6 +7,7 @@ from pathlib import Path
 import pytest
 
 README = Path(__file__).resolve().parents[1] / "README.md"
+BENCHMARKS_README = README.parent / "benchmarks" / "README.md"
 BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
 
 
@@ -32,9 +34,10 @@ def test_package_exposes_its_modules():
     assert callable(graphattn.datasets.load_planetoid)
 
 
-def test_readme_tables_are_not_reflowed_into_paragraphs():
+@pytest.mark.parametrize("page", [README, BENCHMARKS_README], ids=["README", "benchmarks"])
+def test_readme_tables_are_not_reflowed_into_paragraphs(page):
     """Every markdown table row starts its own line (a reflowed paragraph swallowed one)."""
-    lines = README.read_text().splitlines()
+    lines = page.read_text().splitlines()
     inlined = [line for line in lines if "| --- |" in line and not line.startswith("| ")]
     assert not inlined, inlined
     for i, line in enumerate(lines):
@@ -59,11 +62,21 @@ def _spilling(table: str, **columns: str) -> list[int]:
     return stores
 
 
+def _section(page: Path, heading: str) -> str:
+    """The text of the ``## `` section of a markdown page whose heading starts with ``heading``,
+    up to the next ``## `` heading, its lines joined by single spaces."""
+    text = page.read_text()
+    start = text.index("\n## " + heading)
+    end = text.find("\n## ", start + 1)
+    return " ".join(text[start:end if end > 0 else None].split())
+
+
 def test_readme_quotes_the_committed_register_spills():
-    """The README's spill counts under "Compiled ahead of time" are those of the tables in
-    benchmarks/results (they were left behind once when the tables were rerun)."""
+    """The spill counts that the benchmarks' README gives under `triton_resources.py` are those
+    of the tables in benchmarks/results (they were left behind once when the tables were
+    rerun), and the README's summary agrees with them."""
     results = README.parent / "benchmarks" / "results"
-    text = " ".join(README.read_text().split())
+    text = _section(BENCHMARKS_README, "`triton_resources.py`")
     one_node = (results / "triton_resources.md").read_text()
     rows8 = (results / "triton_resources_rows8.md").read_text()
     blocks = (results / "triton_resources_blocks.md").read_text()
@@ -81,3 +94,48 @@ def test_readme_quotes_the_committed_register_spills():
     assert counts["32", "tf32"] == (4, 36) and "4 of 27 by up to 36 bytes with TF32" in text
     assert counts["32", "bf16"] == (3, 8) and "3 of 27 by up to 8 bytes in bf16" in text
     assert counts["64", "ieee"][0] == 16 and "in tiles of 64, 16 of 27 spill in fp32" in text
+    summary = " ".join(README.read_text().split())
+    assert "none of the one-node kernels spills registers" in summary
+
+
+def _github_slug(heading: str) -> str:
+    """The anchor GitHub gives a markdown heading: lower case, code marks and punctuation
+    dropped, spaces made hyphens (as MyST's ``myst_heading_anchors`` does in the docs)."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _anchors(page: Path) -> set[str]:
+    """The anchors of a markdown page's headings (outside its code blocks)."""
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    return {_github_slug(m.group(1)) for m in re.finditer(r"^#+ (.+)$", text, flags=re.M)}
+
+
+@pytest.mark.parametrize("page", [README, BENCHMARKS_README], ids=["README", "benchmarks"])
+def test_relative_links_resolve(page):
+    """Every relative link and image of the page names a file of the repository, and a link's
+    anchor names a heading of the page it leads to (GitHub resolves them as paths; the docs
+    build checks them again, with the pages at their places under docs/)."""
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    links = re.findall(r"\]\(([^)\s]+)\)", text)
+    assert links
+    name = page.relative_to(README.parent)
+    for link in links:
+        if re.match(r"[a-z]+:", link):
+            continue
+        path, _, anchor = link.partition("#")
+        target = (page.parent / path).resolve() if path else page
+        assert target.is_file(), f"{name}: {link} names no file"
+        if anchor:
+            assert anchor in _anchors(target), f"{name}: {link}: no heading {anchor!r}"
+
+
+def test_readme_links_to_the_moved_measurements():
+    """The README summarises the measurements and links to each place in the benchmarks'
+    README that holds them."""
+    text = README.read_text()
+    for heading in ("`gpu.py`", "`triton_resources.py`", "`vs_pyg.py`", "`compile_cpu.py`",
+                    "`sparse_vs_dense.py`", "`block_diagonal.py`", "`explicit_weights.py`",
+                    "`dropout_cpu.py`"):
+        line = next(line for line in BENCHMARKS_README.read_text().splitlines()
+                    if line.startswith("## " + heading))
+        assert f"](benchmarks/README.md#{_github_slug(line.lstrip('# '))})" in text, heading
