@@ -497,6 +497,13 @@ def edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
     float64: ``backend="auto"`` then takes ``"reference"``); their output has the dtype of
     v, and the weights that of the scores' inputs (q, k, bias, att, ``edge_key``) promoted.
 
+    The fused backends keep the output for backward, as ``scaled_dot_product_attention``
+    does: an in-place edit of ``out`` (``out.relu_()``, ``out += x``, ``out[mask] = 0``)
+    before backward makes autograd raise "modified by an inplace operation" on ``"cpu"`` and
+    on fp32 ``"triton"``. Edit a copy (``out = out.relu()``) instead; ``"reference"`` and
+    ``"dense"`` happen not to keep it, so code that edits in place runs there but not on every
+    backend.
+
     Args:
         q (Tensor): queries of the targets, ``[N_dst, H, C]`` (``[N_dst, H]`` when additive).
         k (Tensor): keys of the sources, ``[N_src, H, C]`` (``[N_src, H]`` when additive).

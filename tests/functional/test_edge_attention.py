@@ -625,3 +625,23 @@ def test_gradients_repeat_bit_for_bit_with_two_threads(backend, score):
                 assert torch.equal(got, want)
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_in_place_edit_of_the_output_before_backward(backend):
+    # documented: the fused cpu kernels keep the output for backward (as SDPA does), so an
+    # in-place edit is caught; the reference and dense paths do not keep it. A copy is right
+    # everywhere.
+    edge_index = random_graph(12, 50, seed=3)
+    q, k, v = (torch.randn(12, 2, 4, requires_grad=True) for _ in range(3))
+    out = edge_attention(q, k, v, edge_index, backend=backend)
+    if backend == "cpu":
+        out.relu_()
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            out.sum().backward()
+    expected = torch.autograd.grad(
+        edge_attention(q, k, v, edge_index, backend="reference").relu().sum(), (q, k, v))
+    got = torch.autograd.grad(edge_attention(q, k, v, edge_index, backend=backend).relu().sum(),
+                              (q, k, v))
+    for a, b in zip(got, expected, strict=True):
+        assert_close(a, b)
