@@ -5,7 +5,8 @@ gathers and scatters, the dense backend's SDPA wrapper) have a hand-written back
 forward-mode or batching rule, and SDPA's flash kernel has no forward-mode derivative. Under
 ``torch.func``'s transforms, and for inputs that carry a forward-mode tangent
 (``torch.autograd.forward_ad``), the same functions are computed with plain torch ops instead,
-which every transform differentiates and batches.
+which every transform differentiates and batches. So they are under ``torch.onnx.export``,
+where ONNX has functions for plain torch ops and none for the Functions' operators.
 
 Outside those transforms the Functions are called through :func:`apply_function`, which skips
 what ``torch.autograd.Function.apply`` does at every call for a Function with a separate
@@ -33,10 +34,19 @@ def host_readable(t: Tensor) -> bool:
             and torch._C._len_torch_dispatch_stack() == 0)
 
 
+def onnx_exporting() -> bool:
+    """Whether ``torch.onnx.export`` is tracing this call (either exporter: dynamo's, or the
+    TorchScript one's trace)."""
+    # (is_in_onnx_export costs a microsecond; asked only while something traces)
+    return ((torch.compiler.is_compiling() or torch.jit.is_tracing())
+            and torch.onnx.is_in_onnx_export())
+
+
 def plain_ops_only(*tensors: Tensor | None) -> bool:
-    """True under ``torch.func``'s transforms (vjp, jvp, vmap, ...) or when one of ``tensors``
-    is a forward-mode dual tensor: the fused paths' Functions cannot run there."""
-    if torch._C._are_functorch_transforms_active():
+    """True under ``torch.func``'s transforms (vjp, jvp, vmap, ...), under
+    ``torch.onnx.export``, or when one of ``tensors`` is a forward-mode dual tensor: the fused
+    paths' Functions cannot run (or be exported) there."""
+    if torch._C._are_functorch_transforms_active() or onnx_exporting():
         return True
     # no dual level entered (the common case): no tensor can carry a tangent
     return fwAD._current_level >= 0 and any(

@@ -27,7 +27,7 @@ from graphattn._checks import (
     dense_graph_ids,
     score_factor,
 )
-from graphattn.functional._transforms import plain_ops_only
+from graphattn.functional._transforms import onnx_exporting, plain_ops_only
 from graphattn.functional.cpu import check_cpu_inputs, cpu_edge_attention
 from graphattn.functional.dense_backend import (
     DiagonalBlocks,
@@ -641,6 +641,8 @@ def edge_attention_unchecked(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor
     if not isinstance(backend, str) or backend not in BACKENDS:
         raise ValueError(f"backend must be 'auto' or one of {available_backends()}, "
                          f"got {backend!r}")
+    if backend == "dense" and onnx_exporting():
+        backend = "reference"  # the same function in ops ONNX has, for graphs of any size
     if backend == "dense" and torch.jit.is_tracing():
         raise ValueError("backend='dense' reads the graph's structure as it runs, which "
                          "torch.jit.trace cannot record: trace with backend='auto' or 'cpu' "

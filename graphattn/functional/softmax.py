@@ -59,9 +59,11 @@ def scatter_softmax(src: Tensor, index: Tensor, num_segments: int | None = None)
         # (torch.jit.trace gives a size as a 0-d tensor, which records it; an int would fix
         # the traced graph to that many groups)
         num_segments = check_non_negative(num_segments, "num_segments")
-    if index.numel() == 0:
+    if torch.compiler.is_compiling():
+        pass  # the group count is settled above; the edge count may be known at run time only
+    elif index.numel() == 0:
         num_segments = num_segments or 0
-    elif not torch.compiler.is_compiling():
+    else:
         # One host sync (not one per bound) for the range check and the default group count.
         lo, hi = host_list(torch.stack(torch.aminmax(index)))
         num_segments = hi + 1 if num_segments is None else num_segments

@@ -1,0 +1,45 @@
+"""``torch.onnx.export`` (the dynamo exporter, torch's default) of the layers and models, run
+in onnxruntime on graphs of other sizes than the exported one."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import assert_close
+
+from graphattn.nn import GAT, GraphSelfAttention, GraphTransformer
+
+onnxruntime = pytest.importorskip("onnxruntime", reason="the ONNX tests need onnxruntime "
+                                  "(pip install -e '.[test]' installs it)")
+pytest.importorskip("onnxscript", reason="torch.onnx.export needs onnxscript")
+
+MODELS = {
+    "layer": lambda: GraphSelfAttention(8, 4, heads=2),
+    "layer-dense": lambda: GraphSelfAttention(8, 4, heads=2, backend="dense"),
+    "layer-cpu-gatv2": lambda: GraphSelfAttention(8, 4, heads=2, attention="gatv2",
+                                                  backend="cpu"),
+    "GAT": lambda: GAT(8, 3, hidden_channels=4, heads=2),
+    "GraphTransformer": lambda: GraphTransformer(8, 8, 3, heads=2),
+}
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_onnx_export_with_dynamic_sizes_runs_on_other_graphs(name, tmp_path):
+    """Every backend exports as the reference's plain ops (ONNX has no function for the fused
+    operators), with the node and edge counts dynamic."""
+    from torch.export import Dim
+
+    torch.manual_seed(0)
+    module = MODELS[name]().eval()
+    x, edge_index = torch.randn(12, 8), torch.randint(0, 12, (2, 40))
+    path = tmp_path / f"{name}.onnx"
+    torch.onnx.export(module, (x, edge_index), path, dynamo=True,
+                      input_names=["x", "edge_index"], output_names=["out"],
+                      dynamic_shapes=({0: Dim("N")}, {1: Dim("E")}))
+    session = onnxruntime.InferenceSession(str(path))
+    # a dense graph too, where auto takes the dense backend in eager
+    for n, e in [(12, 40), (50, 300), (7, 45), (3, 0)]:
+        x, edge_index = torch.randn(n, 8), torch.randint(0, n, (2, e))
+        (out,) = session.run(None, {"x": x.numpy(), "edge_index": edge_index.numpy()})
+        with torch.no_grad():
+            assert_close(torch.from_numpy(out), module(x, edge_index), atol=1e-5, rtol=1e-4)
