@@ -14,6 +14,7 @@ import collections
 import hashlib
 import http.client
 import importlib
+import operator
 import os
 import pickle
 import secrets
@@ -278,38 +279,113 @@ def _read_part(path: Path, part: str):
             return np.array([int(line) for line in path.read_text().split()], dtype=np.int64)
         with open(path, "rb") as f:
             obj = _PlanetoidUnpickler(f, encoding="latin1").load()
+        if scipy.sparse.issparse(obj):
+            obj.check_format(full_check=True)  # toarray trusts indices and indptr blindly
+            obj = obj.toarray()
     except Exception as err:  # every parse failure means a damaged file
         raise corrupt(f"{type(err).__name__}: {err}") from err
     if part == "graph":
         if not isinstance(obj, dict):
             raise corrupt(f"expected a dict of adjacency lists, got {type(obj).__name__}")
         return obj
-    if scipy.sparse.issparse(obj):
-        obj = obj.toarray()
     if not isinstance(obj, np.ndarray) or obj.ndim != 2:
         raise corrupt(f"expected a 2-D matrix, got {type(obj).__name__}")
+    if obj.dtype.kind not in "biuf":
+        raise corrupt(f"expected a matrix of numbers, got dtype {obj.dtype}")
     return obj
+
+
+def _adjacency(graph: dict, path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The graph file's dict ``{j: [i, ...]}`` as int64 arrays: its keys ``[K]``, and the sources
+    ``j`` and targets ``i`` ``[E]`` of its listed edges."""
+    try:
+        keys = np.fromiter((operator.index(j) for j in graph), dtype=np.int64, count=len(graph))
+        src = np.fromiter((operator.index(j) for j, nbrs in graph.items() for _ in nbrs),
+                          dtype=np.int64)
+        dst = np.fromiter((operator.index(i) for nbrs in graph.values() for i in nbrs),
+                          dtype=np.int64)
+    except (TypeError, ValueError, OverflowError) as err:  # a str or float id, ids past int64
+        raise CorruptFileError(f"{path} does not hold adjacency lists of node ids "
+                               f"({type(err).__name__}: {err})") from err
+    return keys, src, dst
+
+
+def _check_fit(name: str, parts: dict, folder: Path, graph_ids: np.ndarray) -> None:
+    """Raise a :class:`CorruptFileError` naming the files and their sizes where the parts of
+    ``name`` do not fit together (the checks of the published files' layout, made before any
+    array is built from them).
+
+    The layout: ``ally`` (``[A, C]``) labels nodes ``0 .. A-1``, of which ``y`` (``[T, C]``)
+    the first ``T`` training nodes and the next :data:`NUM_VAL` are validation nodes;
+    ``test.index`` lists the ``R`` distinct test nodes, labelled by ``ty`` (``[R, C]``) row by
+    row, the lowest being node ``A``; ``x``, ``allx``, ``tx`` (``[T, F]``, ``[A, F]``,
+    ``[R, F]``) hold the features of the same rows. The ``N = A + span`` nodes are those of
+    ``ally`` and the span of ``test.index``; the graph's ids (``graph_ids``: its keys and their
+    neighbours) lie in ``[0, N)``. Ids that ``test.index`` skips (15 in CiteSeer, padded with
+    zero rows) must lie below the graph's highest id: a skip beyond it, as a test index of
+    ``10**11``, is damage, not a node.
+    """
+    file = {part: f"ind.{name.lower()}.{part}" for part in PARTS}
+
+    def check(condition: bool, what: str) -> None:
+        if not condition:
+            raise CorruptFileError(f"{name}: the raw files in {folder} do not fit together: "
+                                   f"{what}. Delete the damaged file(s) to download them again.")
+
+    def sizes(which: tuple[str, ...], axis: int) -> str:
+        first, *rest = which
+        return ", ".join([f"{file[first]} has {parts[first].shape[axis]}"]
+                         + [f"{file[p]} {parts[p].shape[axis]}" for p in rest])
+
+    y, ty, ally, test_index = parts["y"], parts["ty"], parts["ally"], parts["test.index"]
+    labels = ("y", "ty", "ally")
+    check(len({parts[p].shape[1] for p in labels}) == 1,
+          f"the label files disagree on the number of classes (columns): {sizes(labels, 1)}")
+    check(y.shape[1] > 0, f"the label files have no columns (classes): {sizes(labels, 1)}")
+    check(y.shape[0] + NUM_VAL <= ally.shape[0],
+          f"{file['y']} has {y.shape[0]} rows (training nodes) but {file['ally']} only "
+          f"{ally.shape[0]}, fewer than them and the {NUM_VAL} validation nodes after them")
+    check(len(test_index) == ty.shape[0],
+          f"{file['test.index']} lists {len(test_index)} nodes but {file['ty']} has "
+          f"{ty.shape[0]} rows")
+    check(len(test_index) > 0, f"{file['test.index']} lists no nodes")
+    nodes, counts = np.unique(test_index, return_counts=True)  # sorted
+    if nodes.size < test_index.size:
+        twice = counts > 1
+        check(False, f"{file['test.index']} lists {int(twice.sum())} node(s) more than once "
+                     f"(node {int(nodes[twice][0])} {int(counts[twice][0])} times)")
+    lo, hi = int(nodes[0]), int(nodes[-1])
+    check(lo == ally.shape[0], f"{file['test.index']} starts at node {lo} but {file['ally']} "
+          f"has {ally.shape[0]} rows: the test nodes start at node {ally.shape[0]}")
+    if "allx" in parts:
+        features = ("x", "tx", "allx")
+        check(len({parts[p].shape[1] for p in features}) == 1,
+              f"the feature files disagree on the number of features (columns): "
+              f"{sizes(features, 1)}")
+        for feature, label in (("x", "y"), ("allx", "ally"), ("tx", "ty")):
+            check(parts[feature].shape[0] == parts[label].shape[0],
+                  f"{file[feature]} has {parts[feature].shape[0]} rows but {file[label]} has "
+                  f"{parts[label].shape[0]}")
+    num_nodes = hi + 1  # the rows of ally, then the span of test.index
+    low, high = (int(graph_ids.min()), int(graph_ids.max())) if graph_ids.size else (0, -1)
+    check(low >= 0 and high < num_nodes,
+          f"{file['graph']} has node ids outside [0, {num_nodes}) (from {low} to {high}), the "
+          f"nodes of {file['ally']} and {file['test.index']}")
+    skipped = hi - lo + 1 - len(test_index)
+    check(skipped == 0 or hi <= high,
+          f"{file['test.index']} skips {skipped} node ids up to node {hi}, past the last node "
+          f"{high} of {file['graph']}: only nodes of the graph may be left out of the test files")
 
 
 def _read_planetoid(name: str, paths: dict[str, Path], structure_only: bool) -> Data:
     """Assemble the graph as ``torch_geometric``'s ``read_planetoid_data`` does."""
     parts = {part: _read_part(path, part) for part, path in paths.items()}
+    keys, src, dst = _adjacency(parts["graph"], paths["graph"])
+    _check_fit(name, parts, paths["y"].parent, np.concatenate([keys, dst]))
     y, ty, ally, test_index = parts["y"], parts["ty"], parts["ally"], parts["test.index"]
     tx = parts.get("tx")
-
-    def check(condition: bool, what: str) -> None:
-        if not condition:
-            raise CorruptFileError(f"{name}: the raw files in {paths['y'].parent} do not fit "
-                                   f"together: {what}. Delete the damaged file(s) to download "
-                                   f"them again.")
-
-    check(len(test_index) == ty.shape[0], f"ind.{name.lower()}.test.index lists "
-          f"{len(test_index)} nodes but ty has {ty.shape[0]} rows")
-    check(y.shape[0] + NUM_VAL <= ally.shape[0] and ty.shape[1] == ally.shape[1] == y.shape[1],
-          f"label matrices y {y.shape}, ty {ty.shape}, ally {ally.shape}")
     lo, hi = int(test_index.min()), int(test_index.max())
-    check(lo == ally.shape[0], f"test indices start at {lo}, expected {ally.shape[0]}")
-    # CiteSeer's test indices skip isolated nodes missing from tx / ty: pad them with zero rows.
+    # CiteSeer's test indices skip nodes missing from tx / ty: pad them with zero rows.
     sorted_test = np.sort(test_index)
     span = hi - lo + 1
     ty_full = np.zeros((span, ty.shape[1]), dtype=ty.dtype)
@@ -321,28 +397,13 @@ def _read_planetoid(name: str, paths: dict[str, Path], structure_only: bool) -> 
 
     x = None
     if not structure_only:
-        allx = parts["allx"]
-        check(tx.shape[0] == ty.shape[0] and allx.shape[0] == ally.shape[0]
-              and parts["x"].shape[0] == y.shape[0]
-              and tx.shape[1] == allx.shape[1] == parts["x"].shape[1],
-              f"feature matrices x {parts['x'].shape}, tx {tx.shape}, allx {allx.shape}")
         tx_full = np.zeros((span, tx.shape[1]), dtype=np.float32)
         tx_full[sorted_test - lo] = tx
-        feats = np.concatenate([allx.astype(np.float32), tx_full])
+        feats = np.concatenate([parts["allx"].astype(np.float32), tx_full])
         feats[test_index] = feats[sorted_test]
         x = torch.from_numpy(feats)
         x = x / x.sum(dim=1, keepdim=True).clamp_min(1.0e-12)  # row-normalised, zero rows stay 0
 
-    graph = parts["graph"]
-    try:
-        src = np.fromiter((int(j) for j, nbrs in graph.items() for _ in nbrs), dtype=np.int64)
-        dst = np.fromiter((int(i) for nbrs in graph.values() for i in nbrs), dtype=np.int64)
-    except (TypeError, ValueError) as err:
-        raise CorruptFileError(f"{paths['graph']} does not hold adjacency lists of node ids "
-                               f"({err})") from err
-    check(src.size == 0 or (min(src.min(), dst.min()) >= 0
-                            and max(src.max(), dst.max()) < num_nodes),
-          f"ind.{name.lower()}.graph has node ids outside [0, {num_nodes})")
     edge_index = _undirected_simple(torch.from_numpy(src), torch.from_numpy(dst), num_nodes)
 
     def mask(index: Tensor) -> Tensor:

@@ -10,6 +10,7 @@ from urllib.error import URLError
 
 import numpy as np
 import pytest
+import scipy.sparse
 import torch
 
 import graphattn.datasets as ds
@@ -291,6 +292,53 @@ def test_root_expands_the_home_folder(tmp_path, monkeypatch, offline):
     assert not (tmp_path / "~").exists()
 
 
+def leave_stale_parts(folder: Path, parts: list[str]) -> dict[Path, bytes]:
+    """What interrupted downloads of ``parts`` leave in ``folder``, name -> bytes: this
+    module's temporary files of runs killed before their cleanup (garbage of the full size, and
+    the full file, killed between its last byte and the rename), and a prefix under the name
+    other downloaders (wget, PyG) use."""
+    src = source_dir("Cora", parts)
+    folder.mkdir(parents=True, exist_ok=True)
+    stale = {}
+    for part in parts:
+        payload = (src / f"ind.cora.{part}").read_bytes()
+        stale[folder / f".ind.cora.{part}.0123456789abcdef.part"] = b"\x80" * len(payload)
+        stale[folder / f".ind.cora.{part}.fedcba9876543210.part"] = payload
+        stale[folder / f"ind.cora.{part}.part"] = payload[: len(payload) // 2]
+    for path, data in stale.items():
+        path.write_bytes(data)
+    return stale
+
+
+def test_stale_partial_download_is_downloaded_again(tmp_path, monkeypatch):
+    folder = tmp_path / "Cora" / "raw"
+    stale = leave_stale_parts(folder, ["x", "allx"])
+    src = source_dir("Cora", PARTS)
+    calls = serve(monkeypatch, {f"ind.cora.{p}": (src / f"ind.cora.{p}").read_bytes()
+                                for p in PARTS})
+    data = load_planetoid("Cora", tmp_path, progress=False)
+    assert sorted(url.rsplit("/", 1)[1] for url in calls) == sorted(f"ind.cora.{p}" for p in PARTS)
+    reference = load_planetoid("Cora", src.parent.parent, download=False)
+    assert torch.equal(data.x, reference.x) and torch.equal(data.y, reference.y)
+    # Left as they were: another process may still be writing one of them.
+    assert {p: p.read_bytes() for p in folder.glob("*part")} == stale
+    assert sorted(p.name for p in folder.glob("ind.cora.*") if p.suffix != ".part") == sorted(
+        f"ind.cora.{p}" for p in PARTS)
+
+
+def test_stale_partial_download_is_not_the_file(tmp_path, offline):
+    # Even a complete one: only a verified rename makes ind.cora.x.
+    folder = copy_raw("Cora", tmp_path, [p for p in PARTS if p != "x"])
+    leave_stale_parts(folder, ["x"])
+    with pytest.raises(MissingFilesError, match=r"1 raw file\(s\) missing .*: ind\.cora\.x\."):
+        load_planetoid("Cora", tmp_path, download=False)
+    with pytest.raises(MissingFilesError, match=r"download failed: .*ind\.cora\.x\."):
+        load_planetoid("Cora", tmp_path)
+    assert len(offline) == 1
+    data = load_planetoid("Cora", tmp_path, structure_only=True)  # x is not needed there
+    assert data.num_nodes == 2708
+
+
 def test_download_with_wrong_checksum_is_discarded(tmp_path, monkeypatch):
     src = source_dir("Cora", PARTS)
     files = {f"ind.cora.{p}": (src / f"ind.cora.{p}").read_bytes() for p in PARTS}
@@ -330,8 +378,8 @@ def test_local_checksum_mismatch_is_never_parsed(tmp_path, monkeypatch, offline,
     ("x", r"ind\.cora\.x cannot be read as a Planetoid file \(UnpicklingError"),
     ("graph", r"ind\.cora\.graph cannot be read as a Planetoid file \(EOFError"),
     ("ally", r"ind\.cora\.ally cannot be read as a Planetoid file"),
-    ("test.index", r"do not fit together: ind\.cora\.test\.index lists 500 nodes but ty has "
-                   r"1000 rows"),
+    ("test.index", r"do not fit together: ind\.cora\.test\.index lists 500 nodes but "
+                   r"ind\.cora\.ty has 1000 rows"),
 ])
 def test_truncated_file_gives_clear_error(tmp_path, monkeypatch, offline, part, message):
     folder = copy_raw("Cora", tmp_path, PARTS)
@@ -404,11 +452,20 @@ def write_tiny_planetoid(root: Path, monkeypatch, **override) -> Path:
         path = folder / f"ind.cora.{part}"
         if part == "test.index":
             path.write_text(obj)
-        else:  # numpy 2 names its module numpy._core; the published pickles say numpy.core
-            path.write_bytes(pickle.dumps(obj, protocol=3).replace(b"numpy._core.",
-                                                                    b"numpy.core."))
+        else:  # numpy 2 names its module numpy._core, scipy scipy.sparse._csr; the published
+            # pickles say numpy.core and scipy.sparse.csr
+            path.write_bytes(pickle.dumps(obj, protocol=3)
+                             .replace(b"numpy._core.", b"numpy.core.")
+                             .replace(b"scipy.sparse._csr\n", b"scipy.sparse.csr\n"))
         monkeypatch.setitem(ds.SHA256, path.name, hashlib.sha256(path.read_bytes()).hexdigest())
     return folder
+
+
+def broken_csr() -> scipy.sparse.csr_matrix:
+    """A 2 x 3 CSR matrix whose last stored entry has column index 7."""
+    m = scipy.sparse.csr_matrix(np.ones((2, 3), dtype=np.float32))
+    m.indices[-1] = 7  # toarray would write it past the dense rows
+    return m
 
 
 def test_tiny_planetoid_with_all_500_validation_nodes_loads(tmp_path, monkeypatch, offline):
@@ -424,11 +481,54 @@ def test_tiny_planetoid_with_all_500_validation_nodes_loads(tmp_path, monkeypatc
 
 
 @pytest.mark.parametrize("override, message", [
-    ({"test.index": "504\n503\n"}, r"test indices start at 503, expected 502"),
-    ({"graph": {0: [504]}}, r"ind\.cora\.graph has node ids outside \[0, 504\)"),
-    ({"graph": {0: [-1]}}, r"ind\.cora\.graph has node ids outside \[0, 504\)"),
-    ({"tx": np.ones((2, 4))}, r"feature matrices x \(2, 3\), tx \(2, 4\), allx \(502, 3\)"),
-    ({"ally": np.array([[1.0, 0.0], [0.0, 1.0]] * 250)}, r"label matrices y \(2, 2\)"),
+    ({"test.index": "504\n503\n"},
+     r"ind\.cora\.test\.index starts at node 503 but ind\.cora\.ally has 502 rows"),
+    ({"graph": {0: [504]}}, r"ind\.cora\.graph has node ids outside \[0, 504\) \(from 0 to 504\)"),
+    ({"graph": {0: [-1]}}, r"ind\.cora\.graph has node ids outside \[0, 504\) \(from -1 to 0\)"),
+    ({"graph": {0: [1], 504: []}}, r"ind\.cora\.graph has node ids outside \[0, 504\)"),
+    ({"tx": np.ones((2, 4))}, r"the feature files disagree on the number of features \(columns\): "
+                              r"ind\.cora\.x has 3, ind\.cora\.tx 4, ind\.cora\.allx 3"),
+    ({"x": np.ones((2, 4))}, r"ind\.cora\.x has 4, ind\.cora\.tx 3, ind\.cora\.allx 3"),
+    ({"ally": np.array([[1.0, 0.0], [0.0, 1.0]] * 250), "allx": np.ones((500, 3))},
+     r"ind\.cora\.y has 2 rows \(training nodes\) but ind\.cora\.ally only 500"),
+    # rows of features and labels, and of ty and test.index, that disagree
+    ({"allx": np.ones((501, 3))}, r"ind\.cora\.allx has 501 rows but ind\.cora\.ally has 502"),
+    ({"allx": np.ones((503, 3))}, r"ind\.cora\.allx has 503 rows but ind\.cora\.ally has 502"),
+    ({"x": np.ones((3, 3))}, r"ind\.cora\.x has 3 rows but ind\.cora\.y has 2"),
+    ({"tx": np.ones((1, 3))}, r"ind\.cora\.tx has 1 rows but ind\.cora\.ty has 2"),
+    ({"tx": np.ones((3, 3))}, r"ind\.cora\.tx has 3 rows but ind\.cora\.ty has 2"),
+    ({"ty": np.ones((3, 2))}, r"ind\.cora\.test\.index lists 2 nodes but ind\.cora\.ty has 3 rows"),
+    ({"ally": np.ones((503, 2)), "allx": np.ones((503, 3))},
+     r"ind\.cora\.test\.index starts at node 502 but ind\.cora\.ally has 503 rows"),
+    # label widths (classes)
+    ({"y": np.ones((2, 3))}, r"the label files disagree on the number of classes \(columns\): "
+                             r"ind\.cora\.y has 3, ind\.cora\.ty 2, ind\.cora\.ally 2"),
+    ({"ty": np.ones((2, 1))}, r"ind\.cora\.y has 2, ind\.cora\.ty 1, ind\.cora\.ally 2"),
+    ({"y": np.ones((2, 0)), "ty": np.ones((2, 0)), "ally": np.ones((502, 0))},
+     r"the label files have no columns \(classes\): ind\.cora\.y has 0"),
+    # test.index: empty, repeated nodes, skipped ids past the graph's nodes
+    ({"test.index": "", "tx": np.ones((0, 3)), "ty": np.ones((0, 2))},
+     r"ind\.cora\.test\.index lists no nodes"),
+    ({"test.index": "502\n502\n"},
+     r"ind\.cora\.test\.index lists 1 node\(s\) more than once \(node 502 2 times\)"),
+    ({"test.index": "503\n502\n503\n", "tx": np.ones((3, 3)), "ty": np.ones((3, 2))},
+     r"ind\.cora\.test\.index lists 1 node\(s\) more than once \(node 503 2 times\)"),
+    ({"test.index": "502\n600\n"}, r"ind\.cora\.test\.index skips 97 node ids up to node 600, "
+                                   r"past the last node 503 of ind\.cora\.graph"),
+    ({"test.index": "502\n100000000000\n"},  # not 1.5 TiB of zero rows
+     r"ind\.cora\.test\.index skips 99999999497 node ids up to node 100000000000"),
+    # node ids that are not int64 integers
+    ({"graph": {0: [2**70]}}, r"ind\.cora\.graph does not hold adjacency lists of node ids "
+                              r"\(OverflowError"),
+    ({"graph": {0: [1.0]}}, r"ind\.cora\.graph does not hold adjacency lists .*'float'"),
+    ({"graph": {"0": [1]}}, r"ind\.cora\.graph does not hold adjacency lists .*'str'"),
+    ({"graph": {0: "1"}}, r"ind\.cora\.graph does not hold adjacency lists .*'str'"),
+    # matrices of something else than numbers, a sparse matrix with indices past its shape
+    ({"y": np.array([["a", "b"], ["b", "a"]])},
+     r"ind\.cora\.y cannot be read .*expected a matrix of numbers, got dtype <U1"),
+    ({"ally": np.array([[[1], 0]] * 502, dtype=object)},
+     r"ind\.cora\.ally cannot be read .*expected a matrix of numbers, got dtype object"),
+    ({"tx": broken_csr()}, r"ind\.cora\.tx cannot be read .*ValueError: indices must be < 3"),
     ({"y": np.array([1.0, 0.0])}, r"ind\.cora\.y cannot be read .*expected a 2-D matrix"),
     ({"graph": [[1], [0]]}, r"ind\.cora\.graph cannot be read .*expected a dict"),
     ({"graph": {0: ["a"]}}, r"ind\.cora\.graph does not hold adjacency lists of node ids"),
@@ -438,6 +538,22 @@ def test_tiny_planetoid_that_does_not_fit_together_is_refused(tmp_path, monkeypa
     write_tiny_planetoid(tmp_path, monkeypatch, **override)
     with pytest.raises(CorruptFileError, match=message):
         load_planetoid("Cora", tmp_path)
+    if set(override) <= {"x", "tx", "allx"}:  # the structure files fit: they load without them
+        assert load_planetoid("Cora", tmp_path, structure_only=True).num_nodes == 504
+    else:  # checked before any array is built, with or without the features
+        with pytest.raises(CorruptFileError, match=message):
+            load_planetoid("Cora", tmp_path, structure_only=True)
+
+
+def test_tiny_planetoid_with_consecutive_test_nodes_past_the_graph_loads(tmp_path, monkeypatch,
+                                                                         offline):
+    # Only skipped test ids (CiteSeer's 15) must be nodes of the graph; a listed test node may
+    # have no edges and be missing from the dict.
+    write_tiny_planetoid(tmp_path, monkeypatch, tx=np.ones((3, 3)), ty=np.eye(2)[[0, 1, 1]],
+                         **{"test.index": "503\n502\n504\n"})
+    data = load_planetoid("Cora", tmp_path)
+    assert data.num_nodes == 505 and data.y[502:].tolist() == [1, 0, 1]
+    assert data.test_mask[502:].all() and int(data.test_mask.sum()) == 3
 
 
 def test_graphattn_data_expands_the_home_directory(monkeypatch):
