@@ -7,6 +7,7 @@ import pytest
 import torch
 from conftest import assert_close
 
+from graphattn.functional import _transforms
 from graphattn.nn import GAT, GraphSelfAttention, GraphTransformer
 
 onnxruntime = pytest.importorskip("onnxruntime", reason="the ONNX tests need onnxruntime "
@@ -23,12 +24,17 @@ MODELS = {
 }
 
 
-@pytest.mark.parametrize("name", list(MODELS))
-def test_onnx_export_with_dynamic_sizes_runs_on_other_graphs(name, tmp_path):
+@pytest.mark.parametrize("name, private_flag", [(name, True) for name in MODELS]
+                         + [("layer", False)])
+def test_onnx_export_with_dynamic_sizes_runs_on_other_graphs(name, private_flag, tmp_path,
+                                                             monkeypatch):
     """Every backend exports as the reference's plain ops (ONNX has no function for the fused
-    operators), with the node and edge counts dynamic."""
+    operators), with the node and edge counts dynamic; also through torch's public
+    ``is_in_onnx_export`` where torch lacks the exporter's private flag."""
     from torch.export import Dim
 
+    if not private_flag:
+        monkeypatch.setattr(_transforms, "onnx_flags", None)
     torch.manual_seed(0)
     module = MODELS[name]().eval()
     x, edge_index = torch.randn(12, 8), torch.randint(0, 12, (2, 40))

@@ -24,6 +24,11 @@ try:  # what Function.apply calls before the engine's apply (a private helper of
 except ImportError:  # another torch: apply_function falls back to Function.apply
     unwrap_dead_wrappers = None
 
+try:  # the dynamo ONNX exporter's flag (a private module of torch), read without a call
+    from torch.onnx._internal.exporter import _flags as onnx_flags
+except ImportError:  # another torch: onnx_exporting asks torch.onnx.is_in_onnx_export
+    onnx_flags = None
+
 
 def host_readable(t: Tensor) -> bool:
     """Whether a CPU kernel can read ``t``'s values now: a plain CPU tensor, outside
@@ -37,8 +42,10 @@ def host_readable(t: Tensor) -> bool:
 def onnx_exporting() -> bool:
     """Whether ``torch.onnx.export`` is tracing this call (either exporter: dynamo's, or the
     TorchScript one's trace)."""
-    # (is_in_onnx_export costs a microsecond; asked only while something traces)
-    return ((torch.compiler.is_compiling() or torch.jit.is_tracing())
+    # (is_in_onnx_export takes 2 us, its flag 30 ns: plain_ops_only runs on every call)
+    if onnx_flags is not None and onnx_flags._is_onnx_exporting:
+        return True
+    return ((torch.jit.is_tracing() or (onnx_flags is None and torch.compiler.is_compiling()))
             and torch.onnx.is_in_onnx_export())
 
 
