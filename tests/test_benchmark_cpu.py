@@ -27,6 +27,7 @@ import citation_accuracy  # noqa: E402
 import dropout_cpu  # noqa: E402
 import explicit_weights  # noqa: E402
 import global_layers  # noqa: E402
+import hub_precision  # noqa: E402
 import random_walk_pe  # noqa: E402
 import sparse_vs_dense  # noqa: E402
 import vs_pyg  # noqa: E402
@@ -268,6 +269,22 @@ def test_random_walk_pe_benchmark_fills_its_table(monkeypatch, tmp_path):
     assert float(row["max difference"]) < 1e-6
     edges = grid.edge_index.size(1)
     assert f"| grid-3x4 | 12 | {edges} | 5 |" in (tmp_path / "random_walk_pe_quick.md").read_text()
+
+
+def test_hub_precision_benchmark_fills_its_table(tmp_path):
+    out = tmp_path / "hub.md"
+    assert hub_precision.main(["--edges", "300", "20000", "--out", str(out)]) == 0
+    with open(out.with_suffix(".csv")) as f:
+        rows = {(int(row["E"]), row["method"]): row for row in csv.DictReader(f)}
+    methods = (*hub_precision.BACKENDS, "PyG softmax + scatter")
+    assert set(rows) == {(E, m) for E in (300, 20000) for m in methods}
+    error = {key: float(row["out error"]) for key, row in rows.items()}
+    # the blocked float64 sums, against one running fp32 sum (2.5e-6 against 4e-8 at 10^4)
+    assert error[20000, "cpu"] * 10 < error[20000, "reference"]
+    assert error[20000, "reference"] == pytest.approx(error[20000, "PyG softmax + scatter"],
+                                                      rel=0.5)
+    assert all(0 <= e < 1e-3 for e in error.values())
+    assert "| 20000 | cpu |" in out.read_text()
 
 
 def test_host_overhead_benchmark_fills_its_table(tmp_path):
