@@ -169,20 +169,21 @@ def dense_mask(edge_index: torch.Tensor, num_dst: int, num_src: int) -> torch.Te
 
 
 def assert_agrees_with_pyg(layer: torch.nn.Module, conv: torch.nn.Module,
-                           x: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+                           x: torch.Tensor | tuple[torch.Tensor, torch.Tensor | None],
                            edge_index: torch.Tensor, edge_attr: torch.Tensor | None = None,
-                           ) -> None:
-    """Run a graphattn layer and a PyG layer with copied weights on the same inputs: the same
-    outputs, edge order, attention weights and input gradients (through a loss that weighs every
-    output differently). Both layers' parameters keep their gradients for the caller."""
+                           **options) -> None:
+    """Run a graphattn layer and a PyG layer with copied weights on the same inputs (``x`` may
+    be GATConv's ``(x_src, None)``; ``options`` go to both, ``size`` say): the same outputs,
+    edge order, attention weights and input gradients (through a loss that weighs every output
+    differently). Both layers' parameters keep their gradients for the caller."""
     extra = () if edge_attr is None else (edge_attr,)
     pair = isinstance(x, tuple)
-    x_ours = tuple(t.clone().requires_grad_() for t in (x if pair else (x,)))
-    x_ref = tuple(t.clone().requires_grad_() for t in (x if pair else (x,)))
+    x_ours = tuple(t if t is None else t.clone().requires_grad_() for t in (x if pair else (x,)))
+    x_ref = tuple(t if t is None else t.clone().requires_grad_() for t in (x if pair else (x,)))
     out, (ei, alpha) = layer(x_ours if pair else x_ours[0], edge_index, *extra,
-                             return_attention_weights=True)
+                             return_attention_weights=True, **options)
     ref, (ei_ref, alpha_ref) = conv(x_ref if pair else x_ref[0], edge_index, *extra,
-                                    return_attention_weights=True)
+                                    return_attention_weights=True, **options)
     assert out.shape == ref.shape
     assert_close(out, ref)
     assert torch.equal(ei, ei_ref)
@@ -191,7 +192,8 @@ def assert_agrees_with_pyg(layer: torch.nn.Module, conv: torch.nn.Module,
     (out * weight).sum().backward()
     (ref * weight).sum().backward()
     for ours, theirs in zip(x_ours, x_ref, strict=True):
-        assert_close(ours.grad, theirs.grad)
+        if ours is not None:
+            assert_close(ours.grad, theirs.grad)
 
 
 @pytest.fixture

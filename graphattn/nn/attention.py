@@ -143,10 +143,12 @@ class _SelfAttentionBase(torch.nn.Module):
                 if fresh:
                     _glorot(lin)
 
-    def _project(self, x_src: Tensor, x_dst: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def _project(self, x_src: Tensor, x_dst: Tensor | None,
+                 ) -> tuple[Tensor | None, Tensor, Tensor]:
         r"""``lin_q(x_dst), lin_k(x_src)`` and ``lin_v(x_src)``, with ``value_dropout`` on the
         values' product :math:`W^V x_j` and not on their bias; one product for sparse
-        self-attention.
+        self-attention. Without ``x_dst`` (``GATConv``'s ``x = (x_src, None)``, for the additive
+        score) there are no queries: ``None``.
 
         In training with ``value_dropout = p > 0`` the values are
         :math:`v_j = m_j \odot W^V x_j + b^V` (:math:`m_j` a dropout mask, drawn once per source
@@ -173,7 +175,8 @@ class _SelfAttentionBase(torch.nn.Module):
         lins = (self.lin_q, self.lin_k, self.lin_v)
         drop = self.training and self.value_dropout > 0.0
         if x_src.layout == torch.strided and not all(_plain_linear(lin) for lin in lins):
-            q, k = self.lin_q(x_dst), self.lin_k(x_src)
+            q = None if x_dst is None else self.lin_q(x_dst)
+            k = self.lin_k(x_src)
             v = k if self.lin_v is self.lin_k else self.lin_v(x_src)
             if drop:  # on W^V x_j, not on the bias
                 b = self.lin_v.bias
@@ -201,7 +204,8 @@ class _SelfAttentionBase(torch.nn.Module):
             return q, k, v if lin_k.bias is None else v + lin_k.bias
         widths = [lin.out_features for lin in lins]
         if x_src is not x_dst or not _stacks(x_src, widths):
-            q, k = self.lin_q(x_dst), self.lin_k(x_src)
+            q = None if x_dst is None else self.lin_q(x_dst)
+            k = self.lin_k(x_src)
             v = F.linear(x_src, self.lin_v.weight) if drop else self.lin_v(x_src)
         else:
             weight = torch.cat([lin.weight for lin in lins])  # (2 * H * C_qk + H * C, F)
@@ -216,13 +220,13 @@ class _SelfAttentionBase(torch.nn.Module):
         v = dropout(v, self.value_dropout, self.training)
         return q, k, v if value_bias is None else v + value_bias
 
-    def _merge_heads(self, out: Tensor, x_dst: Tensor) -> Tensor:
+    def _merge_heads(self, out: Tensor, x_dst: Tensor | None) -> Tensor:
         """``[..., H, C]`` -> ``[..., H*C]`` (concat) or ``[..., C]`` (mean), then ``lin_out``,
-        plus ``res(x_dst)`` with ``residual=True`` (gated by ``lin_beta`` with ``beta=True``),
-        plus ``out_bias``."""
+        plus ``res(x_dst)`` with ``residual=True`` (gated by ``lin_beta`` with ``beta=True``;
+        left out without ``x_dst``, as ``GATConv`` leaves it out), plus ``out_bias``."""
         out = out.flatten(-2) if self.concat else out.mean(dim=-2)  # (..., D)
         out = out if self.lin_out is None else self.lin_out(out)
-        if self.res is not None:
+        if self.res is not None and x_dst is not None:
             skip = self.res(x_dst)  # (..., D)
             if self.lin_beta is None:
                 out = out + skip
@@ -294,6 +298,20 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
     :func:`~graphattn.graphs.from_sparse_adjacency`). With a sparse adjacency, ``edge_attr``
     rows follow its stored entries, and the attention weights come back as a sparse adjacency
     of the same layout holding ``alpha`` as values, as PyG's ``GATConv`` returns them.
+
+    With the additive score ``x`` may be ``(x_src, None)``, as ``GATConv`` takes it: the
+    targets have no features, so the score has no target term,
+    :math:`\mathrm{LeakyReLU}(a_r^\top W x_j + w_h^\top e_{ij})` (``lin_q``, its bias
+    included, is left out), and neither has the output a residual (``GATConv`` leaves it out
+    too). Their count :math:`|V_{dst}|` is ``size[1]``; else the rows of a sparse adjacency,
+    or the columns of an ``EdgeIndex``'s sparse size; else :math:`|V_{src}|`, as in
+    ``GATConv`` (a ``size[1]`` that contradicts the adjacency or the ``EdgeIndex`` is
+    refused, where ``GATConv`` takes theirs). With ``add_self_loops`` the first
+    :math:`\min(|V_{src}|, |V_{dst}|)` nodes get a loop (``GATConv`` then needs ``size``
+    with both counts, or none, and so does the layer; an ``EdgeIndex`` without ``size`` then
+    counts at least :math:`|V_{src}|` targets, as ``GATConv``'s loops make it). The dot and
+    gatv2 scores need the targets' queries and refuse ``x_dst=None``, as ``TransformerConv``
+    and ``GATv2Conv`` do; so does ``beta=True``, which gates the residual.
 
     Args:
         in_channels (int or tuple): input features F, or ``(F_src, F_dst)`` for bipartite graphs;
@@ -367,7 +385,8 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             output bias of ``GATConv`` and ``GATv2Conv``. (default: ``False``)
 
     Shapes:
-        - **input:** x ``(|V|, F)`` or ``((|V_src|, F_src), (|V_dst|, F_dst))``,
+        - **input:** x ``(|V|, F)`` or ``((|V_src|, F_src), (|V_dst|, F_dst))`` (or
+          ``((|V_src|, F_src), None)`` for the additive score),
           edge_index ``(2, |E|)`` or adj_t ``(|V_dst|, |V_src|)`` sparse, edge_attr
           ``(|E|, D_e)`` (optional)
         - **output:** ``(|V_dst|, H * C)`` (concat) or ``(|V_dst|, C)``; with
@@ -484,7 +503,7 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         if self.att is not None:
             torch.nn.init.xavier_uniform_(self.att)
 
-    def forward(self, x: Tensor | tuple[Tensor, Tensor], edge_index: Tensor,
+    def forward(self, x: Tensor | tuple[Tensor, Tensor | None], edge_index: Tensor,
                 edge_attr: Tensor | None = None, return_attention_weights: bool = False,
                 *, size: tuple[int | None, int | None] | None = None,
                 ) -> Tensor | tuple[Tensor, tuple[Tensor, Tensor]]:
@@ -493,35 +512,40 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         ``size`` ``(N_src, N_dst)`` is ``GATConv``'s argument, taken so that models written
         for it run unchanged (by keyword: the fourth argument is ``return_attention_weights``,
         as in ``TransformerConv`` and ``GATv2Conv``). The features fix both counts; a ``size``
-        that disagrees with them is refused, and ``None`` entries are not checked.
+        that disagrees with them is refused, and ``None`` entries are not checked. With
+        ``x = (x_src, None)`` its ``N_dst`` is the number of targets (see the class docstring).
         """
         H, C = self.heads, self.out_channels
         if isinstance(x, (tuple, list)):
             if len(x) != 2:
                 raise ValueError(f"x as a pair must be (x_src, x_dst), got {len(x)} entries")
             x_src, x_dst = x
-            if x_dst is None:
-                raise ValueError("x_dst is None: the targets' queries are computed from their "
-                                 "features, so x = (x_src, x_dst) needs both (targets that "
-                                 "are the first N_dst sources, as in a sampled mini-batch, "
-                                 "have x_src[:N_dst])")
-            check_tensors(x_src=x_src, x_dst=x_dst)
+            check_tensors(x_src=x_src)
+            if x_dst is not None:  # None: GATConv's targets without features
+                check_tensors(x_dst=x_dst)
         else:
             check_tensors(x=x)
             x_src = x_dst = x
         if size is not None:
             _check_size(size, x_src, x_dst)
+        if x_dst is None:
+            self._check_without_targets(size)
         if isinstance(return_attention_weights, (tuple, list)):  # GATConv's size, by position
             raise TypeError(f"return_attention_weights must be a bool, got "
                             f"{return_attention_weights!r}: pass GATConv's size by keyword, "
                             f"size={tuple(return_attention_weights)!r}")
         self._infer_in_channels(x_src, x_dst)
         self._check_features(x_src, self.lin_k, "x" if x_src is x_dst else "x_src")
-        self._check_features(x_dst, self.lin_q, "x" if x_src is x_dst else "x_dst")
+        if x_dst is not None:
+            self._check_features(x_dst, self.lin_q, "x" if x_src is x_dst else "x_dst")
         check_same_device(x=x_src, x_dst=x_dst, edge_index=edge_index, edge_attr=edge_attr)
-        N_src, N_dst = x_src.size(0), x_dst.size(0)
+        N_src = x_src.size(0)
+        sparse = isinstance(edge_index, Tensor) and edge_index.layout in SPARSE_LAYOUTS
+        N_dst = (x_dst.size(0) if x_dst is not None
+                 else _targets_without_features(N_src, edge_index, sparse, size,
+                                                self.add_self_loops))
         adjacency = None  # the sparse adjacency edge_index came as, if it did
-        if isinstance(edge_index, Tensor) and edge_index.layout in SPARSE_LAYOUTS:
+        if sparse:
             adjacency = edge_index
             if tuple(adjacency.shape[:2]) != (N_dst, N_src):
                 raise ValueError(f"edge_index as a sparse adjacency must have shape "
@@ -547,6 +571,8 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
 
         q, k, v = self._project(x_src, x_dst)
         score_channels = 1 if self.attention == "additive" else C
+        if q is None:  # x = (x_src, None): the additive score without its target term
+            q = k.new_zeros(N_dst, H * score_channels)
         q = q.view(N_dst, H, score_channels)  # (N_dst, H, C) or (N_dst, H, 1)
         k = k.view(N_src, H, score_channels)  # (N_src, H, C) or (N_src, H, 1)
         v = v.view(N_src, H, C)  # (N_src, H, C)
@@ -583,6 +609,25 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
                 return self._merge_heads(out, x_dst), (adj, alpha)  # alpha in entries' order
             return self._merge_heads(out, x_dst), (edge_index, alpha)
         return self._merge_heads(result, x_dst)  # (N_dst, H*C) or (N_dst, C)
+
+    def _check_without_targets(self, size: tuple[int | None, int | None] | None) -> None:
+        """Raise unless ``x = (x_src, None)`` has a meaning for this layer and ``size``, as
+        for ``GATConv``: the additive score, without ``beta``, and with ``add_self_loops`` a
+        ``size`` that gives both counts or none."""
+        if self.attention != "additive":
+            raise ValueError(
+                f"x_dst is None: the targets' queries are computed from their features, so "
+                f"x = (x_src, x_dst) needs both with attention={self.attention!r} (only the "
+                f"additive score, GATConv's, has a target term to leave out; GATv2Conv and "
+                f"TransformerConv refuse x_dst=None too). Targets that are the first N_dst "
+                f"sources, as in a sampled mini-batch, have x_src[:N_dst]")
+        if self.beta:
+            raise ValueError("x_dst is None, but beta=True gates the residual W^R x_i of the "
+                             "targets' features: give x = (x_src, x_dst)")
+        if self.add_self_loops and size is not None and None in size:
+            raise ValueError(f"x_dst is None with add_self_loops=True: the self-loops go on the "
+                             f"first min(size) nodes, as in GATConv, so size must give both "
+                             f"counts (N_src, N_dst), got size = {tuple(size)!r}")
 
     def _call_message_hooks(self, edge_index: Tensor, alpha: Tensor) -> None:
         """Call the hooks of PyG's ``register_message_forward_hook`` as ``propagate`` would,
@@ -684,16 +729,38 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         return f"{self.__class__.__name__}({self._repr_args()}{extra})"
 
 
-def _check_size(size: tuple[int | None, int | None], x_src: Tensor, x_dst: Tensor) -> None:
+def _check_size(size: tuple[int | None, int | None], x_src: Tensor,
+                x_dst: Tensor | None) -> None:
     """Raise unless ``size`` is a pair ``(N_src, N_dst)`` that agrees with the features'
-    rows (``None`` for either count leaves it unchecked)."""
+    rows (``None`` for either count, or ``x_dst=None`` for ``N_dst``, leaves it unchecked)."""
     if not isinstance(size, (tuple, list)) or len(size) != 2:
         raise ValueError(f"size must be a pair (N_src, N_dst), got {size!r}")
     for name, given, rows in (("N_src", size[0], x_src.size(0)),
-                              ("N_dst", size[1], x_dst.size(0))):
-        if given is not None and int(given) != rows:
+                              ("N_dst", size[1], None if x_dst is None else x_dst.size(0))):
+        if given is not None and rows is not None and int(given) != rows:
             raise ValueError(f"size = {tuple(size)!r} gives {name} = {given}, but the features "
                              f"have {rows} rows")
+
+
+def _targets_without_features(N_src: int, edge_index: Tensor, sparse: bool,
+                              size: tuple[int | None, int | None] | None,
+                              add_self_loops: bool) -> int:
+    """The number of targets ``N_dst`` of ``x = (x_src, None)``, counted as ``GATConv`` counts
+    them: ``size[1]``; else the rows of a sparse adjacency ``[N_dst, N_src]``, or the columns
+    of an ``EdgeIndex``'s sparse size (with ``add_self_loops`` at least ``N_src``: its
+    self-loops reach every source); else ``N_src``. A ``size[1]`` that disagrees with the
+    adjacency or the ``EdgeIndex`` is refused (``GATConv`` takes theirs)."""
+    given = None if size is None else size[1]
+    declared = edge_index.size(0) if sparse else getattr(edge_index, "num_cols", None)
+    if declared is None:
+        return N_src if given is None else int(given)
+    if given is not None and int(given) != declared:
+        what = "a sparse adjacency with" if sparse else "an EdgeIndex of"
+        raise ValueError(f"size = {tuple(size)!r} gives N_dst = {given}, but edge_index is "
+                         f"{what} {declared} targets")
+    if not sparse and given is None and add_self_loops:
+        return max(declared, N_src)
+    return declared
 
 
 # Dense features of self-attention at least this many times wider than lin_q, lin_k and lin_v's

@@ -10,7 +10,8 @@ runs on the fused kernels without retraining. How each layer maps:
   :math:`a_{dst}^\top W_{dst} x_i + a_{src}^\top W_{src} x_j (+ a_e^\top W_e e_{ij})` is linear
   in the features, so each attention vector is folded into its projection, ``lin_q = a_dst W_dst``
   and ``lin_k = a_src W_src`` (``Linear(F, H)``, no biases), and ``lin_edge = a_e W_e``
-  (``edge_mode="bias"``); ``lin_v = W_src``.
+  (``edge_mode="bias"``); ``lin_v = W_src``. ``x = (x_src, None)`` leaves out the target term
+  (``lin_q``) and the residual, as ``GATConv`` does.
 - ``GATv2Conv``: the gatv2 score, ``lin_q = lin_r``, ``lin_k = lin_l``, ``att = att``, and
   ``share_value=True`` (GATv2's value is its key: ``lin_v`` is ``lin_k``); edge features enter
   the key (``edge_mode="key"``).

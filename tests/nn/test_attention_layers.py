@@ -752,9 +752,13 @@ def test_lazy_in_channels_equal_a_sized_layer(attention):
     assert_close(out, sized((x_src, x_dst), edge_index))
     with pytest.raises(ValueError, match=r"x_dst must have F = in_channels = 3 features"):
         lazy((x_src, torch.randn(4, 5)), edge_index)
-    # GATConv's (x_src, None): the queries need the targets' features
-    with pytest.raises(ValueError, match=r"x_dst is None: .* x_src\[:N_dst\]"):
-        lazy((x_src, None), edge_index)
+    # GATConv's (x_src, None): the dot score's queries need the targets' features; the
+    # additive score leaves its target term out, as GATConv does (N_dst = N_src without size)
+    if attention == "dot":
+        with pytest.raises(ValueError, match=r"x_dst is None: .* x_src\[:N_dst\]"):
+            lazy((x_src, None), edge_index)
+    else:
+        assert lazy((x_src, None), edge_index).shape == (7, 12)
 
     lazy_res = GraphSelfAttention((-1, -1), 6, heads=2, attention=attention, residual=True)
     lazy_res((x_src, x_dst), edge_index)

@@ -256,6 +256,154 @@ def test_a_converted_gatconv_takes_its_size_argument():
         layer(x, edge_index, None, (6, 4))
 
 
+# GATConv options for x = (x_src, None), each with its head count (the conv's dropout in eval)
+WITHOUT_TARGETS = {"gat": 3, "gat-1-head": 1, "gat-mean-edges": 3, "gat-residual-no-loops": 1,
+                   "gat-no-loops": 3, "gat-no-bias": 3, "gat-dropout-edges": 2}
+WITHOUT_TARGETS_OPTIONS = {"gat-1-head": "gat", "gat-dropout-edges": "gat-mean-edges"}
+
+
+def gat_without_targets(name: str, bipartite: bool) -> GATConv:
+    conv = make_conv(WITHOUT_TARGETS_OPTIONS.get(name, name), bipartite,
+                     heads=WITHOUT_TARGETS[name])
+    if name == "gat-dropout-edges":
+        conv.dropout = 0.5
+    return conv
+
+
+def assert_gat_parameter_grads_without_targets(layer: GraphSelfAttention, conv: GATConv):
+    """GATConv's parameter gradients after a call on ``(x_src, None)``, from the converted
+    layer's by the chain rule through its folding (``lin_k = a_src W_src``, ``lin_edge =
+    a_e W_e``, ``lin_v = W_src``): nothing reaches ``att_dst`` and ``lin_q``, nor a residual."""
+    H, C = conv.heads, conv.out_channels
+    lin_src = conv.lin if getattr(conv, "lin", None) is not None else conv.lin_src
+    W_src = lin_src.weight.view(H, C, -1)  # (H, C, F_src)
+    gk = layer.lin_k.weight.grad  # (H, F_src)
+    gv = layer.lin_v.weight.grad.view(H, C, -1)  # (H, C, F_src)
+    assert_close(conv.att_src.grad[0], torch.einsum("hf,hcf->hc", gk, W_src))
+    assert_close(lin_src.weight.grad.view(H, C, -1),
+                 gv + conv.att_src[0].unsqueeze(-1) * gk.unsqueeze(1))
+    assert conv.att_dst.grad is None and layer.lin_q.weight.grad is None
+    if conv.lin_edge is not None:
+        ge = layer.lin_edge.weight.grad  # (H, D)
+        W_edge = conv.lin_edge.weight.view(H, C, -1)  # (H, C, D)
+        assert_close(conv.att_edge.grad[0], torch.einsum("hd,hcd->hc", ge, W_edge))
+        assert_close(conv.lin_edge.weight.grad.view(H, C, -1),
+                     conv.att_edge[0].unsqueeze(-1) * ge.unsqueeze(1))
+    if conv.bias is not None:
+        assert_close(layer.out_bias.grad, conv.bias.grad)
+    if conv.res is not None:
+        assert conv.res.weight.grad is None and layer.res.weight.grad is None
+
+
+@pytest.mark.parametrize("size", ["none", "graph", "more-targets"])
+@pytest.mark.parametrize(("case", "name"), [
+    pytest.param(case, name, id=f"{case.name}-{name}") for case in GRAPHS
+    for name in WITHOUT_TARGETS])
+def test_a_converted_gatconv_takes_x_dst_none_as_gatconv_does(case, name, size):
+    """``GATConv`` takes ``x = (x_src, None)``: the score without its target term, no
+    residual, ``size[1]`` targets (``N_src`` without ``size``), self-loops on the first
+    ``min(size)`` nodes. The converted layer refused it; now the same outputs, edge order,
+    attention weights and gradients of the inputs and of every parameter."""
+    conv = gat_without_targets(name, case.bipartite)
+    layer = from_pyg(conv)
+    x, edge_attr = inputs(case, conv.edge_dim)
+    x_src = x[0] if case.bipartite else x
+    size = {"none": None, "graph": (case.num_src, case.num_dst),
+            "more-targets": (case.num_src, case.num_dst + 2)}[size]
+    assert_agrees_with_pyg(layer, conv, (x_src, None), case.edge_index, edge_attr, size=size)
+    assert_gat_parameter_grads_without_targets(layer, conv)
+
+
+@pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr, "EdgeIndex"],
+                         ids=["coo", "csr", "EdgeIndex"])
+@pytest.mark.parametrize("add_self_loops", [True, False], ids=["loops", "no-loops"])
+def test_x_dst_none_counts_the_targets_of_a_sparse_adjacency_or_edge_index_as_gatconv(
+        layout, add_self_loops):
+    """Without target features and without ``size``, ``GATConv`` counts the targets of a sparse
+    adjacency by its rows and those of an ``EdgeIndex`` by its sparse size (at least
+    ``N_src`` with self-loops); a ``size`` that contradicts them is refused."""
+    from torch_geometric import EdgeIndex
+
+    conv = GATConv(F_SRC, C, heads=2, add_self_loops=add_self_loops).to(DTYPE).eval()
+    with torch.no_grad():
+        conv.bias.normal_()
+    layer = from_pyg(conv)
+    x_src = torch.randn(5, F_SRC, dtype=DTYPE)
+    edge_index = torch.tensor([[0, 1, 2, 4, 3, 1], [0, 0, 1, 2, 1, 1]])
+    if layout == "EdgeIndex":
+        given = [EdgeIndex(edge_index, sparse_size=(5, n)) for n in (3, 8, None)]
+    else:
+        given = [graphs.to_sparse_adjacency(edge_index, 5, 3, layout=layout)]
+    for graph in given:
+        ours, (_, alpha) = layer((x_src, None), graph, return_attention_weights=True)
+        theirs, (_, alpha_ref) = conv((x_src, None), graph, return_attention_weights=True)
+        assert ours.shape == theirs.shape
+        assert_close(ours, theirs)
+        assert_close(alpha, alpha_ref)
+    with pytest.raises(ValueError, match=r"size = \(5, 4\) gives N_dst = 4, but edge_index is "
+                                         r"(a sparse adjacency with|an EdgeIndex of) 3 targets"):
+        layer((x_src, None), given[0], size=(5, 4))
+
+
+def test_x_dst_none_is_refused_where_pyg_refuses_it():
+    """``GATv2Conv`` and ``TransformerConv`` refuse ``x = (x_src, None)`` (their score needs the
+    targets' features), and ``GATConv`` with self-loops refuses a ``size`` with a ``None``
+    count (it takes ``min(size)``): the converted layers refuse each by name."""
+    x_src = torch.randn(5, F_SRC, dtype=DTYPE)
+    edge_index = torch.tensor([[0, 1, 2], [1, 2, 0]])
+    for name, attention in [("gatv2", "gatv2"), ("transformer", "dot")]:
+        conv = make_conv(name, bipartite=False)
+        with pytest.raises((AssertionError, TypeError)):
+            conv((x_src, None), edge_index)
+        with pytest.raises(ValueError, match=f"x_dst is None: .* with attention='{attention}'"):
+            from_pyg(conv)((x_src, None), edge_index)
+    conv = make_conv("gat", bipartite=False)
+    layer = from_pyg(conv)
+    for size in [(None, 3), (5, None)]:
+        with pytest.raises(TypeError):
+            conv((x_src, None), edge_index, size=size)
+        with pytest.raises(ValueError, match=rf"x_dst is None with add_self_loops=True: .* size "
+                                             rf"must give both counts \(N_src, N_dst\), got size "
+                                             rf"= \({size[0]}, {size[1]}\)"):
+            layer((x_src, None), edge_index, size=size)
+    without_loops = make_conv("gat-no-loops", bipartite=False)
+    for size in [(None, 3), (5, None)]:  # taken without self-loops, by both
+        assert_close(from_pyg(without_loops)((x_src, None), edge_index, size=size),
+                     without_loops((x_src, None), edge_index, size=size))
+    with pytest.raises(ValueError, match=r"edge_index\[1\] \(targets\) must be < the number of "
+                                         r"target nodes 2, got a maximum of 2"):
+        layer((x_src, None), edge_index, size=(5, 2))
+
+
+def test_an_additive_layer_built_by_hand_takes_x_dst_none_as_a_score_without_queries():
+    """A layer built with ``attention="additive"`` (not converted) gives ``(x_src, None)`` the
+    meaning ``GATConv`` gives it: the score without its target term, ``lin_q`` and its bias
+    included, which is the layer with ``lin_q`` zeroed on any target features; without a
+    residual. ``beta=True``, which gates the residual, refuses it."""
+    torch.manual_seed(0)
+    layer = GraphSelfAttention(F_SRC, C, heads=2, attention="additive", residual=True,
+                               edge_dim=D).to(DTYPE).eval()
+    with torch.no_grad():
+        for name, param in layer.named_parameters():
+            if "bias" in name:
+                param.normal_()
+    x_src = torch.randn(6, F_SRC, dtype=DTYPE)
+    edge_index = torch.tensor([[0, 5, 3, 2, 1, 4], [0, 0, 1, 3, 2, 3]])
+    edge_attr = torch.randn(6, D, dtype=DTYPE)
+    out = layer((x_src, None), edge_index, edge_attr, size=(6, 4))
+    without_queries = GraphSelfAttention(F_SRC, C, heads=2, attention="additive",
+                                         edge_dim=D).to(DTYPE).eval()
+    without_queries.load_state_dict(layer.state_dict(), strict=False)  # all but res
+    with torch.no_grad():
+        without_queries.lin_q.weight.zero_()
+        without_queries.lin_q.bias.zero_()
+    x_dst = torch.randn(4, F_SRC, dtype=DTYPE)
+    assert_close(out, without_queries((x_src, x_dst), edge_index, edge_attr))
+    gated = GraphSelfAttention(F_SRC, C, attention="additive", residual=True, beta=True)
+    with pytest.raises(ValueError, match="x_dst is None, but beta=True gates the residual"):
+        gated((torch.randn(6, F_SRC), None), edge_index)
+
+
 
 def test_a_subclass_with_its_own_forward_is_not_converted():
     """PyG's FusedGATConv is a GATConv whose forward takes CSR and CSC structures: a converted
