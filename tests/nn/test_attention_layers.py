@@ -552,11 +552,12 @@ def test_value_dropout_is_the_same_in_the_dense_twin():
     assert not torch.allclose(graph(x, complete_edges(N)), out_graph)  # a fresh mask per call
 
 
-@pytest.mark.parametrize("features", ["dense", "dense-wide", "sparse_csr", "bipartite"])
+@pytest.mark.parametrize("features", ["dense", "dense-wide", "sparse_csr", "bipartite",
+                                      "hooked"])
 def test_value_dropout_spares_the_value_bias_on_every_projection_path(features):
     # The stacked product of sparse and wide dense features, three products of narrow dense
-    # ones and the bipartite path must all give v_j = m_j * W^V x_j + b^V, with the same mask
-    # for the same seed.
+    # ones, the bipartite path and projections run as modules (lin_v with a forward hook) must
+    # all give v_j = m_j * W^V x_j + b^V, with the same mask for the same seed.
     torch.manual_seed(0)
     N, H, C = 8, 2, 3
     F_in = 300 if features == "dense-wide" else 5  # 300 >= 256 and 3 x 18 outputs: stacked
@@ -564,6 +565,8 @@ def test_value_dropout_spares_the_value_bias_on_every_projection_path(features):
                                out_proj=False)
     for lin in (layer.lin_q, layer.lin_k, layer.lin_v):
         torch.nn.init.uniform_(lin.bias, -2.0, 2.0)
+    if features == "hooked":
+        layer.lin_v.register_forward_hook(lambda module, inputs, output: None)
     x, edge_index = torch.randn(N, F_in).relu(), complete_edges(N)
     x_in = (x.to_sparse_csr() if features == "sparse_csr"
             else (x, x.clone()) if features == "bipartite" else x)
@@ -1308,6 +1311,39 @@ def test_projections_run_their_modules_hooks_and_parametrizations(options):
         torch.nn.utils.weight_norm(old_hook.lin_k)  # the deprecated pre-hook form
     for _ in range(2):
         old_hook(x, edge_index).square().sum().backward()
+
+
+class DoublingLinear(torch.nn.Linear):
+    """A ``Linear`` subclass whose forward is its own: ``2 (W x + b)``."""
+
+    def forward(self, input):
+        return 2 * super().forward(input)
+
+
+@pytest.mark.parametrize("make", ["graph", "dense"])
+@pytest.mark.parametrize("features", [5, 300], ids=["narrow", "wide"])
+def test_projections_of_a_linear_subclass_run_its_forward(make, features):
+    """A projection replaced by a subclass of ``Linear`` with a forward of its own (as a
+    quantization-aware or low-rank-adapted ``Linear`` is) runs that forward, also where plain
+    ``Linear`` weights would be stacked into one product: the layer computes what the plain
+    layer computes with the doubled weights and biases."""
+    torch.manual_seed(0)
+    N, H, C = 12, 2, 4
+    layer = (GraphSelfAttention(features, C, heads=H) if make == "graph"
+             else DenseSelfAttention(features, C, heads=H))
+    doubled = copy.deepcopy(layer)
+    for name in ("lin_q", "lin_k", "lin_v"):
+        plain = getattr(layer, name)
+        subclassed = DoublingLinear(features, H * C)
+        subclassed.load_state_dict(plain.state_dict())
+        setattr(layer, name, subclassed)
+        with torch.no_grad():
+            getattr(doubled, name).weight.mul_(2)
+            getattr(doubled, name).bias.mul_(2)
+    x = torch.randn(N, features)
+    edge_index = random_graph(N, 40, seed=1)
+    args = (x, edge_index) if make == "graph" else (x,)
+    assert_close(layer(*args), doubled(*args))
 
 
 @pytest.mark.parametrize("make", ["graph", "dense"])

@@ -126,6 +126,32 @@ def test_matches_gatv2conv_with_shared_weights(graph_case):
     assert_close(layer.att.grad, conv.att.grad[0])
 
 
+@pytest.mark.parametrize("num_dst", [4, 5], ids=["fewer-targets", "as-many-targets"])
+def test_one_projection_for_queries_keys_and_values_on_a_bipartite_graph(num_dst):
+    """``share_weights=True`` with ``share_value=True`` is ``GATv2Conv(share_weights=True)``,
+    whose ``lin_l`` projects queries, keys and values: on a bipartite input the queries still
+    come from ``x_dst``, also when it has as many rows as ``x_src``."""
+    F, C, H = 5, 6, 2
+    torch.manual_seed(0)
+    conv = GATv2Conv(F, C, H, share_weights=True).to(DTYPE)
+    layer = GraphSelfAttention(F, C, H, attention="gatv2", out_proj=False, share_weights=True,
+                               share_value=True, out_bias=True).to(DTYPE)
+    assert layer.lin_q is layer.lin_k is layer.lin_v
+    with torch.no_grad():
+        for b in (conv.bias, conv.lin_l.bias):
+            b.normal_()
+        layer.lin_q.weight.copy_(conv.lin_l.weight)
+        layer.lin_q.bias.copy_(conv.lin_l.bias)
+        layer.att.copy_(conv.att[0])
+        layer.out_bias.copy_(conv.bias)
+    gen = torch.Generator().manual_seed(1)
+    x = (torch.randn(5, F, generator=gen, dtype=DTYPE),
+         torch.randn(num_dst, F, generator=gen, dtype=DTYPE))
+    edge_index = torch.tensor([[0, 1, 4, 2, 3, 0], [0, 0, 1, 1, 1, 2]])
+    assert_agrees_with_pyg(layer, conv, x, edge_index)
+    assert_close(layer.lin_q.weight.grad, conv.lin_l.weight.grad)
+
+
 def test_att_is_initialised_like_gatv2convs():
     """``att`` is Glorot-uniform as ``GATv2Conv``'s: within the same bound sqrt(6 / (H + C))
     and with the same spread (at zero every head would start from uniform weights), and
