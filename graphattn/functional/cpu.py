@@ -793,12 +793,60 @@ def _target_scores(q, k, att, bias, ek, rowptr, perm, src, i, H, Cq, scale, slop
 
 
 @_jit(inline="always")
-def _add_block(sums, acc):
-    """``sums += acc`` (``sums`` in float64), then ``acc = 0``: one block of a long row's sum
-    (see ``SUM_BLOCK``)."""
+def _add_block(sums, acc, first):
+    """``sums += acc`` (``sums = acc`` for the ``first`` block; ``sums`` in float64), then
+    ``acc = 0``: one block of a long row's sum (see ``SUM_BLOCK``). Rows of one block never
+    touch ``sums``, not even to zero it."""
     for x in range(acc.shape[0]):
-        sums[x] += acc[x]
+        sums[x] = acc[x] if first else sums[x] + acc[x]
         acc[x] = 0
+
+
+@_jit(inline="always")
+def _weighted_values(v, ev, mask, state, scores, src, perm, start, lo, hi, H, C, weight, acc,
+                     has_mask, has_ev):
+    """``acc += sum_p weight_p * v_{src[p]}`` (``v + ev`` with ``has_ev``) over the edges
+    ``p`` in ``lo..hi-1`` of the target whose first edge is ``start``, with the weights
+    ``scores[p - start]`` (times the dropout multipliers with ``has_mask``), the rows of
+    ``v`` prefetched; ``acc`` in ``H * C`` channels, ``weight`` its scratch."""
+    num_edges = src.shape[0]
+    for p in range(lo, hi):
+        if p + PREFETCH_DISTANCE < num_edges:
+            _prefetch_row(v, src[p + PREFETCH_DISTANCE])
+            if has_mask:
+                _prefetch_mask(mask, perm[p + PREFETCH_DISTANCE])
+            if has_ev:
+                _prefetch_row(ev, perm[p + PREFETCH_DISTANCE])
+        j, e = src[p], perm[p]
+        for h in range(H):
+            w = scores[p - start, h]
+            if has_mask:
+                w *= _mask_multiplier(mask, state, e, h, H)
+            for x in range(C):
+                weight[h * C + x] = w
+        if has_ev:
+            for x in range(H * C):
+                acc[x] += weight[x] * (v[j, x] + ev[e, x])
+        else:
+            for x in range(H * C):
+                acc[x] += weight[x] * v[j, x]
+
+
+@_jit(inline="always")
+def _long_row_total(scores, degree, part, sums, total):
+    """``total[h] = sum(scores[:degree, h])`` for a row of more than ``SUM_BLOCK`` edges: each
+    block summed in ``part`` in the scores' dtype, the blocks added in float64 (``sums``),
+    rounded once."""
+    sums[:] = 0
+    for block in range(0, degree, SUM_BLOCK):
+        part[:] = 0
+        for p in range(block, min(block + SUM_BLOCK, degree)):
+            for h in range(part.shape[0]):
+                part[h] += scores[p, h]
+        for h in range(part.shape[0]):
+            sums[h] += part[h]
+    for h in range(part.shape[0]):
+        total[h] = sums[h]
 
 
 @_jit(inline="always")
@@ -829,11 +877,12 @@ def _forward_kernel(score: int, has_bias: bool, qk_channels: int, v_channels: in
         H = heads if heads else lse.shape[1]
         Cq = qk_channels if qk_channels else q.shape[1] // H
         C = v_channels if v_channels else v.shape[1] // H
-        num_edges = src.shape[0]
         scores = np.empty((_max_degree(rowptr, first, last), H), dtype=out.dtype)
         state = _mask_state(mask)  # a seeded mask's parameters, read once
         top = np.empty(H, dtype=out.dtype)
-        total = np.empty(H, dtype=np.float64)
+        total = np.empty(H, dtype=out.dtype)
+        part = np.empty(H, dtype=out.dtype)  # scratch of _long_row_total
+        total_blocks = np.empty(H, dtype=np.float64)
         inv = np.empty(H, dtype=out.dtype)
         weight = np.empty(H * C, dtype=out.dtype)  # the edge's weight, repeated per channel
         acc = np.empty(H * C, dtype=out.dtype)
@@ -854,34 +903,25 @@ def _forward_kernel(score: int, has_bias: bool, qk_channels: int, v_channels: in
             flat = scores.reshape(-1)
             for t in range(degree * H):  # one loop over all heads: vectorised for any H
                 flat[t] = _exp(flat[t])
-            for p in range(degree):
-                for h in range(H):
-                    total[h] += scores[p, h]
-            acc[:] = 0
-            acc_blocks[:] = 0
-            for block in range(start, stop, SUM_BLOCK):
-                for p in range(block, min(block + SUM_BLOCK, stop)):
-                    if p + PREFETCH_DISTANCE < num_edges:
-                        _prefetch_row(v, src[p + PREFETCH_DISTANCE])
-                        if has_mask:
-                            _prefetch_mask(mask, perm[p + PREFETCH_DISTANCE])
-                        if has_ev:
-                            _prefetch_row(ev, perm[p + PREFETCH_DISTANCE])
-                    j, e = src[p], perm[p]
+            if degree <= SUM_BLOCK:
+                for p in range(degree):
                     for h in range(H):
-                        w = scores[p - start, h]
-                        if has_mask:
-                            w *= _mask_multiplier(mask, state, e, h, H)
-                        for x in range(C):
-                            weight[h * C + x] = w
-                    if has_ev:
-                        for x in range(H * C):
-                            acc[x] += weight[x] * (v[j, x] + ev[e, x])
-                    else:
-                        for x in range(H * C):
-                            acc[x] += weight[x] * v[j, x]
-                if block + SUM_BLOCK < stop:
-                    _add_block(acc_blocks, acc)
+                        total[h] += scores[p, h]
+            else:
+                _long_row_total(scores, degree, part, total_blocks, total)
+            acc[:] = 0
+            if degree <= SUM_BLOCK:
+                _weighted_values(v, ev, mask, state, scores, src, perm, start, start, stop, H,
+                                 C, weight, acc, has_mask, has_ev)
+            else:
+                for block in range(start, stop, SUM_BLOCK):
+                    _weighted_values(v, ev, mask, state, scores, src, perm, start, block,
+                                     min(block + SUM_BLOCK, stop), H, C, weight, acc,
+                                     has_mask, has_ev)
+                    if block + SUM_BLOCK < stop:
+                        _add_block(acc_blocks, acc, block == start)
+                for x in range(H * C):  # the whole sum, rounded once
+                    acc[x] = acc_blocks[x] + acc[x]
             for h in range(H):
                 # the log-sum-exp top + log(total) in two parts: log(total) would round away
                 # in the sum when |top| >> log(degree) (a bias of -1e9 on every in-edge)
@@ -897,12 +937,8 @@ def _forward_kernel(score: int, has_bias: bool, qk_channels: int, v_channels: in
                     inv[h] = total[h]
                     lse[i, h, 0] = total[h]
                     lse[i, h, 1] = total[h]
-                if degree > SUM_BLOCK:
-                    for x in range(C):
-                        out[i, h * C + x] = (acc_blocks[h * C + x] + acc[h * C + x]) * inv[h]
-                else:
-                    for x in range(C):
-                        out[i, h * C + x] = acc[h * C + x] * inv[h]
+                for x in range(C):
+                    out[i, h * C + x] = acc[h * C + x] * inv[h]
             if need_alpha:
                 for p in range(start, stop):
                     e = perm[p]
@@ -969,8 +1005,6 @@ def _backward_target_kernel(score: int, has_bias: bool, qk_channels: int, v_chan
                     delta[h] += extra
             acc[:] = 0
             acc_att[:] = 0
-            acc_blocks[:] = 0
-            att_blocks[:] = 0
             for block in range(start, stop, SUM_BLOCK):
                 for p in range(block, min(block + SUM_BLOCK, stop)):
                     if p + PREFETCH_DISTANCE < num_edges:
@@ -1028,9 +1062,9 @@ def _backward_target_kernel(score: int, has_bias: bool, qk_channels: int, v_chan
                         for x in range(H * Cq):
                             acc[x] += factor[x] * k[j, x]
                 if block + SUM_BLOCK < stop:
-                    _add_block(acc_blocks, acc)
+                    _add_block(acc_blocks, acc, block == start)
                     if score == GATV2:
-                        _add_block(att_blocks, acc_att)
+                        _add_block(att_blocks, acc_att, block == start)
             if degree > SUM_BLOCK:
                 for x in range(H * Cq):
                     grad_q[i, x] = acc_blocks[x] + acc[x]
@@ -1080,8 +1114,6 @@ def _backward_source_kernel(score: int, qk_channels: int, v_channels: int, has_e
             grad_k[j] = 0
             grad_v[j] = 0
             start, stop = colptr[j], colptr[j + 1]
-            key_blocks[:] = 0
-            value_blocks[:] = 0
             for block in range(start, stop, SUM_BLOCK):
                 for t in range(block, min(block + SUM_BLOCK, stop)):
                     if t + PREFETCH_DISTANCE < num_edges:
@@ -1135,8 +1167,8 @@ def _backward_source_kernel(score: int, qk_channels: int, v_channels: int, has_e
                             for x in range(C):
                                 grad_v3[j, h, x] += w * grad_out3[i, h, x]
                 if block + SUM_BLOCK < stop:
-                    _add_block(key_blocks, grad_k[j])
-                    _add_block(value_blocks, grad_v[j])
+                    _add_block(key_blocks, grad_k[j], block == start)
+                    _add_block(value_blocks, grad_v[j], block == start)
             if stop - start > SUM_BLOCK:
                 for x in range(grad_k.shape[1]):
                     grad_k[j, x] += key_blocks[x]
