@@ -158,26 +158,54 @@ def expected_sign_rule(vec: np.ndarray) -> np.ndarray:
     return vec if vec[first] > 0 else -vec
 
 
-@pytest.fixture(params=["dense", "shift-invert", "lanczos"])
-def solver(request, monkeypatch):
-    """A ``solver=`` for ``laplacian_pe``: dense, or sparse with either method, forced, and
-    checked to be the one that ran."""
-    if request.param == "dense":
-        yield "dense"
-        return
-    shift_invert = request.param == "shift-invert"
-    monkeypatch.setattr(pe, "SHIFT_INVERT_MAX_ENVELOPE", 10**18 if shift_invert else -1)
-    monkeypatch.setattr(pe, "SHIFT_INVERT_MAX_EIGENVALUE", math.inf)  # no probe
-    shifts = []
-    eigsh = pe.eigsh
+SPARSE_METHODS = ("shift-invert", "lanczos", "chebyshev")
 
-    def spy(*args, **kwargs):
+
+def force_sparse_method(monkeypatch, method: str) -> tuple[list, list]:
+    """Make ``solver="sparse"`` take ``method`` whatever the graph, without a probe; returns
+    the lists that get the shift of each ``eigsh`` call and, for each call of the Chebyshev
+    filter, whether it converged (rather than handing over to Lanczos)."""
+    assert method in SPARSE_METHODS
+    monkeypatch.setattr(pe, "SHIFT_INVERT_MAX_ENVELOPE", 10**18 if method == "shift-invert" else -1)
+    monkeypatch.setattr(pe, "SHIFT_INVERT_MAX_EIGENVALUE", math.inf)  # no probe
+    monkeypatch.setattr(pe, "CHEBYSHEV_MAX_EIGENVALUE", math.inf if method == "chebyshev" else 0.0)
+    monkeypatch.setattr(pe, "CHEBYSHEV_MAX_K", 10**9)
+    shifts, converged = [], []
+    eigsh, chebyshev = pe.eigsh, pe._chebyshev_smallest
+
+    def spy_eigsh(*args, **kwargs):
         shifts.append(kwargs.get("sigma"))
         return eigsh(*args, **kwargs)
 
-    monkeypatch.setattr(pe, "eigsh", spy)
+    def spy_chebyshev(*args, **kwargs):
+        result = chebyshev(*args, **kwargs)
+        converged.append(result is not None)
+        return result
+
+    monkeypatch.setattr(pe, "eigsh", spy_eigsh)
+    monkeypatch.setattr(pe, "_chebyshev_smallest", spy_chebyshev)
+    return shifts, converged
+
+
+def assert_method_ran(method: str, shifts: list, converged: list) -> None:
+    """The calls that :func:`force_sparse_method` recorded are those of ``method`` only."""
+    if method == "chebyshev":
+        assert converged and all(converged) and not shifts
+    else:
+        assert shifts and all((shift is not None) == (method == "shift-invert")
+                              for shift in shifts) and not converged
+
+
+@pytest.fixture(params=("dense",) + SPARSE_METHODS)
+def solver(request, monkeypatch):
+    """A ``solver=`` for ``laplacian_pe``: dense, or sparse with each of its methods, forced,
+    and checked to be the one that ran."""
+    if request.param == "dense":
+        yield "dense"
+        return
+    calls = force_sparse_method(monkeypatch, request.param)
     yield "sparse"
-    assert shifts and all((shift is not None) == shift_invert for shift in shifts)
+    assert_method_ran(request.param, *calls)
 
 
 def test_laplacian_pe_path_is_cosines(solver):
@@ -385,10 +413,9 @@ def well_separated_graph(n: int) -> tuple[torch.Tensor, int]:
     return graphs.from_networkx(G), n
 
 
-@pytest.mark.parametrize("method", ["shift-invert", "lanczos"])
+@pytest.mark.parametrize("method", SPARSE_METHODS)
 def test_laplacian_pe_dense_and_sparse_agree_with_signs(method, monkeypatch):
-    monkeypatch.setattr(pe, "SHIFT_INVERT_MAX_ENVELOPE", 10**18 if method == "shift-invert" else -1)
-    monkeypatch.setattr(pe, "SHIFT_INVERT_MAX_EIGENVALUE", math.inf)  # no probe
+    calls = force_sparse_method(monkeypatch, method)
     edge_index, n = well_separated_graph(150)
     k = 6
     lap, _ = reference_laplacian(edge_index, n)
@@ -396,6 +423,7 @@ def test_laplacian_pe_dense_and_sparse_agree_with_signs(method, monkeypatch):
     assert np.diff(vals).min() > 1e-3  # simple eigenvalues: eigenvectors unique up to sign
     dense = pe.laplacian_pe(edge_index, n, k, solver="dense")
     sparse = pe.laplacian_pe(edge_index, n, k, solver="sparse")
+    assert_method_ran(method, *calls)
     assert_close(sparse, dense)
     for col in dense.t().double().numpy():
         assert_close(torch.from_numpy(col), torch.from_numpy(expected_sign_rule(col)))
@@ -543,6 +571,95 @@ def test_laplacian_pe_on_a_long_path_by_default(monkeypatch):
         u = u / np.linalg.norm(u)
         col = enc[:, j].double().numpy()
         np.testing.assert_allclose(col * np.sign(col @ u), u, atol=1e-5)  # up to sign
+
+
+def random_graph_with_a_tail(core: int, tail: int, seed: int) -> tuple[torch.Tensor, int]:
+    """The giant component of a random graph of ``core`` nodes and mean degree 4, with a path
+    of ``tail`` more nodes hanging off its node 0."""
+    G = nx.gnm_random_graph(core, 2 * core, seed=seed)
+    G = nx.convert_node_labels_to_integers(G.subgraph(max(nx.connected_components(G), key=len)))
+    start = G.number_of_nodes()
+    nx.add_path(G, [0, *range(start, start + tail)])
+    return graphs.from_networkx(G), G.number_of_nodes()
+
+
+@pytest.fixture
+def float64_default():
+    """float64 as the default dtype, so that ``laplacian_pe`` returns what its solver found."""
+    dtype = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(dtype)
+
+
+def test_laplacian_pe_of_a_random_graph_with_a_tail(monkeypatch, float64_default):
+    """A path hanging off a random graph: the lowest eigenpairs live on the path, their
+    eigenvalues tiny and crowded (from 5e-6 here), while the random graph makes the
+    factorization of shift-invert fill in. At 20000 nodes its envelope is above
+    ``SHIFT_INVERT_MAX_ENVELOPE`` and Lanczos on the Laplacian took about a minute for k = 8; this
+    graph of about 2100 nodes gets the same route by a bound just below its envelope: the probe,
+    then the Chebyshev filter, with no Lanczos round and no factorization. Its eigenpairs are
+    those of the dense solver: eigenvalues, residuals, orthonormal columns that leave out the
+    trivial vector, and the sign rule."""
+    edge_index, n = random_graph_with_a_tail(1600, 500, seed=0)
+    lap, c = reference_laplacian(edge_index, n)
+    assert c == 1 and n > pe.DENSE_SOLVER_MAX_NODES
+    adj = pe._adjacency(edge_index, n)
+    sqrt_deg = np.sqrt(np.asarray(adj.sum(axis=1)).ravel())  # (n,): the trivial vector
+    scaled = sp.diags(1 / sqrt_deg)
+    monkeypatch.setattr(pe, "SHIFT_INVERT_MAX_ENVELOPE",
+                        pe._envelope(sp.identity(n) - scaled @ adj @ scaled) - 1)
+    ran, deflated_lanczos, splu = [], pe._deflated_lanczos, pe.splu
+    monkeypatch.setattr(pe, "_deflated_lanczos",
+                        lambda *a, **kw: ran.append("lanczos") or deflated_lanczos(*a, **kw))
+    monkeypatch.setattr(pe, "splu", lambda *a, **kw: ran.append("splu") or splu(*a, **kw))
+    k = 8
+    enc, lam = pe.laplacian_pe(edge_index, n, k, return_eigenvalues=True)
+    assert ran == []
+    enc, lam = enc.numpy(), lam.numpy()
+    expected = np.linalg.eigvalsh(lap)[1:k + 1]
+    assert expected[0] < 1e-5 and expected[-1] < 2e-3  # tiny: the tail's
+    np.testing.assert_allclose(lam, expected, rtol=0, atol=1e-12)
+    assert np.linalg.norm(lap @ enc - enc * lam, axis=0).max() < 1e-12
+    np.testing.assert_allclose(enc.T @ enc, np.eye(k), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(sqrt_deg @ enc / np.linalg.norm(sqrt_deg), 0.0, atol=1e-12)
+    for col in enc.T:
+        np.testing.assert_array_equal(col, expected_sign_rule(col))
+
+
+def test_laplacian_pe_hands_over_to_lanczos_when_the_filter_stops_short(monkeypatch):
+    """A Chebyshev filter that does not converge within its sweeps returns nothing, and
+    Lanczos rounds find the eigenpairs."""
+    shifts, converged = force_sparse_method(monkeypatch, "chebyshev")
+    monkeypatch.setattr(pe, "_CHEBYSHEV_MAX_SWEEPS", 2)
+    edge_index, n = well_separated_graph(150)
+    lap, _ = reference_laplacian(edge_index, n)
+    k = 6
+    enc, lam = pe.laplacian_pe(edge_index, n, k, solver="sparse", return_eigenvalues=True)
+    assert converged == [False] and shifts  # then Lanczos on L
+    assert_lowest_eigenpairs(lap, 1, enc, lam)
+
+
+def test_chebyshev_filter_damps_the_trivial_vector():
+    """The filter runs on M = L + 2 U U^T, where the trivial vector U lies in the damped
+    interval [a, 2]: on L itself it would sit at 0, where the filter is largest, and the
+    trivial components that rounding leaves would grow over the sweeps past the wanted
+    eigenvectors (tried on a random graph of 20000 nodes: the Ritz vectors had lost their
+    orthogonality to U by the seventh sweep)."""
+    n = 200
+    adj = pe._adjacency(graphs.chain_graph(n), n)
+    deg = np.asarray(adj.sum(axis=1)).ravel()
+    scaled = sp.diags(1 / np.sqrt(deg))
+    lap = (sp.identity(n) - scaled @ adj @ scaled).tocsr()
+    null = pe._null_space(deg, np.zeros(n, dtype=np.int64), 1)  # (n, 1): D^1/2 1, normalized
+    vals, vecs = np.linalg.eigh(lap.toarray())
+    block = np.stack([null.toarray()[:, 0], vecs[:, 1]], axis=1)  # U and u_1
+    lower = vals[4]
+    degree = pe._chebyshev_degree(lower)
+    out = pe._chebyshev_filter(lap, null, null.T.tocsr(), block, lower, degree)
+    norms = np.linalg.norm(out, axis=0)
+    assert norms[0] < math.exp(-pe._CHEBYSHEV_GAIN / 2) * norms[1]
+    np.testing.assert_allclose(out[:, 1] / norms[1], vecs[:, 1], atol=1e-10)
 
 
 def test_envelope_on_a_path_and_a_complete_graph():
