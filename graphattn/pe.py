@@ -87,7 +87,7 @@ SHIFT_INVERT_PROBE_WIDTH = 256
 
 #: Above ``SHIFT_INVERT_MAX_ENVELOPE``, where the factorization is not taken, the sparse solver
 #: probes the smallest non-trivial eigenvalue too, and runs a Chebyshev-filtered subspace
-#: iteration (:func:`_chebyshev_smallest`) instead of Lanczos when it is below this: an
+#: iteration (``_chebyshev_smallest``) instead of Lanczos when it is below this: an
 #: expander-like graph with a small, crowded low end, such as a random graph with a path hanging
 #: off it, whose eigenvalues on the path (from 3e-7 for 2000 nodes) Lanczos on the Laplacian
 #: resolves only after tens of thousands of restarted iterations (a random graph of 18000 nodes
