@@ -835,3 +835,126 @@ def test_large_scores_take_an_accurate_backward(via):
     (want_v, _), (got_v, got_q) = grads
     assert (got_v.double() - want_v).abs().max() < 1e-5
     assert got_q.isfinite().all()
+
+
+def test_sdpa_with_dropout_on_cpu_takes_sdpas_default_scale_and_adds_a_float_mask():
+    """sdpa() with dropout on CPU (its explicit path): no scale is SDPA's 1 / sqrt(C), and a
+    float mask is added to the scores, as SDPA takes them."""
+    from graphattn.functional import dropout_mask
+
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 5, 4, generator=gen, dtype=torch.float64) for _ in range(3))
+    mask = torch.randn(5, 5, generator=gen, dtype=torch.float64)  # (L_q, L_k), additive
+    torch.manual_seed(7)
+    out = dense_backend.sdpa(q, k, v, attn_mask=mask, dropout_p=0.3)
+    torch.manual_seed(7)
+    M = dropout_mask((2, 5, 5), 0.3, dtype=torch.float64)
+    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(4) + mask, dim=-1)  # (H, L, L)
+    assert_close(out, (weights * M) @ v)
+
+
+@pytest.mark.parametrize(("heads", "value_channels"), [(0, 3), (2, 0)],
+                         ids=["no-heads", "no-value-channels"])
+def test_no_heads_or_value_channels_give_every_input_a_zero_gradient(heads, value_channels):
+    """An empty output still gives q, k, v and the bias a (zero) gradient, as the reference
+    does: SDPA's empty products would leave the bias out of the autograd graph."""
+    edge_index = torch.tensor([[0, 1, 2, 2], [1, 1, 3, 0]])
+    gen = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(4, heads, 3, generator=gen, requires_grad=True) for _ in range(2))
+    v = torch.randn(4, heads, value_channels, generator=gen, requires_grad=True)
+    bias = torch.randn(4, heads, generator=gen, requires_grad=True)
+    out = edge_attention(q, k, v, edge_index, bias=bias, backend="dense")
+    assert out.shape == (4, heads, value_channels)
+    grads = torch.autograd.grad(out.sum(), (q, k, v, bias))
+    assert all(g.shape == t.shape and not g.any() for g, t in zip(grads, (q, k, v, bias),
+                                                                  strict=True))
+
+
+@pytest.mark.parametrize("need_alpha", [False, True], ids=["out", "alpha"])
+def test_repeated_edge_keeps_its_count_next_to_large_scores(need_alpha):
+    """A pair of two edges next to a pair of one, every bias 1e9 (fp32): the double pair
+    weighs twice the single one. Its log-weight is kept relative to the largest score of its
+    row, where log(2) would round away next to 1e9. (q = 0: the reference's fp32 scores of
+    1e9 would round q . k away.)"""
+    edge_index = torch.tensor([[1, 1, 2], [0, 0, 0]])
+    _, k, v, _ = inputs(3, 3, "dot", 3, dtype=torch.float32, bias=False)
+    q = torch.zeros_like(k)
+    bias = torch.full((3, 2), 1e9)
+    assert_dense_equals_reference(q, k, v, edge_index, bias, score="dot", dropout_p=0.0,
+                                  need_alpha=need_alpha)
+
+
+@pytest.mark.parametrize("need_alpha", [False, True], ids=["out", "alpha"])
+def test_multigraph_with_as_many_edges_as_pairs_is_not_the_complete_graph(need_alpha):
+    """9 edges over 3 nodes, as many as the complete graph's pairs, but repeated among nodes 0
+    and 1: node 2, without edges, holding NaN and inf, reaches no output and no gradient, as
+    in the reference (the complete graph would run without a mask and without zeroing it)."""
+    edge_index = torch.tensor([[0, 0, 1, 1, 0, 1, 1, 0, 1], [0, 1, 0, 1, 1, 1, 0, 0, 1]])
+    q, k, v, _ = inputs(3, 3, "dot", edge_index.size(1), bias=False)
+    for t in (q, k, v):
+        t[2, 0], t[2, 1] = float("nan"), float("inf")
+    out = assert_dense_equals_reference(q, k, v, edge_index, None, score="dot", dropout_p=0.0,
+                                        need_alpha=need_alpha)
+    assert (out[2] == 0).all()
+
+
+@pytest.mark.parametrize("graph", ["flipped-causal", "blocks"])
+def test_under_torch_func_the_graph_is_read_on_the_device_path(graph):
+    """Under torch.func the edges cannot be read on the host: the pair index and the causal
+    pattern are computed with tensor ops. The flipped causal graph (each source at or after its
+    target) is not causal; blocks given by their layout stay inside their block. Both equal
+    the reference, output and gradient."""
+    if graph == "flipped-causal":
+        edge_index, layout = graphs.causal_graph(5).flip(0), None
+    else:
+        edge_index = torch.tensor([[1, 0, 0, 2, 3, 4, 5], [0, 1, 0, 3, 3, 4, 4]])  # 3 x 2
+        layout = diagonal_blocks(edge_index, 6)
+        assert layout is not None and not layout.padded
+    n = int(edge_index.max()) + 1
+    q, k, v, _ = inputs(n, n, "dot", edge_index.size(1), bias=False)
+
+    def loss(q, backend):
+        if backend == "dense":
+            out, _ = dense_edge_attention(q, k, v, edge_index, scale=0.7, bias=None,
+                                          dropout_mask=None, score="dot", negative_slope=0.2,
+                                          need_alpha=False, layout=layout)
+        else:
+            out = edge_attention(q, k, v, edge_index, scale=0.7, backend="reference")
+        return out.sin().sum()
+
+    got = torch.func.grad_and_value(loss)(q, "dense")
+    expected = torch.func.grad_and_value(loss)(q, "reference")
+    for g, e in zip(got, expected, strict=True):
+        assert_close(g, e)
+
+
+@pytest.mark.parametrize("need_alpha", [False, True], ids=["sdpa", "weights"])
+@pytest.mark.parametrize("graph", ["random", "complete"])
+def test_output_is_contiguous_as_on_every_backend(graph, need_alpha):
+    """One block's [1, H, N, C] output turned nodes first is a strided view until copied: the
+    output must view as [N, H * C], as every backend's does."""
+    edge_index = (graphs.complete_graph(5) if graph == "complete"
+                  else torch.tensor([[0, 1, 2, 3, 1], [1, 2, 3, 0, 0]]))
+    q, k, v, _ = inputs(5, 5, "dot", edge_index.size(1), bias=False)
+    result = edge_attention(q, k, v, edge_index, backend="dense", return_attention=need_alpha)
+    out = result[0] if need_alpha else result
+    assert out.is_contiguous()
+    assert out.view(5, -1).shape == (5, 2 * 3)
+
+
+@pytest.mark.parametrize("graph", ["complete", "causal"])
+def test_gradients_of_gradients_keep_the_scale(graph):
+    """With create_graph=True the backward of SDPA's fused kernel is recomputed on its math
+    path, with the scale of the forward: first and second gradients equal the reference's at
+    a scale other than 1 / sqrt(C)."""
+    edge_index = graphs.complete_graph(6) if graph == "complete" else graphs.causal_graph(6)
+    q, k, v, _ = inputs(6, 6, "dot", 0, H=2, C=4, dtype=torch.float32, bias=False)
+    results = []
+    for backend in ("dense", "reference"):
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        out = edge_attention(*leaves, edge_index, scale=0.7, backend=backend)
+        grads = torch.autograd.grad(out.sin().sum(), leaves, create_graph=True)
+        second = torch.autograd.grad(sum(g.square().sum() for g in grads), leaves)
+        results.append((*grads, *second))
+    for got, expected in zip(*results, strict=True):
+        assert_close(got, expected)
