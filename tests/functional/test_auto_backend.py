@@ -151,6 +151,21 @@ def test_gatv2_takes_the_sparse_path_even_on_complete_graphs():
     assert select_backend(q, complete, score="gatv2") == "cpu"
 
 
+def test_additive_queries_without_channels_take_the_sparse_path():
+    """select_backend takes the additive score's [N_dst, H] queries, as edge_attention does."""
+    complete = torch.cartesian_prod(torch.arange(64), torch.arange(64)).t()
+    assert select_backend(torch.randn(64, 2), complete, score="additive") == "cpu"
+
+
+def test_off_the_cpu_auto_takes_triton_where_its_kernels_run(monkeypatch):
+    """Off the CPU (CUDA) the rule is use_triton_for(q): "triton", else "reference"."""
+    q = torch.empty(8, 2, 4, device="meta")
+    edge_index = torch.empty(2, 0, dtype=torch.long, device="meta")
+    for runs, expected in ((True, "triton"), (False, "reference")):
+        monkeypatch.setattr(attention, "use_triton_for", lambda q, runs=runs: runs)
+        assert select_backend(q, edge_index) == expected
+
+
 def test_empty_graphs_take_the_sparse_path():
     assert select_backend(torch.randn(0, 2, 4), torch.zeros(2, 0, dtype=torch.long)) == "cpu"
     assert select_backend(torch.randn(5, 2, 4), torch.zeros(2, 0, dtype=torch.long)) == "cpu"
@@ -285,11 +300,26 @@ def test_small_blocks_take_the_dense_path_from_a_lower_density_in_training():
     assert (attention.EXPLICIT_MIN_DENSITY_CPU_SMALL_BLOCKS < 0.5
             < attention.EXPLICIT_MIN_DENSITY_CPU)
     small = attention.EXPLICIT_SMALL_BLOCK // 2
-    for size, blocks, expected in ((small, 8, "dense"), (512, 2, "cpu")):
+    for size, blocks, expected in ((small, 8, "dense"),
+                                   (attention.EXPLICIT_SMALL_BLOCK, 4, "dense"),  # at most
+                                   (512, 2, "cpu")):
         edge_index = graphs.repeat_graph(graphs.causal_graph(size), size, blocks)
         q = torch.randn(size * blocks, 2, 4, requires_grad=True)
         assert select_backend(q, edge_index, needs_weights=True) == expected, size
         assert select_backend(q.detach(), edge_index, needs_weights=True) == "cpu", size
+
+
+def test_blocks_in_inference_need_the_inference_density_for_the_explicit_softmax():
+    """Windowed blocks of 64 nodes at block density 0.76, between EXPLICIT_MIN_DENSITY_CPU and
+    EXPLICIT_MIN_DENSITY_CPU_INFERENCE: with the weights needed, dense in training, sparse in
+    inference."""
+    edge_index = graphs.repeat_graph(graphs.window_graph(64, 32), 64, 8)
+    density = edge_index.size(1) / (8 * 64 * 64)
+    assert (attention.EXPLICIT_MIN_DENSITY_CPU < density
+            < attention.EXPLICIT_MIN_DENSITY_CPU_INFERENCE)
+    q = torch.randn(512, 2, 4, requires_grad=True)
+    assert select_backend(q, edge_index, needs_weights=True) == "dense"
+    assert select_backend(q.detach(), edge_index, needs_weights=True) == "cpu"
 
 
 def test_layer_auto_equals_reference_on_a_dense_graph():
@@ -345,6 +375,10 @@ def test_auto_on_cuda_promotes_a_float64_input_beside_float32_q(triton_interpret
     assert_close(out, edge_attention(q, k, v, edge_index, bias=bias, backend="reference"))
     out = edge_attention(q, k, v.double(), edge_index)
     assert calls == [] and out.dtype == torch.float64
+    for term in ("edge_key", "edge_value"):  # a float64 per-edge term
+        out = edge_attention(q, k, v, edge_index,
+                             **{term: torch.randn(7, 2, 4, generator=gen, dtype=torch.float64)})
+        assert calls == [] and out.dtype == torch.float64, term
     edge_attention(q, k, v, edge_index, bias=bias.float())  # all float32: the kernels
     assert calls == ["triton"]
 
@@ -392,6 +426,20 @@ def test_block_memory_limit_counts_the_blocks_pairs(monkeypatch):
     assert select_backend(q, edge_index) == "dense"
     monkeypatch.setattr(attention, "DENSE_MAX_BYTES_CPU", need - 1)
     assert select_backend(q, edge_index) == "cpu"
+
+
+def test_block_threshold_is_inclusive(monkeypatch):
+    """4 causal blocks of 32 nodes: block density 0.515625 exactly (0.129 over the whole
+    graph, sparse by the whole-graph rule); dense at a block crossover of that density, not
+    above it."""
+    edge_index = graphs.repeat_graph(graphs.causal_graph(32), 32, 4)
+    q = torch.randn(128, 2, 4, requires_grad=True)
+    density = edge_index.size(1) / (4 * 32 * 32)
+    assert density == 0.515625
+    for crossover, expected in ((density, "dense"), (math.nextafter(density, 1.0), "cpu")):
+        monkeypatch.setattr(attention, "DENSE_CROSSOVER_CPU_BLOCKS",
+                            ((16, crossover, crossover),))
+        assert select_backend(q, edge_index) == expected
 
 
 def test_auto_finds_the_blocks_once_and_equals_the_reference(monkeypatch):

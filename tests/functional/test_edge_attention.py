@@ -190,6 +190,10 @@ def test_errors_name_the_argument_and_value():
         edge_attention(q, k, v, torch.tensor([[5, 1], [1, 2]]))
     with pytest.raises(ValueError, match=r"edge_index\[1\].*< the number of target nodes 4.*4"):
         edge_attention(q, k, v, torch.tensor([[0, 1], [4, 2]]))
+    q3, k5, v5 = qkv(3, 5)  # sources are bounded by k and v, targets by q
+    edge_attention(q3, k5, v5, torch.tensor([[4], [2]]), backend="reference")
+    with pytest.raises(ValueError, match=r"edge_index\[1\].*< the number of target nodes 3.*3"):
+        edge_attention(q3, k5, v5, torch.tensor([[4], [3]]), backend="reference")
     with pytest.raises(ValueError, match=r"q must have shape \[N, H, C\].*got \[4, 8\]"):
         edge_attention(q.flatten(1), k, v, good)
     with pytest.raises(ValueError, match=r"bias must have shape \[E, H\] = \[2, 2\], got \[2\]"):
@@ -214,6 +218,9 @@ def test_wrong_dtypes_and_non_tensors_are_named(backend):
         edge_attention(q, k, v.long(), good, backend=backend)
     with pytest.raises(TypeError, match="bias must have a floating-point dtype, got torch.int64"):
         edge_attention(q, k, v, good, bias=torch.zeros(2, 2, dtype=torch.long), backend=backend)
+    with pytest.raises(TypeError, match="att must have a floating-point dtype, got torch.int64"):
+        edge_attention(q, k, v, good, score="gatv2", att=torch.zeros(2, 4, dtype=torch.long),
+                       backend=backend)
     with pytest.raises(ValueError, match="scale must be a finite number, got inf"):
         edge_attention(q, k, v, good, scale=float("inf"), backend=backend)
     with pytest.raises(TypeError, match="edge_index must be a torch.Tensor, got list"):
@@ -504,12 +511,15 @@ def test_shape_errors_of_q_k_and_v_name_the_argument():
     with pytest.raises(ValueError, match=r"q and k must have the same channels C"):
         edge_attention(q[..., :3], k, v, good)
 
-def test_one_tensor_as_both_edge_terms_stays_one_tensor_when_promoted():
-    """_common_dtype casts a float32 tensor given as edge_key and edge_value once, not twice."""
-    q = torch.randn(3, 2, 4, dtype=torch.float64)
+def test_one_tensor_as_both_edge_terms_stays_one_tensor_when_cast():
+    """_common_dtype (promotion) and _autocast_inputs (autocast's dtype) cast a float32 tensor
+    given as edge_key and edge_value once, not twice."""
     term = torch.randn(5, 2, 4)
-    cast = attention._common_dtype(q, term, term)
+    cast = attention._common_dtype(torch.randn(3, 2, 4, dtype=torch.float64), term, term)
     assert cast[1].dtype == torch.float64 and cast[1] is cast[2]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        cast = attention._autocast_inputs(torch.randn(3, 2, 4), term, term)
+    assert cast[1].dtype == torch.bfloat16 and cast[1] is cast[2]
 
 
 @pytest.mark.parametrize("channels", [1, 4, 9])
@@ -551,6 +561,25 @@ def test_autocast_runs_in_its_dtype_on_every_backend(backend, score, requires_gr
         assert all(g.dtype == torch.float32 and torch.isfinite(g).all() for g in grads)
 
 
+def test_autocast_leaves_float64_inputs_in_float64():
+    """Autocast leaves float64 alone, as it does for SDPA: float64 inputs under autocast give
+    the float64 result of the call without it."""
+    edge_index = random_graph(6, 20, seed=4)
+    q, k, v = qkv(6, 6, dtype=torch.float64)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = edge_attention(q, k, v, edge_index, backend="reference")
+    assert out.dtype == torch.float64
+    assert torch.equal(out, edge_attention(q, k, v, edge_index, backend="reference"))
+
+
+def test_autocast_casts_to_the_dtype_it_was_given():
+    """fp16 autocast on CPU gives fp16 inputs, not a fixed half dtype."""
+    q, k, v = qkv(6, 6)
+    with torch.autocast("cpu", dtype=torch.float16):
+        out = edge_attention(q, k, v, random_graph(6, 20, seed=4), backend="reference")
+    assert out.dtype == torch.float16
+
+
 @pytest.mark.parametrize("missing", ["q", "k", "v", "edge_index"])
 def test_a_missing_tensor_is_named(missing):
     """``None`` (or a list) where a tensor is required is named, not met by an
@@ -569,6 +598,31 @@ def test_a_backend_that_is_not_a_name_is_refused_by_name():
     x = torch.randn(3, 2, 4)
     with pytest.raises(ValueError, match=r"backend must be 'auto' or one of .*got \['cpu'\]"):
         edge_attention(x, x, x, torch.tensor([[0, 1], [1, 2]]), backend=["cpu"])
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["bf16-inputs", "autocast"])
+def test_edge_weight_multiplies_the_weights_in_the_dtype_of_v(autocast):
+    """An fp32 explanation mask (``edge_weight``) beside bf16 inputs, or beside fp32 inputs
+    under autocast (which casts them to bf16), gives the bf16 output of a bf16 mask."""
+    from graphattn.functional.attention import edge_attention_unchecked
+
+    def call(q, k, v, edge_weight):
+        return edge_attention_unchecked(q, k, v, edge_index, scale=None, bias=None,
+                                        dropout_p=0.0, training=False, return_attention=False,
+                                        backend="auto", score="dot", edge_weight=edge_weight)
+
+    edge_index = random_graph(9, 30, seed=4)
+    q, k, v = qkv(9, 9)
+    edge_weight = torch.rand(30, generator=torch.Generator().manual_seed(1))
+    half = [t.bfloat16() for t in (q, k, v)]
+    want = call(*half, edge_weight.bfloat16())
+    if autocast:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            got = call(q, k, v, edge_weight)
+    else:
+        got = call(*half, edge_weight)
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got, want)
 
 
 def test_edge_weight_multiplies_the_dropped_weights_in_training():

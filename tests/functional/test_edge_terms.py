@@ -108,6 +108,23 @@ def test_edge_terms_with_a_scale_and_slope_of_their_own(score, terms, backend):
         assert_close(actual, truth)
 
 
+@pytest.mark.parametrize("backend", ["reference", "cpu", "dense"])
+def test_edge_terms_under_autocast_keep_their_places(backend):
+    """Under torch.autocast the key and value terms are cast to its dtype, each where it was
+    given: the output and weights of bf16 inputs without autocast, bit for bit."""
+    case = next(g for g in GRAPHS if g.name == "multi-edges")
+    inputs = attention_inputs(case.num_src, case.num_dst, case.edge_index.size(1), 2, 3,
+                              terms=("edge_key", "edge_value"), seed=4)
+    half = {name: None if t is None else t.detach().bfloat16() for name, t in inputs.items()}
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = edge_attention(**inputs, edge_index=case.edge_index, backend=backend,
+                             return_attention=True)
+    want = edge_attention(**half, edge_index=case.edge_index, backend=backend,
+                          return_attention=True)
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == torch.bfloat16 and torch.equal(g, w)
+
+
 @pytest.mark.parametrize("backend", ["reference", "dense"])
 def test_edge_terms_without_a_gradient_still_carry_those_of_q_k_v(backend, monkeypatch):
     """Constant edge terms (edge features that take no gradient): the gradients of q, k, v and

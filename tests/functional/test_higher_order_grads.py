@@ -334,15 +334,19 @@ def test_torch_func_transforms_match_autograd(score, terms, backend, request):
     assert_close(cat(got_outputs), cat(outputs))
     assert_close(cat(vjp_fn(tuple(cotangents))), cat(vjp))
     assert_close(cat(torch.func.jvp(f, tuple(detached), tuple(tangents))[1]), cat(jvp))
-    with fwAD.dual_level():  # forward-mode AD outside torch.func: every input dual, or q alone
+    with fwAD.dual_level():  # forward-mode AD outside torch.func: every input dual, q alone,
+        # or the bias alone (beside plain q, k, v)
         duals = [fwAD.make_dual(t, tangent) for t, tangent in zip(detached, tangents,
                                                                  strict=True)]
         assert_close(cat(fwAD.unpack_dual(t).tangent for t in f(*duals)), cat(jvp))
-        q_alone = [t.detach().requires_grad_() for t in leaves]
-        q_jvp = torch.autograd.grad(torch.autograd.grad(f(*q_alone), q_alone, u,
-                                                        create_graph=True)[0], u, tangents[0])
-        got = f(fwAD.make_dual(detached[0], tangents[0]), *detached[1:])
-        assert_close(cat(fwAD.unpack_dual(t).tangent for t in got), cat(q_jvp))
+        for alone in (0, names.index("bias")):
+            fresh = [t.detach().requires_grad_() for t in leaves]
+            alone_jvp = torch.autograd.grad(torch.autograd.grad(f(*fresh), fresh, u,
+                                                                create_graph=True)[alone],
+                                            u, tangents[alone])
+            got = f(*[fwAD.make_dual(t, tangents[i]) if i == alone else t
+                      for i, t in enumerate(detached)])
+            assert_close(cat(fwAD.unpack_dual(t).tangent for t in got), cat(alone_jvp))
     for jacobian in (torch.func.jacrev, torch.func.jacfwd):  # [outputs][inputs] blocks
         blocks = jacobian(f, argnums=argnums)(*detached)
         matrix = torch.cat([torch.cat([b.reshape(out.numel(), -1) for b in row], dim=1)
@@ -423,14 +427,17 @@ def test_dropout_under_vmap_follows_its_randomness(backend, randomness, request)
         assert_close(outs[backend][0], f(backend, inputs["q"]))
 
 
+@pytest.mark.parametrize("half", [("q", "k", "v", "edge_value"), ("q", "k", "att", "edge_key")],
+                         ids=["qkv", "scores-but-bias"])
 @pytest.mark.parametrize("terms", [(), ("edge_key", "edge_value")])
-def test_triton_keeps_its_output_dtypes_under_torch_func(terms, triton_interpreter):
+def test_triton_keeps_its_output_dtypes_under_torch_func(terms, half, triton_interpreter):
     """Under torch.func the triton backend runs the reference path, whose outputs are those of
     a plain call in dtype too: out in v's dtype and the weights in the scores' inputs' dtype
-    promoted, not everything promoted (bf16 q, k, v beside an fp32 att and bias)."""
+    promoted, not everything promoted (bf16 q, k, v beside an fp32 att and bias; or bf16
+    scores' inputs but an fp32 bias, beside an fp32 v)."""
     edge_index = random_graph(NUM_SRC, NUM_EDGES, seed=5, num_dst=NUM_DST)
     inputs = {name: t.detach() for name, t in _inputs("gatv2", terms).items() if t is not None}
-    for name in ("q", "k", "v", "edge_value"):
+    for name in half:
         if name in inputs:
             inputs[name] = inputs[name].bfloat16()
 
