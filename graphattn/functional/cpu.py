@@ -49,10 +49,11 @@ in forward, their gradient read in backward) are switches read at run time inste
 per edge and head, always taken the same way, which costs nothing measurable, and training,
 evaluation and ``return_attention`` share one compiled kernel.
 Channel counts in ``SPECIALISED_CHANNELS`` (powers of two up to 128) are compiled as constants;
-others are read at run time by one shared variant. One head (the layers' default, and GAT's
-output layer) is compiled as a constant too: the loops over the heads, which run once per edge,
-then vanish (a one-head call on Cora or CiteSeer takes 0.75-0.93x the time with the head count
-read at run time, ``benchmarks/cpu_one_head.py``). Every variant is cached on disk.
+others are read at run time by one shared variant. One head (``SPECIALISED_HEADS``; the layers'
+default, and GAT's output layer) is compiled as a constant too: the loops over the heads, which
+run once per edge, then vanish (a one-head call on Cora or CiteSeer takes 0.75-0.93x the time
+with the head count read at run time, ``benchmarks/cpu_one_head.py``). Every variant is cached
+on disk.
 
 Under ``torch.compile`` forward and backward run as torch operators
 (``graphattn::cpu_edge_attention`` and ``graphattn::cpu_edge_attention_backward``) with their
@@ -435,6 +436,7 @@ def one_loop_per_node(edge_index: Tensor, num_nodes: int, *,
 
 
 SPECIALISED_CHANNELS = frozenset({1, 2, 4, 8, 16, 32, 64, 128})  # compiled as constants
+SPECIALISED_HEADS = frozenset({1})  # head counts compiled as constants
 DOT, ADDITIVE, GATV2 = 0, 1, 2  # the scores, as the kernels' compile-time flag
 SCORE_KINDS = {"dot": DOT, "additive": ADDITIVE, "gatv2": GATV2}
 SCORE_NAMES = {kind: name for name, kind in SCORE_KINDS.items()}
@@ -1326,17 +1328,34 @@ def _rows(t: Tensor) -> np.ndarray:
 
 
 def _kernel_heads(v: Tensor) -> int:
-    """The head count the kernels are compiled for: 1 for one head, else 0 (read at run time).
+    """The head count the kernels are compiled for: ``H`` when in ``SPECIALISED_HEADS`` (one
+    head), else 0 (read at run time).
 
     With one head every per-head loop runs once per edge; with the count a constant the
     compiler drops those loops.
     """
-    return 1 if v.size(1) == 1 else 0
+    heads = v.size(1)
+    return heads if heads in SPECIALISED_HEADS else 0
 
 
 def _kernel_channels(q: Tensor, v: Tensor) -> tuple[int, int]:
     """The (score, value) channel counts the kernels are compiled for."""
     return _channels(q.size(2)), _channels(v.size(2))
+
+
+# What the kernels take for "no dropout mask" in float32, where edge_attention's dropout passes a
+# seeded mask's parameters (int64 [3]): a placeholder of that type, so that training with dropout
+# and evaluating without run one compiled kernel instead of two (one per type of mask argument).
+_NO_SEEDED_MASK = np.zeros(3, dtype=np.int64)
+
+
+def _mask_argument(dropout_mask: Tensor | None, none: np.ndarray) -> np.ndarray:
+    """The kernels' dropout argument: the mask ``[E, H]`` or a seeded mask's parameters ``[3]``
+    as given; for no mask (``has_mask`` false) a placeholder of the type dropout takes in the
+    dtype of ``none``, the ``[1, H]`` placeholder of that dtype."""
+    if dropout_mask is not None:
+        return _np(dropout_mask)
+    return _NO_SEEDED_MASK if none.dtype == np.float32 else none
 
 
 def _forward_impl(q: Tensor, k: Tensor, v: Tensor, att: Tensor | None, bias: Tensor | None,
@@ -1360,7 +1379,7 @@ def _forward_impl(q: Tensor, k: Tensor, v: Tensor, att: Tensor | None, bias: Ten
     _run_rows(kernel, rowptr, _rows(q), _rows(k), _rows(v),
               none[0] if att is None else _np(att).reshape(-1),
               none if bias is None else _np(bias),
-              none if dropout_mask is None else _np(dropout_mask),
+              _mask_argument(dropout_mask, none),
               none if edge_key is None else _rows(edge_key),
               none if edge_value is None else _rows(edge_value), rowptr, perm, src,
               real(scale), real(negative_slope), _rows(out), lse.numpy(), alpha.numpy(),
@@ -1413,7 +1432,7 @@ def _backward_impl(grad_out: Tensor, grad_alpha: Tensor | None, q: Tensor, k: Te
     ek = np.zeros((1, q.shape[1:].numel()), dtype=real) if edge_key is None else _rows(edge_key)
     _run_rows(kernel, rowptr, _rows(q), _rows(k), _rows(v), att_row,
               none if bias is None else _np(bias),
-              none if dropout_mask is None else _np(dropout_mask), ek, ev, _rows(out),
+              _mask_argument(dropout_mask, none), ek, ev, _rows(out),
               _rows(grad_out), _np(grad_alpha) if has_grad_alpha else none,
               _np(lse), rowptr, perm, src, csc_position, real(scale), real(negative_slope),
               _rows(grad_q), att_shares, none if bias is None else grad_bias.numpy(),

@@ -244,6 +244,30 @@ def test_seeded_mask_through_edge_attention_and_gradients_of_gradients():
         assert_close(a, b)
 
 
+def test_training_with_dropout_and_evaluating_without_share_their_kernels(monkeypatch):
+    """In fp32 the kernels take "no mask" as a placeholder of a seeded mask's type: a layer
+    trained with dropout and evaluated without runs one compiled kernel per pass, where two
+    types of mask argument would compile each kernel twice."""
+    calls = []
+    run_rows = cpu_module._run_rows
+
+    def record(kernel, ptr, *args):
+        calls.append((kernel, tuple(numba.typeof(a) for a in args)))
+        return run_rows(kernel, ptr, *args)
+
+    monkeypatch.setattr(cpu_module, "_run_rows", record)
+    edge_index = random_graph(20, 120, seed=5)
+    (q, k, v, _), _ = make_inputs(20, 20, 120)
+    for training in (True, False):
+        out = edge_attention(q, k, v, edge_index, dropout_p=0.5, training=training,
+                             backend="cpu")
+        out.sum().backward()
+    assert len(calls) == 6  # forward, target pass and source pass of each
+    for (kernel, types), (again, same_types) in zip(calls[:3], calls[3:], strict=True):
+        assert kernel is again
+        assert types == same_types
+
+
 @pytest.mark.parametrize("with_mask", [False, True])
 @pytest.mark.parametrize("score", ["dot", "additive", "gatv2"])
 def test_gradcheck_float64(score, with_mask):
@@ -376,8 +400,9 @@ def test_one_head_kernels_agree_bit_for_bit_with_run_time_heads(monkeypatch, sco
         factory = getattr(cpu_module, name)
         monkeypatch.setattr(cpu_module, name, lambda *a, _f=factory, **kw: (
             heads.append(a[-1]), _f(*a, **kw))[1])
+    monkeypatch.setattr(cpu_module, "SPECIALISED_HEADS", frozenset({1}))  # the package's
     constant = outputs_and_grads()
-    monkeypatch.setattr(cpu_module, "_kernel_heads", lambda v: 0)
+    monkeypatch.setattr(cpu_module, "SPECIALISED_HEADS", frozenset())
     run_time = outputs_and_grads()
     assert heads == [1, 1, 1, 0, 0, 0]
     for a, b in zip(constant, run_time, strict=True):
