@@ -1346,6 +1346,8 @@ def _kernel_channels(q: Tensor, v: Tensor) -> tuple[int, int]:
 # What the kernels take for "no dropout mask" in float32, where edge_attention's dropout passes a
 # seeded mask's parameters (int64 [3]): a placeholder of that type, so that training with dropout
 # and evaluating without run one compiled kernel instead of two (one per type of mask argument).
+# (fp16 and bf16 inputs, computed in float32, take written masks [E, H]: with dropout they run
+# a kernel of their own.)
 _NO_SEEDED_MASK = np.zeros(3, dtype=np.int64)
 
 
