@@ -18,16 +18,18 @@ from graphattn.functional import cpu as _cpu_backend
 from graphattn.functional import edge_attention
 from graphattn.functional import triton_kernels as tk
 
-# The cpu backend compiles one numba kernel per set of flags and per channel count in
-# SPECIALISED_CHANNELS (the powers of two up to 128), 8-14 s each on a cold machine. The suite
-# specialises only 8, 16 and 64, so that its many small channel counts (1, 2, 4) share the
-# run-time variant: about 70 fewer compiles. Constant and run-time variants agree bit for bit
-# (test_constant_and_run_time_channel_kernels_agree_bit_for_bit).
-_cpu_backend.SPECIALISED_CHANNELS = frozenset({8, 16, 64})
-# Likewise for one head (SPECIALISED_HEADS): outside the test that compares the one-head kernels
-# with the run-time ones bit for bit (test_one_head_kernels_agree_bit_for_bit_with_run_time_heads)
-# one head takes the run-time variant, about 30 fewer compiles.
-_cpu_backend.SPECIALISED_HEADS = frozenset()
+# The cpu backend compiles its three numba kernels for each set of flags (score, bias, edge
+# terms), channel counts in SPECIALISED_CHANNELS and one head, as constants: 3.5-5 s a kernel on
+# this machine's cores, some 180 kernels over the suite. The suite runs the one variant that reads
+# them all at run time instead (about 30 kernels: one per dtype and type of mask and ids), and
+# test_specialised_kernels_agree_bit_for_bit_with_the_run_time_variant compares the package's
+# constant variants with it, bit for bit.
+PACKAGE_SPECIALISATION = {name: getattr(_cpu_backend, name) for name in (
+    "SPECIALISED_FLAGS", "SPECIALISED_CHANNELS", "SPECIALISED_HEADS")}
+SUITE_SPECIALISATION = {"SPECIALISED_FLAGS": False, "SPECIALISED_CHANNELS": frozenset(),
+                        "SPECIALISED_HEADS": frozenset()}
+for _name, _value in SUITE_SPECIALISATION.items():
+    setattr(_cpu_backend, _name, _value)
 
 # torch 2.8 and 2.9 trace an operator whose output size depends on the data (the boolean index
 # of the self-loop replacement: nonzero) only with this flag, where fullgraph=True implies it

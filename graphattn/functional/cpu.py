@@ -437,6 +437,8 @@ def one_loop_per_node(edge_index: Tensor, num_nodes: int, *,
 
 SPECIALISED_CHANNELS = frozenset({1, 2, 4, 8, 16, 32, 64, 128})  # compiled as constants
 SPECIALISED_HEADS = frozenset({1})  # head counts compiled as constants
+SPECIALISED_FLAGS = True  # the score and the bias and edge-term flags compiled as constants
+RUN_TIME = -1  # the score a kernel is compiled for when it reads its flags at run time
 DOT, ADDITIVE, GATV2 = 0, 1, 2  # the scores, as the kernels' compile-time flag
 SCORE_KINDS = {"dot": DOT, "additive": ADDITIVE, "gatv2": GATV2}
 SCORE_NAMES = {kind: name for name, kind in SCORE_KINDS.items()}
@@ -691,6 +693,7 @@ def _gatv2_edge_dot(q, i, k, j, ek, e, att, start, n, slope):
     return s
 
 
+@_jit(inline="always")
 def _additive_score(q, k, att, bias, ek, i, j, e, h, Cq, scale, slope, score, has_bias,
                     has_ek):
     """:func:`_score` for the additive score: ``scale * LeakyReLU(q_i + k_j + b)``."""
@@ -702,6 +705,7 @@ def _additive_score(q, k, att, bias, ek, i, j, e, h, Cq, scale, slope, score, ha
     return scale * slope * u, scale * slope
 
 
+@_jit(inline="always")
 def _gatv2_score(q, k, att, bias, ek, i, j, e, h, Cq, scale, slope, score, has_bias,
                  has_ek):
     """:func:`_score` for gatv2: ``scale * att . LeakyReLU(q_i + k_j) + b``."""
@@ -711,6 +715,7 @@ def _gatv2_score(q, k, att, bias, ek, i, j, e, h, Cq, scale, slope, score, has_b
     return s, scale
 
 
+@_jit(inline="always")
 def _gatv2_edge_score(q, k, att, bias, ek, i, j, e, h, Cq, scale, slope, score, has_bias,
                       has_ek):
     """:func:`_score` for gatv2 with the edge's key term: ``scale * att . LeakyReLU(q_i + k_j +
@@ -721,6 +726,7 @@ def _gatv2_edge_score(q, k, att, bias, ek, i, j, e, h, Cq, scale, slope, score, 
     return s, scale
 
 
+@_jit(inline="always")
 def _dot_score(q, k, att, bias, ek, i, j, e, h, Cq, scale, slope, score, has_bias, has_ek):
     """:func:`_score` for dot: ``scale * q_i . k_j + b``."""
     s = _dot(q, i, k, j, h * Cq, Cq) * scale
@@ -729,6 +735,7 @@ def _dot_score(q, k, att, bias, ek, i, j, e, h, Cq, scale, slope, score, has_bia
     return s, scale
 
 
+@_jit(inline="always")
 def _dot_edge_score(q, k, att, bias, ek, i, j, e, h, Cq, scale, slope, score, has_bias,
                     has_ek):
     """:func:`_score` for dot with the edge's key term: ``q_i . (k_j + ek_e)`` as two dot
@@ -762,10 +769,30 @@ def _score_overload(q, k, att, bias, ek, i, j, e, h, Cq, scale, slope, score, ha
     # The kernels' flags reach here as literals: the score function is picked at typing, so
     # that only its code is compiled and inlined. (An njit _score holding every score would be
     # inlined whole into each kernel before its other branches are dropped: a third more
-    # compile time per kernel variant.)
-    if not (isinstance(score, types.IntegerLiteral) and isinstance(has_ek, types.Literal)):
-        return None
-    return _SCORE_FUNCTIONS[score.literal_value, bool(has_ek.literal_value)]
+    # compile time per kernel variant.) The variant that reads its flags at run time
+    # (SPECIALISED_FLAGS off) branches to each.
+    if isinstance(score, types.IntegerLiteral) and isinstance(has_ek, types.Literal):
+        return _SCORE_FUNCTIONS[score.literal_value, bool(has_ek.literal_value)].py_func
+    return _any_score  # the variant that reads its flags at run time
+
+
+def _any_score(q, k, att, bias, ek, i, j, e, h, Cq, scale, slope, score, has_bias, has_ek):
+    """:func:`_score` with the score and ``has_ek`` read at run time: a branch to each score
+    function."""
+    if score == DOT and has_ek:
+        return _dot_edge_score(q, k, att, bias, ek, i, j, e, h, Cq, scale, slope, score,
+                               has_bias, has_ek)
+    if score == DOT:
+        return _dot_score(q, k, att, bias, ek, i, j, e, h, Cq, scale, slope, score, has_bias,
+                          has_ek)
+    if score == GATV2 and has_ek:
+        return _gatv2_edge_score(q, k, att, bias, ek, i, j, e, h, Cq, scale, slope, score,
+                                 has_bias, has_ek)
+    if score == GATV2:
+        return _gatv2_score(q, k, att, bias, ek, i, j, e, h, Cq, scale, slope, score, has_bias,
+                            has_ek)
+    return _additive_score(q, k, att, bias, ek, i, j, e, h, Cq, scale, slope, score, has_bias,
+                           has_ek)
 
 
 @_jit(inline="always")
@@ -861,14 +888,15 @@ def _max_degree(ptr, first, last):
 
 
 @functools.cache
-def _forward_kernel(score: int, has_bias: bool, qk_channels: int, v_channels: int,
-                    has_ek: bool = False, has_ev: bool = False, heads: int = 0):
-    """The forward kernel compiled for these flags, channel counts and head count (0: read at
-    run time)."""
+def _forward_kernel(fixed_score: int, fixed_bias: bool, fixed_ek: bool, fixed_ev: bool,
+                    qk_channels: int, v_channels: int, heads: int = 0):
+    """The forward kernel compiled for these flags (score, bias, key and value edge terms;
+    ``fixed_score`` RUN_TIME: the kernel's ``flags`` instead), channel counts and head count
+    (0: read at run time)."""
 
     @_jit()
     def kernel(q, k, v, att, bias, mask, ek, ev, rowptr, perm, src, scale, slope, out, lse,
-               alpha, has_mask, need_alpha, first, last):
+               alpha, flags, has_mask, need_alpha, first, last):
         """Targets ``first..last-1``: softmax over the in-edges, weighted sum of the values
         (``v_j + ev_e`` with ``has_ev``), the dropout multipliers applied with ``has_mask``
         and the weights written to ``alpha`` with ``need_alpha``.
@@ -876,6 +904,9 @@ def _forward_kernel(score: int, has_bias: bool, qk_channels: int, v_channels: in
         Two passes over each target's in-edges: the scores (kept in a ``[degree, H]`` scratch)
         and their maximum per head, then the exponentials and the weighted sum of ``v``.
         """
+        score, has_bias, has_ek, has_ev = fixed_score, fixed_bias, fixed_ek, fixed_ev
+        if fixed_score == RUN_TIME:
+            score, has_bias, has_ek, has_ev = flags
         H = heads if heads else lse.shape[1]
         Cq = qk_channels if qk_channels else q.shape[1] // H
         C = v_channels if v_channels else v.shape[1] // H
@@ -950,15 +981,15 @@ def _forward_kernel(score: int, has_bias: bool, qk_channels: int, v_channels: in
 
 
 @functools.cache
-def _backward_target_kernel(score: int, has_bias: bool, qk_channels: int, v_channels: int,
-                            has_ek: bool = False, has_ev: bool = False, heads: int = 0):
-    """The target pass of backward compiled for these flags, channel counts and head count
-    (0: read at run time)."""
+def _backward_target_kernel(fixed_score: int, fixed_bias: bool, fixed_ek: bool,
+                            fixed_ev: bool, qk_channels: int, v_channels: int, heads: int = 0):
+    """The target pass of backward compiled for these flags, channel counts and head count, as
+    :func:`_forward_kernel`."""
 
     @_jit()
     def kernel(q, k, v, att, bias, mask, ek, ev, out, grad_out, grad_alpha, lse, rowptr, perm,
                src, csc_position, scale, slope, grad_q, grad_att, grad_bias, grad_key, weight,
-               grad_ek, grad_ev, has_mask, has_grad_alpha, first, last):
+               grad_ek, grad_ev, flags, has_mask, has_grad_alpha, first, last):
         """Targets ``first..last-1``: dL/ds of each in-edge, ``grad_q`` and the bias gradient
         (with the dropout multipliers when ``has_mask``, and the weights' own gradient
         ``grad_alpha`` when ``has_grad_alpha``).
@@ -972,6 +1003,9 @@ def _backward_target_kernel(score: int, has_bias: bool, qk_channels: int, v_chan
         ``grad_q``'s sum with ``q_i`` in place of the key (dot) or the same share (gatv2). With
         one tensor as both terms, ``grad_ev`` is ``grad_ek`` and gets their sum.
         """
+        score, has_bias, has_ek, has_ev = fixed_score, fixed_bias, fixed_ek, fixed_ev
+        if fixed_score == RUN_TIME:
+            score, has_bias, has_ek, has_ev = flags
         H = heads if heads else lse.shape[1]
         Cq = qk_channels if qk_channels else q.shape[1] // H
         C = v_channels if v_channels else v.shape[1] // H
@@ -1083,10 +1117,11 @@ def _backward_target_kernel(score: int, has_bias: bool, qk_channels: int, v_chan
 
 
 @functools.cache
-def _backward_source_kernel(score: int, qk_channels: int, v_channels: int, has_ek: bool = False,
-                            heads: int = 0):
-    """The source pass of backward compiled for this score, these channel counts and head count
-    (0: read at run time).
+def _backward_source_kernel(fixed_score: int, fixed_ek: bool, qk_channels: int,
+                            v_channels: int, heads: int = 0):
+    """The source pass of backward compiled for this score and key edge term (``fixed_score``
+    RUN_TIME: the kernel's ``flags`` instead), these channel counts and head count (0: read at
+    run time).
 
     With both channel counts constant (see ``_source_channels``) each edge's two factors are
     spread over a whole ``H * C`` row and the sums run over the row at once; otherwise they
@@ -1095,9 +1130,12 @@ def _backward_source_kernel(score: int, qk_channels: int, v_channels: int, has_e
 
     @_jit()
     def kernel(q, k, att, ek, slope, grad_out, colptr, target, csc_edge, grad_key, weight,
-               grad_k, grad_v, first, last):
+               grad_k, grad_v, flags, first, last):
         """Sources ``first..last-1``: ``grad_k`` and ``grad_v`` summed over their out-edges
         (gatv2 with ``has_ek``: the edge's key term from ``ek[csc_edge[t]]``)."""
+        score, has_ek = fixed_score, fixed_ek
+        if fixed_score == RUN_TIME:
+            score, has_ek = flags
         H = heads if heads else grad_key.shape[1]
         Cq = qk_channels if qk_channels else grad_k.shape[1] // H
         C = v_channels if v_channels else grad_v.shape[1] // H
@@ -1338,6 +1376,15 @@ def _kernel_heads(v: Tensor) -> int:
     return heads if heads in SPECIALISED_HEADS else 0
 
 
+def _kernel_flags(score: int, *flags: bool) -> tuple:
+    """The flags the kernels are compiled for: ``score`` and ``flags`` (whether there is a
+    bias, a key edge term, a value edge term) as they are, or with ``SPECIALISED_FLAGS`` off
+    ``RUN_TIME`` and no flag, the one variant that reads them at run time."""
+    if SPECIALISED_FLAGS:
+        return (score, *flags)
+    return (RUN_TIME, *(False for _ in flags))
+
+
 def _kernel_channels(q: Tensor, v: Tensor) -> tuple[int, int]:
     """The (score, value) channel counts the kernels are compiled for."""
     return _channels(q.size(2)), _channels(v.size(2))
@@ -1376,8 +1423,8 @@ def _forward_impl(q: Tensor, k: Tensor, v: Tensor, att: Tensor | None, bias: Ten
     out = torch.empty(n_dst, H, C, dtype=v.dtype)
     lse = torch.empty(n_dst, H, 2, dtype=v.dtype)  # (max, log sum exp(s - max)) per target
     alpha = torch.empty(edge_index.size(1) if need_alpha else 0, H, dtype=v.dtype)
-    kernel = _forward_kernel(score, bias is not None, *_kernel_channels(q, v),
-                             edge_key is not None, edge_value is not None, _kernel_heads(v))
+    flags = score, bias is not None, edge_key is not None, edge_value is not None
+    kernel = _forward_kernel(*_kernel_flags(*flags), *_kernel_channels(q, v), _kernel_heads(v))
     _run_rows(kernel, rowptr, _rows(q), _rows(k), _rows(v),
               none[0] if att is None else _np(att).reshape(-1),
               none if bias is None else _np(bias),
@@ -1385,7 +1432,7 @@ def _forward_impl(q: Tensor, k: Tensor, v: Tensor, att: Tensor | None, bias: Ten
               none if edge_key is None else _rows(edge_key),
               none if edge_value is None else _rows(edge_value), rowptr, perm, src,
               real(scale), real(negative_slope), _rows(out), lse.numpy(), alpha.numpy(),
-              dropout_mask is not None, need_alpha)
+              flags, dropout_mask is not None, need_alpha)
     return (out, alpha, lse, torch.from_numpy(rowptr), torch.from_numpy(perm),
             torch.from_numpy(src))
 
@@ -1428,8 +1475,8 @@ def _backward_impl(grad_out: Tensor, grad_alpha: Tensor | None, q: Tensor, k: Te
     weight = torch.empty(perm.shape[0], v.size(1), dtype=v.dtype)  # (E, H) CSC order
     channels = _kernel_channels(q, v)
     att_row = none[0] if att is None else _np(att).reshape(-1)  # (H * C,)
-    kernel = _backward_target_kernel(score, bias is not None, *channels, edge_key is not None,
-                                     has_ev, _kernel_heads(v))
+    flags = score, bias is not None, edge_key is not None, has_ev
+    kernel = _backward_target_kernel(*_kernel_flags(*flags), *channels, _kernel_heads(v))
     # (E, H * C); the source pass views it per head, so a placeholder needs H * C columns too
     ek = np.zeros((1, q.shape[1:].numel()), dtype=real) if edge_key is None else _rows(edge_key)
     _run_rows(kernel, rowptr, _rows(q), _rows(k), _rows(v), att_row,
@@ -1439,7 +1486,7 @@ def _backward_impl(grad_out: Tensor, grad_alpha: Tensor | None, q: Tensor, k: Te
               _np(lse), rowptr, perm, src, csc_position, real(scale), real(negative_slope),
               _rows(grad_q), att_shares, none if bias is None else grad_bias.numpy(),
               grad_key.numpy(), weight.numpy(), none if edge_key is None else _rows(grad_ek),
-              grad_ev_rows, dropout_mask is not None, has_grad_alpha)
+              grad_ev_rows, flags, dropout_mask is not None, has_grad_alpha)
     grad_att = q.new_empty(0)
     if att is not None:  # numpy sums the rows in order: the same bits for any thread count
         grad_att = torch.from_numpy(att_shares.sum(axis=0)).view_as(att)
@@ -1450,11 +1497,11 @@ def _backward_impl(grad_out: Tensor, grad_alpha: Tensor | None, q: Tensor, k: Te
         csc_edge = np.empty_like(perm)  # CSC position -> edge id (gatv2 with a key term)
         if has_ek:
             csc_edge[csc_position] = perm
-        kernel = _backward_source_kernel(score, *_source_channels(*channels), has_ek,
-                                         _kernel_heads(v))
+        kernel = _backward_source_kernel(*_kernel_flags(score, has_ek),
+                                         *_source_channels(*channels), _kernel_heads(v))
         _run_rows(kernel, colptr, _rows(q), _rows(k), att_row, ek, real(negative_slope),
                   _rows(grad_out), colptr, target, csc_edge, grad_key.numpy(), weight.numpy(),
-                  _rows(grad_k), _rows(grad_v))
+                  _rows(grad_k), _rows(grad_v), (score, has_ek))
     return grad_q, grad_k, grad_v, grad_att, grad_bias, grad_ek, grad_ev
 
 

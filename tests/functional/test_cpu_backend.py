@@ -6,7 +6,13 @@ import numba
 import numpy as np
 import pytest
 import torch
-from conftest import GRAPHS, assert_close, random_graph
+from conftest import (
+    GRAPHS,
+    PACKAGE_SPECIALISATION,
+    SUITE_SPECIALISATION,
+    assert_close,
+    random_graph,
+)
 
 from graphattn.functional import cpu as cpu_module
 from graphattn.functional import edge_attention, reference_edge_attention, select_backend
@@ -323,10 +329,9 @@ def test_zero_channels(qk_channels, v_channels, score):
 
 @pytest.mark.parametrize("score", ["dot", "additive", "gatv2"])
 @pytest.mark.parametrize("qk_channels, v_channels", [(5, 3), (8, 8), (16, 5), (3, 64), (12, 20)])
-def test_channel_counts_compiled_as_constants_or_read_at_run_time(qk_channels, v_channels,
-                                                                  score):
-    # 8, 16 and 64 are in SPECIALISED_CHANNELS, 3 and 5 are not: both kinds of kernel, and mixes
-    assert (8 in cpu_module.SPECIALISED_CHANNELS) and (5 not in cpu_module.SPECIALISED_CHANNELS)
+def test_channel_counts_equal_reference(qk_channels, v_channels, score):
+    # dot products of 8 lanes and a rest, and mixed score and value widths (in the package 8,
+    # 16 and 64 compile as constants: test_specialised_kernels_agree_bit_for_bit_with_...)
     n, E = 40, 300
     edge_index = random_graph(n, E, seed=10)
     gen = torch.Generator().manual_seed(11)
@@ -344,68 +349,98 @@ def test_channel_counts_compiled_as_constants_or_read_at_run_time(qk_channels, v
         assert_close(a, b)
 
 
-@pytest.mark.parametrize("score", ["dot", "gatv2"])
-@pytest.mark.parametrize("channels", [4, 16])
-def test_constant_and_run_time_channel_kernels_agree_bit_for_bit(monkeypatch, channels, score):
-    n, E = 40, 300
-    edge_index = random_graph(n, E, seed=12)
-    (q, k, v, bias), mask = make_inputs(n, n, E, score, dropout=0.2, channels=channels)
-    assert q.size(-1) == channels
-    att = make_att(score, channels)
-    monkeypatch.setattr(cpu_module, "SPECIALISED_CHANNELS", frozenset({channels}))
-    constant = run(cpu_edge_attention, q, k, v, edge_index, bias, mask, score, att=att)
-    monkeypatch.setattr(cpu_module, "SPECIALISED_CHANNELS", frozenset())
-    run_time = run(cpu_edge_attention, q, k, v, edge_index, bias, mask, score, att=att)
-    for a, b in zip(constant, run_time, strict=True):
-        assert torch.equal(a, b)
+# Option sets the package compiles as constants, where the suite runs the variant that reads
+# them all at run time (conftest.py): score, score and value channels, heads, bias, edge terms,
+# dtype (float32 takes a seeded dropout mask, as edge_attention gives it, float64 a written one).
+# Constant channels up to 8 take the source pass's whole-row branch, wider ones its per-head one.
+SPECIALISED_OPTION_SETS = [
+    ("dot", 8, 8, 2, True, None, torch.float32),
+    ("dot", 16, 16, 1, False, "key and value", torch.float32),
+    ("dot", 5, 3, 3, True, "key", torch.float64),
+    ("additive", 1, 4, 2, True, None, torch.float32),
+    ("additive", 1, 16, 1, False, "value", torch.float64),
+    ("gatv2", 8, 8, 1, True, "key", torch.float32),
+    ("gatv2", 4, 4, 3, False, None, torch.float64),
+    ("gatv2", 16, 12, 2, True, "key and value", torch.float32),
+]
 
 
-@pytest.mark.parametrize("score, channels, edge_terms", [
-    ("dot", 8, None), ("additive", 5, None), ("gatv2", 8, None),
-    ("gatv2", 16, "key"), ("dot", 16, "key and value")])
-def test_one_head_kernels_agree_bit_for_bit_with_run_time_heads(monkeypatch, score, channels,
-                                                                edge_terms):
-    """One head is compiled as a constant (the per-head loops then vanish): the same outputs,
-    weights and gradients, bit for bit, as the kernels that read the head count at run time,
-    through all three kernels (dropout, bias, a loss on the weights; edge terms on the key,
-    or one tensor as both terms; 16 channels take the source pass's run-time branch)."""
-    n, E = 40, 300
-    edge_index = random_graph(n, E, seed=14)
-    gen = torch.Generator().manual_seed(15)
-    shape = (1,) if score == "additive" else (1, channels)
-    q, k = (torch.randn(n, *shape, generator=gen, requires_grad=True) for _ in range(2))
-    v = torch.randn(n, 1, channels, generator=gen, requires_grad=True)
-    bias = torch.randn(E, 1, generator=gen, requires_grad=True)
-    mask = (torch.rand(E, 1, generator=gen) >= 0.3).float() / 0.7
-    alpha_weight = torch.randn(E, 1, generator=gen)
-    att = (torch.randn(1, channels, generator=gen).requires_grad_() if score == "gatv2"
-           else None)
-    edge_key = (torch.randn(E, 1, channels, generator=gen).requires_grad_() if edge_terms
-                else None)
-    edge_value = edge_key if edge_terms == "key and value" else None
-    inputs = [t for t in (q, k, v, bias, att, edge_key) if t is not None]
+@pytest.mark.parametrize("score, qk_channels, v_channels, heads, with_bias, edge_terms, dtype",
+                         SPECIALISED_OPTION_SETS)
+def test_specialised_kernels_agree_bit_for_bit_with_the_run_time_variant(
+        monkeypatch, score, qk_channels, v_channels, heads, with_bias, edge_terms, dtype):
+    """The kernels as the package compiles them (the score, bias and edge-term flags, channel
+    counts and one head as constants) give the outputs, weights and gradients of the variant
+    that reads them at run time, bit for bit, through all three kernels: dropout, a loss on
+    the weights, rows and columns longer than a SUM_BLOCK, isolated nodes. The rest of the
+    suite tests that variant against the reference."""
+    from graphattn.functional.dropout import seeded_mask_parameters
+
+    n = 40
+    long = star_both_ways(2 * cpu_module.SUM_BLOCK + 9)  # node 0: in- and out-edges
+    edge_index = torch.cat([random_graph(n - 10, 300, seed=19), long], dim=1)  # 30..39: none
+    E = edge_index.size(1)
+    n = max(n, int(edge_index.max()) + 1)
+    gen = torch.Generator().manual_seed(20)
+    shape = (heads,) if score == "additive" else (heads, qk_channels)
+    q, k = (torch.randn(n, *shape, generator=gen, dtype=dtype).requires_grad_()
+            for _ in range(2))
+    v = torch.randn(n, heads, v_channels, generator=gen, dtype=dtype).requires_grad_()
+    bias = (torch.randn(E, heads, generator=gen, dtype=dtype).requires_grad_() if with_bias
+            else None)
+    att = (torch.randn(heads, qk_channels, generator=gen, dtype=dtype).requires_grad_()
+           if score == "gatv2" else None)
+    edge_key = edge_value = None
+    if edge_terms in ("key", "key and value"):
+        edge_key = torch.randn(E, *shape, generator=gen, dtype=dtype).requires_grad_()
+    if edge_terms == "key and value":
+        edge_value = edge_key
+    if edge_terms == "value":
+        edge_value = torch.randn(E, heads, v_channels, generator=gen,
+                                 dtype=dtype).requires_grad_()
+    torch.manual_seed(21)
+    if dtype == torch.float32:
+        mask = seeded_mask_parameters(0.3, device="cpu")
+    else:
+        mask = (torch.rand(E, heads, generator=gen, dtype=dtype) >= 0.3).to(dtype) / 0.7
+    alpha_weight = torch.randn(E, heads, generator=gen, dtype=dtype)
+    inputs = [t for t in (q, k, v, bias, att, edge_key, edge_value) if t is not None]
 
     def outputs_and_grads():
         out, alpha = cpu_edge_attention(
             q, k, v, edge_index, scale=0.7, bias=bias, dropout_mask=mask, score=score,
             negative_slope=0.2, need_alpha=True, att=att, edge_key=edge_key,
             edge_value=edge_value)
-        loss = ((out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum()
+        loss = ((out * torch.linspace(-1, 1, out.numel(), dtype=dtype).view_as(out)).sum()
                 + (alpha * alpha_weight).sum())
         return (out, alpha, *torch.autograd.grad(loss, inputs))
 
-    factories = ("_forward_kernel", "_backward_target_kernel", "_backward_source_kernel")
-    heads = []
-    for name in factories:  # record the head count each kernel is compiled for
+    compiled_for = []  # the arguments of each kernel factory called
+    for name in ("_forward_kernel", "_backward_target_kernel", "_backward_source_kernel"):
         factory = getattr(cpu_module, name)
-        monkeypatch.setattr(cpu_module, name, lambda *a, _f=factory, **kw: (
-            heads.append(a[-1]), _f(*a, **kw))[1])
-    monkeypatch.setattr(cpu_module, "SPECIALISED_HEADS", frozenset({1}))  # the package's
-    constant = outputs_and_grads()
-    monkeypatch.setattr(cpu_module, "SPECIALISED_HEADS", frozenset())
+        monkeypatch.setattr(cpu_module, name, lambda *a, _f=factory: (
+            compiled_for.append(a), _f(*a))[1])
+    for option, value in PACKAGE_SPECIALISATION.items():
+        monkeypatch.setattr(cpu_module, option, value)
+    specialised = outputs_and_grads()
+    for option, value in SUITE_SPECIALISATION.items():
+        monkeypatch.setattr(cpu_module, option, value)
     run_time = outputs_and_grads()
-    assert heads == [1, 1, 1, 0, 0, 0]
-    for a, b in zip(constant, run_time, strict=True):
+
+    kind = cpu_module.SCORE_KINDS[score]
+    has_ek = edge_key is not None
+    flags = (kind, with_bias, has_ek, edge_value is not None)
+    constant_channels = (qk_channels in PACKAGE_SPECIALISATION["SPECIALISED_CHANNELS"],
+                         v_channels in PACKAGE_SPECIALISATION["SPECIALISED_CHANNELS"])
+    channels = tuple(c if constant else 0 for c, constant in
+                     zip((qk_channels, v_channels), constant_channels, strict=True))
+    one_head = 1 if heads == 1 else 0
+    assert compiled_for[:3] == [
+        (*flags, *channels, one_head), (*flags, *channels, one_head),
+        (kind, has_ek and score == "gatv2", *cpu_module._source_channels(*channels), one_head)]
+    generic = (cpu_module.RUN_TIME, False, False, False, 0, 0, 0)
+    assert compiled_for[3:] == [generic, generic, (cpu_module.RUN_TIME, False, 0, 0, 0)]
+    for a, b in zip(specialised, run_time, strict=True):
         assert torch.equal(a, b)
 
 
@@ -705,23 +740,6 @@ def test_gradient_of_one_input_alone(score, wanted):
         loss = (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)).sum()
         grads.append(torch.autograd.grad(loss + alpha.square().sum(), tensors[wanted]))
     assert_close(grads[0][0], grads[1][0])
-
-
-def test_additive_score_with_constant_channel_counts(monkeypatch):
-    # the additive score has one score channel: with 1 and the value channels constant (as
-    # SPECIALISED_CHANNELS has them outside this suite) the source pass sums whole rows
-    monkeypatch.setattr(cpu_module, "SPECIALISED_CHANNELS", frozenset({1, C}))
-    assert cpu_module._source_channels(*cpu_module._kernel_channels(
-        torch.empty(1, H, 1), torch.empty(1, H, C))) == (1, C)
-    n, E = 20, 120
-    edge_index = random_graph(n, E, seed=14)
-    (q, k, v, bias), mask = make_inputs(n, n, E, "additive", dropout=0.2)
-    alpha_weight = torch.randn(E, H, generator=torch.Generator().manual_seed(1))
-    ours = run(cpu_edge_attention, q, k, v, edge_index, bias, mask, "additive", alpha_weight)
-    ref = run(reference_edge_attention, q, k, v, edge_index, bias, mask, "additive",
-              alpha_weight)
-    for a, b in zip(ours, ref, strict=True):
-        assert_close(a, b)
 
 
 def test_balanced_chunks_cover_every_row_with_equal_work():
