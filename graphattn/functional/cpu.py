@@ -52,8 +52,11 @@ Channel counts in ``SPECIALISED_CHANNELS`` (powers of two up to 128) are compile
 others are read at run time by one shared variant. One head (``SPECIALISED_HEADS``; the layers'
 default, and GAT's output layer) is compiled as a constant too: the loops over the heads, which
 run once per edge, then vanish (a one-head call on Cora or CiteSeer takes 0.75-0.93x the time
-with the head count read at run time, ``benchmarks/cpu_one_head.py``). Every variant is cached
-on disk.
+with the head count read at run time, ``benchmarks/cpu_one_head.py``). With
+``SPECIALISED_FLAGS`` off the score and the flags are read at run time too. With all three off
+(``GRAPHATTN_CPU_SPECIALISE=0`` in the environment before import) one variant per dtype (and
+type of dropout mask and of node ids) serves every call: the test suite runs that way, and
+compares the constant variants with it bit for bit. Every variant is cached on disk.
 
 Under ``torch.compile`` forward and backward run as torch operators
 (``graphattn::cpu_edge_attention`` and ``graphattn::cpu_edge_attention_backward``) with their
@@ -435,9 +438,23 @@ def one_loop_per_node(edge_index: Tensor, num_nodes: int, *,
     return torch.from_numpy(edges), torch.from_numpy(kept)
 
 
-SPECIALISED_CHANNELS = frozenset({1, 2, 4, 8, 16, 32, 64, 128})  # compiled as constants
-SPECIALISED_HEADS = frozenset({1})  # head counts compiled as constants
-SPECIALISED_FLAGS = True  # the score and the bias and edge-term flags compiled as constants
+def _specialise_from_environment() -> bool:
+    """``GRAPHATTN_CPU_SPECIALISE`` (``1``, the default, or ``0``), read at import."""
+    value = os.environ.get("GRAPHATTN_CPU_SPECIALISE", "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"GRAPHATTN_CPU_SPECIALISE must be 0 or 1, got {value!r}")
+    return value == "1"
+
+
+# What the kernels are compiled for as constants: channel counts, head counts, and the score and
+# the bias and edge-term flags. GRAPHATTN_CPU_SPECIALISE=0 in the environment turns all three off
+# at import: one variant per dtype then serves every option set (fewer compiles, slower kernels:
+# benchmarks/cpu_specialisation.py).
+CONSTANT_CHANNELS = frozenset({1, 2, 4, 8, 16, 32, 64, 128})
+CONSTANT_HEADS = frozenset({1})
+SPECIALISED_FLAGS = _specialise_from_environment()
+SPECIALISED_CHANNELS = CONSTANT_CHANNELS if SPECIALISED_FLAGS else frozenset()
+SPECIALISED_HEADS = CONSTANT_HEADS if SPECIALISED_FLAGS else frozenset()
 RUN_TIME = -1  # the score a kernel is compiled for when it reads its flags at run time
 DOT, ADDITIVE, GATV2 = 0, 1, 2  # the scores, as the kernels' compile-time flag
 SCORE_KINDS = {"dot": DOT, "additive": ADDITIVE, "gatv2": GATV2}

@@ -444,6 +444,36 @@ def test_specialised_kernels_agree_bit_for_bit_with_the_run_time_variant(
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("value, specialised", [(None, True), ("1", True), ("0", False)])
+def test_environment_switches_the_constant_variants(monkeypatch, value, specialised):
+    if value is None:
+        monkeypatch.delenv("GRAPHATTN_CPU_SPECIALISE", raising=False)
+    else:
+        monkeypatch.setenv("GRAPHATTN_CPU_SPECIALISE", value)
+    assert cpu_module._specialise_from_environment() is specialised
+
+
+def test_environment_switch_refuses_other_values(monkeypatch):
+    monkeypatch.setenv("GRAPHATTN_CPU_SPECIALISE", "no")
+    with pytest.raises(ValueError, match="GRAPHATTN_CPU_SPECIALISE must be 0 or 1, got 'no'"):
+        cpu_module._specialise_from_environment()
+
+
+def test_environment_switch_applies_at_import():
+    """In fresh processes: the switches as the package sets them, and all off with
+    GRAPHATTN_CPU_SPECIALISE=0 (as this suite's processes have them)."""
+    show = ("from graphattn.functional import cpu; print(cpu.SPECIALISED_FLAGS, "
+            "sorted(cpu.SPECIALISED_CHANNELS), sorted(cpu.SPECIALISED_HEADS))")
+    seen = []
+    for value in ("1", "0"):
+        env = {**os.environ, "GRAPHATTN_CPU_SPECIALISE": value}
+        done = subprocess.run([sys.executable, "-c", show], env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        seen.append(done.stdout.strip())
+    assert seen == ["True [1, 2, 4, 8, 16, 32, 64, 128] [1]", "False [] []"]
+
+
 def test_empty_edge_set_gives_zero_output_and_gradients():
     (q, k, v, _), _ = make_inputs(4, 6, 0)
     out = edge_attention(q, k, v, torch.empty(2, 0, dtype=torch.long), backend="cpu")

@@ -7,9 +7,10 @@ heads of 1-17 channels (score and value channels apart), a bias, per-edge key an
 (sometimes one tensor for both), scale, negative slope, dropout and returned weights. The
 backend's outputs, weights and the gradients of every input must match the reference backend's.
 
-The suite runs the ``dense`` backend over ``SEEDS`` (plain torch, quick). The ``cpu`` and
-``triton`` backends compile a kernel per combination of flags and channel count, so a run over
-many seeds is a separate command::
+The suite runs the ``dense`` and ``cpu`` backends over ``SEEDS``: the ``cpu`` backend as the
+suite compiles it (tests/conftest.py), one variant of its kernels reading the options at run
+time. As the package compiles them, a kernel per combination of flags and channel count, and
+for the ``triton`` backend, a run over many seeds is a separate command::
 
     python tests/functional/test_random_configurations.py --seeds 0:400 --backends cpu,dense
     TRITON_INTERPRET=1 python tests/functional/test_random_configurations.py --backends triton
@@ -144,6 +145,11 @@ def mismatches(seed: int, backend: str) -> list[str]:
 @pytest.mark.parametrize("seed", SEEDS)
 def test_dense_backend_matches_the_reference_on_a_random_call(seed):
     assert mismatches(seed, "dense") == []
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_cpu_backend_matches_the_reference_on_a_random_call(seed):
+    assert mismatches(seed, "cpu") == []
 
 
 def test_draws_cover_the_options():
