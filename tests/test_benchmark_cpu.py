@@ -416,6 +416,40 @@ def test_one_head_benchmark_fills_its_table(tmp_path):
     assert "command: `python benchmarks/cpu_one_head.py --rounds 1" in out.read_text()
 
 
+def test_specialisation_benchmark_fills_its_table(tmp_path):
+    """In a process of its own (it sets the torch threads and the kernels' switches): one
+    warm-up and one timed round of one score on Cora both ways, each ratio the quotient of its
+    two times. (Its compile sweep, a fresh numba cache per way, is left out: it would compile
+    the kernels twice over.)"""
+    import subprocess
+
+    out = tmp_path / "specialisation.md"
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "cpu_specialisation.py"
+    done = subprocess.run([sys.executable, str(script), "--rounds", "1", "--warmup", "1",
+                           "--datasets", "Cora", "--scores", "dot", "--steps", "none",
+                           "--compile-scores", "none", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    with open(out.with_suffix(".csv")) as f:
+        rows = list(csv.DictReader(f))
+    case = "edge_attention dot, 8 heads x 8 channels, bias"
+    assert [(row["measure"], row["call"], row["step"]) for row in rows] == [
+        ("time", case, "forward"), ("time", case, "forward+backward")]
+    for row in rows:
+        constant, run_time = (float(row[way].removesuffix(" ms")) for way in (
+            "compiled per option set", "options read at run time"))
+        assert float(row["ratio"]) == pytest.approx(run_time / constant, abs=0.02)
+    assert "command: `python benchmarks/cpu_specialisation.py --rounds 1" in out.read_text()
+
+
+def test_specialisation_benchmark_refuses_an_unknown_step(capsys):
+    import cpu_specialisation
+
+    with pytest.raises(SystemExit):
+        cpu_specialisation.parse_args(["--steps", "gcn"])
+    assert "--steps takes gat and transformer, got 'gcn'" in capsys.readouterr().err
+
+
 def test_compile_benchmark_fills_its_table(tmp_path):
     """In a process of its own (it sets the torch threads): one warm-up and one timed step of
     each way on Cora, compiled by dynamo alone (``--compile-backend eager``: inductor's C++
