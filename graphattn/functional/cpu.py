@@ -80,6 +80,7 @@ from llvmlite import ir
 from numba import types
 from numba.core import cgutils, ir_utils
 from numba.core.compiler_lock import global_compiler_lock
+from numba.core.errors import TypingError
 from numba.extending import intrinsic, overload
 from torch import Tensor
 
@@ -711,55 +712,54 @@ def _gatv2_edge_dot(q, i, k, j, ek, e, att, start, n, slope):
 
 
 @_jit(inline="always")
-def _additive_score(q, k, att, bias, ek, i, j, e, h, Cq, scale, slope, score, has_bias,
-                    has_ek):
+def _additive_score(q, k, att, b, ek, i, j, e, h, Cq, scale, slope, score, has_bias, has_ek):
     """:func:`_score` for the additive score: ``scale * LeakyReLU(q_i + k_j + b)``."""
     u = q[i, h] + k[j, h]
     if has_bias:
-        u += bias[e, h]
+        u += b
     if u > 0:
         return scale * u, scale
     return scale * slope * u, scale * slope
 
 
 @_jit(inline="always")
-def _gatv2_score(q, k, att, bias, ek, i, j, e, h, Cq, scale, slope, score, has_bias,
+def _gatv2_score(q, k, att, b, ek, i, j, e, h, Cq, scale, slope, score, has_bias,
                  has_ek):
     """:func:`_score` for gatv2: ``scale * att . LeakyReLU(q_i + k_j) + b``."""
     s = _gatv2_dot(q, i, k, j, att, h * Cq, Cq, slope) * scale
     if has_bias:
-        s += bias[e, h]
+        s += b
     return s, scale
 
 
 @_jit(inline="always")
-def _gatv2_edge_score(q, k, att, bias, ek, i, j, e, h, Cq, scale, slope, score, has_bias,
+def _gatv2_edge_score(q, k, att, b, ek, i, j, e, h, Cq, scale, slope, score, has_bias,
                       has_ek):
     """:func:`_score` for gatv2 with the edge's key term: ``scale * att . LeakyReLU(q_i + k_j +
     ek_e) + b``."""
     s = _gatv2_edge_dot(q, i, k, j, ek, e, att, h * Cq, Cq, slope) * scale
     if has_bias:
-        s += bias[e, h]
+        s += b
     return s, scale
 
 
 @_jit(inline="always")
-def _dot_score(q, k, att, bias, ek, i, j, e, h, Cq, scale, slope, score, has_bias, has_ek):
+def _dot_score(q, k, att, b, ek, i, j, e, h, Cq, scale, slope, score, has_bias, has_ek):
     """:func:`_score` for dot: ``scale * q_i . k_j + b``."""
     s = _dot(q, i, k, j, h * Cq, Cq) * scale
     if has_bias:
-        s += bias[e, h]
+        s += b
     return s, scale
 
 
 @_jit(inline="always")
-def _dot_edge_score(q, k, att, bias, ek, i, j, e, h, Cq, scale, slope, score, has_bias,
+def _dot_edge_score(q, k, att, b, ek, i, j, e, h, Cq, scale, slope, score, has_bias,
                     has_ek):
     """:func:`_score` for dot with the edge's key term: ``q_i . (k_j + ek_e)`` as two dot
     products."""
     s = (_dot(q, i, k, j, h * Cq, Cq) + _dot(q, i, ek, e, h * Cq, Cq)) * scale
     if has_bias:
-        s += bias[e, h]
+        s += b
     return s, scale
 
 
@@ -769,47 +769,29 @@ _SCORE_FUNCTIONS = {(ADDITIVE, False): _additive_score, (GATV2, False): _gatv2_s
                     (DOT, True): _dot_edge_score}
 
 
-def _score(q, k, att, bias, ek, i, j, e, h, Cq, scale, slope, score, has_bias, has_ek):
+def _score(q, k, att, b, ek, i, j, e, h, Cq, scale, slope, score, has_bias, has_ek):
     """Score of edge ``e = (j -> i)`` in head h, and ds/d(pre-activation) (``scale`` for dot
     and gatv2, whose channel factors come later).
 
     ``q, k`` are ``[N, H * Cq]`` (``Cq = 1`` for the additive score); ``att`` is ``[H * Cq]``;
-    ``ek`` (with ``has_ek``) the edges' key terms ``[E, H * Cq]``. In a kernel the flags are
+    ``b`` (with ``has_bias``) the edge's bias in head h; ``ek`` (with ``has_ek``) the edges' key
+    terms ``[E, H * Cq]``. In a kernel the flags are
     compile-time constants, and only the score they name is compiled (see the overload below).
     """
-    return _SCORE_FUNCTIONS[score, bool(has_ek)](q, k, att, bias, ek, i, j, e, h, Cq, scale,
+    return _SCORE_FUNCTIONS[score, bool(has_ek)](q, k, att, b, ek, i, j, e, h, Cq, scale,
                                                  slope, score, has_bias, has_ek)
 
 
 @overload(_score, inline="always", prefer_literal=True)
-def _score_overload(q, k, att, bias, ek, i, j, e, h, Cq, scale, slope, score, has_bias, has_ek):
-    # The kernels' flags reach here as literals: the score function is picked at typing, so
-    # that only its code is compiled and inlined. (An njit _score holding every score would be
-    # inlined whole into each kernel before its other branches are dropped: a third more
-    # compile time per kernel variant.) The variant that reads its flags at run time
-    # (SPECIALISED_FLAGS off) branches to each.
-    if isinstance(score, types.IntegerLiteral) and isinstance(has_ek, types.Literal):
-        return _SCORE_FUNCTIONS[score.literal_value, bool(has_ek.literal_value)].py_func
-    return _any_score  # the variant that reads its flags at run time
-
-
-def _any_score(q, k, att, bias, ek, i, j, e, h, Cq, scale, slope, score, has_bias, has_ek):
-    """:func:`_score` with the score and ``has_ek`` read at run time: a branch to each score
-    function."""
-    if score == DOT and has_ek:
-        return _dot_edge_score(q, k, att, bias, ek, i, j, e, h, Cq, scale, slope, score,
-                               has_bias, has_ek)
-    if score == DOT:
-        return _dot_score(q, k, att, bias, ek, i, j, e, h, Cq, scale, slope, score, has_bias,
-                          has_ek)
-    if score == GATV2 and has_ek:
-        return _gatv2_edge_score(q, k, att, bias, ek, i, j, e, h, Cq, scale, slope, score,
-                                 has_bias, has_ek)
-    if score == GATV2:
-        return _gatv2_score(q, k, att, bias, ek, i, j, e, h, Cq, scale, slope, score, has_bias,
-                            has_ek)
-    return _additive_score(q, k, att, bias, ek, i, j, e, h, Cq, scale, slope, score, has_bias,
-                           has_ek)
+def _score_overload(q, k, att, b, ek, i, j, e, h, Cq, scale, slope, score, has_bias, has_ek):
+    # The score and has_ek reach here as literals (_target_scores passes constants): the score
+    # function is picked at typing, so that only its code is compiled and inlined. (An njit
+    # _score holding every score would be inlined whole into each kernel before its other
+    # branches are dropped: a third more compile time per kernel variant.)
+    if not (isinstance(score, types.IntegerLiteral) and isinstance(has_ek, types.Literal)):
+        raise TypingError(f"_score takes its score and has_ek as constants, got {score} and "
+                          f"{has_ek}")
+    return _SCORE_FUNCTIONS[score.literal_value, bool(has_ek.literal_value)].py_func
 
 
 @_jit(inline="always")
@@ -829,8 +811,28 @@ def _target_scores(q, k, att, bias, ek, rowptr, perm, src, i, H, Cq, scale, slop
                 _prefetch_row(ek, perm[p + PREFETCH_DISTANCE])
         j, e = src[p], perm[p]
         for h in range(H):
-            s, d_pre = _score(q, k, att, bias, ek, i, j, e, h, Cq, scale, slope, score, has_bias,
-                              has_ek)
+            # The bias is read here and the score picked here, each _score call with its score
+            # and edge-key flag as constants (with the kernel's flags constant, numba keeps one
+            # of them): an inlined function given arrays that it reads under a branch on a
+            # run-time flag costs two reference counts per array, edge and head (numba's
+            # pruning of counts misses that pattern), which made the variant that reads its
+            # flags at run time several times slower.
+            b = bias[e, h] if has_bias else bias[0, 0]  # (bias[0, 0]: unread, as no flag)
+            if score == DOT and has_ek:
+                s, d_pre = _score(q, k, att, b, ek, i, j, e, h, Cq, scale, slope, DOT,
+                                  has_bias, True)
+            elif score == DOT:
+                s, d_pre = _score(q, k, att, b, ek, i, j, e, h, Cq, scale, slope, DOT,
+                                  has_bias, False)
+            elif score == GATV2 and has_ek:
+                s, d_pre = _score(q, k, att, b, ek, i, j, e, h, Cq, scale, slope, GATV2,
+                                  has_bias, True)
+            elif score == GATV2:
+                s, d_pre = _score(q, k, att, b, ek, i, j, e, h, Cq, scale, slope, GATV2,
+                                  has_bias, False)
+            else:
+                s, d_pre = _score(q, k, att, b, ek, i, j, e, h, Cq, scale, slope, ADDITIVE,
+                                  has_bias, False)
             scores[p - start, h] = s
             if backward:
                 slopes[p - start, h] = d_pre
@@ -921,7 +923,10 @@ def _forward_kernel(fixed_score: int, fixed_bias: bool, fixed_ek: bool, fixed_ev
         Two passes over each target's in-edges: the scores (kept in a ``[degree, H]`` scratch)
         and their maximum per head, then the exponentials and the weighted sum of ``v``.
         """
-        score, has_bias, has_ek, has_ev = fixed_score, fixed_bias, fixed_ek, fixed_ev
+        score = fixed_score  # (one name per assignment: numba then prunes the
+        has_bias = fixed_bias  # branches on these where they are constants)
+        has_ek = fixed_ek
+        has_ev = fixed_ev
         if fixed_score == RUN_TIME:
             score, has_bias, has_ek, has_ev = flags
         H = heads if heads else lse.shape[1]
@@ -1020,7 +1025,10 @@ def _backward_target_kernel(fixed_score: int, fixed_bias: bool, fixed_ek: bool,
         ``grad_q``'s sum with ``q_i`` in place of the key (dot) or the same share (gatv2). With
         one tensor as both terms, ``grad_ev`` is ``grad_ek`` and gets their sum.
         """
-        score, has_bias, has_ek, has_ev = fixed_score, fixed_bias, fixed_ek, fixed_ev
+        score = fixed_score  # (one name per assignment: numba then prunes the
+        has_bias = fixed_bias  # branches on these where they are constants)
+        has_ek = fixed_ek
+        has_ev = fixed_ev
         if fixed_score == RUN_TIME:
             score, has_bias, has_ek, has_ev = flags
         H = heads if heads else lse.shape[1]
@@ -1150,7 +1158,8 @@ def _backward_source_kernel(fixed_score: int, fixed_ek: bool, qk_channels: int,
                grad_k, grad_v, flags, first, last):
         """Sources ``first..last-1``: ``grad_k`` and ``grad_v`` summed over their out-edges
         (gatv2 with ``has_ek``: the edge's key term from ``ek[csc_edge[t]]``)."""
-        score, has_ek = fixed_score, fixed_ek
+        score = fixed_score  # (one name per assignment: see _forward_kernel)
+        has_ek = fixed_ek
         if fixed_score == RUN_TIME:
             score, has_ek = flags
         H = heads if heads else grad_key.shape[1]
