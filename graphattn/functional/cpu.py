@@ -58,6 +58,13 @@ with the head count read at run time, ``benchmarks/cpu_one_head.py``). With
 type of dropout mask and of node ids) serves every call: the test suite runs that way, and
 compares the constant variants with it bit for bit. Every variant is cached on disk.
 
+No reference count is taken in the kernels' loops. numba counts references to an array (atomic
+adds, through calls that LLVM cannot see into) where an inlined function takes it as an
+argument, and drops the pairs only where no branch it cannot resolve lies between them. So the
+functions called per edge take no array that they read only under a flag known at run time:
+``_target_scores`` reads the bias and picks the score itself. (Before, the variant that reads
+its flags at run time took two counts per array, edge and head, and ran several times slower.)
+
 Under ``torch.compile`` forward and backward run as torch operators
 (``graphattn::cpu_edge_attention`` and ``graphattn::cpu_edge_attention_backward``) with their
 output shapes, which the compiled graph calls as they are instead of tracing into numba.

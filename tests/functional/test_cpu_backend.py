@@ -510,10 +510,10 @@ def test_kernels_touch_no_reference_count_in_their_loops(monkeypatch, variant, s
     where an inlined function takes the array, and its pruning pass drops such pairs only
     where no branch it cannot resolve comes between them. In the variant that reads its flags
     at run time, a bias read and a score picked inside the functions the loops call left such
-    counts per edge and head (forward 3.3x the constant variant's time on a Cora-sized graph;
-    1.04x without). No count may be taken on a cycle of the three kernels' control flow graphs,
-    for inputs that reach every flag's code: a bias, edge terms, seeded dropout; the run-time
-    variant and one the package compiles."""
+    counts per edge and head, and its forward took 5.3-8.0x the constant variants' time, now
+    1.4-2.7x (benchmarks/cpu_specialisation.py). No count may be taken on a cycle of the three
+    kernels' control flow graphs, for inputs that reach every flag's code (a bias, edge terms,
+    seeded dropout), in the run-time variant and in one the package compiles."""
     from graphattn.functional.dropout import seeded_mask_parameters
 
     def uncached(inline="never"):  # compiled here, not loaded from a cache: its IR can be read
