@@ -338,10 +338,14 @@ def test_layer_auto_equals_reference_on_a_dense_graph():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_does_not_pick_dense_without_gpu_measurements():
+def test_cuda_picks_triton_when_it_imports_and_never_dense():
+    """On CUDA, fp32 q: "triton" with Triton installed, else "reference"; never "dense" (no
+    crossover has been measured on a GPU), not even on a complete graph."""
     q = torch.randn(8, 2, 4, device="cuda")
     complete = torch.cartesian_prod(torch.arange(8), torch.arange(8)).t().cuda()
-    assert select_backend(q, complete) in ("triton", "reference")  # never "dense" (yet)
+    expected = "triton" if attention.triton_available() else "reference"
+    assert select_backend(q, complete) == expected
+    assert select_backend(q.double(), complete) == "reference"  # the kernels refuse float64
 
 
 def test_available_backends_lists_triton_only_when_it_imports(monkeypatch):
