@@ -782,8 +782,8 @@ def _score(q, k, att, b, ek, i, j, e, h, Cq, scale, slope, score, has_bias, has_
 
     ``q, k`` are ``[N, H * Cq]`` (``Cq = 1`` for the additive score); ``att`` is ``[H * Cq]``;
     ``b`` (with ``has_bias``) the edge's bias in head h; ``ek`` (with ``has_ek``) the edges' key
-    terms ``[E, H * Cq]``. In a kernel the flags are
-    compile-time constants, and only the score they name is compiled (see the overload below).
+    terms ``[E, H * Cq]``. The score and ``has_ek`` are compile-time constants, and only the
+    score they name is compiled (see the overload below).
     """
     return _SCORE_FUNCTIONS[score, bool(has_ek)](q, k, att, b, ek, i, j, e, h, Cq, scale,
                                                  slope, score, has_bias, has_ek)
