@@ -899,3 +899,64 @@ def test_balanced_chunks_cover_every_row_with_equal_work():
     largest_row = np.diff(work).max()
     # each chunk ends at the first row boundary past its share of the work
     assert (np.diff(work[bounds]) <= work[-1] / parts + largest_row).all()
+
+
+def star_of_degree(degree):
+    """Node 0 with ``degree`` in-edges (from 1..degree) and as many out-edges (to 1..degree),
+    no self-loop: a target and a source of exactly ``degree`` edges each."""
+    j = torch.arange(1, degree + 1)
+    return torch.cat([torch.stack([j, torch.zeros_like(j)]),
+                      torch.stack([torch.zeros_like(j), j])], dim=1)
+
+
+@pytest.mark.parametrize("score", ["dot", "additive", "gatv2"])
+def test_rows_of_exactly_one_sum_block_equal_reference(score):
+    """A target and a source of exactly SUM_BLOCK edges: their one block ends where the row
+    ends, so the backward passes must keep it out of the float64 block sums (``block +
+    SUM_BLOCK < stop``), as for any row of one block. Rows of 2.5 blocks and short rows do not
+    tell ``<`` from ``<=`` there; with ``<=`` the target's grad q and the source's grad k and
+    grad v come out 0. In float64 against the reference, with dropout and a loss on alpha."""
+    B = cpu_module.SUM_BLOCK
+    edge_index = star_of_degree(B)
+    (q, k, v, bias), mask = make_inputs(B + 1, B + 1, 2 * B, score, torch.float64, seed=8,
+                                        dropout=0.2)
+    att = make_att(score, dtype=torch.float64)
+    alpha_weight = torch.randn(2 * B, H, generator=torch.Generator().manual_seed(9),
+                               dtype=torch.float64)
+    ours = run(cpu_edge_attention, q, k, v, edge_index, bias, mask, score, alpha_weight, att=att)
+    ref = run(reference_edge_attention, q, k, v, edge_index, bias, mask, score, alpha_weight,
+              att=att)
+    for a, b in zip(ours, ref, strict=True):
+        assert_close(a, b)
+
+
+def test_target_sort_is_stable():
+    """``_csr`` is a stable counting sort of the edges by target: each target's in-edges keep
+    the order of their edge ids. That order is the one each row's sums run in, so it fixes the
+    bits of the results, which the comparisons with the reference (within a tolerance) do not
+    see. Against numpy's stable argsort, with a last target of no in-edge."""
+    rng = np.random.default_rng(3)
+    src, dst = rng.integers(0, 7, 80), rng.integers(0, 6, 80)
+    rowptr, perm, src_sorted = cpu_module._csr(src, dst, 7)
+    order = np.argsort(dst, kind="stable")  # CSR position -> edge id
+    np.testing.assert_array_equal(rowptr, np.r_[0, np.cumsum(np.bincount(dst, minlength=7))])
+    np.testing.assert_array_equal(perm, order)
+    np.testing.assert_array_equal(src_sorted, src[order])
+
+
+def test_csr_transpose_keeps_the_rows_ascending_within_each_column():
+    """``csr_transpose`` (``_csc``: the source order of backward, and sparse_linear's
+    transpose) is a stable counting sort of the entries by column: within a column they keep
+    their CSR order, so their rows ascend, as its docstring says. Against numpy's stable
+    argsort, with a last column of no entry."""
+    rng = np.random.default_rng(4)
+    rows = np.sort(rng.integers(0, 6, 50))  # the row of each CSR entry
+    col = rng.integers(0, 9, 50)
+    crow = np.r_[0, np.cumsum(np.bincount(rows, minlength=6))]
+    colptr, position, row = cpu_module.csr_transpose(torch.from_numpy(crow),
+                                                     torch.from_numpy(col), 10)
+    order = np.argsort(col, kind="stable")  # position in the transpose -> CSR entry
+    np.testing.assert_array_equal(colptr.numpy(),
+                                  np.r_[0, np.cumsum(np.bincount(col, minlength=10))])
+    np.testing.assert_array_equal(row.numpy(), rows[order])
+    np.testing.assert_array_equal(position.numpy()[order], np.arange(50))
