@@ -34,6 +34,25 @@ SUITE_SPECIALISATION = {"SPECIALISED_FLAGS": False, "SPECIALISED_CHANNELS": froz
 for _name, _value in SUITE_SPECIALISATION.items():
     setattr(_cpu_backend, _name, _value)
 
+# pytest-xdist runs one process per core (README.md, "Test"). With torch's default of one
+# intra-op thread per core in each, the processes' thread pools share the cores, and an OpenMP
+# barrier waits for a thread that the other process holds: gradcheck on a 9-node graph took 13
+# to 58 s in the suite, 2.2 s alone. Each process gets its share of the threads instead; tests
+# of more than one thread ask for them (the ``two_threads`` fixture, or set_num_threads).
+XDIST_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if XDIST_WORKERS > 1:
+    torch.set_num_threads(max(1, torch.get_num_threads() // XDIST_WORKERS))
+
+
+@pytest.fixture
+def two_threads():
+    """torch (and so the cpu backend's thread pool) on two threads for the test."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
 # torch 2.8 and 2.9 trace an operator whose output size depends on the data (the boolean index
 # of the self-loop replacement: nonzero) only with this flag, where fullgraph=True implies it
 # from torch 2.10 on (torch/_dynamo/output_graph.py). Without it the layers keep the given

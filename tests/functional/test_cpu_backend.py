@@ -81,9 +81,10 @@ def test_equals_reference_on_registry_graphs(case, score, dtype):
 
 @pytest.mark.parametrize("need_alpha", [True, False])
 @pytest.mark.parametrize("score", ["dot", "additive", "gatv2"])
-def test_equals_reference_on_a_skewed_random_graph(score, need_alpha):
+def test_equals_reference_on_a_skewed_random_graph(score, need_alpha, two_threads):
     # hubs with thousands of in-edges next to nodes with none, plus multi-edges and self-loops;
-    # more rows + edges than MIN_PARALLEL_WORK, so that the thread pool runs the kernels
+    # more rows + edges than MIN_PARALLEL_WORK, so that the thread pool (two threads) runs the
+    # kernels
     n = 3000
     hubs = torch.stack([torch.randint(0, n, (6000,), generator=torch.Generator().manual_seed(2)),
                         torch.randint(0, 3, (6000,), generator=torch.Generator().manual_seed(3))])

@@ -150,8 +150,8 @@ LARGE_CASES = [(*terms, 12) for terms in ALL_TERMS] + [("gatv2", "edge_key+edge_
 
 @pytest.mark.parametrize(("score", "terms", "channels"), LARGE_CASES,
                          ids=["-".join(map(str, case)) for case in LARGE_CASES])
-def test_cpu_kernels_take_edge_terms_on_a_large_graph(score, terms, channels):
-    """float32 on 3000 nodes and 40000 edges: the kernels' threads, prefetches and both channel
+def test_cpu_kernels_take_edge_terms_on_a_large_graph(score, terms, channels, two_threads):
+    """float32 on 3000 nodes and 40000 edges: the kernels' two threads, prefetches and both channel
     layouts (12: read at run time, 8: a constant count, whose source pass has loops of its own
     for gatv2's key term) against the reference backend."""
     edge_index = random_graph(3000, 40000, seed=4)
