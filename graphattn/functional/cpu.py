@@ -37,8 +37,8 @@ of a call into libm per edge and head; both the forward and the target pass of b
 take the scores of all of a target's in-edges, then their exponentials in one loop over the
 ``[degree, H]`` block as a flat array, which vectorises whatever the number of heads (a loop
 over the heads alone runs scalar when H is below the vector width: 1.1-1.4x slower at H = 4).
-Dot products of 8 channels or more are summed in 8 partial sums held in one vector, always in
-the same order (``_dot``).
+Dot products and gatv2's ``att . LeakyReLU(q_i + k_j)`` of 8 channels or more are summed in 8
+partial sums held in one vector, always in the same order (``_dot``, ``_gatv2_dot``).
 
 On graphs larger than the cache the kernels are bound by gathering rows of ``k, v`` (forward) and
 ``q, dL/d out`` (backward) at random node ids; they prefetch the rows a few edges ahead. Each
@@ -649,6 +649,68 @@ def _lane_dot(typingctx, a, i, b, j, start, blocks):
     return a.dtype(a, i, b, j, start, blocks), codegen
 
 
+@intrinsic
+def _lane_gatv2(typingctx, q, i, k, j, ek, e, att, start, blocks, slope):
+    """``_gatv2_dot`` (``ek`` None) or ``_gatv2_edge_dot`` of the first ``8 * blocks >= 8``
+    channels from ``start`` on, as 8-wide vectors.
+
+    Lane l sums ``att[x] * LeakyReLU(q[i, x] + k[j, x])`` (with ``+ ek[e, x]`` added to
+    ``k[j, x]`` first) over the channels x = l, l + 8, l + 16, ... in that order; the 8 lanes
+    are then added pairwise, as in :func:`_lane_dot`. ``q``, ``k`` (and ``ek``) are
+    C-contiguous 2-D float arrays, ``att`` a C-contiguous 1-D one, all of one dtype.
+    """
+    rows = (q, k) if ek == types.none else (q, k, ek)
+    if not (all(isinstance(a, types.Array) and a.ndim == 2 and a.layout == "C"
+                and a.dtype == q.dtype for a in rows)
+            and isinstance(att, types.Array) and att.ndim == 1 and att.layout == "C"
+            and att.dtype == q.dtype and q.dtype in (types.float32, types.float64)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        tys = signature.args
+        i_v, j_v, e_v, start_v, blocks_v = (context.cast(builder, args[n], tys[n], types.intp)
+                                            for n in (1, 3, 5, 7, 8))
+        element = context.get_value_type(tys[0].dtype)
+        vector = ir.VectorType(element, 8)
+        align = context.get_abi_sizeof(element)  # rows need not be aligned to the vector
+        index32 = ir.IntType(32)
+        slope_v = context.cast(builder, args[9], tys[9], tys[0].dtype)
+        slopes = builder.shuffle_vector(
+            builder.insert_element(ir.Constant(vector, ir.Undefined), slope_v,
+                                   ir.Constant(index32, 0)),
+            ir.Constant(vector, ir.Undefined), ir.Constant(ir.VectorType(index32, 8), [0] * 8))
+        zeros = ir.Constant(vector, [0.0] * 8)
+
+        def pointer(n, indices):
+            array = context.make_array(tys[n])(context, builder, args[n])
+            item = cgutils.get_item_pointer(context, builder, tys[n], array, indices,
+                                            wraparound=False)
+            return builder.bitcast(item, vector.as_pointer())
+
+        pq, pk, patt = pointer(0, [i_v, start_v]), pointer(2, [j_v, start_v]), pointer(6, [start_v])
+        pek = None if tys[4] == types.none else pointer(4, [e_v, start_v])
+
+        def term(block):
+            def load(p):
+                return builder.load(builder.gep(p, [block]), align=align)
+            key = load(pk) if pek is None else builder.fadd(load(pk), load(pek))
+            z = builder.fadd(load(pq), key)
+            positive = builder.fcmp_ordered(">", z, zeros)
+            return builder.fmul(load(patt), builder.select(positive, z, builder.fmul(z, slopes)))
+
+        acc = cgutils.alloca_once(builder, vector)
+        builder.store(term(ir.Constant(blocks_v.type, 0)), acc)
+        one = ir.Constant(blocks_v.type, 1)
+        with cgutils.for_range(builder, builder.sub(blocks_v, one)) as loop:
+            builder.store(builder.fadd(builder.load(acc), term(builder.add(loop.index, one))),
+                          acc)
+        lanes = builder.load(acc)
+        lane = [builder.extract_element(lanes, ir.Constant(index32, x)) for x in range(8)]
+        pairs = [builder.fadd(lane[x], lane[x + 1]) for x in range(0, 8, 2)]
+        return builder.fadd(builder.fadd(pairs[0], pairs[1]), builder.fadd(pairs[2], pairs[3]))
+    return q.dtype(q, i, k, j, ek, e, att, start, blocks, slope), codegen
+
+
 if numba.config.DISABLE_JIT:
     # NUMBA_DISABLE_JIT=1 (numba's debugging switch) runs the kernels as Python functions, in
     # which an intrinsic cannot be called: Python stand-ins for the two the kernels call
@@ -662,6 +724,18 @@ if numba.config.DISABLE_JIT:
         for block in range(1, blocks):
             x = start + 8 * block
             lanes = lanes + a[i, x:x + 8] * b[j, x:x + 8]
+        return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + (
+            (lanes[4] + lanes[5]) + (lanes[6] + lanes[7]))
+
+    def _lane_gatv2(q, i, k, j, ek, e, att, start, blocks, slope):  # noqa: F811
+        """The terms in 8 lanes, summed in the same order as the intrinsic."""
+        end = start + 8 * blocks
+        key = k[j, start:end] if ek is None else k[j, start:end] + ek[e, start:end]
+        z = q[i, start:end] + key
+        terms = (att[start:end] * np.where(z > 0, z, z * slope)).reshape(blocks, 8)
+        lanes = terms[0]
+        for block in range(1, blocks):
+            lanes = lanes + terms[block]
         return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + (
             (lanes[4] + lanes[5]) + (lanes[6] + lanes[7]))
 
@@ -697,10 +771,19 @@ def _leaky_relu(z, slope, y):
 
 @_jit(inline="always")
 def _gatv2_dot(q, i, k, j, att, start, n, slope):
-    """``sum(att[x] * LeakyReLU(q[i, x] + k[j, x]))`` over ``x = start..start+n-1``, in order."""
-    z = q[i, start] + k[j, start]
-    s = att[start] * _leaky_relu(z, slope, z)
-    for x in range(start + 1, start + n):
+    """``sum(att[x] * LeakyReLU(q[i, x] + k[j, x]))`` over ``x = start..start+n-1``, for
+    ``n >= 1``, in the order of :func:`_dot`: from 8 channels on in 8 partial sums
+    (:func:`_lane_gatv2`), then the channels past the last multiple of 8 in order; below 8
+    channels one running sum."""
+    if n < 8:
+        z = q[i, start] + k[j, start]
+        s = att[start] * _leaky_relu(z, slope, z)
+        for x in range(start + 1, start + n):
+            z = q[i, x] + k[j, x]
+            s += att[x] * _leaky_relu(z, slope, z)
+        return s
+    s = _lane_gatv2(q, i, k, j, None, 0, att, start, n // 8, slope)
+    for x in range(start + n - n % 8, start + n):
         z = q[i, x] + k[j, x]
         s += att[x] * _leaky_relu(z, slope, z)
     return s
@@ -709,10 +792,16 @@ def _gatv2_dot(q, i, k, j, att, start, n, slope):
 @_jit(inline="always")
 def _gatv2_edge_dot(q, i, k, j, ek, e, att, start, n, slope):
     """``_gatv2_dot`` with the edge's key term: ``sum(att[x] * LeakyReLU(q[i, x] + (k[j, x] +
-    ek[e, x])))`` over ``x = start..start+n-1``, in order."""
-    z = q[i, start] + (k[j, start] + ek[e, start])
-    s = att[start] * _leaky_relu(z, slope, z)
-    for x in range(start + 1, start + n):
+    ek[e, x])))`` over ``x = start..start+n-1``, in the same order."""
+    if n < 8:
+        z = q[i, start] + (k[j, start] + ek[e, start])
+        s = att[start] * _leaky_relu(z, slope, z)
+        for x in range(start + 1, start + n):
+            z = q[i, x] + (k[j, x] + ek[e, x])
+            s += att[x] * _leaky_relu(z, slope, z)
+        return s
+    s = _lane_gatv2(q, i, k, j, ek, e, att, start, n // 8, slope)
+    for x in range(start + n - n % 8, start + n):
         z = q[i, x] + (k[j, x] + ek[e, x])
         s += att[x] * _leaky_relu(z, slope, z)
     return s

@@ -813,6 +813,26 @@ def test_float32_exp_of_the_kernels_is_within_one_ulp():
     assert apply64.tolist() == np.exp([-1.0, 0.0, 2.0]).tolist()
 
 
+def sum_in_eight_lanes(terms: np.ndarray):
+    """The kernels' order of summing the ``n`` channel terms of a score: below 8 one running
+    sum; else lane l sums channels l, l + 8, l + 16, ... of the first ``8 * (n // 8)``, the lanes
+    are added pairwise, then the rest in order."""
+    if terms.size < 8:
+        total = terms[0]
+        for x in terms[1:]:
+            total = total + x
+        return total
+    blocks = terms.size // 8
+    lanes = terms[:8].copy()
+    for block in range(1, blocks):
+        lanes = lanes + terms[8 * block:8 * block + 8]
+    total = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + (
+        (lanes[4] + lanes[5]) + (lanes[6] + lanes[7]))
+    for x in terms[8 * blocks:]:
+        total = total + x
+    return total
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("n", [3, 8, 12, 16, 40])
 def test_dot_products_sum_in_eight_lanes_in_a_fixed_order(n, dtype):
@@ -824,21 +844,30 @@ def test_dot_products_sum_in_eight_lanes_in_a_fixed_order(n, dtype):
     a = rng.standard_normal((1, n + 3)).astype(dtype)
     b = rng.standard_normal((2, n + 3)).astype(dtype)
     products = a[0, 3:] * b[1, 3:]  # (n,), from channel 3 on
-    if n < 8:
-        expected = products[0]
-        for x in products[1:]:
-            expected = expected + x
-    else:
-        blocks = n // 8
-        lanes = products[:8].copy()
-        for block in range(1, blocks):
-            lanes = lanes + products[8 * block:8 * block + 8]  # lane l: channels l, l + 8, ...
-        expected = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + (
-            (lanes[4] + lanes[5]) + (lanes[6] + lanes[7]))
-        for x in products[8 * blocks:]:
-            expected = expected + x
     got = dot(a, b, 3, n)
-    assert got == expected  # bit for bit (numba returns the value as a Python float)
+    assert got == sum_in_eight_lanes(products)  # bit for bit (numba returns a Python float)
+
+
+@pytest.mark.parametrize("edge_key", [False, True], ids=["", "edge-key"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n", [3, 8, 12, 16, 40])
+def test_gatv2_scores_sum_in_eight_lanes_in_a_fixed_order(n, dtype, edge_key):
+    @numba.njit
+    def gatv2(q, k, ek, att, start, n, slope):
+        if ek is None:
+            return cpu_module._gatv2_dot(q, 0, k, 1, att, start, n, slope)
+        return cpu_module._gatv2_edge_dot(q, 0, k, 1, ek, 2, att, start, n, slope)
+
+    rng = np.random.default_rng(n)
+    q = rng.standard_normal((1, n + 3)).astype(dtype)
+    k = rng.standard_normal((2, n + 3)).astype(dtype)
+    q[0, 4], k[1, 4] = 0, 0  # a pre-activation of exactly 0 takes the slope
+    ek = rng.standard_normal((3, n + 3)).astype(dtype) if edge_key else None
+    att = rng.standard_normal(n + 3).astype(dtype)
+    slope = dtype(0.2)
+    z = q[0, 3:] + (k[1, 3:] if ek is None else k[1, 3:] + ek[2, 3:])  # (n,), from channel 3
+    terms = att[3:] * np.where(z > 0, z, z * slope)
+    assert gatv2(q, k, ek, att, 3, n, slope) == sum_in_eight_lanes(terms)  # bit for bit
 
 
 @pytest.mark.parametrize("score", ["additive", "gatv2"])
