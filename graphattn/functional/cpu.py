@@ -713,7 +713,7 @@ def _lane_gatv2(typingctx, q, i, k, j, ek, e, att, start, blocks, slope):
 
 if numba.config.DISABLE_JIT:
     # NUMBA_DISABLE_JIT=1 (numba's debugging switch) runs the kernels as Python functions, in
-    # which an intrinsic cannot be called: Python stand-ins for the two the kernels call
+    # which an intrinsic cannot be called: Python stand-ins for the three the kernels call
 
     def _prefetch(array, row, offset, write):  # noqa: F811
         """No cache hint from Python."""
