@@ -8,11 +8,17 @@ cancel). For each backend and each E, the relative error of the fp32 output and 
 gradient of q (the loss: the output times fixed random weights) against the same backend in
 float64, ``||x32 - x64|| / ||x64||``, and ``|sum(alpha) - 1|``. PyG's utilities for the same
 function (``torch_geometric.utils.softmax`` and ``scatter``, as its ``TransformerConv`` uses
-them) are measured beside them, forward only.
+them) are measured beside them, forward only. The ``triton`` backend runs in Triton's CPU
+interpreter (``TRITON_INTERPRET=1`` for those calls) at the in-degrees of
+``--triton-edges``, twice: with the hub's row in the launch of its own (float64 block sums), as
+on a graph of at least ``HUB_EDGES`` edges, and in one fp32 sum, as on a smaller graph. It
+computes in fp32 only, so its truth is the ``reference`` backend in float64, and the
+interpreter takes minutes where a GPU takes a millisecond (one program per source in backward:
+about 3 min per row at E = 1e4).
 
 Usage (one line):
 
-    python benchmarks/hub_precision.py                 # E = 1e4, 1e5, 1e6: ~1 min on 2 cores
+    python benchmarks/hub_precision.py                 # E = 1e4, 1e5, 1e6: ~8 min on 2 cores
 
 Writes ``results/hub_precision.md`` and ``.csv`` (``--out`` names another ``.md``).
 """
@@ -20,6 +26,7 @@ Writes ``results/hub_precision.md`` and ``.csv`` (``--out`` names another ``.md`
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import sys
 from pathlib import Path
@@ -32,8 +39,12 @@ from torch_geometric.utils import scatter, softmax
 from tqdm import tqdm
 
 from graphattn.functional import edge_attention
+from graphattn.functional.triton_kernels import HUB_EDGES, SUM_STEPS
 
 BACKENDS = ("cpu", "reference", "dense")
+# the triton backend's two ways to sum a row, by whether the hub takes its launch of its own
+TRITON_METHODS = {True: "triton, hub launch (interpreter)",
+                  False: "triton, one fp32 sum (interpreter)"}
 
 
 def relative(single: torch.Tensor, double: torch.Tensor) -> float:
@@ -46,6 +57,32 @@ def graphattn_case(q, k, v, w, edge_index, backend: str, dtype: torch.dtype):
     q, k, v = (t.to(dtype).requires_grad_() for t in (q, k, v))
     out, alpha = edge_attention(q, k, v, edge_index, backend=backend, return_attention=True)
     (grad_q,) = torch.autograd.grad((out * w.to(dtype)).sum(), q)
+    return out.detach(), alpha.detach().sum(0) - 1, grad_q
+
+
+def triton_case(q, k, v, w, edge_index, *, hub: bool):
+    """:func:`graphattn_case` of the ``triton`` backend in fp32, in Triton's interpreter; with
+    ``hub``, the hub's rows in the launch of their own with float64 block sums, as on a graph
+    of at least ``HUB_EDGES`` edges, else in one fp32 sum, as on a smaller one."""
+    from graphattn.functional import triton_kernels
+
+    if not triton_kernels.triton_available():
+        return None
+    before = os.environ.get("TRITON_INTERPRET"), triton_kernels.HUB_EDGES
+    os.environ["TRITON_INTERPRET"] = "1"  # the kernels of the interpreter, on CPU tensors
+    triton_kernels.HUB_EDGES = 0 if hub else sys.maxsize
+    try:
+        q, k, v = (t.float().requires_grad_() for t in (q, k, v))
+        out, alpha = triton_kernels.triton_edge_attention(
+            q, k, v, edge_index, scale=q.size(-1) ** -0.5, bias=None, dropout_mask=None,
+            score="dot", negative_slope=0.2, need_alpha=True)
+        (grad_q,) = torch.autograd.grad((out * w.float()).sum(), q)
+    finally:
+        triton_kernels.HUB_EDGES = before[1]
+        if before[0] is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = before[0]
     return out.detach(), alpha.detach().sum(0) - 1, grad_q
 
 
@@ -62,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--edges", type=int, nargs="+", default=[10**4, 10**5, 10**6],
                         help="in-degrees E of the hub (default: 1e4 1e5 1e6)")
+    parser.add_argument("--triton-edges", type=int, nargs="*", default=[10**4],
+                        help="in-degrees at which the triton backend runs, in Triton's "
+                             "interpreter (default: 1e4; none: skip it)")
     parser.add_argument("--heads", type=int, default=2, help="H (default: 2)")
     parser.add_argument("--channels", type=int, default=8, help="C per head (default: 8)")
     parser.add_argument("--seed", type=int, default=0)
@@ -98,6 +138,16 @@ def main(argv: list[str] | None = None) -> int:
                          "out error": f"{relative(out32, out64):.1e}",
                          "abs(sum alpha - 1)": f"{drift.abs().max().item():.1e}",
                          "grad q error": f"{relative(grad32, grad64):.1e}"})
+        for hub in (True, False) if E in args.triton_edges else ():
+            single = triton_case(q, k, v, w, edge_index, hub=hub)
+            if single is None:
+                break
+            out64, _, grad64 = graphattn_case(q, k, v, w, edge_index, "reference",
+                                              torch.float64)
+            rows.append({"E": E, "method": TRITON_METHODS[hub],
+                         "out error": f"{relative(single[0], out64):.1e}",
+                         "abs(sum alpha - 1)": f"{single[1].abs().max().item():.1e}",
+                         "grad q error": f"{relative(single[2], grad64):.1e}"})
         out64, out32 = (pyg_case(q, k, v, edge_index, dt)
                         for dt in (torch.float64, torch.float32))
         rows.append({"E": E, "method": "PyG softmax + scatter",
@@ -105,8 +155,13 @@ def main(argv: list[str] | None = None) -> int:
                      "abs(sum alpha - 1)": "", "grad q error": ""})
     note = ("Relative errors of fp32 against float64 for the same method (`grad q`: the "
             "gradient of the one target's query). The `cpu` kernels sum a node's edges in "
-            "blocks of 128 added in float64; `reference` and PyG sum them one at a time "
-            "(`index_add_` / `scatter`); `dense` through SDPA's blocked products.")
+            "blocks of 128 added in float64; `triton` (its fused kernels, run in Triton's "
+            "CPU interpreter, against `reference` in float64) in tiles of `block_e` edges: "
+            f"with the hub launch (graphs of at least {HUB_EDGES} edges) {SUM_STEPS} tiles at "
+            "a time in fp32, the blocks added in float64, else in one fp32 sum over the tiles "
+            "(smaller graphs); `reference` and PyG "
+            "sum them one at a time (`index_add_` / `scatter`); `dense` through SDPA's "
+            "blocked products.")
     text = write_table("hub_precision", "fp32 accuracy at a hub of E in-edges", header, note,
                        rows, out=args.out)
     print(text)

@@ -26,11 +26,13 @@ with 65536 32-bit registers, 64 warps, 32 blocks and 228 KiB of shared memory pe
 figures from the compiler; times need the GPU (``benchmarks/gpu.py``).
 
 ``--blocks`` compiles the block-sparse kernels instead
-(:mod:`graphattn.functional.triton_blocks`).
+(:mod:`graphattn.functional.triton_blocks`); ``--hub`` the one-node kernels as they run the rows
+of many blocks on graphs of at least ``triton_kernels.HUB_EDGES`` edges, with their sums over a
+row's edges added in float64 every ``SUM_STEPS`` tiles (``HEAVY_ONLY``).
 
 Usage:
 
-    python benchmarks/triton_resources.py [--block-n N | --blocks]
+    python benchmarks/triton_resources.py [--block-n N | --blocks | --hub]
 """
 
 from __future__ import annotations
@@ -79,7 +81,7 @@ REGISTERS_PER_SM, MAX_WARPS, MAX_BLOCKS, SHARED_PER_SM = 65536, 64, 32, 233472
 def compile_kernels(heads: int, channels: int, score: str, dtype: str, *, features: bool,
                     score_channels: int | None = None, arch: int = 90,
                     one_edge_term: bool = False, block_n: int = 1,
-                    seeded_dropout: bool = True,
+                    seeded_dropout: bool = True, hub: bool = False,
                     ) -> tuple[tk.LaunchConfig, dict[str, dict[str, int | str]]]:
     """The three kernels compiled for ``sm_<arch>``: their launch config and, by kernel name,
     the resources of :func:`resource_usage`; with ``block_n > 1``, the row-block kernels
@@ -92,7 +94,9 @@ def compile_kernels(heads: int, channels: int, score: str, dtype: str, *, featur
     ``features``, dot or gatv2, ``score_channels == channels``): one tensor is both terms, and
     the target pass writes one gradient for both (``EV_IS_EK``). ``seeded_dropout`` (with
     ``features``): the dropout mask is drawn in the kernels from a seed, as ``edge_attention``
-    runs them, rather than read from an ``[E, H]`` tensor.
+    runs them, rather than read from an ``[E, H]`` tensor. ``hub``: the one-node kernels as
+    they run the rows of many blocks, their sums added in float64 every ``tk.SUM_STEPS`` tiles
+    (the other launches sum in fp32, ``SUM_STEPS=0``).
     """
     if one_edge_term and not (features and score != "additive"
                               and score_channels in (None, channels)):
@@ -113,7 +117,8 @@ def compile_kernels(heads: int, channels: int, score: str, dtype: str, *, featur
                      NEED_DATT=features and score == "gatv2", NEED_DEK=edge_key,
                      NEED_DEV=features and not one_edge_term, BLOCK_E=cfg.block_e,
                      BLOCK_H=cfg.block_h, BLOCK_C=cfg.block_c, BLOCK_CK=cfg.block_ck,
-                     EV_IS_EK=one_edge_term, BLOCK_N=block_n, HEAVY_ONLY=False)
+                     EV_IS_EK=one_edge_term, BLOCK_N=block_n, HEAVY_ONLY=hub,
+                     LIGHT_ONLY=False, SUM_STEPS=tk.SUM_STEPS if hub else 0)
     module = tk.kernels()
     usage = {}
     for name in KERNELS:
@@ -250,6 +255,9 @@ def main() -> None:
     parser.add_argument("--output", default=None,
                         help="default: results/triton_resources.md, or "
                              "results/triton_resources_rows<N>.md with --block-n N > 1")
+    parser.add_argument("--hub", action="store_true",
+                        help="the one-node kernels with float64 block sums, as they run the "
+                             "rows of many blocks, written to results/triton_resources_hub.md")
     parser.add_argument("--blocks", action="store_true",
                         help="the block-sparse kernels instead (launch_tiles(block_sparse=B)), "
                              "written to results/triton_resources_blocks.md")
@@ -259,7 +267,10 @@ def main() -> None:
         return
     if args.block_n < 1 or args.block_n & (args.block_n - 1):
         parser.error(f"--block-n must be a power of 2, got {args.block_n}")
-    name = ("triton_resources.md" if args.block_n == 1
+    if args.hub and args.block_n > 1:
+        parser.error(f"--hub compiles the one-node kernels, got --block-n {args.block_n}")
+    name = ("triton_resources_hub.md" if args.hub
+            else "triton_resources.md" if args.block_n == 1
             else f"triton_resources_rows{args.block_n}.md")
     args.output = args.output or str(Path(__file__).parent / "results" / name)
     command = "python " + " ".join(shlex.quote(a) for a in [
@@ -269,6 +280,9 @@ def main() -> None:
     if args.block_n > 1:
         header.append(f"the row-block kernels, {args.block_n} nodes per program, one edge of "
                       f"each per step (`launch_tiles(block_n={args.block_n})`)")
+    if args.hub:
+        header.append(f"the one-node kernels of the rows of many blocks: sums over a row's "
+                      f"edges added in float64 every {tk.SUM_STEPS} tiles")
     print("\n".join(header))
     table = ["| H | C | score | dtype | inputs | tile (E or nodes x H x C), warps | kernel "
              "| registers | shared B | spill stores / loads B | resident warps / 64 |",
@@ -279,7 +293,8 @@ def main() -> None:
             for dtype in ("fp32", "bf16"):
                 for features in (False, True):
                     cfg, usage = compile_kernels(heads, channels, score, dtype,
-                                                 features=features, block_n=args.block_n)
+                                                 features=features, block_n=args.block_n,
+                                                 hub=args.hub)
                     lanes = (f"{cfg.block_e}" if args.block_n == 1
                              else f"{cfg.block_n} nodes")
                     tile = (f"{lanes} x {cfg.block_h} x "

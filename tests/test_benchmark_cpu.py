@@ -273,7 +273,8 @@ def test_random_walk_pe_benchmark_fills_its_table(monkeypatch, tmp_path):
 
 def test_hub_precision_benchmark_fills_its_table(tmp_path):
     out = tmp_path / "hub.md"
-    assert hub_precision.main(["--edges", "300", "20000", "--out", str(out)]) == 0
+    assert hub_precision.main(["--edges", "300", "20000", "--triton-edges", "--out",
+                               str(out)]) == 0
     with open(out.with_suffix(".csv")) as f:
         rows = {(int(row["E"]), row["method"]): row for row in csv.DictReader(f)}
     methods = (*hub_precision.BACKENDS, "PyG softmax + scatter")
@@ -285,6 +286,21 @@ def test_hub_precision_benchmark_fills_its_table(tmp_path):
                                                       rel=0.5)
     assert all(0 <= e < 1e-3 for e in error.values())
     assert "| 20000 | cpu |" in out.read_text()
+
+
+def test_hub_precision_benchmark_runs_the_triton_backend(tmp_path, triton_interpreter):
+    """The triton rows, in Triton's interpreter: the fused kernels against the reference
+    backend in float64, on a hub small enough for the interpreter."""
+    out = tmp_path / "hub.md"
+    assert hub_precision.main(["--edges", "40", "300", "--triton-edges", "300",
+                               "--out", str(out)]) == 0
+    with open(out.with_suffix(".csv")) as f:
+        rows = {(int(row["E"]), row["method"]): row for row in csv.DictReader(f)}
+    for method in hub_precision.TRITON_METHODS.values():
+        assert (40, method) not in rows
+        for name in ("out error", "abs(sum alpha - 1)", "grad q error"):
+            assert 0 <= float(rows[300, method][name]) < 1e-5, (method, name, rows[300, method])
+        assert f"| 300 | {method} |" in out.read_text()
 
 
 def test_host_overhead_benchmark_fills_its_table(tmp_path):

@@ -6,17 +6,19 @@ interpreted (``TRITON_INTERPRET=1``), and the interpreter resolves helpers throu
 globals, so each mode needs its own copy of the module.
 
 Layout: in the one-node kernels (``forward_kernel``, ``backward_target_kernel``,
-``backward_source_kernel``) a program owns one node (grid axis 0) and ``BLOCK_H`` heads (grid
-axis 1); tiles are ``(BE, BH, BC)`` = (edges, heads, channels of v, ``C``) and
-``(BE, BH, BCK)`` (channels of q, k and att, ``CK``; 1 for the additive score, whose q and k are
-``[N, H]``), statistics ``(BH)``, all in fp32. In the row-block kernels (``*_rows_kernel``) a
-program owns ``BLOCK_N`` nodes and takes one edge of each per step: the tiles are
-``(BN, BH, BC)`` and ``(BN, BH, BCK)``, statistics ``(BN, BH)``, and nothing is summed across
-the lanes. The helpers take tiles of either kind, ``(BL, ...)``, BL lanes of edges. The
-score is the compile-time ``SCORE``, a value of ``SCORE_KINDS``: branches test ``ADDITIVE``
-and ``GATV2``, and dot is the remaining case. The per-edge terms ``edge_key``
-``[E, H, CK]`` and ``edge_value`` ``[E, H, C]`` (flags ``HAS_EK``, ``HAS_EV``) are read at the
-edge ids, in the same tiles as the keys and values of the sources they are added to.
+``backward_source_kernel``) a program owns one node (grid axis 0) and ``BLOCK_H`` heads (grid axis
+1); tiles are ``(BE, BH, BC)`` = (edges, heads, channels of v, ``C``) and ``(BE, BH, BCK)``
+(channels of q, k and att, ``CK``; 1 for the additive score, whose q and k are ``[N, H]``),
+statistics ``(BH)``, all in fp32; with ``SUM_STEPS > 0`` (the launch of the rows of many blocks,
+``triton_kernels.SUM_STEPS``) their sums over a row's edges run in fp32 over ``SUM_STEPS`` tiles at
+a time, and those block sums add in float64. In the row-block kernels (``*_rows_kernel``) a program
+owns ``BLOCK_N`` nodes and takes one edge of each per step: the tiles are ``(BN, BH, BC)`` and
+``(BN, BH, BCK)``, statistics ``(BN, BH)``, and nothing is summed across the lanes. The helpers take
+tiles of either kind, ``(BL, ...)``, BL lanes of edges. The score is the compile-time ``SCORE``, a
+value of ``SCORE_KINDS``: branches test ``ADDITIVE`` and ``GATV2``, and dot is the remaining case.
+The per-edge terms ``edge_key`` ``[E, H, CK]`` and ``edge_value`` ``[E, H, C]`` (flags ``HAS_EK``,
+``HAS_EV``) are read at the edge ids, in the same tiles as the keys and values of the sources they
+are added to.
 """
 
 import triton
@@ -27,6 +29,7 @@ from graphattn.functional.triton_kernels import SCORE_KINDS, interpret_mode
 
 ADDITIVE = tl.constexpr(SCORE_KINDS["additive"])
 GATV2 = tl.constexpr(SCORE_KINDS["gatv2"])
+
 
 
 def _for_this_mode(fn):
@@ -223,12 +226,15 @@ def _head_channels(offs_h, h_ok, C: tl.constexpr, CK: tl.constexpr, BLOCK_C: tl.
 
 
 @triton.jit
-def _one_row(order, rowptr, max_degree, offs_h, H: tl.constexpr, HEAVY_ONLY: tl.constexpr):
+def _one_row(order, rowptr, max_degree, offs_h, H: tl.constexpr, HEAVY_ONLY: tl.constexpr,
+             LIGHT_ONLY: tl.constexpr):
     """The row of a program of the one-row kernels, the positions ``[start, end)`` of its
     edges and the heads ``(BH)`` it reads and writes. The row is ``program_id(0)``; with
     ``HEAVY_ONLY``, the ``program_id(0)``-th row of the degree ``order``, handled only when
-    its degree exceeds ``max_degree`` (the rows the row-block kernels leave out), else given
-    no edge and no head: nothing is read or written."""
+    its degree exceeds ``max_degree`` (the rows the row-block kernels, or the launch with
+    ``LIGHT_ONLY``, leave out), else given no edge and no head: nothing is read or written.
+    With ``LIGHT_ONLY``, row ``program_id(0)`` only when its degree is at most
+    ``max_degree``."""
     pid = tl.program_id(0).to(tl.int64)
     if HEAVY_ONLY:
         row = tl.load(order + pid).to(tl.int64)
@@ -244,6 +250,10 @@ def _one_row(order, rowptr, max_degree, offs_h, H: tl.constexpr, HEAVY_ONLY: tl.
         heavy = end - start > max_degree
         end = tl.where(heavy, end, start)
         h_ok = tl.where(heavy, h_ok, False)
+    if LIGHT_ONLY:
+        light = end - start <= max_degree
+        end = tl.where(light, end, start)
+        h_ok = tl.where(light, h_ok, False)
     return row, start, end, h_ok
 
 
@@ -311,37 +321,18 @@ def _weights_and_stats(l_sum, m):
 
 
 @triton.jit
-def forward_kernel(q, k, v, bias, att, drop, edge_key, edge_value, rowptr, col, eid, order,
-                   num_rows, max_degree, out, lse, scores, scale, slope,
-                   H: tl.constexpr, C: tl.constexpr, CK: tl.constexpr,
-                   SCORE: tl.constexpr,
+def _forward_steps(lo, hi, m, l_sum, acc, q_i, k, v, bias, att_h, drop, edge_key, edge_value,
+                   col, eid, scores, offs_h, hc, hck, h_ok, hc_ok, hck_ok, scale, slope,
+                   H: tl.constexpr, C: tl.constexpr, CK: tl.constexpr, SCORE: tl.constexpr,
                    HAS_BIAS: tl.constexpr, HAS_DROP: tl.constexpr, HAS_EK: tl.constexpr,
-                   HAS_EV: tl.constexpr, NEED_SCORES: tl.constexpr,
-                   BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr,
-                   BLOCK_CK: tl.constexpr, HEAVY_ONLY: tl.constexpr = False):
-    """Grid (N_dst, head blocks), or with ``HEAVY_ONLY`` (rows of the degree ``order`` above
-    ``max_degree``; see :func:`_one_row`), head blocks). Online softmax over the incoming edges
-    of one target (CSR ``rowptr``, ``col`` = sources, ``eid`` = edge ids), ``BLOCK_E`` at a
-    time, with the key k_j + ek_e and the value v_j + ev_e of each edge when ``HAS_EK``,
-    ``HAS_EV``; writes ``out`` ``[N_dst, H, C]``, the softmax statistics ``lse``
-    ``[N_dst, H, 2]`` (fp32: the row maximum m, +inf on a row without weight and NaN on a row
-    with a NaN or +inf score, and log l, 0 on a row without weight), and the scores ``[E, H]``
-    when ``NEED_SCORES``. ``num_rows`` is read by the row-block kernel only."""
-    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)  # (BH)
-    row, start, end, h_ok = _one_row(order, rowptr, max_degree, offs_h, H, HEAVY_ONLY)
-    hc, hc_ok, hck, hck_ok = _head_channels(offs_h, h_ok, C, CK, BLOCK_C, BLOCK_CK)
-    this_row = tl.full([1], 0, tl.int64) + row  # (1)
-    q_i = _score_operand(q, this_row, offs_h, hck, h_ok[None, :], hck_ok[None, :, :], H,
-                         CK, SCORE)  # (1, BH) or (1, BH, BCK)
-    att_h = _attention_vector(att, hck, hck_ok, SCORE)  # (BH, BCK)
-
-    m = tl.full([BLOCK_H], float("-inf"), tl.float32)
-    l_sum = tl.full([BLOCK_H], 0, tl.float32)
-    acc = tl.full([BLOCK_H, BLOCK_C], 0, tl.float32)
-    for e0 in range(start, end, BLOCK_E):
+                   HAS_EV: tl.constexpr, NEED_SCORES: tl.constexpr, BLOCK_E: tl.constexpr):
+    """The online softmax of the forward over the CSR positions ``[lo, hi)``, ``BLOCK_E`` at a
+    time, from the running maximum ``m``, sum ``l_sum`` ``(BH)`` and accumulator ``acc``
+    ``(BH, BC)`` (fp32, taken at m); returns them updated."""
+    for e0 in range(lo, hi, BLOCK_E):
         offs_e = e0 + tl.arange(0, BLOCK_E)  # (BE)
         s, d, v_e = _forward_tile(q_i, k, v, bias, att_h, drop, edge_key, edge_value, col,
-                                  eid, scores, offs_e, offs_e < end, offs_h, hc, hck, h_ok,
+                                  eid, scores, offs_e, offs_e < hi, offs_h, hc, hck, h_ok,
                                   hc_ok, hck_ok, scale, slope, H, C, CK, SCORE, HAS_BIAS,
                                   HAS_DROP, HAS_EK, HAS_EV, NEED_SCORES)
         m_new = tl.maximum(m, _max(s, axis=0))
@@ -353,10 +344,70 @@ def forward_kernel(q, k, v, bias, att, drop, edge_key, edge_value, rowptr, col, 
             p = p * d
         acc = acc * rescale[:, None] + _sum(p[:, :, None] * v_e, axis=0)
         m = m_new
+    return m, l_sum, acc
 
-    l_safe, m_out, log_l = _weights_and_stats(l_sum, m)
-    tl.store(out + row * (H * C) + hc, (acc / l_safe[:, None]).to(out.dtype.element_ty),
-             mask=hc_ok)
+
+@triton.jit
+def forward_kernel(q, k, v, bias, att, drop, edge_key, edge_value, rowptr, col, eid, order,
+                   num_rows, max_degree, out, lse, scores, scale, slope,
+                   H: tl.constexpr, C: tl.constexpr, CK: tl.constexpr,
+                   SCORE: tl.constexpr,
+                   HAS_BIAS: tl.constexpr, HAS_DROP: tl.constexpr, HAS_EK: tl.constexpr,
+                   HAS_EV: tl.constexpr, NEED_SCORES: tl.constexpr,
+                   BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr,
+                   BLOCK_CK: tl.constexpr, SUM_STEPS: tl.constexpr,
+                   HEAVY_ONLY: tl.constexpr = False,
+                   LIGHT_ONLY: tl.constexpr = False):
+    """Grid (N_dst, head blocks), or with ``HEAVY_ONLY`` (rows of the degree ``order`` above
+    ``max_degree``; see :func:`_one_row`), head blocks). Online softmax over the incoming edges
+    of one target (CSR ``rowptr``, ``col`` = sources, ``eid`` = edge ids), ``BLOCK_E`` at a
+    time (with ``SUM_STEPS > 0``, the sums in float64 every ``SUM_STEPS`` tiles, shifted to
+    the row's maximum so far; ``LIGHT_ONLY``: see :func:`_one_row`), with the key k_j + ek_e
+    and the value v_j + ev_e of each edge when ``HAS_EK``, ``HAS_EV``; writes ``out``
+    ``[N_dst, H, C]``, the softmax statistics ``lse``
+    ``[N_dst, H, 2]`` (fp32: the row maximum m, +inf on a row without weight and NaN on a row
+    with a NaN or +inf score, and log l, 0 on a row without weight), and the scores ``[E, H]``
+    when ``NEED_SCORES``. ``num_rows`` is read by the row-block kernel only."""
+    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)  # (BH)
+    row, start, end, h_ok = _one_row(order, rowptr, max_degree, offs_h, H, HEAVY_ONLY,
+                                     LIGHT_ONLY)
+    hc, hc_ok, hck, hck_ok = _head_channels(offs_h, h_ok, C, CK, BLOCK_C, BLOCK_CK)
+    this_row = tl.full([1], 0, tl.int64) + row  # (1)
+    q_i = _score_operand(q, this_row, offs_h, hck, h_ok[None, :], hck_ok[None, :, :], H,
+                         CK, SCORE)  # (1, BH) or (1, BH, BCK)
+    att_h = _attention_vector(att, hck, hck_ok, SCORE)  # (BH, BCK)
+
+    m = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    if SUM_STEPS > 0:  # rows of many blocks: the block sums in float64
+        m_sums = tl.full([BLOCK_H], float("-inf"), tl.float32)  # the maximum of the block sums
+        l_sums = tl.full([BLOCK_H], 0, tl.float64)
+        acc_sums = tl.full([BLOCK_H, BLOCK_C], 0, tl.float64)
+        for b0 in range(start, end, SUM_STEPS * BLOCK_E):
+            m, l_sum, acc = _forward_steps(
+                b0, tl.minimum(b0 + SUM_STEPS * BLOCK_E, end), m,
+                tl.full([BLOCK_H], 0, tl.float32), tl.full([BLOCK_H, BLOCK_C], 0, tl.float32),
+                q_i, k, v, bias, att_h, drop, edge_key, edge_value, col, eid, scores, offs_h,
+                hc, hck, h_ok, hc_ok, hck_ok, scale, slope, H, C, CK, SCORE, HAS_BIAS,
+                HAS_DROP, HAS_EK, HAS_EV, NEED_SCORES, BLOCK_E)
+            # the float64 sums, taken at the maximum m_sums <= m: shifted to m, the block added
+            shift = tl.exp(m_sums - tl.where(m == float("-inf"), 0.0, m)).to(tl.float64)
+            l_sums = l_sums * shift + l_sum.to(tl.float64)
+            acc_sums = acc_sums * shift[:, None] + acc.to(tl.float64)
+            m_sums = m
+        l_safe, m_out, log_l = _weights_and_stats(l_sums, m_sums)
+        out_i = (acc_sums / l_safe[:, None]).to(tl.float32)
+        m_out = m_out.to(tl.float32)
+        log_l = log_l.to(tl.float32)
+    else:
+        m, l_sum, acc = _forward_steps(
+            start, end, m, tl.full([BLOCK_H], 0, tl.float32),
+            tl.full([BLOCK_H, BLOCK_C], 0, tl.float32), q_i, k, v, bias, att_h, drop,
+            edge_key, edge_value, col, eid, scores, offs_h, hc, hck, h_ok, hc_ok, hck_ok, scale,
+            slope, H, C, CK, SCORE, HAS_BIAS, HAS_DROP, HAS_EK, HAS_EV, NEED_SCORES, BLOCK_E)
+        l_safe, m_out, log_l = _weights_and_stats(l_sum, m)
+        out_i = acc / l_safe[:, None]
+
+    tl.store(out + row * (H * C) + hc, out_i.to(out.dtype.element_ty), mask=hc_ok)
     at = row * H + offs_h  # (BH): the (target, head) pairs of lse
     tl.store(lse + at * 2, m_out, mask=h_ok)
     tl.store(lse + at * 2 + 1, log_l, mask=h_ok)
@@ -495,6 +546,47 @@ def _target_tile(q_i, do_i, delta_i, m_i, log_l_i, k, v, bias, att_h, drop, edge
 
 
 @triton.jit
+def _delta_steps(lo, hi, delta_i, q_i, m_i, log_l_i, k, bias, att_h, edge_key, dalpha, col,
+                 eid, offs_h, hck, h_ok, hck_ok, scale, slope, H: tl.constexpr,
+                 CK: tl.constexpr, SCORE: tl.constexpr, HAS_BIAS: tl.constexpr,
+                 HAS_EK: tl.constexpr, BLOCK_E: tl.constexpr):
+    """``delta_i`` ``(1, BH)`` plus the weights' terms ``alpha_e * dalpha_e`` of the edges at
+    the CSR positions ``[lo, hi)``, ``BLOCK_E`` at a time."""
+    for e0 in range(lo, hi, BLOCK_E):
+        offs_e = e0 + tl.arange(0, BLOCK_E)  # (BE)
+        delta_i += _sum(_alpha_dalpha(q_i, m_i, log_l_i, k, bias, att_h, edge_key, dalpha, col,
+                                      eid, offs_e, offs_e < hi, offs_h, hck, h_ok, hck_ok,
+                                      scale, slope, H, CK, SCORE, HAS_BIAS, HAS_EK),
+                        axis=0)[None, :]
+    return delta_i
+
+
+@triton.jit
+def _target_steps(lo, hi, dq_i, datt_i, q_i, do_i, delta_i, m_i, log_l_i, k, v, bias, att_h,
+                  drop, edge_key, edge_value, dalpha, dbias, dedge_key, dedge_value, col, eid,
+                  offs_h, hc, hck, h_ok, hc_ok, hck_ok, scale, slope, H: tl.constexpr,
+                  C: tl.constexpr, CK: tl.constexpr, SCORE: tl.constexpr,
+                  HAS_BIAS: tl.constexpr, HAS_DROP: tl.constexpr, HAS_EK: tl.constexpr,
+                  HAS_EV: tl.constexpr, HAS_DALPHA: tl.constexpr, NEED_DBIAS: tl.constexpr,
+                  NEED_DATT: tl.constexpr, NEED_DEK: tl.constexpr, NEED_DEV: tl.constexpr,
+                  EV_IS_EK: tl.constexpr, BLOCK_E: tl.constexpr):
+    """The target pass over the CSR positions ``[lo, hi)``, ``BLOCK_E`` at a time: writes the
+    per-edge gradients asked for and returns ``dq_i`` and ``datt_i`` with the edges' terms
+    added."""
+    for e0 in range(lo, hi, BLOCK_E):
+        offs_e = e0 + tl.arange(0, BLOCK_E)  # (BE)
+        dq_terms, datt_terms = _target_tile(
+            q_i, do_i, delta_i, m_i, log_l_i, k, v, bias, att_h, drop, edge_key, edge_value,
+            dalpha, dbias, dedge_key, dedge_value, col, eid, offs_e, offs_e < hi, offs_h, hc,
+            hck, h_ok, hc_ok, hck_ok, scale, slope, H, C, CK, SCORE, HAS_BIAS, HAS_DROP,
+            HAS_EK, HAS_EV, HAS_DALPHA, NEED_DBIAS, NEED_DATT, NEED_DEK, NEED_DEV, EV_IS_EK)
+        dq_i += _sum(dq_terms, axis=0)
+        if NEED_DATT:
+            datt_i += _sum(datt_terms, axis=0)
+    return dq_i, datt_i
+
+
+@triton.jit
 def backward_target_kernel(q, k, v, bias, att, drop, edge_key, edge_value, out, dout, lse,
                            dalpha, rowptr, col, eid, order, num_rows, max_degree, dq, dbias,
                            datt_rows, dedge_key, dedge_value, delta, scale, slope,
@@ -506,8 +598,10 @@ def backward_target_kernel(q, k, v, bias, att, drop, edge_key, edge_value, out, 
                            NEED_DATT: tl.constexpr, NEED_DEK: tl.constexpr,
                            NEED_DEV: tl.constexpr, BLOCK_E: tl.constexpr,
                            BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr,
-                           BLOCK_CK: tl.constexpr, EV_IS_EK: tl.constexpr = False,
-                           HEAVY_ONLY: tl.constexpr = False):
+                           BLOCK_CK: tl.constexpr, SUM_STEPS: tl.constexpr,
+                           EV_IS_EK: tl.constexpr = False,
+                           HEAVY_ONLY: tl.constexpr = False,
+                           LIGHT_ONLY: tl.constexpr = False):
     """Grid (N_dst, head blocks), or with ``HEAVY_ONLY`` as :func:`forward_kernel`. Over the
     incoming edges of one target: writes ``delta`` ``[N_dst, H]`` (dout . out, plus sum
     alpha * dalpha), ``dq``, when ``NEED_DATT`` (gatv2) the target's share ``datt_rows[i]``
@@ -517,7 +611,8 @@ def backward_target_kernel(q, k, v, bias, att, drop, edge_key, edge_value, out, 
     both terms (``CK == C``), and ``dedge_key`` gets the sum of both gradients (``NEED_DEV``
     off)."""
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)  # (BH)
-    row, start, end, h_ok = _one_row(order, rowptr, max_degree, offs_h, H, HEAVY_ONLY)
+    row, start, end, h_ok = _one_row(order, rowptr, max_degree, offs_h, H, HEAVY_ONLY,
+                                     LIGHT_ONLY)
     hc, hc_ok, hck, hck_ok = _head_channels(offs_h, h_ok, C, CK, BLOCK_C, BLOCK_CK)
     this_row = tl.full([1], 0, tl.int64) + row  # (1)
     q_i = _score_operand(q, this_row, offs_h, hck, h_ok[None, :], hck_ok[None, :, :], H,
@@ -528,12 +623,19 @@ def backward_target_kernel(q, k, v, bias, att, drop, edge_key, edge_value, out, 
     m_i, log_l_i = _softmax_stats(lse, row * H + offs_h[None, :], h_ok[None, :])  # (1, BH)
     delta_i = _sum(do_i * o_i, axis=2)  # (1, BH)
     if HAS_DALPHA:
-        for e0 in range(start, end, BLOCK_E):
-            offs_e = e0 + tl.arange(0, BLOCK_E)  # (BE)
-            delta_i += _sum(_alpha_dalpha(q_i, m_i, log_l_i, k, bias, att_h, edge_key,
-                                          dalpha, col, eid, offs_e, offs_e < end, offs_h, hck,
-                                          h_ok, hck_ok, scale, slope, H, CK, SCORE, HAS_BIAS,
-                                          HAS_EK), axis=0)[None, :]
+        if SUM_STEPS > 0:  # rows of many blocks: the block sums in float64
+            delta_sums = delta_i.to(tl.float64)
+            for b0 in range(start, end, SUM_STEPS * BLOCK_E):
+                delta_sums += _delta_steps(
+                    b0, tl.minimum(b0 + SUM_STEPS * BLOCK_E, end),
+                    tl.full([1, BLOCK_H], 0, tl.float32), q_i, m_i, log_l_i, k, bias, att_h,
+                    edge_key, dalpha, col, eid, offs_h, hck, h_ok, hck_ok, scale, slope, H,
+                    CK, SCORE, HAS_BIAS, HAS_EK, BLOCK_E).to(tl.float64)
+            delta_i = delta_sums.to(tl.float32)
+        else:
+            delta_i = _delta_steps(start, end, delta_i, q_i, m_i, log_l_i, k, bias, att_h,
+                                   edge_key, dalpha, col, eid, offs_h, hck, h_ok, hck_ok, scale,
+                                   slope, H, CK, SCORE, HAS_BIAS, HAS_EK, BLOCK_E)
     tl.store(delta + row * H + offs_h[None, :], delta_i, mask=h_ok[None, :])
 
     if SCORE == ADDITIVE:
@@ -541,16 +643,28 @@ def backward_target_kernel(q, k, v, bias, att, drop, edge_key, edge_value, out, 
     else:
         dq_i = tl.full([BLOCK_H, BLOCK_CK], 0, tl.float32)
     datt_i = tl.full([BLOCK_H, BLOCK_CK], 0, tl.float32)
-    for e0 in range(start, end, BLOCK_E):
-        offs_e = e0 + tl.arange(0, BLOCK_E)  # (BE)
-        dq_terms, datt_terms = _target_tile(
-            q_i, do_i, delta_i, m_i, log_l_i, k, v, bias, att_h, drop, edge_key, edge_value,
-            dalpha, dbias, dedge_key, dedge_value, col, eid, offs_e, offs_e < end, offs_h, hc,
-            hck, h_ok, hc_ok, hck_ok, scale, slope, H, C, CK, SCORE, HAS_BIAS, HAS_DROP,
-            HAS_EK, HAS_EV, HAS_DALPHA, NEED_DBIAS, NEED_DATT, NEED_DEK, NEED_DEV, EV_IS_EK)
-        dq_i += _sum(dq_terms, axis=0)
-        if NEED_DATT:
-            datt_i += _sum(datt_terms, axis=0)
+    if SUM_STEPS > 0:  # rows of many blocks: the block sums in float64
+        dq_sums = dq_i.to(tl.float64)
+        datt_sums = datt_i.to(tl.float64)
+        for b0 in range(start, end, SUM_STEPS * BLOCK_E):
+            dq_block, datt_block = _target_steps(
+                b0, tl.minimum(b0 + SUM_STEPS * BLOCK_E, end), dq_i * 0.0, datt_i * 0.0, q_i,
+                do_i, delta_i, m_i, log_l_i, k, v, bias, att_h, drop, edge_key, edge_value,
+                dalpha, dbias, dedge_key, dedge_value, col, eid, offs_h, hc, hck, h_ok, hc_ok,
+                hck_ok, scale, slope, H, C, CK, SCORE, HAS_BIAS, HAS_DROP, HAS_EK, HAS_EV,
+                HAS_DALPHA, NEED_DBIAS, NEED_DATT, NEED_DEK, NEED_DEV, EV_IS_EK, BLOCK_E)
+            dq_sums += dq_block.to(tl.float64)
+            if NEED_DATT:
+                datt_sums += datt_block.to(tl.float64)
+        dq_i = dq_sums.to(tl.float32)
+        datt_i = datt_sums.to(tl.float32)
+    else:
+        dq_i, datt_i = _target_steps(
+            start, end, dq_i, datt_i, q_i, do_i, delta_i, m_i, log_l_i, k, v, bias, att_h,
+            drop, edge_key, edge_value, dalpha, dbias, dedge_key, dedge_value, col, eid, offs_h,
+            hc, hck, h_ok, hc_ok, hck_ok, scale, slope, H, C, CK, SCORE, HAS_BIAS, HAS_DROP,
+            HAS_EK, HAS_EV, HAS_DALPHA, NEED_DBIAS, NEED_DATT, NEED_DEK, NEED_DEV, EV_IS_EK,
+            BLOCK_E)
     if SCORE == ADDITIVE:
         tl.store(dq + row * H + offs_h, dq_i.to(dq.dtype.element_ty), mask=h_ok)
     else:
@@ -663,6 +777,26 @@ def _source_tile(k_j, v_j, q, bias, att_h, drop, edge_key, edge_value, dout, lse
 
 
 @triton.jit
+def _source_steps(lo, hi, dk_j, dv_j, k_j, v_j, q, bias, att_h, drop, edge_key, edge_value,
+                  dout, lse, delta, dalpha, row_t, eid_t, offs_h, hc, hck, h_ok, hc_ok, hck_ok,
+                  scale, slope, H: tl.constexpr, C: tl.constexpr, CK: tl.constexpr,
+                  SCORE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_DROP: tl.constexpr,
+                  HAS_EK: tl.constexpr, HAS_EV: tl.constexpr, HAS_DALPHA: tl.constexpr,
+                  BLOCK_E: tl.constexpr):
+    """The source pass over the transposed-CSR positions ``[lo, hi)``, ``BLOCK_E`` at a time:
+    ``dk_j`` and ``dv_j`` with the edges' terms added."""
+    for e0 in range(lo, hi, BLOCK_E):
+        offs_e = e0 + tl.arange(0, BLOCK_E)  # (BE)
+        dk_terms, dv_terms = _source_tile(
+            k_j, v_j, q, bias, att_h, drop, edge_key, edge_value, dout, lse, delta, dalpha,
+            row_t, eid_t, offs_e, offs_e < hi, offs_h, hc, hck, h_ok, hc_ok, hck_ok, scale,
+            slope, H, C, CK, SCORE, HAS_BIAS, HAS_DROP, HAS_EK, HAS_EV, HAS_DALPHA)
+        dk_j += _sum(dk_terms, axis=0)
+        dv_j += _sum(dv_terms, axis=0)
+    return dk_j, dv_j
+
+
+@triton.jit
 def backward_source_kernel(q, k, v, bias, att, drop, edge_key, edge_value, dout, lse, delta,
                            dalpha, colptr, row_t, eid_t, order, num_rows, max_degree, dk, dv,
                            scale, slope,
@@ -673,7 +807,9 @@ def backward_source_kernel(q, k, v, bias, att, drop, edge_key, edge_value, dout,
                            HAS_DALPHA: tl.constexpr,
                            BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
                            BLOCK_C: tl.constexpr, BLOCK_CK: tl.constexpr,
-                           HEAVY_ONLY: tl.constexpr = False):
+                           SUM_STEPS: tl.constexpr,
+                           HEAVY_ONLY: tl.constexpr = False,
+                           LIGHT_ONLY: tl.constexpr = False):
     """Grid (N_src, head blocks), or with ``HEAVY_ONLY`` as :func:`forward_kernel` over the
     source ``order``. Over the outgoing edges of one source (transposed CSR ``colptr``,
     ``row_t`` = targets, ``eid_t`` = edge ids): writes ``dk`` and ``dv``. The per-edge terms
@@ -681,7 +817,8 @@ def backward_source_kernel(q, k, v, bias, att, drop, edge_key, edge_value, dout,
     value of the edge, and ek_e changes dk_j only through LeakyReLU'(q_i + k_j + ek_e) of
     gatv2."""
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)  # (BH)
-    node, start, end, h_ok = _one_row(order, colptr, max_degree, offs_h, H, HEAVY_ONLY)
+    node, start, end, h_ok = _one_row(order, colptr, max_degree, offs_h, H, HEAVY_ONLY,
+                                      LIGHT_ONLY)
     hc, hc_ok, hck, hck_ok = _head_channels(offs_h, h_ok, C, CK, BLOCK_C, BLOCK_CK)
     this_node = tl.full([1], 0, tl.int64) + node  # (1)
     k_j = _score_operand(k, this_node, offs_h, hck, h_ok[None, :], hck_ok[None, :, :], H,
@@ -694,14 +831,25 @@ def backward_source_kernel(q, k, v, bias, att, drop, edge_key, edge_value, dout,
     else:
         dk_j = tl.full([BLOCK_H, BLOCK_CK], 0, tl.float32)
     dv_j = tl.full([BLOCK_H, BLOCK_C], 0, tl.float32)
-    for e0 in range(start, end, BLOCK_E):
-        offs_e = e0 + tl.arange(0, BLOCK_E)  # (BE)
-        dk_terms, dv_terms = _source_tile(
-            k_j, v_j, q, bias, att_h, drop, edge_key, edge_value, dout, lse, delta, dalpha,
-            row_t, eid_t, offs_e, offs_e < end, offs_h, hc, hck, h_ok, hc_ok, hck_ok, scale,
-            slope, H, C, CK, SCORE, HAS_BIAS, HAS_DROP, HAS_EK, HAS_EV, HAS_DALPHA)
-        dk_j += _sum(dk_terms, axis=0)
-        dv_j += _sum(dv_terms, axis=0)
+    if SUM_STEPS > 0:  # rows of many blocks: the block sums in float64
+        dk_sums = dk_j.to(tl.float64)
+        dv_sums = dv_j.to(tl.float64)
+        for b0 in range(start, end, SUM_STEPS * BLOCK_E):
+            dk_block, dv_block = _source_steps(
+                b0, tl.minimum(b0 + SUM_STEPS * BLOCK_E, end), dk_j * 0.0, dv_j * 0.0, k_j,
+                v_j, q, bias, att_h, drop, edge_key, edge_value, dout, lse, delta, dalpha,
+                row_t, eid_t, offs_h, hc, hck, h_ok, hc_ok, hck_ok, scale, slope, H, C, CK,
+                SCORE, HAS_BIAS, HAS_DROP, HAS_EK, HAS_EV, HAS_DALPHA, BLOCK_E)
+            dk_sums += dk_block.to(tl.float64)
+            dv_sums += dv_block.to(tl.float64)
+        dk_j = dk_sums.to(tl.float32)
+        dv_j = dv_sums.to(tl.float32)
+    else:
+        dk_j, dv_j = _source_steps(start, end, dk_j, dv_j, k_j, v_j, q, bias, att_h, drop,
+                                   edge_key, edge_value, dout, lse, delta, dalpha, row_t, eid_t,
+                                   offs_h, hc, hck, h_ok, hc_ok, hck_ok, scale, slope, H, C, CK,
+                                   SCORE, HAS_BIAS, HAS_DROP, HAS_EK, HAS_EV, HAS_DALPHA,
+                                   BLOCK_E)
     if SCORE == ADDITIVE:
         tl.store(dk + node * H + offs_h, dk_j.to(dk.dtype.element_ty), mask=h_ok)
     else:

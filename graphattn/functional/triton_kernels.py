@@ -35,7 +35,13 @@ registers, as a ``(BLOCK_E, BLOCK_H, BLOCK_C)`` tile). It writes
 :math:`\mathrm{out}_i = a / \ell` ``[N_dst, H, C]`` and the softmax statistics
 ``lse`` ``[N_dst, H, 2]``, :math:`(m_i, \log \ell_i)`, all in fp32 (out is returned in the
 dtype of v; the fp32 copy is what backward reads, so half-precision rounding of out does not
-enter the gradients). Every weight is recomputed from them as
+enter the gradients). On a graph of at least ``HUB_EDGES`` edges, the rows of more than
+``SUM_STEPS`` tiles of edges (hubs) run in a launch of their own, whose sums over a row's edges
+(:math:`a` and :math:`\ell` here, shifted to the row's running maximum at each block, and
+those of backward over a target's or a source's edges) run in fp32 over ``SUM_STEPS`` tiles at
+a time and add those block sums in float64: the rounding of a hub of :math:`10^4` in-edges
+stays that of a row of one block (``benchmarks/hub_precision.py``). Every weight is recomputed
+from them as
 
 .. math::
     \alpha_e = e^{(s_e - m_i) - \log \ell_i},
@@ -486,21 +492,53 @@ def _launch_over_rows(name: str, csr: CSR, cfg: LaunchConfig, heads: int, before
     if num_rows == 0:
         return
     module = kernels()
-    args = (*before, csr.ptr, csr.other, csr.edge_id, csr.order, num_rows, cfg.heavy_degree,
-            *after)
     head_blocks = -(-heads // cfg.block_h)
     tiles = dict(BLOCK_H=cfg.block_h, BLOCK_C=cfg.block_c, BLOCK_CK=cfg.block_ck,
                  num_warps=cfg.num_warps)
+    # float64 block sums (SUM_STEPS) only in a launch of the rows of many blocks, on graphs
+    # large enough to hold such rows: the other launches keep the registers of one fp32 sum
+    sums = SUM_STEPS if num_edges >= HUB_EDGES else 0
+
+    def launch(kernel, programs: int, max_degree: int, **variant) -> None:
+        kernel[(programs, head_blocks)](*before, csr.ptr, csr.other, csr.edge_id, csr.order,
+                                        num_rows, max_degree, *after, **tiles, **variant,
+                                        **flags)
+
     one_row = getattr(module, name)
     if cfg.block_n == 1:
-        one_row[(num_rows, head_blocks)](*args, BLOCK_E=cfg.block_e, **tiles, **flags)
+        hub_degree = SUM_STEPS * cfg.block_e  # the edges of one block
+        hubs = min(num_rows, num_edges // (hub_degree + 1)) if sums else 0
+        if hubs == 0:
+            launch(one_row, num_rows, hub_degree, BLOCK_E=cfg.block_e, SUM_STEPS=0)
+            return
+        launch(one_row, num_rows, hub_degree, BLOCK_E=cfg.block_e, SUM_STEPS=0,
+               LIGHT_ONLY=True)
+        launch(one_row, hubs, hub_degree, BLOCK_E=cfg.block_e, SUM_STEPS=sums,
+               HEAVY_ONLY=True)
         return
     heavy = min(num_rows, num_edges // (cfg.heavy_degree + 1))
     if heavy > 0:
-        one_row[(heavy, head_blocks)](*args, BLOCK_E=cfg.block_e, HEAVY_ONLY=True, **tiles,
-                                      **flags)
-    getattr(module, ROW_BLOCK_KERNELS[name])[(-(-num_rows // cfg.block_n), head_blocks)](
-        *args, BLOCK_N=cfg.block_n, **tiles, **flags)
+        launch(one_row, heavy, cfg.heavy_degree, BLOCK_E=cfg.block_e, SUM_STEPS=sums,
+               HEAVY_ONLY=True)
+    launch(getattr(module, ROW_BLOCK_KERNELS[name]), -(-num_rows // cfg.block_n),
+           cfg.heavy_degree, BLOCK_N=cfg.block_n)
+
+
+# The one-node kernels can sum a row's edges (forward: the output and the softmax sum; target
+# pass: dq, d att and the weights' share of delta; source pass: dk and dv) SUM_STEPS tiles of
+# block_e edges at a time in fp32 and add those block sums in float64, as the cpu backend adds
+# blocks of its SUM_BLOCK edges: a hub's sums then round like those of a row of SUM_STEPS tiles
+# plus one float64 add per block, where one fp32 sum over all of its tiles drifts with its
+# degree (benchmarks/hub_precision.py). The float64 sums cost registers (sm_90, 4 heads of 32
+# channels, fp32: 64 a thread in the forward kernel instead of 48, 122 in the source pass
+# instead of 80; benchmarks/triton_resources.py --hub), so they run in a launch of their own:
+# on a graph of at least HUB_EDGES edges, the rows of more than one block (SUM_STEPS * block_e
+# edges, 512 and more) take a program each in a second launch of the one-node kernel, as the
+# row-block kernels leave their heavy rows, and the first launch leaves them out. Smaller
+# graphs, and rows of one block, keep one fp32 sum and one launch per pass. The row-block
+# kernels' rows (at most heavy_degree edges) and the block-sparse kernels sum in fp32.
+SUM_STEPS = 32
+HUB_EDGES = 2**16
 
 
 SEEDED_MASK_BLOCK = 1024  # mask entries per program of seeded_mask_kernel

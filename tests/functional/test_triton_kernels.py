@@ -155,6 +155,104 @@ def test_degree_200_row(interpreter, triton_tiles, score):
     check_against_reference(inputs, ei, score=score, scale=2.0)
 
 
+@pytest.fixture
+def small_sum_blocks(monkeypatch):
+    """Rows of more than ``block_e * SUM_STEPS`` = 4 edges (1 edge with
+    ``one_edge_sum_blocks``) take the launch of the rows of many blocks, whose float64 sums
+    add a block every 4 edges, on graphs of any size (``HUB_EDGES``)."""
+    monkeypatch.setattr(tk, "SUM_STEPS", 1)
+    monkeypatch.setattr(tk, "HUB_EDGES", 0)
+    with tk.launch_tiles(block_e=4):
+        yield
+
+
+@pytest.fixture
+def one_edge_sum_blocks(monkeypatch):
+    monkeypatch.setattr(tk, "SUM_STEPS", 1)
+    monkeypatch.setattr(tk, "HUB_EDGES", 0)
+    with tk.launch_tiles(block_e=1):
+        yield
+
+
+@needs_triton
+@pytest.mark.parametrize("score", attention.SCORES)
+def test_rows_of_many_sum_blocks_match_reference(interpreter, small_sum_blocks, score):
+    """Target 0's 200 in-edges in 50 blocks of the float64 sums: its first 10 edges masked
+    (blocks with no weight, the row maximum still -inf), then ordinary scores, then one edge
+    whose score jumps by 30 (the sums of the blocks before it shift to the new maximum); the
+    sources' out-edges (5 each) span two blocks. With seeded dropout, through both passes of
+    backward and the weights' gradient (delta's blocked sum)."""
+    ei = star_graph(200)
+    inputs = attention_inputs(40, 40, ei.size(1), 2, 8, score=score, seed=3)
+    with torch.no_grad():
+        inputs["bias"][:10] = float("-inf")
+        inputs["bias"][150] += 30.0
+    check_against_reference(inputs, ei, score=score, scale=0.5)
+    torch.manual_seed(5)
+    mask = seeded_mask_parameters(0.3, device=DEVICE)
+    check_against_reference(inputs, ei, score=score, scale=0.5, dropout_mask=mask)
+
+
+@needs_triton
+@pytest.mark.parametrize("score", attention.SCORES)
+def test_every_edge_its_own_sum_block(interpreter, one_edge_sum_blocks, graph_case, score):
+    """The registry graphs with a block of the float64 sums per edge: isolated targets,
+    multi-edges, self-loops and bipartite graphs as with one block per row."""
+    ei = graph_case.edge_index
+    inputs = attention_inputs(graph_case.num_src, graph_case.num_dst, ei.size(1), 2, 8,
+                              score=score)
+    check_against_reference(inputs, ei, score=score)
+
+
+@needs_triton
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # numpy: inf - inf
+@pytest.mark.filterwarnings("ignore:All-NaN slice encountered:RuntimeWarning")  # a NaN block
+@pytest.mark.parametrize("value", [float("nan"), float("inf")], ids=["nan", "+inf"])
+@pytest.mark.parametrize("score", attention.SCORES)
+def test_nan_score_spreads_over_its_row_across_sum_blocks(interpreter, one_edge_sum_blocks,
+                                                          score, value):
+    """A NaN or +inf score in one block of its row makes the whole row NaN, the blocks after
+    it included; a fully masked row still gives 0."""
+    check_nan_score_pattern("triton", score, value, device=DEVICE)
+    check_fully_masked_row(score)
+
+
+@needs_triton
+def test_long_rows_are_summed_in_float64_blocks(interpreter, monkeypatch):
+    """Sums over a row's edges of one inexact fp32 term (0.1) repeated: a running fp32 sum over
+    its n tiles drifts by up to n / 2 units in its last place, which the float64 sum of blocks
+    of 2 tiles (8 edges) does not. One target, 512 in-edges from two sources (256 each); q and
+    k orthogonal, so every weight is 1/512: out and dv sum 0.1 (channel 0 of v, and of dout),
+    dq and dk sum a constant too, v being +1 and -1 on channel 1 and k = +-0.1 in channel 3.
+    Each is within 1.5e-7 (relative) of float64; the fp32 running sums missed by 5e-7 to
+    1e-6 (with no launch of the rows of many blocks, ``HUB_EDGES`` above E)."""
+    monkeypatch.setattr(tk, "SUM_STEPS", 2)
+    monkeypatch.setattr(tk, "HUB_EDGES", 0)
+    E, C = 512, 4
+    ei = torch.stack([torch.arange(E) % 2, torch.zeros(E, dtype=torch.long)])
+    q = torch.zeros(1, 1, C, dtype=torch.float64)
+    q[0, 0, 2] = 0.1
+    k = torch.zeros(2, 1, C, dtype=torch.float64)
+    k[:, 0, 3] = torch.tensor([0.1, -0.1])
+    v = torch.zeros(2, 1, C, dtype=torch.float64)
+    v[:, 0, 0] = 0.1
+    v[:, 0, 1] = torch.tensor([1.0, -1.0])
+    weight = torch.zeros(1, 1, C, dtype=torch.float64)  # dout = 0.1 on channel 1
+    weight[0, 0, 1] = 0.1
+    results = []
+    for backend, dtype in ((tk.triton_edge_attention, torch.float32),
+                           (reference_edge_attention, torch.float64)):
+        leaves = [t.to(DEVICE, dtype).requires_grad_() for t in (q, k, v)]
+        with tk.launch_tiles(block_e=4):
+            out, _ = backend(*leaves, ei.to(DEVICE), scale=1.0, bias=None, dropout_mask=None,
+                             score="dot", negative_slope=0.2, need_alpha=False)
+            grads = torch.autograd.grad((out * weight.to(DEVICE, dtype)).sum(), leaves)
+        results.append((out.detach(), *grads))
+    for name, got, want in zip(("out", "dq", "dk", "dv"), *results, strict=True):
+        error = ((got.double() - want).norm() / want.norm()).item()
+        assert error < 1.5e-7, (name, error)
+
+
 @needs_triton
 @pytest.mark.parametrize("score", attention.SCORES)
 def test_dropout_mask_in_forward_and_backward(interpreter, triton_tiles, score):
@@ -196,6 +294,11 @@ def test_half_precision(interpreter, triton_tiles, dtype, score):
 @needs_triton
 @pytest.mark.parametrize("score", attention.SCORES)
 def test_fully_masked_row_gives_zero_without_nan(interpreter, triton_tiles, score):
+    check_fully_masked_row(score)
+
+
+def check_fully_masked_row(score: str) -> None:
+    """Node 1's every in-edge masked by a bias of -inf: its out and weights are 0, not NaN."""
     ei = torch.tensor([[0, 1, 2, 0, 2], [1, 1, 1, 2, 2]])
     inputs = attention_inputs(3, 3, 5, 1, 8, score=score)
     with torch.no_grad():
@@ -719,6 +822,34 @@ def test_row_blocks_give_each_heavy_row_a_program(interpreter, monkeypatch, scor
 
 
 @needs_triton
+@pytest.mark.parametrize("hub_edges", [0, 10**9], ids=["hub-launch", "one-launch"])
+def test_rows_of_many_sum_blocks_get_a_launch_of_their_own(interpreter, monkeypatch,
+                                                           hub_edges):
+    """On a graph of at least ``HUB_EDGES`` edges each pass is two launches of its one-node
+    kernel: all rows, leaving out those of more than one block (``LIGHT_ONLY``, fp32 sums,
+    ``SUM_STEPS=0``), then the first E // (block + 1) rows of the degree order (``HEAVY_ONLY``,
+    float64 block sums), which write those. Below it, one launch of the fp32 kernel. Every row
+    is written once (outputs allocated with torch.empty, filled here with NaN) and matches the
+    reference."""
+    monkeypatch.setattr(tk, "SUM_STEPS", 2)
+    monkeypatch.setattr(tk, "HUB_EDGES", hub_edges)
+    launches = spy_on_launches(monkeypatch, list(tk.ROW_BLOCK_KERNELS))
+    monkeypatch.setattr(tk, "torch", _NaNFilledEmpty())
+    ei = star_graph(30, extra=40)  # target 0: 30 edges; the others few, and 0 for some
+    inputs = attention_inputs(40, 40, ei.size(1), 4, 8, score="gatv2", seed=3)
+    with tk.launch_tiles(block_e=2):
+        check_against_reference(inputs, ei, score="gatv2")
+    plan = [(name, grid[0], kw["SUM_STEPS"], kw.get("LIGHT_ONLY", False),
+             kw.get("HEAVY_ONLY", False)) for name, grid, kw in launches]
+    if hub_edges:
+        assert plan == [(name, 40, 0, False, False) for name in tk.ROW_BLOCK_KERNELS]
+        return
+    hubs = ei.size(1) // 5  # rows of more than 2 tiles of 2 edges
+    assert plan == [row for name in tk.ROW_BLOCK_KERNELS
+                    for row in ((name, 40, 0, True, False), (name, hubs, 2, False, True))]
+
+
+@needs_triton
 @pytest.mark.parametrize("heavy_degree", [0, 3, 1000])
 def test_row_blocks_on_a_graph_of_skewed_degrees(interpreter, heavy_degree):
     """Degrees from 0 to 60 (a few hubs, many leaves) in and out, with a bias and dropout (a
@@ -897,6 +1028,9 @@ for score in ("dot", "additive", "gatv2"):  # the row-block kernels, 16 nodes pe
         _, usage = triton_resources.compile_kernels(4, 16, score, "fp16", features=features,
                                                     block_n=16)
         print("row blocks", len(usage))
+for score in ("dot", "additive", "gatv2"):  # the rows of many blocks: float64 block sums
+    _, usage = triton_resources.compile_kernels(4, 16, score, "fp16", features=True, hub=True)
+    print("hub", len(usage))
 # where a triton drops ptxas's report (3.4), ptxas runs again on the PTX: the same figures
 import os
 _, reported = triton_resources.compile_kernels(4, 16, "dot", "fp16", features=True)
@@ -913,7 +1047,7 @@ def test_kernels_compile_for_sm90():
     """The interpreter does not run Triton's compiler, so compile every kernel (fp16, every
     score, with no optional input and with all of them, the dropout mask drawn from a seed
     and read from a tensor, and with one tensor as both edge terms; the row-block kernels
-    too) for sm_90 (H100/H200) ahead of time, as
+    and the one-node kernels of the rows of many blocks too) for sm_90 (H100/H200) ahead of time, as
     ``benchmarks/triton_resources.py`` does; no GPU needed. The forward kernel, the one the
     bandwidth figures are about, must not spill registers. Where ptxas runs again on the PTX
     (tritons that drop its report), it reports what it reported as Triton ran it. In a fresh
@@ -929,6 +1063,7 @@ def test_kernels_compile_for_sm90():
     assert done.stdout.count("one edge term") == 2
     assert done.stdout.count("read mask 3") == 1
     assert done.stdout.count("row blocks 3") == 2 * len(tk.SCORE_KINDS)
+    assert done.stdout.count("hub 3") == len(tk.SCORE_KINDS)
     again = next(line.split() for line in done.stdout.splitlines()
                  if line.startswith("ptxas again"))
     assert again[2:4] == ["3", "True"] and int(again[4]) > 0, again
