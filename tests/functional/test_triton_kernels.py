@@ -177,16 +177,16 @@ def one_edge_sum_blocks(monkeypatch):
 @needs_triton
 @pytest.mark.parametrize("score", attention.SCORES)
 def test_rows_of_many_sum_blocks_match_reference(interpreter, small_sum_blocks, score):
-    """Target 0's 200 in-edges in 50 blocks of the float64 sums: its first 10 edges masked
+    """Target 0's 100 in-edges in 25 blocks of the float64 sums: its first 10 edges masked
     (blocks with no weight, the row maximum still -inf), then ordinary scores, then one edge
     whose score jumps by 30 (the sums of the blocks before it shift to the new maximum); the
-    sources' out-edges (5 each) span two blocks. With seeded dropout, through both passes of
-    backward and the weights' gradient (delta's blocked sum)."""
-    ei = star_graph(200)
+    sources' out-edges (up to 3 each) one or two blocks. With seeded dropout, through both
+    passes of backward and the weights' gradient (delta's blocked sum)."""
+    ei = star_graph(100)
     inputs = attention_inputs(40, 40, ei.size(1), 2, 8, score=score, seed=3)
     with torch.no_grad():
         inputs["bias"][:10] = float("-inf")
-        inputs["bias"][150] += 30.0
+        inputs["bias"][70] += 30.0
     check_against_reference(inputs, ei, score=score, scale=0.5)
     torch.manual_seed(5)
     mask = seeded_mask_parameters(0.3, device=DEVICE)
@@ -1028,7 +1028,8 @@ for score in ("dot", "additive", "gatv2"):  # the row-block kernels, 16 nodes pe
         _, usage = triton_resources.compile_kernels(4, 16, score, "fp16", features=features,
                                                     block_n=16)
         print("row blocks", len(usage))
-for score in ("dot", "additive", "gatv2"):  # the rows of many blocks: float64 block sums
+for score in ("additive", "gatv2"):  # the rows of many blocks: float64 block sums (dq, dk of
+    # one value per head and of channels; gatv2 adds d att)
     _, usage = triton_resources.compile_kernels(4, 16, score, "fp16", features=True, hub=True)
     print("hub", len(usage))
 # where a triton drops ptxas's report (3.4), ptxas runs again on the PTX: the same figures
@@ -1063,7 +1064,7 @@ def test_kernels_compile_for_sm90():
     assert done.stdout.count("one edge term") == 2
     assert done.stdout.count("read mask 3") == 1
     assert done.stdout.count("row blocks 3") == 2 * len(tk.SCORE_KINDS)
-    assert done.stdout.count("hub 3") == len(tk.SCORE_KINDS)
+    assert done.stdout.count("hub 3") == 2
     again = next(line.split() for line in done.stdout.splitlines()
                  if line.startswith("ptxas again"))
     assert again[2:4] == ["3", "True"] and int(again[4]) > 0, again
