@@ -14,11 +14,13 @@ interpreter (``TRITON_INTERPRET=1`` for those calls) at the in-degrees of
 on a graph of at least ``HUB_EDGES`` edges, and in one fp32 sum, as on a smaller graph. It
 computes in fp32 only, so its truth is the ``reference`` backend in float64, and the
 interpreter takes minutes where a GPU takes a millisecond (one program per source in backward:
-about 3 min per row at E = 1e4).
+about 3 min per row at E = 1e4). ``--triton-device cuda`` runs it compiled on the GPU instead,
+at every in-degree.
 
 Usage (one line):
 
     python benchmarks/hub_precision.py                 # E = 1e4, 1e5, 1e6: ~8 min on 2 cores
+    python benchmarks/hub_precision.py --triton-device cuda --out OUT.md   # triton at every E
 
 Writes ``results/hub_precision.md`` and ``.csv`` (``--out`` names another ``.md``).
 """
@@ -43,8 +45,13 @@ from graphattn.functional.triton_kernels import HUB_EDGES, SUM_STEPS
 
 BACKENDS = ("cpu", "reference", "dense")
 # the triton backend's two ways to sum a row, by whether the hub takes its launch of its own
-TRITON_METHODS = {True: "triton, hub launch (interpreter)",
-                  False: "triton, one fp32 sum (interpreter)"}
+TRITON_SUMS = {True: "hub launch", False: "one fp32 sum"}
+TRITON_WHERE = {"interpreter": "interpreter", "cuda": "CUDA"}  # --triton-device: its label
+
+
+def triton_method(hub: bool, device: str) -> str:
+    """The table's name of a triton row."""
+    return f"triton, {TRITON_SUMS[hub]} ({TRITON_WHERE[device]})"
 
 
 def relative(single: torch.Tensor, double: torch.Tensor) -> float:
@@ -60,30 +67,33 @@ def graphattn_case(q, k, v, w, edge_index, backend: str, dtype: torch.dtype):
     return out.detach(), alpha.detach().sum(0) - 1, grad_q
 
 
-def triton_case(q, k, v, w, edge_index, *, hub: bool):
-    """:func:`graphattn_case` of the ``triton`` backend in fp32, in Triton's interpreter; with
-    ``hub``, the hub's rows in the launch of their own with float64 block sums, as on a graph
-    of at least ``HUB_EDGES`` edges, else in one fp32 sum, as on a smaller one."""
+def triton_case(q, k, v, w, edge_index, *, hub: bool, device: str = "interpreter"):
+    """:func:`graphattn_case` of the ``triton`` backend in fp32, in Triton's interpreter on CPU
+    tensors (``device="interpreter"``) or compiled on CUDA tensors (``"cuda"``); with ``hub``,
+    the hub's rows in the launch of their own with float64 block sums, as on a graph of at
+    least ``HUB_EDGES`` edges, else in one fp32 sum, as on a smaller one. Results on CPU."""
     from graphattn.functional import triton_kernels
 
     if not triton_kernels.triton_available():
         return None
     before = os.environ.get("TRITON_INTERPRET"), triton_kernels.HUB_EDGES
-    os.environ["TRITON_INTERPRET"] = "1"  # the kernels of the interpreter, on CPU tensors
+    if device == "interpreter":
+        os.environ["TRITON_INTERPRET"] = "1"  # the kernels of the interpreter, on CPU tensors
     triton_kernels.HUB_EDGES = 0 if hub else sys.maxsize
+    on = "cuda" if device == "cuda" else "cpu"
     try:
-        q, k, v = (t.float().requires_grad_() for t in (q, k, v))
+        q, k, v = (t.to(on, torch.float32).requires_grad_() for t in (q, k, v))
         out, alpha = triton_kernels.triton_edge_attention(
-            q, k, v, edge_index, scale=q.size(-1) ** -0.5, bias=None, dropout_mask=None,
-            score="dot", negative_slope=0.2, need_alpha=True)
-        (grad_q,) = torch.autograd.grad((out * w.float()).sum(), q)
+            q, k, v, edge_index.to(on), scale=q.size(-1) ** -0.5, bias=None,
+            dropout_mask=None, score="dot", negative_slope=0.2, need_alpha=True)
+        (grad_q,) = torch.autograd.grad((out * w.to(on, torch.float32)).sum(), q)
     finally:
         triton_kernels.HUB_EDGES = before[1]
         if before[0] is None:
             del os.environ["TRITON_INTERPRET"]
         else:
             os.environ["TRITON_INTERPRET"] = before[0]
-    return out.detach(), alpha.detach().sum(0) - 1, grad_q
+    return out.detach().cpu(), alpha.detach().sum(0).cpu() - 1, grad_q.cpu()
 
 
 def pyg_case(q, k, v, edge_index, dtype: torch.dtype) -> torch.Tensor:
@@ -99,9 +109,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--edges", type=int, nargs="+", default=[10**4, 10**5, 10**6],
                         help="in-degrees E of the hub (default: 1e4 1e5 1e6)")
-    parser.add_argument("--triton-edges", type=int, nargs="*", default=[10**4],
-                        help="in-degrees at which the triton backend runs, in Triton's "
-                             "interpreter (default: 1e4; none: skip it)")
+    parser.add_argument("--triton-edges", type=int, nargs="*", default=None,
+                        help="in-degrees at which the triton backend runs (default: 1e4 in "
+                             "the interpreter, every --edges on CUDA; none: skip it)")
+    parser.add_argument("--triton-device", choices=tuple(TRITON_WHERE),
+                        default="interpreter",
+                        help="the triton backend in Triton's CPU interpreter (default) or "
+                             "compiled on the CUDA device")
     parser.add_argument("--heads", type=int, default=2, help="H (default: 2)")
     parser.add_argument("--channels", type=int, default=8, help="C per head (default: 8)")
     parser.add_argument("--seed", type=int, default=0)
@@ -112,12 +126,18 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
     if min(args.edges) < 1:
         parser.error(f"--edges must be >= 1, got {min(args.edges)}")
+    if args.triton_device == "cuda" and not torch.cuda.is_available():
+        parser.error("--triton-device cuda needs a CUDA device, and torch sees none")
+    if args.triton_edges is None:
+        args.triton_edges = args.edges if args.triton_device == "cuda" else [10**4]
     command = "python benchmarks/hub_precision.py " + " ".join(
         sys.argv[1:] if argv is None else argv)
     header = [f"command: `{command.strip()}`",
               f"torch {torch.__version__}, torch_geometric {torch_geometric.__version__}, "
               f"python {platform.python_version()}",
-              f"device: CPU ({cpu_name()}), {torch.get_num_threads()} torch thread(s)",
+              f"device: CPU ({cpu_name()}), {torch.get_num_threads()} torch thread(s)"
+              + (f"; triton on {torch.cuda.get_device_name()}"
+                 if args.triton_device == "cuda" else ""),
               f"graph: one target with E in-edges from E sources; H = {args.heads}, "
               f"C = {args.channels}"]
     print("\n".join(header))
@@ -139,12 +159,12 @@ def main(argv: list[str] | None = None) -> int:
                          "abs(sum alpha - 1)": f"{drift.abs().max().item():.1e}",
                          "grad q error": f"{relative(grad32, grad64):.1e}"})
         for hub in (True, False) if E in args.triton_edges else ():
-            single = triton_case(q, k, v, w, edge_index, hub=hub)
+            single = triton_case(q, k, v, w, edge_index, hub=hub, device=args.triton_device)
             if single is None:
                 break
             out64, _, grad64 = graphattn_case(q, k, v, w, edge_index, "reference",
                                               torch.float64)
-            rows.append({"E": E, "method": TRITON_METHODS[hub],
+            rows.append({"E": E, "method": triton_method(hub, args.triton_device),
                          "out error": f"{relative(single[0], out64):.1e}",
                          "abs(sum alpha - 1)": f"{single[1].abs().max().item():.1e}",
                          "grad q error": f"{relative(single[2], grad64):.1e}"})
@@ -155,8 +175,9 @@ def main(argv: list[str] | None = None) -> int:
                      "abs(sum alpha - 1)": "", "grad q error": ""})
     note = ("Relative errors of fp32 against float64 for the same method (`grad q`: the "
             "gradient of the one target's query). The `cpu` kernels sum a node's edges in "
-            "blocks of 128 added in float64; `triton` (its fused kernels, run in Triton's "
-            "CPU interpreter, against `reference` in float64) in tiles of `block_e` edges: "
+            "blocks of 128 added in float64; `triton` (its fused kernels, in Triton's CPU "
+            "interpreter or on CUDA, against `reference` in float64) in tiles of `block_e` "
+            "edges: "
             f"with the hub launch (graphs of at least {HUB_EDGES} edges) {SUM_STEPS} tiles at "
             "a time in fp32, the blocks added in float64, else in one fp32 sum over the tiles "
             "(smaller graphs); `reference` and PyG "

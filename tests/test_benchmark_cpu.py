@@ -296,11 +296,18 @@ def test_hub_precision_benchmark_runs_the_triton_backend(tmp_path, triton_interp
                                "--out", str(out)]) == 0
     with open(out.with_suffix(".csv")) as f:
         rows = {(int(row["E"]), row["method"]): row for row in csv.DictReader(f)}
-    for method in hub_precision.TRITON_METHODS.values():
+    for method in (hub_precision.triton_method(hub, "interpreter") for hub in (True, False)):
         assert (40, method) not in rows
         for name in ("out error", "abs(sum alpha - 1)", "grad q error"):
             assert 0 <= float(rows[300, method][name]) < 1e-5, (method, name, rows[300, method])
         assert f"| 300 | {method} |" in out.read_text()
+
+
+def test_hub_precision_benchmark_wants_a_gpu_for_cuda(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit):
+        hub_precision.main(["--triton-device", "cuda", "--out", str(tmp_path / "hub.md")])
+    assert "--triton-device cuda needs a CUDA device" in capsys.readouterr().err
 
 
 def test_host_overhead_benchmark_fills_its_table(tmp_path):
