@@ -198,6 +198,10 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
     command = "python benchmarks/host_overhead.py " + " ".join(
         sys.argv[1:] if argv is None else argv)
+    if not tk.triton_available():
+        print("benchmarks/host_overhead.py times the triton backend's host work and needs "
+              "triton: pip install 'graphattn[gpu]'", file=sys.stderr)
+        return 2
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     stub_kernels()

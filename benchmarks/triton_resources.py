@@ -54,9 +54,14 @@ os.environ["TRITON_ALWAYS_COMPILE"] = "1"  # run ptxas even when the cache holds
 os.environ["TRITON_DUMP_PTXAS_LOG"] = "1"  # and print its report, read by resource_usage
 
 import torch  # noqa: E402
-import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
+
+try:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+except ImportError:
+    sys.exit("benchmarks/triton_resources.py compiles the triton backend's kernels and needs "
+             "triton: pip install 'graphattn[gpu]'")
 
 from graphattn.functional import triton_blocks as tb  # noqa: E402
 from graphattn.functional import triton_kernels as tk  # noqa: E402

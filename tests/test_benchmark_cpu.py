@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import random_graph
+from conftest import needs_triton, random_graph
 from torch_geometric.data import Data
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -310,6 +310,26 @@ def test_hub_precision_benchmark_wants_a_gpu_for_cuda(tmp_path, monkeypatch, cap
     assert "--triton-device cuda needs a CUDA device" in capsys.readouterr().err
 
 
+# Runs a script with `import triton` refused, as in an install without the gpu extra.
+WITHOUT_TRITON = ("import runpy, sys; sys.modules['triton'] = None; sys.argv = sys.argv[1:]; "
+                  "runpy.run_path(sys.argv[0], run_name='__main__')")
+
+
+@pytest.mark.parametrize("script", ["host_overhead", "triton_resources"])
+def test_triton_benchmarks_say_that_they_need_triton(script):
+    """Without triton the benchmarks that time the triton backend's host work or compile its
+    kernels stop with a message that names the extra to install, not a traceback."""
+    import subprocess
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{script}.py"
+    done = subprocess.run([sys.executable, "-c", WITHOUT_TRITON, str(path)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0
+    assert "needs triton: pip install 'graphattn[gpu]'" in done.stderr, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+
+
+@needs_triton
 def test_host_overhead_benchmark_fills_its_table(tmp_path):
     """In a process of its own (it stubs out the Triton kernels of that process): one round
     of one call per case, every case in the table, with its operators counted."""

@@ -218,14 +218,17 @@ def test_nan_score_spreads_over_its_row_across_sum_blocks(interpreter, one_edge_
 
 
 @needs_triton
-def test_long_rows_are_summed_in_float64_blocks(interpreter, monkeypatch):
+@pytest.mark.parametrize("tiles", [{}, {"block_n": 2, "heavy_degree": 8}],
+                         ids=["one-node", "row-blocks"])
+def test_long_rows_are_summed_in_float64_blocks(interpreter, monkeypatch, tiles):
     """Sums over a row's edges of one inexact fp32 term (0.1) repeated: a running fp32 sum over
     its n tiles drifts by up to n / 2 units in its last place, which the float64 sum of blocks
     of 2 tiles (8 edges) does not. One target, 512 in-edges from two sources (256 each); q and
     k orthogonal, so every weight is 1/512: out and dv sum 0.1 (channel 0 of v, and of dout),
     dq and dk sum a constant too, v being +1 and -1 on channel 1 and k = +-0.1 in channel 3.
     Each is within 1.5e-7 (relative) of float64; the fp32 running sums missed by 5e-7 to
-    1e-6 (with no launch of the rows of many blocks, ``HUB_EDGES`` above E)."""
+    1e-6 (with no launch of the rows of many blocks, ``HUB_EDGES`` above E). The same with
+    row blocks: there the rows above ``heavy_degree`` take that launch."""
     monkeypatch.setattr(tk, "SUM_STEPS", 2)
     monkeypatch.setattr(tk, "HUB_EDGES", 0)
     E, C = 512, 4
@@ -243,7 +246,7 @@ def test_long_rows_are_summed_in_float64_blocks(interpreter, monkeypatch):
     for backend, dtype in ((tk.triton_edge_attention, torch.float32),
                            (reference_edge_attention, torch.float64)):
         leaves = [t.to(DEVICE, dtype).requires_grad_() for t in (q, k, v)]
-        with tk.launch_tiles(block_e=4):
+        with tk.launch_tiles(block_e=4, **tiles):
             out, _ = backend(*leaves, ei.to(DEVICE), scale=1.0, bias=None, dropout_mask=None,
                              score="dot", negative_slope=0.2, need_alpha=False)
             grads = torch.autograd.grad((out * weight.to(DEVICE, dtype)).sum(), leaves)
@@ -822,26 +825,26 @@ def test_row_blocks_give_each_heavy_row_a_program(interpreter, monkeypatch, scor
 
 
 @needs_triton
-@pytest.mark.parametrize("hub_edges", [0, 10**9], ids=["hub-launch", "one-launch"])
+@pytest.mark.parametrize("edges_short", [0, 1], ids=["hub-launch", "one-launch"])
 def test_rows_of_many_sum_blocks_get_a_launch_of_their_own(interpreter, monkeypatch,
-                                                           hub_edges):
-    """On a graph of at least ``HUB_EDGES`` edges each pass is two launches of its one-node
-    kernel: all rows, leaving out those of more than one block (``LIGHT_ONLY``, fp32 sums,
-    ``SUM_STEPS=0``), then the first E // (block + 1) rows of the degree order (``HEAVY_ONLY``,
-    float64 block sums), which write those. Below it, one launch of the fp32 kernel. Every row
-    is written once (outputs allocated with torch.empty, filled here with NaN) and matches the
-    reference."""
+                                                           edges_short):
+    """On a graph of at least ``HUB_EDGES`` edges (here exactly that many) each pass is two
+    launches of its one-node kernel: all rows, leaving out those of more than one block
+    (``LIGHT_ONLY``, fp32 sums, ``SUM_STEPS=0``), then the first E // (block + 1) rows of the
+    degree order (``HEAVY_ONLY``, float64 block sums), which write those. One edge short of
+    it, one launch of the fp32 kernel. Every row is written once (outputs allocated with
+    torch.empty, filled here with NaN) and matches the reference."""
+    ei = star_graph(30, extra=40)  # target 0: 30 edges; the others few, and 0 for some
     monkeypatch.setattr(tk, "SUM_STEPS", 2)
-    monkeypatch.setattr(tk, "HUB_EDGES", hub_edges)
+    monkeypatch.setattr(tk, "HUB_EDGES", ei.size(1) + edges_short)
     launches = spy_on_launches(monkeypatch, list(tk.ROW_BLOCK_KERNELS))
     monkeypatch.setattr(tk, "torch", _NaNFilledEmpty())
-    ei = star_graph(30, extra=40)  # target 0: 30 edges; the others few, and 0 for some
     inputs = attention_inputs(40, 40, ei.size(1), 4, 8, score="gatv2", seed=3)
     with tk.launch_tiles(block_e=2):
         check_against_reference(inputs, ei, score="gatv2")
     plan = [(name, grid[0], kw["SUM_STEPS"], kw.get("LIGHT_ONLY", False),
              kw.get("HEAVY_ONLY", False)) for name, grid, kw in launches]
-    if hub_edges:
+    if edges_short:
         assert plan == [(name, 40, 0, False, False) for name in tk.ROW_BLOCK_KERNELS]
         return
     hubs = ei.size(1) // 5  # rows of more than 2 tiles of 2 edges
