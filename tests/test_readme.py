@@ -139,3 +139,18 @@ def test_readme_links_to_the_moved_measurements():
         line = next(line for line in BENCHMARKS_README.read_text().splitlines()
                     if line.startswith("## " + heading))
         assert f"](benchmarks/README.md#{_github_slug(line.lstrip('# '))})" in text, heading
+
+
+def test_ci_runs_the_test_commands_of_the_readme():
+    """Every pytest command of ``.ci/run`` is one of README.md's (line continuations joined,
+    spaces collapsed), and the README names no other."""
+    def commands(text: str) -> list[str]:
+        joined = re.sub(r"\\\n\s*", " ", text)
+        return sorted(" ".join(line.split()) for line in joined.splitlines()
+                      if "python -m pytest" in line and not line.lstrip().startswith("#"))
+
+    ci = commands((README.parent / ".ci" / "run").read_text())
+    readme = commands("\n".join(re.findall(r"```bash\n(.*?)```", README.read_text(),
+                                           flags=re.S)))
+    assert len(ci) == 2
+    assert ci == readme
