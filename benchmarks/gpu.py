@@ -25,7 +25,9 @@ before it). What does not fit is skipped with a printed reason. Before timing, t
 are checked against the reference backend on the device (outputs and gradients, dot,
 additive and gatv2, with and without bias), eagerly and under ``torch.compile(fullgraph=True)``,
 and so are the block-sparse kernels, for every tile side, on a window graph; a layer compiled
-in the default mode and with ``fullgraph=True`` is checked against it eager.
+in the default mode and with ``fullgraph=True`` is checked against it eager; and the dense paths
+(``edge_attention(backend="dense")``, ``dense_attention``) on a graph with targets that have no
+in-edge, where SDPA's fused kernels meet rows with no key.
 
 Memory bandwidth of the fused forward kernel (CSR built outside the timing) is reported as a
 fraction of the device's peak HBM bandwidth, from the bytes a minimal kernel must move: read
@@ -941,6 +943,81 @@ def check_blocks_on_device(device: str | torch.device, dtype: torch.dtype,
     return rows
 
 
+def check_dense_on_device(device: str | torch.device, dtype: torch.dtype,
+                          num_nodes: int = 300, num_edges: int = 3000, heads: int = 2,
+                          channels: int = 16) -> list[tuple[str, float]]:
+    """Max abs difference of the dense paths against the reference (fp32 math) on a random
+    graph (repeated edges included) where a tenth of the targets have no in-edge and a tenth
+    of the sources no out-edge, with NaN in what nothing reads: the q rows of those targets,
+    the k and v rows of those sources. ``edge_attention(backend="dense")`` for each score
+    with a bias (out, alpha and every gradient), and ``dense_attention`` with the graph's
+    mask, through SDPA and with the weights returned (out, the weights at the edges, dq, dk,
+    dv). SDPA's fused kernels give NaN on a row with no key: the dense paths must give what
+    the reference gives, 0, and no NaN reaches an output or a gradient."""
+    from graphattn.functional import dense_attention, edge_attention, reference_edge_attention
+    from graphattn.graphs import from_dense_mask, to_dense_mask
+
+    gen = torch.Generator().manual_seed(2)
+    quiet = num_nodes // 10  # targets 0..quiet-1 have no in-edge, the last quiet sources none out
+    edge_index = torch.stack([torch.randint(0, num_nodes - quiet, (num_edges,), generator=gen),
+                              torch.randint(quiet, num_nodes, (num_edges,), generator=gen)])
+    edge_index = edge_index.to(device)
+
+    def inputs(score: str) -> list[torch.Tensor]:
+        width = () if score == "additive" else (channels,)
+        q, k = (torch.randn(num_nodes, heads, *width, generator=gen) for _ in range(2))
+        v = torch.randn(num_nodes, heads, channels, generator=gen)
+        q[:quiet] = math.nan
+        k[num_nodes - quiet:] = math.nan
+        v[num_nodes - quiet:] = math.nan
+        bias = torch.randn(num_edges, heads, generator=gen)
+        att = torch.randn(heads, channels, generator=gen) if score == "gatv2" else None
+        return [t.to(device, dtype).requires_grad_() for t in (q, k, v, bias, att)
+                if t is not None]
+
+    def loss(out: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
+        weight = torch.linspace(-1, 1, out.numel(), device=out.device).view_as(out)
+        return (out.float() * weight).sum() + alpha.float().square().sum()
+
+    rows = []
+    for score in ("dot", "additive", "gatv2"):
+        leaves = inputs(score)
+        names = ["out", "alpha", "dq", "dk", "dv", "dbias", "datt"][:len(leaves) + 2]
+        outputs = []
+        for backend in ("dense", "reference"):
+            q, k, v, bias, *att = leaves
+            out, alpha = edge_attention(q, k, v, edge_index, bias=bias, score=score,
+                                        att=att[0] if att else None, return_attention=True,
+                                        backend=backend)
+            outputs.append([out, alpha, *torch.autograd.grad(loss(out, alpha), leaves)])
+        for name, got, want in zip(names, *outputs, strict=True):
+            rows.append((f"dense backend, {score}, empty rows: {name}",
+                         (got.float() - want.float()).abs().max().item()))
+
+    mask = to_dense_mask(edge_index, num_nodes)  # (N, N); rows 0..quiet-1 all False
+    edges = from_dense_mask(mask)  # the graph without its repeated edges
+    q, k, v, _ = inputs("dot")
+    for weights in (False, True):
+        got = dense_attention(q, k, v, mask, return_attention=weights)
+        out = got[0] if weights else got
+        want, alpha = reference_edge_attention(q, k, v, edges, scale=channels**-0.5, bias=None,
+                                               dropout_mask=None, score="dot",
+                                               negative_slope=0.2, need_alpha=True)
+        pairs = [(out, want)]
+        if weights:  # [H, N, N] at the edges (target i, source j) against alpha [E, H]
+            pairs.append((got[1][:, edges[1], edges[0]].T, alpha))
+        weight = torch.linspace(-1, 1, out.numel(), device=out.device).view_as(out)
+        pairs += zip(torch.autograd.grad((out.float() * weight).sum(), (q, k, v)),
+                     torch.autograd.grad((want.float() * weight).sum(), (q, k, v)),
+                     strict=True)
+        label = "weights" if weights else "SDPA"
+        names = ["out", *(["alpha"] if weights else []), "dq", "dk", "dv"]
+        for name, (got_t, want_t) in zip(names, pairs, strict=True):
+            rows.append((f"dense_attention ({label}), empty rows: {name}",
+                         (got_t.float() - want_t.float()).abs().max().item()))
+    return rows
+
+
 # ----------------------------------------------------------------------------------------------
 # Report
 
@@ -1199,6 +1276,7 @@ def main(argv: list[str] | None = None) -> int:
             checks = check_on_device(check_graph, torch.float32)
             checks += check_blocks_on_device(device, torch.float32)
             checks += check_layer_compile_on_device(device, torch.float32)
+            checks += check_dense_on_device(device, torch.float32)
         except Exception as err:  # still measure: the exit status reports the failed check
             print(f"the device check failed: {type(err).__name__}: {err}", file=sys.stderr)
             checks = [(f"check failed: {type(err).__name__}", math.nan)]

@@ -62,6 +62,41 @@ def test_layer_compile_device_check_passes_in_the_interpreter(triton_interpreter
     assert not bad, bad
 
 
+def test_dense_device_checks_pass_on_cpu():
+    """The dense paths' check needs no triton: on CPU it runs torch's CPU kernels, on a GPU
+    SDPA's fused ones."""
+    rows = gpu.check_dense_on_device("cpu", torch.float32, num_nodes=40, num_edges=200,
+                                     channels=8)
+    names = [name for name, _ in rows]
+    # edge_attention: out, alpha, dq, dk, dv, dbias per score, gatv2 also datt; dense_attention
+    # through SDPA: out, dq, dk, dv, and with the weights: also alpha
+    assert len(names) == len(set(names)) == 6 + 6 + 7 + 4 + 5
+    assert "dense backend, gatv2, empty rows: datt" in names
+    assert "dense_attention (weights), empty rows: alpha" in names
+    bad = [row for row in rows if not row[1] < 1e-4]  # also NaN
+    assert not bad, bad
+
+
+def test_dense_device_check_sees_nan_that_reaches_an_output(monkeypatch):
+    """An output or gradient that takes the NaN of an unread row fails the check."""
+    import graphattn.functional
+
+    dense_attention = graphattn.functional.dense_attention
+
+    def leaky(q, k, v, mask, **kwargs):  # the NaN of unread v rows reaches out
+        result = dense_attention(q, k, v, mask, **kwargs)
+        out = result[0] if isinstance(result, tuple) else result
+        out = out + v.sum() * 0
+        return (out, result[1]) if isinstance(result, tuple) else out
+
+    monkeypatch.setattr(graphattn.functional, "dense_attention", leaky)
+    rows = gpu.check_dense_on_device("cpu", torch.float32, num_nodes=40, num_edges=200,
+                                     channels=8)
+    bad = {name for name, err in rows if not err < 1e-4}
+    assert "dense_attention (SDPA), empty rows: out" in bad
+    assert not any(name.startswith("dense backend") for name in bad)
+
+
 def test_block_sparse_device_checks_pass_in_the_interpreter(triton_interpreter, monkeypatch):
     from graphattn.functional import triton_kernels as tk
 
@@ -344,6 +379,7 @@ def test_tf32_comes_on_after_the_check_and_only_picks_methods(monkeypatch, tmp_p
     monkeypatch.setattr(gpu, "check_on_device", check)
     monkeypatch.setattr(gpu, "check_blocks_on_device", check)
     monkeypatch.setattr(gpu, "check_layer_compile_on_device", check)
+    monkeypatch.setattr(gpu, "check_dense_on_device", check)
     monkeypatch.setattr(gpu, "build_graph",
                         lambda name, *a: (gpu.Graph(name, 3, torch.zeros(2, 1)), ""))
     monkeypatch.setattr(gpu, "measure_graph", measure)
