@@ -14,11 +14,15 @@ for the ``triton`` backend, a run over many seeds is a separate command::
 
     python tests/functional/test_random_configurations.py --seeds 0:400 --backends cpu,dense
     TRITON_INTERPRET=1 python tests/functional/test_random_configurations.py --backends triton
+
+``--hub-launch`` (and ``--row-blocks``) run the triton backend's float64 block sums on every
+row of more than one tile of 2 edges, which graphs this small otherwise never reach.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
 from dataclasses import dataclass, field
 
@@ -176,16 +180,32 @@ def main() -> None:
     parser.add_argument("--seeds", default="0:200", help="first:last (default: 0:200)")
     parser.add_argument("--backends", default="cpu,dense",
                         help="comma-separated backends to compare (default: cpu,dense)")
+    parser.add_argument("--hub-launch", action="store_true",
+                        help="triton: tiles of 2 edges, and every row of more than one tile "
+                             "in the launch of the rows of many blocks, with float64 block "
+                             "sums (SUM_STEPS=1, HUB_EDGES=0)")
+    parser.add_argument("--row-blocks", action="store_true",
+                        help="triton: the row-block kernels, 2 rows a program, the rows of "
+                             "more than 4 edges in the one-node kernel")
     args = parser.parse_args()
+    from graphattn.functional import triton_kernels as tk
+
+    tiles = {}
+    if args.hub_launch:
+        tk.SUM_STEPS, tk.HUB_EDGES = 1, 0
+        tiles["block_e"] = 2
+    if args.row_blocks:
+        tiles.update(block_n=2, heavy_degree=4)
     first, last = (int(x) for x in args.seeds.split(":"))
     found = 0
     for seed in range(first, last):
         for backend in args.backends.split(","):
             if backend == "triton" and draw(seed).q.dtype == torch.float64:
                 continue  # the kernels take fp32, fp16 and bf16
-            for line in mismatches(seed, backend):
-                found += 1
-                print(line, flush=True)
+            with tk.launch_tiles(**tiles) if backend == "triton" else contextlib.nullcontext():
+                for line in mismatches(seed, backend):
+                    found += 1
+                    print(line, flush=True)
     print(f"{last - first} seeds, backends {args.backends}: {found} mismatches")
 
 
