@@ -22,7 +22,10 @@ Usage (one line):
     python benchmarks/hub_precision.py                 # E = 1e4, 1e5, 1e6: ~8 min on 2 cores
     python benchmarks/hub_precision.py --triton-device cuda --out OUT.md   # triton at every E
 
-Writes ``results/hub_precision.md`` and ``.csv`` (``--out`` names another ``.md``).
+Writes ``results/hub_precision.md`` and ``.csv`` (``--out`` names another ``.md``) and, with
+matplotlib, the errors against E on log-log axes beside them (``.png``; ``--no-plot``: none).
+``--replot results/hub_precision.csv`` draws the figure of a table written before and
+measures nothing.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from pathlib import Path
 import torch
 import torch_geometric
 from _machine import cpu_name
-from _report import RESULTS, write_table
+from _report import RESULTS, replot_rows, write_table
 from torch_geometric.utils import scatter, softmax
 from tqdm import tqdm
 
@@ -105,6 +108,37 @@ def pyg_case(q, k, v, edge_index, dtype: torch.dtype) -> torch.Tensor:
     return scatter(alpha.unsqueeze(-1) * v[src], dst, 0, dim_size=1, reduce="sum")
 
 
+PLOTTED = ("out error", "grad q error")  # the figure's panels, columns of the table
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    """The fp32 errors against the in-degree E, log-log, one panel per column of ``PLOTTED``
+    and a line per method (a lone point where a method ran at one E)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods = list(dict.fromkeys(row["method"] for row in rows))
+    fig, axes = plt.subplots(1, len(PLOTTED), figsize=(12.5, 4.4), sharey=True)
+    lines = {}
+    for ax, column in zip(axes, PLOTTED, strict=True):
+        for n, method in enumerate(methods):
+            pts = sorted((int(row["E"]), float(row[column])) for row in rows
+                         if row["method"] == method and row[column] not in ("", None))
+            if pts:  # PyG's dashed: it lies on the reference backend's line
+                lines[method], = ax.plot(*zip(*pts, strict=True), "o" if n % 2 else "s",
+                                         ls="--" if method.startswith("PyG") else "-",
+                                         color=f"C{n}", label=method)
+        ax.set(xscale="log", yscale="log", title=column, xlabel="in-degree E of the hub")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].set_ylabel("relative error, fp32 against float64")
+    fig.legend(handles=list(lines.values()), loc="center right", fontsize=8)
+    fig.suptitle("fp32 accuracy at a hub: the softmax-weighted sum over E in-edges")
+    fig.tight_layout(rect=(0, 0, 0.79, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--edges", type=int, nargs="+", default=[10**4, 10**5, 10**6],
@@ -120,7 +154,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--channels", type=int, default=8, help="C per head (default: 8)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=RESULTS / "hub_precision.md")
+    parser.add_argument("--no-plot", action="store_true", help="no figure (.png beside --out)")
+    parser.add_argument("--replot", type=Path, default=None, metavar="CSV",
+                        help="draw the figure of a table this script wrote, and stop")
     args = parser.parse_args(argv)
+    if args.replot is not None:
+        plot(replot_rows(parser, args.replot, ("E", "method", *PLOTTED)),
+             args.replot.with_suffix(".png"))
+        return 0
     for name in ("heads", "channels"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
@@ -186,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     text = write_table("hub_precision", "fp32 accuracy at a hub of E in-edges", header, note,
                        rows, out=args.out)
     print(text)
+    if not args.no_plot:
+        plot(rows, args.out.with_suffix(".png"))
     return 0
 
 

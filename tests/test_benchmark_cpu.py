@@ -286,6 +286,24 @@ def test_hub_precision_benchmark_fills_its_table(tmp_path):
                                                       rel=0.5)
     assert all(0 <= e < 1e-3 for e in error.values())
     assert "| 20000 | cpu |" in out.read_text()
+    assert out.with_suffix(".png").stat().st_size > 0
+    replot = tmp_path / "again.csv"
+    replot.write_text(out.with_suffix(".csv").read_text())
+    assert hub_precision.main(["--replot", str(replot)]) == 0
+    assert replot.with_suffix(".png").stat().st_size > 0
+
+
+def test_hub_precision_replot_refuses_what_it_did_not_write(tmp_path, capsys):
+    for path, message in ((tmp_path / "hub.md", "takes the .csv a run wrote"),
+                          (tmp_path / "none.csv", "no such file")):
+        with pytest.raises(SystemExit):
+            hub_precision.main(["--replot", str(path)])
+        assert message in capsys.readouterr().err
+    other = tmp_path / "other.csv"
+    other.write_text("E,method\n10,cpu\n")
+    with pytest.raises(SystemExit):
+        hub_precision.main(["--replot", str(other)])
+    assert "not a table this script wrote" in capsys.readouterr().err
 
 
 def test_hub_precision_benchmark_runs_the_triton_backend(tmp_path, triton_interpreter):
