@@ -16,7 +16,10 @@ from collections.abc import Sequence
 from typing import overload
 
 import networkx as nx
+import numpy as np
+import scipy.sparse as sp
 import torch
+from scipy.sparse.csgraph import reverse_cuthill_mckee
 from torch import Tensor
 
 from graphattn._checks import (
@@ -24,7 +27,10 @@ from graphattn._checks import (
     check_edge_index,
     check_flag,
     check_non_negative,
+    check_same_device,
+    check_tensors,
     dense_graph_ids,
+    host_list,
 )
 from graphattn.functional import cpu
 from graphattn.functional._transforms import host_readable
@@ -523,3 +529,104 @@ def to_networkx(edge_index: Tensor, num_nodes: int, edge_attr: Tensor | None = N
         G.add_edges_from((j, i, {"edge_attr": a}) for j, i, a in zip(src, dst, values,
                                                                       strict=True))
     return G
+
+
+def locality_order(edge_index: Tensor, num_nodes: int) -> Tensor:
+    r"""A numbering of the nodes that puts the two ends of each edge close together: the
+    reverse Cuthill-McKee order of the graph, its edges taken as undirected.
+
+    Edge attention gathers, for each target i, the key and value rows of its sources j. The
+    sparse kernels walk the targets in id order, so when a graph's ids say nothing of its
+    structure (a point cloud or mesh numbered at random, a crawled graph), the rows that
+    neighbouring targets read lie all over memory and are fetched again for each; numbered
+    by this order, they lie near the targets' own and stay in cache. Reverse Cuthill-McKee
+    makes the bandwidth
+
+    .. math::
+        \max_{(j \to i) \in E} \, \lvert \pi^{-1}(i) - \pi^{-1}(j) \rvert
+
+    small: a breadth-first numbering from a node of low degree, each component in turn, then
+    reversed. It does not change what attention computes, only where its rows lie: with
+    ``perm = locality_order(edge_index, N)``, renumber the graph with :func:`permute_nodes`
+    and the node rows with ``x[perm]``, or a PyG ``Data`` (its node and edge attributes, the
+    masks and labels too) with ``data.subgraph(perm)``. Row i of the output then belongs to
+    node ``perm[i]``; ``out[torch.argsort(perm)]`` puts the rows back in the given order.
+
+    On 2 CPU cores, on a graph of 500,000 random points of the plane each attending to its 10
+    nearest, numbered in the points' random order, the ``cpu`` kernels' forward+backward takes
+    0.61x the time once renumbered (their forward 0.54x, a ``GraphSelfAttention`` layer's
+    forward+backward 0.68x), on PubMed 0.87x; on a uniform random graph, which has no
+    locality to find, 0.98x; the ``reference`` backend, whose ``[E, H, C]`` intermediates cost
+    the most, gains nothing (``benchmarks/node_order.py``). Renumbered, that point graph's
+    32 x 32 tiles of the adjacency matrix are 3.1% full instead of 0.11%, above the 1/64 that
+    the block-sparse ``triton`` kernels ask. The order is computed on the CPU by SciPy in
+    O(N + E) time (0.7 s with :func:`permute_nodes` for 5M edges).
+
+    Args:
+        edge_index (Tensor): ``[2, E]`` integer, row 0 the sources, row 1 the targets.
+        num_nodes (int): number of nodes N (isolated ones included).
+
+    Shapes:
+        - **input:** edge_index ``(2, E)``
+        - **output:** perm ``(N)``, int64, on the device of ``edge_index``: a permutation of
+          ``0..N-1``, node ``perm[i]`` numbered i
+    """
+    num_nodes = check_non_negative(num_nodes, "num_nodes")
+    check_edge_index(edge_index, num_src=num_nodes, num_dst=num_nodes)
+    if num_nodes == 0:  # (SciPy's order refuses an empty matrix)
+        return torch.zeros(0, dtype=torch.int64, device=edge_index.device)
+    src, dst = edge_index.cpu().numpy()
+    ends = np.concatenate([src, dst]), np.concatenate([dst, src])  # both directions
+    pattern = sp.csr_matrix((np.ones(ends[0].size, dtype=np.int32), ends),
+                            shape=(num_nodes, num_nodes))  # (N, N), symmetric
+    order = reverse_cuthill_mckee(pattern, symmetric_mode=True)  # (N,)
+    return torch.from_numpy(order.astype(np.int64)).to(edge_index.device)
+
+
+def permute_nodes(edge_index: Tensor, perm: Tensor) -> Tensor:
+    r"""The graph renumbered so that node ``perm[i]`` becomes node i.
+
+    Each edge :math:`j \to i` becomes :math:`\pi^{-1}(j) \to \pi^{-1}(i)`, with
+    :math:`\pi^{-1}` the inverse of ``perm``; the edges keep their order, so per-edge
+    tensors (``edge_attr``, a ``bias``) stay aligned with them. Attention commutes with the
+    renumbering: with ``q``, ``k`` and ``v`` indexed by ``perm`` too,
+
+    .. code-block:: python
+
+        edge_attention(q[perm], k[perm], v[perm], permute_nodes(edge_index, perm))
+        # == edge_attention(q, k, v, edge_index)[perm]
+
+    :func:`locality_order` gives a ``perm`` that makes the sparse kernels faster on graphs
+    numbered without regard to their structure.
+
+    Args:
+        edge_index (Tensor): ``[2, E]`` integer, ids below ``N = perm.numel()``.
+        perm (Tensor): ``[N]`` integer, each of ``0..N-1`` once, on the device of
+            ``edge_index``.
+
+    Shapes:
+        - **input:** edge_index ``(2, E)``, perm ``(N)``
+        - **output:** edge_index ``(2, E)``, the dtype and device of ``edge_index``
+    """
+    check_tensors(edge_index=edge_index, perm=perm)
+    if perm.dim() != 1:
+        raise ValueError(f"perm must be one-dimensional, [N], got {list(perm.shape)}")
+    if perm.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"perm must have an integer dtype (int64 or int32), got {perm.dtype}")
+    check_same_device(edge_index=edge_index, perm=perm)
+    num_nodes = perm.numel()
+    check_edge_index(edge_index, num_src=num_nodes, num_dst=num_nodes)
+    perm = perm.long()
+    rule = f"perm must hold each of 0..{num_nodes - 1} once (N = perm.numel() = {num_nodes})"
+    if num_nodes:
+        lo, hi = host_list(torch.stack([perm.min(), perm.max()]))
+        if lo < 0 or hi >= num_nodes:
+            raise ValueError(f"{rule}, got the value {lo if lo < 0 else hi}")
+        counts = torch.bincount(perm, minlength=num_nodes)  # (N,) how often each id comes
+        wrong = host_list(torch.nonzero(counts != 1)[:1].view(-1))
+        if wrong:
+            times = "twice or more" if int(counts[wrong[0]]) > 1 else "not at all"
+            raise ValueError(f"{rule}, got {wrong[0]} {times}")
+    inverse = torch.empty_like(perm)
+    inverse[perm] = torch.arange(num_nodes, device=perm.device)  # (N,) new id of each node
+    return inverse[edge_index.long()].to(edge_index.dtype)  # (2, E)

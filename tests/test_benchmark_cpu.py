@@ -28,6 +28,7 @@ import dropout_cpu  # noqa: E402
 import explicit_weights  # noqa: E402
 import global_layers  # noqa: E402
 import hub_precision  # noqa: E402
+import node_order  # noqa: E402
 import random_walk_pe  # noqa: E402
 import sparse_vs_dense  # noqa: E402
 import vs_pyg  # noqa: E402
@@ -619,6 +620,11 @@ def test_dropout_benchmark_mask_in_memory_is_the_kernels_mask():
     (explicit_weights.main, ["--rounds", "0"], "--rounds must be >= 1, got 0"),
     (explicit_weights.main, ["--replot", "table.md"], "--replot takes the .csv"),
     (sparse_vs_dense.main, ["--threads", "0"], "--threads must be >= 1, got 0"),
+    (node_order.main, ["--synthetic", "knn,grid"], "--synthetic takes knn, random or 'none', "
+                                                   "got ['grid']"),
+    (node_order.main, ["--nodes", "0"], "--nodes must be >= 1, got 0"),
+    (node_order.main, ["--nodes", "5", "--degree", "6"], "--degree must be <= --nodes, got 6"),
+    (node_order.main, ["--replot", "table.md"], "--replot takes the .csv"),
 ])
 def test_bad_arguments_are_argparse_errors(parse, argv, message, capsys):
     """A bad value ends in argparse's usage error naming the option, not a traceback."""
@@ -638,3 +644,59 @@ def test_replot_refuses_a_csv_of_another_script(tmp_path):
     other.write_text("graph,method\nCora,cpu\n")
     with pytest.raises(SystemExit):
         block_diagonal.parse_args(["--replot", str(other)])
+
+
+def test_node_order_benchmark_fills_its_table(tmp_path):
+    """In a process of its own (it sets the torch threads): one warm-up and one timed round on
+    Cora and small synthetic graphs, every order and call in the table, each ratio the
+    quotient of its times, and renumbering narrowing the k-nearest-neighbour graph."""
+    import subprocess
+
+    out = tmp_path / "order.md"
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "node_order.py"
+    done = subprocess.run([sys.executable, str(script), "--rounds", "1", "--warmup", "1",
+                           "--datasets", "Cora", "--nodes", "600", "--degree", "5",
+                           "--backends", "cpu", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    with open(out.with_suffix(".csv")) as f:
+        rows = list(csv.DictReader(f))
+    calls = ["edge_attention cpu, forward", "edge_attention cpu, forward+backward",
+             "GraphSelfAttention cpu, forward+backward"]
+    graphs_ = {"Cora (2708 nodes, 13264 edges)": ["as it comes", "shuffled", "locality_order"],
+               "knn 600 x 5 (600 nodes, 3000 edges)": ["as it comes", "locality_order"],
+               "random 600 x 5 (600 nodes, 3000 edges)": ["as it comes", "locality_order"]}
+    assert [(row["graph"], row["call"], row["order"]) for row in rows] == [
+        (graph, call, order) for graph, orders in graphs_.items() for call in calls
+        for order in orders]
+    times = {(row["graph"], row["call"], row["order"]): float(row["ms"]) for row in rows}
+    for row in rows:
+        given = times[row["graph"], row["call"], "as it comes"]
+        # the times are rounded to 0.1 ms, the ratio taken before
+        assert float(row["ratio"]) == pytest.approx(float(row["ms"]) / given,
+                                                    abs=0.01 + 0.15 / given)
+        assert (row["order s"] != "") == (row["order"] == "locality_order")
+    knn = {row["order"]: row for row in rows if row["graph"].startswith("knn")}
+    assert int(knn["locality_order"]["bandwidth"]) * 4 < int(knn["as it comes"]["bandwidth"])
+    assert (int(knn["locality_order"]["32x32 tiles"])
+            < int(knn["as it comes"]["32x32 tiles"]) / 2)
+    assert "command: `python benchmarks/node_order.py --rounds 1" in out.read_text()
+    assert out.with_suffix(".png").stat().st_size > 0
+    replot = tmp_path / "again.csv"
+    replot.write_text(out.with_suffix(".csv").read_text())
+    assert node_order.main(["--replot", str(replot)]) == 0
+    assert replot.with_suffix(".png").stat().st_size > 0
+
+
+def test_node_order_checks_that_the_orders_agree():
+    """The benchmark refuses to time a numbering whose output is not the graph's, row for
+    row (here: rows taken in another order than the edges were renumbered by)."""
+    edge_index = node_order.knn_graph(50, 4, seed=0)
+    gen = torch.Generator().manual_seed(0)
+    tensors = {name: torch.randn(50, 2, 4, generator=gen) for name in "qkv"}
+    numbered = node_order.orders(edge_index, 50, shuffle=True, seed=0)
+    node_order.check_orders(numbered, tensors)
+    renumbered, perm, seconds = numbered["locality_order"]
+    numbered["locality_order"] = (renumbered, perm.flip(0), seconds)
+    with pytest.raises(AssertionError, match="locality_order differs"):
+        node_order.check_orders(numbered, tensors)

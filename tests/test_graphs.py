@@ -584,3 +584,178 @@ def test_edge_checks_kept_by_mutation_testing():
         graphs.to_networkx(torch.tensor([[0, 1], [1, 2]]), 3, torch.ones(2, 2, 2))
     empty = torch.empty(2, 0, dtype=torch.int32)
     assert graphs.repeat_graph(empty, 2 ** 30, 2).dtype == torch.int32
+
+
+def bandwidth(edge_index: torch.Tensor) -> int:
+    """The largest id distance ``|i - j|`` between the ends of an edge."""
+    return int((edge_index[0] - edge_index[1]).abs().max())
+
+
+def shuffled(edge_index: torch.Tensor, num_nodes: int, seed: int = 0) -> torch.Tensor:
+    """The graph with its nodes numbered at random (written out here, not by permute_nodes)."""
+    new_id = torch.randperm(num_nodes, generator=torch.Generator().manual_seed(seed))
+    return new_id[edge_index]
+
+
+def test_locality_order_numbers_a_shuffled_chain_as_a_chain():
+    mixed = shuffled(graphs.chain_graph(50), 50)
+    assert bandwidth(mixed) > 10
+    perm = graphs.locality_order(mixed, 50)
+    assert bandwidth(graphs.permute_nodes(mixed, perm)) == 1
+
+
+def test_locality_order_narrows_a_shuffled_grid():
+    height = width = 20
+    mixed = shuffled(graphs.grid_graph(height, width), height * width, seed=1)
+    renumbered = graphs.permute_nodes(mixed, graphs.locality_order(mixed, height * width))
+    # a breadth-first numbering of a grid puts neighbours at most two of its diagonals apart
+    assert bandwidth(renumbered) <= 4 * width < bandwidth(mixed)
+    mean_distance = (renumbered[0] - renumbered[1]).abs().float().mean()
+    assert mean_distance < (mixed[0] - mixed[1]).abs().float().mean() / 5
+
+
+def test_locality_order_keeps_each_component_together():
+    # two chains of 30 and 20 nodes, numbered at random together, and 3 isolated nodes
+    chains = torch.cat([graphs.chain_graph(30), graphs.chain_graph(20) + 30], dim=1)
+    mixed = shuffled(chains, 53, seed=2)
+    perm = graphs.locality_order(mixed, 53)
+    renumbered = graphs.permute_nodes(mixed, perm)
+    assert bandwidth(renumbered) == 1
+    chain_of = torch.tensor([0] * 30 + [1] * 20 + [2] * 3)[torch.argsort(
+        torch.randperm(53, generator=torch.Generator().manual_seed(2)))]  # old id -> chain
+    for chain in (0, 1):  # each chain's nodes get consecutive ids
+        new_ids = torch.nonzero(chain_of[perm] == chain).view(-1)
+        assert new_ids[-1] - new_ids[0] == new_ids.numel() - 1
+
+
+def test_locality_order_is_a_permutation(graph_case, index_dtype):
+    n = max(graph_case.num_src, graph_case.num_dst)
+    edge_index = graph_case.edge_index.to(index_dtype)
+    perm = graphs.locality_order(edge_index, n)
+    assert perm.dtype == torch.int64
+    assert torch.equal(perm.sort().values, torch.arange(n))
+    renumbered = graphs.permute_nodes(edge_index, perm)
+    assert renumbered.dtype == index_dtype
+    # edge for edge, the same pairs of nodes: perm maps new ids back to the old ones
+    assert torch.equal(perm[renumbered.long()], edge_index.long())
+
+
+def test_locality_order_reads_edges_both_ways():
+    # a directed chain 0 -> 1 -> ... numbered at random: only its undirected pattern is a path
+    mixed = shuffled(graphs.chain_graph(40, directed=True), 40, seed=3)
+    perm = graphs.locality_order(mixed, 40)
+    assert bandwidth(graphs.permute_nodes(mixed, perm)) == 1
+
+
+def test_permute_nodes_against_a_loop():
+    edge_index = torch.tensor([[0, 3, 3, 1, 2, 2], [1, 0, 3, 2, 4, 4]])
+    perm = torch.tensor([2, 4, 0, 1, 3])
+    new_id = {int(old): new for new, old in enumerate(perm)}
+    expected = torch.tensor([[new_id[int(j)] for j in edge_index[0]],
+                             [new_id[int(i)] for i in edge_index[1]]])
+    assert torch.equal(graphs.permute_nodes(edge_index, perm), expected)
+    assert torch.equal(graphs.permute_nodes(edge_index, perm.int()), expected)
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu", "dense"])
+@pytest.mark.parametrize("score", ["dot", "additive", "gatv2"])
+def test_attention_commutes_with_renumbering(backend, score):
+    from conftest import assert_close, attention_inputs, random_graph
+
+    from graphattn.functional import edge_attention
+
+    n, num_edges = 30, 120
+    edge_index = random_graph(n, num_edges, seed=4)
+    inputs = attention_inputs(n, n, num_edges, 2, 8, score=score)
+    perm = graphs.locality_order(edge_index, n)
+    renumbered = graphs.permute_nodes(edge_index, perm)
+
+    def run(edges, node_rows):
+        q, k, v = (inputs[name][node_rows] for name in "qkv")
+        out, alpha = edge_attention(q, k, v, edges, score=score, bias=inputs["bias"],
+                                    att=inputs["att"], return_attention=True, backend=backend)
+        return out, alpha
+
+    out, alpha = run(edge_index, torch.arange(n))
+    out_p, alpha_p = run(renumbered, perm)
+    assert_close(out_p, out[perm])
+    assert_close(alpha_p, alpha)  # per edge, and the edges keep their order
+    weights = torch.randn_like(out)
+    grads = torch.autograd.grad((out * weights).sum(), [inputs["q"], inputs["v"],
+                                                         inputs["bias"]])
+    grads_p = torch.autograd.grad((out_p * weights[perm]).sum(), [inputs["q"], inputs["v"],
+                                                                   inputs["bias"]])
+    for got, want in zip(grads_p, grads, strict=True):
+        assert_close(got, want)
+
+
+def test_a_pyg_data_renumbers_with_subgraph():
+    """The recipe of locality_order's docstring: ``data.subgraph(perm)`` renumbers the graph,
+    the node rows and the edge features alike; a layer's output rows follow perm."""
+    from torch_geometric.data import Data
+
+    from graphattn.nn import GraphSelfAttention
+
+    torch.manual_seed(5)
+    n = 40
+    edge_index = shuffled(graphs.grid_graph(5, 8), n, seed=5)
+    data = Data(x=torch.randn(n, 6), edge_index=edge_index,
+                edge_attr=torch.randn(edge_index.size(1), 3), y=torch.arange(n))
+    perm = graphs.locality_order(data.edge_index, n)
+    renumbered = data.subgraph(perm)
+    assert torch.equal(renumbered.edge_index, graphs.permute_nodes(data.edge_index, perm))
+    assert torch.equal(renumbered.y, data.y[perm])
+    layer = GraphSelfAttention(6, 4, heads=2, edge_dim=3)
+    out = layer(data.x, data.edge_index, data.edge_attr)
+    out_p = layer(renumbered.x, renumbered.edge_index, renumbered.edge_attr)
+    torch.testing.assert_close(out_p, out[perm], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out_p[torch.argsort(perm)], out, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("call,error,match", [
+    (lambda: graphs.locality_order(graphs.chain_graph(4), 3), ValueError,
+     r"edge_index\[0\] \(sources\) must be < the number of source nodes 3, got a maximum of 3"),
+    (lambda: graphs.locality_order(graphs.chain_graph(4), -1), ValueError,
+     r"num_nodes must be a non-negative integer, got -1"),
+    (lambda: graphs.permute_nodes(graphs.chain_graph(4), torch.tensor([0, 1, 1, 3])),
+     ValueError, r"perm must hold each of 0..3 once \(N = perm.numel\(\) = 4\), got 1 twice "
+                 r"or more"),
+    (lambda: graphs.permute_nodes(graphs.chain_graph(3), torch.tensor([2, 0, 2])),
+     ValueError, r"perm must hold each of 0..2 once \(N = perm.numel\(\) = 3\), got 1 not at all"),
+    (lambda: graphs.permute_nodes(graphs.chain_graph(3), torch.tensor([0, 0, 1])),
+     ValueError, r"got 0 twice or more"),
+    (lambda: graphs.permute_nodes(graphs.chain_graph(3), torch.tensor([0, 1, 3])),
+     ValueError, r"perm must hold each of 0..2 once \(N = perm.numel\(\) = 3\), got the value 3"),
+    (lambda: graphs.permute_nodes(graphs.chain_graph(3), torch.tensor([0, -1, 2])),
+     ValueError, r"got the value -1"),
+    (lambda: graphs.permute_nodes(graphs.chain_graph(4), torch.arange(3)), ValueError,
+     r"edge_index\[0\] \(sources\) must be < the number of source nodes 3"),
+    (lambda: graphs.permute_nodes(graphs.chain_graph(3), torch.arange(3).view(1, 3)),
+     ValueError, r"perm must be one-dimensional, \[N\], got \[1, 3\]"),
+    (lambda: graphs.permute_nodes(graphs.chain_graph(3), torch.arange(3.0)), TypeError,
+     r"perm must have an integer dtype \(int64 or int32\), got torch.float32"),
+    (lambda: graphs.permute_nodes(graphs.chain_graph(3), [2, 0, 1]), TypeError,
+     r"perm must be a torch.Tensor, got list"),
+])
+def test_renumbering_errors(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+def test_renumbering_empty_graphs():
+    empty = torch.empty(2, 0, dtype=torch.int32)
+    assert graphs.locality_order(empty, 0).shape == (0,)
+    assert torch.equal(graphs.locality_order(empty, 4).sort().values, torch.arange(4))
+    assert graphs.permute_nodes(empty, torch.arange(0)).dtype == torch.int32
+
+
+def test_a_renumbered_grid_fills_the_tiles_of_the_block_kernels():
+    """Numbered at random, a 40 x 40 pixel grid's edges scatter over the adjacency's 32 x 32
+    tiles, too thinly for the block-sparse triton kernels; renumbered, they qualify again."""
+    from graphattn.functional.triton_blocks import block_layout
+
+    n = 40 * 40
+    mixed = shuffled(graphs.grid_graph(40, 40), n, seed=6)
+    renumbered = graphs.permute_nodes(mixed, graphs.locality_order(mixed, n))
+    assert block_layout(mixed, n, n, 32) is None
+    assert block_layout(renumbered, n, n, 32) is not None
