@@ -1,4 +1,4 @@
-r"""Masked and truncated attention over text: one character-level language model, four graphs.
+r"""Masked and truncated attention over text: one character-level language model, five graphs.
 
 A sequence is a chain of tokens, and a decoder's attention is edge attention on a graph over
 them. This script trains the same model, :class:`graphattn.nn.GraphTransformer` (two pre-norm
@@ -10,6 +10,10 @@ character attending to
 - ``window8`` and ``window32``: itself and the 8 or 32 characters before it
   (``graphs.window_graph(L, r, causal=True)``): truncated attention, the long-sequence
   transformer's local window;
+- ``window8+global32``: the window of 8, and every 32nd position global (Longformer's
+  pattern, causal): a global position attends to every character before it, and every
+  character to the global positions before it, so two layers reach the whole past
+  (``graphs.union`` of ``graphs.window_graph`` and ``graphs.global_token_graph``);
 - ``causal``: itself and every character before it in the sequence
   (``graphs.causal_graph(L)``): masked decoder attention, what ``DenseSelfAttention`` computes
   with ``is_causal=True``.
@@ -58,17 +62,27 @@ from graphattn import graphs, pe
 from graphattn.functional import select_backend
 from graphattn.nn import DenseSelfAttention, GraphSelfAttention, GraphTransformer
 
-GRAPHS = ("window0", "window8", "window32", "causal")
+GRAPHS = ("window0", "window8", "window32", "window8+global32", "causal")
 
 
 def sequence_graph(name: str, length: int) -> Tensor:
-    """The edges j -> i among the ``length`` positions of one sequence."""
-    if name == "causal":
-        return graphs.causal_graph(length)
-    if name.startswith("window") and name[6:].isdigit():
-        return graphs.window_graph(length, int(name[6:]), causal=True)
-    raise ValueError(f"graph must be one of {', '.join(GRAPHS)} (or windowR for a radius R), "
-                     f"got {name!r}")
+    """The edges j -> i among the ``length`` positions of one sequence: ``causal``,
+    ``windowR`` (look back R), ``globalP`` (every P-th position global, causal), or the union
+    of such parts joined by ``+``."""
+    parts = []
+    for part in name.split("+"):
+        if part == "causal":
+            parts.append(graphs.causal_graph(length))
+        elif part.startswith("window") and part[6:].isdigit():
+            parts.append(graphs.window_graph(length, int(part[6:]), causal=True))
+        elif part.startswith("global") and part[6:].isdigit() and int(part[6:]) > 0:
+            positions = torch.arange(0, length, int(part[6:]))
+            parts.append(graphs.global_token_graph(length, positions, causal=True))
+        else:
+            raise ValueError(f"graph must be one of {', '.join(GRAPHS)} (or windowR for a "
+                             f"radius R, globalP for every P-th position global, parts "
+                             f"joined by +), got {name!r}")
+    return parts[0] if len(parts) == 1 else graphs.union(parts, length)
 
 
 @dataclass

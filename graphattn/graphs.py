@@ -3,7 +3,10 @@
 Every self-attention variant is :func:`~graphattn.functional.edge_attention` on one of these
 graphs: the complete graph is ordinary (transformer) attention, the causal graph masked decoder
 attention, a window graph truncated attention, a grid graph image attention with a
-convolution-sized receptive field.
+convolution-sized receptive field. Sparse transformers combine such patterns: :func:`union` of a
+window and :func:`global_token_graph` is Longformer's attention, with :func:`random_graph` added
+BigBird's. :func:`locality_order` and :func:`permute_nodes` renumber a graph so that the sparse
+kernels read nearby rows.
 
 All builders return ``edge_index`` ``[2, E]`` int64 with row 0 the source j and row 1 the
 target i (node i attends to node j), sorted by target and then by source, so
@@ -23,6 +26,7 @@ from scipy.sparse.csgraph import reverse_cuthill_mckee
 from torch import Tensor
 
 from graphattn._checks import (
+    as_integer,
     check_batch,
     check_edge_index,
     check_flag,
@@ -258,6 +262,164 @@ def grid_graph(height: int, width: int, radius: int = 1) -> Tensor:
     src = (src_row * width + src_col)[keep]  # ascending per target: rows, then columns
     dst = torch.arange(height * width).unsqueeze(1).expand_as(keep)[keep]
     return torch.stack([src, dst])
+
+
+def global_token_graph(n: int, tokens: int | Sequence[int] | Tensor,
+                       causal: bool = False) -> Tensor:
+    r"""Global tokens: each of the ``tokens`` positions attends to every node, and every node
+    attends to it.
+
+    .. math::
+        \mathcal{E} = \{(j, i) : j \in G \ \text{or}\ i \in G\} \quad \text{or, causal,} \quad
+        \{(j, i) : j \le i,\ j \in G \ \text{or}\ i \in G\}
+
+    with G the global positions. Alone it is the star (hub) part of a sparse transformer's
+    pattern; with a window, :func:`union` gives Longformer's attention (a sliding window plus
+    global tokens), and with :func:`random_graph` too, BigBird's. Causal, with G the first s
+    positions, every position also attends to the first s ("attention sinks", kept beside a
+    sliding window when a decoder streams past its window). Global tokens attend to
+    themselves; no other self-loop is added.
+
+    Args:
+        n (int): number of nodes.
+        tokens (int or list of int or Tensor): the global positions G: an int t for the
+            first t positions ``0..t-1``, or the positions themselves, as a sequence or a
+            one-dimensional tensor (repeats count once).
+        causal (bool, optional): keep only the edges ``j <= i``. (default: ``False``)
+
+    Shapes:
+        - **output:** edge_index ``(2, E)``, int64, sorted by target, then source;
+          ``E <= 2 |G| n`` (``|G| (2 n - |G|)`` when not causal)
+    """
+    n = check_non_negative(n, "n")
+    causal = check_flag(causal, "causal")
+    count = None if isinstance(tokens, Tensor) else as_integer(tokens)  # a tensor: positions
+    if count is not None:
+        if not 0 <= count <= n:
+            raise ValueError(f"tokens must be between 0 and n = {n} when it is a count, got "
+                             f"{count}")
+        positions = torch.arange(count)
+    else:
+        positions = _positions(tokens, "tokens")
+        outside = positions[(positions < 0) | (positions >= n)]
+        if outside.numel():
+            raise ValueError(f"tokens must be positions in [0, {n}), got {int(outside[0])}")
+    glob = positions.unique()  # (G,)
+    every = torch.arange(n)  # (n,)
+    # the global tokens' rows (they attend to all) and columns (all attend to them)
+    src = torch.cat([every.repeat(glob.numel()), glob.repeat(n)])
+    dst = torch.cat([glob.repeat_interleave(n), every.repeat_interleave(glob.numel())])
+    if causal:
+        keep = src <= dst
+        src, dst = src[keep], dst[keep]
+    return union([torch.stack([src, dst])], n)
+
+
+def _positions(values: Sequence[int] | Tensor, name: str) -> Tensor:
+    """``values`` as a one-dimensional int64 CPU tensor, or a TypeError naming ``name``."""
+    try:
+        positions = torch.as_tensor(values)
+    except (TypeError, ValueError, RuntimeError):
+        positions = None
+    if positions is not None and positions.dim() == 1 and positions.numel() == 0:
+        return positions.long().cpu()
+    if (positions is None or positions.dim() != 1 or positions.is_floating_point()
+            or positions.is_complex() or positions.dtype == torch.bool):
+        raise TypeError(f"{name} must be an int or a one-dimensional sequence of integer "
+                        f"positions, got {values!r}")
+    return positions.long().cpu()
+
+
+def random_graph(n: int, degree: int, *, self_loops: bool = False,
+                 generator: torch.Generator | None = None) -> Tensor:
+    r"""Each node attends to ``degree`` sources drawn at random: BigBird's random attention.
+
+    For every target i, ``degree`` distinct sources j are drawn uniformly among the other
+    ``n - 1`` nodes (among all ``n`` with ``self_loops``), independently of the other targets:
+
+    .. math::
+        \mathcal{E} = \{(j, i) : j \in S_i\}, \qquad S_i \subset \{0..n-1\} \setminus \{i\},
+        \ |S_i| = d
+
+    Random edges shorten the paths between far positions: a few layers of window attention
+    plus d random keys per query reach every position in :math:`O(\log n)` layers, where the
+    window alone needs :math:`n / r` (BigBird's argument). :func:`union` adds them to a window
+    and global tokens.
+
+    Args:
+        n (int): number of nodes.
+        degree (int): sources per target d, at most ``n - 1`` (``n`` with ``self_loops``).
+        self_loops (bool, optional): a node may draw itself. (default: ``False``)
+        generator (torch.Generator, optional): the random generator (CPU); torch's default
+            one when ``None``. (default: ``None``)
+
+    Shapes:
+        - **output:** edge_index ``(2, n d)``, int64, sorted by target, then source
+    """
+    n = check_non_negative(n, "n")
+    degree = check_non_negative(degree, "degree")
+    self_loops = check_flag(self_loops, "self_loops")
+    choices = n if self_loops else max(n - 1, 0)  # the sources a target can draw
+    if degree > choices:
+        raise ValueError(f"degree must be at most {choices} (the {'' if self_loops else 'other '}"
+                         f"nodes of a target) for n = {n}, got {degree}")
+    if 2 * degree > choices:  # dense: a random permutation of the choices per target
+        drawn = torch.rand(n, choices, generator=generator).argsort(dim=1)[:, :degree]
+    else:  # sparse: draw with replacement, then draw again where a target drew a repeat
+        drawn = torch.randint(0, max(choices, 1), (n, degree), generator=generator)
+        while True:
+            ordered, order = drawn.sort(dim=1)  # (n, d)
+            repeat = torch.zeros_like(drawn, dtype=torch.bool)
+            repeat[:, 1:] = ordered[:, 1:] == ordered[:, :-1]
+            if not bool(repeat.any()):
+                break
+            redraw = torch.randint(0, choices, (int(repeat.sum()),), generator=generator)
+            ordered[repeat] = redraw
+            drawn = ordered
+    dst = torch.arange(n).unsqueeze(1).expand(n, degree)  # (n, d)
+    if not self_loops:
+        drawn = drawn + (drawn >= dst).long()  # skip the target itself
+    src = drawn.sort(dim=1).values  # (n, d)
+    return torch.stack([src.reshape(-1), dst.reshape(-1)])
+
+
+def union(edge_indices: Sequence[Tensor], num_nodes: int) -> Tensor:
+    r"""The union of graphs on the same nodes: each edge of any of them once.
+
+    .. math::
+        \mathcal{E} = \mathcal{E}_1 \cup \dots \cup \mathcal{E}_m
+
+    Sparse transformers combine patterns this way: ``union([window_graph(n, r),
+    global_token_graph(n, g)], n)`` is Longformer's attention, and with ``random_graph(n, d)``
+    added, BigBird's. A pair that several graphs (or one graph, twice) hold becomes one edge,
+    so attention over the union weighs it once, as a dense mask does.
+
+    Args:
+        edge_indices (list of Tensor): ``[2, E_m]`` integer graphs, ids below ``num_nodes``,
+            on one device.
+        num_nodes (int): number of nodes N.
+
+    Shapes:
+        - **input:** edge_indices ``(2, E_m)`` each
+        - **output:** edge_index ``(2, E)``, int64, sorted by target, then source, on the
+          device of the inputs (CPU for none)
+    """
+    num_nodes = check_non_negative(num_nodes, "num_nodes")
+    if isinstance(edge_indices, Tensor) or not isinstance(edge_indices, Sequence):
+        raise TypeError(f"edge_indices must be a sequence of [2, E] tensors, got "
+                        f"{type(edge_indices).__name__}")
+    for m, edge_index in enumerate(edge_indices):
+        check_tensors(**{f"edge_indices[{m}]": edge_index})
+        try:
+            check_edge_index(edge_index, num_src=num_nodes, num_dst=num_nodes)
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"edge_indices[{m}]: {error}") from None
+    if not edge_indices:
+        return torch.empty(2, 0, dtype=torch.int64)
+    check_same_device(**{f"edge_indices[{m}]": e for m, e in enumerate(edge_indices)})
+    edges = torch.cat([e.long() for e in edge_indices], dim=1)  # (2, sum E_m)
+    key = (edges[1] * num_nodes + edges[0]).unique()  # (E,) sorted: by target, then source
+    return torch.stack([key % num_nodes, key // num_nodes]) if num_nodes else edges[:, :0]
 
 
 def to_dense_mask(edge_index: Tensor, num_nodes: int) -> Tensor:

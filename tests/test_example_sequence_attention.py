@@ -50,6 +50,15 @@ def test_sequence_graphs(example, name, edges):
     assert bool((edge_index[0] <= edge_index[1]).all())  # no edge from the future
 
 
+def test_a_window_with_global_positions(example):
+    """``window1+global4``: the window of one, and positions 0, 4, 8 global, causally."""
+    n = 10
+    edge_index = example["sequence_graph"]("window1+global4", n)
+    pairs = [(j, i) for i in range(n) for j in range(i + 1)
+             if i - j <= 1 or j % 4 == 0 or i % 4 == 0]
+    assert edge_index.tolist() == torch.tensor(pairs).t().tolist()
+
+
 @pytest.mark.parametrize("name,reach", [("window2", 2), ("causal", None)])
 def test_model_is_causal_with_its_graphs_receptive_field(example, corpus, name, reach):
     """Changing character t changes no prediction before t, and with a window of r over two
@@ -128,6 +137,8 @@ def test_figure_is_written(example, tmp_path, capsys):
     (["--device", "nonsense"], "--device"), (["--dropout", "1"], "--dropout"),
     (["--lr", "0"], "--lr"), (["--graphs", ","], "--graphs must name at least one"),
     (["--graphs", "causal,causal"], "--graphs must name each graph once"),
+    (["--graphs", "window8+global0"], "--graphs: graph must be one of"),
+    (["--graphs", "window8+sinks"], "got 'window8+sinks'"),
     (["--device", "mps"], "--device mps is not usable here"),
 ])
 def test_bad_arguments_are_refused_by_name(example, argv, name, capsys):

@@ -759,3 +759,129 @@ def test_a_renumbered_grid_fills_the_tiles_of_the_block_kernels():
     renumbered = graphs.permute_nodes(mixed, graphs.locality_order(mixed, n))
     assert block_layout(mixed, n, n, 32) is None
     assert block_layout(renumbered, n, n, 32) is not None
+
+
+@pytest.mark.parametrize("n", [0, 1, 5, 9])
+@pytest.mark.parametrize("tokens", [0, 1, 3, [4, 0], (2, 2, 7)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_global_token_graph(n, tokens, causal):
+    positions = set(range(tokens)) if isinstance(tokens, int) else set(tokens)
+    if max(positions, default=-1) >= n:
+        with pytest.raises(ValueError, match="tokens must be"):
+            graphs.global_token_graph(n, tokens, causal=causal)
+        return
+    expected = brute_force(n, lambda i, j: (i in positions or j in positions)
+                           and (j <= i or not causal))
+    assert_edges_equal(graphs.global_token_graph(n, tokens, causal=causal), expected)
+    as_tensor = graphs.global_token_graph(n, torch.tensor(sorted(positions), dtype=torch.long),
+                                          causal=causal)
+    assert_edges_equal(as_tensor, expected)
+
+
+def test_attention_sinks_with_a_window():
+    """Causal, the first s positions global: each position sees the first s and its window."""
+    n, sinks, radius = 12, 2, 3
+    graph = graphs.union([graphs.window_graph(n, radius, causal=True),
+                          graphs.global_token_graph(n, sinks, causal=True)], n)
+    assert_edges_equal(graph, brute_force(n, lambda i, j: j <= i and (i - j <= radius
+                                                                        or j < sinks or i < sinks)))
+
+
+@pytest.mark.parametrize("n,degree,self_loops", [(0, 0, False), (1, 0, False), (1, 1, True),
+                                                 (6, 5, False), (6, 6, True), (40, 3, False),
+                                                 (40, 3, True), (40, 30, False)])
+def test_random_graph_draws_distinct_sources_per_target(n, degree, self_loops):
+    gen = torch.Generator().manual_seed(n + degree)
+    edge_index = graphs.random_graph(n, degree, self_loops=self_loops, generator=gen)
+    assert edge_index.dtype == torch.int64 and edge_index.shape == (2, n * degree)
+    src, dst = edge_index
+    assert torch.equal(dst, torch.arange(n).repeat_interleave(degree))
+    for i in range(n):
+        sources = src[dst == i].tolist()
+        assert sources == sorted(set(sources)), sources  # distinct, sorted
+        assert all(0 <= j < n for j in sources)
+        assert self_loops or i not in sources
+    again = graphs.random_graph(n, degree, self_loops=self_loops,
+                                generator=torch.Generator().manual_seed(n + degree))
+    assert torch.equal(again, edge_index)
+
+
+@pytest.mark.parametrize("degree", [2, 7])  # drawn with repeats redrawn; by permutation
+def test_random_graph_draws_each_source_equally_often(degree):
+    """Over many targets each other node is drawn about degree / (n - 1) of the time, and so
+    is each pair of sources (a draw that favoured some subsets would show there)."""
+    n, rounds = 9, 4000
+    gen = torch.Generator().manual_seed(degree)
+    counts = torch.zeros(n, n)
+    pairs = torch.zeros(n, n, n)
+    for _ in range(rounds // n):
+        src, dst = graphs.random_graph(n, degree, generator=gen).view(2, n, degree)
+        counts[dst[:, 0].unsqueeze(1), src] += 1
+        for a in range(degree):
+            for b in range(a + 1, degree):
+                pairs[dst[:, 0], src[:, a], src[:, b]] += 1
+    draws = rounds // n
+    expected = draws * degree / (n - 1)
+    off = ~torch.eye(n, dtype=torch.bool)
+    assert counts.diagonal().sum() == 0
+    # binomial standard deviation about sqrt(expected); 5 sigma
+    assert (counts[off] - expected).abs().max() < 5 * expected ** 0.5
+    pair_expected = draws * degree * (degree - 1) / ((n - 1) * (n - 2))
+    upper = torch.ones(n, n).triu(1).bool()
+    for i in range(n):
+        mine = upper.clone()
+        mine[i, :] = mine[:, i] = False
+        assert (pairs[i][mine] - pair_expected).abs().max() < 5 * pair_expected ** 0.5 + 1
+
+
+def test_union_against_sets():
+    a = torch.tensor([[0, 2, 2, 1], [1, 0, 0, 3]])
+    b = torch.tensor([[3, 0], [3, 1]], dtype=torch.int32)
+    pairs = {tuple(edge) for e in (a, b) for edge in e.t().tolist()}
+    expected = torch.tensor(sorted(pairs, key=lambda p: (p[1], p[0]))).t()
+    assert_edges_equal(graphs.union([a, b], 4), expected)
+    assert_edges_equal(graphs.union([a], 4), graphs.union([a, a], 4))
+    assert graphs.union([], 4).shape == (2, 0)
+    assert graphs.union([torch.empty(2, 0, dtype=torch.long)], 0).shape == (2, 0)
+
+
+def test_longformer_and_bigbird_are_unions():
+    n = 16
+    window, glob = graphs.window_graph(n, 2), graphs.global_token_graph(n, [0, 9])
+    rand = graphs.random_graph(n, 2, generator=torch.Generator().manual_seed(0))
+    bigbird = graphs.union([window, glob, rand], n)
+    mask = graphs.to_dense_mask(window, n) | graphs.to_dense_mask(glob, n)
+    assert torch.equal(graphs.to_dense_mask(graphs.union([window, glob], n), n), mask)
+    assert torch.equal(graphs.to_dense_mask(bigbird, n), mask | graphs.to_dense_mask(rand, n))
+
+
+@pytest.mark.parametrize("call,error,match", [
+    (lambda: graphs.global_token_graph(4, 5), ValueError,
+     r"tokens must be between 0 and n = 4 when it is a count, got 5"),
+    (lambda: graphs.global_token_graph(4, -1), ValueError,
+     r"tokens must be between 0 and n = 4 when it is a count, got -1"),
+    (lambda: graphs.global_token_graph(4, [1, 7]), ValueError,
+     r"tokens must be positions in \[0, 4\), got 7"),
+    (lambda: graphs.global_token_graph(4, [1.5]), TypeError,
+     r"tokens must be an int or a one-dimensional sequence of integer positions, got \[1.5\]"),
+    (lambda: graphs.global_token_graph(4, [[1]]), TypeError, r"one-dimensional"),
+    (lambda: graphs.global_token_graph(4, "ab"), TypeError, r"got 'ab'"),
+    (lambda: graphs.global_token_graph(4, 1, causal="yes"), TypeError, r"causal"),
+    (lambda: graphs.random_graph(4, 4), ValueError,
+     r"degree must be at most 3 \(the other nodes of a target\) for n = 4, got 4"),
+    (lambda: graphs.random_graph(4, 5, self_loops=True), ValueError,
+     r"degree must be at most 4 \(the nodes of a target\) for n = 4, got 5"),
+    (lambda: graphs.random_graph(4, -2), ValueError,
+     r"degree must be a non-negative integer, got -2"),
+    (lambda: graphs.union(graphs.chain_graph(3), 3), TypeError,
+     r"edge_indices must be a sequence of \[2, E\] tensors, got Tensor"),
+    (lambda: graphs.union([graphs.chain_graph(3), graphs.chain_graph(4)], 3), ValueError,
+     r"edge_indices\[1\]: edge_index\[0\] \(sources\) must be < the number of source nodes 3"),
+    (lambda: graphs.union([graphs.chain_graph(3).float()], 3), TypeError,
+     r"edge_indices\[0\]: edge_index must have an integer dtype"),
+    (lambda: graphs.union([[0, 1]], 3), TypeError,
+     r"edge_indices\[0\] must be a torch.Tensor, got list"),
+])
+def test_sparse_pattern_errors(call, error, match):
+    with pytest.raises(error, match=match):
+        call()

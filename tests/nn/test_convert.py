@@ -463,7 +463,7 @@ def _mha(embed_dim=12, heads=3, seed=0, **options):
     return mha
 
 
-@pytest.mark.parametrize("pattern", ["complete", "causal", "window", "grid"])
+@pytest.mark.parametrize("pattern", ["complete", "causal", "window", "grid", "bigbird"])
 @pytest.mark.parametrize("bias", [True, False])
 def test_from_mha_attends_over_the_graph_as_an_attn_mask_would(pattern, bias):
     """The converted layer on a graph is ``mha`` with the mask of that graph (torch's boolean
@@ -471,8 +471,14 @@ def test_from_mha_attends_over_the_graph_as_an_attn_mask_would(pattern, bias):
     from graphattn import graphs
 
     L = 16
-    edge_index = {"complete": graphs.complete_graph(L), "causal": graphs.causal_graph(L),
-                  "window": graphs.window_graph(L, 2), "grid": graphs.grid_graph(4, 4)}[pattern]
+    edge_index = {"complete": lambda: graphs.complete_graph(L),
+                  "causal": lambda: graphs.causal_graph(L),
+                  "window": lambda: graphs.window_graph(L, 2),
+                  "grid": lambda: graphs.grid_graph(4, 4),
+                  "bigbird": lambda: graphs.union([
+                      graphs.window_graph(L, 1), graphs.global_token_graph(L, [0, 8]),
+                      graphs.random_graph(L, 2, generator=torch.Generator().manual_seed(0))],
+                      L)}[pattern]()
     mha = _mha(bias=bias)
     layer = from_mha(mha)
     assert isinstance(layer, GraphSelfAttention) and not layer.add_self_loops
