@@ -1,13 +1,14 @@
-"""One attention layer, one sequence, five attention patterns.
+"""One attention layer, one sequence, six attention patterns.
 
 Every self-attention variant is the same operator on a different graph. This script runs one
-GraphSelfAttention layer on one sequence of L vectors over five graphs, and the DenseSelfAttention
+GraphSelfAttention layer on one sequence of L vectors over six graphs, and the DenseSelfAttention
 twin (the same weights) with the matching dense reference:
 
     complete  = transformer attention     reference: SDPA without a mask
     causal    = masked decoder attention  reference: SDPA with is_causal=True
     window    = truncated attention       reference: SDPA with to_dense_mask(window_graph)
     grid      = image pixels, 3x3         reference: SDPA with to_dense_mask(grid_graph)
+    bigbird   = window + global + random  reference: SDPA with to_dense_mask(union(...))
     networkx  = a small-world graph       reference: SDPA with to_dense_mask(from_networkx(G))
 
 For each it prints the largest difference from the reference (outputs and attention weights) and
@@ -53,6 +54,11 @@ def patterns(length: int, radius: int, seed: int) -> dict[str, tuple[torch.Tenso
         "causal": (graphs.causal_graph(length), "causal"),
         f"window-r{radius}": (graphs.window_graph(length, radius), "mask"),
         f"grid-{side}x{side}": (graphs.grid_graph(side, side, radius=1), "mask"),
+        # BigBird: the window, positions 0 and L/2 global, 2 random keys per query
+        "bigbird": (graphs.union([graphs.window_graph(length, radius),
+                                  graphs.global_token_graph(length, [0, length // 2]),
+                                  graphs.random_graph(length, 2, generator=torch.Generator()
+                                                      .manual_seed(seed))], length), "mask"),
         "networkx-small-world": (graphs.from_networkx(G), "mask"),
     }
     result = {}

@@ -41,7 +41,7 @@ otherwise), to show which route to take for which pattern (``--timing-rounds 0``
 
 Usage::
 
-    python examples/sequence_attention.py --out out/sequence_attention   # ~8 min on 2 cores
+    python examples/sequence_attention.py --out out/sequence_attention   # ~10 min on 2 cores
 """
 
 from __future__ import annotations
@@ -342,7 +342,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--graphs", default=",".join(GRAPHS),
                         help="comma-separated graphs: windowR (itself and the R characters "
-                             "before), causal")
+                             "before), globalP (every P-th position global), causal, or "
+                             "unions of them joined by + (default: %(default)s)")
     parser.add_argument("--steps", type=positive_int, default=2000)
     parser.add_argument("--eval-every", type=positive_int, default=100)
     parser.add_argument("--length", type=positive_int, default=256, help="characters L")

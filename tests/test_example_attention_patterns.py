@@ -20,8 +20,9 @@ def test_attention_patterns_example(tmp_path, monkeypatch, capsys):
     runpy.run_path(str(SCRIPT), run_name="__main__")
     printed = capsys.readouterr().out
     assert "all patterns match their dense reference to 1e-05" in printed
-    rows = {line.split()[0]: line.split() for line in printed.splitlines()[1:6]}
-    assert list(rows) == ["complete", "causal", "window-r2", "grid-4x4", "networkx-small-world"]
+    rows = {line.split()[0]: line.split() for line in printed.splitlines()[1:7]}
+    assert list(rows) == ["complete", "causal", "window-r2", "grid-4x4", "bigbird",
+                          "networkx-small-world"]
     assert rows["complete"][1:3] == ["256", "256"]  # E = L^2
     assert rows["causal"][1] == str(16 * 17 // 2)
     assert sorted(p.name for p in out.iterdir()) == sorted(f"{name}.png" for name in rows)
