@@ -278,7 +278,10 @@ def global_token_graph(n: int, tokens: int | Sequence[int] | Tensor,
     global tokens), and with :func:`random_graph` too, BigBird's. Causal, with G the first s
     positions, every position also attends to the first s ("attention sinks", kept beside a
     sliding window when a decoder streams past its window). Global tokens attend to
-    themselves; no other self-loop is added.
+    themselves; no other self-loop is added. Virtual nodes (a graph transformer's global
+    nodes) are global tokens appended as new nodes: for k of them beside a graph of n nodes,
+    ``union([edge_index, global_token_graph(n + k, range(n, n + k))], n + k)``, over the node
+    features with k learned rows appended.
 
     Args:
         n (int): number of nodes.

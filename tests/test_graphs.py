@@ -885,3 +885,14 @@ def test_longformer_and_bigbird_are_unions():
 def test_sparse_pattern_errors(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+def test_virtual_nodes_are_appended_global_tokens():
+    """The recipe of global_token_graph's docstring: k new nodes, each linked both ways to
+    every node, on top of the graph's own edges."""
+    n, k = 6, 2
+    chain = graphs.chain_graph(n)
+    graph = graphs.union([chain, graphs.global_token_graph(n + k, range(n, n + k))], n + k)
+    chain_pairs = set(map(tuple, chain.t().tolist()))
+    assert_edges_equal(graph, brute_force(n + k, lambda i, j: i >= n or j >= n
+                                          or (j, i) in chain_pairs))
