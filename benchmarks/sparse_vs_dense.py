@@ -16,7 +16,12 @@ and measures the peak memory of each call. Every method computes the same attent
 and gradients checked against the reference on a small graph at start). Writes
 ``results/sparse_vs_dense.csv``, ``results/sparse_vs_dense.md`` and the plots
 ``results/sparse_vs_dense_time.png`` and ``results/sparse_vs_dense_memory.png``; ``--quick``
-runs a small sweep in under two minutes.
+runs a small sweep in under two minutes. ``--patterns`` runs the sparse transformers' patterns
+instead, over sequences of 4096 and 16384 positions: a window of radius 64, Longformer's (the
+window and 16 global positions, one every N/16: ``graphs.union`` with
+``graphs.global_token_graph``) and BigBird's (those and 3 random keys per query,
+``graphs.random_graph``), with the causal graph of 4096 beside them; it writes
+``results/sparse_vs_dense_patterns.*`` and bar charts of time and memory per graph.
 
 Timing: methods are interleaved within each point (a new random order each round), after one
 warm-up call (which is also the memory measurement), and the median of the repeats is kept. A
@@ -117,8 +122,34 @@ def with_self_loops(edge_index: torch.Tensor, n: int) -> torch.Tensor:
     return torch.cat([edge_index, torch.stack([loops, loops])], dim=1)
 
 
+PATTERN_RADIUS, PATTERN_GLOBAL, PATTERN_RANDOM = 64, 16, 3
+
+
+def pattern_points(seed: int, sizes: tuple[int, ...] = (4096, 16384)) -> list[Point]:
+    """The sparse transformers' patterns of ``--patterns``: for each length n a window of
+    radius ``PATTERN_RADIUS``, Longformer's (the window and ``PATTERN_GLOBAL`` global positions
+    spread evenly) and BigBird's (those and ``PATTERN_RANDOM`` random keys per query); and the
+    causal graph of the first length."""
+    points = []
+    for n in sizes:
+        window = graphs.window_graph(n, PATTERN_RADIUS)
+        tokens = torch.arange(0, n, n // PATTERN_GLOBAL)  # (16,)
+        longformer = graphs.union([window, graphs.global_token_graph(n, tokens)], n)
+        rand = graphs.random_graph(n, PATTERN_RANDOM,
+                                   generator=torch.Generator().manual_seed(seed + n))
+        r, g = PATTERN_RADIUS, PATTERN_GLOBAL
+        points += [Point("pattern", f"window-{n}-r{r}", n, window),
+                   Point("pattern", f"longformer-{n}-r{r}-g{g}", n, longformer),
+                   Point("pattern", f"bigbird-{n}-r{r}-g{g}-k{PATTERN_RANDOM}", n,
+                         graphs.union([longformer, rand], n))]
+    return points + [Point("pattern", f"causal-{sizes[0]}", sizes[0],
+                           graphs.causal_graph(sizes[0]))]
+
+
 def sweep_points(args: argparse.Namespace) -> tuple[list[Point], list[str]]:
     """The graphs of the sweep, and the reasons for graphs left out."""
+    if args.patterns:
+        return pattern_points(args.seed), []
     points: list[Point] = []
     notes: list[str] = []
     sizes = (256, 1024) if args.quick else (256, 1024, 4096, 16384)
@@ -580,6 +611,41 @@ def write_markdown(rows, header, notes, summary, path: Path) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
+def plot_patterns(rows, path_time: Path, path_mem: Path) -> None:
+    """Per graph of ``--patterns``, the time and peak memory of each method that ran, forward
+    +backward above and forward below (bars, log scale)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    graph_names = list(dict.fromkeys(r["graph"] for r in rows))
+    methods = [m for m in dict.fromkeys(r["method"] for r in rows)
+               if any(not math.isnan(r["fwd_ms"]) for r in rows if r["method"] == m)]
+    width = 0.8 / max(len(methods), 1)
+    for kind, label, path in (("ms", "time (ms)", path_time),
+                              ("mib", "peak memory (MiB)", path_mem)):
+        fig, axes = plt.subplots(2, 1, figsize=(11, 8), sharex=True)
+        for ax, phase, title in zip(axes, ("fwd_bwd", "fwd"), ("forward+backward", "forward"),
+                                    strict=True):
+            for i, m in enumerate(methods):
+                value = {r["graph"]: r[f"{phase}_{kind}"] for r in rows if r["method"] == m}
+                ax.bar([g + i * width for g in range(len(graph_names))],
+                       [value.get(g, math.nan) for g in graph_names], width=width, label=m,
+                       color=f"C{i}")
+            ax.set_yscale("log")
+            ax.set_ylabel(f"{title} {label}")
+            ax.grid(True, axis="y", alpha=0.3)
+        axes[1].set_xticks([g + width * (len(methods) - 1) / 2 for g in range(len(graph_names))],
+                           [name.replace("-", "\n", 1) for name in graph_names], fontsize=8)
+        fig.legend(*axes[1].get_legend_handles_labels(), loc="lower center", ncol=len(methods),
+                   fontsize=9)
+        fig.suptitle(f"Sparse transformers' patterns: {label} (no bar: not run)", fontsize=11)
+        fig.tight_layout(rect=(0, 0.04, 1, 1))
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+
+
 def plot(rows, crossovers, path_time: Path, path_mem: Path) -> None:
     import matplotlib
 
@@ -639,6 +705,9 @@ def plot(rows, crossovers, path_time: Path, path_mem: Path) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sweep, under two minutes")
+    parser.add_argument("--patterns", action="store_true",
+                        help="the sparse transformers' patterns (window, Longformer, BigBird) "
+                             "instead of the sweep")
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--channels", type=int, default=32, help="channels per head")
     parser.add_argument("--repeats", type=int, default=5, help="timed repeats per method")
@@ -666,6 +735,8 @@ def main(argv: list[str] | None = None) -> None:
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    if args.quick and args.patterns:
+        parser.error("--quick and --patterns name two different runs: pass one")
     if args.quick:
         args.repeats, args.min_time_s = min(args.repeats, 3), min(args.min_time_s, 0.3)
     if args.threads is not None:
@@ -727,7 +798,7 @@ def main(argv: list[str] | None = None) -> None:
                   for n in sorted({r["N"] for r in rows if r["family"] == "er"})
                   for phase in ("fwd_bwd", "fwd")}
     summary = []
-    for phase, label in (("fwd_bwd", "forward+backward"), ("fwd", "forward")):
+    for phase, label in (("fwd_bwd", "forward+backward"), ("fwd", "forward")) if crossovers else ():
         xs = ", ".join(f"N={n}: {fmt(x, 3) if math.isnan(x) else f'{x:.3g}'}"
                        for (n, p), x in crossovers.items() if p == phase)
         found = [x for (n, p), x in crossovers.items() if p == phase and not math.isnan(x)]
@@ -765,13 +836,17 @@ def main(argv: list[str] | None = None) -> None:
                    f"end: " + ", ".join(f"{x:.1f}" for x in os.getloadavg()))
 
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.out / ("sparse_vs_dense_quick" if args.quick else "sparse_vs_dense")
+    stem = args.out / ("sparse_vs_dense_quick" if args.quick else
+                       "sparse_vs_dense_patterns" if args.patterns else "sparse_vs_dense")
     with open(stem.with_suffix(".csv"), "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
     write_markdown(rows, header, notes, summary, stem.with_suffix(".md"))
-    plot(rows, crossovers, Path(f"{stem}_time.png"), Path(f"{stem}_memory.png"))
+    if args.patterns:
+        plot_patterns(rows, Path(f"{stem}_time.png"), Path(f"{stem}_memory.png"))
+    else:
+        plot(rows, crossovers, Path(f"{stem}_time.png"), Path(f"{stem}_memory.png"))
     if not args.quick:
         shutil.rmtree(os.environ["TORCHINDUCTOR_CACHE_DIR"], ignore_errors=True)
     print("\n".join(summary))

@@ -192,6 +192,40 @@ def test_sparse_vs_dense_citation_summary_with_the_reference_backend_skipped(mon
     assert len(summary) == 2 and not any("nan" in line for line in summary), summary
 
 
+def test_sparse_vs_dense_patterns_run_writes_its_own_table(monkeypatch, tmp_path):
+    """--patterns times the sparse transformers' patterns (here at 64 and 128 positions) and
+    writes sparse_vs_dense_patterns.* with its bar charts, every pattern in the table."""
+    pattern_points = sparse_vs_dense.pattern_points
+    monkeypatch.setattr(sparse_vs_dense, "pattern_points",
+                        lambda seed: pattern_points(seed, sizes=(64, 128)))
+    monkeypatch.setattr(sparse_vs_dense, "check_methods_agree", lambda args, flex: None)
+    sparse_vs_dense.main(["--patterns", "--no-flex", "--heads", "2", "--channels", "4",
+                          "--repeats", "1", "--min-time-s", "0", "--out", str(tmp_path)])
+    text = (tmp_path / "sparse_vs_dense_patterns.md").read_text()
+    for name in ("window-64-r64", "longformer-64-r64-g16", "bigbird-128-r64-g16-k3",
+                 "causal-64"):
+        assert f"| {name} |" in text
+    for figure in ("time", "memory"):
+        assert (tmp_path / f"sparse_vs_dense_patterns_{figure}.png").stat().st_size > 0
+    assert not (tmp_path / "sparse_vs_dense.md").exists()
+
+
+def test_sparse_vs_dense_patterns_are_the_unions_they_name():
+    from graphattn import graphs
+
+    points = {p.name: p for p in sparse_vs_dense.pattern_points(0, sizes=(256,))}
+    window = graphs.to_dense_mask(points["window-256-r64"].edge_index, 256)
+    longformer = graphs.to_dense_mask(points["longformer-256-r64-g16"].edge_index, 256)
+    bigbird = graphs.to_dense_mask(points["bigbird-256-r64-g16-k3"].edge_index, 256)
+    tokens = torch.arange(0, 256, 16)
+    extra = longformer & ~window
+    assert extra[tokens].any(dim=1).all() and extra[:, tokens].any(dim=0).all()
+    assert torch.equal(longformer, window | graphs.to_dense_mask(
+        graphs.global_token_graph(256, tokens), 256))
+    assert (longformer & ~bigbird).sum() == 0
+    assert 0 < (bigbird & ~longformer).sum() <= 3 * 256
+
+
 def test_batched_global_rejects_no_timed_repeats(tmp_path, capsys):
     """--repeats 0 is refused before anything runs (it ran the warm-up, then ended in
     statistics.StatisticsError: no median for empty data)."""
@@ -620,6 +654,7 @@ def test_dropout_benchmark_mask_in_memory_is_the_kernels_mask():
     (explicit_weights.main, ["--rounds", "0"], "--rounds must be >= 1, got 0"),
     (explicit_weights.main, ["--replot", "table.md"], "--replot takes the .csv"),
     (sparse_vs_dense.main, ["--threads", "0"], "--threads must be >= 1, got 0"),
+    (sparse_vs_dense.main, ["--quick", "--patterns"], "--quick and --patterns name two"),
     (node_order.main, ["--synthetic", "knn,grid"], "--synthetic takes knn, random or 'none', "
                                                    "got ['grid']"),
     (node_order.main, ["--nodes", "0"], "--nodes must be >= 1, got 0"),
