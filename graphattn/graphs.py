@@ -5,8 +5,9 @@ graphs: the complete graph is ordinary (transformer) attention, the causal graph
 attention, a window graph truncated attention, a grid graph image attention with a
 convolution-sized receptive field. Sparse transformers combine such patterns: :func:`union` of a
 window and :func:`global_token_graph` is Longformer's attention, with :func:`random_graph` added
-BigBird's. :func:`locality_order` and :func:`permute_nodes` renumber a graph so that the sparse
-kernels read nearby rows.
+BigBird's; :func:`head_patterns` gives each head a pattern of its own (a window in some,
+:func:`strided_graph` in others: the Sparse Transformer's). :func:`locality_order` and
+:func:`permute_nodes` renumber a graph so that the sparse kernels read nearby rows.
 
 All builders return ``edge_index`` ``[2, E]`` int64 with row 0 the source j and row 1 the
 target i (node i attends to node j), sorted by target and then by source, so
@@ -31,6 +32,7 @@ from graphattn._checks import (
     check_edge_index,
     check_flag,
     check_non_negative,
+    check_positive,
     check_same_device,
     check_tensors,
     dense_graph_ids,
@@ -384,6 +386,79 @@ def random_graph(n: int, degree: int, *, self_loops: bool = False,
         drawn = drawn + (drawn >= dst).long()  # skip the target itself
     src = drawn.sort(dim=1).values  # (n, d)
     return torch.stack([src.reshape(-1), dst.reshape(-1)])
+
+
+def strided_graph(n: int, stride: int, causal: bool = False) -> Tensor:
+    r"""Node i attends to the positions a multiple of ``stride`` away: the Sparse Transformer's
+    strided pattern.
+
+    .. math::
+        \mathcal{E} = \{(j, i) : i - j \equiv 0 \pmod{s}\} \quad \text{or, causal,} \quad
+        \{(j, i) : j \le i,\ i - j \equiv 0 \pmod{s}\}
+
+    With a window of radius ``s - 1`` in another head (:func:`head_patterns`), two layers reach
+    every position: the window gathers each block of s, the strided head carries it across
+    (the factorized attention of Child et al., 2019). ``stride=1`` is the complete (causal)
+    graph. Self-loops are included.
+
+    Args:
+        n (int): number of nodes.
+        stride (int): the stride s >= 1.
+        causal (bool, optional): only look back, ``j <= i``. (default: ``False``)
+
+    Shapes:
+        - **output:** edge_index ``(2, E)``, int64, sorted by target, then source; E is about
+          ``n^2 / s`` (``n^2 / 2 s`` when causal)
+    """
+    n = check_non_negative(n, "n")
+    causal = check_flag(causal, "causal")
+    stride = check_positive(stride, "stride")
+    reach = max(n - 1, 0) // stride  # the farthest multiple of the stride inside the sequence
+    offsets = torch.arange(-reach, 1 if causal else reach + 1) * stride  # (D,) ascending
+    return _window_edges(n, offsets)
+
+
+def head_patterns(edge_indices: Sequence[Tensor], num_nodes: int) -> tuple[Tensor, Tensor]:
+    r"""One attention pattern per head, as one graph and a bias: the union of the heads'
+    graphs, and the ``[E, H]`` bias that keeps each head to its own edges.
+
+    .. math::
+        \mathcal{E} = \bigcup_h \mathcal{E}_h, \qquad
+        b_{e h} = \begin{cases} 0 & e \in \mathcal{E}_h \\ -\infty & \text{else} \end{cases}
+
+    ``edge_attention(q, k, v, edge_index, bias=bias)`` then computes, in one call, head h's
+    attention over its graph alone, as a dense mask per head would: a weight of 0 on the
+    edges of the other heads, and 0 out for a target that head h gives no edge (see the
+    conventions on ``-inf`` scores; for the additive score only with ``negative_slope > 0``).
+    Sparse transformers split their patterns over the heads this way: a local window in some
+    and a strided or global pattern in others (:func:`strided_graph`). Add other score biases
+    to ``bias`` before the call.
+
+    Args:
+        edge_indices (list of Tensor): H ``[2, E_h]`` integer graphs, head h's first, ids
+            below ``num_nodes``, on one device.
+        num_nodes (int): number of nodes N.
+
+    Shapes:
+        - **input:** edge_indices ``(2, E_h)`` each
+        - **output:** edge_index ``(2, E)``, int64, sorted by target, then source; bias
+          ``(E, H)``, float32, on the device of the inputs
+    """
+    if isinstance(edge_indices, Sequence) and not isinstance(edge_indices, Tensor) \
+            and not edge_indices:
+        raise ValueError("edge_indices must hold one graph per head, got none")
+    edge_index = union(edge_indices, num_nodes)
+    keys = edge_index[1] * num_nodes + edge_index[0]  # (E,) sorted
+    columns = []
+    for head in edge_indices:
+        head_keys = head[1].long() * num_nodes + head[0].long()  # (E_h,)
+        found = torch.searchsorted(keys, head_keys)  # (E_h,) where each edge of h lies
+        mine = torch.zeros(keys.numel(), dtype=torch.bool, device=keys.device)
+        mine[found] = True
+        columns.append(mine)
+    on = torch.stack(columns, dim=1)  # (E, H)
+    bias = torch.zeros(on.shape, device=on.device).masked_fill_(~on, float("-inf"))
+    return edge_index, bias
 
 
 def union(edge_indices: Sequence[Tensor], num_nodes: int) -> Tensor:

@@ -896,3 +896,68 @@ def test_virtual_nodes_are_appended_global_tokens():
     chain_pairs = set(map(tuple, chain.t().tolist()))
     assert_edges_equal(graph, brute_force(n + k, lambda i, j: i >= n or j >= n
                                           or (j, i) in chain_pairs))
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 12])
+@pytest.mark.parametrize("stride", [1, 3, 5, 20])
+@pytest.mark.parametrize("causal", [False, True])
+def test_strided_graph(n, stride, causal):
+    expected = brute_force(n, lambda i, j: (i - j) % stride == 0 and (j <= i or not causal))
+    assert_edges_equal(graphs.strided_graph(n, stride, causal=causal), expected)
+
+
+def test_head_patterns_mask_each_head_to_its_graph():
+    n = 9
+    heads = [graphs.window_graph(n, 1, causal=True), graphs.strided_graph(n, 3, causal=True),
+             graphs.global_token_graph(n, [4])]
+    edge_index, bias = graphs.head_patterns(heads, n)
+    assert_edges_equal(edge_index, graphs.union(heads, n))
+    assert bias.shape == (edge_index.size(1), 3) and bias.dtype == torch.float32
+    for h, head in enumerate(heads):
+        mine = graphs.to_dense_mask(head, n)[edge_index[1], edge_index[0]]  # (E,)
+        assert torch.equal(bias[:, h] == 0, mine)
+        assert torch.equal(bias[:, h] == float("-inf"), ~mine)
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu", "dense"])
+def test_head_patterns_give_each_head_its_own_attention(backend):
+    """One call over the union with the heads' bias == each head's attention over its own
+    graph (dense attention with that head's mask): outputs and gradients; head 2's graph
+    leaves most targets without an edge, whose output there is 0."""
+    from conftest import assert_close
+
+    from graphattn.functional import dense_attention, edge_attention
+
+    n, C = 12, 4
+    heads = [graphs.window_graph(n, 2, causal=True), graphs.strided_graph(n, 4, causal=True),
+             torch.tensor([[0, 5, 7], [3, 3, 9]])]
+    edge_index, bias = graphs.head_patterns(heads, n)
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(n, 3, C, generator=gen).requires_grad_() for _ in range(3))
+    out = edge_attention(q, k, v, edge_index, bias=bias, backend=backend)  # (n, 3, C)
+    want = torch.cat([dense_attention(q[:, h:h + 1], k[:, h:h + 1], v[:, h:h + 1],
+                                      graphs.to_dense_mask(head, n))
+                      for h, head in enumerate(heads)], dim=1)  # (n, 3, C)
+    assert_close(out, want)
+    assert torch.equal(out[[0, 1, 2, 4], 2], torch.zeros(4, C))
+    weight = torch.randn(out.shape, generator=gen)
+    got = torch.autograd.grad((out * weight).sum(), (q, k, v))
+    expected = torch.autograd.grad((want * weight).sum(), (q, k, v))
+    for a, b in zip(got, expected, strict=True):
+        assert torch.isfinite(a).all()
+        assert_close(a, b)
+
+
+@pytest.mark.parametrize("call,error,match", [
+    (lambda: graphs.strided_graph(5, 0), ValueError,
+     r"stride must be a positive integer, got 0"),
+    (lambda: graphs.strided_graph(5, 1.5), ValueError,
+     r"stride must be a positive integer, got 1.5"),
+    (lambda: graphs.head_patterns([], 4), ValueError,
+     r"edge_indices must hold one graph per head, got none"),
+    (lambda: graphs.head_patterns([graphs.chain_graph(5)], 4), ValueError,
+     r"edge_indices\[0\]: edge_index\[0\] \(sources\) must be < the number of source nodes 4"),
+])
+def test_head_pattern_errors(call, error, match):
+    with pytest.raises(error, match=match):
+        call()

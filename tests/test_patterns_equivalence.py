@@ -39,6 +39,7 @@ PATTERNS = {
     "sinks-causal-window": lambda: (graphs.union([graphs.window_graph(14, 3, causal=True),
                                                   graphs.global_token_graph(14, 2, causal=True)],
                                                  14), 14),
+    "strided-causal": lambda: (graphs.strided_graph(14, 4, causal=True), 14),
     "nx-gnp": lambda: (graphs.from_networkx(nx.gnp_random_graph(14, 0.25, seed=1)), 14),
     "nx-barabasi-albert": lambda: (graphs.from_networkx(nx.barabasi_albert_graph(14, 2, seed=2)),
                                    14),
