@@ -919,14 +919,18 @@ def test_head_patterns_mask_each_head_to_its_graph():
         assert torch.equal(bias[:, h] == float("-inf"), ~mine)
 
 
-@pytest.mark.parametrize("backend", ["reference", "cpu", "dense"])
-def test_head_patterns_give_each_head_its_own_attention(backend):
+@pytest.mark.parametrize("backend", ["reference", "cpu", "dense", "triton"])
+def test_head_patterns_give_each_head_its_own_attention(backend, request):
     """One call over the union with the heads' bias == each head's attention over its own
     graph (dense attention with that head's mask): outputs and gradients; head 2's graph
-    leaves most targets without an edge, whose output there is 0."""
+    leaves most targets without an edge, whose output there is 0. (triton: in Triton's
+    interpreter.)"""
     from conftest import assert_close
 
     from graphattn.functional import dense_attention, edge_attention
+
+    if backend == "triton":
+        request.getfixturevalue("triton_interpreter")
 
     n, C = 12, 4
     heads = [graphs.window_graph(n, 2, causal=True), graphs.strided_graph(n, 4, causal=True),
