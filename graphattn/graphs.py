@@ -418,7 +418,8 @@ def strided_graph(n: int, stride: int, causal: bool = False) -> Tensor:
     return _window_edges(n, offsets)
 
 
-def head_patterns(edge_indices: Sequence[Tensor], num_nodes: int) -> tuple[Tensor, Tensor]:
+def head_patterns(edge_indices: Sequence[Tensor], num_nodes: int, *,
+                  dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
     r"""One attention pattern per head, as one graph and a bias: the union of the heads'
     graphs, and the ``[E, H]`` bias that keeps each head to its own edges.
 
@@ -438,11 +439,13 @@ def head_patterns(edge_indices: Sequence[Tensor], num_nodes: int) -> tuple[Tenso
         edge_indices (list of Tensor): H ``[2, E_h]`` integer graphs, head h's first, ids
             below ``num_nodes``, on one device.
         num_nodes (int): number of nodes N.
+        dtype (torch.dtype, optional): the bias's dtype: that of q, k and v (a float32 bias
+            with bf16 inputs promotes the output to float32). (default: ``torch.float32``)
 
     Shapes:
         - **input:** edge_indices ``(2, E_h)`` each
         - **output:** edge_index ``(2, E)``, int64, sorted by target, then source; bias
-          ``(E, H)``, float32, on the device of the inputs
+          ``(E, H)`` of ``dtype``, on the device of the inputs
     """
     if isinstance(edge_indices, Sequence) and not isinstance(edge_indices, Tensor) \
             and not edge_indices:
@@ -457,7 +460,9 @@ def head_patterns(edge_indices: Sequence[Tensor], num_nodes: int) -> tuple[Tenso
         mine[found] = True
         columns.append(mine)
     on = torch.stack(columns, dim=1)  # (E, H)
-    bias = torch.zeros(on.shape, device=on.device).masked_fill_(~on, float("-inf"))
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
+    bias = torch.zeros(on.shape, dtype=dtype, device=on.device).masked_fill_(~on, float("-inf"))
     return edge_index, bias
 
 

@@ -952,7 +952,20 @@ def test_head_patterns_give_each_head_its_own_attention(backend, request):
         assert_close(a, b)
 
 
+def test_head_patterns_bias_in_the_inputs_dtype():
+    from graphattn.functional import edge_attention
+
+    heads = [graphs.window_graph(8, 1), graphs.strided_graph(8, 3)]
+    edge_index, bias = graphs.head_patterns(heads, 8, dtype=torch.bfloat16)
+    assert bias.dtype == torch.bfloat16
+    assert torch.equal(bias.float(), graphs.head_patterns(heads, 8)[1])
+    q = torch.randn(8, 2, 4, dtype=torch.bfloat16)
+    assert edge_attention(q, q, q, edge_index, bias=bias).dtype == torch.bfloat16
+
+
 @pytest.mark.parametrize("call,error,match", [
+    (lambda: graphs.head_patterns([graphs.chain_graph(3)], 3, dtype=torch.int64), TypeError,
+     r"dtype must be a floating-point torch.dtype, got torch.int64"),
     (lambda: graphs.strided_graph(5, 0), ValueError,
      r"stride must be a positive integer, got 0"),
     (lambda: graphs.strided_graph(5, 1.5), ValueError,
