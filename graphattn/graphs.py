@@ -203,7 +203,7 @@ def causal_graph(n: int) -> Tensor:
     return torch.stack([src, dst])
 
 
-def window_graph(n: int, radius: int, causal: bool = False) -> Tensor:
+def window_graph(n: int, radius: int, causal: bool = False, *, dilation: int = 1) -> Tensor:
     r"""Node i attends to the positions within ``radius``: truncated self-attention.
 
     .. math::
@@ -212,21 +212,28 @@ def window_graph(n: int, radius: int, causal: bool = False) -> Tensor:
 
     Used for long sequences (speech) where full attention costs too much: E is about
     ``(2r + 1) n`` (``(r + 1) n`` when causal) instead of ``n^2``. Self-loops are included.
+    With a dilation d, the window skips: i attends to :math:`j = i + d\,m` for
+    :math:`|m| \le r`, as many keys reaching d times as far (Longformer's dilated sliding
+    window, often given to some heads only: :func:`head_patterns`).
 
     Args:
         n (int): number of nodes.
-        radius (int): window radius r >= 0 (0 leaves only the self-loops).
+        radius (int): window radius r >= 0 (0 leaves only the self-loops), in steps of the
+            dilation.
         causal (bool, optional): only look back, ``j <= i``. (default: ``False``)
+        dilation (int, optional): the step d >= 1 between the positions of the window.
+            (default: ``1``)
 
     Shapes:
-        - **output:** edge_index ``(2, E)``, int64
+        - **output:** edge_index ``(2, E)``, int64, sorted by target, then source
     """
     n = check_non_negative(n, "n")
     radius = check_non_negative(radius, "radius")
     causal = check_flag(causal, "causal")
-    r = min(radius, max(n - 1, 0))
+    dilation = check_positive(dilation, "dilation")
+    r = min(radius, max(n - 1, 0) // dilation)  # steps that can stay inside the sequence
     offsets = torch.arange(-r, 1) if causal else torch.arange(-r, r + 1)
-    return _window_edges(n, offsets)
+    return _window_edges(n, offsets * dilation)
 
 
 def grid_graph(height: int, width: int, radius: int = 1) -> Tensor:

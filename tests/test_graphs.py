@@ -898,6 +898,19 @@ def test_virtual_nodes_are_appended_global_tokens():
                                           or (j, i) in chain_pairs))
 
 
+@pytest.mark.parametrize("n", [0, 1, 6, 13])
+@pytest.mark.parametrize("radius", [0, 1, 2, 9])
+@pytest.mark.parametrize("dilation", [1, 2, 5])
+def test_dilated_window_graph(n, radius, dilation):
+    def allowed(i, j, causal):
+        steps, rest = divmod(abs(i - j), dilation)
+        return rest == 0 and steps <= radius and (j <= i or not causal)
+
+    for causal in (False, True):
+        assert_edges_equal(graphs.window_graph(n, radius, causal, dilation=dilation),
+                           brute_force(n, lambda i, j, c=causal: allowed(i, j, c)))
+
+
 @pytest.mark.parametrize("n", [0, 1, 7, 12])
 @pytest.mark.parametrize("stride", [1, 3, 5, 20])
 @pytest.mark.parametrize("causal", [False, True])
@@ -966,6 +979,8 @@ def test_head_patterns_bias_in_the_inputs_dtype():
 @pytest.mark.parametrize("call,error,match", [
     (lambda: graphs.head_patterns([graphs.chain_graph(3)], 3, dtype=torch.int64), TypeError,
      r"dtype must be a floating-point torch.dtype, got torch.int64"),
+    (lambda: graphs.window_graph(5, 1, dilation=0), ValueError,
+     r"dilation must be a positive integer, got 0"),
     (lambda: graphs.strided_graph(5, 0), ValueError,
      r"stride must be a positive integer, got 0"),
     (lambda: graphs.strided_graph(5, 1.5), ValueError,
