@@ -440,7 +440,8 @@ def head_patterns(edge_indices: Sequence[Tensor], num_nodes: int, *,
     conventions on ``-inf`` scores; for the additive score only with ``negative_slope > 0``).
     Sparse transformers split their patterns over the heads this way: a local window in some
     and a strided or global pattern in others (:func:`strided_graph`). Add other score biases
-    to ``bias`` before the call.
+    to ``bias`` before the call. A :class:`~graphattn.nn.GraphSelfAttention` layer takes it
+    as ``attn_bias`` (with ``add_self_loops=False``).
 
     Args:
         edge_indices (list of Tensor): H ``[2, E_h]`` integer graphs, head h's first, ids

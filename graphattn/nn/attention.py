@@ -506,6 +506,7 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
     def forward(self, x: Tensor | tuple[Tensor, Tensor | None], edge_index: Tensor,
                 edge_attr: Tensor | None = None, return_attention_weights: bool = False,
                 *, size: tuple[int | None, int | None] | None = None,
+                attn_bias: Tensor | None = None,
                 ) -> Tensor | tuple[Tensor, tuple[Tensor, Tensor]]:
         """Attend along ``edge_index``; see the class docstring for shapes.
 
@@ -514,6 +515,12 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         as in ``TransformerConv`` and ``GATv2Conv``). The features fix both counts; a ``size``
         that disagrees with them is refused, and ``None`` entries are not checked. With
         ``x = (x_src, None)`` its ``N_dst`` is the number of targets (see the class docstring).
+
+        ``attn_bias`` ``[E, H]`` is a fixed term added to each edge's score in each head,
+        beside the edge features' (a floating tensor in the dtype of the inputs): -inf keeps
+        a head off an edge, which gives each head a pattern of its own
+        (:func:`~graphattn.graphs.head_patterns`). It needs ``add_self_loops=False``: put the
+        self-loops wanted into the graph, with their bias.
         """
         H, C = self.heads, self.out_channels
         if isinstance(x, (tuple, list)):
@@ -554,6 +561,7 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             edge_index = from_sparse_adjacency(adjacency)  # (2, nnz)
         check_edge_index(edge_index, num_src=N_src, num_dst=N_dst)
         edge_attr = self._check_edge_attr(edge_attr, edge_index.size(1))
+        self._check_attn_bias(attn_bias, edge_index.size(1), x_src)
         edge_weight = None  # (E',): PyG's explanation mask, when an Explainer set one
         if self.explain:
             edge_weight = self._explain_mask(edge_index, num_loops=min(N_src, N_dst))
@@ -585,6 +593,8 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             else:  # W^E e_ij enters the key k_j (and the value v_j) of each edge
                 edge_key = self.lin_edge(edge_attr).view(-1, H, C)  # (E, H, C)
                 edge_value = edge_key if self.edge_mode == "key_value" else None
+        if attn_bias is not None:  # (E, H): no self-loop was added (_check_attn_bias)
+            bias = attn_bias if bias is None else bias + attn_bias
         if old_loops is not None:
             # exactly 0 weight, in every backend, for the loops add_remaining_self_loops drops
             mask = torch.zeros(old_loops.shape, dtype=v.dtype, device=v.device).masked_fill(
@@ -691,6 +701,24 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             return mask
         kept = mask[edge_index[0] != edge_index[1]]  # (E_kept,)
         return torch.cat([kept, kept.new_ones(num_loops)])  # (E_kept + num_loops,)
+
+    def _check_attn_bias(self, attn_bias: Tensor | None, num_edges: int, x: Tensor) -> None:
+        """Raise unless ``attn_bias`` is ``None`` or a floating ``[E, H]`` tensor in the dtype
+        of ``x``, on a layer that adds no self-loops."""
+        if attn_bias is None:
+            return
+        check_tensors(attn_bias=attn_bias)
+        if self.add_self_loops:
+            raise ValueError("attn_bias needs add_self_loops=False: the self-loops the layer "
+                             "adds would have no bias; put the loops wanted into the graph "
+                             "and their bias into attn_bias")
+        if tuple(attn_bias.shape) != (num_edges, self.heads):
+            raise ValueError(f"attn_bias must have shape [E, H] = [{num_edges}, {self.heads}], "
+                             f"got {list(attn_bias.shape)}")
+        if attn_bias.dtype != x.dtype:
+            raise TypeError(f"attn_bias must have the dtype of the features, {x.dtype}, got "
+                            f"{attn_bias.dtype}")
+        check_same_device(x=x, attn_bias=attn_bias)
 
     def _check_edge_attr(self, edge_attr: Tensor | None, num_edges: int) -> Tensor | None:
         if edge_attr is None or (self.lin_edge is None and self._ignores_edge_attr):

@@ -1386,3 +1386,66 @@ def test_x_that_is_none_or_not_a_pair_is_named():
         layer((x, x, x), edge_index)
     with pytest.raises(TypeError, match="x_src must be a torch.Tensor, got NoneType"):
         layer((None, x), edge_index)
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu", "dense"])
+def test_attn_bias_gives_each_head_its_pattern(backend):
+    """With graphs.head_patterns' bias, head h of one call computes what the layer computes
+    for head h on head h's graph alone: outputs, and the gradients of x and the weights."""
+    from graphattn import graphs
+
+    n, C = 12, 4
+    heads = [graphs.window_graph(n, 2, causal=True), graphs.strided_graph(n, 4, causal=True)]
+    edge_index, bias = graphs.head_patterns(heads, n)
+    torch.manual_seed(0)
+    layer = GraphSelfAttention(6, C, heads=2, add_self_loops=False, out_proj=False,
+                               backend=backend)
+    x = torch.randn(n, 6, requires_grad=True)
+    out = layer(x, edge_index, attn_bias=bias)  # (n, 2 C)
+    weight = torch.randn(out.shape)
+    got = torch.autograd.grad((out * weight).sum(), [x, *layer.parameters()])
+    want_out = torch.cat([layer(x, head)[:, h * C:(h + 1) * C] for h, head in enumerate(heads)],
+                         dim=1)  # head h's channels from head h's graph
+    want = torch.autograd.grad((want_out * weight).sum(), [x, *layer.parameters()])
+    torch.testing.assert_close(out, want_out, atol=1e-5, rtol=1e-5)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_attn_bias_adds_to_the_edge_features_bias():
+    """attn_bias of zeros changes nothing; a constant per head changes nothing either (the
+    softmax ignores it); a bias on one edge moves the weights as the edge features' would."""
+    torch.manual_seed(1)
+    n = 6
+    edge_index = torch.tensor([[0, 1, 2, 3, 4, 5, 0], [1, 1, 1, 2, 2, 2, 3]])
+    layer = GraphSelfAttention(4, 3, heads=2, add_self_loops=False, edge_dim=2)
+    x, edge_attr = torch.randn(n, 4), torch.randn(7, 2)
+    out, (_, alpha) = layer(x, edge_index, edge_attr, return_attention_weights=True)
+    same = layer(x, edge_index, edge_attr, attn_bias=torch.zeros(7, 2))
+    torch.testing.assert_close(same, out)
+    shifted = layer(x, edge_index, edge_attr, attn_bias=torch.full((7, 2), 3.0))
+    torch.testing.assert_close(shifted, out, atol=1e-6, rtol=1e-5)
+    bump = torch.zeros(7, 2)
+    bump[0, 1] = 1.0
+    _, (_, moved) = layer(x, edge_index, edge_attr, attn_bias=bump,
+                          return_attention_weights=True)
+    scores = torch.log(alpha[:3, 1]) + torch.tensor([1.0, 0.0, 0.0])  # target 1, head 1
+    torch.testing.assert_close(moved[:3, 1], torch.softmax(scores, dim=0))
+    torch.testing.assert_close(moved[:, 0], alpha[:, 0])
+
+
+@pytest.mark.parametrize("make,kwargs,error,match", [
+    (dict(), dict(attn_bias=torch.zeros(3, 2)), ValueError,
+     r"attn_bias needs add_self_loops=False"),
+    (dict(add_self_loops=False), dict(attn_bias=torch.zeros(3, 1)), ValueError,
+     r"attn_bias must have shape \[E, H\] = \[3, 2\], got \[3, 1\]"),
+    (dict(add_self_loops=False), dict(attn_bias=torch.zeros(3, 2, dtype=torch.float64)),
+     TypeError, r"attn_bias must have the dtype of the features, torch.float32, got "
+                r"torch.float64"),
+    (dict(add_self_loops=False), dict(attn_bias=[[0.0, 0.0]] * 3), TypeError,
+     r"attn_bias must be a torch.Tensor, got list"),
+])
+def test_attn_bias_errors(make, kwargs, error, match):
+    layer = GraphSelfAttention(4, 3, heads=2, **make)
+    with pytest.raises(error, match=match):
+        layer(torch.randn(4, 4), torch.tensor([[0, 1, 2], [1, 2, 3]]), **kwargs)
