@@ -704,32 +704,35 @@ def edge_attention_unchecked(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor
 def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = ..., *,
                     is_causal: bool = ..., scale: float | None = ..., dropout_p: float = ...,
                     training: bool = ..., return_attention: Literal[False] = ...,
-                    batch: Tensor | None = ...) -> Tensor: ...
+                    batch: Tensor | None = ..., attn_bias: Tensor | None = ...) -> Tensor: ...
 
 
 @overload
 def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = ..., *,
                     is_causal: bool = ..., scale: float | None = ..., dropout_p: float = ...,
                     training: bool = ..., return_attention: Literal[True],
-                    batch: Tensor | None = ...) -> tuple[Tensor, Tensor]: ...
+                    batch: Tensor | None = ..., attn_bias: Tensor | None = ...,
+                    ) -> tuple[Tensor, Tensor]: ...
 
 
 @overload
 def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = ..., *,
                     is_causal: bool = ..., scale: float | None = ..., dropout_p: float = ...,
                     training: bool = ..., return_attention: bool,
-                    batch: Tensor | None = ...) -> Tensor | tuple[Tensor, Tensor]: ...
+                    batch: Tensor | None = ..., attn_bias: Tensor | None = ...,
+                    ) -> Tensor | tuple[Tensor, Tensor]: ...
 
 
 def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *,
                     is_causal: bool = False, scale: float | None = None, dropout_p: float = 0.0,
                     training: bool = True, return_attention: bool = False,
-                    batch: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
-    r"""Multi-head scaled dot-product attention with an optional boolean mask.
+                    batch: Tensor | None = None, attn_bias: Tensor | None = None,
+                    ) -> Tensor | tuple[Tensor, Tensor]:
+    r"""Multi-head scaled dot-product attention with an optional boolean mask and score bias.
 
     .. math::
         \alpha = \operatorname{softmax}\big(\text{scale} \cdot Q K^\top
-        + \log \text{mask}\big), \qquad \mathrm{out} = \alpha V
+        + \text{attn\_bias} + \log \text{mask}\big), \qquad \mathrm{out} = \alpha V
 
     per head, through :func:`torch.nn.functional.scaled_dot_product_attention`.
     ``mask[i, j] = True`` means query i may attend to key j (the edge j -> i), so
@@ -772,10 +775,18 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
             differentiated again (``create_graph=True``, ``torch.func``: force matching, a
             gradient penalty); on CUDA they cannot, as SDPA's fused CUDA backward is not
             differentiable (take the sparse route there). (default: ``None``)
+        attn_bias (Tensor, optional): float ``[..., H, L_q, L_k]`` (H may be 1), added to
+            the scores of each head: a relative positional bias (``graphattn.pe.alibi_bias``,
+            ``graphattn.pe.DistanceBias``), or 0 and -inf for a pattern of each head
+            (``graphattn.graphs.head_patterns``); it may require a gradient. An entry of
+            -inf leaves the pair out, as ``mask`` does, and a row of a head left without any
+            key gets 0 in that head. ``edge_attention(..., bias=)`` on the same pairs
+            computes the same. Not with ``batch``. (default: ``None``)
 
     Shapes:
         - **input:** q ``(..., L_q, H, C)``, k ``(..., L_k, H, C)``, v ``(..., L_k, H, C_v)``,
-          mask ``(..., L_q, L_k)``; the leading dims ``...`` of q, k and v broadcast together;
+          mask ``(..., L_q, L_k)``, attn_bias ``(..., H, L_q, L_k)``; the leading dims ``...``
+          of q, k and v broadcast together;
           with ``batch``: q, k ``(N, H, C)``, v ``(N, H, C_v)``, batch ``(N)``
         - **output:** ``(..., L_q, H, C_v)``; weights ``(..., H, L_q, L_k)``
     """
@@ -785,9 +796,10 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
         with torch.autocast(autocast, enabled=False):
             return dense_attention(q, k, v, mask, is_causal=is_causal, scale=scale,
                                    dropout_p=dropout_p, training=training,
-                                   return_attention=return_attention, batch=batch)
+                                   return_attention=return_attention, batch=batch,
+                                   attn_bias=attn_bias)
     check_tensors(q=q, k=k, v=v)
-    check_same_device(q=q, k=k, v=v, mask=mask)
+    check_same_device(q=q, k=k, v=v, mask=mask, attn_bias=attn_bias)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() < 3:
             raise ValueError(f"{name} must have shape [..., L, H, C], got {list(t.shape)}")
@@ -795,7 +807,7 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
         raise ValueError(f"q [..., L_q, H, C], k and v [..., L_k, H, C] do not fit together: "
                          f"got q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)}")
     if batch is not None:  # before any broadcast: its message quotes the shapes given
-        _check_batch(batch, q, k, v, mask, return_attention)
+        _check_batch(batch, q, k, v, mask, return_attention, attn_bias)
     try:
         lead = torch.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
     except RuntimeError:
@@ -821,30 +833,39 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
         if mask.dim() < 2 or (rows != 1 and rows != L_q) or (cols != 1 and cols != L_k):
             raise ValueError(f"mask must have shape [..., L_q, L_k] = [..., {L_q}, {L_k}] "
                              f"(or 1 for either, broadcast), got {list(mask.shape)}")
-        try:
-            fits = torch.broadcast_shapes(lead, mask.shape[:-2]) == lead
-        except RuntimeError:
-            fits = False
-        if not fits:
-            raise ValueError(f"the leading dims of mask must broadcast to those of q, k and v "
-                             f"{list(lead)}, got mask {list(mask.shape)}")
+        _check_leading_dims("mask", mask, 2, lead)
         if is_causal:
             mask = mask & torch.ones(L_q, L_k, dtype=torch.bool, device=q.device).tril()
+            is_causal = False
+    if attn_bias is not None:
+        _check_attn_bias(attn_bias, lead, q.size(-2), L_q, L_k)
+        if is_causal:  # SDPA takes no mask with is_causal
+            mask = torch.ones(L_q, L_k, dtype=torch.bool, device=q.device).tril()
             is_causal = False
     if scale is None:
         scale = 1.0 / math.sqrt(max(q.size(-1), 1))  # C = 0: the score is 0 whatever the scale
     p = dropout_p if training else 0.0
 
-    empty_rows = None
-    if mask is not None:
-        empty_rows = ~mask.any(dim=-1)  # (..., L_q)
-        unread = ~mask.any(dim=-2)  # (..., L_k): keys no query reads
+    empty_rows = None  # (..., H or 1, L_q): the rows of a head without any key
+    if attn_bias is not None:
+        allowed = attn_bias > float("-inf")  # (..., H or 1, L_q, L_k)
+        if mask is not None:
+            allowed = allowed & mask.unsqueeze(-3)
+        empty_rows = ~allowed.any(dim=-1)
+        unread = ~allowed.any(dim=-2)  # (..., H or 1, L_k): keys no query of a head reads
+        # an additive mask: the bias where allowed, -inf elsewhere, 0 on the empty rows
+        mask = (attn_bias.to(q.dtype).masked_fill(~allowed, float("-inf"))
+                .masked_fill(empty_rows.unsqueeze(-1), 0.0))
+    elif mask is not None:
+        empty_rows = ~mask.any(dim=-1).unsqueeze(-2)  # (..., 1, L_q)
+        unread = ~mask.any(dim=-2).unsqueeze(-2)  # (..., 1, L_k)
+        mask = (mask.unsqueeze(-3) | empty_rows.unsqueeze(-1))  # (..., 1, L_q, L_k)
+    if empty_rows is not None:
         # What no output reads reaches no output and no gradient, whatever it holds (NaN or
         # inf included), as in edge_attention: a fully masked row attends everywhere (else
         # its softmax is NaN) with its query 0, and keys and values that no row reads are 0
-        q = q.masked_fill(empty_rows[..., None, None], 0.0)
-        k, v = (t.masked_fill(unread[..., None, None], 0.0) for t in (k, v))
-        mask = (mask | empty_rows.unsqueeze(-1)).unsqueeze(-3)  # (..., 1, L_q, L_k)
+        q = q.masked_fill(empty_rows.transpose(-1, -2).unsqueeze(-1), 0.0)
+        k, v = (t.masked_fill(unread.transpose(-1, -2).unsqueeze(-1), 0.0) for t in (k, v))
     qh, kh, vh = (t.transpose(-3, -2) for t in (q, k, v))  # (..., H, L, C)
 
     weights = None
@@ -852,12 +873,14 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
         scores = scaled_scores(qh, kh, scale)  # (..., H, L_q, L_k)
         if is_causal:
             mask = torch.ones(L_q, L_k, dtype=torch.bool, device=q.device).tril()
-        if mask is not None:
+        if mask is not None and mask.dtype == torch.bool:
             scores = scores.masked_fill(~mask, float("-inf"))
+        elif mask is not None:
+            scores = scores + mask
         # half precision is scored and normalised in fp32, fp32 and fp64 in their own dtype
         weights = torch.softmax(scores, dim=-1).to(q.dtype)
         if empty_rows is not None:
-            weights = weights.masked_fill(empty_rows.unsqueeze(-1).unsqueeze(-3), 0.0)
+            weights = weights.masked_fill(empty_rows.unsqueeze(-1), 0.0)
         if p > 0.0:  # graphattn's mask, as the explicit path of sdpa draws it
             weights_dropped = weights * make_dropout_mask(weights.shape, p, device=q.device,
                                                           dtype=weights.dtype)
@@ -868,12 +891,42 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
         out = sdpa(qh, kh, vh, attn_mask=mask, dropout_p=p, is_causal=is_causal, scale=scale)
     out = out.transpose(-3, -2)  # (..., L_q, H, C)
     if empty_rows is not None:
-        out = out.masked_fill(empty_rows.unsqueeze(-1).unsqueeze(-1), 0.0)
+        out = out.masked_fill(empty_rows.transpose(-1, -2).unsqueeze(-1), 0.0)
     return (out, weights) if return_attention else out
 
 
+def _check_attn_bias(attn_bias: Tensor, lead: torch.Size, heads: int, L_q: int,
+                     L_k: int) -> None:
+    """The checks of ``dense_attention(..., attn_bias=)``, naming the argument and the
+    value."""
+    check_tensors(attn_bias=attn_bias)
+    if not attn_bias.is_floating_point():
+        hint = " (a bool pattern goes to mask)" if attn_bias.dtype == torch.bool else ""
+        raise TypeError(f"attn_bias must be a floating-point tensor{hint}, got "
+                        f"{attn_bias.dtype}")
+    shape = list(attn_bias.shape)
+    # != each: under torch.compile, `in (1, H)` of a symbolic size decides wrongly
+    if (attn_bias.dim() < 3 or (shape[-3] != 1 and shape[-3] != heads)
+            or shape[-2] != L_q or shape[-1] != L_k):
+        raise ValueError(f"attn_bias must have shape [..., H, L_q, L_k] = [..., {heads}, "
+                         f"{L_q}, {L_k}] (H may be 1), got {shape}")
+    _check_leading_dims("attn_bias", attn_bias, 3, lead)
+
+
+def _check_leading_dims(name: str, t: Tensor, trailing: int, lead: torch.Size) -> None:
+    """Raise unless the dims of ``t`` before its last ``trailing`` broadcast to ``lead``,
+    those of q, k and v."""
+    try:
+        fits = torch.broadcast_shapes(lead, t.shape[:-trailing]) == lead
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise ValueError(f"the leading dims of {name} must broadcast to those of q, k and v "
+                         f"{list(lead)}, got {name} {list(t.shape)}")
+
+
 def _check_batch(batch: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
-                 return_attention: bool) -> None:
+                 return_attention: bool, attn_bias: Tensor | None = None) -> None:
     """The checks of ``dense_attention(..., batch=)``, naming the argument and the value."""
     check_batch(batch)
     shapes = [list(t.shape) for t in (q, k, v)]
@@ -886,6 +939,10 @@ def _check_batch(batch: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | 
     if mask is not None:
         raise ValueError("mask and batch cannot be combined: batch masks every pair of nodes "
                          "of different graphs")
+    if attn_bias is not None:
+        raise ValueError("attn_bias and batch cannot be combined (graphs of different sizes "
+                         "have biases of different shapes); use edge_attention(..., bias=) on "
+                         "graphs.batch_complete_graph(batch)")
     if return_attention:
         raise ValueError("return_attention=True is not supported with batch (graphs of "
                          "different sizes have weights of different shapes); call "

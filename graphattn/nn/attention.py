@@ -516,9 +516,11 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         that disagrees with them is refused, and ``None`` entries are not checked. With
         ``x = (x_src, None)`` its ``N_dst`` is the number of targets (see the class docstring).
 
-        ``attn_bias`` ``[E, H]`` is a fixed term added to each edge's score in each head,
-        beside the edge features' (a floating tensor in the dtype of the inputs): -inf keeps
-        a head off an edge, which gives each head a pattern of its own
+        ``attn_bias`` ``[E, H]`` is a term added to each edge's score in each head, beside
+        the edge features' (a floating tensor in the dtype of the inputs, fixed or learned):
+        a relative positional bias of the edge's ends (:func:`graphattn.pe.alibi_bias`,
+        :class:`graphattn.pe.DistanceBias` of :func:`graphattn.pe.hop_distance`), or -inf to
+        keep a head off an edge, which gives each head a pattern of its own
         (:func:`~graphattn.graphs.head_patterns`). It needs ``add_self_loops=False``: put the
         self-loops wanted into the graph, with their bias.
         """
@@ -941,17 +943,23 @@ def _loop_attr(edge_attr: Tensor, dst: Tensor, num_nodes: int,
 
 
 class DenseSelfAttention(_SelfAttentionBase):
-    r"""Multi-head self-attention over all positions, with an optional boolean mask.
+    r"""Multi-head self-attention over all positions, with an optional boolean mask and
+    score bias.
 
     .. math::
         \mathrm{out} = W^O \big\Vert_{h=1}^{H} \operatorname{softmax}\Big(
-            \frac{Q_h K_h^\top}{\sqrt{C}} + \log \text{mask}\Big) V_h
+            \frac{Q_h K_h^\top}{\sqrt{C}} + B_h + \log \text{mask}\Big) V_h
 
     The dense twin of :class:`GraphSelfAttention`: the same parameter names and shapes, so a
     ``state_dict`` loads across the two, and with ``mask = graphs.to_dense_mask(edge_index, L)``
     both compute the same function over the same edges: ``GraphSelfAttention`` adds a
     self-loop per node by default, so build it with ``add_self_loops=False`` or set the
-    mask's diagonal. A fully masked query row gets 0 before ``lin_out``.
+    mask's diagonal. A fully masked query row gets 0 before ``lin_out``. The score bias
+    :math:`B` (``attn_bias``) is the dense form of ``GraphSelfAttention``'s ``attn_bias``:
+    Graphormer's spatial encoding is ``attn_bias=spatial(hop_distance(edge_index,
+    N)).movedim(-1, 0)`` with ``spatial = graphattn.pe.DistanceBias(H, D)``, ALiBi is
+    :func:`graphattn.pe.alibi_bias`, and a pattern per head is 0 and -inf (a head's row
+    without any key gets 0 in that head).
 
     Args:
         in_channels (int): input features F; ``-1`` infers them from the first call.
@@ -973,7 +981,8 @@ class DenseSelfAttention(_SelfAttentionBase):
 
     Shapes:
         - **input:** x ``(L, F)`` or ``(B, L, F)``, mask bool ``(L, L)`` or ``(B, L, L)``,
-          or ``(B, 1, L)`` to mask keys alone (``to_dense_batch``'s node mask, unsqueezed:
+          attn_bias float ``(H, L, L)`` or ``(B, H, L, L)`` (H may be 1),
+          or mask ``(B, 1, L)`` to mask keys alone (``to_dense_batch``'s node mask, unsqueezed:
           see :func:`graphattn.graphs.batch_complete_graph`); or x ``(N, F)`` with batch
           ``(N)``, the graph of each node as in PyG's ``Batch``: global attention inside each
           graph, without padding to the largest (``dense_attention(..., batch=)``), output
@@ -997,9 +1006,10 @@ class DenseSelfAttention(_SelfAttentionBase):
 
     def forward(self, x: Tensor, mask: Tensor | None = None, is_causal: bool = False,
                 return_attention_weights: bool = False, *, batch: Tensor | None = None,
-                ) -> Tensor | tuple[Tensor, Tensor]:
+                attn_bias: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
         """Attend over all positions allowed by ``mask`` (with ``batch``: over the nodes of
-        each node's own graph); see the class docstring for shapes."""
+        each node's own graph), with ``attn_bias`` added to the scores; see the class
+        docstring for shapes."""
         H, C = self.heads, self.out_channels
         if not isinstance(x, Tensor) or x.dim() not in (2, 3):
             shape = list(x.shape) if isinstance(x, Tensor) else type(x).__name__
@@ -1024,7 +1034,8 @@ class DenseSelfAttention(_SelfAttentionBase):
         q, k, v = (t.unflatten(-1, (H, C)) for t in self._project(x, x))  # (B, L, H, C)
         result = dense_attention(q, k, v, mask, is_causal=is_causal, dropout_p=self.dropout,
                                  training=self.training,
-                                 return_attention=return_attention_weights, batch=batch)
+                                 return_attention=return_attention_weights, batch=batch,
+                                 attn_bias=attn_bias)
         if return_attention_weights:
             out, weights = result
             return self._merge_heads(out, x), weights

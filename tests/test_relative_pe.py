@@ -1,0 +1,368 @@
+"""Relative positional encodings: hop distances, ALiBi and learned distance biases.
+
+``pe.hop_distance`` is checked against networkx's breadth-first search and closed forms (a
+chain's |i - j|, a grid's Chebyshev distance); ALiBi on a chain graph against ALiBi written out
+for a sequence; a learned distance bias (Graphormer's spatial encoding) and per-head patterns on
+the edge route (``GraphSelfAttention``) against the dense route (``DenseSelfAttention``), which
+takes the same bias as a dense ``attn_bias``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import networkx as nx
+import pytest
+import torch
+from conftest import GRAPHS, assert_close, dense_mask
+
+from graphattn import graphs, pe
+from graphattn.functional import dense_attention, edge_attention
+from graphattn.nn import DenseSelfAttention, GraphSelfAttention
+
+SQUARE_GRAPHS = [g for g in GRAPHS if not g.bipartite]
+
+
+def networkx_distances(edge_index: torch.Tensor, num_nodes: int, directed: bool) -> torch.Tensor:
+    """``[N, N]``: entry [i, j] the number of edges on a shortest path j -> i, -1 if none."""
+    G = nx.DiGraph() if directed else nx.Graph()
+    G.add_nodes_from(range(num_nodes))
+    G.add_edges_from(edge_index.t().tolist())
+    out = torch.full((num_nodes, num_nodes), -1, dtype=torch.int64)
+    for j, lengths in nx.all_pairs_shortest_path_length(G):
+        for i, d in lengths.items():
+            out[i, j] = d
+    return out
+
+
+NX_GRAPHS = {
+    "gnp": lambda: (graphs.from_networkx(nx.gnp_random_graph(30, 0.08, seed=1)), 30),
+    "gnp-directed": lambda: (graphs.from_networkx(nx.gnp_random_graph(30, 0.06, seed=2,
+                                                                      directed=True)), 30),
+    "barabasi-albert": lambda: (graphs.from_networkx(nx.barabasi_albert_graph(40, 1, seed=3)),
+                                40),
+    "two-components": lambda: (graphs.union([graphs.chain_graph(6),
+                                             graphs.chain_graph(9)[:, :0] + 0], 12), 12),
+}
+
+
+@pytest.mark.parametrize("directed", [False, True])
+@pytest.mark.parametrize("name", list(NX_GRAPHS))
+def test_hop_distance_equals_networkx(name, directed):
+    edge_index, n = NX_GRAPHS[name]()
+    expected = networkx_distances(edge_index, n, directed)
+    assert torch.equal(pe.hop_distance(edge_index, n, directed=directed), expected)
+
+
+@pytest.mark.parametrize("directed", [False, True])
+@pytest.mark.parametrize("case", SQUARE_GRAPHS, ids=[g.name for g in SQUARE_GRAPHS])
+def test_hop_distance_on_the_registry(case, directed, index_dtype):
+    n = case.num_src
+    edge_index = case.edge_index.to(index_dtype)
+    expected = networkx_distances(case.edge_index, n, directed)
+    assert torch.equal(pe.hop_distance(edge_index, n, directed=directed), expected)
+    # pairs: every pair in a shuffled order, some twice, as int32 or int64 ids
+    gen = torch.Generator().manual_seed(0)
+    dst, src = torch.meshgrid(torch.arange(n), torch.arange(n), indexing="ij")
+    pairs = torch.stack([src.reshape(-1), dst.reshape(-1)])
+    pairs = pairs[:, torch.randint(0, n * n, (3 * n * n,), generator=gen)].to(index_dtype)
+    got = pe.hop_distance(edge_index, n, pairs, directed=directed)
+    assert got.dtype == torch.int64 and got.shape == (pairs.size(1),)
+    assert torch.equal(got, expected[pairs[1].long(), pairs[0].long()])
+
+
+def test_hop_distance_closed_forms():
+    n = 11
+    i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    assert torch.equal(pe.hop_distance(graphs.chain_graph(n), n), (i - j).abs())
+    # the directed chain j -> j + 1: only forward, i - j steps
+    directed = pe.hop_distance(graphs.chain_graph(n, directed=True), n, directed=True)
+    assert torch.equal(directed, torch.where(i >= j, i - j, -1))
+    cycle = graphs.union([graphs.chain_graph(n), torch.tensor([[0, n - 1], [n - 1, 0]])], n)
+    assert torch.equal(pe.hop_distance(cycle, n), torch.minimum((i - j).abs(),
+                                                                n - (i - j).abs()))
+    complete = pe.hop_distance(graphs.complete_graph(n, self_loops=False), n)
+    assert torch.equal(complete, 1 - torch.eye(n, dtype=torch.int64))
+    # a grid's 3 x 3 neighbourhoods: Chebyshev distance; radius 2: half of it, rounded up
+    h, w = 5, 7
+    r, c = torch.arange(h * w) // w, torch.arange(h * w) % w
+    chebyshev = torch.maximum((r[:, None] - r[None]).abs(), (c[:, None] - c[None]).abs())
+    assert torch.equal(pe.hop_distance(graphs.grid_graph(h, w), h * w), chebyshev)
+    assert torch.equal(pe.hop_distance(graphs.grid_graph(h, w, radius=2), h * w),
+                       (chebyshev + 1) // 2)
+
+
+@pytest.mark.parametrize("max_distance", [0, 1, 3, 100])
+def test_hop_distance_stops_at_max_distance(max_distance):
+    edge_index, n = NX_GRAPHS["barabasi-albert"]()
+    full = pe.hop_distance(edge_index, n)
+    cut = pe.hop_distance(edge_index, n, max_distance=max_distance)
+    assert torch.equal(cut, torch.where(full <= max_distance, full, -1))
+
+
+def test_hop_distance_of_many_pairs_on_two_threads(two_threads):
+    # past the pairs one thread takes alone: the targets are split over a pool
+    edge_index, n = graphs.grid_graph(15, 16), 240
+    r, c = torch.arange(n) // 16, torch.arange(n) % 16
+    chebyshev = torch.maximum((r[:, None] - r[None]).abs(), (c[:, None] - c[None]).abs())
+    assert torch.equal(pe.hop_distance(edge_index, n), chebyshev)
+    assert torch.equal(pe.hop_distance(edge_index, n, max_distance=4),
+                       torch.where(chebyshev <= 4, chebyshev, -1))
+
+
+def test_hop_distance_without_pairs_or_nodes():
+    assert pe.hop_distance(graphs.chain_graph(4), 4,
+                           torch.zeros(2, 0, dtype=torch.long)).shape == (0,)
+    assert pe.hop_distance(torch.zeros(2, 0, dtype=torch.long), 0).shape == (0, 0)
+    lone = pe.hop_distance(torch.zeros(2, 0, dtype=torch.long), 3)
+    assert torch.equal(lone, torch.where(torch.eye(3, dtype=torch.bool), 0, -1))
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda: pe.hop_distance(graphs.chain_graph(4), 4, torch.zeros(3, 2, dtype=torch.long)),
+     ValueError, r"pairs must have shape \[2, P\]"),
+    (lambda: pe.hop_distance(graphs.chain_graph(4), 4, torch.tensor([[0], [4]])),
+     ValueError, "4"),
+    (lambda: pe.hop_distance(graphs.chain_graph(4), 4, torch.zeros(2, 1)),
+     TypeError, "integer dtype"),
+    (lambda: pe.hop_distance(graphs.chain_graph(4), 3), ValueError, "3"),
+    (lambda: pe.hop_distance(graphs.chain_graph(4), 4, max_distance=-1),
+     ValueError, "max_distance must be a non-negative integer, got -1"),
+    (lambda: pe.hop_distance(graphs.chain_graph(4), 4, directed="yes"),
+     TypeError, "directed must be a bool"),
+    (lambda: pe.alibi_slopes(0), ValueError, "heads must be a positive integer, got 0"),
+    (lambda: pe.alibi_bias(torch.zeros(3), 2), TypeError, "distance must be an integer"),
+    (lambda: pe.alibi_bias(torch.tensor([0, -2]), 2), ValueError, "got -2"),
+    (lambda: pe.DistanceBias(0, 3), ValueError, "heads must be a positive integer, got 0"),
+    (lambda: pe.DistanceBias(2, -1), ValueError,
+     "max_distance must be a non-negative integer, got -1"),
+    (lambda: pe.DistanceBias(2, 3)(torch.tensor([1.0])), TypeError,
+     "distance must be an integer"),
+])
+def test_relative_pe_errors(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+def test_alibi_slopes_are_the_papers():
+    # Press et al. (2022), section 3: 8 heads 1/2 .. 1/2^8; 16 heads 1/2^0.5 .. 1/2^8
+    assert torch.equal(pe.alibi_slopes(8), torch.tensor([2.0 ** -h for h in range(1, 9)],
+                                                        dtype=torch.float64))
+    assert_close(pe.alibi_slopes(16), torch.tensor([2.0 ** (-h / 2) for h in range(1, 17)],
+                                                   dtype=torch.float64))
+    assert torch.equal(pe.alibi_slopes(1), torch.tensor([2.0 ** -8], dtype=torch.float64))
+    # other counts, by the authors' rule: 2^floor(log2 H) heads, then the odd slopes of twice
+    # as many: 3 heads -> (1/16, 1/256) + (1/4); 12 -> the 8 above + 2^-0.5, 2^-1.5, ...
+    assert torch.equal(pe.alibi_slopes(3), torch.tensor([1 / 16, 1 / 256, 1 / 4],
+                                                        dtype=torch.float64))
+    assert_close(pe.alibi_slopes(12), torch.tensor(
+        [2.0 ** -h for h in range(1, 9)] + [2.0 ** (-h / 2) for h in (1, 3, 5, 7)],
+        dtype=torch.float64))
+
+
+def test_alibi_bias_values():
+    distance = torch.tensor([[0, 3], [-1, 1]])
+    bias = pe.alibi_bias(distance, 2)  # slopes 1/16, 1/256
+    assert bias.shape == (2, 2, 2) and bias.dtype == torch.get_default_dtype()
+    expected = torch.tensor([[[0.0, 0.0], [-3 / 16, -3 / 256]],
+                             [[-math.inf, -math.inf], [-1 / 16, -1 / 256]]])
+    assert torch.equal(bias, expected)
+    assert pe.alibi_bias(distance, 2, dtype=torch.bfloat16).dtype == torch.bfloat16
+
+
+def alibi_causal_attention(q, k, v):
+    """ALiBi's causal attention on a sequence, written out: softmax(q k / sqrt(C) - m (i - j))
+    over j <= i, with 2^-8(h+1)/H as the slopes (H a power of two)."""
+    L, H, C = q.shape
+    i, j = torch.arange(L)[:, None], torch.arange(L)[None, :]
+    slopes = torch.tensor([2.0 ** (-8 * (h + 1) / H) for h in range(H)], dtype=q.dtype)
+    scores = torch.einsum("ihc,jhc->hij", q, k) / math.sqrt(C) - slopes[:, None, None] * (i - j)
+    scores = scores.masked_fill(j > i, -math.inf)
+    return torch.einsum("hij,jhc->ihc", torch.softmax(scores, dim=-1), v)
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu", "dense"])
+def test_alibi_on_the_chain_graph_is_alibi(backend):
+    L, H, C = 13, 4, 8
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(L, H, C, generator=gen, requires_grad=True) for _ in range(3))
+    causal = graphs.causal_graph(L)
+    bias = pe.alibi_bias(pe.hop_distance(graphs.chain_graph(L), L, causal), H)  # (E, H)
+    out = edge_attention(q, k, v, causal, bias=bias, backend=backend)
+    expected = alibi_causal_attention(q, k, v)
+    assert_close(out, expected)
+    w = torch.randn(out.shape, generator=gen)
+    grads = torch.autograd.grad((out * w).sum(), (q, k, v))
+    for got, want in zip(grads, torch.autograd.grad((expected * w).sum(), (q, k, v)),
+                         strict=True):
+        assert_close(got, want)
+    # the dense route: the (L, L) distances, heads in front
+    dense_bias = pe.alibi_bias(pe.hop_distance(graphs.chain_graph(L), L), H).movedim(-1, 0)
+    assert_close(dense_attention(q, k, v, is_causal=True, attn_bias=dense_bias), expected)
+
+
+def layer_pair(heads: int, seed: int = 0):
+    torch.manual_seed(seed)
+    graph = GraphSelfAttention(8, 4, heads, add_self_loops=False, backend="reference")
+    dense = DenseSelfAttention(8, 4, heads)
+    dense.load_state_dict(graph.state_dict())
+    return graph, dense
+
+
+def run(layer, spatial, call, x):
+    """Output, x's gradient and every parameter's gradient (the layer's and the bias's)."""
+    for module in (layer, spatial):
+        module.zero_grad(set_to_none=True)
+    x = x.clone().requires_grad_(True)
+    out = call(x)
+    w = torch.randn(out.shape, generator=torch.Generator().manual_seed(5))
+    (out * w).sum().backward()
+    params = {**dict(layer.named_parameters()), **dict(spatial.named_parameters(prefix="pe"))}
+    return out.detach(), x.grad, {name: p.grad for name, p in params.items()}
+
+
+@pytest.mark.parametrize("max_distance", [2, 3])
+@pytest.mark.parametrize("backend", ["reference", "cpu", "dense"])
+def test_distance_bias_on_the_complete_graph_equals_the_dense_layer(backend, max_distance):
+    # Graphormer: attention over all pairs of a molecule-like graph (two components, so some
+    # pairs have no path), a learned bias per head and hop distance
+    structure = graphs.union([graphs.from_networkx(nx.barabasi_albert_graph(9, 1, seed=4)),
+                              graphs.chain_graph(5) + 9], 14)
+    N, H = 14, 3
+    graph, dense = layer_pair(H)
+    graph.backend = backend
+    spatial = pe.DistanceBias(H, max_distance)
+    with torch.no_grad():
+        spatial.weight.normal_(generator=torch.Generator().manual_seed(1))
+    edges = graphs.complete_graph(N)
+    dist_edges = pe.hop_distance(structure, N, edges)  # (E,)
+    dist_dense = pe.hop_distance(structure, N)  # (N, N)
+    assert (dist_dense == -1).any() and (dist_dense > max_distance).any()
+    x = torch.randn(N, 8, generator=torch.Generator().manual_seed(2))
+    got = run(graph, spatial, lambda x: graph(x, edges, attn_bias=spatial(dist_edges)), x)
+    want = run(dense, spatial,
+               lambda x: dense(x, attn_bias=spatial(dist_dense).movedim(-1, 0)), x)
+    assert_close(got[0], want[0])
+    assert_close(got[1], want[1])
+    assert got[2].keys() == want[2].keys()
+    for name in want[2]:
+        assert_close(got[2][name], want[2][name], msg=name)
+    assert got[2]["pe.weight"].abs().sum() > 0
+
+
+def test_distance_bias_buckets():
+    spatial = pe.DistanceBias(2, 3)
+    assert torch.equal(spatial.weight, torch.zeros(5, 2))
+    with torch.no_grad():
+        spatial.weight.copy_(torch.arange(10.0).view(5, 2))
+    distance = torch.tensor([[0, 1, 2], [3, 4, 50], [-1, 2, 0]])
+    bucket = torch.tensor([[0, 1, 2], [3, 4, 4], [4, 2, 0]])
+    assert torch.equal(spatial(distance), spatial.weight[bucket])
+    assert spatial(distance.int()).shape == (3, 3, 2)
+    assert repr(spatial) == "DistanceBias(heads=2, max_distance=3)"
+    spatial.reset_parameters()
+    assert torch.equal(spatial.weight, torch.zeros(5, 2))
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu", "dense"])
+def test_head_patterns_on_the_dense_layer(backend):
+    # head 0 a causal window, head 1 a strided pattern, head 2 only the global token 0's row:
+    # rows of head 2 without any key get 0 there, on both routes
+    n = 12
+    heads = [graphs.window_graph(n, 2, causal=True), graphs.strided_graph(n, 4, causal=True),
+             graphs.global_token_graph(n, [0])[:, :n]]
+    edge_index, bias = graphs.head_patterns(heads, n)
+    masks = torch.stack([dense_mask(h, n, n) for h in heads])  # (H, N, N)
+    assert (~masks[2].any(dim=-1)).any()
+    dense_bias = torch.zeros(masks.shape).masked_fill(~masks, -math.inf)
+    graph, dense = layer_pair(3)
+    graph.backend = backend
+    spatial = torch.nn.Module()  # no parameters of its own
+    x = torch.randn(n, 8, generator=torch.Generator().manual_seed(2))
+    got = run(graph, spatial, lambda x: graph(x, edge_index, attn_bias=bias), x)
+    want = run(dense, spatial, lambda x: dense(x, attn_bias=dense_bias), x)
+    for a, b in zip(got[:2], want[:2], strict=True):
+        assert_close(a, b)
+    for name in want[2]:
+        assert_close(got[2][name], want[2][name], msg=name)
+
+
+@pytest.mark.parametrize("return_attention", [False, True])
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_dense_attention_bias_equals_edge_attention_bias(with_mask, return_attention):
+    # a batch of 2, a bias per head (H = 3) or shared (H = 1) with some -inf, a mask on top:
+    # outputs, weights and the gradients of q, k, v and the bias against edge_attention per
+    # batch entry on the pairs left
+    B, L, H, C = 2, 9, 3, 4
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(B, L, H, C, generator=gen, requires_grad=True) for _ in range(3))
+    mask = torch.rand(L, L, generator=gen) > 0.3 if with_mask else None
+    for bias_heads in (H, 1):
+        base = torch.randn(B, bias_heads, L, L, generator=gen)
+        base[0, 0, 4, :] = -math.inf  # a row without keys in (one or every) head
+        base[1, :, :, 2] = -math.inf  # a key no query reads
+        bias = base.requires_grad_()
+        result = dense_attention(q, k, v, mask, attn_bias=bias,
+                                 return_attention=return_attention)
+        out, weights = result if return_attention else (result, None)
+        w = torch.randn(out.shape, generator=gen)
+        got = torch.autograd.grad((out * w).sum(), (q, k, v, bias))
+        allowed = torch.ones(L, L, dtype=torch.bool) if mask is None else mask
+        edge_index = graphs.from_dense_mask(allowed)  # (2, E): j -> i where allowed[i, j]
+        src, dst = edge_index
+        outs, want_grads = [], [torch.zeros_like(t) for t in (q, k, v, bias)]
+        for b in range(B):
+            qb, kb, vb = (t[b].detach().requires_grad_() for t in (q, k, v))
+            bias_b = base[b].detach().expand(H, L, L).requires_grad_()
+            edge_bias = bias_b[:, dst, src].t()  # (E, H)
+            out_b, alpha = edge_attention(qb, kb, vb, edge_index, bias=edge_bias,
+                                          backend="reference", return_attention=True)
+            grads = torch.autograd.grad((out_b * w[b]).sum(), (qb, kb, vb, bias_b))
+            for t, g in zip(want_grads[:3], grads[:3], strict=True):
+                t[b] = g
+            want_grads[3][b] = grads[3].sum(dim=0, keepdim=True) if bias_heads == 1 else grads[3]
+            outs.append(out_b)
+            if return_attention:
+                dense_alpha = torch.zeros(H, L, L)
+                dense_alpha[:, dst, src] = alpha.t()
+                assert_close(weights[b], dense_alpha)
+        assert_close(out, torch.stack(outs))
+        assert torch.isfinite(out).all()
+        assert (out[0, 4, 0] == 0).all() if bias_heads == H else (out[0, 4] == 0).all()
+        for g, want in zip(got, want_grads, strict=True):
+            assert torch.isfinite(g).all()
+            assert_close(g, want)
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda q: dense_attention(q, q, q, attn_bias=torch.zeros(2, 5, 5, dtype=torch.bool)),
+     TypeError, "attn_bias must be a floating-point tensor \\(a bool pattern goes to mask\\)"),
+    (lambda q: dense_attention(q, q, q, attn_bias=torch.zeros(3, 5, 5)), ValueError,
+     r"attn_bias must have shape \[..., H, L_q, L_k\] = \[..., 2, 5, 5\] \(H may be 1\), "
+     r"got \[3, 5, 5\]"),
+    (lambda q: dense_attention(q, q, q, attn_bias=torch.zeros(5, 5)), ValueError,
+     r"got \[5, 5\]"),
+    (lambda q: dense_attention(q, q, q, attn_bias=torch.zeros(4, 2, 5, 5)), ValueError,
+     r"leading dims of attn_bias must broadcast to those of q, k and v \[\], got "
+     r"attn_bias \[4, 2, 5, 5\]"),
+    (lambda q: dense_attention(q, q, q, attn_bias=torch.zeros(2, 5, 5),
+                               batch=torch.zeros(5, dtype=torch.long)),
+     ValueError, "attn_bias and batch cannot be combined"),
+])
+def test_dense_attention_bias_errors(call, error, match):
+    with pytest.raises(error, match=match):
+        call(torch.randn(5, 2, 4))
+
+
+def test_dense_layer_bias_broadcasts_over_a_batch():
+    # one (H, L, L) bias for every sequence of a batch equals each sequence alone
+    _, dense = layer_pair(2)
+    x = torch.randn(3, 7, 8, generator=torch.Generator().manual_seed(0))
+    bias = torch.randn(2, 7, 7, generator=torch.Generator().manual_seed(1))
+    out, weights = dense(x, attn_bias=bias, is_causal=True, return_attention_weights=True)
+    for b in range(3):
+        out_b, weights_b = dense(x[b], attn_bias=bias, is_causal=True,
+                                 return_attention_weights=True)
+        assert_close(out[b], out_b)
+        assert_close(weights[b], weights_b)
+    assert (weights.triu(1) == 0).all()
