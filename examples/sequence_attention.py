@@ -62,15 +62,23 @@ from graphattn import graphs, pe
 from graphattn.functional import select_backend
 from graphattn.nn import DenseSelfAttention, GraphSelfAttention, GraphTransformer
 
-GRAPHS = ("window0", "window8", "window32", "window8+global32", "causal")
+GRAPHS = ("window0", "window8", "window32", "window8+global32", "causal", "causal+alibi")
+
+
+def uses_alibi(name: str) -> bool:
+    """Whether the run named ``name`` encodes positions by ALiBi's bias (its ``+alibi``
+    part) instead of sinusoids."""
+    return "alibi" in name.split("+")
 
 
 def sequence_graph(name: str, length: int) -> Tensor:
     """The edges j -> i among the ``length`` positions of one sequence: ``causal``,
     ``windowR`` (look back R), ``globalP`` (every P-th position global, causal), or the union
-    of such parts joined by ``+``."""
+    of such parts joined by ``+`` (an ``alibi`` part adds no edge: see :func:`uses_alibi`)."""
     parts = []
     for part in name.split("+"):
+        if part == "alibi":
+            continue
         if part == "causal":
             parts.append(graphs.causal_graph(length))
         elif part.startswith("window") and part[6:].isdigit():
@@ -81,7 +89,9 @@ def sequence_graph(name: str, length: int) -> Tensor:
         else:
             raise ValueError(f"graph must be one of {', '.join(GRAPHS)} (or windowR for a "
                              f"radius R, globalP for every P-th position global, parts "
-                             f"joined by +), got {name!r}")
+                             f"joined by +, and +alibi for ALiBi's positions), got {name!r}")
+    if not parts:
+        raise ValueError(f"graph must name edges besides alibi, got {name!r}")
     return parts[0] if len(parts) == 1 else graphs.union(parts, length)
 
 
@@ -118,26 +128,52 @@ def windows(text: Tensor, starts: Tensor, length: int) -> tuple[Tensor, Tensor]:
 
 
 class CharModel(torch.nn.Module):
-    """A GraphTransformer over the positions of each sequence: next-character logits."""
+    """A GraphTransformer over the positions of each sequence: next-character logits.
 
-    def __init__(self, vocab_size: int, edge_index: Tensor, positions: Tensor, *,
+    The positions enter as the sinusoidal encoding ``positions`` (rows 0..L-1 for sequences
+    of L characters, so as many rows as the longest sequence), or, for a run named with
+    ``+alibi``, as ALiBi's bias on the scores: :math:`-m_h (i - j)` on the edge j -> i, the
+    hop distance on the chain of the sequence (``pe.hop_distance``, ``pe.alibi_bias``), which
+    every block adds; it has no largest length.
+    """
+
+    def __init__(self, vocab_size: int, graph: str, positions: Tensor, *,
                  hidden: int, heads: int, layers: int, dropout: float) -> None:
         super().__init__()
-        self.vocab_size = vocab_size
-        self.register_buffer("edge_index", edge_index, persistent=False)  # (2, E), one sequence
-        self.register_buffer("positions", positions, persistent=False)  # (L, P)
+        self.vocab_size, self.graph, self.heads = vocab_size, graph, heads
+        self.alibi = uses_alibi(graph)
+        self.register_buffer("positions", positions, persistent=False)  # (max L, P)
         self.body = GraphTransformer(vocab_size, hidden, vocab_size, num_layers=layers,
-                                     heads=heads, pe_channels=positions.size(1),
-                                     dropout=dropout, attention_dropout=0.0)
-        self._batch_graphs: dict[int, Tensor] = {}
+                                     heads=heads,
+                                     pe_channels=0 if self.alibi else positions.size(1),
+                                     dropout=dropout, attention_dropout=0.0,
+                                     add_self_loops=not self.alibi)
+        self._batch_graphs: dict[tuple[int, int], tuple[Tensor, Tensor | None]] = {}
+
+    def batch_graph(self, B: int, L: int) -> tuple[Tensor, Tensor | None]:
+        """The graph of B sequences of L characters, ``(2, B E)``, and its ALiBi bias
+        ``(B E, H)`` (``None`` without ALiBi)."""
+        if (B, L) not in self._batch_graphs:
+            device = self.positions.device
+            edge_index = sequence_graph(self.graph, L)  # (2, E), one sequence
+            bias = None
+            if self.alibi:
+                distance = pe.hop_distance(graphs.chain_graph(L), L, edge_index)  # (E,) i - j
+                bias = pe.alibi_bias(distance, self.heads).repeat(B, 1).to(device)
+            self._batch_graphs[B, L] = (graphs.repeat_graph(edge_index, L, B).to(device), bias)
+        return self._batch_graphs[B, L]
 
     def forward(self, chars: Tensor) -> Tensor:
         B, L = chars.shape
-        if B not in self._batch_graphs:
-            self._batch_graphs[B] = graphs.repeat_graph(self.edge_index, L, B)
+        edge_index, bias = self.batch_graph(B, L)
         x = F.one_hot(chars.reshape(B * L), self.vocab_size).float()  # (B * L, V)
-        pos = self.positions.repeat(B, 1)  # (B * L, P)
-        return self.body(x, self._batch_graphs[B], pos).view(B, L, -1)  # (B, L, V)
+        if self.alibi:
+            return self.body(x, edge_index, attn_bias=bias).view(B, L, -1)  # (B, L, V)
+        if L > self.positions.size(0):
+            raise ValueError(f"the model encodes {self.positions.size(0)} positions, got "
+                             f"sequences of {L}")
+        pos = self.positions[:L].repeat(B, 1)  # (B * L, P)
+        return self.body(x, edge_index, pos).view(B, L, -1)  # (B, L, V)
 
 
 @dataclass
@@ -147,6 +183,7 @@ class RunResult:
     steps: list[int] = field(default_factory=list)
     val_bpc: list[float] = field(default_factory=list)
     step_seconds: list[float] = field(default_factory=list)
+    longer_bpc: float | None = None  # on sequences --extrapolate times as long
 
 
 @torch.no_grad()
@@ -177,7 +214,7 @@ def train(model: CharModel, corpus: Corpus, val: tuple[Tensor, Tensor], *, steps
         return 0.1 + 0.45 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-    result = RunResult(desc, model.edge_index.size(1))
+    result = RunResult(desc, sequence_graph(model.graph, length).size(1))
     bar = tqdm(range(1, steps + 1), desc=desc, disable=not progress, leave=False)
     for step in bar:
         starts = torch.randint(corpus.train.numel() - length - 1, (batch_size,),
@@ -269,16 +306,20 @@ def format_timing(rows: list[dict], length: int, batch_size: int) -> str:
     return "\n".join(lines)
 
 
-def format_table(results: list[RunResult], length: int) -> str:
-    lines = ["| graph | scores per sequence | of L^2 | validation bits per char | step ms |",
-             "|---|---|---|---|---|"]
+def format_table(results: list[RunResult], length: int, extrapolate: int = 1) -> str:
+    longer = extrapolate > 1
+    extra = f" bits per char at L = {extrapolate * length} |" if longer else ""
+    lines = [f"| graph | scores per sequence | of L^2 | validation bits per char |{extra} "
+             f"step ms |", "|---|---|---|---|---|" + "---|" * longer]
     for r in results:
+        extra = f" {r.longer_bpc:.3f} |" if longer else ""
         lines.append(f"| {r.graph} | {r.scores} | {r.scores / length ** 2:.1%} | "
-                     f"{r.val_bpc[-1]:.3f} | {1e3 * statistics.median(r.step_seconds):.0f} |")
+                     f"{r.val_bpc[-1]:.3f} |{extra} "
+                     f"{1e3 * statistics.median(r.step_seconds):.0f} |")
     return "\n".join(lines)
 
 
-def plot(results: list[RunResult], path: Path, length: int) -> bool:
+def plot(results: list[RunResult], path: Path, length: int, extrapolate: int = 1) -> bool:
     try:
         import matplotlib
 
@@ -287,8 +328,10 @@ def plot(results: list[RunResult], path: Path, length: int) -> bool:
     except ImportError:
         print("matplotlib is not installed: no figure (pip install -e '.[plot]')")
         return False
-    fig, (curves, cost) = plt.subplots(1, 2, figsize=(11, 4), layout="constrained",
-                                       width_ratios=[2, 1])
+    longer = extrapolate > 1 and all(r.longer_bpc is not None for r in results)
+    fig, axes = plt.subplots(1, 2 + longer, figsize=(15 if longer else 11, 4),
+                             layout="constrained", width_ratios=[2, 1, 1][:2 + longer])
+    curves, cost = axes[:2]
     for r in results:
         curves.plot(r.steps, r.val_bpc, marker="o", markersize=3, label=r.graph)
     curves.set(xlabel="training step", ylabel="validation bits per character",
@@ -304,6 +347,19 @@ def plot(results: list[RunResult], path: Path, length: int) -> bool:
     cost.set(xlabel="median training step (ms)", title="time per step (scores per sequence)",
              xlim=(0, 1.6 * max(step_ms)))
     cost.invert_yaxis()
+    if longer:  # trained at L, measured at L and at K L
+        at = axes[2]
+        rows = torch.arange(len(results), dtype=torch.float64)
+        at.barh(rows - 0.2, [r.val_bpc[-1] for r in results], height=0.4,
+                label=f"L = {length} (trained)")
+        at.barh(rows + 0.2, [r.longer_bpc for r in results], height=0.4,
+                label=f"L = {extrapolate * length}")
+        at.set_yticks(rows.tolist(), names)
+        at.set(xlabel="validation bits per character",
+               title=f"sequences {extrapolate}x longer than trained")
+        at.invert_yaxis()
+        at.legend(loc="lower right")
+        at.grid(alpha=0.3, axis="x")
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -356,6 +412,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dropout", type=float, default=0.0)
     parser.add_argument("--pe", type=positive_int, default=16,
                         help="columns of the sinusoidal position encoding (even)")
+    parser.add_argument("--extrapolate", type=positive_int, default=4,
+                        help="also measure each trained model on validation sequences this "
+                             "many times --length; 1 skips it (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timing-rounds", type=int, default=30,
                         help="rounds of the one-layer sparse-vs-dense timing; 0 skips it")
@@ -404,32 +463,46 @@ def main(argv: list[str] | None = None) -> dict:
                          f"in the {corpus.val.numel()} validation characters")
     val = tuple(t.to(args.device) for t in windows(corpus.val,
                                                    torch.arange(args.val_sequences) * spacing, L))
-    positions = pe.sinusoidal(L, args.pe).to(args.device)  # (L, P)
+    longer = None
+    if args.extrapolate > 1:  # the same starts, sequences K times as long
+        K = args.extrapolate
+        if (args.val_sequences - 1) * spacing + K * L + 1 > corpus.val.numel():
+            starts = torch.linspace(0, corpus.val.numel() - K * L - 1, args.val_sequences)
+        else:
+            starts = torch.arange(args.val_sequences) * spacing
+        longer = tuple(t.to(args.device) for t in windows(corpus.val, starts.long(), K * L))
+    # (max L, P): the rows of every position measured, those past L never trained
+    positions = pe.sinusoidal(L * max(1, args.extrapolate), args.pe).to(args.device)
     results = []
     for name in args.graphs:
         torch.manual_seed(args.seed)
-        model = CharModel(len(corpus.vocab), sequence_graph(name, L), positions,
-                          hidden=args.hidden, heads=args.heads, layers=args.layers,
+        model = CharModel(len(corpus.vocab), name, positions, hidden=args.hidden,
+                          heads=args.heads, layers=args.layers,
                           dropout=args.dropout).to(args.device)
         result = train(model, corpus, val, steps=args.steps, batch_size=args.batch_size,
                        length=L, lr=args.lr, eval_every=args.eval_every, seed=args.seed,
                        desc=name, progress=not args.no_progress)
+        if longer is not None:
+            result.longer_bpc = validation_bpc(model, *longer, args.batch_size)
         print(f"{name:>9}: validation {result.val_bpc[-1]:.3f} bits per character after "
               f"{args.steps} steps, {1e3 * statistics.median(result.step_seconds):.0f} ms per "
-              f"step, {result.scores} scores per sequence")
+              f"step, {result.scores} scores per sequence"
+              + ("" if longer is None else f"; on sequences of {args.extrapolate * L}: "
+                                           f"{result.longer_bpc:.3f}"))
         results.append(result)
     print()
-    print(format_table(results, L))
+    print(format_table(results, L, args.extrapolate))
     timing = []
-    if args.timing_rounds > 0:
-        timing = time_one_layer(args.graphs, L, args.batch_size, args.hidden, args.heads,
+    timed = [name for name in args.graphs if not uses_alibi(name)]  # the same edges
+    if args.timing_rounds > 0 and timed:
+        timing = time_one_layer(timed, L, args.batch_size, args.hidden, args.heads,
                                 args.timing_rounds, args.device)
         print()
         print(format_timing(timing, L, args.batch_size))
     figure = None
     if not args.no_plot:
         path = Path(args.out) / "sequence_attention.png"
-        if plot(results, path, L):
+        if plot(results, path, L, args.extrapolate):
             figure = path
             print(f"figure: {path}")
     return {"results": results, "timing": timing, "figure": figure}

@@ -59,15 +59,15 @@ def test_a_window_with_global_positions(example):
     assert edge_index.tolist() == torch.tensor(pairs).t().tolist()
 
 
-@pytest.mark.parametrize("name,reach", [("window2", 2), ("causal", None)])
+@pytest.mark.parametrize("name,reach", [("window2", 2), ("causal", None),
+                                        ("window2+alibi", 2), ("causal+alibi", None)])
 def test_model_is_causal_with_its_graphs_receptive_field(example, corpus, name, reach):
     """Changing character t changes no prediction before t, and with a window of r over two
     blocks none after t + 2 r; within reach it does change them."""
     torch.manual_seed(0)
     L, t = 24, 10
-    model = example["CharModel"](len(corpus.vocab), example["sequence_graph"](name, L),
-                                 torch.randn(L, 4), hidden=16, heads=2, layers=2,
-                                 dropout=0.0).eval()
+    model = example["CharModel"](len(corpus.vocab), name, torch.randn(L, 4), hidden=16,
+                                 heads=2, layers=2, dropout=0.0).eval()
     chars = corpus.train[:L].clone().unsqueeze(0)
     other = chars.clone()
     other[0, t] = (chars[0, t] + 1) % len(corpus.vocab)
@@ -82,31 +82,52 @@ def test_model_is_causal_with_its_graphs_receptive_field(example, corpus, name, 
         assert bool((diff[t:] > 0).all())
 
 
-def test_batch_of_sequences_equals_sequences_one_by_one(example, corpus):
+@pytest.mark.parametrize("name", ["window3", "causal+alibi"])
+def test_batch_of_sequences_equals_sequences_one_by_one(example, corpus, name):
     torch.manual_seed(0)
     L = 16
-    model = example["CharModel"](len(corpus.vocab), example["sequence_graph"]("window3", L),
-                                 torch.randn(L, 4), hidden=16, heads=2, layers=2, dropout=0.0)
+    model = example["CharModel"](len(corpus.vocab), name, torch.randn(L, 4), hidden=16,
+                                 heads=2, layers=2, dropout=0.0)
     chars = corpus.train[:4 * L].view(4, L)
     together = model(chars)
     alone = torch.cat([model(chars[i:i + 1]) for i in range(4)])
     torch.testing.assert_close(together, alone, atol=1e-5, rtol=1e-5)
 
 
+def test_alibi_model_biases_each_edge_by_its_distance(example, corpus):
+    """ALiBi's bias on the edge j -> i is -m_h (i - j), slopes 2^-8(h+1)/H; the model has no
+    position encoding then, so it runs on sequences of any length."""
+    L, heads = 12, 4
+    model = example["CharModel"](len(corpus.vocab), "causal+alibi", torch.randn(L, 4),
+                                 hidden=16, heads=heads, layers=1, dropout=0.0)
+    assert model.body.lin_pe is None
+    edge_index, bias = model.batch_graph(3, L)
+    src, dst = edge_index
+    slopes = torch.tensor([2.0 ** (-8 * (h + 1) / heads) for h in range(heads)])
+    assert torch.equal(bias, -slopes * ((dst - src) % L).unsqueeze(1).float())
+    assert model(corpus.train[:5 * L].view(1, 5 * L)).shape == (1, 5 * L, len(corpus.vocab))
+    plain = example["CharModel"](len(corpus.vocab), "causal", torch.randn(L, 4), hidden=16,
+                                 heads=heads, layers=1, dropout=0.0)
+    with pytest.raises(ValueError, match="encodes 12 positions, got sequences of 13"):
+        plain(corpus.train[:13].view(1, 13))
+
+
 def test_short_training_learns_and_reports(example, corpus, capsys):
-    out = example["main"](["--graphs", "window4,window0", "--steps", "200", "--eval-every",
-                           "100", "--no-plot", *SMALL])
+    out = example["main"](["--graphs", "window4+alibi,window0", "--steps", "200",
+                           "--eval-every", "100", "--extrapolate", "2", "--no-plot", *SMALL])
     results = {r.graph: r for r in out["results"]}
-    assert list(results) == ["window4", "window0"]
+    assert list(results) == ["window4+alibi", "window0"]
     for r in results.values():
         assert r.steps == [100, 200] and len(r.step_seconds) == 200
     # predicting every character as equally likely costs log2(V) = 6.69 bits; a model that
-    # learns nothing stays there (seeded: 4.34 and 3.97 here)
+    # learns nothing stays there, on the sequences trained on and on twice as long ones
     uniform = math.log2(len(corpus.vocab))
     for r in results.values():
         assert r.val_bpc[-1] < uniform - 2, (r.graph, r.val_bpc)
+        assert r.longer_bpc < uniform - 2, (r.graph, r.longer_bpc)
     printed = capsys.readouterr().out
-    assert "| window4 | " in printed and "validation bits per char" in printed
+    assert "| window4+alibi | " in printed and "validation bits per char" in printed
+    assert "bits per char at L = 64" in printed
 
 
 def test_one_layer_timing_compares_equal_outputs(example):
@@ -139,6 +160,8 @@ def test_figure_is_written(example, tmp_path, capsys):
     (["--graphs", "causal,causal"], "--graphs must name each graph once"),
     (["--graphs", "window8+global0"], "--graphs: graph must be one of"),
     (["--graphs", "window8+sinks"], "got 'window8+sinks'"),
+    (["--graphs", "alibi"], "must name edges besides alibi"), (["--extrapolate", "0"],
+                                                                "--extrapolate"),
     (["--device", "mps"], "--device mps is not usable here"),
 ])
 def test_bad_arguments_are_refused_by_name(example, argv, name, capsys):

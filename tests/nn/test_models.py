@@ -877,3 +877,38 @@ def test_model_input_checks_kept_by_mutation_testing():
     pe = torch.randn(4, 2, dtype=torch.float64)
     x = torch.randn(4, 3)
     assert_close(model(x, edge_index, pe), model(x, edge_index, pe.float()))
+
+
+def test_graph_transformer_attn_bias_reaches_every_block():
+    """With ``add_self_loops=False`` the blocks attend along the graph as given (its loops
+    included); ``attn_bias`` enters every block's scores: -inf on every edge but the loops
+    leaves each node attending to itself in both blocks, as the graph of loops alone does;
+    a constant per head changes nothing."""
+    from graphattn import graphs, pe
+
+    torch.manual_seed(0)
+    N = 15
+    x = torch.randn(N, 12)
+    edges = torch.unique(random_graph(N, 50), dim=1)
+    edges = edges[:, edges[0] != edges[1]]
+    loops = torch.arange(N).expand(2, N)
+    with_loops = torch.cat([edges, loops], dim=1)
+    plain = GraphTransformer(12, 16, 5, dropout=0.0).eval()
+    given = GraphTransformer(12, 16, 5, dropout=0.0, add_self_loops=False).eval()
+    given.load_state_dict(plain.state_dict())
+    assert not any(a.add_self_loops for a in given.attns)
+    assert_close(given(x, with_loops), plain(x, edges))
+    only_loops = torch.zeros(with_loops.size(1), 4).masked_fill(
+        (with_loops[0] != with_loops[1]).unsqueeze(1), float("-inf"))
+    assert_close(given(x, with_loops, attn_bias=only_loops), given(x, loops))
+    assert not torch.allclose(given(x, with_loops), given(x, loops), atol=1e-3)
+    constant = torch.tensor([0.5, -2.0, 3.0, 0.0]).expand(with_loops.size(1), 4)
+    assert_close(given(x, with_loops, attn_bias=constant), given(x, with_loops))
+    with pytest.raises(ValueError, match="attn_bias needs add_self_loops=False"):
+        plain(x, edges, attn_bias=torch.zeros(edges.size(1), 4))
+    # a learned bias of each hop distance: its gradient comes back through both blocks
+    spatial = pe.DistanceBias(4, 3)
+    distance = pe.hop_distance(graphs.chain_graph(N), N, with_loops)
+    given.train()
+    given(x, with_loops, attn_bias=spatial(distance)).square().sum().backward()
+    assert spatial.weight.grad.abs().sum() > 0
