@@ -358,7 +358,7 @@ def plot(results: list[RunResult], path: Path, length: int, extrapolate: int = 1
         at.set(xlabel="validation bits per character",
                title=f"sequences {extrapolate}x longer than trained")
         at.invert_yaxis()
-        at.legend(loc="lower right")
+        at.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncols=2)
         at.grid(alpha=0.3, axis="x")
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -34,6 +34,15 @@ On a general graph the same eigenvectors are the graph's "frequencies"; an eigen
 defined only up to sign (up to rotation inside a repeated eigenvalue), which is why
 :func:`laplacian_pe` fixes a sign convention and can flip signs at random for training.
 :func:`random_walk_pe` (Dwivedi et al., 2022) has no sign ambiguity at all.
+
+Relative encodings are the same story one level up. A sequence's relative position
+:math:`i - j` is the number of edges between j and i on the chain, and on any graph that
+number is the shortest-path length (:func:`hop_distance`). A bias of the scores that depends on
+it only is then ALiBi on the chain (:func:`alibi_bias`: :math:`-m_h (i - j)` on the causal
+graph) and Graphormer's spatial encoding on a graph (:class:`DistanceBias`, a learned bias per
+head and distance; on the chain, the learned bias of each clipped relative position). Both go
+into attention as ``attn_bias``, on the edges (:class:`~graphattn.nn.GraphSelfAttention`) or
+dense (:class:`~graphattn.nn.DenseSelfAttention`).
 """
 
 from __future__ import annotations
