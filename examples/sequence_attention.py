@@ -1,4 +1,4 @@
-r"""Masked and truncated attention over text: one character-level language model, five graphs.
+r"""Masked and truncated attention over text: one character-level language model, six runs.
 
 A sequence is a chain of tokens, and a decoder's attention is edge attention on a graph over
 them. This script trains the same model, :class:`graphattn.nn.GraphTransformer` (two pre-norm
@@ -16,7 +16,11 @@ character attending to
   (``graphs.union`` of ``graphs.window_graph`` and ``graphs.global_token_graph``);
 - ``causal``: itself and every character before it in the sequence
   (``graphs.causal_graph(L)``): masked decoder attention, what ``DenseSelfAttention`` computes
-  with ``is_causal=True``.
+  with ``is_causal=True``;
+- ``causal+alibi``: the causal graph with the positions given by ALiBi's bias instead of the
+  sinusoids (Press et al., 2022): each edge j -> i scores -m_h (i - j) more in head h, i - j
+  being the hop distance on the chain (``pe.hop_distance``, ``pe.alibi_bias``); ``+alibi``
+  joins any graph.
 
 The text is the Python documentation's topic pages that ship with CPython
 (``pydoc_data.topics``, about 465,000 characters, here in the order of their names): the first
@@ -28,7 +32,9 @@ chain's Laplacian eigenvectors are sinusoids too, but only the lowest frequencie
 tell a character from its neighbour). Every
 ``--eval-every`` steps the script measures the validation loss in bits per character on fixed
 sequences (every position predicts the next character; positions near a sequence's start see
-less context on every graph).
+less context on every graph); after training, also on sequences ``--extrapolate`` times as
+long (default 4), whose positions past L a sinusoidal model never saw, while ALiBi's bias has
+no largest position.
 
 It prints the final validation bits per character of each graph, the scores a sequence
 computes (its edges E against L^2 for unmasked dense attention) and the median time of a
@@ -41,7 +47,7 @@ otherwise), to show which route to take for which pattern (``--timing-rounds 0``
 
 Usage::
 
-    python examples/sequence_attention.py --out out/sequence_attention   # ~10 min on 2 cores
+    python examples/sequence_attention.py --out out/sequence_attention   # ~12 min on 2 cores
 """
 
 from __future__ import annotations
