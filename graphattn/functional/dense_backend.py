@@ -323,29 +323,34 @@ def scatter_add_rows(src: Tensor, index: Tensor, num_rows: int) -> Tensor:
 
 
 def _pair_log_weights(t: Tensor | None, pair: Tensor | None, mask: Tensor, simple: bool,
-                      dtype: torch.dtype) -> tuple[Tensor | None, Tensor | None]:
+                      dtype: torch.dtype, in_place: bool = False,
+                      ) -> tuple[Tensor | None, Tensor | None]:
     """Sum the per-edge log-weights ``t`` of each (target, source) pair in log space.
 
     ``mask`` is the ``[B, N_dst, N_src]`` bool mask of the graph's blocks and ``pair`` ``[E]``
-    each edge's flat index in it. Returns ``T [H, B * N_dst * N_src]`` with
-    ``T_p = log sum_{e in p} exp(t_e)`` less the largest ``t_e`` of its target row, which the
-    softmax over the row does not see (``-inf`` where no edge lies; ``None`` when the graph is
-    simple and ``t`` is ``None``, i.e. all zeros on the mask) and ``r [E, H]``, each edge's
-    share ``exp(t_e) / sum_{e' in p} exp(t_e')`` of its pair (``None`` when every share is 1).
+    each edge's flat index in it. Returns ``T [B, H, N_dst, N_src]`` (contiguous, the layout
+    SDPA reads its mask in) with ``T_p = log sum_{e in p} exp(t_e)`` less the largest ``t_e`` of its
+    target row, which the softmax over the row does not see (``-inf`` where no edge lies;
+    ``None`` when the graph is simple and ``t`` is ``None``, i.e. all zeros on the mask) and
+    ``r [E, H]``, each edge's share ``exp(t_e) / sum_{e' in p} exp(t_e')`` of its pair
+    (``None`` when every share is 1). ``in_place``: edge e is pair e (a complete graph's
+    edges in target-major order).
     """
     flat = mask.view(-1)  # (P,)
+    B, n_dst, n_src = mask.shape
     if t is None:
         if simple:
             return None, None
         count = scatter_add_rows(torch.ones(pair.numel(), dtype=dtype, device=pair.device),
                                  pair, flat.numel())  # (P,)
-        T = count.log().unsqueeze(0)  # (1, P); log(0) = -inf off the graph
+        T = count.log().view(B, 1, n_dst, n_src)  # log(0) = -inf off the graph
         r = (1.0 / count[pair]).unsqueeze(-1)  # (E, 1)
         return T, r
     heads = t.size(1)
-    if simple:
-        T = t.new_full((heads, flat.numel()), float("-inf")).index_copy(1, pair, t.t())
-        return T, None
+    if simple:  # one row written per edge, in place (pairs first: see below)
+        T = (t if in_place else t.new_full((flat.numel(), heads), float("-inf")).index_copy_(
+            0, pair, t))  # (P, H)
+        return T.view(B, n_dst, n_src, heads).permute(0, 3, 1, 2).contiguous(), None
     # logsumexp per pair: shift by the pair maximum (no gradient flows through a shift). Pairs
     # come first, [P, H]: gathers and scatters of whole rows. (Under torch.compile on CPU, the
     # gradient of a gather along dim 1 of [H, P] was compiled into a scatter that wrote out of
@@ -373,7 +378,7 @@ def _pair_log_weights(t: Tensor | None, pair: Tensor | None, mask: Tensor, simpl
     safe_total = torch.where(live, total, 1.0)
     T = torch.where(live, safe_total.log() + shift, t.new_tensor(float("-inf")))  # (P, H)
     r = w / gather_rows(safe_total, pair)  # (E, H)
-    return T.t().contiguous(), r
+    return T.view(B, n_dst, n_src, heads).permute(0, 3, 1, 2).contiguous(), r
 
 
 # A graph that no edge crosses between ranges of its nodes (a batch of sequences, images or
@@ -843,11 +848,12 @@ def _dense_blocks(q: Tensor, k: Tensor, v: Tensor, src: Tensor, dst: Tensor, blo
         if bias is not None:
             t = t + bias
         t = F.leaky_relu(t, negative_slope) * scale
-    T, share = _pair_log_weights(t, pair, mask, simple, v.dtype)
-    if T is not None:  # (H or 1, B * N_dst * N_src) -> (B, H or 1, N_dst, N_src)
-        T = T.view(T.size(0), B, n_dst, n_src).transpose(0, 1)
-    # rows that get 0: no in-edge, or (with per-edge scores) every in-edge scoring -inf
-    dead = empty_rows if T is None else (T == float("-inf")).all(dim=-1)  # (B, H or 1, N_dst)
+    T, share = _pair_log_weights(t, pair, mask, simple, v.dtype,
+                                 in_place)  # (B, H or 1, N_dst, N_src)
+    # rows that get 0: no in-edge, or (with per-edge scores) every in-edge scoring -inf (a
+    # NaN score counts as live: its row is NaN, as in the reference)
+    # (amax: one pass over T, where == and all() take two and a bool tensor)
+    dead = empty_rows if T is None else T.amax(dim=-1) == float("-inf")  # (B, H or 1, N_dst)
 
     def nodes_first(out: Tensor) -> Tensor:  # (B, H, N_dst, C) -> (B * N_dst, H, C)
         # contiguous, as every backend returns it: (N_dst, H, C) views as (N_dst, H * C)
@@ -857,8 +863,10 @@ def _dense_blocks(q: Tensor, k: Tensor, v: Tensor, src: Tensor, dst: Tensor, blo
     explicit = score != "dot" or need_alpha or dropout_mask is not None
     if not explicit:
         attn_mask = None  # the complete graph; the causal one: SDPA skips the masked half
-        if T is not None:
-            attn_mask = T.to(q.dtype).masked_fill(dead.unsqueeze(-1), 0.0)  # (B, H|1, N, N)
+        if T is not None:  # (B, H|1, N, N), which may be a view of the caller's bias
+            attn_mask = T.to(q.dtype)
+            if not host_readable(dead) or bool(dead.any()):  # (on CPU, the rare case only)
+                attn_mask = attn_mask.masked_fill(dead.unsqueeze(-1), 0.0)
         elif not (complete or causal):
             attn_mask = mask | empty_rows.transpose(1, 2)  # (B, N_dst, N_src); empty rows see all
         if B == 1:  # one block: SDPA on (H, N, C), as sdpa() batches it

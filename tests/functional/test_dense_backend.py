@@ -958,3 +958,29 @@ def test_gradients_of_gradients_keep_the_scale(graph):
         results.append((*grads, *second))
     for got, expected in zip(*results, strict=True):
         assert_close(got, expected)
+
+
+@pytest.mark.parametrize("heads", [1, 3])
+@pytest.mark.parametrize("blocks", [1, 4])
+def test_bias_of_complete_blocks_with_a_dead_row_is_read_only(blocks, heads):
+    """Complete blocks in target-major order score from a view of the bias itself: a row
+    whose every edge scores -inf gets 0 without the caller's bias (or its gradient) being
+    written to, and the result is the reference's."""
+    n = 6
+    edge_index = graphs.repeat_graph(graphs.complete_graph(n), n, blocks)
+    gen = torch.Generator().manual_seed(0)
+    bias = torch.randn(edge_index.size(1), heads, generator=gen)
+    bias[edge_index[1] == 2, 0] = -math.inf  # target 2 of the first block, head 0
+    before = bias.clone()
+    bias.requires_grad_()
+    q = torch.randn(blocks * n, heads, 4, generator=gen, requires_grad=True)
+    results = {}
+    for backend in ("dense", "reference"):
+        out = edge_attention(q, q, q, edge_index, bias=bias, backend=backend)
+        grads = torch.autograd.grad(out.square().sum(), (q, bias))
+        results[backend] = (out, *grads)
+        assert torch.equal(bias.detach(), before)
+    assert (results["dense"][0][2, 0] == 0).all()
+    for got, want in zip(results["dense"], results["reference"], strict=True):
+        assert torch.isfinite(got).all()
+        assert_close(got, want)
