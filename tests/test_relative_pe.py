@@ -366,3 +366,25 @@ def test_dense_layer_bias_broadcasts_over_a_batch():
         assert_close(out[b], out_b)
         assert_close(weights[b], weights_b)
     assert (weights.triu(1) == 0).all()
+
+
+def test_hop_distance_over_a_mini_batch_of_graphs():
+    """Graphormer on a PyG Batch: the pairs of batch_complete_graph, distances measured on the
+    batch's edges, equal each graph's own distance matrix, block by block."""
+    from torch_geometric.data import Batch, Data
+
+    parts = [graphs.from_networkx(nx.barabasi_albert_graph(n, 1, seed=n)) for n in (5, 8, 3)]
+    batch = Batch.from_data_list([Data(edge_index=ei, num_nodes=ei.max().item() + 1)
+                                  for ei in parts])
+    pairs = graphs.batch_complete_graph(batch.batch)
+    got = pe.hop_distance(batch.edge_index, batch.num_nodes, pairs, max_distance=3)
+    offsets = batch.ptr[batch.batch[pairs[1]]]  # (P,) first node of each pair's graph
+    expected = torch.cat([pe.hop_distance(ei, ei.max().item() + 1, max_distance=3).view(-1)
+                          for ei in parts])  # (P,) each graph's matrix, row-major
+    assert got.shape == (pairs.size(1),)
+    block = batch.batch[pairs[1]]
+    local = torch.stack([pairs[0] - offsets, pairs[1] - offsets])  # ids inside each graph
+    sizes = (batch.ptr[1:] - batch.ptr[:-1])[block]
+    start = torch.cumsum(torch.cat([torch.zeros(1, dtype=torch.long),
+                                    (batch.ptr[1:] - batch.ptr[:-1]) ** 2]), 0)[block]
+    assert torch.equal(got, expected[start + local[1] * sizes + local[0]])
