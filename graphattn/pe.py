@@ -1249,8 +1249,9 @@ def hop_distance(edge_index: Tensor, num_nodes: int, pairs: Tensor | None = None
     Each target of ``pairs`` runs one breadth-first search over G, on the CPU, by the threads
     of torch's thread count, and stops once it has reached all its sources (or
     ``max_distance``): time of the order of the nodes within the farthest source's distance,
-    over all targets (all 7.3M pairs of Cora's 2708 nodes, or the 2-hop pairs of PubMed's
-    19717, in well under a second on 2 cores).
+    over all targets. On 2 CPU cores all 7.3M pairs of Cora take 0.18 s (SciPy's ``dijkstra``
+    0.77 s) and the 1.2M pairs of PubMed within 2 hops 0.026 s (SciPy 2.3 s, networkx 0.54 s;
+    ``benchmarks/hop_distance.py``).
 
     Args:
         edge_index (Tensor): ``[2, E]`` integer, the edges ``j -> i`` of G.

@@ -27,6 +27,7 @@ import citation_accuracy  # noqa: E402
 import dropout_cpu  # noqa: E402
 import explicit_weights  # noqa: E402
 import global_layers  # noqa: E402
+import hop_distance  # noqa: E402
 import hub_precision  # noqa: E402
 import node_order  # noqa: E402
 import random_walk_pe  # noqa: E402
@@ -304,6 +305,41 @@ def test_random_walk_pe_benchmark_fills_its_table(monkeypatch, tmp_path):
     assert float(row["max difference"]) < 1e-6
     edges = grid.edge_index.size(1)
     assert f"| grid-3x4 | 12 | {edges} | 5 |" in (tmp_path / "random_walk_pe_quick.md").read_text()
+
+
+def test_hop_distance_benchmark_fills_its_table(monkeypatch, tmp_path):
+    """Every method timed at every repeat, their distances compared (a disconnected graph and
+    a max_distance, so -1 is read too); networkx skipped past its pair limit, by name."""
+    from graphattn import graphs
+
+    two_chains = torch.cat([graphs.chain_graph(5), graphs.chain_graph(4) + 5], dim=1)
+    small = hop_distance.Case("two chains", two_chains, 9, graphs.complete_graph(9), 3)
+    big = hop_distance.Case("grid", graphs.grid_graph(4, 4), 16,
+                            graphs.grid_graph(4, 4, radius=2), None)
+    monkeypatch.setattr(hop_distance, "cases", lambda quick, root: [small, big])
+    monkeypatch.setattr(_report, "RESULTS", tmp_path)
+    monkeypatch.setattr(sys, "argv", ["hop_distance.py", "--quick", "--repeats", "2",
+                                      "--networkx-max-pairs", "100"])
+    hop_distance.main()
+    with open(tmp_path / "hop_distance_quick.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["same distances"] for r in rows] == ["yes", "yes"]
+    assert (small.results["SciPy"] == -1).any() and (small.results["SciPy"] == 3).any()
+    assert all(len(small.times[m]) == 2 for m in hop_distance.METHODS)
+    ours, scipy_times = small.times["graphattn"], small.times["SciPy"]
+    ratio = statistics.median(scipy_times) / statistics.median(ours)
+    assert rows[0]["SciPy / graphattn"] == f"{ratio:.1f}x"
+    assert "networkx" not in big.times
+    assert rows[1]["networkx s"] == "skipped (> 100 pairs)"
+    assert rows[1]["networkx / graphattn"] == ""
+    # a method that disagrees is reported, not hidden
+    wrong = hop_distance.scipy_distances
+    monkeypatch.setattr(hop_distance, "scipy_distances", lambda case: wrong(case) + 1)
+    small.times.clear()
+    big.times.clear()
+    hop_distance.main()
+    with open(tmp_path / "hop_distance_quick.csv") as f:
+        assert [r["same distances"] for r in csv.DictReader(f)] == ["NO", "NO"]
 
 
 def test_hub_precision_benchmark_fills_its_table(tmp_path):
