@@ -40,9 +40,11 @@ Relative encodings are the same story one level up. A sequence's relative positi
 number is the shortest-path length (:func:`hop_distance`). A bias of the scores that depends on
 it only is then ALiBi on the chain (:func:`alibi_bias`: :math:`-m_h (i - j)` on the causal
 graph) and Graphormer's spatial encoding on a graph (:class:`DistanceBias`, a learned bias per
-head and distance; on the chain, the learned bias of each clipped relative position). Both go
-into attention as ``attn_bias``, on the edges (:class:`~graphattn.nn.GraphSelfAttention`) or
-dense (:class:`~graphattn.nn.DenseSelfAttention`).
+head and distance; on the chain, the learned bias of each clipped relative position). Where
+nodes have coordinates, the offset :math:`p_i - p_j` itself can index the bias
+(:func:`relative_offsets`, :class:`OffsetBias`): Swin's relative position bias on an image's
+grid graph, T5's on a sequence. All go into attention as ``attn_bias``, on the edges
+(:class:`~graphattn.nn.GraphSelfAttention`) or dense (:class:`~graphattn.nn.DenseSelfAttention`).
 """
 
 from __future__ import annotations
@@ -1434,3 +1436,110 @@ class DistanceBias(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"heads={self.heads}, max_distance={self.max_distance}"
+
+
+def grid_positions(height: int, width: int) -> Tensor:
+    """The (row, column) of each pixel of :func:`graphattn.graphs.grid_graph`, whose pixel
+    ``r * width + c`` is at row r, column c.
+
+    Args:
+        height (int): rows H.
+        width (int): columns W.
+
+    Shapes:
+        - **output:** ``(H * W, 2)`` int64
+    """
+    height = check_non_negative(height, "height")
+    width = check_non_negative(width, "width")
+    pixel = torch.arange(height * width)
+    return torch.stack([pixel // max(width, 1), pixel % max(width, 1)], dim=1)
+
+
+def relative_offsets(positions: Tensor, edge_index: Tensor) -> Tensor:
+    r"""The offset :math:`p_i - p_j` of each edge :math:`j \to i`, from integer node
+    positions: a sequence's signed relative position i - j (``positions`` the arange, ``d =
+    1``), a pixel's (rows, columns) offset on a grid (:func:`grid_positions`), a voxel's in 3-D.
+
+    Args:
+        positions (Tensor): ``[N, d]`` integer coordinates of the nodes.
+        edge_index (Tensor): ``[2, E]`` integer, ids below N.
+
+    Shapes:
+        - **input:** positions ``(N, d)``, edge_index ``(2, E)``
+        - **output:** ``(E, d)`` int64 on the device of ``positions``
+    """
+    check_tensors(positions=positions)
+    if positions.dim() != 2 or positions.is_floating_point() or positions.is_complex() \
+            or positions.dtype == torch.bool:
+        raise ValueError(f"positions must be an integer [N, d] tensor, got "
+                         f"{positions.dtype} {list(positions.shape)}")
+    N = positions.size(0)
+    check_edge_index(edge_index, num_src=N, num_dst=N)
+    src, dst = edge_index.to(positions.device).long()
+    return (positions[dst] - positions[src]).long()
+
+
+class OffsetBias(torch.nn.Module):
+    r"""A learned score bias for each head and relative offset of a pair's positions: the
+    relative position bias of Swin (Liu et al., 2021) and of neighbourhood attention
+    (Hassani et al., 2023) on an image's grid graph, and T5's bias of exact signed relative
+    positions on a sequence (d = 1).
+
+    .. math::
+        \alpha_{ij}^h = \operatorname{softmax}_j\big(\text{scale} \cdot q_i^h \cdot k_j^h
+        + B^h[p_i - p_j]\big), \qquad B \in \mathbb{R}^{(2R + 1)^d + 1, H}
+
+    with :math:`p_i - p_j` from :func:`relative_offsets`. Each offset with every coordinate in
+    ``[-R, R]`` (``R = radius``) has its own bias per head, at row
+    :math:`\sum_k (o_k + R)(2R + 1)^{d - 1 - k}` (Swin's ``relative_position_index`` for a
+    window of R + 1 pixels a side); every farther pair shares the last row. The biases start
+    at 0. The output goes to ``attn_bias`` of :class:`~graphattn.nn.GraphSelfAttention` on,
+    say, :func:`graphattn.graphs.grid_graph` with the same radius:
+
+    .. code-block:: python
+
+        edges = graphs.grid_graph(32, 32, radius=3)                       # 7 x 7 neighbourhoods
+        offsets = relative_offsets(grid_positions(32, 32), edges)          # (E, 2)
+        out = layer(x, edges, attn_bias=OffsetBias(4, radius=3)(offsets))  # (E, 4) bias
+
+    Args:
+        heads (int): number of heads H.
+        radius (int): the largest offset R along an axis with a bias of its own.
+        dims (int, optional): number of coordinates d. (default: ``2``)
+
+    Shapes:
+        - **input:** offset ``(..., d)`` integer
+        - **output:** ``(..., H)`` in the parameters' dtype
+    """
+
+    def __init__(self, heads: int, radius: int, dims: int = 2) -> None:
+        super().__init__()
+        self.heads = check_positive(heads, "heads")
+        self.radius = check_non_negative(radius, "radius")
+        self.dims = check_positive(dims, "dims")
+        self.weight = torch.nn.Parameter(
+            torch.zeros((2 * self.radius + 1) ** self.dims + 1, self.heads))
+
+    def reset_parameters(self) -> None:
+        """Set every bias to 0."""
+        torch.nn.init.zeros_(self.weight)
+
+    def forward(self, offset: Tensor) -> Tensor:
+        """The bias ``(..., H)`` of each offset ``(..., d)``; see the class docstring."""
+        check_tensors(offset=offset)
+        if offset.is_floating_point() or offset.is_complex() or offset.dtype == torch.bool:
+            raise TypeError(f"offset must be an integer tensor (relative_offsets'), got "
+                            f"{offset.dtype}")
+        if offset.dim() == 0 or offset.size(-1) != self.dims:
+            raise ValueError(f"offset must have shape [..., d] = [..., {self.dims}], got "
+                             f"{list(offset.shape)}")
+        side = 2 * self.radius + 1
+        inside = (offset.abs() <= self.radius).all(dim=-1)  # (...,)
+        index = torch.zeros(offset.shape[:-1], dtype=torch.long, device=offset.device)
+        for k in range(self.dims):
+            index = index * side + (offset[..., k].long() + self.radius)
+        index = torch.where(inside, index, side ** self.dims)
+        return self.weight[index]  # (..., H)
+
+    def extra_repr(self) -> str:
+        return f"heads={self.heads}, radius={self.radius}, dims={self.dims}"

@@ -388,3 +388,91 @@ def test_hop_distance_over_a_mini_batch_of_graphs():
     start = torch.cumsum(torch.cat([torch.zeros(1, dtype=torch.long),
                                     (batch.ptr[1:] - batch.ptr[:-1]) ** 2]), 0)[block]
     assert torch.equal(got, expected[start + local[1] * sizes + local[0]])
+
+
+def test_grid_positions_and_offsets_follow_grid_graph():
+    h, w, R = 5, 7, 2
+    positions = pe.grid_positions(h, w)
+    assert positions.shape == (h * w, 2) and positions.dtype == torch.int64
+    assert positions[3 * w + 4].tolist() == [3, 4]
+    edges = graphs.grid_graph(h, w, radius=R)
+    offsets = pe.relative_offsets(positions, edges)
+    assert offsets.shape == (edges.size(1), 2)
+    assert int(offsets.abs().amax()) == R  # Chebyshev radius R
+    center = 2 * w + 3  # an interior pixel: every offset of the (2R+1)^2 square once
+    mine = offsets[edges[1] == center]
+    assert sorted(map(tuple, mine.tolist())) == [(a, b) for a in range(-R, R + 1)
+                                                 for b in range(-R, R + 1)]
+    # on a sequence, the signed relative position i - j
+    causal = graphs.causal_graph(9)
+    rel = pe.relative_offsets(torch.arange(9).unsqueeze(1), causal)
+    assert torch.equal(rel[:, 0], causal[1] - causal[0])
+
+
+def test_offset_bias_is_swins_relative_position_bias():
+    # Swin's index for a window of M x M pixels (Liu et al., 2021, its reference code):
+    # relative coords shifted by M - 1, rows times 2M - 1, plus columns
+    M, H = 4, 3
+    coords = torch.stack(torch.meshgrid(torch.arange(M), torch.arange(M), indexing="ij"))
+    coords = coords.flatten(1)  # (2, M^2)
+    rel = (coords[:, :, None] - coords[:, None, :]).permute(1, 2, 0)  # (M^2, M^2, 2)
+    swin_index = (rel[..., 0] + M - 1) * (2 * M - 1) + (rel[..., 1] + M - 1)
+    spatial = pe.OffsetBias(H, radius=M - 1)
+    assert spatial.weight.shape == ((2 * M - 1) ** 2 + 1, H)
+    with torch.no_grad():
+        spatial.weight.normal_(generator=torch.Generator().manual_seed(0))
+    window = graphs.complete_graph(M * M)  # window attention: every pixel pair of it
+    got = spatial(pe.relative_offsets(pe.grid_positions(M, M), window))  # (E, H)
+    assert torch.equal(got, spatial.weight[swin_index[window[1], window[0]]])
+    # farther than the radius: the shared last row; one dimension: T5's exact buckets
+    assert torch.equal(spatial(torch.tensor([[M, 0], [0, -M - 3]])),
+                       spatial.weight[[-1, -1]])
+    t5 = pe.OffsetBias(2, radius=3, dims=1)
+    with torch.no_grad():
+        t5.weight.copy_(torch.arange(16.0).view(8, 2))
+    assert torch.equal(t5(torch.tensor([[-3], [0], [2], [4], [-9]])),
+                       t5.weight[[0, 3, 5, 7, 7]])
+    assert repr(t5) == "OffsetBias(heads=2, radius=3, dims=1)"
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu", "dense"])
+def test_offset_bias_on_the_grid_graph_equals_the_dense_layer(backend):
+    # neighbourhood attention over a 5 x 6 image with a learned bias per (rows, columns)
+    # offset: the edge route and the dense one, with the grid's mask and an (H, N, N) bias
+    h, w, R, H = 5, 6, 2, 2
+    edges = graphs.grid_graph(h, w, radius=R)
+    positions = pe.grid_positions(h, w)
+    graph, dense = layer_pair(H)
+    graph.backend = backend
+    spatial = pe.OffsetBias(H, radius=R)
+    with torch.no_grad():
+        spatial.weight.normal_(generator=torch.Generator().manual_seed(1))
+    every = positions.unsqueeze(1) - positions.unsqueeze(0)  # (N, N, 2): p_i - p_j
+    x = torch.randn(h * w, 8, generator=torch.Generator().manual_seed(2))
+    mask = graphs.to_dense_mask(edges, h * w)
+    got = run(graph, spatial, lambda x: graph(
+        x, edges, attn_bias=spatial(pe.relative_offsets(positions, edges))), x)
+    want = run(dense, spatial, lambda x: dense(
+        x, mask, attn_bias=spatial(every).movedim(-1, 0)), x)
+    for a, b in zip(got[:2], want[:2], strict=True):
+        assert_close(a, b)
+    for name in want[2]:
+        assert_close(got[2][name], want[2][name], msg=name)
+    assert got[2]["pe.weight"][-1].abs().sum() == 0  # no edge is farther than the radius
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda: pe.relative_offsets(torch.zeros(4, 2), graphs.chain_graph(4)), ValueError,
+     r"positions must be an integer \[N, d\] tensor, got torch.float32 \[4, 2\]"),
+    (lambda: pe.relative_offsets(torch.zeros(3, 2, dtype=torch.long), graphs.chain_graph(4)),
+     ValueError, "3"),
+    (lambda: pe.grid_positions(-1, 3), ValueError, "height must be a non-negative integer"),
+    (lambda: pe.OffsetBias(2, -1), ValueError, "radius must be a non-negative integer"),
+    (lambda: pe.OffsetBias(2, 1, dims=0), ValueError, "dims must be a positive integer"),
+    (lambda: pe.OffsetBias(2, 1)(torch.zeros(3, 2)), TypeError, "offset must be an integer"),
+    (lambda: pe.OffsetBias(2, 1)(torch.zeros(3, 3, dtype=torch.long)), ValueError,
+     r"offset must have shape \[..., d\] = \[..., 2\], got \[3, 3\]"),
+])
+def test_offset_errors(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
