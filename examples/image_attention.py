@@ -1,4 +1,4 @@
-r"""Attention over the pixels of images: one transformer, four graphs.
+r"""Attention over the pixels of images: one transformer, four graphs, two kinds of positions.
 
 An image is a grid of pixels, and attention over it is edge attention on a graph of pixels.
 This script trains the same model, :class:`graphattn.nn.GraphTransformer` (two pre-norm blocks,
@@ -12,7 +12,11 @@ pixels:
   receptive field of a convolution;
 - ``grid2``: the 5x5 neighbourhood (``radius=2``);
 - ``complete``: every pixel attends to every pixel: a vision transformer whose tokens are
-  pixels (``graphs.complete_graph(64)``, what ``torch.nn.MultiheadAttention`` computes).
+  pixels (``graphs.complete_graph(64)``, what ``torch.nn.MultiheadAttention`` computes);
+- ``complete+offset``: the complete graph with the positions given by a learned bias of each
+  pair's (rows, columns) offset instead of the eigenvectors (``pe.relative_offsets``,
+  ``pe.OffsetBias``: Swin's relative position bias, shared by the blocks); ``+offset`` joins
+  any graph.
 
 A pixel's input is its intensity (0 to 1) and the 8 lowest Laplacian eigenvectors of the
 radius-1 pixel grid (``pe.laplacian_pe``), the grid's 2-D analogue of sinusoidal positions,
@@ -33,7 +37,7 @@ weights (mean over heads) of one pixel on each graph (``--no-plot``: none).
 
 Needs scikit-learn for the images (``pip install scikit-learn``). Usage::
 
-    python examples/image_attention.py --out out/image_attention   # 3 runs, ~7 min on 2 cores
+    python examples/image_attention.py --out out/image_attention   # 3 runs, ~10 min on 2 cores
 """
 
 from __future__ import annotations
@@ -55,16 +59,25 @@ from graphattn.nn import GraphTransformer
 SIDE = 8  # the digits are 8x8 pixels
 PIXELS = SIDE * SIDE
 CLASSES = 10
-GRAPHS = ("grid0", "grid1", "grid2", "complete")
+GRAPHS = ("grid0", "grid1", "grid2", "complete", "complete+offset")
+
+
+def uses_offsets(name: str) -> bool:
+    """Whether the run named ``name`` gives positions by a learned bias of each pixel pair's
+    offset (its ``+offset`` part) instead of Laplacian eigenvectors."""
+    return name.endswith("+offset")
 
 
 def pixel_graph(name: str) -> Tensor:
-    """The edges j -> i among the 64 pixels of one image (pixel ``(r, c)`` is ``r * 8 + c``)."""
+    """The edges j -> i among the 64 pixels of one image (pixel ``(r, c)`` is ``r * 8 + c``);
+    a ``+offset`` suffix changes the positions, not the graph (:func:`uses_offsets`)."""
+    name = name.removesuffix("+offset")
     if name == "complete":
         return graphs.complete_graph(PIXELS)
     if name.startswith("grid") and name[4:].isdigit():
         return graphs.grid_graph(SIDE, SIDE, radius=int(name[4:]))
-    raise ValueError(f"graph must be one of {', '.join(GRAPHS)} (or gridR for a radius R), "
+    raise ValueError(f"graph must be one of {', '.join(GRAPHS)} (or gridR for a radius R, "
+                     f"either with +offset), "
                      f"got {name!r}")
 
 
@@ -99,17 +112,37 @@ def load_digits(split_seed: int = 0) -> Digits:
 
 
 class PixelClassifier(torch.nn.Module):
-    """A GraphTransformer over the pixels of each image; logits = mean of the pixel outputs."""
+    """A GraphTransformer over the pixels of each image; logits = mean of the pixel outputs.
+
+    The pixels' positions enter as the encodings ``positions``, or with ``offsets=True`` as a
+    learned bias of each edge's (rows, columns) offset that every block adds to its scores
+    (``pe.OffsetBias``: Swin's relative position bias), in which case the graph must hold each
+    pixel's edge to itself (the blocks add no self-loop then).
+    """
 
     def __init__(self, edge_index: Tensor, positions: Tensor, *, hidden: int, heads: int,
-                 layers: int, dropout: float) -> None:
+                 layers: int, dropout: float, offsets: bool = False) -> None:
         super().__init__()
         self.register_buffer("edge_index", edge_index, persistent=False)  # (2, E), one image
         self.register_buffer("positions", positions, persistent=False)  # (64, P)
+        self.spatial = pe.OffsetBias(heads, radius=SIDE - 1) if offsets else None
+        self.register_buffer("offsets", pe.relative_offsets(pe.grid_positions(SIDE, SIDE),
+                                                            edge_index),
+                             persistent=False)  # (E, 2)
         self.body = GraphTransformer(1, hidden, CLASSES, num_layers=layers, heads=heads,
-                                     pe_channels=positions.size(1), dropout=dropout,
-                                     attention_dropout=0.0)
+                                     pe_channels=0 if offsets else positions.size(1),
+                                     dropout=dropout, attention_dropout=0.0,
+                                     add_self_loops=not offsets)
         self._batch_graphs: dict[int, Tensor] = {}
+
+    def encode(self, images: Tensor) -> tuple[Tensor, Tensor, dict]:
+        """The pixels of ``images`` as nodes ``(B * 64, 1)``, their graph and the positions'
+        keyword arguments of the body (``pe`` or ``attn_bias``)."""
+        B = images.size(0)
+        x = images.reshape(B * PIXELS, 1)  # (B * 64, 1): one node per pixel
+        if self.spatial is not None:
+            return x, self.batch_graph(B), {"attn_bias": self.spatial(self.offsets).repeat(B, 1)}
+        return x, self.batch_graph(B), {"pe": self.positions.repeat(B, 1)}  # pe (B * 64, P)
 
     def batch_graph(self, batch_size: int) -> Tensor:
         """The pixel graph repeated for ``batch_size`` images, built once per size."""
@@ -119,11 +152,9 @@ class PixelClassifier(torch.nn.Module):
         return self._batch_graphs[batch_size]
 
     def forward(self, images: Tensor) -> Tensor:
-        B = images.size(0)
-        x = images.reshape(B * PIXELS, 1)  # (B * 64, 1): one node per pixel
-        pos = self.positions.repeat(B, 1)  # (B * 64, P)
-        out = self.body(x, self.batch_graph(B), pos)  # (B * 64, 10)
-        return out.view(B, PIXELS, CLASSES).mean(dim=1)  # (B, 10)
+        x, edge_index, positions = self.encode(images)
+        out = self.body(x, edge_index, **positions)  # (B * 64, 10)
+        return out.view(images.size(0), PIXELS, CLASSES).mean(dim=1)  # (B, 10)
 
     @torch.no_grad()
     def first_layer_attention(self, image: Tensor) -> Tensor:
@@ -131,8 +162,8 @@ class PixelClassifier(torch.nn.Module):
         row i the weights pixel i gives to each pixel (zero off the graph)."""
         was_training = self.training
         self.eval()
-        _, blocks = self.body(image.reshape(PIXELS, 1), self.edge_index, self.positions,
-                              return_attention_weights=True)
+        x, edge_index, positions = self.encode(image.reshape(1, PIXELS))
+        _, blocks = self.body(x, edge_index, return_attention_weights=True, **positions)
         self.train(was_training)
         edge_index, alpha = blocks[0]  # (2, E), (E, H): the first block's
         weights = torch.zeros(PIXELS, PIXELS, device=alpha.device)
@@ -294,7 +325,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--graphs", default=",".join(GRAPHS),
                         help="comma-separated pixel graphs: grid0, grid1, grid2 (gridR: radius "
-                             "R neighbourhood), complete")
+                             "R neighbourhood), complete; +offset for a learned bias of each "
+                             "pixel offset in place of the Laplacian positions")
     parser.add_argument("--epochs", type=positive_int, default=40)
     parser.add_argument("--runs", type=positive_int, default=3,
                         help="runs per graph, seeds seed, seed+1, ...")
@@ -360,7 +392,8 @@ def main(argv: list[str] | None = None) -> dict:
             seed = args.seed + run
             torch.manual_seed(seed)
             model = PixelClassifier(edge_index, positions, hidden=args.hidden, heads=args.heads,
-                                    layers=args.layers, dropout=args.dropout).to(args.device)
+                                    layers=args.layers, dropout=args.dropout,
+                                    offsets=uses_offsets(name)).to(args.device)
             result = train(model, digits, epochs=args.epochs, batch_size=args.batch_size,
                            lr=args.lr, weight_decay=args.weight_decay, seed=seed,
                            desc=f"{name} run {run + 1}/{args.runs}",

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from graphattn import graphs
 
@@ -67,23 +68,29 @@ def test_short_training_learns_and_reports(example, capsys):
     assert "| grid1 | 484 | 11.8% |" in printed and "test accuracy (2 runs)" in printed
 
 
-def test_attention_of_a_pixel_is_a_softmax_over_its_neighbourhood(example, digits):
+@pytest.mark.parametrize("offsets", [False, True], ids=["laplacian", "offset-bias"])
+def test_attention_of_a_pixel_is_a_softmax_over_its_neighbourhood(example, digits, offsets):
     torch.manual_seed(0)
-    edge_index = example["pixel_graph"]("grid2")
+    edge_index = example["pixel_graph"]("grid2+offset" if offsets else "grid2")
     positions = torch.randn(64, 4)
     model = example["PixelClassifier"](edge_index, positions, hidden=16, heads=2, layers=1,
-                                       dropout=0.0)
+                                       dropout=0.0, offsets=offsets)
     weights = model.first_layer_attention(digits.x[0])  # (64, 64)
     torch.testing.assert_close(weights.sum(dim=1), torch.ones(64))
     on_graph = graphs.to_dense_mask(edge_index, 64)
     assert bool((weights[~on_graph] == 0).all()) and bool((weights[on_graph] > 0).all())
 
 
-def test_batch_of_images_equals_images_one_by_one(example, digits):
+@pytest.mark.parametrize("offsets", [False, True], ids=["laplacian", "offset-bias"])
+def test_batch_of_images_equals_images_one_by_one(example, digits, offsets):
     """repeat_graph keeps the images apart: a batch gives each image's own logits."""
     torch.manual_seed(0)
     model = example["PixelClassifier"](example["pixel_graph"]("grid1"), torch.randn(64, 4),
-                                       hidden=16, heads=2, layers=2, dropout=0.0).eval()
+                                       hidden=16, heads=2, layers=2, dropout=0.0,
+                                       offsets=offsets).eval()
+    if offsets:  # a bias that is not 0, so that the offsets matter
+        with torch.no_grad():
+            model.spatial.weight.normal_(generator=torch.Generator().manual_seed(1))
     images = digits.x[:5]
     together = model(images)
     alone = torch.cat([model(images[i:i + 1]) for i in range(5)])
@@ -112,3 +119,18 @@ def test_bad_arguments_are_refused_by_name(example, argv, name, capsys):
     with pytest.raises(SystemExit):
         example["main"](argv + ["--no-plot"])
     assert name in capsys.readouterr().err
+
+
+def test_offset_model_biases_each_pixel_pair_by_its_offset(example, digits):
+    """``+offset``: no Laplacian input, every block's scores biased by the learned bias of
+    the pair's (rows, columns) offset, the same graph as without it; the bias learns."""
+    assert torch.equal(example["pixel_graph"]("complete+offset"),
+                       example["pixel_graph"]("complete"))
+    model = example["PixelClassifier"](example["pixel_graph"]("grid1+offset"),
+                                       torch.randn(64, 4), hidden=16, heads=2, layers=2,
+                                       dropout=0.0, offsets=True)
+    assert model.body.lin_pe is None and not model.body.attns[0].add_self_loops
+    src, dst = model.edge_index
+    assert torch.equal(model.offsets, torch.stack([dst // 8 - src // 8, dst % 8 - src % 8], 1))
+    F.cross_entropy(model(digits.x[:4]), digits.y[:4]).backward()
+    assert model.spatial.weight.grad.abs().sum() > 0
