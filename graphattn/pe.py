@@ -1386,19 +1386,156 @@ def alibi_bias(distance: Tensor, heads: int, *, dtype: torch.dtype | None = None
     return bias.masked_fill(distance.unsqueeze(-1) < 0, float("-inf")).to(dtype)
 
 
-class DistanceBias(torch.nn.Module):
-    r"""A learned score bias for each head and hop distance: Graphormer's spatial encoding
-    (Ying et al., 2021), and on a chain graph the learned bias of each clipped relative
-    position (Shaw et al., 2018; T5's relative bias without its log-spaced buckets).
+def _check_buckets(num_buckets: int, max_distance: int, bidirectional: bool) -> tuple[int, int]:
+    num_buckets = check_positive(num_buckets, "num_buckets")
+    max_distance = check_positive(max_distance, "max_distance")
+    side = num_buckets // 2 if bidirectional else num_buckets  # buckets of one sign
+    if side < 2:
+        raise ValueError(f"num_buckets must be at least {4 if bidirectional else 2} "
+                         f"(bidirectional={bidirectional}): half of each sign's buckets are "
+                         f"exact, half log-spaced; got {num_buckets}")
+    if max_distance <= side // 2:
+        raise ValueError(f"max_distance must exceed the {side // 2} exact offsets of "
+                         f"num_buckets={num_buckets} (bidirectional={bidirectional}), where the "
+                         f"log-spaced buckets start; got {max_distance}")
+    return num_buckets, max_distance
+
+
+def relative_position_bucket(offset: Tensor, *, bidirectional: bool = True,
+                             num_buckets: int = 32, max_distance: int = 128) -> Tensor:
+    r"""T5's bucket of each relative position (Raffel et al., 2020): offsets near 0 each have
+    a bucket of their own, farther ones share log-spaced buckets, and all beyond
+    ``max_distance`` the last one.
+
+    With B buckets for each sign (``num_buckets / 2`` if ``bidirectional``, else
+    ``num_buckets``) and :math:`n = |i - j|`, the first B / 2 distances are exact and the rest
+    are spaced logarithmically up to ``max_distance``:
+
+    .. math::
+        b(n) = \begin{cases} n & n < B / 2 \\
+        \min\!\Big(B - 1, \; \frac{B}{2} + \Big\lfloor \frac{\log(2n / B)}
+        {\log(2\,\text{max\_distance} / B)} \big(B - \tfrac{B}{2}\big) \Big\rfloor\Big)
+        & \text{otherwise} \end{cases}
+
+    ``bidirectional``: a key after its query (i - j < 0) gets ``B + b(n)``, one at or before
+    it ``b(n)`` (T5's encoder). Otherwise (T5's decoder, causal attention) keys after the query
+    count as offset 0. The logarithm is taken in float32, as T5 does, so the buckets are T5's
+    exactly (``tests/test_relative_pe.py`` compares them with Hugging Face's ``T5Attention``).
+
+    The offset is the query's position minus the key's, i - j on the edge j -> i, as
+    :func:`relative_offsets` gives it (one coordinate); on a graph, a hop distance from
+    :func:`hop_distance` is an offset that is never negative (see :class:`DistanceBias`).
+
+    Args:
+        offset (Tensor): integer ``[...]``, i - j of each pair.
+        bidirectional (bool, optional): separate buckets for keys after the query.
+            (default: ``True``)
+        num_buckets (int, optional): number of buckets. (default: ``32``)
+        max_distance (int, optional): offsets at least this far share the last bucket of
+            their sign. (default: ``128``)
+
+    Shapes:
+        - **input:** offset ``(...)``
+        - **output:** ``(...)`` int64 in ``[0, num_buckets)``
+    """
+    check_tensors(offset=offset)
+    if offset.is_floating_point() or offset.is_complex() or offset.dtype == torch.bool:
+        raise TypeError(f"offset must be an integer tensor, got {offset.dtype}")
+    bidirectional = check_flag(bidirectional, "bidirectional")
+    num_buckets, max_distance = _check_buckets(num_buckets, max_distance, bidirectional)
+    n = offset.long()
+    bucket = torch.zeros_like(n)
+    if bidirectional:
+        num_buckets //= 2
+        bucket = torch.where(n < 0, num_buckets, 0)
+        n = n.abs()
+    else:
+        n = n.clamp(min=0)
+    max_exact = num_buckets // 2
+    # float32 as T5; n clamped to 1 so that the branch not taken has no log(0)
+    ratio = torch.log(n.clamp(min=1).float() / max_exact) / math.log(max_distance / max_exact)
+    large = (max_exact + (ratio * (num_buckets - max_exact)).long()).clamp(max=num_buckets - 1)
+    return bucket + torch.where(n < max_exact, n, large)
+
+
+class RelativePositionBias(torch.nn.Module):
+    r"""T5's learned score bias for each head and bucket of the relative position i - j
+    (Raffel et al., 2020): on :func:`graphattn.graphs.complete_graph` of a sequence, T5's
+    encoder self-attention bias; on :func:`graphattn.graphs.causal_graph` with
+    ``bidirectional=False``, its decoder's.
 
     .. math::
         \alpha_{ij}^h = \operatorname{softmax}_j\big(\text{scale} \cdot q_i^h \cdot k_j^h
-        + b^h_{\min(d(j \to i), D + 1)}\big)
+        + B^h[b(i - j)]\big), \qquad B \in \mathbb{R}^{\text{num\_buckets}, H}
 
-    with :math:`d` from :func:`hop_distance` and D = ``max_distance``: distances 0..D each have
-    their own bias per head, and every pair farther apart, or joined by no path (distance -1),
-    shares bucket D + 1. The biases start at 0 (plain attention). The output goes to
-    ``attn_bias`` of :class:`~graphattn.nn.GraphSelfAttention` (distances of its edges) or of
+    with :math:`b` from :func:`relative_position_bucket`. T5 itself does not scale its scores
+    (its initialization folds :math:`1/\sqrt{C}` into the queries): ``scale=1`` in
+    :func:`~graphattn.functional.edge_attention` computes exactly T5's attention. The biases
+    start at 0. On a graph, :class:`DistanceBias` with ``num_buckets`` buckets the hop
+    distance the same way.
+
+    .. code-block:: python
+
+        t5 = RelativePositionBias(heads=4)                    # 32 buckets up to 128
+        edges = graphs.complete_graph(L)
+        out = layer(x, edges, attn_bias=t5(edges[1] - edges[0]))  # (E, 4): i - j per edge
+
+    Args:
+        heads (int): number of heads H.
+        num_buckets (int, optional): number of buckets. (default: ``32``)
+        max_distance (int, optional): offsets at least this far share a bucket.
+            (default: ``128``)
+        bidirectional (bool, optional): separate buckets for keys after the query; ``False``
+            for causal attention. (default: ``True``)
+
+    Shapes:
+        - **input:** offset ``(...)`` integer, i - j
+        - **output:** ``(..., H)`` in the parameters' dtype
+    """
+
+    def __init__(self, heads: int, num_buckets: int = 32, max_distance: int = 128, *,
+                 bidirectional: bool = True) -> None:
+        super().__init__()
+        self.heads = check_positive(heads, "heads")
+        self.bidirectional = check_flag(bidirectional, "bidirectional")
+        self.num_buckets, self.max_distance = _check_buckets(num_buckets, max_distance,
+                                                             self.bidirectional)
+        self.weight = torch.nn.Parameter(torch.zeros(self.num_buckets, self.heads))
+
+    def reset_parameters(self) -> None:
+        """Set every bias to 0."""
+        torch.nn.init.zeros_(self.weight)
+
+    def forward(self, offset: Tensor) -> Tensor:
+        """The bias ``(..., H)`` of each offset i - j ``(...)``; see the class docstring."""
+        bucket = relative_position_bucket(offset, bidirectional=self.bidirectional,
+                                          num_buckets=self.num_buckets,
+                                          max_distance=self.max_distance)
+        return self.weight[bucket]  # (..., H)
+
+    def extra_repr(self) -> str:
+        return (f"heads={self.heads}, num_buckets={self.num_buckets}, "
+                f"max_distance={self.max_distance}, bidirectional={self.bidirectional}")
+
+
+class DistanceBias(torch.nn.Module):
+    r"""A learned score bias for each head and hop distance: Graphormer's spatial encoding
+    (Ying et al., 2021), and on a chain graph the learned bias of each clipped relative
+    position (Shaw et al., 2018) or, with ``num_buckets``, of each of T5's log-spaced buckets.
+
+    .. math::
+        \alpha_{ij}^h = \operatorname{softmax}_j\big(\text{scale} \cdot q_i^h \cdot k_j^h
+        + b^h_{\text{bucket}(d(j \to i))}\big)
+
+    with :math:`d` from :func:`hop_distance` and D = ``max_distance``. Without
+    ``num_buckets``, distances 0..D each have their own bias per head, and every pair farther
+    apart shares bucket D + 1. With ``num_buckets`` = B, the distances go into T5's B
+    one-sided buckets (:func:`relative_position_bucket` with ``bidirectional=False``): 0 ..
+    B/2 - 1 exact, then log-spaced, and D or more the last; on the causal graph with chain
+    distances that is T5's decoder bias, and on a graph it reaches far pairs with few
+    parameters. Pairs that no path joins (distance -1) have a bucket of their own, the last
+    row. The biases start at 0 (plain attention). The output goes to ``attn_bias`` of
+    :class:`~graphattn.nn.GraphSelfAttention` (distances of its edges) or of
     :class:`~graphattn.nn.DenseSelfAttention` (an ``(N, N)`` distance matrix, heads moved in
     front).
 
@@ -1410,18 +1547,27 @@ class DistanceBias(torch.nn.Module):
 
     Args:
         heads (int): number of heads H.
-        max_distance (int): the largest distance D with a bias of its own.
+        max_distance (int): the largest distance D with a bias of its own; with
+            ``num_buckets``, the distance from which all share the last bucket.
+        num_buckets (int, optional): T5's log-spaced buckets instead of one a distance.
+            (default: ``None``)
 
     Shapes:
         - **input:** distance ``(...)`` integer
         - **output:** ``(..., H)`` in the parameters' dtype
     """
 
-    def __init__(self, heads: int, max_distance: int) -> None:
+    def __init__(self, heads: int, max_distance: int, *, num_buckets: int | None = None) -> None:
         super().__init__()
         self.heads = check_positive(heads, "heads")
-        self.max_distance = check_non_negative(max_distance, "max_distance")
-        self.weight = torch.nn.Parameter(torch.zeros(self.max_distance + 2, self.heads))
+        if num_buckets is None:
+            self.max_distance = check_non_negative(max_distance, "max_distance")
+            rows = self.max_distance + 2
+        else:
+            num_buckets, self.max_distance = _check_buckets(num_buckets, max_distance, False)
+            rows = num_buckets + 1
+        self.num_buckets = num_buckets
+        self.weight = torch.nn.Parameter(torch.zeros(rows, self.heads))
 
     def reset_parameters(self) -> None:
         """Set every bias to 0."""
@@ -1430,12 +1576,20 @@ class DistanceBias(torch.nn.Module):
     def forward(self, distance: Tensor) -> Tensor:
         """The bias ``(..., H)`` of each distance ``(...)``; see the class docstring."""
         _check_distance(distance)
-        far = self.max_distance + 1
-        bucket = torch.where((distance < 0) | (distance > self.max_distance), far, distance).long()
+        if self.num_buckets is None:
+            far = self.max_distance + 1
+            bucket = torch.where((distance < 0) | (distance > self.max_distance), far,
+                                 distance).long()
+        else:
+            bucket = relative_position_bucket(distance, bidirectional=False,
+                                              num_buckets=self.num_buckets,
+                                              max_distance=self.max_distance)
+            bucket = torch.where(distance < 0, self.num_buckets, bucket)
         return self.weight[bucket]  # (..., H)
 
     def extra_repr(self) -> str:
-        return f"heads={self.heads}, max_distance={self.max_distance}"
+        buckets = "" if self.num_buckets is None else f", num_buckets={self.num_buckets}"
+        return f"heads={self.heads}, max_distance={self.max_distance}{buckets}"
 
 
 def grid_positions(height: int, width: int) -> Tensor:

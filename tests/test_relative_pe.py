@@ -476,3 +476,198 @@ def test_offset_bias_on_the_grid_graph_equals_the_dense_layer(backend):
 def test_offset_errors(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+# T5's relative position buckets and bias. Hugging Face's T5Attention is the reference: its
+# bucket function takes the key's position minus the query's, the negative of pe's offset.
+T5_BUCKETS = [(True, 32, 128), (False, 32, 128), (True, 8, 20), (False, 8, 20), (True, 4, 3),
+              (False, 2, 2), (True, 33, 9), (False, 16, 1000), (True, 6, 5)]
+
+
+def t5_attention():
+    """Hugging Face's T5Attention class, or a skip naming why there is none."""
+    module = pytest.importorskip(
+        "transformers.models.t5.modeling_t5",
+        reason="the T5 comparisons need Hugging Face transformers (the test extra has it)")
+    return module.T5Attention
+
+
+@pytest.mark.parametrize("bidirectional, num_buckets, max_distance", T5_BUCKETS)
+def test_relative_position_bucket_is_t5s(bidirectional, num_buckets, max_distance):
+    T5Attention = t5_attention()
+    offset = torch.arange(-3000, 3001)
+    got = pe.relative_position_bucket(offset, bidirectional=bidirectional,
+                                      num_buckets=num_buckets, max_distance=max_distance)
+    want = T5Attention._relative_position_bucket(-offset, bidirectional=bidirectional,
+                                                 num_buckets=num_buckets,
+                                                 max_distance=max_distance)
+    assert got.dtype == torch.int64
+    assert torch.equal(got, want)
+    int32 = pe.relative_position_bucket(offset.int(), bidirectional=bidirectional,
+                                        num_buckets=num_buckets, max_distance=max_distance)
+    assert torch.equal(int32, want)
+
+
+@pytest.mark.parametrize("bidirectional, num_buckets, max_distance", T5_BUCKETS)
+def test_relative_position_bucket_shape(bidirectional, num_buckets, max_distance):
+    # what the buckets must be whatever their reference: exact near 0, then never decreasing
+    # in |i - j| (T5's last bucket can come before max_distance, and close to the exact ones
+    # buckets can be skipped), the last bucket of a sign from max_distance on, signs apart
+    side = num_buckets // 2 if bidirectional else num_buckets
+    exact = side // 2
+    n = torch.arange(0, 4 * max_distance + 10)
+    for sign in (1, -1) if bidirectional else (1,):
+        bucket = pe.relative_position_bucket(sign * n, bidirectional=bidirectional,
+                                             num_buckets=num_buckets,
+                                             max_distance=max_distance)
+        first = side if sign == -1 else 0
+        assert int(bucket[0]) == 0  # offset 0 is the query itself, a key at or before it
+        assert torch.equal(bucket[1:exact], first + n[1:exact])
+        assert (bucket[1:].diff() >= 0).all()
+        assert (bucket[max_distance:] == first + side - 1).all()
+        assert int(bucket[exact]) == first + exact  # the first log-spaced bucket
+    if not bidirectional:  # keys after the query count as offset 0
+        assert (pe.relative_position_bucket(-n, bidirectional=False, num_buckets=num_buckets,
+                                            max_distance=max_distance) == 0).all()
+    scalar = pe.relative_position_bucket(torch.tensor(-1), bidirectional=bidirectional,
+                                         num_buckets=num_buckets, max_distance=max_distance)
+    assert scalar.shape == () and int(scalar) == (side + 1 if bidirectional else 0)
+
+
+def t5_pair(heads: int, channels: int, decoder: bool, num_buckets: int, max_distance: int):
+    """Hugging Face's T5 self-attention and GraphSelfAttention with its weights, in float64.
+    T5 does not scale its scores: the queries take the factor sqrt(C) that the layer's
+    1/sqrt(C) takes back."""
+    T5Attention = t5_attention()
+    from transformers import T5Config
+
+    config = T5Config(d_model=heads * channels, d_kv=channels, num_heads=heads,
+                      relative_attention_num_buckets=num_buckets,
+                      relative_attention_max_distance=max_distance, dropout_rate=0.0,
+                      is_decoder=decoder)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    t5 = T5Attention(config, has_relative_attention_bias=True, layer_idx=0).double()
+    torch.nn.init.normal_(t5.relative_attention_bias.weight)
+    layer = GraphSelfAttention(heads * channels, channels, heads, bias=False,
+                               add_self_loops=False).double()
+    bias = pe.RelativePositionBias(heads, num_buckets, max_distance,
+                                   bidirectional=not decoder).double()
+    with torch.no_grad():
+        layer.lin_q.weight.copy_(t5.q.weight * math.sqrt(channels))
+        layer.lin_k.weight.copy_(t5.k.weight)
+        layer.lin_v.weight.copy_(t5.v.weight)
+        layer.lin_out.weight.copy_(t5.o.weight)
+        bias.weight.copy_(t5.relative_attention_bias.weight)
+    return t5, layer, bias
+
+
+@pytest.mark.parametrize("decoder", [False, True], ids=["encoder", "decoder"])
+@pytest.mark.parametrize("backend", ["reference", "cpu", "dense"])
+def test_t5_attention_is_graph_attention(backend, decoder):
+    # T5's encoder self-attention is the complete graph with RelativePositionBias, its
+    # decoder's the causal graph with the one-sided buckets; L = 40 reaches the log-spaced
+    # buckets and beyond max_distance = 20
+    H, C, L = 4, 4, 40
+    t5, layer, bias = t5_pair(H, C, decoder, num_buckets=8, max_distance=20)
+    layer.backend = backend
+    x = torch.randn(1, L, H * C, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    mask = (torch.full((L, L), float("-inf"), dtype=torch.float64).triu(1)[None, None]
+            if decoder else None)  # T5 adds its causal mask to the bias
+    edges = graphs.causal_graph(L) if decoder else graphs.complete_graph(L)
+    w = torch.randn(L, H * C, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+
+    x_t5 = x.clone().requires_grad_(True)
+    (t5(x_t5, mask=mask)[0][0] * w).sum().backward()
+    x_graph = x[0].clone().requires_grad_(True)
+    out = layer(x_graph, edges, attn_bias=bias(edges[1] - edges[0]))
+    (out * w).sum().backward()
+
+    assert_close(out.detach(), t5(x, mask=mask)[0][0].detach())
+    assert_close(x_graph.grad, x_t5.grad[0])
+    assert_close(bias.weight.grad, t5.relative_attention_bias.weight.grad)
+    assert_close(layer.lin_k.weight.grad, t5.k.weight.grad)
+    assert_close(layer.lin_q.weight.grad * math.sqrt(C), t5.q.weight.grad)
+    used = t5.relative_attention_bias.weight.grad.abs().sum(dim=1) > 0
+    # every bucket is reached, but the encoder's bucket 4, which would be offset -0
+    assert int(used.sum()) == (8 if decoder else 7)
+
+
+def test_t5_bias_on_the_dense_layer():
+    # the same bias as DenseSelfAttention's [H, L, L] attn_bias, with an offset matrix
+    H, C, L = 2, 4, 24
+    t5, layer, bias = t5_pair(H, C, False, num_buckets=8, max_distance=10)
+    dense = DenseSelfAttention(H * C, C, H, bias=False).double()
+    dense.load_state_dict(layer.state_dict())
+    x = torch.randn(L, H * C, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    position = torch.arange(L)
+    offset = position[:, None] - position[None, :]  # (L, L): row = query i, column = key j
+    got = dense(x, attn_bias=bias(offset).movedim(-1, 0))
+    assert_close(got, t5(x[None])[0][0].detach())
+
+
+def test_distance_bias_with_log_buckets():
+    # DistanceBias(num_buckets=B) buckets hop distances as T5's decoder buckets i - j, with a
+    # last row of its own for pairs that no path joins
+    spatial = pe.DistanceBias(2, 20, num_buckets=8)
+    assert spatial.weight.shape == (9, 2) and not spatial.weight.any()
+    with torch.no_grad():
+        spatial.weight.normal_(generator=torch.Generator().manual_seed(0))
+    distance = torch.tensor([[0, 1, 3, 4], [7, 19, 20, 500], [-1, 2, -1, 0]])
+    t5 = pe.relative_position_bucket(distance.clamp(min=0), bidirectional=False,
+                                     num_buckets=8, max_distance=20)
+    bucket = torch.where(distance < 0, 8, t5)
+    assert torch.equal(spatial(distance), spatial.weight[bucket])
+    assert bucket[0].tolist() == [0, 1, 3, 4] and bucket[1, 2:].tolist() == [7, 7]
+    assert repr(spatial) == "DistanceBias(heads=2, max_distance=20, num_buckets=8)"
+
+    # on the causal graph with chain distances: RelativePositionBias(bidirectional=False)
+    L = 50
+    edges = graphs.causal_graph(L)
+    decoder = pe.RelativePositionBias(2, 8, 20, bidirectional=False)
+    with torch.no_grad():
+        decoder.weight.copy_(spatial.weight[:8])
+    distance = pe.hop_distance(graphs.chain_graph(L), L, edges)
+    assert torch.equal(spatial(distance), decoder(edges[1] - edges[0]))
+
+
+def test_relative_position_bias_module():
+    t5 = pe.RelativePositionBias(3)
+    assert t5.weight.shape == (32, 3) and not t5.weight.any()
+    assert repr(t5) == ("RelativePositionBias(heads=3, num_buckets=32, max_distance=128, "
+                        "bidirectional=True)")
+    with torch.no_grad():
+        t5.weight.copy_(torch.arange(96.0).view(32, 3))
+    offset = torch.tensor([[0, 5, -5], [200, -200, 17]])
+    bucket = pe.relative_position_bucket(offset)
+    assert torch.equal(t5(offset), t5.weight[bucket])
+    assert t5(offset).shape == (2, 3, 3)
+    t5.reset_parameters()
+    assert not t5.weight.any()
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda: pe.relative_position_bucket(torch.zeros(3)), TypeError,
+     "offset must be an integer tensor, got torch.float32"),
+    (lambda: pe.relative_position_bucket(torch.zeros(3, dtype=torch.long), num_buckets=3),
+     ValueError, r"num_buckets must be at least 4 \(bidirectional=True\).*got 3"),
+    (lambda: pe.relative_position_bucket(torch.zeros(3, dtype=torch.long), bidirectional=False,
+                                         num_buckets=1),
+     ValueError, r"num_buckets must be at least 2 \(bidirectional=False\).*got 1"),
+    (lambda: pe.relative_position_bucket(torch.zeros(3, dtype=torch.long), max_distance=8),
+     ValueError, "max_distance must exceed the 8 exact offsets of num_buckets=32.*got 8"),
+    (lambda: pe.relative_position_bucket(torch.zeros(3, dtype=torch.long), num_buckets=0),
+     ValueError, "num_buckets must be a positive integer, got 0"),
+    (lambda: pe.relative_position_bucket(torch.zeros(3, dtype=torch.long), bidirectional=1),
+     TypeError, "bidirectional must be a bool"),
+    (lambda: pe.RelativePositionBias(0), ValueError, "heads must be a positive integer, got 0"),
+    (lambda: pe.RelativePositionBias(2, max_distance=0), ValueError,
+     "max_distance must be a positive integer, got 0"),
+    (lambda: pe.DistanceBias(2, 3, num_buckets=8), ValueError,
+     r"max_distance must exceed the 4 exact offsets of num_buckets=8 \(bidirectional=False\)"),
+    (lambda: pe.DistanceBias(2, 30, num_buckets=8)(torch.tensor([-2])), ValueError,
+     "got -2"),
+])
+def test_t5_bias_errors(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
