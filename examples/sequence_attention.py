@@ -1,4 +1,4 @@
-r"""Masked and truncated attention over text: one character-level language model, six runs.
+r"""Masked and truncated attention over text: one character-level language model, seven runs.
 
 A sequence is a chain of tokens, and a decoder's attention is edge attention on a graph over
 them. This script trains the same model, :class:`graphattn.nn.GraphTransformer` (two pre-norm
@@ -20,7 +20,11 @@ character attending to
 - ``causal+alibi``: the causal graph with the positions given by ALiBi's bias instead of the
   sinusoids (Press et al., 2022): each edge j -> i scores -m_h (i - j) more in head h, i - j
   being the hop distance on the chain (``pe.hop_distance``, ``pe.alibi_bias``); ``+alibi``
-  joins any graph.
+  joins any graph;
+- ``causal+t5``: the causal graph with T5's learned relative position bias (Raffel et al.,
+  2020) instead of the sinusoids: a bias per head and bucket of i - j, 32 buckets that are
+  exact up to 15 and log-spaced up to 128 (``pe.RelativePositionBias(..., bidirectional=False)``,
+  one table that every block adds, as T5's); ``+t5`` joins any graph.
 
 The text is the Python documentation's topic pages that ship with CPython
 (``pydoc_data.topics``, about 465,000 characters, here in the order of their names): the first
@@ -34,7 +38,7 @@ tell a character from its neighbour). Every
 sequences (every position predicts the next character; positions near a sequence's start see
 less context on every graph); after training, also on sequences ``--extrapolate`` times as
 long (default 4), whose positions past L a sinusoidal model never saw, while ALiBi's bias has
-no largest position.
+no largest position and T5's puts every offset from 128 on in one bucket.
 
 It prints the final validation bits per character of each graph, the scores a sequence
 computes (its edges E against L^2 for unmasked dense attention) and the median time of a
@@ -68,22 +72,36 @@ from graphattn import graphs, pe
 from graphattn.functional import select_backend
 from graphattn.nn import DenseSelfAttention, GraphSelfAttention, GraphTransformer
 
-GRAPHS = ("window0", "window8", "window32", "window8+global32", "causal", "causal+alibi")
+GRAPHS = ("window0", "window8", "window32", "window8+global32", "causal", "causal+alibi",
+          "causal+t5")
+#: The parts of a run's name that give the positions as a bias on the scores, not sinusoids.
+RELATIVE = ("alibi", "t5")
+
+
+def relative_part(name: str) -> str | None:
+    """How the run named ``name`` encodes positions as a bias on the scores: ``"alibi"``,
+    ``"t5"`` (its ``+alibi`` or ``+t5`` part), or ``None`` for the sinusoids."""
+    found = [part for part in name.split("+") if part in RELATIVE]
+    if len(found) > 1:
+        raise ValueError(f"graph may name one relative encoding of {RELATIVE}, got {name!r}")
+    return found[0] if found else None
 
 
 def uses_alibi(name: str) -> bool:
     """Whether the run named ``name`` encodes positions by ALiBi's bias (its ``+alibi``
     part) instead of sinusoids."""
-    return "alibi" in name.split("+")
+    return relative_part(name) == "alibi"
 
 
 def sequence_graph(name: str, length: int) -> Tensor:
     """The edges j -> i among the ``length`` positions of one sequence: ``causal``,
     ``windowR`` (look back R), ``globalP`` (every P-th position global, causal), or the union
-    of such parts joined by ``+`` (an ``alibi`` part adds no edge: see :func:`uses_alibi`)."""
+    of such parts joined by ``+`` (an ``alibi`` or ``t5`` part adds no edge: see
+    :func:`relative_part`)."""
+    relative_part(name)
     parts = []
     for part in name.split("+"):
-        if part == "alibi":
+        if part in RELATIVE:
             continue
         if part == "causal":
             parts.append(graphs.causal_graph(length))
@@ -95,9 +113,10 @@ def sequence_graph(name: str, length: int) -> Tensor:
         else:
             raise ValueError(f"graph must be one of {', '.join(GRAPHS)} (or windowR for a "
                              f"radius R, globalP for every P-th position global, parts "
-                             f"joined by +, and +alibi for ALiBi's positions), got {name!r}")
+                             f"joined by +, and +alibi or +t5 for ALiBi's or T5's positions), got "
+                             f"{name!r}")
     if not parts:
-        raise ValueError(f"graph must name edges besides alibi, got {name!r}")
+        raise ValueError(f"graph must name edges besides {part}, got {name!r}")
     return parts[0] if len(parts) == 1 else graphs.union(parts, length)
 
 
@@ -140,32 +159,40 @@ class CharModel(torch.nn.Module):
     of L characters, so as many rows as the longest sequence), or, for a run named with
     ``+alibi``, as ALiBi's bias on the scores: :math:`-m_h (i - j)` on the edge j -> i, the
     hop distance on the chain of the sequence (``pe.hop_distance``, ``pe.alibi_bias``), which
-    every block adds; it has no largest length.
+    every block adds; it has no largest length. With ``+t5``, as T5's learned bias of each
+    bucket of i - j (``pe.RelativePositionBias``), one table for every block.
     """
 
     def __init__(self, vocab_size: int, graph: str, positions: Tensor, *,
                  hidden: int, heads: int, layers: int, dropout: float) -> None:
         super().__init__()
         self.vocab_size, self.graph, self.heads = vocab_size, graph, heads
-        self.alibi = uses_alibi(graph)
+        self.relative = relative_part(graph)
+        self.alibi = self.relative == "alibi"
         self.register_buffer("positions", positions, persistent=False)  # (max L, P)
         self.body = GraphTransformer(vocab_size, hidden, vocab_size, num_layers=layers,
                                      heads=heads,
-                                     pe_channels=0 if self.alibi else positions.size(1),
+                                     pe_channels=0 if self.relative else positions.size(1),
                                      dropout=dropout, attention_dropout=0.0,
-                                     add_self_loops=not self.alibi)
+                                     add_self_loops=self.relative is None)
+        self.t5 = (pe.RelativePositionBias(heads, 32, 128, bidirectional=False)
+                   if self.relative == "t5" else None)
         self._batch_graphs: dict[tuple[int, int], tuple[Tensor, Tensor | None]] = {}
 
     def batch_graph(self, B: int, L: int) -> tuple[Tensor, Tensor | None]:
         """The graph of B sequences of L characters, ``(2, B E)``, and its ALiBi bias
-        ``(B E, H)`` (``None`` without ALiBi)."""
+        ``(B E, H)``, or for T5's bias the offsets i - j of one sequence's edges ``(E)``
+        (``None`` for sinusoids)."""
         if (B, L) not in self._batch_graphs:
             device = self.positions.device
             edge_index = sequence_graph(self.graph, L)  # (2, E), one sequence
             bias = None
-            if self.alibi:
+            if self.relative:
                 distance = pe.hop_distance(graphs.chain_graph(L), L, edge_index)  # (E,) i - j
-                bias = pe.alibi_bias(distance, self.heads).repeat(B, 1).to(device)
+                if self.alibi:
+                    bias = pe.alibi_bias(distance, self.heads).repeat(B, 1).to(device)
+                else:  # the offsets, which the learned T5 bias reads at each step
+                    bias = distance.to(device)  # (E,)
             self._batch_graphs[B, L] = (graphs.repeat_graph(edge_index, L, B).to(device), bias)
         return self._batch_graphs[B, L]
 
@@ -173,7 +200,9 @@ class CharModel(torch.nn.Module):
         B, L = chars.shape
         edge_index, bias = self.batch_graph(B, L)
         x = F.one_hot(chars.reshape(B * L), self.vocab_size).float()  # (B * L, V)
-        if self.alibi:
+        if self.relative:
+            if self.t5 is not None:  # learned: one sequence's bias, for each sequence
+                bias = self.t5(bias).repeat(B, 1)  # (B E, H)
             return self.body(x, edge_index, attn_bias=bias).view(B, L, -1)  # (B, L, V)
         if L > self.positions.size(0):
             raise ValueError(f"the model encodes {self.positions.size(0)} positions, got "
@@ -499,7 +528,7 @@ def main(argv: list[str] | None = None) -> dict:
     print()
     print(format_table(results, L, args.extrapolate))
     timing = []
-    timed = [name for name in args.graphs if not uses_alibi(name)]  # the same edges
+    timed = [name for name in args.graphs if not relative_part(name)]  # the same edges
     if args.timing_rounds > 0 and timed:
         timing = time_one_layer(timed, L, args.batch_size, args.hidden, args.heads,
                                 args.timing_rounds, args.device)

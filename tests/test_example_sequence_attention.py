@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from graphattn import pe
+
 pytest.importorskip("pydoc_data.topics", reason="the example's text is CPython's pydoc_data "
                                                 "(absent from some stripped installs)")
 
@@ -60,7 +62,8 @@ def test_a_window_with_global_positions(example):
 
 
 @pytest.mark.parametrize("name,reach", [("window2", 2), ("causal", None),
-                                        ("window2+alibi", 2), ("causal+alibi", None)])
+                                        ("window2+alibi", 2), ("causal+alibi", None),
+                                        ("window2+t5", 2), ("causal+t5", None)])
 def test_model_is_causal_with_its_graphs_receptive_field(example, corpus, name, reach):
     """Changing character t changes no prediction before t, and with a window of r over two
     blocks none after t + 2 r; within reach it does change them."""
@@ -68,6 +71,8 @@ def test_model_is_causal_with_its_graphs_receptive_field(example, corpus, name, 
     L, t = 24, 10
     model = example["CharModel"](len(corpus.vocab), name, torch.randn(L, 4), hidden=16,
                                  heads=2, layers=2, dropout=0.0).eval()
+    if model.t5 is not None:  # a bias that is not 0, so that a wrong one would show
+        torch.nn.init.normal_(model.t5.weight)
     chars = corpus.train[:L].clone().unsqueeze(0)
     other = chars.clone()
     other[0, t] = (chars[0, t] + 1) % len(corpus.vocab)
@@ -82,7 +87,7 @@ def test_model_is_causal_with_its_graphs_receptive_field(example, corpus, name, 
         assert bool((diff[t:] > 0).all())
 
 
-@pytest.mark.parametrize("name", ["window3", "causal+alibi"])
+@pytest.mark.parametrize("name", ["window3", "causal+alibi", "causal+t5"])
 def test_batch_of_sequences_equals_sequences_one_by_one(example, corpus, name):
     torch.manual_seed(0)
     L = 16
@@ -110,6 +115,29 @@ def test_alibi_model_biases_each_edge_by_its_distance(example, corpus):
                                  heads=heads, layers=1, dropout=0.0)
     with pytest.raises(ValueError, match="encodes 12 positions, got sequences of 13"):
         plain(corpus.train[:13].view(1, 13))
+
+
+def test_t5_model_biases_each_edge_by_its_bucket(example, corpus):
+    """T5's bias on the edge j -> i is the table's row of the bucket of i - j, the same table
+    in both blocks, and it learns; the model has no position encoding and no largest length."""
+    L, heads = 40, 2
+    model = example["CharModel"](len(corpus.vocab), "causal+t5", torch.randn(L, 4),
+                                 hidden=16, heads=heads, layers=2, dropout=0.0)
+    assert model.body.lin_pe is None and model.t5.weight.shape == (32, heads)
+    edge_index, offset = model.batch_graph(3, L)  # offsets of one sequence's edges
+    src, dst = edge_index
+    assert torch.equal(offset.repeat(3), (dst - src) % L)
+    seen = []
+    for attn in model.body.attns:
+        attn.register_forward_hook(lambda mod, args, kwargs, out: seen.append(
+            kwargs["attn_bias"]), with_kwargs=True)
+    torch.nn.init.normal_(model.t5.weight)
+    chars = corpus.train[:3 * L].view(3, L)
+    model(chars).sum().backward()
+    bucket = pe.relative_position_bucket(offset.repeat(3), bidirectional=False)
+    assert len(seen) == 2 and all(torch.equal(b, model.t5.weight[bucket]) for b in seen)
+    assert int((model.t5.weight.grad.abs().sum(dim=1) > 0).sum()) == int(bucket.max()) + 1
+    assert model(corpus.train[:5 * L].view(1, 5 * L)).shape == (1, 5 * L, len(corpus.vocab))
 
 
 def test_short_training_learns_and_reports(example, corpus, capsys):
@@ -160,7 +188,10 @@ def test_figure_is_written(example, tmp_path, capsys):
     (["--graphs", "causal,causal"], "--graphs must name each graph once"),
     (["--graphs", "window8+global0"], "--graphs: graph must be one of"),
     (["--graphs", "window8+sinks"], "got 'window8+sinks'"),
-    (["--graphs", "alibi"], "must name edges besides alibi"), (["--extrapolate", "0"],
+    (["--graphs", "alibi"], "must name edges besides alibi"),
+    (["--graphs", "t5"], "must name edges besides t5"),
+    (["--graphs", "causal+t5+alibi"], "may name one relative encoding"),
+    (["--extrapolate", "0"],
                                                                 "--extrapolate"),
     (["--device", "mps"], "--device mps is not usable here"),
 ])

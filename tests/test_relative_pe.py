@@ -480,8 +480,10 @@ def test_offset_errors(call, error, match):
 
 # T5's relative position buckets and bias. Hugging Face's T5Attention is the reference: its
 # bucket function takes the key's position minus the query's, the negative of pe's offset.
+# The last two are where a float64 logarithm would give other buckets than T5's float32 one.
 T5_BUCKETS = [(True, 32, 128), (False, 32, 128), (True, 8, 20), (False, 8, 20), (True, 4, 3),
-              (False, 2, 2), (True, 33, 9), (False, 16, 1000), (True, 6, 5)]
+              (False, 2, 2), (True, 33, 9), (False, 16, 1000), (True, 6, 5), (True, 18, 128),
+              (False, 10, 160)]
 
 
 def t5_attention():
@@ -671,3 +673,148 @@ def test_relative_position_bias_module():
 def test_t5_bias_errors(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+def molecules() -> list:
+    """Small graphs as a dataset holds them: trees, a ring, a graph without edges, one node."""
+    from torch_geometric.data import Data
+
+    shapes = [graphs.from_networkx(nx.random_labeled_tree(7, seed=1)),
+              graphs.from_networkx(nx.cycle_graph(6)),
+              torch.empty(2, 0, dtype=torch.long), graphs.chain_graph(1),
+              graphs.from_networkx(nx.barabasi_albert_graph(9, 2, seed=2))]
+    sizes = [7, 6, 4, 1, 9]
+    return [Data(x=torch.randn(n, 8, generator=torch.Generator().manual_seed(n)),
+                 edge_index=ei, num_nodes=n) for ei, n in zip(shapes, sizes, strict=True)]
+
+
+@pytest.mark.parametrize("self_loops", [True, False])
+@pytest.mark.parametrize("max_distance", [None, 2])
+def test_add_hop_distance_batches_as_batch_complete_graph(max_distance, self_loops):
+    from torch_geometric.data import Batch
+
+    transform = pe.AddHopDistance(max_distance, self_loops=self_loops)
+    data = [transform(d) for d in molecules()]
+    for d in data:  # each graph alone: its complete graph and the distances networkx finds
+        n = d.num_nodes
+        assert torch.equal(d.pair_index, graphs.complete_graph(n, self_loops=self_loops))
+        dist = networkx_distances(d.edge_index, n, directed=False)
+        if max_distance is not None:
+            dist = torch.where(dist > max_distance, -1, dist)
+        src, dst = d.pair_index
+        assert torch.equal(d.pair_distance, dist[dst, src])
+    batch = Batch.from_data_list(data)
+    pairs = graphs.batch_complete_graph(batch.batch, self_loops=self_loops)
+    assert torch.equal(batch.pair_index, pairs)
+    assert torch.equal(batch.pair_distance,
+                       pe.hop_distance(batch.edge_index, batch.num_nodes, pairs,
+                                       max_distance=max_distance))
+    # the transform of a batch is the batch of the transformed graphs
+    again = transform(Batch.from_data_list(molecules()))
+    assert torch.equal(again.pair_index, batch.pair_index)
+    assert torch.equal(again.pair_distance, batch.pair_distance)
+
+
+def test_add_hop_distance_feeds_graphormer_over_a_loader():
+    # a mini-batch's attention with the stored pairs and distances equals each graph's own
+    from torch_geometric.loader import DataLoader
+
+    data = [pe.AddHopDistance(directed=True)(d) for d in molecules()]
+    torch.manual_seed(0)
+    layer = GraphSelfAttention(8, 4, heads=2, add_self_loops=False)
+    spatial = pe.DistanceBias(2, 3)
+    with torch.no_grad():
+        spatial.weight.normal_(generator=torch.Generator().manual_seed(3))
+    alone = torch.cat([layer(d.x, d.pair_index, attn_bias=spatial(d.pair_distance))
+                       for d in data])
+    together = torch.cat([layer(b.x, b.pair_index, attn_bias=spatial(b.pair_distance))
+                          for b in DataLoader(data, batch_size=2)])
+    assert_close(together, alone)
+
+
+def test_add_hop_distance_names_and_repr():
+    transform = pe.AddHopDistance(3, directed=True, self_loops=False, index_name="attn_index",
+                                  attr_name="attn_hops")
+    assert repr(transform) == ("AddHopDistance(max_distance=3, directed=True, "
+                               "self_loops=False, index_name='attn_index', "
+                               "attr_name='attn_hops')")
+    assert repr(pe.AddHopDistance()) == "AddHopDistance()"
+    d = transform(molecules()[1])
+    assert d.attn_index.shape == (2, 30) and d.attn_hops.shape == (30,)
+    assert "pair_index" not in d
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda: pe.AddHopDistance(-1), ValueError,
+     "max_distance must be a non-negative integer, got -1"),
+    (lambda: pe.AddHopDistance(index_name="pairs"), ValueError,
+     "index_name must be a str that contains 'index'.*got 'pairs'"),
+    (lambda: pe.AddHopDistance(attr_name="pair_index_distance"), ValueError,
+     "attr_name must be a str without 'index' or 'batch'.*got 'pair_index_distance'"),
+    (lambda: pe.AddHopDistance(attr_name="batch_distance"), ValueError, "'batch_distance'"),
+    (lambda: pe.AddHopDistance(self_loops=None), TypeError, "self_loops must be a bool"),
+    (lambda: pe.AddHopDistance()(graphs.chain_graph(3)), TypeError,
+     "AddHopDistance takes a homogeneous torch_geometric.data.Data, got Tensor"),
+])
+def test_add_hop_distance_errors(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+BIAS_TABLES = {
+    "distance": (lambda: pe.DistanceBias(3, 4), lambda g: torch.randint(-1, 9, (6, 50),
+                                                                        generator=g)),
+    "distance-log": (lambda: pe.DistanceBias(3, 20, num_buckets=8),
+                     lambda g: torch.randint(-1, 60, (300,), generator=g)),
+    "t5": (lambda: pe.RelativePositionBias(3, 16, 40),
+           lambda g: torch.randint(-90, 90, (5, 7, 11), generator=g)),
+    "offset": (lambda: pe.OffsetBias(3, 2), lambda g: torch.randint(-4, 5, (200, 2),
+                                                                    generator=g)),
+    "empty": (lambda: pe.RelativePositionBias(3, 8, 10),
+              lambda g: torch.zeros(0, dtype=torch.long)),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("name", list(BIAS_TABLES))
+def test_bias_tables_backward_equals_indexings(name, dtype):
+    # on CPU the tables sum their gradient by bincount (pe._TableRows); under torch.func the
+    # lookup is plain indexing, whose gradient torch computes: the two must agree
+    make, draw = BIAS_TABLES[name]
+    module = make().to(dtype)
+    with torch.no_grad():
+        module.weight.normal_(generator=torch.Generator().manual_seed(0))
+    index = draw(torch.Generator().manual_seed(1))
+    out = module(index)
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(2)).to(dtype)
+    out.backward(grad)
+    assert out.grad_fn is not None and "TableRows" in type(out.grad_fn).__name__
+
+    def plain(weight):
+        return torch.func.functional_call(module, {"weight": weight}, (index,))
+
+    want_out, vjp = torch.func.vjp(plain, module.weight.detach().double())
+    (want,) = vjp(grad.double())
+    assert torch.equal(out.detach(), want_out.to(dtype))
+    assert_close(module.weight.grad, want, dtype=dtype)
+    assert module.weight.grad.dtype == dtype
+    if index.numel():
+        assert module.weight.grad.abs().sum() > 0
+    else:
+        assert not module.weight.grad.any()
+
+
+def test_bias_tables_under_torch_compile():
+    # compiled, the tables index plainly (no host-side bincount in the graph): same values
+    spatial = pe.DistanceBias(2, 20, num_buckets=8)
+    with torch.no_grad():
+        spatial.weight.normal_(generator=torch.Generator().manual_seed(0))
+    distance = torch.randint(-1, 40, (64,), generator=torch.Generator().manual_seed(1))
+    compiled = torch.compile(spatial, fullgraph=True, backend="eager")
+    out = compiled(distance)
+    out.sum().backward()
+    got = spatial.weight.grad.clone()
+    spatial.weight.grad = None
+    spatial(distance).sum().backward()
+    assert torch.equal(out, spatial(distance))
+    assert_close(got, spatial.weight.grad)
