@@ -15,8 +15,8 @@ pixels:
   pixels (``graphs.complete_graph(64)``, what ``torch.nn.MultiheadAttention`` computes);
 - ``complete+offset``: the complete graph with the positions given by a learned bias of each
   pair's (rows, columns) offset instead of the eigenvectors (``pe.relative_offsets``,
-  ``pe.OffsetBias``: Swin's relative position bias, shared by the blocks); ``+offset`` joins
-  any graph.
+  ``pe.OffsetBias``: Swin's relative position bias, shared by the blocks, trained at
+  ``--table-lr`` times the learning rate without weight decay); ``+offset`` joins any graph.
 
 A pixel's input is its intensity (0 to 1) and the 8 lowest Laplacian eigenvectors of the
 radius-1 pixel grid (``pe.laplacian_pe``), the grid's 2-D analogue of sinusoidal positions,
@@ -193,12 +193,25 @@ def accuracy(model: torch.nn.Module, digits: Digits, split: str, batch_size: int
     return correct / ids.numel()
 
 
+def parameter_groups(model: PixelClassifier, lr: float, table_lr: float) -> list[dict]:
+    """AdamW's parameter groups: the offset bias table, if the model has one, at ``table_lr``
+    times ``lr`` and without weight decay (as Swin trains its table); the rest at ``lr``."""
+    if model.spatial is None:
+        return [{"params": list(model.parameters())}]
+    table = model.spatial.weight
+    rest = [p for p in model.parameters() if p is not table]
+    return [{"params": rest}, {"params": [table], "lr": lr * table_lr, "weight_decay": 0.0}]
+
+
 def train(model: PixelClassifier, digits: Digits, *, epochs: int, batch_size: int, lr: float,
-          weight_decay: float, seed: int, desc: str, progress: bool) -> RunResult:
-    """Train with AdamW; the test accuracy is read at the first epoch of best validation
-    accuracy."""
+          weight_decay: float, seed: int, desc: str, progress: bool,
+          table_lr: float = 1.0) -> RunResult:
+    """Train with AdamW (the offset bias table at ``table_lr`` times ``lr``, see
+    :func:`parameter_groups`); the test accuracy is read at the first epoch of best
+    validation accuracy."""
     generator = torch.Generator().manual_seed(seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    optimizer = torch.optim.AdamW(parameter_groups(model, lr, table_lr), lr=lr,
+                                  weight_decay=weight_decay)
     train_ids = digits.splits["train"]
     result = RunResult(desc.split()[0], seed, 0.0, -1.0, 0, [])
     bar = tqdm(range(1, epochs + 1), desc=desc, disable=not progress, leave=False)
@@ -319,6 +332,8 @@ def check_training_args(parser: argparse.ArgumentParser, args: argparse.Namespac
         parser.error(f"--lr must be > 0, got {args.lr}")
     if not args.weight_decay >= 0:
         parser.error(f"--weight-decay must be >= 0, got {args.weight_decay}")
+    if not args.table_lr > 0:
+        parser.error(f"--table-lr must be > 0, got {args.table_lr}")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -335,6 +350,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=positive_int, default=64)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--weight-decay", type=float, default=1e-2)
+    parser.add_argument("--table-lr", type=float, default=10.0,
+                        help="learning rate of the +offset runs' bias table, a multiple of "
+                             "--lr, without weight decay (default: %(default)s)")
     parser.add_argument("--hidden", type=positive_int, default=64)
     parser.add_argument("--heads", type=positive_int, default=4)
     parser.add_argument("--layers", type=positive_int, default=2)
@@ -397,7 +415,7 @@ def main(argv: list[str] | None = None) -> dict:
             result = train(model, digits, epochs=args.epochs, batch_size=args.batch_size,
                            lr=args.lr, weight_decay=args.weight_decay, seed=seed,
                            desc=f"{name} run {run + 1}/{args.runs}",
-                           progress=not args.no_progress)
+                           progress=not args.no_progress, table_lr=args.table_lr)
             print(f"{name:>8} run {run + 1}: test {100 * result.test_acc:.1f}% at epoch "
                   f"{result.best_epoch} (validation {100 * result.val_acc:.1f}%), "
                   f"{1e3 * statistics.median(result.epoch_seconds):.0f} ms per epoch")

@@ -1521,8 +1521,8 @@ class RelativePositionBias(torch.nn.Module):
     (its initialization folds :math:`1/\sqrt{C}` into the queries): ``scale=1`` in
     :func:`~graphattn.functional.edge_attention` computes exactly T5's attention, and so does
     :class:`~graphattn.nn.GraphSelfAttention` with T5's query weights times
-    :math:`\sqrt{C}` in ``lin_q``. The biases
-    start at 0. On a graph, :class:`DistanceBias` with ``num_buckets`` buckets the hop
+    :math:`\sqrt{C}` in ``lin_q``. The biases start at 0 (:class:`OffsetBias` says how fast
+    they learn). On a graph, :class:`DistanceBias` with ``num_buckets`` buckets the hop
     distance the same way.
 
     .. code-block:: python
@@ -1585,7 +1585,8 @@ class DistanceBias(torch.nn.Module):
     B/2 - 1 exact, then log-spaced, and D or more the last; on the causal graph with chain
     distances that is T5's decoder bias, and on a graph it reaches far pairs with few
     parameters. Pairs that no path joins (distance -1) have a bucket of their own, the last
-    row. The biases start at 0 (plain attention). The output goes to ``attn_bias`` of
+    row. The biases start at 0 (plain attention; :class:`OffsetBias` says how fast they
+    learn). The output goes to ``attn_bias`` of
     :class:`~graphattn.nn.GraphSelfAttention` (distances of its edges) or of
     :class:`~graphattn.nn.DenseSelfAttention` (an ``(N, N)`` distance matrix, heads moved in
     front).
@@ -1782,8 +1783,12 @@ class OffsetBias(torch.nn.Module):
     ``[-R, R]`` (``R = radius``) has its own bias per head, at row
     :math:`\sum_k (o_k + R)(2R + 1)^{d - 1 - k}` (Swin's ``relative_position_index`` for a
     window of R + 1 pixels a side); every farther pair shares the last row. The biases start
-    at 0. The output goes to ``attn_bias`` of :class:`~graphattn.nn.GraphSelfAttention` on,
-    say, :func:`graphattn.graphs.grid_graph` with the same radius:
+    at 0. Adam moves each entry by about the learning rate a step, and the biases must reach
+    a unit or so to set positions apart: on a short schedule, give the table its own
+    parameter group at a larger rate, without weight decay as Swin trains it (the image
+    example, 680 steps: 10x the rate, 94.8% test accuracy against 67.1% at 1x). The output
+    goes to ``attn_bias`` of :class:`~graphattn.nn.GraphSelfAttention` on, say,
+    :func:`graphattn.graphs.grid_graph` with the same radius:
 
     .. code-block:: python
 

@@ -111,6 +111,7 @@ def test_figure_is_written(example, tmp_path, capsys):
     (["--epochs", "0"], "--epochs"), (["--pe", "64"], "--pe"),
     (["--device", "nonsense"], "--device"), (["--dropout", "1"], "--dropout"),
     (["--lr", "0"], "--lr"), (["--weight-decay", "-1"], "--weight-decay"),
+    (["--table-lr", "0"], "--table-lr must be > 0, got 0.0"),
     (["--graphs", ","], "--graphs must name at least one"),
     (["--graphs", "grid1,grid1"], "--graphs must name each graph once"),
     (["--device", "mps"], "--device mps is not usable here"),
@@ -134,3 +135,27 @@ def test_offset_model_biases_each_pixel_pair_by_its_offset(example, digits):
     assert torch.equal(model.offsets, torch.stack([dst // 8 - src // 8, dst % 8 - src % 8], 1))
     F.cross_entropy(model(digits.x[:4]), digits.y[:4]).backward()
     assert model.spatial.weight.grad.abs().sum() > 0
+
+
+def test_offset_table_trains_at_its_own_rate(example, digits):
+    """``--table-lr``: the bias table in its own AdamW group, at that multiple of ``--lr`` and
+    without weight decay; Adam's first step moves each entry by about its group's rate."""
+    torch.manual_seed(0)
+    model = example["PixelClassifier"](example["pixel_graph"]("grid1+offset"),
+                                       torch.randn(64, 4), hidden=16, heads=2, layers=1,
+                                       dropout=0.0, offsets=True)
+    groups = example["parameter_groups"](model, 1e-3, 10.0)
+    assert [len(g["params"]) for g in groups] == [len(list(model.parameters())) - 1, 1]
+    assert groups[1]["params"][0] is model.spatial.weight
+    assert groups[1]["lr"] == pytest.approx(1e-2) and groups[1]["weight_decay"] == 0.0
+    before = model.spatial.weight.detach().clone()
+    optimizer = torch.optim.AdamW(groups, lr=1e-3, weight_decay=0.5)
+    F.cross_entropy(model(digits.x[:8]), digits.y[:8]).backward()
+    optimizer.step()
+    moved = (model.spatial.weight.detach() - before).abs()
+    reached = model.spatial.weight.grad.abs() > 1e-4  # Adam's eps (1e-8) is nothing there
+    assert int(reached.sum()) > 0
+    assert torch.allclose(moved[reached], torch.full_like(moved[reached], 1e-2), rtol=1e-3)
+    plain = example["PixelClassifier"](example["pixel_graph"]("grid1"), torch.randn(64, 4),
+                                       hidden=16, heads=2, layers=1, dropout=0.0)
+    assert len(example["parameter_groups"](plain, 1e-3, 10.0)) == 1
