@@ -51,7 +51,7 @@ otherwise), to show which route to take for which pattern (``--timing-rounds 0``
 
 Usage::
 
-    python examples/sequence_attention.py --out out/sequence_attention   # ~12 min on 2 cores
+    python examples/sequence_attention.py --out out/sequence_attention   # ~14 min on 2 cores
 """
 
 from __future__ import annotations
