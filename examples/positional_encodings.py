@@ -17,8 +17,15 @@ closed form:
 Both run in float64 (``laplacian_pe`` returns the default dtype), so the residuals show the
 eigensolver's precision rather than float32's rounding.
 
-It prints both tables, and with matplotlib draws the eigenvectors over their closed forms, and
-the cycle's encoding beside the transformer's sinusoidal encoding ``pe.sinusoidal``.
+Relative positions are graph quantities of the chain too: the number of edges between j and
+i on the path is |i - j|, and on the cycle min(|i - j|, n - |i - j|). The script checks
+``pe.hop_distance`` against both for every pair, and so the biases built on it: ALiBi's
+:math:`-m_h |i - j|` (``pe.alibi_bias``) and T5's buckets of i - j
+(``pe.relative_position_bucket``), exact near 0 and log-spaced beyond.
+
+It prints the tables, and with matplotlib draws the eigenvectors over their closed forms, the
+cycle's encoding beside the transformer's sinusoidal encoding ``pe.sinusoidal``, the path's
+hop distances and the biases of each offset.
 
 Usage::
 
@@ -80,6 +87,25 @@ def path_table(n: int, k: int) -> tuple[list[dict], torch.Tensor, torch.Tensor]:
     return rows, enc, torch.stack(closed, dim=1)
 
 
+def relative_table(n: int, heads: int = 4) -> dict:
+    """Hop distances of every pair on the path and the cycle of ``n`` nodes against their
+    closed forms, and the relative biases of the path's pairs: ALiBi's with ``heads`` slopes,
+    T5's bucket (32 buckets up to 128, both directions) of each offset i - j."""
+    i, j = torch.arange(n).view(-1, 1), torch.arange(n).view(1, -1)
+    offset = i - j  # (n, n): row = target i, column = source j
+    path = pe.hop_distance(graphs.chain_graph(n), n)  # (n, n)
+    cycle = pe.hop_distance(cycle_graph(n), n)
+    alibi = pe.alibi_bias(path, heads, dtype=torch.float64)  # (n, n, H)
+    slopes = pe.alibi_slopes(heads)
+    return {
+        "offset": offset, "path": path, "alibi": alibi,
+        "t5": pe.relative_position_bucket(offset),
+        "path differs": int((path != offset.abs()).sum()),
+        "cycle differs": int((cycle != torch.minimum(offset.abs(), n - offset.abs())).sum()),
+        "alibi error": float((alibi + slopes * offset.abs().unsqueeze(-1)).abs().max()),
+    }
+
+
 def print_table(title: str, rows: list[dict]) -> None:
     print(f"\n{title}")
     print(f"{'m':>3} {'period':>8} {'eigenvalue':>12} {'closed form':>12} {'residual':>10}")
@@ -96,7 +122,7 @@ def plot(n: int, pairs: int, cycle_enc: torch.Tensor, path_enc: torch.Tensor,
     import matplotlib.pyplot as plt
 
     t = torch.arange(n, dtype=torch.float64)
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7))
+    fig, axes = plt.subplots(3, 2, figsize=(11, 10.5))
     ax = axes[0, 0]
     for m in range(1, min(pairs, 2) + 1):
         omega = 2 * math.pi * m / n
@@ -127,6 +153,27 @@ def plot(n: int, pairs: int, cycle_enc: torch.Tensor, path_enc: torch.Tensor,
         ax.set_title(title)
         ax.set_xlabel("position t")
         ax.set_ylabel("column")
+    relative = relative_table(n)
+    ax = axes[2, 0]
+    image = ax.imshow(relative["path"].numpy(), cmap="viridis", interpolation="nearest")
+    fig.colorbar(image, ax=ax, fraction=0.046)
+    ax.set_title(f"path of {n}: pe.hop_distance = |i - j| for every pair")
+    ax.set_xlabel("source j")
+    ax.set_ylabel("target i")
+    ax = axes[2, 1]
+    d = relative["offset"][:, 0]  # i - j for j = 0: offsets 0 .. n-1, and their negatives
+    offsets = torch.cat([-d.flip(0)[:-1], d])
+    biases = pe.alibi_bias(offsets.abs(), relative["alibi"].size(-1), dtype=torch.float64)
+    for h in range(biases.size(1)):
+        ax.plot(offsets.numpy(), biases[:, h].numpy(), lw=1.5, label=f"ALiBi head {h}")
+    ax.set_xlabel("offset i - j")
+    ax.set_ylabel("ALiBi bias -m_h |i - j|")
+    twin = ax.twinx()
+    twin.step(offsets.numpy(), pe.relative_position_bucket(offsets).numpy(), "k", lw=1,
+              where="mid", label="T5 bucket")
+    twin.set_ylabel("T5 bucket (32 up to 128)")
+    ax.set_title("biases of the chain's offsets: ALiBi's, T5's buckets (black)")
+    ax.legend(fontsize=8, loc="lower left")
     fig.tight_layout()
     out.mkdir(parents=True, exist_ok=True)
     path = out / "positional_encodings.png"
@@ -166,6 +213,11 @@ def main(argv: list[str] | None = None) -> dict:
                 path)
     worst = max(r["residual"] for r in cycle + path)
     print(f"\nlargest residual: {worst:.1e}")
+    relative = relative_table(args.length)
+    print(f"\nrelative positions, {args.length ** 2} pairs: hop distances on the path other "
+          f"than |i - j|: {relative['path differs']}; on the cycle other than "
+          f"min(|i - j|, n - |i - j|): {relative['cycle differs']}; ALiBi's bias against "
+          f"-m_h |i - j|: {relative['alibi error']:.1e}")
     if not args.no_plot:
         try:
             figure = plot(args.length, args.pairs, cycle_enc, path_enc, path_closed, args.out)
@@ -173,7 +225,7 @@ def main(argv: list[str] | None = None) -> dict:
             print("matplotlib is not installed: no figure (pip install -e '.[plot]')")
         else:
             print(f"figure: {figure}")
-    return {"cycle": cycle, "path": path}
+    return {"cycle": cycle, "path": path, "relative": relative}
 
 
 if __name__ == "__main__":

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from graphattn import pe
+
 SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "positional_encodings.py"
 
 
@@ -54,3 +56,21 @@ def test_bad_sizes_are_refused_by_name(example, argv, capsys):
     with pytest.raises(SystemExit):
         example["main"](argv + ["--no-plot"])
     assert argv[0] in capsys.readouterr().err
+
+
+def test_relative_positions_are_hop_distances_of_the_chain(example, capsys):
+    """The path's hop distances are |i - j| and the cycle's the shorter way round; the
+    example's counts of pairs that differ are 0, and would not be for a wrong graph."""
+    n = 20
+    rel = example["relative_table"](n)
+    assert rel["path differs"] == 0 and rel["cycle differs"] == 0
+    assert rel["alibi error"] < 1e-12
+    assert torch.equal(rel["path"], (torch.arange(n)[:, None] - torch.arange(n)).abs())
+    # T5's buckets of the chain's offsets: exact up to 7 each way, then log-spaced
+    assert rel["t5"][10, 10 - 7].item() == 7 and rel["t5"][10 - 7, 10].item() == 16 + 7
+    out = example["main"](["--length", "16", "--pairs", "2", "--no-plot"])
+    assert out["relative"]["path differs"] == 0
+    assert "hop distances on the path other than |i - j|: 0" in capsys.readouterr().out
+    # the cycle's distances are not the path's: the check can fail
+    cycle = example["cycle_graph"](n)
+    assert int((pe.hop_distance(cycle, n) != rel["path"]).sum()) > 0
