@@ -31,6 +31,7 @@ import hop_distance  # noqa: E402
 import hub_precision  # noqa: E402
 import node_order  # noqa: E402
 import random_walk_pe  # noqa: E402
+import relative_bias  # noqa: E402
 import sparse_vs_dense  # noqa: E402
 import vs_pyg  # noqa: E402
 
@@ -103,6 +104,38 @@ def test_global_layers_agree_and_fill_the_table(tmp_path):
     assert all(float(r["step_ms"]) > 0 for r in rows)
     assert all(float(r["vs_graph_cpu"]) == 1.0 for r in rows if r["layer"] == "graph cpu")
     assert "global_layers.py --quick" in out.read_text()
+
+
+def test_relative_bias_agrees_and_fills_the_table(tmp_path):
+    """Every bias kind on every backend gets a step time and a ratio to the cpu kernels, after
+    the run checked their outputs equal; the table names its command."""
+    out = tmp_path / "bias.md"
+    relative_bias.main(["--quick", "--repeats", "1", "--warmup", "0", "--output", str(out)])
+    with out.with_suffix(".csv").open() as f:
+        rows = list(csv.DictReader(f))
+    cases = list(dict.fromkeys(r["case"] for r in rows))
+    assert cases == ["tiny-8x3-9, Graphormer", "causal-3x16, T5"]
+    assert [(r["bias"], r["backend"]) for r in rows] == 2 * [
+        (kind, backend) for kind in relative_bias.BIASES for backend in relative_bias.BACKENDS]
+    assert all(float(r["step_ms"]) > 0 for r in rows)
+    assert all(float(r["vs_cpu"]) == 1.0 for r in rows if r["backend"] == "cpu")
+    assert "relative_bias.py --quick" in out.read_text()
+
+
+def test_relative_bias_checks_the_backends_agree(monkeypatch):
+    """A backend that computed another function would stop the run before any timing."""
+    case = relative_bias.cases(True, 2)[0]
+    real = relative_bias.steps
+
+    def skewed(*args, **kwargs):
+        runs = real(*args, **kwargs)
+        honest = runs["learned", "dense"]
+        runs["learned", "dense"] = lambda: honest() + 1e-2
+        return runs
+
+    monkeypatch.setattr(relative_bias, "steps", skewed)
+    with pytest.raises(AssertionError, match="bias learned: dense differs from cpu"):
+        relative_bias.measure(case, 4, 2, repeats=1, warmup=0)
 
 
 def test_explicit_weights_fills_the_table(tmp_path):

@@ -818,3 +818,18 @@ def test_bias_tables_under_torch_compile():
     spatial(distance).sum().backward()
     assert torch.equal(out, spatial(distance))
     assert_close(got, spatial.weight.grad)
+
+
+def test_bias_table_backward_in_chunks_on_two_threads(two_threads):
+    # enough lookups for a chunk per thread, each summing into its own table: the sums of
+    # both chunks, of a gradient that comes strided, equal the indexing's (in float64)
+    table = pe.DistanceBias(3, 6)
+    g = torch.Generator().manual_seed(0)
+    distance = torch.randint(-1, 10, (150_001,), generator=g)
+    out = table(distance)
+    grad = torch.randn(3, distance.numel(), generator=g, dtype=torch.float64).t()
+    out.backward(grad.float())
+    want = torch.zeros(8, 3, dtype=torch.float64).index_add_(
+        0, torch.where((distance < 0) | (distance > 6), 7, distance), grad.float().double())
+    assert_close(table.weight.grad, want, dtype=torch.float32)
+    assert (want[0] != want[-1]).all()
