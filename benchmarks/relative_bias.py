@@ -26,7 +26,6 @@ Writes ``results/relative_bias.md`` and ``.csv``.
 from __future__ import annotations
 
 import argparse
-import csv
 import platform
 import statistics
 import sys
@@ -35,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import _report
 import torch
 from batched_global import CPU, batches, device_line
 from torch import Tensor
@@ -43,7 +43,7 @@ from tqdm import tqdm
 from graphattn import graphs, pe
 from graphattn.nn import GraphSelfAttention
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = _report.RESULTS
 BACKENDS = ("auto", "cpu", "dense")
 BIASES = ("none", "fixed", "learned")
 
@@ -145,30 +145,19 @@ def measure(case: Case, channels: int, heads: int, repeats: int, warmup: int,
 
 def write_table(rows: list[dict[str, object]], args: argparse.Namespace, command: str,
                 path: Path) -> None:
-    lines = [
-        "# Relative position biases in a training step: sparse kernels or dense backend",
-        "",
-        f"- command: `{command}`",
-        f"- torch {torch.__version__}, {device_line(CPU)}, python {platform.python_version()}",
-        f"- {args.heads} heads x {args.channels} channels, fp32, dot-product score, output "
-        f"projection; {args.repeats} interleaved repeats after {args.warmup} warm-up, medians",
-        "- step: forward of `GraphSelfAttention(backend=...)` with `attn_bias`, "
-        "`out.square().sum()`, backward. Bias `fixed`: the table's values, detached; "
-        "`learned`: looked up in the step, with its gradient. Outputs checked equal first.",
-        "- ratio: the step's time over the `cpu` kernels' (below 1: faster than the sparse "
-        "kernels)",
-        "",
-        "| case | edges | bias | backend | step ms | / cpu |",
-        "| --- | ---: | --- | --- | ---: | ---: |",
-    ]
-    for r in rows:
-        lines.append(f"| {r['case']} | {r['edges']} | {r['bias']} | {r['backend']} | "
-                     f"{r['step_ms']:.2f} | {r['vs_cpu']:.2f} |")
-    path.write_text("\n".join(lines) + "\n")
-    with path.with_suffix(".csv").open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    header = [f"- command: `{command}`",
+              f"- torch {torch.__version__}, {device_line(CPU)}, python "
+              f"{platform.python_version()}",
+              f"- {args.heads} heads x {args.channels} channels, fp32, dot-product score, "
+              f"output projection; {args.repeats} interleaved repeats after {args.warmup} "
+              f"warm-up, medians"]
+    note = ("Step: forward of `GraphSelfAttention(backend=...)` with `attn_bias`, "
+            "`out.square().sum()`, backward. Bias `fixed`: the table's values, detached; "
+            "`learned`: looked up in the step, with its gradient. Outputs checked equal first. "
+            "`vs_cpu`: the step's time over the `cpu` kernels' (below 1: faster than the "
+            "sparse kernels).")
+    _report.write_table("relative_bias", "Relative position biases in a training step: "
+                        "sparse kernels or dense backend", header, note, rows, out=path)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
