@@ -1475,15 +1475,14 @@ def relative_position_bucket(offset: Tensor, *, bidirectional: bool = True,
     a bucket of their own, farther ones share log-spaced buckets, and all beyond
     ``max_distance`` the last one.
 
-    With B buckets for each sign (``num_buckets / 2`` if ``bidirectional``, else
-    ``num_buckets``) and :math:`n = |i - j|`, the first B / 2 distances are exact and the rest
-    are spaced logarithmically up to ``max_distance``:
+    With B buckets for each sign (``num_buckets // 2`` if ``bidirectional``, else
+    ``num_buckets``), :math:`X = \lfloor B / 2 \rfloor` and :math:`n = |i - j|`, the first X
+    distances are exact and the rest are spaced logarithmically up to ``max_distance`` (D):
 
     .. math::
-        b(n) = \begin{cases} n & n < B / 2 \\
-        \min\!\Big(B - 1, \; \frac{B}{2} + \Big\lfloor \frac{\log(2n / B)}
-        {\log(2\,\text{max\_distance} / B)} \big(B - \tfrac{B}{2}\big) \Big\rfloor\Big)
-        & \text{otherwise} \end{cases}
+        b(n) = \begin{cases} n & n < X \\
+        \min\!\Big(B - 1, \; X + \Big\lfloor \frac{\log(n / X)}{\log(D / X)}
+        \,(B - X) \Big\rfloor\Big) & \text{otherwise} \end{cases}
 
     ``bidirectional``: a key after its query (i - j < 0) gets ``B + b(n)``, one at or before
     it ``b(n)`` (T5's encoder). Otherwise (T5's decoder, causal attention) keys after the query
@@ -1512,18 +1511,16 @@ def relative_position_bucket(offset: Tensor, *, bidirectional: bool = True,
     bidirectional = check_flag(bidirectional, "bidirectional")
     num_buckets, max_distance = _check_buckets(num_buckets, max_distance, bidirectional)
     n = offset.long()
-    bucket = torch.zeros_like(n)
-    if bidirectional:
+    if bidirectional:  # the upper half for keys after the query
         num_buckets //= 2
-        bucket = torch.where(n < 0, num_buckets, 0)
-        n = n.abs()
+        first, n = torch.where(n < 0, num_buckets, 0), n.abs()
     else:
-        n = n.clamp(min=0)
+        first, n = 0, n.clamp(min=0)
     max_exact = num_buckets // 2
     # float32 as T5; n clamped to 1 so that the branch not taken has no log(0)
     ratio = torch.log(n.clamp(min=1).float() / max_exact) / math.log(max_distance / max_exact)
     large = (max_exact + (ratio * (num_buckets - max_exact)).long()).clamp(max=num_buckets - 1)
-    return bucket + torch.where(n < max_exact, n, large)
+    return first + torch.where(n < max_exact, n, large)
 
 
 class RelativePositionBias(torch.nn.Module):
