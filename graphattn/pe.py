@@ -1598,7 +1598,7 @@ class DistanceBias(torch.nn.Module):
     ``num_buckets``, distances 0..D each have their own bias per head, and every pair farther
     apart shares bucket D + 1. With ``num_buckets`` = B, the distances go into T5's B
     one-sided buckets (:func:`relative_position_bucket` with ``bidirectional=False``): 0 ..
-    B/2 - 1 exact, then log-spaced, and D or more the last; on the causal graph with chain
+    ⌊B/2⌋ - 1 exact, then log-spaced, and D or more the last; on the causal graph with chain
     distances that is T5's decoder bias, and on a graph it reaches far pairs with few
     parameters. Pairs that no path joins (distance -1) have a bucket of their own, the last
     row. The biases start at 0 (plain attention; :class:`OffsetBias` says how fast they
