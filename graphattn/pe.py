@@ -1325,6 +1325,71 @@ def hop_distance(edge_index: Tensor, num_nodes: int, pairs: Tensor | None = None
     return out if pairs is not None else out.view(num_nodes, num_nodes)
 
 
+def hop_pairs(edge_index: Tensor, num_nodes: int, max_distance: int, *,
+              directed: bool = False, self_loops: bool = True) -> tuple[Tensor, Tensor]:
+    r"""Every pair of nodes at most ``max_distance`` hops apart on a structure graph G, and
+    its hop distance: the attention graph of k-hop attention, with the input of
+    :class:`DistanceBias` (Graphormer's spatial encoding restricted to k hops):
+
+    .. math::
+        \mathcal{E}_k = \{(j, i) : d_G(j \to i) \le k\}
+
+    ``edge_index`` is G's ``[2, E]`` edge list (1 hop = 1 edge). On a chain with k = r this
+    is :func:`graphattn.graphs.window_graph` of radius r; as k grows it becomes each connected
+    component's complete graph, which :func:`hop_distance` with the pairs of
+    :func:`graphattn.graphs.batch_complete_graph` covers. The pairs come from products of
+    G's sparse adjacency with itself (scipy), one per hop, each keeping the pairs first
+    reached there; the distances equal :func:`hop_distance` on the same pairs.
+
+    Args:
+        edge_index (Tensor): ``[2, E]`` integer, the structure graph G.
+        num_nodes (int): number of nodes N.
+        max_distance (int): the largest number of hops k.
+        directed (bool, optional): follow G's edges from source to target only; by default
+            each edge is read both ways. (default: ``False``)
+        self_loops (bool, optional): include each node's pair with itself (distance 0).
+            (default: ``True``)
+
+    Shapes:
+        - **input:** edge_index ``(2, E)``
+        - **output:** pairs ``(2, P)`` int64 (row 0 source j, row 1 target i), sorted by
+          target, then source, and their distances ``(P)`` int64, on the device of
+          ``edge_index``
+    """
+    num_nodes = check_non_negative(num_nodes, "num_nodes")
+    check_edge_index(edge_index, num_src=num_nodes, num_dst=num_nodes)
+    max_distance = check_non_negative(max_distance, "max_distance")
+    directed = check_flag(directed, "directed")
+    self_loops = check_flag(self_loops, "self_loops")
+    src, dst = edge_index.long().cpu().numpy()
+    if not directed:
+        src, dst = np.concatenate([src, dst]), np.concatenate([dst, src])
+    step = sp.csr_matrix((np.ones(src.size, dtype=np.int32), (dst, src)),
+                         shape=(num_nodes, num_nodes))  # [i, j] = 1: an edge j -> i
+    step.data[:] = 1  # multi-edges summed: one is enough
+    # seen: the pairs reached so far, [target, source]; frontier: those first reached last hop
+    seen = sp.identity(num_nodes, dtype=np.int32, format="csr")
+    frontier = seen
+    parts = [(np.arange(num_nodes), np.arange(num_nodes), np.zeros(num_nodes, dtype=np.int64))]
+    for d in range(1, max_distance + 1):
+        reached = (step @ frontier).tocsr()  # [i, j]: a walk j -> ... -> i of d edges
+        reached.data[:] = 1
+        frontier = (reached - reached.multiply(seen)).tocsr()  # only the pairs new at d
+        frontier.eliminate_zeros()
+        if frontier.nnz == 0:
+            break
+        seen = (seen + frontier).tocsr()
+        rows, cols = frontier.nonzero()
+        parts.append((rows, cols, np.full(rows.size, d, dtype=np.int64)))
+    dst_all, src_all, dist = (np.concatenate(column) for column in zip(*parts, strict=True))
+    if not self_loops:
+        keep = dst_all != src_all
+        dst_all, src_all, dist = dst_all[keep], src_all[keep], dist[keep]
+    order = np.lexsort((src_all, dst_all))  # by target, then source
+    pairs = torch.from_numpy(np.stack([src_all[order], dst_all[order]]).astype(np.int64))
+    return pairs.to(edge_index.device), torch.from_numpy(dist[order]).to(edge_index.device)
+
+
 def alibi_slopes(heads: int) -> Tensor:
     r"""ALiBi's slope of each head (Press et al., 2022, "Train Short, Test Long"): for a power
     of two H, the geometric sequence

@@ -833,3 +833,61 @@ def test_bias_table_backward_in_chunks_on_two_threads(two_threads):
         0, torch.where((distance < 0) | (distance > 6), 7, distance), grad.float().double())
     assert_close(table.weight.grad, want, dtype=torch.float32)
     assert (want[0] != want[-1]).all()
+
+
+@pytest.mark.parametrize("max_distance", [0, 1, 2, 3, 50])
+@pytest.mark.parametrize("directed", [False, True])
+@pytest.mark.parametrize("name", list(NX_GRAPHS))
+def test_hop_pairs_are_networkxs_pairs_within_k_hops(name, directed, max_distance):
+    edge_index, n = NX_GRAPHS[name]()
+    pairs, distance = pe.hop_pairs(edge_index, n, max_distance, directed=directed)
+    full = networkx_distances(edge_index, n, directed)  # [i, j]: d(j -> i), -1 if none
+    target, source = ((full >= 0) & (full <= max_distance)).nonzero(as_tuple=True)  # row-major
+    assert torch.equal(pairs, torch.stack([source, target]))  # by target, then source
+    assert torch.equal(distance, full[target, source])
+    assert pairs.dtype == distance.dtype == torch.int64
+    without, dist_without = pe.hop_pairs(edge_index, n, max_distance, directed=directed,
+                                         self_loops=False)
+    loops = pairs[0] == pairs[1]
+    assert torch.equal(without, pairs[:, ~loops]) and torch.equal(dist_without,
+                                                                   distance[~loops])
+    assert int(loops.sum()) == n and (distance[loops] == 0).all()
+
+
+@pytest.mark.parametrize("case", SQUARE_GRAPHS, ids=[g.name for g in SQUARE_GRAPHS])
+def test_hop_pairs_distances_are_hop_distances(case):
+    # on the registry (multi-edges, self-loops, isolated nodes): the pairs' distances are
+    # hop_distance's, and the pairs are all those hop_distance puts within k
+    edge_index, n = case.edge_index, case.num_dst
+    for k in (1, 2):
+        pairs, distance = pe.hop_pairs(edge_index, n, k)
+        assert torch.equal(distance, pe.hop_distance(edge_index, n, pairs))
+        full = pe.hop_distance(edge_index, n)
+        assert pairs.size(1) == int(((full >= 0) & (full <= k)).sum())
+
+
+def test_hop_pairs_closed_forms():
+    # a chain's k hops are the window of radius k; on the 3x3 grid graph (each pixel's 8
+    # neighbours and itself) 2 hops are the 5x5 grid graph, at Chebyshev distance
+    pairs, distance = pe.hop_pairs(graphs.chain_graph(12), 12, 3)
+    assert torch.equal(pairs, graphs.window_graph(12, 3))
+    assert torch.equal(distance, (pairs[1] - pairs[0]).abs())
+    pairs, distance = pe.hop_pairs(graphs.grid_graph(6, 6, radius=1), 36, 2)
+    five = graphs.grid_graph(6, 6, radius=2)
+    order = torch.argsort(five[1] * 36 + five[0])
+    assert torch.equal(pairs, five[:, order])
+    row, col = pairs // 6, pairs % 6
+    assert torch.equal(distance, torch.maximum((row[0] - row[1]).abs(), (col[0] - col[1]).abs()))
+    assert pe.hop_pairs(torch.empty(2, 0, dtype=torch.long), 0, 2)[0].shape == (2, 0)
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda: pe.hop_pairs(graphs.chain_graph(4), 4, -1), ValueError,
+     "max_distance must be a non-negative integer, got -1"),
+    (lambda: pe.hop_pairs(graphs.chain_graph(4), 3, 1), ValueError, "3"),
+    (lambda: pe.hop_pairs(graphs.chain_graph(4), 4, 1, directed=1), TypeError,
+     "directed must be a bool"),
+])
+def test_hop_pairs_errors(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
