@@ -1365,8 +1365,7 @@ def hop_pairs(edge_index: Tensor, num_nodes: int, max_distance: int, *,
     if not directed:
         src, dst = np.concatenate([src, dst]), np.concatenate([dst, src])
     step = sp.csr_matrix((np.ones(src.size, dtype=np.int32), (dst, src)),
-                         shape=(num_nodes, num_nodes))  # [i, j] = 1: an edge j -> i
-    step.data[:] = 1  # multi-edges summed: one is enough
+                         shape=(num_nodes, num_nodes))  # [i, j] > 0: an edge j -> i
     # seen: the pairs reached so far, [target, source]; frontier: those first reached last hop
     seen = sp.identity(num_nodes, dtype=np.int32, format="csr")
     frontier = seen
