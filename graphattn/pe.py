@@ -1744,11 +1744,15 @@ class AddHopDistance(BaseTransform):
             out = layer(data.x, data.pair_index, attn_bias=bias)
 
     A graph of n nodes stores :math:`n^2` pairs (``self_loops=False``: :math:`n^2 - n`), three
-    int64 numbers each: for molecules and other small graphs.
+    int64 numbers each: for molecules and other small graphs. With ``pairs="within"`` it stores
+    only the pairs at most ``max_distance`` hops apart (:func:`hop_pairs`), for graphs where
+    :math:`n^2` is too many.
 
     Args:
-        max_distance (int, optional): see :func:`hop_distance`: farther pairs get -1.
-            (default: ``None``)
+        max_distance (int, optional): see :func:`hop_distance`: farther pairs get -1, or
+            with ``pairs="within"`` are left out. (default: ``None``)
+        pairs (str, optional): ``"complete"``, every ordered pair, or ``"within"``, those at
+            most ``max_distance`` hops apart. (default: ``"complete"``)
         directed (bool, optional): see :func:`hop_distance`. (default: ``False``)
         self_loops (bool, optional): include the pairs ``i -> i`` (distance 0).
             (default: ``True``)
@@ -1760,16 +1764,23 @@ class AddHopDistance(BaseTransform):
 
     Shapes:
         - **input:** ``Data`` with ``edge_index (2, E)`` (none: no edges) and ``num_nodes`` N
-        - **output:** the same ``Data`` (shallow copy) with ``pair_index (2, N^2)`` int64,
-          sorted by target, then source, and ``pair_distance (N^2)`` int64; on a ``Batch``, the
-          pairs of each graph, as if each graph were transformed alone and batched
+        - **output:** the same ``Data`` (shallow copy) with ``pair_index (2, P)`` int64
+          (:math:`P = N^2` for complete pairs), sorted by target, then source, and
+          ``pair_distance (P)`` int64; on a ``Batch``, the pairs of each graph, as if each
+          graph were transformed alone and batched
     """
 
-    def __init__(self, max_distance: int | None = None, *, directed: bool = False,
-                 self_loops: bool = True, index_name: str = "pair_index",
-                 attr_name: str = "pair_distance") -> None:
+    def __init__(self, max_distance: int | None = None, *, pairs: str = "complete",
+                 directed: bool = False, self_loops: bool = True,
+                 index_name: str = "pair_index", attr_name: str = "pair_distance") -> None:
         self.max_distance = (None if max_distance is None
                              else check_non_negative(max_distance, "max_distance"))
+        if pairs not in ("complete", "within"):
+            raise ValueError(f"pairs must be 'complete' or 'within', got {pairs!r}")
+        if pairs == "within" and max_distance is None:
+            raise ValueError("pairs='within' keeps the pairs at most max_distance hops apart: "
+                             "give max_distance=<hops>")
+        self.pairs = pairs
         self.directed = check_flag(directed, "directed")
         self.self_loops = check_flag(self_loops, "self_loops")
         if not isinstance(index_name, str) or "index" not in index_name:
@@ -1785,6 +1796,11 @@ class AddHopDistance(BaseTransform):
 
     def forward(self, data: Data) -> Data:
         edge_index, num_nodes = _graph_of(data, "AddHopDistance")
+        if self.pairs == "within":  # no path crosses from one graph of a batch to another
+            data[self.index_name], data[self.attr_name] = hop_pairs(
+                edge_index, num_nodes, self.max_distance, directed=self.directed,
+                self_loops=self.self_loops)
+            return data
         batch = getattr(data, "batch", None) if isinstance(data, Batch) else None
         if isinstance(batch, Tensor) and batch.dim() == 1 and batch.numel() == num_nodes:
             pairs = graphs.batch_complete_graph(batch, self_loops=self.self_loops)
@@ -1799,6 +1815,7 @@ class AddHopDistance(BaseTransform):
 
     def __repr__(self) -> str:
         extra = [] if self.max_distance is None else [f"max_distance={self.max_distance}"]
+        extra += [] if self.pairs == "complete" else [f"pairs={self.pairs!r}"]
         extra += ["directed=True"] if self.directed else []
         extra += [] if self.self_loops else ["self_loops=False"]
         extra += [] if self.index_name == "pair_index" else [f"index_name={self.index_name!r}"]

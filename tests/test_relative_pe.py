@@ -715,6 +715,27 @@ def test_add_hop_distance_batches_as_batch_complete_graph(max_distance, self_loo
     assert torch.equal(again.pair_distance, batch.pair_distance)
 
 
+@pytest.mark.parametrize("self_loops", [True, False])
+def test_add_hop_distance_within_k_hops_batches_as_each_graph(self_loops):
+    # pairs="within": each graph's hop_pairs; batched, the same pairs offset graph by graph,
+    # and the transform of the batch gives them too
+    from torch_geometric.data import Batch
+
+    transform = pe.AddHopDistance(2, pairs="within", self_loops=self_loops)
+    data = [transform(d) for d in molecules()]
+    for d in data:
+        want = pe.hop_pairs(d.edge_index, d.num_nodes, 2, self_loops=self_loops)
+        assert torch.equal(d.pair_index, want[0]) and torch.equal(d.pair_distance, want[1])
+    batch = Batch.from_data_list(data)
+    offsets = batch.ptr[:-1].repeat_interleave(torch.tensor([d.pair_index.size(1)
+                                                             for d in data]))
+    assert torch.equal(batch.pair_index, torch.cat([d.pair_index for d in data], 1) + offsets)
+    again = transform(Batch.from_data_list(molecules()))
+    assert torch.equal(again.pair_index, batch.pair_index)
+    assert torch.equal(again.pair_distance, batch.pair_distance)
+    assert (batch.pair_distance <= 2).all() and (batch.pair_distance >= 0).all()
+
+
 def test_add_hop_distance_feeds_graphormer_over_a_loader():
     # a mini-batch's attention with the stored pairs and distances equals each graph's own
     from torch_geometric.loader import DataLoader
@@ -739,6 +760,8 @@ def test_add_hop_distance_names_and_repr():
                                "self_loops=False, index_name='attn_index', "
                                "attr_name='attn_hops')")
     assert repr(pe.AddHopDistance()) == "AddHopDistance()"
+    assert repr(pe.AddHopDistance(2, pairs="within")) == ("AddHopDistance(max_distance=2, "
+                                                          "pairs='within')")
     d = transform(molecules()[1])
     assert d.attn_index.shape == (2, 30) and d.attn_hops.shape == (30,)
     assert "pair_index" not in d
@@ -753,6 +776,9 @@ def test_add_hop_distance_names_and_repr():
      "attr_name must be a str without 'index' or 'batch'.*got 'pair_index_distance'"),
     (lambda: pe.AddHopDistance(attr_name="batch_distance"), ValueError, "'batch_distance'"),
     (lambda: pe.AddHopDistance(self_loops=None), TypeError, "self_loops must be a bool"),
+    (lambda: pe.AddHopDistance(2, pairs="k-hop"), ValueError,
+     "pairs must be 'complete' or 'within', got 'k-hop'"),
+    (lambda: pe.AddHopDistance(pairs="within"), ValueError, "give max_distance=<hops>"),
     (lambda: pe.AddHopDistance()(graphs.chain_graph(3)), TypeError,
      "AddHopDistance takes a homogeneous torch_geometric.data.Data, got Tensor"),
 ])
