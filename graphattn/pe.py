@@ -1934,3 +1934,171 @@ class OffsetBias(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"heads={self.heads}, radius={self.radius}, dims={self.dims}"
+
+
+def apply_rotary(x: Tensor, pos: Tensor, *, dim: int | None = None, axes: int = 1,
+                 base: float = 10000.0, interleaved: bool = False) -> Tensor:
+    r"""Rotate queries or keys by their positions: the rotary position embedding (RoPE; Su et
+    al., 2021), on a sequence, an image or any nodes with coordinates.
+
+    The first ``dim`` channels of each head form ``dim / 2`` planes; plane m turns by the
+    angle :math:`p \, \theta_m` with :math:`\theta_m = \text{base}^{-2m/d}` (``d = dim``),
+    and the other channels pass unchanged. A rotated query and key then score
+
+    .. math::
+        (R_{p_i} q_i) \cdot (R_{p_j} k_j) = q_i \cdot R_{p_j - p_i}\, k_j,
+
+    which depends on the positions through their difference only: a relative encoding that
+    leaves the attention operator untouched, so every backend runs it as it is. On the
+    causal graph with positions ``0 .. L-1`` this is LLaMA's and GPT-NeoX's attention
+    (``interleaved=False``: plane m pairs channels m and m + d/2, Hugging Face's
+    ``rotate_half``), or RoFormer's and GPT-J's (``interleaved=True``: channels 2m and 2m+1).
+
+    With ``axes = A > 1`` each node has A coordinates (an image's rows and columns,
+    :func:`grid_positions`, or a point's x, y, z): the ``dim`` channels split into A
+    consecutive groups of ``dim / A``, and group a is the one-axis embedding of coordinate a,
+    with its own frequencies :math:`\text{base}^{-2m/(d/A)}` (axial RoPE). The score then
+    depends on the offset :math:`p_i - p_j` along every axis. Positions may be integer or
+    real; the angles are computed in float32 (float64 for a float64 ``x``), as Hugging Face
+    computes them, and rounded to the dtype of ``x``.
+
+    Args:
+        x (Tensor): queries or keys ``[..., N, H, C]``.
+        pos (Tensor): positions ``[..., N]`` (one axis) or ``[..., N, A]``, broadcast against
+            the dimensions of ``x`` before N (one sequence's positions serve a batch).
+        dim (int, optional): channels rotated per head, even and a multiple of 2A, at most C
+            (GPT-J's ``rotary_dim``); ``None`` rotates all C. (default: ``None``)
+        axes (int, optional): coordinates per position A. (default: ``1``)
+        base (float, optional): frequency base. (default: ``10000.0``)
+        interleaved (bool, optional): pair channels 2m, 2m+1 instead of m, m + d/2 (within
+            each axis' group). (default: ``False``)
+
+    Shapes:
+        - **input:** x ``(..., N, H, C)``, pos ``(..., N)`` or ``(..., N, A)``
+        - **output:** ``(..., N, H, C)`` in the dtype of ``x``
+    """
+    check_tensors(x=x, pos=pos)
+    axes = check_positive(axes, "axes")
+    if x.dim() < 3 or not x.is_floating_point():
+        raise ValueError(f"x must be a floating tensor [..., N, H, C], got {x.dtype} "
+                         f"{list(x.shape)}")
+    C = x.size(-1)
+    dim = C if dim is None else check_positive(dim, "dim")
+    if dim > C or dim % (2 * axes):
+        raise ValueError(f"dim must be a multiple of 2 * axes = {2 * axes} and at most the "
+                         f"channels per head C = {C}, got dim={dim}")
+    _check_base(base)
+    cos, sin = _rotary_angles(pos, x, dim, axes, float(base))
+    return _rotate(x, cos, sin, dim, axes, bool(interleaved))
+
+
+def _rotary_angles(pos: Tensor, x: Tensor, dim: int, axes: int, base: float,
+                   ) -> tuple[Tensor, Tensor]:
+    """The cosines and sines ``[..., N, 1, A, dim / (2A)]`` in the dtype of ``x``, after
+    checking that ``pos`` gives a position to every row N of ``x`` ``[..., N, H, C]``."""
+    if pos.dtype == torch.bool or pos.is_complex():
+        raise TypeError(f"pos must have an integer or real dtype, got {pos.dtype}")
+    shape = list(pos.shape)
+    if axes > 1:
+        if pos.dim() < 2 or pos.size(-1) != axes:
+            raise ValueError(f"pos must have shape [..., N, A] with A = axes = {axes} "
+                             f"coordinates per position, got {shape}")
+        pos = pos.unsqueeze(-2)  # (..., N, 1, A): broadcast over the heads
+    else:
+        pos = pos.unsqueeze(-1).unsqueeze(-1)  # (..., N, 1, 1)
+    fits = pos.dim() <= x.dim() and pos.size(-3) == x.size(-3)
+    try:  # the dimensions before N broadcast against those of x
+        fits = fits and torch.broadcast_shapes(pos.shape[:-3], x.shape[:-3]) == x.shape[:-3]
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise ValueError(f"pos must give a position to each of the N = {x.size(-3)} rows of x "
+                         f"{list(x.shape)}: shape [..., N{'' if axes == 1 else ', A'}], its "
+                         f"leading dimensions broadcast against x's, got {shape}")
+    group = dim // axes
+    angle_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+    steps = torch.arange(0, group, 2, dtype=angle_dtype, device=x.device)
+    freq = 1.0 / (base ** (steps / group))  # (group / 2,): theta_m, as Hugging Face's inv_freq
+    angle = pos.to(device=x.device, dtype=angle_dtype).unsqueeze(-1) * freq  # (.., N, 1, A, g/2)
+    return angle.cos().to(x.dtype), angle.sin().to(x.dtype)
+
+
+def _rotate(x: Tensor, cos: Tensor, sin: Tensor, dim: int, axes: int,
+            interleaved: bool) -> Tensor:
+    """``x`` ``[..., N, H, C]`` with each plane of its first ``dim`` channels turned by the
+    angles whose cosines and sines are ``cos``, ``sin`` ``[..., N, 1, A, dim / (2A)]``."""
+    group = dim // axes
+    rot = x[..., :dim].unflatten(-1, (axes, group // 2, 2) if interleaved
+                                 else (axes, 2, group // 2))  # (..., N, H, A, ...)
+    x1, x2 = rot.unbind(-1 if interleaved else -2)  # (..., N, H, A, g/2) each
+    out = torch.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin],
+                      dim=-1 if interleaved else -2).flatten(-3)  # (..., N, H, dim)
+    return out if dim == x.size(-1) else torch.cat([out, x[..., dim:]], dim=-1)
+
+
+class RotaryPE(torch.nn.Module):
+    r"""The rotary position embedding of queries and keys, as a module:
+    :func:`apply_rotary` with fixed ``dim``, ``axes``, ``base`` and ``interleaved``.
+
+    Give it to :class:`~graphattn.nn.GraphSelfAttention` (or
+    :class:`~graphattn.nn.DenseSelfAttention`) as ``rotary=``, and the positions to each call
+    as ``pos=``: the layer rotates its queries by the targets' positions and its keys by the
+    sources', before the attention operator, on every backend. It has no parameters.
+
+    .. code-block:: python
+
+        L = 128
+        layer = GraphSelfAttention(64, 16, heads=4, rotary=RotaryPE(16), add_self_loops=False)
+        out = layer(x, graphs.causal_graph(L), pos=torch.arange(L))   # LLaMA-style attention
+
+        edges = graphs.grid_graph(32, 32, radius=3)                     # 2-D RoPE on an image
+        layer = GraphSelfAttention(64, 16, heads=4, rotary=RotaryPE(16, axes=2))
+        out = layer(x, edges, pos=grid_positions(32, 32))
+
+    Args:
+        dim (int): channels rotated per head (even, a multiple of 2 * axes); a layer's heads
+            must have at least as many.
+        axes (int, optional): coordinates per position. (default: ``1``)
+        base (float, optional): frequency base. (default: ``10000.0``)
+        interleaved (bool, optional): pair channels 2m, 2m+1 (RoFormer, GPT-J) instead of
+            m, m + dim/2 (LLaMA, GPT-NeoX). (default: ``False``)
+
+    Shapes:
+        - **input:** x ``(..., N, H, C)`` with C >= dim, pos ``(..., N)`` or ``(..., N, A)``
+        - **output:** ``(..., N, H, C)``
+    """
+
+    def __init__(self, dim: int, *, axes: int = 1, base: float = 10000.0,
+                 interleaved: bool = False) -> None:
+        super().__init__()
+        self.axes = check_positive(axes, "axes")
+        dim = check_positive(dim, "dim")
+        if dim % (2 * self.axes):
+            raise ValueError(f"dim must be a multiple of 2 * axes = {2 * self.axes} (a plane "
+                             f"of two channels per frequency and axis), got dim={dim}")
+        _check_base(base)
+        self.dim = dim
+        self.base = float(base)
+        self.interleaved = check_flag(interleaved, "interleaved")
+
+    def forward(self, x: Tensor, pos: Tensor) -> Tensor:
+        """``x`` ``[..., N, H, C]`` rotated by ``pos`` ``[..., N]`` or ``[..., N, A]``."""
+        return apply_rotary(x, pos, dim=self.dim, axes=self.axes, base=self.base,
+                            interleaved=self.interleaved)
+
+    def rotate_pair(self, q: Tensor, k: Tensor, pos_q: Tensor, pos_k: Tensor,
+                    ) -> tuple[Tensor, Tensor]:
+        """``self(q, pos_q), self(k, pos_k)``, computing the angles once when the two
+        position tensors are one (self-attention)."""
+        if pos_q is not pos_k or q.shape[:-1] != k.shape[:-1] or q.dtype != k.dtype:
+            return self(q, pos_q), self(k, pos_k)
+        check_tensors(x=q, pos=pos_q)
+        cos, sin = _rotary_angles(pos_q, q, self.dim, self.axes, self.base)
+        return tuple(_rotate(t, cos, sin, self.dim, self.axes, self.interleaved)
+                     for t in (q, k))
+
+    def extra_repr(self) -> str:
+        extra = f"{self.dim}"
+        extra += "" if self.axes == 1 else f", axes={self.axes}"
+        extra += "" if self.base == 10000.0 else f", base={self.base}"
+        return extra + (", interleaved=True" if self.interleaved else "")

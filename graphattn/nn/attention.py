@@ -36,6 +36,7 @@ from graphattn.functional.attention import (
 from graphattn.functional.dropout import dropout
 from graphattn.functional.sparse_linear import sparse_linear
 from graphattn.graphs import SPARSE_LAYOUTS, _sparse_adjacency_and_values, from_sparse_adjacency
+from graphattn.pe import RotaryPE
 
 
 def _stacks(x: Tensor, widths: list[int]) -> bool:
@@ -57,6 +58,20 @@ def _plain_linear(lin: torch.nn.Module) -> bool:
     """Whether ``lin`` computes exactly ``F.linear(x, lin.weight, lin.bias)``: a ``Linear``
     (an initialised ``LazyLinear`` is one) without forward hooks, not a subclass."""
     return type(lin) is Linear and not (lin._forward_hooks or lin._forward_pre_hooks)
+
+
+def _check_rotary(rotary: RotaryPE | None, channels: int) -> RotaryPE | None:
+    """``rotary`` unless it is neither ``None`` nor a ``RotaryPE`` that fits heads of
+    ``channels`` channels."""
+    if rotary is None:
+        return None
+    if not isinstance(rotary, RotaryPE):
+        raise TypeError(f"rotary must be a graphattn.pe.RotaryPE or None, got "
+                        f"{type(rotary).__name__}")
+    if rotary.dim > channels:
+        raise ValueError(f"rotary rotates dim={rotary.dim} channels per head, more than the "
+                         f"out_channels = {channels} each head has")
+    return rotary
 
 
 def _glorot(lin: Linear) -> None:
@@ -383,6 +398,13 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         out_bias (bool, optional): a learned bias ``out_bias`` ``[out]`` added to every
             output, after the residual: a target without an in-edge gets it too, as with the
             output bias of ``GATConv`` and ``GATv2Conv``. (default: ``False``)
+        rotary (graphattn.pe.RotaryPE, optional): rotate the queries by the targets'
+            positions and the keys by the sources' (the forward's ``pos``), so that each score
+            depends on :math:`p_i - p_j` (RoPE): on :func:`~graphattn.graphs.causal_graph` with
+            positions ``0 .. L-1``, LLaMA's attention; with ``axes=2`` and
+            :func:`~graphattn.pe.grid_positions`, 2-D RoPE on an image. The dot score only.
+            With ``edge_mode="key"`` the edge term :math:`W^E e_{ij}` is added to the rotated
+            key. (default: ``None``)
 
     Shapes:
         - **input:** x ``(|V|, F)`` or ``((|V_src|, F_src), (|V_dst|, F_dst))`` (or
@@ -422,7 +444,7 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
                  negative_slope: float = 0.2, residual: bool = False,
                  share_weights: bool = False, fill_value: float | Tensor | str = "mean",
                  edge_mode: str = "bias", beta: bool = False, share_value: bool = False,
-                 out_bias: bool = False) -> None:
+                 out_bias: bool = False, rotary: RotaryPE | None = None) -> None:
         if attention not in SCORES:
             raise ValueError(f"attention must be one of {SCORES}, got {attention!r}")
         add_self_loops, share_weights, share_value, out_bias = (
@@ -492,6 +514,10 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         # gatv2's attention vector a, one per head
         self.att = (torch.nn.Parameter(torch.empty(self.heads, self.out_channels))
                     if attention == "gatv2" else None)
+        if rotary is not None and attention != "dot":
+            raise ValueError(f"rotary needs the dot score, where rotated queries and keys "
+                             f"score by their relative position; got attention={attention!r}")
+        self.rotary = _check_rotary(rotary, self.out_channels)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -507,6 +533,7 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
                 edge_attr: Tensor | None = None, return_attention_weights: bool = False,
                 *, size: tuple[int | None, int | None] | None = None,
                 attn_bias: Tensor | None = None,
+                pos: Tensor | tuple[Tensor, Tensor] | None = None,
                 ) -> Tensor | tuple[Tensor, tuple[Tensor, Tensor]]:
         """Attend along ``edge_index``; see the class docstring for shapes.
 
@@ -523,6 +550,11 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         keep a head off an edge, which gives each head a pattern of its own
         (:func:`~graphattn.graphs.head_patterns`). It needs ``add_self_loops=False``: put the
         self-loops wanted into the graph, with their bias.
+
+        ``pos`` are the nodes' positions for ``rotary`` (:class:`graphattn.pe.RotaryPE`),
+        ``[N]`` or ``[N, A]``, integer or real; ``(pos_src, pos_dst)`` for a bipartite ``x``.
+        The queries turn by the targets' positions and the keys by the sources', so that
+        each score depends on :math:`p_i - p_j`. A layer with ``rotary`` needs them.
         """
         H, C = self.heads, self.out_channels
         if isinstance(x, (tuple, list)):
@@ -564,6 +596,7 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         check_edge_index(edge_index, num_src=N_src, num_dst=N_dst)
         edge_attr = self._check_edge_attr(edge_attr, edge_index.size(1))
         self._check_attn_bias(attn_bias, edge_index.size(1), x_src)
+        pos_src, pos_dst = self._rotary_positions(pos, x_src, x_dst)
         edge_weight = None  # (E',): PyG's explanation mask, when an Explainer set one
         if self.explain:
             edge_weight = self._explain_mask(edge_index, num_loops=min(N_src, N_dst))
@@ -586,6 +619,8 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         q = q.view(N_dst, H, score_channels)  # (N_dst, H, C) or (N_dst, H, 1)
         k = k.view(N_src, H, score_channels)  # (N_src, H, C) or (N_src, H, 1)
         v = v.view(N_src, H, C)  # (N_src, H, C)
+        if self.rotary is not None:  # the dot score of R(p_i) q_i and R(p_j) k_j
+            q, k = self.rotary.rotate_pair(q, k, pos_dst, pos_src)
         if self.attention == "additive":
             q, k = q.squeeze(-1), k.squeeze(-1)  # (N, H)
         bias = edge_key = edge_value = None
@@ -704,6 +739,43 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         kept = mask[edge_index[0] != edge_index[1]]  # (E_kept,)
         return torch.cat([kept, kept.new_ones(num_loops)])  # (E_kept + num_loops,)
 
+    def _rotary_positions(self, pos: Tensor | tuple[Tensor, Tensor] | None, x_src: Tensor,
+                          x_dst: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
+        """``(pos_src, pos_dst)`` for ``rotary`` from the forward's ``pos``; ``(None, None)``
+        without ``rotary``, which then refuses ``pos``."""
+        if self.rotary is None:
+            if pos is not None:
+                raise ValueError("pos was given but the layer has rotary=None: positions enter "
+                                 "through a rotary embedding, rotary=graphattn.pe.RotaryPE(...)")
+            return None, None
+        if pos is None:
+            raise ValueError("the layer has a rotary embedding and needs the nodes' positions: "
+                             "pass pos=[N] (or [N, A]; a pair (pos_src, pos_dst) for "
+                             "bipartite x), e.g. pos=torch.arange(N) for a sequence")
+        if isinstance(pos, (tuple, list)):
+            if len(pos) != 2:
+                raise ValueError(f"pos as a pair must be (pos_src, pos_dst), got {len(pos)} "
+                                 f"entries")
+            pos_src, pos_dst = pos
+        elif x_src is not x_dst:
+            raise ValueError("x is a pair (x_src, x_dst): give pos as a pair (pos_src, pos_dst) "
+                             "too, one position per source and per target")
+        else:
+            pos_src = pos_dst = pos
+        for name, p, x in (("pos_src", pos_src, x_src), ("pos_dst", pos_dst, x_dst)):
+            check_tensors(**{name: p})
+            check_same_device(x=x, **{name: p})
+            axes = self.rotary.axes
+            if tuple(p.shape) not in ((x.size(0),), (x.size(0), axes)):
+                shape = f"[{x.size(0)}]" if axes == 1 else f"[{x.size(0)}, {axes}]"
+                raise ValueError(f"{'pos' if pos_src is pos_dst else name} must have shape "
+                                 f"{shape} (a position per node, with axes={axes} "
+                                 f"coordinates), got {list(p.shape)}")
+        if self.rotary.axes == 1:  # [N, 1] -> [N]
+            pos_src = pos_src.view(-1)
+            pos_dst = pos_src if pos_dst is pos else pos_dst.view(-1)
+        return pos_src, pos_dst
+
     def _check_attn_bias(self, attn_bias: Tensor | None, num_edges: int, x: Tensor) -> None:
         """Raise unless ``attn_bias`` is ``None`` or a floating ``[E, H]`` tensor in the dtype
         of ``x``, on a layer that adds no self-loops."""
@@ -749,6 +821,8 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             extra += ", share_value=True"
         if self.out_bias is not None:
             extra += ", out_bias=True"
+        if self.rotary is not None:
+            extra += f", rotary={self.rotary!r}"
         if self.edge_dim is not None:
             extra += f", edge_dim={self.edge_dim}"
             extra += "" if self.edge_mode == "bias" else f", edge_mode={self.edge_mode!r}"
@@ -978,6 +1052,9 @@ class DenseSelfAttention(_SelfAttentionBase):
             features (with a bias when ``bias``), to the output. (default: ``False``)
         beta (bool, optional): gate the residual as :class:`GraphSelfAttention` does.
             (default: ``False``)
+        rotary (graphattn.pe.RotaryPE, optional): rotate queries and keys by their positions
+            (the forward's ``pos``, by default ``0 .. L-1``), as :class:`GraphSelfAttention`
+            does. (default: ``None``)
 
     Shapes:
         - **input:** x ``(L, F)`` or ``(B, L, F)``, mask bool ``(L, L)`` or ``(B, L, L)``,
@@ -995,21 +1072,30 @@ class DenseSelfAttention(_SelfAttentionBase):
     def __init__(self, in_channels: int, out_channels: int, heads: int = 1, *,
                  concat: bool = True, dropout: float = 0.0, bias: bool = True,
                  out_proj: bool = True, value_dropout: float = 0.0,
-                 residual: bool = False, beta: bool = False) -> None:
+                 residual: bool = False, beta: bool = False,
+                 rotary: RotaryPE | None = None) -> None:
         if isinstance(in_channels, (tuple, list)):
             raise ValueError(f"in_channels must be one integer for DenseSelfAttention (queries, "
                              f"keys and values come from one x), got {in_channels!r}")
         super().__init__(in_channels, out_channels, heads, concat, dropout, bias, out_proj,
                          score_channels=out_channels, value_dropout=value_dropout,
                          residual=residual, beta=beta)
+        self.rotary = _check_rotary(rotary, self.out_channels)
         self.reset_parameters()
 
     def forward(self, x: Tensor, mask: Tensor | None = None, is_causal: bool = False,
                 return_attention_weights: bool = False, *, batch: Tensor | None = None,
-                attn_bias: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
+                attn_bias: Tensor | None = None,
+                pos: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
         """Attend over all positions allowed by ``mask`` (with ``batch``: over the nodes of
         each node's own graph), with ``attn_bias`` added to the scores; see the class
-        docstring for shapes."""
+        docstring for shapes.
+
+        ``pos`` are the positions for ``rotary`` (:class:`graphattn.pe.RotaryPE`), ``[L]`` or
+        ``[B, L]`` (``[L, A]`` or ``[B, L, A]`` with A coordinates); without them a layer
+        with ``rotary`` takes ``0 .. L-1``, except with ``batch``, where each node needs its
+        own (``[N]`` or ``[N, A]``).
+        """
         H, C = self.heads, self.out_channels
         if not isinstance(x, Tensor) or x.dim() not in (2, 3):
             shape = list(x.shape) if isinstance(x, Tensor) else type(x).__name__
@@ -1032,6 +1118,18 @@ class DenseSelfAttention(_SelfAttentionBase):
                              f"got {list(x.shape)}")
         check_weight_dtype(x, self.lin_q, "x")
         q, k, v = (t.unflatten(-1, (H, C)) for t in self._project(x, x))  # (B, L, H, C)
+        if self.rotary is not None:
+            if pos is None and batch is not None:
+                raise ValueError("with batch, a layer with rotary needs pos=[N] (or [N, A]): "
+                                 "the position of each node in its own graph")
+            if pos is None:
+                pos = torch.arange(x.size(-2), device=x.device)
+            check_tensors(pos=pos)
+            check_same_device(x=x, pos=pos)
+            q, k = self.rotary.rotate_pair(q, k, pos, pos)
+        elif pos is not None:
+            raise ValueError("pos was given but the layer has rotary=None: positions enter "
+                             "through a rotary embedding, rotary=graphattn.pe.RotaryPE(...)")
         result = dense_attention(q, k, v, mask, is_causal=is_causal, dropout_p=self.dropout,
                                  training=self.training,
                                  return_attention=return_attention_weights, batch=batch,
@@ -1042,4 +1140,5 @@ class DenseSelfAttention(_SelfAttentionBase):
         return self._merge_heads(result, x)
 
     def __repr__(self) -> str:
-        return f"{self.__class__.__name__}({self._repr_args()})"
+        extra = "" if self.rotary is None else f", rotary={self.rotary!r}"
+        return f"{self.__class__.__name__}({self._repr_args()}{extra})"

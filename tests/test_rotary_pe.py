@@ -1,0 +1,369 @@
+"""Rotary position embeddings (RoPE): ``pe.apply_rotary``, ``pe.RotaryPE`` and the layers'
+``rotary=`` / ``pos=``.
+
+On the causal graph with positions ``0 .. L-1`` the graph layer with a rotary embedding is
+Hugging Face's ``LlamaAttention`` (its rotary embedding module and its causal mask), on every
+backend, outputs and gradients; the interleaved rotation is GPT-J's and RoFormer's. The
+properties that make it a relative encoding are checked on their own: scores unchanged when
+every position moves by the same amount (along each axis, for 2-D positions), norms kept, and
+the 2-D embedding made of one-axis embeddings of each coordinate. The graph layer on the
+complete and grid graphs equals the dense layer with the same rotation.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import assert_close, dense_mask
+
+from graphattn import graphs, pe
+from graphattn.nn import DenseSelfAttention, GraphSelfAttention
+
+
+def transformers_module(name: str):
+    """A module of Hugging Face transformers, or a skip naming why there is none."""
+    return pytest.importorskip(
+        f"transformers.models.{name}",
+        reason="the RoPE comparisons need Hugging Face transformers (the test extra has it)")
+
+
+def llama_pair(heads: int, channels: int, base: float):
+    """Hugging Face's LlamaAttention and rotary embedding, and GraphSelfAttention with its
+    weights and ``RotaryPE(C, base=base)`` (LLaMA's projections have no biases)."""
+    llama = transformers_module("llama.modeling_llama")
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(hidden_size=heads * channels, num_attention_heads=heads,
+                         num_key_value_heads=heads, rope_theta=base, attention_bias=False,
+                         attention_dropout=0.0)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    attention = llama.LlamaAttention(config, layer_idx=0)
+    rotary = llama.LlamaRotaryEmbedding(config)
+    layer = GraphSelfAttention(heads * channels, channels, heads, bias=False,
+                               add_self_loops=False, rotary=pe.RotaryPE(channels, base=base))
+    with torch.no_grad():
+        layer.lin_q.weight.copy_(attention.q_proj.weight)
+        layer.lin_k.weight.copy_(attention.k_proj.weight)
+        layer.lin_v.weight.copy_(attention.v_proj.weight)
+        layer.lin_out.weight.copy_(attention.o_proj.weight)
+    return attention, rotary, layer
+
+
+def run_llama(attention, rotary, x: torch.Tensor, position_ids: torch.Tensor,
+              w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """LlamaAttention's output on ``x`` ``[B, L, D]`` with its causal mask, and the gradient of
+    ``(out * w).sum()`` with respect to ``x``."""
+    L = x.size(1)
+    x = x.clone().requires_grad_(True)
+    mask = torch.full((L, L), float("-inf")).triu(1)[None, None]  # (1, 1, L, L)
+    out = attention(x, position_embeddings=rotary(x, position_ids), attention_mask=mask)[0]
+    (out * w).sum().backward()
+    return out.detach(), x.grad
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu", "dense", "auto"])
+def test_causal_graph_with_rotary_is_llama_attention(backend):
+    # LLaMA's self-attention is the causal graph with RoPE at positions 0 .. L-1; a base away
+    # from the default checks that the frequencies follow it
+    H, C, L = 4, 8, 40
+    attention, rotary, layer = llama_pair(H, C, base=500.0)
+    layer.backend = backend
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(1, L, H * C, generator=gen)
+    w = torch.randn(1, L, H * C, generator=gen)
+    want, want_grad = run_llama(attention, rotary, x, torch.arange(L)[None], w)
+
+    x_graph = x[0].clone().requires_grad_(True)
+    out = layer(x_graph, graphs.causal_graph(L), pos=torch.arange(L))
+    (out * w[0]).sum().backward()
+    assert_close(out.detach(), want[0])
+    assert_close(x_graph.grad, want_grad[0])
+    assert_close(layer.lin_q.weight.grad, attention.q_proj.weight.grad)
+    assert_close(layer.lin_k.weight.grad, attention.k_proj.weight.grad)
+    assert_close(layer.lin_v.weight.grad, attention.v_proj.weight.grad)
+
+
+def test_triton_backend_with_rotary_is_llama_attention(triton_interpreter):
+    H, C, L = 2, 8, 24
+    attention, rotary, layer = llama_pair(H, C, base=10000.0)
+    layer.backend = "triton"
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(1, L, H * C, generator=gen)
+    w = torch.randn(1, L, H * C, generator=gen)
+    want, want_grad = run_llama(attention, rotary, x, torch.arange(L)[None], w)
+    x_graph = x[0].clone().requires_grad_(True)
+    out = layer(x_graph, graphs.causal_graph(L), pos=torch.arange(L))
+    (out * w[0]).sum().backward()
+    assert_close(out.detach(), want[0])
+    assert_close(x_graph.grad, want_grad[0])
+
+
+def test_dense_layer_with_rotary_is_llama_attention():
+    # a batch of sequences, each with its own positions (LLaMA's position_ids); without pos
+    # the dense layer takes 0 .. L-1
+    H, C, L = 2, 8, 20
+    attention, rotary, layer = llama_pair(H, C, base=10000.0)
+    dense = DenseSelfAttention(H * C, C, H, bias=False, rotary=pe.RotaryPE(C))
+    dense.load_state_dict(layer.state_dict())
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(3, L, H * C, generator=gen)
+    w = torch.randn(3, L, H * C, generator=gen)
+    position_ids = torch.arange(L) + torch.tensor([[0], [5], [100]])  # (3, L)
+    want, want_grad = run_llama(attention, rotary, x, position_ids, w)
+    x_dense = x.clone().requires_grad_(True)
+    out = dense(x_dense, is_causal=True, pos=position_ids)
+    (out * w).sum().backward()
+    assert_close(out.detach(), want)
+    assert_close(x_dense.grad, want_grad)
+    default, _ = run_llama(attention, rotary, x, torch.arange(L)[None].expand(3, -1), w)
+    assert_close(dense(x, is_causal=True).detach(), default)
+
+
+@pytest.mark.parametrize("rotary_dim", [16, 8], ids=["all-channels", "partial"])
+def test_interleaved_rotary_is_gptjs(rotary_dim):
+    # GPT-J rotates channel pairs (2m, 2m+1) of the first rotary_dim channels of each head
+    gptj = transformers_module("gptj.modeling_gptj")
+    B, L, H, C = 2, 12, 3, 16
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(B, L, H, C, generator=gen)
+    position_ids = torch.arange(L) + torch.tensor([[0], [7]])  # (B, L)
+    sincos = gptj.create_sinusoidal_positions(200, rotary_dim)[position_ids]  # (B, L, dim)
+    sin, cos = sincos.split(rotary_dim // 2, dim=-1)
+    want = torch.cat([gptj.apply_rotary_pos_emb(x[..., :rotary_dim], sin, cos),
+                      x[..., rotary_dim:]], dim=-1)
+    got = pe.apply_rotary(x, position_ids, dim=rotary_dim, interleaved=True)
+    assert_close(got, want)
+    module = pe.RotaryPE(rotary_dim, interleaved=True)
+    assert_close(module(x, position_ids), want)
+
+
+def test_interleaved_rotary_is_roformers():
+    roformer = transformers_module("roformer.modeling_roformer")
+    L, H, C = 15, 2, 8
+    gen = torch.Generator().manual_seed(5)
+    q, k = torch.randn(2, 1, H, L, C, generator=gen)  # RoFormer's [B, H, L, C]
+    table = roformer.RoFormerSinusoidalPositionalEmbedding(64, C)
+    with torch.no_grad():  # RoFormer's model init fills the table, a bare module has none
+        table.weight.copy_(table.create_weight())
+    sinusoidal_pos = table(torch.Size([1, L]))[None, None]  # (1, 1, L, C): sin | cos
+    want_q, want_k = roformer.RoFormerSelfAttention.apply_rotary_position_embeddings(
+        sinusoidal_pos, q, k)
+    rope = pe.RotaryPE(C, interleaved=True)
+    got_q, got_k = rope.rotate_pair(q.transpose(1, 2), k.transpose(1, 2),
+                                    torch.arange(L), torch.arange(L))
+    assert_close(got_q.transpose(1, 2), want_q)
+    assert_close(got_k.transpose(1, 2), want_k)
+
+
+def scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """``[N, H, C]`` queries and keys -> ``[H, N, N]`` dot products of every pair."""
+    return torch.einsum("ihc,jhc->hij", q, k)
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("axes, dim", [(1, 16), (1, 6), (2, 16), (3, 12)])
+def test_rotated_scores_depend_on_position_differences(axes, dim, interleaved):
+    N, H, C = 10, 2, 16
+    gen = torch.Generator().manual_seed(6)
+    q, k = torch.randn(2, N, H, C, generator=gen, dtype=torch.float64)
+    shape = (N,) if axes == 1 else (N, axes)
+    pos = torch.randn(shape, generator=gen, dtype=torch.float64) * 20  # real positions
+    rope = pe.RotaryPE(dim, axes=axes, interleaved=interleaved)
+    base = scores(rope(q, pos), rope(k, pos))
+    # every position moved by the same offset (another along each axis): the same scores
+    shift = torch.tensor([3.5, -11.0, 40.0][:axes], dtype=torch.float64)
+    moved = pos + (shift if axes > 1 else shift[0])
+    assert_close(scores(rope(q, moved), rope(k, moved)), base)
+    # positions moved apart change them (the rotation does something)
+    spread = pos * 1.5
+    assert not torch.allclose(scores(rope(q, spread), rope(k, spread)), base, atol=1e-3)
+    # each rotated plane keeps its length, and the channels after dim are left as they are
+    rotated = rope(q, pos)
+    assert_close(rotated.norm(dim=-1), q.norm(dim=-1))
+    assert torch.equal(rotated[..., dim:], q[..., dim:])
+    # position 0 is the identity
+    assert_close(rope(q, torch.zeros(shape, dtype=torch.float64)), q)
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_axial_rotary_is_a_one_axis_rotary_per_coordinate(interleaved):
+    # axes=2: the first half of the rotated channels turn with the row, the second with the
+    # column, each as the one-axis embedding of dim / 2 channels
+    N, H, C, dim = 12, 2, 20, 16
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(N, H, C, generator=gen, dtype=torch.float64)
+    pos = pe.grid_positions(3, 4)  # (12, 2)
+    got = pe.apply_rotary(x, pos, dim=dim, axes=2, interleaved=interleaved)
+    rows = pe.apply_rotary(x[..., :8], pos[:, 0], interleaved=interleaved)
+    columns = pe.apply_rotary(x[..., 8:16], pos[:, 1], interleaved=interleaved)
+    assert_close(got, torch.cat([rows, columns, x[..., 16:]], dim=-1))
+
+
+def test_rotation_pairs_channels_as_documented():
+    # one plane by hand: channels (0, C/2) for rotate-half, (0, 1) interleaved, at angle p
+    x = torch.zeros(1, 1, 4, dtype=torch.float64)
+    x[..., 0] = 1.0
+    angle = torch.tensor([0.7], dtype=torch.float64)
+    half = pe.apply_rotary(x, angle)
+    assert_close(half[0, 0], torch.stack([angle.cos()[0], angle.new_zeros(()),
+                                          angle.sin()[0], angle.new_zeros(())]))
+    inter = pe.apply_rotary(x, angle, interleaved=True)
+    assert_close(inter[0, 0], torch.stack([angle.cos()[0], angle.sin()[0],
+                                           angle.new_zeros(()), angle.new_zeros(())]))
+    # the second plane turns base^(-2/4) = 1/100 as fast
+    x = torch.zeros(1, 1, 4, dtype=torch.float64)
+    x[..., 1] = 1.0
+    assert_close(pe.apply_rotary(x, angle)[0, 0, 3], (angle / 100).sin()[0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_rotary_in_half_precision(dtype):
+    x = torch.randn(50, 2, 8, generator=torch.Generator().manual_seed(8))
+    pos = torch.arange(50) * 37
+    x = x.to(dtype)
+    got = pe.apply_rotary(x, pos)
+    assert got.dtype == dtype
+    # the angles in float32, their cosines and sines rounded to the dtype (as Hugging Face
+    # does): a few units in the last place of |x| < 4
+    eps = torch.finfo(dtype).eps
+    assert_close(got, pe.apply_rotary(x.double(), pos), dtype=dtype, atol=8 * eps, rtol=4 * eps)
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu", "auto"])
+@pytest.mark.parametrize("pattern", ["complete", "grid"])
+def test_graph_layer_with_rotary_equals_the_dense_layer(pattern, backend):
+    # the same rotation on the edge route and the dense route with the graph's mask: outputs
+    # and the gradients of the input and every weight
+    if pattern == "complete":
+        n, edges, rope = 11, graphs.complete_graph(11), pe.RotaryPE(6, base=100.0)
+        pos = torch.randn(11, generator=torch.Generator().manual_seed(9)) * 5
+    else:
+        n, edges, rope = 20, graphs.grid_graph(4, 5, radius=1), pe.RotaryPE(8, axes=2)
+        pos = pe.grid_positions(4, 5)
+    torch.manual_seed(0)
+    layer = GraphSelfAttention(12, 8, 2, add_self_loops=False, backend=backend, rotary=rope)
+    dense = DenseSelfAttention(12, 8, 2, rotary=rope)
+    dense.load_state_dict(layer.state_dict())
+    x = torch.randn(n, 12, dtype=torch.float64, generator=torch.Generator().manual_seed(10))
+    layer, dense = layer.double(), dense.double()
+    w = torch.randn(n, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(11))
+    x_graph, x_dense = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    out = layer(x_graph, edges, pos=pos)
+    (out * w).sum().backward()
+    want = dense(x_dense, dense_mask(edges, n, n), pos=pos)
+    (want * w).sum().backward()
+    assert_close(out, want)
+    assert_close(x_graph.grad, x_dense.grad)
+    for (name, p), q in zip(layer.named_parameters(), dense.parameters(), strict=True):
+        assert_close(p.grad, q.grad), name
+
+
+def test_rotary_on_a_bipartite_graph_turns_targets_and_sources_by_their_own_positions():
+    # sources at positions 0..5 and targets at 10..13: the queries take the targets'
+    gen = torch.Generator().manual_seed(12)
+    x_src, x_dst = torch.randn(6, 8, generator=gen), torch.randn(4, 8, generator=gen)
+    edges = torch.tensor([[0, 1, 2, 3, 4, 5, 0, 2], [0, 0, 1, 1, 2, 2, 3, 3]])
+    pos_src, pos_dst = torch.arange(6), torch.arange(10, 14)
+    torch.manual_seed(0)
+    layer = GraphSelfAttention(8, 4, 2, add_self_loops=False, rotary=pe.RotaryPE(4))
+    out, (_, alpha) = layer((x_src, x_dst), edges, pos=(pos_src, pos_dst),
+                            return_attention_weights=True)
+    # the same function as self-attention over the ten nodes together, read at the targets
+    self_layer = GraphSelfAttention(8, 4, 2, add_self_loops=False, rotary=pe.RotaryPE(4))
+    self_layer.load_state_dict(layer.state_dict())
+    joint = torch.stack([edges[0], edges[1] + 6])
+    out_joint, (_, alpha_joint) = self_layer(torch.cat([x_src, x_dst]), joint,
+                                             pos=torch.cat([pos_src, pos_dst]),
+                                             return_attention_weights=True)
+    assert_close(out, out_joint[6:])
+    assert_close(alpha, alpha_joint)
+    # and not the function of other target positions
+    other = layer((x_src, x_dst), edges, pos=(pos_src, pos_dst - 7))
+    assert not torch.allclose(other, out, atol=1e-4)
+
+
+def test_rotary_with_edge_keys_and_self_loops_on_the_fused_backend():
+    # the edge term enters the rotated keys, the added self-loops are rotated as any edge: the
+    # cpu kernels agree with the reference path
+    torch.manual_seed(0)
+    layer = GraphSelfAttention(8, 6, 2, edge_dim=3, edge_mode="key_value",
+                               rotary=pe.RotaryPE(4), backend="reference").double()
+    gen = torch.Generator().manual_seed(13)
+    x = torch.randn(9, 8, generator=gen, dtype=torch.float64)
+    edges = graphs.random_graph(9, 3, generator=gen)
+    edge_attr = torch.randn(edges.size(1), 3, generator=gen, dtype=torch.float64)
+    pos = torch.randint(0, 100, (9,), generator=gen)
+    results = []
+    for backend in ("reference", "cpu"):
+        layer.zero_grad()
+        layer.backend = backend
+        x_in = x.clone().requires_grad_(True)
+        out, (_, alpha) = layer(x_in, edges, edge_attr, pos=pos, return_attention_weights=True)
+        out.square().sum().backward()
+        results.append((out, alpha, x_in.grad, layer.lin_edge.weight.grad.clone()))
+    for got, want in zip(*results, strict=True):
+        assert_close(got, want)
+
+
+def test_rotary_layer_compiles_in_one_graph():
+    torch.manual_seed(0)
+    layer = GraphSelfAttention(8, 8, 2, add_self_loops=False, rotary=pe.RotaryPE(8, axes=2),
+                               backend="cpu")
+    x, edges, pos = torch.randn(12, 8), graphs.grid_graph(3, 4), pe.grid_positions(3, 4)
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    assert_close(compiled(x, edges, pos=pos), layer(x, edges, pos=pos))
+
+
+def test_rotary_repr_and_state_dict():
+    rope = pe.RotaryPE(8, axes=2, base=100.0, interleaved=True)
+    assert repr(rope) == "RotaryPE(8, axes=2, base=100.0, interleaved=True)"
+    layer = GraphSelfAttention(8, 8, 2, rotary=pe.RotaryPE(8))
+    assert repr(layer) == "GraphSelfAttention(8, 8, heads=2, rotary=RotaryPE(8))"
+    assert repr(DenseSelfAttention(8, 8, rotary=rope)).endswith(f"rotary={rope!r})")
+    # no parameters or buffers: the state_dict is the one without rotary
+    assert layer.state_dict().keys() == GraphSelfAttention(8, 8, 2).state_dict().keys()
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda: pe.RotaryPE(6, axes=2), ValueError, "multiple of 2 \\* axes = 4"),
+    (lambda: pe.RotaryPE(0), ValueError, "dim"),
+    (lambda: pe.RotaryPE(8, base=-1.0), ValueError, "base"),
+    (lambda: pe.apply_rotary(torch.randn(4, 2, 6), torch.arange(4), dim=8), ValueError,
+     "at most the channels per head C = 6"),
+    (lambda: pe.apply_rotary(torch.randn(4, 2, 6), torch.arange(5)), ValueError,
+     "N = 4 rows"),
+    (lambda: pe.apply_rotary(torch.randn(2, 4, 2, 6), torch.zeros(3, 4)), ValueError,
+     "broadcast"),
+    (lambda: pe.apply_rotary(torch.randn(4, 2, 8), torch.zeros(4, 3), axes=2), ValueError,
+     "A = axes = 2"),
+    (lambda: pe.apply_rotary(torch.randn(4, 2, 6), torch.ones(4, dtype=torch.bool)), TypeError,
+     "integer or real"),
+    (lambda: pe.apply_rotary(torch.randn(4, 6), torch.arange(4)), ValueError, "N, H, C"),
+    (lambda: GraphSelfAttention(8, 4, rotary=pe.RotaryPE(8)), ValueError,
+     "dim=8 channels per head, more than the out_channels = 4"),
+    (lambda: GraphSelfAttention(8, 4, attention="additive", rotary=pe.RotaryPE(4)), ValueError,
+     "rotary needs the dot score"),
+    (lambda: GraphSelfAttention(8, 4, rotary="rope"), TypeError, "RotaryPE or None"),
+    (lambda: GraphSelfAttention(8, 4, rotary=pe.RotaryPE(4))(
+        torch.randn(3, 8), graphs.chain_graph(3)), ValueError, "needs the nodes' positions"),
+    (lambda: GraphSelfAttention(8, 4)(torch.randn(3, 8), graphs.chain_graph(3),
+                                      pos=torch.arange(3)), ValueError, "rotary=None"),
+    (lambda: GraphSelfAttention(8, 4, rotary=pe.RotaryPE(4))(
+        torch.randn(3, 8), graphs.chain_graph(3), pos=torch.arange(4)), ValueError,
+     "pos must have shape \\[3\\]"),
+    (lambda: GraphSelfAttention(8, 4, rotary=pe.RotaryPE(4))(
+        (torch.randn(3, 8), torch.randn(2, 8)), graphs.chain_graph(2), pos=torch.arange(3)),
+     ValueError, "pair \\(pos_src, pos_dst\\)"),
+    (lambda: GraphSelfAttention(8, 4, rotary=pe.RotaryPE(4, axes=2))(
+        (torch.randn(3, 8), torch.randn(2, 8)), graphs.chain_graph(2),
+        pos=(torch.zeros(3, 2), torch.zeros(2, 3))), ValueError, "pos_dst must have shape"),
+    (lambda: DenseSelfAttention(8, 4, rotary=pe.RotaryPE(4))(
+        torch.randn(5, 8), batch=torch.zeros(5, dtype=torch.long)), ValueError,
+     "with batch, a layer with rotary needs pos"),
+    (lambda: DenseSelfAttention(8, 4)(torch.randn(5, 8), pos=torch.arange(5)), ValueError,
+     "rotary=None"),
+])
+def test_rotary_errors(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
