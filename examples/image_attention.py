@@ -1,4 +1,4 @@
-r"""Attention over the pixels of images: one transformer, four graphs, two kinds of positions.
+r"""Attention over the pixels of images: one transformer, four graphs, three kinds of positions.
 
 An image is a grid of pixels, and attention over it is edge attention on a graph of pixels.
 This script trains the same model, :class:`graphattn.nn.GraphTransformer` (two pre-norm blocks,
@@ -16,7 +16,12 @@ pixels:
 - ``complete+offset``: the complete graph with the positions given by a learned bias of each
   pair's (rows, columns) offset instead of the eigenvectors (``pe.relative_offsets``,
   ``pe.OffsetBias``: Swin's relative position bias, shared by the blocks, trained at
-  ``--table-lr`` times the learning rate without weight decay); ``+offset`` joins any graph.
+  ``--table-lr`` times the learning rate without weight decay); ``+offset`` joins any graph;
+- ``complete+rope``: the complete graph with 2-D rotary position embeddings instead of the
+  eigenvectors: every block turns its queries and keys by the pixel's row (half of each
+  head's channels) and column (the other half), so that each score depends on the pair's
+  offset (``pe.RotaryPE(C, axes=2, base=--rope-base)`` with ``pe.grid_positions``); nothing
+  is learned for the positions; ``+rope`` joins any graph.
 
 A pixel's input is its intensity (0 to 1) and the 8 lowest Laplacian eigenvectors of the
 radius-1 pixel grid (``pe.laplacian_pe``), the grid's 2-D analogue of sinusoidal positions,
@@ -43,6 +48,7 @@ Needs scikit-learn for the images (``pip install scikit-learn``). Usage::
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -59,7 +65,7 @@ from graphattn.nn import GraphTransformer
 SIDE = 8  # the digits are 8x8 pixels
 PIXELS = SIDE * SIDE
 CLASSES = 10
-GRAPHS = ("grid0", "grid1", "grid2", "complete", "complete+offset")
+GRAPHS = ("grid0", "grid1", "grid2", "complete", "complete+offset", "complete+rope")
 
 
 def uses_offsets(name: str) -> bool:
@@ -68,16 +74,23 @@ def uses_offsets(name: str) -> bool:
     return name.endswith("+offset")
 
 
+def uses_rope(name: str) -> bool:
+    """Whether the run named ``name`` gives positions by 2-D rotary embeddings of the queries
+    and keys (its ``+rope`` part) instead of Laplacian eigenvectors."""
+    return name.endswith("+rope")
+
+
 def pixel_graph(name: str) -> Tensor:
     """The edges j -> i among the 64 pixels of one image (pixel ``(r, c)`` is ``r * 8 + c``);
-    a ``+offset`` suffix changes the positions, not the graph (:func:`uses_offsets`)."""
-    name = name.removesuffix("+offset")
+    a ``+offset`` or ``+rope`` suffix changes the positions, not the graph
+    (:func:`uses_offsets`, :func:`uses_rope`)."""
+    name = name.removesuffix("+offset").removesuffix("+rope")
     if name == "complete":
         return graphs.complete_graph(PIXELS)
     if name.startswith("grid") and name[4:].isdigit():
         return graphs.grid_graph(SIDE, SIDE, radius=int(name[4:]))
     raise ValueError(f"graph must be one of {', '.join(GRAPHS)} (or gridR for a radius R, "
-                     f"either with +offset), "
+                     f"either with +offset or +rope), "
                      f"got {name!r}")
 
 
@@ -117,11 +130,14 @@ class PixelClassifier(torch.nn.Module):
     The pixels' positions enter as the encodings ``positions``, or with ``offsets=True`` as a
     learned bias of each edge's (rows, columns) offset that every block adds to its scores
     (``pe.OffsetBias``: Swin's relative position bias), in which case the graph must hold each
-    pixel's edge to itself (the blocks add no self-loop then).
+    pixel's edge to itself (the blocks add no self-loop then). With ``rope_base`` set, as 2-D
+    rotary embeddings of every block's queries and keys (``pe.RotaryPE(..., axes=2)``, the
+    pixels' rows and columns from ``pe.grid_positions``).
     """
 
     def __init__(self, edge_index: Tensor, positions: Tensor, *, hidden: int, heads: int,
-                 layers: int, dropout: float, offsets: bool = False) -> None:
+                 layers: int, dropout: float, offsets: bool = False,
+                 rope_base: float | None = None) -> None:
         super().__init__()
         self.register_buffer("edge_index", edge_index, persistent=False)  # (2, E), one image
         self.register_buffer("positions", positions, persistent=False)  # (64, P)
@@ -129,17 +145,26 @@ class PixelClassifier(torch.nn.Module):
         self.register_buffer("offsets", pe.relative_offsets(pe.grid_positions(SIDE, SIDE),
                                                             edge_index),
                              persistent=False)  # (E, 2)
+        if offsets and rope_base is not None:
+            raise ValueError("a model takes one kind of relative positions: offsets or rope")
+        self.rope = rope_base is not None
+        self.register_buffer("pixel_positions", pe.grid_positions(SIDE, SIDE),
+                             persistent=False)  # (64, 2): row, column
+        rotary = pe.RotaryPE(hidden // heads, axes=2, base=rope_base) if self.rope else None
         self.body = GraphTransformer(1, hidden, CLASSES, num_layers=layers, heads=heads,
-                                     pe_channels=0 if offsets else positions.size(1),
+                                     pe_channels=0 if offsets or self.rope
+                                     else positions.size(1),
                                      dropout=dropout, attention_dropout=0.0,
-                                     add_self_loops=not offsets)
+                                     add_self_loops=not offsets, rotary=rotary)
         self._batch_graphs: dict[int, Tensor] = {}
 
     def encode(self, images: Tensor) -> tuple[Tensor, Tensor, dict]:
         """The pixels of ``images`` as nodes ``(B * 64, 1)``, their graph and the positions'
-        keyword arguments of the body (``pe`` or ``attn_bias``)."""
+        keyword arguments of the body (``pe``, ``attn_bias`` or ``pos``)."""
         B = images.size(0)
         x = images.reshape(B * PIXELS, 1)  # (B * 64, 1): one node per pixel
+        if self.rope:
+            return x, self.batch_graph(B), {"pos": self.pixel_positions.repeat(B, 1)}
         if self.spatial is not None:
             return x, self.batch_graph(B), {"attn_bias": self.spatial(self.offsets).repeat(B, 1)}
         return x, self.batch_graph(B), {"pe": self.positions.repeat(B, 1)}  # pe (B * 64, P)
@@ -334,6 +359,8 @@ def check_training_args(parser: argparse.ArgumentParser, args: argparse.Namespac
         parser.error(f"--weight-decay must be >= 0, got {args.weight_decay}")
     if not args.table_lr > 0:
         parser.error(f"--table-lr must be > 0, got {args.table_lr}")
+    if not (args.rope_base > 0 and math.isfinite(args.rope_base)):
+        parser.error(f"--rope-base must be a positive number, got {args.rope_base}")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -341,7 +368,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--graphs", default=",".join(GRAPHS),
                         help="comma-separated pixel graphs: grid0, grid1, grid2 (gridR: radius "
                              "R neighbourhood), complete; +offset for a learned bias of each "
-                             "pixel offset in place of the Laplacian positions")
+                             "pixel offset, +rope for 2-D rotary embeddings, in place of the "
+                             "Laplacian positions")
     parser.add_argument("--epochs", type=positive_int, default=40)
     parser.add_argument("--runs", type=positive_int, default=3,
                         help="runs per graph, seeds seed, seed+1, ...")
@@ -353,6 +381,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--table-lr", type=float, default=10.0,
                         help="learning rate of the +offset runs' bias table, a multiple of "
                              "--lr, without weight decay (default: %(default)s)")
+    parser.add_argument("--rope-base", type=float, default=100.0,
+                        help="frequency base of the +rope runs' rotary embeddings (8 positions "
+                             "a side: a smaller base than a sequence's 10000 turns more of the "
+                             "planes measurably)")
     parser.add_argument("--hidden", type=positive_int, default=64)
     parser.add_argument("--heads", type=positive_int, default=4)
     parser.add_argument("--layers", type=positive_int, default=2)
@@ -411,7 +443,9 @@ def main(argv: list[str] | None = None) -> dict:
             torch.manual_seed(seed)
             model = PixelClassifier(edge_index, positions, hidden=args.hidden, heads=args.heads,
                                     layers=args.layers, dropout=args.dropout,
-                                    offsets=uses_offsets(name)).to(args.device)
+                                    offsets=uses_offsets(name),
+                                    rope_base=args.rope_base if uses_rope(name) else None,
+                                    ).to(args.device)
             result = train(model, digits, epochs=args.epochs, batch_size=args.batch_size,
                            lr=args.lr, weight_decay=args.weight_decay, seed=seed,
                            desc=f"{name} run {run + 1}/{args.runs}",

@@ -1,4 +1,4 @@
-r"""Masked and truncated attention over text: one character-level language model, seven runs.
+r"""Masked and truncated attention over text: one character-level language model, eight runs.
 
 A sequence is a chain of tokens, and a decoder's attention is edge attention on a graph over
 them. This script trains the same model, :class:`graphattn.nn.GraphTransformer` (two pre-norm
@@ -24,7 +24,11 @@ character attending to
 - ``causal+t5``: the causal graph with T5's learned relative position bias (Raffel et al.,
   2020) instead of the sinusoids: a bias per head and bucket of i - j, 32 buckets that are
   exact up to 15 and log-spaced up to 128 (``pe.RelativePositionBias(..., bidirectional=False)``,
-  one table that every block adds, as T5's); ``+t5`` joins any graph.
+  one table that every block adds, as T5's); ``+t5`` joins any graph;
+- ``causal+rope``: the causal graph with rotary position embeddings (RoPE; Su et al., 2021)
+  instead of the sinusoids: every block turns its queries and keys by their positions, so
+  that each score depends on i - j, as LLaMA's attention does (``pe.RotaryPE``, the layers'
+  ``rotary=`` and ``pos=``); ``+rope`` joins any graph.
 
 The text is the Python documentation's topic pages that ship with CPython
 (``pydoc_data.topics``, about 465,000 characters, here in the order of their names): the first
@@ -38,7 +42,8 @@ tell a character from its neighbour). Every
 sequences (every position predicts the next character; positions near a sequence's start see
 less context on every graph); after training, also on sequences ``--extrapolate`` times as
 long (default 4), whose positions past L a sinusoidal model never saw, while ALiBi's bias has
-no largest position and T5's puts every offset from 128 on in one bucket.
+no largest position and T5's puts every offset from 128 on in one bucket; RoPE's rotations at
+offsets past L are new to the model, as the sinusoids are.
 
 It prints the final validation bits per character of each graph, the scores a sequence
 computes (its edges E against L^2 for unmasked dense attention) and the median time of a
@@ -73,14 +78,15 @@ from graphattn.functional import select_backend
 from graphattn.nn import DenseSelfAttention, GraphSelfAttention, GraphTransformer
 
 GRAPHS = ("window0", "window8", "window32", "window8+global32", "causal", "causal+alibi",
-          "causal+t5")
-#: The parts of a run's name that give the positions as a bias on the scores, not sinusoids.
-RELATIVE = ("alibi", "t5")
+          "causal+t5", "causal+rope")
+#: The parts of a run's name that give relative positions in the scores, not sinusoids.
+RELATIVE = ("alibi", "t5", "rope")
 
 
 def relative_part(name: str) -> str | None:
-    """How the run named ``name`` encodes positions as a bias on the scores: ``"alibi"``,
-    ``"t5"`` (its ``+alibi`` or ``+t5`` part), or ``None`` for the sinusoids."""
+    """How the run named ``name`` encodes positions in the scores: ``"alibi"``, ``"t5"``
+    (a bias), ``"rope"`` (rotated queries and keys), its ``+alibi``, ``+t5`` or ``+rope``
+    part, or ``None`` for the sinusoids."""
     found = [part for part in name.split("+") if part in RELATIVE]
     if len(found) > 1:
         raise ValueError(f"graph may name one relative encoding of {RELATIVE}, got {name!r}")
@@ -96,7 +102,7 @@ def uses_alibi(name: str) -> bool:
 def sequence_graph(name: str, length: int) -> Tensor:
     """The edges j -> i among the ``length`` positions of one sequence: ``causal``,
     ``windowR`` (look back R), ``globalP`` (every P-th position global, causal), or the union
-    of such parts joined by ``+`` (an ``alibi`` or ``t5`` part adds no edge: see
+    of such parts joined by ``+`` (an ``alibi``, ``t5`` or ``rope`` part adds no edge: see
     :func:`relative_part`)."""
     relative_part(name)
     parts = []
@@ -113,7 +119,8 @@ def sequence_graph(name: str, length: int) -> Tensor:
         else:
             raise ValueError(f"graph must be one of {', '.join(GRAPHS)} (or windowR for a "
                              f"radius R, globalP for every P-th position global, parts "
-                             f"joined by +, and +alibi or +t5 for ALiBi's or T5's positions), got "
+                             f"joined by +, and +alibi, +t5 or +rope for ALiBi's, T5's or "
+                             f"rotary positions), got "
                              f"{name!r}")
     if not parts:
         raise ValueError(f"graph must name edges besides {part}, got {name!r}")
@@ -160,7 +167,9 @@ class CharModel(torch.nn.Module):
     ``+alibi``, as ALiBi's bias on the scores: :math:`-m_h (i - j)` on the edge j -> i, the
     hop distance on the chain of the sequence (``pe.hop_distance``, ``pe.alibi_bias``), which
     every block adds; it has no largest length. With ``+t5``, as T5's learned bias of each
-    bucket of i - j (``pe.RelativePositionBias``), one table for every block.
+    bucket of i - j (``pe.RelativePositionBias``), one table for every block. With ``+rope``,
+    as rotations of every block's queries and keys by their position in the sequence
+    (``pe.RotaryPE`` over all channels of a head).
     """
 
     def __init__(self, vocab_size: int, graph: str, positions: Tensor, *,
@@ -174,7 +183,9 @@ class CharModel(torch.nn.Module):
                                      heads=heads,
                                      pe_channels=0 if self.relative else positions.size(1),
                                      dropout=dropout, attention_dropout=0.0,
-                                     add_self_loops=self.relative is None)
+                                     add_self_loops=self.relative is None,
+                                     rotary=(pe.RotaryPE(hidden // heads)
+                                             if self.relative == "rope" else None))
         self.t5 = (pe.RelativePositionBias(heads, 32, 128, bidirectional=False)
                    if self.relative == "t5" else None)
         self._batch_graphs: dict[tuple[int, int], tuple[Tensor, Tensor | None]] = {}
@@ -182,12 +193,12 @@ class CharModel(torch.nn.Module):
     def batch_graph(self, B: int, L: int) -> tuple[Tensor, Tensor | None]:
         """The graph of B sequences of L characters, ``(2, B E)``, and its ALiBi bias
         ``(B E, H)``, or for T5's bias the offsets i - j of one sequence's edges ``(E)``
-        (``None`` for sinusoids)."""
+        (``None`` for sinusoids and RoPE)."""
         if (B, L) not in self._batch_graphs:
             device = self.positions.device
             edge_index = sequence_graph(self.graph, L)  # (2, E), one sequence
             bias = None
-            if self.relative:
+            if self.relative in ("alibi", "t5"):
                 distance = pe.hop_distance(graphs.chain_graph(L), L, edge_index)  # (E,) i - j
                 if self.alibi:
                     bias = pe.alibi_bias(distance, self.heads).repeat(B, 1).to(device)
@@ -200,6 +211,9 @@ class CharModel(torch.nn.Module):
         B, L = chars.shape
         edge_index, bias = self.batch_graph(B, L)
         x = F.one_hot(chars.reshape(B * L), self.vocab_size).float()  # (B * L, V)
+        if self.relative == "rope":  # each character's position in its sequence
+            pos = torch.arange(L, device=chars.device).repeat(B)  # (B * L,)
+            return self.body(x, edge_index, pos=pos).view(B, L, -1)  # (B, L, V)
         if self.relative:
             if self.t5 is not None:  # learned: one sequence's bias, for each sequence
                 bias = self.t5(bias).repeat(B, 1)  # (B E, H)

@@ -48,6 +48,12 @@ can index the bias (:func:`relative_offsets`, :class:`OffsetBias`): Swin's relat
 bias on an image's grid graph, a bias per signed offset on a sequence. All go into attention
 as ``attn_bias``, on the edges (:class:`~graphattn.nn.GraphSelfAttention`) or dense
 (:class:`~graphattn.nn.DenseSelfAttention`).
+
+Rotary embeddings (:func:`apply_rotary`, :class:`RotaryPE`) reach the same relative form
+without a bias: queries and keys turn by angles proportional to their positions, so that
+:math:`q_i \cdot k_j` depends on :math:`p_i - p_j` alone. They need coordinates rather than a
+graph distance (a sequence's index, a pixel's row and column, a point's x, y, z) and go into
+the layers as ``rotary=`` with the positions as ``pos=``.
 """
 
 from __future__ import annotations

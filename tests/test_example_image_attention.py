@@ -81,14 +81,16 @@ def test_attention_of_a_pixel_is_a_softmax_over_its_neighbourhood(example, digit
     assert bool((weights[~on_graph] == 0).all()) and bool((weights[on_graph] > 0).all())
 
 
-@pytest.mark.parametrize("offsets", [False, True], ids=["laplacian", "offset-bias"])
+@pytest.mark.parametrize("offsets", [False, True, "rope"],
+                         ids=["laplacian", "offset-bias", "rope"])
 def test_batch_of_images_equals_images_one_by_one(example, digits, offsets):
     """repeat_graph keeps the images apart: a batch gives each image's own logits."""
     torch.manual_seed(0)
     model = example["PixelClassifier"](example["pixel_graph"]("grid1"), torch.randn(64, 4),
                                        hidden=16, heads=2, layers=2, dropout=0.0,
-                                       offsets=offsets).eval()
-    if offsets:  # a bias that is not 0, so that the offsets matter
+                                       offsets=offsets is True,
+                                       rope_base=100.0 if offsets == "rope" else None).eval()
+    if offsets is True:  # a bias that is not 0, so that the offsets matter
         with torch.no_grad():
             model.spatial.weight.normal_(generator=torch.Generator().manual_seed(1))
     images = digits.x[:5]
@@ -112,6 +114,7 @@ def test_figure_is_written(example, tmp_path, capsys):
     (["--device", "nonsense"], "--device"), (["--dropout", "1"], "--dropout"),
     (["--lr", "0"], "--lr"), (["--weight-decay", "-1"], "--weight-decay"),
     (["--table-lr", "0"], "--table-lr must be > 0, got 0.0"),
+    (["--rope-base", "-2"], "--rope-base must be a positive number, got -2.0"),
     (["--graphs", ","], "--graphs must name at least one"),
     (["--graphs", "grid1,grid1"], "--graphs must name each graph once"),
     (["--device", "mps"], "--device mps is not usable here"),
@@ -120,6 +123,34 @@ def test_bad_arguments_are_refused_by_name(example, argv, name, capsys):
     with pytest.raises(SystemExit):
         example["main"](argv + ["--no-plot"])
     assert name in capsys.readouterr().err
+
+
+def test_rope_model_rotates_by_each_pixels_row_and_column(example, digits):
+    """``+rope``: no Laplacian input, every block rotates its queries and keys by the pixel's
+    (row, column), the same graph as without it; moving every pixel by the same offset
+    changes no logit, and nothing is learned for the positions."""
+    assert torch.equal(example["pixel_graph"]("complete+rope"),
+                       example["pixel_graph"]("complete"))
+    torch.manual_seed(0)
+    model = example["PixelClassifier"](example["pixel_graph"]("complete+rope"),
+                                       torch.randn(64, 4), hidden=16, heads=2, layers=2,
+                                       dropout=0.0, rope_base=100.0).eval()
+    assert model.body.lin_pe is None
+    assert all(attn.rotary.axes == 2 and attn.rotary.base == 100.0 for attn in model.body.attns)
+    plain = example["PixelClassifier"](example["pixel_graph"]("complete"), torch.randn(64, 4),
+                                       hidden=16, heads=2, layers=2, dropout=0.0)
+    assert {n for n, _ in model.named_parameters()} < {n for n, _ in plain.named_parameters()}
+    x, edge_index, kwargs = model.encode(digits.x[:3])
+    rows_cols = torch.stack([torch.arange(64) // 8, torch.arange(64) % 8], dim=1)
+    assert torch.equal(kwargs["pos"], rows_cols.repeat(3, 1))
+    with torch.no_grad():
+        moved = model.body(x, edge_index, pos=kwargs["pos"] + torch.tensor([5, -3]))
+        torch.testing.assert_close(moved.view(3, 64, -1).mean(dim=1), model(digits.x[:3]),
+                                   atol=1e-5, rtol=1e-5)
+        # a real change of the positions changes the logits
+        swapped = model.body(x, edge_index, pos=kwargs["pos"].flip(1))
+        assert not torch.allclose(swapped.view(3, 64, -1).mean(dim=1), model(digits.x[:3]),
+                                  atol=1e-4)
 
 
 def test_offset_model_biases_each_pixel_pair_by_its_offset(example, digits):

@@ -63,7 +63,8 @@ def test_a_window_with_global_positions(example):
 
 @pytest.mark.parametrize("name,reach", [("window2", 2), ("causal", None),
                                         ("window2+alibi", 2), ("causal+alibi", None),
-                                        ("window2+t5", 2), ("causal+t5", None)])
+                                        ("window2+t5", 2), ("causal+t5", None),
+                                        ("window2+rope", 2), ("causal+rope", None)])
 def test_model_is_causal_with_its_graphs_receptive_field(example, corpus, name, reach):
     """Changing character t changes no prediction before t, and with a window of r over two
     blocks none after t + 2 r; within reach it does change them."""
@@ -87,7 +88,7 @@ def test_model_is_causal_with_its_graphs_receptive_field(example, corpus, name, 
         assert bool((diff[t:] > 0).all())
 
 
-@pytest.mark.parametrize("name", ["window3", "causal+alibi", "causal+t5"])
+@pytest.mark.parametrize("name", ["window3", "causal+alibi", "causal+t5", "causal+rope"])
 def test_batch_of_sequences_equals_sequences_one_by_one(example, corpus, name):
     torch.manual_seed(0)
     L = 16
@@ -137,6 +138,29 @@ def test_t5_model_biases_each_edge_by_its_bucket(example, corpus):
     bucket = pe.relative_position_bucket(offset.repeat(3), bidirectional=False)
     assert len(seen) == 2 and all(torch.equal(b, model.t5.weight[bucket]) for b in seen)
     assert int((model.t5.weight.grad.abs().sum(dim=1) > 0).sum()) == int(bucket.max()) + 1
+    assert model(corpus.train[:5 * L].view(1, 5 * L)).shape == (1, 5 * L, len(corpus.vocab))
+
+
+def test_rope_model_rotates_by_each_characters_position(example, corpus):
+    """With ``+rope`` every block rotates its queries and keys by the position of each
+    character in its own sequence, 0 .. L-1 (LLaMA's); the model has no position encoding,
+    and moving every position by the same amount changes no prediction."""
+    L, heads = 12, 2
+    model = example["CharModel"](len(corpus.vocab), "causal+rope", torch.randn(L, 4),
+                                 hidden=16, heads=heads, layers=2, dropout=0.0)
+    assert model.body.lin_pe is None
+    assert all(attn.rotary is not None and attn.rotary.dim == 8 for attn in model.body.attns)
+    seen = []
+    for attn in model.body.attns:
+        attn.register_forward_hook(lambda mod, args, kwargs, out: seen.append(kwargs["pos"]),
+                                   with_kwargs=True)
+    chars = corpus.train[:3 * L].view(3, L)
+    out = model(chars)
+    assert len(seen) == 2 and all(torch.equal(p, torch.arange(L).repeat(3)) for p in seen)
+    x = torch.nn.functional.one_hot(chars.reshape(-1), len(corpus.vocab)).float()
+    edge_index, _ = model.batch_graph(3, L)
+    moved = model.body(x, edge_index, pos=torch.arange(L).repeat(3) + 1000)
+    torch.testing.assert_close(moved.view(3, L, -1), out, atol=1e-4, rtol=1e-4)
     assert model(corpus.train[:5 * L].view(1, 5 * L)).shape == (1, 5 * L, len(corpus.vocab))
 
 

@@ -20,6 +20,7 @@ from graphattn._checks import (
 from graphattn.functional.dropout import dropout
 from graphattn.functional.sparse_linear import sparse_linear
 from graphattn.nn.attention import GraphSelfAttention
+from graphattn.pe import RotaryPE
 
 ConvFactory = Callable[..., torch.nn.Module]
 
@@ -266,6 +267,10 @@ class GraphTransformer(torch.nn.Module):
         add_self_loops (bool, optional): let each attention layer add a self-loop per node
             (replacing those in the graph); ``False`` attends along ``edge_index`` as given,
             which ``attn_bias`` needs. (default: ``True``)
+        rotary (graphattn.pe.RotaryPE, optional): a rotary position embedding that every
+            attention layer applies to its queries and keys, with the positions passed to
+            ``forward`` as ``pos`` (``[N]`` or ``[N, A]``); its ``dim`` is at most
+            ``hidden_channels / heads``. (default: ``None``)
 
     ``forward(..., attn_bias=)`` takes an ``[|E|, H]`` score bias that every block adds to its
     attention scores, shared by the blocks as Graphormer shares its spatial encoding: a
@@ -278,7 +283,8 @@ class GraphTransformer(torch.nn.Module):
         - **input:** x ``(|V|, F)``, edge_index ``(2, |E|)`` or a sparse adjacency adj_t
           ``(|V|, |V|)``, pe ``(|V|, P)`` (when
           ``pe_channels > 0``), edge_attr ``(|E|, D_e)`` (when ``edge_dim`` is set),
-          attn_bias ``(|E|, H)`` (with ``add_self_loops=False``)
+          attn_bias ``(|E|, H)`` (with ``add_self_loops=False``), pos ``(|V|)`` or
+          ``(|V|, A)`` (with ``rotary``)
         - **output:** ``(|V|, out_channels)``; with ``return_attention_weights=True`` also
           ``num_layers`` pairs of edge_index ``(2, |E'|)`` and alpha ``(|E'|, H)``, E' the
           edges with the self-loops the layers add
@@ -289,7 +295,7 @@ class GraphTransformer(torch.nn.Module):
                  dropout: float = 0.5, attention_dropout: float | None = None,
                  ffn_ratio: int = 2, attention: str = "dot", backend: str = "auto",
                  edge_dim: int | None = None, edge_mode: str = "bias",
-                 add_self_loops: bool = True) -> None:
+                 add_self_loops: bool = True, rotary: RotaryPE | None = None) -> None:
         super().__init__()
         _check_single_input(in_channels, "GraphTransformer")
         in_channels = check_in_channels(in_channels)
@@ -317,7 +323,8 @@ class GraphTransformer(torch.nn.Module):
         self.attns = torch.nn.ModuleList(
             GraphSelfAttention(D, D // heads, heads, dropout=attention_dropout,
                                attention=attention, backend=backend, edge_dim=edge_dim,
-                               edge_mode=edge_mode, add_self_loops=add_self_loops)
+                               edge_mode=edge_mode, add_self_loops=add_self_loops,
+                               rotary=rotary)
             for _ in range(num_layers))
         self.ffn_norms = torch.nn.ModuleList(LayerNorm(D) for _ in range(num_layers))
         self.ffns = torch.nn.ModuleList(
@@ -333,10 +340,11 @@ class GraphTransformer(torch.nn.Module):
 
     def forward(self, x: Tensor, edge_index: Tensor, pe: Tensor | None = None,
                 edge_attr: Tensor | None = None, return_attention_weights: bool = False,
-                *, attn_bias: Tensor | None = None,
+                *, attn_bias: Tensor | None = None, pos: Tensor | None = None,
                 ) -> Tensor | tuple[Tensor, list[tuple[Tensor, Tensor]]]:
-        """Outputs of every node, with ``attn_bias`` added to every block's scores; see the
-        class docstring for shapes. With
+        """Outputs of every node, with ``attn_bias`` added to every block's scores and the
+        queries and keys rotated by ``pos`` (with ``rotary``); see the class docstring for
+        shapes. With
         ``return_attention_weights=True`` also each block's attention weights, first block
         first: a list of ``(edge_index, alpha)`` as :class:`GraphSelfAttention` returns them
         (self-loops included; for a sparse ``adj_t``, the adjacency of each block's edges and
@@ -374,11 +382,12 @@ class GraphTransformer(torch.nn.Module):
                                                   self.ffns, strict=True):
             if return_attention_weights:
                 a, edges_alpha = attn(attn_norm(h), edge_index, edge_attr,
-                                      return_attention_weights=True,
-                                      attn_bias=attn_bias)  # (N, D), ((2, E'), (E', H))
+                                      return_attention_weights=True, attn_bias=attn_bias,
+                                      pos=pos)  # (N, D), ((2, E'), (E', H))
                 weights.append(edges_alpha)
             else:
-                a = attn(attn_norm(h), edge_index, edge_attr, attn_bias=attn_bias)  # (N, D)
+                a = attn(attn_norm(h), edge_index, edge_attr, attn_bias=attn_bias,
+                         pos=pos)  # (N, D)
             h = h + dropout(a, self.dropout, self.training)
             h = h + dropout(ffn(ffn_norm(h)), self.dropout, self.training)
         out = self.lin_out(self.norm_out(h))  # (N, out_channels)
