@@ -1,11 +1,12 @@
-"""Relative position biases in a training step: which backend runs a score bias best.
+"""Relative positions in a training step: which backend runs a score bias (or RoPE) best.
 
 Graphormer's spatial encoding, T5's and ALiBi's relative biases enter attention as a bias of
 each pair's score (``attn_bias``), fixed (ALiBi) or learned (a table of ``pe.DistanceBias``,
-``pe.RelativePositionBias``, ``pe.OffsetBias``), which then needs its gradient. This times one
-training step of ``GraphSelfAttention`` (forward, ``out.square().sum()``, backward) on the
-sparse ``cpu`` kernels, on the ``dense`` backend and as ``auto`` picks, with no bias, a fixed
-bias and a learned one, on
+``pe.RelativePositionBias``, ``pe.OffsetBias``), which then needs its gradient; rotary
+embeddings (``rotary=pe.RotaryPE(C)``, ``pos=``) rotate the queries and keys instead. This
+times one training step of ``GraphSelfAttention`` (forward, ``out.square().sum()``, backward)
+on the sparse ``cpu`` kernels, on the ``dense`` backend and as ``auto`` picks, with no bias, a
+fixed bias, a learned one and RoPE (each node's position in its graph or sequence), on
 
 - the mini-batches of ``batched_global.py`` with global attention in each graph
   (``graphs.batch_complete_graph``) and Graphormer's bias of each pair's hop distance on a
@@ -15,7 +16,7 @@ bias and a learned one, on
   (``pe.RelativePositionBias(H, 32, 128, bidirectional=False)``, one sequence's bias repeated).
 
 Same weights everywhere; the three backends' outputs are checked equal before they are timed.
-Interleaved repeats after warm-up, medians.
+Interleaved repeats after warm-up, each round in a new (seeded) random order, medians.
 
     python benchmarks/relative_bias.py           # about a minute on 2 cores
     python benchmarks/relative_bias.py --quick   # one tiny batch, a smoke run
@@ -45,7 +46,7 @@ from graphattn.nn import GraphSelfAttention
 
 RESULTS = _report.RESULTS
 BACKENDS = ("auto", "cpu", "dense")
-BIASES = ("none", "fixed", "learned")
+BIASES = ("none", "fixed", "learned", "rotary")
 
 
 @dataclass
@@ -57,6 +58,7 @@ class Case:
     num_nodes: int
     table: Callable[[], torch.nn.Module]  # a new bias table
     key: Tensor  # its input: one entry per edge, or per edge of one repeated block
+    positions: Tensor  # (N,): each node's position in its graph, for RoPE
     repeat: int = 1  # the bias of ``key`` repeated this many times is the edges'
 
 
@@ -67,14 +69,16 @@ def cases(quick: bool, heads: int) -> list[Case]:
         chains = _chains(b.sizes)  # (2, sum n - 1): the structure graph
         pairs = graphs.batch_complete_graph(batch)  # (2, sum n^2)
         distance = pe.hop_distance(chains, batch.numel(), pairs)  # (sum n^2,)
+        first = torch.cat([batch.new_zeros(1), torch.bincount(batch).cumsum(0)])  # (G + 1,)
+        positions = torch.arange(batch.numel()) - first[batch]  # (N,): along each chain
         out.append(Case(f"{b.name}, Graphormer", pairs, batch.numel(),
-                        lambda: pe.DistanceBias(heads, 8), distance))
+                        lambda: pe.DistanceBias(heads, 8), distance, positions))
     length, count = (16, 3) if quick else (256, 16)
     causal = graphs.causal_graph(length)
     out.append(Case(f"causal-{count}x{length}, T5", graphs.repeat_graph(causal, length, count),
                     length * count, lambda: pe.RelativePositionBias(heads, 32, 128,
                                                                     bidirectional=False),
-                    causal[1] - causal[0], count))
+                    causal[1] - causal[0], torch.arange(length).repeat(count), count))
     return out
 
 
@@ -92,7 +96,9 @@ def steps(case: Case, channels: int, heads: int, seed: int = 0,
     x = torch.randn(case.num_nodes, channels * heads, requires_grad=True)
     layers = {b: GraphSelfAttention(x.size(1), channels, heads, add_self_loops=False, backend=b)
               for b in BACKENDS}
-    for layer in layers.values():
+    rotary = {b: GraphSelfAttention(x.size(1), channels, heads, add_self_loops=False, backend=b,
+                                    rotary=pe.RotaryPE(channels)) for b in BACKENDS}
+    for layer in (*layers.values(), *rotary.values()):
         layer.load_state_dict(layers["auto"].state_dict())
     table = case.table()
     with torch.no_grad():  # a bias that is not 0, as after some training
@@ -107,7 +113,10 @@ def steps(case: Case, channels: int, heads: int, seed: int = 0,
 
     def step(kind: str, backend: str) -> Callable[[], Tensor]:
         def run() -> Tensor:
-            out = layers[backend](x, case.edge_index, attn_bias=bias(kind))
+            if kind == "rotary":
+                out = rotary[backend](x, case.edge_index, pos=case.positions)
+            else:
+                out = layers[backend](x, case.edge_index, attn_bias=bias(kind))
             out.square().sum().backward()
             return out.detach()
         return run
@@ -126,10 +135,16 @@ def measure(case: Case, channels: int, heads: int, repeats: int, warmup: int,
                 raise AssertionError(f"{case.name}, bias {kind}: {backend} differs from cpu by "
                                      f"{diff}")
     times: dict[tuple[str, str], list[float]] = {key: [] for key in runs}
+    keys = list(runs)
+    order = torch.Generator().manual_seed(0)
     for r in range(warmup + repeats):
-        for key, run in runs.items():
+        # each round in a new order, so that no step always follows the same one: in a fixed
+        # order, auto's step (after the dense backend's) ran 1.2x slower than the dense
+        # backend's (after the cpu kernels') on the same dense path
+        for i in torch.randperm(len(keys), generator=order).tolist():
+            key = keys[i]
             start = time.perf_counter()
-            run()
+            runs[key]()
             if r >= warmup:
                 times[key].append(time.perf_counter() - start)
     rows = []
@@ -149,14 +164,16 @@ def write_table(rows: list[dict[str, object]], args: argparse.Namespace, command
               f"- torch {torch.__version__}, {device_line(CPU)}, python "
               f"{platform.python_version()}",
               f"- {args.heads} heads x {args.channels} channels, fp32, dot-product score, "
-              f"output projection; {args.repeats} interleaved repeats after {args.warmup} "
-              f"warm-up, medians"]
+              f"output projection; {args.repeats} interleaved repeats (each round in a new random "
+              f"order) after {args.warmup} warm-up, medians"]
     note = ("Step: forward of `GraphSelfAttention(backend=...)` with `attn_bias`, "
             "`out.square().sum()`, backward. Bias `fixed`: the table's values, detached; "
-            "`learned`: looked up in the step, with its gradient. Outputs checked equal first. "
+            "`learned`: looked up in the step, with its gradient; `rotary`: no bias, the "
+            "queries and keys rotated by each node's position in its graph "
+            "(`rotary=pe.RotaryPE(C)`, `pos=`). Outputs checked equal first. "
             "`vs_cpu`: the step's time over the `cpu` kernels' (below 1: faster than the "
             "sparse kernels).")
-    _report.write_table("relative_bias", "Relative position biases in a training step: "
+    _report.write_table("relative_bias", "Relative positions in a training step: "
                         "sparse kernels or dense backend", header, note, rows, out=path)
 
 
@@ -167,14 +184,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--channels", type=int, default=16,
                         help="channels per head C (default: 16)")
     parser.add_argument("--repeats", type=int, default=None,
-                        help="timed repeats per step (default: 10, 3 with --quick)")
+                        help="timed repeats per step (default: 12, 3 with --quick)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed repeats (default: 3)")
     parser.add_argument("--output", type=Path, default=None,
                         help="table path (default: results/relative_bias.md; _quick with "
                              "--quick)")
     args = parser.parse_args(argv)
     if args.repeats is None:
-        args.repeats = 3 if args.quick else 10
+        args.repeats = 3 if args.quick else 12
     if args.repeats < 1:
         parser.error(f"--repeats must be at least 1 (a median), got {args.repeats}")
     if args.warmup < 0:

@@ -122,20 +122,32 @@ def test_relative_bias_agrees_and_fills_the_table(tmp_path):
     assert "relative_bias.py --quick" in out.read_text()
 
 
-def test_relative_bias_checks_the_backends_agree(monkeypatch):
+@pytest.mark.parametrize("kind", ["learned", "rotary"])
+def test_relative_bias_checks_the_backends_agree(monkeypatch, kind):
     """A backend that computed another function would stop the run before any timing."""
     case = relative_bias.cases(True, 2)[0]
     real = relative_bias.steps
 
     def skewed(*args, **kwargs):
         runs = real(*args, **kwargs)
-        honest = runs["learned", "dense"]
-        runs["learned", "dense"] = lambda: honest() + 1e-2
+        honest = runs[kind, "dense"]
+        runs[kind, "dense"] = lambda: honest() + 1e-2
         return runs
 
     monkeypatch.setattr(relative_bias, "steps", skewed)
-    with pytest.raises(AssertionError, match="bias learned: dense differs from cpu"):
+    with pytest.raises(AssertionError, match=f"bias {kind}: dense differs from cpu"):
         relative_bias.measure(case, 4, 2, repeats=1, warmup=0)
+
+
+def test_relative_bias_rotates_by_each_nodes_position_in_its_graph():
+    """RoPE's positions count along each graph's chain (0 at its first node) and along each
+    causal sequence."""
+    graphormer, t5 = relative_bias.cases(True, 2)
+    ends = torch.nonzero(graphormer.positions == 0).flatten().tolist() + [graphormer.num_nodes]
+    for start, stop in zip(ends[:-1], ends[1:], strict=True):
+        assert torch.equal(graphormer.positions[start:stop], torch.arange(stop - start))
+    assert len(ends) - 1 == 8  # the quick batch's 8 graphs
+    assert torch.equal(t5.positions, torch.arange(16).repeat(3))
 
 
 def test_explicit_weights_fills_the_table(tmp_path):

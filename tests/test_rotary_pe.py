@@ -367,3 +367,25 @@ def test_rotary_repr_and_state_dict():
 def test_rotary_errors(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+def test_graph_transformer_rotates_in_every_block():
+    # every block's layer takes the positions: moving them all by one offset changes no
+    # output of the whole model, on a batch of two sequences side by side
+    from graphattn.nn import GraphTransformer
+
+    torch.manual_seed(0)
+    model = GraphTransformer(5, 16, 3, num_layers=3, heads=2, dropout=0.0,
+                             add_self_loops=False, rotary=pe.RotaryPE(8)).double().eval()
+    L = 10
+    edges = graphs.repeat_graph(graphs.causal_graph(L), L, 2)
+    x = torch.randn(2 * L, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    pos = torch.arange(L).repeat(2)
+    out, weights = model(x, edges, pos=pos, return_attention_weights=True)
+    assert_close(model(x, edges, pos=pos + 123), out)
+    assert len(weights) == 3
+    # the positions reach every block: a model whose last block rotates otherwise differs
+    model.attns[2].rotary = pe.RotaryPE(8, base=3.0)
+    assert not torch.allclose(model(x, edges, pos=pos), out, atol=1e-6)
+    with pytest.raises(ValueError, match="needs the nodes' positions"):
+        model(x, edges)
