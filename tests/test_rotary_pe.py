@@ -62,41 +62,36 @@ def run_llama(attention, rotary, x: torch.Tensor, position_ids: torch.Tensor,
     return out.detach(), x.grad
 
 
+def check_llama(backend: str, heads: int, channels: int, length: int, base: float,
+                seed: int) -> None:
+    """The graph layer on the causal graph with positions 0 .. L-1 against LlamaAttention:
+    outputs, the input's gradient and the projections' weight gradients."""
+    attention, rotary, layer = llama_pair(heads, channels, base=base)
+    layer.backend = backend
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(1, length, heads * channels, generator=gen)
+    w = torch.randn(1, length, heads * channels, generator=gen)
+    want, want_grad = run_llama(attention, rotary, x, torch.arange(length)[None], w)
+
+    x_graph = x[0].clone().requires_grad_(True)
+    out = layer(x_graph, graphs.causal_graph(length), pos=torch.arange(length))
+    (out * w[0]).sum().backward()
+    assert_close(out.detach(), want[0])
+    assert_close(x_graph.grad, want_grad[0])
+    for name in ("q", "k", "v"):
+        assert_close(getattr(layer, f"lin_{name}").weight.grad,
+                     getattr(attention, f"{name}_proj").weight.grad)
+
+
 @pytest.mark.parametrize("backend", ["reference", "cpu", "dense", "auto"])
 def test_causal_graph_with_rotary_is_llama_attention(backend):
     # LLaMA's self-attention is the causal graph with RoPE at positions 0 .. L-1; a base away
     # from the default checks that the frequencies follow it
-    H, C, L = 4, 8, 40
-    attention, rotary, layer = llama_pair(H, C, base=500.0)
-    layer.backend = backend
-    gen = torch.Generator().manual_seed(1)
-    x = torch.randn(1, L, H * C, generator=gen)
-    w = torch.randn(1, L, H * C, generator=gen)
-    want, want_grad = run_llama(attention, rotary, x, torch.arange(L)[None], w)
-
-    x_graph = x[0].clone().requires_grad_(True)
-    out = layer(x_graph, graphs.causal_graph(L), pos=torch.arange(L))
-    (out * w[0]).sum().backward()
-    assert_close(out.detach(), want[0])
-    assert_close(x_graph.grad, want_grad[0])
-    assert_close(layer.lin_q.weight.grad, attention.q_proj.weight.grad)
-    assert_close(layer.lin_k.weight.grad, attention.k_proj.weight.grad)
-    assert_close(layer.lin_v.weight.grad, attention.v_proj.weight.grad)
+    check_llama(backend, heads=4, channels=8, length=40, base=500.0, seed=1)
 
 
 def test_triton_backend_with_rotary_is_llama_attention(triton_interpreter):
-    H, C, L = 2, 8, 24
-    attention, rotary, layer = llama_pair(H, C, base=10000.0)
-    layer.backend = "triton"
-    gen = torch.Generator().manual_seed(2)
-    x = torch.randn(1, L, H * C, generator=gen)
-    w = torch.randn(1, L, H * C, generator=gen)
-    want, want_grad = run_llama(attention, rotary, x, torch.arange(L)[None], w)
-    x_graph = x[0].clone().requires_grad_(True)
-    out = layer(x_graph, graphs.causal_graph(L), pos=torch.arange(L))
-    (out * w[0]).sum().backward()
-    assert_close(out.detach(), want[0])
-    assert_close(x_graph.grad, want_grad[0])
+    check_llama("triton", heads=2, channels=8, length=24, base=10000.0, seed=2)
 
 
 def test_dense_layer_with_rotary_is_llama_attention():
