@@ -384,3 +384,19 @@ def test_graph_transformer_rotates_in_every_block():
     assert not torch.allclose(model(x, edges, pos=pos), out, atol=1e-6)
     with pytest.raises(ValueError, match="needs the nodes' positions"):
         model(x, edges)
+
+
+def test_dense_layer_with_a_pyg_batch_rotates_each_node_by_its_own_position():
+    # DenseSelfAttention(batch=) attends within each graph of a PyG batch: with rotary, each
+    # node turns by its pos, as the graph layer does on batch_complete_graph(batch)
+    torch.manual_seed(0)
+    rope = pe.RotaryPE(8, axes=2)
+    graph = GraphSelfAttention(6, 8, 2, add_self_loops=False, rotary=rope).double()
+    dense = DenseSelfAttention(6, 8, 2, rotary=rope).double()
+    dense.load_state_dict(graph.state_dict())
+    gen = torch.Generator().manual_seed(14)
+    batch = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2, 2])
+    x = torch.randn(9, 6, dtype=torch.float64, generator=gen)
+    pos = torch.randn(9, 2, dtype=torch.float64, generator=gen) * 10  # real 2-D coordinates
+    want = graph(x, graphs.batch_complete_graph(batch), pos=pos)
+    assert_close(dense(x, batch=batch, pos=pos), want)
