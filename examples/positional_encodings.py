@@ -21,11 +21,15 @@ Relative positions are graph quantities of the chain too: the number of edges be
 i on the path is |i - j|, and on the cycle min(|i - j|, n - |i - j|). The script checks
 ``pe.hop_distance`` against both for every pair, and so the biases built on it: ALiBi's
 :math:`-m_h |i - j|` (``pe.alibi_bias``) and T5's buckets of i - j
-(``pe.relative_position_bucket``), exact near 0 and log-spaced beyond.
+(``pe.relative_position_bucket``), exact near 0 and log-spaced beyond. Rotary embeddings
+(``pe.RotaryPE``) reach the same form without a bias: a query at position i and a key at j,
+each rotated by its position, score :math:`q \cdot R_{j - i} k`, so that the score matrix of
+one query and one key vector over all positions is constant along each diagonal i - j (a
+Toeplitz matrix); the script measures how far it is from one.
 
 It prints the tables, and with matplotlib draws the eigenvectors over their closed forms, the
 cycle's encoding beside the transformer's sinusoidal encoding ``pe.sinusoidal``, the path's
-hop distances and the biases of each offset.
+hop distances, the biases of each offset and RoPE's scores.
 
 Usage::
 
@@ -97,13 +101,29 @@ def relative_table(n: int, heads: int = 4) -> dict:
     cycle = pe.hop_distance(cycle_graph(n), n)
     alibi = pe.alibi_bias(path, heads, dtype=torch.float64)  # (n, n, H)
     slopes = pe.alibi_slopes(heads)
+    rope = rope_scores(n)  # (n, n)
+    # the spread of the scores along each diagonal i - j: 0 for a function of i - j alone
+    spread = max(float(rope.diagonal(d).max() - rope.diagonal(d).min()) for d in range(1 - n, n))
     return {
-        "offset": offset, "path": path, "alibi": alibi,
+        "offset": offset, "path": path, "alibi": alibi, "rope": rope,
+        "rope spread": spread,
         "t5": pe.relative_position_bucket(offset),
         "path differs": int((path != offset.abs()).sum()),
         "cycle differs": int((cycle != torch.minimum(offset.abs(), n - offset.abs())).sum()),
         "alibi error": float((alibi + slopes * offset.abs().unsqueeze(-1)).abs().max()),
     }
+
+
+def rope_scores(n: int, dim: int = 16, seed: int = 0) -> torch.Tensor:
+    """``[n, n]``: entry [i, j] the score of one query vector at position i and one key vector
+    at position j, both rotated by ``pe.RotaryPE(dim)`` (float64)."""
+    gen = torch.Generator().manual_seed(seed)
+    q, k = torch.randn(2, dim, dtype=torch.float64, generator=gen)
+    rope = pe.RotaryPE(dim)
+    positions = torch.arange(n)
+    rotated_q = rope(q.expand(n, 1, dim), positions)[:, 0]  # (n, dim): R_i q
+    rotated_k = rope(k.expand(n, 1, dim), positions)[:, 0]  # (n, dim): R_j k
+    return rotated_q @ rotated_k.T
 
 
 def print_table(title: str, rows: list[dict]) -> None:
@@ -122,7 +142,7 @@ def plot(n: int, pairs: int, cycle_enc: torch.Tensor, path_enc: torch.Tensor,
     import matplotlib.pyplot as plt
 
     t = torch.arange(n, dtype=torch.float64)
-    fig, axes = plt.subplots(3, 2, figsize=(11, 10.5))
+    fig, axes = plt.subplots(4, 2, figsize=(11, 14))
     ax = axes[0, 0]
     for m in range(1, min(pairs, 2) + 1):
         omega = 2 * math.pi * m / n
@@ -174,6 +194,22 @@ def plot(n: int, pairs: int, cycle_enc: torch.Tensor, path_enc: torch.Tensor,
     twin.set_ylabel("T5 bucket (32 up to 128)")
     ax.set_title("biases of the chain's offsets: ALiBi's, T5's buckets (black)")
     ax.legend(fontsize=8, loc="lower left")
+    ax = axes[3, 0]
+    image = ax.imshow(relative["rope"].numpy(), cmap="RdBu_r", interpolation="nearest")
+    fig.colorbar(image, ax=ax, fraction=0.046)
+    ax.set_title("RoPE: score of R_i q and R_j k, constant along i - j")
+    ax.set_xlabel("key position j")
+    ax.set_ylabel("query position i")
+    ax = axes[3, 1]
+    # the same curve from every query position: drawn over each other, wide to narrow
+    for i, style, width in ((n - 1, "-", 6), (n // 2, "--", 3), (n // 4, ":", 2)):
+        shifts = torch.arange(i + 1)  # i - j for j = i .. 0
+        ax.plot(shifts.numpy(), relative["rope"][i, i - shifts].numpy(), style, lw=width,
+                alpha=0.8, label=f"query at i = {i}")
+    ax.set_xlabel("offset i - j")
+    ax.set_ylabel("score")
+    ax.set_title("RoPE's score by offset, from three query positions")
+    ax.legend(fontsize=8)
     fig.tight_layout()
     out.mkdir(parents=True, exist_ok=True)
     path = out / "positional_encodings.png"
@@ -217,7 +253,8 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"\nrelative positions, {args.length ** 2} pairs: hop distances on the path other "
           f"than |i - j|: {relative['path differs']}; on the cycle other than "
           f"min(|i - j|, n - |i - j|): {relative['cycle differs']}; ALiBi's bias against "
-          f"-m_h |i - j|: {relative['alibi error']:.1e}")
+          f"-m_h |i - j|: {relative['alibi error']:.1e}; RoPE's scores, largest spread along "
+          f"a diagonal i - j: {relative['rope spread']:.1e}")
     if not args.no_plot:
         try:
             figure = plot(args.length, args.pairs, cycle_enc, path_enc, path_closed, args.out)

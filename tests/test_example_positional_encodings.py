@@ -74,3 +74,24 @@ def test_relative_positions_are_hop_distances_of_the_chain(example, capsys):
     # the cycle's distances are not the path's: the check can fail
     cycle = example["cycle_graph"](n)
     assert int((pe.hop_distance(cycle, n) != rel["path"]).sum()) > 0
+
+
+def test_rope_scores_depend_on_the_offset_alone(example, capsys):
+    """RoPE's score matrix over the chain's positions is constant along each diagonal i - j
+    (Toeplitz) and not constant overall; without the key's rotation it would not be."""
+    n = 24
+    rel = example["relative_table"](n)
+    assert rel["rope spread"] < 1e-12
+    scores = rel["rope"]
+    assert float(scores.max() - scores.min()) > 0.5
+    for d in (-5, 0, 7):
+        diagonal = scores.diagonal(d)
+        assert torch.allclose(diagonal, diagonal[0].expand_as(diagonal), atol=1e-12)
+    # rotating only the queries gives a score of the absolute position: a spread along diagonals
+    gen = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 16, dtype=torch.float64, generator=gen)
+    only_q = pe.RotaryPE(16)(q.expand(n, 1, 16), torch.arange(n))[:, 0] @ k  # (n,)
+    assert float(only_q.max() - only_q.min()) > 0.1
+    out = example["main"](["--length", "16", "--pairs", "2", "--no-plot"])
+    assert out["relative"]["rope spread"] < 1e-12
+    assert "RoPE's scores, largest spread along a diagonal i - j" in capsys.readouterr().out
