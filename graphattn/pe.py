@@ -2096,7 +2096,8 @@ class RotaryPE(torch.nn.Module):
                     ) -> tuple[Tensor, Tensor]:
         """``self(q, pos_q), self(k, pos_k)``, computing the angles once when the two
         position tensors are one (self-attention)."""
-        if pos_q is not pos_k or q.shape[:-1] != k.shape[:-1] or q.dtype != k.dtype:
+        if (pos_q is not pos_k or q.shape[:-2] != k.shape[:-2] or q.size(-1) != k.size(-1)
+                or q.dtype != k.dtype):  # (the angles broadcast over any number of heads)
             return self(q, pos_q), self(k, pos_k)
         check_tensors(x=q, pos=pos_q)
         cos, sin = _rotary_angles(pos_q, q, self.dim, self.axes, self.base)

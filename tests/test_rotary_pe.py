@@ -27,21 +27,24 @@ def transformers_module(name: str):
         reason="the RoPE comparisons need Hugging Face transformers (the test extra has it)")
 
 
-def llama_pair(heads: int, channels: int, base: float):
+def llama_pair(heads: int, channels: int, base: float, kv_heads: int | None = None):
     """Hugging Face's LlamaAttention and rotary embedding, and GraphSelfAttention with its
-    weights and ``RotaryPE(C, base=base)`` (LLaMA's projections have no biases)."""
+    weights and ``RotaryPE(C, base=base)`` (LLaMA's projections have no biases), with
+    ``kv_heads`` key and value heads (grouped-query attention)."""
+    kv_heads = heads if kv_heads is None else kv_heads
     llama = transformers_module("llama.modeling_llama")
     from transformers import LlamaConfig
 
     config = LlamaConfig(hidden_size=heads * channels, num_attention_heads=heads,
-                         num_key_value_heads=heads, rope_theta=base, attention_bias=False,
+                         num_key_value_heads=kv_heads, rope_theta=base, attention_bias=False,
                          attention_dropout=0.0)
     config._attn_implementation = "eager"
     torch.manual_seed(0)
     attention = llama.LlamaAttention(config, layer_idx=0)
     rotary = llama.LlamaRotaryEmbedding(config)
     layer = GraphSelfAttention(heads * channels, channels, heads, bias=False,
-                               add_self_loops=False, rotary=pe.RotaryPE(channels, base=base))
+                               add_self_loops=False, rotary=pe.RotaryPE(channels, base=base),
+                               kv_heads=kv_heads)
     with torch.no_grad():
         layer.lin_q.weight.copy_(attention.q_proj.weight)
         layer.lin_k.weight.copy_(attention.k_proj.weight)
@@ -63,10 +66,10 @@ def run_llama(attention, rotary, x: torch.Tensor, position_ids: torch.Tensor,
 
 
 def check_llama(backend: str, heads: int, channels: int, length: int, base: float,
-                seed: int) -> None:
+                seed: int, kv_heads: int | None = None) -> None:
     """The graph layer on the causal graph with positions 0 .. L-1 against LlamaAttention:
     outputs, the input's gradient and the projections' weight gradients."""
-    attention, rotary, layer = llama_pair(heads, channels, base=base)
+    attention, rotary, layer = llama_pair(heads, channels, base=base, kv_heads=kv_heads)
     layer.backend = backend
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(1, length, heads * channels, generator=gen)
@@ -92,6 +95,27 @@ def test_causal_graph_with_rotary_is_llama_attention(backend):
 
 def test_triton_backend_with_rotary_is_llama_attention(triton_interpreter):
     check_llama("triton", heads=2, channels=8, length=24, base=10000.0, seed=2)
+
+
+@pytest.mark.parametrize("kv_heads", [2, 1], ids=["grouped", "multi-query"])
+@pytest.mark.parametrize("backend", ["reference", "cpu", "dense"])
+def test_grouped_query_attention_is_llamas(backend, kv_heads):
+    # LLaMA 2 and 3 share each key and value head among a group of query heads
+    check_llama(backend, heads=4, channels=8, length=30, base=10000.0, seed=3,
+                kv_heads=kv_heads)
+
+
+def test_dense_layer_with_grouped_heads_is_the_graph_layer():
+    # the same parameters load across the two, and compute the same on the complete graph
+    torch.manual_seed(0)
+    graph = GraphSelfAttention(12, 4, 6, kv_heads=3, add_self_loops=False,
+                               rotary=pe.RotaryPE(4)).double()
+    dense = DenseSelfAttention(12, 4, 6, kv_heads=3, rotary=pe.RotaryPE(4)).double()
+    dense.load_state_dict(graph.state_dict())
+    assert graph.lin_k.weight.shape == graph.lin_v.weight.shape == (12, 12)
+    x = torch.randn(10, 12, dtype=torch.float64, generator=torch.Generator().manual_seed(15))
+    assert_close(dense(x), graph(x, graphs.complete_graph(10), pos=torch.arange(10)))
+    assert repr(dense) == "DenseSelfAttention(12, 4, heads=6, kv_heads=3, rotary=RotaryPE(4))"
 
 
 def test_dense_layer_with_rotary_is_llama_attention():
@@ -358,6 +382,13 @@ def test_rotary_repr_and_state_dict():
      "with batch, a layer with rotary needs pos"),
     (lambda: DenseSelfAttention(8, 4)(torch.randn(5, 8), pos=torch.arange(5)), ValueError,
      "rotary=None"),
+    (lambda: GraphSelfAttention(8, 4, heads=4, kv_heads=3), ValueError,
+     "kv_heads must divide heads = 4"),
+    (lambda: GraphSelfAttention(8, 4, heads=4, kv_heads=0), ValueError, "kv_heads"),
+    (lambda: GraphSelfAttention(8, 4, heads=4, kv_heads=2, attention="additive"), ValueError,
+     "needs the dot or gatv2 score"),
+    (lambda: GraphSelfAttention(8, 4, heads=4, kv_heads=2, share_weights=True), ValueError,
+     "share_weights=True"),
 ])
 def test_rotary_errors(call, error, match):
     with pytest.raises(error, match=match):
@@ -400,3 +431,42 @@ def test_dense_layer_with_a_pyg_batch_rotates_each_node_by_its_own_position():
     pos = torch.randn(9, 2, dtype=torch.float64, generator=gen) * 10  # real 2-D coordinates
     want = graph(x, graphs.batch_complete_graph(batch), pos=pos)
     assert_close(dense(x, batch=batch, pos=pos), want)
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+@pytest.mark.parametrize("options", [
+    dict(attention="dot"),
+    dict(attention="gatv2"),
+    dict(attention="dot", edge_dim=3, edge_mode="key_value"),
+    dict(attention="gatv2", share_value=True, edge_dim=3, edge_mode="key"),
+], ids=["dot", "gatv2", "dot-edge-key-value", "gatv2-shared-value-edge-key"])
+def test_grouped_heads_are_full_heads_with_repeated_weights(options, backend):
+    # kv_heads = 2 of 4 heads is the layer of 4 key and value heads whose weights repeat each
+    # group's: the same outputs, and the grouped weights' gradients are the sums of the groups'
+    H, G, C, F = 4, 2, 5, 7
+    torch.manual_seed(0)
+    grouped = GraphSelfAttention(F, C, H, kv_heads=H // G, backend=backend, **options).double()
+    full = GraphSelfAttention(F, C, H, backend=backend, **options).double()
+    state = dict(grouped.state_dict())
+    for name in ("lin_k", "lin_v"):
+        for part in ("weight", "bias"):
+            key = f"{name}.{part}"
+            if key in state:  # (H_kv C, ...) -> (H C, ...): each head's rows G times
+                t = state[key].unflatten(0, (H // G, C))
+                state[key] = t.repeat_interleave(G, dim=0).flatten(0, 1)
+    full.load_state_dict(state)
+    gen = torch.Generator().manual_seed(16)
+    x = torch.randn(12, F, dtype=torch.float64, generator=gen)
+    edges = graphs.random_graph(12, 4, generator=gen)
+    edge_attr = (torch.randn(edges.size(1), 3, dtype=torch.float64, generator=gen)
+                 if "edge_dim" in options else None)
+    outs = []
+    for layer in (grouped, full):
+        out, (_, alpha) = layer(x, edges, edge_attr, return_attention_weights=True)
+        out.square().sum().backward()
+        outs.append((out, alpha))
+    assert_close(outs[0][0], outs[1][0])
+    assert_close(outs[0][1], outs[1][1])
+    assert_close(grouped.lin_q.weight.grad, full.lin_q.weight.grad)
+    summed = full.lin_k.weight.grad.unflatten(0, (H // G, G, C)).sum(dim=1).flatten(0, 1)
+    assert_close(grouped.lin_k.weight.grad, summed)

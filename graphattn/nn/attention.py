@@ -87,13 +87,17 @@ class _SelfAttentionBase(torch.nn.Module):
     def __init__(self, in_channels: int | tuple[int, int], out_channels: int, heads: int,
                  concat: bool, dropout: float, bias: bool, out_proj: bool, *,
                  score_channels: int, value_dropout: float, residual: bool, beta: bool,
-                 **kwargs) -> None:
+                 kv_heads: int | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
         concat, bias, out_proj, residual, beta = (
             check_flag(value, name) for value, name in ((concat, "concat"), (bias, "bias"),
                                                         (out_proj, "out_proj"),
                                                         (residual, "residual"), (beta, "beta")))
         heads = check_positive(heads, "heads")
+        kv_heads = heads if kv_heads is None else check_positive(kv_heads, "kv_heads")
+        if heads % kv_heads:
+            raise ValueError(f"kv_heads must divide heads = {heads} (each key and value head "
+                             f"serves heads / kv_heads query heads), got kv_heads={kv_heads}")
         out_channels = check_positive(out_channels, "out_channels")
         check_dropout(dropout)
         check_dropout(value_dropout, "value_dropout")
@@ -104,13 +108,14 @@ class _SelfAttentionBase(torch.nn.Module):
         self.in_channels = in_channels
         self.out_channels = out_channels
         self.heads = heads
+        self.kv_heads = kv_heads
         self.concat = concat
         self.dropout = float(dropout)
         self.value_dropout = float(value_dropout)
         H, C = heads, out_channels
         self.lin_q = _linear(in_dst, H * score_channels, bias)
-        self.lin_k = _linear(in_src, H * score_channels, bias)
-        self.lin_v = _linear(in_src, H * C, bias)
+        self.lin_k = _linear(in_src, kv_heads * score_channels, bias)
+        self.lin_v = _linear(in_src, kv_heads * C, bias)
         out_dim = H * C if concat else C
         self.lin_out = Linear(out_dim, out_dim, bias=bias) if out_proj else None
         self.residual = bool(residual)
@@ -235,6 +240,15 @@ class _SelfAttentionBase(torch.nn.Module):
         v = dropout(v, self.value_dropout, self.training)
         return q, k, v if value_bias is None else v + value_bias
 
+    def _share_kv_heads(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys and values ``[..., kv_heads, c]`` -> ``[..., H, c]``: kv head g serves the
+        query heads ``g * G .. (g + 1) * G - 1``, ``G = H / kv_heads`` (grouped-query
+        attention, as Hugging Face's ``repeat_kv``)."""
+        if self.kv_heads == self.heads:
+            return k, v
+        group = self.heads // self.kv_heads
+        return k.repeat_interleave(group, dim=-2), v.repeat_interleave(group, dim=-2)
+
     def _merge_heads(self, out: Tensor, x_dst: Tensor | None) -> Tensor:
         """``[..., H, C]`` -> ``[..., H*C]`` (concat) or ``[..., C]`` (mean), then ``lin_out``,
         plus ``res(x_dst)`` with ``residual=True`` (gated by ``lin_beta`` with ``beta=True``;
@@ -271,6 +285,7 @@ class _SelfAttentionBase(torch.nn.Module):
         extra += f", value_dropout={self.value_dropout}" if self.value_dropout else ""
         extra += ", residual=True" if self.residual else ""
         extra += ", beta=True" if self.beta else ""
+        extra += "" if self.kv_heads == self.heads else f", kv_heads={self.kv_heads}"
         return f"{self.in_channels}, {self.out_channels}, heads={self.heads}{extra}"
 
 
@@ -405,6 +420,12 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             :func:`~graphattn.pe.grid_positions`, 2-D RoPE on an image. The dot score only.
             With ``edge_mode="key"`` the edge term :math:`W^E e_{ij}` is added to the rotated
             key. (default: ``None``)
+        kv_heads (int, optional): heads of the keys and values, a divisor of ``heads``:
+            ``lin_k`` and ``lin_v`` map to ``kv_heads * C``, and each key and value head
+            serves ``heads / kv_heads`` consecutive query heads (grouped-query attention, as
+            in LLaMA 2 and 3; 1 is multi-query attention). It saves parameters and projection
+            work; the attention operator sees the keys and values repeated to ``heads``. For
+            the dot and gatv2 scores. ``None`` is ``heads``. (default: ``None``)
 
     Shapes:
         - **input:** x ``(|V|, F)`` or ``((|V_src|, F_src), (|V_dst|, F_dst))`` (or
@@ -444,7 +465,8 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
                  negative_slope: float = 0.2, residual: bool = False,
                  share_weights: bool = False, fill_value: float | Tensor | str = "mean",
                  edge_mode: str = "bias", beta: bool = False, share_value: bool = False,
-                 out_bias: bool = False, rotary: RotaryPE | None = None) -> None:
+                 out_bias: bool = False, rotary: RotaryPE | None = None,
+                 kv_heads: int | None = None) -> None:
         if attention not in SCORES:
             raise ValueError(f"attention must be one of {SCORES}, got {attention!r}")
         add_self_loops, share_weights, share_value, out_bias = (
@@ -472,7 +494,11 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         super().__init__(in_channels, out_channels, heads, concat, dropout, bias, out_proj,
                          score_channels=1 if attention == "additive" else out_channels,
                          value_dropout=value_dropout, residual=residual, beta=beta,
-                         aggr="add", node_dim=0)
+                         kv_heads=kv_heads, aggr="add", node_dim=0)
+        if self.kv_heads != self.heads and attention == "additive":
+            raise ValueError(f"kv_heads={self.kv_heads} (grouped keys and values) needs the dot "
+                             f"or gatv2 score; the additive score's key term is one number per "
+                             f"head; got attention='additive'")
         if edge_dim is not None:
             edge_dim = check_positive(edge_dim, "edge_dim")
         check_finite(negative_slope, "negative_slope")
@@ -498,6 +524,10 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             if isinstance(in_channels, (tuple, list)) and in_channels[0] != in_channels[1]:
                 raise ValueError(f"share_weights=True needs the same features for sources and "
                                  f"targets, got in_channels={in_channels!r}")
+            if self.kv_heads != self.heads:
+                raise ValueError(f"share_weights=True makes the keys' projection the queries', "
+                                 f"which has heads = {self.heads} heads, got kv_heads="
+                                 f"{self.kv_heads}")
             self.lin_k = self.lin_q  # one module: its weights serve q_i and k_j
         self.share_value = bool(share_value)
         if share_value:
@@ -617,10 +647,11 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         if q is None:  # x = (x_src, None): the additive score without its target term
             q = k.new_zeros(N_dst, H * score_channels)
         q = q.view(N_dst, H, score_channels)  # (N_dst, H, C) or (N_dst, H, 1)
-        k = k.view(N_src, H, score_channels)  # (N_src, H, C) or (N_src, H, 1)
-        v = v.view(N_src, H, C)  # (N_src, H, C)
+        k = k.view(N_src, self.kv_heads, score_channels)  # (N_src, H_kv, C) or (N_src, H, 1)
+        v = v.view(N_src, self.kv_heads, C)  # (N_src, H_kv, C)
         if self.rotary is not None:  # the dot score of R(p_i) q_i and R(p_j) k_j
             q, k = self.rotary.rotate_pair(q, k, pos_dst, pos_src)
+        k, v = self._share_kv_heads(k, v)  # (N_src, H, C)
         if self.attention == "additive":
             q, k = q.squeeze(-1), k.squeeze(-1)  # (N, H)
         bias = edge_key = edge_value = None
@@ -1055,6 +1086,8 @@ class DenseSelfAttention(_SelfAttentionBase):
         rotary (graphattn.pe.RotaryPE, optional): rotate queries and keys by their positions
             (the forward's ``pos``, by default ``0 .. L-1``), as :class:`GraphSelfAttention`
             does. (default: ``None``)
+        kv_heads (int, optional): heads of the keys and values, shared by groups of query
+            heads, as :class:`GraphSelfAttention`'s. (default: ``None``: ``heads``)
 
     Shapes:
         - **input:** x ``(L, F)`` or ``(B, L, F)``, mask bool ``(L, L)`` or ``(B, L, L)``,
@@ -1073,13 +1106,13 @@ class DenseSelfAttention(_SelfAttentionBase):
                  concat: bool = True, dropout: float = 0.0, bias: bool = True,
                  out_proj: bool = True, value_dropout: float = 0.0,
                  residual: bool = False, beta: bool = False,
-                 rotary: RotaryPE | None = None) -> None:
+                 rotary: RotaryPE | None = None, kv_heads: int | None = None) -> None:
         if isinstance(in_channels, (tuple, list)):
             raise ValueError(f"in_channels must be one integer for DenseSelfAttention (queries, "
                              f"keys and values come from one x), got {in_channels!r}")
         super().__init__(in_channels, out_channels, heads, concat, dropout, bias, out_proj,
                          score_channels=out_channels, value_dropout=value_dropout,
-                         residual=residual, beta=beta)
+                         residual=residual, beta=beta, kv_heads=kv_heads)
         self.rotary = _check_rotary(rotary, self.out_channels)
         self.reset_parameters()
 
@@ -1117,7 +1150,9 @@ class DenseSelfAttention(_SelfAttentionBase):
             raise ValueError(f"x must have F = in_channels = {self.lin_q.in_features} features, "
                              f"got {list(x.shape)}")
         check_weight_dtype(x, self.lin_q, "x")
-        q, k, v = (t.unflatten(-1, (H, C)) for t in self._project(x, x))  # (B, L, H, C)
+        q, k, v = self._project(x, x)
+        q = q.unflatten(-1, (H, C))  # (B, L, H, C)
+        k, v = k.unflatten(-1, (self.kv_heads, C)), v.unflatten(-1, (self.kv_heads, C))
         if self.rotary is not None:
             if pos is None and batch is not None:
                 raise ValueError("with batch, a layer with rotary needs pos=[N] (or [N, A]): "
@@ -1130,6 +1165,7 @@ class DenseSelfAttention(_SelfAttentionBase):
         elif pos is not None:
             raise ValueError("pos was given but the layer has rotary=None: positions enter "
                              "through a rotary embedding, rotary=graphattn.pe.RotaryPE(...)")
+        k, v = self._share_kv_heads(k, v)  # (B, L, H, C)
         result = dense_attention(q, k, v, mask, is_causal=is_causal, dropout_p=self.dropout,
                                  training=self.training,
                                  return_attention=return_attention_weights, batch=batch,
