@@ -401,8 +401,9 @@ def test_graph_transformer_rotates_in_every_block():
     from graphattn.nn import GraphTransformer
 
     torch.manual_seed(0)
-    model = GraphTransformer(5, 16, 3, num_layers=3, heads=2, dropout=0.0,
+    model = GraphTransformer(5, 16, 3, num_layers=3, heads=2, dropout=0.0, kv_heads=1,
                              add_self_loops=False, rotary=pe.RotaryPE(8)).double().eval()
+    assert all(attn.lin_k.out_features == 8 for attn in model.attns)  # one key head
     L = 10
     edges = graphs.repeat_graph(graphs.causal_graph(L), L, 2)
     x = torch.randn(2 * L, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(1))

@@ -271,6 +271,9 @@ class GraphTransformer(torch.nn.Module):
             attention layer applies to its queries and keys, with the positions passed to
             ``forward`` as ``pos`` (``[N]`` or ``[N, A]``); its ``dim`` is at most
             ``hidden_channels / heads``. (default: ``None``)
+        kv_heads (int, optional): key and value heads of every attention layer, a divisor of
+            ``heads`` (grouped-query attention; see :class:`GraphSelfAttention`).
+            (default: ``None``: ``heads``)
 
     ``forward(..., attn_bias=)`` takes an ``[|E|, H]`` score bias that every block adds to its
     attention scores, shared by the blocks as Graphormer shares its spatial encoding: a
@@ -295,7 +298,8 @@ class GraphTransformer(torch.nn.Module):
                  dropout: float = 0.5, attention_dropout: float | None = None,
                  ffn_ratio: int = 2, attention: str = "dot", backend: str = "auto",
                  edge_dim: int | None = None, edge_mode: str = "bias",
-                 add_self_loops: bool = True, rotary: RotaryPE | None = None) -> None:
+                 add_self_loops: bool = True, rotary: RotaryPE | None = None,
+                 kv_heads: int | None = None) -> None:
         super().__init__()
         _check_single_input(in_channels, "GraphTransformer")
         in_channels = check_in_channels(in_channels)
@@ -324,7 +328,7 @@ class GraphTransformer(torch.nn.Module):
             GraphSelfAttention(D, D // heads, heads, dropout=attention_dropout,
                                attention=attention, backend=backend, edge_dim=edge_dim,
                                edge_mode=edge_mode, add_self_loops=add_self_loops,
-                               rotary=rotary)
+                               rotary=rotary, kv_heads=kv_heads)
             for _ in range(num_layers))
         self.ffn_norms = torch.nn.ModuleList(LayerNorm(D) for _ in range(num_layers))
         self.ffns = torch.nn.ModuleList(
