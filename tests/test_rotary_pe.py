@@ -471,3 +471,80 @@ def test_grouped_heads_are_full_heads_with_repeated_weights(options, backend):
     assert_close(grouped.lin_q.weight.grad, full.lin_q.weight.grad)
     summed = full.lin_k.weight.grad.unflatten(0, (H // G, G, C)).sum(dim=1).flatten(0, 1)
     assert_close(grouped.lin_k.weight.grad, summed)
+
+
+def hf_attention(family: str, kv_heads: int, **config):
+    """Hugging Face's self-attention of ``family`` (``"llama"``, ``"qwen2"``, ``"mistral"``),
+    4 heads of 8 channels, and its rotary embedding module, from a config (no download)."""
+    module = transformers_module(f"{family}.modeling_{family}")
+    import transformers
+
+    prefix = {"llama": "Llama", "qwen2": "Qwen2", "mistral": "Mistral"}[family]
+    config = getattr(transformers, f"{prefix}Config")(
+        hidden_size=32, num_attention_heads=4, num_key_value_heads=kv_heads,
+        attention_dropout=0.0, **config)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    attention = getattr(module, f"{prefix}Attention")(config, layer_idx=0)
+    for lin in (attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj):
+        if lin.bias is not None:  # biases that are not 0, so that a lost one would show
+            torch.nn.init.normal_(lin.bias)
+    return attention, getattr(module, f"{prefix}RotaryEmbedding")(config)
+
+
+@pytest.mark.parametrize("family, kv_heads, config", [
+    ("llama", 4, dict(rope_theta=500.0)),
+    ("llama", 2, dict(attention_bias=True)),
+    ("qwen2", 2, {}),  # biased q, k, v, and an o_proj without one
+    ("mistral", 1, {}),
+], ids=["llama", "llama-grouped-biased", "qwen2", "mistral-multi-query"])
+@pytest.mark.parametrize("dense", [False, True], ids=["graph", "dense"])
+def test_from_llama_computes_the_hugging_face_attention(family, kv_heads, config, dense):
+    from graphattn.nn import from_llama
+
+    attention, rotary = hf_attention(family, kv_heads, **config)
+    layer = from_llama(attention, dense=dense, backend="cpu")
+    assert layer.kv_heads == kv_heads and layer.rotary.dim == 8
+    L = 20
+    gen = torch.Generator().manual_seed(17)
+    x = torch.randn(1, L, 32, generator=gen)
+    w = torch.randn(1, L, 32, generator=gen)
+    want, want_grad = run_llama(attention, rotary, x, torch.arange(L)[None], w)
+    x_in = x.clone().requires_grad_(True)
+    out = (layer(x_in, is_causal=True) if dense
+           else layer(x_in[0], graphs.causal_graph(L), pos=torch.arange(L))[None])
+    (out * w).sum().backward()
+    assert_close(out.detach(), want)
+    assert_close(x_in.grad, want_grad)
+    assert_close(layer.lin_v.weight.grad, attention.v_proj.weight.grad)
+
+
+def test_from_llama_on_a_window_is_the_attention_with_a_window_mask():
+    # the converted layer on a causal window graph: Hugging Face's attention with that mask
+    from graphattn.nn import from_llama
+
+    attention, rotary = hf_attention("llama", 2)
+    layer = from_llama(attention)
+    L, r = 24, 5
+    window = graphs.window_graph(L, r, causal=True)
+    x = torch.randn(1, L, 32, generator=torch.Generator().manual_seed(18))
+    mask = torch.zeros(L, L).masked_fill(~graphs.to_dense_mask(window, L), float("-inf"))
+    with torch.no_grad():
+        want = attention(x, position_embeddings=rotary(x, torch.arange(L)[None]),
+                         attention_mask=mask[None, None])[0]
+        assert_close(layer(x[0], window, pos=torch.arange(L)), want[0])
+
+
+@pytest.mark.parametrize("make, error, match", [
+    (lambda: torch.nn.Linear(4, 4), TypeError, "LLaMA-family self-attention"),
+    (lambda: hf_attention("llama", 4, rope_parameters=dict(
+        rope_type="linear", rope_theta=10000.0, factor=2.0))[0], NotImplementedError,
+     "rope_type='linear'"),
+    # heads of 16 channels in a model of width 32: o_proj maps 64 features back to 32
+    (lambda: hf_attention("llama", 4, head_dim=16)[0], ValueError, "o_proj must map"),
+])
+def test_from_llama_errors(make, error, match):
+    from graphattn.nn import from_llama
+
+    with pytest.raises(error, match=match):
+        from_llama(make())

@@ -39,10 +39,17 @@ the edges it is given: on the complete graph it is the ``MultiheadAttention`` it
 window, causal or grid graph that attention restricted to the graph, as an ``attn_mask`` would
 restrict it, at the cost of the edges instead of :math:`L^2`. Or into a
 :class:`~graphattn.nn.DenseSelfAttention` (``dense=True``). Here the parameters map one to one.
+
+**Hugging Face.** :func:`from_llama` turns the self-attention of a LLaMA-family decoder layer
+(``LlamaAttention`` and the models built like it) into a ``GraphSelfAttention`` with its
+rotary embedding (:class:`~graphattn.pe.RotaryPE`) and grouped key and value heads
+(``kv_heads``): on the causal graph with positions ``0 .. L-1`` it is that attention, on a
+causal window graph the same model's attention restricted to a sliding window.
 """
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import torch
@@ -50,6 +57,7 @@ from torch.nn import Module
 from torch.nn.parameter import UninitializedParameter
 
 from graphattn.nn.attention import _UNCALLED_HOOKS, DenseSelfAttention, GraphSelfAttention
+from graphattn.pe import RotaryPE
 
 CONVERTIBLE = ("GATConv", "GATv2Conv", "TransformerConv")
 """The names of the PyG layers :func:`from_pyg` converts."""
@@ -356,4 +364,93 @@ def from_mha(mha: torch.nn.MultiheadAttention, *, dense: bool = False,
         layer.lin_out.weight.copy_(mha.out_proj.weight)
         if bias:
             layer.lin_out.bias.copy_(mha.out_proj.bias)
+    return layer
+
+
+def from_llama(attention: Module, *, dense: bool = False,
+               backend: str = "auto") -> GraphSelfAttention | DenseSelfAttention:
+    r"""The :class:`~graphattn.nn.GraphSelfAttention` (or, with ``dense=True``, the
+    :class:`~graphattn.nn.DenseSelfAttention`) that computes what a Hugging Face LLaMA-family
+    self-attention computes, with its weights copied: ``lin_q, lin_k, lin_v, lin_out`` from
+    ``q_proj, k_proj, v_proj, o_proj``, its rotary embedding as ``rotary=RotaryPE(head_dim,
+    base=rope_theta)`` and its key and value heads as ``kv_heads``.
+
+    With ``x [L, D]`` and positions ``0 .. L-1``
+
+    .. math::
+        \text{layer}(x, \text{causal\_graph}(L), \text{pos}=0..L-1) =
+        \text{attention}(x[\text{None}], \text{position\_embeddings}, \text{causal mask})
+
+    and on any other graph over the L positions (a causal window, global tokens) the same
+    attention restricted to the graph's edges, at the cost of the edges. No self-loops are
+    added. The dense layer takes ``x [B, L, D]`` with ``is_causal=True`` (``pos`` defaults to
+    ``0 .. L-1``).
+
+    Args:
+        attention (torch.nn.Module): a module with ``q_proj``, ``k_proj``, ``v_proj`` and
+            ``o_proj`` (``Linear``), ``head_dim`` and a ``config`` giving
+            ``num_attention_heads``, ``num_key_value_heads`` and the rotary embedding
+            (``rope_parameters`` or ``rope_theta``; only the default RoPE, without scaling), as
+            ``transformers``' ``LlamaAttention`` (and ``MistralAttention``,
+            ``Qwen2Attention``) have. Its scores must be scaled by ``head_dim ** -0.5`` and
+            its output size must be ``num_attention_heads * head_dim``.
+        dense (bool, optional): return a ``DenseSelfAttention``. (default: ``False``)
+        backend (str, optional): the ``GraphSelfAttention``'s ``backend``.
+            (default: ``"auto"``)
+
+    Returns:
+        GraphSelfAttention or DenseSelfAttention: on the attention's device, in its dtype and
+        training mode (its attention dropout included).
+    """
+    lins = [getattr(attention, name, None) for name in ("q_proj", "k_proj", "v_proj", "o_proj")]
+    config = getattr(attention, "config", None)
+    if config is None or not all(isinstance(lin, torch.nn.Linear) for lin in lins):
+        raise TypeError(f"attention must be a LLaMA-family self-attention with q_proj, k_proj, "
+                        f"v_proj and o_proj Linear layers and a config, got "
+                        f"{type(attention).__name__}")
+    q_proj, k_proj, v_proj, o_proj = lins
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(attention, "head_dim", None) or q_proj.out_features // heads
+    hidden = q_proj.in_features
+    rope = dict(getattr(config, "rope_parameters", None) or {})
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type != "default":
+        raise NotImplementedError(f"from_llama converts the default rotary embedding, got "
+                                  f"rope_type={rope_type!r} (its scaled frequencies have no "
+                                  f"RotaryPE equivalent)")
+    base = rope.get("rope_theta", getattr(config, "rope_theta", None))
+    if base is None:
+        raise ValueError("the attention's config gives no rope_theta for its rotary embedding")
+    factor = rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
+    scaling = getattr(attention, "scaling", head_dim ** -0.5)
+    if not math.isclose(scaling, head_dim ** -0.5, rel_tol=1e-6):
+        raise ValueError(f"the attention scales its scores by {scaling}, the layer by "
+                         f"head_dim ** -0.5 = {head_dim ** -0.5}")
+    if o_proj.in_features != heads * head_dim or o_proj.out_features != heads * head_dim:
+        raise ValueError(f"o_proj must map heads * head_dim = {heads * head_dim} features to as "
+                         f"many (the layer's lin_out is square), got o_proj "
+                         f"{o_proj.in_features} -> {o_proj.out_features}")
+    bias = q_proj.bias is not None
+    if (k_proj.bias is not None) != bias or (v_proj.bias is not None) != bias or (
+            o_proj.bias is not None and not bias):
+        raise ValueError("q_proj, k_proj and v_proj must all have biases or none (and o_proj "
+                         "none when they have none)")
+    dropout = float(getattr(config, "attention_dropout", 0.0) or 0.0)
+    rotary = RotaryPE(int(head_dim * factor), base=float(base))
+    if dense:
+        layer = DenseSelfAttention(hidden, head_dim, heads, dropout=dropout, bias=bias,
+                                   rotary=rotary, kv_heads=kv_heads)
+    else:
+        layer = GraphSelfAttention(hidden, head_dim, heads, dropout=dropout, bias=bias,
+                                   add_self_loops=False, backend=backend, rotary=rotary,
+                                   kv_heads=kv_heads)
+    layer = layer.to(device=o_proj.weight.device, dtype=o_proj.weight.dtype)
+    layer.train(attention.training)
+    with torch.no_grad():
+        for lin, source in zip((layer.lin_q, layer.lin_k, layer.lin_v, layer.lin_out), lins,
+                               strict=True):
+            lin.weight.copy_(source.weight)
+            if lin.bias is not None:  # o_proj without a bias beside biased projections: 0
+                lin.bias.copy_(source.bias if source.bias is not None else 0.0)
     return layer
