@@ -692,3 +692,49 @@ def test_export_with_dynamic_sizes_runs_on_other_graphs(model):
         x, edge_index = torch.randn(n, 8), torch.randint(0, n, (2, e))
         with torch.no_grad():
             assert_close(program.module()(x, edge_index), module(x, edge_index))
+
+
+class _Positional(torch.nn.Module):
+    """``layer(x, edge_index, pos=pos)``, or with ``edge_index=None`` the dense
+    ``layer(x, is_causal=True)``, as a module of plain positional tensors for export."""
+
+    def __init__(self, layer: torch.nn.Module) -> None:
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x: torch.Tensor, edge_index: torch.Tensor | None = None,
+                pos: torch.Tensor | None = None) -> torch.Tensor:
+        if edge_index is None:
+            return self.layer(x, is_causal=True)
+        return self.layer(x, edge_index, pos=pos)
+
+
+@pytest.mark.parametrize("dense", [False, True], ids=["graph", "dense"])
+def test_rotary_grouped_layers_export_with_dynamic_sizes(dense):
+    """A layer with a rotary embedding and grouped key heads exports with its node (or
+    sequence) count dynamic, and the program runs on other sizes as eager does."""
+    from torch.export import Dim, export
+
+    from graphattn import graphs, pe
+
+    torch.manual_seed(0)
+    if dense:
+        module = _Positional(DenseSelfAttention(8, 8, 2, rotary=pe.RotaryPE(8),
+                                                kv_heads=1)).eval()
+        length = Dim("L", min=2, max=10**5)
+        program = export(module, (torch.randn(2, 12, 8),), dynamic_shapes=({1: length},))
+        for n in (12, 30, 5):
+            x = torch.randn(2, n, 8)
+            with torch.no_grad():
+                assert_close(program.module()(x), module(x))
+        return
+    module = _Positional(GraphSelfAttention(8, 8, 2, add_self_loops=False,
+                                            rotary=pe.RotaryPE(8), kv_heads=1)).eval()
+    x, edge_index, pos = torch.randn(12, 8), graphs.causal_graph(12), torch.arange(12)
+    nodes, edges = Dim("N", min=2, max=10**6), Dim("E", min=2, max=10**7)
+    program = export(module, (x, edge_index, pos),
+                     dynamic_shapes=({0: nodes}, {1: edges}, {0: nodes}))
+    for n in (12, 40, 5):
+        x, edge_index, pos = torch.randn(n, 8), graphs.causal_graph(n), torch.arange(n) + 3
+        with torch.no_grad():
+            assert_close(program.module()(x, edge_index, pos), module(x, edge_index, pos))
