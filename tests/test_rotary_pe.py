@@ -548,3 +548,27 @@ def test_from_llama_errors(make, error, match):
 
     with pytest.raises(error, match=match):
         from_llama(make())
+
+
+def test_packed_sequences_of_other_lengths_are_llama_on_each():
+    # sequences of 5, 9 and 3 tokens packed into one tensor, without padding: the dense
+    # layer's batch= with is_causal=True, and the graph layer on each sequence's causal graph
+    # side by side, both with each token's position in its own sequence, are LLaMA's
+    # attention on each sequence alone
+    from graphattn.nn import from_llama
+
+    attention, rotary = hf_attention("llama", 2)
+    graph, dense = from_llama(attention), from_llama(attention, dense=True)
+    lengths = [5, 9, 3]
+    seq = torch.repeat_interleave(torch.arange(3), torch.tensor(lengths))  # (17,)
+    pos = torch.cat([torch.arange(n) for n in lengths])  # position within its sequence
+    starts = [0, 5, 14]
+    causal = torch.cat([graphs.causal_graph(n) + s for n, s in zip(lengths, starts,
+                                                                     strict=True)], dim=1)
+    x = torch.randn(17, 32, generator=torch.Generator().manual_seed(19))
+    want = torch.cat([run_llama(attention, rotary, x[s:s + n][None], torch.arange(n)[None],
+                                torch.zeros(1, n, 32))[0][0]
+                      for n, s in zip(lengths, starts, strict=True)])
+    with torch.no_grad():
+        assert_close(dense(x, batch=seq, is_causal=True, pos=pos), want)
+        assert_close(graph(x, causal, pos=pos), want)
