@@ -49,3 +49,42 @@ def test_onnx_export_with_dynamic_sizes_runs_on_other_graphs(name, private_flag,
         (out,) = session.run(None, {"x": x.numpy(), "edge_index": edge_index.numpy()})
         with torch.no_grad():
             assert_close(torch.from_numpy(out), module(x, edge_index), atol=1e-5, rtol=1e-4)
+
+
+class _Rotary(torch.nn.Module):
+    """A layer with a rotary embedding and grouped key heads, its positions an input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from graphattn import pe
+
+        self.layer = GraphSelfAttention(8, 4, heads=2, kv_heads=1, add_self_loops=False,
+                                        rotary=pe.RotaryPE(4, axes=2))
+
+    def forward(self, x: torch.Tensor, edge_index: torch.Tensor,
+                pos: torch.Tensor) -> torch.Tensor:
+        return self.layer(x, edge_index, pos=pos)
+
+
+def test_onnx_export_of_rotary_grouped_layer_runs_on_other_graphs(tmp_path):
+    """RoPE's rotation and the grouped heads' repeat are plain ops: the exported program takes
+    the positions as an input and runs on graphs of other sizes."""
+    from torch.export import Dim
+
+    torch.manual_seed(0)
+    module = _Rotary().eval()
+    x, edge_index, pos = torch.randn(12, 8), torch.randint(0, 12, (2, 40)), torch.randn(12, 2)
+    path = tmp_path / "rotary.onnx"
+    nodes = Dim("N")
+    torch.onnx.export(module, (x, edge_index, pos), path, dynamo=True,
+                      input_names=["x", "edge_index", "pos"], output_names=["out"],
+                      dynamic_shapes=({0: nodes}, {1: Dim("E")}, {0: nodes}))
+    session = onnxruntime.InferenceSession(str(path))
+    for n, e in [(12, 40), (50, 300), (7, 45)]:
+        x, edge_index = torch.randn(n, 8), torch.randint(0, n, (2, e))
+        pos = torch.randn(n, 2) * 10
+        (out,) = session.run(None, {"x": x.numpy(), "edge_index": edge_index.numpy(),
+                                    "pos": pos.numpy()})
+        with torch.no_grad():
+            assert_close(torch.from_numpy(out), module(x, edge_index, pos), atol=1e-5,
+                         rtol=1e-4)
