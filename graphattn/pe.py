@@ -1943,7 +1943,8 @@ class OffsetBias(torch.nn.Module):
 
 
 def apply_rotary(x: Tensor, pos: Tensor, *, dim: int | None = None, axes: int = 1,
-                 base: float = 10000.0, interleaved: bool = False) -> Tensor:
+                 base: float = 10000.0, interleaved: bool = False,
+                 frequencies: Tensor | None = None) -> Tensor:
     r"""Rotate queries or keys by their positions: the rotary position embedding (RoPE; Su et
     al., 2021), on a sequence, an image or any nodes with coordinates.
 
@@ -1978,6 +1979,11 @@ def apply_rotary(x: Tensor, pos: Tensor, *, dim: int | None = None, axes: int = 
         base (float, optional): frequency base. (default: ``10000.0``)
         interleaved (bool, optional): pair channels 2m, 2m+1 instead of m, m + d/2 (within
             each axis' group). (default: ``False``)
+        frequencies (Tensor, optional): the planes' frequencies :math:`\theta_m` themselves,
+            ``[dim / (2A)]`` (radians per unit of position, the same for every axis), in place
+            of ``base``'s: the rescaled frequencies of long-context variants, such as LLaMA 3's
+            (:func:`graphattn.nn.from_llama` reads them from a model's config).
+            (default: ``None``)
 
     Shapes:
         - **input:** x ``(..., N, H, C)``, pos ``(..., N)`` or ``(..., N, A)``
@@ -1994,12 +2000,26 @@ def apply_rotary(x: Tensor, pos: Tensor, *, dim: int | None = None, axes: int = 
         raise ValueError(f"dim must be a multiple of 2 * axes = {2 * axes} and at most the "
                          f"channels per head C = {C}, got dim={dim}")
     _check_base(base)
-    cos, sin = _rotary_angles(pos, x, dim, axes, float(base), bool(interleaved))
+    _check_frequencies(frequencies, dim // axes // 2)
+    cos, sin = _rotary_angles(pos, x, dim, axes, float(base), bool(interleaved), frequencies)
     return _rotate(x, cos, sin, dim, axes, bool(interleaved))
 
 
+def _check_frequencies(frequencies: Tensor | None, planes: int) -> None:
+    """Raise unless ``frequencies`` is ``None`` or a finite real ``[planes]`` tensor."""
+    if frequencies is None:
+        return
+    check_tensors(frequencies=frequencies)
+    if not frequencies.is_floating_point() or tuple(frequencies.shape) != (planes,):
+        raise ValueError(f"frequencies must be a real tensor [dim / (2 * axes)] = [{planes}], "
+                         f"one per plane, got {frequencies.dtype} {list(frequencies.shape)}")
+    if not torch.isfinite(frequencies).all():
+        raise ValueError("frequencies must be finite")
+
+
 def _rotary_angles(pos: Tensor, x: Tensor, dim: int, axes: int, base: float,
-                   interleaved: bool) -> tuple[Tensor, Tensor]:
+                   interleaved: bool, frequencies: Tensor | None = None,
+                   ) -> tuple[Tensor, Tensor]:
     """The cosine and sine of each rotated channel's angle ``[..., N, 1, dim]`` in the dtype
     of ``x`` (each plane's angle at both of its channels), after checking that ``pos`` gives a
     position to every row N of ``x`` ``[..., N, H, C]``."""
@@ -2024,8 +2044,11 @@ def _rotary_angles(pos: Tensor, x: Tensor, dim: int, axes: int, base: float,
                          f"leading dimensions broadcast against x's, got {shape}")
     group = dim // axes
     angle_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
-    steps = torch.arange(0, group, 2, dtype=angle_dtype, device=x.device)
-    freq = 1.0 / (base ** (steps / group))  # (group / 2,): theta_m, as Hugging Face's inv_freq
+    if frequencies is None:
+        steps = torch.arange(0, group, 2, dtype=angle_dtype, device=x.device)
+        freq = 1.0 / (base ** (steps / group))  # (group / 2,): theta_m, as HF's inv_freq
+    else:
+        freq = frequencies.to(device=x.device, dtype=angle_dtype)  # (group / 2,)
     angle = pos.to(device=x.device, dtype=angle_dtype).unsqueeze(-1) * freq  # (.., N, 1, A, g/2)
     # each plane's angle at its two channels: (2m, 2m + 1), or (m, m + g/2) within each group
     angle = (angle.repeat_interleave(2, dim=-1) if interleaved
@@ -2081,6 +2104,9 @@ class RotaryPE(torch.nn.Module):
         base (float, optional): frequency base. (default: ``10000.0``)
         interleaved (bool, optional): pair channels 2m, 2m+1 (RoFormer, GPT-J) instead of
             m, m + dim/2 (LLaMA, GPT-NeoX). (default: ``False``)
+        frequencies (Tensor, optional): the planes' frequencies ``[dim / (2 * axes)]`` in
+            place of ``base``'s, as :func:`apply_rotary` takes them; kept as a buffer outside
+            the ``state_dict``. (default: ``None``)
 
     Shapes:
         - **input:** x ``(..., N, H, C)`` with C >= dim, pos ``(..., N)`` or ``(..., N, A)``
@@ -2088,7 +2114,7 @@ class RotaryPE(torch.nn.Module):
     """
 
     def __init__(self, dim: int, *, axes: int = 1, base: float = 10000.0,
-                 interleaved: bool = False) -> None:
+                 interleaved: bool = False, frequencies: Tensor | None = None) -> None:
         super().__init__()
         self.axes = check_positive(axes, "axes")
         dim = check_positive(dim, "dim")
@@ -2099,11 +2125,14 @@ class RotaryPE(torch.nn.Module):
         self.dim = dim
         self.base = float(base)
         self.interleaved = check_flag(interleaved, "interleaved")
+        _check_frequencies(frequencies, dim // self.axes // 2)
+        self.register_buffer("frequencies", None if frequencies is None
+                             else frequencies.detach().clone(), persistent=False)
 
     def forward(self, x: Tensor, pos: Tensor) -> Tensor:
         """``x`` ``[..., N, H, C]`` rotated by ``pos`` ``[..., N]`` or ``[..., N, A]``."""
         return apply_rotary(x, pos, dim=self.dim, axes=self.axes, base=self.base,
-                            interleaved=self.interleaved)
+                            interleaved=self.interleaved, frequencies=self.frequencies)
 
     def rotate_pair(self, q: Tensor, k: Tensor, pos_q: Tensor, pos_k: Tensor,
                     ) -> tuple[Tensor, Tensor]:
@@ -2113,7 +2142,8 @@ class RotaryPE(torch.nn.Module):
                 or q.dtype != k.dtype):  # (the angles broadcast over any number of heads)
             return self(q, pos_q), self(k, pos_k)
         check_tensors(x=q, pos=pos_q)
-        cos, sin = _rotary_angles(pos_q, q, self.dim, self.axes, self.base, self.interleaved)
+        cos, sin = _rotary_angles(pos_q, q, self.dim, self.axes, self.base, self.interleaved,
+                                  self.frequencies)
         return tuple(_rotate(t, cos, sin, self.dim, self.axes, self.interleaved)
                      for t in (q, k))
 
@@ -2121,4 +2151,5 @@ class RotaryPE(torch.nn.Module):
         extra = f"{self.dim}"
         extra += "" if self.axes == 1 else f", axes={self.axes}"
         extra += "" if self.base == 10000.0 else f", base={self.base}"
+        extra += "" if self.frequencies is None else ", frequencies=[...]"
         return extra + (", interleaved=True" if self.interleaved else "")

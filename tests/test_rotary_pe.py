@@ -538,8 +538,11 @@ def test_from_llama_on_a_window_is_the_attention_with_a_window_mask():
 @pytest.mark.parametrize("make, error, match", [
     (lambda: torch.nn.Linear(4, 4), TypeError, "LLaMA-family self-attention"),
     (lambda: hf_attention("llama", 4, rope_parameters=dict(
-        rope_type="linear", rope_theta=10000.0, factor=2.0))[0], NotImplementedError,
-     "rope_type='linear'"),
+        rope_type="dynamic", rope_theta=10000.0, factor=2.0))[0], NotImplementedError,
+     "rope_type='dynamic'"),
+    (lambda: hf_attention("llama", 4, rope_parameters=dict(
+        rope_type="yarn", rope_theta=10000.0, factor=2.0,
+        original_max_position_embeddings=64))[0], NotImplementedError, "rope_type='yarn'"),
     # heads of 16 channels in a model of width 32: o_proj maps 64 features back to 32
     (lambda: hf_attention("llama", 4, head_dim=16)[0], ValueError, "o_proj must map"),
 ])
@@ -572,3 +575,67 @@ def test_packed_sequences_of_other_lengths_are_llama_on_each():
     with torch.no_grad():
         assert_close(dense(x, batch=seq, is_causal=True, pos=pos), want)
         assert_close(graph(x, causal, pos=pos), want)
+
+
+LLAMA3_ROPE = dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0,
+                   high_freq_factor=4.0, original_max_position_embeddings=8192)
+
+
+@pytest.mark.parametrize("rope", [LLAMA3_ROPE, dict(rope_type="linear", rope_theta=10000.0,
+                                                      factor=4.0)], ids=["llama3", "linear"])
+def test_from_llama_takes_rescaled_rope_frequencies(rope):
+    # LLaMA 3's frequencies (the low ones divided by 8, a smooth band between) and linear
+    # position interpolation: the converted layer holds transformers' frequencies and computes
+    # its attention at positions far from 0, where a wrong low frequency would show
+    from graphattn.nn import from_llama
+
+    attention, rotary = hf_attention("llama", 2, rope_parameters=rope)
+    layer = from_llama(attention, backend="cpu")
+    assert layer.rotary.frequencies is not None
+    plain = pe.RotaryPE(8, base=rope["rope_theta"])
+    assert not torch.allclose(layer.rotary.frequencies.float(),
+                              _rotary_frequencies(plain, 4), rtol=1e-3)
+    L, start = 16, 20000
+    x = torch.randn(1, L, 32, generator=torch.Generator().manual_seed(20))
+    w = torch.randn(1, L, 32, generator=torch.Generator().manual_seed(21))
+    want, want_grad = run_llama(attention, rotary, x, torch.arange(L)[None] + start, w)
+    x_in = x[0].clone().requires_grad_(True)
+    out = layer(x_in, graphs.causal_graph(L), pos=torch.arange(L) + start)
+    (out * w[0]).sum().backward()
+    assert_close(out.detach(), want[0])
+    assert_close(x_in.grad, want_grad[0])
+    # the layer without them (base alone) computes another function there
+    layer.rotary = plain
+    assert not torch.allclose(layer(x[0], graphs.causal_graph(L), pos=torch.arange(L) + start),
+                              want[0], atol=1e-4)
+
+
+def _rotary_frequencies(rope: pe.RotaryPE, planes: int) -> torch.Tensor:
+    """The frequencies a RotaryPE without explicit ones turns its planes by, read back from
+    the rotation of unit vectors at position 1."""
+    x = torch.zeros(1, planes, 2 * planes, dtype=torch.float64)
+    x[0, torch.arange(planes), torch.arange(planes)] = 1.0  # head m: plane m's first channel
+    rotated = rope(x, torch.ones(1))[0]  # (planes, 2 planes)
+    angle = torch.atan2(rotated[torch.arange(planes), torch.arange(planes) + planes],
+                        rotated[torch.arange(planes), torch.arange(planes)])
+    return angle.float()
+
+
+def test_rotary_frequencies_replace_the_base():
+    # explicit frequencies turn each plane by theta_m * p: the base's own frequencies given
+    # explicitly compute what the base computes, other ones another rotation
+    base = pe.RotaryPE(8, base=100.0)
+    theta = 100.0 ** (-torch.arange(0, 8, 2, dtype=torch.float64) / 8)
+    explicit = pe.RotaryPE(8, frequencies=theta)
+    x = torch.randn(6, 2, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(22))
+    pos = torch.arange(6) * 7
+    assert_close(explicit(x, pos), base(x, pos))
+    assert_close(_rotary_frequencies(base, 4), theta.float())
+    halved = pe.RotaryPE(8, frequencies=theta / 2)
+    assert_close(halved(x, pos), base(x, pos // 7 * 7 / 2))  # theta / 2 at p = theta at p / 2
+    assert "frequencies" not in GraphSelfAttention(8, 8, rotary=explicit).state_dict()
+    assert repr(explicit) == "RotaryPE(8, frequencies=[...])"
+    with pytest.raises(ValueError, match="frequencies must be a real tensor"):
+        pe.RotaryPE(8, frequencies=theta[:3])
+    with pytest.raises(ValueError, match="frequencies must be finite"):
+        pe.apply_rotary(x, pos, frequencies=torch.tensor([1.0, float("nan"), 1.0, 1.0]))

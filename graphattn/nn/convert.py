@@ -390,7 +390,9 @@ def from_llama(attention: Module, *, dense: bool = False,
         attention (torch.nn.Module): a module with ``q_proj``, ``k_proj``, ``v_proj`` and
             ``o_proj`` (``Linear``), ``head_dim`` and a ``config`` giving
             ``num_attention_heads``, ``num_key_value_heads`` and the rotary embedding
-            (``rope_parameters`` or ``rope_theta``; only the default RoPE, without scaling), as
+            (``rope_parameters`` or ``rope_theta``: the default RoPE, or one whose frequencies
+            are rescaled once for all positions, ``"linear"`` and LLaMA 3's ``"llama3"``,
+            taken as ``RotaryPE(frequencies=)`` from ``transformers``' own computation), as
             ``transformers``' ``LlamaAttention`` (and ``MistralAttention``,
             ``Qwen2Attention``) have. Its scores must be scaled by ``head_dim ** -0.5`` and
             its output size must be ``num_attention_heads * head_dim``.
@@ -415,14 +417,11 @@ def from_llama(attention: Module, *, dense: bool = False,
     hidden = q_proj.in_features
     rope = dict(getattr(config, "rope_parameters", None) or {})
     rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type != "default":
-        raise NotImplementedError(f"from_llama converts the default rotary embedding, got "
-                                  f"rope_type={rope_type!r} (its scaled frequencies have no "
-                                  f"RotaryPE equivalent)")
     base = rope.get("rope_theta", getattr(config, "rope_theta", None))
     if base is None:
         raise ValueError("the attention's config gives no rope_theta for its rotary embedding")
     factor = rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
+    frequencies = None if rope_type == "default" else _scaled_frequencies(config, rope_type)
     scaling = getattr(attention, "scaling", head_dim ** -0.5)
     if not math.isclose(scaling, head_dim ** -0.5, rel_tol=1e-6):
         raise ValueError(f"the attention scales its scores by {scaling}, the layer by "
@@ -437,7 +436,7 @@ def from_llama(attention: Module, *, dense: bool = False,
         raise ValueError("q_proj, k_proj and v_proj must all have biases or none (and o_proj "
                          "none when they have none)")
     dropout = float(getattr(config, "attention_dropout", 0.0) or 0.0)
-    rotary = RotaryPE(int(head_dim * factor), base=float(base))
+    rotary = RotaryPE(int(head_dim * factor), base=float(base), frequencies=frequencies)
     if dense:
         layer = DenseSelfAttention(hidden, head_dim, heads, dropout=dropout, bias=bias,
                                    rotary=rotary, kv_heads=kv_heads)
@@ -454,3 +453,26 @@ def from_llama(attention: Module, *, dense: bool = False,
             if lin.bias is not None:  # o_proj without a bias beside biased projections: 0
                 lin.bias.copy_(source.bias if source.bias is not None else 0.0)
     return layer
+
+
+# the rotary embeddings whose frequencies transformers rescales once (attention_scaling 1),
+# which RotaryPE(frequencies=) then reproduces at every position
+_FIXED_ROPE_TYPES = ("linear", "llama3")
+
+
+def _scaled_frequencies(config, rope_type: str) -> torch.Tensor:
+    """The rotary frequencies ``[head_dim / 2]`` of a model whose config asks for
+    ``rope_type``, as ``transformers`` computes them; refused by name where they depend on the
+    sequence length or come with a scale of the cosines and sines."""
+    if rope_type not in _FIXED_ROPE_TYPES:
+        raise NotImplementedError(
+            f"from_llama converts the default rotary embedding and those with frequencies "
+            f"rescaled once ({', '.join(_FIXED_ROPE_TYPES)}), got rope_type={rope_type!r} "
+            f"(its angles depend on the sequence length or scale the cosines and sines)")
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    frequencies, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, "cpu")
+    if scaling != 1.0:
+        raise NotImplementedError(f"rope_type={rope_type!r} scales the cosines and sines by "
+                                  f"{scaling}, which RotaryPE does not")
+    return frequencies.to(torch.float64)
