@@ -29,6 +29,7 @@ import explicit_weights  # noqa: E402
 import global_layers  # noqa: E402
 import hop_distance  # noqa: E402
 import hub_precision  # noqa: E402
+import llama_window  # noqa: E402
 import node_order  # noqa: E402
 import random_walk_pe  # noqa: E402
 import relative_bias  # noqa: E402
@@ -817,3 +818,40 @@ def test_node_order_checks_that_the_orders_agree():
     numbered["locality_order"] = (renumbered, perm.flip(0), seconds)
     with pytest.raises(AssertionError, match="locality_order differs"):
         node_order.check_orders(numbered, tensors)
+
+
+def test_llama_window_agrees_and_fills_the_table(tmp_path):
+    """Every route gets a time per length and pass after the run checked their outputs equal,
+    and a dense route over the memory limit is a row that says why it was skipped."""
+    pytest.importorskip("transformers", reason="the benchmark needs Hugging Face transformers")
+    out = tmp_path / "window.md"
+    llama_window.main(["--quick", "--lengths", "32,64", "--repeats", "1", "--warmup", "0",
+                       "--max-dense-gib", "1e-4", "--output", str(out)])
+    with out.with_suffix(".csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["length"], r["pass"], r["route"]) for r in rows] == [
+        (n, p, route) for n in ("32", "64") for p in ("forward", "fwd+bwd")
+        for route in llama_window.ROUTES]
+    # 32 tokens: 9 * 32^2 * 4 bytes = 3.5e-5 GiB, under the limit; 64: 1.4e-4, over it
+    timed = {(r["length"], r["route"]) for r in rows if r["ms"]}
+    assert timed == {("32", route) for route in llama_window.ROUTES} | {("64", "graphattn")}
+    assert all("over --max-dense-gib" in r["note"] for r in rows if not r["ms"])
+    assert all(float(r["vs_graphattn"]) == 1.0 for r in rows if r["route"] == "graphattn")
+    assert "llama_window.py --quick" in out.read_text()
+
+
+def test_llama_window_checks_the_routes_agree(monkeypatch):
+    """A route that computed another function would stop the run before any timing."""
+    pytest.importorskip("transformers", reason="the benchmark needs Hugging Face transformers")
+    real = llama_window.routes
+
+    def skewed(*args, **kwargs):
+        runs, skipped = real(*args, **kwargs)
+        honest = runs["hf sdpa"]
+        runs["hf sdpa"] = lambda: honest() + 1e-2
+        return runs, skipped
+
+    monkeypatch.setattr(llama_window, "routes", skewed)
+    args = llama_window.parse_args(["--quick", "--repeats", "1", "--warmup", "0"])
+    with pytest.raises(AssertionError, match="hf sdpa differs from graphattn"):
+        llama_window.measure(32, args)
