@@ -29,6 +29,11 @@ def write_table(name: str, title: str, header: list[str], note: str, rows: list[
     return text
 
 
+def default_output(name: str, quick: bool) -> Path:
+    """``results/<name>.md``, or ``results/<name>_quick.md`` for a ``--quick`` run."""
+    return RESULTS / f"{name}{'_quick' if quick else ''}.md"
+
+
 def replot_rows(parser: argparse.ArgumentParser, path: Path, columns: tuple[str, ...]
                 ) -> list[dict]:
     """The rows of the ``.csv`` that ``--replot`` names, or the parser's error when it is not

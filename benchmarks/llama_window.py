@@ -215,7 +215,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--hidden must be divisible by --heads and --heads by --kv-heads, got "
                      f"{args.hidden}, {args.heads}, {args.kv_heads}")
     if args.output is None:
-        args.output = RESULTS / f"llama_window{'_quick' if args.quick else ''}.md"
+        args.output = _report.default_output("llama_window", args.quick)
     return args
 
 

@@ -200,7 +200,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--heads and --channels must be positive, got {args.heads} and "
                      f"{args.channels}")
     if args.output is None:
-        args.output = RESULTS / f"relative_bias{'_quick' if args.quick else ''}.md"
+        args.output = _report.default_output("relative_bias", args.quick)
     return args
 
 
