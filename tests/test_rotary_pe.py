@@ -639,3 +639,14 @@ def test_rotary_frequencies_replace_the_base():
         pe.RotaryPE(8, frequencies=theta[:3])
     with pytest.raises(ValueError, match="frequencies must be finite"):
         pe.apply_rotary(x, pos, frequencies=torch.tensor([1.0, float("nan"), 1.0, 1.0]))
+
+
+@pytest.mark.parametrize("axes, interleaved", [(1, False), (2, True)])
+def test_rotary_gradients_pass_gradcheck_also_for_real_positions(axes, interleaved):
+    # the rotation is differentiable in x and in real positions (learned coordinates)
+    gen = torch.Generator().manual_seed(23)
+    x = torch.randn(5, 2, 8, dtype=torch.float64, generator=gen, requires_grad=True)
+    shape = (5,) if axes == 1 else (5, axes)
+    pos = (torch.randn(shape, dtype=torch.float64, generator=gen) * 3).requires_grad_(True)
+    rope = pe.RotaryPE(8, axes=axes, base=50.0, interleaved=interleaved)
+    assert torch.autograd.gradcheck(rope, (x, pos))
