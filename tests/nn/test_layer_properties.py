@@ -5,7 +5,9 @@ Hypothesis draws the graph (self-attention or bipartite, 0 to 6 nodes per side, 
 self-loops allowed) and the options (score, heads, concat, output projection, self-loops,
 residual and its gate, edge features and how they enter). Each backend runs a copy of one layer:
 outputs, the returned edge order and attention weights, and the gradients of every parameter must
-match the readable reference path. The draws are derandomised, so CI runs the same cases each time.
+match the readable reference path. A second draw gives the dot score a rotary embedding (real
+positions, one or two axes) and grouped key and value heads. The draws are derandomised, so CI
+runs the same cases each time.
 The triton backend runs fewer draws, in Triton's CPU interpreter.
 """
 
@@ -47,10 +49,10 @@ def layer_cases(draw):
     return bipartite, n_src, n_dst, num_edges, heads, channels, options, with_edges, seed
 
 
-def run(layer, backend, x, edge_index, edge_attr):
+def run(layer, backend, x, edge_index, edge_attr, **kwargs):
     layer = copy.deepcopy(layer)
     layer.backend = backend
-    out, (ei, alpha) = layer(x, edge_index, edge_attr, return_attention_weights=True)
+    out, (ei, alpha) = layer(x, edge_index, edge_attr, return_attention_weights=True, **kwargs)
     weight = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)
     if out.numel():
         (out * weight).sum().backward()
@@ -72,11 +74,18 @@ def check_backends(case, backends, dtype=torch.float64):
     edge_attr = (torch.randn(num_edges, EDGE_DIM, generator=gen, dtype=dtype)
                  if with_edges else None)
 
-    out, ei, alpha, grads = run(layer, "reference", x, edge_index, edge_attr)
+    out = assert_backends_agree(layer, backends, x, edge_index, edge_attr)
     assert out.shape == (n_dst, heads * channels if options["concat"] else channels)
+
+
+def assert_backends_agree(layer, backends, x, edge_index, edge_attr, **kwargs):
+    """Each of ``backends`` gives the reference backend's outputs, edge order, attention
+    weights and parameter gradients on a copy of ``layer``; returns the outputs."""
+    out, ei, alpha, grads = run(layer, "reference", x, edge_index, edge_attr, **kwargs)
     assert not out.isnan().any()
     for backend in backends:
-        got_out, got_ei, got_alpha, got_grads = run(layer, backend, x, edge_index, edge_attr)
+        got_out, got_ei, got_alpha, got_grads = run(layer, backend, x, edge_index, edge_attr,
+                                                    **kwargs)
         assert_close(got_out, out)
         assert torch.equal(got_ei, ei)
         assert_close(got_alpha, alpha)
@@ -85,6 +94,7 @@ def check_backends(case, backends, dtype=torch.float64):
                 assert all(g is None or not g.any() for g in (grad, got_grads[name])), name
             else:
                 assert_close(got_grads[name], grad)
+    return out
 
 
 @settings(max_examples=60, deadline=None, derandomize=True)
@@ -115,3 +125,46 @@ def test_layer_built_on_the_meta_device_materialises(fill_value):
     x, edge_attr = torch.randn(5, 16), torch.randn(4, 3)
     edge_index = torch.tensor([[0, 1, 2, 3], [1, 2, 3, 3]])  # node 3 has a loop of its own
     assert_close(layer(x, edge_index, edge_attr), twin(x, edge_index, edge_attr))
+
+
+@st.composite
+def rotary_cases(draw):
+    """Graphs as ``layer_cases`` draws them, for a dot-score layer with a rotary embedding
+    (one or two position axes, rotate-half or interleaved, all or part of the channels) and
+    grouped key/value heads."""
+    bipartite = draw(st.booleans())
+    n_src = draw(st.integers(0, 6))
+    n_dst = draw(st.integers(0, 6)) if bipartite else n_src
+    num_edges = draw(st.integers(0, 14)) if n_src and n_dst else 0
+    heads, kv_heads = draw(st.sampled_from([(1, 1), (2, 1), (4, 2)]))
+    axes = draw(st.sampled_from([1, 2]))
+    dim = draw(st.sampled_from([4, 8]))
+    options = dict(add_self_loops=draw(st.booleans()), concat=draw(st.booleans()),
+                   kv_heads=kv_heads)
+    rope = dict(axes=axes, interleaved=draw(st.booleans()), base=draw(st.sampled_from(
+        [10.0, 10000.0])))
+    seed = draw(st.integers(0, 2**16))
+    return bipartite, n_src, n_dst, num_edges, heads, dim, options, rope, seed
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(rotary_cases())
+def test_rotary_grouped_layers_agree_on_every_cpu_backend(case):
+    from graphattn import pe
+
+    bipartite, n_src, n_dst, num_edges, heads, dim, options, rope, seed = case
+    gen = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    in_channels = (F_SRC, F_DST) if bipartite else F_SRC
+    layer = GraphSelfAttention(in_channels, 8, heads, rotary=pe.RotaryPE(dim, **rope),
+                               **options).double()
+    x_src = torch.randn(n_src, F_SRC, generator=gen, dtype=torch.float64)
+    x = (x_src, torch.randn(n_dst, F_DST, generator=gen, dtype=torch.float64)) if bipartite \
+        else x_src
+    shape = (lambda n: (n,)) if rope["axes"] == 1 else (lambda n: (n, rope["axes"]))
+    pos_src = torch.randn(shape(n_src), generator=gen, dtype=torch.float64) * 20
+    pos = (pos_src, torch.randn(shape(n_dst), generator=gen, dtype=torch.float64) * 20) \
+        if bipartite else pos_src
+    edge_index = torch.stack([torch.randint(0, max(n_src, 1), (num_edges,), generator=gen),
+                              torch.randint(0, max(n_dst, 1), (num_edges,), generator=gen)])
+    assert_backends_agree(layer, ("cpu", "dense"), x, edge_index, None, pos=pos)
