@@ -1,4 +1,4 @@
-r"""Attention over the pixels of images: one transformer, four graphs, three kinds of positions.
+r"""Attention over the pixels of images: one transformer, four graphs, four kinds of positions.
 
 An image is a grid of pixels, and attention over it is edge attention on a graph of pixels.
 This script trains the same model, :class:`graphattn.nn.GraphTransformer` (two pre-norm blocks,
@@ -21,7 +21,11 @@ pixels:
   eigenvectors: every block turns its queries and keys by the pixel's row (half of each
   head's channels) and column (the other half), so that each score depends on the pair's
   offset (``pe.RotaryPE(C, axes=2, base=--rope-base)`` with ``pe.grid_positions``); nothing
-  is learned for the positions; ``+rope`` joins any graph.
+  is learned for the positions; ``+rope`` joins any graph;
+- ``complete+laprope``: the same rotations by coordinates that come from the graph instead of
+  the image: the two lowest Laplacian eigenvectors of the radius-1 pixel grid
+  (``pe.laplacian_pe``, each rescaled to span 0 .. 7 as a row index does), the coordinates a
+  graph without any (a mesh, a molecule) can give RoPE; ``+laprope`` joins any graph.
 
 A pixel's input is its intensity (0 to 1) and the 8 lowest Laplacian eigenvectors of the
 radius-1 pixel grid (``pe.laplacian_pe``), the grid's 2-D analogue of sinusoidal positions,
@@ -42,7 +46,7 @@ weights (mean over heads) of one pixel on each graph (``--no-plot``: none).
 
 Needs scikit-learn for the images (``pip install scikit-learn``). Usage::
 
-    python examples/image_attention.py --out out/image_attention   # 3 runs, ~10 min on 2 cores
+    python examples/image_attention.py --out out/image_attention   # 3 runs, ~12 min on 2 cores
 """
 
 from __future__ import annotations
@@ -65,7 +69,8 @@ from graphattn.nn import GraphTransformer
 SIDE = 8  # the digits are 8x8 pixels
 PIXELS = SIDE * SIDE
 CLASSES = 10
-GRAPHS = ("grid0", "grid1", "grid2", "complete", "complete+offset", "complete+rope")
+GRAPHS = ("grid0", "grid1", "grid2", "complete", "complete+offset", "complete+rope",
+          "complete+laprope")
 
 
 def uses_offsets(name: str) -> bool:
@@ -76,21 +81,30 @@ def uses_offsets(name: str) -> bool:
 
 def uses_rope(name: str) -> bool:
     """Whether the run named ``name`` gives positions by 2-D rotary embeddings of the queries
-    and keys (its ``+rope`` part) instead of Laplacian eigenvectors."""
-    return name.endswith("+rope")
+    and keys (its ``+rope`` or ``+laprope`` part) instead of Laplacian eigenvectors."""
+    return name.endswith("+rope") or name.endswith("+laprope")
+
+
+def laplacian_coordinates(k: int = 2) -> Tensor:
+    """The ``k`` lowest nontrivial Laplacian eigenvectors of the radius-1 pixel grid as
+    coordinates ``[64, k]``, each rescaled to span 0 .. 7 as a row or column index does."""
+    vectors = pe.laplacian_pe(graphs.grid_graph(SIDE, SIDE, radius=1), PIXELS, k)
+    vectors = vectors.to(torch.float64)
+    low, high = vectors.min(dim=0).values, vectors.max(dim=0).values
+    return ((vectors - low) / (high - low) * (SIDE - 1)).float()  # (64, k)
 
 
 def pixel_graph(name: str) -> Tensor:
     """The edges j -> i among the 64 pixels of one image (pixel ``(r, c)`` is ``r * 8 + c``);
     a ``+offset`` or ``+rope`` suffix changes the positions, not the graph
     (:func:`uses_offsets`, :func:`uses_rope`)."""
-    name = name.removesuffix("+offset").removesuffix("+rope")
+    name = name.removesuffix("+offset").removesuffix("+rope").removesuffix("+laprope")
     if name == "complete":
         return graphs.complete_graph(PIXELS)
     if name.startswith("grid") and name[4:].isdigit():
         return graphs.grid_graph(SIDE, SIDE, radius=int(name[4:]))
     raise ValueError(f"graph must be one of {', '.join(GRAPHS)} (or gridR for a radius R, "
-                     f"either with +offset or +rope), "
+                     f"either with +offset, +rope or +laprope), "
                      f"got {name!r}")
 
 
@@ -131,13 +145,15 @@ class PixelClassifier(torch.nn.Module):
     learned bias of each edge's (rows, columns) offset that every block adds to its scores
     (``pe.OffsetBias``: Swin's relative position bias), in which case the graph must hold each
     pixel's edge to itself (the blocks add no self-loop then). With ``rope_base`` set, as 2-D
-    rotary embeddings of every block's queries and keys (``pe.RotaryPE(..., axes=2)``, the
-    pixels' rows and columns from ``pe.grid_positions``).
+    rotary embeddings of every block's queries and keys (``pe.RotaryPE(..., axes=2)``) by the
+    pixels' ``rope_positions`` ``[64, 2]`` (default: their rows and columns,
+    ``pe.grid_positions``).
     """
 
     def __init__(self, edge_index: Tensor, positions: Tensor, *, hidden: int, heads: int,
                  layers: int, dropout: float, offsets: bool = False,
-                 rope_base: float | None = None) -> None:
+                 rope_base: float | None = None,
+                 rope_positions: Tensor | None = None) -> None:
         super().__init__()
         self.register_buffer("edge_index", edge_index, persistent=False)  # (2, E), one image
         self.register_buffer("positions", positions, persistent=False)  # (64, P)
@@ -148,8 +164,9 @@ class PixelClassifier(torch.nn.Module):
         if offsets and rope_base is not None:
             raise ValueError("a model takes one kind of relative positions: offsets or rope")
         self.rope = rope_base is not None
-        self.register_buffer("pixel_positions", pe.grid_positions(SIDE, SIDE),
-                             persistent=False)  # (64, 2): row, column
+        if rope_positions is None:
+            rope_positions = pe.grid_positions(SIDE, SIDE)  # (64, 2): row, column
+        self.register_buffer("pixel_positions", rope_positions, persistent=False)  # (64, 2)
         rotary = pe.RotaryPE(hidden // heads, axes=2, base=rope_base) if self.rope else None
         self.body = GraphTransformer(1, hidden, CLASSES, num_layers=layers, heads=heads,
                                      pe_channels=0 if offsets or self.rope
@@ -368,8 +385,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--graphs", default=",".join(GRAPHS),
                         help="comma-separated pixel graphs: grid0, grid1, grid2 (gridR: radius "
                              "R neighbourhood), complete; +offset for a learned bias of each "
-                             "pixel offset, +rope for 2-D rotary embeddings, in place of the "
-                             "Laplacian positions")
+                             "pixel offset, +rope for 2-D rotary embeddings (+laprope: by "
+                             "Laplacian eigenvector coordinates), in place of the Laplacian "
+                             "positions")
     parser.add_argument("--epochs", type=positive_int, default=40)
     parser.add_argument("--runs", type=positive_int, default=3,
                         help="runs per graph, seeds seed, seed+1, ...")
@@ -445,6 +463,8 @@ def main(argv: list[str] | None = None) -> dict:
                                     layers=args.layers, dropout=args.dropout,
                                     offsets=uses_offsets(name),
                                     rope_base=args.rope_base if uses_rope(name) else None,
+                                    rope_positions=(laplacian_coordinates()
+                                                    if name.endswith("+laprope") else None),
                                     ).to(args.device)
             result = train(model, digits, epochs=args.epochs, batch_size=args.batch_size,
                            lr=args.lr, weight_decay=args.weight_decay, seed=seed,

@@ -153,6 +153,26 @@ def test_rope_model_rotates_by_each_pixels_row_and_column(example, digits):
                                   atol=1e-4)
 
 
+def test_laprope_rotates_by_the_grids_laplacian_coordinates(example, digits):
+    """``+laprope``: the rotations take each pixel's coordinates from the two lowest Laplacian
+    eigenvectors of the pixel grid, rescaled to 0 .. 7: distinct for every pixel, and what
+    the model's blocks get."""
+    assert torch.equal(example["pixel_graph"]("complete+laprope"),
+                       example["pixel_graph"]("complete"))
+    assert example["uses_rope"]("complete+laprope")
+    coords = example["laplacian_coordinates"]()
+    assert coords.shape == (64, 2)
+    assert torch.equal(coords.min(dim=0).values, torch.zeros(2))
+    assert torch.equal(coords.max(dim=0).values, torch.full((2,), 7.0))
+    assert torch.unique(coords, dim=0).size(0) == 64  # every pixel its own position
+    torch.manual_seed(0)
+    model = example["PixelClassifier"](example["pixel_graph"]("complete+laprope"),
+                                       torch.randn(64, 4), hidden=16, heads=2, layers=1,
+                                       dropout=0.0, rope_base=100.0, rope_positions=coords)
+    _, _, kwargs = model.encode(digits.x[:2])
+    assert torch.equal(kwargs["pos"], coords.repeat(2, 1))
+
+
 def test_offset_model_biases_each_pixel_pair_by_its_offset(example, digits):
     """``+offset``: no Laplacian input, every block's scores biased by the learned bias of
     the pair's (rows, columns) offset, the same graph as without it; the bias learns."""
