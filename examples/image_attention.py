@@ -46,7 +46,7 @@ weights (mean over heads) of one pixel on each graph (``--no-plot``: none).
 
 Needs scikit-learn for the images (``pip install scikit-learn``). Usage::
 
-    python examples/image_attention.py --out out/image_attention   # 3 runs, ~12 min on 2 cores
+    python examples/image_attention.py --out out/image_attention   # 3 runs, ~11 min on 2 cores
 """
 
 from __future__ import annotations
