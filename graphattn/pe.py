@@ -1944,7 +1944,9 @@ class OffsetBias(torch.nn.Module):
 
 def apply_rotary(x: Tensor, pos: Tensor, *, dim: int | None = None, axes: int = 1,
                  base: float = 10000.0, interleaved: bool = False,
-                 frequencies: Tensor | None = None) -> Tensor:
+                 frequencies: Tensor | None = None, attention_factor: float = 1.0,
+                 ntk_factor: float | None = None,
+                 original_length: int | None = None) -> Tensor:
     r"""Rotate queries or keys by their positions: the rotary position embedding (RoPE; Su et
     al., 2021), on a sequence, an image or any nodes with coordinates.
 
@@ -1982,8 +1984,27 @@ def apply_rotary(x: Tensor, pos: Tensor, *, dim: int | None = None, axes: int = 
         frequencies (Tensor, optional): the planes' frequencies :math:`\theta_m` themselves,
             ``[dim / (2A)]`` (radians per unit of position, the same for every axis), in place
             of ``base``'s: the rescaled frequencies of long-context variants, such as LLaMA 3's
-            (:func:`graphattn.nn.from_llama` reads them from a model's config).
+            (:func:`graphattn.nn.from_llama` reads them from a model's config;
+            :meth:`RotaryPE.yarn` computes YaRN's). (default: ``None``)
+        attention_factor (float, optional): a factor on the rotated channels (on the cosines
+            and sines), so that a rotated query and key score ``attention_factor ** 2`` times
+            as much on those channels: YaRN's temperature :math:`\sqrt{1/t} = 0.1 \ln s + 1`
+            for a context s times as long (:meth:`RotaryPE.yarn`). (default: ``1.0``)
+        ntk_factor (float, optional): dynamic NTK-aware scaling (a factor s >= 1): when the
+            largest position in ``pos`` reaches past ``original_length`` :math:`L_0`, the base
+            of each axis' group of g channels grows to
+
+            .. math::
+                \text{base}' = \text{base} \cdot \Big(\frac{s L}{L_0} - (s - 1)\Big)^{g/(g-2)},
+                \qquad L = \max(\max \text{pos} + 1,\ L_0),
+
+            so that the slowest planes turn no further over the L positions than they did
+            over :math:`L_0` while the fastest keep their frequency, as Hugging Face's
+            ``"dynamic"`` RoPE computes it for a sequence of L positions (on every call: it
+            keeps no state between calls). Needs ``original_length`` and no ``frequencies``.
             (default: ``None``)
+        original_length (int, optional): the positions :math:`L_0` a model was trained on,
+            for ``ntk_factor``. (default: ``None``)
 
     Shapes:
         - **input:** x ``(..., N, H, C)``, pos ``(..., N)`` or ``(..., N, A)``
@@ -1991,18 +2012,81 @@ def apply_rotary(x: Tensor, pos: Tensor, *, dim: int | None = None, axes: int = 
     """
     check_tensors(x=x, pos=pos)
     axes = check_positive(axes, "axes")
-    if x.dim() < 3 or not x.is_floating_point():
-        raise ValueError(f"x must be a floating tensor [..., N, H, C], got {x.dtype} "
-                         f"{list(x.shape)}")
+    _check_rows(x)
     C = x.size(-1)
     dim = C if dim is None else check_positive(dim, "dim")
-    if dim > C or dim % (2 * axes):
+    if dim % (2 * axes):
         raise ValueError(f"dim must be a multiple of 2 * axes = {2 * axes} and at most the "
                          f"channels per head C = {C}, got dim={dim}")
     _check_base(base)
     _check_frequencies(frequencies, dim // axes // 2)
-    cos, sin = _rotary_angles(pos, x, dim, axes, float(base), bool(interleaved), frequencies)
-    return _rotate(x, cos, sin, dim, axes, bool(interleaved))
+    attention_factor = _check_attention_factor(attention_factor)
+    ntk = _check_ntk(ntk_factor, original_length, frequencies, dim // axes)
+    return _apply_rotary(x, pos, dim, axes, float(base), check_flag(interleaved, "interleaved"),
+                         frequencies, attention_factor, ntk)
+
+
+def _check_rows(x: Tensor, dim: int | None = None) -> None:
+    """Raise unless ``x`` is a floating ``[..., N, H, C]`` tensor with C >= ``dim``."""
+    if x.dim() < 3 or not x.is_floating_point():
+        raise ValueError(f"x must be a floating tensor [..., N, H, C], got {x.dtype} "
+                         f"{list(x.shape)}")
+    if dim is not None and dim > x.size(-1):
+        raise ValueError(f"dim must be a multiple of 2 * axes and at most the channels per "
+                         f"head C = {x.size(-1)}, got dim={dim}")
+
+
+def _apply_rotary(x: Tensor, pos: Tensor, dim: int, axes: int, base: float,
+                  interleaved: bool, frequencies: Tensor | None, attention_factor: float,
+                  ntk: tuple[float, int] | None, length: Tensor | None = None) -> Tensor:
+    """:func:`apply_rotary` on checked arguments; dynamic NTK scaling reads ``length`` (the
+    positions of a query and key pair together) in place of ``pos.max() + 1``."""
+    _check_rows(x, dim)
+    cos, sin = _rotary_angles(pos, x, dim, axes, base, interleaved, frequencies,
+                              attention_factor, ntk, length)
+    return _rotate(x, cos, sin, dim, axes, interleaved)
+
+
+def _positions_spanned(*positions: Tensor) -> Tensor | None:
+    """The largest position of all ``positions`` plus one, a 0-dim tensor on the device
+    (no host synchronisation); ``None`` when all are empty."""
+    largest = [p.max() for p in positions if p.numel()]
+    if not largest:
+        return None
+    return torch.stack([m.to(largest[0].dtype) for m in largest]).max() + 1
+
+
+def _check_attention_factor(value: float) -> float:
+    check_finite(value, "attention_factor")
+    if value <= 0:
+        raise ValueError(f"attention_factor must be a positive number, got {value!r}")
+    return float(value)
+
+
+def _check_ntk(ntk_factor: float | None, original_length: int | None,
+               frequencies: Tensor | None, group: int) -> tuple[float, int] | None:
+    """``(ntk_factor, original_length)`` for dynamic NTK scaling, or ``None`` without it;
+    raise unless the two come together, with no explicit frequencies and more than two
+    channels per axis."""
+    if ntk_factor is None:
+        if original_length is not None:
+            raise ValueError(f"original_length={original_length!r} is read by dynamic NTK "
+                             f"scaling only: give ntk_factor too")
+        return None
+    check_finite(ntk_factor, "ntk_factor")
+    if ntk_factor < 1:
+        raise ValueError(f"ntk_factor must be a number >= 1, got {ntk_factor!r}")
+    if original_length is None:
+        raise ValueError("ntk_factor needs original_length, the positions the model was "
+                         "trained on")
+    original_length = check_positive(original_length, "original_length")
+    if frequencies is not None:
+        raise ValueError("ntk_factor rescales the base's frequencies: give frequencies or "
+                         "ntk_factor, not both")
+    if group <= 2:
+        raise ValueError(f"ntk_factor needs more than 2 rotated channels per axis (its "
+                         f"exponent is g / (g - 2)), got dim / axes = {group}")
+    return float(ntk_factor), original_length
 
 
 def _check_frequencies(frequencies: Tensor | None, planes: int) -> None:
@@ -2019,10 +2103,11 @@ def _check_frequencies(frequencies: Tensor | None, planes: int) -> None:
 
 def _rotary_angles(pos: Tensor, x: Tensor, dim: int, axes: int, base: float,
                    interleaved: bool, frequencies: Tensor | None = None,
-                   ) -> tuple[Tensor, Tensor]:
+                   attention_factor: float = 1.0, ntk: tuple[float, int] | None = None,
+                   length: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """The cosine and sine of each rotated channel's angle ``[..., N, 1, dim]`` in the dtype
-    of ``x`` (each plane's angle at both of its channels), after checking that ``pos`` gives a
-    position to every row N of ``x`` ``[..., N, H, C]``."""
+    of ``x`` (each plane's angle at both of its channels), times ``attention_factor``, after
+    checking that ``pos`` gives a position to every row N of ``x`` ``[..., N, H, C]``."""
     if pos.dtype == torch.bool or pos.is_complex():
         raise TypeError(f"pos must have an integer or real dtype, got {pos.dtype}")
     shape = list(pos.shape)
@@ -2044,16 +2129,28 @@ def _rotary_angles(pos: Tensor, x: Tensor, dim: int, axes: int, base: float,
                          f"leading dimensions broadcast against x's, got {shape}")
     group = dim // axes
     angle_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+    pos = pos.to(device=x.device, dtype=angle_dtype)
     if frequencies is None:
         steps = torch.arange(0, group, 2, dtype=angle_dtype, device=x.device)
-        freq = 1.0 / (base ** (steps / group))  # (group / 2,): theta_m, as HF's inv_freq
+        if ntk is None:
+            freq = 1.0 / (base ** (steps / group))  # (group / 2,): theta_m, as HF's inv_freq
+        else:  # dynamic NTK: the base grows with the largest position, on the device
+            factor, original = ntk
+            length = _positions_spanned(pos) if length is None else length
+            length = (pos.new_tensor(float(original)) if length is None
+                      else length.to(angle_dtype).clamp_min(original))
+            grown = base * (factor * length / original - (factor - 1)) ** (group / (group - 2))
+            freq = 1.0 / (grown ** (steps / group))
     else:
         freq = frequencies.to(device=x.device, dtype=angle_dtype)  # (group / 2,)
-    angle = pos.to(device=x.device, dtype=angle_dtype).unsqueeze(-1) * freq  # (.., N, 1, A, g/2)
+    angle = pos.unsqueeze(-1) * freq  # (..., N, 1, A, g/2)
     # each plane's angle at its two channels: (2m, 2m + 1), or (m, m + g/2) within each group
     angle = (angle.repeat_interleave(2, dim=-1) if interleaved
              else torch.cat([angle, angle], dim=-1)).flatten(-2)  # (..., N, 1, dim)
-    return angle.cos().to(x.dtype), angle.sin().to(x.dtype)
+    cos, sin = angle.cos(), angle.sin()
+    if attention_factor != 1.0:  # scaled before rounding to x's dtype, as HF does
+        cos, sin = cos * attention_factor, sin * attention_factor
+    return cos.to(x.dtype), sin.to(x.dtype)
 
 
 def _rotate(x: Tensor, cos: Tensor, sin: Tensor, dim: int, axes: int,
@@ -2107,6 +2204,24 @@ class RotaryPE(torch.nn.Module):
         frequencies (Tensor, optional): the planes' frequencies ``[dim / (2 * axes)]`` in
             place of ``base``'s, as :func:`apply_rotary` takes them; kept as a buffer outside
             the ``state_dict``. (default: ``None``)
+        attention_factor (float, optional): a factor on the rotated channels, as
+            :func:`apply_rotary` takes it. (default: ``1.0``)
+        ntk_factor (float, optional): dynamic NTK-aware scaling past ``original_length``, as
+            :func:`apply_rotary` takes it. (default: ``None``)
+        original_length (int, optional): the positions the model was trained on, for
+            ``ntk_factor``. (default: ``None``)
+
+    A model trained on sequences of :math:`L_0` positions meets angles it never saw on
+    longer ones. Three ways to stretch its rotations, with no retraining or with a short
+    fine-tuning, for a context s times as long:
+
+    - position interpolation (Chen et al., 2023): ``frequencies`` divided by s, so the
+      positions ``0 .. s L0`` turn as far as ``0 .. L0`` did;
+    - dynamic NTK-aware scaling: ``ntk_factor=s, original_length=L0``, a larger base only
+      when a call's positions reach past L0 (the fastest planes, which tell neighbours
+      apart, keep their frequencies);
+    - YaRN (Peng et al., 2023): :meth:`yarn`, interpolating the slow planes only, with a
+      ramp between, and a temperature on the scores.
 
     Shapes:
         - **input:** x ``(..., N, H, C)`` with C >= dim, pos ``(..., N)`` or ``(..., N, A)``
@@ -2114,7 +2229,9 @@ class RotaryPE(torch.nn.Module):
     """
 
     def __init__(self, dim: int, *, axes: int = 1, base: float = 10000.0,
-                 interleaved: bool = False, frequencies: Tensor | None = None) -> None:
+                 interleaved: bool = False, frequencies: Tensor | None = None,
+                 attention_factor: float = 1.0, ntk_factor: float | None = None,
+                 original_length: int | None = None) -> None:
         super().__init__()
         self.axes = check_positive(axes, "axes")
         dim = check_positive(dim, "dim")
@@ -2128,22 +2245,100 @@ class RotaryPE(torch.nn.Module):
         _check_frequencies(frequencies, dim // self.axes // 2)
         self.register_buffer("frequencies", None if frequencies is None
                              else frequencies.detach().clone(), persistent=False)
+        self.attention_factor = _check_attention_factor(attention_factor)
+        self._ntk = _check_ntk(ntk_factor, original_length, frequencies, dim // self.axes)
+        self.ntk_factor, self.original_length = self._ntk or (None, None)
+
+    @classmethod
+    def yarn(cls, dim: int, factor: float, original_length: int, *, axes: int = 1,
+             base: float = 10000.0, interleaved: bool = False, beta_fast: float = 32.0,
+             beta_slow: float = 1.0, attention_factor: float | None = None) -> RotaryPE:
+        r"""The rotary embedding of a model trained on ``original_length`` positions
+        :math:`L_0`, stretched to ``factor`` s times as many by YaRN (Peng et al., 2023, "YaRN:
+        Efficient Context Window Extension of Large Language Models"), as Hugging Face's
+        ``rope_type="yarn"`` computes it.
+
+        Plane m of a group of g channels turns :math:`r_m = L_0 \theta_m / 2\pi` times over
+        the trained positions, :math:`\theta_m = \text{base}^{-2m/g}`. Planes that turn more
+        than ``beta_fast`` times keep their frequency (they tell near positions apart and
+        have seen every angle), planes that turn less than ``beta_slow`` times are
+        interpolated to :math:`\theta_m / s`, and a linear ramp over the planes joins the two:
+
+        .. math::
+            \theta'_m = (1 - \gamma_m)\,\frac{\theta_m}{s} + \gamma_m\, \theta_m, \qquad
+            \gamma_m = 1 - \mathrm{clamp}\Big(\frac{m - m_\text{lo}}{m_\text{hi} -
+            m_\text{lo}}, 0, 1\Big),
+
+        with :math:`m_\text{lo} = \lfloor m(\beta_\text{fast}) \rfloor` and
+        :math:`m_\text{hi} = \lceil m(\beta_\text{slow}) \rceil`, :math:`m(r) = g \ln(L_0 /
+        2\pi r) / (2 \ln \text{base})` the plane that turns r times. The cosines and sines
+        are multiplied by ``attention_factor`` (default :math:`0.1 \ln s + 1`), which
+        sharpens the softmax as the context grows.
+
+        Args:
+            dim (int): channels rotated per head, as :class:`RotaryPE` takes it.
+            factor (float): the context's growth s >= 1.
+            original_length (int): the positions the model was trained on, :math:`L_0`.
+            axes, base, interleaved: as :class:`RotaryPE` takes them.
+            beta_fast (float, optional): turns over :math:`L_0` from which a plane keeps its
+                frequency. (default: ``32.0``)
+            beta_slow (float, optional): turns under which a plane is interpolated fully.
+                (default: ``1.0``)
+            attention_factor (float, optional): the factor on the cosines and sines;
+                ``None`` for :math:`0.1 \ln s + 1`. (default: ``None``)
+        """
+        axes = check_positive(axes, "axes")
+        dim = check_positive(dim, "dim")
+        check_finite(factor, "factor")
+        if factor < 1:
+            raise ValueError(f"factor must be a number >= 1, got {factor!r}")
+        original_length = check_positive(original_length, "original_length")
+        _check_base(base)
+        check_finite(beta_fast, "beta_fast")
+        check_finite(beta_slow, "beta_slow")
+        if not 0 < beta_slow <= beta_fast:
+            raise ValueError(f"beta_fast and beta_slow must satisfy 0 < beta_slow <= "
+                             f"beta_fast, got beta_fast={beta_fast!r}, beta_slow={beta_slow!r}")
+        group = dim // axes
+        if attention_factor is None:
+            attention_factor = 0.1 * math.log(factor) + 1.0
+        steps = torch.arange(0, group, 2, dtype=torch.float64)
+        theta = 1.0 / (float(base) ** (steps / group))  # (g / 2,)
+
+        def plane(turns: float) -> float:  # the (real) plane m that turns `turns` times
+            return group * math.log(original_length / (turns * 2 * math.pi)) / (
+                2 * math.log(base))
+
+        low = max(math.floor(plane(beta_fast)), 0)
+        high = min(math.ceil(plane(beta_slow)), group - 1)
+        width = high - low if high != low else 0.001
+        ramp = ((torch.arange(group // 2, dtype=torch.float64) - low) / width).clamp(0, 1)
+        frequencies = theta / factor * ramp + theta * (1 - ramp)
+        return cls(dim, axes=axes, base=base, interleaved=interleaved, frequencies=frequencies,
+                   attention_factor=attention_factor)
 
     def forward(self, x: Tensor, pos: Tensor) -> Tensor:
         """``x`` ``[..., N, H, C]`` rotated by ``pos`` ``[..., N]`` or ``[..., N, A]``."""
-        return apply_rotary(x, pos, dim=self.dim, axes=self.axes, base=self.base,
-                            interleaved=self.interleaved, frequencies=self.frequencies)
+        check_tensors(x=x, pos=pos)
+        return self._rotate(x, pos)
+
+    def _rotate(self, x: Tensor, pos: Tensor, length: Tensor | None = None) -> Tensor:
+        return _apply_rotary(x, pos, self.dim, self.axes, self.base, self.interleaved,
+                             self.frequencies, self.attention_factor, self._ntk, length)
 
     def rotate_pair(self, q: Tensor, k: Tensor, pos_q: Tensor, pos_k: Tensor,
                     ) -> tuple[Tensor, Tensor]:
         """``self(q, pos_q), self(k, pos_k)``, computing the angles once when the two
-        position tensors are one (self-attention)."""
+        position tensors are one (self-attention). With dynamic NTK scaling both take the
+        frequencies of the largest position of either, so that their scores stay relative."""
+        check_tensors(q=q, k=k, pos_q=pos_q, pos_k=pos_k)
         if (pos_q is not pos_k or q.shape[:-2] != k.shape[:-2] or q.size(-1) != k.size(-1)
                 or q.dtype != k.dtype):  # (the angles broadcast over any number of heads)
-            return self(q, pos_q), self(k, pos_k)
-        check_tensors(x=q, pos=pos_q)
+            length = None if self._ntk is None else _positions_spanned(pos_q, pos_k)
+            return self._rotate(q, pos_q, length), self._rotate(k, pos_k, length)
+        _check_rows(q, self.dim)
         cos, sin = _rotary_angles(pos_q, q, self.dim, self.axes, self.base, self.interleaved,
-                                  self.frequencies)
+                                  self.frequencies, self.attention_factor, self._ntk)
         return tuple(_rotate(t, cos, sin, self.dim, self.axes, self.interleaved)
                      for t in (q, k))
 
@@ -2152,4 +2347,8 @@ class RotaryPE(torch.nn.Module):
         extra += "" if self.axes == 1 else f", axes={self.axes}"
         extra += "" if self.base == 10000.0 else f", base={self.base}"
         extra += "" if self.frequencies is None else ", frequencies=[...]"
+        extra += "" if self.attention_factor == 1.0 else (
+            f", attention_factor={self.attention_factor:g}")
+        extra += "" if self._ntk is None else (
+            f", ntk_factor={self.ntk_factor:g}, original_length={self.original_length}")
         return extra + (", interleaved=True" if self.interleaved else "")

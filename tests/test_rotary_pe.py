@@ -538,11 +538,9 @@ def test_from_llama_on_a_window_is_the_attention_with_a_window_mask():
 @pytest.mark.parametrize("make, error, match", [
     (lambda: torch.nn.Linear(4, 4), TypeError, "LLaMA-family self-attention"),
     (lambda: hf_attention("llama", 4, rope_parameters=dict(
-        rope_type="dynamic", rope_theta=10000.0, factor=2.0))[0], NotImplementedError,
-     "rope_type='dynamic'"),
-    (lambda: hf_attention("llama", 4, rope_parameters=dict(
-        rope_type="yarn", rope_theta=10000.0, factor=2.0,
-        original_max_position_embeddings=64))[0], NotImplementedError, "rope_type='yarn'"),
+        rope_type="longrope", rope_theta=10000.0, short_factor=[1.0] * 4, long_factor=[2.0] * 4,
+        original_max_position_embeddings=64))[0], NotImplementedError,
+     "rope_type='longrope'"),
     # heads of 16 channels in a model of width 32: o_proj maps 64 features back to 32
     (lambda: hf_attention("llama", 4, head_dim=16)[0], ValueError, "o_proj must map"),
 ])
@@ -581,17 +579,24 @@ LLAMA3_ROPE = dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq
                    high_freq_factor=4.0, original_max_position_embeddings=8192)
 
 
-@pytest.mark.parametrize("rope", [LLAMA3_ROPE, dict(rope_type="linear", rope_theta=10000.0,
-                                                      factor=4.0)], ids=["llama3", "linear"])
+YARN_ROPE = dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
+                 original_max_position_embeddings=512)
+
+
+@pytest.mark.parametrize("rope", [
+    LLAMA3_ROPE, dict(rope_type="linear", rope_theta=10000.0, factor=4.0), YARN_ROPE,
+], ids=["llama3", "linear", "yarn"])
 def test_from_llama_takes_rescaled_rope_frequencies(rope):
-    # LLaMA 3's frequencies (the low ones divided by 8, a smooth band between) and linear
-    # position interpolation: the converted layer holds transformers' frequencies and computes
-    # its attention at positions far from 0, where a wrong low frequency would show
+    # LLaMA 3's frequencies (the low ones divided by 8, a smooth band between), linear
+    # position interpolation and YaRN (a ramp, and a factor on the cosines and sines): the
+    # converted layer holds transformers' frequencies and computes its attention at positions
+    # far from 0, where a wrong low frequency would show
     from graphattn.nn import from_llama
 
     attention, rotary = hf_attention("llama", 2, rope_parameters=rope)
     layer = from_llama(attention, backend="cpu")
     assert layer.rotary.frequencies is not None
+    assert (layer.rotary.attention_factor != 1.0) == (rope["rope_type"] == "yarn")
     plain = pe.RotaryPE(8, base=rope["rope_theta"])
     assert not torch.allclose(layer.rotary.frequencies.float(),
                               _rotary_frequencies(plain, 4), rtol=1e-3)
@@ -650,3 +655,186 @@ def test_rotary_gradients_pass_gradcheck_also_for_real_positions(axes, interleav
     pos = (torch.randn(shape, dtype=torch.float64, generator=gen) * 3).requires_grad_(True)
     rope = pe.RotaryPE(8, axes=axes, base=50.0, interleaved=interleaved)
     assert torch.autograd.gradcheck(rope, (x, pos))
+
+
+# ---- longer contexts: YaRN, dynamic NTK scaling, the factor on the cosines and sines ------
+
+
+@pytest.mark.parametrize("dim, factor, original, base, beta_fast, beta_slow", [
+    (64, 4.0, 4096, 10000.0, 32.0, 1.0),
+    (128, 8.0, 32768, 1e6, 32.0, 1.0),
+    (32, 2.5, 2048, 500000.0, 16.0, 2.0),
+    (16, 16.0, 64, 10000.0, 32.0, 1.0),  # a short context: the ramp starts at plane 0
+])
+def test_yarn_is_transformers_yarn(dim, factor, original, base, beta_fast, beta_slow):
+    transformers_module("llama.modeling_llama")
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    config = LlamaConfig(hidden_size=4 * dim, num_attention_heads=4, head_dim=dim,
+                         max_position_embeddings=int(original * factor),
+                         rope_parameters=dict(rope_type="yarn", rope_theta=base, factor=factor,
+                                              original_max_position_embeddings=original,
+                                              beta_fast=beta_fast, beta_slow=beta_slow))
+    frequencies, attention_factor = ROPE_INIT_FUNCTIONS["yarn"](config, "cpu")
+    rope = pe.RotaryPE.yarn(dim, factor, original, base=base, beta_fast=beta_fast,
+                            beta_slow=beta_slow)
+    assert_close(rope.frequencies.float(), frequencies, rtol=1e-6, atol=0)
+    assert rope.attention_factor == pytest.approx(attention_factor, rel=1e-12)
+
+
+def test_yarn_keeps_fast_planes_and_interpolates_slow_ones():
+    # planes that turn more than beta_fast times over the trained positions keep their
+    # frequency, planes that turn less than beta_slow times turn s times slower, and the
+    # frequencies fall monotonically between; factor 1 is the plain embedding
+    dim, s, original = 64, 8.0, 2048
+    theta = 10000.0 ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    turns = original * theta / (2 * torch.pi)
+    got = pe.RotaryPE.yarn(dim, s, original).frequencies
+    fast, slow = turns > 32, turns < 1
+    assert fast.any() and slow.any() and (~fast & ~slow).any()
+    assert_close(got[fast], theta[fast])
+    assert_close(got[slow], theta[slow] / s)
+    assert (got <= theta * (1 + 1e-12)).all() and (got >= theta / s * (1 - 1e-12)).all()
+    assert (got.diff() < 0).all()
+    plain = pe.RotaryPE.yarn(dim, 1.0, original)
+    assert_close(plain.frequencies, theta) and plain.attention_factor == 1.0
+    # the default temperature, and one given
+    assert pe.RotaryPE.yarn(dim, s, original).attention_factor == pytest.approx(
+        0.1 * torch.log(torch.tensor(s)).item() + 1)
+    assert pe.RotaryPE.yarn(dim, s, original, attention_factor=1.5).attention_factor == 1.5
+
+
+def test_attention_factor_scales_the_rotated_channels_only():
+    # a factor f on the cosines and sines: the rotated channels times f, the others unchanged,
+    # so that a rotated query and key score f ** 2 times as much over the rotated channels
+    gen = torch.Generator().manual_seed(30)
+    x = torch.randn(7, 2, 12, dtype=torch.float64, generator=gen)
+    pos = torch.arange(7) * 3
+    plain = pe.apply_rotary(x, pos, dim=8)
+    scaled = pe.apply_rotary(x, pos, dim=8, attention_factor=1.25)
+    assert_close(scaled[..., :8], 1.25 * plain[..., :8])
+    assert torch.equal(scaled[..., 8:], x[..., 8:])
+    rope = pe.RotaryPE(8, attention_factor=1.25)
+    q, k = rope.rotate_pair(x, x.flip(0), pos, pos)
+    assert_close(q, scaled)
+    assert_close(k, pe.apply_rotary(x.flip(0), pos, dim=8, attention_factor=1.25))
+    assert repr(rope) == "RotaryPE(8, attention_factor=1.25)"
+
+
+def _dynamic_frequencies(dim: int, base: float, factor: float, original: int,
+                         length: int) -> torch.Tensor:
+    """Dynamic NTK's frequencies for a call whose positions run to length - 1, in float64."""
+    length = max(length, original)
+    grown = base * (factor * length / original - (factor - 1)) ** (dim / (dim - 2))
+    return grown ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+
+
+@pytest.mark.parametrize("length", [10, 16, 17, 40])
+def test_dynamic_ntk_grows_the_base_past_the_trained_length(length):
+    # positions within the trained length: the plain embedding, bit for bit; past it, the
+    # base grown by (s L / L0 - (s - 1)) ** (g / (g - 2)) for the call's largest position
+    gen = torch.Generator().manual_seed(31)
+    x = torch.randn(length, 2, 8, dtype=torch.float64, generator=gen)
+    pos = torch.randperm(length, generator=gen)
+    dynamic = pe.RotaryPE(8, base=100.0, ntk_factor=2.0, original_length=16)
+    want = pe.RotaryPE(8, frequencies=_dynamic_frequencies(8, 100.0, 2.0, 16, length))
+    assert_close(dynamic(x, pos), want(x, pos))
+    if length <= 16:
+        assert torch.equal(dynamic(x, pos), pe.RotaryPE(8, base=100.0)(x, pos))
+    else:
+        assert not torch.allclose(dynamic(x, pos), pe.RotaryPE(8, base=100.0)(x, pos))
+    assert repr(dynamic) == "RotaryPE(8, base=100.0, ntk_factor=2, original_length=16)"
+
+
+def test_dynamic_ntk_axial_and_in_the_layer():
+    # 2-D positions: each axis' group grows its base by the largest coordinate of either
+    # axis; the layer's shared angles (rotate_pair) give what rotating q and k apart gives
+    gen = torch.Generator().manual_seed(32)
+    pos = torch.randint(0, 30, (12, 2), generator=gen)
+    x = torch.randn(12, 2, 16, dtype=torch.float64, generator=gen)
+    dynamic = pe.RotaryPE(16, axes=2, ntk_factor=3.0, original_length=10)
+    length = int(pos.max()) + 1
+    want = pe.RotaryPE(16, axes=2, frequencies=_dynamic_frequencies(8, 1e4, 3.0, 10, length))
+    assert_close(dynamic(x, pos), want(x, pos))
+    q, k = dynamic.rotate_pair(x, x * 2, pos, pos)
+    assert_close(q, dynamic(x, pos)) and assert_close(k, dynamic(x * 2, pos))
+
+
+def test_dynamic_ntk_rotates_a_bipartite_pair_by_one_set_of_frequencies():
+    # queries and keys at positions of their own (a bipartite layer): both take the
+    # frequencies of the largest position of either, so that the scores stay relative, the
+    # same when all positions move together (within the trained length's frequencies)
+    gen = torch.Generator().manual_seed(34)
+    q, k = (torch.randn(n, 2, 8, dtype=torch.float64, generator=gen) for n in (5, 9))
+    pos_q, pos_k = torch.arange(5) + 30, torch.arange(9) * 2
+    dynamic = pe.RotaryPE(8, ntk_factor=4.0, original_length=16)
+    want = pe.RotaryPE(8, frequencies=_dynamic_frequencies(8, 1e4, 4.0, 16, 35))
+    got_q, got_k = dynamic.rotate_pair(q, k, pos_q, pos_k)
+    assert_close(got_q, want(q, pos_q)) and assert_close(got_k, want(k, pos_k))
+    layer = GraphSelfAttention((6, 6), 8, 2, add_self_loops=False, rotary=dynamic).double()
+    x = (torch.randn(9, 6, dtype=torch.float64, generator=gen),
+         torch.randn(5, 6, dtype=torch.float64, generator=gen))
+    edges = torch.stack([torch.randint(0, 9, (20,), generator=gen),
+                         torch.randint(0, 5, (20,), generator=gen)])
+    out = layer(x, edges, pos=(pos_k, pos_q))
+    layer.rotary = want
+    assert_close(out, layer(x, edges, pos=(pos_k, pos_q)))
+
+
+@pytest.mark.parametrize("length", [12, 40, 100])
+def test_from_llama_takes_dynamic_ntk_scaling(length):
+    # Hugging Face's "dynamic" RoPE on a fresh model (no longer sequence seen before) computes
+    # each length's frequencies as the converted layer does, within and past the trained 16
+    from graphattn.nn import from_llama
+
+    rope = dict(rope_type="dynamic", rope_theta=10000.0, factor=2.0)
+    attention, rotary = hf_attention("llama", 2, rope_parameters=rope,
+                                     max_position_embeddings=16)
+    layer = from_llama(attention, backend="cpu")
+    assert (layer.rotary.ntk_factor, layer.rotary.original_length) == (2.0, 16)
+    gen = torch.Generator().manual_seed(33)
+    x = torch.randn(1, length, 32, generator=gen)
+    w = torch.randn(1, length, 32, generator=gen)
+    want, want_grad = run_llama(attention, rotary, x, torch.arange(length)[None], w)
+    x_in = x[0].clone().requires_grad_(True)
+    out = layer(x_in, graphs.causal_graph(length), pos=torch.arange(length))
+    (out * w[0]).sum().backward()
+    assert_close(out.detach(), want[0])
+    assert_close(x_in.grad, want_grad[0])
+    # past the trained length, the base's frequencies alone compute another function
+    layer.rotary = pe.RotaryPE(8)
+    plain = layer(x[0], graphs.causal_graph(length), pos=torch.arange(length))
+    assert torch.allclose(plain, want[0], atol=1e-4) == (length <= 16)
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(attention_factor=0.0), ValueError, "attention_factor must be a positive number"),
+    (dict(attention_factor=float("inf")), ValueError, "attention_factor must be a finite"),
+    (dict(ntk_factor=2.0), ValueError, "ntk_factor needs original_length"),
+    (dict(original_length=16), ValueError, "original_length=16 is read by dynamic NTK"),
+    (dict(ntk_factor=0.5, original_length=16), ValueError, "ntk_factor must be a number >= 1"),
+    (dict(ntk_factor=2.0, original_length=0), ValueError, "original_length must be a positive"),
+    (dict(ntk_factor=2.0, original_length=16, frequencies=torch.ones(4)), ValueError,
+     "give frequencies or ntk_factor, not both"),
+    (dict(ntk_factor=2.0, original_length=16, axes=4), ValueError,
+     "more than 2 rotated channels per axis"),
+])
+def test_long_context_arguments_are_checked(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        pe.RotaryPE(8, **kwargs)
+    x = torch.randn(4, 1, 8)
+    with pytest.raises(error, match=match):
+        pe.apply_rotary(x, torch.arange(4), **kwargs)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(factor=0.5), "factor must be a number >= 1"),
+    (dict(original_length=-3), "original_length must be a positive integer"),
+    (dict(beta_fast=1.0, beta_slow=2.0), "0 < beta_slow <= beta_fast"),
+    (dict(base=-1.0), "base must be a positive number"),
+])
+def test_yarn_arguments_are_checked(kwargs, match):
+    args = dict(factor=4.0, original_length=64) | kwargs
+    with pytest.raises(ValueError, match=match):
+        pe.RotaryPE.yarn(8, **args)

@@ -390,9 +390,13 @@ def from_llama(attention: Module, *, dense: bool = False,
         attention (torch.nn.Module): a module with ``q_proj``, ``k_proj``, ``v_proj`` and
             ``o_proj`` (``Linear``), ``head_dim`` and a ``config`` giving
             ``num_attention_heads``, ``num_key_value_heads`` and the rotary embedding
-            (``rope_parameters`` or ``rope_theta``: the default RoPE, or one whose frequencies
-            are rescaled once for all positions, ``"linear"`` and LLaMA 3's ``"llama3"``,
-            taken as ``RotaryPE(frequencies=)`` from ``transformers``' own computation), as
+            (``rope_parameters`` or ``rope_theta``: the default RoPE; one whose frequencies
+            are rescaled once for all positions, ``"linear"``, LLaMA 3's ``"llama3"`` and
+            ``"yarn"``, taken as ``RotaryPE(frequencies=, attention_factor=)`` from
+            ``transformers``' own computation; or dynamic NTK scaling, ``"dynamic"``, as
+            ``RotaryPE(ntk_factor=factor, original_length=max_position_embeddings)``, which
+            computes each call's frequencies from its largest position where ``transformers``
+            keeps those of the longest sequence seen until a short one resets them), as
             ``transformers``' ``LlamaAttention`` (and ``MistralAttention``,
             ``Qwen2Attention``) have. Its scores must be scaled by ``head_dim ** -0.5`` and
             its output size must be ``num_attention_heads * head_dim``.
@@ -421,7 +425,7 @@ def from_llama(attention: Module, *, dense: bool = False,
     if base is None:
         raise ValueError("the attention's config gives no rope_theta for its rotary embedding")
     factor = rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
-    frequencies = None if rope_type == "default" else _scaled_frequencies(config, rope_type)
+    rope_args = _rope_arguments(config, rope, rope_type)
     scaling = getattr(attention, "scaling", head_dim ** -0.5)
     if not math.isclose(scaling, head_dim ** -0.5, rel_tol=1e-6):
         raise ValueError(f"the attention scales its scores by {scaling}, the layer by "
@@ -436,7 +440,7 @@ def from_llama(attention: Module, *, dense: bool = False,
         raise ValueError("q_proj, k_proj and v_proj must all have biases or none (and o_proj "
                          "none when they have none)")
     dropout = float(getattr(config, "attention_dropout", 0.0) or 0.0)
-    rotary = RotaryPE(int(head_dim * factor), base=float(base), frequencies=frequencies)
+    rotary = RotaryPE(int(head_dim * factor), base=float(base), **rope_args)
     if dense:
         layer = DenseSelfAttention(hidden, head_dim, heads, dropout=dropout, bias=bias,
                                    rotary=rotary, kv_heads=kv_heads)
@@ -455,24 +459,27 @@ def from_llama(attention: Module, *, dense: bool = False,
     return layer
 
 
-# the rotary embeddings whose frequencies transformers rescales once (attention_scaling 1),
-# which RotaryPE(frequencies=) then reproduces at every position
-_FIXED_ROPE_TYPES = ("linear", "llama3")
+# the rotary embeddings whose frequencies transformers computes once for all positions, which
+# RotaryPE(frequencies=, attention_factor=) then reproduces at every position
+_FIXED_ROPE_TYPES = ("linear", "llama3", "yarn")
 
 
-def _scaled_frequencies(config, rope_type: str) -> torch.Tensor:
-    """The rotary frequencies ``[head_dim / 2]`` of a model whose config asks for
-    ``rope_type``, as ``transformers`` computes them; refused by name where they depend on the
-    sequence length or come with a scale of the cosines and sines."""
+def _rope_arguments(config, rope: dict, rope_type: str) -> dict:
+    """``RotaryPE``'s arguments past ``dim`` and ``base`` for a model whose config asks for
+    ``rope_type``: the frequencies and factor on the cosines and sines that ``transformers``
+    computes, or dynamic NTK scaling's factor and trained length; refused by name where the
+    embedding is none of these."""
+    if rope_type == "default":
+        return {}
+    if rope_type == "dynamic":
+        return {"ntk_factor": float(rope["factor"]),
+                "original_length": int(config.max_position_embeddings)}
     if rope_type not in _FIXED_ROPE_TYPES:
         raise NotImplementedError(
-            f"from_llama converts the default rotary embedding and those with frequencies "
-            f"rescaled once ({', '.join(_FIXED_ROPE_TYPES)}), got rope_type={rope_type!r} "
-            f"(its angles depend on the sequence length or scale the cosines and sines)")
+            f"from_llama converts the default rotary embedding, those whose frequencies are "
+            f"computed once ({', '.join(_FIXED_ROPE_TYPES)}) and dynamic NTK scaling "
+            f"('dynamic'), got rope_type={rope_type!r}")
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     frequencies, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, "cpu")
-    if scaling != 1.0:
-        raise NotImplementedError(f"rope_type={rope_type!r} scales the cosines and sines by "
-                                  f"{scaling}, which RotaryPE does not")
-    return frequencies.to(torch.float64)
+    return {"frequencies": frequencies.to(torch.float64), "attention_factor": float(scaling)}
