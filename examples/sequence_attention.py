@@ -1,4 +1,4 @@
-r"""Masked and truncated attention over text: one character-level language model, eight runs.
+r"""Masked and truncated attention over text: one character-level language model, nine runs.
 
 A sequence is a chain of tokens, and a decoder's attention is edge attention on a graph over
 them. This script trains the same model, :class:`graphattn.nn.GraphTransformer` (two pre-norm
@@ -28,7 +28,9 @@ character attending to
 - ``causal+rope``: the causal graph with rotary position embeddings (RoPE; Su et al., 2021)
   instead of the sinusoids: every block turns its queries and keys by their positions, so
   that each score depends on i - j, as LLaMA's attention does (``pe.RotaryPE``, the layers'
-  ``rotary=`` and ``pos=``); ``+rope`` joins any graph.
+  ``rotary=`` and ``pos=``); ``+rope`` joins any graph, as in
+- ``window32+rope``: the window of 32 with RoPE, whose every score is at an offset of 0 to 32,
+  on sequences of any length.
 
 The text is the Python documentation's topic pages that ship with CPython
 (``pydoc_data.topics``, about 465,000 characters, here in the order of their names): the first
@@ -43,7 +45,11 @@ sequences (every position predicts the next character; positions near a sequence
 less context on every graph); after training, also on sequences ``--extrapolate`` times as
 long (default 4), whose positions past L a sinusoidal model never saw, while ALiBi's bias has
 no largest position and T5's puts every offset from 128 on in one bucket; RoPE's rotations at
-offsets past L are new to the model, as the sinusoids are.
+offsets past L are new to the model, as the sinusoids are. A ``+rope`` run is then measured on
+those sequences again with its rotations stretched to them, with no retraining, in three ways
+(``RESCALINGS``): position interpolation (every frequency divided by ``--extrapolate``), dynamic
+NTK-aware scaling (``pe.RotaryPE(..., ntk_factor=, original_length=)``) and YaRN
+(``pe.RotaryPE.yarn``).
 
 It prints the final validation bits per character of each graph, the scores a sequence
 computes (its edges E against L^2 for unmasked dense attention) and the median time of a
@@ -56,7 +62,7 @@ otherwise), to show which route to take for which pattern (``--timing-rounds 0``
 
 Usage::
 
-    python examples/sequence_attention.py --out out/sequence_attention   # ~14 min on 2 cores
+    python examples/sequence_attention.py --out out/sequence_attention   # ~16 min on 2 cores
 """
 
 from __future__ import annotations
@@ -78,7 +84,7 @@ from graphattn.functional import select_backend
 from graphattn.nn import DenseSelfAttention, GraphSelfAttention, GraphTransformer
 
 GRAPHS = ("window0", "window8", "window32", "window8+global32", "causal", "causal+alibi",
-          "causal+t5", "causal+rope")
+          "causal+t5", "causal+rope", "window32+rope")
 #: The parts of a run's name that give relative positions in the scores, not sinusoids.
 RELATIVE = ("alibi", "t5", "rope")
 
@@ -233,6 +239,49 @@ class RunResult:
     val_bpc: list[float] = field(default_factory=list)
     step_seconds: list[float] = field(default_factory=list)
     longer_bpc: float | None = None  # on sequences --extrapolate times as long
+    # +rope: on those sequences with the rotations stretched to them, by each of RESCALINGS
+    rescaled_bpc: dict[str, float] = field(default_factory=dict)
+
+
+# ways to stretch a RoPE model's rotations over sequences K times as long as it trained on,
+# with no retraining (pe.RotaryPE's documentation describes each)
+RESCALINGS = ("interpolation", "NTK", "YaRN")
+
+
+def rescaled_rotary(name: str, channels: int, length: int, factor: int) -> pe.RotaryPE:
+    """``pe.RotaryPE(channels)``, trained on ``length`` positions, stretched to ``factor``
+    times as many: position interpolation (every frequency divided by the factor), dynamic
+    NTK-aware scaling (a larger base past ``length``) or YaRN (the slow planes interpolated,
+    the fast ones kept, and a temperature)."""
+    if name == "interpolation":
+        theta = 10000.0 ** (-torch.arange(0, channels, 2, dtype=torch.float64) / channels)
+        return pe.RotaryPE(channels, frequencies=theta / factor)
+    if name == "NTK":
+        return pe.RotaryPE(channels, ntk_factor=factor, original_length=length)
+    if name == "YaRN":
+        return pe.RotaryPE.yarn(channels, factor, length)
+    raise ValueError(f"name must be one of {', '.join(RESCALINGS)}, got {name!r}")
+
+
+def rescaled_bpc(model: CharModel, longer: tuple[Tensor, Tensor], batch_size: int,
+                 length: int, factor: int) -> dict[str, float]:
+    """The validation bits per character of a ``+rope`` model on the sequences ``longer``,
+    ``factor`` times its training ``length``, with its rotations stretched by each of
+    ``RESCALINGS`` in turn (the model's own are put back after)."""
+    layers = [m for m in model.modules() if isinstance(getattr(m, "rotary", None), pe.RotaryPE)]
+    trained = [m.rotary for m in layers]
+    bpc = {}
+    try:
+        for name in RESCALINGS:
+            rotary = rescaled_rotary(name, trained[0].dim, length, factor).to(
+                model.positions.device)
+            for m in layers:
+                m.rotary = rotary
+            bpc[name] = validation_bpc(model, *longer, batch_size)
+    finally:
+        for m, rotary in zip(layers, trained, strict=True):
+            m.rotary = rotary
+    return bpc
 
 
 @torch.no_grad()
@@ -368,6 +417,21 @@ def format_table(results: list[RunResult], length: int, extrapolate: int = 1) ->
     return "\n".join(lines)
 
 
+def format_rescaled(results: list[RunResult], length: int, extrapolate: int) -> str:
+    """The ``+rope`` runs' bits per character at the trained length, and on sequences
+    ``extrapolate`` times as long with their rotations as trained and stretched."""
+    ways = list(RESCALINGS)
+    lines = [f"RoPE on sequences of {extrapolate * length}, {extrapolate}x the trained "
+             f"{length}, rotations stretched with no retraining (bits per char):",
+             f"| graph | at L = {length} | as trained | " + " | ".join(ways) + " |",
+             "|---|---|---|" + "---|" * len(ways)]
+    for r in results:
+        if r.rescaled_bpc:
+            lines.append(f"| {r.graph} | {r.val_bpc[-1]:.3f} | {r.longer_bpc:.3f} | "
+                         + " | ".join(f"{r.rescaled_bpc[w]:.3f}" for w in ways) + " |")
+    return "\n".join(lines)
+
+
 def plot(results: list[RunResult], path: Path, length: int, extrapolate: int = 1) -> bool:
     try:
         import matplotlib
@@ -378,7 +442,9 @@ def plot(results: list[RunResult], path: Path, length: int, extrapolate: int = 1
         print("matplotlib is not installed: no figure (pip install -e '.[plot]')")
         return False
     longer = extrapolate > 1 and all(r.longer_bpc is not None for r in results)
-    fig, axes = plt.subplots(1, 2 + longer, figsize=(15 if longer else 11, 4),
+    bars = len(results) + longer * sum(len(r.rescaled_bpc) for r in results)
+    height = max(4.0, 1.5 + 0.3 * bars)  # room for each bar's name
+    fig, axes = plt.subplots(1, 2 + longer, figsize=(15 if longer else 11, height),
                              layout="constrained", width_ratios=[2, 1, 1][:2 + longer])
     curves, cost = axes[:2]
     for r in results:
@@ -396,13 +462,21 @@ def plot(results: list[RunResult], path: Path, length: int, extrapolate: int = 1
     cost.set(xlabel="median training step (ms)", title="time per step (scores per sequence)",
              xlim=(0, 1.6 * max(step_ms)))
     cost.invert_yaxis()
-    if longer:  # trained at L, measured at L and at K L
+    if longer:  # trained at L, measured at L and at K L (and +rope runs stretched to K L)
         at = axes[2]
         rows = torch.arange(len(results), dtype=torch.float64)
         at.barh(rows - 0.2, [r.val_bpc[-1] for r in results], height=0.4,
                 label=f"L = {length} (trained)")
         at.barh(rows + 0.2, [r.longer_bpc for r in results], height=0.4,
                 label=f"L = {extrapolate * length}")
+        stretched = [(f"{r.graph}, {way}", bpc) for r in results
+                     for way, bpc in r.rescaled_bpc.items()]
+        extra = torch.arange(len(stretched), dtype=torch.float64) + len(results)
+        if stretched:
+            at.barh(extra + 0.2, [bpc for _, bpc in stretched], height=0.4, color="C1",
+                    hatch="//")
+        rows = torch.cat([rows, extra])
+        names = names + [name for name, _ in stretched]
         at.set_yticks(rows.tolist(), names)
         at.set(xlabel="validation bits per character",
                title=f"sequences {extrapolate}x longer than trained")
@@ -533,14 +607,21 @@ def main(argv: list[str] | None = None) -> dict:
                        desc=name, progress=not args.no_progress)
         if longer is not None:
             result.longer_bpc = validation_bpc(model, *longer, args.batch_size)
+            if relative_part(name) == "rope":
+                result.rescaled_bpc = rescaled_bpc(model, longer, args.batch_size, L,
+                                                   args.extrapolate)
         print(f"{name:>9}: validation {result.val_bpc[-1]:.3f} bits per character after "
               f"{args.steps} steps, {1e3 * statistics.median(result.step_seconds):.0f} ms per "
               f"step, {result.scores} scores per sequence"
               + ("" if longer is None else f"; on sequences of {args.extrapolate * L}: "
-                                           f"{result.longer_bpc:.3f}"))
+                                           f"{result.longer_bpc:.3f}")
+              + "".join(f", {way} {bpc:.3f}" for way, bpc in result.rescaled_bpc.items()))
         results.append(result)
     print()
     print(format_table(results, L, args.extrapolate))
+    if any(r.rescaled_bpc for r in results):
+        print()
+        print(format_rescaled(results, L, args.extrapolate))
     timing = []
     timed = [name for name in args.graphs if not relative_part(name)]  # the same edges
     if args.timing_rounds > 0 and timed:

@@ -164,6 +164,50 @@ def test_rope_model_rotates_by_each_characters_position(example, corpus):
     assert model(corpus.train[:5 * L].view(1, 5 * L)).shape == (1, 5 * L, len(corpus.vocab))
 
 
+def test_stretched_rotations(example):
+    """Position interpolation turns position K p as the trained rotation turns p; dynamic NTK
+    keeps the trained rotation within the trained length and changes it past; YaRN is
+    ``pe.RotaryPE.yarn``."""
+    stretch = example["rescaled_rotary"]
+    x = torch.randn(40, 2, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    pos = torch.arange(40)
+    trained = pe.RotaryPE(8)
+    torch.testing.assert_close(stretch("interpolation", 8, 10, 4)(x, 4 * pos), trained(x, pos))
+    ntk = stretch("NTK", 8, 10, 4)
+    torch.testing.assert_close(ntk(x[:10], pos[:10]), trained(x[:10], pos[:10]))
+    assert not torch.allclose(ntk(x, pos), trained(x, pos))
+    yarn = stretch("YaRN", 8, 10, 4)
+    torch.testing.assert_close(yarn(x, pos), pe.RotaryPE.yarn(8, 4, 10)(x, pos))
+    with pytest.raises(ValueError, match="name must be one of"):
+        stretch("linear", 8, 10, 4)
+
+
+def test_rope_runs_are_measured_with_stretched_rotations(example, corpus, capsys):
+    """A +rope run is read on the longer sequences with each stretched rotation in every
+    block (the bits the model gives with that rotation set by hand), and keeps its own."""
+    L = 8
+    model = example["CharModel"](len(corpus.vocab), "causal+rope", torch.randn(L, 4),
+                                 hidden=16, heads=2, layers=2, dropout=0.0)
+    longer = example["windows"](corpus.val, torch.tensor([0, 50, 100]), 3 * L)
+    own = [attn.rotary for attn in model.body.attns]
+    before = example["validation_bpc"](model, *longer, 2)
+    bpc = example["rescaled_bpc"](model, longer, 2, L, 3)
+    assert list(bpc) == list(example["RESCALINGS"])
+    assert [attn.rotary for attn in model.body.attns] == own
+    assert example["validation_bpc"](model, *longer, 2) == before
+    for attn in model.body.attns:
+        attn.rotary = example["rescaled_rotary"]("YaRN", 8, L, 3)
+    assert example["validation_bpc"](model, *longer, 2) == pytest.approx(bpc["YaRN"], rel=1e-6)
+    assert len(set(bpc.values()) | {before}) == 4  # four rotations, four readings
+    out = example["main"](["--graphs", "causal+rope,window2", "--steps", "2", "--eval-every",
+                           "1", "--extrapolate", "2", "--no-plot", *SMALL])
+    rope, window = out["results"]
+    assert list(rope.rescaled_bpc) == list(example["RESCALINGS"]) and not window.rescaled_bpc
+    printed = capsys.readouterr().out
+    assert "RoPE on sequences of 64, 2x the trained 32" in printed
+    assert "| causal+rope | " in printed.split("RoPE on sequences")[1]
+
+
 def test_short_training_learns_and_reports(example, corpus, capsys):
     out = example["main"](["--graphs", "window4+alibi,window0", "--steps", "200",
                            "--eval-every", "100", "--extrapolate", "2", "--no-plot", *SMALL])
@@ -196,8 +240,8 @@ def test_one_layer_timing_compares_equal_outputs(example):
 
 def test_figure_is_written(example, tmp_path, capsys):
     pytest.importorskip("matplotlib", reason="the example's figure needs the 'plot' extra")
-    out = example["main"](["--graphs", "window2,causal", "--steps", "2", "--eval-every", "1",
-                           "--out", str(tmp_path), *SMALL])
+    out = example["main"](["--graphs", "window2,causal+rope", "--steps", "2", "--eval-every",
+                           "1", "--out", str(tmp_path), *SMALL])
     assert out["figure"] == tmp_path / "sequence_attention.png"
     assert out["figure"].stat().st_size > 20_000
 

@@ -479,7 +479,7 @@ def hf_attention(family: str, kv_heads: int, **config):
     module = transformers_module(f"{family}.modeling_{family}")
     import transformers
 
-    prefix = {"llama": "Llama", "qwen2": "Qwen2", "mistral": "Mistral"}[family]
+    prefix = {"llama": "Llama", "qwen2": "Qwen2", "mistral": "Mistral", "qwen3": "Qwen3"}[family]
     config = getattr(transformers, f"{prefix}Config")(
         hidden_size=32, num_attention_heads=4, num_key_value_heads=kv_heads,
         attention_dropout=0.0, **config)
@@ -489,6 +489,9 @@ def hf_attention(family: str, kv_heads: int, **config):
     for lin in (attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj):
         if lin.bias is not None:  # biases that are not 0, so that a lost one would show
             torch.nn.init.normal_(lin.bias)
+    for norm in (getattr(attention, "q_norm", None), getattr(attention, "k_norm", None)):
+        if norm is not None:  # Qwen3's gains, away from their initial 1 for the same reason
+            torch.nn.init.normal_(norm.weight, 1.0, 0.5)
     return attention, getattr(module, f"{prefix}RotaryEmbedding")(config)
 
 
@@ -505,18 +508,26 @@ def test_from_llama_computes_the_hugging_face_attention(family, kv_heads, config
     attention, rotary = hf_attention(family, kv_heads, **config)
     layer = from_llama(attention, dense=dense, backend="cpu")
     assert layer.kv_heads == kv_heads and layer.rotary.dim == 8
-    L = 20
-    gen = torch.Generator().manual_seed(17)
-    x = torch.randn(1, L, 32, generator=gen)
-    w = torch.randn(1, L, 32, generator=gen)
-    want, want_grad = run_llama(attention, rotary, x, torch.arange(L)[None], w)
+    check_causal(attention, rotary, layer, dense, length=20, seed=17)
+    assert_close(layer.lin_v.weight.grad, attention.v_proj.weight.grad)
+
+
+def check_causal(attention, rotary, layer, dense: bool, length: int, seed: int,
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The converted layer on the causal graph (or the dense layer with ``is_causal``) and
+    Hugging Face's attention on ``[1, length, 32]``: outputs and the input's gradient. Returns
+    the input and Hugging Face's output."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(1, length, 32, generator=gen)
+    w = torch.randn(1, length, 32, generator=gen)
+    want, want_grad = run_llama(attention, rotary, x, torch.arange(length)[None], w)
     x_in = x.clone().requires_grad_(True)
     out = (layer(x_in, is_causal=True) if dense
-           else layer(x_in[0], graphs.causal_graph(L), pos=torch.arange(L))[None])
+           else layer(x_in[0], graphs.causal_graph(length), pos=torch.arange(length))[None])
     (out * w).sum().backward()
     assert_close(out.detach(), want)
     assert_close(x_in.grad, want_grad)
-    assert_close(layer.lin_v.weight.grad, attention.v_proj.weight.grad)
+    return x, want
 
 
 def test_from_llama_on_a_window_is_the_attention_with_a_window_mask():
@@ -541,14 +552,39 @@ def test_from_llama_on_a_window_is_the_attention_with_a_window_mask():
         rope_type="longrope", rope_theta=10000.0, short_factor=[1.0] * 4, long_factor=[2.0] * 4,
         original_max_position_embeddings=64))[0], NotImplementedError,
      "rope_type='longrope'"),
-    # heads of 16 channels in a model of width 32: o_proj maps 64 features back to 32
-    (lambda: hf_attention("llama", 4, head_dim=16)[0], ValueError, "o_proj must map"),
+    (lambda: _replaced(hf_attention("qwen3", 2, head_dim=8)[0], o_proj=torch.nn.Linear(48, 32)),
+     ValueError, "o_proj must take heads \\* head_dim = 32 features"),
+    (lambda: _replaced(hf_attention("qwen3", 2, head_dim=8)[0], k_norm=torch.nn.LayerNorm(8)),
+     NotImplementedError, "k_norm is an RMSNorm over each head's head_dim = 8 channels"),
 ])
 def test_from_llama_errors(make, error, match):
     from graphattn.nn import from_llama
 
     with pytest.raises(error, match=match):
         from_llama(make())
+
+
+def _replaced(module: torch.nn.Module, **children: torch.nn.Module) -> torch.nn.Module:
+    for name, child in children.items():
+        setattr(module, name, child)
+    return module
+
+
+@pytest.mark.parametrize("dense", [False, True], ids=["graph", "dense"])
+def test_from_llama_converts_qwen3_qk_norm_and_wide_heads(dense):
+    # Qwen3 normalises each head's queries and keys (RMSNorm with gains) before the rotation,
+    # and its small models have more head channels than hidden ones (Qwen3-0.6B: 16 heads of
+    # 128 in a width of 1024): here 4 heads of 16 in a width of 32, o_proj 64 -> 32
+    from graphattn.nn import from_llama
+
+    attention, rotary = hf_attention("qwen3", 2, head_dim=16, rms_norm_eps=1e-5)
+    layer = from_llama(attention, dense=dense, backend="cpu")
+    assert layer.qk_norm == "rms" and layer.q_norm.eps == 1e-5
+    assert tuple(layer.lin_out.weight.shape) == (32, 64)
+    check_causal(attention, rotary, layer, dense, length=18, seed=24)
+    assert_close(layer.q_norm.weight.grad, attention.q_norm.weight.grad)
+    assert_close(layer.k_norm.weight.grad, attention.k_norm.weight.grad)
+    assert_close(layer.lin_out.weight.grad, attention.o_proj.weight.grad)
 
 
 def test_packed_sequences_of_other_lengths_are_llama_on_each():
@@ -793,15 +829,7 @@ def test_from_llama_takes_dynamic_ntk_scaling(length):
                                      max_position_embeddings=16)
     layer = from_llama(attention, backend="cpu")
     assert (layer.rotary.ntk_factor, layer.rotary.original_length) == (2.0, 16)
-    gen = torch.Generator().manual_seed(33)
-    x = torch.randn(1, length, 32, generator=gen)
-    w = torch.randn(1, length, 32, generator=gen)
-    want, want_grad = run_llama(attention, rotary, x, torch.arange(length)[None], w)
-    x_in = x[0].clone().requires_grad_(True)
-    out = layer(x_in, graphs.causal_graph(length), pos=torch.arange(length))
-    (out * w[0]).sum().backward()
-    assert_close(out.detach(), want[0])
-    assert_close(x_in.grad, want_grad[0])
+    x, want = check_causal(attention, rotary, layer, False, length, seed=33)
     # past the trained length, the base's frequencies alone compute another function
     layer.rotary = pe.RotaryPE(8)
     plain = layer(x[0], graphs.causal_graph(length), pos=torch.arange(length))

@@ -87,7 +87,7 @@ class _SelfAttentionBase(torch.nn.Module):
     def __init__(self, in_channels: int | tuple[int, int], out_channels: int, heads: int,
                  concat: bool, dropout: float, bias: bool, out_proj: bool, *,
                  score_channels: int, value_dropout: float, residual: bool, beta: bool,
-                 kv_heads: int | None = None, **kwargs) -> None:
+                 kv_heads: int | None = None, qk_norm: str | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
         concat, bias, out_proj, residual, beta = (
             check_flag(value, name) for value, name in ((concat, "concat"), (bias, "bias"),
@@ -126,6 +126,17 @@ class _SelfAttentionBase(torch.nn.Module):
         self.beta = bool(beta)
         # the gate's weights w: beta_i = sigmoid(w . [o_i, r_i, o_i - r_i])
         self.lin_beta = Linear(3 * out_dim, 1, bias=False) if beta else None
+        if qk_norm is not None and qk_norm not in QK_NORMS:
+            raise ValueError(f"qk_norm must be None or one of {list(QK_NORMS)}, got "
+                             f"{qk_norm!r}")
+        if qk_norm is not None and score_channels == 1:
+            raise ValueError(f"qk_norm={qk_norm!r} normalises each head's query and key over "
+                             f"their channels and needs the dot or gatv2 score; the additive "
+                             f"score's are one number per head")
+        self.qk_norm = qk_norm
+        # per-head normalisation of the queries and keys over their channels, learned gains
+        self.q_norm = None if qk_norm is None else QK_NORMS[qk_norm](score_channels)
+        self.k_norm = None if qk_norm is None else QK_NORMS[qk_norm](score_channels)
         self.out_bias: torch.nn.Parameter | None = None  # GraphSelfAttention(out_bias=True)
 
     def __prepare_scriptable__(self):
@@ -146,6 +157,9 @@ class _SelfAttentionBase(torch.nn.Module):
             if lin is not None and not (isinstance(lin, LazyLinear)
                                         and lin.has_uninitialized_params()):
                 _glorot(lin)
+        for norm in (self.q_norm, self.k_norm):
+            if norm is not None:
+                norm.reset_parameters()
 
     def _infer_in_channels(self, x_src: Tensor, x_dst: Tensor) -> None:
         """Turn the projections of ``in_channels=-1`` into ``Linear`` modules sized by the
@@ -240,6 +254,13 @@ class _SelfAttentionBase(torch.nn.Module):
         v = dropout(v, self.value_dropout, self.training)
         return q, k, v if value_bias is None else v + value_bias
 
+    def _normalize_qk(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        """Queries ``[..., H, c]`` and keys ``[..., kv_heads, c]`` each normalised over its
+        channels by ``q_norm`` and ``k_norm`` (with ``qk_norm``; as they are without)."""
+        if self.q_norm is None:
+            return q, k
+        return self.q_norm(q), self.k_norm(k)
+
     def _share_kv_heads(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Keys and values ``[..., kv_heads, c]`` -> ``[..., H, c]``: kv head g serves the
         query heads ``g * G .. (g + 1) * G - 1``, ``G = H / kv_heads`` (grouped-query
@@ -286,6 +307,7 @@ class _SelfAttentionBase(torch.nn.Module):
         extra += ", residual=True" if self.residual else ""
         extra += ", beta=True" if self.beta else ""
         extra += "" if self.kv_heads == self.heads else f", kv_heads={self.kv_heads}"
+        extra += "" if self.qk_norm is None else f", qk_norm={self.qk_norm!r}"
         return f"{self.in_channels}, {self.out_channels}, heads={self.heads}{extra}"
 
 
@@ -426,6 +448,13 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             in LLaMA 2 and 3; 1 is multi-query attention). It saves parameters and projection
             work; the attention operator sees the keys and values repeated to ``heads``. For
             the dot and gatv2 scores. ``None`` is ``heads``. (default: ``None``)
+        qk_norm (str, optional): normalise each head's query and key over their C channels
+            before scoring (and before ``rotary``), with learned gains ``q_norm`` and
+            ``k_norm``: ``"rms"``, :math:`\hat q = g \odot q / \sqrt{\overline{q^2} +
+            \epsilon}` (``torch.nn.RMSNorm(C)``, as Qwen3 and Gemma 3 do), or ``"layer"``
+            (``torch.nn.LayerNorm(C)``, as ViT-22B does), :math:`\epsilon = 10^{-6}`. It
+            bounds the scores' growth in training (QK-norm). For the dot and gatv2 scores.
+            (default: ``None``)
 
     Shapes:
         - **input:** x ``(|V|, F)`` or ``((|V_src|, F_src), (|V_dst|, F_dst))`` (or
@@ -466,7 +495,7 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
                  share_weights: bool = False, fill_value: float | Tensor | str = "mean",
                  edge_mode: str = "bias", beta: bool = False, share_value: bool = False,
                  out_bias: bool = False, rotary: RotaryPE | None = None,
-                 kv_heads: int | None = None) -> None:
+                 kv_heads: int | None = None, qk_norm: str | None = None) -> None:
         if attention not in SCORES:
             raise ValueError(f"attention must be one of {SCORES}, got {attention!r}")
         add_self_loops, share_weights, share_value, out_bias = (
@@ -494,7 +523,7 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         super().__init__(in_channels, out_channels, heads, concat, dropout, bias, out_proj,
                          score_channels=1 if attention == "additive" else out_channels,
                          value_dropout=value_dropout, residual=residual, beta=beta,
-                         kv_heads=kv_heads, aggr="add", node_dim=0)
+                         kv_heads=kv_heads, qk_norm=qk_norm, aggr="add", node_dim=0)
         if self.kv_heads != self.heads and attention == "additive":
             raise ValueError(f"kv_heads={self.kv_heads} (grouped keys and values) needs the dot "
                              f"or gatv2 score; the additive score's key term is one number per "
@@ -649,6 +678,7 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         q = q.view(N_dst, H, score_channels)  # (N_dst, H, C) or (N_dst, H, 1)
         k = k.view(N_src, self.kv_heads, score_channels)  # (N_src, H_kv, C) or (N_src, H, 1)
         v = v.view(N_src, self.kv_heads, C)  # (N_src, H_kv, C)
+        q, k = self._normalize_qk(q, k)
         if self.rotary is not None:  # the dot score of R(p_i) q_i and R(p_j) k_j
             q, k = self.rotary.rotate_pair(q, k, pos_dst, pos_src)
         k, v = self._share_kv_heads(k, v)  # (N_src, H, C)
@@ -917,6 +947,10 @@ _UNCALLED_HOOKS = ("_propagate_forward_pre_hooks", "_propagate_forward_hooks",
 # how edge features enter the attention (GraphSelfAttention's edge_mode)
 EDGE_MODES = ("bias", "key", "key_value")
 
+# qk_norm's normalisations of each head's queries and keys over their channels
+QK_NORMS = {"rms": lambda channels: torch.nn.RMSNorm(channels, eps=1e-6),
+            "layer": lambda channels: torch.nn.LayerNorm(channels, eps=1e-6)}
+
 # fill_value names of PyG's self-loop attributes -> the reduction over a target's in-edges
 FILL_REDUCTIONS = {"mean": "mean", "add": "sum", "max": "amax", "min": "amin", "mul": "prod"}
 
@@ -1088,6 +1122,8 @@ class DenseSelfAttention(_SelfAttentionBase):
             does. (default: ``None``)
         kv_heads (int, optional): heads of the keys and values, shared by groups of query
             heads, as :class:`GraphSelfAttention`'s. (default: ``None``: ``heads``)
+        qk_norm (str, optional): ``"rms"`` or ``"layer"``: normalise each head's queries and
+            keys over their channels, as :class:`GraphSelfAttention`'s. (default: ``None``)
 
     Shapes:
         - **input:** x ``(L, F)`` or ``(B, L, F)``, mask bool ``(L, L)`` or ``(B, L, L)``,
@@ -1106,13 +1142,14 @@ class DenseSelfAttention(_SelfAttentionBase):
                  concat: bool = True, dropout: float = 0.0, bias: bool = True,
                  out_proj: bool = True, value_dropout: float = 0.0,
                  residual: bool = False, beta: bool = False,
-                 rotary: RotaryPE | None = None, kv_heads: int | None = None) -> None:
+                 rotary: RotaryPE | None = None, kv_heads: int | None = None,
+                 qk_norm: str | None = None) -> None:
         if isinstance(in_channels, (tuple, list)):
             raise ValueError(f"in_channels must be one integer for DenseSelfAttention (queries, "
                              f"keys and values come from one x), got {in_channels!r}")
         super().__init__(in_channels, out_channels, heads, concat, dropout, bias, out_proj,
                          score_channels=out_channels, value_dropout=value_dropout,
-                         residual=residual, beta=beta, kv_heads=kv_heads)
+                         residual=residual, beta=beta, kv_heads=kv_heads, qk_norm=qk_norm)
         self.rotary = _check_rotary(rotary, self.out_channels)
         self.reset_parameters()
 
@@ -1153,6 +1190,7 @@ class DenseSelfAttention(_SelfAttentionBase):
         q, k, v = self._project(x, x)
         q = q.unflatten(-1, (H, C))  # (B, L, H, C)
         k, v = k.unflatten(-1, (self.kv_heads, C)), v.unflatten(-1, (self.kv_heads, C))
+        q, k = self._normalize_qk(q, k)
         if self.rotary is not None:
             if pos is None and batch is not None:
                 raise ValueError("with batch, a layer with rotary needs pos=[N] (or [N, A]): "

@@ -53,6 +53,7 @@ import math
 import warnings
 
 import torch
+from torch import Tensor
 from torch.nn import Module
 from torch.nn.parameter import UninitializedParameter
 
@@ -373,7 +374,11 @@ def from_llama(attention: Module, *, dense: bool = False,
     :class:`~graphattn.nn.DenseSelfAttention`) that computes what a Hugging Face LLaMA-family
     self-attention computes, with its weights copied: ``lin_q, lin_k, lin_v, lin_out`` from
     ``q_proj, k_proj, v_proj, o_proj``, its rotary embedding as ``rotary=RotaryPE(head_dim,
-    base=rope_theta)`` and its key and value heads as ``kv_heads``.
+    base=rope_theta)`` and its key and value heads as ``kv_heads``. Qwen3's RMS normalisation
+    of each head's queries and keys (``q_norm``, ``k_norm``) comes over as ``qk_norm="rms"``
+    with its gains and epsilon. Where ``o_proj`` maps the ``heads * head_dim`` channels to
+    another width (Qwen3-0.6B: 16 heads of 128 in a model of width 1024), ``lin_out`` is that
+    ``Linear`` and the layer's output has that width.
 
     With ``x [L, D]`` and positions ``0 .. L-1``
 
@@ -398,8 +403,10 @@ def from_llama(attention: Module, *, dense: bool = False,
             computes each call's frequencies from its largest position where ``transformers``
             keeps those of the longest sequence seen until a short one resets them), as
             ``transformers``' ``LlamaAttention`` (and ``MistralAttention``,
-            ``Qwen2Attention``) have. Its scores must be scaled by ``head_dim ** -0.5`` and
-            its output size must be ``num_attention_heads * head_dim``.
+            ``Qwen2Attention``, ``Qwen3Attention``) have. Its scores must be scaled by
+            ``head_dim ** -0.5``; ``q_norm`` and ``k_norm``, where it has them, must be
+            RMSNorms over each head's channels with a ``weight`` and ``variance_epsilon``
+            (Qwen3's; Gemma's, which scale by ``1 + weight``, are refused by name).
         dense (bool, optional): return a ``DenseSelfAttention``. (default: ``False``)
         backend (str, optional): the ``GraphSelfAttention``'s ``backend``.
             (default: ``"auto"``)
@@ -430,10 +437,10 @@ def from_llama(attention: Module, *, dense: bool = False,
     if not math.isclose(scaling, head_dim ** -0.5, rel_tol=1e-6):
         raise ValueError(f"the attention scales its scores by {scaling}, the layer by "
                          f"head_dim ** -0.5 = {head_dim ** -0.5}")
-    if o_proj.in_features != heads * head_dim or o_proj.out_features != heads * head_dim:
-        raise ValueError(f"o_proj must map heads * head_dim = {heads * head_dim} features to as "
-                         f"many (the layer's lin_out is square), got o_proj "
-                         f"{o_proj.in_features} -> {o_proj.out_features}")
+    if o_proj.in_features != heads * head_dim:
+        raise ValueError(f"o_proj must take heads * head_dim = {heads * head_dim} features, "
+                         f"got o_proj {o_proj.in_features} -> {o_proj.out_features}")
+    norms = _qk_norms(attention, head_dim)
     bias = q_proj.bias is not None
     if (k_proj.bias is not None) != bias or (v_proj.bias is not None) != bias or (
             o_proj.bias is not None and not bias):
@@ -441,13 +448,16 @@ def from_llama(attention: Module, *, dense: bool = False,
                          "none when they have none)")
     dropout = float(getattr(config, "attention_dropout", 0.0) or 0.0)
     rotary = RotaryPE(int(head_dim * factor), base=float(base), **rope_args)
+    qk_norm = None if norms is None else "rms"
     if dense:
         layer = DenseSelfAttention(hidden, head_dim, heads, dropout=dropout, bias=bias,
-                                   rotary=rotary, kv_heads=kv_heads)
+                                   rotary=rotary, kv_heads=kv_heads, qk_norm=qk_norm)
     else:
         layer = GraphSelfAttention(hidden, head_dim, heads, dropout=dropout, bias=bias,
                                    add_self_loops=False, backend=backend, rotary=rotary,
-                                   kv_heads=kv_heads)
+                                   kv_heads=kv_heads, qk_norm=qk_norm)
+    if o_proj.out_features != heads * head_dim:  # e.g. Qwen3-0.6B: 16 x 128 -> 1024
+        layer.lin_out = torch.nn.Linear(heads * head_dim, o_proj.out_features, bias=bias)
     layer = layer.to(device=o_proj.weight.device, dtype=o_proj.weight.dtype)
     layer.train(attention.training)
     with torch.no_grad():
@@ -456,7 +466,34 @@ def from_llama(attention: Module, *, dense: bool = False,
             lin.weight.copy_(source.weight)
             if lin.bias is not None:  # o_proj without a bias beside biased projections: 0
                 lin.bias.copy_(source.bias if source.bias is not None else 0.0)
+        for norm, (weight, eps) in zip((layer.q_norm, layer.k_norm), norms or (),
+                                       strict=False):
+            norm.weight.copy_(weight)
+            norm.eps = eps
     return layer
+
+
+def _qk_norms(attention: Module, head_dim: int) -> tuple[tuple[Tensor, float], ...] | None:
+    """The gains and epsilon of the attention's per-head RMS normalisation of its queries and
+    keys (``q_norm``, ``k_norm``, as Qwen3's), or ``None`` when it has none; refused by name
+    where they are not an RMSNorm over each head's ``head_dim`` channels of the form
+    ``weight * x / sqrt(mean(x ** 2) + variance_epsilon)``."""
+    modules = [getattr(attention, name, None) for name in ("q_norm", "k_norm")]
+    if all(m is None for m in modules):
+        return None
+    norms = []
+    for name, module in zip(("q_norm", "k_norm"), modules, strict=True):
+        weight = getattr(module, "weight", None)
+        eps = getattr(module, "variance_epsilon", None)
+        if (not isinstance(weight, Tensor) or tuple(weight.shape) != (head_dim,)
+                or not isinstance(eps, (int, float))):
+            raise NotImplementedError(
+                f"from_llama converts an attention whose {name} is an RMSNorm over each "
+                f"head's head_dim = {head_dim} channels with a weight and variance_epsilon "
+                f"(Qwen3's), got {type(module).__name__}"
+                + (f" with weight {list(weight.shape)}" if isinstance(weight, Tensor) else ""))
+        norms.append((weight.detach(), float(eps)))
+    return tuple(norms)
 
 
 # the rotary embeddings whose frequencies transformers computes once for all positions, which

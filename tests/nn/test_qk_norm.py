@@ -1,0 +1,133 @@
+"""QK-norm: the layers' ``qk_norm=`` normalises each head's queries and keys over their
+channels before scoring.
+
+Checked against the formula written out here (RMS and layer normalisation of each head's
+channels with the learned gains, then the reference operator), the graph layer on the
+complete graph against the dense layer with the same weights, outputs and gradients on every
+CPU backend, and the property that makes it useful: with RMS normalisation and no biases the
+attention weights do not change when the inputs grow, where without it they saturate.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import assert_close
+
+from graphattn import graphs, pe
+from graphattn.functional import edge_attention
+from graphattn.nn import DenseSelfAttention, GraphSelfAttention, GraphTransformer
+
+
+def _normalised(t: torch.Tensor, gain: torch.Tensor, kind: str,
+                offset: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
+    """``t`` ``[..., C]`` normalised over its channels and times ``gain`` (plus ``offset``
+    for layer normalisation), written out."""
+    if kind == "layer":
+        centred = t - t.mean(-1, keepdim=True)
+        return centred / (centred.pow(2).mean(-1, keepdim=True) + eps).sqrt() * gain + offset
+    return t / (t.pow(2).mean(-1, keepdim=True) + eps).sqrt() * gain
+
+
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_qk_norm_is_the_normalised_dot_product(kind, kv_heads):
+    # the layer's output is the reference operator on queries and keys normalised per head
+    # over their 8 channels with the learned gains, keys before they are shared by two heads
+    gen = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    layer = GraphSelfAttention(12, 8, heads=4, add_self_loops=False, kv_heads=kv_heads,
+                               qk_norm=kind).double()
+    with torch.no_grad():
+        for norm in (layer.q_norm, layer.k_norm):
+            norm.weight.normal_(generator=gen)
+            if kind == "layer":
+                norm.bias.normal_(generator=gen)
+    x = torch.randn(9, 12, dtype=torch.float64, generator=gen)
+    edge_index = graphs.random_graph(9, 3, self_loops=True)
+    q = layer.lin_q(x).view(9, 4, 8)
+    k = layer.lin_k(x).view(9, kv_heads, 8)
+    v = layer.lin_v(x).view(9, kv_heads, 8)
+    q = _normalised(q, layer.q_norm.weight, kind, getattr(layer.q_norm, "bias", None))
+    k = _normalised(k, layer.k_norm.weight, kind, getattr(layer.k_norm, "bias", None))
+    group = 4 // kv_heads
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    want = layer.lin_out(edge_attention(q, k, v, edge_index, backend="reference").flatten(1))
+    assert_close(layer(x, edge_index), want)
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu", "dense", "auto"])
+@pytest.mark.parametrize("attention", ["dot", "gatv2"])
+def test_graph_layer_on_the_complete_graph_is_the_dense_layer(backend, attention):
+    # one state_dict, both layers, with the rotation after the normalisation: outputs and
+    # the gradients of the gains (gatv2: every CPU backend against the reference)
+    gen = torch.Generator().manual_seed(1)
+    torch.manual_seed(1)
+    rotary = pe.RotaryPE(8) if attention == "dot" else None
+    graph = GraphSelfAttention(16, 8, heads=2, add_self_loops=False, backend=backend,
+                               attention=attention, rotary=rotary, qk_norm="rms").double()
+    with torch.no_grad():
+        graph.q_norm.weight.normal_(generator=gen)
+        graph.k_norm.weight.normal_(generator=gen)
+    L = 11
+    x = torch.randn(L, 16, dtype=torch.float64, generator=gen)
+    w = torch.randn(L, 16, dtype=torch.float64, generator=gen)
+    if attention == "dot":
+        twin = DenseSelfAttention(16, 8, heads=2, rotary=pe.RotaryPE(8), qk_norm="rms").double()
+        twin.load_state_dict(graph.state_dict())
+        want = twin(x)
+    else:
+        twin = GraphSelfAttention(16, 8, heads=2, add_self_loops=False, backend="reference",
+                                  attention="gatv2", qk_norm="rms").double()
+        twin.load_state_dict(graph.state_dict())
+        want = twin(x, graphs.complete_graph(L))
+    (want * w).sum().backward()
+    got = graph(x, graphs.complete_graph(L), **({"pos": torch.arange(L)} if rotary else {}))
+    (got * w).sum().backward()
+    assert_close(got, want)
+    for name in ("q_norm", "k_norm"):
+        assert_close(getattr(graph, name).weight.grad, getattr(twin, name).weight.grad)
+
+
+def test_rms_qk_norm_keeps_the_weights_as_the_inputs_grow():
+    # RMS normalisation is blind to the scale of q and k: with projections without biases the
+    # attention weights for x and for 1000 x are the same, where without qk_norm they saturate
+    gen = torch.Generator().manual_seed(2)
+    torch.manual_seed(2)
+    x = torch.randn(10, 16, dtype=torch.float64, generator=gen)
+    edge_index = graphs.random_graph(10, 4, self_loops=True)
+    for qk_norm, same in (("rms", True), (None, False)):
+        layer = GraphSelfAttention(16, 8, heads=2, bias=False, add_self_loops=False,
+                                   qk_norm=qk_norm).double()
+        _, (_, alpha) = layer(x, edge_index, return_attention_weights=True)
+        _, (_, grown) = layer(1000 * x, edge_index, return_attention_weights=True)
+        assert torch.allclose(alpha, grown, atol=1e-9) == same
+
+
+def test_models_state_and_repr():
+    layer = GraphSelfAttention(8, 4, heads=2, qk_norm="layer")
+    assert isinstance(layer.q_norm, torch.nn.LayerNorm) and layer.q_norm.normalized_shape == (4,)
+    assert {"q_norm.weight", "q_norm.bias", "k_norm.weight"} <= set(layer.state_dict())
+    assert "qk_norm='layer'" in repr(layer)
+    with torch.no_grad():
+        layer.q_norm.weight.fill_(3.0)
+    layer.reset_parameters()
+    assert torch.equal(layer.q_norm.weight, torch.ones(4))
+    assert GraphSelfAttention(8, 4).q_norm is None and "qk_norm" not in repr(
+        GraphSelfAttention(8, 4))
+    model = GraphTransformer(8, 16, 3, num_layers=2, heads=2, qk_norm="rms")
+    assert all(isinstance(a.q_norm, torch.nn.RMSNorm) for a in model.attns)
+    out = model(torch.randn(6, 8), graphs.complete_graph(6))
+    assert out.shape == (6, 3) and torch.isfinite(out).all()
+    dense = DenseSelfAttention(8, 4, heads=2, qk_norm="rms")
+    assert "qk_norm='rms'" in repr(dense) and dense(torch.randn(2, 5, 8)).shape == (2, 5, 8)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(qk_norm="l2"), r"qk_norm must be None or one of \['rms', 'layer'\], got 'l2'"),
+    (dict(qk_norm=True), "qk_norm must be None or one of"),
+    (dict(qk_norm="rms", attention="additive"), "needs the dot or gatv2 score"),
+])
+def test_qk_norm_errors(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        GraphSelfAttention(8, 4, heads=2, **kwargs)
