@@ -179,7 +179,8 @@ class CharModel(torch.nn.Module):
     """
 
     def __init__(self, vocab_size: int, graph: str, positions: Tensor, *,
-                 hidden: int, heads: int, layers: int, dropout: float) -> None:
+                 hidden: int, heads: int, layers: int, dropout: float,
+                 qk_norm: str | None = None) -> None:
         super().__init__()
         self.vocab_size, self.graph, self.heads = vocab_size, graph, heads
         self.relative = relative_part(graph)
@@ -191,7 +192,8 @@ class CharModel(torch.nn.Module):
                                      dropout=dropout, attention_dropout=0.0,
                                      add_self_loops=self.relative is None,
                                      rotary=(pe.RotaryPE(hidden // heads)
-                                             if self.relative == "rope" else None))
+                                             if self.relative == "rope" else None),
+                                     qk_norm=qk_norm)
         self.t5 = (pe.RelativePositionBias(heads, 32, 128, bidirectional=False)
                    if self.relative == "t5" else None)
         self._batch_graphs: dict[tuple[int, int], tuple[Tensor, Tensor | None]] = {}
@@ -533,6 +535,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--heads", type=positive_int, default=4)
     parser.add_argument("--layers", type=positive_int, default=2)
     parser.add_argument("--dropout", type=float, default=0.0)
+    parser.add_argument("--qk-norm", choices=["rms", "layer"], default=None,
+                        help="normalise each head's queries and keys (QK-norm)")
     parser.add_argument("--pe", type=positive_int, default=16,
                         help="columns of the sinusoidal position encoding (even)")
     parser.add_argument("--extrapolate", type=positive_int, default=4,
@@ -600,8 +604,8 @@ def main(argv: list[str] | None = None) -> dict:
     for name in args.graphs:
         torch.manual_seed(args.seed)
         model = CharModel(len(corpus.vocab), name, positions, hidden=args.hidden,
-                          heads=args.heads, layers=args.layers,
-                          dropout=args.dropout).to(args.device)
+                          heads=args.heads, layers=args.layers, dropout=args.dropout,
+                          qk_norm=args.qk_norm).to(args.device)
         result = train(model, corpus, val, steps=args.steps, batch_size=args.batch_size,
                        length=L, lr=args.lr, eval_every=args.eval_every, seed=args.seed,
                        desc=name, progress=not args.no_progress)

@@ -208,6 +208,14 @@ def test_rope_runs_are_measured_with_stretched_rotations(example, corpus, capsys
     assert "| causal+rope | " in printed.split("RoPE on sequences")[1]
 
 
+def test_qk_norm_reaches_every_block(example, corpus):
+    model = example["CharModel"](len(corpus.vocab), "causal+rope", torch.randn(8, 4),
+                                 hidden=16, heads=2, layers=2, dropout=0.0, qk_norm="rms")
+    assert all(isinstance(attn.q_norm, torch.nn.RMSNorm) for attn in model.body.attns)
+    assert example["parse_args"](["--qk-norm", "layer"]).qk_norm == "layer"
+    assert example["parse_args"]([]).qk_norm is None
+
+
 def test_short_training_learns_and_reports(example, corpus, capsys):
     out = example["main"](["--graphs", "window4+alibi,window0", "--steps", "200",
                            "--eval-every", "100", "--extrapolate", "2", "--no-plot", *SMALL])
@@ -262,6 +270,7 @@ def test_figure_is_written(example, tmp_path, capsys):
     (["--extrapolate", "0"],
                                                                 "--extrapolate"),
     (["--device", "mps"], "--device mps is not usable here"),
+    (["--qk-norm", "l2"], "--qk-norm"),
 ])
 def test_bad_arguments_are_refused_by_name(example, argv, name, capsys):
     with pytest.raises(SystemExit):
