@@ -6,7 +6,7 @@ self-loops allowed) and the options (score, heads, concat, output projection, se
 residual and its gate, edge features and how they enter). Each backend runs a copy of one layer:
 outputs, the returned edge order and attention weights, and the gradients of every parameter must
 match the readable reference path. A second draw gives the dot score a rotary embedding (real
-positions, one or two axes) and grouped key and value heads. The draws are derandomised, so CI
+positions, one or two axes), grouped key and value heads and QK-norm. The draws are derandomised, so CI
 runs the same cases each time.
 The triton backend runs fewer draws, in Triton's CPU interpreter.
 """
@@ -130,8 +130,8 @@ def test_layer_built_on_the_meta_device_materialises(fill_value):
 @st.composite
 def rotary_cases(draw):
     """Graphs as ``layer_cases`` draws them, for a dot-score layer with a rotary embedding
-    (one or two position axes, rotate-half or interleaved, all or part of the channels) and
-    grouped key/value heads."""
+    (one or two position axes, rotate-half or interleaved, all or part of the channels),
+    grouped key/value heads and QK-norm."""
     bipartite = draw(st.booleans())
     n_src = draw(st.integers(0, 6))
     n_dst = draw(st.integers(0, 6)) if bipartite else n_src
@@ -140,7 +140,7 @@ def rotary_cases(draw):
     axes = draw(st.sampled_from([1, 2]))
     dim = draw(st.sampled_from([4, 8]))
     options = dict(add_self_loops=draw(st.booleans()), concat=draw(st.booleans()),
-                   kv_heads=kv_heads)
+                   kv_heads=kv_heads, qk_norm=draw(st.sampled_from([None, "rms", "layer"])))
     rope = dict(axes=axes, interleaved=draw(st.booleans()), base=draw(st.sampled_from(
         [10.0, 10000.0])))
     seed = draw(st.integers(0, 2**16))
