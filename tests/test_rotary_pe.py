@@ -56,11 +56,16 @@ def llama_pair(heads: int, channels: int, base: float, kv_heads: int | None = No
 def run_llama(attention, rotary, x: torch.Tensor, position_ids: torch.Tensor,
               w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """LlamaAttention's output on ``x`` ``[B, L, D]`` with its causal mask, and the gradient of
-    ``(out * w).sum()`` with respect to ``x``."""
+    ``(out * w).sum()`` with respect to ``x`` (the rotary embedding of the attention's kind of
+    layer where the model has several, as Gemma 3)."""
     L = x.size(1)
     x = x.clone().requires_grad_(True)
     mask = torch.full((L, L), float("-inf")).triu(1)[None, None]  # (1, 1, L, L)
-    out = attention(x, position_embeddings=rotary(x, position_ids), attention_mask=mask)[0]
+    layer_type = getattr(attention, "layer_type", None)
+    per_kind = isinstance(attention.config.rope_parameters.get(layer_type), dict)
+    kinds = {"layer_type": layer_type} if per_kind else {}
+    out = attention(x, position_embeddings=rotary(x, position_ids, **kinds),
+                    attention_mask=mask)[0]
     (out * w).sum().backward()
     return out.detach(), x.grad
 
@@ -473,19 +478,21 @@ def test_grouped_heads_are_full_heads_with_repeated_weights(options, backend):
     assert_close(grouped.lin_k.weight.grad, summed)
 
 
-def hf_attention(family: str, kv_heads: int, **config):
+def hf_attention(family: str, kv_heads: int, layer_idx: int = 0, **config):
     """Hugging Face's self-attention of ``family`` (``"llama"``, ``"qwen2"``, ``"mistral"``),
     4 heads of 8 channels, and its rotary embedding module, from a config (no download)."""
     module = transformers_module(f"{family}.modeling_{family}")
     import transformers
 
-    prefix = {"llama": "Llama", "qwen2": "Qwen2", "mistral": "Mistral", "qwen3": "Qwen3"}[family]
-    config = getattr(transformers, f"{prefix}Config")(
+    prefix = {"llama": "Llama", "qwen2": "Qwen2", "mistral": "Mistral", "qwen3": "Qwen3",
+              "gemma3": "Gemma3"}[family]
+    config = getattr(transformers, f"{prefix}TextConfig" if family == "gemma3"
+                     else f"{prefix}Config")(
         hidden_size=32, num_attention_heads=4, num_key_value_heads=kv_heads,
         attention_dropout=0.0, **config)
     config._attn_implementation = "eager"
     torch.manual_seed(0)
-    attention = getattr(module, f"{prefix}Attention")(config, layer_idx=0)
+    attention = getattr(module, f"{prefix}Attention")(config, layer_idx=layer_idx)
     for lin in (attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj):
         if lin.bias is not None:  # biases that are not 0, so that a lost one would show
             torch.nn.init.normal_(lin.bias)
@@ -556,6 +563,8 @@ def test_from_llama_on_a_window_is_the_attention_with_a_window_mask():
      ValueError, "o_proj must take heads \\* head_dim = 32 features"),
     (lambda: _replaced(hf_attention("qwen3", 2, head_dim=8)[0], k_norm=torch.nn.LayerNorm(8)),
      NotImplementedError, "k_norm is an RMSNorm over each head's head_dim = 8 channels"),
+    (lambda: hf_attention("gemma3", 2, head_dim=8, attn_logit_softcapping=50.0)[0],
+     NotImplementedError, "without a soft cap on its scores, got attn_logit_softcapping=50"),
 ])
 def test_from_llama_errors(make, error, match):
     from graphattn.nn import from_llama
@@ -585,6 +594,30 @@ def test_from_llama_converts_qwen3_qk_norm_and_wide_heads(dense):
     assert_close(layer.q_norm.weight.grad, attention.q_norm.weight.grad)
     assert_close(layer.k_norm.weight.grad, attention.k_norm.weight.grad)
     assert_close(layer.lin_out.weight.grad, attention.o_proj.weight.grad)
+
+
+GEMMA3 = dict(head_dim=8, query_pre_attn_scalar=24, num_hidden_layers=2, sliding_window=4,
+              layer_types=["sliding_attention", "full_attention"], rope_parameters={
+                  "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                  "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}})
+
+
+@pytest.mark.parametrize("layer_idx", [0, 1], ids=["sliding", "full"])
+@pytest.mark.parametrize("dense", [False, True], ids=["graph", "dense"])
+def test_from_llama_converts_gemma3(layer_idx, dense):
+    # Gemma 3: QK-norm whose gains are 1 + weight, scores scaled by query_pre_attn_scalar **
+    # -0.5 instead of head_dim ** -0.5, and a rotary embedding per kind of layer (the local
+    # layers' base 10,000, the global layers' 1e6 with linear interpolation by 8)
+    from graphattn.nn import from_llama
+
+    attention, rotary = hf_attention("gemma3", 2, layer_idx, **GEMMA3)
+    layer = from_llama(attention, dense=dense, backend="cpu")
+    assert layer.scale == pytest.approx(24 ** -0.5) and layer.qk_norm == "rms"
+    assert_close(layer.q_norm.weight.detach(), 1 + attention.q_norm.weight.detach())
+    assert (layer.rotary.base, layer.rotary.frequencies is None) == (
+        (10000.0, True) if layer_idx == 0 else (1e6, False))
+    check_causal(attention, rotary, layer, dense, length=14, seed=25)
+    assert_close(layer.k_norm.weight.grad, attention.k_norm.weight.grad)
 
 
 def test_packed_sequences_of_other_lengths_are_llama_on_each():

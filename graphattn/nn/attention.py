@@ -23,6 +23,7 @@ from graphattn._checks import (
     check_same_device,
     check_tensors,
     check_weight_dtype,
+    finite_float,
 )
 from graphattn._tensor_cache import TensorCache, cacheable
 from graphattn.functional import cpu
@@ -87,7 +88,8 @@ class _SelfAttentionBase(torch.nn.Module):
     def __init__(self, in_channels: int | tuple[int, int], out_channels: int, heads: int,
                  concat: bool, dropout: float, bias: bool, out_proj: bool, *,
                  score_channels: int, value_dropout: float, residual: bool, beta: bool,
-                 kv_heads: int | None = None, qk_norm: str | None = None, **kwargs) -> None:
+                 kv_heads: int | None = None, qk_norm: str | None = None,
+                 scale: float | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
         concat, bias, out_proj, residual, beta = (
             check_flag(value, name) for value, name in ((concat, "concat"), (bias, "bias"),
@@ -134,6 +136,7 @@ class _SelfAttentionBase(torch.nn.Module):
                              f"their channels and needs the dot or gatv2 score; the additive "
                              f"score's are one number per head")
         self.qk_norm = qk_norm
+        self.scale = None if scale is None else finite_float(scale, "scale")
         # per-head normalisation of the queries and keys over their channels, learned gains
         self.q_norm = None if qk_norm is None else QK_NORMS[qk_norm](score_channels)
         self.k_norm = None if qk_norm is None else QK_NORMS[qk_norm](score_channels)
@@ -308,6 +311,7 @@ class _SelfAttentionBase(torch.nn.Module):
         extra += ", beta=True" if self.beta else ""
         extra += "" if self.kv_heads == self.heads else f", kv_heads={self.kv_heads}"
         extra += "" if self.qk_norm is None else f", qk_norm={self.qk_norm!r}"
+        extra += "" if self.scale is None else f", scale={self.scale:g}"
         return f"{self.in_channels}, {self.out_channels}, heads={self.heads}{extra}"
 
 
@@ -455,6 +459,9 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             (``torch.nn.LayerNorm(C)``, as ViT-22B does), :math:`\epsilon = 10^{-6}`. It
             bounds the scores' growth in training (QK-norm). For the dot and gatv2 scores.
             (default: ``None``)
+        scale (float, optional): the score multiplier in place of :math:`1/\sqrt{C}` for the
+            dot score (and of 1 for the others), as ``edge_attention``'s ``scale`` (Gemma's
+            :math:`1/\sqrt{s}` for a ``query_pre_attn_scalar`` s). (default: ``None``)
 
     Shapes:
         - **input:** x ``(|V|, F)`` or ``((|V_src|, F_src), (|V_dst|, F_dst))`` (or
@@ -495,7 +502,8 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
                  share_weights: bool = False, fill_value: float | Tensor | str = "mean",
                  edge_mode: str = "bias", beta: bool = False, share_value: bool = False,
                  out_bias: bool = False, rotary: RotaryPE | None = None,
-                 kv_heads: int | None = None, qk_norm: str | None = None) -> None:
+                 kv_heads: int | None = None, qk_norm: str | None = None,
+                 scale: float | None = None) -> None:
         if attention not in SCORES:
             raise ValueError(f"attention must be one of {SCORES}, got {attention!r}")
         add_self_loops, share_weights, share_value, out_bias = (
@@ -523,7 +531,8 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         super().__init__(in_channels, out_channels, heads, concat, dropout, bias, out_proj,
                          score_channels=1 if attention == "additive" else out_channels,
                          value_dropout=value_dropout, residual=residual, beta=beta,
-                         kv_heads=kv_heads, qk_norm=qk_norm, aggr="add", node_dim=0)
+                         kv_heads=kv_heads, qk_norm=qk_norm, scale=scale, aggr="add",
+                         node_dim=0)
         if self.kv_heads != self.heads and attention == "additive":
             raise ValueError(f"kv_heads={self.kv_heads} (grouped keys and values) needs the dot "
                              f"or gatv2 score; the additive score's key term is one number per "
@@ -699,7 +708,7 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
                 old_loops, float("-inf")).unsqueeze(-1)  # (E', 1)
             bias = mask.expand(-1, H).contiguous() if bias is None else bias + mask  # (E', H)
         # edge_index was checked above and q, k, v are built to match it: skip the re-check.
-        result = edge_attention_unchecked(q, k, v, edge_index, scale=None, bias=bias,
+        result = edge_attention_unchecked(q, k, v, edge_index, scale=self.scale, bias=bias,
                                           dropout_p=self.dropout, training=self.training,
                                           return_attention=return_attention_weights or hooks,
                                           backend=self.backend, score=self.attention,
@@ -1124,6 +1133,8 @@ class DenseSelfAttention(_SelfAttentionBase):
             heads, as :class:`GraphSelfAttention`'s. (default: ``None``: ``heads``)
         qk_norm (str, optional): ``"rms"`` or ``"layer"``: normalise each head's queries and
             keys over their channels, as :class:`GraphSelfAttention`'s. (default: ``None``)
+        scale (float, optional): the score multiplier in place of :math:`1/\sqrt{C}`.
+            (default: ``None``)
 
     Shapes:
         - **input:** x ``(L, F)`` or ``(B, L, F)``, mask bool ``(L, L)`` or ``(B, L, L)``,
@@ -1143,13 +1154,14 @@ class DenseSelfAttention(_SelfAttentionBase):
                  out_proj: bool = True, value_dropout: float = 0.0,
                  residual: bool = False, beta: bool = False,
                  rotary: RotaryPE | None = None, kv_heads: int | None = None,
-                 qk_norm: str | None = None) -> None:
+                 qk_norm: str | None = None, scale: float | None = None) -> None:
         if isinstance(in_channels, (tuple, list)):
             raise ValueError(f"in_channels must be one integer for DenseSelfAttention (queries, "
                              f"keys and values come from one x), got {in_channels!r}")
         super().__init__(in_channels, out_channels, heads, concat, dropout, bias, out_proj,
                          score_channels=out_channels, value_dropout=value_dropout,
-                         residual=residual, beta=beta, kv_heads=kv_heads, qk_norm=qk_norm)
+                         residual=residual, beta=beta, kv_heads=kv_heads, qk_norm=qk_norm,
+                         scale=scale)
         self.rotary = _check_rotary(rotary, self.out_channels)
         self.reset_parameters()
 
@@ -1204,7 +1216,8 @@ class DenseSelfAttention(_SelfAttentionBase):
             raise ValueError("pos was given but the layer has rotary=None: positions enter "
                              "through a rotary embedding, rotary=graphattn.pe.RotaryPE(...)")
         k, v = self._share_kv_heads(k, v)  # (B, L, H, C)
-        result = dense_attention(q, k, v, mask, is_causal=is_causal, dropout_p=self.dropout,
+        result = dense_attention(q, k, v, mask, is_causal=is_causal, scale=self.scale,
+                                 dropout_p=self.dropout,
                                  training=self.training,
                                  return_attention=return_attention_weights, batch=batch,
                                  attn_bias=attn_bias)

@@ -374,11 +374,14 @@ def from_llama(attention: Module, *, dense: bool = False,
     :class:`~graphattn.nn.DenseSelfAttention`) that computes what a Hugging Face LLaMA-family
     self-attention computes, with its weights copied: ``lin_q, lin_k, lin_v, lin_out`` from
     ``q_proj, k_proj, v_proj, o_proj``, its rotary embedding as ``rotary=RotaryPE(head_dim,
-    base=rope_theta)`` and its key and value heads as ``kv_heads``. Qwen3's RMS normalisation
-    of each head's queries and keys (``q_norm``, ``k_norm``) comes over as ``qk_norm="rms"``
-    with its gains and epsilon. Where ``o_proj`` maps the ``heads * head_dim`` channels to
-    another width (Qwen3-0.6B: 16 heads of 128 in a model of width 1024), ``lin_out`` is that
-    ``Linear`` and the layer's output has that width.
+    base=rope_theta)`` and its key and value heads as ``kv_heads``. Qwen3's and Gemma 3's RMS
+    normalisation of each head's queries and keys (``q_norm``, ``k_norm``) comes over as
+    ``qk_norm="rms"`` with its gains (Gemma's ``1 + weight``) and epsilon, a score scale
+    other than ``head_dim ** -0.5`` (Gemma 3's ``query_pre_attn_scalar ** -0.5``) as
+    ``scale``, and where the config has one rotary embedding per kind of layer (Gemma 3's
+    local and global layers) the one of the attention's ``layer_type``. Where ``o_proj`` maps
+    the ``heads * head_dim`` channels to another width (Qwen3-0.6B: 16 heads of 128 in a model
+    of width 1024), ``lin_out`` is that ``Linear`` and the layer's output has that width.
 
     With ``x [L, D]`` and positions ``0 .. L-1``
 
@@ -403,10 +406,11 @@ def from_llama(attention: Module, *, dense: bool = False,
             computes each call's frequencies from its largest position where ``transformers``
             keeps those of the longest sequence seen until a short one resets them), as
             ``transformers``' ``LlamaAttention`` (and ``MistralAttention``,
-            ``Qwen2Attention``, ``Qwen3Attention``) have. Its scores must be scaled by
-            ``head_dim ** -0.5``; ``q_norm`` and ``k_norm``, where it has them, must be
-            RMSNorms over each head's channels with a ``weight`` and ``variance_epsilon``
-            (Qwen3's; Gemma's, which scale by ``1 + weight``, are refused by name).
+            ``Qwen2Attention``, ``Qwen3Attention``, ``Gemma3Attention``) have.
+            ``q_norm`` and ``k_norm``, where it has them, must be RMSNorms over each head's
+            channels (a ``weight`` and ``variance_epsilon`` or ``eps``, told apart from
+            Gemma's form by running them); a soft cap on the scores
+            (``attn_logit_softcapping``, Gemma 2's) is refused by name.
         dense (bool, optional): return a ``DenseSelfAttention``. (default: ``False``)
         backend (str, optional): the ``GraphSelfAttention``'s ``backend``.
             (default: ``"auto"``)
@@ -427,16 +431,23 @@ def from_llama(attention: Module, *, dense: bool = False,
     head_dim = getattr(attention, "head_dim", None) or q_proj.out_features // heads
     hidden = q_proj.in_features
     rope = dict(getattr(config, "rope_parameters", None) or {})
+    layer_type = getattr(attention, "layer_type", None)
+    if isinstance(rope.get(layer_type), dict):  # one embedding per kind of layer (Gemma 3)
+        rope = dict(rope[layer_type])
+    else:
+        layer_type = None
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     base = rope.get("rope_theta", getattr(config, "rope_theta", None))
     if base is None:
         raise ValueError("the attention's config gives no rope_theta for its rotary embedding")
     factor = rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
-    rope_args = _rope_arguments(config, rope, rope_type)
-    scaling = getattr(attention, "scaling", head_dim ** -0.5)
-    if not math.isclose(scaling, head_dim ** -0.5, rel_tol=1e-6):
-        raise ValueError(f"the attention scales its scores by {scaling}, the layer by "
-                         f"head_dim ** -0.5 = {head_dim ** -0.5}")
+    rope_args = _rope_arguments(config, rope, rope_type, layer_type)
+    scaling = float(getattr(attention, "scaling", head_dim ** -0.5))
+    scale = None if math.isclose(scaling, head_dim ** -0.5, rel_tol=1e-12) else scaling
+    if getattr(attention, "attn_logit_softcapping", None) is not None:
+        raise NotImplementedError(f"from_llama converts attention without a soft cap on its "
+                                  f"scores, got attn_logit_softcapping="
+                                  f"{attention.attn_logit_softcapping}")
     if o_proj.in_features != heads * head_dim:
         raise ValueError(f"o_proj must take heads * head_dim = {heads * head_dim} features, "
                          f"got o_proj {o_proj.in_features} -> {o_proj.out_features}")
@@ -451,11 +462,12 @@ def from_llama(attention: Module, *, dense: bool = False,
     qk_norm = None if norms is None else "rms"
     if dense:
         layer = DenseSelfAttention(hidden, head_dim, heads, dropout=dropout, bias=bias,
-                                   rotary=rotary, kv_heads=kv_heads, qk_norm=qk_norm)
+                                   rotary=rotary, kv_heads=kv_heads, qk_norm=qk_norm,
+                                   scale=scale)
     else:
         layer = GraphSelfAttention(hidden, head_dim, heads, dropout=dropout, bias=bias,
                                    add_self_loops=False, backend=backend, rotary=rotary,
-                                   kv_heads=kv_heads, qk_norm=qk_norm)
+                                   kv_heads=kv_heads, qk_norm=qk_norm, scale=scale)
     if o_proj.out_features != heads * head_dim:  # e.g. Qwen3-0.6B: 16 x 128 -> 1024
         layer.lin_out = torch.nn.Linear(heads * head_dim, o_proj.out_features, bias=bias)
     layer = layer.to(device=o_proj.weight.device, dtype=o_proj.weight.dtype)
@@ -475,25 +487,44 @@ def from_llama(attention: Module, *, dense: bool = False,
 
 def _qk_norms(attention: Module, head_dim: int) -> tuple[tuple[Tensor, float], ...] | None:
     """The gains and epsilon of the attention's per-head RMS normalisation of its queries and
-    keys (``q_norm``, ``k_norm``, as Qwen3's), or ``None`` when it has none; refused by name
-    where they are not an RMSNorm over each head's ``head_dim`` channels of the form
-    ``weight * x / sqrt(mean(x ** 2) + variance_epsilon)``."""
+    keys (``q_norm``, ``k_norm``), or ``None`` when it has none; refused by name where they
+    are not an RMSNorm over each head's ``head_dim`` channels."""
     modules = [getattr(attention, name, None) for name in ("q_norm", "k_norm")]
     if all(m is None for m in modules):
         return None
     norms = []
     for name, module in zip(("q_norm", "k_norm"), modules, strict=True):
         weight = getattr(module, "weight", None)
-        eps = getattr(module, "variance_epsilon", None)
-        if (not isinstance(weight, Tensor) or tuple(weight.shape) != (head_dim,)
-                or not isinstance(eps, (int, float))):
+        eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
+        gains = None
+        if (isinstance(weight, Tensor) and tuple(weight.shape) == (head_dim,)
+                and isinstance(eps, (int, float))):
+            gains = _rms_gains(module, weight.detach(), float(eps))
+        if gains is None:
             raise NotImplementedError(
                 f"from_llama converts an attention whose {name} is an RMSNorm over each "
-                f"head's head_dim = {head_dim} channels with a weight and variance_epsilon "
-                f"(Qwen3's), got {type(module).__name__}"
+                f"head's head_dim = {head_dim} channels, g * x / sqrt(mean(x ** 2) + eps) with "
+                f"g its weight (Qwen3's) or 1 + weight (Gemma 3's), got "
+                f"{type(module).__name__}"
                 + (f" with weight {list(weight.shape)}" if isinstance(weight, Tensor) else ""))
-        norms.append((weight.detach(), float(eps)))
+        norms.append((gains, float(eps)))
     return tuple(norms)
+
+
+def _rms_gains(module: Module, weight: Tensor, eps: float) -> Tensor | None:
+    """The gains g of an RMSNorm ``module``, ``module(x) = g * x / sqrt(mean(x ** 2) + eps)``:
+    ``weight`` (LLaMA's and Qwen3's form) or ``1 + weight`` (Gemma's), told apart by running
+    the module on a few random rows (the two differ by ``x / rms(x)`` itself); ``None`` when
+    neither computes what it does."""
+    probe = torch.randn(4, weight.numel(), generator=torch.Generator().manual_seed(0))
+    probe = probe.to(device=weight.device, dtype=weight.dtype)
+    with torch.no_grad():
+        out = module(probe).float()
+    unit = probe.float() * torch.rsqrt(probe.float().pow(2).mean(-1, keepdim=True) + eps)
+    for gains in (weight.float(), 1.0 + weight.float()):
+        if torch.allclose(out, unit * gains, rtol=2e-2, atol=2e-2):
+            return gains
+    return None
 
 
 # the rotary embeddings whose frequencies transformers computes once for all positions, which
@@ -501,7 +532,7 @@ def _qk_norms(attention: Module, head_dim: int) -> tuple[tuple[Tensor, float], .
 _FIXED_ROPE_TYPES = ("linear", "llama3", "yarn")
 
 
-def _rope_arguments(config, rope: dict, rope_type: str) -> dict:
+def _rope_arguments(config, rope: dict, rope_type: str, layer_type: str | None) -> dict:
     """``RotaryPE``'s arguments past ``dim`` and ``base`` for a model whose config asks for
     ``rope_type``: the frequencies and factor on the cosines and sines that ``transformers``
     computes, or dynamic NTK scaling's factor and trained length; refused by name where the
@@ -518,5 +549,6 @@ def _rope_arguments(config, rope: dict, rope_type: str) -> dict:
             f"('dynamic'), got rope_type={rope_type!r}")
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    frequencies, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, "cpu")
+    kwargs = {} if layer_type is None else {"layer_type": layer_type}
+    frequencies, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, "cpu", **kwargs)
     return {"frequencies": frequencies.to(torch.float64), "attention_factor": float(scaling)}

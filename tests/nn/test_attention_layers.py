@@ -1449,3 +1449,30 @@ def test_attn_bias_errors(make, kwargs, error, match):
     layer = GraphSelfAttention(4, 3, heads=2, **make)
     with pytest.raises(error, match=match):
         layer(torch.randn(4, 4), torch.tensor([[0, 1, 2], [1, 2, 3]]), **kwargs)
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu", "dense"])
+@pytest.mark.parametrize("attention", ["dot", "gatv2"])
+def test_scale_replaces_the_score_multiplier(backend, attention):
+    # scale=s multiplies each score by s in place of 1/sqrt(C) (dot) or 1 (gatv2): the
+    # layer's output is the operator's with that scale, and the dense layer's the same
+    torch.manual_seed(3)
+    layer = GraphSelfAttention(6, 4, heads=2, add_self_loops=False, attention=attention,
+                               backend=backend, scale=0.7).double()
+    x = torch.randn(7, 6, dtype=torch.float64)
+    edge_index = graphs.random_graph(7, 3, self_loops=True)  # no repeated edge
+    q, k, v = (lin(x).view(7, 2, 4) for lin in (layer.lin_q, layer.lin_k, layer.lin_v))
+    want = layer.lin_out(edge_attention(q, k, v, edge_index, scale=0.7, score=attention,
+                                        att=layer.att, backend="reference").flatten(1))
+    assert_close(layer(x, edge_index), want)
+    unscaled = GraphSelfAttention(6, 4, heads=2, add_self_loops=False, attention=attention,
+                                  backend=backend).double()
+    unscaled.load_state_dict(layer.state_dict())
+    assert not torch.allclose(unscaled(x, edge_index), want)
+    if attention == "dot":
+        dense = DenseSelfAttention(6, 4, heads=2, scale=0.7).double()
+        dense.load_state_dict(layer.state_dict())
+        assert_close(dense(x, graphs.to_dense_mask(edge_index, 7)), want)
+    assert "scale=0.7" in repr(layer)
+    with pytest.raises(ValueError, match="scale must be a finite number, got nan"):
+        GraphSelfAttention(6, 4, scale=float("nan"))

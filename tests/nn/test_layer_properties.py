@@ -6,8 +6,8 @@ self-loops allowed) and the options (score, heads, concat, output projection, se
 residual and its gate, edge features and how they enter). Each backend runs a copy of one layer:
 outputs, the returned edge order and attention weights, and the gradients of every parameter must
 match the readable reference path. A second draw gives the dot score a rotary embedding (real
-positions, one or two axes), grouped key and value heads and QK-norm. The draws are derandomised, so CI
-runs the same cases each time.
+positions, one or two axes), grouped key and value heads and QK-norm. The draws are
+derandomised, so CI runs the same cases each time.
 The triton backend runs fewer draws, in Triton's CPU interpreter.
 """
 
