@@ -714,7 +714,8 @@ class _Positional(torch.nn.Module):
 def test_rotary_grouped_layers_export_with_dynamic_sizes(dense, ntk):
     """A layer with a rotary embedding and grouped key heads exports with its node (or
     sequence) count dynamic, and the program runs on other sizes as eager does; with dynamic
-    NTK scaling too, whose frequencies depend on the positions' values (past 10 here)."""
+    NTK scaling too, whose frequencies depend on the positions' values (past 10 here), QK-norm
+    and a scale of its own."""
     from torch.export import Dim, export
 
     from graphattn import graphs, pe
@@ -731,8 +732,9 @@ def test_rotary_grouped_layers_export_with_dynamic_sizes(dense, ntk):
                 assert_close(program.module()(x), module(x))
         return
     rotary = pe.RotaryPE(8, ntk_factor=2.0, original_length=10) if ntk else pe.RotaryPE(8)
+    extra = dict(qk_norm="rms", scale=0.2) if ntk else {}
     module = _Positional(GraphSelfAttention(8, 8, 2, add_self_loops=False,
-                                            rotary=rotary, kv_heads=1)).eval()
+                                            rotary=rotary, kv_heads=1, **extra)).eval()
     x, edge_index, pos = torch.randn(12, 8), graphs.causal_graph(12), torch.arange(12)
     nodes, edges = Dim("N", min=2, max=10**6), Dim("E", min=2, max=10**7)
     program = export(module, (x, edge_index, pos),
