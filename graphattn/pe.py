@@ -1946,6 +1946,7 @@ def apply_rotary(x: Tensor, pos: Tensor, *, dim: int | None = None, axes: int = 
                  base: float = 10000.0, interleaved: bool = False,
                  frequencies: Tensor | None = None, attention_factor: float = 1.0,
                  ntk_factor: float | None = None,
+                 long_frequencies: Tensor | None = None,
                  original_length: int | None = None) -> Tensor:
     r"""Rotate queries or keys by their positions: the rotary position embedding (RoPE; Su et
     al., 2021), on a sequence, an image or any nodes with coordinates.
@@ -2003,8 +2004,12 @@ def apply_rotary(x: Tensor, pos: Tensor, *, dim: int | None = None, axes: int = 
             ``"dynamic"`` RoPE computes it for a sequence of L positions (on every call: it
             keeps no state between calls). Needs ``original_length`` and no ``frequencies``.
             (default: ``None``)
+        long_frequencies (Tensor, optional): the planes' frequencies ``[dim / (2A)]`` for a
+            call whose positions reach past ``original_length``, in place of ``frequencies``
+            (or the base's) there: LongRoPE's long factors (Phi-3's ``rope_type="longrope"``),
+            chosen on the device as Hugging Face chooses them. (default: ``None``)
         original_length (int, optional): the positions :math:`L_0` a model was trained on,
-            for ``ntk_factor``. (default: ``None``)
+            for ``ntk_factor`` and ``long_frequencies``. (default: ``None``)
 
     Shapes:
         - **input:** x ``(..., N, H, C)``, pos ``(..., N)`` or ``(..., N, A)``
@@ -2021,9 +2026,10 @@ def apply_rotary(x: Tensor, pos: Tensor, *, dim: int | None = None, axes: int = 
     _check_base(base)
     _check_frequencies(frequencies, dim // axes // 2)
     attention_factor = _check_attention_factor(attention_factor)
-    ntk = _check_ntk(ntk_factor, original_length, frequencies, dim // axes)
+    _check_frequencies(long_frequencies, dim // axes // 2, "long_frequencies")
+    ntk = _check_ntk(ntk_factor, original_length, frequencies, dim // axes, long_frequencies)
     return _apply_rotary(x, pos, dim, axes, float(base), check_flag(interleaved, "interleaved"),
-                         frequencies, attention_factor, ntk)
+                         frequencies, attention_factor, ntk, long=long_frequencies)
 
 
 def _check_rows(x: Tensor, dim: int | None = None) -> None:
@@ -2038,12 +2044,14 @@ def _check_rows(x: Tensor, dim: int | None = None) -> None:
 
 def _apply_rotary(x: Tensor, pos: Tensor, dim: int, axes: int, base: float,
                   interleaved: bool, frequencies: Tensor | None, attention_factor: float,
-                  ntk: tuple[float, int] | None, length: Tensor | None = None) -> Tensor:
-    """:func:`apply_rotary` on checked arguments; dynamic NTK scaling reads ``length`` (the
-    positions of a query and key pair together) in place of ``pos.max() + 1``."""
+                  ntk: tuple[float | None, int] | None, length: Tensor | None = None,
+                  long: Tensor | None = None) -> Tensor:
+    """:func:`apply_rotary` on checked arguments; dynamic NTK scaling and long frequencies
+    read ``length`` (the positions of a query and key pair together) in place of
+    ``pos.max() + 1``."""
     _check_rows(x, dim)
     cos, sin = _rotary_angles(pos, x, dim, axes, base, interleaved, frequencies,
-                              attention_factor, ntk, length)
+                              attention_factor, ntk, length, long)
     return _rotate(x, cos, sin, dim, axes, interleaved)
 
 
@@ -2064,14 +2072,24 @@ def _check_attention_factor(value: float) -> float:
 
 
 def _check_ntk(ntk_factor: float | None, original_length: int | None,
-               frequencies: Tensor | None, group: int) -> tuple[float, int] | None:
-    """``(ntk_factor, original_length)`` for dynamic NTK scaling, or ``None`` without it;
-    raise unless the two come together, with no explicit frequencies and more than two
-    channels per axis."""
+               frequencies: Tensor | None, group: int, long_frequencies: Tensor | None = None,
+               ) -> tuple[float | None, int] | None:
+    """``(ntk_factor, original_length)`` for frequencies that depend on a call's largest
+    position (``ntk_factor`` ``None`` with ``long_frequencies``), or ``None`` for fixed ones;
+    raise unless ``original_length`` comes with one of the two, and dynamic NTK scaling with
+    no explicit frequencies and more than two channels per axis."""
+    if long_frequencies is not None:
+        if ntk_factor is not None:
+            raise ValueError("give ntk_factor or long_frequencies, not both: each sets the "
+                             "frequencies past original_length")
+        if original_length is None:
+            raise ValueError("long_frequencies needs original_length, the positions past "
+                             "which they replace the frequencies")
+        return None, check_positive(original_length, "original_length")
     if ntk_factor is None:
         if original_length is not None:
             raise ValueError(f"original_length={original_length!r} is read by dynamic NTK "
-                             f"scaling only: give ntk_factor too")
+                             f"scaling and long_frequencies only: give one of them too")
         return None
     check_finite(ntk_factor, "ntk_factor")
     if ntk_factor < 1:
@@ -2089,22 +2107,24 @@ def _check_ntk(ntk_factor: float | None, original_length: int | None,
     return float(ntk_factor), original_length
 
 
-def _check_frequencies(frequencies: Tensor | None, planes: int) -> None:
+def _check_frequencies(frequencies: Tensor | None, planes: int,
+                       name: str = "frequencies") -> None:
     """Raise unless ``frequencies`` is ``None`` or a finite real ``[planes]`` tensor."""
     if frequencies is None:
         return
-    check_tensors(frequencies=frequencies)
+    check_tensors(**{name: frequencies})
     if not frequencies.is_floating_point() or tuple(frequencies.shape) != (planes,):
-        raise ValueError(f"frequencies must be a real tensor [dim / (2 * axes)] = [{planes}], "
+        raise ValueError(f"{name} must be a real tensor [dim / (2 * axes)] = [{planes}], "
                          f"one per plane, got {frequencies.dtype} {list(frequencies.shape)}")
     if not torch.isfinite(frequencies).all():
-        raise ValueError("frequencies must be finite")
+        raise ValueError(f"{name} must be finite")
 
 
 def _rotary_angles(pos: Tensor, x: Tensor, dim: int, axes: int, base: float,
                    interleaved: bool, frequencies: Tensor | None = None,
-                   attention_factor: float = 1.0, ntk: tuple[float, int] | None = None,
-                   length: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                   attention_factor: float = 1.0, ntk: tuple[float | None, int] | None = None,
+                   length: Tensor | None = None, long: Tensor | None = None,
+                   ) -> tuple[Tensor, Tensor]:
     """The cosine and sine of each rotated channel's angle ``[..., N, 1, dim]`` in the dtype
     of ``x`` (each plane's angle at both of its channels), times ``attention_factor``, after
     checking that ``pos`` gives a position to every row N of ``x`` ``[..., N, H, C]``."""
@@ -2130,19 +2150,23 @@ def _rotary_angles(pos: Tensor, x: Tensor, dim: int, axes: int, base: float,
     group = dim // axes
     angle_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
     pos = pos.to(device=x.device, dtype=angle_dtype)
+    factor = None
+    if ntk is not None:  # the positions spanned, on the device: at least the trained ones
+        factor, original = ntk
+        length = _positions_spanned(pos) if length is None else length
+        length = (pos.new_tensor(float(original)) if length is None
+                  else length.to(angle_dtype).clamp_min(original))
     if frequencies is None:
         steps = torch.arange(0, group, 2, dtype=angle_dtype, device=x.device)
-        if ntk is None:
+        if factor is None:
             freq = 1.0 / (base ** (steps / group))  # (group / 2,): theta_m, as HF's inv_freq
-        else:  # dynamic NTK: the base grows with the largest position, on the device
-            factor, original = ntk
-            length = _positions_spanned(pos) if length is None else length
-            length = (pos.new_tensor(float(original)) if length is None
-                      else length.to(angle_dtype).clamp_min(original))
+        else:  # dynamic NTK: the base grows with the largest position
             grown = base * (factor * length / original - (factor - 1)) ** (group / (group - 2))
             freq = 1.0 / (grown ** (steps / group))
     else:
         freq = frequencies.to(device=x.device, dtype=angle_dtype)  # (group / 2,)
+    if long is not None:  # LongRoPE: the long set where the positions pass the trained ones
+        freq = torch.where(length > original, long.to(device=x.device, dtype=angle_dtype), freq)
     angle = pos.unsqueeze(-1) * freq  # (..., N, 1, A, g/2)
     # each plane's angle at its two channels: (2m, 2m + 1), or (m, m + g/2) within each group
     angle = (angle.repeat_interleave(2, dim=-1) if interleaved
@@ -2208,11 +2232,14 @@ class RotaryPE(torch.nn.Module):
             :func:`apply_rotary` takes it. (default: ``1.0``)
         ntk_factor (float, optional): dynamic NTK-aware scaling past ``original_length``, as
             :func:`apply_rotary` takes it. (default: ``None``)
+        long_frequencies (Tensor, optional): the frequencies past ``original_length``
+            (LongRoPE), as :func:`apply_rotary` takes them; a buffer outside the
+            ``state_dict``. (default: ``None``)
         original_length (int, optional): the positions the model was trained on, for
-            ``ntk_factor``. (default: ``None``)
+            ``ntk_factor`` and ``long_frequencies``. (default: ``None``)
 
     A model trained on sequences of :math:`L_0` positions meets angles it never saw on
-    longer ones. Three ways to stretch its rotations, with no retraining or with a short
+    longer ones. Four ways to stretch its rotations, with no retraining or with a short
     fine-tuning, for a context s times as long:
 
     - position interpolation (Chen et al., 2023): ``frequencies`` divided by s, so the
@@ -2221,7 +2248,10 @@ class RotaryPE(torch.nn.Module):
       when a call's positions reach past L0 (the fastest planes, which tell neighbours
       apart, keep their frequencies);
     - YaRN (Peng et al., 2023): :meth:`yarn`, interpolating the slow planes only, with a
-      ramp between, and a temperature on the scores.
+      ramp between, and a temperature on the scores;
+    - LongRoPE (Ding et al., 2024): factors per plane found by search, one set within
+      :math:`L_0` and one past it: ``frequencies=short, long_frequencies=long,
+      original_length=L0`` (:func:`graphattn.nn.from_llama` reads Phi-3's).
 
     Shapes:
         - **input:** x ``(..., N, H, C)`` with C >= dim, pos ``(..., N)`` or ``(..., N, A)``
@@ -2231,6 +2261,7 @@ class RotaryPE(torch.nn.Module):
     def __init__(self, dim: int, *, axes: int = 1, base: float = 10000.0,
                  interleaved: bool = False, frequencies: Tensor | None = None,
                  attention_factor: float = 1.0, ntk_factor: float | None = None,
+                 long_frequencies: Tensor | None = None,
                  original_length: int | None = None) -> None:
         super().__init__()
         self.axes = check_positive(axes, "axes")
@@ -2246,8 +2277,12 @@ class RotaryPE(torch.nn.Module):
         self.register_buffer("frequencies", None if frequencies is None
                              else frequencies.detach().clone(), persistent=False)
         self.attention_factor = _check_attention_factor(attention_factor)
-        self._ntk = _check_ntk(ntk_factor, original_length, frequencies, dim // self.axes)
+        _check_frequencies(long_frequencies, dim // self.axes // 2, "long_frequencies")
+        self._ntk = _check_ntk(ntk_factor, original_length, frequencies, dim // self.axes,
+                               long_frequencies)
         self.ntk_factor, self.original_length = self._ntk or (None, None)
+        self.register_buffer("long_frequencies", None if long_frequencies is None
+                             else long_frequencies.detach().clone(), persistent=False)
 
     @classmethod
     def yarn(cls, dim: int, factor: float, original_length: int, *, axes: int = 1,
@@ -2324,13 +2359,15 @@ class RotaryPE(torch.nn.Module):
 
     def _rotate(self, x: Tensor, pos: Tensor, length: Tensor | None = None) -> Tensor:
         return _apply_rotary(x, pos, self.dim, self.axes, self.base, self.interleaved,
-                             self.frequencies, self.attention_factor, self._ntk, length)
+                             self.frequencies, self.attention_factor, self._ntk, length,
+                             self.long_frequencies)
 
     def rotate_pair(self, q: Tensor, k: Tensor, pos_q: Tensor, pos_k: Tensor,
                     ) -> tuple[Tensor, Tensor]:
         """``self(q, pos_q), self(k, pos_k)``, computing the angles once when the two
-        position tensors are one (self-attention). With dynamic NTK scaling both take the
-        frequencies of the largest position of either, so that their scores stay relative."""
+        position tensors are one (self-attention). With dynamic NTK scaling or long
+        frequencies both take the frequencies of the largest position of either, so that
+        their scores stay relative."""
         check_tensors(q=q, k=k, pos_q=pos_q, pos_k=pos_k)
         if (pos_q is not pos_k or q.shape[:-2] != k.shape[:-2] or q.size(-1) != k.size(-1)
                 or q.dtype != k.dtype):  # (the angles broadcast over any number of heads)
@@ -2338,7 +2375,8 @@ class RotaryPE(torch.nn.Module):
             return self._rotate(q, pos_q, length), self._rotate(k, pos_k, length)
         _check_rows(q, self.dim)
         cos, sin = _rotary_angles(pos_q, q, self.dim, self.axes, self.base, self.interleaved,
-                                  self.frequencies, self.attention_factor, self._ntk)
+                                  self.frequencies, self.attention_factor, self._ntk,
+                                  long=self.long_frequencies)
         return tuple(_rotate(t, cos, sin, self.dim, self.axes, self.interleaved)
                      for t in (q, k))
 
@@ -2349,6 +2387,7 @@ class RotaryPE(torch.nn.Module):
         extra += "" if self.frequencies is None else ", frequencies=[...]"
         extra += "" if self.attention_factor == 1.0 else (
             f", attention_factor={self.attention_factor:g}")
-        extra += "" if self._ntk is None else (
-            f", ntk_factor={self.ntk_factor:g}, original_length={self.original_length}")
+        extra += "" if self.ntk_factor is None else f", ntk_factor={self.ntk_factor:g}"
+        extra += "" if self.long_frequencies is None else ", long_frequencies=[...]"
+        extra += "" if self._ntk is None else f", original_length={self.original_length}"
         return extra + (", interleaved=True" if self.interleaved else "")

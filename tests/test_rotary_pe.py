@@ -485,7 +485,7 @@ def hf_attention(family: str, kv_heads: int, layer_idx: int = 0, **config):
     import transformers
 
     prefix = {"llama": "Llama", "qwen2": "Qwen2", "mistral": "Mistral", "qwen3": "Qwen3",
-              "gemma3": "Gemma3"}[family]
+              "gemma3": "Gemma3", "phi3": "Phi3"}[family]
     config = getattr(transformers, f"{prefix}TextConfig" if family == "gemma3"
                      else f"{prefix}Config")(
         hidden_size=32, num_attention_heads=4, num_key_value_heads=kv_heads,
@@ -493,8 +493,9 @@ def hf_attention(family: str, kv_heads: int, layer_idx: int = 0, **config):
     config._attn_implementation = "eager"
     torch.manual_seed(0)
     attention = getattr(module, f"{prefix}Attention")(config, layer_idx=layer_idx)
-    for lin in (attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj):
-        if lin.bias is not None:  # biases that are not 0, so that a lost one would show
+    for name in ("q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj"):
+        lin = getattr(attention, name, None)  # (Phi-3 has one qkv_proj)
+        if lin is not None and lin.bias is not None:  # not 0, so that a lost one would show
             torch.nn.init.normal_(lin.bias)
     for norm in (getattr(attention, "q_norm", None), getattr(attention, "k_norm", None)):
         if norm is not None:  # Qwen3's gains, away from their initial 1 for the same reason
@@ -555,10 +556,8 @@ def test_from_llama_on_a_window_is_the_attention_with_a_window_mask():
 
 @pytest.mark.parametrize("make, error, match", [
     (lambda: torch.nn.Linear(4, 4), TypeError, "LLaMA-family self-attention"),
-    (lambda: hf_attention("llama", 4, rope_parameters=dict(
-        rope_type="longrope", rope_theta=10000.0, short_factor=[1.0] * 4, long_factor=[2.0] * 4,
-        original_max_position_embeddings=64))[0], NotImplementedError,
-     "rope_type='longrope'"),
+    (lambda: _with_rope(hf_attention("llama", 4)[0], rope_type="made_up", rope_theta=1e4),
+     NotImplementedError, "rope_type='made_up'"),
     (lambda: _replaced(hf_attention("qwen3", 2, head_dim=8)[0], o_proj=torch.nn.Linear(48, 32)),
      ValueError, "o_proj must take heads \\* head_dim = 32 features"),
     (lambda: _replaced(hf_attention("qwen3", 2, head_dim=8)[0], k_norm=torch.nn.LayerNorm(8)),
@@ -571,6 +570,11 @@ def test_from_llama_errors(make, error, match):
 
     with pytest.raises(error, match=match):
         from_llama(make())
+
+
+def _with_rope(attention: torch.nn.Module, **rope) -> torch.nn.Module:
+    attention.config.rope_parameters = rope
+    return attention
 
 
 def _replaced(module: torch.nn.Module, **children: torch.nn.Module) -> torch.nn.Module:
@@ -618,6 +622,59 @@ def test_from_llama_converts_gemma3(layer_idx, dense):
         (10000.0, True) if layer_idx == 0 else (1e6, False))
     check_causal(attention, rotary, layer, dense, length=14, seed=25)
     assert_close(layer.k_norm.weight.grad, attention.k_norm.weight.grad)
+
+
+PHI3 = dict(max_position_embeddings=64, original_max_position_embeddings=16, pad_token_id=0,
+            rope_parameters=dict(rope_type="longrope", rope_theta=10000.0,
+                                 short_factor=[1.0, 1.5, 2.0, 3.0],
+                                 long_factor=[2.0, 4.0, 8.0, 16.0],
+                                 original_max_position_embeddings=16))
+
+
+@pytest.mark.parametrize("length", [12, 40], ids=["short", "long"])
+@pytest.mark.parametrize("dense", [False, True], ids=["graph", "dense"])
+def test_from_llama_converts_phi3_longrope(length, dense):
+    # Phi-3: one fused qkv_proj, and LongRoPE, whose frequencies are the short set for a
+    # sequence within the trained 16 positions and the long set past them, with a factor on
+    # the cosines and sines
+    from graphattn.nn import from_llama
+
+    attention, rotary = hf_attention("phi3", 2, **PHI3)
+    layer = from_llama(attention, dense=dense, backend="cpu")
+    assert layer.rotary.original_length == 16 and layer.rotary.attention_factor > 1
+    x, want = check_causal(attention, rotary, layer, dense, length, seed=26)
+    assert_close(layer.lin_k.weight.grad, attention.qkv_proj.weight.grad[32:48])
+    # the short set alone computes another function past the trained length
+    layer.rotary = pe.RotaryPE(8, frequencies=layer.rotary.frequencies,
+                               attention_factor=layer.rotary.attention_factor)
+    short = (layer(x, is_causal=True) if dense
+             else layer(x[0], graphs.causal_graph(length), pos=torch.arange(length))[None])
+    assert torch.allclose(short, want, atol=1e-4) == (length <= 16)
+
+
+def test_long_frequencies_replace_the_frequencies_past_the_trained_length():
+    # within original_length the frequencies, past it the long ones, for all positions of the
+    # call (and of a query and key pair together)
+    gen = torch.Generator().manual_seed(35)
+    short, long = torch.tensor([1.0, 0.1, 0.01, 0.001]), torch.tensor([0.5, 0.05, 0.004, 3e-4])
+    rope = pe.RotaryPE(8, frequencies=short, long_frequencies=long, original_length=10)
+    x = torch.randn(12, 2, 8, dtype=torch.float64, generator=gen)
+    pos = torch.arange(12)
+    assert_close(rope(x[:10], pos[:10]), pe.RotaryPE(8, frequencies=short)(x[:10], pos[:10]))
+    assert_close(rope(x, pos), pe.RotaryPE(8, frequencies=long)(x, pos))
+    q, k = rope.rotate_pair(x[:3], x, pos[:3], pos)  # the keys reach past 10: both long
+    assert_close(q, pe.RotaryPE(8, frequencies=long)(x[:3], pos[:3]))
+    assert_close(pe.apply_rotary(x, pos, frequencies=short, long_frequencies=long,
+                                 original_length=10), rope(x, pos))
+    assert repr(rope) == ("RotaryPE(8, frequencies=[...], long_frequencies=[...], "
+                          "original_length=10)")
+    assert "long_frequencies" not in GraphSelfAttention(8, 8, rotary=rope).state_dict()
+    with pytest.raises(ValueError, match="long_frequencies needs original_length"):
+        pe.RotaryPE(8, long_frequencies=long)
+    with pytest.raises(ValueError, match="give ntk_factor or long_frequencies, not both"):
+        pe.RotaryPE(8, long_frequencies=long, ntk_factor=2.0, original_length=10)
+    with pytest.raises(ValueError, match=r"long_frequencies must be a real tensor"):
+        pe.RotaryPE(8, long_frequencies=long[:3], original_length=10)
 
 
 def test_packed_sequences_of_other_lengths_are_llama_on_each():

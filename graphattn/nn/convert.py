@@ -373,7 +373,8 @@ def from_llama(attention: Module, *, dense: bool = False,
     r"""The :class:`~graphattn.nn.GraphSelfAttention` (or, with ``dense=True``, the
     :class:`~graphattn.nn.DenseSelfAttention`) that computes what a Hugging Face LLaMA-family
     self-attention computes, with its weights copied: ``lin_q, lin_k, lin_v, lin_out`` from
-    ``q_proj, k_proj, v_proj, o_proj``, its rotary embedding as ``rotary=RotaryPE(head_dim,
+    ``q_proj, k_proj, v_proj, o_proj`` (or from the three parts of Phi-3's fused
+    ``qkv_proj``), its rotary embedding as ``rotary=RotaryPE(head_dim,
     base=rope_theta)`` and its key and value heads as ``kv_heads``. Qwen3's and Gemma 3's RMS
     normalisation of each head's queries and keys (``q_norm``, ``k_norm``) comes over as
     ``qk_norm="rms"`` with its gains (Gemma's ``1 + weight``) and epsilon, a score scale
@@ -401,12 +402,15 @@ def from_llama(attention: Module, *, dense: bool = False,
             (``rope_parameters`` or ``rope_theta``: the default RoPE; one whose frequencies
             are rescaled once for all positions, ``"linear"``, LLaMA 3's ``"llama3"`` and
             ``"yarn"``, taken as ``RotaryPE(frequencies=, attention_factor=)`` from
-            ``transformers``' own computation; or dynamic NTK scaling, ``"dynamic"``, as
+            ``transformers``' own computation; LongRoPE, ``"longrope"`` (Phi-3), as
+            ``RotaryPE(frequencies=short, long_frequencies=long, original_length=,
+            attention_factor=)``; or dynamic NTK scaling, ``"dynamic"``, as
             ``RotaryPE(ntk_factor=factor, original_length=max_position_embeddings)``, which
             computes each call's frequencies from its largest position where ``transformers``
             keeps those of the longest sequence seen until a short one resets them), as
             ``transformers``' ``LlamaAttention`` (and ``MistralAttention``,
-            ``Qwen2Attention``, ``Qwen3Attention``, ``Gemma3Attention``) have.
+            ``Qwen2Attention``, ``Qwen3Attention``, ``Gemma3Attention``, and
+            ``Phi3Attention`` with its ``qkv_proj``) have.
             ``q_norm`` and ``k_norm``, where it has them, must be RMSNorms over each head's
             channels (a ``weight`` and ``variance_epsilon`` or ``eps``, told apart from
             Gemma's form by running them); a soft cap on the scores
@@ -419,11 +423,13 @@ def from_llama(attention: Module, *, dense: bool = False,
         GraphSelfAttention or DenseSelfAttention: on the attention's device, in its dtype and
         training mode (its attention dropout included).
     """
-    lins = [getattr(attention, name, None) for name in ("q_proj", "k_proj", "v_proj", "o_proj")]
     config = getattr(attention, "config", None)
+    lins = [getattr(attention, name, None) for name in ("q_proj", "k_proj", "v_proj", "o_proj")]
+    if config is not None and isinstance(getattr(attention, "qkv_proj", None), torch.nn.Linear):
+        lins[:3] = _split_qkv(attention.qkv_proj, config)  # Phi-3's one product for q, k, v
     if config is None or not all(isinstance(lin, torch.nn.Linear) for lin in lins):
         raise TypeError(f"attention must be a LLaMA-family self-attention with q_proj, k_proj, "
-                        f"v_proj and o_proj Linear layers and a config, got "
+                        f"v_proj (or one qkv_proj) and o_proj Linear layers and a config, got "
                         f"{type(attention).__name__}")
     q_proj, k_proj, v_proj, o_proj = lins
     heads = config.num_attention_heads
@@ -485,6 +491,31 @@ def from_llama(attention: Module, *, dense: bool = False,
     return layer
 
 
+def _split_qkv(qkv_proj: torch.nn.Linear, config) -> list[torch.nn.Linear]:
+    """Three ``Linear`` modules that compute the query, key and value parts of a fused
+    ``qkv_proj`` (rows ``[H d; H_kv d; H_kv d]``, as Phi-3 stacks them), holding copies of its
+    weight's rows."""
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    if qkv_proj.out_features % (heads + 2 * kv_heads):
+        raise ValueError(f"qkv_proj must give (heads + 2 kv_heads) * head_dim features, a "
+                         f"multiple of {heads + 2 * kv_heads}, got {qkv_proj.out_features}")
+    head_dim = qkv_proj.out_features // (heads + 2 * kv_heads)
+    widths = [heads * head_dim, kv_heads * head_dim, kv_heads * head_dim]
+    weights = qkv_proj.weight.detach().split(widths)
+    biases = (qkv_proj.bias.detach().split(widths) if qkv_proj.bias is not None
+              else (None,) * 3)
+    parts = []
+    for weight, bias in zip(weights, biases, strict=True):
+        lin = torch.nn.Linear(qkv_proj.in_features, weight.size(0), bias=bias is not None,
+                              device="meta")
+        lin.weight = torch.nn.Parameter(weight.clone())
+        if bias is not None:
+            lin.bias = torch.nn.Parameter(bias.clone())
+        parts.append(lin)
+    return parts
+
+
 def _qk_norms(attention: Module, head_dim: int) -> tuple[tuple[Tensor, float], ...] | None:
     """The gains and epsilon of the attention's per-head RMS normalisation of its queries and
     keys (``q_norm``, ``k_norm``), or ``None`` when it has none; refused by name where they
@@ -535,20 +566,26 @@ _FIXED_ROPE_TYPES = ("linear", "llama3", "yarn")
 def _rope_arguments(config, rope: dict, rope_type: str, layer_type: str | None) -> dict:
     """``RotaryPE``'s arguments past ``dim`` and ``base`` for a model whose config asks for
     ``rope_type``: the frequencies and factor on the cosines and sines that ``transformers``
-    computes, or dynamic NTK scaling's factor and trained length; refused by name where the
-    embedding is none of these."""
+    computes (LongRoPE's short and long sets), or dynamic NTK scaling's factor and trained
+    length; refused by name where the embedding is none of these."""
     if rope_type == "default":
         return {}
     if rope_type == "dynamic":
         return {"ntk_factor": float(rope["factor"]),
                 "original_length": int(config.max_position_embeddings)}
-    if rope_type not in _FIXED_ROPE_TYPES:
-        raise NotImplementedError(
-            f"from_llama converts the default rotary embedding, those whose frequencies are "
-            f"computed once ({', '.join(_FIXED_ROPE_TYPES)}) and dynamic NTK scaling "
-            f"('dynamic'), got rope_type={rope_type!r}")
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     kwargs = {} if layer_type is None else {"layer_type": layer_type}
+    if rope_type == "longrope":  # the short set within the trained positions, the long past
+        original = int(rope["original_max_position_embeddings"])
+        short, scaling = ROPE_INIT_FUNCTIONS["longrope"](config, "cpu", **kwargs)
+        long, _ = ROPE_INIT_FUNCTIONS["longrope"](config, "cpu", seq_len=original + 1, **kwargs)
+        return {"frequencies": short.to(torch.float64), "attention_factor": float(scaling),
+                "long_frequencies": long.to(torch.float64), "original_length": original}
+    if rope_type not in _FIXED_ROPE_TYPES:
+        raise NotImplementedError(
+            f"from_llama converts the default rotary embedding, those whose frequencies are "
+            f"computed once ({', '.join(_FIXED_ROPE_TYPES)}), dynamic NTK scaling "
+            f"('dynamic') and LongRoPE ('longrope'), got rope_type={rope_type!r}")
     frequencies, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, "cpu", **kwargs)
     return {"frequencies": frequencies.to(torch.float64), "attention_factor": float(scaling)}
