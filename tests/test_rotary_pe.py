@@ -956,3 +956,44 @@ def test_yarn_arguments_are_checked(kwargs, match):
     args = dict(factor=4.0, original_length=64) | kwargs
     with pytest.raises(ValueError, match=match):
         pe.RotaryPE.yarn(8, **args)
+
+
+def test_frequencies_keep_their_dtype_when_the_model_is_cast_to_bf16():
+    # from_llama of a bf16 model: the converted frequencies stay float64 (rounded to bf16 they
+    # would turn position 20,000 by radians too far), so that the bf16 layer computes what
+    # the bf16 attention computes with transformers' float32 rotary embedding
+    from graphattn.nn import from_llama
+
+    attention, rotary = hf_attention("llama", 2, rope_parameters=LLAMA3_ROPE)
+    attention = attention.to(torch.bfloat16)
+    layer = from_llama(attention, backend="cpu")
+    assert layer.lin_q.weight.dtype == torch.bfloat16
+    assert layer.rotary.frequencies.dtype == torch.float64
+    L, start = 12, 20000
+    x = torch.randn(1, L, 32, generator=torch.Generator().manual_seed(27)).to(torch.bfloat16)
+    mask = torch.full((L, L), float("-inf")).triu(1)[None, None].to(torch.bfloat16)
+    with torch.no_grad():
+        want = attention(x, position_embeddings=rotary(x, torch.arange(L)[None] + start),
+                         attention_mask=mask)[0]
+        got = layer(x[0], graphs.causal_graph(L), pos=torch.arange(L) + start)
+    assert_close(got.float(), want[0].float(), atol=0.05, rtol=0.05)
+    layer.rotary.to(torch.float32)  # a float32 cast keeps them too; .to(device) moves them
+    assert layer.rotary.frequencies.dtype == torch.float64
+
+
+def test_a_cast_module_rotates_as_before():
+    # cast to bf16 (and back to float32), the module rotates float32 queries at position
+    # 20,000 by the same angles, bit for bit; rounded to bf16, frequency 0.1 would be off by
+    # up to 2e-4, 4 radians there
+    import copy
+
+    theta = 10000.0 ** (-torch.arange(0, 8, 2, dtype=torch.float64) / 8)
+    rope = pe.RotaryPE(8, frequencies=theta, long_frequencies=theta / 4, original_length=30000)
+    x = torch.randn(6, 2, 8, generator=torch.Generator().manual_seed(28))
+    cast = copy.deepcopy(rope).to(torch.bfloat16).float()
+    for pos in (torch.arange(6) + 20000, torch.arange(6) + 40000):  # short set, then long
+        assert torch.equal(cast(x, pos), rope(x, pos))
+    pos = torch.arange(6) + 20000  # what rounding the frequencies would have done
+    rounded = pe.RotaryPE(8, frequencies=theta.to(torch.bfloat16).double())
+    assert not torch.allclose(rounded(x, pos), pe.RotaryPE(8, frequencies=theta)(x, pos),
+                              atol=0.1)
