@@ -476,14 +476,14 @@ def plot(results: list[RunResult], path: Path, length: int, extrapolate: int = 1
         extra = torch.arange(len(stretched), dtype=torch.float64) + len(results)
         if stretched:
             at.barh(extra + 0.2, [bpc for _, bpc in stretched], height=0.4, color="C1",
-                    hatch="//")
+                    hatch="//", label=f"L = {extrapolate * length}, rotations stretched")
         rows = torch.cat([rows, extra])
         names = names + [name for name, _ in stretched]
         at.set_yticks(rows.tolist(), names)
         at.set(xlabel="validation bits per character",
                title=f"sequences {extrapolate}x longer than trained")
         at.invert_yaxis()
-        at.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncols=2)
+        at.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncols=1 + bool(stretched))
         at.grid(alpha=0.3, axis="x")
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
