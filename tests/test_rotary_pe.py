@@ -997,3 +997,28 @@ def test_a_cast_module_rotates_as_before():
     rounded = pe.RotaryPE(8, frequencies=theta.to(torch.bfloat16).double())
     assert not torch.allclose(rounded(x, pos), pe.RotaryPE(8, frequencies=theta)(x, pos),
                               atol=0.1)
+
+
+def test_a_sliding_window_of_w_is_the_window_graph_of_radius_w_minus_1():
+    # transformers' sliding window w keeps the keys i - w < j <= i: the causal window graph of
+    # radius w - 1; Gemma 3's local layer converted and run on it is that layer with the mask
+    from graphattn.nn import from_llama
+
+    masking = pytest.importorskip("transformers.masking_utils",
+                                  reason="the sliding-window mask comes from transformers")
+    L, w = 16, GEMMA3["sliding_window"]
+    keep = masking.sliding_window_causal_mask_function(w)
+    rows = torch.arange(L)
+    mask = keep(0, 0, rows[:, None], rows[None, :])  # (L, L): query i may see key j
+    window = graphs.window_graph(L, w - 1, causal=True)
+    assert torch.equal(mask, graphs.to_dense_mask(window, L))
+    attention, rotary = hf_attention("gemma3", 2, 0, **GEMMA3)
+    assert attention.sliding_window == w
+    layer = from_llama(attention)
+    x = torch.randn(1, L, 32, generator=torch.Generator().manual_seed(29))
+    bias = torch.zeros(L, L).masked_fill(~mask, float("-inf"))[None, None]
+    with torch.no_grad():
+        pos = torch.arange(L)[None]
+        want = attention(x, position_embeddings=rotary(x, pos, layer_type="sliding_attention"),
+                         attention_mask=bias)[0]
+        assert_close(layer(x[0], window, pos=pos[0]), want[0])

@@ -391,9 +391,11 @@ def from_llama(attention: Module, *, dense: bool = False,
         \text{attention}(x[\text{None}], \text{position\_embeddings}, \text{causal mask})
 
     and on any other graph over the L positions (a causal window, global tokens) the same
-    attention restricted to the graph's edges, at the cost of the edges. No self-loops are
-    added. The dense layer takes ``x [B, L, D]`` with ``is_causal=True`` (``pos`` defaults to
-    ``0 .. L-1``).
+    attention restricted to the graph's edges, at the cost of the edges. A model's sliding
+    window of w tokens (``attention.sliding_window``: Mistral's, and the local layers of
+    Qwen2, Qwen3 and Gemma 3) is ``graphs.window_graph(L, w - 1, causal=True)``: Hugging
+    Face's mask keeps the keys :math:`i - w < j \le i`. No self-loops are added. The dense
+    layer takes ``x [B, L, D]`` with ``is_causal=True`` (``pos`` defaults to ``0 .. L-1``).
 
     Args:
         attention (torch.nn.Module): a module with ``q_proj``, ``k_proj``, ``v_proj`` and
