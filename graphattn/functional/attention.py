@@ -175,7 +175,8 @@ def explicit_min_density(num_dst: int, num_src: int, *, training: bool) -> float
 
 
 def select_backend(q: Tensor, edge_index: Tensor, num_src: int | None = None, *,
-                   score: str = "dot", needs_weights: bool = False) -> str:
+                   score: str = "dot", needs_weights: bool = False,
+                   softcap: float | None = None) -> str:
     r"""The backend that ``backend="auto"`` picks for these inputs.
 
     On CPU the choice is between the sparse path (``"cpu"``) and dense masked attention
@@ -247,7 +248,8 @@ def select_backend(q: Tensor, edge_index: Tensor, num_src: int | None = None, *,
     ``"dense"`` 321 and 1289 ms). So does the ``"additive"`` score, whose per-edge scores the
     dense backend scatters into its matrices: forward+backward on 2 cores (H = 4, C = 16) it
     was 2.0-3.3x slower than ``"cpu"`` on random graphs of 1024 nodes at densities 0.1 to 0.7,
-    1.06x on the complete graph, 1.68x on 16 complete blocks of 256 nodes.
+    1.06x on the complete graph, 1.68x on 16 complete blocks of 256 nodes. A ``softcap``
+    takes ``"cpu"`` too: the dense backend refuses it.
 
     **Calls that need the weights** (``needs_weights``: weights returned, or dropout on them in
     training) make the dense backend compute an explicit softmax instead of SDPA's fused one.
@@ -293,6 +295,7 @@ def select_backend(q: Tensor, edge_index: Tensor, num_src: int | None = None, *,
         score (str, optional): the score function. (default: ``"dot"``)
         needs_weights (bool, optional): the call returns the weights or applies dropout to
             them in training. (default: ``False``)
+        softcap (float, optional): the call's score cap. (default: ``None``)
     """
     if score not in SCORES:
         raise ValueError(f"score must be one of {SCORES}, got {score!r}")
@@ -303,14 +306,15 @@ def select_backend(q: Tensor, edge_index: Tensor, num_src: int | None = None, *,
         num_src = check_non_negative(num_src, "num_src")
     check_edge_index(edge_index, num_src=q.size(0) if num_src is None else num_src,
                      num_dst=q.size(0))
-    return _select(q, edge_index, num_src, score, needs_weights)[0]
+    return _select(q, edge_index, num_src, score, needs_weights, softcap is not None)[0]
 
 
 def _select(q: Tensor, edge_index: Tensor, num_src: int | None, score: str,
-            needs_weights: bool = False) -> tuple[str, DiagonalBlocks | None]:
+            needs_weights: bool = False,
+            softcap: bool = False) -> tuple[str, DiagonalBlocks | None]:
     """:func:`select_backend`, and the block layout it found when it chose dense blocks."""
     if q.device.type == "cpu":
-        if score != "dot" or torch.jit.is_tracing() or torch.compiler.is_exporting():
+        if score != "dot" or softcap or torch.jit.is_tracing() or torch.compiler.is_exporting():
             # (torch.jit.trace records sizes as values, which no rule below can compare, and
             # torch.export would fix the sizes the rules compare; the sparse kernels' operator
             # takes every size)
@@ -415,7 +419,7 @@ def edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
                    training: bool = ..., return_attention: Literal[False] = ...,
                    backend: str = ..., score: str = ..., negative_slope: float = ...,
                    att: Tensor | None = ..., edge_key: Tensor | None = ...,
-                   edge_value: Tensor | None = ...) -> Tensor: ...
+                   edge_value: Tensor | None = ..., softcap: float | None = ...) -> Tensor: ...
 
 
 @overload
@@ -424,7 +428,8 @@ def edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
                    training: bool = ..., return_attention: Literal[True], backend: str = ...,
                    score: str = ..., negative_slope: float = ..., att: Tensor | None = ...,
                    edge_key: Tensor | None = ...,
-                   edge_value: Tensor | None = ...) -> tuple[Tensor, Tensor]: ...
+                   edge_value: Tensor | None = ...,
+                   softcap: float | None = ...) -> tuple[Tensor, Tensor]: ...
 
 
 @overload
@@ -433,7 +438,8 @@ def edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
                    training: bool = ..., return_attention: bool, backend: str = ...,
                    score: str = ..., negative_slope: float = ..., att: Tensor | None = ...,
                    edge_key: Tensor | None = ...,
-                   edge_value: Tensor | None = ...) -> Tensor | tuple[Tensor, Tensor]: ...
+                   edge_value: Tensor | None = ..., softcap: float | None = ...,
+                   ) -> Tensor | tuple[Tensor, Tensor]: ...
 
 
 def edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
@@ -442,7 +448,8 @@ def edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
                    return_attention: bool = False, backend: str = "auto",
                    score: str = "dot", negative_slope: float = 0.2,
                    att: Tensor | None = None, edge_key: Tensor | None = None,
-                   edge_value: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
+                   edge_value: Tensor | None = None,
+                   softcap: float | None = None) -> Tensor | tuple[Tensor, Tensor]:
     r"""Multi-head self-attention restricted to the edges of a graph.
 
     Node i attends to node j when the edge j -> i exists (``edge_index[:, e] = (j, i)``):
@@ -464,6 +471,18 @@ def edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
     node features and :math:`a`, so the ranking of the neighbours can depend on the target.
     Every backend computes it without an ``[E, H, C]`` tensor except ``"reference"`` and
     ``"dense"``. A target with no incoming edge gets exactly 0.
+
+    With ``softcap`` :math:`c` (dot and gatv2 scores), the score before its bias is squashed
+    smoothly into :math:`(-c, c)`, as Gemma 2 and Grok-1 cap their attention logits:
+
+    .. math::
+        s_{ij} = c \tanh\!\big(\text{scale} \cdot q_i \cdot k_j \,/\, c\big) + b_{ij}
+
+    (the gatv2 score likewise). Scores far below :math:`c` are almost unchanged; none can
+    grow past it, so no single edge can take all of a target's weight by a large logit. The
+    ``"cpu"`` and ``"triton"`` kernels compute it in their score, with the derivative
+    :math:`1 - \tanh^2` in their backward; ``"dense"`` (scaled_dot_product_attention takes no
+    cap) refuses it, and ``backend="auto"`` never picks it then.
 
     Per-edge terms enter the key and the value of each edge e = (j -> i), as PyG's
     ``TransformerConv(edge_dim=...)`` and ``GATv2Conv(edge_dim=...)`` add their projected edge
@@ -532,6 +551,8 @@ def edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
             gatv2 scores). (default: ``None``)
         edge_value (Tensor, optional): ``[E, H, C]`` added to the value of each edge.
             (default: ``None``)
+        softcap (float, optional): :math:`c > 0`, the cap of the dot and gatv2 scores before
+            their bias, :math:`c \tanh(s / c)` (Gemma 2 uses 50). (default: ``None``, no cap)
 
     Shapes:
         - **input:** q ``(N_dst, H, C)``, k and v ``(N_src, H, C)``, edge_index ``(2, E)``,
@@ -543,11 +564,27 @@ def edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
     negative_slope = score_factor(negative_slope, "negative_slope", q, k, v)
     if scale is not None:
         scale = score_factor(scale, "scale", q, k, v)
+    if softcap is not None:
+        softcap = check_softcap(softcap, score, q, k, v)
     return edge_attention_unchecked(q, k, v, edge_index, scale=scale, bias=bias,
                                     dropout_p=dropout_p, training=training,
                                     return_attention=return_attention, backend=backend,
                                     score=score, negative_slope=negative_slope, att=att,
-                                    edge_key=edge_key, edge_value=edge_value)
+                                    edge_key=edge_key, edge_value=edge_value, softcap=softcap)
+
+
+def check_softcap(softcap: float | Tensor, score: str, *tensors: Tensor) -> float:
+    """``softcap`` as a positive float, finite in the dtype of the scores; refused with the
+    additive score, whose bias sits inside its LeakyReLU (a cap there would turn a ``-inf``
+    bias into the finite score ``-c``)."""
+    softcap = score_factor(softcap, "softcap", *tensors)
+    if softcap <= 0:
+        raise ValueError(f"softcap must be positive (scores are capped to (-softcap, "
+                         f"softcap)), got {softcap!r}")
+    if score == "additive":
+        raise ValueError("softcap caps the dot and gatv2 scores; score='additive' adds its bias "
+                         "inside its LeakyReLU, where a cap would make a -inf bias finite")
+    return softcap
 
 
 def _autocast_inputs(*tensors: Tensor | None) -> tuple[Tensor | None, ...]:
@@ -604,7 +641,7 @@ def edge_attention_unchecked(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor
                              training: bool, return_attention: bool, backend: str, score: str,
                              negative_slope: float = 0.2, att: Tensor | None = None,
                              edge_key: Tensor | None = None, edge_value: Tensor | None = None,
-                             edge_weight: Tensor | None = None,
+                             edge_weight: Tensor | None = None, softcap: float | None = None,
                              ) -> Tensor | tuple[Tensor, Tensor]:
     """:func:`edge_attention` without the argument checks, for callers that made them.
 
@@ -625,7 +662,7 @@ def edge_attention_unchecked(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor
                 q, k, v, edge_index, scale=scale, bias=bias, dropout_p=dropout_p,
                 training=training, return_attention=return_attention, backend=backend,
                 score=score, negative_slope=negative_slope, att=att, edge_key=edge_key,
-                edge_value=edge_value, edge_weight=edge_weight)
+                edge_value=edge_value, edge_weight=edge_weight, softcap=softcap)
     if scale is None:
         # 1 / sqrt(C) for dot (C = 0: the score is 0 whatever the scale)
         scale = 1.0 / math.sqrt(max(q.size(-1), 1)) if score == "dot" else 1.0
@@ -634,13 +671,18 @@ def edge_attention_unchecked(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor
         backend = "reference"
     elif backend == "auto":
         backend, layout = _select(q, edge_index, k.size(0), score,
-                                  return_attention or (training and dropout_p > 0.0))
+                                  return_attention or (training and dropout_p > 0.0),
+                                  softcap is not None)
         if backend == "triton" and any(t is not None and t.dtype not in TRITON_DTYPES
                                        for t in (k, v, bias, att, edge_key, edge_value)):
             backend = "reference"  # a float64 input beside q: the kernels take none
     if not isinstance(backend, str) or backend not in BACKENDS:
         raise ValueError(f"backend must be 'auto' or one of {available_backends()}, "
                          f"got {backend!r}")
+    if backend == "dense" and softcap is not None:
+        raise ValueError("backend='dense' computes its scores in scaled_dot_product_attention, "
+                         "which has no soft-cap: use backend='auto', 'cpu', 'triton' or "
+                         "'reference' with softcap")
     if backend == "dense" and onnx_exporting():
         backend = "reference"  # the same function in ops ONNX has, for graphs of any size
     if backend == "dense" and torch.jit.is_tracing():
@@ -683,6 +725,8 @@ def edge_attention_unchecked(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor
             dropout_mask * weight)  # (E, H)
     options = dict(scale=float(scale), bias=bias, dropout_mask=dropout_mask, score=score,
                    negative_slope=float(negative_slope), need_alpha=return_attention, att=att)
+    if softcap is not None:
+        options["softcap"] = float(softcap)
     if edge_key is None and edge_value is None:
         if layout is not None and backend == "dense":
             options["layout"] = layout  # found once, by the rule

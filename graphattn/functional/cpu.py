@@ -808,6 +808,14 @@ def _gatv2_edge_dot(q, i, k, j, ek, e, att, start, n, slope):
 
 
 @_jit(inline="always")
+def _capped(s, d_pre, cap):
+    """The soft-capped score ``cap * tanh(s / cap)`` and its ds/d(pre-activation): ``d_pre``
+    times the derivative of the cap, ``1 - tanh^2``."""
+    t = np.tanh(s / cap)
+    return cap * t, d_pre * (1 - t * t)
+
+
+@_jit(inline="always")
 def _additive_score(q, k, att, b, ek, i, j, e, h, Cq, scale, slope, score, has_bias, has_ek):
     """:func:`_score` for the additive score: ``scale * LeakyReLU(q_i + k_j + b)``."""
     u = q[i, h] + k[j, h]
@@ -892,10 +900,11 @@ def _score_overload(q, k, att, b, ek, i, j, e, h, Cq, scale, slope, score, has_b
 
 @_jit(inline="always")
 def _target_scores(q, k, att, bias, ek, rowptr, perm, src, i, H, Cq, scale, slope, score,
-                   has_bias, has_ek, scores, top, slopes, backward):
+                   has_bias, has_ek, cap, has_cap, scores, top, slopes, backward):
     """Scores of target i's in-edges (``[degree, H]``, CSR order) into ``scores``, with the rows
     of ``k`` (and ``bias``, ``ek``) prefetched; for backward their ds/d(pre-activation) into
-    ``slopes``, else the maximum per head into ``top``."""
+    ``slopes``, else the maximum per head into ``top``. With ``has_cap`` (dot and gatv2) the
+    score before its bias is soft-capped at ``cap``."""
     num_edges = src.shape[0]
     start, stop = rowptr[i], rowptr[i + 1]
     for p in range(start, stop):
@@ -914,21 +923,26 @@ def _target_scores(q, k, att, bias, ek, rowptr, perm, src, i, H, Cq, scale, slop
             # pruning of counts misses that pattern), which made the variant that reads its
             # flags at run time several times slower.
             b = bias[e, h] if has_bias else bias[0, 0]  # (bias[0, 0]: unread, as no flag)
+            add_bias = has_bias and not has_cap  # (with a cap, added after the cap below)
             if score == DOT and has_ek:
                 s, d_pre = _score(q, k, att, b, ek, i, j, e, h, Cq, scale, slope, DOT,
-                                  has_bias, True)
+                                  add_bias, True)
             elif score == DOT:
                 s, d_pre = _score(q, k, att, b, ek, i, j, e, h, Cq, scale, slope, DOT,
-                                  has_bias, False)
+                                  add_bias, False)
             elif score == GATV2 and has_ek:
                 s, d_pre = _score(q, k, att, b, ek, i, j, e, h, Cq, scale, slope, GATV2,
-                                  has_bias, True)
+                                  add_bias, True)
             elif score == GATV2:
                 s, d_pre = _score(q, k, att, b, ek, i, j, e, h, Cq, scale, slope, GATV2,
-                                  has_bias, False)
+                                  add_bias, False)
             else:
                 s, d_pre = _score(q, k, att, b, ek, i, j, e, h, Cq, scale, slope, ADDITIVE,
-                                  has_bias, False)
+                                  add_bias, False)
+            if has_cap:  # (a constant: see _kernel_flags)
+                s, d_pre = _capped(s, d_pre, cap)
+                if has_bias:
+                    s += b
             scores[p - start, h] = s
             if backward:
                 slopes[p - start, h] = d_pre
@@ -1004,14 +1018,14 @@ def _max_degree(ptr, first, last):
 
 @functools.cache
 def _forward_kernel(fixed_score: int, fixed_bias: bool, fixed_ek: bool, fixed_ev: bool,
-                    qk_channels: int, v_channels: int, heads: int = 0):
-    """The forward kernel compiled for these flags (score, bias, key and value edge terms;
+                    fixed_cap: bool, qk_channels: int, v_channels: int, heads: int = 0):
+    """The forward kernel compiled for these flags (score, bias, key and value edge terms, cap;
     ``fixed_score`` RUN_TIME: the kernel's ``flags`` instead), channel counts and head count
     (0: read at run time)."""
 
     @_jit()
-    def kernel(q, k, v, att, bias, mask, ek, ev, rowptr, perm, src, scale, slope, out, lse,
-               alpha, flags, has_mask, need_alpha, first, last):
+    def kernel(q, k, v, att, bias, mask, ek, ev, rowptr, perm, src, scale, slope, cap, out,
+               lse, alpha, flags, has_mask, need_alpha, first, last):
         """Targets ``first..last-1``: softmax over the in-edges, weighted sum of the values
         (``v_j + ev_e`` with ``has_ev``), the dropout multipliers applied with ``has_mask``
         and the weights written to ``alpha`` with ``need_alpha``.
@@ -1023,8 +1037,9 @@ def _forward_kernel(fixed_score: int, fixed_bias: bool, fixed_ek: bool, fixed_ev
         has_bias = fixed_bias  # branches on these where they are constants)
         has_ek = fixed_ek
         has_ev = fixed_ev
+        has_cap = fixed_cap  # a constant in every variant (see _kernel_flags)
         if fixed_score == RUN_TIME:
-            score, has_bias, has_ek, has_ev = flags
+            score, has_bias, has_ek, has_ev, _ = flags
         H = heads if heads else lse.shape[1]
         Cq = qk_channels if qk_channels else q.shape[1] // H
         C = v_channels if v_channels else v.shape[1] // H
@@ -1042,7 +1057,7 @@ def _forward_kernel(fixed_score: int, fixed_bias: bool, fixed_ek: bool, fixed_ev
             start, stop = rowptr[i], rowptr[i + 1]
             top[:] = -np.inf
             _target_scores(q, k, att, bias, ek, rowptr, perm, src, i, H, Cq, scale, slope, score,
-                           has_bias, has_ek, scores, top, scores, False)
+                           has_bias, has_ek, cap, has_cap, scores, top, scores, False)
             for h in range(H):  # a row whose scores are all -inf gets weights exp(-inf) = 0
                 if top[h] == -np.inf:
                     top[h] = np.inf
@@ -1100,13 +1115,14 @@ def _forward_kernel(fixed_score: int, fixed_bias: bool, fixed_ek: bool, fixed_ev
 
 @functools.cache
 def _backward_target_kernel(fixed_score: int, fixed_bias: bool, fixed_ek: bool,
-                            fixed_ev: bool, qk_channels: int, v_channels: int, heads: int = 0):
+                            fixed_ev: bool, fixed_cap: bool, qk_channels: int, v_channels: int,
+                            heads: int = 0):
     """The target pass of backward compiled for these flags, channel counts and head count, as
     :func:`_forward_kernel`."""
 
     @_jit()
     def kernel(q, k, v, att, bias, mask, ek, ev, out, grad_out, grad_alpha, lse, rowptr, perm,
-               src, csc_position, scale, slope, grad_q, grad_att, grad_bias, grad_key, weight,
+               src, csc_position, scale, slope, cap, grad_q, grad_att, grad_bias, grad_key, weight,
                grad_ek, grad_ev, flags, has_mask, has_grad_alpha, first, last):
         """Targets ``first..last-1``: dL/ds of each in-edge, ``grad_q`` and the bias gradient
         (with the dropout multipliers when ``has_mask``, and the weights' own gradient
@@ -1125,8 +1141,9 @@ def _backward_target_kernel(fixed_score: int, fixed_bias: bool, fixed_ek: bool,
         has_bias = fixed_bias  # branches on these where they are constants)
         has_ek = fixed_ek
         has_ev = fixed_ev
+        has_cap = fixed_cap  # a constant in every variant (see _kernel_flags)
         if fixed_score == RUN_TIME:
-            score, has_bias, has_ek, has_ev = flags
+            score, has_bias, has_ek, has_ev, _ = flags
         H = heads if heads else lse.shape[1]
         Cq = qk_channels if qk_channels else q.shape[1] // H
         C = v_channels if v_channels else v.shape[1] // H
@@ -1144,7 +1161,7 @@ def _backward_target_kernel(fixed_score: int, fixed_bias: bool, fixed_ek: bool,
         for i in range(first, last):
             start, stop = rowptr[i], rowptr[i + 1]
             _target_scores(q, k, att, bias, ek, rowptr, perm, src, i, H, Cq, scale, slope, score,
-                           has_bias, has_ek, alphas, delta, slopes, True)
+                           has_bias, has_ek, cap, has_cap, alphas, delta, slopes, True)
             degree = stop - start
             for p in range(degree):
                 for h in range(H):
@@ -1498,13 +1515,17 @@ def _kernel_heads(v: Tensor) -> int:
     return heads if heads in SPECIALISED_HEADS else 0
 
 
-def _kernel_flags(score: int, *flags: bool) -> tuple:
+def _kernel_flags(score: int, *flags: bool, cap: bool | None = None) -> tuple:
     """The flags the kernels are compiled for: ``score`` and ``flags`` (whether there is a
     bias, a key edge term, a value edge term) as they are, or with ``SPECIALISED_FLAGS`` off
-    ``RUN_TIME`` and no flag, the one variant that reads them at run time."""
+    ``RUN_TIME`` and no flag, the one variant that reads them at run time; then ``cap`` (the
+    forward and target kernels), a constant in both: a test of it at run time, between the
+    score calls and the end of their loop, would keep numba's reference counts of the arrays
+    those calls take (see ``_target_scores``), on every edge and head."""
+    cap_flag = () if cap is None else (cap,)
     if SPECIALISED_FLAGS:
-        return (score, *flags)
-    return (RUN_TIME, *(False for _ in flags))
+        return (score, *flags, *cap_flag)
+    return (RUN_TIME, *(False for _ in flags), *cap_flag)
 
 
 def _kernel_channels(q: Tensor, v: Tensor) -> tuple[int, int]:
@@ -1532,10 +1553,11 @@ def _mask_argument(dropout_mask: Tensor | None, none: np.ndarray) -> np.ndarray:
 def _forward_impl(q: Tensor, k: Tensor, v: Tensor, att: Tensor | None, bias: Tensor | None,
                   dropout_mask: Tensor | None, edge_key: Tensor | None,
                   edge_value: Tensor | None, edge_index: Tensor, scale: float,
-                  negative_slope: float, score: int, need_alpha: bool, value_is_key: bool,
-                  ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+                  negative_slope: float, softcap: float, score: int, need_alpha: bool,
+                  value_is_key: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Forward kernel: ``out, alpha, lse`` and the CSR order ``rowptr, perm, src`` for backward
-    (``value_is_key``: ``edge_key`` is the value term too, and ``edge_value`` is ``None``)."""
+    (``value_is_key``: ``edge_key`` is the value term too, and ``edge_value`` is ``None``;
+    ``softcap`` 0: no cap)."""
     if value_is_key:
         edge_value = edge_key
     n_dst, H, C = q.size(0), v.size(1), v.size(2)
@@ -1545,22 +1567,24 @@ def _forward_impl(q: Tensor, k: Tensor, v: Tensor, att: Tensor | None, bias: Ten
     out = torch.empty(n_dst, H, C, dtype=v.dtype)
     lse = torch.empty(n_dst, H, 2, dtype=v.dtype)  # (max, log sum exp(s - max)) per target
     alpha = torch.empty(edge_index.size(1) if need_alpha else 0, H, dtype=v.dtype)
-    flags = score, bias is not None, edge_key is not None, edge_value is not None
-    kernel = _forward_kernel(*_kernel_flags(*flags), *_kernel_channels(q, v), _kernel_heads(v))
+    flags = score, bias is not None, edge_key is not None, edge_value is not None, softcap > 0
+    kernel = _forward_kernel(*_kernel_flags(*flags[:-1], cap=flags[-1]),
+                             *_kernel_channels(q, v), _kernel_heads(v))
     _run_rows(kernel, rowptr, _rows(q), _rows(k), _rows(v),
               none[0] if att is None else _np(att).reshape(-1),
               none if bias is None else _np(bias),
               _mask_argument(dropout_mask, none),
               none if edge_key is None else _rows(edge_key),
               none if edge_value is None else _rows(edge_value), rowptr, perm, src,
-              real(scale), real(negative_slope), _rows(out), lse.numpy(), alpha.numpy(),
+              real(scale), real(negative_slope), real(softcap), _rows(out), lse.numpy(),
+              alpha.numpy(),
               flags, dropout_mask is not None, need_alpha)
     return (out, alpha, lse, torch.from_numpy(rowptr), torch.from_numpy(perm),
             torch.from_numpy(src))
 
 
 def _forward_fake(q, k, v, att, bias, dropout_mask, edge_key, edge_value, edge_index, scale,
-                  negative_slope, score, need_alpha, value_is_key):
+                  negative_slope, softcap, score, need_alpha, value_is_key):
     n_dst, H, C = q.size(0), v.size(1), v.size(2)
     E = edge_index.size(1)
     return (v.new_empty(n_dst, H, C), v.new_empty(E if need_alpha else 0, H),
@@ -1572,8 +1596,8 @@ def _backward_impl(grad_out: Tensor, grad_alpha: Tensor | None, q: Tensor, k: Te
                    v: Tensor, att: Tensor | None, bias: Tensor | None,
                    dropout_mask: Tensor | None, edge_key: Tensor | None,
                    edge_value: Tensor | None, out: Tensor, lse: Tensor, rowptr: Tensor,
-                   perm: Tensor, src: Tensor, scale: float, negative_slope: float, score: int,
-                   need_grad_kv: bool, value_is_key: bool,
+                   perm: Tensor, src: Tensor, scale: float, negative_slope: float,
+                   softcap: float, score: int, need_grad_kv: bool, value_is_key: bool,
                    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Backward kernels: ``dq, dk, dv, datt, dbias, d edge_key, d edge_value`` (``dk, dv`` empty
     unless ``need_grad_kv``; ``datt``, ``dbias`` and the edge terms' empty without them; with
@@ -1597,8 +1621,9 @@ def _backward_impl(grad_out: Tensor, grad_alpha: Tensor | None, q: Tensor, k: Te
     weight = torch.empty(perm.shape[0], v.size(1), dtype=v.dtype)  # (E, H) CSC order
     channels = _kernel_channels(q, v)
     att_row = none[0] if att is None else _np(att).reshape(-1)  # (H * C,)
-    flags = score, bias is not None, edge_key is not None, has_ev
-    kernel = _backward_target_kernel(*_kernel_flags(*flags), *channels, _kernel_heads(v))
+    flags = score, bias is not None, edge_key is not None, has_ev, softcap > 0
+    kernel = _backward_target_kernel(*_kernel_flags(*flags[:-1], cap=flags[-1]), *channels,
+                                     _kernel_heads(v))
     # (E, H * C); the source pass views it per head, so a placeholder needs H * C columns too
     ek = np.zeros((1, q.shape[1:].numel()), dtype=real) if edge_key is None else _rows(edge_key)
     _run_rows(kernel, rowptr, _rows(q), _rows(k), _rows(v), att_row,
@@ -1606,7 +1631,7 @@ def _backward_impl(grad_out: Tensor, grad_alpha: Tensor | None, q: Tensor, k: Te
               _mask_argument(dropout_mask, none), ek, ev, _rows(out),
               _rows(grad_out), _np(grad_alpha) if has_grad_alpha else none,
               _np(lse), rowptr, perm, src, csc_position, real(scale), real(negative_slope),
-              _rows(grad_q), att_shares, none if bias is None else grad_bias.numpy(),
+              real(softcap), _rows(grad_q), att_shares, none if bias is None else grad_bias.numpy(),
               grad_key.numpy(), weight.numpy(), none if edge_key is None else _rows(grad_ek),
               grad_ev_rows, flags, dropout_mask is not None, has_grad_alpha)
     grad_att = q.new_empty(0)
@@ -1628,8 +1653,8 @@ def _backward_impl(grad_out: Tensor, grad_alpha: Tensor | None, q: Tensor, k: Te
 
 
 def _backward_fake(grad_out, grad_alpha, q, k, v, att, bias, dropout_mask, edge_key, edge_value,
-                   out, lse, rowptr, perm, src, scale, negative_slope, score, need_grad_kv,
-                   value_is_key):
+                   out, lse, rowptr, perm, src, scale, negative_slope, softcap, score,
+                   need_grad_kv, value_is_key):
     return (torch.empty_like(q), torch.empty_like(k) if need_grad_kv else q.new_empty(0),
             torch.empty_like(v) if need_grad_kv else q.new_empty(0),
             q.new_empty(0) if att is None else torch.empty_like(att),
@@ -1650,13 +1675,13 @@ _backward_op.register_fake(_backward_fake)
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    (q, k, v, att, bias, dropout_mask, edge_key, edge_value, _, scale, negative_slope, score,
-     need_alpha, value_is_key) = inputs
+    (q, k, v, att, bias, dropout_mask, edge_key, edge_value, _, scale, negative_slope, softcap,
+     score, need_alpha, value_is_key) = inputs
     out, alpha, lse, rowptr, perm, src = output
     ctx.save_for_backward(q, k, v, att, bias, dropout_mask, edge_key, edge_value, out, lse,
                           rowptr, perm, src)
     ctx.set_materialize_grads(False)  # an unused alpha gets no gradient pass
-    ctx.options = (scale, negative_slope, score)
+    ctx.options = (scale, negative_slope, softcap, score)
     ctx.value_is_key = value_is_key
     ctx.mark_non_differentiable(lse, rowptr, perm, src)
     if not need_alpha:
@@ -1679,7 +1704,7 @@ def _grads(ctx, grad_out: Tensor | None, grad_alpha: Tensor | None, backward) ->
         grad_k = grad_v = None
     return (grad_q, grad_k, grad_v, None if att is None else grad_att,
             None if bias is None else grad_bias, None, None if edge_key is None else grad_ek,
-            None if edge_value is None else grad_ev, None, None, None, None, None, None)
+            None if edge_value is None else grad_ev, None, None, None, None, None, None, None)
 
 
 _forward_op.register_autograd(
@@ -1693,7 +1718,7 @@ def _differentiable_grads(ctx, grad_out: Tensor | None, grad_alpha: Tensor | Non
     original order (``perm`` maps CSR positions to edge ids)."""
     (q, k, v, att, bias, dropout_mask, edge_key, edge_value, _, _, rowptr, perm,
      src) = ctx.saved_tensors
-    scale, negative_slope, score = ctx.options
+    scale, negative_slope, softcap, score = ctx.options
     degree = rowptr[1:] - rowptr[:-1]  # (N_dst,)
     edge_index = torch.empty(2, perm.numel(), dtype=torch.int64)
     edge_index[0, perm] = src.long()
@@ -1706,10 +1731,11 @@ def _differentiable_grads(ctx, grad_out: Tensor | None, grad_alpha: Tensor | Non
                                                   v.dtype),
                             score=SCORE_NAMES[score],
                             negative_slope=negative_slope, att=att, edge_key=edge_key,
-                            edge_value=edge_value, needs_grad=needs)
+                            edge_value=edge_value, needs_grad=needs,
+                            softcap=softcap if softcap > 0 else None)
     grad_q, grad_k, grad_v, grad_att, grad_bias, grad_ek, grad_ev = grads
     return (grad_q, grad_k, grad_v, grad_att, grad_bias, None, grad_ek, grad_ev, None, None,
-            None, None, None, None)
+            None, None, None, None, None)
 
 
 class _EdgeAttentionCPU(torch.autograd.Function):
@@ -1744,7 +1770,7 @@ def cpu_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *, s
                        bias: Tensor | None, dropout_mask: Tensor | None, score: str,
                        negative_slope: float, need_alpha: bool, att: Tensor | None = None,
                        edge_key: Tensor | None = None, edge_value: Tensor | None = None,
-                       ) -> tuple[Tensor, Tensor | None]:
+                       softcap: float | None = None) -> tuple[Tensor, Tensor | None]:
     r"""Edge attention on CPU with fused kernels and O(E * H) memory for training.
 
     Computes the function of the reference backend (see
@@ -1780,6 +1806,8 @@ def cpu_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *, s
         att (Tensor, optional): ``[H, C]`` attention vector of ``"gatv2"``.
         edge_key (Tensor, optional): ``[E, H, C]`` added to each edge's key (dot, gatv2).
         edge_value (Tensor, optional): ``[E, H, C]`` added to each edge's value.
+        softcap (float, optional): the cap :math:`c` of the dot and gatv2 scores before their
+            bias, :math:`c \tanh(s / c)`.
 
     Shapes:
         - **input:** q ``(N_dst, H, C)`` or ``(N_dst, H)``, k ``(N_src, H, C)`` or
@@ -1793,7 +1821,7 @@ def cpu_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *, s
             q, k, v, edge_index, scale=scale, bias=bias,
             dropout_mask=_as_mask(dropout_mask, edge_index.size(1), 0, v.dtype), score=score,
             negative_slope=negative_slope, need_alpha=need_alpha, att=att, edge_key=edge_key,
-            edge_value=edge_value)
+            edge_value=edge_value, softcap=softcap)
     dtype, channels = v.dtype, v.size(-1)
     work = dtype if dtype in (torch.float32, torch.float64) else torch.float32
     # one tensor as both terms (TransformerConv's edge features): read once, one gradient
@@ -1818,7 +1846,8 @@ def cpu_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *, s
     if dropout_mask is not None and dropout_mask.dtype != torch.int64:  # (int64: parameters)
         dropout_mask = dropout_mask.to(work).contiguous()
     inputs = (q, k, v, att, bias, dropout_mask, edge_key, edge_value, edge_index.contiguous(),
-              scale, negative_slope, SCORE_KINDS[score], need_alpha, value_is_key)
+              scale, negative_slope, 0.0 if softcap is None else softcap, SCORE_KINDS[score],
+              need_alpha, value_is_key)
     if torch.compiler.is_compiling() or torch.jit.is_tracing():
         # an operator for the tracers (torch.jit.trace reads sizes as traced values, which
         # the kernels cannot take)

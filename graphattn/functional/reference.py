@@ -25,7 +25,8 @@ def reference_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor
                              scale: float, bias: Tensor | None, dropout_mask: Tensor | None,
                              score: str, negative_slope: float, need_alpha: bool,
                              att: Tensor | None = None, edge_key: Tensor | None = None,
-                             edge_value: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+                             edge_value: Tensor | None = None, softcap: float | None = None,
+                             ) -> tuple[Tensor, Tensor | None]:
     r"""The readable reference backend: gather per edge, scatter-softmax, scatter-add.
 
     For each edge :math:`e = (j \to i)` and head :math:`h`, with the key
@@ -41,12 +42,14 @@ def reference_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor
         \alpha_e = \operatorname{softmax}_{e' \to i}(s)_e, \qquad
         o_i = \sum_{e = (j \to i)} d_e \, \alpha_e \, \nu_e
 
-    with :math:`\sigma` the scale and :math:`d_e` the dropout multiplier (1 without).
+    with :math:`\sigma` the scale and :math:`d_e` the dropout multiplier (1 without). With
+    ``softcap`` :math:`c`, the dot and gatv2 scores before their bias,
+    :math:`\tilde s_e = s_e - b_e`, become :math:`c \tanh(\tilde s_e / c)`.
     Arguments are already checked by :func:`edge_attention`, whose backends are all tested
     against this one. Keeps ``[E, H, C]`` tensors for autograd.
 
     Args:
-        q, k, v, edge_index, bias, score, negative_slope, att, edge_key, edge_value:
+        q, k, v, edge_index, bias, score, negative_slope, att, edge_key, edge_value, softcap:
             as in :func:`edge_attention`; ``bias``, ``score`` and ``negative_slope`` have no
             default here (``None``, ``"dot"``, ``0.2`` there).
         scale (float): :math:`\sigma`, a number (no default; for ``None``
@@ -77,11 +80,15 @@ def reference_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor
     if score == "dot":
         # scaled before the product: in fp16, q . k can overflow where the score does not
         s = ((q * scale).index_select(0, dst) * k_e).sum(dim=-1)  # (E, H)
+        if softcap is not None:
+            s = softcap * torch.tanh(s / softcap)
         if bias is not None:
             s = s + bias
     elif score == "gatv2":
         z = F.leaky_relu(q.index_select(0, dst) + k_e, negative_slope)  # (E, H, C)
         s = (z * att).sum(dim=-1) * scale  # (E, H)
+        if softcap is not None:
+            s = softcap * torch.tanh(s / softcap)
         if bias is not None:
             s = s + bias
     else:
@@ -101,7 +108,8 @@ def reference_grads(grad_out: Tensor | None, grad_alpha: Tensor | None, q: Tenso
                     v: Tensor, edge_index: Tensor, *, scale: float, bias: Tensor | None,
                     dropout_mask: Tensor | None, score: str, negative_slope: float,
                     att: Tensor | None, edge_key: Tensor | None, edge_value: Tensor | None,
-                    needs_grad: Sequence[bool]) -> tuple[Tensor | None, ...]:
+                    needs_grad: Sequence[bool], softcap: float | None = None,
+                    ) -> tuple[Tensor | None, ...]:
     r"""Differentiable gradients of :func:`reference_edge_attention`: the backward of a fused
     backend under ``create_graph=True``.
 
@@ -114,7 +122,7 @@ def reference_grads(grad_out: Tensor | None, grad_alpha: Tensor | None, q: Tenso
     the gradient of both roles in the ``edge_key`` slot and ``None`` in the other.
 
     The arguments ``q, k, v, edge_index, scale, bias, dropout_mask, score, negative_slope, att,
-    edge_key, edge_value`` are those of :func:`reference_edge_attention` (q and k of the
+    edge_key, edge_value, softcap`` are those of :func:`reference_edge_attention` (q and k of the
     additive score may carry a trailing channel of size 1, as the ``"cpu"`` backend keeps them).
 
     Args:
@@ -156,7 +164,7 @@ def reference_grads(grad_out: Tensor | None, grad_alpha: Tensor | None, q: Tenso
         out, alpha = reference_edge_attention(
             q_, k_, v_, edge_index, scale=scale, bias=bias_, dropout_mask=dropout_mask,
             score=score, negative_slope=negative_slope, need_alpha=grad_alpha is not None,
-            att=att_, edge_key=edge_key_, edge_value=edge_value_)
+            att=att_, edge_key=edge_key_, edge_value=edge_value_, softcap=softcap)
         outputs = [out]
         grads = [torch.zeros_like(out) if grad_out is None else grad_out]
         if grad_alpha is not None and alpha.requires_grad:  # (not when only v is wanted)

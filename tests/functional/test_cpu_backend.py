@@ -357,22 +357,23 @@ def test_channel_counts_equal_reference(qk_channels, v_channels, score):
 # dtype (float32 takes a seeded dropout mask, as edge_attention gives it, float64 a written one).
 # Constant channels up to 8 take the source pass's whole-row branch, wider ones its per-head one.
 SPECIALISED_OPTION_SETS = [
-    ("dot", 8, 8, 2, True, None, torch.float32),
-    ("dot", 16, 16, 1, False, "key and value", torch.float32),
-    ("dot", 5, 3, 3, True, "key", torch.float64),
-    ("additive", 1, 4, 2, True, None, torch.float32),
-    ("additive", 1, 16, 1, False, "value", torch.float64),
-    ("gatv2", 8, 8, 1, True, "key", torch.float32),
-    ("gatv2", 4, 4, 3, False, None, torch.float64),
-    ("gatv2", 16, 12, 2, True, "key and value", torch.float32),
+    ("dot", 8, 8, 2, True, None, torch.float32, None),
+    ("dot", 16, 16, 1, False, "key and value", torch.float32, 3.0),
+    ("dot", 5, 3, 3, True, "key", torch.float64, None),
+    ("additive", 1, 4, 2, True, None, torch.float32, None),
+    ("additive", 1, 16, 1, False, "value", torch.float64, None),
+    ("gatv2", 8, 8, 1, True, "key", torch.float32, 2.0),
+    ("gatv2", 4, 4, 3, False, None, torch.float64, None),
+    ("gatv2", 16, 12, 2, True, "key and value", torch.float32, None),
 ]
 
 
-@pytest.mark.parametrize("score, qk_channels, v_channels, heads, with_bias, edge_terms, dtype",
-                         SPECIALISED_OPTION_SETS)
+@pytest.mark.parametrize("score, qk_channels, v_channels, heads, with_bias, edge_terms, dtype, "
+                         "softcap", SPECIALISED_OPTION_SETS)
 def test_specialised_kernels_agree_bit_for_bit_with_the_run_time_variant(
-        monkeypatch, score, qk_channels, v_channels, heads, with_bias, edge_terms, dtype):
-    """The kernels as the package compiles them (the score, bias and edge-term flags, channel
+        monkeypatch, score, qk_channels, v_channels, heads, with_bias, edge_terms, dtype,
+        softcap):
+    """The kernels as the package compiles them (the score, bias, edge-term and cap flags, channel
     counts and one head as constants) give the outputs, weights and gradients of the variant
     that reads them at run time, bit for bit, through all three kernels: dropout, a loss on
     the weights, rows and columns longer than a SUM_BLOCK, isolated nodes. The rest of the
@@ -413,7 +414,7 @@ def test_specialised_kernels_agree_bit_for_bit_with_the_run_time_variant(
         out, alpha = cpu_edge_attention(
             q, k, v, edge_index, scale=0.7, bias=bias, dropout_mask=mask, score=score,
             negative_slope=0.2, need_alpha=True, att=att, edge_key=edge_key,
-            edge_value=edge_value)
+            edge_value=edge_value, softcap=softcap)
         loss = ((out * torch.linspace(-1, 1, out.numel(), dtype=dtype).view_as(out)).sum()
                 + (alpha * alpha_weight).sum())
         return (out, alpha, *torch.autograd.grad(loss, inputs))
@@ -432,7 +433,7 @@ def test_specialised_kernels_agree_bit_for_bit_with_the_run_time_variant(
 
     kind = cpu_module.SCORE_KINDS[score]
     has_ek = edge_key is not None
-    flags = (kind, with_bias, has_ek, edge_value is not None)
+    flags = (kind, with_bias, has_ek, edge_value is not None, softcap is not None)
     constant_channels = (qk_channels in PACKAGE_SPECIALISATION["SPECIALISED_CHANNELS"],
                          v_channels in PACKAGE_SPECIALISATION["SPECIALISED_CHANNELS"])
     channels = tuple(c if constant else 0 for c, constant in
@@ -441,7 +442,8 @@ def test_specialised_kernels_agree_bit_for_bit_with_the_run_time_variant(
     assert compiled_for[:3] == [
         (*flags, *channels, one_head), (*flags, *channels, one_head),
         (kind, has_ek and score == "gatv2", *cpu_module._source_channels(*channels), one_head)]
-    generic = (cpu_module.RUN_TIME, False, False, False, 0, 0, 0)
+    # (the cap flag is a constant of every variant)
+    generic = (cpu_module.RUN_TIME, False, False, False, softcap is not None, 0, 0, 0)
     assert compiled_for[3:] == [generic, generic, (cpu_module.RUN_TIME, False, 0, 0, 0)]
     for a, b in zip(specialised, run_time, strict=True):
         assert torch.equal(a, b)
@@ -546,7 +548,7 @@ def test_kernels_touch_no_reference_count_in_their_loops(monkeypatch, variant, s
                                     dropout_mask=seeded_mask_parameters(0.3, device="cpu"))
     (out.sum() + alpha.sum()).backward()
     if variant == "run time":
-        generic = (cpu_module.RUN_TIME, False, False, False, 0, 0, 0)
+        generic = (cpu_module.RUN_TIME, False, False, False, False, 0, 0, 0)
         assert {name: list(made) for name, made in kernels.items()} == {
             "_forward_kernel": [generic], "_backward_target_kernel": [generic],
             "_backward_source_kernel": [(cpu_module.RUN_TIME, False, 0, 0, 0)]}
