@@ -146,22 +146,48 @@ def _leaky_relu_grad(z, slope):
 
 
 @triton.jit
-def _scores(q, k, b, att, scale, slope, SCORE: tl.constexpr):
-    """Scores ``(BE, BH)`` from broadcastable q, k operands, bias b and att ``(BH, BC)``."""
-    if SCORE == ADDITIVE:
-        return _leaky_relu(q + k + b, slope) * scale
-    elif SCORE == GATV2:
-        return _sum(att[None, :, :] * _leaky_relu(q + k, slope), axis=2) * scale + b
-    else:
-        return _sum(q * k, axis=2) * scale + b
+def _tanh(x):
+    """tanh in fp32 as ``sign(x) (1 - e) / (1 + e)``, ``e = exp(-2 |x|)`` (no overflow; Triton
+    has no tanh of its own that its interpreter runs too)."""
+    e = tl.exp(-2.0 * tl.abs(x))
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(x < 0, -t, t)
 
 
 @triton.jit
-def _pre_activation_grad(ds, q, k, b, scale, slope, SCORE: tl.constexpr):
-    """Gradient with respect to the bias term: ``ds`` for dot and gatv2, through LeakyReLU for
-    additive."""
+def _dot_or_gatv2(q, k, att, scale, slope, SCORE: tl.constexpr):
+    """The dot or gatv2 score ``(BE, BH)`` before its bias (and cap)."""
+    if SCORE == GATV2:
+        return _sum(att[None, :, :] * _leaky_relu(q + k, slope), axis=2) * scale
+    else:
+        return _sum(q * k, axis=2) * scale
+
+
+@triton.jit
+def _scores(q, k, b, att, scale, slope, cap, SCORE: tl.constexpr, HAS_CAP: tl.constexpr):
+    """Scores ``(BE, BH)`` from broadcastable q, k operands, bias b and att ``(BH, BC)``; with
+    ``HAS_CAP`` (dot and gatv2) the score before its bias soft-capped,
+    ``cap * tanh(s / cap)``."""
+    if SCORE == ADDITIVE:
+        return _leaky_relu(q + k + b, slope) * scale
+    else:
+        s = _dot_or_gatv2(q, k, att, scale, slope, SCORE)
+        if HAS_CAP:
+            s = cap * _tanh(s / cap)
+        return s + b
+
+
+@triton.jit
+def _pre_activation_grad(ds, q, k, b, att, scale, slope, cap, SCORE: tl.constexpr,
+                         HAS_CAP: tl.constexpr):
+    """Gradient with respect to the score's pre-activation (the bias term, but for a cap):
+    ``ds`` for dot and gatv2, times the derivative of the cap ``1 - tanh^2`` (recomputed from
+    q and k) with ``HAS_CAP``; through LeakyReLU for additive."""
     if SCORE == ADDITIVE:
         return ds * scale * _leaky_relu_grad(q + k + b, slope)
+    elif HAS_CAP:
+        t = _tanh(_dot_or_gatv2(q, k, att, scale, slope, SCORE) / cap)
+        return ds * (1.0 - t * t)
     else:
         return ds
 
@@ -275,8 +301,9 @@ def _row_block(order, rowptr, num_rows, max_degree, BLOCK_N: tl.constexpr):
 
 @triton.jit
 def _forward_tile(q_i, k, v, bias, att_h, drop, edge_key, edge_value, col, eid, scores, pos,
-                  e_ok, offs_h, hc, hck, h_ok, hc_ok, hck_ok, scale, slope,
+                  e_ok, offs_h, hc, hck, h_ok, hc_ok, hck_ok, scale, slope, cap,
                   H: tl.constexpr, C: tl.constexpr, CK: tl.constexpr, SCORE: tl.constexpr,
+                  HAS_CAP: tl.constexpr,
                   HAS_BIAS: tl.constexpr, HAS_DROP: tl.constexpr, HAS_EK: tl.constexpr,
                   HAS_EV: tl.constexpr, NEED_SCORES: tl.constexpr):
     """A tile of edges into their targets, at CSR positions ``pos`` ``(BL)`` (``e_ok``: the
@@ -297,7 +324,7 @@ def _forward_tile(q_i, k, v, bias, att_h, drop, edge_key, edge_value, col, eid, 
         b = _edge_values(bias, edge, offs_h, ok2, H)
     k_e = _with_edge_term(_score_operand(k, src, offs_h, hck, ok2, ok3k, H, CK, SCORE),
                           edge_key, edge, hck, ok3k, H, CK, HAS_EK)  # key of the edge
-    s = tl.where(ok2, _scores(q_i, k_e, b, att_h, scale, slope, SCORE), float("-inf"))
+    s = tl.where(ok2, _scores(q_i, k_e, b, att_h, scale, slope, cap, SCORE, HAS_CAP), float("-inf"))
     if NEED_SCORES:
         tl.store(scores + edge[:, None] * H + offs_h[None, :], s, mask=ok2)
     d = 1.0
@@ -322,8 +349,9 @@ def _weights_and_stats(l_sum, m):
 
 @triton.jit
 def _forward_steps(lo, hi, m, l_sum, acc, q_i, k, v, bias, att_h, drop, edge_key, edge_value,
-                   col, eid, scores, offs_h, hc, hck, h_ok, hc_ok, hck_ok, scale, slope,
+                   col, eid, scores, offs_h, hc, hck, h_ok, hc_ok, hck_ok, scale, slope, cap,
                    H: tl.constexpr, C: tl.constexpr, CK: tl.constexpr, SCORE: tl.constexpr,
+                   HAS_CAP: tl.constexpr,
                    HAS_BIAS: tl.constexpr, HAS_DROP: tl.constexpr, HAS_EK: tl.constexpr,
                    HAS_EV: tl.constexpr, NEED_SCORES: tl.constexpr, BLOCK_E: tl.constexpr):
     """The online softmax of the forward over the CSR positions ``[lo, hi)``, ``BLOCK_E`` at a
@@ -333,7 +361,8 @@ def _forward_steps(lo, hi, m, l_sum, acc, q_i, k, v, bias, att_h, drop, edge_key
         offs_e = e0 + tl.arange(0, BLOCK_E)  # (BE)
         s, d, v_e = _forward_tile(q_i, k, v, bias, att_h, drop, edge_key, edge_value, col,
                                   eid, scores, offs_e, offs_e < hi, offs_h, hc, hck, h_ok,
-                                  hc_ok, hck_ok, scale, slope, H, C, CK, SCORE, HAS_BIAS,
+                                  hc_ok, hck_ok, scale, slope, cap, H, C, CK, SCORE, HAS_CAP,
+                                  HAS_BIAS,
                                   HAS_DROP, HAS_EK, HAS_EV, NEED_SCORES)
         m_new = tl.maximum(m, _max(s, axis=0))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # all -inf so far: no shift
@@ -349,9 +378,9 @@ def _forward_steps(lo, hi, m, l_sum, acc, q_i, k, v, bias, att_h, drop, edge_key
 
 @triton.jit
 def forward_kernel(q, k, v, bias, att, drop, edge_key, edge_value, rowptr, col, eid, order,
-                   num_rows, max_degree, out, lse, scores, scale, slope,
+                   num_rows, max_degree, out, lse, scores, scale, slope, cap,
                    H: tl.constexpr, C: tl.constexpr, CK: tl.constexpr,
-                   SCORE: tl.constexpr,
+                   SCORE: tl.constexpr, HAS_CAP: tl.constexpr,
                    HAS_BIAS: tl.constexpr, HAS_DROP: tl.constexpr, HAS_EK: tl.constexpr,
                    HAS_EV: tl.constexpr, NEED_SCORES: tl.constexpr,
                    BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr,
@@ -387,7 +416,7 @@ def forward_kernel(q, k, v, bias, att, drop, edge_key, edge_value, rowptr, col, 
                 b0, tl.minimum(b0 + SUM_STEPS * BLOCK_E, end), m,
                 tl.full([BLOCK_H], 0, tl.float32), tl.full([BLOCK_H, BLOCK_C], 0, tl.float32),
                 q_i, k, v, bias, att_h, drop, edge_key, edge_value, col, eid, scores, offs_h,
-                hc, hck, h_ok, hc_ok, hck_ok, scale, slope, H, C, CK, SCORE, HAS_BIAS,
+                hc, hck, h_ok, hc_ok, hck_ok, scale, slope, cap, H, C, CK, SCORE, HAS_CAP, HAS_BIAS,
                 HAS_DROP, HAS_EK, HAS_EV, NEED_SCORES, BLOCK_E)
             # the float64 sums, taken at the maximum m_sums <= m: shifted to m, the block added
             shift = tl.exp(m_sums - tl.where(m == float("-inf"), 0.0, m)).to(tl.float64)
@@ -403,7 +432,8 @@ def forward_kernel(q, k, v, bias, att, drop, edge_key, edge_value, rowptr, col, 
             start, end, m, tl.full([BLOCK_H], 0, tl.float32),
             tl.full([BLOCK_H, BLOCK_C], 0, tl.float32), q_i, k, v, bias, att_h, drop,
             edge_key, edge_value, col, eid, scores, offs_h, hc, hck, h_ok, hc_ok, hck_ok, scale,
-            slope, H, C, CK, SCORE, HAS_BIAS, HAS_DROP, HAS_EK, HAS_EV, NEED_SCORES, BLOCK_E)
+            slope, cap, H, C, CK, SCORE, HAS_CAP, HAS_BIAS, HAS_DROP, HAS_EK, HAS_EV, NEED_SCORES,
+            BLOCK_E)
         l_safe, m_out, log_l = _weights_and_stats(l_sum, m)
         out_i = acc / l_safe[:, None]
 
@@ -415,9 +445,9 @@ def forward_kernel(q, k, v, bias, att, drop, edge_key, edge_value, rowptr, col, 
 
 @triton.jit
 def forward_rows_kernel(q, k, v, bias, att, drop, edge_key, edge_value, rowptr, col, eid,
-                        order, num_rows, max_degree, out, lse, scores, scale, slope,
+                        order, num_rows, max_degree, out, lse, scores, scale, slope, cap,
                         H: tl.constexpr, C: tl.constexpr, CK: tl.constexpr,
-                        SCORE: tl.constexpr,
+                        SCORE: tl.constexpr, HAS_CAP: tl.constexpr,
                         HAS_BIAS: tl.constexpr, HAS_DROP: tl.constexpr,
                         HAS_EK: tl.constexpr, HAS_EV: tl.constexpr, NEED_SCORES: tl.constexpr,
                         BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr,
@@ -441,7 +471,8 @@ def forward_rows_kernel(q, k, v, bias, att, drop, edge_key, edge_value, rowptr, 
     for t in range(0, _max(degree, axis=0)):
         s, d, v_e = _forward_tile(q_i, k, v, bias, att_h, drop, edge_key, edge_value, col,
                                   eid, scores, start + t, t < degree, offs_h, hc, hck, h_ok,
-                                  hc_ok, hck_ok, scale, slope, H, C, CK, SCORE, HAS_BIAS,
+                                  hc_ok, hck_ok, scale, slope, cap, H, C, CK, SCORE, HAS_CAP,
+                                  HAS_BIAS,
                                   HAS_DROP, HAS_EK, HAS_EV, NEED_SCORES)  # (BN, BH), ...
         m_new = tl.maximum(m, s)
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # all -inf so far: no shift
@@ -464,8 +495,9 @@ def forward_rows_kernel(q, k, v, bias, att, drop, edge_key, edge_value, rowptr, 
 
 @triton.jit
 def _target_scores(q_i, k, bias, att_h, edge_key, col, eid, pos, e_ok, offs_h, hck, h_ok,
-                   hck_ok, scale, slope, H: tl.constexpr, CK: tl.constexpr,
-                   SCORE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_EK: tl.constexpr):
+                   hck_ok, scale, slope, cap, H: tl.constexpr, CK: tl.constexpr,
+                   SCORE: tl.constexpr, HAS_CAP: tl.constexpr, HAS_BIAS: tl.constexpr,
+                   HAS_EK: tl.constexpr):
     """The edges at CSR positions ``pos`` (``e_ok``) of the target pass, recomputed: their
     sources and ids ``(BL)``, the masks ``(BL, BH)`` and ``(BL, BH, BCK)``, bias, key
     ``(BL, BH, BCK)`` and score ``(BL, BH)`` (-inf where masked)."""
@@ -478,27 +510,29 @@ def _target_scores(q_i, k, bias, att_h, edge_key, col, eid, pos, e_ok, offs_h, h
         b = _edge_values(bias, edge, offs_h, ok2, H)
     k_e = _with_edge_term(_score_operand(k, src, offs_h, hck, ok2, ok3k, H, CK, SCORE),
                           edge_key, edge, hck, ok3k, H, CK, HAS_EK)  # key of the edge
-    s = tl.where(ok2, _scores(q_i, k_e, b, att_h, scale, slope, SCORE), float("-inf"))
+    s = tl.where(ok2, _scores(q_i, k_e, b, att_h, scale, slope, cap, SCORE, HAS_CAP), float("-inf"))
     return src, edge, ok2, ok3k, b, k_e, s
 
 
 @triton.jit
 def _alpha_dalpha(q_i, m_i, log_l_i, k, bias, att_h, edge_key, dalpha, col, eid, pos, e_ok,
-                  offs_h, hck, h_ok, hck_ok, scale, slope, H: tl.constexpr, CK: tl.constexpr,
-                  SCORE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_EK: tl.constexpr):
+                  offs_h, hck, h_ok, hck_ok, scale, slope, cap, H: tl.constexpr, CK: tl.constexpr,
+                  SCORE: tl.constexpr, HAS_CAP: tl.constexpr, HAS_BIAS: tl.constexpr,
+                  HAS_EK: tl.constexpr):
     """``alpha_e * dalpha_e`` ``(BL, BH)`` of the edges at CSR positions ``pos``: their terms
     of the target's delta when the returned attention weights carry a gradient."""
     _, edge, ok2, _, _, _, s = _target_scores(q_i, k, bias, att_h, edge_key, col, eid, pos,
-                                              e_ok, offs_h, hck, h_ok, hck_ok, scale, slope,
-                                              H, CK, SCORE, HAS_BIAS, HAS_EK)
+                                              e_ok, offs_h, hck, h_ok, hck_ok, scale, slope, cap,
+                                              H, CK, SCORE, HAS_CAP, HAS_BIAS, HAS_EK)
     return _softmax_weights(s, m_i, log_l_i) * _edge_values(dalpha, edge, offs_h, ok2, H)
 
 
 @triton.jit
 def _target_tile(q_i, do_i, delta_i, m_i, log_l_i, k, v, bias, att_h, drop, edge_key,
                  edge_value, dalpha, dbias, dedge_key, dedge_value, col, eid, pos, e_ok,
-                 offs_h, hc, hck, h_ok, hc_ok, hck_ok, scale, slope,
+                 offs_h, hc, hck, h_ok, hc_ok, hck_ok, scale, slope, cap,
                  H: tl.constexpr, C: tl.constexpr, CK: tl.constexpr, SCORE: tl.constexpr,
+                 HAS_CAP: tl.constexpr,
                  HAS_BIAS: tl.constexpr, HAS_DROP: tl.constexpr, HAS_EK: tl.constexpr,
                  HAS_EV: tl.constexpr, HAS_DALPHA: tl.constexpr, NEED_DBIAS: tl.constexpr,
                  NEED_DATT: tl.constexpr, NEED_DEK: tl.constexpr, NEED_DEV: tl.constexpr,
@@ -510,7 +544,8 @@ def _target_tile(q_i, do_i, delta_i, m_i, log_l_i, k, v, bias, att_h, drop, edge
     d att, ``(BL, BH, BCK)`` (0.0 otherwise)."""
     src, edge, ok2, ok3k, b, k_e, s = _target_scores(q_i, k, bias, att_h, edge_key, col, eid,
                                                      pos, e_ok, offs_h, hck, h_ok, hck_ok,
-                                                     scale, slope, H, CK, SCORE, HAS_BIAS,
+                                                     scale, slope, cap, H, CK, SCORE, HAS_CAP,
+                                                     HAS_BIAS,
                                                      HAS_EK)
     ok3 = e_ok[:, None, None] & hc_ok[None, :, :]  # (BL, BH, BC)
     a = _softmax_weights(s, m_i, log_l_i)  # (BL, BH)
@@ -524,10 +559,12 @@ def _target_tile(q_i, do_i, delta_i, m_i, log_l_i, k, v, bias, att_h, drop, edge
         w = a * d
     if HAS_DALPHA:
         dp = dp + _edge_values(dalpha, edge, offs_h, ok2, H)
-    dz = _pre_activation_grad(a * (dp - delta_i), q_i, k_e, b, scale, slope,
-                              SCORE)  # (BL, BH)
-    if NEED_DBIAS:
-        tl.store(dbias + edge[:, None] * H + offs_h[None, :], dz.to(dbias.dtype.element_ty),
+    ds = a * (dp - delta_i)  # (BL, BH)
+    dz = _pre_activation_grad(ds, q_i, k_e, b, att_h, scale, slope, cap, SCORE,
+                              HAS_CAP)  # (BL, BH)
+    if NEED_DBIAS:  # (the bias of dot and gatv2 is added after the cap)
+        db = dz if SCORE == ADDITIVE else ds
+        tl.store(dbias + edge[:, None] * H + offs_h[None, :], db.to(dbias.dtype.element_ty),
                  mask=ok2)
     if NEED_DEK:
         dek = _edge_key_grad(dz, q_i, k_e, att_h, scale, slope, SCORE)  # (BL, BH, BCK)
@@ -547,8 +584,9 @@ def _target_tile(q_i, do_i, delta_i, m_i, log_l_i, k, v, bias, att_h, drop, edge
 
 @triton.jit
 def _delta_steps(lo, hi, delta_i, q_i, m_i, log_l_i, k, bias, att_h, edge_key, dalpha, col,
-                 eid, offs_h, hck, h_ok, hck_ok, scale, slope, H: tl.constexpr,
-                 CK: tl.constexpr, SCORE: tl.constexpr, HAS_BIAS: tl.constexpr,
+                 eid, offs_h, hck, h_ok, hck_ok, scale, slope, cap, H: tl.constexpr,
+                 CK: tl.constexpr, SCORE: tl.constexpr, HAS_CAP: tl.constexpr,
+                 HAS_BIAS: tl.constexpr,
                  HAS_EK: tl.constexpr, BLOCK_E: tl.constexpr):
     """``delta_i`` ``(1, BH)`` plus the weights' terms ``alpha_e * dalpha_e`` of the edges at
     the CSR positions ``[lo, hi)``, ``BLOCK_E`` at a time."""
@@ -556,7 +594,7 @@ def _delta_steps(lo, hi, delta_i, q_i, m_i, log_l_i, k, bias, att_h, edge_key, d
         offs_e = e0 + tl.arange(0, BLOCK_E)  # (BE)
         delta_i += _sum(_alpha_dalpha(q_i, m_i, log_l_i, k, bias, att_h, edge_key, dalpha, col,
                                       eid, offs_e, offs_e < hi, offs_h, hck, h_ok, hck_ok,
-                                      scale, slope, H, CK, SCORE, HAS_BIAS, HAS_EK),
+                                      scale, slope, cap, H, CK, SCORE, HAS_CAP, HAS_BIAS, HAS_EK),
                         axis=0)[None, :]
     return delta_i
 
@@ -564,8 +602,8 @@ def _delta_steps(lo, hi, delta_i, q_i, m_i, log_l_i, k, bias, att_h, edge_key, d
 @triton.jit
 def _target_steps(lo, hi, dq_i, datt_i, q_i, do_i, delta_i, m_i, log_l_i, k, v, bias, att_h,
                   drop, edge_key, edge_value, dalpha, dbias, dedge_key, dedge_value, col, eid,
-                  offs_h, hc, hck, h_ok, hc_ok, hck_ok, scale, slope, H: tl.constexpr,
-                  C: tl.constexpr, CK: tl.constexpr, SCORE: tl.constexpr,
+                  offs_h, hc, hck, h_ok, hc_ok, hck_ok, scale, slope, cap, H: tl.constexpr,
+                  C: tl.constexpr, CK: tl.constexpr, SCORE: tl.constexpr, HAS_CAP: tl.constexpr,
                   HAS_BIAS: tl.constexpr, HAS_DROP: tl.constexpr, HAS_EK: tl.constexpr,
                   HAS_EV: tl.constexpr, HAS_DALPHA: tl.constexpr, NEED_DBIAS: tl.constexpr,
                   NEED_DATT: tl.constexpr, NEED_DEK: tl.constexpr, NEED_DEV: tl.constexpr,
@@ -578,7 +616,8 @@ def _target_steps(lo, hi, dq_i, datt_i, q_i, do_i, delta_i, m_i, log_l_i, k, v, 
         dq_terms, datt_terms = _target_tile(
             q_i, do_i, delta_i, m_i, log_l_i, k, v, bias, att_h, drop, edge_key, edge_value,
             dalpha, dbias, dedge_key, dedge_value, col, eid, offs_e, offs_e < hi, offs_h, hc,
-            hck, h_ok, hc_ok, hck_ok, scale, slope, H, C, CK, SCORE, HAS_BIAS, HAS_DROP,
+            hck, h_ok, hc_ok, hck_ok, scale, slope, cap, H, C, CK, SCORE, HAS_CAP, HAS_BIAS,
+            HAS_DROP,
             HAS_EK, HAS_EV, HAS_DALPHA, NEED_DBIAS, NEED_DATT, NEED_DEK, NEED_DEV, EV_IS_EK)
         dq_i += _sum(dq_terms, axis=0)
         if NEED_DATT:
@@ -589,9 +628,9 @@ def _target_steps(lo, hi, dq_i, datt_i, q_i, do_i, delta_i, m_i, log_l_i, k, v, 
 @triton.jit
 def backward_target_kernel(q, k, v, bias, att, drop, edge_key, edge_value, out, dout, lse,
                            dalpha, rowptr, col, eid, order, num_rows, max_degree, dq, dbias,
-                           datt_rows, dedge_key, dedge_value, delta, scale, slope,
+                           datt_rows, dedge_key, dedge_value, delta, scale, slope, cap,
                            H: tl.constexpr, C: tl.constexpr, CK: tl.constexpr,
-                           SCORE: tl.constexpr,
+                           SCORE: tl.constexpr, HAS_CAP: tl.constexpr,
                            HAS_BIAS: tl.constexpr, HAS_DROP: tl.constexpr,
                            HAS_EK: tl.constexpr, HAS_EV: tl.constexpr,
                            HAS_DALPHA: tl.constexpr, NEED_DBIAS: tl.constexpr,
@@ -629,13 +668,13 @@ def backward_target_kernel(q, k, v, bias, att, drop, edge_key, edge_value, out, 
                 delta_sums += _delta_steps(
                     b0, tl.minimum(b0 + SUM_STEPS * BLOCK_E, end),
                     tl.full([1, BLOCK_H], 0, tl.float32), q_i, m_i, log_l_i, k, bias, att_h,
-                    edge_key, dalpha, col, eid, offs_h, hck, h_ok, hck_ok, scale, slope, H,
-                    CK, SCORE, HAS_BIAS, HAS_EK, BLOCK_E).to(tl.float64)
+                    edge_key, dalpha, col, eid, offs_h, hck, h_ok, hck_ok, scale, slope, cap, H,
+                    CK, SCORE, HAS_CAP, HAS_BIAS, HAS_EK, BLOCK_E).to(tl.float64)
             delta_i = delta_sums.to(tl.float32)
         else:
             delta_i = _delta_steps(start, end, delta_i, q_i, m_i, log_l_i, k, bias, att_h,
                                    edge_key, dalpha, col, eid, offs_h, hck, h_ok, hck_ok, scale,
-                                   slope, H, CK, SCORE, HAS_BIAS, HAS_EK, BLOCK_E)
+                                   slope, cap, H, CK, SCORE, HAS_CAP, HAS_BIAS, HAS_EK, BLOCK_E)
     tl.store(delta + row * H + offs_h[None, :], delta_i, mask=h_ok[None, :])
 
     if SCORE == ADDITIVE:
@@ -651,7 +690,8 @@ def backward_target_kernel(q, k, v, bias, att, drop, edge_key, edge_value, out, 
                 b0, tl.minimum(b0 + SUM_STEPS * BLOCK_E, end), dq_i * 0.0, datt_i * 0.0, q_i,
                 do_i, delta_i, m_i, log_l_i, k, v, bias, att_h, drop, edge_key, edge_value,
                 dalpha, dbias, dedge_key, dedge_value, col, eid, offs_h, hc, hck, h_ok, hc_ok,
-                hck_ok, scale, slope, H, C, CK, SCORE, HAS_BIAS, HAS_DROP, HAS_EK, HAS_EV,
+                hck_ok, scale, slope, cap, H, C, CK, SCORE, HAS_CAP, HAS_BIAS, HAS_DROP, HAS_EK,
+                HAS_EV,
                 HAS_DALPHA, NEED_DBIAS, NEED_DATT, NEED_DEK, NEED_DEV, EV_IS_EK, BLOCK_E)
             dq_sums += dq_block.to(tl.float64)
             if NEED_DATT:
@@ -662,7 +702,8 @@ def backward_target_kernel(q, k, v, bias, att, drop, edge_key, edge_value, out, 
         dq_i, datt_i = _target_steps(
             start, end, dq_i, datt_i, q_i, do_i, delta_i, m_i, log_l_i, k, v, bias, att_h,
             drop, edge_key, edge_value, dalpha, dbias, dedge_key, dedge_value, col, eid, offs_h,
-            hc, hck, h_ok, hc_ok, hck_ok, scale, slope, H, C, CK, SCORE, HAS_BIAS, HAS_DROP,
+            hc, hck, h_ok, hc_ok, hck_ok, scale, slope, cap, H, C, CK, SCORE, HAS_CAP, HAS_BIAS,
+            HAS_DROP,
             HAS_EK, HAS_EV, HAS_DALPHA, NEED_DBIAS, NEED_DATT, NEED_DEK, NEED_DEV, EV_IS_EK,
             BLOCK_E)
     if SCORE == ADDITIVE:
@@ -678,8 +719,8 @@ def backward_target_kernel(q, k, v, bias, att, drop, edge_key, edge_value, out, 
 def backward_target_rows_kernel(q, k, v, bias, att, drop, edge_key, edge_value, out, dout,
                                 lse, dalpha, rowptr, col, eid, order, num_rows, max_degree,
                                 dq, dbias, datt_rows, dedge_key, dedge_value, delta, scale,
-                                slope, H: tl.constexpr, C: tl.constexpr, CK: tl.constexpr,
-                                SCORE: tl.constexpr,
+                                slope, cap, H: tl.constexpr, C: tl.constexpr, CK: tl.constexpr,
+                                SCORE: tl.constexpr, HAS_CAP: tl.constexpr,
                                 HAS_BIAS: tl.constexpr, HAS_DROP: tl.constexpr,
                                 HAS_EK: tl.constexpr, HAS_EV: tl.constexpr,
                                 HAS_DALPHA: tl.constexpr, NEED_DBIAS: tl.constexpr,
@@ -710,7 +751,7 @@ def backward_target_rows_kernel(q, k, v, bias, att, drop, edge_key, edge_value, 
         for t in range(0, steps):
             delta_i += _alpha_dalpha(q_i, m_i, log_l_i, k, bias, att_h, edge_key, dalpha, col,
                                      eid, start + t, t < degree, offs_h, hck, h_ok, hck_ok,
-                                     scale, slope, H, CK, SCORE, HAS_BIAS, HAS_EK)
+                                     scale, slope, cap, H, CK, SCORE, HAS_CAP, HAS_BIAS, HAS_EK)
     tl.store(delta + at, delta_i, mask=row_ok2)
 
     if SCORE == ADDITIVE:
@@ -722,7 +763,8 @@ def backward_target_rows_kernel(q, k, v, bias, att, drop, edge_key, edge_value, 
         dq_terms, datt_terms = _target_tile(
             q_i, do_i, delta_i, m_i, log_l_i, k, v, bias, att_h, drop, edge_key, edge_value,
             dalpha, dbias, dedge_key, dedge_value, col, eid, start + t, t < degree, offs_h, hc,
-            hck, h_ok, hc_ok, hck_ok, scale, slope, H, C, CK, SCORE, HAS_BIAS, HAS_DROP,
+            hck, h_ok, hc_ok, hck_ok, scale, slope, cap, H, C, CK, SCORE, HAS_CAP, HAS_BIAS,
+            HAS_DROP,
             HAS_EK, HAS_EV, HAS_DALPHA, NEED_DBIAS, NEED_DATT, NEED_DEK, NEED_DEV, EV_IS_EK)
         dq_i += dq_terms
         if NEED_DATT:
@@ -740,8 +782,9 @@ def backward_target_rows_kernel(q, k, v, bias, att, drop, edge_key, edge_value, 
 @triton.jit
 def _source_tile(k_j, v_j, q, bias, att_h, drop, edge_key, edge_value, dout, lse, delta,
                  dalpha, row_t, eid_t, pos, e_ok, offs_h, hc, hck, h_ok, hc_ok, hck_ok, scale,
-                 slope, H: tl.constexpr, C: tl.constexpr, CK: tl.constexpr,
-                 SCORE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_DROP: tl.constexpr,
+                 slope, cap, H: tl.constexpr, C: tl.constexpr, CK: tl.constexpr,
+                 SCORE: tl.constexpr, HAS_CAP: tl.constexpr, HAS_BIAS: tl.constexpr,
+                 HAS_DROP: tl.constexpr,
                  HAS_EK: tl.constexpr, HAS_EV: tl.constexpr, HAS_DALPHA: tl.constexpr):
     """The edges at transposed-CSR positions ``pos`` (``e_ok``) out of their sources, with the
     source's k and v (one row broadcast, or one per lane): each edge's terms of dk (see
@@ -756,7 +799,7 @@ def _source_tile(k_j, v_j, q, bias, att_h, drop, edge_key, edge_value, dout, lse
         b = _edge_values(bias, edge, offs_h, ok2, H)
     q_i = _score_operand(q, dst, offs_h, hck, ok2, ok3k, H, CK, SCORE)
     k_e = _with_edge_term(k_j, edge_key, edge, hck, ok3k, H, CK, HAS_EK)  # key of the edge
-    s = tl.where(ok2, _scores(q_i, k_e, b, att_h, scale, slope, SCORE), float("-inf"))
+    s = tl.where(ok2, _scores(q_i, k_e, b, att_h, scale, slope, cap, SCORE, HAS_CAP), float("-inf"))
     m_i, log_l_i = _softmax_stats(lse, dst[:, None] * H + offs_h[None, :], ok2)
     a = _softmax_weights(s, m_i, log_l_i)  # (BL, BH)
     do_i = _rows(dout, dst, hc, ok3, H, C)  # (BL, BH, BC)
@@ -771,16 +814,17 @@ def _source_tile(k_j, v_j, q, bias, att_h, drop, edge_key, edge_value, dout, lse
     if HAS_DALPHA:
         dp = dp + _edge_values(dalpha, edge, offs_h, ok2, H)
     delta_i = _edge_values(delta, dst, offs_h, ok2, H)
-    dz = _pre_activation_grad(a * (dp - delta_i), q_i, k_e, b, scale, slope,
-                              SCORE)  # (BL, BH)
+    dz = _pre_activation_grad(a * (dp - delta_i), q_i, k_e, b, att_h, scale, slope, cap,
+                              SCORE, HAS_CAP)  # (BL, BH)
     return _operand_terms(dz, q_i, k_e, q_i, slope, SCORE), w[:, :, None] * do_i
 
 
 @triton.jit
 def _source_steps(lo, hi, dk_j, dv_j, k_j, v_j, q, bias, att_h, drop, edge_key, edge_value,
                   dout, lse, delta, dalpha, row_t, eid_t, offs_h, hc, hck, h_ok, hc_ok, hck_ok,
-                  scale, slope, H: tl.constexpr, C: tl.constexpr, CK: tl.constexpr,
-                  SCORE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_DROP: tl.constexpr,
+                  scale, slope, cap, H: tl.constexpr, C: tl.constexpr, CK: tl.constexpr,
+                  SCORE: tl.constexpr, HAS_CAP: tl.constexpr, HAS_BIAS: tl.constexpr,
+                  HAS_DROP: tl.constexpr,
                   HAS_EK: tl.constexpr, HAS_EV: tl.constexpr, HAS_DALPHA: tl.constexpr,
                   BLOCK_E: tl.constexpr):
     """The source pass over the transposed-CSR positions ``[lo, hi)``, ``BLOCK_E`` at a time:
@@ -790,7 +834,7 @@ def _source_steps(lo, hi, dk_j, dv_j, k_j, v_j, q, bias, att_h, drop, edge_key, 
         dk_terms, dv_terms = _source_tile(
             k_j, v_j, q, bias, att_h, drop, edge_key, edge_value, dout, lse, delta, dalpha,
             row_t, eid_t, offs_e, offs_e < hi, offs_h, hc, hck, h_ok, hc_ok, hck_ok, scale,
-            slope, H, C, CK, SCORE, HAS_BIAS, HAS_DROP, HAS_EK, HAS_EV, HAS_DALPHA)
+            slope, cap, H, C, CK, SCORE, HAS_CAP, HAS_BIAS, HAS_DROP, HAS_EK, HAS_EV, HAS_DALPHA)
         dk_j += _sum(dk_terms, axis=0)
         dv_j += _sum(dv_terms, axis=0)
     return dk_j, dv_j
@@ -799,9 +843,9 @@ def _source_steps(lo, hi, dk_j, dv_j, k_j, v_j, q, bias, att_h, drop, edge_key, 
 @triton.jit
 def backward_source_kernel(q, k, v, bias, att, drop, edge_key, edge_value, dout, lse, delta,
                            dalpha, colptr, row_t, eid_t, order, num_rows, max_degree, dk, dv,
-                           scale, slope,
+                           scale, slope, cap,
                            H: tl.constexpr, C: tl.constexpr, CK: tl.constexpr,
-                           SCORE: tl.constexpr,
+                           SCORE: tl.constexpr, HAS_CAP: tl.constexpr,
                            HAS_BIAS: tl.constexpr, HAS_DROP: tl.constexpr,
                            HAS_EK: tl.constexpr, HAS_EV: tl.constexpr,
                            HAS_DALPHA: tl.constexpr,
@@ -838,8 +882,8 @@ def backward_source_kernel(q, k, v, bias, att, drop, edge_key, edge_value, dout,
             dk_block, dv_block = _source_steps(
                 b0, tl.minimum(b0 + SUM_STEPS * BLOCK_E, end), dk_j * 0.0, dv_j * 0.0, k_j,
                 v_j, q, bias, att_h, drop, edge_key, edge_value, dout, lse, delta, dalpha,
-                row_t, eid_t, offs_h, hc, hck, h_ok, hc_ok, hck_ok, scale, slope, H, C, CK,
-                SCORE, HAS_BIAS, HAS_DROP, HAS_EK, HAS_EV, HAS_DALPHA, BLOCK_E)
+                row_t, eid_t, offs_h, hc, hck, h_ok, hc_ok, hck_ok, scale, slope, cap, H, C, CK,
+                SCORE, HAS_CAP, HAS_BIAS, HAS_DROP, HAS_EK, HAS_EV, HAS_DALPHA, BLOCK_E)
             dk_sums += dk_block.to(tl.float64)
             dv_sums += dv_block.to(tl.float64)
         dk_j = dk_sums.to(tl.float32)
@@ -847,8 +891,9 @@ def backward_source_kernel(q, k, v, bias, att, drop, edge_key, edge_value, dout,
     else:
         dk_j, dv_j = _source_steps(start, end, dk_j, dv_j, k_j, v_j, q, bias, att_h, drop,
                                    edge_key, edge_value, dout, lse, delta, dalpha, row_t, eid_t,
-                                   offs_h, hc, hck, h_ok, hc_ok, hck_ok, scale, slope, H, C, CK,
-                                   SCORE, HAS_BIAS, HAS_DROP, HAS_EK, HAS_EV, HAS_DALPHA,
+                                   offs_h, hc, hck, h_ok, hc_ok, hck_ok, scale, slope, cap, H, C,
+                                   CK,
+                                   SCORE, HAS_CAP, HAS_BIAS, HAS_DROP, HAS_EK, HAS_EV, HAS_DALPHA,
                                    BLOCK_E)
     if SCORE == ADDITIVE:
         tl.store(dk + node * H + offs_h, dk_j.to(dk.dtype.element_ty), mask=h_ok)
@@ -861,9 +906,9 @@ def backward_source_kernel(q, k, v, bias, att, drop, edge_key, edge_value, dout,
 @triton.jit
 def backward_source_rows_kernel(q, k, v, bias, att, drop, edge_key, edge_value, dout, lse,
                                 delta, dalpha, colptr, row_t, eid_t, order, num_rows,
-                                max_degree, dk, dv, scale, slope,
+                                max_degree, dk, dv, scale, slope, cap,
                                 H: tl.constexpr, C: tl.constexpr, CK: tl.constexpr,
-                                SCORE: tl.constexpr,
+                                SCORE: tl.constexpr, HAS_CAP: tl.constexpr,
                                 HAS_BIAS: tl.constexpr, HAS_DROP: tl.constexpr,
                                 HAS_EK: tl.constexpr, HAS_EV: tl.constexpr,
                                 HAS_DALPHA: tl.constexpr,
@@ -893,7 +938,7 @@ def backward_source_rows_kernel(q, k, v, bias, att, drop, edge_key, edge_value, 
         dk_terms, dv_terms = _source_tile(
             k_j, v_j, q, bias, att_h, drop, edge_key, edge_value, dout, lse, delta, dalpha,
             row_t, eid_t, start + t, t < degree, offs_h, hc, hck, h_ok, hc_ok, hck_ok, scale,
-            slope, H, C, CK, SCORE, HAS_BIAS, HAS_DROP, HAS_EK, HAS_EV, HAS_DALPHA)
+            slope, cap, H, C, CK, SCORE, HAS_CAP, HAS_BIAS, HAS_DROP, HAS_EK, HAS_EV, HAS_DALPHA)
         dk_j += dk_terms
         dv_j += dv_terms
     if SCORE == ADDITIVE:

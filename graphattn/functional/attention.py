@@ -61,6 +61,9 @@ BACKENDS: dict[str, Backend] = {"reference": reference_edge_attention,
 # backends that take edge_key and edge_value themselves; the others get them folded in
 # (graphattn.functional.edge_terms)
 NATIVE_EDGE_TERMS = {"reference", "cpu", "triton"}
+DENSE_REFUSES_SOFTCAP = ("backend='dense' computes its scores in scaled_dot_product_attention, "
+                         "which has no soft cap: use backend='auto', 'cpu', 'triton' or "
+                         "'reference' with softcap")
 
 
 def available_backends() -> list[str]:
@@ -573,17 +576,19 @@ def edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
                                     edge_key=edge_key, edge_value=edge_value, softcap=softcap)
 
 
-def check_softcap(softcap: float | Tensor, score: str, *tensors: Tensor) -> float:
-    """``softcap`` as a positive float, finite in the dtype of the scores; refused with the
-    additive score, whose bias sits inside its LeakyReLU (a cap there would turn a ``-inf``
-    bias into the finite score ``-c``)."""
+def check_softcap(softcap: float | Tensor, score: str, *tensors: Tensor,
+                  score_name: str = "score") -> float:
+    """``softcap`` as a positive float, finite in the dtype of the scores of ``tensors``;
+    refused with the additive score (the argument ``score_name``), whose bias sits inside its
+    LeakyReLU (a cap there would turn a ``-inf`` bias into the finite score ``-c``)."""
     softcap = score_factor(softcap, "softcap", *tensors)
     if softcap <= 0:
         raise ValueError(f"softcap must be positive (scores are capped to (-softcap, "
                          f"softcap)), got {softcap!r}")
     if score == "additive":
-        raise ValueError("softcap caps the dot and gatv2 scores; score='additive' adds its bias "
-                         "inside its LeakyReLU, where a cap would make a -inf bias finite")
+        raise ValueError(f"softcap caps the dot and gatv2 scores; {score_name}='additive' adds "
+                         f"its bias inside its LeakyReLU, where a cap would make a -inf bias "
+                         f"finite")
     return softcap
 
 
@@ -680,9 +685,7 @@ def edge_attention_unchecked(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor
         raise ValueError(f"backend must be 'auto' or one of {available_backends()}, "
                          f"got {backend!r}")
     if backend == "dense" and softcap is not None:
-        raise ValueError("backend='dense' computes its scores in scaled_dot_product_attention, "
-                         "which has no soft-cap: use backend='auto', 'cpu', 'triton' or "
-                         "'reference' with softcap")
+        raise ValueError(DENSE_REFUSES_SOFTCAP)
     if backend == "dense" and onnx_exporting():
         backend = "reference"  # the same function in ops ONNX has, for graphs of any size
     if backend == "dense" and torch.jit.is_tracing():

@@ -562,11 +562,12 @@ def fused_forward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None,
                   dropout_mask: Tensor | None, csr: CSR, *, scale: float, score: str,
                   negative_slope: float, need_scores: bool, att: Tensor | None = None,
                   edge_key: Tensor | None = None, edge_value: Tensor | None = None,
-                  out_dtype: torch.dtype = torch.float32,
+                  out_dtype: torch.dtype = torch.float32, softcap: float = 0.0,
                   ) -> tuple[Tensor, Tensor, Tensor | None]:
     """Launch the forward kernel on contiguous inputs and the target CSR of the graph
     (``att``: the ``[H, C]`` attention vector of ``score="gatv2"``; ``edge_key``,
-    ``edge_value``: the ``[E, H, C]`` per-edge terms of keys and values).
+    ``edge_value``: the ``[E, H, C]`` per-edge terms of keys and values; ``softcap``: the cap
+    of the dot and gatv2 scores, 0 for none).
 
     Returns out ``[N_dst, H, C]`` in ``out_dtype`` (fp32, which backward needs, unless told
     otherwise) and lse ``[N_dst, H, 2]`` in fp32 (the row maximum m and log l of each target
@@ -584,8 +585,8 @@ def fused_forward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None,
         "forward_kernel", csr, cfg, heads,
         (q, k, v, _or(bias, q), _or(att, q), _or(dropout_mask, q), _or(edge_key, q),
          _or(edge_value, v)),
-        (out, lse, _or(scores, lse), scale, negative_slope),
-        H=heads, C=channels, CK=score_channels, SCORE=SCORE_KINDS[score],
+        (out, lse, _or(scores, lse), scale, negative_slope, softcap),
+        H=heads, C=channels, CK=score_channels, SCORE=SCORE_KINDS[score], HAS_CAP=softcap > 0,
         HAS_BIAS=bias is not None, HAS_DROP=dropout_mask is not None,
         HAS_EK=edge_key is not None, HAS_EV=edge_value is not None, NEED_SCORES=need_scores)
     return out, lse, scores
@@ -604,12 +605,12 @@ def _alpha_dtype(q: Tensor, k: Tensor, bias: Tensor | None, att: Tensor | None,
 def _forward(q: Tensor, k: Tensor, v: Tensor, att: Tensor | None, bias: Tensor | None,
              dropout_mask: Tensor | None, edge_index: Tensor, scale: float,
              negative_slope: float, score: str, need_alpha: bool,
-             edge_key: Tensor | None = None, edge_value: Tensor | None = None, *,
-             cached: bool = True, out_dtype: torch.dtype = torch.float32,
-             ) -> tuple[Tensor, Tensor, Tensor, CSR]:
+             edge_key: Tensor | None = None, edge_value: Tensor | None = None,
+             softcap: float = 0.0, *, cached: bool = True,
+             out_dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor, Tensor, CSR]:
     """The forward pass on contiguous inputs: out (in ``out_dtype``: fp32 for backward),
     alpha (``[0, H]`` unless ``need_alpha``), lse and the target CSR (``cached``: see
-    :func:`graph_csr`)."""
+    :func:`graph_csr`; ``softcap`` 0: no cap)."""
     csr = graph_csr(edge_index, by_target=True, num_dst=q.size(0), num_src=v.size(0),
                     cached=cached)
     # fp32 out for training: backward's delta = dout . out must not see the rounding of a
@@ -617,7 +618,8 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, att: Tensor | None, bias: Tensor |
     out, lse, scores = fused_forward(q, k, v, bias, dropout_mask, csr, scale=scale,
                                      score=score, att=att, negative_slope=negative_slope,
                                      need_scores=need_alpha, edge_key=edge_key,
-                                     edge_value=edge_value, out_dtype=out_dtype)
+                                     edge_value=edge_value, out_dtype=out_dtype,
+                                     softcap=softcap)
     alpha = weights_from_scores(scores, lse, edge_index,
                                 _alpha_dtype(q, k, bias, att, edge_key))
     return out, alpha, lse, csr
@@ -640,21 +642,22 @@ def _backward(dout: Tensor, dalpha: Tensor | None, q: Tensor, k: Tensor, v: Tens
               negative_slope: float, score: str, need_dbias: bool, need_datt: bool, *,
               edge_key: Tensor | None = None, edge_value: Tensor | None = None,
               need_dedge_key: bool = False, need_dedge_value: bool = False,
-              value_is_key: bool = False, cached: bool = True,
+              value_is_key: bool = False, cached: bool = True, softcap: float = 0.0,
               ) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor | None, Tensor | None,
                          Tensor | None]:
     """The backward passes: dq, dk, dv, d att (when ``need_datt``), d bias (when
     ``need_dbias``), d edge_key and d edge_value (when ``need_dedge_key``,
     ``need_dedge_value``). ``value_is_key``: ``edge_value`` is ``edge_key`` (one tensor as both
     terms, and its gradient asked for): d edge_key is the gradient of both roles, written in
-    one buffer, and d edge_value is None. ``cached``: see :func:`graph_csr`."""
+    one buffer, and d edge_value is None. ``cached``: see :func:`graph_csr`; ``softcap`` 0:
+    no cap."""
     if value_is_key:
         need_dedge_key, need_dedge_value = True, False
     n_dst, (n_src, heads, channels) = q.size(0), v.shape
     score_channels = _score_channels(q, score)
     cfg = launch_config(heads, channels, score_channels)
     flags = dict(H=heads, C=channels, CK=score_channels, SCORE=SCORE_KINDS[score],
-                 HAS_BIAS=bias is not None, HAS_DROP=dropout_mask is not None,
+                 HAS_CAP=softcap > 0, HAS_BIAS=bias is not None, HAS_DROP=dropout_mask is not None,
                  HAS_EK=edge_key is not None, HAS_EV=edge_value is not None,
                  HAS_DALPHA=dalpha is not None)
     ek, ev = _or(edge_key, q), _or(edge_value, v)  # placeholders when absent
@@ -675,7 +678,7 @@ def _backward(dout: Tensor, dalpha: Tensor | None, q: Tensor, k: Tensor, v: Tens
         (q, k, v, _or(bias, q), _or(att, q), _or(dropout_mask, q), ek, ev, out32, dout, lse,
          _or(dalpha, lse)),
         (dq, _or(dbias, lse), _or(datt_rows, lse), _or(dedge_key, lse),
-         _or(dedge_value, lse), delta, scale, negative_slope),
+         _or(dedge_value, lse), delta, scale, negative_slope, softcap),
         NEED_DBIAS=need_dbias, NEED_DATT=need_datt, NEED_DEK=need_dedge_key,
         NEED_DEV=need_dedge_value, EV_IS_EK=value_is_key, **flags)
     if n_src > 0:
@@ -685,7 +688,7 @@ def _backward(dout: Tensor, dalpha: Tensor | None, q: Tensor, k: Tensor, v: Tens
             "backward_source_kernel", csc, cfg, heads,
             (q, k, v, _or(bias, q), _or(att, q), _or(dropout_mask, q), ek, ev, dout, lse,
              delta, _or(dalpha, lse)),
-            (dk, dv, scale, negative_slope), **flags)
+            (dk, dv, scale, negative_slope, softcap), **flags)
     datt = datt_rows.sum(dim=0).to(att.dtype) if need_datt else None  # (H, C)
     return dq, dk, dv, datt, dbias, dedge_key, dedge_value
 
@@ -702,21 +705,22 @@ class FusedEdgeAttention(torch.autograd.Function):
     def forward(q: Tensor, k: Tensor, v: Tensor, att: Tensor | None, bias: Tensor | None,
                 dropout_mask: Tensor | None, edge_index: Tensor, scale: float,
                 negative_slope: float, score: str, need_alpha: bool,
-                edge_key: Tensor | None, edge_value: Tensor | None,
+                edge_key: Tensor | None, edge_value: Tensor | None, softcap: float = 0.0,
                 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
         out32, alpha, lse, csr = _forward(q, k, v, att, bias, dropout_mask, edge_index, scale,
                                           negative_slope, score, need_alpha, edge_key,
-                                          edge_value)
+                                          edge_value, softcap)
         return out32, alpha, lse, csr.ptr, csr.other, csr.edge_id, csr.order
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
         (q, k, v, att, bias, dropout_mask, edge_index, scale, negative_slope, score, need_alpha,
-         edge_key, edge_value) = inputs
+         edge_key, edge_value, *softcap) = inputs
         out32, alpha, lse, rowptr, col, eid, order = output
         ctx.save_for_backward(q, k, v, att, bias, dropout_mask, edge_index, out32, lse, rowptr,
                               col, eid, order, edge_key, edge_value)
         ctx.options = (scale, negative_slope, score)
+        ctx.softcap = softcap[0] if softcap else 0.0
         ctx.value_is_key = edge_key is not None and edge_value is edge_key
         ctx.set_materialize_grads(False)
         ctx.mark_non_differentiable(lse, rowptr, col, eid, order)
@@ -736,9 +740,10 @@ class FusedEdgeAttention(torch.autograd.Function):
                 dout, dalpha, q, k, v, edge_index, scale=scale, bias=bias,
                 dropout_mask=mask_tensor(dropout_mask, edge_index.size(1), v.size(1)),
                 score=score, negative_slope=negative_slope,
-                att=att, edge_key=edge_key, edge_value=edge_value, needs_grad=needs)
+                att=att, edge_key=edge_key, edge_value=edge_value, needs_grad=needs,
+                softcap=ctx.softcap or None)
             return (dq, dk, dv, datt, dbias, None, None, None, None, None, None, dedge_key,
-                    dedge_value)
+                    dedge_value, None)
         dout = torch.zeros_like(out32) if dout is None else dout.contiguous()
         dalpha = dalpha.contiguous() if dalpha is not None else None
         need_dedge_key = edge_key is not None and ctx.needs_input_grad[11]
@@ -749,9 +754,9 @@ class FusedEdgeAttention(torch.autograd.Function):
             need_datt=att is not None and ctx.needs_input_grad[3], edge_key=edge_key,
             edge_value=edge_value, need_dedge_key=need_dedge_key,
             need_dedge_value=edge_value is not None and ctx.needs_input_grad[12],
-            value_is_key=ctx.value_is_key and need_dedge_key)
+            value_is_key=ctx.value_is_key and need_dedge_key, softcap=ctx.softcap)
         return (dq, dk, dv, datt, dbias, None, None, None, None, None, None, dedge_key,
-                dedge_value)
+                dedge_value, None)
 
 
 # The same passes as torch operators, which torch.compile calls as single opaque nodes (with
@@ -765,15 +770,15 @@ def _forward_op(q: Tensor, k: Tensor, v: Tensor, att: Tensor | None, bias: Tenso
                 dropout_mask: Tensor | None, edge_index: Tensor, scale: float,
                 negative_slope: float, score: str, need_alpha: bool,
                 edge_key: Tensor | None = None, edge_value: Tensor | None = None,
-                ) -> tuple[Tensor, Tensor, Tensor]:
+                softcap: float = 0.0) -> tuple[Tensor, Tensor, Tensor]:
     """out (fp32), alpha and lse; see :func:`_forward`."""
     return _forward(q, k, v, att, bias, dropout_mask, edge_index, scale, negative_slope, score,
-                    need_alpha, edge_key, edge_value, cached=False)[:3]
+                    need_alpha, edge_key, edge_value, softcap, cached=False)[:3]
 
 
 @_forward_op.register_fake
 def _forward_fake(q, k, v, att, bias, dropout_mask, edge_index, scale, negative_slope, score,
-                  need_alpha, edge_key=None, edge_value=None):
+                  need_alpha, edge_key=None, edge_value=None, softcap=0.0):
     n_dst, heads, channels = q.size(0), v.size(1), v.size(2)
     return (v.new_empty(n_dst, heads, channels, dtype=torch.float32),
             v.new_empty(edge_index.size(1) if need_alpha else 0, heads,
@@ -788,7 +793,7 @@ def _backward_op(dout: Tensor, dalpha: Tensor | None, q: Tensor, k: Tensor, v: T
                  negative_slope: float, score: str, need_dbias: bool, need_datt: bool,
                  edge_key: Tensor | None = None, edge_value: Tensor | None = None,
                  need_dedge_key: bool = False, need_dedge_value: bool = False,
-                 value_is_key: bool = False,
+                 value_is_key: bool = False, softcap: float = 0.0,
                  ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """dq, dk, dv, d att, d bias, d edge_key and d edge_value (the last four empty when not
     asked for; d edge_value also with ``value_is_key``); see :func:`_backward`."""
@@ -798,7 +803,7 @@ def _backward_op(dout: Tensor, dalpha: Tensor | None, q: Tensor, k: Tensor, v: T
                       csr, scale, negative_slope, score, need_dbias, need_datt,
                       edge_key=edge_key, edge_value=edge_value, need_dedge_key=need_dedge_key,
                       need_dedge_value=need_dedge_value, value_is_key=value_is_key,
-                      cached=False)
+                      cached=False, softcap=softcap)
     return tuple(q.new_empty(0) if g is None else g for g in grads)
 
 
@@ -806,7 +811,7 @@ def _backward_op(dout: Tensor, dalpha: Tensor | None, q: Tensor, k: Tensor, v: T
 def _backward_fake(dout, dalpha, q, k, v, att, bias, dropout_mask, edge_index, out32, lse,
                    scale, negative_slope, score, need_dbias, need_datt, edge_key=None,
                    edge_value=None, need_dedge_key=False, need_dedge_value=False,
-                   value_is_key=False):
+                   value_is_key=False, softcap=0.0):
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
             torch.empty_like(att) if need_datt else q.new_empty(0),
             torch.empty_like(bias) if need_dbias else q.new_empty(0),
@@ -817,11 +822,12 @@ def _backward_fake(dout, dalpha, q, k, v, att, bias, dropout_mask, edge_index, o
 
 def _setup_context(ctx, inputs, output) -> None:
     (q, k, v, att, bias, dropout_mask, edge_index, scale, negative_slope, score, need_alpha,
-     edge_key, edge_value) = inputs
+     edge_key, edge_value, softcap) = inputs
     out32, alpha, lse = output
     ctx.save_for_backward(q, k, v, att, bias, dropout_mask, edge_index, out32, lse, edge_key,
                           edge_value)
     ctx.options = (scale, negative_slope, score)
+    ctx.softcap = softcap
     ctx.value_is_key = edge_key is not None and edge_value is edge_key
     ctx.set_materialize_grads(False)
     ctx.mark_non_differentiable(lse)
@@ -842,10 +848,10 @@ def _op_grads(ctx, dout: Tensor | None, dalpha: Tensor | None, _dlse) -> tuple:
     dq, dk, dv, datt, dbias, dedge_key, dedge_value = _backward_op(
         dout, dalpha, q, k, v, att, bias, dropout_mask, edge_index, out32, lse, *ctx.options,
         need_dbias, need_datt, edge_key, edge_value, need_dedge_key, need_dedge_value,
-        value_is_key)
+        value_is_key, ctx.softcap)
     return (dq, dk, dv, datt if need_datt else None, dbias if need_dbias else None,
             None, None, None, None, None, None, dedge_key if need_dedge_key else None,
-            dedge_value if need_dedge_value and not value_is_key else None)
+            dedge_value if need_dedge_value and not value_is_key else None, None)
 
 
 _forward_op.register_autograd(_op_grads, setup_context=_setup_context)
@@ -882,7 +888,8 @@ def triton_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *
                           scale: float, bias: Tensor | None, dropout_mask: Tensor | None,
                           score: str, negative_slope: float, need_alpha: bool,
                           att: Tensor | None = None, edge_key: Tensor | None = None,
-                          edge_value: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+                          edge_value: Tensor | None = None,
+                          softcap: float | None = None) -> tuple[Tensor, Tensor | None]:
     r"""The ``"triton"`` backend of :func:`~graphattn.functional.edge_attention`: fused kernels.
 
     Computes exactly what :func:`~graphattn.functional.attention.reference_edge_attention`
@@ -896,9 +903,10 @@ def triton_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *
     :math:`\text{scale} \cdot \mathrm{LeakyReLU}(q_i + k_j + b_e)` (``"additive"``) or
     :math:`\text{scale} \cdot a^\top \mathrm{LeakyReLU}(q_i + k_j + \mathrm{ek}_e) + b_e`
     (``"gatv2"``), :math:`d_e` the dropout multiplier and the per-edge terms
-    :math:`\mathrm{ek}_e`, :math:`\mathrm{ev}_e` 0 when not given, with online softmax over
-    CSR rows (see the module docstring). Statistics are fp32 whatever the input dtype (fp32,
-    fp16, bf16); out has the dtype of ``v``. Gradients flow to q, k, v, bias, att, edge_key,
+    :math:`\mathrm{ek}_e`, :math:`\mathrm{ev}_e` 0 when not given (with ``softcap`` :math:`c`,
+    the dot and gatv2 scores before their bias become :math:`c \tanh(s / c)`), with online
+    softmax over CSR rows (see the module docstring). Statistics are fp32 whatever the input
+    dtype (fp32, fp16, bf16); out has the dtype of ``v``. Gradients flow to q, k, v, bias, att, edge_key,
     edge_value and through the returned alpha; they are deterministic (no atomics). No
     ``[E, H, C]`` tensor is made but the gradients of edge_key and edge_value; one tensor
     given as both terms (``edge_value is edge_key``, TransformerConv's edge features) gets one
@@ -932,6 +940,9 @@ def triton_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *
             ``edge_index`` order; ``"dot"`` and ``"gatv2"`` only. (default: ``None``)
         edge_value (Tensor, optional): ``[E, H, C_v]`` added to the value of each edge, in
             ``edge_index`` order. (default: ``None``)
+        softcap (float, optional): the cap of the dot and gatv2 scores, checked by the caller;
+            the block-sparse kernels (:func:`launch_tiles` with ``block_sparse``) take none, and
+            give way to the row kernels. (default: ``None``)
 
     Shapes:
         - **input:** q ``(N_dst, H, C)``, k ``(N_src, H, C)``, v ``(N_src, H, C_v)``,
@@ -954,8 +965,9 @@ def triton_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *
     if value_is_key:  # still one tensor: read once, one gradient buffer for both roles
         edge_value = edge_key
     block = _TILES.get("block_sparse")
-    if block is not None and use_blocks(q, k, v, score=score, edge_key=edge_key,
-                                        edge_value=edge_value):
+    if block is not None and softcap is None and use_blocks(q, k, v, score=score,
+                                                            edge_key=edge_key,
+                                                            edge_value=edge_value):
         if torch.compiler.is_compiling():
             out32, alpha, _ = _block_forward_op(q, k, v, bias, dropout_mask, edge_index, scale,
                                                 block, need_alpha)
@@ -972,7 +984,7 @@ def triton_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *
                                              scale, need_alpha)
             return out.to(v.dtype), (alpha if need_alpha else None)
     inputs = (q, k, v, att, bias, dropout_mask, edge_index, scale, negative_slope, score,
-              need_alpha, edge_key, edge_value)
+              need_alpha, edge_key, edge_value, 0.0 if softcap is None else softcap)
     if torch.compiler.is_compiling():
         out, alpha, _ = _forward_op(*inputs)  # out in fp32, for backward
     elif needs_grad(q, k, v, att, bias, edge_key, edge_value):

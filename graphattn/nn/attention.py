@@ -30,7 +30,9 @@ from graphattn.functional import cpu
 from graphattn.functional._transforms import host_readable
 from graphattn.functional.attention import (
     BACKENDS,
+    DENSE_REFUSES_SOFTCAP,
     SCORES,
+    check_softcap,
     dense_attention,
     edge_attention_unchecked,
 )
@@ -462,6 +464,9 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         scale (float, optional): the score multiplier in place of :math:`1/\sqrt{C}` for the
             dot score (and of 1 for the others), as ``edge_attention``'s ``scale`` (Gemma's
             :math:`1/\sqrt{s}` for a ``query_pre_attn_scalar`` s). (default: ``None``)
+        softcap (float, optional): :math:`c > 0`: each dot or gatv2 score before its bias
+            becomes :math:`c \tanh(s / c)`, as ``edge_attention``'s ``softcap`` (Gemma 2's
+            ``attn_logit_softcapping``, 50). Not with ``backend="dense"``. (default: ``None``)
 
     Shapes:
         - **input:** x ``(|V|, F)`` or ``((|V_src|, F_src), (|V_dst|, F_dst))`` (or
@@ -503,7 +508,7 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
                  edge_mode: str = "bias", beta: bool = False, share_value: bool = False,
                  out_bias: bool = False, rotary: RotaryPE | None = None,
                  kv_heads: int | None = None, qk_norm: str | None = None,
-                 scale: float | None = None) -> None:
+                 scale: float | None = None, softcap: float | None = None) -> None:
         if attention not in SCORES:
             raise ValueError(f"attention must be one of {SCORES}, got {attention!r}")
         add_self_loops, share_weights, share_value, out_bias = (
@@ -586,6 +591,11 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             raise ValueError(f"rotary needs the dot score, where rotated queries and keys "
                              f"score by their relative position; got attention={attention!r}")
         self.rotary = _check_rotary(rotary, self.out_channels)
+        if softcap is not None:
+            softcap = check_softcap(softcap, attention, score_name="attention")
+            if backend == "dense":
+                raise ValueError(DENSE_REFUSES_SOFTCAP)
+        self.softcap = softcap
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -714,7 +724,7 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
                                           backend=self.backend, score=self.attention,
                                           negative_slope=self.negative_slope, att=self.att,
                                           edge_key=edge_key, edge_value=edge_value,
-                                          edge_weight=edge_weight)
+                                          edge_weight=edge_weight, softcap=self.softcap)
         if hooks:
             self._call_message_hooks(edge_index, result[1])
             result = result if return_attention_weights else result[0]
@@ -893,6 +903,8 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             extra += ", out_bias=True"
         if self.rotary is not None:
             extra += f", rotary={self.rotary!r}"
+        if self.softcap is not None:
+            extra += f", softcap={self.softcap:g}"
         if self.edge_dim is not None:
             extra += f", edge_dim={self.edge_dim}"
             extra += "" if self.edge_mode == "bias" else f", edge_mode={self.edge_mode!r}"
