@@ -906,10 +906,10 @@ def triton_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *
     :math:`\mathrm{ek}_e`, :math:`\mathrm{ev}_e` 0 when not given (with ``softcap`` :math:`c`,
     the dot and gatv2 scores before their bias become :math:`c \tanh(s / c)`), with online
     softmax over CSR rows (see the module docstring). Statistics are fp32 whatever the input
-    dtype (fp32, fp16, bf16); out has the dtype of ``v``. Gradients flow to q, k, v, bias, att, edge_key,
-    edge_value and through the returned alpha; they are deterministic (no atomics). No
-    ``[E, H, C]`` tensor is made but the gradients of edge_key and edge_value; one tensor
-    given as both terms (``edge_value is edge_key``, TransformerConv's edge features) gets one
+    dtype (fp32, fp16, bf16); out has the dtype of ``v``. Gradients flow to q, k, v, bias, att,
+    edge_key, edge_value and through the returned alpha; they are deterministic (no atomics). No
+    ``[E, H, C]`` tensor is made but the gradients of edge_key and edge_value; one tensor given
+    as both terms (``edge_value is edge_key``, TransformerConv's edge features) gets one
     gradient buffer, the sum of both roles. Gradients of gradients (``create_graph=True``) are
     the reference backend's, recomputed with its ``[E, H, C]`` tensors.
 
