@@ -485,7 +485,7 @@ def hf_attention(family: str, kv_heads: int, layer_idx: int = 0, **config):
     import transformers
 
     prefix = {"llama": "Llama", "qwen2": "Qwen2", "mistral": "Mistral", "qwen3": "Qwen3",
-              "gemma3": "Gemma3", "phi3": "Phi3"}[family]
+              "gemma2": "Gemma2", "gemma3": "Gemma3", "phi3": "Phi3"}[family]
     config = getattr(transformers, f"{prefix}TextConfig" if family == "gemma3"
                      else f"{prefix}Config")(
         hidden_size=32, num_attention_heads=4, num_key_value_heads=kv_heads,
@@ -562,8 +562,6 @@ def test_from_llama_on_a_window_is_the_attention_with_a_window_mask():
      ValueError, "o_proj must take heads \\* head_dim = 32 features"),
     (lambda: _replaced(hf_attention("qwen3", 2, head_dim=8)[0], k_norm=torch.nn.LayerNorm(8)),
      NotImplementedError, "k_norm is an RMSNorm over each head's head_dim = 8 channels"),
-    (lambda: hf_attention("gemma3", 2, head_dim=8, attn_logit_softcapping=50.0)[0],
-     NotImplementedError, "without a soft cap on its scores, got attn_logit_softcapping=50"),
 ])
 def test_from_llama_errors(make, error, match):
     from graphattn.nn import from_llama
@@ -622,6 +620,37 @@ def test_from_llama_converts_gemma3(layer_idx, dense):
         (10000.0, True) if layer_idx == 0 else (1e6, False))
     check_causal(attention, rotary, layer, dense, length=14, seed=25)
     assert_close(layer.k_norm.weight.grad, attention.k_norm.weight.grad)
+
+
+GEMMA2 = dict(head_dim=8, query_pre_attn_scalar=24, attn_logit_softcapping=0.5,
+              num_hidden_layers=2, sliding_window=4,
+              layer_types=["sliding_attention", "full_attention"])
+
+
+@pytest.mark.parametrize("backend", ["cpu", "reference"])
+def test_from_llama_converts_gemma2_soft_cap(backend):
+    # Gemma 2 caps its scores at c tanh(s / c), after the scale and before the mask: here
+    # c = 0.5, small enough that the cap changes the output (checked below; its models use 50)
+    from graphattn.nn import from_llama
+
+    attention, rotary = hf_attention("gemma2", 2, **GEMMA2)
+    layer = from_llama(attention, backend=backend)
+    assert layer.softcap == 0.5 and layer.scale == pytest.approx(24 ** -0.5)
+    x, want = check_causal(attention, rotary, layer, False, length=14, seed=26)
+    assert_close(layer.lin_q.weight.grad, attention.q_proj.weight.grad)
+    layer.softcap = None
+    with torch.no_grad():
+        uncapped = layer(x[0], graphs.causal_graph(14), pos=torch.arange(14))
+    assert (uncapped - want[0]).abs().max() > 1e-2
+
+
+def test_from_llama_refuses_a_soft_cap_for_the_dense_layer():
+    from graphattn.nn import from_llama
+
+    attention = hf_attention("gemma2", 2, **GEMMA2)[0]
+    with pytest.raises(NotImplementedError, match="dense=True: DenseSelfAttention has no soft "
+                       "cap.*GraphSelfAttention with softcap=0.5"):
+        from_llama(attention, dense=True)
 
 
 PHI3 = dict(max_position_embeddings=64, original_max_position_embeddings=16, pad_token_id=0,

@@ -378,8 +378,9 @@ def from_llama(attention: Module, *, dense: bool = False,
     base=rope_theta)`` and its key and value heads as ``kv_heads``. Qwen3's and Gemma 3's RMS
     normalisation of each head's queries and keys (``q_norm``, ``k_norm``) comes over as
     ``qk_norm="rms"`` with its gains (Gemma's ``1 + weight``) and epsilon, a score scale
-    other than ``head_dim ** -0.5`` (Gemma 3's ``query_pre_attn_scalar ** -0.5``) as
-    ``scale``, and where the config has one rotary embedding per kind of layer (Gemma 3's
+    other than ``head_dim ** -0.5`` (Gemma's ``query_pre_attn_scalar ** -0.5``) as
+    ``scale``, Gemma 2's soft cap of the scores (``attn_logit_softcapping``) as ``softcap``,
+    and where the config has one rotary embedding per kind of layer (Gemma 3's
     local and global layers) the one of the attention's ``layer_type``. Where ``o_proj`` maps
     the ``heads * head_dim`` channels to another width (Qwen3-0.6B: 16 heads of 128 in a model
     of width 1024), ``lin_out`` is that ``Linear`` and the layer's output has that width.
@@ -393,7 +394,7 @@ def from_llama(attention: Module, *, dense: bool = False,
     and on any other graph over the L positions (a causal window, global tokens) the same
     attention restricted to the graph's edges, at the cost of the edges. A model's sliding
     window of w tokens (``attention.sliding_window``: Mistral's, and the local layers of
-    Qwen2, Qwen3 and Gemma 3) is ``graphs.window_graph(L, w - 1, causal=True)``: Hugging
+    Qwen2, Qwen3, Gemma 2 and Gemma 3) is ``graphs.window_graph(L, w - 1, causal=True)``: Hugging
     Face's mask keeps the keys :math:`i - w < j \le i`. No self-loops are added. The dense
     layer takes ``x [B, L, D]`` with ``is_causal=True`` (``pos`` defaults to ``0 .. L-1``).
 
@@ -411,12 +412,13 @@ def from_llama(attention: Module, *, dense: bool = False,
             computes each call's frequencies from its largest position where ``transformers``
             keeps those of the longest sequence seen until a short one resets them), as
             ``transformers``' ``LlamaAttention`` (and ``MistralAttention``,
-            ``Qwen2Attention``, ``Qwen3Attention``, ``Gemma3Attention``, and
-            ``Phi3Attention`` with its ``qkv_proj``) have.
+            ``Qwen2Attention``, ``Qwen3Attention``, ``Gemma2Attention``,
+            ``Gemma3Attention``, and ``Phi3Attention`` with its ``qkv_proj``) have.
             ``q_norm`` and ``k_norm``, where it has them, must be RMSNorms over each head's
             channels (a ``weight`` and ``variance_epsilon`` or ``eps``, told apart from
             Gemma's form by running them); a soft cap on the scores
-            (``attn_logit_softcapping``, Gemma 2's) is refused by name.
+            (``attn_logit_softcapping``, Gemma 2's) becomes ``softcap``, which
+            ``DenseSelfAttention`` has not: with ``dense=True`` it is refused by name.
         dense (bool, optional): return a ``DenseSelfAttention``. (default: ``False``)
         backend (str, optional): the ``GraphSelfAttention``'s ``backend``.
             (default: ``"auto"``)
@@ -452,10 +454,12 @@ def from_llama(attention: Module, *, dense: bool = False,
     rope_args = _rope_arguments(config, rope, rope_type, layer_type)
     scaling = float(getattr(attention, "scaling", head_dim ** -0.5))
     scale = None if math.isclose(scaling, head_dim ** -0.5, rel_tol=1e-12) else scaling
-    if getattr(attention, "attn_logit_softcapping", None) is not None:
-        raise NotImplementedError(f"from_llama converts attention without a soft cap on its "
-                                  f"scores, got attn_logit_softcapping="
-                                  f"{attention.attn_logit_softcapping}")
+    softcap = getattr(attention, "attn_logit_softcapping", None)
+    if softcap is not None and dense:
+        raise NotImplementedError(f"dense=True: DenseSelfAttention has no soft cap of its "
+                                  f"scores, which this attention has (attn_logit_softcapping="
+                                  f"{softcap}); convert it with dense=False, to a "
+                                  f"GraphSelfAttention with softcap={softcap}")
     if o_proj.in_features != heads * head_dim:
         raise ValueError(f"o_proj must take heads * head_dim = {heads * head_dim} features, "
                          f"got o_proj {o_proj.in_features} -> {o_proj.out_features}")
@@ -475,7 +479,8 @@ def from_llama(attention: Module, *, dense: bool = False,
     else:
         layer = GraphSelfAttention(hidden, head_dim, heads, dropout=dropout, bias=bias,
                                    add_self_loops=False, backend=backend, rotary=rotary,
-                                   kv_heads=kv_heads, qk_norm=qk_norm, scale=scale)
+                                   kv_heads=kv_heads, qk_norm=qk_norm, scale=scale,
+                                   softcap=softcap)
     if o_proj.out_features != heads * head_dim:  # e.g. Qwen3-0.6B: 16 x 128 -> 1024
         layer.lin_out = torch.nn.Linear(heads * head_dim, o_proj.out_features, bias=bias)
     layer = layer.to(device=o_proj.weight.device, dtype=o_proj.weight.dtype)
