@@ -180,7 +180,7 @@ class CharModel(torch.nn.Module):
 
     def __init__(self, vocab_size: int, graph: str, positions: Tensor, *,
                  hidden: int, heads: int, layers: int, dropout: float,
-                 qk_norm: str | None = None) -> None:
+                 qk_norm: str | None = None, softcap: float | None = None) -> None:
         super().__init__()
         self.vocab_size, self.graph, self.heads = vocab_size, graph, heads
         self.relative = relative_part(graph)
@@ -193,7 +193,7 @@ class CharModel(torch.nn.Module):
                                      add_self_loops=self.relative is None,
                                      rotary=(pe.RotaryPE(hidden // heads)
                                              if self.relative == "rope" else None),
-                                     qk_norm=qk_norm)
+                                     qk_norm=qk_norm, softcap=softcap)
         self.t5 = (pe.RelativePositionBias(heads, 32, 128, bidirectional=False)
                    if self.relative == "t5" else None)
         self._batch_graphs: dict[tuple[int, int], tuple[Tensor, Tensor | None]] = {}
@@ -517,6 +517,8 @@ def check_training_args(parser: argparse.ArgumentParser, args: argparse.Namespac
         parser.error(f"--dropout must be in [0, 1), got {args.dropout}")
     if not args.lr > 0:
         parser.error(f"--lr must be > 0, got {args.lr}")
+    if args.softcap is not None and not 0 < args.softcap < float("inf"):
+        parser.error(f"--softcap must be a positive number, got {args.softcap}")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -537,6 +539,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dropout", type=float, default=0.0)
     parser.add_argument("--qk-norm", choices=["rms", "layer"], default=None,
                         help="normalise each head's queries and keys (QK-norm)")
+    parser.add_argument("--softcap", type=float, default=None,
+                        help="soft-cap every attention score before its bias at "
+                             "c tanh(s / c), as Gemma 2 does (c > 0)")
     parser.add_argument("--pe", type=positive_int, default=16,
                         help="columns of the sinusoidal position encoding (even)")
     parser.add_argument("--extrapolate", type=positive_int, default=4,
@@ -605,7 +610,7 @@ def main(argv: list[str] | None = None) -> dict:
         torch.manual_seed(args.seed)
         model = CharModel(len(corpus.vocab), name, positions, hidden=args.hidden,
                           heads=args.heads, layers=args.layers, dropout=args.dropout,
-                          qk_norm=args.qk_norm).to(args.device)
+                          qk_norm=args.qk_norm, softcap=args.softcap).to(args.device)
         result = train(model, corpus, val, steps=args.steps, batch_size=args.batch_size,
                        length=L, lr=args.lr, eval_every=args.eval_every, seed=args.seed,
                        desc=name, progress=not args.no_progress)

@@ -563,13 +563,15 @@ def test_default_mode_drops_the_given_loops_where_a_masked_edge_would_show(defau
 
 
 def _assert_operator_matches_reference(out, alpha, leaves, reference_inputs, *, bias, mask,
-                                       score, att, edge_key=None, edge_value=None):
+                                       score, att, edge_key=None, edge_value=None,
+                                       softcap=None):
     """out, alpha and the gradients of ``leaves`` through them against the reference backend
     on ``reference_inputs`` (q, k, v, edge_index; scale 0.5, slope 0.2)."""
     grads = torch.autograd.grad((out * out).sum() + (alpha * alpha).sum(), leaves)
     expected_out, expected_alpha = reference_edge_attention(
         *reference_inputs, scale=0.5, bias=bias, dropout_mask=mask, score=score,
-        negative_slope=0.2, need_alpha=True, att=att, edge_key=edge_key, edge_value=edge_value)
+        negative_slope=0.2, need_alpha=True, att=att, edge_key=edge_key, edge_value=edge_value,
+        softcap=softcap)
     expected = torch.autograd.grad((expected_out * expected_out).sum()
                                    + (expected_alpha * expected_alpha).sum(), leaves)
     assert_close(out, expected_out)
@@ -615,7 +617,7 @@ def test_cpu_operators_pass_opcheck_and_match_the_reference(score, with_bias, wi
     """torch's own checks of the operators (schema, fake shapes, autograd registration), and
     the gradients the operators' autograd gives in eager against the reference backend, with
     and without the per-edge key and value terms ("key=value": one tensor as both, passed once
-    with ``value_is_key``)."""
+    with ``value_is_key``); with a bias, the dot and gatv2 scores soft-capped at 1.5."""
     torch.manual_seed(0)
     N, H, C, E = 7, 2, 4, 24
     edge_index = random_graph(N, E, seed=5)
@@ -630,7 +632,8 @@ def test_cpu_operators_pass_opcheck_and_match_the_reference(score, with_bias, wi
     edge_value = torch.randn(E, H, C) if "value" in terms and not value_is_key else None
     leaves = [t.requires_grad_() for t in (q, k, v, att, bias, edge_key, edge_value)
               if t is not None]
-    args = (q, k, v, att, bias, mask, edge_key, edge_value, edge_index, 0.5, 0.2,
+    softcap = 1.5 if with_bias and not additive else 0.0  # (0: no cap)
+    args = (q, k, v, att, bias, mask, edge_key, edge_value, edge_index, 0.5, 0.2, softcap,
             cpu.SCORE_KINDS[score], True, value_is_key)
     torch.library.opcheck(cpu._forward_op, args)
 
@@ -639,7 +642,8 @@ def test_cpu_operators_pass_opcheck_and_match_the_reference(score, with_bias, wi
     _assert_operator_matches_reference(out, alpha, leaves, (squeeze(q), squeeze(k), v, edge_index),
                                        bias=bias, mask=mask, score=score, att=att,
                                        edge_key=edge_key,
-                                       edge_value=edge_key if value_is_key else edge_value)
+                                       edge_value=edge_key if value_is_key else edge_value,
+                                       softcap=softcap or None)
 
     saved = cpu._forward_impl(*(t.detach() if isinstance(t, torch.Tensor) else t for t in args))
     out, _, lse, rowptr, perm, src = saved
@@ -647,7 +651,7 @@ def test_cpu_operators_pass_opcheck_and_match_the_reference(score, with_bias, wi
         torch.randn_like(out), torch.randn(E, H), q.detach(), k.detach(), v.detach(),
         *(None if t is None else t.detach() for t in (att, bias)), mask,
         *(None if t is None else t.detach() for t in (edge_key, edge_value)), out, lse, rowptr,
-        perm, src, 0.5, 0.2, cpu.SCORE_KINDS[score], True, value_is_key))
+        perm, src, 0.5, 0.2, softcap, cpu.SCORE_KINDS[score], True, value_is_key))
 
 
 @pytest.mark.parametrize("fn", ["edge_attention", "dense_attention"])

@@ -216,6 +216,14 @@ def test_qk_norm_reaches_every_block(example, corpus):
     assert example["parse_args"]([]).qk_norm is None
 
 
+def test_softcap_reaches_every_block(example, corpus):
+    model = example["CharModel"](len(corpus.vocab), "window4+rope", torch.randn(8, 4),
+                                 hidden=16, heads=2, layers=2, dropout=0.0, softcap=5.0)
+    assert [attn.softcap for attn in model.body.attns] == [5.0, 5.0]
+    assert example["parse_args"](["--softcap", "5"]).softcap == 5.0
+    assert example["parse_args"]([]).softcap is None
+
+
 def test_short_training_learns_and_reports(example, corpus, capsys):
     out = example["main"](["--graphs", "window4+alibi,window0", "--steps", "200",
                            "--eval-every", "100", "--extrapolate", "2", "--no-plot", *SMALL])
@@ -271,6 +279,8 @@ def test_figure_is_written(example, tmp_path, capsys):
                                                                 "--extrapolate"),
     (["--device", "mps"], "--device mps is not usable here"),
     (["--qk-norm", "l2"], "--qk-norm"),
+    (["--softcap", "0"], "--softcap must be a positive number, got 0.0"),
+    (["--softcap", "inf"], "--softcap must be a positive number, got inf"),
 ])
 def test_bad_arguments_are_refused_by_name(example, argv, name, capsys):
     with pytest.raises(SystemExit):

@@ -277,6 +277,8 @@ class GraphTransformer(torch.nn.Module):
         qk_norm (str, optional): ``"rms"`` or ``"layer"``: every attention layer normalises
             each head's queries and keys over their channels (QK-norm; see
             :class:`GraphSelfAttention`). (default: ``None``)
+        softcap (float, optional): every attention layer soft-caps its dot or gatv2 scores
+            at :math:`c \tanh(s / c)` (see :class:`GraphSelfAttention`). (default: ``None``)
 
     ``forward(..., attn_bias=)`` takes an ``[|E|, H]`` score bias that every block adds to its
     attention scores, shared by the blocks as Graphormer shares its spatial encoding: a
@@ -302,7 +304,8 @@ class GraphTransformer(torch.nn.Module):
                  ffn_ratio: int = 2, attention: str = "dot", backend: str = "auto",
                  edge_dim: int | None = None, edge_mode: str = "bias",
                  add_self_loops: bool = True, rotary: RotaryPE | None = None,
-                 kv_heads: int | None = None, qk_norm: str | None = None) -> None:
+                 kv_heads: int | None = None, qk_norm: str | None = None,
+                 softcap: float | None = None) -> None:
         super().__init__()
         _check_single_input(in_channels, "GraphTransformer")
         in_channels = check_in_channels(in_channels)
@@ -331,7 +334,8 @@ class GraphTransformer(torch.nn.Module):
             GraphSelfAttention(D, D // heads, heads, dropout=attention_dropout,
                                attention=attention, backend=backend, edge_dim=edge_dim,
                                edge_mode=edge_mode, add_self_loops=add_self_loops,
-                               rotary=rotary, kv_heads=kv_heads, qk_norm=qk_norm)
+                               rotary=rotary, kv_heads=kv_heads, qk_norm=qk_norm,
+                               softcap=softcap)
             for _ in range(num_layers))
         self.ffn_norms = torch.nn.ModuleList(LayerNorm(D) for _ in range(num_layers))
         self.ffns = torch.nn.ModuleList(
