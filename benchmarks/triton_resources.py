@@ -118,7 +118,8 @@ def compile_kernels(heads: int, channels: int, score: str, dtype: str, *, featur
         cfg = tk.launch_config(heads, channels, score_channels)
     edge_key = features and score != "additive"  # keys with channels
     constants = dict(H=heads, C=channels, CK=score_channels, SCORE=tk.SCORE_KINDS[score],
-                     HAS_CAP=edge_key, HAS_BIAS=features, HAS_DROP=features, HAS_EK=edge_key, HAS_EV=features,
+                     HAS_CAP=edge_key, HAS_BIAS=features, HAS_DROP=features, HAS_EK=edge_key,
+                     HAS_EV=features,
                      NEED_SCORES=features, HAS_DALPHA=features, NEED_DBIAS=features,
                      NEED_DATT=features and score == "gatv2", NEED_DEK=edge_key,
                      NEED_DEV=features and not one_edge_term, BLOCK_E=cfg.block_e,
