@@ -19,6 +19,7 @@ MODELS = {
     "layer-dense": lambda: GraphSelfAttention(8, 4, heads=2, backend="dense"),
     "layer-cpu-gatv2": lambda: GraphSelfAttention(8, 4, heads=2, attention="gatv2",
                                                   backend="cpu"),
+    "layer-softcap": lambda: GraphSelfAttention(8, 4, heads=2, softcap=0.5),
     "GAT": lambda: GAT(8, 3, hidden_channels=4, heads=2),
     "GraphTransformer": lambda: GraphTransformer(8, 8, 3, heads=2),
 }

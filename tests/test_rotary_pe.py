@@ -627,30 +627,23 @@ GEMMA2 = dict(head_dim=8, query_pre_attn_scalar=24, attn_logit_softcapping=0.5,
               layer_types=["sliding_attention", "full_attention"])
 
 
-@pytest.mark.parametrize("backend", ["cpu", "reference"])
+@pytest.mark.parametrize("backend", ["cpu", "reference", "dense"])
 def test_from_llama_converts_gemma2_soft_cap(backend):
     # Gemma 2 caps its scores at c tanh(s / c), after the scale and before the mask: here
     # c = 0.5, small enough that the cap changes the output (checked below; its models use 50)
     from graphattn.nn import from_llama
 
+    dense = backend == "dense"
     attention, rotary = hf_attention("gemma2", 2, **GEMMA2)
-    layer = from_llama(attention, backend=backend)
+    layer = from_llama(attention, dense=dense, backend="auto" if dense else backend)
     assert layer.softcap == 0.5 and layer.scale == pytest.approx(24 ** -0.5)
-    x, want = check_causal(attention, rotary, layer, False, length=14, seed=26)
+    x, want = check_causal(attention, rotary, layer, dense, length=14, seed=26)
     assert_close(layer.lin_q.weight.grad, attention.q_proj.weight.grad)
     layer.softcap = None
     with torch.no_grad():
-        uncapped = layer(x[0], graphs.causal_graph(14), pos=torch.arange(14))
-    assert (uncapped - want[0]).abs().max() > 1e-2
-
-
-def test_from_llama_refuses_a_soft_cap_for_the_dense_layer():
-    from graphattn.nn import from_llama
-
-    attention = hf_attention("gemma2", 2, **GEMMA2)[0]
-    with pytest.raises(NotImplementedError, match="dense=True: DenseSelfAttention has no soft "
-                       "cap.*GraphSelfAttention with softcap=0.5"):
-        from_llama(attention, dense=True)
+        uncapped = (layer(x, is_causal=True) if dense
+                    else layer(x[0], graphs.causal_graph(14), pos=torch.arange(14))[None])
+    assert (uncapped - want).abs().max() > 1e-2
 
 
 PHI3 = dict(max_position_embeddings=64, original_max_position_embeddings=16, pad_token_id=0,

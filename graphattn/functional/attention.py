@@ -751,7 +751,8 @@ def edge_attention_unchecked(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor
 def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = ..., *,
                     is_causal: bool = ..., scale: float | None = ..., dropout_p: float = ...,
                     training: bool = ..., return_attention: Literal[False] = ...,
-                    batch: Tensor | None = ..., attn_bias: Tensor | None = ...) -> Tensor: ...
+                    batch: Tensor | None = ..., attn_bias: Tensor | None = ...,
+                    softcap: float | None = ...) -> Tensor: ...
 
 
 @overload
@@ -759,6 +760,7 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = ..., 
                     is_causal: bool = ..., scale: float | None = ..., dropout_p: float = ...,
                     training: bool = ..., return_attention: Literal[True],
                     batch: Tensor | None = ..., attn_bias: Tensor | None = ...,
+                    softcap: float | None = ...,
                     ) -> tuple[Tensor, Tensor]: ...
 
 
@@ -767,6 +769,7 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = ..., 
                     is_causal: bool = ..., scale: float | None = ..., dropout_p: float = ...,
                     training: bool = ..., return_attention: bool,
                     batch: Tensor | None = ..., attn_bias: Tensor | None = ...,
+                    softcap: float | None = ...,
                     ) -> Tensor | tuple[Tensor, Tensor]: ...
 
 
@@ -774,7 +777,7 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
                     is_causal: bool = False, scale: float | None = None, dropout_p: float = 0.0,
                     training: bool = True, return_attention: bool = False,
                     batch: Tensor | None = None, attn_bias: Tensor | None = None,
-                    ) -> Tensor | tuple[Tensor, Tensor]:
+                    softcap: float | None = None) -> Tensor | tuple[Tensor, Tensor]:
     r"""Multi-head scaled dot-product attention with an optional boolean mask and score bias.
 
     .. math::
@@ -829,6 +832,11 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
             -inf leaves the pair out, as ``mask`` does, and a row of a head left without any
             key gets 0 in that head. ``edge_attention(..., bias=)`` on the same pairs
             computes the same. Not with ``batch``. (default: ``None``)
+        softcap (float, optional): :math:`c > 0`: the scores before ``attn_bias`` and the
+            mask become :math:`c \tanh(\text{scale} \cdot q k^\top / c)`, as
+            ``edge_attention``'s ``softcap`` (Gemma 2's cap). The weights are then explicit,
+            as with ``return_attention`` (SDPA takes no cap). Not with ``batch``.
+            (default: ``None``)
 
     Shapes:
         - **input:** q ``(..., L_q, H, C)``, k ``(..., L_k, H, C)``, v ``(..., L_k, H, C_v)``,
@@ -844,7 +852,7 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
             return dense_attention(q, k, v, mask, is_causal=is_causal, scale=scale,
                                    dropout_p=dropout_p, training=training,
                                    return_attention=return_attention, batch=batch,
-                                   attn_bias=attn_bias)
+                                   attn_bias=attn_bias, softcap=softcap)
     check_tensors(q=q, k=k, v=v)
     check_same_device(q=q, k=k, v=v, mask=mask, attn_bias=attn_bias)
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -868,6 +876,13 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
     check_dropout(dropout_p, "dropout_p")
     if scale is not None:
         scale = score_factor(scale, "scale", q, k, v)
+    if softcap is not None:
+        softcap = check_softcap(softcap, "dot", q, k, v)
+        if batch is not None:
+            raise ValueError("softcap is not taken with batch (per-graph attention runs in "
+                             "scaled_dot_product_attention, which has no soft cap): pad the "
+                             "graphs with to_dense_batch and pass a mask, or use "
+                             "edge_attention on batch_complete_graph")
     L_q, L_k = q.size(-3), k.size(-3)
     if batch is not None:
         return _dense_attention_per_graph(q, k, v, batch, is_causal=is_causal, scale=scale,
@@ -916,8 +931,10 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
     qh, kh, vh = (t.transpose(-3, -2) for t in (q, k, v))  # (..., H, L, C)
 
     weights = None
-    if return_attention:
+    if return_attention or softcap is not None:
         scores = scaled_scores(qh, kh, scale)  # (..., H, L_q, L_k)
+        if softcap is not None:
+            scores = softcap * torch.tanh(scores / softcap)
         if is_causal:
             mask = torch.ones(L_q, L_k, dtype=torch.bool, device=q.device).tril()
         if mask is not None and mask.dtype == torch.bool:

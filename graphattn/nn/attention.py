@@ -1147,6 +1147,9 @@ class DenseSelfAttention(_SelfAttentionBase):
             keys over their channels, as :class:`GraphSelfAttention`'s. (default: ``None``)
         scale (float, optional): the score multiplier in place of :math:`1/\sqrt{C}`.
             (default: ``None``)
+        softcap (float, optional): :math:`c > 0`: each score before ``attn_bias`` and the mask
+            becomes :math:`c \tanh(s / c)`, as :class:`GraphSelfAttention`'s; the weights are
+            then explicit (SDPA takes no cap), and ``batch`` is refused. (default: ``None``)
 
     Shapes:
         - **input:** x ``(L, F)`` or ``(B, L, F)``, mask bool ``(L, L)`` or ``(B, L, L)``,
@@ -1166,7 +1169,8 @@ class DenseSelfAttention(_SelfAttentionBase):
                  out_proj: bool = True, value_dropout: float = 0.0,
                  residual: bool = False, beta: bool = False,
                  rotary: RotaryPE | None = None, kv_heads: int | None = None,
-                 qk_norm: str | None = None, scale: float | None = None) -> None:
+                 qk_norm: str | None = None, scale: float | None = None,
+                 softcap: float | None = None) -> None:
         if isinstance(in_channels, (tuple, list)):
             raise ValueError(f"in_channels must be one integer for DenseSelfAttention (queries, "
                              f"keys and values come from one x), got {in_channels!r}")
@@ -1175,6 +1179,7 @@ class DenseSelfAttention(_SelfAttentionBase):
                          residual=residual, beta=beta, kv_heads=kv_heads, qk_norm=qk_norm,
                          scale=scale)
         self.rotary = _check_rotary(rotary, self.out_channels)
+        self.softcap = None if softcap is None else check_softcap(softcap, "dot")
         self.reset_parameters()
 
     def forward(self, x: Tensor, mask: Tensor | None = None, is_causal: bool = False,
@@ -1232,7 +1237,7 @@ class DenseSelfAttention(_SelfAttentionBase):
                                  dropout_p=self.dropout,
                                  training=self.training,
                                  return_attention=return_attention_weights, batch=batch,
-                                 attn_bias=attn_bias)
+                                 attn_bias=attn_bias, softcap=self.softcap)
         if return_attention_weights:
             out, weights = result
             return self._merge_heads(out, x), weights
@@ -1240,4 +1245,5 @@ class DenseSelfAttention(_SelfAttentionBase):
 
     def __repr__(self) -> str:
         extra = "" if self.rotary is None else f", rotary={self.rotary!r}"
+        extra += "" if self.softcap is None else f", softcap={self.softcap:g}"
         return f"{self.__class__.__name__}({self._repr_args()}{extra})"

@@ -417,8 +417,7 @@ def from_llama(attention: Module, *, dense: bool = False,
             ``q_norm`` and ``k_norm``, where it has them, must be RMSNorms over each head's
             channels (a ``weight`` and ``variance_epsilon`` or ``eps``, told apart from
             Gemma's form by running them); a soft cap on the scores
-            (``attn_logit_softcapping``, Gemma 2's) becomes ``softcap``, which
-            ``DenseSelfAttention`` has not: with ``dense=True`` it is refused by name.
+            (``attn_logit_softcapping``, Gemma 2's) becomes ``softcap``.
         dense (bool, optional): return a ``DenseSelfAttention``. (default: ``False``)
         backend (str, optional): the ``GraphSelfAttention``'s ``backend``.
             (default: ``"auto"``)
@@ -455,11 +454,6 @@ def from_llama(attention: Module, *, dense: bool = False,
     scaling = float(getattr(attention, "scaling", head_dim ** -0.5))
     scale = None if math.isclose(scaling, head_dim ** -0.5, rel_tol=1e-12) else scaling
     softcap = getattr(attention, "attn_logit_softcapping", None)
-    if softcap is not None and dense:
-        raise NotImplementedError(f"dense=True: DenseSelfAttention has no soft cap of its "
-                                  f"scores, which this attention has (attn_logit_softcapping="
-                                  f"{softcap}); convert it with dense=False, to a "
-                                  f"GraphSelfAttention with softcap={softcap}")
     if o_proj.in_features != heads * head_dim:
         raise ValueError(f"o_proj must take heads * head_dim = {heads * head_dim} features, "
                          f"got o_proj {o_proj.in_features} -> {o_proj.out_features}")
@@ -475,7 +469,7 @@ def from_llama(attention: Module, *, dense: bool = False,
     if dense:
         layer = DenseSelfAttention(hidden, head_dim, heads, dropout=dropout, bias=bias,
                                    rotary=rotary, kv_heads=kv_heads, qk_norm=qk_norm,
-                                   scale=scale)
+                                   scale=scale, softcap=softcap)
     else:
         layer = GraphSelfAttention(hidden, head_dim, heads, dropout=dropout, bias=bias,
                                    add_self_loops=False, backend=backend, rotary=rotary,

@@ -230,3 +230,47 @@ def test_triton_operators_pass_opcheck(triton_interpreter):
     torch.library.opcheck(tk._backward_op, (
         torch.randn_like(out), None, *detached, None, edge_index, out.detach(), lse, 0.5, 0.2,
         "gatv2", True, True, None, None, False, False, False, 2.0))
+
+
+def test_dense_attention_takes_the_cap_as_edge_attention_does():
+    """dense_attention(softcap=) with a mask, a bias and a causal mask: the weights explicit,
+    and the same as edge_attention's on the mask's edges."""
+    from graphattn.functional import dense_attention
+
+    B, L, H, C = 2, 10, 2, 4
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(B, L, H, C, generator=gen, dtype=torch.float64) * 2
+               for _ in range(3))
+    mask = (torch.rand(L, L, generator=gen) < 0.5) | torch.eye(L, dtype=torch.bool)
+    bias = torch.randn(H, L, L, generator=gen, dtype=torch.float64)
+    out, weights = dense_attention(q, k, v, mask, attn_bias=bias, softcap=1.5,
+                                   return_attention=True)
+    assert_close(dense_attention(q, k, v, mask, attn_bias=bias, softcap=1.5), out)
+    edge_index = graphs.from_dense_mask(mask)
+    edge_bias = bias[:, edge_index[1], edge_index[0]].T  # (E, H)
+    for b in range(B):
+        want, alpha = edge_attention(q[b], k[b], v[b], edge_index, bias=edge_bias,
+                                     softcap=1.5, return_attention=True)
+        assert_close(out[b], want)
+        assert_close(weights[b][:, edge_index[1], edge_index[0]].T, alpha)
+    causal = dense_attention(q, k, v, is_causal=True, softcap=1.5)
+    want = edge_attention(q[0], k[0], v[0], graphs.causal_graph(L), softcap=1.5)
+    assert_close(causal[0], want)
+    with pytest.raises(ValueError, match="softcap is not taken with batch"):
+        dense_attention(q[0], k[0], v[0], batch=torch.zeros(L, dtype=torch.long), softcap=1.5)
+
+
+def test_dense_layer_takes_a_cap():
+    """DenseSelfAttention(softcap=) is GraphSelfAttention(softcap=) with the same weights on
+    the complete graph."""
+    from graphattn.nn import DenseSelfAttention
+
+    torch.manual_seed(0)
+    dense = DenseSelfAttention(6, 4, heads=2, softcap=0.5)
+    assert repr(dense) == "DenseSelfAttention(6, 4, heads=2, softcap=0.5)"
+    graph = GraphSelfAttention(6, 4, heads=2, softcap=0.5, add_self_loops=False)
+    graph.load_state_dict(dense.state_dict())
+    x = torch.randn(7, 6) * 3
+    assert_close(dense(x), graph(x, graphs.complete_graph(7)))
+    dense.softcap = None
+    assert (dense(x) - graph(x, graphs.complete_graph(7))).abs().max() > 1e-3
