@@ -855,3 +855,29 @@ def test_llama_window_checks_the_routes_agree(monkeypatch):
     args = llama_window.parse_args(["--quick", "--repeats", "1", "--warmup", "0"])
     with pytest.raises(AssertionError, match="hf sdpa differs from graphattn"):
         llama_window.measure(32, args)
+
+
+def test_softcap_benchmark_runs_every_way(tmp_path):
+    """In a process of its own (it sets the torch threads): one warm-up and one timed round
+    of each score and step on a small graph, every way, the ratios against the uncapped cpu
+    call."""
+    import subprocess
+
+    out = tmp_path / "softcap.md"
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "softcap_cpu.py"
+    done = subprocess.run([sys.executable, str(script), "--nodes", "200", "--edges", "2000",
+                           "--rounds", "1", "--warmup", "1", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    with open(out.with_suffix(".csv")) as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["score"], r["step"], r["way"]) for r in rows] == [
+        (score, step, way) for score in ("dot", "gatv2")
+        for step in ("forward", "forward+backward")
+        for way in ("cpu, no cap", "cpu, softcap", "reference, softcap")]
+    for i in range(0, len(rows), 3):
+        base = float(rows[i]["ms"])
+        for row in rows[i:i + 3]:
+            assert float(row["ratio to cpu, no cap"]) == pytest.approx(  # (ms rounded)
+                float(row["ms"]) / base, rel=0.03, abs=0.02)
+    assert "command: `python benchmarks/softcap_cpu.py --nodes 200" in out.read_text()
