@@ -108,17 +108,20 @@ SUM_BLOCK = 128
 CACHE_LINE = 64  # bytes
 
 
-def _jit(inline: str = "never"):
+def _jit(inline: str = "never", error_model: str = "python"):
     """``numba.njit`` with an on-disk cache, or without one when no cache directory is writable.
 
     numba caches next to this file, else in the user's cache directory; when neither can be
     written (a read-only install and no writable home) the kernels compile in each process.
+    ``error_model="numpy"``: a division by zero gives inf or NaN instead of raising, so that
+    a loop that divides has no branch out of it and can vectorise.
     """
     def wrap(fn):
         try:
-            return numba.njit(cache=True, nogil=True, inline=inline)(fn)
+            return numba.njit(cache=True, nogil=True, inline=inline,
+                              error_model=error_model)(fn)
         except RuntimeError:
-            return numba.njit(nogil=True, inline=inline)(fn)
+            return numba.njit(nogil=True, inline=inline, error_model=error_model)(fn)
     return wrap
 
 
@@ -807,12 +810,67 @@ def _gatv2_edge_dot(q, i, k, j, ek, e, att, start, n, slope):
     return s
 
 
-@_jit(inline="always")
-def _capped(s, d_pre, cap):
-    """The soft-capped score ``cap * tanh(s / cap)`` and its ds/d(pre-activation): ``d_pre``
-    times the derivative of the cap, ``1 - tanh^2``."""
-    t = np.tanh(s / cap)
-    return cap * t, d_pre * (1 - t * t)
+# tanhf of the Cephes library: for |x| >= 0.625, (1 - e) / (1 + e) with e = exp(-2 |x|) and the
+# sign of x; below, x + x^3 P(x^2) with a degree-4 polynomial P
+_TANH_POLY = tuple(np.float32(c) for c in (-5.70498872745e-3, 2.06390887954e-2,
+                                           -5.37397155531e-2, 1.33314422036e-1,
+                                           -3.33332819422e-1))
+_TANH_SMALL = np.float32(0.625)
+
+
+def _tanh(x, a, e):
+    """``tanh(x)`` in the kernels from ``a = |x|`` and ``e = exp(-2 a)``: Cephes' arithmetic
+    for float32, ``np.tanh`` for float64."""
+    return np.tanh(x)
+
+
+@overload(_tanh, inline="always")
+def _tanh_overload(x, a, e):
+    if x != types.float32:
+        return lambda x, a, e: np.tanh(x)
+    p0, p1, p2, p3, p4 = _TANH_POLY
+
+    def tanh_float32(x, a, e):
+        # both branches computed and one selected, no call: within 2 ulp of the exact tanh
+        # (tested); NaN for NaN
+        large = (_F32_ONE - e) / (_F32_ONE + e)
+        z = x * x
+        small = ((((p0 * z + p1) * z + p2) * z + p3) * z + p4) * z * x + x
+        signed = -large if x < _F32_ZERO else large
+        return small if a < _TANH_SMALL else signed
+    return tanh_float32
+
+
+@_jit(error_model="numpy")
+def _cap_row(scores, slopes, bias, perm, start, degree, H, cap, has_bias, top, backward):
+    """The soft cap of a target's ``degree`` scores (``[degree, H]`` at the top of ``scores``,
+    before their bias): ``cap * tanh(s / cap)``, then the bias added; for backward
+    ``slopes`` times the derivative of the cap, ``1 - tanh^2``, else the maximum per head
+    into ``top``.
+
+    One loop over all heads computes the tanh with :func:`_exp`'s arithmetic inlined and
+    divisions that cannot raise (``error_model="numpy"``; the divisors are never 0), which
+    vectorises: libm's tanhf, a call per score, or a division that checks for 0, made the
+    capped forward 2x slower than the uncapped one. A function of its own, called once per
+    target: inlined into the inlined :func:`_target_scores`, the nested inlining of
+    :func:`_exp` leaves numba's SSA pass warning ("not in scope").
+    """
+    flat = scores.reshape(-1)
+    grad = slopes.reshape(-1)
+    for t in range(degree * H):
+        x = flat[t] / cap
+        a = np.abs(x)
+        th = _tanh(x, a, _exp(-(a + a)))  # (e in [0, 1]: no overflow)
+        flat[t] = cap * th
+        if backward:
+            grad[t] *= 1 - th * th
+    for p in range(degree):
+        e = perm[start + p]
+        for h in range(H):
+            s = scores[p, h] + bias[e, h] if has_bias else scores[p, h]  # (the scores' dtype)
+            scores[p, h] = s
+            if not backward:
+                top[h] = max(top[h], s)
 
 
 @_jit(inline="always")
@@ -904,7 +962,7 @@ def _target_scores(q, k, att, bias, ek, rowptr, perm, src, i, H, Cq, scale, slop
     """Scores of target i's in-edges (``[degree, H]``, CSR order) into ``scores``, with the rows
     of ``k`` (and ``bias``, ``ek``) prefetched; for backward their ds/d(pre-activation) into
     ``slopes``, else the maximum per head into ``top``. With ``has_cap`` (dot and gatv2) the
-    score before its bias is soft-capped at ``cap``."""
+    score before its bias is soft-capped at ``cap`` (:func:`_cap_row`)."""
     num_edges = src.shape[0]
     start, stop = rowptr[i], rowptr[i + 1]
     for p in range(start, stop):
@@ -923,7 +981,7 @@ def _target_scores(q, k, att, bias, ek, rowptr, perm, src, i, H, Cq, scale, slop
             # pruning of counts misses that pattern), which made the variant that reads its
             # flags at run time several times slower.
             b = bias[e, h] if has_bias else bias[0, 0]  # (bias[0, 0]: unread, as no flag)
-            add_bias = has_bias and not has_cap  # (with a cap, added after the cap below)
+            add_bias = has_bias and not has_cap  # (with a cap, added after it: _cap_row)
             if score == DOT and has_ek:
                 s, d_pre = _score(q, k, att, b, ek, i, j, e, h, Cq, scale, slope, DOT,
                                   add_bias, True)
@@ -939,15 +997,14 @@ def _target_scores(q, k, att, bias, ek, rowptr, perm, src, i, H, Cq, scale, slop
             else:
                 s, d_pre = _score(q, k, att, b, ek, i, j, e, h, Cq, scale, slope, ADDITIVE,
                                   add_bias, False)
-            if has_cap:  # (a constant: see _kernel_flags)
-                s, d_pre = _capped(s, d_pre, cap)
-                if has_bias:
-                    s += b
             scores[p - start, h] = s
             if backward:
                 slopes[p - start, h] = d_pre
-            else:
+            elif not has_cap:
                 top[h] = max(top[h], s)
+    if has_cap:  # (a constant: see _kernel_flags)
+        _cap_row(scores, slopes, bias, perm, start, stop - start, H, cap, has_bias, top,
+                 backward)
 
 
 @_jit(inline="always")

@@ -815,6 +815,29 @@ def test_float32_exp_of_the_kernels_is_within_one_ulp():
     assert apply64.tolist() == np.exp([-1.0, 0.0, 2.0]).tolist()
 
 
+def test_float32_tanh_of_the_soft_cap_is_within_two_ulp():
+    @numba.njit
+    def apply(x, out):
+        for i in range(x.shape[0]):
+            a = np.abs(x[i])
+            out[i] = cpu_module._tanh(x[i], a, cpu_module._exp(-(a + a)))
+
+    x = np.concatenate([np.linspace(-20, 20, 400_001, dtype=np.float32),
+                        np.geomspace(1e-30, 1, 2001, dtype=np.float32)])
+    out = np.empty_like(x)
+    apply(x, out)
+    exact = np.tanh(x.astype(np.float64))
+    ulp = np.spacing(exact.astype(np.float32)).astype(np.float64)
+    assert (np.abs(out - exact) / ulp).max() <= 2.0
+    special = np.array([-np.inf, -100.0, 0.0, -0.0, 100.0, np.inf, np.nan], np.float32)
+    out = np.empty_like(special)
+    apply(special, out)
+    assert out[:6].tolist() == [-1.0, -1.0, 0.0, 0.0, 1.0, 1.0] and np.isnan(out[6])
+    apply64 = np.empty(3)
+    apply(np.array([-1.0, 0.0, 2.0]), apply64)  # float64 goes to np.tanh
+    assert apply64.tolist() == np.tanh([-1.0, 0.0, 2.0]).tolist()
+
+
 def sum_in_eight_lanes(terms: np.ndarray):
     """The kernels' order of summing the ``n`` channel terms of a score: below 8 one running
     sum; else lane l sums channels l, l + 8, l + 16, ... of the first ``8 * (n // 8)``, the lanes
