@@ -537,8 +537,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--heads", type=positive_int, default=4)
     parser.add_argument("--layers", type=positive_int, default=2)
     parser.add_argument("--dropout", type=float, default=0.0)
-    parser.add_argument("--qk-norm", choices=["rms", "layer"], default=None,
-                        help="normalise each head's queries and keys (QK-norm)")
+    parser.add_argument("--qk-norm", default=None,
+                        choices=["rms", "layer", "rms_across_heads", "layer_across_heads"],
+                        help="normalise each head's queries and keys (QK-norm), or all "
+                             "heads' together (_across_heads)")
     parser.add_argument("--softcap", type=float, default=None,
                         help="soft-cap every attention score before its bias at "
                              "c tanh(s / c), as Gemma 2 does (c > 0)")

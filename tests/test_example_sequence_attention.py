@@ -213,6 +213,7 @@ def test_qk_norm_reaches_every_block(example, corpus):
                                  hidden=16, heads=2, layers=2, dropout=0.0, qk_norm="rms")
     assert all(isinstance(attn.q_norm, torch.nn.RMSNorm) for attn in model.body.attns)
     assert example["parse_args"](["--qk-norm", "layer"]).qk_norm == "layer"
+    assert example["parse_args"](["--qk-norm", "rms_across_heads"]).qk_norm == "rms_across_heads"
     assert example["parse_args"]([]).qk_norm is None
 
 

@@ -54,14 +54,18 @@ def llama_pair(heads: int, channels: int, base: float, kv_heads: int | None = No
 
 
 def run_llama(attention, rotary, x: torch.Tensor, position_ids: torch.Tensor,
-              w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """LlamaAttention's output on ``x`` ``[B, L, D]`` with its causal mask, and the gradient of
-    ``(out * w).sum()`` with respect to ``x`` (the rotary embedding of the attention's kind of
-    layer where the model has several, as Gemma 3)."""
+              w: torch.Tensor, mask: torch.Tensor | None = None,
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """LlamaAttention's output on ``x`` ``[B, L, D]`` with ``mask`` (an additive
+    ``[1, 1, L, L]``; by default the causal mask), and the gradient of ``(out * w).sum()``
+    with respect to ``x`` (the rotary embedding of the attention's kind of layer where the
+    model has several, as Gemma 3)."""
     L = x.size(1)
     x = x.clone().requires_grad_(True)
-    mask = torch.full((L, L), float("-inf")).triu(1)[None, None]  # (1, 1, L, L)
-    layer_type = getattr(attention, "layer_type", None)
+    if mask is None:
+        mask = torch.full((L, L), float("-inf")).triu(1)[None, None]  # (1, 1, L, L)
+    layer_type = getattr(attention, "layer_type", None) or getattr(attention, "attention_type",
+                                                                   None)  # (OLMo 3's)
     per_kind = isinstance(attention.config.rope_parameters.get(layer_type), dict)
     kinds = {"layer_type": layer_type} if per_kind else {}
     out = attention(x, position_embeddings=rotary(x, position_ids, **kinds),
@@ -485,7 +489,8 @@ def hf_attention(family: str, kv_heads: int, layer_idx: int = 0, **config):
     import transformers
 
     prefix = {"llama": "Llama", "qwen2": "Qwen2", "mistral": "Mistral", "qwen3": "Qwen3",
-              "gemma2": "Gemma2", "gemma3": "Gemma3", "phi3": "Phi3"}[family]
+              "gemma2": "Gemma2", "gemma3": "Gemma3", "phi3": "Phi3", "olmo2": "Olmo2",
+              "olmo3": "Olmo3"}[family]
     config = getattr(transformers, f"{prefix}TextConfig" if family == "gemma3"
                      else f"{prefix}Config")(
         hidden_size=32, num_attention_heads=4, num_key_value_heads=kv_heads,
@@ -561,7 +566,10 @@ def test_from_llama_on_a_window_is_the_attention_with_a_window_mask():
     (lambda: _replaced(hf_attention("qwen3", 2, head_dim=8)[0], o_proj=torch.nn.Linear(48, 32)),
      ValueError, "o_proj must take heads \\* head_dim = 32 features"),
     (lambda: _replaced(hf_attention("qwen3", 2, head_dim=8)[0], k_norm=torch.nn.LayerNorm(8)),
-     NotImplementedError, "k_norm is an RMSNorm over each head's head_dim = 8 channels"),
+     NotImplementedError, "over each head's head_dim = 8 channels or over the whole "
+     "projection's \\(q_norm 32, k_norm 16\\); got k_norm LayerNorm with weight \\[8\\]"),
+    (lambda: _replaced(hf_attention("olmo2", 2)[0], k_norm=torch.nn.RMSNorm(8)),  # q: 32
+     NotImplementedError, "got k_norm RMSNorm with weight \\[8\\]"),
 ])
 def test_from_llama_errors(make, error, match):
     from graphattn.nn import from_llama
@@ -596,6 +604,55 @@ def test_from_llama_converts_qwen3_qk_norm_and_wide_heads(dense):
     assert_close(layer.q_norm.weight.grad, attention.q_norm.weight.grad)
     assert_close(layer.k_norm.weight.grad, attention.k_norm.weight.grad)
     assert_close(layer.lin_out.weight.grad, attention.o_proj.weight.grad)
+
+
+@pytest.mark.parametrize("dense", [False, True], ids=["graph", "dense"])
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_from_llama_converts_olmo2_qk_norm_across_heads(dense, kv_heads):
+    # OLMo 2 normalises the whole query and key projections (RMSNorm over 4 * 8 and
+    # kv_heads * 8 channels, all heads together) before splitting them into heads and rotating
+    from graphattn.nn import from_llama
+
+    attention, rotary = hf_attention("olmo2", kv_heads, rms_norm_eps=1e-5)
+    layer = from_llama(attention, dense=dense, backend="cpu")
+    assert layer.qk_norm == "rms_across_heads" and layer.q_norm.eps == 1e-5
+    assert layer.k_norm.weight.shape == (kv_heads * 8,)
+    check_causal(attention, rotary, layer, dense, length=16, seed=27)
+    assert_close(layer.q_norm.weight.grad, attention.q_norm.weight.grad)
+    assert_close(layer.k_norm.weight.grad, attention.k_norm.weight.grad)
+
+
+@pytest.mark.parametrize("layer_idx", [0, 1], ids=["sliding", "full"])
+def test_from_llama_converts_olmo3(layer_idx):
+    # OLMo 3: OLMo 2's QK-norm, a rotary embedding per kind of layer (its attention_type:
+    # here base 10,000 for the sliding layers and 1e6 with linear interpolation by 8 for the
+    # full ones), and sliding layers of a window of w = 4 keys, which is the causal window
+    # graph of radius w - 1 (Hugging Face's mask keeps i - w < j <= i)
+    from graphattn.nn import from_llama
+
+    attention, rotary = hf_attention(
+        "olmo3", 2, layer_idx, num_hidden_layers=2, sliding_window=4,
+        layer_types=["sliding_attention", "full_attention"],
+        rope_parameters=GEMMA3["rope_parameters"])
+    layer = from_llama(attention, backend="cpu")
+    assert layer.qk_norm == "rms_across_heads"
+    assert (layer.rotary.base, layer.rotary.frequencies is None) == (
+        (10000.0, True) if layer_idx == 0 else (1e6, False))
+    L = 15
+    gen = torch.Generator().manual_seed(28)
+    x = torch.randn(1, L, 32, generator=gen)
+    w = torch.randn(1, L, 32, generator=gen)
+    graph = (graphs.window_graph(L, 3, causal=True) if attention.sliding_window == 4
+             else graphs.causal_graph(L))
+    assert (attention.sliding_window is None) == (layer_idx == 1)
+    mask = torch.zeros(L, L).masked_fill(~graphs.to_dense_mask(graph, L), float("-inf"))
+    want, want_grad = run_llama(attention, rotary, x, torch.arange(L)[None], w,
+                                mask=mask[None, None])
+    x_in = x[0].clone().requires_grad_(True)
+    out = layer(x_in, graph, pos=torch.arange(L))
+    (out * w[0]).sum().backward()
+    assert_close(out.detach(), want[0])
+    assert_close(x_in.grad, want_grad[0])
 
 
 GEMMA3 = dict(head_dim=8, query_pre_attn_scalar=24, num_hidden_layers=2, sliding_window=4,

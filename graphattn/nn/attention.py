@@ -134,14 +134,18 @@ class _SelfAttentionBase(torch.nn.Module):
             raise ValueError(f"qk_norm must be None or one of {list(QK_NORMS)}, got "
                              f"{qk_norm!r}")
         if qk_norm is not None and score_channels == 1:
-            raise ValueError(f"qk_norm={qk_norm!r} normalises each head's query and key over "
+            raise ValueError(f"qk_norm={qk_norm!r} normalises the queries and keys over "
                              f"their channels and needs the dot or gatv2 score; the additive "
                              f"score's are one number per head")
         self.qk_norm = qk_norm
         self.scale = None if scale is None else finite_float(scale, "scale")
-        # per-head normalisation of the queries and keys over their channels, learned gains
-        self.q_norm = None if qk_norm is None else QK_NORMS[qk_norm](score_channels)
-        self.k_norm = None if qk_norm is None else QK_NORMS[qk_norm](score_channels)
+        # normalisation of the queries and keys over each head's channels, or over all heads'
+        # channels together (_across_heads), with learned gains
+        q_width, k_width = ((H * score_channels, kv_heads * score_channels)
+                            if qk_norm in QK_NORMS_ACROSS_HEADS
+                            else (score_channels, score_channels))
+        self.q_norm = None if qk_norm is None else QK_NORMS[qk_norm](q_width)
+        self.k_norm = None if qk_norm is None else QK_NORMS[qk_norm](k_width)
         self.out_bias: torch.nn.Parameter | None = None  # GraphSelfAttention(out_bias=True)
 
     def __prepare_scriptable__(self):
@@ -260,10 +264,14 @@ class _SelfAttentionBase(torch.nn.Module):
         return q, k, v if value_bias is None else v + value_bias
 
     def _normalize_qk(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
-        """Queries ``[..., H, c]`` and keys ``[..., kv_heads, c]`` each normalised over its
-        channels by ``q_norm`` and ``k_norm`` (with ``qk_norm``; as they are without)."""
+        """Queries ``[..., H, c]`` and keys ``[..., kv_heads, c]`` normalised by ``q_norm`` and
+        ``k_norm`` over each head's channels, or over all heads' together (with ``qk_norm``;
+        as they are without)."""
         if self.q_norm is None:
             return q, k
+        if self.qk_norm in QK_NORMS_ACROSS_HEADS:  # over [..., H * c], as the projection gave
+            return (self.q_norm(q.flatten(-2)).view(q.shape),
+                    self.k_norm(k.flatten(-2)).view(k.shape))
         return self.q_norm(q), self.k_norm(k)
 
     def _share_kv_heads(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
@@ -458,8 +466,11 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             before scoring (and before ``rotary``), with learned gains ``q_norm`` and
             ``k_norm``: ``"rms"``, :math:`\hat q = g \odot q / \sqrt{\overline{q^2} +
             \epsilon}` (``torch.nn.RMSNorm(C)``, as Qwen3 and Gemma 3 do), or ``"layer"``
-            (``torch.nn.LayerNorm(C)``, as ViT-22B does), :math:`\epsilon = 10^{-6}`. It
-            bounds the scores' growth in training (QK-norm). For the dot and gatv2 scores.
+            (``torch.nn.LayerNorm(C)``, as ViT-22B does), :math:`\epsilon = 10^{-6}`; or
+            over all heads' channels together, before the projection is split into heads:
+            ``"rms_across_heads"`` (``RMSNorm(H * C)`` for the queries and ``RMSNorm(kv_heads
+            * C)`` for the keys, as OLMo 2 does) or ``"layer_across_heads"``. It bounds the
+            scores' growth in training (QK-norm). For the dot and gatv2 scores.
             (default: ``None``)
         scale (float, optional): the score multiplier in place of :math:`1/\sqrt{C}` for the
             dot score (and of 1 for the others), as ``edge_attention``'s ``scale`` (Gemma's
@@ -968,9 +979,13 @@ _UNCALLED_HOOKS = ("_propagate_forward_pre_hooks", "_propagate_forward_hooks",
 # how edge features enter the attention (GraphSelfAttention's edge_mode)
 EDGE_MODES = ("bias", "key", "key_value")
 
-# qk_norm's normalisations of each head's queries and keys over their channels
+# qk_norm's normalisations of the queries and keys: over each head's channels, or over all
+# heads' channels together (_across_heads: OLMo 2's, on the whole projection)
 QK_NORMS = {"rms": lambda channels: torch.nn.RMSNorm(channels, eps=1e-6),
-            "layer": lambda channels: torch.nn.LayerNorm(channels, eps=1e-6)}
+            "layer": lambda channels: torch.nn.LayerNorm(channels, eps=1e-6),
+            "rms_across_heads": lambda channels: torch.nn.RMSNorm(channels, eps=1e-6),
+            "layer_across_heads": lambda channels: torch.nn.LayerNorm(channels, eps=1e-6)}
+QK_NORMS_ACROSS_HEADS = ("rms_across_heads", "layer_across_heads")
 
 # fill_value names of PyG's self-loop attributes -> the reduction over a target's in-edges
 FILL_REDUCTIONS = {"mean": "mean", "add": "sum", "max": "amax", "min": "amin", "mul": "prod"}
@@ -1144,7 +1159,9 @@ class DenseSelfAttention(_SelfAttentionBase):
         kv_heads (int, optional): heads of the keys and values, shared by groups of query
             heads, as :class:`GraphSelfAttention`'s. (default: ``None``: ``heads``)
         qk_norm (str, optional): ``"rms"`` or ``"layer"``: normalise each head's queries and
-            keys over their channels, as :class:`GraphSelfAttention`'s. (default: ``None``)
+            keys over their channels; ``"rms_across_heads"`` or ``"layer_across_heads"``: over
+            all heads' channels together; as :class:`GraphSelfAttention`'s.
+            (default: ``None``)
         scale (float, optional): the score multiplier in place of :math:`1/\sqrt{C}`.
             (default: ``None``)
         softcap (float, optional): :math:`c > 0`: each score before ``attn_bias`` and the mask

@@ -377,11 +377,14 @@ def from_llama(attention: Module, *, dense: bool = False,
     ``qkv_proj``), its rotary embedding as ``rotary=RotaryPE(head_dim,
     base=rope_theta)`` and its key and value heads as ``kv_heads``. Qwen3's and Gemma 3's RMS
     normalisation of each head's queries and keys (``q_norm``, ``k_norm``) comes over as
-    ``qk_norm="rms"`` with its gains (Gemma's ``1 + weight``) and epsilon, a score scale
+    ``qk_norm="rms"`` with its gains (Gemma's ``1 + weight``) and epsilon, OLMo 2's and
+    OLMo 3's RMS normalisation of the whole query and key projections, all heads together, as
+    ``qk_norm="rms_across_heads"``, a score scale
     other than ``head_dim ** -0.5`` (Gemma's ``query_pre_attn_scalar ** -0.5``) as
     ``scale``, Gemma 2's soft cap of the scores (``attn_logit_softcapping``) as ``softcap``,
-    and where the config has one rotary embedding per kind of layer (Gemma 3's
-    local and global layers) the one of the attention's ``layer_type``. Where ``o_proj`` maps
+    and where the config has one rotary embedding per kind of layer (Gemma 3's and
+    OLMo 3's local and global layers) the one of the attention's ``layer_type`` (OLMo 3's
+    ``attention_type``). Where ``o_proj`` maps
     the ``heads * head_dim`` channels to another width (Qwen3-0.6B: 16 heads of 128 in a model
     of width 1024), ``lin_out`` is that ``Linear`` and the layer's output has that width.
 
@@ -394,8 +397,9 @@ def from_llama(attention: Module, *, dense: bool = False,
     and on any other graph over the L positions (a causal window, global tokens) the same
     attention restricted to the graph's edges, at the cost of the edges. A model's sliding
     window of w tokens (``attention.sliding_window``: Mistral's, and the local layers of
-    Qwen2, Qwen3, Gemma 2 and Gemma 3) is ``graphs.window_graph(L, w - 1, causal=True)``: Hugging
-    Face's mask keeps the keys :math:`i - w < j \le i`. No self-loops are added. The dense
+    Qwen2, Qwen3, Gemma 2, Gemma 3 and OLMo 3) is ``graphs.window_graph(L, w - 1,
+    causal=True)``: Hugging Face's mask keeps the keys :math:`i - w < j \le i`. No
+    self-loops are added. The dense
     layer takes ``x [B, L, D]`` with ``is_causal=True`` (``pos`` defaults to ``0 .. L-1``).
 
     Args:
@@ -413,9 +417,10 @@ def from_llama(attention: Module, *, dense: bool = False,
             keeps those of the longest sequence seen until a short one resets them), as
             ``transformers``' ``LlamaAttention`` (and ``MistralAttention``,
             ``Qwen2Attention``, ``Qwen3Attention``, ``Gemma2Attention``,
-            ``Gemma3Attention``, and ``Phi3Attention`` with its ``qkv_proj``) have.
-            ``q_norm`` and ``k_norm``, where it has them, must be RMSNorms over each head's
-            channels (a ``weight`` and ``variance_epsilon`` or ``eps``, told apart from
+            ``Gemma3Attention``, ``Olmo2Attention``, ``Olmo3Attention``, and
+            ``Phi3Attention`` with its ``qkv_proj``) have. ``q_norm`` and ``k_norm``, where it
+            has them, must be RMSNorms over each head's channels or over the whole
+            projection's (a ``weight`` and ``variance_epsilon`` or ``eps``, told apart from
             Gemma's form by running them); a soft cap on the scores
             (``attn_logit_softcapping``, Gemma 2's) becomes ``softcap``.
         dense (bool, optional): return a ``DenseSelfAttention``. (default: ``False``)
@@ -440,8 +445,11 @@ def from_llama(attention: Module, *, dense: bool = False,
     head_dim = getattr(attention, "head_dim", None) or q_proj.out_features // heads
     hidden = q_proj.in_features
     rope = dict(getattr(config, "rope_parameters", None) or {})
-    layer_type = getattr(attention, "layer_type", None)
-    if isinstance(rope.get(layer_type), dict):  # one embedding per kind of layer (Gemma 3)
+    # the kind of layer, where the config has one rotary embedding per kind (Gemma 3's
+    # layer_type, OLMo 3's attention_type: "sliding_attention" or "full_attention")
+    layer_type = getattr(attention, "layer_type", None) or getattr(attention, "attention_type",
+                                                                   None)
+    if isinstance(rope.get(layer_type), dict):
         rope = dict(rope[layer_type])
     else:
         layer_type = None
@@ -457,7 +465,7 @@ def from_llama(attention: Module, *, dense: bool = False,
     if o_proj.in_features != heads * head_dim:
         raise ValueError(f"o_proj must take heads * head_dim = {heads * head_dim} features, "
                          f"got o_proj {o_proj.in_features} -> {o_proj.out_features}")
-    norms = _qk_norms(attention, head_dim)
+    qk_norm, norms = _qk_norms(attention, head_dim, heads, kv_heads) or (None, None)
     bias = q_proj.bias is not None
     if (k_proj.bias is not None) != bias or (v_proj.bias is not None) != bias or (
             o_proj.bias is not None and not bias):
@@ -465,7 +473,6 @@ def from_llama(attention: Module, *, dense: bool = False,
                          "none when they have none)")
     dropout = float(getattr(config, "attention_dropout", 0.0) or 0.0)
     rotary = RotaryPE(int(head_dim * factor), base=float(base), **rope_args)
-    qk_norm = None if norms is None else "rms"
     if dense:
         layer = DenseSelfAttention(hidden, head_dim, heads, dropout=dropout, bias=bias,
                                    rotary=rotary, kv_heads=kv_heads, qk_norm=qk_norm,
@@ -517,30 +524,37 @@ def _split_qkv(qkv_proj: torch.nn.Linear, config) -> list[torch.nn.Linear]:
     return parts
 
 
-def _qk_norms(attention: Module, head_dim: int) -> tuple[tuple[Tensor, float], ...] | None:
-    """The gains and epsilon of the attention's per-head RMS normalisation of its queries and
-    keys (``q_norm``, ``k_norm``), or ``None`` when it has none; refused by name where they
-    are not an RMSNorm over each head's ``head_dim`` channels."""
+def _qk_norms(attention: Module, head_dim: int, heads: int, kv_heads: int,
+              ) -> tuple[str, tuple[tuple[Tensor, float], ...]] | None:
+    """The attention's RMS normalisation of its queries and keys (``q_norm``, ``k_norm``) as
+    the layers' ``qk_norm`` (``"rms"`` over each head's channels, ``"rms_across_heads"`` over
+    the whole projection's) and the gains and epsilon of each, or ``None`` when it has none;
+    refused by name where they are not RMSNorms of one of these widths."""
     modules = [getattr(attention, name, None) for name in ("q_norm", "k_norm")]
     if all(m is None for m in modules):
         return None
+    widths = {"rms": (head_dim, head_dim), "rms_across_heads": (heads * head_dim,
+                                                                kv_heads * head_dim)}
+    q_shape = tuple(getattr(getattr(modules[0], "weight", None), "shape", ()))
+    kind = "rms_across_heads" if q_shape == (heads * head_dim,) and heads > 1 else "rms"
     norms = []
-    for name, module in zip(("q_norm", "k_norm"), modules, strict=True):
+    for name, module, width in zip(("q_norm", "k_norm"), modules, widths[kind], strict=True):
         weight = getattr(module, "weight", None)
         eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
         gains = None
-        if (isinstance(weight, Tensor) and tuple(weight.shape) == (head_dim,)
+        if (isinstance(weight, Tensor) and tuple(weight.shape) == (width,)
                 and isinstance(eps, (int, float))):
             gains = _rms_gains(module, weight.detach(), float(eps))
         if gains is None:
             raise NotImplementedError(
-                f"from_llama converts an attention whose {name} is an RMSNorm over each "
-                f"head's head_dim = {head_dim} channels, g * x / sqrt(mean(x ** 2) + eps) with "
-                f"g its weight (Qwen3's) or 1 + weight (Gemma 3's), got "
-                f"{type(module).__name__}"
+                f"from_llama converts an attention whose q_norm and k_norm are RMSNorms, "
+                f"g * x / sqrt(mean(x ** 2) + eps) with g their weight (Qwen3's, OLMo 2's) "
+                f"or 1 + weight (Gemma 3's), over each head's head_dim = {head_dim} channels "
+                f"or over the whole projection's (q_norm {heads * head_dim}, k_norm "
+                f"{kv_heads * head_dim}); got {name} {type(module).__name__}"
                 + (f" with weight {list(weight.shape)}" if isinstance(weight, Tensor) else ""))
         norms.append((gains, float(eps)))
-    return tuple(norms)
+    return kind, tuple(norms)
 
 
 def _rms_gains(module: Module, weight: Tensor, eps: float) -> Tensor | None:

@@ -276,7 +276,8 @@ class GraphTransformer(torch.nn.Module):
             (default: ``None``: ``heads``)
         qk_norm (str, optional): ``"rms"`` or ``"layer"``: every attention layer normalises
             each head's queries and keys over their channels (QK-norm; see
-            :class:`GraphSelfAttention`). (default: ``None``)
+            :class:`GraphSelfAttention`); ``"rms_across_heads"`` or ``"layer_across_heads"``:
+            over all heads' channels together. (default: ``None``)
         softcap (float, optional): every attention layer soft-caps its dot or gatv2 scores
             at :math:`c \tanh(s / c)` (see :class:`GraphSelfAttention`). (default: ``None``)
 

@@ -140,7 +140,8 @@ def rotary_cases(draw):
     axes = draw(st.sampled_from([1, 2]))
     dim = draw(st.sampled_from([4, 8]))
     options = dict(add_self_loops=draw(st.booleans()), concat=draw(st.booleans()),
-                   kv_heads=kv_heads, qk_norm=draw(st.sampled_from([None, "rms", "layer"])))
+                   kv_heads=kv_heads, qk_norm=draw(st.sampled_from(
+                       [None, "rms", "layer", "rms_across_heads", "layer_across_heads"])))
     rope = dict(axes=axes, interleaved=draw(st.booleans()), base=draw(st.sampled_from(
         [10.0, 10000.0])))
     seed = draw(st.integers(0, 2**16))

@@ -1,5 +1,5 @@
 """QK-norm: the layers' ``qk_norm=`` normalises each head's queries and keys over their
-channels before scoring.
+channels (or all heads' channels together, ``_across_heads``) before scoring.
 
 Checked against the formula written out here (RMS and layer normalisation of each head's
 channels with the learned gains, then the reference operator), the graph layer on the
@@ -29,11 +29,12 @@ def _normalised(t: torch.Tensor, gain: torch.Tensor, kind: str,
     return t / (t.pow(2).mean(-1, keepdim=True) + eps).sqrt() * gain
 
 
-@pytest.mark.parametrize("kind", ["rms", "layer"])
+@pytest.mark.parametrize("kind", ["rms", "layer", "rms_across_heads", "layer_across_heads"])
 @pytest.mark.parametrize("kv_heads", [4, 2])
 def test_qk_norm_is_the_normalised_dot_product(kind, kv_heads):
     # the layer's output is the reference operator on queries and keys normalised per head
-    # over their 8 channels with the learned gains, keys before they are shared by two heads
+    # over their 8 channels (or over the 4 * 8 and kv_heads * 8 channels of the projections,
+    # _across_heads) with the learned gains, keys before they are shared by two heads
     gen = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
     layer = GraphSelfAttention(12, 8, heads=4, add_self_loops=False, kv_heads=kv_heads,
@@ -41,15 +42,19 @@ def test_qk_norm_is_the_normalised_dot_product(kind, kv_heads):
     with torch.no_grad():
         for norm in (layer.q_norm, layer.k_norm):
             norm.weight.normal_(generator=gen)
-            if kind == "layer":
+            if kind.startswith("layer"):
                 norm.bias.normal_(generator=gen)
     x = torch.randn(9, 12, dtype=torch.float64, generator=gen)
     edge_index = graphs.random_graph(9, 3, self_loops=True)
-    q = layer.lin_q(x).view(9, 4, 8)
-    k = layer.lin_k(x).view(9, kv_heads, 8)
-    v = layer.lin_v(x).view(9, kv_heads, 8)
-    q = _normalised(q, layer.q_norm.weight, kind, getattr(layer.q_norm, "bias", None))
-    k = _normalised(k, layer.k_norm.weight, kind, getattr(layer.k_norm, "bias", None))
+    q, k, v = layer.lin_q(x), layer.lin_k(x), layer.lin_v(x)  # (9, 4 * 8), (9, kv_heads * 8)
+    norm_kind = kind.removesuffix("_across_heads")
+    if kind.endswith("_across_heads"):  # the whole projection, then split into heads
+        q = _normalised(q, layer.q_norm.weight, norm_kind, getattr(layer.q_norm, "bias", None))
+        k = _normalised(k, layer.k_norm.weight, norm_kind, getattr(layer.k_norm, "bias", None))
+    q, k, v = q.view(9, 4, 8), k.view(9, kv_heads, 8), v.view(9, kv_heads, 8)
+    if not kind.endswith("_across_heads"):  # each head's 8 channels
+        q = _normalised(q, layer.q_norm.weight, norm_kind, getattr(layer.q_norm, "bias", None))
+        k = _normalised(k, layer.k_norm.weight, norm_kind, getattr(layer.k_norm, "bias", None))
     group = 4 // kv_heads
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     want = layer.lin_out(edge_attention(q, k, v, edge_index, backend="reference").flatten(1))
@@ -58,14 +63,15 @@ def test_qk_norm_is_the_normalised_dot_product(kind, kv_heads):
 
 @pytest.mark.parametrize("backend", ["reference", "cpu", "dense", "auto"])
 @pytest.mark.parametrize("attention", ["dot", "gatv2"])
-def test_graph_layer_on_the_complete_graph_is_the_dense_layer(backend, attention):
+@pytest.mark.parametrize("qk_norm", ["rms", "rms_across_heads"])
+def test_graph_layer_on_the_complete_graph_is_the_dense_layer(backend, attention, qk_norm):
     # one state_dict, both layers, with the rotation after the normalisation: outputs and
     # the gradients of the gains (gatv2: every CPU backend against the reference)
     gen = torch.Generator().manual_seed(1)
     torch.manual_seed(1)
     rotary = pe.RotaryPE(8) if attention == "dot" else None
     graph = GraphSelfAttention(16, 8, heads=2, add_self_loops=False, backend=backend,
-                               attention=attention, rotary=rotary, qk_norm="rms").double()
+                               attention=attention, rotary=rotary, qk_norm=qk_norm).double()
     with torch.no_grad():
         graph.q_norm.weight.normal_(generator=gen)
         graph.k_norm.weight.normal_(generator=gen)
@@ -73,12 +79,13 @@ def test_graph_layer_on_the_complete_graph_is_the_dense_layer(backend, attention
     x = torch.randn(L, 16, dtype=torch.float64, generator=gen)
     w = torch.randn(L, 16, dtype=torch.float64, generator=gen)
     if attention == "dot":
-        twin = DenseSelfAttention(16, 8, heads=2, rotary=pe.RotaryPE(8), qk_norm="rms").double()
+        twin = DenseSelfAttention(16, 8, heads=2, rotary=pe.RotaryPE(8),
+                                  qk_norm=qk_norm).double()
         twin.load_state_dict(graph.state_dict())
         want = twin(x)
     else:
         twin = GraphSelfAttention(16, 8, heads=2, add_self_loops=False, backend="reference",
-                                  attention="gatv2", qk_norm="rms").double()
+                                  attention="gatv2", qk_norm=qk_norm).double()
         twin.load_state_dict(graph.state_dict())
         want = twin(x, graphs.complete_graph(L))
     (want * w).sum().backward()
@@ -96,7 +103,7 @@ def test_rms_qk_norm_keeps_the_weights_as_the_inputs_grow():
     torch.manual_seed(2)
     x = torch.randn(10, 16, dtype=torch.float64, generator=gen)
     edge_index = graphs.random_graph(10, 4, self_loops=True)
-    for qk_norm, same in (("rms", True), (None, False)):
+    for qk_norm, same in (("rms", True), ("rms_across_heads", True), (None, False)):
         layer = GraphSelfAttention(16, 8, heads=2, bias=False, add_self_loops=False,
                                    qk_norm=qk_norm).double()
         _, (_, alpha) = layer(x, edge_index, return_attention_weights=True)
@@ -121,12 +128,19 @@ def test_models_state_and_repr():
     assert out.shape == (6, 3) and torch.isfinite(out).all()
     dense = DenseSelfAttention(8, 4, heads=2, qk_norm="rms")
     assert "qk_norm='rms'" in repr(dense) and dense(torch.randn(2, 5, 8)).shape == (2, 5, 8)
+    # across heads: one norm over each projection's width, the keys' narrower with kv_heads
+    layer = GraphSelfAttention(8, 4, heads=4, kv_heads=2, qk_norm="layer_across_heads")
+    assert layer.q_norm.normalized_shape == (16,) and layer.k_norm.normalized_shape == (8,)
+    model = GraphTransformer(8, 16, 3, num_layers=2, heads=2, qk_norm="rms_across_heads")
+    assert all(a.q_norm.normalized_shape == (16,) for a in model.attns)
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(qk_norm="l2"), r"qk_norm must be None or one of \['rms', 'layer'\], got 'l2'"),
+    (dict(qk_norm="l2"), r"qk_norm must be None or one of \['rms', 'layer', "
+     r"'rms_across_heads', 'layer_across_heads'\], got 'l2'"),
     (dict(qk_norm=True), "qk_norm must be None or one of"),
     (dict(qk_norm="rms", attention="additive"), "needs the dot or gatv2 score"),
+    (dict(qk_norm="rms_across_heads", attention="additive"), "needs the dot or gatv2 score"),
 ])
 def test_qk_norm_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):
