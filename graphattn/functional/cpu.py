@@ -842,32 +842,42 @@ def _tanh_overload(x, a, e):
 
 
 @_jit(error_model="numpy")
+def _cap_values(values, n, cap, grad, backward):
+    """``values[:n]`` soft-capped in place, ``cap * tanh(x / cap)``; for backward ``grad[:n]``
+    times the derivative of the cap, ``1 - tanh^2``.
+
+    One loop that computes the tanh with :func:`_exp`'s arithmetic inlined and divisions that
+    cannot raise (``error_model="numpy"``; the divisors are never 0), which vectorises:
+    libm's tanhf, a call per score, or a division that checks for 0, made the capped forward
+    2x slower than the uncapped one. A function of its own: inlined into the inlined
+    :func:`_target_scores`, or twice into one function, the nested inlining of :func:`_exp`
+    leaves numba's SSA pass warning ("not in scope").
+    """
+    for t in range(n):
+        x = values[t] / cap
+        a = np.abs(x)
+        th = _tanh(x, a, _exp(-(a + a)))  # (e in [0, 1]: no overflow)
+        values[t] = cap * th
+        if backward:
+            grad[t] *= 1 - th * th
+
+
+@_jit()
 def _cap_row(scores, slopes, bias, perm, start, degree, H, cap, has_bias, top, backward):
     """The soft cap of a target's ``degree`` scores (``[degree, H]`` at the top of ``scores``,
     before their bias): ``cap * tanh(s / cap)``, then the bias added; for backward
-    ``slopes`` times the derivative of the cap, ``1 - tanh^2``, else the maximum per head
-    into ``top``.
-
-    One loop over all heads computes the tanh with :func:`_exp`'s arithmetic inlined and
-    divisions that cannot raise (``error_model="numpy"``; the divisors are never 0), which
-    vectorises: libm's tanhf, a call per score, or a division that checks for 0, made the
-    capped forward 2x slower than the uncapped one. A function of its own, called once per
-    target: inlined into the inlined :func:`_target_scores`, the nested inlining of
-    :func:`_exp` leaves numba's SSA pass warning ("not in scope").
-    """
-    flat = scores.reshape(-1)
-    grad = slopes.reshape(-1)
-    for t in range(degree * H):
-        x = flat[t] / cap
-        a = np.abs(x)
-        th = _tanh(x, a, _exp(-(a + a)))  # (e in [0, 1]: no overflow)
-        flat[t] = cap * th
-        if backward:
-            grad[t] *= 1 - th * th
+    ``slopes`` times the derivative of the cap, else the maximum per head into ``top``.
+    Without a bias ``top`` comes holding the maximum of the scores before the cap, which is
+    capped here: the cap is increasing, so that saves a pass over the row."""
+    _cap_values(scores.reshape(-1), degree * H, cap, slopes.reshape(-1), backward)
+    if not has_bias:
+        if not backward and degree:
+            _cap_values(top, H, cap, top, False)
+        return
     for p in range(degree):
         e = perm[start + p]
         for h in range(H):
-            s = scores[p, h] + bias[e, h] if has_bias else scores[p, h]  # (the scores' dtype)
+            s = scores[p, h] + bias[e, h]  # (the scores' dtype)
             scores[p, h] = s
             if not backward:
                 top[h] = max(top[h], s)
@@ -1000,7 +1010,7 @@ def _target_scores(q, k, att, bias, ek, rowptr, perm, src, i, H, Cq, scale, slop
             scores[p - start, h] = s
             if backward:
                 slopes[p - start, h] = d_pre
-            elif not has_cap:
+            elif not (has_cap and has_bias):  # (capped without a bias: _cap_row caps the max)
                 top[h] = max(top[h], s)
     if has_cap:  # (a constant: see _kernel_flags)
         _cap_row(scores, slopes, bias, perm, start, stop - start, H, cap, has_bias, top,
