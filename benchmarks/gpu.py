@@ -183,12 +183,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "default: every method but the dropout ones), e.g. --only "
                              "'edge_attention triton'; --only dropout: the fused op with "
                              "attention dropout, its mask drawn in the kernels or read, and "
-                             "without")
+                             "without; --only softcap: the fused op with soft-capped scores "
+                             "and without, dot and gatv2")
     args = parser.parse_args(argv)
     if args.only:
         methods = [name for name in METHODS if any(text in name for text in args.only)]
         methods += [name for name in OPTIONAL_METHODS
-                    if any("dropout" in text and text in name for text in args.only)]
+                    if any(text in name and any(group in text for group in OPTIONAL_GROUPS)
+                           for text in args.only)]
         if not methods:
             parser.error(f"--only matches no method among "
                          f"{', '.join({**METHODS, **OPTIONAL_METHODS})}: got "
@@ -429,6 +431,24 @@ def dropout_case(mask: str) -> Callable[..., Case]:
     return make
 
 
+SOFTCAP = 5.0  # the cap of the softcap methods (--only softcap)
+
+
+def softcap_case(score: str, softcap: float | None) -> Callable[..., Case]:
+    """The fused op with the ``score`` (``"dot"`` or ``"gatv2"``, with a learned ``att``),
+    its scores soft-capped at ``softcap`` or not capped (``None``)."""
+    def make(graph: Graph, heads: int, channels: int, dtype: torch.dtype) -> Case:
+        from graphattn.functional import edge_attention
+
+        q, k, v = _qkv(graph, heads, channels, dtype)
+        att = (torch.randn(heads, channels, device=q.device, dtype=dtype).requires_grad_()
+               if score == "gatv2" else None)
+        return Case(lambda: edge_attention(q, k, v, graph.edge_index, score=score, att=att,
+                                           softcap=softcap, backend="triton"),
+                    [q, k, v] + ([att] if att is not None else []))
+    return make
+
+
 def layer_case(kind: str, tiles: dict[str, int] | None = None) -> Callable[..., Case]:
     """A layer on node features ``[N, H*C]``: PyG's (``"transformer"``, ``"gat"``,
     ``"gatv2-pyg"``) or ``GraphSelfAttention`` with that score; ``"transformer-edge"`` and
@@ -496,12 +516,16 @@ METHODS: dict[str, Callable[..., Case]] = {
     "PyG TransformerConv + edge features": layer_case("transformer-edge"),
     "dense SDPA + mask": dense_case,
 }
-# Timed only when a --only text with "dropout" in it names them (--only dropout): the seeded
-# mask against a read one, and the same op without dropout.
+# Timed only when a --only text that names their group names them (--only dropout: the
+# seeded mask against a read one, and the same op without dropout; --only softcap: each
+# score capped and not).
+OPTIONAL_GROUPS = ("dropout", "softcap")
 OPTIONAL_METHODS: dict[str, Callable[..., Case]] = {
     "edge_attention triton, dropout: none": op_case("triton"),
     f"edge_attention triton, dropout: {DROPOUT_P} seeded": dropout_case("seeded"),
     f"edge_attention triton, dropout: {DROPOUT_P} read mask": dropout_case("read"),
+    **{f"edge_attention triton, {score}, softcap: {cap or 'none'}": softcap_case(score, cap)
+       for score in ("dot", "gatv2") for cap in (None, SOFTCAP)},
 }
 
 
@@ -784,7 +808,8 @@ def check_on_device(graph: Graph, dtype: torch.dtype, heads: int = 2, channels: 
     score without and with a bias, and the dot and gatv2 scores also with one ``[E, H, C]``
     tensor as both edge terms (``edge_key=edge_value``, TransformerConv's edge features); the
     dot score also with a bias and attention dropout, the mask the kernels draw from a seed
-    given to the reference written out."""
+    given to the reference written out; the dot and gatv2 scores also with a bias and the
+    scores soft-capped (``softcap=0.5``, small enough to change the output)."""
     import torch._inductor.config
 
     from graphattn.functional import edge_attention, reference_edge_attention
@@ -798,6 +823,7 @@ def check_on_device(graph: Graph, dtype: torch.dtype, heads: int = 2, channels: 
     for score in ("dot", "additive", "gatv2"):
         configs = ["no bias", "bias"] + ([] if score == "additive" else ["bias, edge terms"])
         configs += ["bias, dropout"] if score == "dot" else []
+        configs += [] if score == "additive" else ["bias, softcap"]
         for config in configs:
             # each config compiles anew: 8 of them would meet dynamo's recompile limit (8), past
             # which it runs the function eagerly without a word
@@ -825,7 +851,8 @@ def check_on_device(graph: Graph, dtype: torch.dtype, heads: int = 2, channels: 
                 term = rest.pop(0) if rest else None  # one tensor as key and value term
                 attend = compiled_attention if mode == "compiled" else edge_attention
                 options = dict(bias=bias, return_attention=True, score=score, att=att,
-                               edge_key=term, edge_value=term)
+                               edge_key=term, edge_value=term,
+                               softcap=0.5 if config == "bias, softcap" else None)
                 torch.manual_seed(1)  # one seed, so one mask, in every mode
                 if mode == "reference" and dropout_p:  # the kernels' mask, written out
                     mask = seeded_mask(seeded_mask_parameters(dropout_p, device=dev), (e, heads))

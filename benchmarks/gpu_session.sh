@@ -12,11 +12,11 @@
 #      products (--tf32: on tensor cores, where full fp32 products run on the FMA units), for
 #      the bandwidth goal; in the same table, on the 1M-edge random graph, the fused op
 #      training with attention dropout, its mask drawn in the kernels from a seed against one
-#      read from memory, and without dropout (--only dropout; the CSR kernels, which TF32 does
-#      not touch);
+#      read from memory, and without dropout (--only dropout), and the dot and gatv2 scores
+#      soft-capped and not (--only softcap) (the CSR kernels, which TF32 does not touch);
 #   3. the Triton kernel tests compiled on the GPU (GRAPHATTN_TRITON_DEVICE=cuda) instead of in
 #      the interpreter, the block-sparse kernels' too (bf16 among them, which the interpreter
-#      cannot check);
+#      cannot check) and the soft cap's;
 #   4. if time is left, the 50M-edge window and random graphs again in bf16;
 #   5. if time is left, benchmarks/triton_tuning.py: the kernels' tiles (launch_tiles) against
 #      the defaults, the row-block kernels (block_n > 1) and the block-sparse kernels' tiles
@@ -67,10 +67,10 @@ timeout $(limit $(($(left) - 200))) "$PY" benchmarks/gpu.py --no-plot --profile 
   --out "$OUT/gpu.md" 2>&1 |
   tee -a "$LOG"
 
-if [ "$(left)" -gt 100 ]; then
-  echo "== 2. benchmarks/gpu.py, fp32 with TF32 products, block-sparse forward, window-50m; dropout, random-1m ($(left) s left)" | tee -a "$LOG"
-  timeout $(limit 80) "$PY" benchmarks/gpu.py --no-plot --no-check --tf32 --only "edge_attention triton, block-sparse" \
-    --only dropout --repeats 10 --warmup 2 --graphs window-50m,random-1m --out "$OUT/gpu_tf32.md" 2>&1 | tee -a "$LOG"
+if [ "$(left)" -gt 115 ]; then
+  echo "== 2. benchmarks/gpu.py, fp32 with TF32 products, block-sparse forward, window-50m; dropout and softcap, random-1m ($(left) s left)" | tee -a "$LOG"
+  timeout $(limit 95) "$PY" benchmarks/gpu.py --no-plot --no-check --tf32 --only "edge_attention triton, block-sparse" \
+    --only dropout --only softcap --repeats 10 --warmup 2 --graphs window-50m,random-1m --out "$OUT/gpu_tf32.md" 2>&1 | tee -a "$LOG"
 else
   echo "== 2. skipped: $(left) s left" | tee -a "$LOG"
 fi
@@ -78,7 +78,8 @@ fi
 echo "== 3. Triton kernel tests on the GPU ($(left) s left)" | tee -a "$LOG"
 timeout $(limit $(($(left) > 240 ? 150 : $(left) - 60))) env GRAPHATTN_TRITON_DEVICE=cuda \
   "$PY" -m pytest -q -n 8 -p no:cacheprovider tests/functional/test_triton_kernels.py \
-  tests/functional/test_triton_blocks.py -k "not compile_for_sm90" 2>&1 | tee -a "$LOG" | tail -25
+  tests/functional/test_triton_blocks.py tests/functional/test_softcap.py -k "not compile_for_sm90" \
+  2>&1 | tee -a "$LOG" | tail -25
 
 if [ "$(left)" -gt 90 ]; then
   echo "== 4. benchmarks/gpu.py, bf16, 50M-edge window and random graphs ($(left) s left)" | tee -a "$LOG"

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import assert_close
 
 from graphattn.functional import edge_attention
 from graphattn.functional import triton_blocks as tb
@@ -36,11 +37,12 @@ def test_device_checks_pass_in_the_interpreter(triton_interpreter):
     names = [name for name, _ in rows]
     # eager and compiled; per score out, alpha, dq, dk, dv without bias, with it (+ dbias) and,
     # for dot and gatv2, with one edge term as key and value (+ dbias, dedge_term); gatv2 also
-    # datt; dot also with a bias and dropout drawn from a seed: dot 5 + 6 + 7 + 6, additive
-    # 5 + 6, gatv2 6 + 7 + 8
-    assert len(names) == len(set(names)) == 2 * (24 + 11 + 21)
+    # datt; dot also with a bias and dropout drawn from a seed; dot and gatv2 also with a bias
+    # and a soft cap: dot 5 + 6 + 7 + 6 + 6, additive 5 + 6, gatv2 6 + 7 + 8 + 7
+    assert len(names) == len(set(names)) == 2 * (30 + 11 + 28)
     assert "torch.compile, gatv2, bias, edge terms: dedge_term" in names
     assert "torch.compile, dot, bias, dropout: dk" in names
+    assert "torch.compile, gatv2, bias, softcap: datt" in names
     assert sum(name.startswith("torch.compile") for name in names) == len(names) // 2
     bad = [row for row in rows if not row[1] < 1e-4]  # also NaN, which max() passes over
     assert not bad, bad
@@ -399,10 +401,37 @@ def test_tf32_comes_on_after_the_check_and_only_picks_methods(monkeypatch, tmp_p
     with pytest.raises(SystemExit):
         gpu.parse_args(["--only", "no such method"])
     assert gpu.parse_args([]).methods == tuple(gpu.METHODS)
-    # the dropout methods: only for a text that says dropout
-    assert gpu.parse_args(["--only", "dropout"]).methods == tuple(gpu.OPTIONAL_METHODS)
+    # the dropout and softcap methods: only for a text that names their group
+    dropout = gpu.parse_args(["--only", "dropout"]).methods
+    assert len(dropout) == 3 and all("dropout" in name for name in dropout)
+    assert gpu.parse_args(["--only", "softcap"]).methods == (
+        "edge_attention triton, dot, softcap: none", "edge_attention triton, dot, softcap: 5.0",
+        "edge_attention triton, gatv2, softcap: none",
+        "edge_attention triton, gatv2, softcap: 5.0")
+    assert set(gpu.parse_args(["--only", "dropout", "--only", "softcap"]).methods) == set(
+        gpu.OPTIONAL_METHODS)
     assert not set(gpu.OPTIONAL_METHODS) & set(
         gpu.parse_args(["--only", "edge_attention triton"]).methods)
+
+
+def test_softcap_methods_cap_as_named(triton_interpreter):
+    """Each softcap method computes the op with its score, capped at its cap or not capped
+    (and not the other way round)."""
+    graph = gpu.Graph("random", 12, gpu.synthetic_graph(12, 40, None, "cpu"))
+    for score in ("dot", "gatv2"):
+        for cap, other in ((None, gpu.SOFTCAP), (gpu.SOFTCAP, None)):
+            name = f"edge_attention triton, {score}, softcap: {cap or 'none'}"
+            case = gpu.OPTIONAL_METHODS[name](graph, 2, 8, torch.float32)
+            q, k, v, *att = case.grad_of
+            assert len(att) == (score == "gatv2"), name
+            with torch.no_grad():
+                got = case.forward()
+                want, uncapped_or_capped = (
+                    edge_attention(q, k, v, graph.edge_index, score=score,
+                                   att=att[0] if att else None, softcap=softcap,
+                                   backend="reference") for softcap in (cap, other))
+                assert_close(got, want)
+                assert not torch.allclose(got, uncapped_or_capped, atol=1e-3), name
 
 
 def test_dropout_methods_draw_their_masks_as_named(triton_interpreter):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import assert_close, random_graph
+from conftest import DEVICE, assert_close, random_graph
 
 from graphattn import graphs
 from graphattn.functional import edge_attention, select_backend
@@ -16,9 +16,9 @@ from graphattn.nn import GraphSelfAttention
 
 def _inputs(score: str, *, n: int = 12, heads: int = 2, channels: int = 8, num_edges: int = 70,
             dtype: torch.dtype = torch.float64, bias: bool = True, edge_key: bool = False,
-            seed: int = 0) -> tuple[dict, torch.Tensor]:
+            seed: int = 0, device: torch.device | str = "cpu") -> tuple[dict, torch.Tensor]:
     """Leaves of a call with large scores (q and k of standard deviation 3, so that a cap of 2
-    changes most of them) on a random graph with a node of 40 in-edges."""
+    changes most of them) on a random graph with a node of 40 in-edges, on ``device``."""
     gen = torch.Generator().manual_seed(seed)
     edge_index = torch.cat([random_graph(n, num_edges, seed=seed),
                             torch.stack([torch.randint(0, n, (40,), generator=gen),
@@ -26,7 +26,8 @@ def _inputs(score: str, *, n: int = 12, heads: int = 2, channels: int = 8, num_e
     E = edge_index.size(1)
 
     def leaf(*shape: int, std: float = 1.0) -> torch.Tensor:
-        return (torch.randn(*shape, generator=gen, dtype=dtype) * std).requires_grad_()
+        return (torch.randn(*shape, generator=gen, dtype=dtype) * std).to(
+            device).requires_grad_()
 
     inputs = dict(q=leaf(n, heads, channels, std=3.0), k=leaf(n, heads, channels, std=3.0),
                   v=leaf(n, heads, channels))
@@ -36,7 +37,7 @@ def _inputs(score: str, *, n: int = 12, heads: int = 2, channels: int = 8, num_e
         inputs["bias"] = leaf(E, heads)
     if edge_key:
         inputs["edge_key"] = leaf(E, heads, channels)
-    return inputs, edge_index
+    return inputs, edge_index.to(device)
 
 
 def _run(backend: str, inputs: dict, edge_index: torch.Tensor, score: str,
@@ -47,8 +48,9 @@ def _run(backend: str, inputs: dict, edge_index: torch.Tensor, score: str,
     out, alpha = edge_attention(q, k, v, edge_index, score=score, softcap=softcap,
                                 return_attention=True, backend=backend, **extra)
     gen = torch.Generator().manual_seed(1)
-    loss = ((out * torch.randn(out.shape, generator=gen, dtype=out.dtype)).sum()
-            + (alpha * torch.randn(alpha.shape, generator=gen, dtype=alpha.dtype)).sum())
+    loss = ((out * torch.randn(out.shape, generator=gen, dtype=out.dtype).to(out.device)).sum()
+            + (alpha * torch.randn(alpha.shape, generator=gen, dtype=alpha.dtype).to(
+                alpha.device)).sum())
     return [out, alpha, *torch.autograd.grad(loss, list(inputs.values()))]
 
 
@@ -87,9 +89,21 @@ def test_cpu_backend_matches_the_reference(score, dtype, edge_key):
     assert (uncapped[0] - got[0]).abs().max() > 0.05
 
 
+@pytest.fixture
+def triton_device(request) -> torch.device:
+    """Where the Triton tests run: CPU tensors in Triton's interpreter, or with
+    ``GRAPHATTN_TRITON_DEVICE=cuda`` CUDA tensors on the compiled kernels."""
+    if DEVICE.type == "cuda":
+        if not torch.cuda.is_available():
+            pytest.skip("GRAPHATTN_TRITON_DEVICE=cuda, but torch sees no CUDA device")
+        return DEVICE
+    request.getfixturevalue("triton_interpreter")
+    return DEVICE
+
+
 @pytest.mark.parametrize("tiles", ["one-node", "row-blocks", "hub"])
 @pytest.mark.parametrize("score, edge_key", [("dot", False), ("dot", True), ("gatv2", True)])
-def test_triton_backend_matches_the_reference(triton_interpreter, monkeypatch, tiles, score,
+def test_triton_backend_matches_the_reference(triton_device, monkeypatch, tiles, score,
                                               edge_key):
     """The three launches of the kernels: a program per row, row blocks, and the rows of many
     tiles summed in float64 blocks (tiles of 2 edges here, so that the 40 in-edges of node 0
@@ -100,7 +114,7 @@ def test_triton_backend_matches_the_reference(triton_interpreter, monkeypatch, t
     options = {"one-node": {}, "row-blocks": dict(block_n=4, heavy_degree=6),
                "hub": dict(block_e=2)}[tiles]
     inputs, edge_index = _inputs(score, dtype=torch.float32, edge_key=edge_key, n=8,
-                                 num_edges=30)
+                                 num_edges=30, device=triton_device)
     want = _run("reference", inputs, edge_index, score, 2.0)
     with tk.launch_tiles(**options):
         got = _run("triton", inputs, edge_index, score, 2.0)
