@@ -490,7 +490,10 @@ def hf_attention(family: str, kv_heads: int, layer_idx: int = 0, **config):
 
     prefix = {"llama": "Llama", "qwen2": "Qwen2", "mistral": "Mistral", "qwen3": "Qwen3",
               "gemma2": "Gemma2", "gemma3": "Gemma3", "phi3": "Phi3", "olmo2": "Olmo2",
-              "olmo3": "Olmo3"}[family]
+              "olmo3": "Olmo3", "cohere": "Cohere", "cohere2": "Cohere2", "glm": "Glm",
+              "helium": "Helium", "ernie4_5": "Ernie4_5", "smollm3": "SmolLM3",
+              "gpt_oss": "GptOss", "diffllama": "DiffLlama", "qwen3_next": "Qwen3Next",
+              "seed_oss": "SeedOss"}[family]
     config = getattr(transformers, f"{prefix}TextConfig" if family == "gemma3"
                      else f"{prefix}Config")(
         hidden_size=32, num_attention_heads=4, num_key_value_heads=kv_heads,
@@ -535,8 +538,9 @@ def check_causal(attention, rotary, layer, dense: bool, length: int, seed: int,
     w = torch.randn(1, length, 32, generator=gen)
     want, want_grad = run_llama(attention, rotary, x, torch.arange(length)[None], w)
     x_in = x.clone().requires_grad_(True)
+    positions = {} if layer.rotary is None else {"pos": torch.arange(length)}  # (NoPE: none)
     out = (layer(x_in, is_causal=True) if dense
-           else layer(x_in[0], graphs.causal_graph(length), pos=torch.arange(length))[None])
+           else layer(x_in[0], graphs.causal_graph(length), **positions)[None])
     (out * w).sum().backward()
     assert_close(out.detach(), want)
     assert_close(x_in.grad, want_grad)
@@ -653,6 +657,162 @@ def test_from_llama_converts_olmo3(layer_idx):
     (out * w[0]).sum().backward()
     assert_close(out.detach(), want[0])
     assert_close(x_in.grad, want_grad[0])
+
+
+@pytest.mark.parametrize("family, dense", [
+    ("cohere", False), ("cohere", True), ("helium", False), ("ernie4_5", False), ("glm", False),
+])
+def test_from_llama_finds_a_rotation_that_pairs_channels_as_gptj(family, dense):
+    # Cohere, Helium, Ernie 4.5 and GLM (on half its channels) rotate the channel pairs 2m,
+    # 2m + 1, in a module-level function of their model: their attention classes are LLaMA's.
+    # The conversion's check finds it and takes RotaryPE(interleaved=True).
+    from graphattn.nn import from_llama
+
+    attention, rotary = hf_attention(family, 2, head_dim=8)
+    layer = from_llama(attention, dense=dense, backend="cpu")
+    assert layer.rotary.interleaved
+    assert layer.rotary.dim == (4 if family == "glm" else 8)
+    check_causal(attention, rotary, layer, dense, length=18, seed=29)
+    assert_close(layer.lin_q.weight.grad, attention.q_proj.weight.grad)
+
+
+@pytest.mark.parametrize("family", ["smollm3", "cohere2"])
+def test_from_llama_converts_a_layer_without_a_rotation(family):
+    # SmolLM3's every fourth layer and Cohere 2's global layers rotate nothing (NoPE): the
+    # converted layer has rotary=None and is called without pos; the model's other layers
+    # keep their rotation
+    from graphattn.nn import from_llama
+
+    attention, rotary = hf_attention(family, 2, 3, num_hidden_layers=4, head_dim=8)
+    layer = from_llama(attention, backend="cpu")
+    assert layer.rotary is None
+    check_causal(attention, rotary, layer, dense=False, length=18, seed=30)
+    assert from_llama(hf_attention(family, 2, 0, num_hidden_layers=4, head_dim=8)[0]
+                      ).rotary is not None
+
+
+@pytest.mark.parametrize("family, match", [
+    ("gpt_oss", "GptOssAttention does not compute what its conversion computes"),  # sinks
+    ("diffllama", "DiffLlamaAttention does not compute what its conversion computes"),
+    ("qwen3_next", "q_proj gives 64 features where its heads take 32 \\(heads 4 x head_dim "
+                   "8\\): the attention computes something besides them"),  # an output gate
+])
+def test_from_llama_refuses_what_it_does_not_convert(family, match):
+    # GPT-OSS adds a learned sink to each head's softmax, DiffLlama subtracts two softmaxes,
+    # Qwen3-Next gates the output by half of q_proj's: from_llama says so instead of returning
+    # a layer that computes something else
+    from graphattn.nn import from_llama
+
+    attention, rotary = hf_attention(family, 2, head_dim=8)
+    with pytest.raises(NotImplementedError, match=match):
+        from_llama(attention)
+    if family != "qwen3_next":  # unchecked, the layer computes something else indeed
+        layer = from_llama(attention, check=False)
+        with pytest.raises(AssertionError):
+            check_causal(attention, rotary, layer, dense=False, length=12, seed=31)
+
+
+def test_from_llama_refuses_a_dropout_of_the_output():
+    # Seed-OSS drops its attention's output in training (residual_dropout, 0.1 by default):
+    # refused by name; with it set to 0, converted, and the same in training mode
+    from graphattn.nn import from_llama
+
+    attention, rotary = hf_attention("seed_oss", 2, head_dim=8)
+    assert attention.training and attention.residual_dropout == 0.1
+    with pytest.raises(NotImplementedError, match="SeedOssAttention drops its output in "
+                       "training \\(residual_dropout=0.1\\)"):
+        from_llama(attention)
+    attention.residual_dropout = 0.0
+    check_causal(attention, rotary, from_llama(attention, backend="cpu"), dense=False,
+                 length=12, seed=33)
+
+
+def test_from_llama_refuses_what_its_check_cannot_run():
+    from graphattn.nn import from_llama
+
+    attention = hf_attention("llama", 2)[0]
+    attention.__class__ = type("LlamaAttention", (type(attention),),
+                               {"__module__": __name__})
+    with pytest.raises(NotImplementedError, match="from_llama could not run LlamaAttention to "
+                       "check the conversion \\(LookupError: the module .* holds no "
+                       "\\*RotaryEmbedding class"):
+        from_llama(attention)
+    assert from_llama(attention, check=False).rotary is not None
+    with pytest.raises(TypeError, match="check must be a bool"):
+        from_llama(hf_attention("llama", 2)[0], check="yes")
+
+
+def _every_rotary_attention():
+    """Each self-attention class of the installed transformers that has a rotary embedding
+    class beside it (text attentions; vision and audio ones left out), with the module."""
+    import importlib
+    import pkgutil
+    import warnings
+
+    models = pytest.importorskip("transformers.models", reason="needs transformers")
+    for info in pkgutil.iter_modules(models.__path__):
+        try:
+            with warnings.catch_warnings():  # (what some models' imports say of torch.jit)
+                warnings.simplefilter("ignore")
+                module = importlib.import_module(f"transformers.models.{info.name}.modeling_"
+                                                 f"{info.name}")
+        except Exception:  # a model whose optional dependencies are missing
+            continue
+        for name, value in sorted(vars(module).items()):
+            if (name.endswith("Attention") and isinstance(value, type)
+                    and "Vision" not in name and "Audio" not in name
+                    and any(other.endswith("RotaryEmbedding") for other in vars(module))):
+                yield module, value
+
+
+def test_from_llama_converts_exactly_or_refuses_every_model():
+    # Every transformers attention built like LLaMA that runs from a small config: its
+    # conversion computes what it computes (outputs and the input's gradient on 16
+    # consecutive positions, other tokens than the check's), or from_llama refuses it by name.
+    # None may convert into something else. (Attentions that do not build or run from this
+    # generic config are passed over.)
+    import transformers
+
+    from graphattn.nn import from_llama
+
+    converted, refused, mismatched = [], [], []
+    for module, cls in _every_rotary_attention():
+        prefix = cls.__name__.removesuffix("Attention").removesuffix("Text")
+        config_cls = (getattr(transformers, f"{prefix}TextConfig", None)
+                      or getattr(transformers, f"{prefix}Config", None))
+        rotaries = [value for name, value in vars(module).items()
+                    if name.endswith("RotaryEmbedding") and name.startswith(prefix)]
+        if config_cls is None or len(rotaries) != 1:
+            continue
+        try:
+            config = config_cls(hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+                                head_dim=8, num_hidden_layers=2, attention_dropout=0.0,
+                                intermediate_size=64)
+            config._attn_implementation = "eager"
+            torch.manual_seed(0)
+            attention = cls(config, layer_idx=0)
+            for lin in (getattr(attention, name, None) for name in ("q_proj", "k_proj",
+                                                                     "v_proj", "o_proj")):
+                if isinstance(lin, torch.nn.Linear) and lin.bias is not None:
+                    torch.nn.init.normal_(lin.bias)
+            rotary = rotaries[0](config)
+            x = torch.randn(1, 16, 32)
+            run_llama(attention, rotary, x, torch.arange(16)[None], x)
+        except Exception:  # this generic config or call does not fit the model
+            continue
+        try:
+            layer = from_llama(attention, backend="reference")
+        except (NotImplementedError, ValueError, TypeError):
+            refused.append(cls.__name__)
+            continue
+        try:
+            check_causal(attention, rotary, layer, dense=False, length=16, seed=32)
+            converted.append(cls.__name__)
+        except AssertionError:
+            mismatched.append(cls.__name__)
+    assert not mismatched, mismatched
+    assert len(converted) >= 20 and "LlamaAttention" in converted, (converted, refused)
+    print(f"{len(converted)} converted, {len(refused)} refused: {', '.join(refused)}")
 
 
 GEMMA3 = dict(head_dim=8, query_pre_attn_scalar=24, num_hidden_layers=2, sliding_window=4,

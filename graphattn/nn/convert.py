@@ -49,7 +49,11 @@ causal window graph the same model's attention restricted to a sliding window.
 
 from __future__ import annotations
 
+import copy
+import inspect
 import math
+import os
+import sys
 import warnings
 
 import torch
@@ -57,6 +61,8 @@ from torch import Tensor
 from torch.nn import Module
 from torch.nn.parameter import UninitializedParameter
 
+from graphattn._checks import check_flag
+from graphattn.graphs import causal_graph
 from graphattn.nn.attention import _UNCALLED_HOOKS, DenseSelfAttention, GraphSelfAttention
 from graphattn.pe import RotaryPE
 
@@ -326,6 +332,9 @@ def from_mha(mha: torch.nn.MultiheadAttention, *, dense: bool = False,
         dense (bool, optional): return a ``DenseSelfAttention``. (default: ``False``)
         backend (str, optional): the ``GraphSelfAttention``'s ``backend``.
             (default: ``"auto"``)
+        check (bool, optional): run the attention and the converted layer on a probe before
+            returning it, and refuse a conversion that does not compute what the attention
+            computes (see below). ``False`` returns the layer unchecked. (default: ``True``)
 
     Returns:
         GraphSelfAttention or DenseSelfAttention: on ``mha``'s device, in its dtype and
@@ -368,8 +377,8 @@ def from_mha(mha: torch.nn.MultiheadAttention, *, dense: bool = False,
     return layer
 
 
-def from_llama(attention: Module, *, dense: bool = False,
-               backend: str = "auto") -> GraphSelfAttention | DenseSelfAttention:
+def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
+               check: bool = True) -> GraphSelfAttention | DenseSelfAttention:
     r"""The :class:`~graphattn.nn.GraphSelfAttention` (or, with ``dense=True``, the
     :class:`~graphattn.nn.DenseSelfAttention`) that computes what a Hugging Face LLaMA-family
     self-attention computes, with its weights copied: ``lin_q, lin_k, lin_v, lin_out`` from
@@ -426,10 +435,28 @@ def from_llama(attention: Module, *, dense: bool = False,
         dense (bool, optional): return a ``DenseSelfAttention``. (default: ``False``)
         backend (str, optional): the ``GraphSelfAttention``'s ``backend``.
             (default: ``"auto"``)
+        check (bool, optional): run the attention and the converted layer on a probe before
+            returning it, and refuse a conversion that does not compute what the attention
+            computes (see below). ``False`` returns the layer unchecked. (default: ``True``)
 
     Returns:
         GraphSelfAttention or DenseSelfAttention: on the attention's device, in its dtype and
         training mode (its attention dropout included).
+
+    The attention's class does not say all it computes: models built like LLaMA differ in
+    module-level functions (how the rotation pairs channels) and in steps inside ``forward``
+    (a gate, an attention sink, a normalisation after the rotation, layers without a
+    rotation). So the conversion is checked by running it: both, in float32 on the CPU, on 12
+    random tokens at positions from 0 to 232 with the causal mask, the attention with the
+    cosines and sines of its model family's rotary embedding module (the
+    ``*RotaryEmbedding`` class beside it, built from its config), and the largest difference
+    of the outputs must stay within 1e-3 of the largest output. A rotation that pairs
+    channels as GPT-J does (Cohere's, GLM's, Ernie 4.5's, Helium's) is found that way and
+    taken as ``RotaryPE(interleaved=True)``, and a layer that rotates nothing (SmolLM3's
+    layers without RoPE, Cohere 2's global layers) gets ``rotary=None`` (call it without
+    ``pos``); an attention that still differs is refused by name
+    (``NotImplementedError``), with the difference, where it would otherwise compute
+    something else without a word.
     """
     config = getattr(attention, "config", None)
     lins = [getattr(attention, name, None) for name in ("q_proj", "k_proj", "v_proj", "o_proj")]
@@ -459,12 +486,26 @@ def from_llama(attention: Module, *, dense: bool = False,
         raise ValueError("the attention's config gives no rope_theta for its rotary embedding")
     factor = rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
     rope_args = _rope_arguments(config, rope, rope_type, layer_type)
-    scaling = float(getattr(attention, "scaling", head_dim ** -0.5))
+    scaling = getattr(attention, "scaling", head_dim ** -0.5)
+    if not isinstance(scaling, (int, float)):  # TimesFM 2.5's, a learned scale per channel
+        raise NotImplementedError(
+            f"{type(attention).__name__}'s score scale is a {type(scaling).__name__}, not a "
+            f"number: from_llama converts one number, as the layers' scale")
+    scaling = float(scaling)
     scale = None if math.isclose(scaling, head_dim ** -0.5, rel_tol=1e-12) else scaling
     softcap = getattr(attention, "attn_logit_softcapping", None)
     if o_proj.in_features != heads * head_dim:
         raise ValueError(f"o_proj must take heads * head_dim = {heads * head_dim} features, "
                          f"got o_proj {o_proj.in_features} -> {o_proj.out_features}")
+    for name, lin, count, heads_name in (("q_proj", q_proj, heads, "heads"),
+                                         ("k_proj", k_proj, kv_heads, "kv_heads"),
+                                         ("v_proj", v_proj, kv_heads, "kv_heads")):
+        if lin.out_features != count * head_dim:
+            raise NotImplementedError(
+                f"{name} gives {lin.out_features} features where its heads take "
+                f"{count * head_dim} ({heads_name} {count} x head_dim {head_dim}): the "
+                f"attention computes something besides them (an output gate, as Qwen3-Next's "
+                f"q_proj does), which from_llama does not convert")
     qk_norm, norms = _qk_norms(attention, head_dim, heads, kv_heads) or (None, None)
     bias = q_proj.bias is not None
     if (k_proj.bias is not None) != bias or (v_proj.bias is not None) != bias or (
@@ -472,6 +513,13 @@ def from_llama(attention: Module, *, dense: bool = False,
         raise ValueError("q_proj, k_proj and v_proj must all have biases or none (and o_proj "
                          "none when they have none)")
     dropout = float(getattr(config, "attention_dropout", 0.0) or 0.0)
+    residual_dropout = getattr(attention, "residual_dropout", 0.0)
+    if isinstance(residual_dropout, (int, float)) and residual_dropout > 0:  # Seed-OSS's
+        raise NotImplementedError(
+            f"{type(attention).__name__} drops its output in training (residual_dropout="
+            f"{residual_dropout}), which the layers do not: set attention.residual_dropout = "
+            f"0.0 before converting it (nothing changes in eval mode), or drop the layer's "
+            f"output in the model")
     rotary = RotaryPE(int(head_dim * factor), base=float(base), **rope_args)
     if dense:
         layer = DenseSelfAttention(hidden, head_dim, heads, dropout=dropout, bias=bias,
@@ -496,7 +544,91 @@ def from_llama(attention: Module, *, dense: bool = False,
                                        strict=False):
             norm.weight.copy_(weight)
             norm.eps = eps
+    if check_flag(check, "check"):
+        # the rotation as LLaMA pairs channels, as GPT-J does, or none: the first that
+        # computes what the attention computes
+        interleaved = RotaryPE(int(head_dim * factor), base=float(base), interleaved=True,
+                               **rope_args)
+        _check_conversion(attention, layer, layer_type, (rotary, interleaved.to(
+            o_proj.weight.device), None))
     return layer
+
+
+# the positions of from_llama's check: 12 tokens spread up to 232, so that the slow planes of
+# a rotation turn too, within the trained length of any model
+_CHECK_POSITIONS = (0, 1, 2, 4, 7, 12, 20, 33, 54, 88, 143, 232)
+_CHECK_TOLERANCE = 1e-3  # of the largest output; the converted features differ by 1e-1 and more
+
+
+def _check_conversion(attention: Module, layer: GraphSelfAttention | DenseSelfAttention,
+                      layer_type: str | None, rotaries: tuple[RotaryPE | None, ...]) -> None:
+    """Give ``layer`` the first of ``rotaries`` with which it computes what ``attention``
+    computes on the check of :func:`from_llama`; raise ``NotImplementedError`` when none
+    does, or when the check cannot run the attention."""
+    name = type(attention).__name__
+    escape = "from_llama(..., check=False) converts it unchecked"
+    errors = []
+    for rotary in rotaries:
+        layer.rotary = rotary
+        try:
+            errors.append(_conversion_error(attention, layer, layer_type))
+        except Exception as error:  # the family's own code, in any of its ways to fail
+            raise NotImplementedError(
+                f"from_llama could not run {name} to check the conversion ({type(error).__name__}: "
+                f"{error}); {escape}") from error
+        if errors[-1] <= _CHECK_TOLERANCE:
+            return
+    raise NotImplementedError(
+        f"{name} does not compute what its conversion computes: on from_llama's check the "
+        f"outputs differ by {min(errors):.3g} of the largest output or more, with the rotary "
+        f"embedding's channels paired as in LLaMA, as in GPT-J, or no rotation (within "
+        f"{_CHECK_TOLERANCE:g} passes). It computes something from_llama does not convert (an "
+        f"attention sink, a gate, a normalisation after the rotation, ...); {escape}")
+
+
+def _conversion_error(attention: Module, layer: GraphSelfAttention | DenseSelfAttention,
+                      layer_type: str | None) -> float:
+    """The largest difference between the outputs of ``layer`` and ``attention`` (copies of
+    both, in float32 on the CPU, in eval mode, the attention in its eager implementation) on
+    random tokens at ``_CHECK_POSITIONS`` with the causal mask, over the largest output."""
+    hf = copy.deepcopy(attention).float().cpu().eval()
+    hf.config._attn_implementation = "eager"  # (the copy's config)
+    ours = copy.deepcopy(layer).float().cpu().eval()
+    if isinstance(ours, GraphSelfAttention):
+        ours.backend = "reference"
+    embedding = _family_rotary_embedding(hf)
+    L = len(_CHECK_POSITIONS)
+    pos = torch.tensor(_CHECK_POSITIONS)
+    x = torch.randn(1, L, hf.q_proj.in_features if hasattr(hf, "q_proj") else
+                    hf.qkv_proj.in_features, generator=torch.Generator().manual_seed(0))
+    mask = torch.full((L, L), float("-inf")).triu(1)[None, None]  # (1, 1, L, L)
+    kinds = ({"layer_type": layer_type}
+             if "layer_type" in inspect.signature(embedding.forward).parameters else {})
+    positions = {} if ours.rotary is None else {"pos": pos}
+    with torch.no_grad():
+        cos_sin = embedding(x, pos[None], **kinds)
+        want = hf(x, position_embeddings=cos_sin, attention_mask=mask,
+                  position_ids=pos[None])[0]  # (1, L, D)
+        if isinstance(ours, DenseSelfAttention):
+            got = ours(x, is_causal=True, **positions)
+        else:
+            got = ours(x[0], causal_graph(L), **positions)[None]
+    return ((got - want).abs().max() / want.abs().max().clamp_min(1e-12)).item()
+
+
+def _family_rotary_embedding(attention: Module) -> Module:
+    """The rotary embedding module of ``attention``'s model family, built from its config: the
+    ``*RotaryEmbedding`` class of the attention's own module whose name shares the longest
+    beginning with the attention's (``LlamaRotaryEmbedding`` for ``LlamaAttention``)."""
+    module = sys.modules.get(type(attention).__module__)
+    classes = {name: value for name, value in vars(module or object()).items()
+               if name.endswith("RotaryEmbedding") and isinstance(value, type)}
+    if not classes:
+        raise LookupError(f"the module {type(attention).__module__} holds no *RotaryEmbedding "
+                          f"class to compute the attention's cosines and sines")
+    prefix = type(attention).__name__.removesuffix("Attention")
+    best = max(classes, key=lambda name: len(os.path.commonprefix([name, prefix])))
+    return classes[best](attention.config).float().cpu()
 
 
 def _split_qkv(qkv_proj: torch.nn.Linear, config) -> list[torch.nn.Linear]:
