@@ -66,6 +66,8 @@ def run_llama(attention, rotary, x: torch.Tensor, position_ids: torch.Tensor,
         mask = torch.full((L, L), float("-inf")).triu(1)[None, None]  # (1, 1, L, L)
     layer_type = getattr(attention, "layer_type", None) or getattr(attention, "attention_type",
                                                                    None)  # (OLMo 3's)
+    if layer_type is None and getattr(attention.config, "layer_types", None):  # (Mellum's)
+        layer_type = attention.config.layer_types[attention.layer_idx]
     per_kind = isinstance(attention.config.rope_parameters.get(layer_type), dict)
     kinds = {"layer_type": layer_type} if per_kind else {}
     out = attention(x, position_embeddings=rotary(x, position_ids, **kinds),

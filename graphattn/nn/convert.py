@@ -468,14 +468,24 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
                         f"{type(attention).__name__}")
     q_proj, k_proj, v_proj, o_proj = lins
     heads = config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    groups = getattr(attention, "num_key_value_groups", None)  # the layer's own (a model's
+    if isinstance(groups, int) and groups > 0 and heads % groups == 0:  # layers may differ)
+        kv_heads = heads // groups
+    else:
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(attention, "head_dim", None) or q_proj.out_features // heads
     hidden = q_proj.in_features
     rope = dict(getattr(config, "rope_parameters", None) or {})
     # the kind of layer, where the config has one rotary embedding per kind (Gemma 3's
-    # layer_type, OLMo 3's attention_type: "sliding_attention" or "full_attention")
+    # layer_type, OLMo 3's attention_type: "sliding_attention" or "full_attention"; else the
+    # config's layer_types at the attention's layer_idx)
     layer_type = getattr(attention, "layer_type", None) or getattr(attention, "attention_type",
                                                                    None)
+    layer_types, layer_idx = getattr(config, "layer_types", None), getattr(attention,
+                                                                          "layer_idx", None)
+    if layer_type is None and isinstance(layer_idx, int) and isinstance(layer_types, list) and (
+            0 <= layer_idx < len(layer_types)):
+        layer_type = layer_types[layer_idx]
     if isinstance(rope.get(layer_type), dict):
         rope = dict(rope[layer_type])
     else:
