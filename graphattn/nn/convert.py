@@ -393,7 +393,8 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
     ``scale``, Gemma 2's soft cap of the scores (``attn_logit_softcapping``) as ``softcap``,
     and where the config has one rotary embedding per kind of layer (Gemma 3's and
     OLMo 3's local and global layers) the one of the attention's ``layer_type`` (OLMo 3's
-    ``attention_type``). Where ``o_proj`` maps
+    ``attention_type``; else the config's ``layer_types`` at its ``layer_idx``). Where
+    ``o_proj`` maps
     the ``heads * head_dim`` channels to another width (Qwen3-0.6B: 16 heads of 128 in a model
     of width 1024), ``lin_out`` is that ``Linear`` and the layer's output has that width.
 
@@ -414,7 +415,8 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
     Args:
         attention (torch.nn.Module): a module with ``q_proj``, ``k_proj``, ``v_proj`` and
             ``o_proj`` (``Linear``), ``head_dim`` and a ``config`` giving
-            ``num_attention_heads``, ``num_key_value_heads`` and the rotary embedding
+            ``num_attention_heads``, ``num_key_value_heads`` (or the attention's
+            ``num_key_value_groups``, where a model's layers differ) and the rotary embedding
             (``rope_parameters`` or ``rope_theta``: the default RoPE; one whose frequencies
             are rescaled once for all positions, ``"linear"``, LLaMA 3's ``"llama3"`` and
             ``"yarn"``, taken as ``RotaryPE(frequencies=, attention_factor=)`` from
