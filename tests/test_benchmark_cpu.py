@@ -878,6 +878,9 @@ def test_softcap_benchmark_runs_every_way(tmp_path):
     for i in range(0, len(rows), 3):
         base = float(rows[i]["ms"])
         for row in rows[i:i + 3]:
-            assert float(row["ratio to cpu, no cap"]) == pytest.approx(  # (ms rounded)
-                float(row["ms"]) / base, rel=0.03, abs=0.02)
+            # ms and ratios are written to 0.01: the ratio lies within what the rounded ms
+            # allow (on this small graph a call takes a tenth of a millisecond or so)
+            ms, ratio = float(row["ms"]), float(row["ratio to cpu, no cap"])
+            low, high = (ms - 0.005) / (base + 0.005), (ms + 0.005) / max(base - 0.005, 1e-9)
+            assert low - 0.005 <= ratio <= high + 0.005, (row, base)
     assert "command: `python benchmarks/softcap_cpu.py --nodes 200" in out.read_text()
