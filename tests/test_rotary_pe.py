@@ -495,7 +495,7 @@ def hf_attention(family: str, kv_heads: int, layer_idx: int = 0, **config):
               "olmo3": "Olmo3", "cohere": "Cohere", "cohere2": "Cohere2", "glm": "Glm",
               "helium": "Helium", "ernie4_5": "Ernie4_5", "smollm3": "SmolLM3",
               "gpt_oss": "GptOss", "diffllama": "DiffLlama", "qwen3_next": "Qwen3Next",
-              "seed_oss": "SeedOss"}[family]
+              "seed_oss": "SeedOss", "nanochat": "NanoChat"}[family]
     config = getattr(transformers, f"{prefix}TextConfig" if family == "gemma3"
                      else f"{prefix}Config")(
         hidden_size=32, num_attention_heads=4, num_key_value_heads=kv_heads,
@@ -508,7 +508,8 @@ def hf_attention(family: str, kv_heads: int, layer_idx: int = 0, **config):
         if lin is not None and lin.bias is not None:  # not 0, so that a lost one would show
             torch.nn.init.normal_(lin.bias)
     for norm in (getattr(attention, "q_norm", None), getattr(attention, "k_norm", None)):
-        if norm is not None:  # Qwen3's gains, away from their initial 1 for the same reason
+        if getattr(norm, "weight", None) is not None:  # Qwen3's gains, away from their initial
+            # 1 for the same reason (NanoChat's norms have none)
             torch.nn.init.normal_(norm.weight, 1.0, 0.5)
     return attention, getattr(module, f"{prefix}RotaryEmbedding")(config)
 
@@ -676,6 +677,22 @@ def test_from_llama_finds_a_rotation_that_pairs_channels_as_gptj(family, dense):
     assert layer.rotary.dim == (4 if family == "glm" else 8)
     check_causal(attention, rotary, layer, dense, length=18, seed=29)
     assert_close(layer.lin_q.weight.grad, attention.q_proj.weight.grad)
+
+
+@pytest.mark.parametrize("dense", [False, True], ids=["graph", "dense"])
+def test_from_llama_converts_nanochat_norm_without_gains(dense):
+    # NanoChat normalises each head's queries and keys after rotating them, by an RMSNorm
+    # without gains: the rotation keeps their norms, so this is qk_norm="rms" with gains of 1
+    # before it. Its rotate_half flips the sign of the other half: each plane turns the other
+    # way, which the check finds (negated frequencies)
+    from graphattn.nn import from_llama
+
+    attention, rotary = hf_attention("nanochat", 2, head_dim=8)
+    assert getattr(attention.q_norm, "weight", None) is None
+    layer = from_llama(attention, dense=dense, backend="cpu")
+    assert layer.qk_norm == "rms" and torch.equal(layer.q_norm.weight.detach(), torch.ones(8))
+    assert not layer.rotary.interleaved and (layer.rotary.frequencies < 0).all()
+    check_causal(attention, rotary, layer, dense, length=16, seed=34)
 
 
 @pytest.mark.parametrize("family", ["smollm3", "cohere2"])

@@ -432,7 +432,9 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
             ``Phi3Attention`` with its ``qkv_proj``) have. ``q_norm`` and ``k_norm``, where it
             has them, must be RMSNorms over each head's channels or over the whole
             projection's (a ``weight`` and ``variance_epsilon`` or ``eps``, told apart from
-            Gemma's form by running them); a soft cap on the scores
+            Gemma's form by running them; without a ``weight``, gains of 1: NanoChat's, which
+            it applies after the rotation, where a norm without gains gives the same); a soft
+            cap on the scores
             (``attn_logit_softcapping``, Gemma 2's) becomes ``softcap``.
         dense (bool, optional): return a ``DenseSelfAttention``. (default: ``False``)
         backend (str, optional): the ``GraphSelfAttention``'s ``backend``.
@@ -454,7 +456,8 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
     ``*RotaryEmbedding`` class beside it, built from its config), and the largest difference
     of the outputs must stay within 1e-3 of the largest output. A rotation that pairs
     channels as GPT-J does (Cohere's, GLM's, Ernie 4.5's, Helium's) is found that way and
-    taken as ``RotaryPE(interleaved=True)``, and a layer that rotates nothing (SmolLM3's
+    taken as ``RotaryPE(interleaved=True)``, one that turns each plane the other way
+    (NanoChat's) as negated ``frequencies``, and a layer that rotates nothing (SmolLM3's
     layers without RoPE, Cohere 2's global layers) gets ``rotary=None`` (call it without
     ``pos``); an attention that still differs is refused by name
     (``NotImplementedError``), with the difference, where it would otherwise compute
@@ -557,13 +560,28 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
             norm.weight.copy_(weight)
             norm.eps = eps
     if check_flag(check, "check"):
-        # the rotation as LLaMA pairs channels, as GPT-J does, or none: the first that
-        # computes what the attention computes
+        # the rotation as LLaMA pairs channels, as GPT-J does, turned the other way, or none:
+        # the first that computes what the attention computes
         interleaved = RotaryPE(int(head_dim * factor), base=float(base), interleaved=True,
                                **rope_args)
-        _check_conversion(attention, layer, layer_type, (rotary, interleaved.to(
-            o_proj.weight.device), None))
+        turned_back = _turned_back(rotary)
+        rotations = [rotary, interleaved] + ([turned_back] if turned_back else [])
+        _check_conversion(attention, layer, layer_type, tuple(
+            rotation.to(o_proj.weight.device) for rotation in rotations) + (None,))
     return layer
+
+
+def _turned_back(rotary: RotaryPE) -> RotaryPE | None:
+    """``rotary`` turning each plane the other way, by the angles of ``-pos`` (NanoChat's
+    rotate_half flips the other half's sign); ``None`` for the rotations whose angles depend on
+    the call's positions (dynamic NTK, LongRoPE)."""
+    if rotary.ntk_factor is not None or rotary.long_frequencies is not None:
+        return None
+    group = rotary.dim // rotary.axes
+    frequencies = (rotary.frequencies if rotary.frequencies is not None else 1.0 / (
+        rotary.base ** (torch.arange(0, group, 2, dtype=torch.float64) / group)))
+    return RotaryPE(rotary.dim, axes=rotary.axes, interleaved=rotary.interleaved,
+                    frequencies=-frequencies, attention_factor=rotary.attention_factor)
 
 
 # the positions of from_llama's check: 12 tokens spread up to 232, so that the slow planes of
@@ -593,7 +611,8 @@ def _check_conversion(attention: Module, layer: GraphSelfAttention | DenseSelfAt
     raise NotImplementedError(
         f"{name} does not compute what its conversion computes: on from_llama's check the "
         f"outputs differ by {min(errors):.3g} of the largest output or more, with the rotary "
-        f"embedding's channels paired as in LLaMA, as in GPT-J, or no rotation (within "
+        f"embedding's channels paired as in LLaMA or as in GPT-J, turned the other way, or no "
+        f"rotation (within "
         f"{_CHECK_TOLERANCE:g} passes). It computes something from_llama does not convert (an "
         f"attention sink, a gate, a normalisation after the rotation, ...); {escape}")
 
@@ -681,10 +700,13 @@ def _qk_norms(attention: Module, head_dim: int, heads: int, kv_heads: int,
                                                                 kv_heads * head_dim)}
     q_shape = tuple(getattr(getattr(modules[0], "weight", None), "shape", ()))
     kind = "rms_across_heads" if q_shape == (heads * head_dim,) and heads > 1 else "rms"
+    like = next(attention.parameters())  # (the device and dtype of gains made here)
     norms = []
     for name, module, width in zip(("q_norm", "k_norm"), modules, widths[kind], strict=True):
         weight = getattr(module, "weight", None)
         eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
+        if module is not None and weight is None:  # an RMSNorm without gains (NanoChat's): 1
+            weight = torch.ones(width, device=like.device, dtype=like.dtype)
         gains = None
         if (isinstance(weight, Tensor) and tuple(weight.shape) == (width,)
                 and isinstance(eps, (int, float))):
