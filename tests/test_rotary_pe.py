@@ -495,7 +495,8 @@ def hf_attention(family: str, kv_heads: int, layer_idx: int = 0, **config):
               "olmo3": "Olmo3", "cohere": "Cohere", "cohere2": "Cohere2", "glm": "Glm",
               "helium": "Helium", "ernie4_5": "Ernie4_5", "smollm3": "SmolLM3",
               "gpt_oss": "GptOss", "diffllama": "DiffLlama", "qwen3_next": "Qwen3Next",
-              "seed_oss": "SeedOss", "nanochat": "NanoChat"}[family]
+              "seed_oss": "SeedOss", "nanochat": "NanoChat", "gpt_neox": "GPTNeoX",
+              "phi": "Phi"}[family]
     config = getattr(transformers, f"{prefix}TextConfig" if family == "gemma3"
                      else f"{prefix}Config")(
         hidden_size=32, num_attention_heads=4, num_key_value_heads=kv_heads,
@@ -503,8 +504,9 @@ def hf_attention(family: str, kv_heads: int, layer_idx: int = 0, **config):
     config._attn_implementation = "eager"
     torch.manual_seed(0)
     attention = getattr(module, f"{prefix}Attention")(config, layer_idx=layer_idx)
-    for name in ("q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj"):
-        lin = getattr(attention, name, None)  # (Phi-3 has one qkv_proj)
+    for name in ("q_proj", "k_proj", "v_proj", "qkv_proj", "query_key_value", "o_proj",
+                 "dense"):
+        lin = getattr(attention, name, None)  # (Phi-3 has one qkv_proj, GPT-NeoX another)
         if lin is not None and lin.bias is not None:  # not 0, so that a lost one would show
             torch.nn.init.normal_(lin.bias)
     for norm in (getattr(attention, "q_norm", None), getattr(attention, "k_norm", None)):
@@ -695,6 +697,24 @@ def test_from_llama_converts_nanochat_norm_without_gains(dense):
     check_causal(attention, rotary, layer, dense, length=16, seed=34)
 
 
+@pytest.mark.parametrize("family, dense", [("gpt_neox", False), ("gpt_neox", True),
+                                           ("phi", False)])
+def test_from_llama_converts_gpt_neox_and_phi(family, dense):
+    # GPT-NeoX (Pythia) projects q, k and v by one query_key_value whose rows hold each
+    # head's three in turn, and Phi (1, 1.5, 2) has q_proj, k_proj and v_proj; both project
+    # the output by `dense` and rotate part of each head's channels (a quarter and a half)
+    from graphattn.nn import from_llama
+
+    attention, rotary = hf_attention(family, 4, attention_bias=True)
+    layer = from_llama(attention, dense=dense, backend="cpu")
+    assert layer.rotary.dim == (2 if family == "gpt_neox" else 4) and layer.kv_heads == 4
+    check_causal(attention, rotary, layer, dense, length=14, seed=35)
+    assert_close(layer.lin_out.weight.grad, attention.dense.weight.grad)
+    if family == "gpt_neox":  # the value rows of head 1 of the fused weight
+        assert_close(layer.lin_v.weight.grad[8:16],
+                     attention.query_key_value.weight.grad.view(4, 3, 8, 32)[1, 2])
+
+
 @pytest.mark.parametrize("family", ["smollm3", "cohere2"])
 def test_from_llama_converts_a_layer_without_a_rotation(family):
     # SmolLM3's every fourth layer and Cohere 2's global layers rotate nothing (NoPE): the
@@ -715,14 +735,17 @@ def test_from_llama_converts_a_layer_without_a_rotation(family):
     ("diffllama", "DiffLlamaAttention does not compute what its conversion computes"),
     ("qwen3_next", "q_proj gives 64 features where its heads take 32 \\(heads 4 x head_dim "
                    "8\\): the attention computes something besides them"),  # an output gate
+    ("phi", "PhiAttention does not compute what its conversion computes"),  # qk_layernorm
 ])
 def test_from_llama_refuses_what_it_does_not_convert(family, match):
     # GPT-OSS adds a learned sink to each head's softmax, DiffLlama subtracts two softmaxes,
-    # Qwen3-Next gates the output by half of q_proj's: from_llama says so instead of returning
-    # a layer that computes something else
+    # Qwen3-Next gates the output by half of q_proj's, Phi with qk_layernorm normalises by
+    # modules the converter does not read: from_llama says so instead of returning a layer
+    # that computes something else
     from graphattn.nn import from_llama
 
-    attention, rotary = hf_attention(family, 2, head_dim=8)
+    extra = dict(qk_layernorm=True) if family == "phi" else dict(head_dim=8)
+    attention, rotary = hf_attention(family, 4 if family == "phi" else 2, **extra)
     with pytest.raises(NotImplementedError, match=match):
         from_llama(attention)
     if family != "qwen3_next":  # unchecked, the layer computes something else indeed

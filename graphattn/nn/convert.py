@@ -383,7 +383,9 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
     :class:`~graphattn.nn.DenseSelfAttention`) that computes what a Hugging Face LLaMA-family
     self-attention computes, with its weights copied: ``lin_q, lin_k, lin_v, lin_out`` from
     ``q_proj, k_proj, v_proj, o_proj`` (or from the three parts of Phi-3's fused
-    ``qkv_proj``), its rotary embedding as ``rotary=RotaryPE(head_dim,
+    ``qkv_proj``, or of GPT-NeoX's ``query_key_value``, which holds each head's query, key
+    and value in turn; ``o_proj`` is ``dense`` in GPT-NeoX and Phi), its rotary embedding as
+    ``rotary=RotaryPE(head_dim,
     base=rope_theta)`` and its key and value heads as ``kv_heads``. Qwen3's and Gemma 3's RMS
     normalisation of each head's queries and keys (``q_norm``, ``k_norm``) comes over as
     ``qk_norm="rms"`` with its gains (Gemma's ``1 + weight``) and epsilon, OLMo 2's and
@@ -465,12 +467,17 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
     """
     config = getattr(attention, "config", None)
     lins = [getattr(attention, name, None) for name in ("q_proj", "k_proj", "v_proj", "o_proj")]
+    if lins[3] is None:  # GPT-NeoX's, Phi's and Persimmon's output projection
+        lins[3] = getattr(attention, "dense", None)
     if config is not None and isinstance(getattr(attention, "qkv_proj", None), torch.nn.Linear):
         lins[:3] = _split_qkv(attention.qkv_proj, config)  # Phi-3's one product for q, k, v
+    fused = getattr(attention, "query_key_value", None)
+    if config is not None and isinstance(fused, torch.nn.Linear) and lins[0] is None:
+        lins[:3] = _split_per_head_qkv(fused, config)  # GPT-NeoX's, each head's q, k, v
     if config is None or not all(isinstance(lin, torch.nn.Linear) for lin in lins):
         raise TypeError(f"attention must be a LLaMA-family self-attention with q_proj, k_proj, "
-                        f"v_proj (or one qkv_proj) and o_proj Linear layers and a config, got "
-                        f"{type(attention).__name__}")
+                        f"v_proj (or one qkv_proj or query_key_value) and o_proj (or dense) "
+                        f"Linear layers and a config, got {type(attention).__name__}")
     q_proj, k_proj, v_proj, o_proj = lins
     heads = config.num_attention_heads
     groups = getattr(attention, "num_key_value_groups", None)  # the layer's own (a model's
@@ -478,7 +485,8 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
         kv_heads = heads // groups
     else:
         kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    head_dim = getattr(attention, "head_dim", None) or q_proj.out_features // heads
+    head_dim = (getattr(attention, "head_dim", None) or getattr(attention, "head_size", None)
+                or q_proj.out_features // heads)
     hidden = q_proj.in_features
     rope = dict(getattr(config, "rope_parameters", None) or {})
     # the kind of layer, where the config has one rotary embedding per kind (Gemma 3's
@@ -630,8 +638,7 @@ def _conversion_error(attention: Module, layer: GraphSelfAttention | DenseSelfAt
     embedding = _family_rotary_embedding(hf)
     L = len(_CHECK_POSITIONS)
     pos = torch.tensor(_CHECK_POSITIONS)
-    x = torch.randn(1, L, hf.q_proj.in_features if hasattr(hf, "q_proj") else
-                    hf.qkv_proj.in_features, generator=torch.Generator().manual_seed(0))
+    x = torch.randn(1, L, ours.lin_q.in_features, generator=torch.Generator().manual_seed(0))
     mask = torch.full((L, L), float("-inf")).triu(1)[None, None]  # (1, 1, L, L)
     kinds = ({"layer_type": layer_type}
              if "layer_type" in inspect.signature(embedding.forward).parameters else {})
@@ -683,6 +690,28 @@ def _split_qkv(qkv_proj: torch.nn.Linear, config) -> list[torch.nn.Linear]:
         lin.weight = torch.nn.Parameter(weight.clone())
         if bias is not None:
             lin.bias = torch.nn.Parameter(bias.clone())
+        parts.append(lin)
+    return parts
+
+
+def _split_per_head_qkv(fused: torch.nn.Linear, config) -> list[torch.nn.Linear]:
+    """Three ``Linear`` modules that compute the query, key and value parts of GPT-NeoX's
+    ``query_key_value``, whose rows hold each head's query, key and value in turn (``[H, 3,
+    d]``), holding copies of its weight's rows; refused unless it gives 3 H d features."""
+    heads = config.num_attention_heads
+    if fused.out_features % (3 * heads):
+        raise ValueError(f"query_key_value must give 3 * heads * head_dim features, a multiple "
+                         f"of {3 * heads}, got {fused.out_features}")
+    head_dim = fused.out_features // (3 * heads)
+    weight = fused.weight.detach().view(heads, 3, head_dim, fused.in_features)
+    bias = None if fused.bias is None else fused.bias.detach().view(heads, 3, head_dim)
+    parts = []
+    for part in range(3):  # q, k, v
+        lin = torch.nn.Linear(fused.in_features, heads * head_dim, bias=bias is not None,
+                              device="meta")
+        lin.weight = torch.nn.Parameter(weight[:, part].reshape(heads * head_dim, -1).clone())
+        if bias is not None:
+            lin.bias = torch.nn.Parameter(bias[:, part].reshape(-1).clone())
         parts.append(lin)
     return parts
 
