@@ -496,7 +496,8 @@ def hf_attention(family: str, kv_heads: int, layer_idx: int = 0, **config):
               "helium": "Helium", "ernie4_5": "Ernie4_5", "smollm3": "SmolLM3",
               "gpt_oss": "GptOss", "diffllama": "DiffLlama", "qwen3_next": "Qwen3Next",
               "seed_oss": "SeedOss", "nanochat": "NanoChat", "gpt_neox": "GPTNeoX",
-              "phi": "Phi"}[family]
+              "phi": "Phi", "persimmon": "Persimmon",
+              "hunyuan_v1_dense": "HunYuanDenseV1"}[family]
     config = getattr(transformers, f"{prefix}TextConfig" if family == "gemma3"
                      else f"{prefix}Config")(
         hidden_size=32, num_attention_heads=4, num_key_value_heads=kv_heads,
@@ -509,10 +510,13 @@ def hf_attention(family: str, kv_heads: int, layer_idx: int = 0, **config):
         lin = getattr(attention, name, None)  # (Phi-3 has one qkv_proj, GPT-NeoX another)
         if lin is not None and lin.bias is not None:  # not 0, so that a lost one would show
             torch.nn.init.normal_(lin.bias)
-    for norm in (getattr(attention, "q_norm", None), getattr(attention, "k_norm", None)):
+    for name in ("q_norm", "k_norm", "q_layernorm", "k_layernorm"):
+        norm = getattr(attention, name, None)
         if getattr(norm, "weight", None) is not None:  # Qwen3's gains, away from their initial
             # 1 for the same reason (NanoChat's norms have none)
             torch.nn.init.normal_(norm.weight, 1.0, 0.5)
+        if getattr(norm, "bias", None) is not None:  # Phi's LayerNorms, away from 0
+            torch.nn.init.normal_(norm.bias, 0.0, 0.5)
     return attention, getattr(module, f"{prefix}RotaryEmbedding")(config)
 
 
@@ -715,6 +719,22 @@ def test_from_llama_converts_gpt_neox_and_phi(family, dense):
                      attention.query_key_value.weight.grad.view(4, 3, 8, 32)[1, 2])
 
 
+@pytest.mark.parametrize("family, config", [("phi", dict(qk_layernorm=True)),
+                                            ("persimmon", {})])
+def test_from_llama_converts_layer_norms_of_queries_and_keys(family, config):
+    # Phi (with qk_layernorm) and Persimmon normalise each head's queries and keys by a
+    # LayerNorm with gains and a bias (set away from 1 and 0 here): qk_norm="layer"
+    from graphattn.nn import from_llama
+
+    attention, rotary = hf_attention(family, 4, **config)
+    layer = from_llama(attention, backend="cpu")
+    assert layer.qk_norm == "layer"
+    assert_close(layer.k_norm.bias.detach(), attention.k_layernorm.bias.detach())
+    check_causal(attention, rotary, layer, dense=False, length=14, seed=36)
+    assert_close(layer.q_norm.weight.grad, attention.q_layernorm.weight.grad)
+    assert_close(layer.k_norm.bias.grad, attention.k_layernorm.bias.grad)
+
+
 @pytest.mark.parametrize("family", ["smollm3", "cohere2"])
 def test_from_llama_converts_a_layer_without_a_rotation(family):
     # SmolLM3's every fourth layer and Cohere 2's global layers rotate nothing (NoPE): the
@@ -735,17 +755,17 @@ def test_from_llama_converts_a_layer_without_a_rotation(family):
     ("diffllama", "DiffLlamaAttention does not compute what its conversion computes"),
     ("qwen3_next", "q_proj gives 64 features where its heads take 32 \\(heads 4 x head_dim "
                    "8\\): the attention computes something besides them"),  # an output gate
-    ("phi", "PhiAttention does not compute what its conversion computes"),  # qk_layernorm
+    ("hunyuan_v1_dense", "HunYuanDenseV1Attention does not compute what its conversion "
+                         "computes"),  # its norms after the rotation
 ])
 def test_from_llama_refuses_what_it_does_not_convert(family, match):
     # GPT-OSS adds a learned sink to each head's softmax, DiffLlama subtracts two softmaxes,
-    # Qwen3-Next gates the output by half of q_proj's, Phi with qk_layernorm normalises by
-    # modules the converter does not read: from_llama says so instead of returning a layer
-    # that computes something else
+    # Qwen3-Next gates the output by half of q_proj's, HunYuan normalises queries and keys
+    # after rotating them, by modules the converter does not read: from_llama says so
+    # instead of returning a layer that computes something else
     from graphattn.nn import from_llama
 
-    extra = dict(qk_layernorm=True) if family == "phi" else dict(head_dim=8)
-    attention, rotary = hf_attention(family, 4 if family == "phi" else 2, **extra)
+    attention, rotary = hf_attention(family, 2, head_dim=8)
     with pytest.raises(NotImplementedError, match=match):
         from_llama(attention)
     if family != "qwen3_next":  # unchecked, the layer computes something else indeed

@@ -435,8 +435,9 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
             has them, must be RMSNorms over each head's channels or over the whole
             projection's (a ``weight`` and ``variance_epsilon`` or ``eps``, told apart from
             Gemma's form by running them; without a ``weight``, gains of 1: NanoChat's, which
-            it applies after the rotation, where a norm without gains gives the same); a soft
-            cap on the scores
+            it applies after the rotation, where a norm without gains gives the same); Phi's
+            and Persimmon's ``q_layernorm`` and ``k_layernorm`` (``torch.nn.LayerNorm`` over
+            each head's channels) become ``qk_norm="layer"``; a soft cap on the scores
             (``attn_logit_softcapping``, Gemma 2's) becomes ``softcap``.
         dense (bool, optional): return a ``DenseSelfAttention``. (default: ``False``)
         backend (str, optional): the ``GraphSelfAttention``'s ``backend``.
@@ -563,10 +564,12 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
             lin.weight.copy_(source.weight)
             if lin.bias is not None:  # o_proj without a bias beside biased projections: 0
                 lin.bias.copy_(source.bias if source.bias is not None else 0.0)
-        for norm, (weight, eps) in zip((layer.q_norm, layer.k_norm), norms or (),
-                                       strict=False):
+        for norm, (weight, eps, shift) in zip((layer.q_norm, layer.k_norm), norms or (),
+                                              strict=False):
             norm.weight.copy_(weight)
             norm.eps = eps
+            if shift is not None:  # a LayerNorm's bias
+                norm.bias.copy_(shift)
     if check_flag(check, "check"):
         # the rotation as LLaMA pairs channels, as GPT-J does, turned the other way, or none:
         # the first that computes what the attention computes
@@ -717,11 +720,18 @@ def _split_per_head_qkv(fused: torch.nn.Linear, config) -> list[torch.nn.Linear]
 
 
 def _qk_norms(attention: Module, head_dim: int, heads: int, kv_heads: int,
-              ) -> tuple[str, tuple[tuple[Tensor, float], ...]] | None:
-    """The attention's RMS normalisation of its queries and keys (``q_norm``, ``k_norm``) as
-    the layers' ``qk_norm`` (``"rms"`` over each head's channels, ``"rms_across_heads"`` over
-    the whole projection's) and the gains and epsilon of each, or ``None`` when it has none;
-    refused by name where they are not RMSNorms of one of these widths."""
+              ) -> tuple[str, tuple[tuple[Tensor, float, Tensor | None], ...]] | None:
+    """The attention's normalisation of its queries and keys as the layers' ``qk_norm``, and
+    the gains, epsilon and (LayerNorm) bias of each, or ``None`` when it has none: RMSNorms
+    ``q_norm`` and ``k_norm`` over each head's channels (``"rms"``) or the whole projection's
+    (``"rms_across_heads"``), or ``torch.nn.LayerNorm`` modules over each head's channels
+    (``"layer"``: Phi's and Persimmon's ``q_layernorm``, ``k_layernorm``); refused by name
+    otherwise."""
+    layer_norms = [getattr(attention, name, None) for name in ("q_layernorm", "k_layernorm")]
+    if all(isinstance(m, torch.nn.LayerNorm) and m.normalized_shape == (head_dim,)
+           and m.elementwise_affine and m.bias is not None for m in layer_norms):
+        return "layer", tuple((m.weight.detach(), float(m.eps), m.bias.detach())
+                              for m in layer_norms)
     modules = [getattr(attention, name, None) for name in ("q_norm", "k_norm")]
     if all(m is None for m in modules):
         return None
@@ -748,7 +758,7 @@ def _qk_norms(attention: Module, head_dim: int, heads: int, kv_heads: int,
                 f"or over the whole projection's (q_norm {heads * head_dim}, k_norm "
                 f"{kv_heads * head_dim}); got {name} {type(module).__name__}"
                 + (f" with weight {list(weight.shape)}" if isinstance(weight, Tensor) else ""))
-        norms.append((gains, float(eps)))
+        norms.append((gains, float(eps), None))
     return kind, tuple(norms)
 
 
