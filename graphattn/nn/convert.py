@@ -44,7 +44,8 @@ restrict it, at the cost of the edges instead of :math:`L^2`. Or into a
 (``LlamaAttention`` and the models built like it) into a ``GraphSelfAttention`` with its
 rotary embedding (:class:`~graphattn.pe.RotaryPE`) and grouped key and value heads
 (``kv_heads``): on the causal graph with positions ``0 .. L-1`` it is that attention, on a
-causal window graph the same model's attention restricted to a sliding window.
+causal window graph the same model's attention restricted to a sliding window. Each conversion
+is run against the attention before it is returned, and refused by name where the two differ.
 """
 
 from __future__ import annotations
@@ -576,7 +577,7 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
         interleaved = RotaryPE(int(head_dim * factor), base=float(base), interleaved=True,
                                **rope_args)
         turned_back = _turned_back(rotary)
-        rotations = [rotary, interleaved] + ([turned_back] if turned_back else [])
+        rotations = [rotary, interleaved] + ([turned_back] if turned_back is not None else [])
         _check_conversion(attention, layer, layer_type, tuple(
             rotation.to(o_proj.weight.device) for rotation in rotations) + (None,))
     return layer
