@@ -605,57 +605,66 @@ _CHECK_TOLERANCE = 1e-3  # of the largest output; the converted features differ 
 def _check_conversion(attention: Module, layer: GraphSelfAttention | DenseSelfAttention,
                       layer_type: str | None, rotaries: tuple[RotaryPE | None, ...]) -> None:
     """Give ``layer`` the first of ``rotaries`` with which it computes what ``attention``
-    computes on the check of :func:`from_llama`; raise ``NotImplementedError`` when none
-    does, or when the check cannot run the attention."""
+    computes on the check of :func:`from_llama`, within ``_CHECK_TOLERANCE`` of the largest
+    output; raise ``NotImplementedError`` when none does, or when the check cannot run the
+    attention."""
     name = type(attention).__name__
     escape = "from_llama(..., check=False) converts it unchecked"
+    L = len(_CHECK_POSITIONS)
+    pos = torch.tensor(_CHECK_POSITIONS)
+    x = torch.randn(1, L, layer.lin_q.in_features, generator=torch.Generator().manual_seed(0))
+    try:
+        want = _attention_output(attention, layer_type, x, pos)
+    except Exception as error:  # the family's own code, in any of its ways to fail
+        raise NotImplementedError(
+            f"from_llama could not run {name} to check the conversion "
+            f"({type(error).__name__}: {error}); {escape}") from error
     errors = []
     for rotary in rotaries:
         layer.rotary = rotary
-        try:
-            errors.append(_conversion_error(attention, layer, layer_type))
-        except Exception as error:  # the family's own code, in any of its ways to fail
-            raise NotImplementedError(
-                f"from_llama could not run {name} to check the conversion ({type(error).__name__}: "
-                f"{error}); {escape}") from error
+        got = _layer_output(layer, x, pos)
+        errors.append(((got - want).abs().max() / want.abs().max().clamp_min(1e-12)).item())
         if errors[-1] <= _CHECK_TOLERANCE:
             return
     raise NotImplementedError(
         f"{name} does not compute what its conversion computes: on from_llama's check the "
-        f"outputs differ by {min(errors):.3g} of the largest output or more, with the rotary "
-        f"embedding's channels paired as in LLaMA or as in GPT-J, turned the other way, or no "
-        f"rotation (within "
-        f"{_CHECK_TOLERANCE:g} passes). It computes something from_llama does not convert (an "
-        f"attention sink, a gate, a normalisation after the rotation, ...); {escape}")
+        f"outputs differ by {min(errors):.3g} of the largest output or more (within "
+        f"{_CHECK_TOLERANCE:g} passes), with the rotary embedding's channels paired as in "
+        f"LLaMA or as in GPT-J, turned the other way, or no rotation. It computes something "
+        f"from_llama does not convert (an attention sink, a gate, a normalisation after the "
+        f"rotation, ...); {escape}")
 
 
-def _conversion_error(attention: Module, layer: GraphSelfAttention | DenseSelfAttention,
-                      layer_type: str | None) -> float:
-    """The largest difference between the outputs of ``layer`` and ``attention`` (copies of
-    both, in float32 on the CPU, in eval mode, the attention in its eager implementation) on
-    random tokens at ``_CHECK_POSITIONS`` with the causal mask, over the largest output."""
+def _attention_output(attention: Module, layer_type: str | None, x: Tensor,
+                      pos: Tensor) -> Tensor:
+    """``attention`` on ``x [1, L, D]`` at positions ``pos [L]`` under the causal mask: a copy
+    in float32 on the CPU, in eval mode and its eager implementation, with the cosines and
+    sines of its model's rotary embedding module. ``[1, L, D_out]``."""
     hf = copy.deepcopy(attention).float().cpu().eval()
     hf.config._attn_implementation = "eager"  # (the copy's config)
-    ours = copy.deepcopy(layer).float().cpu().eval()
-    if isinstance(ours, GraphSelfAttention):
-        ours.backend = "reference"
     embedding = _family_rotary_embedding(hf)
-    L = len(_CHECK_POSITIONS)
-    pos = torch.tensor(_CHECK_POSITIONS)
-    x = torch.randn(1, L, ours.lin_q.in_features, generator=torch.Generator().manual_seed(0))
+    L = x.size(1)
     mask = torch.full((L, L), float("-inf")).triu(1)[None, None]  # (1, 1, L, L)
     kinds = ({"layer_type": layer_type}
              if "layer_type" in inspect.signature(embedding.forward).parameters else {})
-    positions = {} if ours.rotary is None else {"pos": pos}
     with torch.no_grad():
         cos_sin = embedding(x, pos[None], **kinds)
-        want = hf(x, position_embeddings=cos_sin, attention_mask=mask,
-                  position_ids=pos[None])[0]  # (1, L, D)
+        return hf(x, position_embeddings=cos_sin, attention_mask=mask,
+                  position_ids=pos[None])[0]
+
+
+def _layer_output(layer: GraphSelfAttention | DenseSelfAttention, x: Tensor,
+                  pos: Tensor) -> Tensor:
+    """``layer`` on ``x [1, L, D]`` at positions ``pos [L]`` on the causal graph (dense:
+    ``is_causal``): a copy in float32 on the CPU, in eval mode, the graph layer on the
+    ``reference`` backend. ``[1, L, D_out]``."""
+    ours = copy.deepcopy(layer).float().cpu().eval()
+    positions = {} if ours.rotary is None else {"pos": pos}
+    with torch.no_grad():
         if isinstance(ours, DenseSelfAttention):
-            got = ours(x, is_causal=True, **positions)
-        else:
-            got = ours(x[0], causal_graph(L), **positions)[None]
-    return ((got - want).abs().max() / want.abs().max().clamp_min(1e-12)).item()
+            return ours(x, is_causal=True, **positions)
+        ours.backend = "reference"
+        return ours(x[0], causal_graph(x.size(1)), **positions)[None]
 
 
 def _family_rotary_embedding(attention: Module) -> Module:
