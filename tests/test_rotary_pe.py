@@ -735,6 +735,24 @@ def test_from_llama_converts_layer_norms_of_queries_and_keys(family, config):
     assert_close(layer.k_norm.bias.grad, attention.k_layernorm.bias.grad)
 
 
+@pytest.mark.parametrize("layer_idx", [0, 1], ids=["sliding", "full"])
+def test_from_llama_converts_gpt_oss_sinks(layer_idx):
+    # GPT-OSS: a learned sink logit per head in each softmax (sinks=True), biased
+    # projections, YaRN's rotation; its sliding layers' window is the graph's
+    from graphattn.nn import from_llama
+
+    attention, rotary = hf_attention("gpt_oss", 2, layer_idx, head_dim=8, attention_bias=True,
+                                     num_hidden_layers=2)
+    torch.nn.init.normal_(attention.sinks, 0.0, 2.0)
+    layer = from_llama(attention, backend="cpu")
+    assert_close(layer.sinks.detach(), attention.sinks.detach())
+    check_causal(attention, rotary, layer, dense=False, length=14, seed=37)
+    assert_close(layer.sinks.grad, attention.sinks.grad)
+    with pytest.raises(NotImplementedError, match="has attention sinks, which "
+                       "DenseSelfAttention does not take"):
+        from_llama(attention, dense=True)
+
+
 @pytest.mark.parametrize("family", ["smollm3", "cohere2"])
 def test_from_llama_converts_a_layer_without_a_rotation(family):
     # SmolLM3's every fourth layer and Cohere 2's global layers rotate nothing (NoPE): the
@@ -751,7 +769,6 @@ def test_from_llama_converts_a_layer_without_a_rotation(family):
 
 
 @pytest.mark.parametrize("family, match", [
-    ("gpt_oss", "GptOssAttention does not compute what its conversion computes"),  # sinks
     ("diffllama", "DiffLlamaAttention does not compute what its conversion computes"),
     ("qwen3_next", "q_proj gives 64 features where its heads take 32 \\(heads 4 x head_dim "
                    "8\\): the attention computes something besides them"),  # an output gate
@@ -759,10 +776,9 @@ def test_from_llama_converts_a_layer_without_a_rotation(family):
                          "computes"),  # its norms after the rotation
 ])
 def test_from_llama_refuses_what_it_does_not_convert(family, match):
-    # GPT-OSS adds a learned sink to each head's softmax, DiffLlama subtracts two softmaxes,
-    # Qwen3-Next gates the output by half of q_proj's, HunYuan normalises queries and keys
-    # after rotating them, by modules the converter does not read: from_llama says so
-    # instead of returning a layer that computes something else
+    # DiffLlama subtracts two softmaxes, Qwen3-Next gates the output by half of q_proj's,
+    # HunYuan normalises queries and keys after rotating them, by modules the converter does
+    # not read: from_llama says so instead of returning a layer that computes something else
     from graphattn.nn import from_llama
 
     attention, rotary = hf_attention(family, 2, head_dim=8)
@@ -857,6 +873,8 @@ def test_from_llama_converts_exactly_or_refuses_every_model():
                                                                      "v_proj", "o_proj")):
                 if isinstance(lin, torch.nn.Linear) and lin.bias is not None:
                     torch.nn.init.normal_(lin.bias)
+            if isinstance(getattr(attention, "sinks", None), torch.Tensor):
+                torch.nn.init.normal_(attention.sinks)  # (made by torch.empty: any value)
             rotary = rotaries[0](config)
             x = torch.randn(1, 16, 32)
             run_llama(attention, rotary, x, torch.arange(16)[None], x)

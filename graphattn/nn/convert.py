@@ -394,6 +394,7 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
     ``qk_norm="rms_across_heads"``, a score scale
     other than ``head_dim ** -0.5`` (Gemma's ``query_pre_attn_scalar ** -0.5``) as
     ``scale``, Gemma 2's soft cap of the scores (``attn_logit_softcapping``) as ``softcap``,
+    GPT-OSS's sink logit per head (``sinks``) as ``sinks=True`` (not with ``dense=True``),
     and where the config has one rotary embedding per kind of layer (Gemma 3's and
     OLMo 3's local and global layers) the one of the attention's ``layer_type`` (OLMo 3's
     ``attention_type``; else the config's ``layer_types`` at its ``layer_idx``). Where
@@ -546,7 +547,14 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
             f"0.0 before converting it (nothing changes in eval mode), or drop the layer's "
             f"output in the model")
     rotary = RotaryPE(int(head_dim * factor), base=float(base), **rope_args)
+    sinks = getattr(attention, "sinks", None)  # GPT-OSS's logit per head
+    if not (isinstance(sinks, Tensor) and tuple(sinks.shape) == (heads,)):
+        sinks = None
     if dense:
+        if sinks is not None:
+            raise NotImplementedError(
+                f"{type(attention).__name__} has attention sinks, which DenseSelfAttention "
+                f"does not take: convert it with dense=False (GraphSelfAttention(sinks=True))")
         layer = DenseSelfAttention(hidden, head_dim, heads, dropout=dropout, bias=bias,
                                    rotary=rotary, kv_heads=kv_heads, qk_norm=qk_norm,
                                    scale=scale, softcap=softcap)
@@ -554,7 +562,7 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
         layer = GraphSelfAttention(hidden, head_dim, heads, dropout=dropout, bias=bias,
                                    add_self_loops=False, backend=backend, rotary=rotary,
                                    kv_heads=kv_heads, qk_norm=qk_norm, scale=scale,
-                                   softcap=softcap)
+                                   softcap=softcap, sinks=sinks is not None)
     if o_proj.out_features != heads * head_dim:  # e.g. Qwen3-0.6B: 16 x 128 -> 1024
         layer.lin_out = torch.nn.Linear(heads * head_dim, o_proj.out_features, bias=bias)
     layer = layer.to(device=o_proj.weight.device, dtype=o_proj.weight.dtype)
@@ -571,6 +579,8 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
             norm.eps = eps
             if shift is not None:  # a LayerNorm's bias
                 norm.bias.copy_(shift)
+        if sinks is not None:
+            layer.sinks.copy_(sinks)
     if check_flag(check, "check"):
         # the rotation as LLaMA pairs channels, as GPT-J does, turned the other way, or none:
         # the first that computes what the attention computes
