@@ -180,7 +180,8 @@ class CharModel(torch.nn.Module):
 
     def __init__(self, vocab_size: int, graph: str, positions: Tensor, *,
                  hidden: int, heads: int, layers: int, dropout: float,
-                 qk_norm: str | None = None, softcap: float | None = None) -> None:
+                 qk_norm: str | None = None, softcap: float | None = None,
+                 sinks: bool = False) -> None:
         super().__init__()
         self.vocab_size, self.graph, self.heads = vocab_size, graph, heads
         self.relative = relative_part(graph)
@@ -193,7 +194,7 @@ class CharModel(torch.nn.Module):
                                      add_self_loops=self.relative is None,
                                      rotary=(pe.RotaryPE(hidden // heads)
                                              if self.relative == "rope" else None),
-                                     qk_norm=qk_norm, softcap=softcap)
+                                     qk_norm=qk_norm, softcap=softcap, sinks=sinks)
         self.t5 = (pe.RelativePositionBias(heads, 32, 128, bidirectional=False)
                    if self.relative == "t5" else None)
         self._batch_graphs: dict[tuple[int, int], tuple[Tensor, Tensor | None]] = {}
@@ -541,6 +542,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         choices=["rms", "layer", "rms_across_heads", "layer_across_heads"],
                         help="normalise each head's queries and keys (QK-norm), or all "
                              "heads' together (_across_heads)")
+    parser.add_argument("--sinks", action="store_true",
+                        help="a learned sink logit per head in every block's softmax, as "
+                             "GPT-OSS has (GraphSelfAttention(sinks=True))")
     parser.add_argument("--softcap", type=float, default=None,
                         help="soft-cap every attention score before its bias at "
                              "c tanh(s / c), as Gemma 2 does (c > 0)")
@@ -612,7 +616,8 @@ def main(argv: list[str] | None = None) -> dict:
         torch.manual_seed(args.seed)
         model = CharModel(len(corpus.vocab), name, positions, hidden=args.hidden,
                           heads=args.heads, layers=args.layers, dropout=args.dropout,
-                          qk_norm=args.qk_norm, softcap=args.softcap).to(args.device)
+                          qk_norm=args.qk_norm, softcap=args.softcap,
+                          sinks=args.sinks).to(args.device)
         result = train(model, corpus, val, steps=args.steps, batch_size=args.batch_size,
                        length=L, lr=args.lr, eval_every=args.eval_every, seed=args.seed,
                        desc=name, progress=not args.no_progress)

@@ -225,6 +225,16 @@ def test_softcap_reaches_every_block(example, corpus):
     assert example["parse_args"]([]).softcap is None
 
 
+def test_sinks_reach_every_block(example, corpus):
+    model = example["CharModel"](len(corpus.vocab), "window4+alibi", torch.randn(8, 4),
+                                 hidden=16, heads=2, layers=2, dropout=0.0, sinks=True)
+    assert all(attn.sinks is not None for attn in model.body.attns)
+    x = torch.randint(0, len(corpus.vocab), (2, 8))  # two sequences, ALiBi's bias beside
+    assert torch.isfinite(model(x)).all()
+    assert example["parse_args"](["--sinks"]).sinks
+    assert not example["parse_args"]([]).sinks
+
+
 def test_short_training_learns_and_reports(example, corpus, capsys):
     out = example["main"](["--graphs", "window4+alibi,window0", "--steps", "200",
                            "--eval-every", "100", "--extrapolate", "2", "--no-plot", *SMALL])

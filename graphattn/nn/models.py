@@ -280,6 +280,8 @@ class GraphTransformer(torch.nn.Module):
             over all heads' channels together. (default: ``None``)
         softcap (float, optional): every attention layer soft-caps its dot or gatv2 scores
             at :math:`c \tanh(s / c)` (see :class:`GraphSelfAttention`). (default: ``None``)
+        sinks (bool, optional): every attention layer has a learned sink logit per head in
+            its softmax (see :class:`GraphSelfAttention`; dot score). (default: ``False``)
 
     ``forward(..., attn_bias=)`` takes an ``[|E|, H]`` score bias that every block adds to its
     attention scores, shared by the blocks as Graphormer shares its spatial encoding: a
@@ -306,7 +308,7 @@ class GraphTransformer(torch.nn.Module):
                  edge_dim: int | None = None, edge_mode: str = "bias",
                  add_self_loops: bool = True, rotary: RotaryPE | None = None,
                  kv_heads: int | None = None, qk_norm: str | None = None,
-                 softcap: float | None = None) -> None:
+                 softcap: float | None = None, sinks: bool = False) -> None:
         super().__init__()
         _check_single_input(in_channels, "GraphTransformer")
         in_channels = check_in_channels(in_channels)
@@ -336,7 +338,7 @@ class GraphTransformer(torch.nn.Module):
                                attention=attention, backend=backend, edge_dim=edge_dim,
                                edge_mode=edge_mode, add_self_loops=add_self_loops,
                                rotary=rotary, kv_heads=kv_heads, qk_norm=qk_norm,
-                               softcap=softcap)
+                               softcap=softcap, sinks=sinks)
             for _ in range(num_layers))
         self.ffn_norms = torch.nn.ModuleList(LayerNorm(D) for _ in range(num_layers))
         self.ffns = torch.nn.ModuleList(

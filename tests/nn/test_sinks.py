@@ -12,7 +12,7 @@ import torch
 from conftest import assert_close
 
 from graphattn import graphs
-from graphattn.nn import GraphSelfAttention
+from graphattn.nn import GraphSelfAttention, GraphTransformer
 
 
 def _layer(backend: str = "auto", **options) -> GraphSelfAttention:
@@ -82,6 +82,9 @@ def test_state_and_repr():
     layer.reset_parameters()
     assert torch.equal(layer.sinks, torch.zeros(2))
     assert GraphSelfAttention(8, 4).sinks is None
+    model = GraphTransformer(8, 16, 3, num_layers=2, heads=2, sinks=True)
+    assert all(attn.sinks is not None for attn in model.attns)
+    assert model(torch.randn(5, 8), graphs.causal_graph(5)).shape == (5, 3)
 
 
 @pytest.mark.parametrize("kwargs, error, match", [
