@@ -52,6 +52,25 @@ def parse_step_args(parser: argparse.ArgumentParser, argv: list[str] | None
     return args
 
 
+def operator_args(description: str, out: Path, argv: list[str] | None) -> argparse.Namespace:
+    """The arguments the operator benchmarks share (one random graph, one call per way):
+    ``--nodes`` (100,000), ``--edges`` (1,000,000), ``--rounds``, ``--warmup``, ``--threads``
+    (torch's count), ``--seed`` and ``--out``, refusing a count below 1."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--nodes", type=int, default=100_000)
+    parser.add_argument("--edges", type=int, default=1_000_000)
+    parser.add_argument("--rounds", type=int, default=10, help="timed rounds (default: 10)")
+    parser.add_argument("--warmup", type=int, default=2, help="rounds before timing")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=str(out))
+    args = parser.parse_args(argv)
+    for name in ("nodes", "edges", "rounds", "warmup", "threads"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    return args
+
+
 def cpu_header(script: str, argv: list[str] | None, threads: int, how: str) -> list[str]:
     """Set torch's thread count, then print and return the header lines of a table: the
     command (``argv``: the arguments, ``None`` for the process's own), the versions, the CPU

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _cpu_steps import cpu_header, interleaved  # noqa: E402
+from _cpu_steps import cpu_header, interleaved, operator_args  # noqa: E402
 from _report import RESULTS, write_table  # noqa: E402
 
 from graphattn.functional import edge_attention  # noqa: E402
@@ -36,19 +36,7 @@ BASELINE = "cpu, no cap"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--nodes", type=int, default=100_000)
-    parser.add_argument("--edges", type=int, default=1_000_000)
-    parser.add_argument("--rounds", type=int, default=10, help="timed rounds (default: 10)")
-    parser.add_argument("--warmup", type=int, default=2, help="rounds before timing")
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default=str(RESULTS / "softcap_cpu.md"))
-    args = parser.parse_args(argv)
-    for name in ("nodes", "edges", "rounds", "warmup", "threads"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
-    return args
+    return operator_args(__doc__.split("\n\n")[0], RESULTS / "softcap_cpu.md", argv)
 
 
 def calls(score: str, nodes: int, edges: int, seed: int,

@@ -189,6 +189,35 @@ def assert_results_close(got: dict[str, torch.Tensor], want: dict[str, torch.Ten
         assert torch.isfinite(got[name]).all(), name
         assert_close(got[name], want[name], dtype=dtype)
 
+def outputs_and_grads(backend: str, inputs: dict, edge_index: torch.Tensor,
+                      **options) -> list[torch.Tensor]:
+    """``edge_attention`` on ``inputs`` (q, k, v, then the other tensors by keyword) with the
+    weights returned: out, the weights, and the gradients of every input of a fixed random
+    loss on both."""
+    q, k, v = inputs["q"], inputs["k"], inputs["v"]
+    extra = {name: t for name, t in inputs.items() if name not in "qkv"}
+    out, alpha = edge_attention(q, k, v, edge_index, return_attention=True, backend=backend,
+                                **extra, **options)
+    gen = torch.Generator().manual_seed(1)
+    loss = ((out * torch.randn(out.shape, generator=gen, dtype=out.dtype).to(out.device)).sum()
+            + (alpha * torch.randn(alpha.shape, generator=gen, dtype=alpha.dtype).to(
+                alpha.device)).sum())
+    return [out, alpha, *torch.autograd.grad(loss, list(inputs.values()))]
+
+
+def assert_compiles_as_it_runs(attend, inputs: dict, edge_index: torch.Tensor) -> None:
+    """``attend(*inputs.values(), edge_index)``, returning (out, weights), compiled
+    (``fullgraph``, the aot_eager backend) and in eager: the same outputs and gradients."""
+    compiled = torch.compile(attend, backend="aot_eager", fullgraph=True)
+    results = []
+    for fn in (compiled, attend):
+        out, alpha = fn(*inputs.values(), edge_index)
+        loss = (out * out).sum() + (alpha * alpha).sum()
+        results.append([out, alpha, *torch.autograd.grad(loss, list(inputs.values()))])
+    for a, b in zip(*results, strict=True):
+        assert_close(a, b)
+
+
 def dense_mask(edge_index: torch.Tensor, num_dst: int, num_src: int) -> torch.Tensor:
     """``mask[i, j] = True`` for every edge j -> i (the convention of ``dense_attention``)."""
     mask = torch.zeros(num_dst, num_src, dtype=torch.bool)
@@ -329,6 +358,18 @@ HAS_TRITON = tk.triton_available()
 DEVICE = torch.device(os.environ.get("GRAPHATTN_TRITON_DEVICE", "cpu"))
 needs_triton = pytest.mark.skipif(not HAS_TRITON,
                                   reason="triton is not installed (pip install 'graphattn[gpu]')")
+
+
+@pytest.fixture
+def triton_device(request) -> torch.device:
+    """Where the Triton tests run: CPU tensors in Triton's interpreter, or with
+    ``GRAPHATTN_TRITON_DEVICE=cuda`` CUDA tensors on the compiled kernels."""
+    if DEVICE.type == "cuda":
+        if not torch.cuda.is_available():
+            pytest.skip("GRAPHATTN_TRITON_DEVICE=cuda, but torch sees no CUDA device")
+        return DEVICE
+    request.getfixturevalue("triton_interpreter")
+    return DEVICE
 
 
 def _patch_the_language_once_per_launch() -> bool:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import needs_triton, random_graph
+from conftest import assert_close, needs_triton, random_graph
 from torch_geometric.data import Data
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -861,26 +861,64 @@ def test_softcap_benchmark_runs_every_way(tmp_path):
     """In a process of its own (it sets the torch threads): one warm-up and one timed round
     of each score and step on a small graph, every way, the ratios against the uncapped cpu
     call."""
-    import subprocess
-
-    out = tmp_path / "softcap.md"
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "softcap_cpu.py"
-    done = subprocess.run([sys.executable, str(script), "--nodes", "200", "--edges", "2000",
-                           "--rounds", "1", "--warmup", "1", "--out", str(out)],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    with open(out.with_suffix(".csv")) as f:
-        rows = list(csv.DictReader(f))
+    out, rows = _small_operator_run("softcap_cpu.py", tmp_path)
     assert [(r["score"], r["step"], r["way"]) for r in rows] == [
         (score, step, way) for score in ("dot", "gatv2")
         for step in ("forward", "forward+backward")
         for way in ("cpu, no cap", "cpu, softcap", "reference, softcap")]
-    for i in range(0, len(rows), 3):
+    _assert_ratios_to_the_first_way(rows, 3, "ratio to cpu, no cap")
+    assert "command: `python benchmarks/softcap_cpu.py --nodes 200" in out.read_text()
+
+
+def _small_operator_run(script: str, tmp_path: Path) -> tuple[Path, list[dict]]:
+    """Run the operator benchmark ``script`` in a process of its own (it sets the torch
+    threads) on a graph of 200 nodes and 2000 edges, one warm-up and one timed round: its
+    table and the rows of its CSV."""
+    import subprocess
+
+    out = tmp_path / "table.md"
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / script
+    done = subprocess.run([sys.executable, str(path), "--nodes", "200", "--edges", "2000",
+                           "--rounds", "1", "--warmup", "1", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    with open(out.with_suffix(".csv")) as f:
+        return out, list(csv.DictReader(f))
+
+
+def _assert_ratios_to_the_first_way(rows: list[dict], ways: int, column: str) -> None:
+    """Each group of ``ways`` rows: the ratio of each row's ms to the first row's, as the
+    rounded ms allow (ms and ratios are written to 0.01; on a small graph a call takes a
+    tenth of a millisecond or so)."""
+    for i in range(0, len(rows), ways):
         base = float(rows[i]["ms"])
-        for row in rows[i:i + 3]:
-            # ms and ratios are written to 0.01: the ratio lies within what the rounded ms
-            # allow (on this small graph a call takes a tenth of a millisecond or so)
-            ms, ratio = float(row["ms"]), float(row["ratio to cpu, no cap"])
+        for row in rows[i:i + ways]:
+            ms, ratio = float(row["ms"]), float(row[column])
             low, high = (ms - 0.005) / (base + 0.005), (ms + 0.005) / max(base - 0.005, 1e-9)
             assert low - 0.005 <= ratio <= high + 0.005, (row, base)
-    assert "command: `python benchmarks/softcap_cpu.py --nodes 200" in out.read_text()
+
+
+def test_sinks_benchmark_runs_every_way(tmp_path):
+    """In a process of its own: one warm-up and one timed round of each step on a small
+    graph, every way, the ratios against the call without sinks."""
+    out, rows = _small_operator_run("sinks_cpu.py", tmp_path)
+    ways = ("cpu, no sinks", "cpu, sinks", "cpu, sinks as a virtual source", "reference, sinks")
+    assert [(r["step"], r["way"]) for r in rows] == [
+        (step, way) for step in ("forward", "forward+backward") for way in ways]
+    _assert_ratios_to_the_first_way(rows, 4, "ratio to cpu, no sinks")
+    assert "command: `python benchmarks/sinks_cpu.py --nodes 200" in out.read_text()
+
+
+def test_the_virtual_source_of_the_sinks_benchmark_is_the_sinks():
+    """The benchmark's sinks written as a graph compute what ``sinks=`` computes."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from sinks_cpu import with_virtual_source
+
+    from graphattn.functional import edge_attention
+
+    gen = torch.Generator().manual_seed(0)
+    edge_index = torch.randint(0, 30, (2, 200), generator=gen)
+    q, k, v = (torch.randn(30, 2, 4, generator=gen) for _ in range(3))
+    sinks = torch.tensor([0.5, -1.0])
+    assert_close(with_virtual_source(q, k, v, edge_index, sinks),
+                 edge_attention(q, k, v, edge_index, sinks=sinks, backend="reference"))

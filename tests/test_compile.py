@@ -564,14 +564,14 @@ def test_default_mode_drops_the_given_loops_where_a_masked_edge_would_show(defau
 
 def _assert_operator_matches_reference(out, alpha, leaves, reference_inputs, *, bias, mask,
                                        score, att, edge_key=None, edge_value=None,
-                                       softcap=None):
+                                       softcap=None, sinks=None):
     """out, alpha and the gradients of ``leaves`` through them against the reference backend
     on ``reference_inputs`` (q, k, v, edge_index; scale 0.5, slope 0.2)."""
     grads = torch.autograd.grad((out * out).sum() + (alpha * alpha).sum(), leaves)
     expected_out, expected_alpha = reference_edge_attention(
         *reference_inputs, scale=0.5, bias=bias, dropout_mask=mask, score=score,
         negative_slope=0.2, need_alpha=True, att=att, edge_key=edge_key, edge_value=edge_value,
-        softcap=softcap)
+        softcap=softcap, sinks=sinks)
     expected = torch.autograd.grad((expected_out * expected_out).sum()
                                    + (expected_alpha * expected_alpha).sum(), leaves)
     assert_close(out, expected_out)
@@ -617,7 +617,8 @@ def test_cpu_operators_pass_opcheck_and_match_the_reference(score, with_bias, wi
     """torch's own checks of the operators (schema, fake shapes, autograd registration), and
     the gradients the operators' autograd gives in eager against the reference backend, with
     and without the per-edge key and value terms ("key=value": one tensor as both, passed once
-    with ``value_is_key``); with a bias, the dot and gatv2 scores soft-capped at 1.5."""
+    with ``value_is_key``); with a bias, the dot and gatv2 scores soft-capped at 1.5, and sinks
+    in the softmax."""
     torch.manual_seed(0)
     N, H, C, E = 7, 2, 4, 24
     edge_index = random_graph(N, E, seed=5)
@@ -630,10 +631,11 @@ def test_cpu_operators_pass_opcheck_and_match_the_reference(score, with_bias, wi
     value_is_key = terms == "key=value"
     edge_key = torch.randn(E, H, C) if "key" in terms else None
     edge_value = torch.randn(E, H, C) if "value" in terms and not value_is_key else None
-    leaves = [t.requires_grad_() for t in (q, k, v, att, bias, edge_key, edge_value)
+    sinks = torch.randn(H) if with_bias else None
+    leaves = [t.requires_grad_() for t in (q, k, v, att, bias, edge_key, edge_value, sinks)
               if t is not None]
     softcap = 1.5 if with_bias and not additive else 0.0  # (0: no cap)
-    args = (q, k, v, att, bias, mask, edge_key, edge_value, edge_index, 0.5, 0.2, softcap,
+    args = (q, k, v, att, bias, mask, edge_key, edge_value, sinks, edge_index, 0.5, 0.2, softcap,
             cpu.SCORE_KINDS[score], True, value_is_key)
     torch.library.opcheck(cpu._forward_op, args)
 
@@ -643,7 +645,7 @@ def test_cpu_operators_pass_opcheck_and_match_the_reference(score, with_bias, wi
                                        bias=bias, mask=mask, score=score, att=att,
                                        edge_key=edge_key,
                                        edge_value=edge_key if value_is_key else edge_value,
-                                       softcap=softcap or None)
+                                       softcap=softcap or None, sinks=sinks)
 
     saved = cpu._forward_impl(*(t.detach() if isinstance(t, torch.Tensor) else t for t in args))
     out, _, lse, rowptr, perm, src = saved

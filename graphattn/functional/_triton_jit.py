@@ -348,6 +348,18 @@ def _weights_and_stats(l_sum, m):
 
 
 @triton.jit
+def _softmax_start(sinks, offs_h, h_ok, HAS_SINKS: tl.constexpr):
+    """A row's online softmax before its first edge ``(BH)``: the running maximum and sum,
+    -inf and 0, or with ``HAS_SINKS`` the sink's score ``sinks[h]`` and its term e^0 = 1 (0
+    for a sink of -inf, which then weighs nothing, as no sink)."""
+    if HAS_SINKS:
+        m = tl.load(sinks + offs_h, mask=h_ok, other=float("-inf")).to(tl.float32)
+        return m, tl.where(m == float("-inf"), 0.0, 1.0)
+    return (tl.full(offs_h.shape, float("-inf"), tl.float32),
+            tl.full(offs_h.shape, 0, tl.float32))
+
+
+@triton.jit
 def _forward_steps(lo, hi, m, l_sum, acc, q_i, k, v, bias, att_h, drop, edge_key, edge_value,
                    col, eid, scores, offs_h, hc, hck, h_ok, hc_ok, hck_ok, scale, slope, cap,
                    H: tl.constexpr, C: tl.constexpr, CK: tl.constexpr, SCORE: tl.constexpr,
@@ -378,7 +390,7 @@ def _forward_steps(lo, hi, m, l_sum, acc, q_i, k, v, bias, att_h, drop, edge_key
 
 @triton.jit
 def forward_kernel(q, k, v, bias, att, drop, edge_key, edge_value, rowptr, col, eid, order,
-                   num_rows, max_degree, out, lse, scores, scale, slope, cap,
+                   num_rows, max_degree, out, lse, scores, scale, slope, cap, sinks,
                    H: tl.constexpr, C: tl.constexpr, CK: tl.constexpr,
                    SCORE: tl.constexpr, HAS_CAP: tl.constexpr,
                    HAS_BIAS: tl.constexpr, HAS_DROP: tl.constexpr, HAS_EK: tl.constexpr,
@@ -386,7 +398,7 @@ def forward_kernel(q, k, v, bias, att, drop, edge_key, edge_value, rowptr, col, 
                    BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr,
                    BLOCK_CK: tl.constexpr, SUM_STEPS: tl.constexpr,
                    HEAVY_ONLY: tl.constexpr = False,
-                   LIGHT_ONLY: tl.constexpr = False):
+                   LIGHT_ONLY: tl.constexpr = False, HAS_SINKS: tl.constexpr = False):
     """Grid (N_dst, head blocks), or with ``HEAVY_ONLY`` (rows of the degree ``order`` above
     ``max_degree``; see :func:`_one_row`), head blocks). Online softmax over the incoming edges
     of one target (CSR ``rowptr``, ``col`` = sources, ``eid`` = edge ids), ``BLOCK_E`` at a
@@ -396,7 +408,9 @@ def forward_kernel(q, k, v, bias, att, drop, edge_key, edge_value, rowptr, col, 
     ``[N_dst, H, C]``, the softmax statistics ``lse``
     ``[N_dst, H, 2]`` (fp32: the row maximum m, +inf on a row without weight and NaN on a row
     with a NaN or +inf score, and log l, 0 on a row without weight), and the scores ``[E, H]``
-    when ``NEED_SCORES``. ``num_rows`` is read by the row-block kernel only."""
+    when ``NEED_SCORES``. ``num_rows`` is read by the row-block kernel only. With
+    ``HAS_SINKS``, each row's softmax starts at the sink of its head, ``sinks`` ``[H]``
+    (fp32): maximum ``sinks[h]``, sum 1, accumulator 0 (:mod:`graphattn.functional.sinks`)."""
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)  # (BH)
     row, start, end, h_ok = _one_row(order, rowptr, max_degree, offs_h, H, HEAVY_ONLY,
                                      LIGHT_ONLY)
@@ -406,10 +420,10 @@ def forward_kernel(q, k, v, bias, att, drop, edge_key, edge_value, rowptr, col, 
                          CK, SCORE)  # (1, BH) or (1, BH, BCK)
     att_h = _attention_vector(att, hck, hck_ok, SCORE)  # (BH, BCK)
 
-    m = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    m, l_start = _softmax_start(sinks, offs_h, h_ok, HAS_SINKS)  # (BH): the sink, or nothing
     if SUM_STEPS > 0:  # rows of many blocks: the block sums in float64
-        m_sums = tl.full([BLOCK_H], float("-inf"), tl.float32)  # the maximum of the block sums
-        l_sums = tl.full([BLOCK_H], 0, tl.float64)
+        m_sums = m  # the maximum of the block sums
+        l_sums = l_start.to(tl.float64)
         acc_sums = tl.full([BLOCK_H, BLOCK_C], 0, tl.float64)
         for b0 in range(start, end, SUM_STEPS * BLOCK_E):
             m, l_sum, acc = _forward_steps(
@@ -429,7 +443,7 @@ def forward_kernel(q, k, v, bias, att, drop, edge_key, edge_value, rowptr, col, 
         log_l = log_l.to(tl.float32)
     else:
         m, l_sum, acc = _forward_steps(
-            start, end, m, tl.full([BLOCK_H], 0, tl.float32),
+            start, end, m, l_start,
             tl.full([BLOCK_H, BLOCK_C], 0, tl.float32), q_i, k, v, bias, att_h, drop,
             edge_key, edge_value, col, eid, scores, offs_h, hc, hck, h_ok, hc_ok, hck_ok, scale,
             slope, cap, H, C, CK, SCORE, HAS_CAP, HAS_BIAS, HAS_DROP, HAS_EK, HAS_EV, NEED_SCORES,
@@ -445,13 +459,13 @@ def forward_kernel(q, k, v, bias, att, drop, edge_key, edge_value, rowptr, col, 
 
 @triton.jit
 def forward_rows_kernel(q, k, v, bias, att, drop, edge_key, edge_value, rowptr, col, eid,
-                        order, num_rows, max_degree, out, lse, scores, scale, slope, cap,
+                        order, num_rows, max_degree, out, lse, scores, scale, slope, cap, sinks,
                         H: tl.constexpr, C: tl.constexpr, CK: tl.constexpr,
                         SCORE: tl.constexpr, HAS_CAP: tl.constexpr,
                         HAS_BIAS: tl.constexpr, HAS_DROP: tl.constexpr,
                         HAS_EK: tl.constexpr, HAS_EV: tl.constexpr, NEED_SCORES: tl.constexpr,
                         BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr,
-                        BLOCK_CK: tl.constexpr):
+                        BLOCK_CK: tl.constexpr, HAS_SINKS: tl.constexpr = False):
     """Grid (row blocks, head blocks): what :func:`forward_kernel` computes, for ``BLOCK_N``
     targets of at most ``max_degree`` edges per program (:func:`_row_block`), one edge of each
     per step: the lanes of a tile are targets, not edges, and each keeps its own online
@@ -465,8 +479,9 @@ def forward_rows_kernel(q, k, v, bias, att, drop, edge_key, edge_value, rowptr, 
                          H, CK, SCORE)  # (BN, BH) or (BN, BH, BCK)
     att_h = _attention_vector(att, hck, hck_ok, SCORE)  # (BH, BCK)
 
-    m = tl.full([BLOCK_N, BLOCK_H], float("-inf"), tl.float32)
-    l_sum = tl.full([BLOCK_N, BLOCK_H], 0, tl.float32)
+    m, l_sum = _softmax_start(sinks, offs_h, h_ok, HAS_SINKS)  # (BH)
+    m = tl.full([BLOCK_N, BLOCK_H], 0, tl.float32) + m[None, :]  # (BN, BH)
+    l_sum = tl.full([BLOCK_N, BLOCK_H], 0, tl.float32) + l_sum[None, :]
     acc = tl.full([BLOCK_N, BLOCK_H, BLOCK_C], 0, tl.float32)
     for t in range(0, _max(degree, axis=0)):
         s, d, v_e = _forward_tile(q_i, k, v, bias, att_h, drop, edge_key, edge_value, col,

@@ -64,6 +64,9 @@ NATIVE_EDGE_TERMS = {"reference", "cpu", "triton"}
 DENSE_REFUSES_SOFTCAP = ("backend='dense' computes its scores in scaled_dot_product_attention, "
                          "which has no soft cap: use backend='auto', 'cpu', 'triton' or "
                          "'reference' with softcap")
+DENSE_REFUSES_SINKS = ("backend='dense' computes its softmax in scaled_dot_product_attention, "
+                       "which has no sink: use backend='auto', 'cpu', 'triton' or 'reference' "
+                       "with sinks")
 
 
 def available_backends() -> list[str]:
@@ -179,7 +182,7 @@ def explicit_min_density(num_dst: int, num_src: int, *, training: bool) -> float
 
 def select_backend(q: Tensor, edge_index: Tensor, num_src: int | None = None, *,
                    score: str = "dot", needs_weights: bool = False,
-                   softcap: float | None = None) -> str:
+                   softcap: float | None = None, sinks: Tensor | None = None) -> str:
     r"""The backend that ``backend="auto"`` picks for these inputs.
 
     On CPU the choice is between the sparse path (``"cpu"``) and dense masked attention
@@ -299,6 +302,7 @@ def select_backend(q: Tensor, edge_index: Tensor, num_src: int | None = None, *,
         needs_weights (bool, optional): the call returns the weights or applies dropout to
             them in training. (default: ``False``)
         softcap (float, optional): the call's score cap. (default: ``None``)
+        sinks (Tensor, optional): the call's sinks. (default: ``None``)
     """
     if score not in SCORES:
         raise ValueError(f"score must be one of {SCORES}, got {score!r}")
@@ -309,15 +313,18 @@ def select_backend(q: Tensor, edge_index: Tensor, num_src: int | None = None, *,
         num_src = check_non_negative(num_src, "num_src")
     check_edge_index(edge_index, num_src=q.size(0) if num_src is None else num_src,
                      num_dst=q.size(0))
-    return _select(q, edge_index, num_src, score, needs_weights, softcap is not None)[0]
+    return _select(q, edge_index, num_src, score, needs_weights,
+                   softcap is not None or sinks is not None)[0]
 
 
 def _select(q: Tensor, edge_index: Tensor, num_src: int | None, score: str,
             needs_weights: bool = False,
-            softcap: bool = False) -> tuple[str, DiagonalBlocks | None]:
-    """:func:`select_backend`, and the block layout it found when it chose dense blocks."""
+            sparse_only: bool = False) -> tuple[str, DiagonalBlocks | None]:
+    """:func:`select_backend`, and the block layout it found when it chose dense blocks
+    (``sparse_only``: a cap or sinks, which the dense backend refuses)."""
     if q.device.type == "cpu":
-        if score != "dot" or softcap or torch.jit.is_tracing() or torch.compiler.is_exporting():
+        if (score != "dot" or sparse_only or torch.jit.is_tracing()
+                or torch.compiler.is_exporting()):
             # (torch.jit.trace records sizes as values, which no rule below can compare, and
             # torch.export would fix the sizes the rules compare; the sparse kernels' operator
             # takes every size)
@@ -362,12 +369,13 @@ def _select(q: Tensor, edge_index: Tensor, num_src: int | None, score: str,
 
 def _check_attention_inputs(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor,
                             bias: Tensor | None, score: str, att: Tensor | None,
-                            edge_key: Tensor | None, edge_value: Tensor | None) -> None:
+                            edge_key: Tensor | None, edge_value: Tensor | None,
+                            sinks: Tensor | None = None) -> None:
     if score not in SCORES:
         raise ValueError(f"score must be one of {SCORES}, got {score!r}")
     check_tensors(q=q, k=k, v=v, edge_index=edge_index)
     check_same_device(q=q, k=k, v=v, edge_index=edge_index, bias=bias, att=att,
-                      edge_key=edge_key, edge_value=edge_value)
+                      edge_key=edge_key, edge_value=edge_value, sinks=sinks)
     if v.dim() != 3:
         raise ValueError(f"v must have shape [N_src, H, C], got {list(v.shape)}")
     n_src, heads, _ = v.shape
@@ -395,7 +403,10 @@ def _check_attention_inputs(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor,
     elif att is not None:
         raise ValueError(f"att is used by score='gatv2' only, got score={score!r}")
     check_float_dtype(q=q, k=k, v=v, bias=bias, att=att, edge_key=edge_key,
-                      edge_value=edge_value)
+                      edge_value=edge_value, sinks=sinks)
+    if sinks is not None and tuple(sinks.shape) != (heads,):
+        raise ValueError(f"sinks must have shape [H] = [{heads}], one score per head, "
+                         f"got {list(sinks.shape)}")
     check_edge_index(edge_index, num_src=n_src, num_dst=q.size(0))
     num_edges = edge_index.size(1)
     if bias is not None and tuple(bias.shape) != (num_edges, heads):
@@ -442,7 +453,7 @@ def edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
                    score: str = ..., negative_slope: float = ..., att: Tensor | None = ...,
                    edge_key: Tensor | None = ...,
                    edge_value: Tensor | None = ..., softcap: float | None = ...,
-                   ) -> Tensor | tuple[Tensor, Tensor]: ...
+                   sinks: Tensor | None = ...) -> Tensor | tuple[Tensor, Tensor]: ...
 
 
 def edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
@@ -451,8 +462,8 @@ def edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
                    return_attention: bool = False, backend: str = "auto",
                    score: str = "dot", negative_slope: float = 0.2,
                    att: Tensor | None = None, edge_key: Tensor | None = None,
-                   edge_value: Tensor | None = None,
-                   softcap: float | None = None) -> Tensor | tuple[Tensor, Tensor]:
+                   edge_value: Tensor | None = None, softcap: float | None = None,
+                   sinks: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
     r"""Multi-head self-attention restricted to the edges of a graph.
 
     Node i attends to node j when the edge j -> i exists (``edge_index[:, e] = (j, i)``):
@@ -486,6 +497,19 @@ def edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
     ``"cpu"`` and ``"triton"`` kernels compute it in their score, with the derivative
     :math:`1 - \tanh^2` in their backward; ``"dense"`` (scaled_dot_product_attention takes no
     cap) refuses it, and ``backend="auto"`` never picks it then.
+
+    With ``sinks`` :math:`\varsigma` (``[H]``), each head's softmax has one more score in
+    every row, whose value is 0, as GPT-OSS's attention sinks:
+
+    .. math::
+        \alpha_{ij} = \frac{e^{s_{ij}}}{e^{\varsigma_h} + \sum_{j' \in \mathcal{N}(i)}
+        e^{s_{ij'}}}
+
+    so a target can give its edges less than all of its weight (and one without edges still
+    gets 0). The weights returned are the edges'; they sum to less than 1. The ``"cpu"`` and
+    ``"triton"`` kernels start each row's softmax at the sink
+    (:mod:`graphattn.functional.sinks`); ``"dense"`` refuses them, and ``backend="auto"``
+    never picks it then.
 
     Per-edge terms enter the key and the value of each edge e = (j -> i), as PyG's
     ``TransformerConv(edge_dim=...)`` and ``GATv2Conv(edge_dim=...)`` add their projected edge
@@ -556,13 +580,16 @@ def edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
             (default: ``None``)
         softcap (float, optional): :math:`c > 0`, the cap of the dot and gatv2 scores before
             their bias, :math:`c \tanh(s / c)` (Gemma 2 uses 50). (default: ``None``, no cap)
+        sinks (Tensor, optional): ``[H]``, the score :math:`\varsigma_h` of each head's sink,
+            one more term of every row's softmax whose value is 0. (default: ``None``)
 
     Shapes:
         - **input:** q ``(N_dst, H, C)``, k and v ``(N_src, H, C)``, edge_index ``(2, E)``,
-          bias ``(E, H)``, att ``(H, C)``, edge_key and edge_value ``(E, H, C)``
+          bias ``(E, H)``, att ``(H, C)``, edge_key and edge_value ``(E, H, C)``, sinks
+          ``(H)``
         - **output:** out ``(N_dst, H, C)``; alpha ``(E, H)`` when ``return_attention``
     """
-    _check_attention_inputs(q, k, v, edge_index, bias, score, att, edge_key, edge_value)
+    _check_attention_inputs(q, k, v, edge_index, bias, score, att, edge_key, edge_value, sinks)
     check_dropout(dropout_p, "dropout_p")
     negative_slope = score_factor(negative_slope, "negative_slope", q, k, v)
     if scale is not None:
@@ -573,7 +600,8 @@ def edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
                                     dropout_p=dropout_p, training=training,
                                     return_attention=return_attention, backend=backend,
                                     score=score, negative_slope=negative_slope, att=att,
-                                    edge_key=edge_key, edge_value=edge_value, softcap=softcap)
+                                    edge_key=edge_key, edge_value=edge_value, softcap=softcap,
+                                    sinks=sinks)
 
 
 def check_softcap(softcap: float | Tensor, score: str, *tensors: Tensor,
@@ -647,7 +675,7 @@ def edge_attention_unchecked(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor
                              negative_slope: float = 0.2, att: Tensor | None = None,
                              edge_key: Tensor | None = None, edge_value: Tensor | None = None,
                              edge_weight: Tensor | None = None, softcap: float | None = None,
-                             ) -> Tensor | tuple[Tensor, Tensor]:
+                             sinks: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
     """:func:`edge_attention` without the argument checks, for callers that made them.
 
     :class:`~graphattn.nn.GraphSelfAttention` validates ``edge_index`` once and builds q, k, v
@@ -660,14 +688,14 @@ def edge_attention_unchecked(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor
     """
     autocast = _autocast_device(q, k, v)
     if autocast is not None:
-        q, k, v, bias, att, edge_key, edge_value = _autocast_inputs(q, k, v, bias, att,
-                                                                    edge_key, edge_value)
+        q, k, v, bias, att, edge_key, edge_value, sinks = _autocast_inputs(
+            q, k, v, bias, att, edge_key, edge_value, sinks)
         with torch.autocast(autocast, enabled=False):
             return edge_attention_unchecked(
                 q, k, v, edge_index, scale=scale, bias=bias, dropout_p=dropout_p,
                 training=training, return_attention=return_attention, backend=backend,
                 score=score, negative_slope=negative_slope, att=att, edge_key=edge_key,
-                edge_value=edge_value, edge_weight=edge_weight, softcap=softcap)
+                edge_value=edge_value, edge_weight=edge_weight, softcap=softcap, sinks=sinks)
     if scale is None:
         # 1 / sqrt(C) for dot (C = 0: the score is 0 whatever the scale)
         scale = 1.0 / math.sqrt(max(q.size(-1), 1)) if score == "dot" else 1.0
@@ -677,15 +705,17 @@ def edge_attention_unchecked(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor
     elif backend == "auto":
         backend, layout = _select(q, edge_index, k.size(0), score,
                                   return_attention or (training and dropout_p > 0.0),
-                                  softcap is not None)
+                                  softcap is not None or sinks is not None)
         if backend == "triton" and any(t is not None and t.dtype not in TRITON_DTYPES
-                                       for t in (k, v, bias, att, edge_key, edge_value)):
+                                       for t in (k, v, bias, att, edge_key, edge_value, sinks)):
             backend = "reference"  # a float64 input beside q: the kernels take none
     if not isinstance(backend, str) or backend not in BACKENDS:
         raise ValueError(f"backend must be 'auto' or one of {available_backends()}, "
                          f"got {backend!r}")
     if backend == "dense" and softcap is not None:
         raise ValueError(DENSE_REFUSES_SOFTCAP)
+    if backend == "dense" and sinks is not None:
+        raise ValueError(DENSE_REFUSES_SINKS)
     if backend == "dense" and onnx_exporting():
         backend = "reference"  # the same function in ops ONNX has, for graphs of any size
     if backend == "dense" and torch.jit.is_tracing():
@@ -694,7 +724,7 @@ def edge_attention_unchecked(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor
                          "(the sparse kernels' operator), or use torch.compile")
     triton_dtypes = None  # (out, alpha) dtypes of the triton backend, when rerouted from it
     if backend in ("cpu", "triton") and plain_ops_only(q, k, v, bias, att, edge_key,
-                                                        edge_value):
+                                                        edge_value, sinks):
         # torch.func (vjp, jacrev, jvp, vmap, hessian) or forward-mode dual inputs: the fused
         # kernels have no batching or forward-mode rule; the reference computes the same
         # function with plain torch ops. What the fused backend refuses is refused here too,
@@ -705,11 +735,11 @@ def edge_attention_unchecked(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor
             check_triton_inputs(q, k, v, score=score, bias=bias, att=att, edge_key=edge_key,
                                 edge_value=edge_value)
             triton_dtypes = (v.dtype, functools.reduce(torch.promote_types, [
-                t.dtype for t in (q, k, bias, att, edge_key) if t is not None]))
+                t.dtype for t in (q, k, bias, att, edge_key, sinks) if t is not None]))
         backend = "reference"
     if backend != "triton":  # the Triton kernels read each input in its own dtype
-        q, k, v, bias, att, edge_key, edge_value = _common_dtype(q, k, v, bias, att, edge_key,
-                                                                 edge_value)
+        q, k, v, bias, att, sinks, edge_key, edge_value = _common_dtype(
+            q, k, v, bias, att, sinks, edge_key, edge_value)
     dropout_mask = None
     if training and dropout_p > 0.0 and (backend == "triton" or (
             backend == "cpu" and v.dtype == torch.float32)):
@@ -730,6 +760,8 @@ def edge_attention_unchecked(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor
                    negative_slope=float(negative_slope), need_alpha=return_attention, att=att)
     if softcap is not None:
         options["softcap"] = float(softcap)
+    if sinks is not None:
+        options["sinks"] = sinks
     if edge_key is None and edge_value is None:
         if layout is not None and backend == "dense":
             options["layout"] = layout  # found once, by the rule

@@ -93,6 +93,7 @@ from torch import Tensor
 
 from graphattn.functional._transforms import apply_function, needs_grad, plain_ops_only
 from graphattn.functional.reference import reference_edge_attention, reference_grads
+from graphattn.functional.sinks import sink_grad
 
 CHUNKS_PER_THREAD = 4  # the rows are split into this many chunks of equal work per thread
 MIN_PARALLEL_WORK = 2**15  # rows + edges below which one thread does all
@@ -1092,10 +1093,12 @@ def _forward_kernel(fixed_score: int, fixed_bias: bool, fixed_ek: bool, fixed_ev
 
     @_jit()
     def kernel(q, k, v, att, bias, mask, ek, ev, rowptr, perm, src, scale, slope, cap, out,
-               lse, alpha, flags, has_mask, need_alpha, first, last):
+               lse, alpha, flags, has_mask, need_alpha, sinks, has_sinks, first, last):
         """Targets ``first..last-1``: softmax over the in-edges, weighted sum of the values
         (``v_j + ev_e`` with ``has_ev``), the dropout multipliers applied with ``has_mask``
-        and the weights written to ``alpha`` with ``need_alpha``.
+        and the weights written to ``alpha`` with ``need_alpha``. With ``has_sinks``, head
+        h's softmax has one more score in every row, ``sinks[h]``, whose value is 0: it
+        raises the maximum and the sum, and adds nothing to the weighted sum.
 
         Two passes over each target's in-edges: the scores (kept in a ``[degree, H]`` scratch)
         and their maximum per head, then the exponentials and the weighted sum of ``v``.
@@ -1125,6 +1128,9 @@ def _forward_kernel(fixed_score: int, fixed_bias: bool, fixed_ek: bool, fixed_ev
             top[:] = -np.inf
             _target_scores(q, k, att, bias, ek, rowptr, perm, src, i, H, Cq, scale, slope, score,
                            has_bias, has_ek, cap, has_cap, scores, top, scores, False)
+            if has_sinks:
+                for h in range(H):
+                    top[h] = max(top[h], sinks[h])
             for h in range(H):  # a row whose scores are all -inf gets weights exp(-inf) = 0
                 if top[h] == -np.inf:
                     top[h] = np.inf
@@ -1142,6 +1148,9 @@ def _forward_kernel(fixed_score: int, fixed_bias: bool, fixed_ek: bool, fixed_ev
                         total[h] += scores[p, h]
             else:
                 _long_row_total(scores, degree, part, total_blocks, total)
+            if has_sinks:
+                for h in range(H):
+                    total[h] += np.exp(sinks[h] - top[h])
             acc[:] = 0
             if degree <= SUM_BLOCK:
                 _weighted_values(v, ev, mask, state, scores, src, perm, start, start, stop, H,
@@ -1619,12 +1628,14 @@ def _mask_argument(dropout_mask: Tensor | None, none: np.ndarray) -> np.ndarray:
 
 def _forward_impl(q: Tensor, k: Tensor, v: Tensor, att: Tensor | None, bias: Tensor | None,
                   dropout_mask: Tensor | None, edge_key: Tensor | None,
-                  edge_value: Tensor | None, edge_index: Tensor, scale: float,
-                  negative_slope: float, softcap: float, score: int, need_alpha: bool,
-                  value_is_key: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+                  edge_value: Tensor | None, sinks: Tensor | None, edge_index: Tensor,
+                  scale: float, negative_slope: float, softcap: float, score: int,
+                  need_alpha: bool, value_is_key: bool,
+                  ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Forward kernel: ``out, alpha, lse`` and the CSR order ``rowptr, perm, src`` for backward
     (``value_is_key``: ``edge_key`` is the value term too, and ``edge_value`` is ``None``;
-    ``softcap`` 0: no cap)."""
+    ``softcap`` 0: no cap; ``sinks`` ``[H]``, in the dtype of v: see
+    :func:`~graphattn.functional.sinks.sink_grad`)."""
     if value_is_key:
         edge_value = edge_key
     n_dst, H, C = q.size(0), v.size(1), v.size(2)
@@ -1644,14 +1655,14 @@ def _forward_impl(q: Tensor, k: Tensor, v: Tensor, att: Tensor | None, bias: Ten
               none if edge_key is None else _rows(edge_key),
               none if edge_value is None else _rows(edge_value), rowptr, perm, src,
               real(scale), real(negative_slope), real(softcap), _rows(out), lse.numpy(),
-              alpha.numpy(),
-              flags, dropout_mask is not None, need_alpha)
+              alpha.numpy(), flags, dropout_mask is not None, need_alpha,
+              none[0] if sinks is None else _np(sinks), sinks is not None)
     return (out, alpha, lse, torch.from_numpy(rowptr), torch.from_numpy(perm),
             torch.from_numpy(src))
 
 
-def _forward_fake(q, k, v, att, bias, dropout_mask, edge_key, edge_value, edge_index, scale,
-                  negative_slope, softcap, score, need_alpha, value_is_key):
+def _forward_fake(q, k, v, att, bias, dropout_mask, edge_key, edge_value, sinks, edge_index,
+                  scale, negative_slope, softcap, score, need_alpha, value_is_key):
     n_dst, H, C = q.size(0), v.size(1), v.size(2)
     E = edge_index.size(1)
     return (v.new_empty(n_dst, H, C), v.new_empty(E if need_alpha else 0, H),
@@ -1742,11 +1753,13 @@ _backward_op.register_fake(_backward_fake)
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    (q, k, v, att, bias, dropout_mask, edge_key, edge_value, _, scale, negative_slope, softcap,
-     score, need_alpha, value_is_key) = inputs
+    (q, k, v, att, bias, dropout_mask, edge_key, edge_value, sinks, _, scale, negative_slope,
+     softcap, score, need_alpha, value_is_key) = inputs
     out, alpha, lse, rowptr, perm, src = output
+    # the weights, for the sinks' gradient when they get one of their own
+    weights = alpha if sinks is not None and need_alpha else None
     ctx.save_for_backward(q, k, v, att, bias, dropout_mask, edge_key, edge_value, out, lse,
-                          rowptr, perm, src)
+                          rowptr, perm, src, sinks, weights)
     ctx.set_materialize_grads(False)  # an unused alpha gets no gradient pass
     ctx.options = (scale, negative_slope, softcap, score)
     ctx.value_is_key = value_is_key
@@ -1758,7 +1771,7 @@ def _setup_context(ctx, inputs, output) -> None:
 def _grads(ctx, grad_out: Tensor | None, grad_alpha: Tensor | None, backward) -> tuple:
     """The inputs' gradients, from ``backward`` (:func:`_backward_impl` or its operator)."""
     (q, k, v, att, bias, dropout_mask, edge_key, edge_value, out, lse, rowptr, perm,
-     src) = ctx.saved_tensors
+     src, sinks, weights) = ctx.saved_tensors
     if grad_out is None:
         grad_out = torch.zeros_like(out)
     if grad_alpha is not None:
@@ -1769,9 +1782,14 @@ def _grads(ctx, grad_out: Tensor | None, grad_alpha: Tensor | None, backward) ->
         edge_value, out, lse, rowptr, perm, src, *ctx.options, need_grad_kv, ctx.value_is_key)
     if not need_grad_kv:
         grad_k = grad_v = None
+    grad_sinks = None
+    if sinks is not None and ctx.needs_input_grad[8]:
+        grad_sinks = sink_grad(sinks, out, lse, grad_out, grad_alpha, weights,
+                               _csr_targets(rowptr, perm))
     return (grad_q, grad_k, grad_v, None if att is None else grad_att,
             None if bias is None else grad_bias, None, None if edge_key is None else grad_ek,
-            None if edge_value is None else grad_ev, None, None, None, None, None, None, None)
+            None if edge_value is None else grad_ev, grad_sinks, None, None, None, None, None,
+            None, None)
 
 
 _forward_op.register_autograd(
@@ -1784,25 +1802,33 @@ def _differentiable_grads(ctx, grad_out: Tensor | None, grad_alpha: Tensor | Non
     computes them, for backward under ``create_graph=True``; the edges are given back in their
     original order (``perm`` maps CSR positions to edge ids)."""
     (q, k, v, att, bias, dropout_mask, edge_key, edge_value, _, _, rowptr, perm,
-     src) = ctx.saved_tensors
+     src, sinks, _) = ctx.saved_tensors
     scale, negative_slope, softcap, score = ctx.options
-    degree = rowptr[1:] - rowptr[:-1]  # (N_dst,)
     edge_index = torch.empty(2, perm.numel(), dtype=torch.int64)
     edge_index[0, perm] = src.long()
-    edge_index[1, perm] = torch.repeat_interleave(torch.arange(degree.numel()), degree)
+    edge_index[1] = _csr_targets(rowptr, perm)
     if ctx.value_is_key:
         edge_value = edge_key
-    needs = [ctx.needs_input_grad[i] for i in (0, 1, 2, 3, 4, 6, 7)]
+    needs = [ctx.needs_input_grad[i] for i in (0, 1, 2, 3, 4, 6, 7, 8)]
     grads = reference_grads(grad_out, grad_alpha, q, k, v, edge_index, scale=scale, bias=bias,
                             dropout_mask=_as_mask(dropout_mask, perm.numel(), v.size(1),
                                                   v.dtype),
                             score=SCORE_NAMES[score],
                             negative_slope=negative_slope, att=att, edge_key=edge_key,
                             edge_value=edge_value, needs_grad=needs,
-                            softcap=softcap if softcap > 0 else None)
-    grad_q, grad_k, grad_v, grad_att, grad_bias, grad_ek, grad_ev = grads
-    return (grad_q, grad_k, grad_v, grad_att, grad_bias, None, grad_ek, grad_ev, None, None,
-            None, None, None, None, None)
+                            softcap=softcap if softcap > 0 else None, sinks=sinks)
+    grad_q, grad_k, grad_v, grad_att, grad_bias, grad_ek, grad_ev, grad_sinks = grads
+    return (grad_q, grad_k, grad_v, grad_att, grad_bias, None, grad_ek, grad_ev, grad_sinks,
+            None, None, None, None, None, None, None)
+
+
+def _csr_targets(rowptr: Tensor, perm: Tensor) -> Tensor:
+    """The target of each edge ``[E]`` (int64, in edge order) from the CSR ``rowptr`` and the
+    edge id ``perm`` at each CSR position."""
+    degree = rowptr[1:] - rowptr[:-1]  # (N_dst,)
+    targets = torch.empty(perm.numel(), dtype=torch.int64)
+    targets[perm] = torch.repeat_interleave(torch.arange(degree.numel()), degree)
+    return targets
 
 
 class _EdgeAttentionCPU(torch.autograd.Function):
@@ -1837,7 +1863,8 @@ def cpu_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *, s
                        bias: Tensor | None, dropout_mask: Tensor | None, score: str,
                        negative_slope: float, need_alpha: bool, att: Tensor | None = None,
                        edge_key: Tensor | None = None, edge_value: Tensor | None = None,
-                       softcap: float | None = None) -> tuple[Tensor, Tensor | None]:
+                       softcap: float | None = None,
+                       sinks: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
     r"""Edge attention on CPU with fused kernels and O(E * H) memory for training.
 
     Computes the function of the reference backend (see
@@ -1875,11 +1902,13 @@ def cpu_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *, s
         edge_value (Tensor, optional): ``[E, H, C]`` added to each edge's value.
         softcap (float, optional): the cap :math:`c` of the dot and gatv2 scores before their
             bias, :math:`c \tanh(s / c)`.
+        sinks (Tensor, optional): ``[H]``, one more score of each head's softmax in every
+            row, whose value is 0 (see :func:`~graphattn.functional.edge_attention`).
 
     Shapes:
         - **input:** q ``(N_dst, H, C)`` or ``(N_dst, H)``, k ``(N_src, H, C)`` or
           ``(N_src, H)``, v ``(N_src, H, C)``, edge_index ``(2, E)``, bias and dropout_mask
-          ``(E, H)``, att ``(H, C)``, edge_key and edge_value ``(E, H, C)``
+          ``(E, H)``, att ``(H, C)``, edge_key and edge_value ``(E, H, C)``, sinks ``(H)``
         - **output:** out ``(N_dst, H, C)``; alpha ``(E, H)`` (before dropout) or ``None``
     """
     check_cpu_inputs(q, k, v, edge_index)
@@ -1888,7 +1917,7 @@ def cpu_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *, s
             q, k, v, edge_index, scale=scale, bias=bias,
             dropout_mask=_as_mask(dropout_mask, edge_index.size(1), 0, v.dtype), score=score,
             negative_slope=negative_slope, need_alpha=need_alpha, att=att, edge_key=edge_key,
-            edge_value=edge_value, softcap=softcap)
+            edge_value=edge_value, softcap=softcap, sinks=sinks)
     dtype, channels = v.dtype, v.size(-1)
     work = dtype if dtype in (torch.float32, torch.float64) else torch.float32
     # one tensor as both terms (TransformerConv's edge features): read once, one gradient
@@ -1908,18 +1937,19 @@ def cpu_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *, s
         if edge_value is not None:
             edge_value = F.pad(edge_value, (0, 1))  # (E, H, 1)
     q, k, v = (t.to(work).contiguous() for t in (q, k, v))
-    att, bias, edge_key, edge_value = (None if t is None else t.to(work).contiguous()
-                                       for t in (att, bias, edge_key, edge_value))
+    att, bias, edge_key, edge_value, sinks = (None if t is None else t.to(work).contiguous()
+                                              for t in (att, bias, edge_key, edge_value, sinks))
     if dropout_mask is not None and dropout_mask.dtype != torch.int64:  # (int64: parameters)
         dropout_mask = dropout_mask.to(work).contiguous()
-    inputs = (q, k, v, att, bias, dropout_mask, edge_key, edge_value, edge_index.contiguous(),
+    inputs = (q, k, v, att, bias, dropout_mask, edge_key, edge_value, sinks,
+              edge_index.contiguous(),
               scale, negative_slope, 0.0 if softcap is None else softcap, SCORE_KINDS[score],
               need_alpha, value_is_key)
     if torch.compiler.is_compiling() or torch.jit.is_tracing():
         # an operator for the tracers (torch.jit.trace reads sizes as traced values, which
         # the kernels cannot take)
         out, alpha = _forward_op(*inputs)[:2]
-    elif needs_grad(q, k, v, att, bias, edge_key, edge_value):
+    elif needs_grad(q, k, v, att, bias, edge_key, edge_value, sinks):
         out, alpha = apply_function(_EdgeAttentionCPU, *inputs)[:2]
     else:  # inference: no autograd node to record
         out, alpha = _forward_impl(*inputs)[:2]

@@ -26,7 +26,7 @@ def reference_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor
                              score: str, negative_slope: float, need_alpha: bool,
                              att: Tensor | None = None, edge_key: Tensor | None = None,
                              edge_value: Tensor | None = None, softcap: float | None = None,
-                             ) -> tuple[Tensor, Tensor | None]:
+                             sinks: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
     r"""The readable reference backend: gather per edge, scatter-softmax, scatter-add.
 
     For each edge :math:`e = (j \to i)` and head :math:`h`, with the key
@@ -44,13 +44,15 @@ def reference_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor
 
     with :math:`\sigma` the scale and :math:`d_e` the dropout multiplier (1 without). With
     ``softcap`` :math:`c`, the dot and gatv2 scores before their bias,
-    :math:`\tilde s_e = s_e - b_e`, become :math:`c \tanh(\tilde s_e / c)`.
+    :math:`\tilde s_e = s_e - b_e`, become :math:`c \tanh(\tilde s_e / c)`. With ``sinks``
+    :math:`\varsigma`, each target's softmax in head h has one more score, :math:`\varsigma_h`,
+    whose value is 0: its row is appended to the edges' scores, and cut off after the softmax.
     Arguments are already checked by :func:`edge_attention`, whose backends are all tested
     against this one. Keeps ``[E, H, C]`` tensors for autograd.
 
     Args:
-        q, k, v, edge_index, bias, score, negative_slope, att, edge_key, edge_value, softcap:
-            as in :func:`edge_attention`; ``bias``, ``score`` and ``negative_slope`` have no
+        q, k, v, edge_index, bias, score, negative_slope, att, edge_key, edge_value, softcap,
+            sinks: as in :func:`edge_attention`; ``bias``, ``score`` and ``negative_slope`` have no
             default here (``None``, ``"dot"``, ``0.2`` there).
         scale (float): :math:`\sigma`, a number (no default; for ``None``
             ``edge_attention`` passes its default, :math:`1 / \sqrt{C_k}` for ``"dot"``).
@@ -63,7 +65,7 @@ def reference_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor
         - **input:** q ``(N_dst, H, C_k)`` (``(N_dst, H)`` for the additive score), k
           ``(N_src, H, C_k)`` (same), v ``(N_src, H, C)``, edge_index ``(2, E)``, bias and
           dropout_mask ``(E, H)``, att ``(H, C_k)``, edge_key ``(E, H, C_k)``, edge_value
-          ``(E, H, C)``
+          ``(E, H, C)``, sinks ``(H)``
         - **output:** ``(out (N_dst, H, C), alpha (E, H) or None)``
     """
     src, dst = edge_index[0], edge_index[1]
@@ -96,7 +98,13 @@ def reference_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor
         if bias is not None:
             s = s + bias
         s = F.leaky_relu(s, negative_slope) * scale
-    alpha = scatter_softmax(s, dst, num_segments=q.size(0)).to(v_e.dtype)  # (E, H)
+    if sinks is None:
+        alpha = scatter_softmax(s, dst, num_segments=q.size(0)).to(v_e.dtype)  # (E, H)
+    else:  # one more score per target and head, the sink's, in the softmax and then cut off
+        n_dst, num_edges = q.size(0), s.size(0)
+        s = torch.cat([s, sinks.to(s.dtype).expand(n_dst, -1)])  # (E + N_dst, H)
+        targets = torch.cat([dst, torch.arange(n_dst, device=dst.device)])  # (E + N_dst)
+        alpha = scatter_softmax(s, targets, num_segments=n_dst)[:num_edges].to(v_e.dtype)
     weight = alpha if dropout_mask is None else alpha * dropout_mask  # (E, H)
     msg = weight.unsqueeze(-1) * v_e  # (E, H, C)
     # zeros like msg, not v: under torch.func.vmap of q alone, v is not batched and msg is
@@ -109,42 +117,43 @@ def reference_grads(grad_out: Tensor | None, grad_alpha: Tensor | None, q: Tenso
                     dropout_mask: Tensor | None, score: str, negative_slope: float,
                     att: Tensor | None, edge_key: Tensor | None, edge_value: Tensor | None,
                     needs_grad: Sequence[bool], softcap: float | None = None,
-                    ) -> tuple[Tensor | None, ...]:
+                    sinks: Tensor | None = None) -> tuple[Tensor | None, ...]:
     r"""Differentiable gradients of :func:`reference_edge_attention`: the backward of a fused
     backend under ``create_graph=True``.
 
     With :math:`(o, \alpha)` the reference's outputs for these inputs and
     :math:`(g_o, g_\alpha)` the incoming gradients, returns the vector-Jacobian products
     :math:`g_o^\top \partial o / \partial x + g_\alpha^\top \partial \alpha / \partial x` for
-    :math:`x` in ``(q, k, v, att, bias, edge_key, edge_value)``, built with
+    :math:`x` in ``(q, k, v, att, bias, edge_key, edge_value, sinks)``, built with
     ``create_graph=True``: autograd can differentiate them again, with respect to the inputs
     and to :math:`g_o, g_\alpha`. ``edge_value is edge_key`` (one tensor in both roles) gets
     the gradient of both roles in the ``edge_key`` slot and ``None`` in the other.
 
     The arguments ``q, k, v, edge_index, scale, bias, dropout_mask, score, negative_slope, att,
-    edge_key, edge_value, softcap`` are those of :func:`reference_edge_attention` (q and k of the
-    additive score may carry a trailing channel of size 1, as the ``"cpu"`` backend keeps them).
+    edge_key, edge_value, softcap, sinks`` are those of :func:`reference_edge_attention` (q and k
+    of the additive score may carry a trailing channel of size 1, as the ``"cpu"`` backend keeps
+    them).
 
     Args:
         grad_out (Tensor, optional): :math:`g_o`; ``None`` for zeros.
         grad_alpha (Tensor, optional): :math:`g_\alpha`; ``None`` when alpha gets no gradient.
-        needs_grad (list of bool): for each of the seven inputs above, whether its
+        needs_grad (list of bool): for each of the eight inputs above, whether its
             gradient is wanted.
 
     Shapes:
         - **input:** grad_out ``(N_dst, H, C)``, grad_alpha ``(E, H)``; the others as in
           :func:`reference_edge_attention`
-        - **output:** seven gradients, each shaped like its input, or ``None`` where not
+        - **output:** eight gradients, each shaped like its input, or ``None`` where not
           wanted, absent, or not reached by the outputs
     """
     value_is_key = edge_value is edge_key
     with torch.enable_grad():
         # one alias per role: q, k and v may be one tensor (edge_attention(x, x, x)), whose
         # gradient autograd would otherwise give whole to each role it is asked for
-        q, k, v, att, bias, edge_key, edge_value = (
+        q, k, v, att, bias, edge_key, edge_value, sinks = (
             None if t is None else t.view_as(t)
-            for t in (q, k, v, att, bias, edge_key, None if value_is_key else edge_value))
-        inputs = (q, k, v, att, bias, edge_key, edge_value)
+            for t in (q, k, v, att, bias, edge_key, None if value_is_key else edge_value, sinks))
+        inputs = (q, k, v, att, bias, edge_key, edge_value, sinks)
         if value_is_key:
             edge_value = edge_key
         if score == "additive" and q.dim() == 3:
@@ -164,7 +173,7 @@ def reference_grads(grad_out: Tensor | None, grad_alpha: Tensor | None, q: Tenso
         out, alpha = reference_edge_attention(
             q_, k_, v_, edge_index, scale=scale, bias=bias_, dropout_mask=dropout_mask,
             score=score, negative_slope=negative_slope, need_alpha=grad_alpha is not None,
-            att=att_, edge_key=edge_key_, edge_value=edge_value_, softcap=softcap)
+            att=att_, edge_key=edge_key_, edge_value=edge_value_, softcap=softcap, sinks=sinks)
         outputs = [out]
         grads = [torch.zeros_like(out) if grad_out is None else grad_out]
         if grad_alpha is not None and alpha.requires_grad:  # (not when only v is wanted)

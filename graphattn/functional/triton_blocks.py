@@ -315,11 +315,11 @@ def _reference_grads(dout: Tensor | None, dalpha: Tensor | None, q: Tensor, k: T
                      v: Tensor, bias: Tensor | None, dropout_mask: Tensor | None,
                      edge_index: Tensor, scale: float, needs: tuple[bool, ...]) -> tuple:
     """dq, dk, dv and d bias in plain torch ops (``needs``: whether each is wanted)."""
-    dq, dk, dv, _, dbias, _, _ = reference_grads(
+    dq, dk, dv, _, dbias, _, _, _ = reference_grads(
         dout, dalpha, q, k, v, edge_index, scale=scale, bias=bias,
         dropout_mask=mask_tensor(dropout_mask, edge_index.size(1), v.size(1)), score="dot",
         negative_slope=0.2, att=None, edge_key=None, edge_value=None,
-        needs_grad=[*needs[:3], False, needs[3], False, False])
+        needs_grad=[*needs[:3], False, needs[3], False, False, False])
     return dq, dk, dv, dbias
 
 

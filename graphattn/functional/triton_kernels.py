@@ -149,6 +149,7 @@ from graphattn._tensor_cache import TensorCache
 from graphattn.functional._transforms import apply_function, needs_grad, plain_ops_only
 from graphattn.functional.dropout import mask_tensor
 from graphattn.functional.reference import reference_grads
+from graphattn.functional.sinks import sink_grad
 from graphattn.functional.triton_blocks import (
     BLOCK_SIDES,
     BlockSparseAttention,
@@ -563,11 +564,12 @@ def fused_forward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None,
                   negative_slope: float, need_scores: bool, att: Tensor | None = None,
                   edge_key: Tensor | None = None, edge_value: Tensor | None = None,
                   out_dtype: torch.dtype = torch.float32, softcap: float = 0.0,
-                  ) -> tuple[Tensor, Tensor, Tensor | None]:
+                  sinks: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
     """Launch the forward kernel on contiguous inputs and the target CSR of the graph
     (``att``: the ``[H, C]`` attention vector of ``score="gatv2"``; ``edge_key``,
     ``edge_value``: the ``[E, H, C]`` per-edge terms of keys and values; ``softcap``: the cap
-    of the dot and gatv2 scores, 0 for none).
+    of the dot and gatv2 scores, 0 for none; ``sinks``: ``[H]``, the score of each head's
+    sink, :mod:`graphattn.functional.sinks`).
 
     Returns out ``[N_dst, H, C]`` in ``out_dtype`` (fp32, which backward needs, unless told
     otherwise) and lse ``[N_dst, H, 2]`` in fp32 (the row maximum m and log l of each target
@@ -585,18 +587,20 @@ def fused_forward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None,
         "forward_kernel", csr, cfg, heads,
         (q, k, v, _or(bias, q), _or(att, q), _or(dropout_mask, q), _or(edge_key, q),
          _or(edge_value, v)),
-        (out, lse, _or(scores, lse), scale, negative_slope, softcap),
+        (out, lse, _or(scores, lse), scale, negative_slope, softcap,
+         lse if sinks is None else sinks.float().contiguous()),
         H=heads, C=channels, CK=score_channels, SCORE=SCORE_KINDS[score], HAS_CAP=softcap > 0,
+        HAS_SINKS=sinks is not None,
         HAS_BIAS=bias is not None, HAS_DROP=dropout_mask is not None,
         HAS_EK=edge_key is not None, HAS_EV=edge_value is not None, NEED_SCORES=need_scores)
     return out, lse, scores
 
 
 def _alpha_dtype(q: Tensor, k: Tensor, bias: Tensor | None, att: Tensor | None,
-                 edge_key: Tensor | None = None) -> torch.dtype:
+                 edge_key: Tensor | None = None, sinks: Tensor | None = None) -> torch.dtype:
     """The dtype of the scores of the reference backend: that of q, k and what they meet."""
     dtype = torch.promote_types(q.dtype, k.dtype)
-    for t in (bias, att, edge_key):
+    for t in (bias, att, edge_key, sinks):
         if t is not None:
             dtype = torch.promote_types(dtype, t.dtype)
     return dtype
@@ -606,11 +610,11 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, att: Tensor | None, bias: Tensor |
              dropout_mask: Tensor | None, edge_index: Tensor, scale: float,
              negative_slope: float, score: str, need_alpha: bool,
              edge_key: Tensor | None = None, edge_value: Tensor | None = None,
-             softcap: float = 0.0, *, cached: bool = True,
+             softcap: float = 0.0, sinks: Tensor | None = None, *, cached: bool = True,
              out_dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor, Tensor, CSR]:
     """The forward pass on contiguous inputs: out (in ``out_dtype``: fp32 for backward),
     alpha (``[0, H]`` unless ``need_alpha``), lse and the target CSR (``cached``: see
-    :func:`graph_csr`; ``softcap`` 0: no cap)."""
+    :func:`graph_csr`; ``softcap`` 0: no cap; ``sinks``: see :func:`fused_forward`)."""
     csr = graph_csr(edge_index, by_target=True, num_dst=q.size(0), num_src=v.size(0),
                     cached=cached)
     # fp32 out for training: backward's delta = dout . out must not see the rounding of a
@@ -619,9 +623,9 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, att: Tensor | None, bias: Tensor |
                                      score=score, att=att, negative_slope=negative_slope,
                                      need_scores=need_alpha, edge_key=edge_key,
                                      edge_value=edge_value, out_dtype=out_dtype,
-                                     softcap=softcap)
+                                     softcap=softcap, sinks=sinks)
     alpha = weights_from_scores(scores, lse, edge_index,
-                                _alpha_dtype(q, k, bias, att, edge_key))
+                                _alpha_dtype(q, k, bias, att, edge_key, sinks))
     return out, alpha, lse, csr
 
 
@@ -706,21 +710,25 @@ class FusedEdgeAttention(torch.autograd.Function):
                 dropout_mask: Tensor | None, edge_index: Tensor, scale: float,
                 negative_slope: float, score: str, need_alpha: bool,
                 edge_key: Tensor | None, edge_value: Tensor | None, softcap: float = 0.0,
+                sinks: Tensor | None = None,
                 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
         out32, alpha, lse, csr = _forward(q, k, v, att, bias, dropout_mask, edge_index, scale,
                                           negative_slope, score, need_alpha, edge_key,
-                                          edge_value, softcap)
+                                          edge_value, softcap, sinks)
         return out32, alpha, lse, csr.ptr, csr.other, csr.edge_id, csr.order
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
         (q, k, v, att, bias, dropout_mask, edge_index, scale, negative_slope, score, need_alpha,
-         edge_key, edge_value, *softcap) = inputs
+         edge_key, edge_value, *rest) = inputs
+        softcap, sinks = (*rest, *(0.0, None)[len(rest):])  # their defaults when not given
         out32, alpha, lse, rowptr, col, eid, order = output
+        # the weights, for the sinks' gradient when they get one of their own
+        weights = alpha if sinks is not None and need_alpha else None
         ctx.save_for_backward(q, k, v, att, bias, dropout_mask, edge_index, out32, lse, rowptr,
-                              col, eid, order, edge_key, edge_value)
+                              col, eid, order, edge_key, edge_value, sinks, weights)
         ctx.options = (scale, negative_slope, score)
-        ctx.softcap = softcap[0] if softcap else 0.0
+        ctx.softcap = softcap
         ctx.value_is_key = edge_key is not None and edge_value is edge_key
         ctx.set_materialize_grads(False)
         ctx.mark_non_differentiable(lse, rowptr, col, eid, order)
@@ -730,20 +738,20 @@ class FusedEdgeAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout: Tensor | None, dalpha: Tensor | None, *_):
         (q, k, v, att, bias, dropout_mask, edge_index, out32, lse, rowptr, col, eid, order,
-         edge_key, edge_value) = ctx.saved_tensors
+         edge_key, edge_value, sinks, weights) = ctx.saved_tensors
         # create_graph=True, or a forward-mode dual cotangent (whose tangent the kernels would
         # drop): gradients in plain ops, which autograd can differentiate
         if torch.is_grad_enabled() or plain_ops_only(dout, dalpha):
             scale, negative_slope, score = ctx.options
-            needs = [ctx.needs_input_grad[i] for i in (0, 1, 2, 3, 4, 11, 12)]
-            dq, dk, dv, datt, dbias, dedge_key, dedge_value = reference_grads(
+            needs = [ctx.needs_input_grad[i] for i in (0, 1, 2, 3, 4, 11, 12, 14)]
+            dq, dk, dv, datt, dbias, dedge_key, dedge_value, dsinks = reference_grads(
                 dout, dalpha, q, k, v, edge_index, scale=scale, bias=bias,
                 dropout_mask=mask_tensor(dropout_mask, edge_index.size(1), v.size(1)),
                 score=score, negative_slope=negative_slope,
                 att=att, edge_key=edge_key, edge_value=edge_value, needs_grad=needs,
-                softcap=ctx.softcap or None)
+                softcap=ctx.softcap or None, sinks=sinks)
             return (dq, dk, dv, datt, dbias, None, None, None, None, None, None, dedge_key,
-                    dedge_value, None)
+                    dedge_value, None, dsinks)
         dout = torch.zeros_like(out32) if dout is None else dout.contiguous()
         dalpha = dalpha.contiguous() if dalpha is not None else None
         need_dedge_key = edge_key is not None and ctx.needs_input_grad[11]
@@ -755,8 +763,11 @@ class FusedEdgeAttention(torch.autograd.Function):
             edge_value=edge_value, need_dedge_key=need_dedge_key,
             need_dedge_value=edge_value is not None and ctx.needs_input_grad[12],
             value_is_key=ctx.value_is_key and need_dedge_key, softcap=ctx.softcap)
+        dsinks = None
+        if sinks is not None and ctx.needs_input_grad[14]:
+            dsinks = sink_grad(sinks, out32, lse, dout, dalpha, weights, edge_index[1])
         return (dq, dk, dv, datt, dbias, None, None, None, None, None, None, dedge_key,
-                dedge_value, None)
+                dedge_value, None, dsinks)
 
 
 # The same passes as torch operators, which torch.compile calls as single opaque nodes (with
@@ -770,19 +781,20 @@ def _forward_op(q: Tensor, k: Tensor, v: Tensor, att: Tensor | None, bias: Tenso
                 dropout_mask: Tensor | None, edge_index: Tensor, scale: float,
                 negative_slope: float, score: str, need_alpha: bool,
                 edge_key: Tensor | None = None, edge_value: Tensor | None = None,
-                softcap: float = 0.0) -> tuple[Tensor, Tensor, Tensor]:
+                softcap: float = 0.0,
+                sinks: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """out (fp32), alpha and lse; see :func:`_forward`."""
     return _forward(q, k, v, att, bias, dropout_mask, edge_index, scale, negative_slope, score,
-                    need_alpha, edge_key, edge_value, softcap, cached=False)[:3]
+                    need_alpha, edge_key, edge_value, softcap, sinks, cached=False)[:3]
 
 
 @_forward_op.register_fake
 def _forward_fake(q, k, v, att, bias, dropout_mask, edge_index, scale, negative_slope, score,
-                  need_alpha, edge_key=None, edge_value=None, softcap=0.0):
+                  need_alpha, edge_key=None, edge_value=None, softcap=0.0, sinks=None):
     n_dst, heads, channels = q.size(0), v.size(1), v.size(2)
     return (v.new_empty(n_dst, heads, channels, dtype=torch.float32),
             v.new_empty(edge_index.size(1) if need_alpha else 0, heads,
-                        dtype=_alpha_dtype(q, k, bias, att, edge_key)),
+                        dtype=_alpha_dtype(q, k, bias, att, edge_key, sinks)),
             v.new_empty(n_dst, heads, 2, dtype=torch.float32))
 
 
@@ -822,10 +834,11 @@ def _backward_fake(dout, dalpha, q, k, v, att, bias, dropout_mask, edge_index, o
 
 def _setup_context(ctx, inputs, output) -> None:
     (q, k, v, att, bias, dropout_mask, edge_index, scale, negative_slope, score, need_alpha,
-     edge_key, edge_value, softcap) = inputs
+     edge_key, edge_value, softcap, sinks) = inputs
     out32, alpha, lse = output
+    weights = alpha if sinks is not None and need_alpha else None  # for the sinks' gradient
     ctx.save_for_backward(q, k, v, att, bias, dropout_mask, edge_index, out32, lse, edge_key,
-                          edge_value)
+                          edge_value, sinks, weights)
     ctx.options = (scale, negative_slope, score)
     ctx.softcap = softcap
     ctx.value_is_key = edge_key is not None and edge_value is edge_key
@@ -836,8 +849,8 @@ def _setup_context(ctx, inputs, output) -> None:
 
 
 def _op_grads(ctx, dout: Tensor | None, dalpha: Tensor | None, _dlse) -> tuple:
-    q, k, v, att, bias, dropout_mask, edge_index, out32, lse, edge_key, edge_value = (
-        ctx.saved_tensors)
+    (q, k, v, att, bias, dropout_mask, edge_index, out32, lse, edge_key, edge_value, sinks,
+     weights) = ctx.saved_tensors
     need_dbias = bias is not None and ctx.needs_input_grad[4]
     need_datt = att is not None and ctx.needs_input_grad[3]
     need_dedge_key = edge_key is not None and ctx.needs_input_grad[11]
@@ -849,9 +862,12 @@ def _op_grads(ctx, dout: Tensor | None, dalpha: Tensor | None, _dlse) -> tuple:
         dout, dalpha, q, k, v, att, bias, dropout_mask, edge_index, out32, lse, *ctx.options,
         need_dbias, need_datt, edge_key, edge_value, need_dedge_key, need_dedge_value,
         value_is_key, ctx.softcap)
+    dsinks = None
+    if sinks is not None and ctx.needs_input_grad[14]:
+        dsinks = sink_grad(sinks, out32, lse, dout, dalpha, weights, edge_index[1])
     return (dq, dk, dv, datt if need_datt else None, dbias if need_dbias else None,
             None, None, None, None, None, None, dedge_key if need_dedge_key else None,
-            dedge_value if need_dedge_value and not value_is_key else None, None)
+            dedge_value if need_dedge_value and not value_is_key else None, None, dsinks)
 
 
 _forward_op.register_autograd(_op_grads, setup_context=_setup_context)
@@ -888,8 +904,8 @@ def triton_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *
                           scale: float, bias: Tensor | None, dropout_mask: Tensor | None,
                           score: str, negative_slope: float, need_alpha: bool,
                           att: Tensor | None = None, edge_key: Tensor | None = None,
-                          edge_value: Tensor | None = None,
-                          softcap: float | None = None) -> tuple[Tensor, Tensor | None]:
+                          edge_value: Tensor | None = None, softcap: float | None = None,
+                          sinks: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
     r"""The ``"triton"`` backend of :func:`~graphattn.functional.edge_attention`: fused kernels.
 
     Computes exactly what :func:`~graphattn.functional.attention.reference_edge_attention`
@@ -943,11 +959,14 @@ def triton_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *
         softcap (float, optional): the cap of the dot and gatv2 scores, checked by the caller;
             the block-sparse kernels (:func:`launch_tiles` with ``block_sparse``) take none, and
             give way to the row kernels. (default: ``None``)
+        sinks (Tensor, optional): ``[H]``, the score of each head's sink, one more term of
+            every row's softmax whose value is 0 (:mod:`graphattn.functional.sinks`); the
+            block-sparse kernels take none either. (default: ``None``)
 
     Shapes:
         - **input:** q ``(N_dst, H, C)``, k ``(N_src, H, C)``, v ``(N_src, H, C_v)``,
           edge_index ``(2, E)``, bias ``(E, H)``, att ``(H, C)``, edge_key ``(E, H, C)``,
-          edge_value ``(E, H, C_v)``
+          edge_value ``(E, H, C_v)``, sinks ``(H)``
         - **output:** out ``(N_dst, H, C_v)``; alpha ``(E, H)`` or ``None``
 
     Raises:
@@ -965,7 +984,7 @@ def triton_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *
     if value_is_key:  # still one tensor: read once, one gradient buffer for both roles
         edge_value = edge_key
     block = _TILES.get("block_sparse")
-    if block is not None and softcap is None and use_blocks(q, k, v, score=score,
+    if block is not None and softcap is None and sinks is None and use_blocks(q, k, v, score=score,
                                                             edge_key=edge_key,
                                                             edge_value=edge_value):
         if torch.compiler.is_compiling():
@@ -984,10 +1003,10 @@ def triton_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *
                                              scale, need_alpha)
             return out.to(v.dtype), (alpha if need_alpha else None)
     inputs = (q, k, v, att, bias, dropout_mask, edge_index, scale, negative_slope, score,
-              need_alpha, edge_key, edge_value, 0.0 if softcap is None else softcap)
+              need_alpha, edge_key, edge_value, 0.0 if softcap is None else softcap, sinks)
     if torch.compiler.is_compiling():
         out, alpha, _ = _forward_op(*inputs)  # out in fp32, for backward
-    elif needs_grad(q, k, v, att, bias, edge_key, edge_value):
+    elif needs_grad(q, k, v, att, bias, edge_key, edge_value, sinks):
         out, alpha, *_ = apply_function(FusedEdgeAttention, *inputs)  # the same
     else:  # inference: no autograd node to record, and out written once, in its dtype
         out, alpha, *_ = _forward(*inputs, out_dtype=v.dtype)

@@ -30,6 +30,7 @@ from graphattn.functional import cpu
 from graphattn.functional._transforms import host_readable
 from graphattn.functional.attention import (
     BACKENDS,
+    DENSE_REFUSES_SINKS,
     DENSE_REFUSES_SOFTCAP,
     SCORES,
     check_softcap,
@@ -482,8 +483,8 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             first) joins each target's softmax as one more score whose value is 0, so that a
             target can give its edges less than all its weight:
             :math:`\alpha_{ij} = e^{s_{ij}} / (e^{\sigma_h} + \sum_{j'} e^{s_{ij'}})`
-            (GPT-OSS's attention sinks). The returned weights are the graph's edges'. For the
-            dot score. (default: ``False``)
+            (GPT-OSS's attention sinks), with any score. The returned weights are the
+            graph's edges'. Not with ``backend="dense"``. (default: ``False``)
 
     Shapes:
         - **input:** x ``(|V|, F)`` or ``((|V_src|, F_src), (|V_dst|, F_dst))`` (or
@@ -614,11 +615,10 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             if backend == "dense":
                 raise ValueError(DENSE_REFUSES_SOFTCAP)
         self.softcap = softcap
-        if check_flag(sinks, "sinks") and attention != "dot":
-            raise ValueError(f"sinks=True needs the dot score, where the sink's key of 0 scores "
-                             f"0 and its logit is all its score; got attention={attention!r}")
-        # one learned logit per head, the score of a virtual edge into every target whose value
-        # is 0 (GPT-OSS's attention sinks)
+        if check_flag(sinks, "sinks") and backend == "dense":
+            raise ValueError(DENSE_REFUSES_SINKS)
+        # one learned logit per head, one more score of every target's softmax whose value is
+        # 0 (GPT-OSS's attention sinks)
         self.sinks = torch.nn.Parameter(torch.empty(self.heads)) if sinks else None
         self.reset_parameters()
 
@@ -743,20 +743,15 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             mask = torch.zeros(old_loops.shape, dtype=v.dtype, device=v.device).masked_fill(
                 old_loops, float("-inf")).unsqueeze(-1)  # (E', 1)
             bias = mask.expand(-1, H).contiguous() if bias is None else bias + mask  # (E', H)
-        attended = edge_index  # (2, E'), with the sinks' edges after the graph's
-        if self.sinks is not None:
-            attended, k, v, bias, edge_key, edge_value, edge_weight = self._sink_edges(
-                edge_index, k, v, bias, edge_key, edge_value, edge_weight, N_dst)
         # edge_index was checked above and q, k, v are built to match it: skip the re-check.
-        result = edge_attention_unchecked(q, k, v, attended, scale=self.scale, bias=bias,
+        result = edge_attention_unchecked(q, k, v, edge_index, scale=self.scale, bias=bias,
                                           dropout_p=self.dropout, training=self.training,
                                           return_attention=return_attention_weights or hooks,
                                           backend=self.backend, score=self.attention,
                                           negative_slope=self.negative_slope, att=self.att,
                                           edge_key=edge_key, edge_value=edge_value,
-                                          edge_weight=edge_weight, softcap=self.softcap)
-        if self.sinks is not None and (return_attention_weights or hooks):
-            result = result[0], result[1][:edge_index.size(1)]  # the graph's edges' weights
+                                          edge_weight=edge_weight, softcap=self.softcap,
+                                          sinks=self.sinks)
         if hooks:
             self._call_message_hooks(edge_index, result[1])
             result = result if return_attention_weights else result[0]
@@ -768,35 +763,6 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
                 return self._merge_heads(out, x_dst), (adj, alpha)  # alpha in entries' order
             return self._merge_heads(out, x_dst), (edge_index, alpha)
         return self._merge_heads(result, x_dst)  # (N_dst, H*C) or (N_dst, C)
-
-    def _sink_edges(self, edge_index: Tensor, k: Tensor, v: Tensor, bias: Tensor | None,
-                    edge_key: Tensor | None, edge_value: Tensor | None,
-                    edge_weight: Tensor | None, num_dst: int) -> tuple[Tensor, ...]:
-        r"""The operator's inputs with the sinks: a virtual source ``N_src`` whose key and value
-        are 0, and an edge from it into every target, its score in head h ``sinks[h]`` (its
-        bias; the key of 0 scores 0), so that each target's softmax runs over its edges and its
-        sink, and the sink adds nothing to the sum.
-
-        .. math::
-            \alpha_{ij} = \frac{\exp s_{ij}}{\exp \sigma_h + \sum_{j'} \exp s_{ij'}}
-
-        Returns ``edge_index (2, E + N_dst)``, ``k, v (N_src + 1, H, C)``, ``bias
-        (E + N_dst, H)``, the edge terms padded with 0 and ``edge_weight`` with 1."""
-        H, E = self.heads, edge_index.size(1)
-        targets = torch.arange(num_dst, device=edge_index.device, dtype=edge_index.dtype)
-        edge_index = torch.cat([edge_index, torch.stack([torch.full_like(targets, k.size(0)),
-                                                         targets])], dim=1)  # (2, E + N_dst)
-        k = torch.cat([k, k.new_zeros(1, *k.shape[1:])])  # (N_src + 1, H, C)
-        v = torch.cat([v, v.new_zeros(1, *v.shape[1:])])
-        logits = self.sinks.to(v.dtype).expand(num_dst, H)  # (N_dst, H)
-        bias = torch.cat([logits.new_zeros(E, H) if bias is None else bias, logits])
-        padded_key = None if edge_key is None else torch.cat(
-            [edge_key, edge_key.new_zeros(num_dst, *edge_key.shape[1:])])
-        padded_value = padded_key if edge_value is edge_key else None if edge_value is None else (
-            torch.cat([edge_value, edge_value.new_zeros(num_dst, *edge_value.shape[1:])]))
-        if edge_weight is not None:
-            edge_weight = torch.cat([edge_weight, edge_weight.new_ones(num_dst)])
-        return edge_index, k, v, bias, padded_key, padded_value, edge_weight
 
     def _check_without_targets(self, size: tuple[int | None, int | None] | None) -> None:
         """Raise unless ``x = (x_src, None)`` has a meaning for this layer and ``size``, as

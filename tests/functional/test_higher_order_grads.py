@@ -165,7 +165,7 @@ def test_reference_grads_promote_to_the_dtype_of_the_dropout_mask():
     want = torch.autograd.grad(out, qkv, grad_out.float())
     got = reference_grads(grad_out, None, *qkv, edge_index, scale=0.5, bias=None,
                           dropout_mask=mask, score="dot", negative_slope=0.2, att=None,
-                          edge_key=None, edge_value=None, needs_grad=[True] * 7)
+                          edge_key=None, edge_value=None, needs_grad=[True] * 8)
     for g, w in zip(got[:3], want, strict=True):
         assert g.dtype == torch.bfloat16
         assert_close(g, w)
@@ -260,7 +260,7 @@ def test_reference_grads_of_mixed_dtypes_promote_them(score):
     got = reference_grads(grad_out, grad_alpha, inputs["q"], inputs["k"], inputs["v"],
                           edge_index, scale=0.5, bias=inputs["bias"], dropout_mask=None,
                           score=score, negative_slope=0.2, att=inputs["att"], edge_key=None,
-                          edge_value=None, needs_grad=[True] * 7)
+                          edge_value=None, needs_grad=[True] * 8)
     got = dict(zip(("q", "k", "v", "att", "bias"), got[:5], strict=True))
     for name, w in zip(names, want, strict=True):
         assert got[name].dtype == inputs[name].dtype, name

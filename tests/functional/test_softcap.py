@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import DEVICE, assert_close, random_graph
+from conftest import assert_close, assert_compiles_as_it_runs, outputs_and_grads, random_graph
 
 from graphattn import graphs
 from graphattn.functional import edge_attention, select_backend
@@ -40,20 +40,6 @@ def _inputs(score: str, *, n: int = 12, heads: int = 2, channels: int = 8, num_e
     return inputs, edge_index.to(device)
 
 
-def _run(backend: str, inputs: dict, edge_index: torch.Tensor, score: str,
-         softcap: float | None) -> list[torch.Tensor]:
-    """out, the weights, and the gradients of every leaf of a fixed loss on both."""
-    q, k, v = inputs["q"], inputs["k"], inputs["v"]
-    extra = {name: t for name, t in inputs.items() if name not in "qkv"}
-    out, alpha = edge_attention(q, k, v, edge_index, score=score, softcap=softcap,
-                                return_attention=True, backend=backend, **extra)
-    gen = torch.Generator().manual_seed(1)
-    loss = ((out * torch.randn(out.shape, generator=gen, dtype=out.dtype).to(out.device)).sum()
-            + (alpha * torch.randn(alpha.shape, generator=gen, dtype=alpha.dtype).to(
-                alpha.device)).sum())
-    return [out, alpha, *torch.autograd.grad(loss, list(inputs.values()))]
-
-
 def test_reference_is_the_capped_dense_formula_on_the_complete_graph():
     """On the complete graph the capped dot score is Gemma 2's eager attention:
     softmax(c tanh(scale q k^T / c) + bias) v, written here with dense ops."""
@@ -81,24 +67,12 @@ def test_cpu_backend_matches_the_reference(score, dtype, edge_key):
     """Outputs, weights and every gradient (the bias's is that of the score after the cap);
     half precision is computed in fp32 by both."""
     inputs, edge_index = _inputs(score, dtype=dtype, edge_key=edge_key)
-    want = _run("reference", inputs, edge_index, score, 2.0)
-    got = _run("cpu", inputs, edge_index, score, 2.0)
+    want = outputs_and_grads("reference", inputs, edge_index, score=score, softcap=2.0)
+    got = outputs_and_grads("cpu", inputs, edge_index, score=score, softcap=2.0)
     for a, b in zip(got, want, strict=True):
         assert_close(a, b)
-    uncapped = _run("cpu", inputs, edge_index, score, None)
+    uncapped = outputs_and_grads("cpu", inputs, edge_index, score=score, softcap=None)
     assert (uncapped[0] - got[0]).abs().max() > 0.05
-
-
-@pytest.fixture
-def triton_device(request) -> torch.device:
-    """Where the Triton tests run: CPU tensors in Triton's interpreter, or with
-    ``GRAPHATTN_TRITON_DEVICE=cuda`` CUDA tensors on the compiled kernels."""
-    if DEVICE.type == "cuda":
-        if not torch.cuda.is_available():
-            pytest.skip("GRAPHATTN_TRITON_DEVICE=cuda, but torch sees no CUDA device")
-        return DEVICE
-    request.getfixturevalue("triton_interpreter")
-    return DEVICE
 
 
 @pytest.mark.parametrize("tiles", ["one-node", "row-blocks", "hub"])
@@ -115,9 +89,9 @@ def test_triton_backend_matches_the_reference(triton_device, monkeypatch, tiles,
                "hub": dict(block_e=2)}[tiles]
     inputs, edge_index = _inputs(score, dtype=torch.float32, edge_key=edge_key, n=8,
                                  num_edges=30, device=triton_device)
-    want = _run("reference", inputs, edge_index, score, 2.0)
+    want = outputs_and_grads("reference", inputs, edge_index, score=score, softcap=2.0)
     with tk.launch_tiles(**options):
-        got = _run("triton", inputs, edge_index, score, 2.0)
+        got = outputs_and_grads("triton", inputs, edge_index, score=score, softcap=2.0)
     for a, b in zip(got, want, strict=True):
         assert_close(a, b)
 
@@ -223,14 +197,7 @@ def test_under_torch_compile(backend, request):
         return edge_attention(q, k, v, edge_index, bias=bias, softcap=2.0, backend=backend,
                               return_attention=True)
 
-    compiled = torch.compile(attend, backend="aot_eager", fullgraph=True)
-    results = []
-    for fn in (compiled, attend):
-        out, alpha = fn(*inputs.values(), edge_index)
-        loss = (out * out).sum() + (alpha * alpha).sum()
-        results.append([out, alpha, *torch.autograd.grad(loss, list(inputs.values()))])
-    for a, b in zip(*results, strict=True):
-        assert_close(a, b)
+    assert_compiles_as_it_runs(attend, inputs, edge_index)
 
 
 def test_triton_operators_pass_opcheck(triton_interpreter):

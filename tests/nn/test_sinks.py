@@ -1,9 +1,10 @@
 """Attention sinks: ``GraphSelfAttention(sinks=True)`` adds a learned logit per head to each
 target's softmax, as one more score whose value is 0 (GPT-OSS's attention).
 
-Checked against the formula written out with dense ops on the causal graph, on every CPU
-backend with edge features in the key and value and the weights returned, and for the
-errors."""
+Checked against the formula written out with dense ops on the causal graph, on the sparse
+CPU backends with edge features in the key and value and the weights returned, with every score,
+and for the errors. ``tests/functional/test_softmax_sinks.py`` checks the operator's
+``sinks=`` itself."""
 
 from __future__ import annotations
 
@@ -44,10 +45,10 @@ def test_sinks_are_one_more_score_of_value_zero():
     assert (grad_got != 0).all()
 
 
-@pytest.mark.parametrize("backend", ["reference", "cpu", "dense"])
-def test_every_cpu_backend_and_the_weights(backend):
-    # edge features in the key and value (padded with 0 for the sinks' edges), the weights
-    # returned for the graph's edges only: each target's sum is what its sink leaves
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_sparse_cpu_backends_and_the_weights(backend):
+    # edge features in the key and value, the weights returned for the graph's edges: each
+    # target's sum is what its sink leaves
     gen = torch.Generator().manual_seed(2)
     x = torch.randn(9, 12, dtype=torch.float64, generator=gen)
     edge_index = graphs.random_graph(9, 4, self_loops=True)
@@ -87,9 +88,28 @@ def test_state_and_repr():
     assert model(torch.randn(5, 8), graphs.causal_graph(5)).shape == (5, 3)
 
 
+@pytest.mark.parametrize("attention", ["additive", "gatv2"])
+def test_every_score_takes_sinks(attention):
+    # GAT's and GATv2's scores with a sink: the cpu kernels against the reference, and the
+    # weights of each target summing to less than 1
+    torch.manual_seed(0)
+    layer = GraphSelfAttention(12, 4, heads=2, attention=attention, sinks=True, backend="cpu")
+    with torch.no_grad():
+        layer.sinks.copy_(torch.tensor([1.0, -1.0]))
+    x = torch.randn(9, 12, generator=torch.Generator().manual_seed(4))
+    edge_index = graphs.random_graph(9, 3)
+    got, (ei, alpha) = layer(x, edge_index, return_attention_weights=True)
+    layer.backend = "reference"
+    want, (_, want_alpha) = layer(x, edge_index, return_attention_weights=True)
+    assert_close(got, want)
+    assert_close(alpha, want_alpha)
+    totals = torch.zeros(9, 2).index_add_(0, ei[1], alpha)
+    assert (totals < 1 - 1e-3).all()
+
+
 @pytest.mark.parametrize("kwargs, error, match", [
-    (dict(sinks=True, attention="gatv2"), ValueError, "sinks=True needs the dot score"),
-    (dict(sinks=True, attention="additive"), ValueError, "sinks=True needs the dot score"),
+    (dict(sinks=True, backend="dense"), ValueError,
+     "backend='dense' computes its softmax in scaled_dot_product_attention, which has no sink"),
     (dict(sinks=1), TypeError, "sinks must be a bool"),
 ])
 def test_errors(kwargs, error, match):
@@ -98,7 +118,7 @@ def test_errors(kwargs, error, match):
 
 
 def test_triton_backend_in_the_interpreter(triton_interpreter):
-    # the sinks' edges are edges like the others to the fused kernels (fp32)
+    # the fused kernels start each row's softmax at the sink (fp32)
     x = torch.randn(8, 12, generator=torch.Generator().manual_seed(3))
     edge_index = graphs.random_graph(8, 3, self_loops=True)
     want, got = (_layer(backend).float()(x, edge_index) for backend in ("reference", "triton"))

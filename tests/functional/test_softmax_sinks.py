@@ -1,0 +1,219 @@
+"""``edge_attention(sinks=)``: one more score per head in every target's softmax, whose value is
+0, on every backend that takes sinks, against the formula written out with dense torch ops and
+against the reference backend (outputs, weights, and the gradients of every input, the sinks'
+included)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import assert_close, assert_compiles_as_it_runs, outputs_and_grads, random_graph
+
+from graphattn import graphs
+from graphattn.functional import edge_attention, select_backend
+from graphattn.functional import triton_kernels as tk
+from graphattn.functional.attention import BACKENDS
+from graphattn.functional.cpu import seeded_mask_from
+from graphattn.functional.dropout import seeded_mask_parameters
+
+
+def _inputs(score: str, *, n: int = 12, heads: int = 2, channels: int = 8, num_edges: int = 70,
+            dtype: torch.dtype = torch.float64, bias: bool = True, edge_terms: bool = False,
+            seed: int = 0, device: torch.device | str = "cpu") -> tuple[dict, torch.Tensor]:
+    """Leaves of a call on a random graph with a node of 40 in-edges and two nodes of none
+    (n - 1 and n - 2), sinks of both signs, on ``device``."""
+    gen = torch.Generator().manual_seed(seed)
+    edge_index = torch.cat([random_graph(n - 2, num_edges, seed=seed),
+                            torch.stack([torch.randint(0, n, (40,), generator=gen),
+                                         torch.zeros(40, dtype=torch.long)])], dim=1)
+    E = edge_index.size(1)
+
+    def leaf(*shape: int, std: float = 1.0) -> torch.Tensor:
+        return (torch.randn(*shape, generator=gen, dtype=dtype) * std).to(
+            device).requires_grad_()
+
+    qk_shape = (heads,) if score == "additive" else (heads, channels)
+    inputs = dict(q=leaf(n, *qk_shape, std=2.0), k=leaf(n, *qk_shape, std=2.0),
+                  v=leaf(n, heads, channels), sinks=leaf(heads, std=2.0))
+    if score == "gatv2":
+        inputs["att"] = leaf(heads, channels)
+    if bias:
+        inputs["bias"] = leaf(E, heads)
+    if edge_terms:
+        inputs["edge_key"] = leaf(E, heads, channels)
+        inputs["edge_value"] = leaf(E, heads, channels)
+    return inputs, edge_index.to(device)
+
+
+def test_reference_is_the_formula_with_a_column_of_sinks():
+    """On a causal graph with a bias: softmax over [scale q k^T + bias, sink] per row, the
+    sink's column dropped, times v (GPT-OSS's eager attention)."""
+    n, H, C = 9, 2, 4
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(n, H, C, generator=gen, dtype=torch.float64) * 2 for _ in range(3))
+    sinks = torch.tensor([1.5, -0.5], dtype=torch.float64)
+    edge_index = graphs.causal_graph(n)
+    bias_dense = torch.randn(H, n, n, generator=gen, dtype=torch.float64)  # (H, targets, sources)
+    bias = bias_dense[:, edge_index[1], edge_index[0]].T  # (E, H)
+    scores = torch.einsum("ihc,jhc->hij", q, k) * 0.3 + bias_dense
+    scores = scores.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf"))
+    column = sinks.view(H, 1, 1).expand(H, n, 1)
+    weights = torch.softmax(torch.cat([scores, column], dim=-1), dim=-1)[..., :n]  # (H, n, n)
+    want = torch.einsum("hij,jhc->ihc", weights, v)
+    for backend in ("reference", "cpu"):
+        out, alpha = edge_attention(q, k, v, edge_index, scale=0.3, bias=bias, sinks=sinks,
+                                    backend=backend, return_attention=True)
+        assert_close(out, want)
+        assert_close(alpha, weights[:, edge_index[1], edge_index[0]].T)
+    plain = edge_attention(q, k, v, edge_index, scale=0.3, bias=bias)
+    assert (plain - want).abs().max() > 0.1  # the sinks matter here
+
+
+@pytest.mark.parametrize("score", ["dot", "additive", "gatv2"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_cpu_backend_matches_the_reference(score, dtype):
+    """Outputs, weights and every gradient, the sinks' included, with per-edge key and value
+    terms in fp64 and fp32; half precision is computed in fp32 by both (bf16 without the
+    terms, whose gradients round apart in bf16 with or without sinks)."""
+    inputs, edge_index = _inputs(score, dtype=dtype,
+                                 edge_terms=score != "additive" and dtype != torch.bfloat16)
+    want = outputs_and_grads("reference", inputs, edge_index, score=score)
+    got = outputs_and_grads("cpu", inputs, edge_index, score=score)
+    for a, b in zip(got, want, strict=True):
+        assert_close(a, b)
+
+
+def test_cpu_backend_with_a_cap_dropout_and_long_rows():
+    """With a soft cap, seeded dropout (the mask the cpu kernels draw, given to the reference
+    as a tensor) and rows of more than the kernels' block of 128 edges, summed in float64."""
+    inputs, edge_index = _inputs("dot", dtype=torch.float32, num_edges=2000, n=14)
+    mask_parameters = seeded_mask_parameters(0.3, device="cpu")
+    mask = seeded_mask_from(mask_parameters, (edge_index.size(1), 2), torch.float32)
+    results = {}
+    for backend, drop in (("reference", mask), ("cpu", mask_parameters)):
+        q, k, v = inputs["q"], inputs["k"], inputs["v"]
+        out, alpha = BACKENDS[backend](q, k, v, edge_index, scale=0.3, bias=inputs["bias"],
+                                       dropout_mask=drop, score="dot", negative_slope=0.2,
+                                       need_alpha=True, softcap=3.0, sinks=inputs["sinks"])
+        loss = out.square().sum() + alpha.square().sum()
+        results[backend] = [out, alpha, *torch.autograd.grad(loss, list(inputs.values()))]
+    assert torch.bincount(edge_index[1]).max() > 128
+    for a, b in zip(results["cpu"], results["reference"], strict=True):
+        assert_close(a, b)
+
+
+@pytest.mark.parametrize("tiles", ["one-node", "row-blocks", "hub"])
+@pytest.mark.parametrize("score", ["dot", "additive", "gatv2"])
+def test_triton_backend_matches_the_reference(triton_device, monkeypatch, tiles, score):
+    """The three launches of the forward kernels, each of which starts its rows' softmax at the
+    sinks: a program per row, row blocks, and the rows of many tiles summed in float64 blocks
+    (tiles of 2 edges here, so that the 40 in-edges of node 0 make such a row). The two nodes
+    without in-edges get 0."""
+    if tiles == "hub":
+        monkeypatch.setattr(tk, "SUM_STEPS", 1)
+        monkeypatch.setattr(tk, "HUB_EDGES", 0)
+    options = {"one-node": {}, "row-blocks": dict(block_n=4, heavy_degree=6),
+               "hub": dict(block_e=2)}[tiles]
+    inputs, edge_index = _inputs(score, dtype=torch.float32, n=8, num_edges=30,
+                                 edge_terms=score == "dot", device=triton_device)
+    want = outputs_and_grads("reference", inputs, edge_index, score=score)
+    with tk.launch_tiles(**options):
+        got = outputs_and_grads("triton", inputs, edge_index, score=score)
+    for a, b in zip(got, want, strict=True):
+        assert_close(a, b)
+    assert (got[0][-2:] == 0).all()
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu", "triton"])
+def test_a_sink_of_minus_inf_is_no_sink(backend, request):
+    """A sink of -inf weighs nothing: the result of the call without sinks, rows without
+    edges included (0, not NaN), and a gradient of 0 for it."""
+    if backend == "triton":
+        request.getfixturevalue("triton_interpreter")
+    inputs, edge_index = _inputs("dot", dtype=torch.float32, n=8, num_edges=30)
+    del inputs["sinks"]
+    plain = outputs_and_grads(backend, inputs, edge_index, score="dot")
+    inputs["sinks"] = torch.tensor([float("-inf"), 0.5]).requires_grad_()
+    got = outputs_and_grads(backend, inputs, edge_index, score="dot")
+    assert_close(got[0][:, 0], plain[0][:, 0])
+    assert_close(got[1][:, 0], plain[1][:, 0])
+    assert (got[0][:, 1] != plain[0][:, 1]).any()
+    assert got[-1][0] == 0 and got[-1][1] != 0
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_gradients_match_finite_differences(backend):
+    inputs, edge_index = _inputs("gatv2", n=5, heads=1, channels=3, num_edges=10)
+    q, k, v, sinks, att, bias = inputs.values()
+
+    def f(q, k, v, sinks, att, bias):
+        return edge_attention(q, k, v, edge_index, bias=bias, score="gatv2", att=att,
+                              sinks=sinks, backend=backend, return_attention=True)
+
+    assert torch.autograd.gradcheck(f, (q, k, v, sinks, att, bias))
+    assert torch.autograd.gradgradcheck(f, (q, k, v, sinks, att, bias))
+
+
+def test_triton_gradients_of_gradients(triton_interpreter):
+    """Under create_graph=True the fused kernels' backward is the reference's, sinks included:
+    the second derivative of the sinks matches the reference backend's."""
+    inputs, edge_index = _inputs("dot", dtype=torch.float32, n=8, num_edges=30)
+    results = []
+    for backend in ("reference", "triton"):
+        out = edge_attention(inputs["q"], inputs["k"], inputs["v"], edge_index,
+                             bias=inputs["bias"], sinks=inputs["sinks"], backend=backend)
+        (g,) = torch.autograd.grad(out.square().sum(), inputs["sinks"], create_graph=True)
+        (gg,) = torch.autograd.grad(g.sum(), inputs["sinks"])
+        results.append((g, gg))
+    for a, b in zip(*results, strict=True):
+        assert_close(a, b)
+
+
+def test_auto_never_takes_the_dense_backend_with_sinks():
+    q = torch.randn(64, 2, 8)
+    edge_index = graphs.complete_graph(64)
+    k, v, sinks = torch.randn(64, 2, 8), torch.randn(64, 2, 8), torch.randn(2)
+    assert select_backend(q, edge_index) == "dense"
+    assert select_backend(q, edge_index, sinks=sinks) == "cpu"
+    assert_close(edge_attention(q, k, v, edge_index, sinks=sinks),
+                 edge_attention(q, k, v, edge_index, sinks=sinks, backend="reference"))
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(sinks=torch.zeros(3)), ValueError, r"sinks must have shape \[H\] = \[2\], one score "
+                                             r"per head, got \[3\]"),
+    (dict(sinks=torch.zeros(1, 2)), ValueError, r"sinks must have shape \[H\] = \[2\]"),
+    (dict(sinks=torch.zeros(2, dtype=torch.long)), TypeError, "sinks"),
+    (dict(sinks=torch.zeros(2), backend="dense"), ValueError,
+     "backend='dense' computes its softmax in scaled_dot_product_attention, which has no sink"),
+])
+def test_errors(kwargs, error, match):
+    n = 4
+    q, k, v = torch.randn(n, 2, 3), torch.randn(n, 2, 3), torch.randn(n, 2, 3)
+    with pytest.raises(error, match=match):
+        edge_attention(q, k, v, graphs.complete_graph(n), **kwargs)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "triton"])
+def test_under_torch_compile(backend, request):
+    """The fused backends' operators carry the sinks through torch.compile (fullgraph),
+    forward and backward."""
+    if backend == "triton":
+        request.getfixturevalue("triton_interpreter")
+    inputs, edge_index = _inputs("dot", dtype=torch.float32, n=8, num_edges=30)
+
+    def attend(q, k, v, sinks, bias, edge_index):
+        return edge_attention(q, k, v, edge_index, bias=bias, sinks=sinks, backend=backend,
+                              return_attention=True)
+
+    assert_compiles_as_it_runs(attend, inputs, edge_index)
+
+
+def test_triton_operators_pass_opcheck(triton_interpreter):
+    """torch's checks of the triton forward operator with sinks: schema, fake shapes, autograd
+    (the sinks' gradient included)."""
+    inputs, edge_index = _inputs("dot", dtype=torch.float32, n=6, num_edges=10)
+    q, k, v, sinks, bias = inputs.values()
+    args = (q, k, v, None, bias, None, edge_index, 0.5, 0.2, "dot", True, None, None, 0.0,
+            sinks)
+    torch.library.opcheck(tk._forward_op, args)
