@@ -51,8 +51,8 @@ def reference_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor
     against this one. Keeps ``[E, H, C]`` tensors for autograd.
 
     Args:
-        q, k, v, edge_index, bias, score, negative_slope, att, edge_key, edge_value, softcap,
-            sinks: as in :func:`edge_attention`; ``bias``, ``score`` and ``negative_slope`` have no
+        q, k, v, edge_index, bias, score, negative_slope, att, edge_key, edge_value, softcap, sinks:
+            as in :func:`edge_attention`; ``bias``, ``score`` and ``negative_slope`` have no
             default here (``None``, ``"dot"``, ``0.2`` there).
         scale (float): :math:`\sigma`, a number (no default; for ``None``
             ``edge_attention`` passes its default, :math:`1 / \sqrt{C_k}` for ``"dot"``).
