@@ -52,11 +52,15 @@ def parse_step_args(parser: argparse.ArgumentParser, argv: list[str] | None
     return args
 
 
-def operator_args(description: str, out: Path, argv: list[str] | None) -> argparse.Namespace:
+def operator_args(description: str, out: Path, argv: list[str] | None,
+                  extra: tuple[tuple[str, int], ...] = ()) -> argparse.Namespace:
     """The arguments the operator benchmarks share (one random graph, one call per way):
     ``--nodes`` (100,000), ``--edges`` (1,000,000), ``--rounds``, ``--warmup``, ``--threads``
-    (torch's count), ``--seed`` and ``--out``, refusing a count below 1."""
+    (torch's count), ``--seed`` and ``--out``, and the counts ``extra`` (name, default),
+    refusing a count below 1."""
     parser = argparse.ArgumentParser(description=description)
+    for name, default in extra:
+        parser.add_argument(name, type=int, default=default)
     parser.add_argument("--nodes", type=int, default=100_000)
     parser.add_argument("--edges", type=int, default=1_000_000)
     parser.add_argument("--rounds", type=int, default=10, help="timed rounds (default: 10)")
@@ -65,7 +69,8 @@ def operator_args(description: str, out: Path, argv: list[str] | None) -> argpar
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=str(out))
     args = parser.parse_args(argv)
-    for name in ("nodes", "edges", "rounds", "warmup", "threads"):
+    for name in ("nodes", "edges", "rounds", "warmup", "threads",
+                 *(flag[2:] for flag, _ in extra)):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
     return args

@@ -870,16 +870,16 @@ def test_softcap_benchmark_runs_every_way(tmp_path):
     assert "command: `python benchmarks/softcap_cpu.py --nodes 200" in out.read_text()
 
 
-def _small_operator_run(script: str, tmp_path: Path) -> tuple[Path, list[dict]]:
+def _small_operator_run(script: str, tmp_path: Path, *extra: str) -> tuple[Path, list[dict]]:
     """Run the operator benchmark ``script`` in a process of its own (it sets the torch
-    threads) on a graph of 200 nodes and 2000 edges, one warm-up and one timed round: its
-    table and the rows of its CSV."""
+    threads) on a graph of 200 nodes and 2000 edges (and the arguments ``extra``), one
+    warm-up and one timed round: its table and the rows of its CSV."""
     import subprocess
 
     out = tmp_path / "table.md"
     path = Path(__file__).resolve().parents[1] / "benchmarks" / script
     done = subprocess.run([sys.executable, str(path), "--nodes", "200", "--edges", "2000",
-                           "--rounds", "1", "--warmup", "1", "--out", str(out)],
+                           "--rounds", "1", "--warmup", "1", "--out", str(out), *extra],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     with open(out.with_suffix(".csv")) as f:
@@ -901,11 +901,18 @@ def _assert_ratios_to_the_first_way(rows: list[dict], ways: int, column: str) ->
 def test_sinks_benchmark_runs_every_way(tmp_path):
     """In a process of its own: one warm-up and one timed round of each step on a small
     graph, every way, the ratios against the call without sinks."""
-    out, rows = _small_operator_run("sinks_cpu.py", tmp_path)
-    ways = ("cpu, no sinks", "cpu, sinks", "cpu, sinks as a virtual source", "reference, sinks")
+    out, rows = _small_operator_run("sinks_cpu.py", tmp_path, "--sequences", "2",
+                                    "--length", "16")
+    sparse = ("cpu, no sinks", "cpu, sinks", "cpu, sinks as a virtual source",
+              "reference, sinks")
+    blocks = ("dense, no sinks", "dense, sinks", "cpu, sinks")
+    steps = ("forward", "forward+backward")
     assert [(r["step"], r["way"]) for r in rows] == [
-        (step, way) for step in ("forward", "forward+backward") for way in ways]
-    _assert_ratios_to_the_first_way(rows, 4, "ratio to cpu, no sinks")
+        *((step, way) for step in steps for way in sparse),
+        *((step, way) for step in steps for way in blocks)]
+    assert {r["graph"] for r in rows[8:]} == {"2 causal sequences of 16"}
+    _assert_ratios_to_the_first_way(rows[:8], 4, "ratio to no sinks")
+    _assert_ratios_to_the_first_way(rows[8:], 3, "ratio to no sinks")
     assert "command: `python benchmarks/sinks_cpu.py --nodes 200" in out.read_text()
 
 

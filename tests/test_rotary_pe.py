@@ -748,9 +748,12 @@ def test_from_llama_converts_gpt_oss_sinks(layer_idx):
     assert_close(layer.sinks.detach(), attention.sinks.detach())
     check_causal(attention, rotary, layer, dense=False, length=14, seed=37)
     assert_close(layer.sinks.grad, attention.sinks.grad)
-    with pytest.raises(NotImplementedError, match="has attention sinks, which "
-                       "DenseSelfAttention does not take"):
-        from_llama(attention, dense=True)
+    # and DenseSelfAttention(sinks=True), whose SDPA call gets one more key per head
+    attention.zero_grad()
+    dense = from_llama(attention, dense=True)
+    assert repr(dense).endswith("sinks=True)")
+    check_causal(attention, rotary, dense, dense=True, length=14, seed=37)
+    assert_close(dense.sinks.grad, attention.sinks.grad)
 
 
 @pytest.mark.parametrize("family", ["smollm3", "cohere2"])

@@ -37,6 +37,7 @@ from graphattn.functional.dense_backend import (
     per_graph_attention,
     scaled_scores,
     sdpa,
+    softmax_with_sinks,
 )
 from graphattn.functional.dropout import dropout_mask as make_dropout_mask
 from graphattn.functional.dropout import seeded_mask_parameters
@@ -64,9 +65,6 @@ NATIVE_EDGE_TERMS = {"reference", "cpu", "triton"}
 DENSE_REFUSES_SOFTCAP = ("backend='dense' computes its scores in scaled_dot_product_attention, "
                          "which has no soft cap: use backend='auto', 'cpu', 'triton' or "
                          "'reference' with softcap")
-DENSE_REFUSES_SINKS = ("backend='dense' computes its softmax in scaled_dot_product_attention, "
-                       "which has no sink: use backend='auto', 'cpu', 'triton' or 'reference' "
-                       "with sinks")
 
 
 def available_backends() -> list[str]:
@@ -182,7 +180,7 @@ def explicit_min_density(num_dst: int, num_src: int, *, training: bool) -> float
 
 def select_backend(q: Tensor, edge_index: Tensor, num_src: int | None = None, *,
                    score: str = "dot", needs_weights: bool = False,
-                   softcap: float | None = None, sinks: Tensor | None = None) -> str:
+                   softcap: float | None = None) -> str:
     r"""The backend that ``backend="auto"`` picks for these inputs.
 
     On CPU the choice is between the sparse path (``"cpu"``) and dense masked attention
@@ -302,7 +300,6 @@ def select_backend(q: Tensor, edge_index: Tensor, num_src: int | None = None, *,
         needs_weights (bool, optional): the call returns the weights or applies dropout to
             them in training. (default: ``False``)
         softcap (float, optional): the call's score cap. (default: ``None``)
-        sinks (Tensor, optional): the call's sinks. (default: ``None``)
     """
     if score not in SCORES:
         raise ValueError(f"score must be one of {SCORES}, got {score!r}")
@@ -313,15 +310,14 @@ def select_backend(q: Tensor, edge_index: Tensor, num_src: int | None = None, *,
         num_src = check_non_negative(num_src, "num_src")
     check_edge_index(edge_index, num_src=q.size(0) if num_src is None else num_src,
                      num_dst=q.size(0))
-    return _select(q, edge_index, num_src, score, needs_weights,
-                   softcap is not None or sinks is not None)[0]
+    return _select(q, edge_index, num_src, score, needs_weights, softcap is not None)[0]
 
 
 def _select(q: Tensor, edge_index: Tensor, num_src: int | None, score: str,
             needs_weights: bool = False,
             sparse_only: bool = False) -> tuple[str, DiagonalBlocks | None]:
     """:func:`select_backend`, and the block layout it found when it chose dense blocks
-    (``sparse_only``: a cap or sinks, which the dense backend refuses)."""
+    (``sparse_only``: a cap, which the dense backend refuses)."""
     if q.device.type == "cpu":
         if (score != "dot" or sparse_only or torch.jit.is_tracing()
                 or torch.compiler.is_exporting()):
@@ -508,8 +504,8 @@ def edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
     so a target can give its edges less than all of its weight (and one without edges still
     gets 0). The weights returned are the edges'; they sum to less than 1. The ``"cpu"`` and
     ``"triton"`` kernels start each row's softmax at the sink
-    (:mod:`graphattn.functional.sinks`); ``"dense"`` refuses them, and ``backend="auto"``
-    never picks it then.
+    (:mod:`graphattn.functional.sinks`); ``"dense"`` gives SDPA one more key, whose score is
+    the sink.
 
     Per-edge terms enter the key and the value of each edge e = (j -> i), as PyG's
     ``TransformerConv(edge_dim=...)`` and ``GATv2Conv(edge_dim=...)`` add their projected edge
@@ -705,7 +701,7 @@ def edge_attention_unchecked(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor
     elif backend == "auto":
         backend, layout = _select(q, edge_index, k.size(0), score,
                                   return_attention or (training and dropout_p > 0.0),
-                                  softcap is not None or sinks is not None)
+                                  softcap is not None)
         if backend == "triton" and any(t is not None and t.dtype not in TRITON_DTYPES
                                        for t in (k, v, bias, att, edge_key, edge_value, sinks)):
             backend = "reference"  # a float64 input beside q: the kernels take none
@@ -714,8 +710,6 @@ def edge_attention_unchecked(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor
                          f"got {backend!r}")
     if backend == "dense" and softcap is not None:
         raise ValueError(DENSE_REFUSES_SOFTCAP)
-    if backend == "dense" and sinks is not None:
-        raise ValueError(DENSE_REFUSES_SINKS)
     if backend == "dense" and onnx_exporting():
         backend = "reference"  # the same function in ops ONNX has, for graphs of any size
     if backend == "dense" and torch.jit.is_tracing():
@@ -784,7 +778,7 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = ..., 
                     is_causal: bool = ..., scale: float | None = ..., dropout_p: float = ...,
                     training: bool = ..., return_attention: Literal[False] = ...,
                     batch: Tensor | None = ..., attn_bias: Tensor | None = ...,
-                    softcap: float | None = ...) -> Tensor: ...
+                    softcap: float | None = ..., sinks: Tensor | None = ...) -> Tensor: ...
 
 
 @overload
@@ -792,7 +786,7 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = ..., 
                     is_causal: bool = ..., scale: float | None = ..., dropout_p: float = ...,
                     training: bool = ..., return_attention: Literal[True],
                     batch: Tensor | None = ..., attn_bias: Tensor | None = ...,
-                    softcap: float | None = ...,
+                    softcap: float | None = ..., sinks: Tensor | None = ...,
                     ) -> tuple[Tensor, Tensor]: ...
 
 
@@ -801,7 +795,7 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = ..., 
                     is_causal: bool = ..., scale: float | None = ..., dropout_p: float = ...,
                     training: bool = ..., return_attention: bool,
                     batch: Tensor | None = ..., attn_bias: Tensor | None = ...,
-                    softcap: float | None = ...,
+                    softcap: float | None = ..., sinks: Tensor | None = ...,
                     ) -> Tensor | tuple[Tensor, Tensor]: ...
 
 
@@ -809,7 +803,8 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
                     is_causal: bool = False, scale: float | None = None, dropout_p: float = 0.0,
                     training: bool = True, return_attention: bool = False,
                     batch: Tensor | None = None, attn_bias: Tensor | None = None,
-                    softcap: float | None = None) -> Tensor | tuple[Tensor, Tensor]:
+                    softcap: float | None = None,
+                    sinks: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
     r"""Multi-head scaled dot-product attention with an optional boolean mask and score bias.
 
     .. math::
@@ -869,24 +864,30 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
             ``edge_attention``'s ``softcap`` (Gemma 2's cap). The weights are then explicit,
             as with ``return_attention`` (SDPA takes no cap). Not with ``batch``.
             (default: ``None``)
+        sinks (Tensor, optional): ``[H]``, one more score :math:`\varsigma_h` in every row of
+            head h's softmax, whose value is 0, as ``edge_attention``'s ``sinks`` (GPT-OSS's
+            attention sinks): SDPA gets one more key, whose score is the sink, and the
+            explicit softmax one more column. The weights returned are the keys'.
+            (default: ``None``)
 
     Shapes:
         - **input:** q ``(..., L_q, H, C)``, k ``(..., L_k, H, C)``, v ``(..., L_k, H, C_v)``,
-          mask ``(..., L_q, L_k)``, attn_bias ``(..., H, L_q, L_k)``; the leading dims ``...``
+          mask ``(..., L_q, L_k)``, attn_bias ``(..., H, L_q, L_k)``, sinks ``(H)``; the
+          leading dims ``...``
           of q, k and v broadcast together;
           with ``batch``: q, k ``(N, H, C)``, v ``(N, H, C_v)``, batch ``(N)``
         - **output:** ``(..., L_q, H, C_v)``; weights ``(..., H, L_q, L_k)``
     """
     autocast = _autocast_device(q, k, v)
     if autocast is not None:  # inputs in autocast's dtype, and no autocast inside
-        q, k, v = _autocast_inputs(q, k, v)
+        q, k, v, sinks = _autocast_inputs(q, k, v, sinks)
         with torch.autocast(autocast, enabled=False):
             return dense_attention(q, k, v, mask, is_causal=is_causal, scale=scale,
                                    dropout_p=dropout_p, training=training,
                                    return_attention=return_attention, batch=batch,
-                                   attn_bias=attn_bias, softcap=softcap)
+                                   attn_bias=attn_bias, softcap=softcap, sinks=sinks)
     check_tensors(q=q, k=k, v=v)
-    check_same_device(q=q, k=k, v=v, mask=mask, attn_bias=attn_bias)
+    check_same_device(q=q, k=k, v=v, mask=mask, attn_bias=attn_bias, sinks=sinks)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() < 3:
             raise ValueError(f"{name} must have shape [..., L, H, C], got {list(t.shape)}")
@@ -900,7 +901,10 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
     except RuntimeError:
         raise ValueError(f"the leading (batch) dims of q, k and v must broadcast together, "
                          f"got q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)}") from None
-    check_float_dtype(q=q, k=k, v=v)
+    check_float_dtype(q=q, k=k, v=v, sinks=sinks)
+    if sinks is not None and tuple(sinks.shape) != (q.size(-2),):
+        raise ValueError(f"sinks must have shape [H] = [{q.size(-2)}], one score per head, "
+                         f"got {list(sinks.shape)}")
     q, k, v = _common_dtype(q, k, v)  # mixed dtypes promoted, as in edge_attention
     if not q.shape[:-3] == k.shape[:-3] == v.shape[:-3]:
         # SDPA broadcasts q against k but not v: each input gets the common leading dims
@@ -918,7 +922,7 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
     L_q, L_k = q.size(-3), k.size(-3)
     if batch is not None:
         return _dense_attention_per_graph(q, k, v, batch, is_causal=is_causal, scale=scale,
-                                          dropout_p=dropout_p, training=training)
+                                          dropout_p=dropout_p, training=training, sinks=sinks)
     if mask is not None:
         if mask.dtype != torch.bool:
             raise TypeError(f"mask must be a bool tensor, got {mask.dtype}")
@@ -974,7 +978,7 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
         elif mask is not None:
             scores = scores + mask
         # half precision is scored and normalised in fp32, fp32 and fp64 in their own dtype
-        weights = torch.softmax(scores, dim=-1).to(q.dtype)
+        weights = softmax_with_sinks(scores, sinks).to(q.dtype)
         if empty_rows is not None:
             weights = weights.masked_fill(empty_rows.unsqueeze(-1), 0.0)
         if p > 0.0:  # graphattn's mask, as the explicit path of sdpa draws it
@@ -984,7 +988,8 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
             weights_dropped = weights
         out = weights_dropped @ vh  # (..., H, L_q, C)
     else:
-        out = sdpa(qh, kh, vh, attn_mask=mask, dropout_p=p, is_causal=is_causal, scale=scale)
+        out = sdpa(qh, kh, vh, attn_mask=mask, dropout_p=p, is_causal=is_causal, scale=scale,
+                   sinks=sinks)
     out = out.transpose(-3, -2)  # (..., L_q, H, C)
     if empty_rows is not None:
         out = out.masked_fill(empty_rows.transpose(-1, -2).unsqueeze(-1), 0.0)
@@ -1048,14 +1053,14 @@ def _check_batch(batch: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | 
 
 def _dense_attention_per_graph(q: Tensor, k: Tensor, v: Tensor, batch: Tensor, *,
                                is_causal: bool, scale: float | None, dropout_p: float,
-                               training: bool) -> Tensor:
+                               training: bool, sinks: Tensor | None = None) -> Tensor:
     """Dense attention inside each graph of ``batch`` (see :func:`dense_attention` and
     :func:`~graphattn.functional.dense_backend.per_graph_attention`)."""
     if v.size(0) == 0:  # no graph: the plain path's empty output, with its autograd graph
         return dense_attention(q, k, v, is_causal=is_causal, scale=scale, dropout_p=dropout_p,
-                               training=training)
+                               training=training, sinks=sinks)
     if scale is None:
         scale = 1.0 / math.sqrt(max(q.size(-1), 1))
     batch = dense_graph_ids(batch)  # ids below N: the per-graph sizes take O(N) memory
     return per_graph_attention(q, k, v, batch, is_causal=is_causal, scale=scale,
-                               dropout_p=dropout_p if training else 0.0)
+                               dropout_p=dropout_p if training else 0.0, sinks=sinks)

@@ -40,9 +40,12 @@ DENSE_TENSORS_AT_PEAK = 6
 
 
 def sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
-         dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None) -> Tensor:
+         dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+         sinks: Tensor | None = None) -> Tensor:
     """``scaled_dot_product_attention`` on ``(..., H, L, C)`` inputs, run by its fused kernels
-    when they have no batch dimension too, with gradients that can be differentiated again.
+    when they have no batch dimension too, with gradients that can be differentiated again;
+    with ``sinks`` ``[H]``, one more score per head in every row whose value is 0 (see
+    :func:`_sdpa_with_sinks`).
 
     SDPA's fused kernels (flash attention on CPU and CUDA, memory-efficient on CUDA) take 4-D
     inputs with a 2-D or 4-D mask only; anything else runs its unfused math path, several times
@@ -68,6 +71,8 @@ def sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
     transforms SDPA runs its math path, which they all differentiate and batch; so do inputs
     that carry a forward-mode tangent (``torch.autograd.forward_ad``).
     """
+    if sinks is not None:
+        return _sdpa_with_sinks(q, k, v, attn_mask, dropout_p, is_causal, scale, sinks)
     options = {"dropout_p": dropout_p, "is_causal": is_causal, "scale": scale}
     if plain_ops_only(q, k, v, attn_mask):
         # torch.func (vjp, jacrev, vmap of grad, hessian) or forward-mode dual inputs: the math
@@ -109,11 +114,12 @@ def sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
 
 
 def _explicit_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None,
-                        dropout_p: float, is_causal: bool, scale: float | None) -> Tensor:
+                        dropout_p: float, is_causal: bool, scale: float | None,
+                        sinks: Tensor | None = None) -> Tensor:
     r"""SDPA's math path with graphattn's dropout mask M (entries 0 or :math:`1 / (1 - p)`):
     :math:`\big(\operatorname{softmax}(\text{scale} \cdot QK^\top + \text{mask}) \odot M\big) V`
     on ``(..., H, L, C)`` inputs, a bool ``attn_mask`` (True: attend) or an additive one, the
-    softmax of half precision in fp32."""
+    softmax of half precision in fp32 (with ``sinks``, :func:`softmax_with_sinks`)."""
     if scale is None:
         scale = 1.0 / math.sqrt(max(q.size(-1), 1))
     scores = scaled_scores(q, k, scale)  # (..., H, L_q, L_k)
@@ -124,8 +130,62 @@ def _explicit_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | Non
         scores = scores.masked_fill_(~attn_mask, float("-inf"))  # in place: one pass
     elif attn_mask is not None:
         scores = scores + attn_mask
-    P = torch.softmax(scores, dim=-1, dtype=_softmax_dtype(scores.dtype)).to(v.dtype)
+    P = softmax_with_sinks(scores, sinks).to(v.dtype)
     return (P * dropout_mask(P.shape, dropout_p, device=P.device, dtype=P.dtype)) @ v
+
+
+def softmax_with_sinks(scores: Tensor, sinks: Tensor | None) -> Tensor:
+    r"""The softmax of each row of ``(..., H, L_q, L_k)`` scores, in fp32 for half precision;
+    with ``sinks`` ``[H]``, of the row and one more score :math:`\varsigma_h`, whose weight is
+    then dropped: the row's weights sum to :math:`1 - \pi`."""
+    dtype = _softmax_dtype(scores.dtype)
+    if sinks is None:
+        return torch.softmax(scores, dim=-1, dtype=dtype)
+    column = sinks.to(scores.dtype).view(-1, 1, 1).expand(*scores.shape[:-1], 1)
+    return torch.softmax(torch.cat([scores, column], dim=-1), dim=-1, dtype=dtype)[..., :-1]
+
+
+def _sdpa_with_sinks(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None,
+                     dropout_p: float, is_causal: bool, scale: float | None,
+                     sinks: Tensor) -> Tensor:
+    r""":func:`sdpa` with one more score per head in every row, :math:`\varsigma_h`, whose value
+    is 0, still on SDPA's fused kernels: a key in front of the others, whose score is the sink.
+
+    The queries gain a channel of 1 (two in half precision, where the sink is split into a
+    high and a low part so that its sum keeps fp32's precision), the keys a channel of 0, and
+    the sink's key is 0 but in that channel, where it holds :math:`\varsigma_h /
+    \text{scale}`: its score is then :math:`\varsigma_h` for every query, and the other
+    scores are unchanged. The sink's value is 0. The mask gains a column that every row
+    attends (first), and, so that ``is_causal`` still holds (SDPA aligns it top-left), a first
+    query row of zeros that sees the sink alone and is dropped after: row i + 1 then sees the
+    sink and keys 0..i. Gradients reach the sinks through their key. A scale of 0 (every
+    score 0, the sink's still :math:`\varsigma_h`) takes the explicit softmax instead."""
+    if scale is None:
+        scale = 1.0 / math.sqrt(max(q.size(-1), 1))
+    if scale == 0:
+        return _explicit_attention(q, k, v, attn_mask, dropout_p, is_causal, scale, sinks)
+    lead, (H, L_q, C), L_k = q.shape[:-3], q.shape[-3:], k.size(-2)
+    sink = sinks.to(torch.float64 if q.dtype == torch.float64 else torch.float32) / scale
+    if q.dtype in (torch.float16, torch.bfloat16):  # high and low parts, summed in fp32
+        high = sink.to(q.dtype)
+        parts = torch.stack([high, (sink - high.float()).to(q.dtype)], dim=-1)  # (H, 2)
+    else:
+        parts = sink.to(q.dtype).unsqueeze(-1)  # (H, 1)
+    extra = parts.size(-1)
+    q = torch.cat([q, q.new_ones(*lead, H, L_q, extra)], dim=-1)  # (..., H, L_q, C + x)
+    q = torch.cat([q.new_zeros(*lead, H, 1, C + extra), q], dim=-2)  # (..., H, 1 + L_q, .)
+    sink_key = torch.cat([parts.new_zeros(H, C), parts], dim=-1)  # (H, C + x)
+    k = torch.cat([k, k.new_zeros(*lead, H, L_k, extra)], dim=-1)
+    k = torch.cat([sink_key.view(H, 1, C + extra).expand(*lead, H, 1, C + extra), k], dim=-2)
+    v = torch.cat([v.new_zeros(*lead, H, 1, v.size(-1)), v], dim=-2)  # (..., H, 1 + L_k, C_v)
+    if attn_mask is not None:  # the sink's column, and the zero query's row unless broadcast
+        fill = True if attn_mask.dtype == torch.bool else 0.0
+        attn_mask = attn_mask.expand(*attn_mask.shape[:-1], L_k)
+        rows = (1, 0) if attn_mask.dim() > 1 and attn_mask.size(-2) > 1 else ()
+        attn_mask = F.pad(attn_mask, (1, 0, *rows), value=fill)
+    out = sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+               scale=scale)
+    return out[..., 1:, :]  # (..., H, L_q, C_v)
 
 
 # torch's private operators of SDPA's CPU flash kernel, forward and backward (a torch without
@@ -323,7 +383,7 @@ def scatter_add_rows(src: Tensor, index: Tensor, num_rows: int) -> Tensor:
 
 
 def _pair_log_weights(t: Tensor | None, pair: Tensor | None, mask: Tensor, simple: bool,
-                      dtype: torch.dtype, in_place: bool = False,
+                      dtype: torch.dtype, in_place: bool = False, shift_rows: bool = True,
                       ) -> tuple[Tensor | None, Tensor | None]:
     """Sum the per-edge log-weights ``t`` of each (target, source) pair in log space.
 
@@ -334,7 +394,8 @@ def _pair_log_weights(t: Tensor | None, pair: Tensor | None, mask: Tensor, simpl
     ``None`` when the graph is simple and ``t`` is ``None``, i.e. all zeros on the mask) and
     ``r [E, H]``, each edge's share ``exp(t_e) / sum_{e' in p} exp(t_e')`` of its pair
     (``None`` when every share is 1). ``in_place``: edge e is pair e (a complete graph's
-    edges in target-major order).
+    edges in target-major order). Without ``shift_rows`` (a softmax with sinks, whose scores
+    are not shifted with the row), the multigraph's ``T_p`` is the log-sum-exp itself.
     """
     flat = mask.view(-1)  # (P,)
     B, n_dst, n_src = mask.shape
@@ -367,7 +428,8 @@ def _pair_log_weights(t: Tensor | None, pair: Tensor | None, mask: Tensor, simpl
         # softmax as it is): log(edge count) would round away next to a score of 1e9 or more
         # 0 for a pair without a live edge (-inf) or a +inf/NaN score (its row is NaN anyway);
         # a difference of finite scores that overflows stays -inf: its weight underflows to 0
-        shift = torch.where(torch.isneginf(rows), 0.0, (rows - top).nan_to_num_(
+        relative = rows - top if shift_rows else rows.clone()
+        shift = torch.where(torch.isneginf(rows), 0.0, relative.nan_to_num_(
             0.0, 0.0, float("-inf"))).view(flat.numel(), heads)  # (P, H)
         m = m.masked_fill_(torch.isinf(m), 0.0)  # (P, H); off the graph, or -inf scores only
     w = torch.exp(t - m[pair])  # (E, H)
@@ -388,12 +450,12 @@ BLOCK_MIN_SAVING = 0.5
 
 
 def per_graph_attention(q: Tensor, k: Tensor, v: Tensor, batch: Tensor, *, is_causal: bool,
-                        scale: float, dropout_p: float) -> Tensor:
+                        scale: float, dropout_p: float, sinks: Tensor | None = None) -> Tensor:
     r"""Dense attention of each node over the nodes of its own graph of ``batch`` (in node
     order, the earlier ones only when ``is_causal``), with ``dropout_p`` as ``sdpa`` applies
-    it (graphattn's mask of each group's padded weights on CPU, SDPA's on CUDA): what
-    ``dense_attention(..., batch=)`` and the dense backend on complete or causal diagonal
-    blocks run.
+    it (graphattn's mask of each group's padded weights on CPU, SDPA's on CUDA) and ``sinks``
+    ``[H]`` as ``sdpa`` takes them: what ``dense_attention(..., batch=)`` and the dense
+    backend on complete or causal diagonal blocks run.
 
     Graphs with sizes in ``(2^(b-1), 2^b]`` form group b; each group is gathered into
     ``[G_b, n_b, H, C]`` tensors, padded to its largest graph n_b (padding at most quadruples a
@@ -444,7 +506,8 @@ def per_graph_attention(q: Tensor, k: Tensor, v: Tensor, batch: Tensor, *, is_ca
         if is_causal:
             key_mask = key_mask & torch.ones(n_b, n_b, dtype=torch.bool,
                                              device=batch.device).tril()
-        out_b = sdpa(q_b, k_b, v_b, attn_mask=key_mask, dropout_p=dropout_p, scale=scale)
+        out_b = sdpa(q_b, k_b, v_b, attn_mask=key_mask, dropout_p=dropout_p, scale=scale,
+                     sinks=sinks)
         outs.append(out_b.transpose(1, 2).reshape(G_b * n_b, H, C_v))  # (G_b n_b, H, C_v)
     return torch.cat(outs).index_select(0, position)  # (N, H, C_v)
 
@@ -523,7 +586,7 @@ def dense_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
                          scale: float, bias: Tensor | None, dropout_mask: Tensor | None,
                          score: str, negative_slope: float, need_alpha: bool,
                          att: Tensor | None = None, layout: DiagonalBlocks | None = None,
-                         ) -> tuple[Tensor, Tensor | None]:
+                         sinks: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
     r"""Edge attention computed as dense masked attention over ``[H, N_dst, N_src]`` scores.
 
     Computes exactly what :func:`~graphattn.functional.attention.reference_edge_attention`
@@ -547,7 +610,10 @@ def dense_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
     weights are explicit. Targets without an incoming edge get exactly 0, and the rows of
     nodes that no edge reads (the queries of targets without an in-edge, the keys and values
     of sources without an out-edge) reach no output and no gradient, whatever they hold (NaN
-    or inf included).
+    or inf included). With ``sinks`` :math:`\varsigma`, each row's softmax has one more score,
+    :math:`\varsigma_h`, whose value is 0: SDPA runs it as a key in front of the others
+    (:func:`_sdpa_with_sinks`), the explicit softmax as one more column
+    (:func:`softmax_with_sinks`).
 
     **Block-diagonal graphs.** On CPU, a graph over one node set whose nodes split into ranges
     that no edge crosses (a batch of B sequences or images built by
@@ -578,6 +644,7 @@ def dense_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
         att (Tensor, optional): ``[H, C]`` attention vector of ``"gatv2"``.
         layout (DiagonalBlocks, optional): the graph's blocks, when the caller found them
             (:func:`diagonal_blocks`). (default: found here)
+        sinks (Tensor, optional): ``[H]``, the score of each head's sink. (default: ``None``)
 
     Shapes:
         - **input:** q ``(N_dst, H, C)``, k and v ``(N_src, H, C)``, edge_index ``(2, E)``,
@@ -586,7 +653,7 @@ def dense_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
     """
     n_dst, n_src = q.size(0), v.size(0)
     options = dict(scale=scale, bias=bias, dropout_mask=dropout_mask, score=score,
-                   negative_slope=negative_slope, need_alpha=need_alpha, att=att)
+                   negative_slope=negative_slope, need_alpha=need_alpha, att=att, sinks=sinks)
     if edge_index.size(1) == 0 or 0 in (q.size(1), v.size(-1)):
         # no edges, heads or value channels: every output 0 or empty. The reference path
         # gives each input a (zero) gradient, the bias included; SDPA's empty products would
@@ -606,12 +673,13 @@ def dense_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
         sizes = layout.starts.diff()
         block_of = torch.repeat_interleave(torch.arange(sizes.numel()), sizes)  # (N,)
         out = per_graph_attention(q, k, v, block_of.to(q.device),
-                                  is_causal=pattern == "causal", scale=scale, dropout_p=0.0)
+                                  is_causal=pattern == "causal", scale=scale, dropout_p=0.0,
+                                  sinks=sinks)
         return out, None
     if pattern is not None:  # the weights themselves: each edge's pair from its positions
         return _whole_padded_blocks(q, k, v, src, dst, layout, pattern == "causal",
                                     scale=scale, dropout_mask=dropout_mask,
-                                    need_alpha=need_alpha)
+                                    need_alpha=need_alpha, sinks=sinks)
     return _padded_groups(q, k, v, src, dst, layout, **options)
 
 
@@ -635,7 +703,7 @@ def _whole_blocks(src: Tensor, dst: Tensor, layout: DiagonalBlocks) -> str | Non
 def _whole_padded_blocks(q: Tensor, k: Tensor, v: Tensor, src: Tensor, dst: Tensor,
                          layout: DiagonalBlocks, causal: bool, *, scale: float,
                          dropout_mask: Tensor | None, need_alpha: bool,
-                         ) -> tuple[Tensor, Tensor | None]:
+                         sinks: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
     r"""Complete (or, with ``causal``, causal) blocks of unequal sizes, each pair once, with
     the dot score and no bias, when the weights themselves are needed (a dropout mask, or
     ``need_alpha``): group by group, the blocks padded to the group's size L_g as
@@ -695,7 +763,7 @@ def _whole_padded_blocks(q: Tensor, k: Tensor, v: Tensor, src: Tensor, dst: Tens
             mask = mask & torch.ones(size, size, dtype=torch.bool).tril()
         scores = scaled_scores(qh, kh, scale)  # (B_g, H, L, L)
         scores = scores.masked_fill_(~mask.to(q.device), float("-inf"))  # in place: one pass
-        P = torch.softmax(scores, dim=-1, dtype=_softmax_dtype(scores.dtype)).to(v.dtype)
+        P = softmax_with_sinks(scores, sinks).to(v.dtype)
         weights.append(P)
         W = P
         if D is not None:  # (B_g, H, L, L)
@@ -767,7 +835,7 @@ def _dense_blocks(q: Tensor, k: Tensor, v: Tensor, src: Tensor, dst: Tensor, blo
                   n_dst: int, n_src: int, *, scale: float, bias: Tensor | None,
                   dropout_mask: Tensor | None, score: str, negative_slope: float,
                   need_alpha: bool, att: Tensor | None, rows_read_only: bool = False,
-                  ) -> tuple[Tensor, Tensor | None]:
+                  sinks: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
     """:func:`dense_edge_attention` on a graph of ``blocks`` diagonal blocks of ``n_dst``
     targets and ``n_src`` sources each (one block: the whole graph), whose edges ``src -> dst``
     (int64, at least one) stay inside their block: the work on ``[B, H, n_dst, n_src]``.
@@ -848,8 +916,8 @@ def _dense_blocks(q: Tensor, k: Tensor, v: Tensor, src: Tensor, dst: Tensor, blo
         if bias is not None:
             t = t + bias
         t = F.leaky_relu(t, negative_slope) * scale
-    T, share = _pair_log_weights(t, pair, mask, simple, v.dtype,
-                                 in_place)  # (B, H or 1, N_dst, N_src)
+    T, share = _pair_log_weights(t, pair, mask, simple, v.dtype, in_place,
+                                 shift_rows=sinks is None)  # (B, H or 1, N_dst, N_src)
     # rows that get 0: no in-edge, or (with per-edge scores) every in-edge scoring -inf (a
     # NaN score counts as live: its row is NaN, as in the reference)
     # (amax: one pass over T, where == and all() take two and a bool tensor)
@@ -876,7 +944,7 @@ def _dense_blocks(q: Tensor, k: Tensor, v: Tensor, src: Tensor, dst: Tensor, blo
             attn_mask = attn_mask.unsqueeze(1)  # (B, 1, N_dst, N_src)
         # with a bias, the float mask holds the causal pattern (SDPA takes one or the other)
         out = sdpa(qh, kh, vh, attn_mask=attn_mask, is_causal=causal and attn_mask is None,
-                   scale=scale)
+                   scale=scale, sinks=sinks)
         return nodes_first(out.view(B, *out.shape[-3:])), None
 
     # complete or causal blocks without per-edge scores have no row without weight; on CPU,
@@ -896,7 +964,7 @@ def _dense_blocks(q: Tensor, k: Tensor, v: Tensor, src: Tensor, dst: Tensor, blo
         L = T  # (B, H, N_dst, N_src)
     if rows_dead:
         L = L.masked_fill(dead.unsqueeze(-1), 0.0)
-    P = torch.softmax(L, dim=-1, dtype=_softmax_dtype(L.dtype)).to(v.dtype)
+    P = softmax_with_sinks(L, sinks).to(v.dtype)
     if rows_dead:
         P = P.masked_fill(dead.unsqueeze(-1), 0.0)  # (B, H, N_dst, N_src)
     heads = P.size(1)

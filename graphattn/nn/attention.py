@@ -30,7 +30,6 @@ from graphattn.functional import cpu
 from graphattn.functional._transforms import host_readable
 from graphattn.functional.attention import (
     BACKENDS,
-    DENSE_REFUSES_SINKS,
     DENSE_REFUSES_SOFTCAP,
     SCORES,
     check_softcap,
@@ -484,7 +483,7 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             target can give its edges less than all its weight:
             :math:`\alpha_{ij} = e^{s_{ij}} / (e^{\sigma_h} + \sum_{j'} e^{s_{ij'}})`
             (GPT-OSS's attention sinks), with any score. The returned weights are the
-            graph's edges'. Not with ``backend="dense"``. (default: ``False``)
+            graph's edges'. (default: ``False``)
 
     Shapes:
         - **input:** x ``(|V|, F)`` or ``((|V_src|, F_src), (|V_dst|, F_dst))`` (or
@@ -615,8 +614,7 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             if backend == "dense":
                 raise ValueError(DENSE_REFUSES_SOFTCAP)
         self.softcap = softcap
-        if check_flag(sinks, "sinks") and backend == "dense":
-            raise ValueError(DENSE_REFUSES_SINKS)
+        check_flag(sinks, "sinks")
         # one learned logit per head, one more score of every target's softmax whose value is
         # 0 (GPT-OSS's attention sinks)
         self.sinks = torch.nn.Parameter(torch.empty(self.heads)) if sinks else None
@@ -1185,6 +1183,9 @@ class DenseSelfAttention(_SelfAttentionBase):
         softcap (float, optional): :math:`c > 0`: each score before ``attn_bias`` and the mask
             becomes :math:`c \tanh(s / c)`, as :class:`GraphSelfAttention`'s; the weights are
             then explicit (SDPA takes no cap), and ``batch`` is refused. (default: ``None``)
+        sinks (bool, optional): a learned logit per head (``sinks``, 0 at first), one more
+            score of every row's softmax whose value is 0, as :class:`GraphSelfAttention`'s
+            (GPT-OSS's attention sinks). (default: ``False``)
 
     Shapes:
         - **input:** x ``(L, F)`` or ``(B, L, F)``, mask bool ``(L, L)`` or ``(B, L, L)``,
@@ -1205,7 +1206,7 @@ class DenseSelfAttention(_SelfAttentionBase):
                  residual: bool = False, beta: bool = False,
                  rotary: RotaryPE | None = None, kv_heads: int | None = None,
                  qk_norm: str | None = None, scale: float | None = None,
-                 softcap: float | None = None) -> None:
+                 softcap: float | None = None, sinks: bool = False) -> None:
         if isinstance(in_channels, (tuple, list)):
             raise ValueError(f"in_channels must be one integer for DenseSelfAttention (queries, "
                              f"keys and values come from one x), got {in_channels!r}")
@@ -1215,7 +1216,14 @@ class DenseSelfAttention(_SelfAttentionBase):
                          scale=scale)
         self.rotary = _check_rotary(rotary, self.out_channels)
         self.softcap = None if softcap is None else check_softcap(softcap, "dot")
+        self.sinks = (torch.nn.Parameter(torch.empty(self.heads)) if check_flag(sinks, "sinks")
+                      else None)
         self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        super().reset_parameters()
+        if getattr(self, "sinks", None) is not None:
+            torch.nn.init.zeros_(self.sinks)
 
     def forward(self, x: Tensor, mask: Tensor | None = None, is_causal: bool = False,
                 return_attention_weights: bool = False, *, batch: Tensor | None = None,
@@ -1272,7 +1280,7 @@ class DenseSelfAttention(_SelfAttentionBase):
                                  dropout_p=self.dropout,
                                  training=self.training,
                                  return_attention=return_attention_weights, batch=batch,
-                                 attn_bias=attn_bias, softcap=self.softcap)
+                                 attn_bias=attn_bias, softcap=self.softcap, sinks=self.sinks)
         if return_attention_weights:
             out, weights = result
             return self._merge_heads(out, x), weights
@@ -1281,4 +1289,5 @@ class DenseSelfAttention(_SelfAttentionBase):
     def __repr__(self) -> str:
         extra = "" if self.rotary is None else f", rotary={self.rotary!r}"
         extra += "" if self.softcap is None else f", softcap={self.softcap:g}"
+        extra += "" if self.sinks is None else ", sinks=True"
         return f"{self.__class__.__name__}({self._repr_args()}{extra})"

@@ -394,7 +394,7 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
     ``qk_norm="rms_across_heads"``, a score scale
     other than ``head_dim ** -0.5`` (Gemma's ``query_pre_attn_scalar ** -0.5``) as
     ``scale``, Gemma 2's soft cap of the scores (``attn_logit_softcapping``) as ``softcap``,
-    GPT-OSS's sink logit per head (``sinks``) as ``sinks=True`` (not with ``dense=True``),
+    GPT-OSS's sink logit per head (``sinks``) as ``sinks=True``,
     and where the config has one rotary embedding per kind of layer (Gemma 3's and
     OLMo 3's local and global layers) the one of the attention's ``layer_type`` (OLMo 3's
     ``attention_type``; else the config's ``layer_types`` at its ``layer_idx``). Where
@@ -551,13 +551,9 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
     if not (isinstance(sinks, Tensor) and tuple(sinks.shape) == (heads,)):
         sinks = None
     if dense:
-        if sinks is not None:
-            raise NotImplementedError(
-                f"{type(attention).__name__} has attention sinks, which DenseSelfAttention "
-                f"does not take: convert it with dense=False (GraphSelfAttention(sinks=True))")
         layer = DenseSelfAttention(hidden, head_dim, heads, dropout=dropout, bias=bias,
                                    rotary=rotary, kv_heads=kv_heads, qk_norm=qk_norm,
-                                   scale=scale, softcap=softcap)
+                                   scale=scale, softcap=softcap, sinks=sinks is not None)
     else:
         layer = GraphSelfAttention(hidden, head_dim, heads, dropout=dropout, bias=bias,
                                    add_self_loops=False, backend=backend, rotary=rotary,

@@ -5,7 +5,7 @@ draws a whole call: the score, fp32 or fp64, a bipartite or square graph of 0-12
 multi-edges, self-loops and sometimes one target of 30-220 in-edges, int32 or int64 ids, 1-4
 heads of 1-17 channels (score and value channels apart), a bias, per-edge key and value terms
 (sometimes one tensor for both), scale, negative slope, dropout, a soft cap of the dot and
-gatv2 scores, sinks (the dense backend refuses both: its calls drop them) and returned weights. The
+gatv2 scores (which the dense backend refuses: its calls drop it), sinks and returned weights. The
 backend's outputs, weights and the gradients of every input must match the reference backend's.
 
 The suite runs the ``dense`` and ``cpu`` backends over ``SEEDS``: the ``cpu`` backend as the
@@ -137,9 +137,8 @@ def run(call: Call, backend: str, seed: int) -> list[torch.Tensor | None]:
 def mismatches(seed: int, backend: str) -> list[str]:
     """What differs between ``backend`` and the reference on the call of ``seed``."""
     call = draw(seed)
-    if backend == "dense":  # (it refuses a cap and sinks: test_softcap, test_softmax_sinks)
+    if backend == "dense":  # (it refuses a cap: tests/functional/test_softcap.py)
         call.kwargs.pop("softcap", None)
-        call.kwargs.pop("sinks", None)
     want, got = run(call, "reference", seed), run(call, backend, seed)
     names = ["out", "alpha"] + [f"grad {i}" for i in range(len(want) - 2)]
     found = []

@@ -10,7 +10,7 @@ import torch
 from conftest import assert_close, assert_compiles_as_it_runs, outputs_and_grads, random_graph
 
 from graphattn import graphs
-from graphattn.functional import edge_attention, select_backend
+from graphattn.functional import dense_attention, edge_attention, select_backend
 from graphattn.functional import triton_kernels as tk
 from graphattn.functional.attention import BACKENDS
 from graphattn.functional.cpu import seeded_mask_from
@@ -169,12 +169,109 @@ def test_triton_gradients_of_gradients(triton_interpreter):
         assert_close(a, b)
 
 
-def test_auto_never_takes_the_dense_backend_with_sinks():
+def _blocks(sizes: list[int], pattern: str) -> torch.Tensor:
+    """Diagonal blocks of these sizes, each complete, causal, or random with repeated edges
+    (a node without in-edges in each)."""
+    batch = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
+    edge_index = graphs.batch_complete_graph(batch)
+    if pattern == "causal":
+        return edge_index[:, edge_index[0] <= edge_index[1]]
+    if pattern == "random":
+        gen = torch.Generator().manual_seed(len(sizes))
+        keep = torch.rand(edge_index.size(1), generator=gen) < 0.5
+        starts = torch.tensor([0, *sizes]).cumsum(0)[:-1]
+        keep &= ~torch.isin(edge_index[1], starts)  # each block's first node: no in-edge
+        edge_index = edge_index[:, keep]
+        return torch.cat([edge_index, edge_index[:, ::3]], dim=1)  # repeated edges
+    return edge_index
+
+
+GRAPHS = {  # the dense backend's routes: one SDPA call, per-graph SDPA, padded blocks
+    "complete": lambda: graphs.complete_graph(12),
+    "causal, equal blocks": lambda: graphs.repeat_graph(graphs.causal_graph(8), 8, 3),
+    "causal, unequal blocks": lambda: _blocks([7, 3, 1, 5, 6], "causal"),
+    "complete, unequal blocks": lambda: _blocks([7, 3, 1, 5, 6], "complete"),
+    "random multigraph": lambda: _blocks([14], "random"),
+    "random, unequal blocks": lambda: _blocks([9, 4, 12, 6], "random"),
+}
+
+
+@pytest.mark.parametrize("graph", list(GRAPHS))
+@pytest.mark.parametrize("need_alpha", [False, True], ids=["out", "weights"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_dense_backend_matches_the_reference(graph, need_alpha, dtype):
+    """Every route of the dense backend, through SDPA (the sinks as one more key, whose score
+    is the sink; in half precision in two parts) and through the explicit softmax (one more
+    column), with a bias on the graphs with repeated edges (whose log-sum-exp per pair is
+    then not shifted by its row's maximum): outputs, weights and every gradient."""
+    edge_index = GRAPHS[graph]()
+    n = int(edge_index.max()) + 1
+    gen = torch.Generator().manual_seed(3)
+
+    def leaf(*shape: int, std: float = 1.0) -> torch.Tensor:
+        return (torch.randn(*shape, generator=gen, dtype=torch.float64) * std).to(
+            dtype).requires_grad_()
+
+    inputs = dict(q=leaf(n, 2, 8, std=2.0), k=leaf(n, 2, 8, std=2.0), v=leaf(n, 2, 8),
+                  sinks=torch.tensor([1.5, -0.5], dtype=dtype, requires_grad=True))
+    if "random" in graph:
+        inputs["bias"] = leaf(edge_index.size(1), 2)
+    results = []
+    for backend in ("reference", "dense"):
+        if need_alpha:
+            results.append(outputs_and_grads(backend, inputs, edge_index))
+            continue
+        extra = {name: t for name, t in inputs.items() if name not in "qkv"}
+        out = edge_attention(inputs["q"], inputs["k"], inputs["v"], edge_index,
+                             backend=backend, **extra)
+        loss = (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)).sum()
+        results.append([out, *torch.autograd.grad(loss, list(inputs.values()))])
+    for a, b in zip(results[1], results[0], strict=True):
+        assert_close(a, b)
+
+
+@pytest.mark.parametrize("score", ["additive", "gatv2"])
+def test_dense_backend_with_the_other_scores(score):
+    inputs, edge_index = _inputs(score)
+    want = outputs_and_grads("reference", inputs, edge_index, score=score)
+    got = outputs_and_grads("dense", inputs, edge_index, score=score)
+    for a, b in zip(got, want, strict=True):
+        assert_close(a, b)
+
+
+@pytest.mark.parametrize("graph", ["causal, equal blocks", "random multigraph"])
+def test_dense_gradients_of_gradients(graph):
+    """SDPA's backward recomputes its math path under create_graph=True: the sinks' key
+    and the explicit softmax's column differentiate twice as the reference does."""
+    edge_index = GRAPHS[graph]()
+    n = int(edge_index.max()) + 1
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(n, 1, 3, generator=gen, dtype=torch.float64).requires_grad_()
+               for _ in range(3))
+    sinks = torch.tensor([0.3], dtype=torch.float64, requires_grad=True)
+
+    def f(q, k, v, sinks):
+        return edge_attention(q, k, v, edge_index, sinks=sinks, backend="dense",
+                              return_attention="random" in graph)
+
+    assert torch.autograd.gradgradcheck(f, (q, k, v, sinks))
+
+
+def test_dense_attention_scale_of_zero():
+    """Every score 0 but the sink's: SDPA's key cannot carry the sink then (its score is
+    scale times the key), and the explicit softmax takes it."""
+    inputs, edge_index = _inputs("dot", bias=False)
+    want = outputs_and_grads("reference", inputs, edge_index, score="dot", scale=0.0)
+    got = outputs_and_grads("dense", inputs, edge_index, score="dot", scale=0.0)
+    for a, b in zip(got, want, strict=True):
+        assert_close(a, b)
+
+
+def test_auto_takes_the_dense_backend_with_sinks_too():
     q = torch.randn(64, 2, 8)
     edge_index = graphs.complete_graph(64)
     k, v, sinks = torch.randn(64, 2, 8), torch.randn(64, 2, 8), torch.randn(2)
     assert select_backend(q, edge_index) == "dense"
-    assert select_backend(q, edge_index, sinks=sinks) == "cpu"
     assert_close(edge_attention(q, k, v, edge_index, sinks=sinks),
                  edge_attention(q, k, v, edge_index, sinks=sinks, backend="reference"))
 
@@ -184,8 +281,6 @@ def test_auto_never_takes_the_dense_backend_with_sinks():
                                              r"per head, got \[3\]"),
     (dict(sinks=torch.zeros(1, 2)), ValueError, r"sinks must have shape \[H\] = \[2\]"),
     (dict(sinks=torch.zeros(2, dtype=torch.long)), TypeError, "sinks"),
-    (dict(sinks=torch.zeros(2), backend="dense"), ValueError,
-     "backend='dense' computes its softmax in scaled_dot_product_attention, which has no sink"),
 ])
 def test_errors(kwargs, error, match):
     n = 4
@@ -217,3 +312,49 @@ def test_triton_operators_pass_opcheck(triton_interpreter):
     args = (q, k, v, None, bias, None, edge_index, 0.5, 0.2, "dot", True, None, None, 0.0,
             sinks)
     torch.library.opcheck(tk._forward_op, args)
+
+
+@pytest.mark.parametrize("how", ["mask", "causal", "bias", "weights", "batch", "dropout"])
+def test_dense_attention_takes_sinks_as_edge_attention_does(how):
+    """dense_attention(sinks=) on a mask, causally, with a bias of -inf entries (a row of a
+    head left without keys gets 0), with the weights returned, per graph of a batch, and with
+    dropout (graphattn's mask, drawn alike): what edge_attention computes on the same pairs."""
+    B, L, H, C = 2, 10, 2, 4
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(B, L, H, C, generator=gen, dtype=torch.float64) * 2
+               for _ in range(3))
+    sinks = torch.tensor([0.8, -1.2], dtype=torch.float64)
+    mask = (torch.rand(L, L, generator=gen) < 0.5) | torch.eye(L, dtype=torch.bool)
+    if how == "batch":
+        batch = torch.tensor([0] * 4 + [1] * 6)
+        got = dense_attention(q[0], k[0], v[0], batch=batch, sinks=sinks)
+        want = edge_attention(q[0], k[0], v[0], graphs.batch_complete_graph(batch),
+                              sinks=sinks, backend="reference")
+        assert_close(got, want)
+        return
+    options, edge_index, bias = {}, graphs.from_dense_mask(mask), None
+    if how == "causal":
+        options, edge_index = dict(is_causal=True), graphs.causal_graph(L)
+    elif how == "bias":
+        dense_bias = torch.randn(H, L, L, generator=gen, dtype=torch.float64)
+        dense_bias[0, 3] = float("-inf")  # row 3 of head 0: no key
+        options = dict(attn_bias=dense_bias)
+        bias = dense_bias[:, edge_index[1], edge_index[0]].T  # (E, H)
+    weights = how == "weights"
+    dropout_p = 0.3 if how == "dropout" else 0.0
+    torch.manual_seed(0)
+    got = dense_attention(q, k, v, None if how == "causal" else mask, sinks=sinks,
+                          return_attention=weights, dropout_p=dropout_p, **options)
+    for b in range(B):
+        torch.manual_seed(0)
+        want = edge_attention(q[b], k[b], v[b], edge_index, bias=bias, sinks=sinks,
+                              backend="reference", return_attention=weights)
+        if weights:
+            assert_close(got[1][b][:, edge_index[1], edge_index[0]].T, want[1])
+            assert_close(got[0][b], want[0])
+        elif not dropout_p:
+            assert_close(got[b], want)
+    if dropout_p:  # kept pairs scaled by 1 / (1 - p): between none and all of the weights
+        plain = dense_attention(q, k, v, mask, sinks=sinks)
+        assert (got - plain).abs().max() > 1e-3
+        assert torch.isfinite(got).all()

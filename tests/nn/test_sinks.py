@@ -1,8 +1,8 @@
 """Attention sinks: ``GraphSelfAttention(sinks=True)`` adds a learned logit per head to each
 target's softmax, as one more score whose value is 0 (GPT-OSS's attention).
 
-Checked against the formula written out with dense ops on the causal graph, on the sparse
-CPU backends with edge features in the key and value and the weights returned, with every score,
+Checked against the formula written out with dense ops on the causal graph, on every CPU
+backend with edge features in the key and value and the weights returned, with every score,
 and for the errors. ``tests/functional/test_softmax_sinks.py`` checks the operator's
 ``sinks=`` itself."""
 
@@ -45,8 +45,8 @@ def test_sinks_are_one_more_score_of_value_zero():
     assert (grad_got != 0).all()
 
 
-@pytest.mark.parametrize("backend", ["reference", "cpu"])
-def test_sparse_cpu_backends_and_the_weights(backend):
+@pytest.mark.parametrize("backend", ["reference", "cpu", "dense"])
+def test_every_cpu_backend_and_the_weights(backend):
     # edge features in the key and value, the weights returned for the graph's edges: each
     # target's sum is what its sink leaves
     gen = torch.Generator().manual_seed(2)
@@ -108,8 +108,6 @@ def test_every_score_takes_sinks(attention):
 
 
 @pytest.mark.parametrize("kwargs, error, match", [
-    (dict(sinks=True, backend="dense"), ValueError,
-     "backend='dense' computes its softmax in scaled_dot_product_attention, which has no sink"),
     (dict(sinks=1), TypeError, "sinks must be a bool"),
 ])
 def test_errors(kwargs, error, match):
@@ -123,3 +121,27 @@ def test_triton_backend_in_the_interpreter(triton_interpreter):
     edge_index = graphs.random_graph(8, 3, self_loops=True)
     want, got = (_layer(backend).float()(x, edge_index) for backend in ("reference", "triton"))
     assert_close(got, want)
+
+
+def test_dense_layer_is_the_graph_layer_on_the_complete_graph():
+    """DenseSelfAttention(sinks=True) is GraphSelfAttention(sinks=True) with the same weights
+    on the complete graph, causally too, the sinks' gradient included."""
+    from graphattn.nn import DenseSelfAttention
+
+    torch.manual_seed(0)
+    dense = DenseSelfAttention(6, 4, heads=2, sinks=True)
+    assert repr(dense) == "DenseSelfAttention(6, 4, heads=2, sinks=True)"
+    assert torch.equal(dense.sinks.detach(), torch.zeros(2))
+    with torch.no_grad():
+        dense.sinks.copy_(torch.tensor([1.0, -2.0]))
+    graph = GraphSelfAttention(6, 4, heads=2, sinks=True, add_self_loops=False)
+    graph.load_state_dict(dense.state_dict())
+    x = torch.randn(7, 6) * 3
+    for causal, edge_index in ((False, graphs.complete_graph(7)), (True, graphs.causal_graph(7))):
+        want = graph(x, edge_index)
+        got = dense(x, is_causal=causal)
+        assert_close(got, want)
+        (grad_want,) = torch.autograd.grad(want.square().sum(), graph.sinks)
+        (grad_got,) = torch.autograd.grad(got.square().sum(), dense.sinks)
+        assert_close(grad_got, grad_want)
+    assert DenseSelfAttention(6, 4).sinks is None
