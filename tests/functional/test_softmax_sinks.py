@@ -289,10 +289,10 @@ def test_errors(kwargs, error, match):
         edge_attention(q, k, v, graphs.complete_graph(n), **kwargs)
 
 
-@pytest.mark.parametrize("backend", ["cpu", "triton"])
+@pytest.mark.parametrize("backend", ["cpu", "triton", "dense"])
 def test_under_torch_compile(backend, request):
     """The fused backends' operators carry the sinks through torch.compile (fullgraph),
-    forward and backward."""
+    forward and backward, and so does the dense backend's SDPA with its sink key."""
     if backend == "triton":
         request.getfixturevalue("triton_interpreter")
     inputs, edge_index = _inputs("dot", dtype=torch.float32, n=8, num_edges=30)
