@@ -67,13 +67,14 @@ class RunResult:
 
 def build_model(name: str, data: Data, num_classes: int, *, hidden: int, heads: int,
                 out_heads: int = 1, dropout: float, attention: str = "additive",
-                layers: int = 2) -> torch.nn.Module:
-    """The GAT-style classifier or the GraphTransformer for ``data``."""
+                layers: int = 2, sinks: bool = False) -> torch.nn.Module:
+    """The GAT-style classifier or the GraphTransformer for ``data`` (``sinks``: a learned
+    sink logit per head in every attention layer)."""
     if name == "gat":
         return GAT(data.num_features, num_classes, hidden_channels=hidden, heads=heads,
-                   out_heads=out_heads, dropout=dropout, attention=attention)
+                   out_heads=out_heads, dropout=dropout, attention=attention, sinks=sinks)
     return GraphTransformer(data.num_features, hidden, num_classes, layers, heads,
-                            dropout=dropout, attention=attention)
+                            dropout=dropout, attention=attention, sinks=sinks)
 
 
 @torch.no_grad()
@@ -243,6 +244,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--layers", type=int, default=None,
                         help="transformer blocks (default: 2)")
     parser.add_argument("--dropout", type=float, default=None)
+    parser.add_argument("--sinks", action="store_true",
+                        help="a learned sink logit per head in every attention layer: one more "
+                             "score of each node's softmax whose value is 0")
     parser.add_argument("--root", default=None, help="data root (default: see datasets/README.md)")
     parser.add_argument("--out", default="out/node_classification",
                         help="folder for the training-curve PNG")
@@ -321,14 +325,16 @@ def main(argv: list[str] | None = None) -> list[RunResult]:
     num_classes = int(data.y.max()) + 1
     print(f"{args.dataset}: {data.num_nodes} nodes, {data.num_edges} edges, "
           f"{data.num_features} features, {num_classes} classes; model {args.model} "
-          f"({args.attention} attention) on {args.device}; early stopping on "
+          f"({args.attention} attention{', sinks' if args.sinks else ''}) on {args.device}; "
+          f"early stopping on "
           f"{args.stop_on}, patience {args.patience}")
     results = []
     for run in range(args.runs):
         torch.manual_seed(args.seed + run)
         model = build_model(args.model, data, num_classes, hidden=args.hidden, heads=args.heads,
                             out_heads=args.out_heads, dropout=args.dropout,
-                            attention=args.attention, layers=args.layers).to(args.device)
+                            attention=args.attention, layers=args.layers,
+                            sinks=args.sinks).to(args.device)
         r = train_node_classifier(model, data, lr=args.lr, weight_decay=args.weight_decay,
                                   epochs=args.epochs, patience=args.patience,
                                   stop_on=args.stop_on, progress=not args.no_progress,

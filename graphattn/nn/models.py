@@ -150,8 +150,12 @@ class GAT(torch.nn.Module):
         conv (callable, optional): builds each layer instead of :class:`GraphSelfAttention`,
             called as ``conv(in_channels, out_channels, heads=..., concat=..., dropout=...)``
             (e.g. ``torch_geometric.nn.GATConv``), to train another layer under the same
-            architecture. ``attention``, ``backend`` and ``value_dropout`` are then unused.
-            (default: ``None``)
+            architecture. ``attention``, ``backend``, ``value_dropout`` and ``sinks`` are then
+            unused. (default: ``None``)
+        sinks (bool, optional): both layers have a learned sink logit per head, one more
+            score of every node's softmax whose value is 0, so that a node can give its
+            neighbours (and itself) less than all of its weight
+            (:class:`GraphSelfAttention`'s ``sinks``). (default: ``False``)
 
     Shapes:
         - **input:** x ``(|V|, F)``, edge_index ``(2, |E|)`` or a sparse adjacency adj_t
@@ -165,7 +169,7 @@ class GAT(torch.nn.Module):
                  heads: int = 8, out_heads: int = 1, dropout: float = 0.6,
                  attention_dropout: float | None = None, value_dropout: float | None = None,
                  attention: str = "additive", backend: str = "auto",
-                 conv: ConvFactory | None = None) -> None:
+                 conv: ConvFactory | None = None, sinks: bool = False) -> None:
         super().__init__()
         _check_single_input(in_channels, "GAT")
         in_channels = check_in_channels(in_channels)
@@ -182,7 +186,7 @@ class GAT(torch.nn.Module):
             def conv(i: int, o: int, **kwargs) -> GraphSelfAttention:
                 layer = GraphSelfAttention(i, o, **kwargs, out_proj=False, out_bias=True,
                                            attention=attention, backend=backend,
-                                           value_dropout=value_dropout)
+                                           value_dropout=value_dropout, sinks=sinks)
                 # the bias is added after the weighted sum (out_bias), not to every value:
                 # the dropped attention weights of a target do not sum to 1
                 layer.lin_v.register_parameter("bias", None)

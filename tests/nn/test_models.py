@@ -10,7 +10,7 @@ from conftest import assert_close, random_graph
 from torch_geometric.data import Data
 from torch_geometric.nn import GATConv, TransformerConv
 
-from graphattn.nn import GAT, GraphTransformer
+from graphattn.nn import GAT, GraphSelfAttention, GraphTransformer
 from graphattn.nn.models import feature_dropout
 
 REPO = Path(__file__).resolve().parents[2]
@@ -95,6 +95,34 @@ def test_gat_adds_its_biases_after_the_dropped_weighted_sum(conv, backend):
     torch.manual_seed(0)
     for _ in range(3):  # three draws of the masks
         assert_close(model.train()(x, ei), bias.detach().expand(30, 3))
+
+
+def test_gat_with_sinks_gives_each_node_less_than_all_its_weight():
+    """GAT(sinks=True): both layers have a sink logit per head (0 at first), which learns;
+    each node's weights over its in-edges (its self-loop included) sum to less than 1; and
+    the example's --sinks builds it."""
+    torch.manual_seed(0)
+    model = GAT(12, 5, hidden_channels=4, heads=3, sinks=True).eval()
+    assert model.conv1.sinks.shape == (3,) and model.conv2.sinks.shape == (1,)
+    x, ei = torch.randn(20, 12), random_graph(20, 60)
+    out, [(ei1, alpha), _] = model(x, ei, return_attention_weights=True)
+    totals = torch.zeros(20, 3).index_add_(0, ei1[1], alpha)
+    assert ((totals > 0) & (totals < 1 - 1e-3)).all()
+    out.square().sum().backward()
+    assert (model.conv1.sinks.grad != 0).all() and (model.conv2.sinks.grad != 0).all()
+    with torch.no_grad():
+        model.conv1.sinks.fill_(float("-inf"))  # a sink of -inf weighs nothing
+        _, [(_, alpha), _] = model(x, ei, return_attention_weights=True)
+    assert_close(torch.zeros(20, 3).index_add_(0, ei1[1], alpha), torch.ones(20, 3))
+    assert GAT(12, 5).conv1.sinks is None
+    example = import_example()
+    args = example.parse_args(["--sinks"])
+    data = Data(x=torch.randn(4, 3), edge_index=random_graph(4, 6), y=torch.tensor([0, 1, 0, 1]))
+    for name in ("gat", "transformer"):
+        built = example.build_model(name, data, 2, hidden=4, heads=2, dropout=0.0,
+                                    sinks=args.sinks)
+        assert all(m.sinks is not None for m in built.modules()
+                   if isinstance(m, GraphSelfAttention))
 
 
 def test_gat_accepts_other_convs():
