@@ -285,7 +285,7 @@ class GraphTransformer(torch.nn.Module):
         softcap (float, optional): every attention layer soft-caps its dot or gatv2 scores
             at :math:`c \tanh(s / c)` (see :class:`GraphSelfAttention`). (default: ``None``)
         sinks (bool, optional): every attention layer has a learned sink logit per head in
-            its softmax (see :class:`GraphSelfAttention`; dot score). (default: ``False``)
+            its softmax (see :class:`GraphSelfAttention`). (default: ``False``)
 
     ``forward(..., attn_bias=)`` takes an ``[|E|, H]`` score bias that every block adds to its
     attention scores, shared by the blocks as Graphormer shares its spatial encoding: a
