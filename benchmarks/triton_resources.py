@@ -76,7 +76,7 @@ POINTER_TYPES = {"lse": "*fp32", "delta": "*fp32", "datt_rows": "*fp32", "rowptr
                  "scale": "fp32", "slope": "fp32", "cap": "fp32", "ptr": "*i32", "row": "*i32",
                  "tptr": "*i32", "tpair": "*i32", "bits": "*i32", "ids": "*i32",
                  "n_dst": "i32", "n_src": "i32", "out": "*fp32", "drop": "*fp32",
-                 "scores": "*fp32"}
+                 "scores": "*fp32", "sinks": "*fp32"}
 BLOCK_KERNELS = ("block_forward_kernel", "block_backward_target_kernel",
                  "block_backward_source_kernel")
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -94,8 +94,8 @@ def compile_kernels(heads: int, channels: int, score: str, dtype: str, *, featur
 
     ``dtype`` is ``"fp32"``, ``"fp16"`` or ``"bf16"``; ``features`` turns on the bias, the
     dropout mask, the per-edge key (dot and gatv2) and value terms, the soft cap of the scores
-    (dot and gatv2), the gradient through alpha and the gradients of bias, att and the
-    per-edge terms; ``score_channels``
+    (dot and gatv2), the sinks, the gradient through alpha and the gradients of bias, att and
+    the per-edge terms; ``score_channels``
     is C_k (default: ``channels``, 1 for the additive score). ``one_edge_term`` (with
     ``features``, dot or gatv2, ``score_channels == channels``): one tensor is both terms, and
     the target pass writes one gradient for both (``EV_IS_EK``). ``seeded_dropout`` (with
@@ -119,7 +119,7 @@ def compile_kernels(heads: int, channels: int, score: str, dtype: str, *, featur
     edge_key = features and score != "additive"  # keys with channels
     constants = dict(H=heads, C=channels, CK=score_channels, SCORE=tk.SCORE_KINDS[score],
                      HAS_CAP=edge_key, HAS_BIAS=features, HAS_DROP=features, HAS_EK=edge_key,
-                     HAS_EV=features,
+                     HAS_EV=features, HAS_SINKS=features,
                      NEED_SCORES=features, HAS_DALPHA=features, NEED_DBIAS=features,
                      NEED_DATT=features and score == "gatv2", NEED_DEK=edge_key,
                      NEED_DEV=features and not one_edge_term, BLOCK_E=cfg.block_e,

@@ -354,9 +354,11 @@ def _softmax_start(sinks, offs_h, h_ok, HAS_SINKS: tl.constexpr):
     for a sink of -inf, which then weighs nothing, as no sink)."""
     if HAS_SINKS:
         m = tl.load(sinks + offs_h, mask=h_ok, other=float("-inf")).to(tl.float32)
-        return m, tl.where(m == float("-inf"), 0.0, 1.0)
-    return (tl.full(offs_h.shape, float("-inf"), tl.float32),
-            tl.full(offs_h.shape, 0, tl.float32))
+        l_sum = tl.where(m == float("-inf"), 0.0, 1.0)
+    else:
+        m = tl.where(h_ok, float("-inf"), float("-inf"))
+        l_sum = tl.where(h_ok, 0.0, 0.0)
+    return m, l_sum
 
 
 @triton.jit
