@@ -1784,8 +1784,9 @@ def _grads(ctx, grad_out: Tensor | None, grad_alpha: Tensor | None, backward) ->
         grad_k = grad_v = None
     grad_sinks = None
     if sinks is not None and ctx.needs_input_grad[8]:
-        grad_sinks = sink_grad(sinks, out, lse, grad_out, grad_alpha, weights,
-                               _csr_targets(rowptr, perm))
+        has_grad_alpha = grad_alpha is not None and grad_alpha.numel() > 0
+        grad_sinks = sink_grad(sinks, out, lse, grad_out, grad_alpha if has_grad_alpha else None,
+                               weights, _csr_targets(rowptr, perm) if has_grad_alpha else None)
     return (grad_q, grad_k, grad_v, None if att is None else grad_att,
             None if bias is None else grad_bias, None, None if edge_key is None else grad_ek,
             None if edge_value is None else grad_ev, grad_sinks, None, None, None, None, None,
