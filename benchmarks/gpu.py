@@ -184,7 +184,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "'edge_attention triton'; --only dropout: the fused op with "
                              "attention dropout, its mask drawn in the kernels or read, and "
                              "without; --only softcap: the fused op with soft-capped scores "
-                             "and without, dot and gatv2")
+                             "and without, dot and gatv2; --only sinks: the fused op with "
+                             "learned sinks and without")
     args = parser.parse_args(argv)
     if args.only:
         methods = [name for name in METHODS if any(text in name for text in args.only)]
@@ -449,6 +450,21 @@ def softcap_case(score: str, softcap: float | None) -> Callable[..., Case]:
     return make
 
 
+def sinks_case(with_sinks: bool) -> Callable[..., Case]:
+    """The fused op (dot score) with a sink logit per head that gets a gradient, or without
+    sinks."""
+    def make(graph: Graph, heads: int, channels: int, dtype: torch.dtype) -> Case:
+        from graphattn.functional import edge_attention
+
+        q, k, v = _qkv(graph, heads, channels, dtype)
+        sinks = (torch.randn(heads, device=q.device, dtype=dtype).requires_grad_()
+                 if with_sinks else None)
+        return Case(lambda: edge_attention(q, k, v, graph.edge_index, sinks=sinks,
+                                           backend="triton"),
+                    [q, k, v] + ([sinks] if with_sinks else []))
+    return make
+
+
 def layer_case(kind: str, tiles: dict[str, int] | None = None) -> Callable[..., Case]:
     """A layer on node features ``[N, H*C]``: PyG's (``"transformer"``, ``"gat"``,
     ``"gatv2-pyg"``) or ``GraphSelfAttention`` with that score; ``"transformer-edge"`` and
@@ -518,14 +534,16 @@ METHODS: dict[str, Callable[..., Case]] = {
 }
 # Timed only when a --only text that names their group names them (--only dropout: the
 # seeded mask against a read one, and the same op without dropout; --only softcap: each
-# score capped and not).
-OPTIONAL_GROUPS = ("dropout", "softcap")
+# score capped and not; --only sinks: the op with sinks and without).
+OPTIONAL_GROUPS = ("dropout", "softcap", "sinks")
 OPTIONAL_METHODS: dict[str, Callable[..., Case]] = {
     "edge_attention triton, dropout: none": op_case("triton"),
     f"edge_attention triton, dropout: {DROPOUT_P} seeded": dropout_case("seeded"),
     f"edge_attention triton, dropout: {DROPOUT_P} read mask": dropout_case("read"),
     **{f"edge_attention triton, {score}, softcap: {cap or 'none'}": softcap_case(score, cap)
        for score in ("dot", "gatv2") for cap in (None, SOFTCAP)},
+    "edge_attention triton, sinks: none": sinks_case(False),
+    "edge_attention triton, sinks: learned": sinks_case(True),
 }
 
 
@@ -809,7 +827,8 @@ def check_on_device(graph: Graph, dtype: torch.dtype, heads: int = 2, channels: 
     tensor as both edge terms (``edge_key=edge_value``, TransformerConv's edge features); the
     dot score also with a bias and attention dropout, the mask the kernels draw from a seed
     given to the reference written out; the dot and gatv2 scores also with a bias and the
-    scores soft-capped (``softcap=0.5``, small enough to change the output)."""
+    scores soft-capped (``softcap=0.5``, small enough to change the output); every score
+    also with a bias and sinks (``dsinks``)."""
     import torch._inductor.config
 
     from graphattn.functional import edge_attention, reference_edge_attention
@@ -824,6 +843,7 @@ def check_on_device(graph: Graph, dtype: torch.dtype, heads: int = 2, channels: 
         configs = ["no bias", "bias"] + ([] if score == "additive" else ["bias, edge terms"])
         configs += ["bias, dropout"] if score == "dot" else []
         configs += [] if score == "additive" else ["bias, softcap"]
+        configs += ["bias, sinks"]
         for config in configs:
             # each config compiles anew: 8 of them would meet dynamo's recompile limit (8), past
             # which it runs the function eagerly without a word
@@ -838,9 +858,12 @@ def check_on_device(graph: Graph, dtype: torch.dtype, heads: int = 2, channels: 
                        torch.randn(e, heads, device=dev, generator=gen)
                        if config != "no bias" else None,
                        torch.randn(e, heads, channels, device=dev, generator=gen)
-                       if config == "bias, edge terms" else None]
-            names = [name for name, t in zip(("dq", "dk", "dv", "datt", "dbias", "dedge_term"),
-                                             tensors, strict=True) if t is not None]
+                       if config == "bias, edge terms" else None,
+                       torch.randn(heads, device=dev, generator=gen)
+                       if config == "bias, sinks" else None]
+            names = [name for name, t in zip(("dq", "dk", "dv", "datt", "dbias", "dedge_term",
+                                              "dsinks"), tensors, strict=True)
+                     if t is not None]
             leaves = [t.to(dtype).requires_grad_() for t in tensors if t is not None]
             outputs = {}
             dropout_p = 0.3 if config == "bias, dropout" else 0.0
@@ -848,10 +871,11 @@ def check_on_device(graph: Graph, dtype: torch.dtype, heads: int = 2, channels: 
                 q, k, v, *rest = leaves
                 att = rest.pop(0) if score == "gatv2" else None
                 bias = rest.pop(0) if rest else None
+                sinks = rest.pop() if config == "bias, sinks" else None
                 term = rest.pop(0) if rest else None  # one tensor as key and value term
                 attend = compiled_attention if mode == "compiled" else edge_attention
                 options = dict(bias=bias, return_attention=True, score=score, att=att,
-                               edge_key=term, edge_value=term,
+                               edge_key=term, edge_value=term, sinks=sinks,
                                softcap=0.5 if config == "bias, softcap" else None)
                 torch.manual_seed(1)  # one seed, so one mask, in every mode
                 if mode == "reference" and dropout_p:  # the kernels' mask, written out

@@ -68,9 +68,9 @@ timeout $(limit $(($(left) - 200))) "$PY" benchmarks/gpu.py --no-plot --profile 
   tee -a "$LOG"
 
 if [ "$(left)" -gt 115 ]; then
-  echo "== 2. benchmarks/gpu.py, fp32 with TF32 products, block-sparse forward, window-50m; dropout and softcap, random-1m ($(left) s left)" | tee -a "$LOG"
+  echo "== 2. benchmarks/gpu.py, fp32 with TF32 products, block-sparse forward, window-50m; dropout, softcap and sinks, random-1m ($(left) s left)" | tee -a "$LOG"
   timeout $(limit 95) "$PY" benchmarks/gpu.py --no-plot --no-check --tf32 --only "edge_attention triton, block-sparse" \
-    --only dropout --only softcap --repeats 10 --warmup 2 --graphs window-50m,random-1m --out "$OUT/gpu_tf32.md" 2>&1 | tee -a "$LOG"
+    --only dropout --only softcap --only sinks --repeats 10 --warmup 2 --graphs window-50m,random-1m --out "$OUT/gpu_tf32.md" 2>&1 | tee -a "$LOG"
 else
   echo "== 2. skipped: $(left) s left" | tee -a "$LOG"
 fi

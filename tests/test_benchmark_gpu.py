@@ -38,11 +38,13 @@ def test_device_checks_pass_in_the_interpreter(triton_interpreter):
     # eager and compiled; per score out, alpha, dq, dk, dv without bias, with it (+ dbias) and,
     # for dot and gatv2, with one edge term as key and value (+ dbias, dedge_term); gatv2 also
     # datt; dot also with a bias and dropout drawn from a seed; dot and gatv2 also with a bias
-    # and a soft cap: dot 5 + 6 + 7 + 6 + 6, additive 5 + 6, gatv2 6 + 7 + 8 + 7
-    assert len(names) == len(set(names)) == 2 * (30 + 11 + 28)
+    # and a soft cap; every score with a bias and sinks (+ dsinks): dot 5 + 6 + 7 + 6 + 6 + 7,
+    # additive 5 + 6 + 7, gatv2 6 + 7 + 8 + 7 + 8
+    assert len(names) == len(set(names)) == 2 * (37 + 18 + 36)
     assert "torch.compile, gatv2, bias, edge terms: dedge_term" in names
     assert "torch.compile, dot, bias, dropout: dk" in names
     assert "torch.compile, gatv2, bias, softcap: datt" in names
+    assert "torch.compile, additive, bias, sinks: dsinks" in names
     assert sum(name.startswith("torch.compile") for name in names) == len(names) // 2
     bad = [row for row in rows if not row[1] < 1e-4]  # also NaN, which max() passes over
     assert not bad, bad
@@ -408,8 +410,10 @@ def test_tf32_comes_on_after_the_check_and_only_picks_methods(monkeypatch, tmp_p
         "edge_attention triton, dot, softcap: none", "edge_attention triton, dot, softcap: 5.0",
         "edge_attention triton, gatv2, softcap: none",
         "edge_attention triton, gatv2, softcap: 5.0")
-    assert set(gpu.parse_args(["--only", "dropout", "--only", "softcap"]).methods) == set(
-        gpu.OPTIONAL_METHODS)
+    assert gpu.parse_args(["--only", "sinks"]).methods == (
+        "edge_attention triton, sinks: none", "edge_attention triton, sinks: learned")
+    assert set(gpu.parse_args(["--only", "dropout", "--only", "softcap", "--only", "sinks"]
+                              ).methods) == set(gpu.OPTIONAL_METHODS)
     assert not set(gpu.OPTIONAL_METHODS) & set(
         gpu.parse_args(["--only", "edge_attention triton"]).methods)
 
@@ -432,6 +436,22 @@ def test_softcap_methods_cap_as_named(triton_interpreter):
                                    backend="reference") for softcap in (cap, other))
                 assert_close(got, want)
                 assert not torch.allclose(got, uncapped_or_capped, atol=1e-3), name
+
+
+def test_sinks_methods_have_sinks_as_named(triton_interpreter):
+    graph = gpu.Graph("random", 12, gpu.synthetic_graph(12, 40, None, "cpu"))
+    plain = gpu.OPTIONAL_METHODS["edge_attention triton, sinks: none"](graph, 2, 8,
+                                                                      torch.float32)
+    case = gpu.OPTIONAL_METHODS["edge_attention triton, sinks: learned"](graph, 2, 8,
+                                                                        torch.float32)
+    assert len(plain.grad_of) == 3
+    q, k, v, sinks = case.grad_of
+    assert sinks.shape == (2,)
+    with torch.no_grad():
+        assert_close(case.forward(), edge_attention(q, k, v, graph.edge_index, sinks=sinks,
+                                                    backend="reference"))
+        assert not torch.allclose(case.forward(), edge_attention(q, k, v, graph.edge_index),
+                                  atol=1e-3)
 
 
 def test_dropout_methods_draw_their_masks_as_named(triton_interpreter):

@@ -158,11 +158,12 @@ def _sdpa_with_sinks(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None,
     scores are unchanged. The sink's value is 0; where v has the channels of q and k, it gains
     zero channels too, as SDPA's flash kernels take one channel count for all three (without
     them SDPA took its math path: on 16 causal sequences of 256, 4 heads of 16 channels,
-    forward+backward took 2.1x the time of the call without sinks, and 1.2x with them). The mask gains a column that every row attends (first), and, so that
-    ``is_causal`` still holds (SDPA aligns it top-left), a first query row of zeros that sees
-    the sink alone and is dropped after: row i + 1 then sees the sink and keys 0..i.
-    Gradients reach the sinks through their key. A scale of 0 (every
-    score 0, the sink's still :math:`\varsigma_h`) takes the explicit softmax instead."""
+    forward+backward took 2.1x the time of the call without sinks, and 1.2x with them). The
+    mask gains a column that every row attends (first), and, so that ``is_causal`` still
+    holds (SDPA aligns it top-left), a first query row of zeros that sees the sink alone and
+    is dropped after: row i + 1 then sees the sink and keys 0..i. Gradients reach the sinks
+    through their key. A scale of 0 (every score 0, the sink's still :math:`\varsigma_h`)
+    takes the explicit softmax instead."""
     if scale is None:
         scale = 1.0 / math.sqrt(max(q.size(-1), 1))
     if scale == 0:
