@@ -14,12 +14,19 @@ onnxruntime = pytest.importorskip("onnxruntime", reason="the ONNX tests need onn
                                   "(pip install -e '.[test]' installs it)")
 pytest.importorskip("onnxscript", reason="torch.onnx.export needs onnxscript")
 
+def _with_sinks(layer: GraphSelfAttention) -> GraphSelfAttention:
+    with torch.no_grad():
+        layer.sinks.copy_(torch.tensor([1.0, -0.5]))  # (0 at first)
+    return layer
+
+
 MODELS = {
     "layer": lambda: GraphSelfAttention(8, 4, heads=2),
     "layer-dense": lambda: GraphSelfAttention(8, 4, heads=2, backend="dense"),
     "layer-cpu-gatv2": lambda: GraphSelfAttention(8, 4, heads=2, attention="gatv2",
                                                   backend="cpu"),
     "layer-softcap": lambda: GraphSelfAttention(8, 4, heads=2, softcap=0.5),
+    "layer-sinks": lambda: _with_sinks(GraphSelfAttention(8, 4, heads=2, sinks=True)),
     "GAT": lambda: GAT(8, 3, hidden_channels=4, heads=2),
     "GraphTransformer": lambda: GraphTransformer(8, 8, 3, heads=2),
 }
