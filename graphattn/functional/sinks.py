@@ -10,10 +10,11 @@ more score, :math:`\varsigma_h`, whose value is 0:
     o_{ih} = \sum_{e = (j \to i)} \alpha_{eh} \, v_{jh}
 
 so a row's weights sum to :math:`1 - \pi_{ih}` instead of 1, and a row without edges gives 0.
-The kernels start each row's online softmax at the sink (running maximum
-:math:`\varsigma_h`, running sum 1, accumulator 0) and otherwise run unchanged: the softmax
-statistics they keep for backward, the row maximum :math:`m_{ih}` and :math:`\log
-\ell_{ih}`, then count the sink, and backward's :math:`\mathrm{d}s_e = \alpha_e
+The ``"triton"`` kernels start each row's online softmax at the sink (running maximum
+:math:`\varsigma_h`, running sum 1, accumulator 0), the ``"cpu"`` kernels take the sink into
+the row's maximum and then its sum; otherwise they run unchanged. The softmax statistics they
+keep for backward, the row maximum :math:`m_{ih}` and :math:`\log \ell_{ih}`, then count
+the sink, and backward's :math:`\mathrm{d}s_e = \alpha_e
 (\mathrm{d}\alpha_e - \delta_i)` with :math:`\delta_{ih} = g_{o,ih} \cdot o_{ih} + \sum_{e
 \to i} \alpha_{eh} \, g_{\alpha,eh}` is the gradient of the softmax with the sink as it
 stands. The sink's own score has :math:`\mathrm{d}\alpha = 0` (its value is 0, and its
