@@ -358,3 +358,30 @@ def test_dense_attention_takes_sinks_as_edge_attention_does(how):
         plain = dense_attention(q, k, v, mask, sinks=sinks)
         assert (got - plain).abs().max() > 1e-3
         assert torch.isfinite(got).all()
+
+
+def test_block_sparse_kernels_give_way_to_the_csr_kernels(triton_interpreter):
+    """Inside launch_tiles(block_sparse=32) a call with sinks runs on the CSR kernels, whose
+    forward starts each row at its sink (the block-sparse kernels take none); the same call
+    without sinks runs on the block kernels."""
+    from conftest import spy_on_launches
+
+    edge_index = graphs.window_graph(64, 8)
+    gen = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(64, 2, 8, generator=gen).requires_grad_() for _ in range(3))
+    sinks = torch.tensor([0.5, -1.0], requires_grad=True)
+    kernels = ("forward_kernel", "backward_target_kernel", "backward_source_kernel",
+               "block_forward_kernel", "block_backward_target_kernel",
+               "block_backward_source_kernel")
+    for with_sinks in (True, False):
+        with pytest.MonkeyPatch.context() as patch, tk.launch_tiles(block_sparse=32):
+            launches = spy_on_launches(patch, kernels)
+            out = edge_attention(q, k, v, edge_index, backend="triton",
+                                 sinks=sinks if with_sinks else None)
+            out.sum().backward()
+        names = {name for name, *_ in launches}
+        assert names == set(kernels[:3] if with_sinks else kernels[3:]), names
+        if with_sinks:
+            assert all(kw["HAS_SINKS"] for name, _, kw in launches if name == "forward_kernel")
+            assert_close(out, edge_attention(q, k, v, edge_index, sinks=sinks,
+                                             backend="reference"))
