@@ -106,10 +106,10 @@ has.
 
 **Block-sparse kernels.** Inside :func:`launch_tiles` with ``block_sparse=B``, calls of the dot
 score (with a bias, dropout and the weights returned, or without) and no per-edge terms, soft
-cap or sinks, with q, k and v of one dtype, on a graph without repeated edges whose tiles are at least 1/64 full,
-run the kernels of :mod:`graphattn.functional.triton_blocks` instead: B x B tiles of the
-adjacency matrix as matrix products (on tensor cores for half inputs and TF32; full fp32
-products run on the FMA units), for graphs whose edges gather near its diagonal.
+cap or sinks, with q, k and v of one dtype, on a graph without repeated edges whose tiles are
+at least 1/64 full, run the kernels of :mod:`graphattn.functional.triton_blocks` instead: B x B
+tiles of the adjacency matrix as matrix products (on tensor cores for half inputs and TF32;
+full fp32 products run on the FMA units), for graphs whose edges gather near its diagonal.
 
 **Dropout** is supported: ``edge_attention`` passes the parameters of a seeded mask (a seed
 drawn on the inputs' device, the threshold and :math:`1 / (1 - p)` in fp32, whatever the
