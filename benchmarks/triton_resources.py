@@ -193,20 +193,21 @@ def ptxas_report(ptx: str, arch: int) -> str:
 
 def compile_block_kernels(heads: int, channels: int, dtype: str, block: int, *, bias: bool,
                           dropout: bool = False, scores: bool = False, precision: str = "ieee",
-                          arch: int = 90, seeded_dropout: bool = True,
+                          arch: int = 90, seeded_dropout: bool = True, sinks: bool = False,
                           ) -> tuple[int, dict[str, dict[str, int | str]]]:
     """The three block-sparse kernels (:mod:`graphattn.functional.triton_blocks`) compiled
     for ``sm_<arch>`` with B = ``block``: their warps and, by kernel name, the resources of
     :func:`resource_usage`. ``bias`` turns on the bias and its gradient, ``dropout`` the
     dropout mask (drawn from a seed in the kernels with ``seeded_dropout``, as
     ``edge_attention`` runs them, else read from an ``[E, H]`` tensor), ``scores`` the scores
-    written for the weights; ``precision`` is the products' input precision of fp32 inputs
-    (``"ieee"`` or ``"tf32"``)."""
+    written for the weights, ``sinks`` the sinks (the forward's rows start at them);
+    ``precision`` is the products' input precision of fp32 inputs (``"ieee"`` or
+    ``"tf32"``)."""
     tile = tb._channel_tile(channels)
     warps = tb._warps(DTYPES[dtype], precision, dropout and seeded_dropout)
     constants = dict(H=heads, C=channels, CV=channels, HAS_BIAS=bias, NEED_DBIAS=bias,
                      HAS_DROP=dropout, NEED_SCORES=scores, BLOCK=block, BLOCK_C=tile, BLOCK_CV=tile,
-                     PRECISION=precision)
+                     PRECISION=precision, HAS_SINKS=sinks)
     module = tk.kernels()
     return warps, {name: _compile(getattr(module, name), constants, dtype, warps, arch,
                                   _drop_type(dropout and seeded_dropout))

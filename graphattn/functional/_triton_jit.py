@@ -1074,21 +1074,23 @@ def _target_block_tile(q_i, k, v, bias, col, bits, ids, pair, head, n_src, scale
 
 @triton.jit
 def block_forward_kernel(q, k, v, bias, drop, ptr, col, bits, ids, out, lse, scores, n_dst,
-                         n_src, scale, H: tl.constexpr, C: tl.constexpr, CV: tl.constexpr,
-                         HAS_BIAS: tl.constexpr, HAS_DROP: tl.constexpr,
+                         n_src, scale, sinks, H: tl.constexpr, C: tl.constexpr,
+                         CV: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_DROP: tl.constexpr,
                          NEED_SCORES: tl.constexpr, BLOCK: tl.constexpr, BLOCK_C: tl.constexpr,
-                         BLOCK_CV: tl.constexpr, PRECISION: tl.constexpr):
+                         BLOCK_CV: tl.constexpr, PRECISION: tl.constexpr,
+                         HAS_SINKS: tl.constexpr = False):
     """Grid (target blocks x H). Online softmax over the tiles ``ptr[b]:ptr[b + 1]`` of target
     block b (``col``: their source blocks), as :func:`forward_kernel` over edges: writes
     ``out`` ``[N_dst, H, C_v]`` (fp32 for backward; in inference, the dtype of v) and ``lse``
     ``[N_dst, H, 2]`` in its conventions, and with ``NEED_SCORES`` each edge's score at its id
     in ``scores`` ``[E, H]`` (fp32); the weights multiply the values after their dropout
-    (``HAS_DROP``), not in the sum."""
+    (``HAS_DROP``), not in the sum. With ``HAS_SINKS``, each row's softmax starts at its head's
+    sink, ``sinks`` ``[H]`` (fp32), as in :func:`forward_kernel`."""
     block, head = _block_and_head(H)
     dtype = q.dtype.element_ty
     q_i, _, _ = _block_rows(q, block, head, n_dst, H, C, BLOCK, BLOCK_C, dtype)
-    m = tl.full([BLOCK], float("-inf"), tl.float32)
-    l_sum = tl.full([BLOCK], 0, tl.float32)
+    heads = tl.full([BLOCK], 0, tl.int32) + head  # (BLOCK): every row's head
+    m, l_sum = _softmax_start(sinks, heads, heads >= 0, HAS_SINKS)
     acc = tl.full([BLOCK, BLOCK_CV], 0, tl.float32)
     # int64: the tile's edge ids start at pair * B^2, past 2^31 from 2^21 tiles of 32 x 32
     for pair in range(tl.load(ptr + block).to(tl.int64), tl.load(ptr + block + 1).to(tl.int64)):

@@ -77,6 +77,7 @@ from graphattn._tensor_cache import TensorCache
 from graphattn.functional._transforms import plain_ops_only
 from graphattn.functional.dropout import mask_tensor
 from graphattn.functional.reference import reference_grads
+from graphattn.functional.sinks import sink_grad
 
 # B: a multiple of 32 (bits per word) and of 16 (tensor cores). Compiled for sm_90, tiles of 128
 # need more shared memory than an SM has (228 KiB) for fp32 inputs with C >= 32, and spill
@@ -238,11 +239,12 @@ def _launch_options(q: Tensor, v: Tensor, layout: BlockLayout, bias: Tensor | No
 def block_forward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None,
                   dropout_mask: Tensor | None, layout: BlockLayout, scale: float,
                   num_scores: int | None = None, out_dtype: torch.dtype = torch.float32,
-                  ) -> tuple[Tensor, Tensor, Tensor | None]:
+                  sinks: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
     """Launch the forward kernel on contiguous inputs: out ``[N_dst, H, C_v]`` in
     ``out_dtype`` (fp32, which backward needs, unless told otherwise) and lse
     ``[N_dst, H, 2]`` in fp32, and with ``num_scores`` = E the scores ``[E, H]`` (fp32, in
-    ``edge_index`` order; the layout must have ids), else ``None``."""
+    ``edge_index`` order; the layout must have ids), else ``None``; ``sinks`` ``[H]``: see
+    :mod:`graphattn.functional.sinks`."""
     from graphattn.functional.triton_kernels import kernels
 
     n_dst, n_src, heads = q.size(0), k.size(0), q.size(1)
@@ -257,7 +259,8 @@ def block_forward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None,
         layout.ptr, layout.col, layout.bits,
         layout.col if layout.ids is None else layout.ids, out, lse,
         lse if scores is None else scores, n_dst, n_src, scale,
-        NEED_SCORES=scores is not None, **_launch_options(q, v, layout, bias, dropout_mask))
+        lse if sinks is None else sinks.float().contiguous(), NEED_SCORES=scores is not None,
+        HAS_SINKS=sinks is not None, **_launch_options(q, v, layout, bias, dropout_mask))
     return out, lse, scores
 
 
@@ -291,36 +294,40 @@ def block_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, bias: Tensor |
 
 
 def _alpha(q: Tensor, k: Tensor, bias: Tensor | None, scores: Tensor | None, lse: Tensor,
-           edge_index: Tensor) -> Tensor:
+           edge_index: Tensor, sinks: Tensor | None = None) -> Tensor:
     """The weights ``[E, H]`` from the forward kernel's scores (``[0, H]`` without), in the
     dtype of the reference's scores."""
     from graphattn.functional.triton_kernels import _alpha_dtype, weights_from_scores
 
-    return weights_from_scores(scores, lse, edge_index, _alpha_dtype(q, k, bias, None))
+    return weights_from_scores(scores, lse, edge_index,
+                               _alpha_dtype(q, k, bias, None, None, sinks))
 
 
 def block_inference(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None,
                     dropout_mask: Tensor | None, edge_index: Tensor, layout: BlockLayout,
-                    scale: float, need_alpha: bool) -> tuple[Tensor, Tensor]:
+                    scale: float, need_alpha: bool,
+                    sinks: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """What :class:`BlockSparseAttention` computes when nothing needs a gradient, without it:
     out in the dtype of v, written once by the kernel, and the weights (``[0, H]`` unless
     ``need_alpha``)."""
     out, lse, scores = block_forward(q, k, v, bias, dropout_mask, layout, scale,
                                      edge_index.size(1) if need_alpha else None,
-                                     out_dtype=v.dtype)
-    return out, _alpha(q, k, bias, scores, lse, edge_index)
+                                     out_dtype=v.dtype, sinks=sinks)
+    return out, _alpha(q, k, bias, scores, lse, edge_index, sinks)
 
 
 def _reference_grads(dout: Tensor | None, dalpha: Tensor | None, q: Tensor, k: Tensor,
                      v: Tensor, bias: Tensor | None, dropout_mask: Tensor | None,
-                     edge_index: Tensor, scale: float, needs: tuple[bool, ...]) -> tuple:
-    """dq, dk, dv and d bias in plain torch ops (``needs``: whether each is wanted)."""
-    dq, dk, dv, _, dbias, _, _, _ = reference_grads(
+                     edge_index: Tensor, scale: float, needs: tuple[bool, ...],
+                     sinks: Tensor | None = None) -> tuple:
+    """dq, dk, dv, d bias and d sinks in plain torch ops (``needs``: whether each is
+    wanted)."""
+    dq, dk, dv, _, dbias, _, _, dsinks = reference_grads(
         dout, dalpha, q, k, v, edge_index, scale=scale, bias=bias,
         dropout_mask=mask_tensor(dropout_mask, edge_index.size(1), v.size(1)), score="dot",
         negative_slope=0.2, att=None, edge_key=None, edge_value=None,
-        needs_grad=[*needs[:3], False, needs[3], False, False, False])
-    return dq, dk, dv, dbias
+        needs_grad=[*needs[:3], False, needs[3], False, False, needs[4]], sinks=sinks)
+    return dq, dk, dv, dbias, dsinks
 
 
 class BlockSparseAttention(torch.autograd.Function):
@@ -333,11 +340,15 @@ class BlockSparseAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None,
                 dropout_mask: Tensor | None, edge_index: Tensor, layout: BlockLayout,
-                scale: float, need_alpha: bool) -> tuple[Tensor, Tensor, Tensor]:
+                scale: float, need_alpha: bool,
+                sinks: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         out32, lse, scores = block_forward(q, k, v, bias, dropout_mask, layout, scale,
-                                           edge_index.size(1) if need_alpha else None)
-        alpha = _alpha(q, k, bias, scores, lse, edge_index)
-        ctx.save_for_backward(q, k, v, bias, dropout_mask, edge_index, out32, lse)
+                                           edge_index.size(1) if need_alpha else None,
+                                           sinks=sinks)
+        alpha = _alpha(q, k, bias, scores, lse, edge_index, sinks)
+        weights = alpha if sinks is not None and need_alpha else None  # for d sinks
+        ctx.save_for_backward(q, k, v, bias, dropout_mask, edge_index, out32, lse, sinks,
+                              weights)
         ctx.layout, ctx.scale = layout, scale
         ctx.set_materialize_grads(False)
         ctx.mark_non_differentiable(lse)
@@ -347,22 +358,27 @@ class BlockSparseAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout: Tensor | None, dalpha: Tensor | None, _dlse):
-        q, k, v, bias, dropout_mask, edge_index, out32, lse = ctx.saved_tensors
+        q, k, v, bias, dropout_mask, edge_index, out32, lse, sinks, weights = ctx.saved_tensors
         none = (None,) * 5  # dropout_mask, edge_index, layout, scale, need_alpha
         if dout is None and dalpha is None:
-            return (None,) * 4 + none
+            return (None,) * 4 + none + (None,)
         if torch.is_grad_enabled() or plain_ops_only(dout, dalpha):
-            grads = _reference_grads(dout, dalpha, q, k, v, bias, dropout_mask, edge_index,
-                                     ctx.scale, ctx.needs_input_grad[:4])
-            return (*grads, *none)
+            dq, dk, dv, dbias, dsinks = _reference_grads(
+                dout, dalpha, q, k, v, bias, dropout_mask, edge_index, ctx.scale,
+                (*ctx.needs_input_grad[:4], ctx.needs_input_grad[9]), sinks)
+            return dq, dk, dv, dbias, *none, dsinks
         need_dbias = bias is not None and ctx.needs_input_grad[3]
+        dout = torch.zeros_like(out32) if dout is None else dout.contiguous()
         if dalpha is not None:
             grads = _csr_backward(dout, dalpha, q, k, v, bias, dropout_mask, edge_index, out32,
                                   lse, ctx.scale, need_dbias, cached=True)
         else:
-            grads = block_backward(dout.contiguous(), q, k, v, bias, dropout_mask, ctx.layout,
-                                   out32, lse, ctx.scale, need_dbias=need_dbias)
-        return (*grads, *none)
+            grads = block_backward(dout, q, k, v, bias, dropout_mask, ctx.layout, out32, lse,
+                                   ctx.scale, need_dbias=need_dbias)
+        dsinks = None
+        if sinks is not None and ctx.needs_input_grad[9]:
+            dsinks = sink_grad(sinks, out32, lse, dout, dalpha, weights, edge_index[1])
+        return (*grads, *none, dsinks)
 
 
 def _csr_backward(dout: Tensor | None, dalpha: Tensor | None, q: Tensor, k: Tensor, v: Tensor,
@@ -399,31 +415,34 @@ def _op_layout(edge_index: Tensor, q: Tensor, v: Tensor, bias: Tensor | None,
 @torch.library.custom_op("graphattn::triton_block_attention", mutates_args=())
 def _block_forward_op(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None,
                       dropout_mask: Tensor | None, edge_index: Tensor, scale: float,
-                      block: int, need_alpha: bool) -> tuple[Tensor, Tensor, Tensor]:
+                      block: int, need_alpha: bool,
+                      sinks: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """out (fp32), the weights (``[0, H]`` unless ``need_alpha``) and lse on the block kernels
     in tiles of ``block``, or on the CSR kernels when the graph does not suit them; see
     :func:`block_forward`."""
     layout = _op_layout(edge_index, q, v, bias, dropout_mask, need_alpha, block)
     if layout is not None:
         out32, lse, scores = block_forward(q, k, v, bias, dropout_mask, layout, scale,
-                                           edge_index.size(1) if need_alpha else None)
-        return out32, _alpha(q, k, bias, scores, lse, edge_index), lse
+                                           edge_index.size(1) if need_alpha else None,
+                                           sinks=sinks)
+        return out32, _alpha(q, k, bias, scores, lse, edge_index, sinks), lse
     from graphattn.functional.triton_kernels import _forward
 
     # the dot score: no att; the slope is unused
     out32, alpha, lse, _ = _forward(q, k, v, None, bias, dropout_mask, edge_index, scale, 0.2,
-                                    "dot", need_alpha, cached=False)
+                                    "dot", need_alpha, sinks=sinks, cached=False)
     return out32, alpha, lse
 
 
 @_block_forward_op.register_fake
-def _block_forward_fake(q, k, v, bias, dropout_mask, edge_index, scale, block, need_alpha):
+def _block_forward_fake(q, k, v, bias, dropout_mask, edge_index, scale, block, need_alpha,
+                        sinks=None):
     from graphattn.functional.triton_kernels import _alpha_dtype
 
     n_dst, heads = q.size(0), v.size(1)
     return (v.new_empty(n_dst, heads, v.size(2), dtype=torch.float32),
             v.new_empty(edge_index.size(1) if need_alpha else 0, heads,
-                        dtype=_alpha_dtype(q, k, bias, None)),
+                        dtype=_alpha_dtype(q, k, bias, None, None, sinks)),
             v.new_empty(n_dst, heads, 2, dtype=torch.float32))
 
 
@@ -455,9 +474,10 @@ def _block_backward_fake(dout, dalpha, q, k, v, bias, dropout_mask, edge_index, 
 
 
 def _block_setup_context(ctx, inputs, output) -> None:
-    q, k, v, bias, dropout_mask, edge_index, scale, block, need_alpha = inputs
+    q, k, v, bias, dropout_mask, edge_index, scale, block, need_alpha, sinks = inputs
     out32, alpha, lse = output
-    ctx.save_for_backward(q, k, v, bias, dropout_mask, edge_index, out32, lse)
+    weights = alpha if sinks is not None and need_alpha else None  # for d sinks
+    ctx.save_for_backward(q, k, v, bias, dropout_mask, edge_index, out32, lse, sinks, weights)
     ctx.options = (scale, block)
     ctx.set_materialize_grads(False)
     ctx.mark_non_differentiable(lse)
@@ -466,15 +486,18 @@ def _block_setup_context(ctx, inputs, output) -> None:
 
 
 def _block_op_grads(ctx, dout: Tensor | None, dalpha: Tensor | None, _dlse) -> tuple:
-    q, k, v, bias, dropout_mask, edge_index, out32, lse = ctx.saved_tensors
+    q, k, v, bias, dropout_mask, edge_index, out32, lse, sinks, weights = ctx.saved_tensors
     if dout is None and dalpha is None:
-        return (None,) * 9
+        return (None,) * 10
     need_dbias = bias is not None and ctx.needs_input_grad[3]
     dout = torch.zeros_like(out32) if dout is None else dout.contiguous()
     dalpha = None if dalpha is None else dalpha.contiguous()
     dq, dk, dv, dbias = _block_backward_op(dout, dalpha, q, k, v, bias, dropout_mask,
                                            edge_index, out32, lse, *ctx.options, need_dbias)
-    return dq, dk, dv, dbias if need_dbias else None, None, None, None, None, None
+    dsinks = None
+    if sinks is not None and ctx.needs_input_grad[9]:
+        dsinks = sink_grad(sinks, out32, lse, dout, dalpha, weights, edge_index[1])
+    return dq, dk, dv, dbias if need_dbias else None, None, None, None, None, None, dsinks
 
 
 _block_forward_op.register_autograd(_block_op_grads, setup_context=_block_setup_context)

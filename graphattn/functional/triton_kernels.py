@@ -105,8 +105,8 @@ compute the same values, up to the order of the sums; which is faster on a GPU i
 has.
 
 **Block-sparse kernels.** Inside :func:`launch_tiles` with ``block_sparse=B``, calls of the dot
-score (with a bias, dropout and the weights returned, or without) and no per-edge terms, soft
-cap or sinks, with q, k and v of one dtype, on a graph without repeated edges whose tiles are
+score (with a bias, dropout, sinks and the weights returned, or without) and no per-edge terms
+or soft cap, with q, k and v of one dtype, on a graph without repeated edges whose tiles are
 at least 1/64 full, run the kernels of :mod:`graphattn.functional.triton_blocks` instead: B x B
 tiles of the adjacency matrix as matrix products (on tensor cores for half inputs and TF32;
 full fp32 products run on the FMA units), for graphs whose edges gather near its diagonal.
@@ -960,8 +960,8 @@ def triton_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *
             the block-sparse kernels (:func:`launch_tiles` with ``block_sparse``) take none, and
             give way to the row kernels. (default: ``None``)
         sinks (Tensor, optional): ``[H]``, the score of each head's sink, one more term of
-            every row's softmax whose value is 0 (:mod:`graphattn.functional.sinks`); the
-            block-sparse kernels take none either. (default: ``None``)
+            every row's softmax whose value is 0 (:mod:`graphattn.functional.sinks`), which
+            the block-sparse kernels take too. (default: ``None``)
 
     Shapes:
         - **input:** q ``(N_dst, H, C)``, k ``(N_src, H, C)``, v ``(N_src, H, C_v)``,
@@ -984,23 +984,23 @@ def triton_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *
     if value_is_key:  # still one tensor: read once, one gradient buffer for both roles
         edge_value = edge_key
     block = _TILES.get("block_sparse")
-    if block is not None and softcap is None and sinks is None and use_blocks(q, k, v, score=score,
+    if block is not None and softcap is None and use_blocks(q, k, v, score=score,
                                                             edge_key=edge_key,
                                                             edge_value=edge_value):
         if torch.compiler.is_compiling():
             out32, alpha, _ = _block_forward_op(q, k, v, bias, dropout_mask, edge_index, scale,
-                                                block, need_alpha)
+                                                block, need_alpha, sinks)
             return out32.to(v.dtype), (alpha if need_alpha else None)
         with_ids = bias is not None or dropout_mask is not None or need_alpha
         layout = graph_blocks(edge_index, q.size(0), v.size(0), block, with_ids)
         if layout is not None:  # None: a repeated edge, or tiles too empty
-            if needs_grad(q, k, v, bias):
+            if needs_grad(q, k, v, bias, sinks):
                 out, alpha, _ = BlockSparseAttention.apply(q, k, v, bias, dropout_mask,
                                                            edge_index, layout, scale,
-                                                           need_alpha)
+                                                           need_alpha, sinks)
             else:  # inference: no autograd node, out written once in its dtype
                 out, alpha = block_inference(q, k, v, bias, dropout_mask, edge_index, layout,
-                                             scale, need_alpha)
+                                             scale, need_alpha, sinks)
             return out.to(v.dtype), (alpha if need_alpha else None)
     inputs = (q, k, v, att, bias, dropout_mask, edge_index, scale, negative_slope, score,
               need_alpha, edge_key, edge_value, 0.0 if softcap is None else softcap, sinks)

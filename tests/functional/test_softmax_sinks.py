@@ -11,6 +11,7 @@ from conftest import assert_close, assert_compiles_as_it_runs, outputs_and_grads
 
 from graphattn import graphs
 from graphattn.functional import dense_attention, edge_attention, select_backend
+from graphattn.functional import triton_blocks as tb
 from graphattn.functional import triton_kernels as tk
 from graphattn.functional.attention import BACKENDS
 from graphattn.functional.cpu import seeded_mask_from
@@ -360,28 +361,65 @@ def test_dense_attention_takes_sinks_as_edge_attention_does(how):
         assert torch.isfinite(got).all()
 
 
-def test_block_sparse_kernels_give_way_to_the_csr_kernels(triton_interpreter):
-    """Inside launch_tiles(block_sparse=32) a call with sinks runs on the CSR kernels, whose
-    forward starts each row at its sink (the block-sparse kernels take none); the same call
-    without sinks runs on the block kernels."""
+@pytest.mark.parametrize("how", ["out", "weights", "bias, dropout", "inference"])
+def test_block_sparse_kernels_take_sinks(triton_interpreter, how):
+    """Inside launch_tiles(block_sparse=32) a call with sinks runs on the block kernels, whose
+    forward starts each row at its sink as the CSR kernels' does: outputs and every gradient
+    (the sinks' included) against the reference; with the weights returned, backward runs on
+    the CSR kernels (as without sinks); with dropout, the kernels' seeded mask, written out
+    for the reference; without a gradient, the inference launch."""
     from conftest import spy_on_launches
 
     edge_index = graphs.window_graph(64, 8)
     gen = torch.Generator().manual_seed(6)
-    q, k, v = (torch.randn(64, 2, 8, generator=gen).requires_grad_() for _ in range(3))
-    sinks = torch.tensor([0.5, -1.0], requires_grad=True)
-    kernels = ("forward_kernel", "backward_target_kernel", "backward_source_kernel",
-               "block_forward_kernel", "block_backward_target_kernel",
-               "block_backward_source_kernel")
-    for with_sinks in (True, False):
+    grad = how != "inference"
+    q, k, v = (torch.randn(64, 2, 8, generator=gen).requires_grad_(grad) for _ in range(3))
+    sinks = torch.tensor([0.5, -1.0], requires_grad=grad)
+    bias = (torch.randn(edge_index.size(1), 2, generator=gen).requires_grad_()
+            if how == "bias, dropout" else None)
+    leaves = [t for t in (q, k, v, sinks, bias) if t is not None and t.requires_grad]
+    need_alpha = how == "weights"
+    mask = (seeded_mask_parameters(0.3, device="cpu") if how == "bias, dropout" else None)
+    results = []
+    for backend in ("triton", "reference"):
         with pytest.MonkeyPatch.context() as patch, tk.launch_tiles(block_sparse=32):
-            launches = spy_on_launches(patch, kernels)
-            out = edge_attention(q, k, v, edge_index, backend="triton",
-                                 sinks=sinks if with_sinks else None)
-            out.sum().backward()
-        names = {name for name, *_ in launches}
-        assert names == set(kernels[:3] if with_sinks else kernels[3:]), names
-        if with_sinks:
-            assert all(kw["HAS_SINKS"] for name, _, kw in launches if name == "forward_kernel")
-            assert_close(out, edge_attention(q, k, v, edge_index, sinks=sinks,
-                                             backend="reference"))
+            launches = spy_on_launches(patch, ("block_forward_kernel", "forward_kernel",
+                                               "block_backward_target_kernel",
+                                               "block_backward_source_kernel",
+                                               "backward_target_kernel",
+                                               "backward_source_kernel"))
+            drop = mask
+            if backend == "reference" and mask is not None:  # the kernels' mask, written out
+                drop = seeded_mask_from(mask, (edge_index.size(1), 2), torch.float32)
+            out, alpha = BACKENDS[backend](q, k, v, edge_index, scale=0.35, bias=bias,
+                                           dropout_mask=drop, score="dot",
+                                           negative_slope=0.2, need_alpha=need_alpha,
+                                           sinks=sinks)
+            loss = out.square().sum() + (alpha.square().sum() if need_alpha else 0.0)
+            grads = torch.autograd.grad(loss, leaves) if grad else []
+        results.append([out, *([alpha] if need_alpha else []), *grads])
+        if backend == "triton":
+            forward = [kw for name, _, kw in launches if name == "block_forward_kernel"]
+            assert forward and all(kw["HAS_SINKS"] for kw in forward)
+            assert not any(name == "forward_kernel" for name, *_ in launches)
+    for a, b in zip(*results, strict=True):
+        assert_close(a, b)
+
+
+def test_block_sparse_operator_under_torch_compile(triton_interpreter):
+    """The block kernels' operator carries the sinks through torch.compile (fullgraph):
+    outputs and gradients as in eager, and torch's checks of the operator with sinks."""
+    edge_index = graphs.window_graph(64, 8)
+    gen = torch.Generator().manual_seed(7)
+    inputs = {name: torch.randn(64, 2, 8, generator=gen).requires_grad_() for name in "qkv"}
+    inputs["sinks"] = torch.tensor([0.5, -1.0], requires_grad=True)
+
+    def attend(q, k, v, sinks, edge_index):
+        return edge_attention(q, k, v, edge_index, sinks=sinks, backend="triton",
+                              return_attention=True)
+
+    with tk.launch_tiles(block_sparse=32):
+        assert_compiles_as_it_runs(attend, inputs, edge_index)
+    q, k, v, sinks = inputs.values()
+    torch.library.opcheck(tb._block_forward_op, (q, k, v, None, None, edge_index, 0.35, 32,
+                                                 False, sinks))

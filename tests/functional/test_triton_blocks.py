@@ -506,9 +506,9 @@ for dtype, block, bias, dropout, precision in [
 warps, usage = triton_resources.compile_block_kernels(4, 32, "bf16", 64, bias=True,
                                                       dropout=True, seeded_dropout=False)
 print("read mask", warps, len(usage))
-# drawn from a seed, half tiles of 64 x 64 on 8 warps: no spill
+# drawn from a seed, half tiles of 64 x 64 on 8 warps, with sinks: no spill
 warps, usage = triton_resources.compile_block_kernels(4, 32, "bf16", 64, bias=True,
-                                                      dropout=True)
+                                                      dropout=True, sinks=True)
 print("seeded", warps, *(use["spill_stores"] for use in usage.values()))
 """
 
@@ -517,11 +517,12 @@ print("seeded", warps, *(use["spill_stores"] for use in usage.values()))
 def test_block_kernels_compile_for_sm90():
     """The interpreter does not run Triton's compiler: compile the three block kernels for
     sm_90 ahead of time (half and fp32 inputs, full fp32 and TF32 products, with and without a
-    bias, a dropout mask, drawn from a seed or read from a tensor, and the scores written), as
-    ``benchmarks/triton_resources.py --blocks`` does; no GPU needed. Their PTX multiplies on
-    tensor cores except with full fp32 products, which Triton runs on the FMA units, and
-    address a tile's edge ids (from pair * B^2) in int64, past 2^31 on large graphs. In a
-    fresh process: the interpreter leaves ``triton.language`` patched after it ran."""
+    bias, a dropout mask, drawn from a seed or read from a tensor, sinks, and the scores
+    written), as ``benchmarks/triton_resources.py --blocks`` does; no GPU needed. Their PTX
+    multiplies on tensor cores except with full fp32 products, which Triton runs on the FMA
+    units, and address a tile's edge ids (from pair * B^2) in int64, past 2^31 on large
+    graphs. In a fresh process: the interpreter leaves ``triton.language`` patched after it
+    ran."""
     env = {**os.environ, "TRITON_INTERPRET": "0"}
     done = subprocess.run([sys.executable, "-c", COMPILE_FOR_SM90], env=env,
                           capture_output=True, text=True, timeout=600)
