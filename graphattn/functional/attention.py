@@ -35,6 +35,7 @@ from graphattn.functional.dense_backend import (
     dense_peak_bytes,
     diagonal_blocks,
     per_graph_attention,
+    repeat_kv_heads,
     scaled_scores,
     sdpa,
     softmax_with_sinks,
@@ -823,8 +824,11 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
 
     Args:
         q (Tensor): ``[..., L_q, H, C]``.
-        k (Tensor): ``[..., L_k, H, C]``.
-        v (Tensor): ``[..., L_k, H, C_v]``; ``C_v`` may differ from ``C``.
+        k (Tensor): ``[..., L_k, H_kv, C]``: ``H_kv = H``, or a divisor of H for
+            grouped-query attention, where key head g serves the query heads ``g G .. (g + 1)
+            G - 1``, ``G = H / H_kv`` (as SDPA's ``enable_gqa``; on SDPA's fused path no copy
+            of k and v is made per query head).
+        v (Tensor): ``[..., L_k, H_kv, C_v]``; ``C_v`` may differ from ``C``.
         mask (Tensor, optional): bool ``[..., L_q, L_k]``; its leading dims broadcast to
             those of q, and ``L_q`` (or ``L_k``) may be 1: ``[B, 1, L_k]`` is a key mask,
             e.g. ``node_mask.unsqueeze(1)`` with ``node_mask`` from PyG's ``to_dense_batch``
@@ -871,11 +875,11 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
             (default: ``None``)
 
     Shapes:
-        - **input:** q ``(..., L_q, H, C)``, k ``(..., L_k, H, C)``, v ``(..., L_k, H, C_v)``,
-          mask ``(..., L_q, L_k)``, attn_bias ``(..., H, L_q, L_k)``, sinks ``(H)``; the
-          leading dims ``...``
-          of q, k and v broadcast together;
-          with ``batch``: q, k ``(N, H, C)``, v ``(N, H, C_v)``, batch ``(N)``
+        - **input:** q ``(..., L_q, H, C)``, k ``(..., L_k, H_kv, C)``, v
+          ``(..., L_k, H_kv, C_v)``, mask ``(..., L_q, L_k)``, attn_bias
+          ``(..., H, L_q, L_k)``, sinks ``(H)``; the leading dims ``...`` of q, k and v
+          broadcast together; with ``batch``: q ``(N, H, C)``, k ``(N, H_kv, C)``, v
+          ``(N, H_kv, C_v)``, batch ``(N)``
         - **output:** ``(..., L_q, H, C_v)``; weights ``(..., H, L_q, L_k)``
     """
     autocast = _autocast_device(q, k, v)
@@ -891,11 +895,19 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() < 3:
             raise ValueError(f"{name} must have shape [..., L, H, C], got {list(t.shape)}")
-    if k.shape[-3:-1] != v.shape[-3:-1] or q.size(-2) != k.size(-2) or q.size(-1) != k.size(-1):
-        raise ValueError(f"q [..., L_q, H, C], k and v [..., L_k, H, C] do not fit together: "
+    heads, kv_heads = q.size(-2), k.size(-2)
+    grouped = kv_heads != heads and kv_heads > 0 and heads % kv_heads == 0
+    if (k.shape[-3:-1] != v.shape[-3:-1] or q.size(-1) != k.size(-1)
+            or (kv_heads != heads and not grouped)):
+        raise ValueError(f"q [..., L_q, H, C], k and v [..., L_k, H_kv, C] (H_kv = H, or a "
+                         f"divisor of H for grouped-query attention) do not fit together: "
                          f"got q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)}")
     if batch is not None:  # before any broadcast: its message quotes the shapes given
         _check_batch(batch, q, k, v, mask, return_attention, attn_bias)
+    if grouped and (batch is not None or attn_bias is not None or return_attention
+                    or softcap is not None):
+        # these paths take every query head's keys and values; SDPA shares them itself
+        k, v = repeat_kv_heads(heads, k, v, dim=-2)  # (..., L_k, H, C)
     try:
         lead = torch.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
     except RuntimeError:

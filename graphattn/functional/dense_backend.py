@@ -39,13 +39,26 @@ from graphattn.functional.reference import reference_edge_attention
 DENSE_TENSORS_AT_PEAK = 6
 
 
+def repeat_kv_heads(heads: int, k: Tensor, v: Tensor, dim: int) -> tuple[Tensor, Tensor]:
+    """Keys and values of ``H_kv`` heads along ``dim`` -> ``heads`` heads, each repeated
+    ``G = heads / H_kv`` times: kv head g serves the query heads ``g G .. (g + 1) G - 1``
+    (grouped-query attention, as Hugging Face's ``repeat_kv`` and SDPA's ``enable_gqa``)."""
+    if k.size(dim) == heads:
+        return k, v
+    group = heads // k.size(dim)
+    return k.repeat_interleave(group, dim=dim), v.repeat_interleave(group, dim=dim)
+
+
 def sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
          dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
          sinks: Tensor | None = None) -> Tensor:
     """``scaled_dot_product_attention`` on ``(..., H, L, C)`` inputs, run by its fused kernels
     when they have no batch dimension too, with gradients that can be differentiated again;
     with ``sinks`` ``[H]``, one more score per head in every row whose value is 0 (see
-    :func:`_sdpa_with_sinks`).
+    :func:`_sdpa_with_sinks`). k and v may have fewer heads, ``H_kv`` dividing H
+    (grouped-query attention): SDPA then gets ``enable_gqa=True``, and its CPU flash kernel
+    reads each kv head for its G query heads, forward and backward, with no copy of k and v
+    per query head (the paths with sinks, or with dropout on CPU, make those copies).
 
     SDPA's fused kernels (flash attention on CPU and CUDA, memory-efficient on CUDA) take 4-D
     inputs with a 2-D or 4-D mask only; anything else runs its unfused math path, several times
@@ -73,7 +86,8 @@ def sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
     """
     if sinks is not None:
         return _sdpa_with_sinks(q, k, v, attn_mask, dropout_p, is_causal, scale, sinks)
-    options = {"dropout_p": dropout_p, "is_causal": is_causal, "scale": scale}
+    gqa = {"enable_gqa": True} if k.size(-3) != q.size(-3) else {}  # (grouped k, v)
+    options = {"dropout_p": dropout_p, "is_causal": is_causal, "scale": scale, **gqa}
     if plain_ops_only(q, k, v, attn_mask):
         # torch.func (vjp, jacrev, vmap of grad, hessian) or forward-mode dual inputs: the math
         # path, which every transform differentiates and batches. _fused_sdp_choice has no
@@ -100,7 +114,8 @@ def sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
             attn_mask = attn_mask[None]
         q, k, v = q[None], k[None], v[None]  # (1, H, L, C)
     if grad and not torch.compiler.is_compiling():
-        choice = torch._fused_sdp_choice(q, k, v, attn_mask, 0.0, is_causal, scale=scale)
+        choice = torch._fused_sdp_choice(q, k, v, attn_mask, 0.0, is_causal, scale=scale,
+                                         **gqa)
         cpu = q.device.type == "cpu"
         if choice != SDPBackend.MATH.value and (cpu or not batched):  # a fused kernel
             flash_cpu = (cpu and choice == SDPBackend.FLASH_ATTENTION.value
@@ -122,6 +137,7 @@ def _explicit_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | Non
     softmax of half precision in fp32 (with ``sinks``, :func:`softmax_with_sinks`)."""
     if scale is None:
         scale = 1.0 / math.sqrt(max(q.size(-1), 1))
+    k, v = repeat_kv_heads(q.size(-3), k, v, dim=-3)  # (..., H, L_k, C): every head's
     scores = scaled_scores(q, k, scale)  # (..., H, L_q, L_k)
     if is_causal:
         causal = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool, device=q.device).tril()
@@ -169,6 +185,7 @@ def _sdpa_with_sinks(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None,
     if scale == 0:
         return _explicit_attention(q, k, v, attn_mask, dropout_p, is_causal, scale, sinks)
     lead, (H, L_q, C), L_k = q.shape[:-3], q.shape[-3:], k.size(-2)
+    k, v = repeat_kv_heads(H, k, v, dim=-3)  # the sink's key differs per query head
     sink = sinks.to(torch.float64 if q.dtype == torch.float64 else torch.float32) / scale
     if q.dtype in (torch.float16, torch.bfloat16):  # high and low parts, summed in fp32
         high = sink.to(q.dtype)
@@ -247,7 +264,8 @@ class _FusedSDPA(torch.autograd.Function):
             return _flash_cpu_forward(q, k, v, 0.0, is_causal, attn_mask=attn_mask,
                                       scale=scale)  # (B, H, L_q, C), log-sum-exp (B, H, L_q)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
-                                             is_causal=is_causal, scale=scale)
+                                             is_causal=is_causal, scale=scale,
+                                             enable_gqa=k.size(-3) != q.size(-3))
         return out, None
 
     @staticmethod
@@ -282,9 +300,11 @@ class _FusedSDPA(torch.autograd.Function):
         # the math path where the flash kernel's backward would lose precision, too
         math = differentiable or ctx.flash_cpu
         kernels = sdpa_kernel(SDPBackend.MATH) if math else contextlib.nullcontext()
+        gqa = inputs[1].size(-3) != inputs[0].size(-3)  # grouped k, v
         with torch.enable_grad(), kernels:
             out = F.scaled_dot_product_attention(*inputs[:3], attn_mask=inputs[3],
-                                                 is_causal=ctx.is_causal, scale=ctx.scale)
+                                                 is_causal=ctx.is_causal, scale=ctx.scale,
+                                                 enable_gqa=gqa)
             found = torch.autograd.grad(out, [inputs[i] for i in wanted], dout,
                                         create_graph=differentiable, allow_unused=True)
         grads: list[Tensor | None] = [None] * 7

@@ -36,6 +36,7 @@ from graphattn.functional.attention import (
     dense_attention,
     edge_attention_unchecked,
 )
+from graphattn.functional.dense_backend import repeat_kv_heads
 from graphattn.functional.dropout import dropout
 from graphattn.functional.sparse_linear import sparse_linear
 from graphattn.graphs import SPARSE_LAYOUTS, _sparse_adjacency_and_values, from_sparse_adjacency
@@ -278,10 +279,7 @@ class _SelfAttentionBase(torch.nn.Module):
         """Keys and values ``[..., kv_heads, c]`` -> ``[..., H, c]``: kv head g serves the
         query heads ``g * G .. (g + 1) * G - 1``, ``G = H / kv_heads`` (grouped-query
         attention, as Hugging Face's ``repeat_kv``)."""
-        if self.kv_heads == self.heads:
-            return k, v
-        group = self.heads // self.kv_heads
-        return k.repeat_interleave(group, dim=-2), v.repeat_interleave(group, dim=-2)
+        return repeat_kv_heads(self.heads, k, v, dim=-2)
 
     def _merge_heads(self, out: Tensor, x_dst: Tensor | None) -> Tensor:
         """``[..., H, C]`` -> ``[..., H*C]`` (concat) or ``[..., C]`` (mean), then ``lin_out``,
@@ -460,7 +458,7 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             ``lin_k`` and ``lin_v`` map to ``kv_heads * C``, and each key and value head
             serves ``heads / kv_heads`` consecutive query heads (grouped-query attention, as
             in LLaMA 2 and 3; 1 is multi-query attention). It saves parameters and projection
-            work; the attention operator sees the keys and values repeated to ``heads``. For
+            work; the sparse operator sees the keys and values repeated to ``heads``. For
             the dot and gatv2 scores. ``None`` is ``heads``. (default: ``None``)
         qk_norm (str, optional): normalise each head's query and key over their C channels
             before scoring (and before ``rotary``), with learned gains ``q_norm`` and
@@ -1173,7 +1171,9 @@ class DenseSelfAttention(_SelfAttentionBase):
             (the forward's ``pos``, by default ``0 .. L-1``), as :class:`GraphSelfAttention`
             does. (default: ``None``)
         kv_heads (int, optional): heads of the keys and values, shared by groups of query
-            heads, as :class:`GraphSelfAttention`'s. (default: ``None``: ``heads``)
+            heads, as :class:`GraphSelfAttention`'s;
+            :func:`~graphattn.functional.dense_attention` takes them as they are (on SDPA's
+            fused path, no copy per query head). (default: ``None``: ``heads``)
         qk_norm (str, optional): ``"rms"`` or ``"layer"``: normalise each head's queries and
             keys over their channels; ``"rms_across_heads"`` or ``"layer_across_heads"``: over
             all heads' channels together; as :class:`GraphSelfAttention`'s.
@@ -1275,7 +1275,7 @@ class DenseSelfAttention(_SelfAttentionBase):
         elif pos is not None:
             raise ValueError("pos was given but the layer has rotary=None: positions enter "
                              "through a rotary embedding, rotary=graphattn.pe.RotaryPE(...)")
-        k, v = self._share_kv_heads(k, v)  # (B, L, H, C)
+        # (B, L, H_kv, C): dense_attention shares each kv head among its query heads
         result = dense_attention(q, k, v, mask, is_causal=is_causal, scale=self.scale,
                                  dropout_p=self.dropout,
                                  training=self.training,
