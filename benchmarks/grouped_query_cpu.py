@@ -1,7 +1,11 @@
 """Grouped-query attention on CPU: ``dense_attention`` given keys and values of ``H_kv`` heads
 (SDPA with ``enable_gqa``: the flash kernel reads each kv head for its ``G = H / H_kv`` query
 heads) against the same call with each kv head repeated ``G`` times first (what
-``DenseSelfAttention(kv_heads=...)`` did before it handed them over as they are).
+``DenseSelfAttention(kv_heads=...)`` did before it handed them over as they are); and the same
+for ``edge_attention`` on the sequences' causal graph (``graphs.repeat_graph``), whose
+``"dense"`` backend runs it as SDPA's causal blocks (what ``GraphSelfAttention(kv_heads=...)``
+calls there); and ``dense_attention`` with a sink per query head (GPT-OSS's attention), whose
+sink key is one per kv head.
 
 On ``--batch`` causal sequences of ``--length`` positions (default 2 of 1024), fp32, for each
 head layout of ``--layouts`` (``H/H_kv/C``; default Llama 3 8B's 32 query heads and 8 kv heads
@@ -31,9 +35,11 @@ from _cpu_steps import cpu_header, interleaved  # noqa: E402
 from _report import RESULTS, write_table  # noqa: E402
 from sparse_vs_dense import MIB, PeakMemory  # noqa: E402
 
-from graphattn.functional import dense_attention  # noqa: E402
+from graphattn import graphs  # noqa: E402
+from graphattn.functional import dense_attention, edge_attention  # noqa: E402
 
 WAYS = ("repeated", "grouped")  # the first the baseline of the ratios
+OPERATORS = ("dense_attention", "dense_attention, sinks", "edge_attention, dense backend")
 
 
 def parse_layout(text: str) -> tuple[int, int, int]:
@@ -67,10 +73,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def calls(args: argparse.Namespace, layout: tuple[int, int, int],
+def calls(args: argparse.Namespace, layout: tuple[int, int, int], operator: str,
           backward: bool) -> dict[str, Callable[[], None]]:
-    """One call per way on the same inputs: forward alone (no autograd) or forward and
-    backward."""
+    """One call per way of ``operator`` on the same inputs: forward alone (no autograd) or
+    forward and backward."""
     heads, kv_heads, channels = layout
     gen = torch.Generator().manual_seed(args.seed)
     shape = (args.batch, args.length)
@@ -78,19 +84,26 @@ def calls(args: argparse.Namespace, layout: tuple[int, int, int],
     k, v = (torch.randn(*shape, kv_heads, channels, generator=gen).requires_grad_(backward)
             for _ in range(2))
     group = heads // kv_heads
+    causal = graphs.repeat_graph(graphs.causal_graph(args.length), args.length, args.batch)
+    sinks = torch.randn(heads, generator=gen).requires_grad_(backward)
 
     def attend(way: str) -> torch.Tensor:
+        keys, values = k, v
         if way == "repeated":
-            return dense_attention(q, k.repeat_interleave(group, dim=-2),
-                                   v.repeat_interleave(group, dim=-2), is_causal=True)
-        return dense_attention(q, k, v, is_causal=True)
+            keys, values = (t.repeat_interleave(group, dim=-2) for t in (k, v))
+        if operator.startswith("dense_attention"):
+            return dense_attention(q, keys, values, is_causal=True,
+                                   sinks=sinks if operator.endswith("sinks") else None)
+        return edge_attention(q.flatten(0, 1), keys.flatten(0, 1), values.flatten(0, 1),
+                              causal, backend="dense")
 
     def timed(way: str) -> Callable[[], None]:
         def run() -> None:
             with torch.set_grad_enabled(backward):
                 out = attend(way)
                 if backward:
-                    torch.autograd.grad(out.sum(), [q, k, v])
+                    with_sinks = operator.endswith("sinks")
+                    torch.autograd.grad(out.sum(), [q, k, v, sinks] if with_sinks else [q, k, v])
         return run
     return {way: timed(way) for way in WAYS}
 
@@ -104,15 +117,16 @@ def main(argv: list[str] | None = None) -> int:
                         f"forward+backward call above the memory before it")
     memory = PeakMemory()
     rows = []
-    for layout in args.layouts:
+    for layout, operator in ((layout, op) for layout in args.layouts for op in OPERATORS):
         heads, kv_heads, channels = layout
-        peaks = {way: memory.measure(run)[1] for way, run in calls(args, layout, True).items()}
+        peaks = {way: memory.measure(run)[1]
+                 for way, run in calls(args, layout, operator, True).items()}
         for backward in (False, True):
             step = "forward+backward" if backward else "forward"
-            medians = interleaved(calls(args, layout, backward), args.rounds, args.warmup,
-                                  f"{heads}/{kv_heads}/{channels} {step}")
-            rows += [{"H / H_kv / C": f"{heads} / {kv_heads} / {channels}", "step": step,
-                      "way": way, "ms": f"{ms:.2f}",
+            medians = interleaved(calls(args, layout, operator, backward), args.rounds,
+                                  args.warmup, f"{heads}/{kv_heads}/{channels} {step}")
+            rows += [{"H / H_kv / C": f"{heads} / {kv_heads} / {channels}",
+                      "operator": operator, "step": step, "way": way, "ms": f"{ms:.2f}",
                       "ratio to repeated": f"{ms / medians[WAYS[0]]:.2f}",
                       "peak MiB (fwd+bwd)": f"{peaks[way] / MIB:.0f}" if backward else ""}
                      for way, ms in medians.items()]
@@ -120,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
             "kv head for its query heads first. Grouped, SDPA's CPU flash kernel reads the "
             "H_kv heads of k and v and writes their gradients directly; repeated, k and v "
             "are copied to H heads and the gradients of the copies summed back. "
+            "edge_attention runs on the sequences' causal graph, which its dense backend "
+            "finds to be causal blocks and hands to SDPA with is_causal."
             + (f" ({memory.reason})" if memory.reason else ""))
     print(write_table("grouped_query_cpu", "Grouped-query attention on CPU: grouped keys "
                       "against keys repeated per query head", header, note, rows,

@@ -946,9 +946,10 @@ def test_grouped_query_benchmark_runs_every_way(tmp_path):
     with open(out.with_suffix(".csv")) as f:
         rows = list(csv.DictReader(f))
     steps, ways = ("forward", "forward+backward"), ("repeated", "grouped")
-    assert [(r["H / H_kv / C"], r["step"], r["way"]) for r in rows] == [
-        (layout, step, way) for layout in ("4 / 2 / 8", "4 / 1 / 16") for step in steps
-        for way in ways]
+    operators = ("dense_attention", "dense_attention, sinks", "edge_attention, dense backend")
+    assert [(r["H / H_kv / C"], r["operator"], r["step"], r["way"]) for r in rows] == [
+        (layout, op, step, way) for layout in ("4 / 2 / 8", "4 / 1 / 16") for op in operators
+        for step in steps for way in ways]
     _assert_ratios_to_the_first_way(rows, 2, "ratio to repeated")
     for row in rows:  # a peak for forward+backward only, where Linux tells it
         assert (row["peak MiB (fwd+bwd)"] != "") == (row["step"] == "forward+backward"

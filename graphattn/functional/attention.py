@@ -35,7 +35,6 @@ from graphattn.functional.dense_backend import (
     dense_peak_bytes,
     diagonal_blocks,
     per_graph_attention,
-    repeat_kv_heads,
     scaled_scores,
     sdpa,
     softmax_with_sinks,
@@ -43,7 +42,7 @@ from graphattn.functional.dense_backend import (
 from graphattn.functional.dropout import dropout_mask as make_dropout_mask
 from graphattn.functional.dropout import seeded_mask_parameters
 from graphattn.functional.edge_terms import fold_edge_terms
-from graphattn.functional.reference import reference_edge_attention
+from graphattn.functional.reference import reference_edge_attention, repeat_kv_heads
 from graphattn.functional.triton_kernels import DTYPES as TRITON_DTYPES
 from graphattn.functional.triton_kernels import (
     check_triton_inputs,
@@ -375,7 +374,7 @@ def _check_attention_inputs(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor,
                       edge_key=edge_key, edge_value=edge_value, sinks=sinks)
     if v.dim() != 3:
         raise ValueError(f"v must have shape [N_src, H, C], got {list(v.shape)}")
-    n_src, heads, _ = v.shape
+    n_src, kv_heads, _ = v.shape
     per_channel = score != "additive"  # q and k have channels for "dot" and "gatv2"
     qk_rank = 3 if per_channel else 2
     layout = "[N, H, C]" if per_channel else "[N, H]"
@@ -383,8 +382,14 @@ def _check_attention_inputs(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor,
         if t.dim() != qk_rank:
             raise ValueError(f"{name} must have shape {layout} for score={score!r}, "
                              f"got {list(t.shape)}")
-        if t.size(1) != heads:
-            raise ValueError(f"{name} must have H = {heads} heads like v, got {list(t.shape)}")
+    if k.size(1) != kv_heads:
+        raise ValueError(f"k must have the heads of v, {kv_heads}, got k {list(k.shape)} and "
+                         f"v {list(v.shape)}")
+    heads = q.size(1)
+    if heads != kv_heads and (kv_heads == 0 or heads % kv_heads):
+        raise ValueError(f"q must have the heads H of k and v, {kv_heads}, or a multiple of "
+                         f"them (grouped-query attention), got q {list(q.shape)} and v "
+                         f"{list(v.shape)}")
     if k.size(0) != n_src:
         raise ValueError(f"k and v must have the same number of source nodes, "
                          f"got k {list(k.shape)} and v {list(v.shape)}")
@@ -413,11 +418,11 @@ def _check_attention_inputs(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor,
         if not per_channel:
             raise ValueError(f"edge_key needs the dot or gatv2 score, whose keys have "
                              f"channels; got score={score!r} (add an [E, H] bias instead)")
-        if tuple(edge_key.shape) != (num_edges, *k.shape[1:]):
+        if tuple(edge_key.shape) != (num_edges, heads, k.size(-1)):
             raise ValueError(f"edge_key must have shape [E, H, C] = "
                              f"[{num_edges}, {heads}, {k.size(-1)}] like k per edge, "
                              f"got {list(edge_key.shape)}")
-    if edge_value is not None and tuple(edge_value.shape) != (num_edges, *v.shape[1:]):
+    if edge_value is not None and tuple(edge_value.shape) != (num_edges, heads, v.size(-1)):
         raise ValueError(f"edge_value must have shape [E, H, C] = "
                          f"[{num_edges}, {heads}, {v.size(-1)}] like v per edge, "
                          f"got {list(edge_value.shape)}")
@@ -549,8 +554,13 @@ def edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
 
     Args:
         q (Tensor): queries of the targets, ``[N_dst, H, C]`` (``[N_dst, H]`` when additive).
-        k (Tensor): keys of the sources, ``[N_src, H, C]`` (``[N_src, H]`` when additive).
-        v (Tensor): values of the sources, ``[N_src, H, C]``.
+        k (Tensor): keys of the sources, ``[N_src, H_kv, C]`` (``[N_src, H_kv]`` when
+            additive): ``H_kv = H``, or a divisor of H for grouped-query attention, where key
+            and value head g serve the query heads ``g G .. (g + 1) G - 1``, ``G = H / H_kv``.
+            The ``"dense"`` backend hands them to SDPA as they are (``enable_gqa``); the
+            others, and the dense backend's explicit weights, read them repeated per query
+            head.
+        v (Tensor): values of the sources, ``[N_src, H_kv, C]``.
         edge_index (Tensor): ``[2, E]`` integer; row 0 the source j, row 1 the target i.
         scale (float, optional): score multiplier. (default: :math:`1/\sqrt{C}` for ``"dot"``,
             ``1`` for ``"additive"`` and ``"gatv2"``)
@@ -581,7 +591,7 @@ def edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
             one more term of every row's softmax whose value is 0. (default: ``None``)
 
     Shapes:
-        - **input:** q ``(N_dst, H, C)``, k and v ``(N_src, H, C)``, edge_index ``(2, E)``,
+        - **input:** q ``(N_dst, H, C)``, k and v ``(N_src, H_kv, C)``, edge_index ``(2, E)``,
           bias ``(E, H)``, att ``(H, C)``, edge_key and edge_value ``(E, H, C)``, sinks
           ``(H)``
         - **output:** out ``(N_dst, H, C)``; alpha ``(E, H)`` when ``return_attention``
@@ -717,6 +727,11 @@ def edge_attention_unchecked(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor
         raise ValueError("backend='dense' reads the graph's structure as it runs, which "
                          "torch.jit.trace cannot record: trace with backend='auto' or 'cpu' "
                          "(the sparse kernels' operator), or use torch.compile")
+    if k.size(1) != q.size(1) and not (backend == "dense" and edge_key is None
+                                       and edge_value is None):
+        # grouped keys and values: the dense backend hands them to SDPA as they are (which
+        # shares each kv head among its query heads); the kernels read every query head's
+        k, v = repeat_kv_heads(q.size(1), k, v, dim=1)  # (N_src, H, C)
     triton_dtypes = None  # (out, alpha) dtypes of the triton backend, when rerouted from it
     if backend in ("cpu", "triton") and plain_ops_only(q, k, v, bias, att, edge_key,
                                                         edge_value, sinks):
@@ -745,11 +760,11 @@ def edge_attention_unchecked(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor
         # values); in fp64 and half precision they read the mask of v's dtype.
         dropout_mask = seeded_mask_parameters(dropout_p, device=v.device)  # (3)
     elif training and dropout_p > 0.0:
-        dropout_mask = make_dropout_mask((edge_index.size(1), v.size(1)), dropout_p,
+        dropout_mask = make_dropout_mask((edge_index.size(1), q.size(1)), dropout_p,
                                          device=v.device, dtype=v.dtype)  # (E, H)
     if edge_weight is not None:
         weight = edge_weight.to(v.dtype).unsqueeze(-1)  # (E, 1)
-        dropout_mask = weight.expand(-1, v.size(1)) if dropout_mask is None else (
+        dropout_mask = weight.expand(-1, q.size(1)) if dropout_mask is None else (
             dropout_mask * weight)  # (E, H)
     options = dict(scale=float(scale), bias=bias, dropout_mask=dropout_mask, score=score,
                    negative_slope=float(negative_slope), need_alpha=return_attention, att=att)

@@ -31,22 +31,12 @@ from graphattn._checks import host_list
 from graphattn.functional import cpu
 from graphattn.functional._transforms import apply_function, host_readable, plain_ops_only
 from graphattn.functional.dropout import dropout_mask
-from graphattn.functional.reference import reference_edge_attention
+from graphattn.functional.reference import reference_edge_attention, repeat_kv_heads
 
 # [H, N_dst, N_src] fp32 tensors alive at the peak of forward+backward, rounded up from the peak
 # resident memory measured at N = 2048, H = 4: 3.1 on the SDPA path, 4.3 with the weights
 # returned, 4.5 with a bias, 5.7 with weights, bias and dropout.
 DENSE_TENSORS_AT_PEAK = 6
-
-
-def repeat_kv_heads(heads: int, k: Tensor, v: Tensor, dim: int) -> tuple[Tensor, Tensor]:
-    """Keys and values of ``H_kv`` heads along ``dim`` -> ``heads`` heads, each repeated
-    ``G = heads / H_kv`` times: kv head g serves the query heads ``g G .. (g + 1) G - 1``
-    (grouped-query attention, as Hugging Face's ``repeat_kv`` and SDPA's ``enable_gqa``)."""
-    if k.size(dim) == heads:
-        return k, v
-    group = heads // k.size(dim)
-    return k.repeat_interleave(group, dim=dim), v.repeat_interleave(group, dim=dim)
 
 
 def sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
@@ -58,7 +48,7 @@ def sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
     :func:`_sdpa_with_sinks`). k and v may have fewer heads, ``H_kv`` dividing H
     (grouped-query attention): SDPA then gets ``enable_gqa=True``, and its CPU flash kernel
     reads each kv head for its G query heads, forward and backward, with no copy of k and v
-    per query head (the paths with sinks, or with dropout on CPU, make those copies).
+    per query head, sinks or not (the explicit softmax of dropout on CPU makes those copies).
 
     SDPA's fused kernels (flash attention on CPU and CUDA, memory-efficient on CUDA) take 4-D
     inputs with a 2-D or 4-D mask only; anything else runs its unfused math path, several times
@@ -167,41 +157,45 @@ def _sdpa_with_sinks(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None,
     r""":func:`sdpa` with one more score per head in every row, :math:`\varsigma_h`, whose value
     is 0, still on SDPA's fused kernels: a key in front of the others, whose score is the sink.
 
-    The queries gain a channel of 1 (two in half precision, where the sink is split into a
-    high and a low part so that its sum keeps fp32's precision), the keys a channel of 0, and
-    the sink's key is 0 but in that channel, where it holds :math:`\varsigma_h /
-    \text{scale}`: its score is then :math:`\varsigma_h` for every query, and the other
-    scores are unchanged. The sink's value is 0; where v has the channels of q and k, it gains
+    The queries of head h gain a channel holding :math:`\varsigma_h / \text{scale}` (two in
+    half precision, where it is split into a high and a low part so that its sum keeps fp32's
+    precision), the keys a channel of 0, and the sink's key is 0 but in that channel, where it
+    holds 1: its score is then :math:`\varsigma_h` for every query, and the other scores are
+    unchanged. The sink's key is the same for every head, so grouped keys and values (fewer
+    heads than q) stay grouped, one sink key per kv head. A sink of :math:`-\infty` (none) is
+    held as the dtype's lowest number divided by the scale, whose product with the other
+    keys' 0 is 0. The sink's value is 0; where v has the channels of q and k, it gains
     zero channels too, as SDPA's flash kernels take one channel count for all three (without
     them SDPA took its math path: on 16 causal sequences of 256, 4 heads of 16 channels,
     forward+backward took 2.1x the time of the call without sinks, and 1.2x with them). The
     mask gains a column that every row attends (first), and, so that ``is_causal`` still
     holds (SDPA aligns it top-left), a first query row of zeros that sees the sink alone and
     is dropped after: row i + 1 then sees the sink and keys 0..i. Gradients reach the sinks
-    through their key. A scale of 0 (every score 0, the sink's still :math:`\varsigma_h`)
+    through the queries' channel. A scale of 0 (every score 0, the sink's still :math:`\varsigma_h`)
     takes the explicit softmax instead."""
     if scale is None:
         scale = 1.0 / math.sqrt(max(q.size(-1), 1))
     if scale == 0:
         return _explicit_attention(q, k, v, attn_mask, dropout_p, is_causal, scale, sinks)
-    lead, (H, L_q, C), L_k = q.shape[:-3], q.shape[-3:], k.size(-2)
-    k, v = repeat_kv_heads(H, k, v, dim=-3)  # the sink's key differs per query head
-    sink = sinks.to(torch.float64 if q.dtype == torch.float64 else torch.float32) / scale
+    lead, (H, L_q, C), (H_kv, L_k) = q.shape[:-3], q.shape[-3:], k.shape[-3:-1]
+    work = torch.float64 if q.dtype == torch.float64 else torch.float32
+    # finite, so that 0 times it is 0 in every other key's score; -inf (no sink) the lowest
+    sink = (sinks.to(work) / scale).clamp(min=torch.finfo(q.dtype).min)  # (H,)
     if q.dtype in (torch.float16, torch.bfloat16):  # high and low parts, summed in fp32
         high = sink.to(q.dtype)
         parts = torch.stack([high, (sink - high.float()).to(q.dtype)], dim=-1)  # (H, 2)
     else:
         parts = sink.to(q.dtype).unsqueeze(-1)  # (H, 1)
     extra = parts.size(-1)
-    q = torch.cat([q, q.new_ones(*lead, H, L_q, extra)], dim=-1)  # (..., H, L_q, C + x)
-    q = torch.cat([q.new_zeros(*lead, H, 1, C + extra), q], dim=-2)  # (..., H, 1 + L_q, .)
-    sink_key = torch.cat([parts.new_zeros(H, C), parts], dim=-1)  # (H, C + x)
-    k = torch.cat([k, k.new_zeros(*lead, H, L_k, extra)], dim=-1)
-    k = torch.cat([sink_key.view(H, 1, C + extra).expand(*lead, H, 1, C + extra), k], dim=-2)
+    q = torch.cat([q, parts.view(H, 1, extra).expand(*lead, H, L_q, extra)], dim=-1)
+    q = torch.cat([q.new_zeros(*lead, H, 1, C + extra), q], dim=-2)  # (..., H, 1 + L_q, C + x)
+    sink_key = torch.cat([k.new_zeros(C), k.new_ones(extra)])  # (C + x,): one for every head
+    k = torch.cat([k, k.new_zeros(*lead, H_kv, L_k, extra)], dim=-1)
+    k = torch.cat([sink_key.expand(*lead, H_kv, 1, C + extra), k], dim=-2)  # (.., 1 + L_k, .)
     C_v = v.size(-1)
     if C_v == C:  # SDPA's flash kernels take one channel count for q, k and v: v's padded too
-        v = torch.cat([v, v.new_zeros(*lead, H, L_k, extra)], dim=-1)
-    v = torch.cat([v.new_zeros(*lead, H, 1, v.size(-1)), v], dim=-2)  # (..., H, 1 + L_k, .)
+        v = torch.cat([v, v.new_zeros(*lead, H_kv, L_k, extra)], dim=-1)
+    v = torch.cat([v.new_zeros(*lead, H_kv, 1, v.size(-1)), v], dim=-2)  # (.., 1 + L_k, .)
     if attn_mask is not None:  # the sink's column, and the zero query's row unless broadcast
         fill = True if attn_mask.dtype == torch.bool else 0.0
         attn_mask = attn_mask.expand(*attn_mask.shape[:-1], L_k)
@@ -658,8 +652,9 @@ def dense_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
 
     Args:
         q (Tensor): ``[N_dst, H, C]`` (``[N_dst, H]`` when additive).
-        k (Tensor): ``[N_src, H, C]`` (``[N_src, H]`` when additive).
-        v (Tensor): ``[N_src, H, C]``.
+        k (Tensor): ``[N_src, H_kv, C]`` (``[N_src, H_kv]`` when additive), ``H_kv`` dividing
+            H: each kv head serves ``H / H_kv`` query heads, as in :func:`sdpa`.
+        v (Tensor): ``[N_src, H_kv, C]``.
         edge_index (Tensor): ``[2, E]`` int64, already checked.
         scale (float): score multiplier.
         bias (Tensor, optional): ``[E, H]`` added to the scores.
@@ -689,6 +684,11 @@ def dense_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
     src, dst = edge_index[0].long(), edge_index[1].long()
     if layout is None and n_dst == n_src and q.device.type == "cpu":
         layout = diagonal_blocks(edge_index, n_dst)
+    if (score != "dot" or need_alpha or dropout_mask is not None
+            or (layout is not None and layout.padded)):
+        # grouped k, v (fewer heads than q) go to SDPA as they are, on its path alone: the
+        # explicit weights and the padded blocks take every query head's
+        k, v = repeat_kv_heads(q.size(1), k, v, dim=1)  # (N_src, H, C)
     if layout is None:
         return _dense_blocks(q, k, v, src, dst, 1, n_dst, n_src, **options)
     if not layout.padded:  # B blocks of L nodes: viewed in place

@@ -21,6 +21,16 @@ from torch import Tensor
 from graphattn.functional.softmax import scatter_softmax
 
 
+def repeat_kv_heads(heads: int, k: Tensor, v: Tensor, dim: int) -> tuple[Tensor, Tensor]:
+    """Keys and values of ``H_kv`` heads along ``dim`` -> ``heads`` heads, each repeated
+    ``G = heads / H_kv`` times: kv head g serves the query heads ``g G .. (g + 1) G - 1``
+    (grouped-query attention, as Hugging Face's ``repeat_kv`` and SDPA's ``enable_gqa``)."""
+    if k.size(dim) == heads:
+        return k, v
+    group = heads // k.size(dim)
+    return k.repeat_interleave(group, dim=dim), v.repeat_interleave(group, dim=dim)
+
+
 def reference_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
                              scale: float, bias: Tensor | None, dropout_mask: Tensor | None,
                              score: str, negative_slope: float, need_alpha: bool,
@@ -69,6 +79,7 @@ def reference_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor
         - **output:** ``(out (N_dst, H, C), alpha (E, H) or None)``
     """
     src, dst = edge_index[0], edge_index[1]
+    k, v = repeat_kv_heads(q.size(1), k, v, dim=1)  # grouped k, v: each kv head per query head
     # gathers by index_select, not x[idx]: on a multithreaded CPU the backward of x[idx] sums
     # in an order that changes from run to run, index_select's does not
     k_e = k.index_select(0, src)  # (E, H, C): each edge's key

@@ -36,7 +36,6 @@ from graphattn.functional.attention import (
     dense_attention,
     edge_attention_unchecked,
 )
-from graphattn.functional.dense_backend import repeat_kv_heads
 from graphattn.functional.dropout import dropout
 from graphattn.functional.sparse_linear import sparse_linear
 from graphattn.graphs import SPARSE_LAYOUTS, _sparse_adjacency_and_values, from_sparse_adjacency
@@ -275,12 +274,6 @@ class _SelfAttentionBase(torch.nn.Module):
                     self.k_norm(k.flatten(-2)).view(k.shape))
         return self.q_norm(q), self.k_norm(k)
 
-    def _share_kv_heads(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Keys and values ``[..., kv_heads, c]`` -> ``[..., H, c]``: kv head g serves the
-        query heads ``g * G .. (g + 1) * G - 1``, ``G = H / kv_heads`` (grouped-query
-        attention, as Hugging Face's ``repeat_kv``)."""
-        return repeat_kv_heads(self.heads, k, v, dim=-2)
-
     def _merge_heads(self, out: Tensor, x_dst: Tensor | None) -> Tensor:
         """``[..., H, C]`` -> ``[..., H*C]`` (concat) or ``[..., C]`` (mean), then ``lin_out``,
         plus ``res(x_dst)`` with ``residual=True`` (gated by ``lin_beta`` with ``beta=True``;
@@ -458,8 +451,10 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             ``lin_k`` and ``lin_v`` map to ``kv_heads * C``, and each key and value head
             serves ``heads / kv_heads`` consecutive query heads (grouped-query attention, as
             in LLaMA 2 and 3; 1 is multi-query attention). It saves parameters and projection
-            work; the sparse operator sees the keys and values repeated to ``heads``. For
-            the dot and gatv2 scores. ``None`` is ``heads``. (default: ``None``)
+            work; ``edge_attention`` takes the keys and values as they are: the ``"dense"``
+            backend hands them to SDPA so (no copy per query head), the sparse kernels read
+            them repeated to ``heads``. For the dot and gatv2 scores. ``None`` is ``heads``.
+            (default: ``None``)
         qk_norm (str, optional): normalise each head's query and key over their C channels
             before scoring (and before ``rotary``), with learned gains ``q_norm`` and
             ``k_norm``: ``"rms"``, :math:`\hat q = g \odot q / \sqrt{\overline{q^2} +
@@ -718,11 +713,10 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             q = k.new_zeros(N_dst, H * score_channels)
         q = q.view(N_dst, H, score_channels)  # (N_dst, H, C) or (N_dst, H, 1)
         k = k.view(N_src, self.kv_heads, score_channels)  # (N_src, H_kv, C) or (N_src, H, 1)
-        v = v.view(N_src, self.kv_heads, C)  # (N_src, H_kv, C)
+        v = v.view(N_src, self.kv_heads, C)  # (N_src, H_kv, C): shared by H / H_kv heads
         q, k = self._normalize_qk(q, k)
         if self.rotary is not None:  # the dot score of R(p_i) q_i and R(p_j) k_j
             q, k = self.rotary.rotate_pair(q, k, pos_dst, pos_src)
-        k, v = self._share_kv_heads(k, v)  # (N_src, H, C)
         if self.attention == "additive":
             q, k = q.squeeze(-1), k.squeeze(-1)  # (N, H)
         bias = edge_key = edge_value = None

@@ -501,11 +501,12 @@ def test_shape_errors_of_q_k_and_v_name_the_argument():
     good = torch.tensor([[0, 1], [1, 2]])
     with pytest.raises(ValueError, match=r"v must have shape \[N_src, H, C\], got \[4, 8\]"):
         edge_attention(q, k, v.flatten(1), good)
-    for name in ("q", "k"):
-        args = {"q": q, "k": k, "v": v}
-        args[name] = torch.cat([args[name], args[name][:, :1]], dim=1)  # 3 heads beside v's 2
-        with pytest.raises(ValueError, match=rf"{name} must have H = 2 heads like v, got \[4, 3"):
-            edge_attention(args["q"], args["k"], args["v"], good)
+    three = torch.cat([q, q[:, :1]], dim=1)  # 3 heads beside v's 2
+    with pytest.raises(ValueError, match=r"k must have the heads of v, 2, got k \[4, 3"):
+        edge_attention(q, three, v, good)
+    with pytest.raises(ValueError, match=r"q must have the heads H of k and v, 2, or a "
+                                         r"multiple of them .*got q \[4, 3"):
+        edge_attention(three, k, v, good)
     with pytest.raises(ValueError, match=r"k and v must have the same number of source nodes"):
         edge_attention(q, k[:3], v, good)
     with pytest.raises(ValueError, match=r"q and k must have the same channels C"):

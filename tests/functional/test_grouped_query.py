@@ -1,4 +1,5 @@
-"""dense_attention with grouped keys and values (H_kv heads serving H query heads)."""
+"""dense_attention and edge_attention with grouped keys and values (H_kv heads serving H query
+heads)."""
 
 import math
 
@@ -7,8 +8,9 @@ import torch
 import torch.nn.functional as F
 from conftest import assert_close
 
-from graphattn.functional import dense_attention, dense_backend
-from graphattn.nn import DenseSelfAttention
+from graphattn import graphs
+from graphattn.functional import dense_attention, dense_backend, edge_attention
+from graphattn.nn import DenseSelfAttention, GraphSelfAttention
 
 H, H_KV, C = 6, 2, 8  # each key and value head serves 3 query heads
 
@@ -108,12 +110,15 @@ def flash_heads(monkeypatch) -> list[tuple[int, int, int]]:
     return heads
 
 
+@pytest.mark.parametrize("sinks", [False, True])
 @pytest.mark.parametrize("dims", [3, 4])
-def test_flash_kernel_reads_grouped_keys_without_copies(dims, flash_heads):
+def test_flash_kernel_reads_grouped_keys_without_copies(dims, sinks, flash_heads):
     """On SDPA's fused path each kv head reaches the flash kernel once, not per query head,
-    and its backward gives the gradients of the H_kv heads directly."""
+    with sinks too (one sink key per kv head, the sink in the queries), and its backward gives
+    the gradients of the H_kv heads directly."""
     q, k, v = grouped_qkv(*([2] if dims == 4 else []), dtype=torch.float32)
-    out = dense_attention(q, k, v, is_causal=True)
+    sink = torch.randn(H, requires_grad=True) if sinks else None
+    out = dense_attention(q, k, v, is_causal=True, sinks=sink)
     grads = torch.autograd.grad(out.sum(), (q, k, v))
     assert flash_heads == [(H, H_KV, H_KV)]
     assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]
@@ -168,3 +173,133 @@ def test_heads_that_do_not_group_are_refused(kv_heads, message):
         dense_attention(q, k, v)
     with pytest.raises(ValueError, match="do not fit together"):
         dense_attention(q, torch.randn(5, H_KV, C), torch.randn(5, 3, C))
+
+
+# ----------------------------------------------------------------------------------------------
+# edge_attention with grouped keys and values
+
+EDGE_CASES = {
+    "dot": {},
+    "bias": {"bias": True},
+    "weights": {"return_attention": True},
+    "dropout": {"dropout_p": 0.4},
+    "sinks": {"sinks": True},
+    "edge terms": {"edge_key": True, "edge_value": True},
+    "softcap": {"softcap": 3.0},
+    "gatv2": {"score": "gatv2"},
+    "additive": {"score": "additive"},
+}
+
+EDGE_GRAPHS = {
+    "random": lambda: (torch.randint(0, 12, (2, 60), generator=torch.Generator().manual_seed(3)),
+                       12),
+    "complete": lambda: (graphs.complete_graph(9), 9),
+    "causal blocks": lambda: (graphs.repeat_graph(graphs.causal_graph(6), 6, 3), 18),
+    "unequal blocks": lambda: (graphs.batch_complete_graph(torch.tensor([0] * 3 + [1] * 7)),
+                               10),
+}
+
+
+def edge_inputs(case: str, graph: str, dtype=torch.float64):
+    """q of H heads, k and v of H_KV, and the options of ``case`` on ``graph``."""
+    edge_index, n = EDGE_GRAPHS[graph]()
+    options = dict(EDGE_CASES[case])
+    gen = torch.Generator().manual_seed(7)
+
+    def leaf(*shape):
+        return torch.randn(*shape, generator=gen, dtype=dtype).requires_grad_()
+    score = options.get("score", "dot")
+    qk = (H,) if score == "additive" else (H, C)
+    q, k, v = leaf(n, *qk), leaf(n, H_KV, *qk[1:]), leaf(n, H_KV, C)
+    E = edge_index.size(1)
+    for name, shape in (("bias", (E, H)), ("sinks", (H,)), ("edge_key", (E, H, C)),
+                        ("edge_value", (E, H, C))):
+        if options.get(name):
+            options[name] = leaf(*shape)
+    if score == "gatv2":
+        options["att"] = leaf(H, C)
+    return q, k, v, edge_index, options
+
+
+def outputs_and_grads(q, k, v, edge_index, options, backend):
+    torch.manual_seed(11)  # the same dropout draw
+    result = edge_attention(q, k, v, edge_index, backend=backend, **options)
+    out, alpha = result if options.get("return_attention") else (result, None)
+    gen = torch.Generator().manual_seed(12)
+    loss = (out * torch.randn(out.shape, generator=gen, dtype=out.dtype)).sum()
+    leaves = [q, k, v, *(t for t in options.values() if isinstance(t, torch.Tensor))]
+    return [out, alpha, *torch.autograd.grad(loss, leaves)]
+
+
+# the triton kernels read any graph the same way: one graph is enough there
+BACKEND_GRAPHS = [(backend, graph) for backend in ("reference", "cpu", "dense", "triton")
+                  for graph in EDGE_GRAPHS if backend != "triton" or graph == "random"]
+
+
+@pytest.mark.parametrize("case", list(EDGE_CASES))
+@pytest.mark.parametrize("backend, graph", BACKEND_GRAPHS)
+def test_edge_attention_of_grouped_keys_equals_repeated_keys(backend, graph, case, request):
+    """Every backend gives with k, v of H_kv heads what the reference gives with each kv head
+    repeated for its query heads: outputs, weights and gradients (those of the grouped k and
+    v the sums over their query heads), on a random graph, a complete one (SDPA's plain
+    path), diagonal blocks of equal sizes (viewed in place) and of unequal ones (padded)."""
+    if backend == "triton":
+        request.getfixturevalue("triton_interpreter")
+    if backend == "dense" and case == "softcap":
+        pytest.skip("the dense backend refuses a soft cap (tests/functional/test_softcap.py)")
+    dtype = torch.float32 if backend == "triton" else torch.float64
+    q, k, v, edge_index, options = edge_inputs(case, graph, dtype)
+    got = outputs_and_grads(q, k, v, edge_index, options, backend)
+    group = H // H_KV
+    q2, k2, v2 = (t.detach().requires_grad_() for t in (q, k, v))
+    want = outputs_and_grads(q2, k2.repeat_interleave(group, dim=1),
+                             v2.repeat_interleave(group, dim=1), edge_index, options,
+                             "reference")
+    want[2:5] = [want[2], *(g.unflatten(1, (H_KV, group)).sum(2) for g in want[3:5])]
+    tol = {"atol": 2e-5, "rtol": 2e-5} if dtype == torch.float32 else {}
+    for a, b in zip(got, want, strict=True):
+        if b is None:
+            assert a is None
+        else:
+            assert_close(a, b, **tol)
+
+
+def test_grouped_reference_against_an_independent_loop():
+    """The reference's grouped keys: each target's softmax over its in-edges, query head h
+    reading kv head h // (H / H_kv), in a plain loop."""
+    q, k, v, edge_index, _ = edge_inputs("dot", "random")
+    out = edge_attention(q, k, v, edge_index, backend="reference")
+    want = torch.zeros_like(out)
+    for i in range(q.size(0)):
+        src = edge_index[0][edge_index[1] == i]
+        for h in range(H):
+            g = h // (H // H_KV)
+            if src.numel():
+                weights = torch.softmax(k[src, g] @ q[i, h] / math.sqrt(C), dim=0)
+                want[i, h] = weights @ v[src, g]
+    assert_close(out, want)
+
+
+@pytest.mark.parametrize("graph", ["complete", "causal blocks"])
+def test_dense_backend_hands_grouped_keys_to_sdpa(graph, flash_heads):
+    """On SDPA's path the dense backend passes the H_kv heads on, no copy per query head; and
+    a GraphSelfAttention with kv_heads on a batch of causal sequences does too."""
+    q, k, v, edge_index, _ = edge_inputs("dot", graph, torch.float32)
+    edge_attention(q, k, v, edge_index, backend="dense").sum().backward()
+    assert flash_heads == [(H, H_KV, H_KV)]
+    flash_heads.clear()
+    layer = GraphSelfAttention(16, C, heads=H, kv_heads=H_KV, add_self_loops=False)
+    x = torch.randn(q.size(0), 16)
+    layer(x, edge_index).sum().backward()  # auto: dense on these graphs
+    assert flash_heads == [(H, H_KV, H_KV)]
+
+
+def test_edge_attention_refuses_heads_that_do_not_group():
+    q, k, v, edge_index, _ = edge_inputs("dot", "random")
+    with pytest.raises(ValueError, match=r"q must have the heads H of k and v, 2, or a "
+                                         r"multiple of them"):
+        edge_attention(q[:, :5], k, v, edge_index)
+    with pytest.raises(ValueError, match=r"edge_key must have shape \[E, H, C\] = \[60, 6, 8\]"):
+        edge_attention(q, k, v, edge_index, edge_key=torch.randn(60, H_KV, C, dtype=q.dtype))
+    with pytest.raises(ValueError, match=r"bias must have shape \[E, H\] = \[60, 6\]"):
+        edge_attention(q, k, v, edge_index, bias=torch.randn(60, H_KV, dtype=q.dtype))

@@ -5,7 +5,8 @@ draws a whole call: the score, fp32 or fp64, a bipartite or square graph of 0-12
 multi-edges, self-loops and sometimes one target of 30-220 in-edges, int32 or int64 ids, 1-4
 heads of 1-17 channels (score and value channels apart), a bias, per-edge key and value terms
 (sometimes one tensor for both), scale, negative slope, dropout, a soft cap of the dot and
-gatv2 scores (which the dense backend refuses: its calls drop it), sinks and returned weights. The
+gatv2 scores (which the dense backend refuses: its calls drop it), sinks, returned weights and
+keys and values of fewer heads than the queries (grouped-query attention). The
 backend's outputs, weights and the gradients of every input must match the reference backend's.
 
 The suite runs the ``dense`` and ``cpu`` backends over ``SEEDS``: the ``cpu`` backend as the
@@ -116,6 +117,10 @@ def draw(seed: int) -> Call:
         call.kwargs["softcap"] = rng.choice([0.5, 2.0, 30.0])
     if rng.random() < 0.3:
         call.kwargs["sinks"] = leaf(H)
+    if H in (2, 4) and rng.random() < 0.3:  # grouped keys and values: H_kv heads dividing H
+        kv_heads = rng.choice([h for h in (1, 2) if h < H])
+        call.k = leaf(n_src, kv_heads) if score == "additive" else leaf(n_src, kv_heads, Cq)
+        call.v = leaf(n_src, kv_heads, C)
     return call
 
 
@@ -179,6 +184,7 @@ def test_draws_cover_the_options():
     assert any(call.kwargs.get("edge_value") is call.kwargs.get("edge_key") is not None
                for call in calls)
     assert any(call.kwargs["return_attention"] for call in calls)
+    assert any(call.k.size(1) < call.q.size(1) for call in calls)
     assert any(torch.bincount(call.edge_index[1].long()).max() >= 30 for call in calls
                if call.edge_index.numel())
 
