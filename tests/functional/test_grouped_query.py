@@ -303,3 +303,25 @@ def test_edge_attention_refuses_heads_that_do_not_group():
         edge_attention(q, k, v, edge_index, edge_key=torch.randn(60, H_KV, C, dtype=q.dtype))
     with pytest.raises(ValueError, match=r"bias must have shape \[E, H\] = \[60, 6\]"):
         edge_attention(q, k, v, edge_index, bias=torch.randn(60, H_KV, dtype=q.dtype))
+
+
+@pytest.mark.parametrize("layer_kind", ["graph", "dense, sinks"])
+def test_grouped_layers_compile_as_eager(layer_kind):
+    """torch.compile(fullgraph=True) of a layer with kv_heads, on the path that hands the
+    grouped keys to SDPA (a batch of causal sequences on the dense backend; the dense layer
+    with sinks): output and input gradient as eager."""
+    torch.manual_seed(0)
+    if layer_kind == "graph":
+        layer = GraphSelfAttention(16, C, heads=H, kv_heads=H_KV, add_self_loops=False)
+        args = (torch.randn(24, 16, requires_grad=True),
+                graphs.repeat_graph(graphs.causal_graph(8), 8, 3))
+        kwargs = {}
+    else:
+        layer = DenseSelfAttention(16, C, heads=H, kv_heads=H_KV, sinks=True)
+        args, kwargs = (torch.randn(2, 10, 16, requires_grad=True),), {"is_causal": True}
+    want = layer(*args, **kwargs)
+    want_grad = torch.autograd.grad(want.sum(), args[0])[0]
+    torch._dynamo.reset()
+    got = torch.compile(layer, fullgraph=True)(*args, **kwargs)
+    assert_close(got, want)
+    assert_close(torch.autograd.grad(got.sum(), args[0])[0], want_grad)
