@@ -719,6 +719,20 @@ def test_from_llama_converts_gpt_neox_and_phi(family, dense):
                      attention.query_key_value.weight.grad.view(4, 3, 8, 32)[1, 2])
 
 
+@pytest.mark.parametrize("family", ["gpt_neox", "persimmon"])
+def test_fused_per_head_projections_keep_one_key_head_per_query_head(family):
+    # GPT-NeoX's and Persimmon's query_key_value holds one query, key and value per head:
+    # a num_key_value_heads that their config carries (as any config may) is not theirs, and
+    # was once read as such, which made the conversion refuse them
+    from graphattn.nn import from_llama
+
+    attention, rotary = hf_attention(family, 2)
+    assert attention.config.num_key_value_heads == 2
+    layer = from_llama(attention, backend="cpu")
+    assert layer.kv_heads == layer.heads == 4
+    check_causal(attention, rotary, layer, dense=False, length=12, seed=37)
+
+
 @pytest.mark.parametrize("family, config", [("phi", dict(qk_layernorm=True)),
                                             ("persimmon", {})])
 def test_from_llama_converts_layer_norms_of_queries_and_keys(family, config):

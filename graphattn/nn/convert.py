@@ -475,7 +475,8 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
     if config is not None and isinstance(getattr(attention, "qkv_proj", None), torch.nn.Linear):
         lins[:3] = _split_qkv(attention.qkv_proj, config)  # Phi-3's one product for q, k, v
     fused = getattr(attention, "query_key_value", None)
-    if config is not None and isinstance(fused, torch.nn.Linear) and lins[0] is None:
+    per_head_qkv = config is not None and isinstance(fused, torch.nn.Linear) and lins[0] is None
+    if per_head_qkv:
         lins[:3] = _split_per_head_qkv(fused, config)  # GPT-NeoX's, each head's q, k, v
     if config is None or not all(isinstance(lin, torch.nn.Linear) for lin in lins):
         raise TypeError(f"attention must be a LLaMA-family self-attention with q_proj, k_proj, "
@@ -486,6 +487,8 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
     groups = getattr(attention, "num_key_value_groups", None)  # the layer's own (a model's
     if isinstance(groups, int) and groups > 0 and heads % groups == 0:  # layers may differ)
         kv_heads = heads // groups
+    elif per_head_qkv:  # one query, key and value per head, whatever else the config holds
+        kv_heads = heads
     else:
         kv_heads = getattr(config, "num_key_value_heads", None) or heads
     head_dim = (getattr(attention, "head_dim", None) or getattr(attention, "head_size", None)
