@@ -496,7 +496,7 @@ def hf_attention(family: str, kv_heads: int, layer_idx: int = 0, **config):
               "helium": "Helium", "ernie4_5": "Ernie4_5", "smollm3": "SmolLM3",
               "gpt_oss": "GptOss", "diffllama": "DiffLlama", "qwen3_next": "Qwen3Next",
               "seed_oss": "SeedOss", "nanochat": "NanoChat", "gpt_neox": "GPTNeoX",
-              "phi": "Phi", "persimmon": "Persimmon",
+              "phi": "Phi", "persimmon": "Persimmon", "lfm2": "Lfm2",
               "hunyuan_v1_dense": "HunYuanDenseV1"}[family]
     config = getattr(transformers, f"{prefix}TextConfig" if family == "gemma3"
                      else f"{prefix}Config")(
@@ -747,6 +747,20 @@ def test_from_llama_converts_layer_norms_of_queries_and_keys(family, config):
     check_causal(attention, rotary, layer, dense=False, length=14, seed=36)
     assert_close(layer.q_norm.weight.grad, attention.q_layernorm.weight.grad)
     assert_close(layer.k_norm.bias.grad, attention.k_layernorm.bias.grad)
+
+
+def test_from_llama_converts_lfm2():
+    # LFM2 (Liquid AI) is Qwen3's attention under other names: an RMSNorm of each head's
+    # queries and keys before the rotation as q_layernorm and k_layernorm (gains set away
+    # from 1 here), the output projection as out_proj
+    from graphattn.nn import from_llama
+
+    attention, rotary = hf_attention("lfm2", 2)
+    layer = from_llama(attention, backend="cpu")
+    assert layer.qk_norm == "rms" and layer.kv_heads == 2
+    check_causal(attention, rotary, layer, dense=False, length=14, seed=38)
+    assert_close(layer.q_norm.weight.grad, attention.q_layernorm.weight.grad)
+    assert_close(layer.lin_out.weight.grad, attention.out_proj.weight.grad)
 
 
 @pytest.mark.parametrize("layer_idx", [0, 1], ids=["sliding", "full"])

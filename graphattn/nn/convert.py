@@ -385,7 +385,8 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
     self-attention computes, with its weights copied: ``lin_q, lin_k, lin_v, lin_out`` from
     ``q_proj, k_proj, v_proj, o_proj`` (or from the three parts of Phi-3's fused
     ``qkv_proj``, or of GPT-NeoX's ``query_key_value``, which holds each head's query, key
-    and value in turn; ``o_proj`` is ``dense`` in GPT-NeoX and Phi), its rotary embedding as
+    and value in turn; ``o_proj`` is ``dense`` in GPT-NeoX and Phi, ``out_proj`` in LFM2), its
+    rotary embedding as
     ``rotary=RotaryPE(head_dim,
     base=rope_theta)`` and its key and value heads as ``kv_heads``. Qwen3's and Gemma 3's RMS
     normalisation of each head's queries and keys (``q_norm``, ``k_norm``) comes over as
@@ -439,7 +440,8 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
             Gemma's form by running them; without a ``weight``, gains of 1: NanoChat's, which
             it applies after the rotation, where a norm without gains gives the same); Phi's
             and Persimmon's ``q_layernorm`` and ``k_layernorm`` (``torch.nn.LayerNorm`` over
-            each head's channels) become ``qk_norm="layer"``; a soft cap on the scores
+            each head's channels) become ``qk_norm="layer"``, and LFM2's, RMSNorms under
+            those names, ``qk_norm="rms"``; a soft cap on the scores
             (``attn_logit_softcapping``, Gemma 2's) becomes ``softcap``.
         dense (bool, optional): return a ``DenseSelfAttention``. (default: ``False``)
         backend (str, optional): the ``GraphSelfAttention``'s ``backend``.
@@ -470,8 +472,8 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
     """
     config = getattr(attention, "config", None)
     lins = [getattr(attention, name, None) for name in ("q_proj", "k_proj", "v_proj", "o_proj")]
-    if lins[3] is None:  # GPT-NeoX's, Phi's and Persimmon's output projection
-        lins[3] = getattr(attention, "dense", None)
+    if lins[3] is None:  # GPT-NeoX's, Phi's and Persimmon's output projection; LFM2's
+        lins[3] = getattr(attention, "dense", None) or getattr(attention, "out_proj", None)
     if config is not None and isinstance(getattr(attention, "qkv_proj", None), torch.nn.Linear):
         lins[:3] = _split_qkv(attention.qkv_proj, config)  # Phi-3's one product for q, k, v
     fused = getattr(attention, "query_key_value", None)
@@ -744,14 +746,16 @@ def _qk_norms(attention: Module, head_dim: int, heads: int, kv_heads: int,
     the gains, epsilon and (LayerNorm) bias of each, or ``None`` when it has none: RMSNorms
     ``q_norm`` and ``k_norm`` over each head's channels (``"rms"``) or the whole projection's
     (``"rms_across_heads"``), or ``torch.nn.LayerNorm`` modules over each head's channels
-    (``"layer"``: Phi's and Persimmon's ``q_layernorm``, ``k_layernorm``); refused by name
-    otherwise."""
+    (``"layer"``: Phi's and Persimmon's ``q_layernorm``, ``k_layernorm``; RMSNorms under
+    those names, LFM2's, are ``"rms"``); refused by name otherwise."""
     layer_norms = [getattr(attention, name, None) for name in ("q_layernorm", "k_layernorm")]
     if all(isinstance(m, torch.nn.LayerNorm) and m.normalized_shape == (head_dim,)
            and m.elementwise_affine and m.bias is not None for m in layer_norms):
         return "layer", tuple((m.weight.detach(), float(m.eps), m.bias.detach())
                               for m in layer_norms)
     modules = [getattr(attention, name, None) for name in ("q_norm", "k_norm")]
+    if all(m is None for m in modules) and not all(m is None for m in layer_norms):
+        modules = layer_norms  # LFM2's RMSNorms, under the names of Phi's LayerNorms
     if all(m is None for m in modules):
         return None
     widths = {"rms": (head_dim, head_dim), "rms_across_heads": (heads * head_dim,
