@@ -1003,8 +1003,9 @@ def check_dense_on_device(device: str | torch.device, dtype: torch.dtype,
     the k and v rows of those sources. ``edge_attention(backend="dense")`` for each score
     with a bias (out, alpha and every gradient), and ``dense_attention`` with the graph's
     mask, through SDPA and with the weights returned (out, the weights at the edges, dq, dk,
-    dv). SDPA's fused kernels give NaN on a row with no key: the dense paths must give what
-    the reference gives, 0, and no NaN reaches an output or a gradient."""
+    dv), and through SDPA with keys and values of half the heads (grouped-query attention,
+    ``enable_gqa``). SDPA's fused kernels give NaN on a row with no key: the dense paths must
+    give what the reference gives, 0, and no NaN reaches an output or a gradient."""
     from graphattn.functional import dense_attention, edge_attention, reference_edge_attention
     from graphattn.graphs import from_dense_mask, to_dense_mask
 
@@ -1066,6 +1067,20 @@ def check_dense_on_device(device: str | torch.device, dtype: torch.dtype,
         for name, (got_t, want_t) in zip(names, pairs, strict=True):
             rows.append((f"dense_attention ({label}), empty rows: {name}",
                          (got_t.float() - want_t.float()).abs().max().item()))
+
+    # grouped keys and values (half the heads, at least one), which SDPA takes as they are
+    kg, vg = (t.detach()[:, :max(heads // 2, 1)].clone().requires_grad_() for t in (k, v))
+    out = dense_attention(q, kg, vg, mask)
+    want, _ = reference_edge_attention(q, kg, vg, edges, scale=channels**-0.5, bias=None,
+                                       dropout_mask=None, score="dot", negative_slope=0.2,
+                                       need_alpha=False)
+    weight = torch.linspace(-1, 1, out.numel(), device=out.device).view_as(out)
+    pairs = [(out, want), *zip(torch.autograd.grad((out.float() * weight).sum(), (q, kg, vg)),
+                               torch.autograd.grad((want.float() * weight).sum(), (q, kg, vg)),
+                               strict=True)]
+    for name, (got_t, want_t) in zip(("out", "dq", "dk", "dv"), pairs, strict=True):
+        rows.append((f"dense_attention (SDPA, grouped keys), empty rows: {name}",
+                     (got_t.float() - want_t.float()).abs().max().item()))
     return rows
 
 

@@ -73,8 +73,10 @@ def test_dense_device_checks_pass_on_cpu():
                                      channels=8)
     names = [name for name, _ in rows]
     # edge_attention: out, alpha, dq, dk, dv, dbias per score, gatv2 also datt; dense_attention
-    # through SDPA: out, dq, dk, dv, and with the weights: also alpha
-    assert len(names) == len(set(names)) == 6 + 6 + 7 + 4 + 5
+    # through SDPA: out, dq, dk, dv, with the weights: also alpha, and with grouped keys: out,
+    # dq, dk, dv
+    assert len(names) == len(set(names)) == 6 + 6 + 7 + 4 + 5 + 4
+    assert "dense_attention (SDPA, grouped keys), empty rows: dk" in names
     assert "dense backend, gatv2, empty rows: datt" in names
     assert "dense_attention (weights), empty rows: alpha" in names
     bad = [row for row in rows if not row[1] < 1e-4]  # also NaN
