@@ -203,6 +203,41 @@ def causal_graph(n: int) -> Tensor:
     return torch.stack([src, dst])
 
 
+def chunked_graph(n: int, size: int, causal: bool = True) -> Tensor:
+    r"""Node i attends to the nodes j of its own chunk of ``size`` consecutive nodes (with
+    ``causal``, those with j <= i): Llama 4's chunked attention, which its layers with RoPE
+    run over chunks of 8192 tokens (``attention_chunk_size``).
+
+    .. math::
+        \mathcal{E} = \{(j, i) : \lfloor j / s \rfloor = \lfloor i / s \rfloor,\;
+        j \le i \text{ when causal}\}
+
+    The chunks are diagonal blocks of the graph (the last one shorter when ``size`` does not
+    divide n), which the ``"dense"`` backend runs block by block. A causal window of
+    ``size - 1`` (:func:`window_graph`) reads as many past tokens at most; a chunk reads
+    ``i mod size`` of them, none at its first token.
+
+    Args:
+        n (int): number of nodes.
+        size (int): nodes per chunk, >= 1.
+        causal (bool, optional): keep only the edges j -> i with j <= i. (default: ``True``)
+
+    Shapes:
+        - **output:** edge_index ``(2, E)``, int64, sorted by target, then source; E is
+          :math:`\sum_c s_c (s_c + 1) / 2` over the chunks' sizes :math:`s_c` (causal), else
+          :math:`\sum_c s_c^2`
+    """
+    n = check_non_negative(n, "n")
+    size = check_positive(size, "size")
+    causal = check_flag(causal, "causal")
+    full, rest = divmod(n, size)
+    block = causal_graph if causal else complete_graph
+    parts = [repeat_graph(block(size), size, full)]
+    if rest:  # the last chunk, shorter
+        parts.append(block(rest) + full * size)
+    return torch.cat(parts, dim=1)
+
+
 def window_graph(n: int, radius: int, causal: bool = False, *, dilation: int = 1) -> Tensor:
     r"""Node i attends to the positions within ``radius``: truncated self-attention.
 

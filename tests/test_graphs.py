@@ -51,6 +51,29 @@ def test_window_graph(n, radius):
                        brute_force(n, lambda i, j: 0 <= i - j <= radius))
 
 
+@pytest.mark.parametrize("n,size", [(0, 3), (1, 1), (10, 4), (12, 4), (3, 5), (7, 1)])
+def test_chunked_graph(n, size):
+    """Each node attends within its chunk of ``size`` (causally by default), the last chunk
+    shorter where ``size`` does not divide n; edges sorted by target, then source."""
+    same = lambda i, j: i // size == j // size  # noqa: E731
+    causal = graphs.chunked_graph(n, size)
+    assert_edges_equal(causal, brute_force(n, lambda i, j: same(i, j) and j <= i))
+    assert_edges_equal(graphs.chunked_graph(n, size, causal=False), brute_force(n, same))
+    key = causal[1] * (n + 1) + causal[0]
+    assert causal.dtype == torch.int64 and bool((key.diff() > 0).all())
+
+
+def test_chunked_graph_special_cases_and_errors():
+    assert_edges_equal(graphs.chunked_graph(9, 9), graphs.causal_graph(9))
+    assert_edges_equal(graphs.chunked_graph(9, 100, causal=False), graphs.complete_graph(9))
+    assert_edges_equal(graphs.chunked_graph(8, 4),
+                       graphs.repeat_graph(graphs.causal_graph(4), 4, 2))
+    with pytest.raises(ValueError, match="size"):
+        graphs.chunked_graph(8, 0)
+    with pytest.raises(ValueError, match="n"):
+        graphs.chunked_graph(-1, 2)
+
+
 def test_window_graph_special_cases():
     n = 7
     assert_edges_equal(graphs.window_graph(n, n - 1), graphs.complete_graph(n))

@@ -763,6 +763,63 @@ def test_from_llama_converts_lfm2():
     assert_close(layer.lin_out.weight.grad, attention.out_proj.weight.grad)
 
 
+def llama4_attention(layer_idx: int):
+    """Hugging Face's Llama 4 text attention of layer ``layer_idx`` (0: RoPE and its weightless
+    QK-norm; 3: no RoPE, with attention temperature tuning) and its rotary embedding."""
+    llama4 = transformers_module("llama4.modeling_llama4")
+    from transformers import Llama4TextConfig
+
+    config = Llama4TextConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+                              head_dim=8, num_hidden_layers=4, intermediate_size=64,
+                              intermediate_size_mlp=64, attention_dropout=0.0)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    attention = llama4.Llama4TextAttention(config, layer_idx)
+    return attention, llama4.Llama4TextRotaryEmbedding(config)
+
+
+def test_from_llama_converts_llama4_and_its_chunked_attention():
+    # Llama 4's layers with RoPE: GPT-J's pairing of the channels (a complex product), an
+    # RMSNorm without gains of the rotated queries and keys (the same before the rotation,
+    # which keeps norms), attention within chunks of attention_chunk_size: chunked_graph
+    from graphattn.nn import from_llama
+
+    attention, rotary = llama4_attention(0)
+    assert attention.use_rope and isinstance(attention.qk_norm, torch.nn.Module)
+    layer = from_llama(attention, backend="cpu")
+    assert layer.rotary.interleaved and layer.qk_norm == "rms" and layer.kv_heads == 2
+    assert torch.equal(layer.q_norm.weight, torch.ones(8))
+    check_causal(attention, rotary, layer, dense=False, length=14, seed=39)
+    L, chunk = 11, 4
+    gen = torch.Generator().manual_seed(40)
+    x, w = torch.randn(1, L, 32, generator=gen), torch.randn(1, L, 32, generator=gen)
+    i = torch.arange(L)
+    allowed = (i[:, None] // chunk == i[None, :] // chunk) & (i[None, :] <= i[:, None])
+    mask = torch.zeros(L, L).masked_fill(~allowed, float("-inf"))[None, None]
+    want, want_grad = run_llama(attention, rotary, x, i[None], w, mask=mask)
+    x_in = x[0].clone().requires_grad_(True)
+    out = layer(x_in, graphs.chunked_graph(L, chunk), pos=i)
+    (out * w[0]).sum().backward()
+    assert_close(out.detach(), want[0])
+    assert_close(x_in.grad, want_grad[0])
+
+
+def test_from_llama_refuses_llama4_temperature_tuning_unless_turned_off():
+    # Llama 4's layers without RoPE scale their queries by a factor of the position, 1 below
+    # position floor_scale - 1: refused by name, converted once the user turns it off (and
+    # then exact at positions below floor_scale - 1, as on the check)
+    from graphattn.nn import from_llama
+
+    attention, rotary = llama4_attention(3)
+    assert not attention.use_rope and attention.attn_temperature_tuning
+    with pytest.raises(NotImplementedError, match="attn_temperature_tuning = False"):
+        from_llama(attention)
+    attention.attn_temperature_tuning = False
+    layer = from_llama(attention, dense=True)
+    assert layer.rotary is None
+    check_causal(attention, rotary, layer, dense=True, length=12, seed=41)
+
+
 @pytest.mark.parametrize("layer_idx", [0, 1], ids=["sliding", "full"])
 def test_from_llama_converts_gpt_oss_sinks(layer_idx):
     # GPT-OSS: a learned sink logit per head in each softmax (sinks=True), biased

@@ -413,8 +413,9 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
     attention restricted to the graph's edges, at the cost of the edges. A model's sliding
     window of w tokens (``attention.sliding_window``: Mistral's, and the local layers of
     Qwen2, Qwen3, Gemma 2, Gemma 3 and OLMo 3) is ``graphs.window_graph(L, w - 1,
-    causal=True)``: Hugging Face's mask keeps the keys :math:`i - w < j \le i`. No
-    self-loops are added. The dense
+    causal=True)``: Hugging Face's mask keeps the keys :math:`i - w < j \le i`; Llama 4's
+    chunked attention (its layers with RoPE; ``config.attention_chunk_size``) is
+    ``graphs.chunked_graph(L, attention_chunk_size)``. No self-loops are added. The dense
     layer takes ``x [B, L, D]`` with ``is_causal=True`` (``pos`` defaults to ``0 .. L-1``).
 
     Args:
@@ -544,6 +545,14 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
         raise ValueError("q_proj, k_proj and v_proj must all have biases or none (and o_proj "
                          "none when they have none)")
     dropout = float(getattr(config, "attention_dropout", 0.0) or 0.0)
+    if getattr(attention, "attn_temperature_tuning", False) and not getattr(
+            attention, "use_rope", True):  # Llama 4's layers without RoPE
+        raise NotImplementedError(
+            f"{type(attention).__name__} scales its queries by log1p(floor((p + 1) / "
+            f"floor_scale)) * attn_scale + 1 at position p (attn_temperature_tuning, its "
+            f"layers without RoPE), which the layers do not; the factor is 1 below position "
+            f"floor_scale - 1 = {attention.floor_scale - 1}: set "
+            f"attention.attn_temperature_tuning = False to convert it as it computes there")
     residual_dropout = getattr(attention, "residual_dropout", 0.0)
     if isinstance(residual_dropout, (int, float)) and residual_dropout > 0:  # Seed-OSS's
         raise NotImplementedError(
@@ -747,7 +756,8 @@ def _qk_norms(attention: Module, head_dim: int, heads: int, kv_heads: int,
     ``q_norm`` and ``k_norm`` over each head's channels (``"rms"``) or the whole projection's
     (``"rms_across_heads"``), or ``torch.nn.LayerNorm`` modules over each head's channels
     (``"layer"``: Phi's and Persimmon's ``q_layernorm``, ``k_layernorm``; RMSNorms under
-    those names, LFM2's, are ``"rms"``); refused by name otherwise."""
+    those names, LFM2's, are ``"rms"``, and so is Llama 4's one ``qk_norm`` for both);
+    refused by name otherwise."""
     layer_norms = [getattr(attention, name, None) for name in ("q_layernorm", "k_layernorm")]
     if all(isinstance(m, torch.nn.LayerNorm) and m.normalized_shape == (head_dim,)
            and m.elementwise_affine and m.bias is not None for m in layer_norms):
@@ -756,6 +766,9 @@ def _qk_norms(attention: Module, head_dim: int, heads: int, kv_heads: int,
     modules = [getattr(attention, name, None) for name in ("q_norm", "k_norm")]
     if all(m is None for m in modules) and not all(m is None for m in layer_norms):
         modules = layer_norms  # LFM2's RMSNorms, under the names of Phi's LayerNorms
+    shared = getattr(attention, "qk_norm", None)
+    if all(m is None for m in modules) and isinstance(shared, Module):
+        modules = [shared, shared]  # Llama 4's one RMSNorm without gains for both
     if all(m is None for m in modules):
         return None
     widths = {"rms": (head_dim, head_dim), "rms_across_heads": (heads * head_dim,
