@@ -496,7 +496,8 @@ def hf_attention(family: str, kv_heads: int, layer_idx: int = 0, **config):
               "helium": "Helium", "ernie4_5": "Ernie4_5", "smollm3": "SmolLM3",
               "gpt_oss": "GptOss", "diffllama": "DiffLlama", "qwen3_next": "Qwen3Next",
               "seed_oss": "SeedOss", "nanochat": "NanoChat", "gpt_neox": "GPTNeoX",
-              "phi": "Phi", "persimmon": "Persimmon", "lfm2": "Lfm2",
+              "phi": "Phi", "persimmon": "Persimmon", "lfm2": "Lfm2", "afmoe": "Afmoe",
+              "hrm_text": "HrmText", "beam": "Beam",
               "hunyuan_v1_dense": "HunYuanDenseV1"}[family]
     config = getattr(transformers, f"{prefix}TextConfig" if family == "gemma3"
                      else f"{prefix}Config")(
@@ -858,24 +859,57 @@ def test_from_llama_converts_a_layer_without_a_rotation(family):
 
 @pytest.mark.parametrize("family, match", [
     ("diffllama", "DiffLlamaAttention does not compute what its conversion computes"),
-    ("qwen3_next", "q_proj gives 64 features where its heads take 32 \\(heads 4 x head_dim "
-                   "8\\): the attention computes something besides them"),  # an output gate
     ("hunyuan_v1_dense", "HunYuanDenseV1Attention does not compute what its conversion "
                          "computes"),  # its norms after the rotation
 ])
 def test_from_llama_refuses_what_it_does_not_convert(family, match):
-    # DiffLlama subtracts two softmaxes, Qwen3-Next gates the output by half of q_proj's,
-    # HunYuan normalises queries and keys after rotating them, by modules the converter does
-    # not read: from_llama says so instead of returning a layer that computes something else
+    # DiffLlama subtracts two softmaxes, HunYuan normalises queries and keys after rotating
+    # them, by modules the converter does not read: from_llama says so instead of returning a
+    # layer that computes something else
     from graphattn.nn import from_llama
 
     attention, rotary = hf_attention(family, 2, head_dim=8)
     with pytest.raises(NotImplementedError, match=match):
         from_llama(attention)
-    if family != "qwen3_next":  # unchecked, the layer computes something else indeed
-        layer = from_llama(attention, check=False)
-        with pytest.raises(AssertionError):
-            check_causal(attention, rotary, layer, dense=False, length=12, seed=31)
+    layer = from_llama(attention, check=False)  # unchecked, it computes something else indeed
+    with pytest.raises(AssertionError):
+        check_causal(attention, rotary, layer, dense=False, length=12, seed=31)
+
+
+@pytest.mark.parametrize("family, config", [
+    ("qwen3_next", dict(attention_bias=True)),  # the gate in q_proj, each head's after its query
+    ("afmoe", {}),  # a gate_proj
+    ("hrm_text", {}),
+    ("beam", dict(attention_bias=True)),  # a gate_proj and a bias per head (gate_bias)
+])
+@pytest.mark.parametrize("dense", [False, True], ids=["graph", "dense"])
+def test_from_llama_converts_gated_attention(family, config, dense):
+    # Qwen3-Next, AFMoE, HRM and Beam multiply each channel of each head's output by a
+    # sigmoid gate of the token's features before o_proj: gate="elementwise"
+    from graphattn.nn import from_llama
+
+    attention, rotary = hf_attention(family, 2, head_dim=8, **config)
+    if family == "beam":
+        torch.nn.init.normal_(attention.gate_bias)  # (0 at first)
+    layer = from_llama(attention, dense=dense, backend="cpu")
+    assert layer.gate == "elementwise" and layer.lin_gate.out_features == 32
+    check_causal(attention, rotary, layer, dense, length=12, seed=42)
+    if family == "qwen3_next":  # the gate rows of head 1 of q_proj: rows 24..31
+        assert_close(layer.lin_gate.weight.grad[8:16], attention.q_proj.weight.grad[24:32])
+        assert_close(layer.lin_gate.bias.grad[8:16], attention.q_proj.bias.grad[24:32])
+    else:
+        assert_close(layer.lin_gate.weight.grad, attention.gate_proj.weight.grad)
+
+
+def test_from_llama_refuses_a_gate_bias_without_biases():
+    from graphattn.nn import from_llama
+
+    attention, _ = hf_attention("beam", 2, head_dim=8)
+    assert attention.q_proj.bias is None
+    assert from_llama(attention).gate == "elementwise"  # (gate_bias 0: nothing to hold)
+    torch.nn.init.normal_(attention.gate_bias)
+    with pytest.raises(NotImplementedError, match="gate_bias"):
+        from_llama(attention)
 
 
 def test_from_llama_refuses_a_dropout_of_the_output():

@@ -91,7 +91,7 @@ class _SelfAttentionBase(torch.nn.Module):
                  concat: bool, dropout: float, bias: bool, out_proj: bool, *,
                  score_channels: int, value_dropout: float, residual: bool, beta: bool,
                  kv_heads: int | None = None, qk_norm: str | None = None,
-                 scale: float | None = None, **kwargs) -> None:
+                 scale: float | None = None, gate: str | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
         concat, bias, out_proj, residual, beta = (
             check_flag(value, name) for value, name in ((concat, "concat"), (bias, "bias"),
@@ -146,6 +146,12 @@ class _SelfAttentionBase(torch.nn.Module):
                             else (score_channels, score_channels))
         self.q_norm = None if qk_norm is None else QK_NORMS[qk_norm](q_width)
         self.k_norm = None if qk_norm is None else QK_NORMS[qk_norm](k_width)
+        if gate is not None and gate not in GATES:
+            raise ValueError(f"gate must be None or one of {GATES}, got {gate!r}")
+        self.gate = gate
+        # the gate of each head's output (of each of its channels), from the target's features
+        self.lin_gate = (None if gate is None
+                         else _linear(in_dst, H * C if gate == "elementwise" else H, bias))
         self.out_bias: torch.nn.Parameter | None = None  # GraphSelfAttention(out_bias=True)
 
     def __prepare_scriptable__(self):
@@ -162,7 +168,8 @@ class _SelfAttentionBase(torch.nn.Module):
         Projections whose input size is still to be inferred (``in_channels=-1``) are
         initialised when the first call gives them their shape.
         """
-        for lin in (self.lin_q, self.lin_k, self.lin_v, self.lin_out, self.res, self.lin_beta):
+        for lin in (self.lin_q, self.lin_k, self.lin_v, self.lin_out, self.res, self.lin_beta,
+                    self.lin_gate):
             if lin is not None and not (isinstance(lin, LazyLinear)
                                         and lin.has_uninitialized_params()):
                 _glorot(lin)
@@ -179,7 +186,7 @@ class _SelfAttentionBase(torch.nn.Module):
         (:meth:`_project` reads their weights directly).
         """
         for lin, x in ((self.lin_q, x_dst), (self.lin_k, x_src), (self.lin_v, x_src),
-                       (self.res, x_dst)):
+                       (self.res, x_dst), (self.lin_gate, x_dst)):
             if isinstance(lin, LazyLinear) and isinstance(x, Tensor) and x.dim() >= 2:
                 fresh = lin.has_uninitialized_params()
                 lin(torch.empty(0, x.size(-1), dtype=lin.weight.dtype, device=x.device))
@@ -275,9 +282,13 @@ class _SelfAttentionBase(torch.nn.Module):
         return self.q_norm(q), self.k_norm(k)
 
     def _merge_heads(self, out: Tensor, x_dst: Tensor | None) -> Tensor:
-        """``[..., H, C]`` -> ``[..., H*C]`` (concat) or ``[..., C]`` (mean), then ``lin_out``,
-        plus ``res(x_dst)`` with ``residual=True`` (gated by ``lin_beta`` with ``beta=True``;
-        left out without ``x_dst``, as ``GATConv`` leaves it out), plus ``out_bias``."""
+        """``[..., H, C]`` times ``sigmoid(lin_gate(x_dst))`` with ``gate``, then ``[...,
+        H*C]`` (concat) or ``[..., C]`` (mean), then ``lin_out``, plus ``res(x_dst)`` with
+        ``residual=True`` (gated by ``lin_beta`` with ``beta=True``; left out without
+        ``x_dst``, as ``GATConv`` leaves it out), plus ``out_bias``."""
+        if self.lin_gate is not None:  # (x_dst is there: the forwards refuse a gate without)
+            gate = torch.sigmoid(self.lin_gate(x_dst))  # (..., H * C) or (..., H)
+            out = out * gate.view(*out.shape[:-1], -1)  # (..., H, C) times (..., H, C or 1)
         out = out.flatten(-2) if self.concat else out.mean(dim=-2)  # (..., D)
         out = out if self.lin_out is None else self.lin_out(out)
         if self.res is not None and x_dst is not None:
@@ -313,6 +324,7 @@ class _SelfAttentionBase(torch.nn.Module):
         extra += "" if self.kv_heads == self.heads else f", kv_heads={self.kv_heads}"
         extra += "" if self.qk_norm is None else f", qk_norm={self.qk_norm!r}"
         extra += "" if self.scale is None else f", scale={self.scale:g}"
+        extra += "" if self.gate is None else f", gate={self.gate!r}"
         return f"{self.in_channels}, {self.out_channels}, heads={self.heads}{extra}"
 
 
@@ -477,6 +489,14 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             :math:`\alpha_{ij} = e^{s_{ij}} / (e^{\sigma_h} + \sum_{j'} e^{s_{ij'}})`
             (GPT-OSS's attention sinks), with any score. The returned weights are the
             graph's edges'. (default: ``False``)
+        gate (str, optional): multiply each target's attention output by a sigmoid gate of
+            its own features before the heads are merged, :math:`o_i \leftarrow o_i \odot
+            \sigma(W^G x_i + b^G)`, learned in ``lin_gate``: ``"elementwise"``, a gate per
+            channel of each head (``H * C`` outputs; gated attention, Qiu et al., 2025, as
+            Qwen3-Next has it), or ``"headwise"``, one per head (``H`` outputs, as GaAN gates
+            its heads, Zhang et al., 2018, here from the target's features alone). A target
+            can then take little or nothing from its neighbours. Needs the targets' features.
+            (default: ``None``)
 
     Shapes:
         - **input:** x ``(|V|, F)`` or ``((|V_src|, F_src), (|V_dst|, F_dst))`` (or
@@ -519,7 +539,7 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
                  out_bias: bool = False, rotary: RotaryPE | None = None,
                  kv_heads: int | None = None, qk_norm: str | None = None,
                  scale: float | None = None, softcap: float | None = None,
-                 sinks: bool = False) -> None:
+                 sinks: bool = False, gate: str | None = None) -> None:
         if attention not in SCORES:
             raise ValueError(f"attention must be one of {SCORES}, got {attention!r}")
         add_self_loops, share_weights, share_value, out_bias = (
@@ -547,8 +567,8 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         super().__init__(in_channels, out_channels, heads, concat, dropout, bias, out_proj,
                          score_channels=1 if attention == "additive" else out_channels,
                          value_dropout=value_dropout, residual=residual, beta=beta,
-                         kv_heads=kv_heads, qk_norm=qk_norm, scale=scale, aggr="add",
-                         node_dim=0)
+                         kv_heads=kv_heads, qk_norm=qk_norm, scale=scale, gate=gate,
+                         aggr="add", node_dim=0)
         if self.kv_heads != self.heads and attention == "additive":
             raise ValueError(f"kv_heads={self.kv_heads} (grouped keys and values) needs the dot "
                              f"or gatv2 score; the additive score's key term is one number per "
@@ -768,6 +788,10 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         if self.beta:
             raise ValueError("x_dst is None, but beta=True gates the residual W^R x_i of the "
                              "targets' features: give x = (x_src, x_dst)")
+        if self.gate is not None:
+            raise ValueError(f"x_dst is None, but gate={self.gate!r} gates each target's "
+                             f"output by sigmoid(W^G x_i) of its features: give x = (x_src, "
+                             f"x_dst)")
         if self.add_self_loops and size is not None and None in size:
             raise ValueError(f"x_dst is None with add_self_loops=True: the self-loops go on the "
                              f"first min(size) nodes, as in GATConv, so size must give both "
@@ -994,6 +1018,8 @@ QK_NORMS = {"rms": lambda channels: torch.nn.RMSNorm(channels, eps=1e-6),
             "rms_across_heads": lambda channels: torch.nn.RMSNorm(channels, eps=1e-6),
             "layer_across_heads": lambda channels: torch.nn.LayerNorm(channels, eps=1e-6)}
 QK_NORMS_ACROSS_HEADS = ("rms_across_heads", "layer_across_heads")
+# gate's kinds: a sigmoid gate on each channel of each head's output, or one per head
+GATES = ("elementwise", "headwise")
 
 # fill_value names of PyG's self-loop attributes -> the reduction over a target's in-edges
 FILL_REDUCTIONS = {"mean": "mean", "add": "sum", "max": "amax", "min": "amin", "mul": "prod"}
@@ -1180,6 +1206,9 @@ class DenseSelfAttention(_SelfAttentionBase):
         sinks (bool, optional): a learned logit per head (``sinks``, 0 at first), one more
             score of every row's softmax whose value is 0, as :class:`GraphSelfAttention`'s
             (GPT-OSS's attention sinks). (default: ``False``)
+        gate (str, optional): ``"elementwise"`` or ``"headwise"``: a sigmoid gate of each
+            position's output from its own features, as :class:`GraphSelfAttention`'s.
+            (default: ``None``)
 
     Shapes:
         - **input:** x ``(L, F)`` or ``(B, L, F)``, mask bool ``(L, L)`` or ``(B, L, L)``,
@@ -1200,14 +1229,15 @@ class DenseSelfAttention(_SelfAttentionBase):
                  residual: bool = False, beta: bool = False,
                  rotary: RotaryPE | None = None, kv_heads: int | None = None,
                  qk_norm: str | None = None, scale: float | None = None,
-                 softcap: float | None = None, sinks: bool = False) -> None:
+                 softcap: float | None = None, sinks: bool = False,
+                 gate: str | None = None) -> None:
         if isinstance(in_channels, (tuple, list)):
             raise ValueError(f"in_channels must be one integer for DenseSelfAttention (queries, "
                              f"keys and values come from one x), got {in_channels!r}")
         super().__init__(in_channels, out_channels, heads, concat, dropout, bias, out_proj,
                          score_channels=out_channels, value_dropout=value_dropout,
                          residual=residual, beta=beta, kv_heads=kv_heads, qk_norm=qk_norm,
-                         scale=scale)
+                         scale=scale, gate=gate)
         self.rotary = _check_rotary(rotary, self.out_channels)
         self.softcap = None if softcap is None else check_softcap(softcap, "dot")
         self.sinks = (torch.nn.Parameter(torch.empty(self.heads)) if check_flag(sinks, "sinks")

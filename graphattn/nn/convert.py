@@ -395,7 +395,10 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
     ``qk_norm="rms_across_heads"``, a score scale
     other than ``head_dim ** -0.5`` (Gemma's ``query_pre_attn_scalar ** -0.5``) as
     ``scale``, Gemma 2's soft cap of the scores (``attn_logit_softcapping``) as ``softcap``,
-    GPT-OSS's sink logit per head (``sinks``) as ``sinks=True``,
+    GPT-OSS's sink logit per head (``sinks``) as ``sinks=True``, a sigmoid gate of each
+    head's output (Qwen3-Next's, the second half of each head's rows of a ``q_proj`` of twice
+    the width; AFMoE's, Beam's and HRM's ``gate_proj``, with Beam's ``gate_bias`` per head)
+    as ``gate="elementwise"``,
     and where the config has one rotary embedding per kind of layer (Gemma 3's and
     OLMo 3's local and global layers) the one of the attention's ``layer_type`` (OLMo 3's
     ``attention_type``; else the config's ``layer_types`` at its ``layer_idx``). Where
@@ -529,6 +532,11 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
     if o_proj.in_features != heads * head_dim:
         raise ValueError(f"o_proj must take heads * head_dim = {heads * head_dim} features, "
                          f"got o_proj {o_proj.in_features} -> {o_proj.out_features}")
+    gate, gate_lin, q_proj = _output_gate(attention, q_proj, heads, head_dim)
+    lins[0] = q_proj
+    gate_bias = getattr(attention, "gate_bias", None)  # Beam's, one per head
+    if gate is None or not (isinstance(gate_bias, Tensor) and tuple(gate_bias.shape) == (heads,)):
+        gate_bias = None
     for name, lin, count, heads_name in (("q_proj", q_proj, heads, "heads"),
                                          ("k_proj", k_proj, kv_heads, "kv_heads"),
                                          ("v_proj", v_proj, kv_heads, "kv_heads")):
@@ -536,14 +544,19 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
             raise NotImplementedError(
                 f"{name} gives {lin.out_features} features where its heads take "
                 f"{count * head_dim} ({heads_name} {count} x head_dim {head_dim}): the "
-                f"attention computes something besides them (an output gate, as Qwen3-Next's "
-                f"q_proj does), which from_llama does not convert")
+                f"attention computes something besides them, which from_llama does not "
+                f"convert")
     qk_norm, norms = _qk_norms(attention, head_dim, heads, kv_heads) or (None, None)
     bias = q_proj.bias is not None
     if (k_proj.bias is not None) != bias or (v_proj.bias is not None) != bias or (
-            o_proj.bias is not None and not bias):
+            o_proj.bias is not None and not bias) or (
+            gate_lin is not None and gate_lin.bias is not None and not bias):
         raise ValueError("q_proj, k_proj and v_proj must all have biases or none (and o_proj "
-                         "none when they have none)")
+                         "and the output gate's projection none when they have none)")
+    if gate_bias is not None and not bias and bool(gate_bias.detach().any()):
+        raise NotImplementedError(
+            f"{type(attention).__name__} adds a bias per head to its output gate (gate_bias), "
+            f"which a layer without biases (its q_proj has none) has no place for")
     dropout = float(getattr(config, "attention_dropout", 0.0) or 0.0)
     if getattr(attention, "attn_temperature_tuning", False) and not getattr(
             attention, "use_rope", True):  # Llama 4's layers without RoPE
@@ -567,19 +580,22 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
     if dense:
         layer = DenseSelfAttention(hidden, head_dim, heads, dropout=dropout, bias=bias,
                                    rotary=rotary, kv_heads=kv_heads, qk_norm=qk_norm,
-                                   scale=scale, softcap=softcap, sinks=sinks is not None)
+                                   scale=scale, softcap=softcap, sinks=sinks is not None,
+                                   gate=gate)
     else:
         layer = GraphSelfAttention(hidden, head_dim, heads, dropout=dropout, bias=bias,
                                    add_self_loops=False, backend=backend, rotary=rotary,
                                    kv_heads=kv_heads, qk_norm=qk_norm, scale=scale,
-                                   softcap=softcap, sinks=sinks is not None)
+                                   softcap=softcap, sinks=sinks is not None, gate=gate)
     if o_proj.out_features != heads * head_dim:  # e.g. Qwen3-0.6B: 16 x 128 -> 1024
         layer.lin_out = torch.nn.Linear(heads * head_dim, o_proj.out_features, bias=bias)
     layer = layer.to(device=o_proj.weight.device, dtype=o_proj.weight.dtype)
     layer.train(attention.training)
     with torch.no_grad():
-        for lin, source in zip((layer.lin_q, layer.lin_k, layer.lin_v, layer.lin_out), lins,
-                               strict=True):
+        for lin, source in zip((layer.lin_q, layer.lin_k, layer.lin_v, layer.lin_out,
+                                layer.lin_gate), (*lins, gate_lin), strict=True):
+            if lin is None:  # (no gate)
+                continue
             lin.weight.copy_(source.weight)
             if lin.bias is not None:  # o_proj without a bias beside biased projections: 0
                 lin.bias.copy_(source.bias if source.bias is not None else 0.0)
@@ -591,6 +607,9 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
                 norm.bias.copy_(shift)
         if sinks is not None:
             layer.sinks.copy_(sinks)
+        if gate_bias is not None and bias:  # each head's, on each of its channels' gates
+            layer.lin_gate.bias.add_(gate_bias.repeat_interleave(
+                layer.lin_gate.out_features // heads))
     if check_flag(check, "check"):
         # the rotation as LLaMA pairs channels, as GPT-J does, turned the other way, or none:
         # the first that computes what the attention computes
@@ -601,6 +620,31 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
         _check_conversion(attention, layer, layer_type, tuple(
             rotation.to(o_proj.weight.device) for rotation in rotations) + (None,))
     return layer
+
+
+def _output_gate(attention: Module, q_proj: torch.nn.Linear, heads: int, head_dim: int,
+                 ) -> tuple[str | None, torch.nn.Linear | None, torch.nn.Linear]:
+    """The attention's sigmoid gate of its output as the layers' ``gate``, the projection that
+    computes it, and the query projection: a ``gate_proj`` of ``heads * head_dim`` outputs
+    (``"elementwise"``: AFMoE's, HRM's) or ``heads`` (``"headwise"``), or Qwen3-Next's
+    ``q_proj`` of twice the queries' width, whose rows hold each head's query, then its gate
+    (split in two here); ``(None, None, q_proj)`` without a gate."""
+    gate_proj = getattr(attention, "gate_proj", None)
+    width = heads * head_dim
+    if isinstance(gate_proj, torch.nn.Linear) and gate_proj.out_features in (width, heads):
+        return "elementwise" if gate_proj.out_features == width else "headwise", gate_proj, q_proj
+    if q_proj.out_features != 2 * width:
+        return None, None, q_proj
+    parts = []
+    for part in range(2):  # (0: the queries, 1: the gates)
+        lin = torch.nn.Linear(q_proj.in_features, width, bias=q_proj.bias is not None,
+                              device=q_proj.weight.device, dtype=q_proj.weight.dtype)
+        with torch.no_grad():
+            lin.weight.copy_(q_proj.weight.view(heads, 2, head_dim, -1)[:, part].flatten(0, 1))
+            if lin.bias is not None:
+                lin.bias.copy_(q_proj.bias.view(heads, 2, head_dim)[:, part].flatten())
+        parts.append(lin)
+    return "elementwise", parts[1], parts[0]
 
 
 def _turned_back(rotary: RotaryPE) -> RotaryPE | None:
