@@ -181,7 +181,7 @@ class CharModel(torch.nn.Module):
     def __init__(self, vocab_size: int, graph: str, positions: Tensor, *,
                  hidden: int, heads: int, layers: int, dropout: float,
                  qk_norm: str | None = None, softcap: float | None = None,
-                 sinks: bool = False) -> None:
+                 sinks: bool = False, gate: str | None = None) -> None:
         super().__init__()
         self.vocab_size, self.graph, self.heads = vocab_size, graph, heads
         self.relative = relative_part(graph)
@@ -194,7 +194,8 @@ class CharModel(torch.nn.Module):
                                      add_self_loops=self.relative is None,
                                      rotary=(pe.RotaryPE(hidden // heads)
                                              if self.relative == "rope" else None),
-                                     qk_norm=qk_norm, softcap=softcap, sinks=sinks)
+                                     qk_norm=qk_norm, softcap=softcap, sinks=sinks,
+                                     gate=gate)
         self.t5 = (pe.RelativePositionBias(heads, 32, 128, bidirectional=False)
                    if self.relative == "t5" else None)
         self._batch_graphs: dict[tuple[int, int], tuple[Tensor, Tensor | None]] = {}
@@ -545,6 +546,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sinks", action="store_true",
                         help="a learned sink logit per head in every block's softmax, as "
                              "GPT-OSS has (GraphSelfAttention(sinks=True))")
+    parser.add_argument("--gate", default=None, choices=["elementwise", "headwise"],
+                        help="gate every block's attention output by a sigmoid of each "
+                             "character's features, per channel or per head "
+                             "(GraphSelfAttention(gate=...))")
     parser.add_argument("--softcap", type=float, default=None,
                         help="soft-cap every attention score before its bias at "
                              "c tanh(s / c), as Gemma 2 does (c > 0)")
@@ -617,7 +622,7 @@ def main(argv: list[str] | None = None) -> dict:
         model = CharModel(len(corpus.vocab), name, positions, hidden=args.hidden,
                           heads=args.heads, layers=args.layers, dropout=args.dropout,
                           qk_norm=args.qk_norm, softcap=args.softcap,
-                          sinks=args.sinks).to(args.device)
+                          sinks=args.sinks, gate=args.gate).to(args.device)
         result = train(model, corpus, val, steps=args.steps, batch_size=args.batch_size,
                        length=L, lr=args.lr, eval_every=args.eval_every, seed=args.seed,
                        desc=name, progress=not args.no_progress)

@@ -235,6 +235,17 @@ def test_sinks_reach_every_block(example, corpus):
     assert not example["parse_args"]([]).sinks
 
 
+@pytest.mark.parametrize("gate", ["elementwise", "headwise"])
+def test_gates_reach_every_block(example, corpus, gate):
+    model = example["CharModel"](len(corpus.vocab), "causal+rope", torch.randn(8, 4),
+                                 hidden=16, heads=2, layers=2, dropout=0.0, gate=gate)
+    assert [attn.gate for attn in model.body.attns] == [gate, gate]
+    x = torch.randint(0, len(corpus.vocab), (2, 8))
+    assert torch.isfinite(model(x)).all()
+    assert example["parse_args"](["--gate", gate]).gate == gate
+    assert example["parse_args"]([]).gate is None
+
+
 def test_short_training_learns_and_reports(example, corpus, capsys):
     out = example["main"](["--graphs", "window4+alibi,window0", "--steps", "200",
                            "--eval-every", "100", "--extrapolate", "2", "--no-plot", *SMALL])

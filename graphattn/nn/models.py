@@ -286,6 +286,9 @@ class GraphTransformer(torch.nn.Module):
             at :math:`c \tanh(s / c)` (see :class:`GraphSelfAttention`). (default: ``None``)
         sinks (bool, optional): every attention layer has a learned sink logit per head in
             its softmax (see :class:`GraphSelfAttention`). (default: ``False``)
+        gate (str, optional): ``"elementwise"`` or ``"headwise"``: every attention layer
+            gates each node's output by a sigmoid of the node's features (see
+            :class:`GraphSelfAttention`). (default: ``None``)
 
     ``forward(..., attn_bias=)`` takes an ``[|E|, H]`` score bias that every block adds to its
     attention scores, shared by the blocks as Graphormer shares its spatial encoding: a
@@ -312,7 +315,8 @@ class GraphTransformer(torch.nn.Module):
                  edge_dim: int | None = None, edge_mode: str = "bias",
                  add_self_loops: bool = True, rotary: RotaryPE | None = None,
                  kv_heads: int | None = None, qk_norm: str | None = None,
-                 softcap: float | None = None, sinks: bool = False) -> None:
+                 softcap: float | None = None, sinks: bool = False,
+                 gate: str | None = None) -> None:
         super().__init__()
         _check_single_input(in_channels, "GraphTransformer")
         in_channels = check_in_channels(in_channels)
@@ -342,7 +346,7 @@ class GraphTransformer(torch.nn.Module):
                                attention=attention, backend=backend, edge_dim=edge_dim,
                                edge_mode=edge_mode, add_self_loops=add_self_loops,
                                rotary=rotary, kv_heads=kv_heads, qk_norm=qk_norm,
-                               softcap=softcap, sinks=sinks)
+                               softcap=softcap, sinks=sinks, gate=gate)
             for _ in range(num_layers))
         self.ffn_norms = torch.nn.ModuleList(LayerNorm(D) for _ in range(num_layers))
         self.ffns = torch.nn.ModuleList(
