@@ -497,7 +497,7 @@ def hf_attention(family: str, kv_heads: int, layer_idx: int = 0, **config):
               "gpt_oss": "GptOss", "diffllama": "DiffLlama", "qwen3_next": "Qwen3Next",
               "seed_oss": "SeedOss", "nanochat": "NanoChat", "gpt_neox": "GPTNeoX",
               "phi": "Phi", "persimmon": "Persimmon", "lfm2": "Lfm2", "afmoe": "Afmoe",
-              "hrm_text": "HrmText", "beam": "Beam",
+              "hrm_text": "HrmText", "beam": "Beam", "bitnet": "BitNet",
               "hunyuan_v1_dense": "HunYuanDenseV1"}[family]
     config = getattr(transformers, f"{prefix}TextConfig" if family == "gemma3"
                      else f"{prefix}Config")(
@@ -511,7 +511,8 @@ def hf_attention(family: str, kv_heads: int, layer_idx: int = 0, **config):
         lin = getattr(attention, name, None)  # (Phi-3 has one qkv_proj, GPT-NeoX another)
         if lin is not None and lin.bias is not None:  # not 0, so that a lost one would show
             torch.nn.init.normal_(lin.bias)
-    for name in ("q_norm", "k_norm", "q_layernorm", "k_layernorm"):
+    for name in ("q_norm", "k_norm", "q_layernorm", "k_layernorm", "query_layernorm",
+                 "key_layernorm"):
         norm = getattr(attention, name, None)
         if getattr(norm, "weight", None) is not None:  # Qwen3's gains, away from their initial
             # 1 for the same reason (NanoChat's norms have none)
@@ -750,6 +751,22 @@ def test_from_llama_converts_layer_norms_of_queries_and_keys(family, config):
     assert_close(layer.k_norm.bias.grad, attention.k_layernorm.bias.grad)
 
 
+@pytest.mark.parametrize("dense", [False, True], ids=["graph", "dense"])
+def test_from_llama_converts_norms_after_the_rotation(dense):
+    # HunYuan normalises the rotated queries and keys (query_layernorm, key_layernorm: RMSNorms
+    # with gains, set away from 1 here, where the order matters): qk_norm_after_rotary=True
+    from graphattn.nn import from_llama
+
+    attention, rotary = hf_attention("hunyuan_v1_dense", 2, head_dim=8)
+    layer = from_llama(attention, dense=dense, backend="cpu")
+    assert layer.qk_norm == "rms" and layer.qk_norm_after_rotary
+    check_causal(attention, rotary, layer, dense, length=12, seed=43)
+    assert_close(layer.k_norm.weight.grad, attention.key_layernorm.weight.grad)
+    layer.qk_norm_after_rotary = False  # before the rotation it computes something else
+    with pytest.raises(AssertionError):
+        check_causal(attention, rotary, layer, dense, length=12, seed=43)
+
+
 def test_from_llama_converts_lfm2():
     # LFM2 (Liquid AI) is Qwen3's attention under other names: an RMSNorm of each head's
     # queries and keys before the rotation as q_layernorm and k_layernorm (gains set away
@@ -859,13 +876,12 @@ def test_from_llama_converts_a_layer_without_a_rotation(family):
 
 @pytest.mark.parametrize("family, match", [
     ("diffllama", "DiffLlamaAttention does not compute what its conversion computes"),
-    ("hunyuan_v1_dense", "HunYuanDenseV1Attention does not compute what its conversion "
-                         "computes"),  # its norms after the rotation
+    ("bitnet", "BitNetAttention does not compute what its conversion computes"),
 ])
 def test_from_llama_refuses_what_it_does_not_convert(family, match):
-    # DiffLlama subtracts two softmaxes, HunYuan normalises queries and keys after rotating
-    # them, by modules the converter does not read: from_llama says so instead of returning a
-    # layer that computes something else
+    # DiffLlama subtracts two softmaxes, BitNet normalises the attention's output before
+    # o_proj, by modules the converter does not read: from_llama says so instead of returning
+    # a layer that computes something else
     from graphattn.nn import from_llama
 
     attention, rotary = hf_attention(family, 2, head_dim=8)

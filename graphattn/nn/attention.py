@@ -91,7 +91,8 @@ class _SelfAttentionBase(torch.nn.Module):
                  concat: bool, dropout: float, bias: bool, out_proj: bool, *,
                  score_channels: int, value_dropout: float, residual: bool, beta: bool,
                  kv_heads: int | None = None, qk_norm: str | None = None,
-                 scale: float | None = None, gate: str | None = None, **kwargs) -> None:
+                 scale: float | None = None, gate: str | None = None,
+                 qk_norm_after_rotary: bool = False, **kwargs) -> None:
         super().__init__(**kwargs)
         concat, bias, out_proj, residual, beta = (
             check_flag(value, name) for value, name in ((concat, "concat"), (bias, "bias"),
@@ -138,6 +139,11 @@ class _SelfAttentionBase(torch.nn.Module):
                              f"their channels and needs the dot or gatv2 score; the additive "
                              f"score's are one number per head")
         self.qk_norm = qk_norm
+        if check_flag(qk_norm_after_rotary, "qk_norm_after_rotary") and qk_norm is None:
+            raise ValueError("qk_norm_after_rotary=True places the normalisation of the "
+                             "queries and keys after their rotation, and needs a qk_norm; got "
+                             "qk_norm=None")
+        self.qk_norm_after_rotary = bool(qk_norm_after_rotary)
         self.scale = None if scale is None else finite_float(scale, "scale")
         # normalisation of the queries and keys over each head's channels, or over all heads'
         # channels together (_across_heads), with learned gains
@@ -323,6 +329,7 @@ class _SelfAttentionBase(torch.nn.Module):
         extra += ", beta=True" if self.beta else ""
         extra += "" if self.kv_heads == self.heads else f", kv_heads={self.kv_heads}"
         extra += "" if self.qk_norm is None else f", qk_norm={self.qk_norm!r}"
+        extra += ", qk_norm_after_rotary=True" if self.qk_norm_after_rotary else ""
         extra += "" if self.scale is None else f", scale={self.scale:g}"
         extra += "" if self.gate is None else f", gate={self.gate!r}"
         return f"{self.in_channels}, {self.out_channels}, heads={self.heads}{extra}"
@@ -497,6 +504,10 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             its heads, Zhang et al., 2018, here from the target's features alone). A target
             can then take little or nothing from its neighbours. Needs the targets' features.
             (default: ``None``)
+        qk_norm_after_rotary (bool, optional): normalise the queries and keys (``qk_norm``)
+            after ``rotary`` turns them instead of before, as HunYuan does. The same for a
+            norm without gains (rotations keep norms); with gains, the gains then act on the
+            rotated channels. (default: ``False``)
 
     Shapes:
         - **input:** x ``(|V|, F)`` or ``((|V_src|, F_src), (|V_dst|, F_dst))`` (or
@@ -539,7 +550,8 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
                  out_bias: bool = False, rotary: RotaryPE | None = None,
                  kv_heads: int | None = None, qk_norm: str | None = None,
                  scale: float | None = None, softcap: float | None = None,
-                 sinks: bool = False, gate: str | None = None) -> None:
+                 sinks: bool = False, gate: str | None = None,
+                 qk_norm_after_rotary: bool = False) -> None:
         if attention not in SCORES:
             raise ValueError(f"attention must be one of {SCORES}, got {attention!r}")
         add_self_loops, share_weights, share_value, out_bias = (
@@ -568,7 +580,7 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
                          score_channels=1 if attention == "additive" else out_channels,
                          value_dropout=value_dropout, residual=residual, beta=beta,
                          kv_heads=kv_heads, qk_norm=qk_norm, scale=scale, gate=gate,
-                         aggr="add", node_dim=0)
+                         qk_norm_after_rotary=qk_norm_after_rotary, aggr="add", node_dim=0)
         if self.kv_heads != self.heads and attention == "additive":
             raise ValueError(f"kv_heads={self.kv_heads} (grouped keys and values) needs the dot "
                              f"or gatv2 score; the additive score's key term is one number per "
@@ -734,9 +746,12 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         q = q.view(N_dst, H, score_channels)  # (N_dst, H, C) or (N_dst, H, 1)
         k = k.view(N_src, self.kv_heads, score_channels)  # (N_src, H_kv, C) or (N_src, H, 1)
         v = v.view(N_src, self.kv_heads, C)  # (N_src, H_kv, C): shared by H / H_kv heads
-        q, k = self._normalize_qk(q, k)
+        if not self.qk_norm_after_rotary:
+            q, k = self._normalize_qk(q, k)
         if self.rotary is not None:  # the dot score of R(p_i) q_i and R(p_j) k_j
             q, k = self.rotary.rotate_pair(q, k, pos_dst, pos_src)
+        if self.qk_norm_after_rotary:  # (HunYuan's order)
+            q, k = self._normalize_qk(q, k)
         if self.attention == "additive":
             q, k = q.squeeze(-1), k.squeeze(-1)  # (N, H)
         bias = edge_key = edge_value = None
@@ -1209,6 +1224,8 @@ class DenseSelfAttention(_SelfAttentionBase):
         gate (str, optional): ``"elementwise"`` or ``"headwise"``: a sigmoid gate of each
             position's output from its own features, as :class:`GraphSelfAttention`'s.
             (default: ``None``)
+        qk_norm_after_rotary (bool, optional): ``qk_norm`` after ``rotary``, as
+            :class:`GraphSelfAttention`'s. (default: ``False``)
 
     Shapes:
         - **input:** x ``(L, F)`` or ``(B, L, F)``, mask bool ``(L, L)`` or ``(B, L, L)``,
@@ -1230,14 +1247,14 @@ class DenseSelfAttention(_SelfAttentionBase):
                  rotary: RotaryPE | None = None, kv_heads: int | None = None,
                  qk_norm: str | None = None, scale: float | None = None,
                  softcap: float | None = None, sinks: bool = False,
-                 gate: str | None = None) -> None:
+                 gate: str | None = None, qk_norm_after_rotary: bool = False) -> None:
         if isinstance(in_channels, (tuple, list)):
             raise ValueError(f"in_channels must be one integer for DenseSelfAttention (queries, "
                              f"keys and values come from one x), got {in_channels!r}")
         super().__init__(in_channels, out_channels, heads, concat, dropout, bias, out_proj,
                          score_channels=out_channels, value_dropout=value_dropout,
                          residual=residual, beta=beta, kv_heads=kv_heads, qk_norm=qk_norm,
-                         scale=scale, gate=gate)
+                         scale=scale, gate=gate, qk_norm_after_rotary=qk_norm_after_rotary)
         self.rotary = _check_rotary(rotary, self.out_channels)
         self.softcap = None if softcap is None else check_softcap(softcap, "dot")
         self.sinks = (torch.nn.Parameter(torch.empty(self.heads)) if check_flag(sinks, "sinks")
@@ -1286,7 +1303,8 @@ class DenseSelfAttention(_SelfAttentionBase):
         q, k, v = self._project(x, x)
         q = q.unflatten(-1, (H, C))  # (B, L, H, C)
         k, v = k.unflatten(-1, (self.kv_heads, C)), v.unflatten(-1, (self.kv_heads, C))
-        q, k = self._normalize_qk(q, k)
+        if not self.qk_norm_after_rotary:
+            q, k = self._normalize_qk(q, k)
         if self.rotary is not None:
             if pos is None and batch is not None:
                 raise ValueError("with batch, a layer with rotary needs pos=[N] (or [N, A]): "
@@ -1299,6 +1317,8 @@ class DenseSelfAttention(_SelfAttentionBase):
         elif pos is not None:
             raise ValueError("pos was given but the layer has rotary=None: positions enter "
                              "through a rotary embedding, rotary=graphattn.pe.RotaryPE(...)")
+        if self.qk_norm_after_rotary:  # (HunYuan's order)
+            q, k = self._normalize_qk(q, k)
         # (B, L, H_kv, C): dense_attention shares each kv head among its query heads
         result = dense_attention(q, k, v, mask, is_causal=is_causal, scale=self.scale,
                                  dropout_p=self.dropout,

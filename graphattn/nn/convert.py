@@ -398,7 +398,9 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
     GPT-OSS's sink logit per head (``sinks``) as ``sinks=True``, a sigmoid gate of each
     head's output (Qwen3-Next's, the second half of each head's rows of a ``q_proj`` of twice
     the width; AFMoE's, Beam's and HRM's ``gate_proj``, with Beam's ``gate_bias`` per head)
-    as ``gate="elementwise"``,
+    as ``gate="elementwise"``, HunYuan's normalisation of the rotated queries and keys
+    (``query_layernorm``, ``key_layernorm``) as ``qk_norm_after_rotary=True`` (found by the
+    check below, which tries both orders),
     and where the config has one rotary embedding per kind of layer (Gemma 3's and
     OLMo 3's local and global layers) the one of the attention's ``layer_type`` (OLMo 3's
     ``attention_type``; else the config's ``layer_types`` at its ``layer_idx``). Where
@@ -684,8 +686,10 @@ def _check_conversion(attention: Module, layer: GraphSelfAttention | DenseSelfAt
             f"from_llama could not run {name} to check the conversion "
             f"({type(error).__name__}: {error}); {escape}") from error
     errors = []
-    for rotary in rotaries:
-        layer.rotary = rotary
+    # the normalisation of the queries and keys before the rotation, else after (HunYuan's)
+    placements = (False, True) if layer.qk_norm is not None else (False,)
+    for after, rotary in ((after, rotary) for after in placements for rotary in rotaries):
+        layer.rotary, layer.qk_norm_after_rotary = rotary, after
         got = _layer_output(layer, x, pos)
         errors.append(((got - want).abs().max() / want.abs().max().clamp_min(1e-12)).item())
         if errors[-1] <= _CHECK_TOLERANCE:
@@ -694,9 +698,9 @@ def _check_conversion(attention: Module, layer: GraphSelfAttention | DenseSelfAt
         f"{name} does not compute what its conversion computes: on from_llama's check the "
         f"outputs differ by {min(errors):.3g} of the largest output or more (within "
         f"{_CHECK_TOLERANCE:g} passes), with the rotary embedding's channels paired as in "
-        f"LLaMA or as in GPT-J, turned the other way, or no rotation. It computes something "
-        f"from_llama does not convert (an attention sink, a gate, a normalisation after the "
-        f"rotation, ...); {escape}")
+        f"LLaMA or as in GPT-J, turned the other way, or no rotation (and its queries' and "
+        f"keys' normalisation before or after it). It computes something from_llama does not "
+        f"convert (two softmaxes, a normalisation of the output, ...); {escape}")
 
 
 def _attention_output(attention: Module, layer_type: str | None, x: Tensor,
@@ -813,6 +817,9 @@ def _qk_norms(attention: Module, head_dim: int, heads: int, kv_heads: int,
     shared = getattr(attention, "qk_norm", None)
     if all(m is None for m in modules) and isinstance(shared, Module):
         modules = [shared, shared]  # Llama 4's one RMSNorm without gains for both
+    if all(m is None for m in modules):  # HunYuan's, which it applies after the rotation
+        modules = [getattr(attention, name, None) for name in ("query_layernorm",
+                                                               "key_layernorm")]
     if all(m is None for m in modules):
         return None
     widths = {"rms": (head_dim, head_dim), "rms_across_heads": (heads * head_dim,

@@ -141,7 +141,40 @@ def test_models_state_and_repr():
     (dict(qk_norm=True), "qk_norm must be None or one of"),
     (dict(qk_norm="rms", attention="additive"), "needs the dot or gatv2 score"),
     (dict(qk_norm="rms_across_heads", attention="additive"), "needs the dot or gatv2 score"),
+    (dict(qk_norm_after_rotary=True), "qk_norm_after_rotary=True places the normalisation "
+     "of the queries and keys after their rotation, and needs a qk_norm; got qk_norm=None"),
 ])
 def test_qk_norm_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):
         GraphSelfAttention(8, 4, heads=2, **kwargs)
+
+
+@pytest.mark.parametrize("dense", [False, True], ids=["graph", "dense"])
+def test_qk_norm_after_rotary_normalises_the_rotated_queries_and_keys(dense):
+    """With qk_norm_after_rotary=True the gains act on the rotated channels: the layer
+    computes attention over RMS(R(p) q) and RMS(R(p) k), written out here; with gains of 1
+    the order makes no difference (rotations keep norms)."""
+    torch.manual_seed(3)
+    rotary = pe.RotaryPE(8)
+    kwargs = dict(heads=2, rotary=rotary, qk_norm="rms", qk_norm_after_rotary=True)
+    layer = (DenseSelfAttention(16, 8, **kwargs) if dense
+             else GraphSelfAttention(16, 8, add_self_loops=False, **kwargs))
+    assert "qk_norm_after_rotary=True" in repr(layer)
+    with torch.no_grad():
+        layer.q_norm.weight.uniform_(0.5, 2.0)
+        layer.k_norm.weight.uniform_(0.5, 2.0)
+    x, pos = torch.randn(10, 16), torch.arange(10)
+    out = layer(x, is_causal=True) if dense else layer(x, graphs.causal_graph(10), pos=pos)
+    q, k = rotary.rotate_pair(layer.lin_q(x).view(10, 2, 8), layer.lin_k(x).view(10, 2, 8),
+                              pos, pos)
+    q, k = _normalised(q, layer.q_norm.weight, "rms"), _normalised(k, layer.k_norm.weight, "rms")
+    o = edge_attention(q, k, layer.lin_v(x).view(10, 2, 8), graphs.causal_graph(10),
+                       backend="reference")
+    assert_close(out, layer.lin_out(o.flatten(1)))
+    with torch.no_grad():
+        layer.q_norm.weight.fill_(1.0)
+        layer.k_norm.weight.fill_(1.0)
+    before = layer(x, is_causal=True) if dense else layer(x, graphs.causal_graph(10), pos=pos)
+    layer.qk_norm_after_rotary = False
+    after = layer(x, is_causal=True) if dense else layer(x, graphs.causal_graph(10), pos=pos)
+    assert_close(before, after)
