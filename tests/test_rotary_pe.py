@@ -498,7 +498,8 @@ def hf_attention(family: str, kv_heads: int, layer_idx: int = 0, **config):
               "seed_oss": "SeedOss", "nanochat": "NanoChat", "gpt_neox": "GPTNeoX",
               "phi": "Phi", "persimmon": "Persimmon", "lfm2": "Lfm2", "afmoe": "Afmoe",
               "hrm_text": "HrmText", "beam": "Beam", "bitnet": "BitNet",
-              "hunyuan_v1_dense": "HunYuanDenseV1"}[family]
+              "hunyuan_v1_dense": "HunYuanDenseV1", "modernbert": "ModernBert",
+              "modernbert_decoder": "ModernBertDecoder"}[family]
     config = getattr(transformers, f"{prefix}TextConfig" if family == "gemma3"
                      else f"{prefix}Config")(
         hidden_size=32, num_attention_heads=4, num_key_value_heads=kv_heads,
@@ -506,8 +507,8 @@ def hf_attention(family: str, kv_heads: int, layer_idx: int = 0, **config):
     config._attn_implementation = "eager"
     torch.manual_seed(0)
     attention = getattr(module, f"{prefix}Attention")(config, layer_idx=layer_idx)
-    for name in ("q_proj", "k_proj", "v_proj", "qkv_proj", "query_key_value", "o_proj",
-                 "dense"):
+    for name in ("q_proj", "k_proj", "v_proj", "qkv_proj", "query_key_value", "Wqkv",
+                 "o_proj", "dense", "Wo"):
         lin = getattr(attention, name, None)  # (Phi-3 has one qkv_proj, GPT-NeoX another)
         if lin is not None and lin.bias is not None:  # not 0, so that a lost one would show
             torch.nn.init.normal_(lin.bias)
@@ -572,6 +573,70 @@ def test_from_llama_on_a_window_is_the_attention_with_a_window_mask():
         want = attention(x, position_embeddings=rotary(x, torch.arange(L)[None]),
                          attention_mask=mask[None, None])[0]
         assert_close(layer(x[0], window, pos=torch.arange(L)), want[0])
+
+
+@pytest.mark.parametrize("layer_idx", [0, 1], ids=["global", "local"])
+@pytest.mark.parametrize("dense", [False, True], ids=["graph", "dense"])
+def test_from_llama_converts_modernbert_encoder_layers(layer_idx, dense):
+    # ModernBERT, an encoder: one Wqkv ([q; k; v], a key and value head per head) and Wo;
+    # global layers (RoPE base 160,000) attend to every token, local ones (base 10,000) to the
+    # tokens within sliding_window = local_attention // 2 on both sides: window_graph(L, 4)
+    # here, against the mask the model builds for them
+    from transformers.masking_utils import (
+        create_bidirectional_mask,
+        create_bidirectional_sliding_window_mask,
+    )
+
+    from graphattn.nn import from_llama
+
+    attention, rotary = hf_attention("modernbert", 4, layer_idx, local_attention=8,
+                                     attention_bias=True)
+    config, L = attention.config, 14
+    layer = from_llama(attention, dense=dense, backend="cpu")
+    assert layer.kv_heads == 4 and layer.rotary.base == (160000.0, 10000.0)[layer_idx]
+    assert_close(layer.lin_v.bias.detach(), attention.Wqkv.bias.detach()[64:])
+    gen = torch.Generator().manual_seed(34)
+    x, w = torch.randn(1, L, 32, generator=gen), torch.randn(1, L, 32, generator=gen)
+    make_mask = (create_bidirectional_mask, create_bidirectional_sliding_window_mask)[layer_idx]
+    mask = make_mask(config=config, inputs_embeds=x, attention_mask=torch.ones(1, L).long())
+    if mask is None:  # (the global layers' mask: none, every token sees every token)
+        mask = torch.zeros(1, 1, L, L)
+    graph = (graphs.complete_graph(L), graphs.window_graph(L, config.sliding_window))[layer_idx]
+    assert torch.equal(mask[0, 0] == 0, graphs.to_dense_mask(graph, L))
+    want, want_grad = run_llama(attention, rotary, x, torch.arange(L)[None], w, mask=mask)
+    x_in = x.clone().requires_grad_(True)
+    out = (layer(x_in, mask=mask[:, 0] == 0) if dense
+           else layer(x_in[0], graph, pos=torch.arange(L))[None])
+    (out * w).sum().backward()
+    assert_close(out.detach(), want)
+    assert_close(x_in.grad, want_grad)
+    assert_close(layer.lin_out.weight.grad, attention.Wo.weight.grad)
+
+
+@pytest.mark.parametrize("dense", [False, True], ids=["graph", "dense"])
+def test_from_llama_reads_the_key_heads_from_k_proj(dense):
+    # ModernBERT's decoder gives every head its own key and value, whatever its config says of
+    # key heads: given a config with num_key_value_heads=2, its k_proj still has 4 heads of 8
+    from graphattn.nn import from_llama
+
+    attention, rotary = hf_attention("modernbert_decoder", 2, 0, attention_bias=True)
+    assert attention.config.num_key_value_heads == 2 and attention.k_proj.out_features == 32
+    layer = from_llama(attention, dense=dense, backend="cpu")
+    assert layer.kv_heads == 4
+    check_causal(attention, rotary, layer, dense, length=14, seed=35)
+    assert_close(layer.lin_k.weight.grad, attention.k_proj.weight.grad)
+
+
+def test_from_llama_refuses_modernbert_dropping_its_output():
+    from graphattn.nn import from_llama
+
+    attention, _ = hf_attention("modernbert", 4, 0)
+    attention.out_drop = torch.nn.Dropout(0.1)  # (what attention_dropout=0.1 gives it)
+    with pytest.raises(NotImplementedError, match="ModernBertAttention drops its output in "
+                       "training \\(out_drop, p=0.1\\)"):
+        from_llama(attention)
+    attention.out_drop = torch.nn.Identity()
+    assert from_llama(attention).rotary.base == 160000.0
 
 
 @pytest.mark.parametrize("make, error, match", [

@@ -294,7 +294,8 @@ class _SelfAttentionBase(torch.nn.Module):
         ``x_dst``, as ``GATConv`` leaves it out), plus ``out_bias``."""
         if self.lin_gate is not None:  # (x_dst is there: the forwards refuse a gate without)
             gate = torch.sigmoid(self.lin_gate(x_dst))  # (..., H * C) or (..., H)
-            out = out * gate.view(*out.shape[:-1], -1)  # (..., H, C) times (..., H, C or 1)
+            width = out.size(-1) if self.gate == "elementwise" else 1  # (not -1: 0 nodes)
+            out = out * gate.view(*out.shape[:-1], width)  # (..., H, C) times (..., H, C or 1)
         out = out.flatten(-2) if self.concat else out.mean(dim=-2)  # (..., D)
         out = out if self.lin_out is None else self.lin_out(out)
         if self.res is not None and x_dst is not None:

@@ -384,11 +384,12 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
     :class:`~graphattn.nn.DenseSelfAttention`) that computes what a Hugging Face LLaMA-family
     self-attention computes, with its weights copied: ``lin_q, lin_k, lin_v, lin_out`` from
     ``q_proj, k_proj, v_proj, o_proj`` (or from the three parts of Phi-3's fused
-    ``qkv_proj``, or of GPT-NeoX's ``query_key_value``, which holds each head's query, key
-    and value in turn; ``o_proj`` is ``dense`` in GPT-NeoX and Phi, ``out_proj`` in LFM2), its
-    rotary embedding as
+    ``qkv_proj`` or ModernBERT's ``Wqkv``, or of GPT-NeoX's ``query_key_value``, which holds
+    each head's query, key and value in turn; ``o_proj`` is ``dense`` in GPT-NeoX and Phi,
+    ``out_proj`` in LFM2, ``Wo`` in ModernBERT), its rotary embedding as
     ``rotary=RotaryPE(head_dim,
-    base=rope_theta)`` and its key and value heads as ``kv_heads``. Qwen3's and Gemma 3's RMS
+    base=rope_theta)`` and its key and value heads as ``kv_heads`` (those ``k_proj`` gives,
+    where they are not the config's ``num_key_value_heads``). Qwen3's and Gemma 3's RMS
     normalisation of each head's queries and keys (``q_norm``, ``k_norm``) comes over as
     ``qk_norm="rms"`` with its gains (Gemma's ``1 + weight``) and epsilon, OLMo 2's and
     OLMo 3's RMS normalisation of the whole query and key projections, all heads together, as
@@ -420,7 +421,10 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
     Qwen2, Qwen3, Gemma 2, Gemma 3 and OLMo 3) is ``graphs.window_graph(L, w - 1,
     causal=True)``: Hugging Face's mask keeps the keys :math:`i - w < j \le i`; Llama 4's
     chunked attention (its layers with RoPE; ``config.attention_chunk_size``) is
-    ``graphs.chunked_graph(L, attention_chunk_size)``. No self-loops are added. The dense
+    ``graphs.chunked_graph(L, attention_chunk_size)``; ModernBERT's encoder layers (which
+    attend both ways) are the attention on ``graphs.complete_graph(L)`` (global layers) and on
+    ``graphs.window_graph(L, config.sliding_window)`` (local ones). No self-loops are
+    added. The dense
     layer takes ``x [B, L, D]`` with ``is_causal=True`` (``pos`` defaults to ``0 .. L-1``).
 
     Args:
@@ -478,10 +482,16 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
     """
     config = getattr(attention, "config", None)
     lins = [getattr(attention, name, None) for name in ("q_proj", "k_proj", "v_proj", "o_proj")]
-    if lins[3] is None:  # GPT-NeoX's, Phi's and Persimmon's output projection; LFM2's
-        lins[3] = getattr(attention, "dense", None) or getattr(attention, "out_proj", None)
+    if lins[3] is None:  # GPT-NeoX's, Phi's and Persimmon's output projection; LFM2's;
+        lins[3] = next((lin for lin in (getattr(attention, name, None)  # ModernBERT's
+                                        for name in ("dense", "out_proj", "Wo"))
+                        if lin is not None), None)
     if config is not None and isinstance(getattr(attention, "qkv_proj", None), torch.nn.Linear):
         lins[:3] = _split_qkv(attention.qkv_proj, config)  # Phi-3's one product for q, k, v
+    modernbert_qkv = config is not None and isinstance(getattr(attention, "Wqkv", None),
+                                                       torch.nn.Linear) and lins[0] is None
+    if modernbert_qkv:  # ModernBERT's: [q; k; v] as Phi-3's, a key and value head per head
+        lins[:3] = _split_qkv(attention.Wqkv, config, kv_heads=config.num_attention_heads)
     fused = getattr(attention, "query_key_value", None)
     per_head_qkv = config is not None and isinstance(fused, torch.nn.Linear) and lins[0] is None
     if per_head_qkv:
@@ -495,12 +505,17 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
     groups = getattr(attention, "num_key_value_groups", None)  # the layer's own (a model's
     if isinstance(groups, int) and groups > 0 and heads % groups == 0:  # layers may differ)
         kv_heads = heads // groups
-    elif per_head_qkv:  # one query, key and value per head, whatever else the config holds
+    elif per_head_qkv or modernbert_qkv:  # a key and value per head, whatever the config holds
         kv_heads = heads
     else:
         kv_heads = getattr(config, "num_key_value_heads", None) or heads
     head_dim = (getattr(attention, "head_dim", None) or getattr(attention, "head_size", None)
                 or q_proj.out_features // heads)
+    own = k_proj.out_features // max(head_dim, 1)  # the key heads k_proj gives
+    if (k_proj.out_features != kv_heads * head_dim and own * head_dim == k_proj.out_features
+            and v_proj.out_features == k_proj.out_features and own and heads % own == 0):
+        kv_heads = own  # a module that reads no key head count from its config (ModernBERT's
+        # decoder, given a config that holds one)
     hidden = q_proj.in_features
     rope = dict(getattr(config, "rope_parameters", None) or {})
     # the kind of layer, where the config has one rotary embedding per kind (Gemma 3's
@@ -575,6 +590,13 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
             f"{residual_dropout}), which the layers do not: set attention.residual_dropout = "
             f"0.0 before converting it (nothing changes in eval mode), or drop the layer's "
             f"output in the model")
+    out_drop = getattr(attention, "out_drop", None)  # ModernBERT's, of p = attention_dropout
+    if isinstance(out_drop, torch.nn.Dropout) and out_drop.p > 0:
+        raise NotImplementedError(
+            f"{type(attention).__name__} drops its output in training (out_drop, p="
+            f"{out_drop.p}), which the layers do not: set attention.out_drop = "
+            f"torch.nn.Identity() before converting it (nothing changes in eval mode), or "
+            f"drop the layer's output in the model")
     rotary = RotaryPE(int(head_dim * factor), base=float(base), **rope_args)
     sinks = getattr(attention, "sinks", None)  # GPT-OSS's logit per head
     if not (isinstance(sinks, Tensor) and tuple(sinks.shape) == (heads,)):
@@ -750,12 +772,13 @@ def _family_rotary_embedding(attention: Module) -> Module:
     return classes[best](attention.config).float().cpu()
 
 
-def _split_qkv(qkv_proj: torch.nn.Linear, config) -> list[torch.nn.Linear]:
+def _split_qkv(qkv_proj: torch.nn.Linear, config,
+               kv_heads: int | None = None) -> list[torch.nn.Linear]:
     """Three ``Linear`` modules that compute the query, key and value parts of a fused
     ``qkv_proj`` (rows ``[H d; H_kv d; H_kv d]``, as Phi-3 stacks them), holding copies of its
-    weight's rows."""
+    weight's rows; ``H_kv`` is ``kv_heads``, else the config's."""
     heads = config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    kv_heads = kv_heads or getattr(config, "num_key_value_heads", None) or heads
     if qkv_proj.out_features % (heads + 2 * kv_heads):
         raise ValueError(f"qkv_proj must give (heads + 2 kv_heads) * head_dim features, a "
                          f"multiple of {heads + 2 * kv_heads}, got {qkv_proj.out_features}")

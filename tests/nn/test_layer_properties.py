@@ -3,10 +3,12 @@ reference backend.
 
 Hypothesis draws the graph (self-attention or bipartite, 0 to 6 nodes per side, multi-edges and
 self-loops allowed) and the options (score, heads, concat, output projection, self-loops,
-residual and its gate, edge features and how they enter). Each backend runs a copy of one layer:
+residual and its gate, edge features and how they enter, sinks, an output gate and a soft cap of
+the scores). Each backend runs a copy of one layer:
 outputs, the returned edge order and attention weights, and the gradients of every parameter must
 match the readable reference path. A second draw gives the dot score a rotary embedding (real
-positions, one or two axes), grouped key and value heads and QK-norm. The draws are
+positions, one or two axes), grouped key and value heads, QK-norm before or after the rotation,
+sinks and an output gate. The draws are
 derandomised, so CI runs the same cases each time.
 The triton backend runs fewer draws, in Triton's CPU interpreter.
 """
@@ -41,6 +43,10 @@ def layer_cases(draw):
         modes = ["bias"] if attention == "additive" else ["bias", "key", "key_value"]
         options.update(edge_dim=EDGE_DIM, edge_mode=draw(st.sampled_from(modes)),
                        fill_value=draw(st.sampled_from(["mean", "add", "max", 0.5])))
+    options.update(sinks=draw(st.booleans()),
+                   gate=draw(st.sampled_from([None, "elementwise", "headwise"])))
+    if attention != "additive" and draw(st.booleans()):
+        options["softcap"] = draw(st.sampled_from([0.5, 3.0]))  # (0.5: most scores capped)
     heads = draw(st.sampled_from([1, 2]))
     # channel counts the cpu kernels read at run time: one compiled variant serves both (the
     # constant counts are tested in tests/functional, and each costs seconds to compile)
@@ -74,6 +80,8 @@ def check_backends(case, backends, dtype=torch.float64):
     edge_attr = (torch.randn(num_edges, EDGE_DIM, generator=gen, dtype=dtype)
                  if with_edges else None)
 
+    if options.get("softcap") is not None:  # (the dense backend refuses a soft cap by name)
+        backends = tuple(b for b in backends if b != "dense")
     out = assert_backends_agree(layer, backends, x, edge_index, edge_attr)
     assert out.shape == (n_dst, heads * channels if options["concat"] else channels)
 
@@ -131,7 +139,8 @@ def test_layer_built_on_the_meta_device_materialises(fill_value):
 def rotary_cases(draw):
     """Graphs as ``layer_cases`` draws them, for a dot-score layer with a rotary embedding
     (one or two position axes, rotate-half or interleaved, all or part of the channels),
-    grouped key/value heads and QK-norm."""
+    grouped key/value heads, QK-norm (before or after the rotation), sinks and an output
+    gate."""
     bipartite = draw(st.booleans())
     n_src = draw(st.integers(0, 6))
     n_dst = draw(st.integers(0, 6)) if bipartite else n_src
@@ -141,7 +150,10 @@ def rotary_cases(draw):
     dim = draw(st.sampled_from([4, 8]))
     options = dict(add_self_loops=draw(st.booleans()), concat=draw(st.booleans()),
                    kv_heads=kv_heads, qk_norm=draw(st.sampled_from(
-                       [None, "rms", "layer", "rms_across_heads", "layer_across_heads"])))
+                       [None, "rms", "layer", "rms_across_heads", "layer_across_heads"])),
+                   sinks=draw(st.booleans()),
+                   gate=draw(st.sampled_from([None, "elementwise", "headwise"])))
+    options["qk_norm_after_rotary"] = options["qk_norm"] is not None and draw(st.booleans())
     rope = dict(axes=axes, interleaved=draw(st.booleans()), base=draw(st.sampled_from(
         [10.0, 10000.0])))
     seed = draw(st.integers(0, 2**16))

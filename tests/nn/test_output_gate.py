@@ -60,6 +60,20 @@ def test_a_closed_gate_shuts_the_attention_out():
     assert_close(out, layer.lin_out.bias.expand(6, -1))
 
 
+@pytest.mark.parametrize("gate", ["elementwise", "headwise"])
+def test_gate_on_a_graph_without_nodes(gate):
+    # (the gate's view once took -1 for its last size, which a tensor of 0 elements cannot
+    # resolve)
+    graph = GraphSelfAttention(16, C, heads=H, gate=gate)
+    x = torch.randn(0, 16, requires_grad=True)
+    out = graph(x, torch.zeros(2, 0, dtype=torch.long))
+    assert out.shape == (0, H * C)
+    out.sum().backward()
+    assert x.grad.shape == (0, 16)
+    dense = DenseSelfAttention(16, C, heads=H, gate=gate)
+    assert dense(torch.randn(2, 0, 16), is_causal=True).shape == (2, 0, H * C)
+
+
 def test_gate_reprs_lazy_sizes_and_errors():
     layer = GraphSelfAttention(-1, C, heads=H, gate="elementwise")
     assert repr(layer) == "GraphSelfAttention(-1, 8, heads=4, gate='elementwise')"
