@@ -199,7 +199,7 @@ def _sdpa_with_sinks(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None,
     if attn_mask is not None:  # the sink's column, and the zero query's row unless broadcast
         fill = True if attn_mask.dtype == torch.bool else 0.0
         attn_mask = attn_mask.expand(*attn_mask.shape[:-1], L_k)
-        rows = (1, 0) if attn_mask.dim() > 1 and attn_mask.size(-2) > 1 else ()
+        rows = (1, 0) if attn_mask.dim() > 1 and attn_mask.size(-2) != 1 else ()  # (0 rows too)
         attn_mask = F.pad(attn_mask, (1, 0, *rows), value=fill)
     out = sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
                scale=scale)

@@ -268,6 +268,21 @@ def test_dense_attention_scale_of_zero():
         assert_close(a, b)
 
 
+@pytest.mark.parametrize("mask_shape", [(0, 0), (0, 3), (1, 3)],
+                         ids=["no-keys", "rows", "broadcast-row"])
+def test_dense_attention_with_sinks_and_no_queries(mask_shape):
+    # (a mask of 0 rows once lost the row the sink's zero query needs: SDPA then refused the
+    # shapes)
+    q = torch.randn(0, 2, 4, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(mask_shape[-1], 2, 4, dtype=torch.float64, requires_grad=True)
+            for _ in range(2))
+    sinks = torch.randn(2, dtype=torch.float64, requires_grad=True)
+    out = dense_attention(q, k, v, torch.ones(mask_shape, dtype=torch.bool), sinks=sinks)
+    assert out.shape == (0, 2, 4)
+    out.sum().backward()
+    assert not sinks.grad.any() and not k.grad.any()
+
+
 def test_auto_takes_the_dense_backend_with_sinks_too():
     q = torch.randn(64, 2, 8)
     edge_index = graphs.complete_graph(64)

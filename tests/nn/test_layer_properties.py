@@ -1,5 +1,5 @@
 """GraphSelfAttention with drawn option sets and graphs: every CPU backend agrees with the
-reference backend.
+reference backend, and DenseSelfAttention computes what it computes on the graphs of its masks.
 
 Hypothesis draws the graph (self-attention or bipartite, 0 to 6 nodes per side, multi-edges and
 self-loops allowed) and the options (score, heads, concat, output projection, self-loops,
@@ -21,7 +21,7 @@ from conftest import assert_close
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from graphattn.nn import GraphSelfAttention
+from graphattn.nn import DenseSelfAttention, GraphSelfAttention
 
 F_SRC, F_DST, EDGE_DIM = 5, 4, 3
 
@@ -181,3 +181,79 @@ def test_rotary_grouped_layers_agree_on_every_cpu_backend(case):
     edge_index = torch.stack([torch.randint(0, max(n_src, 1), (num_edges,), generator=gen),
                               torch.randint(0, max(n_dst, 1), (num_edges,), generator=gen)])
     assert_backends_agree(layer, ("cpu", "dense"), x, edge_index, None, pos=pos)
+
+
+@st.composite
+def dense_pair_cases(draw):
+    """Options both layers take (grouped heads, QK-norm before or after a rotation, sinks,
+    gates, a scale, a soft cap, residuals), a length of 0 to 7, and the backend of the graph
+    layer."""
+    heads, kv_heads = draw(st.sampled_from([(1, 1), (2, 2), (2, 1), (4, 2)]))
+    residual = draw(st.booleans())
+    qk_norm = draw(st.sampled_from([None, "rms", "layer", "rms_across_heads",
+                                    "layer_across_heads"]))
+    options = dict(
+        concat=draw(st.booleans()), out_proj=draw(st.booleans()), bias=draw(st.booleans()),
+        residual=residual, beta=residual and draw(st.booleans()), kv_heads=kv_heads,
+        qk_norm=qk_norm, qk_norm_after_rotary=qk_norm is not None and draw(st.booleans()),
+        sinks=draw(st.booleans()), gate=draw(st.sampled_from([None, "elementwise", "headwise"])),
+        scale=draw(st.sampled_from([None, 0.3])), softcap=draw(st.sampled_from([None, 2.0])))
+    backend = draw(st.sampled_from(["cpu", "reference"] if options["softcap"] else
+                                   ["cpu", "reference", "dense"]))
+    return (heads, draw(st.sampled_from([4, 8])), options, draw(st.booleans()),
+            draw(st.integers(0, 7)), draw(st.integers(0, 2**16)), backend)
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(dense_pair_cases(), st.sampled_from(["complete", "causal", "mask", "batch"]))
+def test_dense_layer_is_the_graph_layer_on_its_graph(case, how):
+    """DenseSelfAttention with the GraphSelfAttention's state_dict, on all pairs, causally,
+    under a random mask or per graph of a batch, computes what the graph layer computes on
+    the graph of those pairs: outputs, the input's gradient and every parameter's gradient."""
+    from graphattn import graphs, pe
+
+    heads, channels, options, rotary, L, seed, backend = case
+    if how == "batch" and options["softcap"] is not None:
+        how = "mask"  # (the dense layer refuses a soft cap with batch, by name)
+    gen = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    rope = pe.RotaryPE(channels) if rotary else None
+    graph_layer = GraphSelfAttention(F_SRC, channels, heads, add_self_loops=False, rotary=rope,
+                                     backend=backend, **options).double()
+    dense_layer = DenseSelfAttention(F_SRC, channels, heads, rotary=rope, **options).double()
+    for p in graph_layer.parameters():  # (gains, biases and sinks away from their 1s and 0s)
+        torch.nn.init.normal_(p, 0.0, 0.5, generator=gen)
+    dense_layer.load_state_dict(graph_layer.state_dict())
+    x = torch.randn(L, F_SRC, generator=gen, dtype=torch.float64)
+    pos, dense_kwargs = torch.arange(L), {}
+    if how == "complete":
+        edge_index = graphs.complete_graph(L)
+    elif how == "causal":
+        edge_index, dense_kwargs = graphs.causal_graph(L), dict(is_causal=True)
+    elif how == "mask":
+        mask = torch.rand(L, L, generator=gen) < 0.5
+        edge_index, dense_kwargs = graphs.from_dense_mask(mask), dict(mask=mask)
+    else:
+        cut = int(torch.randint(0, L + 1, (1,), generator=gen))
+        batch = (torch.arange(L) >= cut).long()
+        pos = torch.cat([torch.arange(cut), torch.arange(L - cut)])  # (each graph's own)
+        edge_index, dense_kwargs = graphs.batch_complete_graph(batch), dict(batch=batch)
+        if rotary:
+            dense_kwargs["pos"] = pos
+    outs, grads = [], []
+    for layer, call in ((graph_layer, lambda x: graph_layer(
+            x, edge_index, **({"pos": pos} if rotary else {}))),
+                        (dense_layer, lambda x: dense_layer(x, **dense_kwargs))):
+        x_in = x.clone().requires_grad_(True)
+        out = call(x_in)
+        weight = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)
+        (out * weight).sum().backward()
+        outs.append(out.detach())
+        grads.append({"x": x_in.grad, **{name: p.grad for name, p in layer.named_parameters()}})
+    assert_close(outs[1], outs[0])
+    for name, grad in grads[0].items():
+        other = grads[1][name]
+        if grad is None or other is None:  # no output reached it
+            assert all(g is None or not g.any() for g in (grad, other)), name
+        else:
+            assert_close(other, grad)
