@@ -562,6 +562,32 @@ def test_default_mode_drops_the_given_loops_where_a_masked_edge_would_show(defau
     assert torch.isfinite(got).all()
 
 
+def test_weights_of_a_layer_with_sinks_compile():
+    """The sinks' gradient through the returned weights needs each edge's target, found by
+    repeat_interleave with its output size given: a size known before the data, which
+    torch.compile traces (without it the backward did not trace, dynamo cut the graph, and
+    then failed inside its own code). Compiled: outputs, weights and every gradient, the
+    sinks' included, are eager's."""
+    torch.manual_seed(0)
+    layer = GraphSelfAttention(16, 8, heads=2, sinks=True, backend="cpu")
+    torch.nn.init.normal_(layer.sinks)
+    twin = copy.deepcopy(layer)
+    x, edge_index = torch.randn(60, 16), _graph()
+    results = []
+    for model in (torch.compile(twin, backend="aot_eager"), layer):  # (the default mode)
+        out, (index, alpha) = model(x, edge_index, None, True)
+        weight = torch.linspace(-1, 1, alpha.numel()).view_as(alpha)
+        (out.square().sum() + (alpha * weight).sum()).backward()
+        results.append((out.detach(), index, alpha.detach()))
+    (got, got_index, got_alpha), (expected, index, alpha) = results
+    assert_close(got, expected, **COMPILED)
+    assert torch.equal(got_index, index)
+    assert_close(got_alpha, alpha, **COMPILED)
+    assert layer.sinks.grad.abs().min() > 0
+    for param, twin_param in zip(layer.parameters(), twin.parameters(), strict=True):
+        assert_close(twin_param.grad, param.grad, **COMPILED)
+
+
 def _assert_operator_matches_reference(out, alpha, leaves, reference_inputs, *, bias, mask,
                                        score, att, edge_key=None, edge_value=None,
                                        softcap=None, sinks=None):

@@ -68,11 +68,14 @@ def apply_function(function: type[torch.autograd.Function], *args):
     13 arguments of the ``triton`` kernels' Function: more than a kernel launch, on every
     layer call). With every argument given there are no defaults to fill in, so outside
     ``torch.func``'s transforms this hands them to the autograd engine's ``apply`` directly,
-    as ``Function.apply`` itself does after binding. Under the transforms it calls
-    ``function.apply``, which they need (and so it does where torch lacks the private helper
-    that ``Function.apply`` calls first).
+    as ``Function.apply`` itself does after binding. Under the transforms and while dynamo
+    traces it calls ``function.apply``, which they need (and so it does where torch lacks the
+    private helper that ``Function.apply`` calls first).
     """
-    if unwrap_dead_wrappers is None or torch._C._are_functorch_transforms_active():
+    if (unwrap_dead_wrappers is None or torch._C._are_functorch_transforms_active()
+            or torch.compiler.is_compiling()):
+        # (dynamo traces Function.apply; it fails inside its own code on the engine's apply,
+        # in a frame it compiles after a graph break)
         return function.apply(*args)
     return super(torch.autograd.Function, function).apply(*unwrap_dead_wrappers(args))
 

@@ -1828,7 +1828,9 @@ def _csr_targets(rowptr: Tensor, perm: Tensor) -> Tensor:
     edge id ``perm`` at each CSR position."""
     degree = rowptr[1:] - rowptr[:-1]  # (N_dst,)
     targets = torch.empty(perm.numel(), dtype=torch.int64)
-    targets[perm] = torch.repeat_interleave(torch.arange(degree.numel()), degree)
+    # (output_size: a size known before the data, which torch.compile's tracers need)
+    targets[perm] = torch.repeat_interleave(torch.arange(degree.numel()), degree,
+                                            output_size=perm.numel())
     return targets
 
 
