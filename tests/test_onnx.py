@@ -27,6 +27,8 @@ MODELS = {
                                                   backend="cpu"),
     "layer-softcap": lambda: GraphSelfAttention(8, 4, heads=2, softcap=0.5),
     "layer-sinks": lambda: _with_sinks(GraphSelfAttention(8, 4, heads=2, sinks=True)),
+    "layer-gate-qk-norm": lambda: GraphSelfAttention(8, 4, heads=2, kv_heads=1, gate="headwise",
+                                                     qk_norm="layer_across_heads"),
     "GAT": lambda: GAT(8, 3, hidden_channels=4, heads=2),
     "GraphTransformer": lambda: GraphTransformer(8, 8, 3, heads=2),
 }
