@@ -92,7 +92,8 @@ class _SelfAttentionBase(torch.nn.Module):
                  score_channels: int, value_dropout: float, residual: bool, beta: bool,
                  kv_heads: int | None = None, qk_norm: str | None = None,
                  scale: float | None = None, gate: str | None = None,
-                 qk_norm_after_rotary: bool = False, **kwargs) -> None:
+                 qk_norm_after_rotary: bool = False, v_norm: bool = False,
+                 **kwargs) -> None:
         super().__init__(**kwargs)
         concat, bias, out_proj, residual, beta = (
             check_flag(value, name) for value, name in ((concat, "concat"), (bias, "bias"),
@@ -152,6 +153,9 @@ class _SelfAttentionBase(torch.nn.Module):
                             else (score_channels, score_channels))
         self.q_norm = None if qk_norm is None else QK_NORMS[qk_norm](q_width)
         self.k_norm = None if qk_norm is None else QK_NORMS[qk_norm](k_width)
+        # RMS normalisation of each head's values, without gains
+        self.v_norm = (torch.nn.RMSNorm(C, eps=1e-6, elementwise_affine=False)
+                       if check_flag(v_norm, "v_norm") else None)
         if gate is not None and gate not in GATES:
             raise ValueError(f"gate must be None or one of {GATES}, got {gate!r}")
         self.gate = gate
@@ -331,6 +335,7 @@ class _SelfAttentionBase(torch.nn.Module):
         extra += "" if self.kv_heads == self.heads else f", kv_heads={self.kv_heads}"
         extra += "" if self.qk_norm is None else f", qk_norm={self.qk_norm!r}"
         extra += ", qk_norm_after_rotary=True" if self.qk_norm_after_rotary else ""
+        extra += "" if self.v_norm is None else ", v_norm=True"
         extra += "" if self.scale is None else f", scale={self.scale:g}"
         extra += "" if self.gate is None else f", gate={self.gate!r}"
         return f"{self.in_channels}, {self.out_channels}, heads={self.heads}{extra}"
@@ -509,6 +514,10 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             after ``rotary`` turns them instead of before, as HunYuan does. The same for a
             norm without gains (rotations keep norms); with gains, the gains then act on the
             rotated channels. (default: ``False``)
+        v_norm (bool, optional): RMS-normalise each head's values without gains,
+            :math:`v_j \leftarrow v_j / \sqrt{\operatorname{mean}(v_j^2) + \epsilon}` over
+            its C channels (``v_norm``, a ``torch.nn.RMSNorm``, :math:`\epsilon = 10^{-6}`),
+            as Gemma 4 does: each value then has norm :math:`\sqrt{C}`. (default: ``False``)
 
     Shapes:
         - **input:** x ``(|V|, F)`` or ``((|V_src|, F_src), (|V_dst|, F_dst))`` (or
@@ -552,7 +561,7 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
                  kv_heads: int | None = None, qk_norm: str | None = None,
                  scale: float | None = None, softcap: float | None = None,
                  sinks: bool = False, gate: str | None = None,
-                 qk_norm_after_rotary: bool = False) -> None:
+                 qk_norm_after_rotary: bool = False, v_norm: bool = False) -> None:
         if attention not in SCORES:
             raise ValueError(f"attention must be one of {SCORES}, got {attention!r}")
         add_self_loops, share_weights, share_value, out_bias = (
@@ -581,7 +590,8 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
                          score_channels=1 if attention == "additive" else out_channels,
                          value_dropout=value_dropout, residual=residual, beta=beta,
                          kv_heads=kv_heads, qk_norm=qk_norm, scale=scale, gate=gate,
-                         qk_norm_after_rotary=qk_norm_after_rotary, aggr="add", node_dim=0)
+                         qk_norm_after_rotary=qk_norm_after_rotary, v_norm=v_norm,
+                         aggr="add", node_dim=0)
         if self.kv_heads != self.heads and attention == "additive":
             raise ValueError(f"kv_heads={self.kv_heads} (grouped keys and values) needs the dot "
                              f"or gatv2 score; the additive score's key term is one number per "
@@ -747,6 +757,8 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         q = q.view(N_dst, H, score_channels)  # (N_dst, H, C) or (N_dst, H, 1)
         k = k.view(N_src, self.kv_heads, score_channels)  # (N_src, H_kv, C) or (N_src, H, 1)
         v = v.view(N_src, self.kv_heads, C)  # (N_src, H_kv, C): shared by H / H_kv heads
+        if self.v_norm is not None:
+            v = self.v_norm(v)
         if not self.qk_norm_after_rotary:
             q, k = self._normalize_qk(q, k)
         if self.rotary is not None:  # the dot score of R(p_i) q_i and R(p_j) k_j
@@ -1227,6 +1239,8 @@ class DenseSelfAttention(_SelfAttentionBase):
             (default: ``None``)
         qk_norm_after_rotary (bool, optional): ``qk_norm`` after ``rotary``, as
             :class:`GraphSelfAttention`'s. (default: ``False``)
+        v_norm (bool, optional): RMS-normalise each head's values without gains, as
+            :class:`GraphSelfAttention`'s. (default: ``False``)
 
     Shapes:
         - **input:** x ``(L, F)`` or ``(B, L, F)``, mask bool ``(L, L)`` or ``(B, L, L)``,
@@ -1248,14 +1262,16 @@ class DenseSelfAttention(_SelfAttentionBase):
                  rotary: RotaryPE | None = None, kv_heads: int | None = None,
                  qk_norm: str | None = None, scale: float | None = None,
                  softcap: float | None = None, sinks: bool = False,
-                 gate: str | None = None, qk_norm_after_rotary: bool = False) -> None:
+                 gate: str | None = None, qk_norm_after_rotary: bool = False,
+                 v_norm: bool = False) -> None:
         if isinstance(in_channels, (tuple, list)):
             raise ValueError(f"in_channels must be one integer for DenseSelfAttention (queries, "
                              f"keys and values come from one x), got {in_channels!r}")
         super().__init__(in_channels, out_channels, heads, concat, dropout, bias, out_proj,
                          score_channels=out_channels, value_dropout=value_dropout,
                          residual=residual, beta=beta, kv_heads=kv_heads, qk_norm=qk_norm,
-                         scale=scale, gate=gate, qk_norm_after_rotary=qk_norm_after_rotary)
+                         scale=scale, gate=gate, qk_norm_after_rotary=qk_norm_after_rotary,
+                         v_norm=v_norm)
         self.rotary = _check_rotary(rotary, self.out_channels)
         self.softcap = None if softcap is None else check_softcap(softcap, "dot")
         self.sinks = (torch.nn.Parameter(torch.empty(self.heads)) if check_flag(sinks, "sinks")
@@ -1304,6 +1320,8 @@ class DenseSelfAttention(_SelfAttentionBase):
         q, k, v = self._project(x, x)
         q = q.unflatten(-1, (H, C))  # (B, L, H, C)
         k, v = k.unflatten(-1, (self.kv_heads, C)), v.unflatten(-1, (self.kv_heads, C))
+        if self.v_norm is not None:
+            v = self.v_norm(v)
         if not self.qk_norm_after_rotary:
             q, k = self._normalize_qk(q, k)
         if self.rotary is not None:

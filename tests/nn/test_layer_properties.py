@@ -4,7 +4,7 @@ reference backend, and DenseSelfAttention computes what it computes on the graph
 Hypothesis draws the graph (self-attention or bipartite, 0 to 6 nodes per side, multi-edges and
 self-loops allowed) and the options (score, heads, concat, output projection, self-loops,
 residual and its gate, edge features and how they enter, sinks, an output gate and a soft cap of
-the scores). Each backend runs a copy of one layer:
+the scores, the values' RMS norm). Each backend runs a copy of one layer:
 outputs, the returned edge order and attention weights, and the gradients of every parameter must
 match the readable reference path. A second draw gives the dot score a rotary embedding (real
 positions, one or two axes), grouped key and value heads, QK-norm before or after the rotation,
@@ -43,7 +43,7 @@ def layer_cases(draw):
         modes = ["bias"] if attention == "additive" else ["bias", "key", "key_value"]
         options.update(edge_dim=EDGE_DIM, edge_mode=draw(st.sampled_from(modes)),
                        fill_value=draw(st.sampled_from(["mean", "add", "max", 0.5])))
-    options.update(sinks=draw(st.booleans()),
+    options.update(sinks=draw(st.booleans()), v_norm=draw(st.booleans()),
                    gate=draw(st.sampled_from([None, "elementwise", "headwise"])))
     if attention != "additive" and draw(st.booleans()):
         options["softcap"] = draw(st.sampled_from([0.5, 3.0]))  # (0.5: most scores capped)
@@ -186,8 +186,8 @@ def test_rotary_grouped_layers_agree_on_every_cpu_backend(case):
 @st.composite
 def dense_pair_cases(draw):
     """Options both layers take (grouped heads, QK-norm before or after a rotation, sinks,
-    gates, a scale, a soft cap, residuals), a length of 0 to 7, and the backend of the graph
-    layer."""
+    gates, a scale, a soft cap, residuals, values' RMS norm), a length of 0 to 7, and the
+    backend of the graph layer."""
     heads, kv_heads = draw(st.sampled_from([(1, 1), (2, 2), (2, 1), (4, 2)]))
     residual = draw(st.booleans())
     qk_norm = draw(st.sampled_from([None, "rms", "layer", "rms_across_heads",
@@ -197,7 +197,8 @@ def dense_pair_cases(draw):
         residual=residual, beta=residual and draw(st.booleans()), kv_heads=kv_heads,
         qk_norm=qk_norm, qk_norm_after_rotary=qk_norm is not None and draw(st.booleans()),
         sinks=draw(st.booleans()), gate=draw(st.sampled_from([None, "elementwise", "headwise"])),
-        scale=draw(st.sampled_from([None, 0.3])), softcap=draw(st.sampled_from([None, 2.0])))
+        scale=draw(st.sampled_from([None, 0.3])), softcap=draw(st.sampled_from([None, 2.0])),
+        v_norm=draw(st.booleans()))
     backend = draw(st.sampled_from(["cpu", "reference"] if options["softcap"] else
                                    ["cpu", "reference", "dense"]))
     return (heads, draw(st.sampled_from([4, 8])), options, draw(st.booleans()),

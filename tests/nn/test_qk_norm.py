@@ -178,3 +178,45 @@ def test_qk_norm_after_rotary_normalises_the_rotated_queries_and_keys(dense):
     layer.qk_norm_after_rotary = False
     after = layer(x, is_causal=True) if dense else layer(x, graphs.causal_graph(10), pos=pos)
     assert_close(before, after)
+
+
+# (share_value needs keys of C channels: not the additive score's, one per head)
+@pytest.mark.parametrize("attention, share_value", [
+    ("dot", False), ("additive", False), ("gatv2", False), ("dot", True), ("gatv2", True)])
+def test_v_norm_normalises_each_head_s_values(attention, share_value):
+    """v_norm=True: the attention's values are each head's RMS-normalised without gains (norm
+    sqrt(C) each), written out here; with share_value (Gemma 4's layers whose values are the
+    keys' projection), the keys' projection before any QK-norm or rotation."""
+    torch.manual_seed(4)
+    layer = GraphSelfAttention(16, 8, heads=4, kv_heads=1 if attention == "dot" else None,
+                               attention=attention, add_self_loops=False, v_norm=True,
+                               share_value=share_value)
+    assert "v_norm=True" in repr(layer) and not list(layer.v_norm.parameters())
+    x, edge_index = torch.randn(9, 16) * 3, torch.randint(0, 9, (2, 40))
+    out, (_, alpha) = layer(x, edge_index, return_attention_weights=True)
+    values = (layer.lin_k if share_value else layer.lin_v)(x).view(9, -1, 8)
+    values = _normalised(values, torch.ones(8), "rms")
+    assert_close(values.norm(dim=-1), torch.full(values.shape[:2], 8 ** 0.5), atol=1e-4,
+                 rtol=1e-4)
+    heads = 4 // values.size(1)
+    weighted = torch.zeros(9, 4, 8).index_add_(
+        0, edge_index[1], alpha.unsqueeze(-1) * values.repeat_interleave(heads, 1)[edge_index[0]])
+    assert_close(out, layer.lin_out(weighted.flatten(1)))
+
+
+@pytest.mark.parametrize("backend", ["cpu", "dense", "reference"])
+def test_v_norm_graph_and_dense_layers_agree(backend):
+    torch.manual_seed(5)
+    graph = GraphSelfAttention(16, 8, heads=2, v_norm=True, qk_norm="rms", add_self_loops=False,
+                               backend=backend)
+    dense = DenseSelfAttention(16, 8, heads=2, v_norm=True, qk_norm="rms")
+    dense.load_state_dict(graph.state_dict())
+    assert repr(dense) == "DenseSelfAttention(16, 8, heads=2, qk_norm='rms', v_norm=True)"
+    x = torch.randn(11, 16, requires_grad=True)
+    out_g, out_d = graph(x, graphs.causal_graph(11)), dense(x, is_causal=True)
+    assert_close(out_g, out_d)
+    grad_g, = torch.autograd.grad(out_g.square().sum(), x)
+    grad_d, = torch.autograd.grad(out_d.square().sum(), x)
+    assert_close(grad_g, grad_d)
+    with pytest.raises(TypeError, match="v_norm must be a bool"):
+        GraphSelfAttention(16, 8, v_norm="rms")
