@@ -627,6 +627,67 @@ def test_from_llama_reads_the_key_heads_from_k_proj(dense):
     assert_close(layer.lin_k.weight.grad, attention.k_proj.weight.grad)
 
 
+def gemma4_attention(layer_idx: int, **config):
+    """Gemma 4's text attention (4 heads of 8 channels in its sliding layers, 16 in its global
+    ones; two key heads) with gains away from 1, and its rotary embedding module."""
+    transformers = pytest.importorskip("transformers")
+    module = transformers_module("gemma4.modeling_gemma4")
+    config = transformers.Gemma4TextConfig(
+        hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+        global_head_dim=16, num_hidden_layers=3, intermediate_size=64,
+        layer_types=["sliding_attention", "full_attention", "full_attention"], **config)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    attention = module.Gemma4TextAttention(config, layer_idx=layer_idx)
+    for norm in (attention.q_norm, getattr(attention, "k_norm", None)):
+        if norm is not None:
+            torch.nn.init.normal_(norm.weight, 1.0, 0.5)
+    return attention, module.Gemma4TextRotaryEmbedding(config)
+
+
+@pytest.mark.parametrize("layer_idx, k_eq_v", [(0, False), (1, False), (1, True)],
+                         ids=["sliding", "global", "global-k-eq-v"])
+@pytest.mark.parametrize("dense", [False, True], ids=["graph", "dense"])
+def test_from_llama_converts_gemma4(layer_idx, k_eq_v, dense):
+    # Gemma 4: QK-norm with gains, an RMS norm of the values without gains (v_norm=True), a
+    # score scale of 1, and in its global layers wider heads, "proportional" RoPE (a quarter
+    # of the planes turn, the others have frequency 0) and, with attention_k_eq_v, values
+    # from k_proj (share_value=True; before the keys' norm and rotation)
+    from graphattn.nn import from_llama
+
+    attention, rotary = gemma4_attention(layer_idx, attention_k_eq_v=k_eq_v)
+    layer = from_llama(attention, dense=dense, backend="cpu")
+    head_dim = (8, 16)[layer_idx]
+    assert layer.out_channels == head_dim and layer.v_norm is not None
+    assert layer.scale == 1.0 and layer.qk_norm == "rms" and layer.rotary.dim == head_dim
+    if layer_idx == 1:  # 2 of the 8 planes turn
+        assert (layer.rotary.frequencies > 0).sum() == 2
+    assert (layer.lin_v is layer.lin_k) == k_eq_v
+    forward = attention.forward
+    attention.forward = lambda *args, **kwargs: forward(*args, shared_kv_states={}, **kwargs)
+    check_causal(attention, rotary, layer, dense, length=14, seed=36)
+    assert_close(layer.lin_k.weight.grad, attention.k_proj.weight.grad)
+    assert_close(layer.q_norm.weight.grad, attention.q_norm.weight.grad)
+
+
+def test_from_llama_refuses_gemma4_layers_that_share_keys_and_values():
+    from graphattn.nn import from_llama
+
+    attention, _ = gemma4_attention(2, num_kv_shared_layers=1)
+    assert attention.is_kv_shared_layer and getattr(attention, "k_proj", None) is None
+    with pytest.raises(NotImplementedError, match="Gemma4TextAttention \\(layer 2\\) takes "
+                       "the keys and values of an earlier layer \\(KV sharing\\)"):
+        from_llama(attention)
+    attention.v_norm = torch.nn.LayerNorm(8)
+    attention.is_kv_shared_layer = False
+    attention.k_proj = torch.nn.Linear(32, 16, bias=False)
+    attention.v_proj = torch.nn.Linear(32, 16, bias=False)
+    attention.k_norm = attention.q_norm
+    with pytest.raises(NotImplementedError, match="v_norm that RMS-normalises each head's "
+                       "values without gains"):
+        from_llama(attention)
+
+
 def test_from_llama_refuses_modernbert_dropping_its_output():
     from graphattn.nn import from_llama
 

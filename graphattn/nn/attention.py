@@ -1241,6 +1241,8 @@ class DenseSelfAttention(_SelfAttentionBase):
             :class:`GraphSelfAttention`'s. (default: ``False``)
         v_norm (bool, optional): RMS-normalise each head's values without gains, as
             :class:`GraphSelfAttention`'s. (default: ``False``)
+        share_value (bool, optional): the values are the keys' projection, ``lin_v`` is
+            ``lin_k``, as :class:`GraphSelfAttention`'s. (default: ``False``)
 
     Shapes:
         - **input:** x ``(L, F)`` or ``(B, L, F)``, mask bool ``(L, L)`` or ``(B, L, L)``,
@@ -1263,7 +1265,7 @@ class DenseSelfAttention(_SelfAttentionBase):
                  qk_norm: str | None = None, scale: float | None = None,
                  softcap: float | None = None, sinks: bool = False,
                  gate: str | None = None, qk_norm_after_rotary: bool = False,
-                 v_norm: bool = False) -> None:
+                 v_norm: bool = False, share_value: bool = False) -> None:
         if isinstance(in_channels, (tuple, list)):
             raise ValueError(f"in_channels must be one integer for DenseSelfAttention (queries, "
                              f"keys and values come from one x), got {in_channels!r}")
@@ -1272,6 +1274,9 @@ class DenseSelfAttention(_SelfAttentionBase):
                          residual=residual, beta=beta, kv_heads=kv_heads, qk_norm=qk_norm,
                          scale=scale, gate=gate, qk_norm_after_rotary=qk_norm_after_rotary,
                          v_norm=v_norm)
+        self.share_value = check_flag(share_value, "share_value")
+        if self.share_value:
+            self.lin_v = self.lin_k  # one module: its product serves k_j and v_j
         self.rotary = _check_rotary(rotary, self.out_channels)
         self.softcap = None if softcap is None else check_softcap(softcap, "dot")
         self.sinks = (torch.nn.Parameter(torch.empty(self.heads)) if check_flag(sinks, "sinks")
@@ -1350,7 +1355,8 @@ class DenseSelfAttention(_SelfAttentionBase):
         return self._merge_heads(result, x)
 
     def __repr__(self) -> str:
-        extra = "" if self.rotary is None else f", rotary={self.rotary!r}"
+        extra = ", share_value=True" if self.share_value else ""
+        extra += "" if self.rotary is None else f", rotary={self.rotary!r}"
         extra += "" if self.softcap is None else f", softcap={self.softcap:g}"
         extra += "" if self.sinks is None else ", sinks=True"
         return f"{self.__class__.__name__}({self._repr_args()}{extra})"

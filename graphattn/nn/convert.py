@@ -401,7 +401,11 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
     the width; AFMoE's, Beam's and HRM's ``gate_proj``, with Beam's ``gate_bias`` per head)
     as ``gate="elementwise"``, HunYuan's normalisation of the rotated queries and keys
     (``query_layernorm``, ``key_layernorm``) as ``qk_norm_after_rotary=True`` (found by the
-    check below, which tries both orders),
+    check below, which tries both orders), Gemma 4's RMS normalisation of the values without
+    gains (``v_norm``) as ``v_norm=True``, the values of its global layers taken from
+    ``k_proj`` (``attention_k_eq_v``; no ``v_proj``) as ``share_value=True``, and its
+    "proportional" RoPE (a fraction of the planes turn, the others have frequency 0) as
+    ``RotaryPE(head_dim, frequencies=)``,
     and where the config has one rotary embedding per kind of layer (Gemma 3's and
     OLMo 3's local and global layers) the one of the attention's ``layer_type`` (OLMo 3's
     ``attention_type``; else the config's ``layer_types`` at its ``layer_idx``). Where
@@ -423,8 +427,9 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
     chunked attention (its layers with RoPE; ``config.attention_chunk_size``) is
     ``graphs.chunked_graph(L, attention_chunk_size)``; ModernBERT's encoder layers (which
     attend both ways) are the attention on ``graphs.complete_graph(L)`` (global layers) and on
-    ``graphs.window_graph(L, config.sliding_window)`` (local ones). No self-loops are
-    added. The dense
+    ``graphs.window_graph(L, config.sliding_window)`` (local ones). Gemma 4's layers that
+    reuse an earlier layer's keys and values (KV sharing: no ``k_proj`` of their own) are
+    refused by name. No self-loops are added. The dense
     layer takes ``x [B, L, D]`` with ``is_causal=True`` (``pos`` defaults to ``0 .. L-1``).
 
     Args:
@@ -492,6 +497,16 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
                                                        torch.nn.Linear) and lins[0] is None
     if modernbert_qkv:  # ModernBERT's: [q; k; v] as Phi-3's, a key and value head per head
         lins[:3] = _split_qkv(attention.Wqkv, config, kv_heads=config.num_attention_heads)
+    if getattr(attention, "is_kv_shared_layer", False) is True:  # Gemma 4's (and 3n's)
+        raise NotImplementedError(
+            f"{type(attention).__name__} (layer {getattr(attention, 'layer_idx', '?')}) takes "
+            f"the keys and values of an earlier layer (KV sharing): it has no k_proj or v_proj "
+            f"of its own, and a layer converted alone would have no keys; from_llama converts "
+            f"the layers that compute their own")
+    share_value = (lins[2] is None and isinstance(lins[1], torch.nn.Linear)
+                   and getattr(attention, "use_alternative_attention", False) is True)
+    if share_value:  # Gemma 4's global layers (attention_k_eq_v): the values are k_proj's
+        lins[2] = lins[1]
     fused = getattr(attention, "query_key_value", None)
     per_head_qkv = config is not None and isinstance(fused, torch.nn.Linear) and lins[0] is None
     if per_head_qkv:
@@ -537,6 +552,8 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
     if base is None:
         raise ValueError("the attention's config gives no rope_theta for its rotary embedding")
     factor = rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
+    if rope_type == "proportional":  # every channel, with frequencies of 0 past the factor's
+        factor = 1.0
     rope_args = _rope_arguments(config, rope, rope_type, layer_type)
     scaling = getattr(attention, "scaling", head_dim ** -0.5)
     if not isinstance(scaling, (int, float)):  # TimesFM 2.5's, a learned scale per channel
@@ -597,6 +614,7 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
             f"{out_drop.p}), which the layers do not: set attention.out_drop = "
             f"torch.nn.Identity() before converting it (nothing changes in eval mode), or "
             f"drop the layer's output in the model")
+    v_norm = _v_norm_eps(attention, head_dim)  # Gemma 4's RMS norm of the values, or None
     rotary = RotaryPE(int(head_dim * factor), base=float(base), **rope_args)
     sinks = getattr(attention, "sinks", None)  # GPT-OSS's logit per head
     if not (isinstance(sinks, Tensor) and tuple(sinks.shape) == (heads,)):
@@ -605,12 +623,14 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
         layer = DenseSelfAttention(hidden, head_dim, heads, dropout=dropout, bias=bias,
                                    rotary=rotary, kv_heads=kv_heads, qk_norm=qk_norm,
                                    scale=scale, softcap=softcap, sinks=sinks is not None,
-                                   gate=gate)
+                                   gate=gate, v_norm=v_norm is not None,
+                                   share_value=share_value)
     else:
         layer = GraphSelfAttention(hidden, head_dim, heads, dropout=dropout, bias=bias,
                                    add_self_loops=False, backend=backend, rotary=rotary,
                                    kv_heads=kv_heads, qk_norm=qk_norm, scale=scale,
-                                   softcap=softcap, sinks=sinks is not None, gate=gate)
+                                   softcap=softcap, sinks=sinks is not None, gate=gate,
+                                   share_value=share_value, v_norm=v_norm is not None)
     if o_proj.out_features != heads * head_dim:  # e.g. Qwen3-0.6B: 16 x 128 -> 1024
         layer.lin_out = torch.nn.Linear(heads * head_dim, o_proj.out_features, bias=bias)
     layer = layer.to(device=o_proj.weight.device, dtype=o_proj.weight.dtype)
@@ -631,6 +651,8 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
                 norm.bias.copy_(shift)
         if sinks is not None:
             layer.sinks.copy_(sinks)
+        if v_norm is not None:
+            layer.v_norm.eps = v_norm
         if gate_bias is not None and bias:  # each head's, on each of its channels' gates
             layer.lin_gate.bias.add_(gate_bias.repeat_interleave(
                 layer.lin_gate.out_features // heads))
@@ -737,10 +759,13 @@ def _attention_output(attention: Module, layer_type: str | None, x: Tensor,
     mask = torch.full((L, L), float("-inf")).triu(1)[None, None]  # (1, 1, L, L)
     kinds = ({"layer_type": layer_type}
              if "layer_type" in inspect.signature(embedding.forward).parameters else {})
+    # (Gemma 4's forward takes the keys and values its layers share: none here)
+    shared = ({"shared_kv_states": {}}
+              if "shared_kv_states" in inspect.signature(hf.forward).parameters else {})
     with torch.no_grad():
         cos_sin = embedding(x, pos[None], **kinds)
         return hf(x, position_embeddings=cos_sin, attention_mask=mask,
-                  position_ids=pos[None])[0]
+                  position_ids=pos[None], **shared)[0]
 
 
 def _layer_output(layer: GraphSelfAttention | DenseSelfAttention, x: Tensor,
@@ -888,9 +913,29 @@ def _rms_gains(module: Module, weight: Tensor, eps: float) -> Tensor | None:
     return None
 
 
+def _v_norm_eps(attention: Module, head_dim: int) -> float | None:
+    """The epsilon of the attention's ``v_norm``, an RMS normalisation of each head's values
+    without gains (Gemma 4's), or ``None`` when it has none; refused by name when its
+    ``v_norm`` computes something else."""
+    module = getattr(attention, "v_norm", None)
+    if module is None:
+        return None
+    eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
+    like = next(attention.parameters())
+    if isinstance(eps, (int, float)) and getattr(module, "weight", None) is None and (
+            _rms_gains(module, torch.ones(head_dim, device=like.device, dtype=like.dtype),
+                       float(eps)) is not None):
+        return float(eps)
+    raise NotImplementedError(
+        f"from_llama converts a v_norm that RMS-normalises each head's values without gains, "
+        f"x / sqrt(mean(x ** 2) + eps) over head_dim = {head_dim} channels (Gemma 4's); got "
+        f"v_norm {type(module).__name__}")
+
+
 # the rotary embeddings whose frequencies transformers computes once for all positions, which
-# RotaryPE(frequencies=, attention_factor=) then reproduces at every position
-_FIXED_ROPE_TYPES = ("linear", "llama3", "yarn")
+# RotaryPE(frequencies=, attention_factor=) then reproduces at every position (Gemma 4's
+# "proportional" one: frequencies of 0, no rotation, for the planes past its fraction)
+_FIXED_ROPE_TYPES = ("linear", "llama3", "yarn", "proportional")
 
 
 def _rope_arguments(config, rope: dict, rope_type: str, layer_type: str | None) -> dict:

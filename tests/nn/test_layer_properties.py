@@ -186,7 +186,8 @@ def test_rotary_grouped_layers_agree_on_every_cpu_backend(case):
 @st.composite
 def dense_pair_cases(draw):
     """Options both layers take (grouped heads, QK-norm before or after a rotation, sinks,
-    gates, a scale, a soft cap, residuals, values' RMS norm), a length of 0 to 7, and the
+    gates, a scale, a soft cap, residuals, values' RMS norm, values from the keys'
+    projection), a length of 0 to 7, and the
     backend of the graph layer."""
     heads, kv_heads = draw(st.sampled_from([(1, 1), (2, 2), (2, 1), (4, 2)]))
     residual = draw(st.booleans())
@@ -198,7 +199,7 @@ def dense_pair_cases(draw):
         qk_norm=qk_norm, qk_norm_after_rotary=qk_norm is not None and draw(st.booleans()),
         sinks=draw(st.booleans()), gate=draw(st.sampled_from([None, "elementwise", "headwise"])),
         scale=draw(st.sampled_from([None, 0.3])), softcap=draw(st.sampled_from([None, 2.0])),
-        v_norm=draw(st.booleans()))
+        v_norm=draw(st.booleans()), share_value=draw(st.booleans()))
     backend = draw(st.sampled_from(["cpu", "reference"] if options["softcap"] else
                                    ["cpu", "reference", "dense"]))
     return (heads, draw(st.sampled_from([4, 8])), options, draw(st.booleans()),
