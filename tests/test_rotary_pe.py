@@ -670,6 +670,27 @@ def test_from_llama_converts_gemma4(layer_idx, k_eq_v, dense):
     assert_close(layer.q_norm.weight.grad, attention.q_norm.weight.grad)
 
 
+@pytest.mark.parametrize("layer_idx", [0, 4], ids=["sliding", "global"])
+def test_from_llama_converts_gemma3n(layer_idx):
+    # Gemma 3n: the q, k and v norms of Gemma 4 (v_norm without gains), a scale of 1
+    transformers = pytest.importorskip("transformers")
+    from graphattn.nn import from_llama
+
+    module = transformers_module("gemma3n.modeling_gemma3n")
+    config = transformers.Gemma3nTextConfig(
+        hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+        num_hidden_layers=5, intermediate_size=64, num_kv_shared_layers=0)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    attention = module.Gemma3nTextAttention(config, layer_idx=layer_idx)
+    for norm in (attention.q_norm, attention.k_norm):
+        torch.nn.init.normal_(norm.weight, 1.0, 0.5)
+    layer = from_llama(attention, backend="cpu")
+    assert layer.v_norm is not None and layer.scale == 1.0
+    check_causal(attention, module.Gemma3nRotaryEmbedding(config), layer, False, length=14,
+                 seed=37)
+
+
 def test_from_llama_refuses_gemma4_layers_that_share_keys_and_values():
     from graphattn.nn import from_llama
 
