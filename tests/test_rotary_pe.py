@@ -691,6 +691,35 @@ def test_from_llama_converts_gemma3n(layer_idx):
                  seed=37)
 
 
+@pytest.mark.parametrize("layer_idx", [0, 1], ids=["full", "sliding"])
+@pytest.mark.parametrize("dense", [False, True], ids=["graph", "dense"])
+def test_from_llama_converts_mimo_v2_values_of_their_own_width(layer_idx, dense):
+    # MiMo-V2-Flash: values of 12 channels per head beside queries and keys of 8
+    # (score_channels=8), a factor of 0.707 on the values (folded into lin_v), RoPE on a
+    # third of the channels; its sliding layers have twice the key heads and a sink per head
+    transformers = pytest.importorskip("transformers")
+    from graphattn.nn import from_llama
+
+    module = transformers_module("mimo_v2_flash.modeling_mimo_v2_flash")
+    config = transformers.MiMoV2FlashConfig(
+        hidden_size=32, num_attention_heads=4, num_key_value_heads=1, head_dim=8, v_head_dim=12,
+        num_hidden_layers=2, intermediate_size=64, attention_bias=True)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    attention = module.MiMoV2FlashAttention(config, layer_idx=layer_idx)
+    for lin in (attention.q_proj, attention.k_proj, attention.v_proj):
+        torch.nn.init.normal_(lin.bias)
+    if attention.sinks is not None:
+        torch.nn.init.normal_(attention.sinks)
+    layer = from_llama(attention, dense=dense, backend="cpu")
+    assert (layer.score_channels, layer.out_channels, layer.kv_heads) == (8, 12, 1 + layer_idx)
+    assert (layer.sinks is not None) == (layer_idx == 1) and layer.rotary.dim == 2
+    assert_close(layer.lin_v.bias.detach(), attention.v_proj.bias.detach() * 0.707)
+    check_causal(attention, module.MiMoV2FlashRotaryEmbedding(config), layer, dense, length=14,
+                 seed=38)
+    assert_close(layer.lin_q.weight.grad, attention.q_proj.weight.grad)
+
+
 def test_from_llama_refuses_gemma4_layers_that_share_keys_and_values():
     from graphattn.nn import from_llama
 

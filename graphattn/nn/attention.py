@@ -64,8 +64,8 @@ def _plain_linear(lin: torch.nn.Module) -> bool:
 
 
 def _check_rotary(rotary: RotaryPE | None, channels: int) -> RotaryPE | None:
-    """``rotary`` unless it is neither ``None`` nor a ``RotaryPE`` that fits heads of
-    ``channels`` channels."""
+    """``rotary`` unless it is neither ``None`` nor a ``RotaryPE`` that fits queries and keys
+    of ``channels`` channels per head."""
     if rotary is None:
         return None
     if not isinstance(rotary, RotaryPE):
@@ -73,8 +73,17 @@ def _check_rotary(rotary: RotaryPE | None, channels: int) -> RotaryPE | None:
                         f"{type(rotary).__name__}")
     if rotary.dim > channels:
         raise ValueError(f"rotary rotates dim={rotary.dim} channels per head, more than the "
-                         f"out_channels = {channels} each head has")
+                         f"{channels} channels each head's queries and keys have "
+                         f"(score_channels, else out_channels)")
     return rotary
+
+
+def _score_channels(score_channels: int | None, out_channels: int) -> int:
+    """The channels per head of the queries and keys: ``score_channels``, else
+    ``out_channels`` (the values')."""
+    if score_channels is None:
+        return out_channels
+    return check_positive(score_channels, "score_channels")
 
 
 def _glorot(lin: Linear) -> None:
@@ -113,6 +122,7 @@ class _SelfAttentionBase(torch.nn.Module):
                           else (in_channels, in_channels))
         self.in_channels = in_channels
         self.out_channels = out_channels
+        self.score_channels = score_channels  # per head, of the queries and keys
         self.heads = heads
         self.kv_heads = kv_heads
         self.concat = concat
@@ -336,6 +346,8 @@ class _SelfAttentionBase(torch.nn.Module):
         extra += "" if self.qk_norm is None else f", qk_norm={self.qk_norm!r}"
         extra += ", qk_norm_after_rotary=True" if self.qk_norm_after_rotary else ""
         extra += "" if self.v_norm is None else ", v_norm=True"
+        if self.score_channels not in (1, self.out_channels):  # (1: the additive score's)
+            extra += f", score_channels={self.score_channels}"
         extra += "" if self.scale is None else f", scale={self.scale:g}"
         extra += "" if self.gate is None else f", gate={self.gate!r}"
         return f"{self.in_channels}, {self.out_channels}, heads={self.heads}{extra}"
@@ -518,6 +530,15 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             :math:`v_j \leftarrow v_j / \sqrt{\operatorname{mean}(v_j^2) + \epsilon}` over
             its C channels (``v_norm``, a ``torch.nn.RMSNorm``, :math:`\epsilon = 10^{-6}`),
             as Gemma 4 does: each value then has norm :math:`\sqrt{C}`. (default: ``False``)
+        score_channels (int, optional): channels per head :math:`C_{qk}` of the queries and
+            keys of the dot and gatv2 scores (``lin_q`` and ``lin_k`` give :math:`H C_{qk}`
+            and :math:`H_{kv} C_{qk}`), apart from the values' C: the scores cost
+            :math:`E H C_{qk}` and the weighted sums :math:`E H C`, so narrow scoring heads
+            make wide values cheaper (MiMo-V2's, DeepSeek-V3's heads score on other widths
+            than they carry). The scale defaults to :math:`1/\sqrt{C_{qk}}`, ``rotary`` and
+            ``qk_norm`` act on the :math:`C_{qk}` channels, and ``edge_mode="key"`` adds
+            :math:`H C_{qk}` edge channels; ``share_value`` and ``edge_mode="key_value"``
+            need :math:`C_{qk} = C`. (default: ``None``, :math:`C_{qk} = C`)
 
     Shapes:
         - **input:** x ``(|V|, F)`` or ``((|V_src|, F_src), (|V_dst|, F_dst))`` (or
@@ -561,7 +582,8 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
                  kv_heads: int | None = None, qk_norm: str | None = None,
                  scale: float | None = None, softcap: float | None = None,
                  sinks: bool = False, gate: str | None = None,
-                 qk_norm_after_rotary: bool = False, v_norm: bool = False) -> None:
+                 qk_norm_after_rotary: bool = False, v_norm: bool = False,
+                 score_channels: int | None = None) -> None:
         if attention not in SCORES:
             raise ValueError(f"attention must be one of {SCORES}, got {attention!r}")
         add_self_loops, share_weights, share_value, out_bias = (
@@ -586,8 +608,18 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         if not isinstance(backend, str) or (backend != "auto" and backend not in BACKENDS):
             raise ValueError(f"backend must be 'auto' or one of {list(BACKENDS)}, "
                              f"got {backend!r}")
+        if score_channels is not None and attention == "additive":
+            raise ValueError(f"score_channels={score_channels!r} sets the channels of the "
+                             f"queries and keys of the dot and gatv2 scores; the additive "
+                             f"score's are one number per head")
+        qk = _score_channels(score_channels, out_channels)
+        if qk != out_channels and (share_value or edge_mode == "key_value"):
+            raise ValueError(f"{'share_value=True' if share_value else 'edge_mode=key_value'} "
+                             f"makes one tensor serve the keys and the values, which need "
+                             f"score_channels = out_channels, got score_channels={qk} and "
+                             f"out_channels={out_channels}")
         super().__init__(in_channels, out_channels, heads, concat, dropout, bias, out_proj,
-                         score_channels=1 if attention == "additive" else out_channels,
+                         score_channels=1 if attention == "additive" else qk,
                          value_dropout=value_dropout, residual=residual, beta=beta,
                          kv_heads=kv_heads, qk_norm=qk_norm, scale=scale, gate=gate,
                          qk_norm_after_rotary=qk_norm_after_rotary, v_norm=v_norm,
@@ -636,15 +668,15 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         self.edge_mode = edge_mode
         self.attention = attention
         self.backend = backend
-        edge_out = self.heads if edge_mode == "bias" else self.heads * self.out_channels
+        edge_out = self.heads if edge_mode == "bias" else self.heads * self.score_channels
         self.lin_edge = Linear(edge_dim, edge_out, bias=False) if edge_dim is not None else None
         # gatv2's attention vector a, one per head
-        self.att = (torch.nn.Parameter(torch.empty(self.heads, self.out_channels))
+        self.att = (torch.nn.Parameter(torch.empty(self.heads, self.score_channels))
                     if attention == "gatv2" else None)
         if rotary is not None and attention != "dot":
             raise ValueError(f"rotary needs the dot score, where rotated queries and keys "
                              f"score by their relative position; got attention={attention!r}")
-        self.rotary = _check_rotary(rotary, self.out_channels)
+        self.rotary = _check_rotary(rotary, self.score_channels)
         if softcap is not None:
             softcap = check_softcap(softcap, attention, score_name="attention")
             if backend == "dense":
@@ -751,7 +783,7 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
                 keep_if_looped=not (return_attention_weights or hooks or self.explain))
 
         q, k, v = self._project(x_src, x_dst)
-        score_channels = 1 if self.attention == "additive" else C
+        score_channels = self.score_channels  # (1: additive)
         if q is None:  # x = (x_src, None): the additive score without its target term
             q = k.new_zeros(N_dst, H * score_channels)
         q = q.view(N_dst, H, score_channels)  # (N_dst, H, C) or (N_dst, H, 1)
@@ -772,7 +804,7 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             if self.edge_mode == "bias":
                 bias = self.lin_edge(edge_attr)  # (E, H)
             else:  # W^E e_ij enters the key k_j (and the value v_j) of each edge
-                edge_key = self.lin_edge(edge_attr).view(-1, H, C)  # (E, H, C)
+                edge_key = self.lin_edge(edge_attr).view(-1, H, score_channels)  # (E, H, C)
                 edge_value = edge_key if self.edge_mode == "key_value" else None
         if attn_bias is not None:  # (E, H): no self-loop was added (_check_attn_bias)
             bias = attn_bias if bias is None else bias + attn_bias
@@ -1243,6 +1275,9 @@ class DenseSelfAttention(_SelfAttentionBase):
             :class:`GraphSelfAttention`'s. (default: ``False``)
         share_value (bool, optional): the values are the keys' projection, ``lin_v`` is
             ``lin_k``, as :class:`GraphSelfAttention`'s. (default: ``False``)
+        score_channels (int, optional): channels per head of the queries and keys, apart
+            from the values' ``out_channels``, as :class:`GraphSelfAttention`'s.
+            (default: ``None``, the values')
 
     Shapes:
         - **input:** x ``(L, F)`` or ``(B, L, F)``, mask bool ``(L, L)`` or ``(B, L, L)``,
@@ -1265,19 +1300,25 @@ class DenseSelfAttention(_SelfAttentionBase):
                  qk_norm: str | None = None, scale: float | None = None,
                  softcap: float | None = None, sinks: bool = False,
                  gate: str | None = None, qk_norm_after_rotary: bool = False,
-                 v_norm: bool = False, share_value: bool = False) -> None:
+                 v_norm: bool = False, share_value: bool = False,
+                 score_channels: int | None = None) -> None:
         if isinstance(in_channels, (tuple, list)):
             raise ValueError(f"in_channels must be one integer for DenseSelfAttention (queries, "
                              f"keys and values come from one x), got {in_channels!r}")
+        qk = _score_channels(score_channels, out_channels)
+        if qk != out_channels and share_value:
+            raise ValueError(f"share_value=True makes one tensor serve the keys and the values, "
+                             f"which needs score_channels = out_channels, got "
+                             f"score_channels={qk} and out_channels={out_channels}")
         super().__init__(in_channels, out_channels, heads, concat, dropout, bias, out_proj,
-                         score_channels=out_channels, value_dropout=value_dropout,
+                         score_channels=qk, value_dropout=value_dropout,
                          residual=residual, beta=beta, kv_heads=kv_heads, qk_norm=qk_norm,
                          scale=scale, gate=gate, qk_norm_after_rotary=qk_norm_after_rotary,
                          v_norm=v_norm)
         self.share_value = check_flag(share_value, "share_value")
         if self.share_value:
             self.lin_v = self.lin_k  # one module: its product serves k_j and v_j
-        self.rotary = _check_rotary(rotary, self.out_channels)
+        self.rotary = _check_rotary(rotary, self.score_channels)
         self.softcap = None if softcap is None else check_softcap(softcap, "dot")
         self.sinks = (torch.nn.Parameter(torch.empty(self.heads)) if check_flag(sinks, "sinks")
                       else None)
@@ -1323,8 +1364,9 @@ class DenseSelfAttention(_SelfAttentionBase):
                              f"got {list(x.shape)}")
         check_weight_dtype(x, self.lin_q, "x")
         q, k, v = self._project(x, x)
-        q = q.unflatten(-1, (H, C))  # (B, L, H, C)
-        k, v = k.unflatten(-1, (self.kv_heads, C)), v.unflatten(-1, (self.kv_heads, C))
+        q = q.unflatten(-1, (H, self.score_channels))  # (B, L, H, C_qk)
+        k = k.unflatten(-1, (self.kv_heads, self.score_channels))
+        v = v.unflatten(-1, (self.kv_heads, C))  # (B, L, H_kv, C)
         if self.v_norm is not None:
             v = self.v_norm(v)
         if not self.qk_norm_after_rotary:

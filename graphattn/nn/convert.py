@@ -405,7 +405,9 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
     gains (``v_norm``) as ``v_norm=True``, the values of its global layers taken from
     ``k_proj`` (``attention_k_eq_v``; no ``v_proj``) as ``share_value=True``, and its
     "proportional" RoPE (a fraction of the planes turn, the others have frequency 0) as
-    ``RotaryPE(head_dim, frequencies=)``,
+    ``RotaryPE(head_dim, frequencies=)``, values of their own width per head (MiMo-V2's
+    ``v_head_dim``) as ``out_channels`` beside ``score_channels=head_dim``, with its factor on
+    the values (``v_scale``) folded into ``lin_v``,
     and where the config has one rotary embedding per kind of layer (Gemma 3's and
     OLMo 3's local and global layers) the one of the attention's ``layer_type`` (OLMo 3's
     ``attention_type``; else the config's ``layer_types`` at its ``layer_idx``). Where
@@ -526,9 +528,12 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
         kv_heads = getattr(config, "num_key_value_heads", None) or heads
     head_dim = (getattr(attention, "head_dim", None) or getattr(attention, "head_size", None)
                 or q_proj.out_features // heads)
+    # the values' channels per head, where they are not the queries' and keys' (MiMo-V2's)
+    v_dim = getattr(attention, "v_head_dim", None)
+    v_dim = v_dim if isinstance(v_dim, int) and v_dim > 0 else head_dim
     own = k_proj.out_features // max(head_dim, 1)  # the key heads k_proj gives
     if (k_proj.out_features != kv_heads * head_dim and own * head_dim == k_proj.out_features
-            and v_proj.out_features == k_proj.out_features and own and heads % own == 0):
+            and v_proj.out_features == own * v_dim and own and heads % own == 0):
         kv_heads = own  # a module that reads no key head count from its config (ModernBERT's
         # decoder, given a config that holds one)
     hidden = q_proj.in_features
@@ -563,21 +568,22 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
     scaling = float(scaling)
     scale = None if math.isclose(scaling, head_dim ** -0.5, rel_tol=1e-12) else scaling
     softcap = getattr(attention, "attn_logit_softcapping", None)
-    if o_proj.in_features != heads * head_dim:
-        raise ValueError(f"o_proj must take heads * head_dim = {heads * head_dim} features, "
+    if o_proj.in_features != heads * v_dim:
+        raise ValueError(f"o_proj must take heads * head_dim = {heads * v_dim} features, "
                          f"got o_proj {o_proj.in_features} -> {o_proj.out_features}")
     gate, gate_lin, q_proj = _output_gate(attention, q_proj, heads, head_dim)
     lins[0] = q_proj
     gate_bias = getattr(attention, "gate_bias", None)  # Beam's, one per head
     if gate is None or not (isinstance(gate_bias, Tensor) and tuple(gate_bias.shape) == (heads,)):
         gate_bias = None
-    for name, lin, count, heads_name in (("q_proj", q_proj, heads, "heads"),
-                                         ("k_proj", k_proj, kv_heads, "kv_heads"),
-                                         ("v_proj", v_proj, kv_heads, "kv_heads")):
-        if lin.out_features != count * head_dim:
+    for name, lin, count, heads_name, width in (
+            ("q_proj", q_proj, heads, "heads", head_dim),
+            ("k_proj", k_proj, kv_heads, "kv_heads", head_dim),
+            ("v_proj", v_proj, kv_heads, "kv_heads", v_dim)):
+        if lin.out_features != count * width:
             raise NotImplementedError(
                 f"{name} gives {lin.out_features} features where its heads take "
-                f"{count * head_dim} ({heads_name} {count} x head_dim {head_dim}): the "
+                f"{count * width} ({heads_name} {count} x head_dim {width}): the "
                 f"attention computes something besides them, which from_llama does not "
                 f"convert")
     qk_norm, norms = _qk_norms(attention, head_dim, heads, kv_heads) or (None, None)
@@ -614,25 +620,35 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
             f"{out_drop.p}), which the layers do not: set attention.out_drop = "
             f"torch.nn.Identity() before converting it (nothing changes in eval mode), or "
             f"drop the layer's output in the model")
-    v_norm = _v_norm_eps(attention, head_dim)  # Gemma 4's RMS norm of the values, or None
+    v_norm = _v_norm_eps(attention, v_dim)  # Gemma 4's RMS norm of the values, or None
+    v_scale = getattr(attention, "v_scale", 1.0)  # MiMo-V2's factor on the values
+    if not isinstance(v_scale, (int, float)) or not math.isfinite(v_scale):
+        raise NotImplementedError(f"{type(attention).__name__}'s v_scale is a "
+                                  f"{type(v_scale).__name__}, not a number: from_llama folds "
+                                  f"one number into the values' projection")
+    if v_scale != 1.0 and share_value:
+        raise NotImplementedError(f"{type(attention).__name__} scales its values, which are "
+                                  f"its keys' projection (v_scale={v_scale}): from_llama folds "
+                                  f"the factor into a projection of the values alone")
     rotary = RotaryPE(int(head_dim * factor), base=float(base), **rope_args)
     sinks = getattr(attention, "sinks", None)  # GPT-OSS's logit per head
     if not (isinstance(sinks, Tensor) and tuple(sinks.shape) == (heads,)):
         sinks = None
     if dense:
-        layer = DenseSelfAttention(hidden, head_dim, heads, dropout=dropout, bias=bias,
+        layer = DenseSelfAttention(hidden, v_dim, heads, dropout=dropout, bias=bias,
                                    rotary=rotary, kv_heads=kv_heads, qk_norm=qk_norm,
                                    scale=scale, softcap=softcap, sinks=sinks is not None,
                                    gate=gate, v_norm=v_norm is not None,
-                                   share_value=share_value)
+                                   share_value=share_value, score_channels=head_dim)
     else:
-        layer = GraphSelfAttention(hidden, head_dim, heads, dropout=dropout, bias=bias,
+        layer = GraphSelfAttention(hidden, v_dim, heads, dropout=dropout, bias=bias,
                                    add_self_loops=False, backend=backend, rotary=rotary,
                                    kv_heads=kv_heads, qk_norm=qk_norm, scale=scale,
                                    softcap=softcap, sinks=sinks is not None, gate=gate,
-                                   share_value=share_value, v_norm=v_norm is not None)
-    if o_proj.out_features != heads * head_dim:  # e.g. Qwen3-0.6B: 16 x 128 -> 1024
-        layer.lin_out = torch.nn.Linear(heads * head_dim, o_proj.out_features, bias=bias)
+                                   share_value=share_value, v_norm=v_norm is not None,
+                                   score_channels=head_dim)
+    if o_proj.out_features != heads * v_dim:  # e.g. Qwen3-0.6B: 16 x 128 -> 1024
+        layer.lin_out = torch.nn.Linear(heads * v_dim, o_proj.out_features, bias=bias)
     layer = layer.to(device=o_proj.weight.device, dtype=o_proj.weight.dtype)
     layer.train(attention.training)
     with torch.no_grad():
@@ -653,6 +669,10 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
             layer.sinks.copy_(sinks)
         if v_norm is not None:
             layer.v_norm.eps = v_norm
+        if v_scale != 1.0:  # MiMo-V2's factor on the values, folded into their projection
+            layer.lin_v.weight.mul_(v_scale)
+            if layer.lin_v.bias is not None:
+                layer.lin_v.bias.mul_(v_scale)
         if gate_bias is not None and bias:  # each head's, on each of its channels' gates
             layer.lin_gate.bias.add_(gate_bias.repeat_interleave(
                 layer.lin_gate.out_features // heads))

@@ -4,7 +4,8 @@ reference backend, and DenseSelfAttention computes what it computes on the graph
 Hypothesis draws the graph (self-attention or bipartite, 0 to 6 nodes per side, multi-edges and
 self-loops allowed) and the options (score, heads, concat, output projection, self-loops,
 residual and its gate, edge features and how they enter, sinks, an output gate and a soft cap of
-the scores, the values' RMS norm). Each backend runs a copy of one layer:
+the scores, the values' RMS norm, queries and keys of other widths than the values). Each
+backend runs a copy of one layer:
 outputs, the returned edge order and attention weights, and the gradients of every parameter must
 match the readable reference path. A second draw gives the dot score a rotary embedding (real
 positions, one or two axes), grouped key and value heads, QK-norm before or after the rotation,
@@ -51,6 +52,8 @@ def layer_cases(draw):
     # channel counts the cpu kernels read at run time: one compiled variant serves both (the
     # constant counts are tested in tests/functional, and each costs seconds to compile)
     channels = draw(st.sampled_from([3, 5]))
+    if attention != "additive" and options.get("edge_mode") != "key_value":
+        options["score_channels"] = draw(st.sampled_from([None, 3, 5]))  # (the queries' and keys')
     seed = draw(st.integers(0, 2**16))
     return bipartite, n_src, n_dst, num_edges, heads, channels, options, with_edges, seed
 

@@ -220,3 +220,61 @@ def test_v_norm_graph_and_dense_layers_agree(backend):
     assert_close(grad_g, grad_d)
     with pytest.raises(TypeError, match="v_norm must be a bool"):
         GraphSelfAttention(16, 8, v_norm="rms")
+
+
+@pytest.mark.parametrize("attention, edge_mode", [("dot", None), ("dot", "key"),
+                                                  ("gatv2", None), ("gatv2", "key")])
+@pytest.mark.parametrize("backend", ["cpu", "dense", "reference"])
+def test_score_channels_apart_from_the_values(attention, edge_mode, backend):
+    """score_channels=4 beside values of 8 channels per head: queries and keys of 4 channels
+    (the edges' key terms too, and gatv2's attention vector), the dot score's scale 1/2,
+    written out here with the reference operator; outputs and every gradient."""
+    torch.manual_seed(6)
+    edges = dict(edge_dim=3, edge_mode=edge_mode) if edge_mode else {}
+    layer = GraphSelfAttention(16, 8, heads=4, kv_heads=2, score_channels=4, backend=backend,
+                               attention=attention, add_self_loops=False, **edges)
+    assert (layer.lin_q.out_features, layer.lin_k.out_features, layer.lin_v.out_features) == (
+        16, 8, 16)
+    assert "score_channels=4" in repr(layer)
+    x, edge_index = torch.randn(9, 16), torch.randint(0, 9, (2, 40))
+    edge_attr = torch.randn(40, 3) if edge_mode else None
+    out = layer(x, edge_index, edge_attr)
+    edge_key = layer.lin_edge(edge_attr).view(40, 4, 4) if edge_mode else None
+    k, v = layer.lin_k(x).view(9, 2, 4), layer.lin_v(x).view(9, 2, 8)
+    o = edge_attention(layer.lin_q(x).view(9, 4, 4), k.repeat_interleave(2, 1),
+                       v.repeat_interleave(2, 1), edge_index,
+                       scale=0.5 if attention == "dot" else 1.0, score=attention,
+                       att=layer.att, edge_key=edge_key, backend="reference")
+    assert_close(out, layer.lin_out(o.flatten(1)))
+    grads = torch.autograd.grad(out.square().sum(), list(layer.parameters()))
+    expected = torch.autograd.grad(layer.lin_out(o.flatten(1)).square().sum(),
+                                   list(layer.parameters()), allow_unused=True)
+    for grad, want in zip(grads, expected, strict=True):
+        assert_close(grad, want)
+
+
+def test_score_channels_graph_and_dense_layers_agree_and_errors():
+    torch.manual_seed(7)
+    kwargs = dict(heads=2, score_channels=4, rotary=pe.RotaryPE(4), qk_norm="rms")
+    graph = GraphSelfAttention(16, 6, add_self_loops=False, **kwargs)
+    dense = DenseSelfAttention(16, 6, **kwargs)
+    dense.load_state_dict(graph.state_dict())
+    x = torch.randn(10, 16)
+    assert_close(graph(x, graphs.causal_graph(10), pos=torch.arange(10)),
+                 dense(x, is_causal=True))
+    for make, match in [
+            (lambda: GraphSelfAttention(16, 8, attention="additive", score_channels=4),
+             "score_channels=4 sets the channels of the queries and keys of the dot and gatv2"),
+            (lambda: GraphSelfAttention(16, 8, score_channels=4, share_value=True),
+             "share_value=True makes one tensor serve the keys and the values, which need"),
+            (lambda: GraphSelfAttention(16, 8, score_channels=4, edge_dim=2,
+                                        edge_mode="key_value"),
+             "edge_mode=key_value makes one tensor serve"),
+            (lambda: DenseSelfAttention(16, 8, score_channels=4, share_value=True),
+             "share_value=True makes one tensor serve"),
+            (lambda: GraphSelfAttention(16, 8, score_channels=4, rotary=pe.RotaryPE(8)),
+             "rotary rotates dim=8 channels per head, more than the 4 channels each head's "
+             "queries and keys have"),
+            (lambda: GraphSelfAttention(16, 8, score_channels=0), "score_channels must be")]:
+        with pytest.raises(ValueError, match=match):
+            make()
