@@ -931,6 +931,30 @@ def test_the_virtual_source_of_the_sinks_benchmark_is_the_sinks():
                  edge_attention(q, k, v, edge_index, sinks=sinks, backend="reference"))
 
 
+def test_score_channels_benchmark_runs_every_width(tmp_path):
+    """In a process of its own: one warm-up and one timed round of both steps on a small
+    graph, every width, the ratios against the first, and the peak memory of
+    forward+backward on Linux."""
+    import subprocess
+
+    out = tmp_path / "table.md"
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "score_channels_cpu.py"
+    done = subprocess.run([sys.executable, str(path), "--nodes", "300", "--degree", "3",
+                           "--heads", "2", "--channels", "5", "--widths", "5,3",
+                           "--rounds", "1", "--warmup", "1", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    with open(out.with_suffix(".csv")) as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["step"], r["score channels"]) for r in rows] == [
+        (step, f"C_qk = {width}") for step in ("forward", "forward+backward") for width in (5, 3)]
+    _assert_ratios_to_the_first_way(rows, 2, "ratio to the first")
+    for row in rows:  # a peak for forward+backward only, where Linux tells it
+        assert (row["peak MiB (fwd+bwd)"] != "") == (row["step"] == "forward+backward"
+                                                     and sys.platform == "linux")
+    assert "command: `python benchmarks/score_channels_cpu.py --nodes 300" in out.read_text()
+
+
 def test_grouped_query_benchmark_runs_every_way(tmp_path):
     """In a process of its own: one warm-up and one timed round of each step on short
     sequences, both ways for each operator, the ratios against the repeated keys, and the
