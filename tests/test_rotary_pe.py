@@ -371,7 +371,7 @@ def test_rotary_repr_and_state_dict():
      "integer or real"),
     (lambda: pe.apply_rotary(torch.randn(4, 6), torch.arange(4)), ValueError, "N, H, C"),
     (lambda: GraphSelfAttention(8, 4, rotary=pe.RotaryPE(8)), ValueError,
-     "dim=8 channels per head, more than the out_channels = 4"),
+     "dim=8 channels per head, more than the 4 channels each head.s queries and keys have"),
     (lambda: GraphSelfAttention(8, 4, attention="additive", rotary=pe.RotaryPE(4)), ValueError,
      "rotary needs the dot score"),
     (lambda: GraphSelfAttention(8, 4, rotary="rope"), TypeError, "RotaryPE or None"),
