@@ -289,6 +289,12 @@ class GraphTransformer(torch.nn.Module):
         gate (str, optional): ``"elementwise"`` or ``"headwise"``: every attention layer
             gates each node's output by a sigmoid of the node's features (see
             :class:`GraphSelfAttention`). (default: ``None``)
+        score_channels (int, optional): channels per head of every attention layer's queries
+            and keys, apart from its values' ``hidden_channels / heads``: narrow scoring heads
+            cost less per edge (see :class:`GraphSelfAttention`). (default: ``None``: the
+            values')
+        v_norm (bool, optional): every attention layer RMS-normalises each head's values
+            without gains (see :class:`GraphSelfAttention`). (default: ``False``)
 
     ``forward(..., attn_bias=)`` takes an ``[|E|, H]`` score bias that every block adds to its
     attention scores, shared by the blocks as Graphormer shares its spatial encoding: a
@@ -316,7 +322,8 @@ class GraphTransformer(torch.nn.Module):
                  add_self_loops: bool = True, rotary: RotaryPE | None = None,
                  kv_heads: int | None = None, qk_norm: str | None = None,
                  softcap: float | None = None, sinks: bool = False,
-                 gate: str | None = None) -> None:
+                 gate: str | None = None, score_channels: int | None = None,
+                 v_norm: bool = False) -> None:
         super().__init__()
         _check_single_input(in_channels, "GraphTransformer")
         in_channels = check_in_channels(in_channels)
@@ -346,7 +353,8 @@ class GraphTransformer(torch.nn.Module):
                                attention=attention, backend=backend, edge_dim=edge_dim,
                                edge_mode=edge_mode, add_self_loops=add_self_loops,
                                rotary=rotary, kv_heads=kv_heads, qk_norm=qk_norm,
-                               softcap=softcap, sinks=sinks, gate=gate)
+                               softcap=softcap, sinks=sinks, gate=gate,
+                               score_channels=score_channels, v_norm=v_norm)
             for _ in range(num_layers))
         self.ffn_norms = torch.nn.ModuleList(LayerNorm(D) for _ in range(num_layers))
         self.ffns = torch.nn.ModuleList(

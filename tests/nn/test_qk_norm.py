@@ -253,6 +253,20 @@ def test_score_channels_apart_from_the_values(attention, edge_mode, backend):
         assert_close(grad, want)
 
 
+@pytest.mark.parametrize("backend", ["cpu", "dense"])
+def test_graph_transformer_passes_score_channels_and_v_norm_to_its_layers(backend):
+    torch.manual_seed(8)
+    model = GraphTransformer(8, 16, 3, num_layers=2, heads=2, score_channels=3, v_norm=True,
+                             dropout=0.0, backend="reference").eval()
+    assert all(a.score_channels == 3 and a.lin_q.out_features == 6 and a.v_norm is not None
+               for a in model.attns)
+    x, edge_index = torch.randn(7, 8), torch.randint(0, 7, (2, 20))
+    reference = model(x, edge_index)
+    for attention in model.attns:
+        attention.backend = backend
+    assert_close(model(x, edge_index), reference)
+
+
 def test_score_channels_graph_and_dense_layers_agree_and_errors():
     torch.manual_seed(7)
     kwargs = dict(heads=2, score_channels=4, rotary=pe.RotaryPE(4), qk_norm="rms")
