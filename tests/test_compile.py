@@ -588,6 +588,33 @@ def test_weights_of_a_layer_with_sinks_compile():
         assert_close(twin_param.grad, param.grad, **COMPILED)
 
 
+def test_a_graph_break_inside_the_cpu_backend_falls_back_to_eager(monkeypatch):
+    """Where dynamo cuts a graph inside the cpu backend (here: the sinks' gradient taking each
+    edge's target from repeat_interleave without its output size, as it once did), the rest
+    runs eagerly and gives eager's results: the eager kernels are out of dynamo's reach, which
+    otherwise traced numba's dispatcher and failed inside its own code."""
+    def data_dependent_targets(rowptr, perm):
+        degree = rowptr[1:] - rowptr[:-1]
+        targets = torch.empty(perm.numel(), dtype=torch.int64)
+        targets[perm] = torch.repeat_interleave(torch.arange(degree.numel()), degree)
+        return targets
+
+    monkeypatch.setattr(cpu, "_csr_targets", data_dependent_targets)
+    torch.manual_seed(1)
+    layer = GraphSelfAttention(16, 8, heads=2, attention="additive", sinks=True, backend="cpu")
+    torch.nn.init.normal_(layer.sinks)
+    twin = copy.deepcopy(layer)
+    x, edge_index = torch.randn(30, 16), _graph(30, 120)
+    results = []
+    for model in (torch.compile(twin, backend="aot_eager"), layer):
+        out, (_, alpha) = model(x, edge_index, None, True)
+        (out.square().sum() + alpha.square().sum()).backward()
+        results.append(out.detach())
+    assert_close(results[0], results[1], **COMPILED)
+    for param, twin_param in zip(layer.parameters(), twin.parameters(), strict=True):
+        assert_close(twin_param.grad, param.grad, **COMPILED)
+
+
 def _assert_operator_matches_reference(out, alpha, leaves, reference_inputs, *, bias, mask,
                                        score, att, edge_key=None, edge_value=None,
                                        softcap=None, sinks=None):

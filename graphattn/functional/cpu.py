@@ -1834,12 +1834,19 @@ def _csr_targets(rowptr: Tensor, perm: Tensor) -> Tensor:
     return targets
 
 
+# The kernels as eager code calls them, out of dynamo's reach: should torch.compile cut a graph
+# around an eager call, dynamo would otherwise trace the frames that call, numba's dispatcher
+# among them (where it fails inside its own code). Costs 0.3 us a call.
+_eager_forward = torch.compiler.disable(_forward_impl)
+_eager_backward = torch.compiler.disable(_backward_impl)
+
+
 class _EdgeAttentionCPU(torch.autograd.Function):
     """Eager autograd over the kernels: what the operators compute, without their dispatch."""
 
     @staticmethod
     def forward(*inputs):
-        return _forward_impl(*inputs)
+        return _eager_forward(*inputs)
 
     # apart from forward, as torch.func needs (edge_attention itself takes the reference path
     # under torch.func's transforms)
@@ -1851,7 +1858,7 @@ class _EdgeAttentionCPU(torch.autograd.Function):
         # drop): gradients in plain ops, which autograd can differentiate
         if torch.is_grad_enabled() or plain_ops_only(grad_out, grad_alpha):
             return _differentiable_grads(ctx, grad_out, grad_alpha)
-        return _grads(ctx, grad_out, grad_alpha, _backward_impl)
+        return _grads(ctx, grad_out, grad_alpha, _eager_backward)
 
 
 def check_cpu_inputs(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor) -> None:
@@ -1955,7 +1962,7 @@ def cpu_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *, s
     elif needs_grad(q, k, v, att, bias, edge_key, edge_value, sinks):
         out, alpha = apply_function(_EdgeAttentionCPU, *inputs)[:2]
     else:  # inference: no autograd node to record
-        out, alpha = _forward_impl(*inputs)[:2]
+        out, alpha = _eager_forward(*inputs)[:2]
     if channels == 0:
         out = out[..., :0]  # the padded channel (a slice would cost a copy in backward otherwise)
     return out.to(dtype), (alpha.to(dtype) if need_alpha else None)
