@@ -540,9 +540,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--layers", type=positive_int, default=2)
     parser.add_argument("--dropout", type=float, default=0.0)
     parser.add_argument("--qk-norm", default=None,
-                        choices=["rms", "layer", "rms_across_heads", "layer_across_heads"],
-                        help="normalise each head's queries and keys (QK-norm), or all "
-                             "heads' together (_across_heads)")
+                        choices=["rms", "layer", "rms_per_head", "layer_per_head",
+                                 "rms_across_heads", "layer_across_heads"],
+                        help="normalise each head's queries and keys (QK-norm; _per_head: "
+                             "with each head's own gains), or all heads' together "
+                             "(_across_heads)")
     parser.add_argument("--sinks", action="store_true",
                         help="a learned sink logit per head in every block's softmax, as "
                              "GPT-OSS has (GraphSelfAttention(sinks=True))")

@@ -499,9 +499,10 @@ def hf_attention(family: str, kv_heads: int, layer_idx: int = 0, **config):
               "phi": "Phi", "persimmon": "Persimmon", "lfm2": "Lfm2", "afmoe": "Afmoe",
               "hrm_text": "HrmText", "beam": "Beam", "bitnet": "BitNet",
               "hunyuan_v1_dense": "HunYuanDenseV1", "modernbert": "ModernBert",
-              "modernbert_decoder": "ModernBertDecoder"}[family]
-    config = getattr(transformers, f"{prefix}TextConfig" if family == "gemma3"
-                     else f"{prefix}Config")(
+              "modernbert_decoder": "ModernBertDecoder",
+              "voxtral_realtime": "VoxtralRealtime", "chameleon": "Chameleon"}[family]
+    config = getattr(transformers, f"{prefix}TextConfig" if family in (
+        "gemma3", "voxtral_realtime") else f"{prefix}Config")(
         hidden_size=32, num_attention_heads=4, num_key_value_heads=kv_heads,
         attention_dropout=0.0, **config)
     config._attn_implementation = "eager"
@@ -1093,15 +1094,55 @@ def test_from_llama_converts_gated_attention(family, config, dense):
         assert_close(layer.lin_gate.weight.grad, attention.gate_proj.weight.grad)
 
 
-def test_from_llama_refuses_a_gate_bias_without_biases():
+def test_from_llama_converts_a_gate_bias_without_other_biases():
+    # Beam without attention_bias: its gate_bias per head is the one bias; the layer's
+    # projections get biases of 0 that stay so (frozen), and the gate's bias trains
     from graphattn.nn import from_llama
 
-    attention, _ = hf_attention("beam", 2, head_dim=8)
+    attention, rotary = hf_attention("beam", 2, head_dim=8)
     assert attention.q_proj.bias is None
-    assert from_llama(attention).gate == "elementwise"  # (gate_bias 0: nothing to hold)
     torch.nn.init.normal_(attention.gate_bias)
-    with pytest.raises(NotImplementedError, match="gate_bias"):
-        from_llama(attention)
+    layer = from_llama(attention, backend="cpu")
+    check_causal(attention, rotary, layer, dense=False, length=12, seed=43)
+    for lin in (layer.lin_q, layer.lin_k, layer.lin_v, layer.lin_out):
+        assert not lin.bias.requires_grad and not lin.bias.any()
+    assert_close(layer.lin_gate.bias.grad.view(4, 8).sum(1), attention.gate_bias.grad)
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2])
+@pytest.mark.parametrize("dense", [False, True], ids=["graph", "dense"])
+def test_from_llama_converts_chameleon_s_gains_of_each_head(dense, kv_heads):
+    # Chameleon layer-normalises each head's queries and keys over its channels, with each
+    # head's own gains and biases (weight [heads, head_dim]): qk_norm="layer_per_head"
+    from graphattn.nn import from_llama
+
+    attention, rotary = hf_attention("chameleon", kv_heads, head_dim=8)
+    assert attention.q_norm.weight.shape == (4, 8)
+    layer = from_llama(attention, dense=dense, backend="cpu")
+    assert layer.qk_norm == "layer_per_head" and layer.k_norm.weight.shape == (kv_heads, 8)
+    check_causal(attention, rotary, layer, dense, length=12, seed=45)
+    for ours, theirs in ((layer.q_norm, attention.q_norm), (layer.k_norm, attention.k_norm)):
+        assert_close(ours.weight.grad, theirs.weight.grad)
+        assert_close(ours.bias.grad, theirs.bias.grad)
+
+
+@pytest.mark.parametrize("dense", [False, True], ids=["graph", "dense"])
+def test_from_llama_converts_a_key_projection_without_a_bias(dense):
+    # Voxtral Realtime's text attention (as Whisper's) has biased q_proj, v_proj and o_proj
+    # beside a k_proj without a bias: the layer's lin_k gets a bias of 0, frozen, so that the
+    # layer trains what the attention trains; the others come over
+    from graphattn.nn import from_llama
+
+    attention, rotary = hf_attention("voxtral_realtime", 2, head_dim=8)
+    assert attention.k_proj.bias is None and attention.q_proj.bias is not None
+    layer = from_llama(attention, dense=dense, backend="cpu")
+    assert not layer.lin_k.bias.requires_grad and not layer.lin_k.bias.any()
+    check_causal(attention, rotary, layer, dense, length=12, seed=44)
+    assert layer.lin_k.bias.grad is None
+    for ours, theirs in ((layer.lin_q, attention.q_proj), (layer.lin_v, attention.v_proj),
+                         (layer.lin_out, attention.o_proj)):
+        assert_close(ours.bias.grad, theirs.bias.grad)
+    assert_close(layer.lin_k.weight.grad, attention.k_proj.weight.grad)
 
 
 def test_from_llama_refuses_a_dropout_of_the_output():

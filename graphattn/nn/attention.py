@@ -156,13 +156,15 @@ class _SelfAttentionBase(torch.nn.Module):
                              "qk_norm=None")
         self.qk_norm_after_rotary = bool(qk_norm_after_rotary)
         self.scale = None if scale is None else finite_float(scale, "scale")
-        # normalisation of the queries and keys over each head's channels, or over all heads'
-        # channels together (_across_heads), with learned gains
-        q_width, k_width = ((H * score_channels, kv_heads * score_channels)
-                            if qk_norm in QK_NORMS_ACROSS_HEADS
-                            else (score_channels, score_channels))
-        self.q_norm = None if qk_norm is None else QK_NORMS[qk_norm](q_width)
-        self.k_norm = None if qk_norm is None else QK_NORMS[qk_norm](k_width)
+        # normalisation of the queries and keys over each head's channels, with gains of each
+        # channel ([C]) or of each head's channel ([H, C]: _per_head), or over all heads'
+        # channels together (_across_heads: [H * C])
+        c = score_channels
+        q_shape, k_shape = ((H * c, kv_heads * c) if qk_norm in QK_NORMS_ACROSS_HEADS
+                            else ((H, c), (kv_heads, c)) if qk_norm in QK_NORMS_PER_HEAD
+                            else (c, c))
+        self.q_norm = None if qk_norm is None else QK_NORMS[qk_norm](q_shape, eps=1e-6)
+        self.k_norm = None if qk_norm is None else QK_NORMS[qk_norm](k_shape, eps=1e-6)
         # RMS normalisation of each head's values, without gains
         self.v_norm = (torch.nn.RMSNorm(C, eps=1e-6, elementwise_affine=False)
                        if check_flag(v_norm, "v_norm") else None)
@@ -299,6 +301,8 @@ class _SelfAttentionBase(torch.nn.Module):
         if self.qk_norm in QK_NORMS_ACROSS_HEADS:  # over [..., H * c], as the projection gave
             return (self.q_norm(q.flatten(-2)).view(q.shape),
                     self.k_norm(k.flatten(-2)).view(k.shape))
+        if self.qk_norm in QK_NORMS_PER_HEAD:  # over [..., c], each head's gains [H, c]
+            return _each_head_normalized(q, self.q_norm), _each_head_normalized(k, self.k_norm)
         return self.q_norm(q), self.k_norm(k)
 
     def _merge_heads(self, out: Tensor, x_dst: Tensor | None) -> Tensor:
@@ -496,7 +500,10 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             before scoring (and before ``rotary``), with learned gains ``q_norm`` and
             ``k_norm``: ``"rms"``, :math:`\hat q = g \odot q / \sqrt{\overline{q^2} +
             \epsilon}` (``torch.nn.RMSNorm(C)``, as Qwen3 and Gemma 3 do), or ``"layer"``
-            (``torch.nn.LayerNorm(C)``, as ViT-22B does), :math:`\epsilon = 10^{-6}`; or
+            (``torch.nn.LayerNorm(C)``, as ViT-22B does), :math:`\epsilon = 10^{-6}`;
+            ``"rms_per_head"`` or ``"layer_per_head"``: the same, but with each head's own
+            gains (and biases), ``q_norm.weight`` of shape ``[H, C]`` and ``k_norm.weight``
+            ``[kv_heads, C]`` (as Chameleon does); or
             over all heads' channels together, before the projection is split into heads:
             ``"rms_across_heads"`` (``RMSNorm(H * C)`` for the queries and ``RMSNorm(kv_heads
             * C)`` for the keys, as OLMo 2 does) or ``"layer_across_heads"``. It bounds the
@@ -1071,13 +1078,25 @@ _UNCALLED_HOOKS = ("_propagate_forward_pre_hooks", "_propagate_forward_hooks",
 # how edge features enter the attention (GraphSelfAttention's edge_mode)
 EDGE_MODES = ("bias", "key", "key_value")
 
-# qk_norm's normalisations of the queries and keys: over each head's channels, or over all
+# qk_norm's normalisations of the queries and keys: over each head's channels with gains
+# shared by the heads, or with each head's own gains (_per_head: Chameleon's), or over all
 # heads' channels together (_across_heads: OLMo 2's, on the whole projection)
-QK_NORMS = {"rms": lambda channels: torch.nn.RMSNorm(channels, eps=1e-6),
-            "layer": lambda channels: torch.nn.LayerNorm(channels, eps=1e-6),
-            "rms_across_heads": lambda channels: torch.nn.RMSNorm(channels, eps=1e-6),
-            "layer_across_heads": lambda channels: torch.nn.LayerNorm(channels, eps=1e-6)}
+QK_NORMS = {"rms": torch.nn.RMSNorm, "layer": torch.nn.LayerNorm,
+            "rms_per_head": torch.nn.RMSNorm, "layer_per_head": torch.nn.LayerNorm,
+            "rms_across_heads": torch.nn.RMSNorm, "layer_across_heads": torch.nn.LayerNorm}
+QK_NORMS_PER_HEAD = ("rms_per_head", "layer_per_head")
 QK_NORMS_ACROSS_HEADS = ("rms_across_heads", "layer_across_heads")
+
+
+def _each_head_normalized(t: Tensor, norm: torch.nn.RMSNorm | torch.nn.LayerNorm) -> Tensor:
+    """``t [..., H, c]`` normalised over each head's c channels, then times the gains (plus
+    the biases) of ``norm``, a norm over ``(H, c)``: each head its own."""
+    c = t.size(-1)
+    if isinstance(norm, torch.nn.LayerNorm):
+        return F.layer_norm(t, (c,), eps=norm.eps) * norm.weight + norm.bias
+    return F.rms_norm(t, (c,), eps=norm.eps) * norm.weight
+
+
 # gate's kinds: a sigmoid gate on each channel of each head's output, or one per head
 GATES = ("elementwise", "headwise")
 
@@ -1255,8 +1274,9 @@ class DenseSelfAttention(_SelfAttentionBase):
             :func:`~graphattn.functional.dense_attention` takes them as they are (on SDPA's
             fused path, no copy per query head). (default: ``None``: ``heads``)
         qk_norm (str, optional): ``"rms"`` or ``"layer"``: normalise each head's queries and
-            keys over their channels; ``"rms_across_heads"`` or ``"layer_across_heads"``: over
-            all heads' channels together; as :class:`GraphSelfAttention`'s.
+            keys over their channels (``_per_head``: with each head's own gains);
+            ``"rms_across_heads"`` or ``"layer_across_heads"``: over all heads' channels
+            together; as :class:`GraphSelfAttention`'s.
             (default: ``None``)
         scale (float, optional): the score multiplier in place of :math:`1/\sqrt{C}`.
             (default: ``None``)

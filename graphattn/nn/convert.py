@@ -407,7 +407,10 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
     "proportional" RoPE (a fraction of the planes turn, the others have frequency 0) as
     ``RotaryPE(head_dim, frequencies=)``, values of their own width per head (MiMo-V2's
     ``v_head_dim``) as ``out_channels`` beside ``score_channels=head_dim``, with its factor on
-    the values (``v_scale``) folded into ``lin_v``,
+    the values (``v_scale``) folded into ``lin_v``, Chameleon's layer norms of each head's
+    queries and keys with each head's gains as ``qk_norm="layer_per_head"``, a projection
+    without a bias beside biased ones (Voxtral Realtime's ``k_proj``) as a bias of 0 that is
+    frozen (``requires_grad=False``: the layer trains the parameters the attention has),
     and where the config has one rotary embedding per kind of layer (Gemma 3's and
     OLMo 3's local and global layers) the one of the attention's ``layer_type`` (OLMo 3's
     ``attention_type``; else the config's ``layer_types`` at its ``layer_idx``). Where
@@ -587,16 +590,12 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
                 f"attention computes something besides them, which from_llama does not "
                 f"convert")
     qk_norm, norms = _qk_norms(attention, head_dim, heads, kv_heads) or (None, None)
-    bias = q_proj.bias is not None
-    if (k_proj.bias is not None) != bias or (v_proj.bias is not None) != bias or (
-            o_proj.bias is not None and not bias) or (
-            gate_lin is not None and gate_lin.bias is not None and not bias):
-        raise ValueError("q_proj, k_proj and v_proj must all have biases or none (and o_proj "
-                         "and the output gate's projection none when they have none)")
-    if gate_bias is not None and not bias and bool(gate_bias.detach().any()):
-        raise NotImplementedError(
-            f"{type(attention).__name__} adds a bias per head to its output gate (gate_bias), "
-            f"which a layer without biases (its q_proj has none) has no place for")
+    # the layer's projections all have biases or none: with one of the attention's biased
+    # (Voxtral Realtime's and Whisper's k_proj has no bias beside biased q_proj and v_proj),
+    # each bias the attention has not is 0 and frozen, so the layer trains the parameters the
+    # attention has
+    bias = gate_bias is not None or any(lin is not None and lin.bias is not None
+                                        for lin in (*lins, gate_lin))
     dropout = float(getattr(config, "attention_dropout", 0.0) or 0.0)
     if getattr(attention, "attn_temperature_tuning", False) and not getattr(
             attention, "use_rope", True):  # Llama 4's layers without RoPE
@@ -657,8 +656,11 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
             if lin is None:  # (no gate)
                 continue
             lin.weight.copy_(source.weight)
-            if lin.bias is not None:  # o_proj without a bias beside biased projections: 0
-                lin.bias.copy_(source.bias if source.bias is not None else 0.0)
+            if lin.bias is not None and source.bias is not None:
+                lin.bias.copy_(source.bias)
+            elif lin.bias is not None:  # a bias the attention has not: 0, frozen (but Beam's
+                lin.bias.zero_()  # gate_bias, added below)
+                lin.bias.requires_grad_(lin is layer.lin_gate and gate_bias is not None)
         for norm, (weight, eps, shift) in zip((layer.q_norm, layer.k_norm), norms or (),
                                               strict=False):
             norm.weight.copy_(weight)
@@ -673,7 +675,7 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
             layer.lin_v.weight.mul_(v_scale)
             if layer.lin_v.bias is not None:
                 layer.lin_v.bias.mul_(v_scale)
-        if gate_bias is not None and bias:  # each head's, on each of its channels' gates
+        if gate_bias is not None:  # each head's, on each of its channels' gates
             layer.lin_gate.bias.add_(gate_bias.repeat_interleave(
                 layer.lin_gate.out_features // heads))
     if check_flag(check, "check"):
@@ -872,14 +874,21 @@ def _qk_norms(attention: Module, head_dim: int, heads: int, kv_heads: int,
     ``q_norm`` and ``k_norm`` over each head's channels (``"rms"``) or the whole projection's
     (``"rms_across_heads"``), or ``torch.nn.LayerNorm`` modules over each head's channels
     (``"layer"``: Phi's and Persimmon's ``q_layernorm``, ``k_layernorm``; RMSNorms under
-    those names, LFM2's, are ``"rms"``, and so is Llama 4's one ``qk_norm`` for both);
-    refused by name otherwise."""
+    those names, LFM2's, are ``"rms"``, and so is Llama 4's one ``qk_norm`` for both), or
+    LayerNorms over each head's channels with each head's gains and biases (``weight [H,
+    head_dim]``: Chameleon's, ``"layer_per_head"``); refused by name otherwise."""
     layer_norms = [getattr(attention, name, None) for name in ("q_layernorm", "k_layernorm")]
     if all(isinstance(m, torch.nn.LayerNorm) and m.normalized_shape == (head_dim,)
            and m.elementwise_affine and m.bias is not None for m in layer_norms):
         return "layer", tuple((m.weight.detach(), float(m.eps), m.bias.detach())
                               for m in layer_norms)
     modules = [getattr(attention, name, None) for name in ("q_norm", "k_norm")]
+    if all(isinstance(m, torch.nn.LayerNorm) and m.normalized_shape == (head_dim,)
+           and m.elementwise_affine and m.bias is not None for m in modules) and (
+            tuple(modules[0].weight.shape), tuple(modules[1].weight.shape)) == (
+            (heads, head_dim), (kv_heads, head_dim)):  # Chameleon's, with each head's gains
+        return "layer_per_head", tuple((m.weight.detach(), float(m.eps), m.bias.detach())
+                                       for m in modules)
     if all(m is None for m in modules) and not all(m is None for m in layer_norms):
         modules = layer_norms  # LFM2's RMSNorms, under the names of Phi's LayerNorms
     shared = getattr(attention, "qk_norm", None)

@@ -280,8 +280,12 @@ class GraphTransformer(torch.nn.Module):
             (default: ``None``: ``heads``)
         qk_norm (str, optional): ``"rms"`` or ``"layer"``: every attention layer normalises
             each head's queries and keys over their channels (QK-norm; see
-            :class:`GraphSelfAttention`); ``"rms_across_heads"`` or ``"layer_across_heads"``:
+            :class:`GraphSelfAttention`), ``_per_head`` with each head's own gains;
+            ``"rms_across_heads"`` or ``"layer_across_heads"``:
             over all heads' channels together. (default: ``None``)
+        qk_norm_after_rotary (bool, optional): every attention layer normalises its queries
+            and keys (``qk_norm``) after the ``rotary`` rotation rather than before it.
+            (default: ``False``)
         softcap (float, optional): every attention layer soft-caps its dot or gatv2 scores
             at :math:`c \tanh(s / c)` (see :class:`GraphSelfAttention`). (default: ``None``)
         sinks (bool, optional): every attention layer has a learned sink logit per head in
@@ -323,7 +327,7 @@ class GraphTransformer(torch.nn.Module):
                  kv_heads: int | None = None, qk_norm: str | None = None,
                  softcap: float | None = None, sinks: bool = False,
                  gate: str | None = None, score_channels: int | None = None,
-                 v_norm: bool = False) -> None:
+                 v_norm: bool = False, qk_norm_after_rotary: bool = False) -> None:
         super().__init__()
         _check_single_input(in_channels, "GraphTransformer")
         in_channels = check_in_channels(in_channels)
@@ -354,7 +358,8 @@ class GraphTransformer(torch.nn.Module):
                                edge_mode=edge_mode, add_self_loops=add_self_loops,
                                rotary=rotary, kv_heads=kv_heads, qk_norm=qk_norm,
                                softcap=softcap, sinks=sinks, gate=gate,
-                               score_channels=score_channels, v_norm=v_norm)
+                               score_channels=score_channels, v_norm=v_norm,
+                               qk_norm_after_rotary=qk_norm_after_rotary)
             for _ in range(num_layers))
         self.ffn_norms = torch.nn.ModuleList(LayerNorm(D) for _ in range(num_layers))
         self.ffns = torch.nn.ModuleList(

@@ -153,7 +153,8 @@ def rotary_cases(draw):
     dim = draw(st.sampled_from([4, 8]))
     options = dict(add_self_loops=draw(st.booleans()), concat=draw(st.booleans()),
                    kv_heads=kv_heads, qk_norm=draw(st.sampled_from(
-                       [None, "rms", "layer", "rms_across_heads", "layer_across_heads"])),
+                       [None, "rms", "layer", "rms_per_head", "layer_per_head",
+                        "rms_across_heads", "layer_across_heads"])),
                    sinks=draw(st.booleans()),
                    gate=draw(st.sampled_from([None, "elementwise", "headwise"])))
     options["qk_norm_after_rotary"] = options["qk_norm"] is not None and draw(st.booleans())
@@ -194,8 +195,8 @@ def dense_pair_cases(draw):
     backend of the graph layer."""
     heads, kv_heads = draw(st.sampled_from([(1, 1), (2, 2), (2, 1), (4, 2)]))
     residual = draw(st.booleans())
-    qk_norm = draw(st.sampled_from([None, "rms", "layer", "rms_across_heads",
-                                    "layer_across_heads"]))
+    qk_norm = draw(st.sampled_from([None, "rms", "layer", "rms_per_head", "layer_per_head",
+                                    "rms_across_heads", "layer_across_heads"]))
     options = dict(
         concat=draw(st.booleans()), out_proj=draw(st.booleans()), bias=draw(st.booleans()),
         residual=residual, beta=residual and draw(st.booleans()), kv_heads=kv_heads,

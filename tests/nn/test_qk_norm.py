@@ -29,12 +29,14 @@ def _normalised(t: torch.Tensor, gain: torch.Tensor, kind: str,
     return t / (t.pow(2).mean(-1, keepdim=True) + eps).sqrt() * gain
 
 
-@pytest.mark.parametrize("kind", ["rms", "layer", "rms_across_heads", "layer_across_heads"])
+@pytest.mark.parametrize("kind", ["rms", "layer", "rms_per_head", "layer_per_head",
+                                  "rms_across_heads", "layer_across_heads"])
 @pytest.mark.parametrize("kv_heads", [4, 2])
 def test_qk_norm_is_the_normalised_dot_product(kind, kv_heads):
     # the layer's output is the reference operator on queries and keys normalised per head
     # over their 8 channels (or over the 4 * 8 and kv_heads * 8 channels of the projections,
-    # _across_heads) with the learned gains, keys before they are shared by two heads
+    # _across_heads) with the learned gains (_per_head: each head's own, [4, 8] and
+    # [kv_heads, 8]), keys before they are shared by two heads
     gen = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
     layer = GraphSelfAttention(12, 8, heads=4, add_self_loops=False, kv_heads=kv_heads,
@@ -47,7 +49,9 @@ def test_qk_norm_is_the_normalised_dot_product(kind, kv_heads):
     x = torch.randn(9, 12, dtype=torch.float64, generator=gen)
     edge_index = graphs.random_graph(9, 3, self_loops=True)
     q, k, v = layer.lin_q(x), layer.lin_k(x), layer.lin_v(x)  # (9, 4 * 8), (9, kv_heads * 8)
-    norm_kind = kind.removesuffix("_across_heads")
+    norm_kind = kind.removesuffix("_across_heads").removesuffix("_per_head")
+    if kind.endswith("_per_head"):
+        assert layer.q_norm.weight.shape == (4, 8) and layer.k_norm.weight.shape == (kv_heads, 8)
     if kind.endswith("_across_heads"):  # the whole projection, then split into heads
         q = _normalised(q, layer.q_norm.weight, norm_kind, getattr(layer.q_norm, "bias", None))
         k = _normalised(k, layer.k_norm.weight, norm_kind, getattr(layer.k_norm, "bias", None))
@@ -136,8 +140,8 @@ def test_models_state_and_repr():
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(qk_norm="l2"), r"qk_norm must be None or one of \['rms', 'layer', "
-     r"'rms_across_heads', 'layer_across_heads'\], got 'l2'"),
+    (dict(qk_norm="l2"), r"qk_norm must be None or one of \['rms', 'layer', 'rms_per_head', "
+     r"'layer_per_head', 'rms_across_heads', 'layer_across_heads'\], got 'l2'"),
     (dict(qk_norm=True), "qk_norm must be None or one of"),
     (dict(qk_norm="rms", attention="additive"), "needs the dot or gatv2 score"),
     (dict(qk_norm="rms_across_heads", attention="additive"), "needs the dot or gatv2 score"),
@@ -265,6 +269,28 @@ def test_graph_transformer_passes_score_channels_and_v_norm_to_its_layers(backen
     for attention in model.attns:
         attention.backend = backend
     assert_close(model(x, edge_index), reference)
+
+
+def test_graph_transformer_passes_qk_norm_after_rotary_to_its_layers():
+    """Each block's attention normalises after the rotation: with gains away from 1 the
+    model then computes what its layers compute with the flag set by hand, and not what
+    they compute without it."""
+    torch.manual_seed(9)
+    model = GraphTransformer(8, 16, 3, num_layers=2, heads=2, rotary=pe.RotaryPE(8),
+                             qk_norm="rms", qk_norm_after_rotary=True, dropout=0.0).eval()
+    assert all(a.qk_norm_after_rotary for a in model.attns)
+    with torch.no_grad():
+        for attention in model.attns:
+            attention.q_norm.weight.uniform_(0.5, 2.0)
+            attention.k_norm.weight.uniform_(0.5, 2.0)
+    x, edge_index, pos = torch.randn(7, 8), torch.randint(0, 7, (2, 20)), torch.arange(7)
+    out = model(x, edge_index, pos=pos)
+    for attention in model.attns:
+        attention.qk_norm_after_rotary = False
+    assert not torch.allclose(model(x, edge_index, pos=pos), out, atol=1e-4)
+    for attention in model.attns:
+        attention.qk_norm_after_rotary = True
+    assert_close(model(x, edge_index, pos=pos), out)
 
 
 def test_score_channels_graph_and_dense_layers_agree_and_errors():
