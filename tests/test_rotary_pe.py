@@ -500,7 +500,8 @@ def hf_attention(family: str, kv_heads: int, layer_idx: int = 0, **config):
               "hrm_text": "HrmText", "beam": "Beam", "bitnet": "BitNet",
               "hunyuan_v1_dense": "HunYuanDenseV1", "modernbert": "ModernBert",
               "modernbert_decoder": "ModernBertDecoder",
-              "voxtral_realtime": "VoxtralRealtime", "chameleon": "Chameleon"}[family]
+              "voxtral_realtime": "VoxtralRealtime", "chameleon": "Chameleon",
+              "timesfm2_5": "TimesFm2_5"}[family]
     config = getattr(transformers, f"{prefix}TextConfig" if family in (
         "gemma3", "voxtral_realtime") else f"{prefix}Config")(
         hidden_size=32, num_attention_heads=4, num_key_value_heads=kv_heads,
@@ -1124,6 +1125,24 @@ def test_from_llama_converts_chameleon_s_gains_of_each_head(dense, kv_heads):
     for ours, theirs in ((layer.q_norm, attention.q_norm), (layer.k_norm, attention.k_norm)):
         assert_close(ours.weight.grad, theirs.weight.grad)
         assert_close(ours.bias.grad, theirs.bias.grad)
+
+
+@pytest.mark.parametrize("dense", [False, True], ids=["graph", "dense"])
+def test_from_llama_converts_timesfm_s_learned_scale_of_each_query_channel(dense):
+    # TimesFM 2.5 RMS-normalises the rotated queries and keys, then scales each query channel
+    # by softplus(scaling) log2(e) / sqrt(head_dim), with a score scale of 1: folded into the
+    # query norm's gains, with scale=1 and qk_norm_after_rotary=True
+    from graphattn.nn import from_llama
+
+    attention, rotary = hf_attention("timesfm2_5", 2, head_dim=8)
+    torch.nn.init.normal_(attention.scaling, generator=torch.Generator().manual_seed(5))
+    layer = from_llama(attention, dense=dense, backend="cpu")
+    assert layer.scale == 1.0 and layer.qk_norm_after_rotary
+    check_causal(attention, rotary, layer, dense, length=12, seed=46)
+    with torch.no_grad():
+        attention.scaling.add_(1.0)  # another scale: the conversion no longer matches
+    with pytest.raises(AssertionError):
+        check_causal(attention, rotary, layer, dense, length=12, seed=46)
 
 
 @pytest.mark.parametrize("dense", [False, True], ids=["graph", "dense"])

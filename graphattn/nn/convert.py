@@ -408,7 +408,9 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
     ``RotaryPE(head_dim, frequencies=)``, values of their own width per head (MiMo-V2's
     ``v_head_dim``) as ``out_channels`` beside ``score_channels=head_dim``, with its factor on
     the values (``v_scale``) folded into ``lin_v``, Chameleon's layer norms of each head's
-    queries and keys with each head's gains as ``qk_norm="layer_per_head"``, a projection
+    queries and keys with each head's gains as ``qk_norm="layer_per_head"``, TimesFM 2.5's
+    learned scale of each query channel after its QK-norm (``softplus(scaling) log2(e) /
+    sqrt(head_dim)``) folded into ``q_norm``'s gains with ``scale=1``, a projection
     without a bias beside biased ones (Voxtral Realtime's ``k_proj``) as a bias of 0 that is
     frozen (``requires_grad=False``: the layer trains the parameters the attention has),
     and where the config has one rotary embedding per kind of layer (Gemma 3's and
@@ -564,10 +566,20 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
         factor = 1.0
     rope_args = _rope_arguments(config, rope, rope_type, layer_type)
     scaling = getattr(attention, "scaling", head_dim ** -0.5)
-    if not isinstance(scaling, (int, float)):  # TimesFM 2.5's, a learned scale per channel
+    query_gains = None  # a learned scale of each query channel, after the QK-norm
+    if isinstance(scaling, Tensor) and tuple(scaling.shape) == (head_dim,) and (
+            _qk_norms(attention, head_dim, heads, kv_heads) is not None):
+        # TimesFM 2.5's, softplus(scaling) log2(e) / sqrt(head_dim) on the normalised
+        # queries in place of the scale: folded into the query norm's gains, scale 1 (the
+        # check refuses another form)
+        query_gains = torch.nn.functional.softplus(scaling.detach()) * (
+            1.442695041 / math.sqrt(head_dim))
+        scaling = 1.0
+    if not isinstance(scaling, (int, float)):
         raise NotImplementedError(
             f"{type(attention).__name__}'s score scale is a {type(scaling).__name__}, not a "
-            f"number: from_llama converts one number, as the layers' scale")
+            f"number: from_llama converts one number, as the layers' scale (or a learned scale "
+            f"of each of the head_dim query channels after a QK-norm, TimesFM 2.5's)")
     scaling = float(scaling)
     scale = None if math.isclose(scaling, head_dim ** -0.5, rel_tol=1e-12) else scaling
     softcap = getattr(attention, "attn_logit_softcapping", None)
@@ -667,6 +679,11 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
             norm.eps = eps
             if shift is not None:  # a LayerNorm's bias
                 norm.bias.copy_(shift)
+        if query_gains is not None:  # each head's channels: [c], [H, c] or [H * c] gains
+            tiled = query_gains.repeat(layer.q_norm.weight.numel() // head_dim)
+            for param in (layer.q_norm.weight, getattr(layer.q_norm, "bias", None)):
+                if param is not None:  # (a LayerNorm's bias too)
+                    param.mul_(tiled.view_as(param))
         if sinks is not None:
             layer.sinks.copy_(sinks)
         if v_norm is not None:
