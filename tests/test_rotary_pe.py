@@ -1054,12 +1054,10 @@ def test_from_llama_converts_a_layer_without_a_rotation(family):
 
 @pytest.mark.parametrize("family, match", [
     ("diffllama", "DiffLlamaAttention does not compute what its conversion computes"),
-    ("bitnet", "BitNetAttention does not compute what its conversion computes"),
 ])
 def test_from_llama_refuses_what_it_does_not_convert(family, match):
-    # DiffLlama subtracts two softmaxes, BitNet normalises the attention's output before
-    # o_proj, by modules the converter does not read: from_llama says so instead of returning
-    # a layer that computes something else
+    # DiffLlama subtracts two softmaxes, in code the converter does not read: from_llama says
+    # so instead of returning a layer that computes something else
     from graphattn.nn import from_llama
 
     attention, rotary = hf_attention(family, 2, head_dim=8)
@@ -1125,6 +1123,23 @@ def test_from_llama_converts_chameleon_s_gains_of_each_head(dense, kv_heads):
     for ours, theirs in ((layer.q_norm, attention.q_norm), (layer.k_norm, attention.k_norm)):
         assert_close(ours.weight.grad, theirs.weight.grad)
         assert_close(ours.bias.grad, theirs.bias.grad)
+
+
+@pytest.mark.parametrize("dense", [False, True], ids=["graph", "dense"])
+def test_from_llama_converts_bitnet_s_norm_before_the_output_projection(dense):
+    # BitNet RMS-normalises the heads' merged output before o_proj (attn_sub_norm, with
+    # gains): out_norm="rms" with its gains and epsilon
+    from graphattn.nn import from_llama
+
+    attention, rotary = hf_attention("bitnet", 2, head_dim=8)
+    torch.nn.init.normal_(attention.attn_sub_norm.weight, 1.0, 0.5)
+    layer = from_llama(attention, dense=dense, backend="cpu")
+    assert layer.out_norm == "rms" and layer.o_norm.eps == attention.attn_sub_norm.variance_epsilon
+    check_causal(attention, rotary, layer, dense, length=12, seed=47)
+    assert_close(layer.o_norm.weight.grad, attention.attn_sub_norm.weight.grad)
+    attention.attn_sub_norm = torch.nn.LayerNorm(32)  # another norm: refused by name
+    with pytest.raises(NotImplementedError, match="got attn_sub_norm LayerNorm"):
+        from_llama(attention)
 
 
 @pytest.mark.parametrize("dense", [False, True], ids=["graph", "dense"])

@@ -102,7 +102,7 @@ class _SelfAttentionBase(torch.nn.Module):
                  kv_heads: int | None = None, qk_norm: str | None = None,
                  scale: float | None = None, gate: str | None = None,
                  qk_norm_after_rotary: bool = False, v_norm: bool = False,
-                 **kwargs) -> None:
+                 out_norm: str | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
         concat, bias, out_proj, residual, beta = (
             check_flag(value, name) for value, name in ((concat, "concat"), (bias, "bias"),
@@ -174,6 +174,12 @@ class _SelfAttentionBase(torch.nn.Module):
         # the gate of each head's output (of each of its channels), from the target's features
         self.lin_gate = (None if gate is None
                          else _linear(in_dst, H * C if gate == "elementwise" else H, bias))
+        if out_norm is not None and out_norm not in OUT_NORMS:
+            raise ValueError(f"out_norm must be None or one of {list(OUT_NORMS)}, got "
+                             f"{out_norm!r}")
+        self.out_norm = out_norm
+        # normalisation of the merged heads' output before lin_out (a sub-norm), with gains
+        self.o_norm = None if out_norm is None else OUT_NORMS[out_norm](out_dim, eps=1e-6)
         self.out_bias: torch.nn.Parameter | None = None  # GraphSelfAttention(out_bias=True)
 
     def __prepare_scriptable__(self):
@@ -195,7 +201,7 @@ class _SelfAttentionBase(torch.nn.Module):
             if lin is not None and not (isinstance(lin, LazyLinear)
                                         and lin.has_uninitialized_params()):
                 _glorot(lin)
-        for norm in (self.q_norm, self.k_norm):
+        for norm in (self.q_norm, self.k_norm, self.o_norm):
             if norm is not None:
                 norm.reset_parameters()
 
@@ -307,7 +313,8 @@ class _SelfAttentionBase(torch.nn.Module):
 
     def _merge_heads(self, out: Tensor, x_dst: Tensor | None) -> Tensor:
         """``[..., H, C]`` times ``sigmoid(lin_gate(x_dst))`` with ``gate``, then ``[...,
-        H*C]`` (concat) or ``[..., C]`` (mean), then ``lin_out``, plus ``res(x_dst)`` with
+        H*C]`` (concat) or ``[..., C]`` (mean), normalised by ``o_norm`` with ``out_norm``,
+        then ``lin_out``, plus ``res(x_dst)`` with
         ``residual=True`` (gated by ``lin_beta`` with ``beta=True``; left out without
         ``x_dst``, as ``GATConv`` leaves it out), plus ``out_bias``."""
         if self.lin_gate is not None:  # (x_dst is there: the forwards refuse a gate without)
@@ -315,6 +322,7 @@ class _SelfAttentionBase(torch.nn.Module):
             width = out.size(-1) if self.gate == "elementwise" else 1  # (not -1: 0 nodes)
             out = out * gate.view(*out.shape[:-1], width)  # (..., H, C) times (..., H, C or 1)
         out = out.flatten(-2) if self.concat else out.mean(dim=-2)  # (..., D)
+        out = out if self.o_norm is None else self.o_norm(out)
         out = out if self.lin_out is None else self.lin_out(out)
         if self.res is not None and x_dst is not None:
             skip = self.res(x_dst)  # (..., D)
@@ -354,6 +362,7 @@ class _SelfAttentionBase(torch.nn.Module):
             extra += f", score_channels={self.score_channels}"
         extra += "" if self.scale is None else f", scale={self.scale:g}"
         extra += "" if self.gate is None else f", gate={self.gate!r}"
+        extra += "" if self.out_norm is None else f", out_norm={self.out_norm!r}"
         return f"{self.in_channels}, {self.out_channels}, heads={self.heads}{extra}"
 
 
@@ -546,6 +555,12 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             ``qk_norm`` act on the :math:`C_{qk}` channels, and ``edge_mode="key"`` adds
             :math:`H C_{qk}` edge channels; ``share_value`` and ``edge_mode="key_value"``
             need :math:`C_{qk} = C`. (default: ``None``, :math:`C_{qk} = C`)
+        out_norm (str, optional): normalise each node's merged output (the :math:`H C`
+            channels with ``concat=True``, the C of the heads' mean without) before
+            ``lin_out``, with learned gains ``o_norm``: ``"rms"`` (``torch.nn.RMSNorm``, as
+            BitNet's ``attn_sub_norm`` does) or ``"layer"`` (``torch.nn.LayerNorm``, the
+            sub-LayerNorm of Magneto), :math:`\epsilon = 10^{-6}`. It keeps the output
+            projection's input at unit scale whatever the values' scale. (default: ``None``)
 
     Shapes:
         - **input:** x ``(|V|, F)`` or ``((|V_src|, F_src), (|V_dst|, F_dst))`` (or
@@ -590,7 +605,7 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
                  scale: float | None = None, softcap: float | None = None,
                  sinks: bool = False, gate: str | None = None,
                  qk_norm_after_rotary: bool = False, v_norm: bool = False,
-                 score_channels: int | None = None) -> None:
+                 score_channels: int | None = None, out_norm: str | None = None) -> None:
         if attention not in SCORES:
             raise ValueError(f"attention must be one of {SCORES}, got {attention!r}")
         add_self_loops, share_weights, share_value, out_bias = (
@@ -630,7 +645,7 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
                          value_dropout=value_dropout, residual=residual, beta=beta,
                          kv_heads=kv_heads, qk_norm=qk_norm, scale=scale, gate=gate,
                          qk_norm_after_rotary=qk_norm_after_rotary, v_norm=v_norm,
-                         aggr="add", node_dim=0)
+                         out_norm=out_norm, aggr="add", node_dim=0)
         if self.kv_heads != self.heads and attention == "additive":
             raise ValueError(f"kv_heads={self.kv_heads} (grouped keys and values) needs the dot "
                              f"or gatv2 score; the additive score's key term is one number per "
@@ -1085,6 +1100,8 @@ QK_NORMS = {"rms": torch.nn.RMSNorm, "layer": torch.nn.LayerNorm,
             "rms_per_head": torch.nn.RMSNorm, "layer_per_head": torch.nn.LayerNorm,
             "rms_across_heads": torch.nn.RMSNorm, "layer_across_heads": torch.nn.LayerNorm}
 QK_NORMS_PER_HEAD = ("rms_per_head", "layer_per_head")
+# out_norm's normalisations of the merged heads' output before lin_out
+OUT_NORMS = {"rms": torch.nn.RMSNorm, "layer": torch.nn.LayerNorm}
 QK_NORMS_ACROSS_HEADS = ("rms_across_heads", "layer_across_heads")
 
 
@@ -1298,6 +1315,8 @@ class DenseSelfAttention(_SelfAttentionBase):
         score_channels (int, optional): channels per head of the queries and keys, apart
             from the values' ``out_channels``, as :class:`GraphSelfAttention`'s.
             (default: ``None``, the values')
+        out_norm (str, optional): ``"rms"`` or ``"layer"``: normalise the merged heads' output
+            before ``lin_out``, as :class:`GraphSelfAttention`'s. (default: ``None``)
 
     Shapes:
         - **input:** x ``(L, F)`` or ``(B, L, F)``, mask bool ``(L, L)`` or ``(B, L, L)``,
@@ -1321,7 +1340,7 @@ class DenseSelfAttention(_SelfAttentionBase):
                  softcap: float | None = None, sinks: bool = False,
                  gate: str | None = None, qk_norm_after_rotary: bool = False,
                  v_norm: bool = False, share_value: bool = False,
-                 score_channels: int | None = None) -> None:
+                 score_channels: int | None = None, out_norm: str | None = None) -> None:
         if isinstance(in_channels, (tuple, list)):
             raise ValueError(f"in_channels must be one integer for DenseSelfAttention (queries, "
                              f"keys and values come from one x), got {in_channels!r}")
@@ -1334,7 +1353,7 @@ class DenseSelfAttention(_SelfAttentionBase):
                          score_channels=qk, value_dropout=value_dropout,
                          residual=residual, beta=beta, kv_heads=kv_heads, qk_norm=qk_norm,
                          scale=scale, gate=gate, qk_norm_after_rotary=qk_norm_after_rotary,
-                         v_norm=v_norm)
+                         v_norm=v_norm, out_norm=out_norm)
         self.share_value = check_flag(share_value, "share_value")
         if self.share_value:
             self.lin_v = self.lin_k  # one module: its product serves k_j and v_j

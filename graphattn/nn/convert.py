@@ -410,7 +410,8 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
     the values (``v_scale``) folded into ``lin_v``, Chameleon's layer norms of each head's
     queries and keys with each head's gains as ``qk_norm="layer_per_head"``, TimesFM 2.5's
     learned scale of each query channel after its QK-norm (``softplus(scaling) log2(e) /
-    sqrt(head_dim)``) folded into ``q_norm``'s gains with ``scale=1``, a projection
+    sqrt(head_dim)``) folded into ``q_norm``'s gains with ``scale=1``, BitNet's RMS norm of
+    the merged heads before ``o_proj`` (``attn_sub_norm``) as ``out_norm="rms"``, a projection
     without a bias beside biased ones (Voxtral Realtime's ``k_proj``) as a bias of 0 that is
     frozen (``requires_grad=False``: the layer trains the parameters the attention has),
     and where the config has one rotary embedding per kind of layer (Gemma 3's and
@@ -632,6 +633,7 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
             f"torch.nn.Identity() before converting it (nothing changes in eval mode), or "
             f"drop the layer's output in the model")
     v_norm = _v_norm_eps(attention, v_dim)  # Gemma 4's RMS norm of the values, or None
+    out_norm = _out_norm(attention, heads * v_dim)  # BitNet's norm before o_proj, or None
     v_scale = getattr(attention, "v_scale", 1.0)  # MiMo-V2's factor on the values
     if not isinstance(v_scale, (int, float)) or not math.isfinite(v_scale):
         raise NotImplementedError(f"{type(attention).__name__}'s v_scale is a "
@@ -650,14 +652,16 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
                                    rotary=rotary, kv_heads=kv_heads, qk_norm=qk_norm,
                                    scale=scale, softcap=softcap, sinks=sinks is not None,
                                    gate=gate, v_norm=v_norm is not None,
-                                   share_value=share_value, score_channels=head_dim)
+                                   share_value=share_value, score_channels=head_dim,
+                                   out_norm=None if out_norm is None else "rms")
     else:
         layer = GraphSelfAttention(hidden, v_dim, heads, dropout=dropout, bias=bias,
                                    add_self_loops=False, backend=backend, rotary=rotary,
                                    kv_heads=kv_heads, qk_norm=qk_norm, scale=scale,
                                    softcap=softcap, sinks=sinks is not None, gate=gate,
                                    share_value=share_value, v_norm=v_norm is not None,
-                                   score_channels=head_dim)
+                                   score_channels=head_dim,
+                                   out_norm=None if out_norm is None else "rms")
     if o_proj.out_features != heads * v_dim:  # e.g. Qwen3-0.6B: 16 x 128 -> 1024
         layer.lin_out = torch.nn.Linear(heads * v_dim, o_proj.out_features, bias=bias)
     layer = layer.to(device=o_proj.weight.device, dtype=o_proj.weight.dtype)
@@ -688,6 +692,9 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
             layer.sinks.copy_(sinks)
         if v_norm is not None:
             layer.v_norm.eps = v_norm
+        if out_norm is not None:
+            layer.o_norm.weight.copy_(out_norm[0])
+            layer.o_norm.eps = out_norm[1]
         if v_scale != 1.0:  # MiMo-V2's factor on the values, folded into their projection
             layer.lin_v.weight.mul_(v_scale)
             if layer.lin_v.bias is not None:
@@ -923,24 +930,40 @@ def _qk_norms(attention: Module, head_dim: int, heads: int, kv_heads: int,
     like = next(attention.parameters())  # (the device and dtype of gains made here)
     norms = []
     for name, module, width in zip(("q_norm", "k_norm"), modules, widths[kind], strict=True):
-        weight = getattr(module, "weight", None)
-        eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
-        if module is not None and weight is None:  # an RMSNorm without gains (NanoChat's): 1
-            weight = torch.ones(width, device=like.device, dtype=like.dtype)
-        gains = None
-        if (isinstance(weight, Tensor) and tuple(weight.shape) == (width,)
-                and isinstance(eps, (int, float))):
-            gains = _rms_gains(module, weight.detach(), float(eps))
-        if gains is None:
+        gains_eps = _rms_norm(module, width, like)
+        if gains_eps is None:
             raise NotImplementedError(
                 f"from_llama converts an attention whose q_norm and k_norm are RMSNorms, "
                 f"g * x / sqrt(mean(x ** 2) + eps) with g their weight (Qwen3's, OLMo 2's) "
                 f"or 1 + weight (Gemma 3's), over each head's head_dim = {head_dim} channels "
                 f"or over the whole projection's (q_norm {heads * head_dim}, k_norm "
-                f"{kv_heads * head_dim}); got {name} {type(module).__name__}"
-                + (f" with weight {list(weight.shape)}" if isinstance(weight, Tensor) else ""))
-        norms.append((gains, float(eps), None))
+                f"{kv_heads * head_dim}); got {name} {_described(module)}")
+        norms.append((*gains_eps, None))
     return kind, tuple(norms)
+
+
+def _described(module: Module | None) -> str:
+    """``module``'s class, with the shape of its ``weight`` where it has one."""
+    weight = getattr(module, "weight", None)
+    return type(module).__name__ + (f" with weight {list(weight.shape)}"
+                                    if isinstance(weight, Tensor) else "")
+
+
+def _rms_norm(module: Module | None, width: int, like: Tensor) -> tuple[Tensor, float] | None:
+    """The gains and epsilon of ``module``, an RMSNorm over ``width`` channels (its
+    ``weight``, or 1 without one: NanoChat's), or ``None`` when it computes something else
+    (or is ``None``); ``like``: the device and dtype of gains of 1."""
+    if module is None:
+        return None
+    weight = getattr(module, "weight", None)
+    eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
+    if weight is None:
+        weight = torch.ones(width, device=like.device, dtype=like.dtype)
+    if not (isinstance(weight, Tensor) and tuple(weight.shape) == (width,)
+            and isinstance(eps, (int, float))):
+        return None
+    gains = _rms_gains(module, weight.detach(), float(eps))
+    return None if gains is None else (gains, float(eps))
 
 
 def _rms_gains(module: Module, weight: Tensor, eps: float) -> Tensor | None:
@@ -976,6 +999,23 @@ def _v_norm_eps(attention: Module, head_dim: int) -> float | None:
         f"from_llama converts a v_norm that RMS-normalises each head's values without gains, "
         f"x / sqrt(mean(x ** 2) + eps) over head_dim = {head_dim} channels (Gemma 4's); got "
         f"v_norm {type(module).__name__}")
+
+
+def _out_norm(attention: Module, width: int) -> tuple[Tensor, float] | None:
+    """The gains and epsilon of the attention's RMS normalisation of its heads' merged output
+    before ``o_proj`` (BitNet's ``attn_sub_norm``), or ``None`` when it has none; refused by
+    name when it computes something else."""
+    module = getattr(attention, "attn_sub_norm", None)
+    if module is None:
+        return None
+    gains_eps = _rms_norm(module, width, next(attention.parameters()))
+    if gains_eps is None:
+        raise NotImplementedError(
+            f"from_llama converts an attn_sub_norm that RMS-normalises the heads' merged "
+            f"output before o_proj with gains, g * x / sqrt(mean(x ** 2) + eps) over the "
+            f"heads * head_dim = {width} channels (BitNet's); got attn_sub_norm "
+            f"{_described(module)}")
+    return gains_eps
 
 
 # the rotary embeddings whose frequencies transformers computes once for all positions, which

@@ -286,6 +286,9 @@ class GraphTransformer(torch.nn.Module):
         qk_norm_after_rotary (bool, optional): every attention layer normalises its queries
             and keys (``qk_norm``) after the ``rotary`` rotation rather than before it.
             (default: ``False``)
+        out_norm (str, optional): ``"rms"`` or ``"layer"``: every attention layer normalises
+            its merged heads' output before its output projection (see
+            :class:`GraphSelfAttention`). (default: ``None``)
         softcap (float, optional): every attention layer soft-caps its dot or gatv2 scores
             at :math:`c \tanh(s / c)` (see :class:`GraphSelfAttention`). (default: ``None``)
         sinks (bool, optional): every attention layer has a learned sink logit per head in
@@ -327,7 +330,8 @@ class GraphTransformer(torch.nn.Module):
                  kv_heads: int | None = None, qk_norm: str | None = None,
                  softcap: float | None = None, sinks: bool = False,
                  gate: str | None = None, score_channels: int | None = None,
-                 v_norm: bool = False, qk_norm_after_rotary: bool = False) -> None:
+                 v_norm: bool = False, qk_norm_after_rotary: bool = False,
+                 out_norm: str | None = None) -> None:
         super().__init__()
         _check_single_input(in_channels, "GraphTransformer")
         in_channels = check_in_channels(in_channels)
@@ -359,7 +363,8 @@ class GraphTransformer(torch.nn.Module):
                                rotary=rotary, kv_heads=kv_heads, qk_norm=qk_norm,
                                softcap=softcap, sinks=sinks, gate=gate,
                                score_channels=score_channels, v_norm=v_norm,
-                               qk_norm_after_rotary=qk_norm_after_rotary)
+                               qk_norm_after_rotary=qk_norm_after_rotary,
+                               out_norm=out_norm)
             for _ in range(num_layers))
         self.ffn_norms = torch.nn.ModuleList(LayerNorm(D) for _ in range(num_layers))
         self.ffns = torch.nn.ModuleList(

@@ -156,7 +156,8 @@ def rotary_cases(draw):
                        [None, "rms", "layer", "rms_per_head", "layer_per_head",
                         "rms_across_heads", "layer_across_heads"])),
                    sinks=draw(st.booleans()),
-                   gate=draw(st.sampled_from([None, "elementwise", "headwise"])))
+                   gate=draw(st.sampled_from([None, "elementwise", "headwise"])),
+                   out_norm=draw(st.sampled_from([None, "rms", "layer"])))
     options["qk_norm_after_rotary"] = options["qk_norm"] is not None and draw(st.booleans())
     rope = dict(axes=axes, interleaved=draw(st.booleans()), base=draw(st.sampled_from(
         [10.0, 10000.0])))
@@ -203,7 +204,8 @@ def dense_pair_cases(draw):
         qk_norm=qk_norm, qk_norm_after_rotary=qk_norm is not None and draw(st.booleans()),
         sinks=draw(st.booleans()), gate=draw(st.sampled_from([None, "elementwise", "headwise"])),
         scale=draw(st.sampled_from([None, 0.3])), softcap=draw(st.sampled_from([None, 2.0])),
-        v_norm=draw(st.booleans()), share_value=draw(st.booleans()))
+        v_norm=draw(st.booleans()), share_value=draw(st.booleans()),
+        out_norm=draw(st.sampled_from([None, "rms", "layer"])))
     backend = draw(st.sampled_from(["cpu", "reference"] if options["softcap"] else
                                    ["cpu", "reference", "dense"]))
     return (heads, draw(st.sampled_from([4, 8])), options, draw(st.booleans()),
