@@ -1,6 +1,7 @@
 """Narrow scoring heads on CPU: a ``GraphSelfAttention`` layer whose queries and keys have
 ``score_channels`` channels per head beside values of ``out_channels``, against the same layer
-with queries and keys as wide as the values (the default).
+with queries and keys as wide as the values (the default); and differential attention
+(``differential=True``), two maps of ``score_channels`` each over the same values.
 
 The scores cost ``E H C_qk`` multiply-adds and the weighted sums ``E H C``, so a layer that
 scores on fewer channels than it carries spends less on its edges; the projections and the
@@ -8,9 +9,10 @@ output projection cost the same for the values. On a random graph of ``--nodes``
 ``--degree`` in-edges each (default 100,000 and 10: one million edges), ``--heads`` heads of
 ``--channels`` value channels (default 4 x 32), the ``cpu`` backend, fp32: a layer's forward
 under ``torch.no_grad`` and a training step's forward+backward (projections included), for
-each width of ``--widths`` (default 32, 16 and 8), interleaved (the order rotates every round)
-after warm-up, medians; and the peak memory of one forward+backward call, as
-``sparse_vs_dense.py`` measures it.
+each width of ``--widths`` (default 32, 16 and 8) and a differential layer of each width of
+``--differential`` (default 16: as many query and key channels as the first width's),
+interleaved (the order rotates every round) after warm-up, medians; and the peak memory of
+one forward+backward call, as ``sparse_vs_dense.py`` measures it.
 
 Usage (one line):
     python benchmarks/score_channels_cpu.py
@@ -44,6 +46,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--widths", type=lambda s: [int(x) for x in s.split(",")],
                         default=[32, 16, 8], help="score channels per head, the first the "
                         "baseline of the ratios (default: 32,16,8)")
+    parser.add_argument("--differential", type=lambda s: [int(x) for x in s.split(",") if x],
+                        default=[16], help="score channels per map of the differential "
+                        "layers (default: 16; '' for none)")
     parser.add_argument("--rounds", type=int, default=10, help="timed rounds (default: 10)")
     parser.add_argument("--warmup", type=int, default=2, help="rounds before timing")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
@@ -53,8 +58,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("nodes", "degree", "heads", "channels", "rounds", "warmup", "threads"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
-    if not args.widths or min(args.widths) < 1:
-        parser.error(f"--widths must be channel counts >= 1, got {args.widths}")
+    if not args.widths or min(args.widths + args.differential) < 1:
+        parser.error(f"--widths and --differential must be channel counts >= 1, got "
+                     f"{args.widths} and {args.differential}")
     return args
 
 
@@ -68,17 +74,20 @@ def calls(args: argparse.Namespace, backward: bool) -> dict[str, Callable[[], No
     edge_index = torch.stack([torch.randint(0, args.nodes, targets.shape, generator=gen),
                               targets])
     ways = {}
-    for width in args.widths:
+    for width, differential in ([(w, False) for w in args.widths]
+                                + [(w, True) for w in args.differential]):
         torch.manual_seed(args.seed)
         layer = GraphSelfAttention(features, args.channels, args.heads, score_channels=width,
-                                   add_self_loops=False, backend="cpu")
+                                   add_self_loops=False, backend="cpu",
+                                   differential=differential)
 
         def run(layer: GraphSelfAttention = layer) -> None:
             with torch.set_grad_enabled(backward):
                 out = layer(x, edge_index)
                 if backward:
                     torch.autograd.grad(out.square().sum(), [x, *layer.parameters()])
-        ways[f"C_qk = {width}"] = run
+        ways[f"differential, 2 x C_qk = 2 x {width}" if differential
+             else f"C_qk = {width}"] = run
     return ways
 
 

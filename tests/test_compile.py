@@ -562,14 +562,17 @@ def test_default_mode_drops_the_given_loops_where_a_masked_edge_would_show(defau
     assert torch.isfinite(got).all()
 
 
-def test_weights_of_a_layer_with_sinks_compile():
+@pytest.mark.parametrize("differential", [False, True])
+def test_weights_of_a_layer_with_sinks_compile(differential):
     """The sinks' gradient through the returned weights needs each edge's target, found by
     repeat_interleave with its output size given: a size known before the data, which
     torch.compile traces (without it the backward did not trace, dynamo cut the graph, and
     then failed inside its own code). Compiled: outputs, weights and every gradient, the
-    sinks' included, are eager's."""
+    sinks' included, are eager's; of a differential layer too (two maps, each with its sinks,
+    and the weights their difference)."""
     torch.manual_seed(0)
-    layer = GraphSelfAttention(16, 8, heads=2, sinks=True, backend="cpu")
+    layer = GraphSelfAttention(16, 8, heads=2, sinks=True, backend="cpu",
+                               differential=differential)
     torch.nn.init.normal_(layer.sinks)
     twin = copy.deepcopy(layer)
     x, edge_index = torch.randn(60, 16), _graph()

@@ -29,8 +29,8 @@ MODELS = {
     "layer-sinks": lambda: _with_sinks(GraphSelfAttention(8, 4, heads=2, sinks=True)),
     "layer-gate-qk-norm": lambda: GraphSelfAttention(8, 4, heads=2, kv_heads=1, gate="headwise",
                                                      qk_norm="layer_across_heads"),
-    "layer-norms": lambda: GraphSelfAttention(8, 4, heads=2, qk_norm="rms_per_head",
-                                              out_norm="layer"),
+    "layer-norms-differential": lambda: GraphSelfAttention(8, 4, heads=2, qk_norm="rms_per_head",
+                                                           out_norm="layer", differential=True),
     "GAT": lambda: GAT(8, 3, hidden_channels=4, heads=2),
     "GraphTransformer": lambda: GraphTransformer(8, 8, 3, heads=2),
 }

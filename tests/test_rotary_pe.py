@@ -1052,20 +1052,50 @@ def test_from_llama_converts_a_layer_without_a_rotation(family):
                       ).rotary is not None
 
 
-@pytest.mark.parametrize("family, match", [
-    ("diffllama", "DiffLlamaAttention does not compute what its conversion computes"),
-])
-def test_from_llama_refuses_what_it_does_not_convert(family, match):
-    # DiffLlama subtracts two softmaxes, in code the converter does not read: from_llama says
-    # so instead of returning a layer that computes something else
+def test_from_llama_refuses_what_it_does_not_convert():
+    # an attention that computes something more in code the converter does not read (here a
+    # forward that doubles the output of the second half of the tokens' channels): from_llama
+    # says so instead of returning a layer that computes something else
     from graphattn.nn import from_llama
 
-    attention, rotary = hf_attention(family, 2, head_dim=8)
-    with pytest.raises(NotImplementedError, match=match):
+    attention, rotary = hf_attention("llama", 2, head_dim=8)
+    base = type(attention)
+
+    def forward(self, *args, **kwargs):
+        out, weights = base.forward(self, *args, **kwargs)
+        return torch.cat([out[..., :16], 2 * out[..., 16:]], dim=-1), weights
+
+    attention.__class__ = type("LlamaAttention", (base,), {"forward": forward,
+                                                           "__module__": base.__module__})
+    with pytest.raises(NotImplementedError, match="LlamaAttention does not compute what its "
+                       "conversion computes"):
         from_llama(attention)
     layer = from_llama(attention, check=False)  # unchecked, it computes something else indeed
     with pytest.raises(AssertionError):
         check_causal(attention, rotary, layer, dense=False, length=12, seed=31)
+
+
+@pytest.mark.parametrize("kv_heads", [2, 4])
+@pytest.mark.parametrize("dense", [False, True], ids=["graph", "dense"])
+def test_from_llama_converts_diffllama(dense, kv_heads):
+    # DiffLlama's heads h and h + 2 are one differential head's two maps, over values of 2 x 8
+    # channels (its value heads g and g + kv_heads / 2 side by side): differential=True with
+    # 2 heads, kv_heads / 2 key heads, score_channels=8, and its lambda_init (0.2 at layer 0)
+    from graphattn.nn import from_llama
+
+    attention, rotary = hf_attention("diffllama", kv_heads, head_dim=8)
+    gen = torch.Generator().manual_seed(6)
+    with torch.no_grad():
+        for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
+            getattr(attention, name).normal_(0.0, 0.5, generator=gen)
+    layer = from_llama(attention, dense=dense, backend="cpu")
+    assert layer.differential and (layer.heads, layer.kv_heads) == (2, kv_heads // 2)
+    assert (layer.out_channels, layer.score_channels) == (16, 8)
+    assert layer.lambda_init == pytest.approx(0.2) and not layer.diff_norm.weight.requires_grad
+    check_causal(attention, rotary, layer, dense, length=12, seed=48)
+    for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
+        assert_close(getattr(layer, name).grad, getattr(attention, name).grad)
+    assert_close(layer.lin_q.weight.grad, attention.q_proj.weight.grad)
 
 
 @pytest.mark.parametrize("family, config", [
@@ -1262,8 +1292,9 @@ def test_from_llama_converts_exactly_or_refuses_every_model():
                                                                      "v_proj", "o_proj")):
                 if isinstance(lin, torch.nn.Linear) and lin.bias is not None:
                     torch.nn.init.normal_(lin.bias)
-            if isinstance(getattr(attention, "sinks", None), torch.Tensor):
-                torch.nn.init.normal_(attention.sinks)  # (made by torch.empty: any value)
+            for name in ("sinks", "scaling"):  # (GPT-OSS's sinks, TimesFM 2.5's scale: made
+                if isinstance(getattr(attention, name, None), torch.Tensor):  # by torch.empty,
+                    torch.nn.init.normal_(getattr(attention, name))  # any value)
             rotary = rotaries[0](config)
             x = torch.randn(1, 16, 32)
             run_llama(attention, rotary, x, torch.arange(16)[None], x)

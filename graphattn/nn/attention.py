@@ -78,12 +78,37 @@ def _check_rotary(rotary: RotaryPE | None, channels: int) -> RotaryPE | None:
     return rotary
 
 
-def _score_channels(score_channels: int | None, out_channels: int) -> int:
+def _score_channels(score_channels: int | None, out_channels: int,
+                    differential: bool = False) -> int:
     """The channels per head of the queries and keys: ``score_channels``, else
-    ``out_channels`` (the values')."""
-    if score_channels is None:
-        return out_channels
-    return check_positive(score_channels, "score_channels")
+    ``out_channels`` (the values'), or half of them for each of the two maps of
+    ``differential=True`` (the Differential Transformer's heads: values of 2d channels beside
+    two query-key pairs of d)."""
+    if score_channels is not None:
+        return check_positive(score_channels, "score_channels")
+    if check_flag(differential, "differential") and out_channels % 2:
+        raise ValueError(f"differential=True gives each of its two maps half the values' "
+                         f"channels as queries and keys, and out_channels={out_channels} is "
+                         f"odd: give score_channels")
+    return out_channels // 2 if differential else out_channels
+
+
+def _check_differential(differential: bool, dropout: float, share_value: bool, *,
+                        attention: str = "dot", edge_mode: str = "bias") -> None:
+    """Raise unless ``differential=True`` goes with the other arguments: the dot score, edge
+    features as a score bias, keys of their own and no attention dropout."""
+    if not check_flag(differential, "differential"):
+        return
+    for fits, what in ((attention == "dot", f"attention={attention!r}"),
+                       (edge_mode == "bias", f"edge_mode={edge_mode!r}"),
+                       (not share_value, "share_value=True"),
+                       (not dropout, f"dropout={dropout!r}")):
+        if not fits:
+            raise ValueError(
+                f"differential=True takes the difference of two dot-score maps over the same "
+                f"values: it needs attention='dot', edge features as a bias of the scores, "
+                f"keys apart from the values and no dropout of the weights (which the two "
+                f"maps could not share); got {what}")
 
 
 def _glorot(lin: Linear) -> None:
@@ -102,7 +127,8 @@ class _SelfAttentionBase(torch.nn.Module):
                  kv_heads: int | None = None, qk_norm: str | None = None,
                  scale: float | None = None, gate: str | None = None,
                  qk_norm_after_rotary: bool = False, v_norm: bool = False,
-                 out_norm: str | None = None, **kwargs) -> None:
+                 out_norm: str | None = None, differential: bool = False,
+                 lambda_init: float | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
         concat, bias, out_proj, residual, beta = (
             check_flag(value, name) for value, name in ((concat, "concat"), (bias, "bias"),
@@ -129,8 +155,12 @@ class _SelfAttentionBase(torch.nn.Module):
         self.dropout = float(dropout)
         self.value_dropout = float(value_dropout)
         H, C = heads, out_channels
-        self.lin_q = _linear(in_dst, H * score_channels, bias)
-        self.lin_k = _linear(in_src, kv_heads * score_channels, bias)
+        # differential=True: two maps, each head's two queries and keys (map-major: lin_q
+        # gives [2, H, C_qk], lin_k [2, H_kv, C_qk]), one value
+        self.differential = check_flag(differential, "differential")
+        maps = 2 if self.differential else 1
+        self.lin_q = _linear(in_dst, maps * H * score_channels, bias)
+        self.lin_k = _linear(in_src, maps * kv_heads * score_channels, bias)
         self.lin_v = _linear(in_src, kv_heads * C, bias)
         out_dim = H * C if concat else C
         self.lin_out = Linear(out_dim, out_dim, bias=bias) if out_proj else None
@@ -159,9 +189,9 @@ class _SelfAttentionBase(torch.nn.Module):
         # normalisation of the queries and keys over each head's channels, with gains of each
         # channel ([C]) or of each head's channel ([H, C]: _per_head), or over all heads'
         # channels together (_across_heads: [H * C])
-        c = score_channels
-        q_shape, k_shape = ((H * c, kv_heads * c) if qk_norm in QK_NORMS_ACROSS_HEADS
-                            else ((H, c), (kv_heads, c)) if qk_norm in QK_NORMS_PER_HEAD
+        c, qh, kh = score_channels, maps * H, maps * kv_heads  # (query and key heads)
+        q_shape, k_shape = ((qh * c, kh * c) if qk_norm in QK_NORMS_ACROSS_HEADS
+                            else ((qh, c), (kh, c)) if qk_norm in QK_NORMS_PER_HEAD
                             else (c, c))
         self.q_norm = None if qk_norm is None else QK_NORMS[qk_norm](q_shape, eps=1e-6)
         self.k_norm = None if qk_norm is None else QK_NORMS[qk_norm](k_shape, eps=1e-6)
@@ -180,6 +210,17 @@ class _SelfAttentionBase(torch.nn.Module):
         self.out_norm = out_norm
         # normalisation of the merged heads' output before lin_out (a sub-norm), with gains
         self.o_norm = None if out_norm is None else OUT_NORMS[out_norm](out_dim, eps=1e-6)
+        # the Differential Transformer's lambda = exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init
+        # and its RMS norm of each head's difference, with gains
+        if lambda_init is not None and not self.differential:
+            raise ValueError(f"lambda_init={lambda_init!r} sets the differential attention's "
+                             f"lambda and needs differential=True")
+        self.lambda_init = (finite_float(0.8 if lambda_init is None else lambda_init,
+                                         "lambda_init") if self.differential else None)
+        self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2 = (
+            (torch.nn.Parameter(torch.empty(score_channels)) for _ in range(4))
+            if self.differential else (None,) * 4)
+        self.diff_norm = torch.nn.RMSNorm(C, eps=1e-5) if self.differential else None
         self.out_bias: torch.nn.Parameter | None = None  # GraphSelfAttention(out_bias=True)
 
     def __prepare_scriptable__(self):
@@ -201,9 +242,12 @@ class _SelfAttentionBase(torch.nn.Module):
             if lin is not None and not (isinstance(lin, LazyLinear)
                                         and lin.has_uninitialized_params()):
                 _glorot(lin)
-        for norm in (self.q_norm, self.k_norm, self.o_norm):
+        for norm in (self.q_norm, self.k_norm, self.o_norm, self.diff_norm):
             if norm is not None:
                 norm.reset_parameters()
+        for lam in (self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2):
+            if lam is not None:  # (the Differential Transformer's initialisation)
+                torch.nn.init.normal_(lam, 0.0, 0.1)
 
     def _infer_in_channels(self, x_src: Tensor, x_dst: Tensor) -> None:
         """Turn the projections of ``in_channels=-1`` into ``Linear`` modules sized by the
@@ -311,6 +355,33 @@ class _SelfAttentionBase(torch.nn.Module):
             return _each_head_normalized(q, self.q_norm), _each_head_normalized(k, self.k_norm)
         return self.q_norm(q), self.k_norm(k)
 
+    def _differential_lambda(self) -> Tensor:
+        r"""The differential attention's :math:`\lambda = e^{\lambda_{q1} \cdot
+        \lambda_{k1}} - e^{\lambda_{q2} \cdot \lambda_{k2}} + \lambda_{init}`, a scalar
+        (computed in float32 at least)."""
+        dtype = torch.promote_types(self.lambda_q1.dtype, torch.float32)
+        dot1 = (self.lambda_q1.to(dtype) * self.lambda_k1.to(dtype)).sum()
+        dot2 = (self.lambda_q2.to(dtype) * self.lambda_k2.to(dtype)).sum()
+        return torch.exp(dot1) - torch.exp(dot2) + self.lambda_init
+
+    def _differential_maps(self, attend, q: Tensor, k: Tensor, *, weights: bool,
+                           ) -> Tensor | tuple[Tensor, Tensor]:
+        r"""``attend(q, k, sinks)`` on each of the two maps of ``differential=True`` (queries
+        ``[..., 2H, C_qk]`` and keys ``[..., 2 H_kv, C_qk]``, map 1's heads first) and their
+        outputs ``[..., H, C]`` as one: :math:`(1 - \lambda_{init})\,
+        \mathrm{RMSNorm}(o_1 - \lambda o_2)` over each head's C channels; with ``weights``
+        also the weights :math:`\alpha_1 - \lambda \alpha_2`."""
+        H, kv = self.heads, self.kv_heads
+        sinks = (None, None) if self.sinks is None else (self.sinks[:H], self.sinks[H:])
+        first = attend(q[..., :H, :], k[..., :kv, :], sinks[0])
+        second = attend(q[..., H:, :], k[..., kv:, :], sinks[1])
+        lam = self._differential_lambda()
+        out1, out2 = (first[0], second[0]) if weights else (first, second)
+        out = self.diff_norm(out1 - lam.to(out1.dtype) * out2) * (1.0 - self.lambda_init)
+        if not weights:
+            return out
+        return out, first[1] - lam.to(first[1].dtype) * second[1]
+
     def _merge_heads(self, out: Tensor, x_dst: Tensor | None) -> Tensor:
         """``[..., H, C]`` times ``sigmoid(lin_gate(x_dst))`` with ``gate``, then ``[...,
         H*C]`` (concat) or ``[..., C]`` (mean), normalised by ``o_norm`` with ``out_norm``,
@@ -358,11 +429,15 @@ class _SelfAttentionBase(torch.nn.Module):
         extra += "" if self.qk_norm is None else f", qk_norm={self.qk_norm!r}"
         extra += ", qk_norm_after_rotary=True" if self.qk_norm_after_rotary else ""
         extra += "" if self.v_norm is None else ", v_norm=True"
-        if self.score_channels not in (1, self.out_channels):  # (1: the additive score's)
+        default = self.out_channels // 2 if self.differential else self.out_channels
+        if self.score_channels not in (1, default):  # (1: the additive score's)
             extra += f", score_channels={self.score_channels}"
         extra += "" if self.scale is None else f", scale={self.scale:g}"
         extra += "" if self.gate is None else f", gate={self.gate!r}"
         extra += "" if self.out_norm is None else f", out_norm={self.out_norm!r}"
+        if self.differential:
+            extra += ", differential=True"
+            extra += "" if self.lambda_init == 0.8 else f", lambda_init={self.lambda_init:g}"
         return f"{self.in_channels}, {self.out_channels}, heads={self.heads}{extra}"
 
 
@@ -605,7 +680,8 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
                  scale: float | None = None, softcap: float | None = None,
                  sinks: bool = False, gate: str | None = None,
                  qk_norm_after_rotary: bool = False, v_norm: bool = False,
-                 score_channels: int | None = None, out_norm: str | None = None) -> None:
+                 score_channels: int | None = None, out_norm: str | None = None,
+                 differential: bool = False, lambda_init: float | None = None) -> None:
         if attention not in SCORES:
             raise ValueError(f"attention must be one of {SCORES}, got {attention!r}")
         add_self_loops, share_weights, share_value, out_bias = (
@@ -634,7 +710,9 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             raise ValueError(f"score_channels={score_channels!r} sets the channels of the "
                              f"queries and keys of the dot and gatv2 scores; the additive "
                              f"score's are one number per head")
-        qk = _score_channels(score_channels, out_channels)
+        _check_differential(differential, dropout, share_value,
+                            attention=attention, edge_mode=edge_mode)
+        qk = _score_channels(score_channels, out_channels, differential)
         if qk != out_channels and (share_value or edge_mode == "key_value"):
             raise ValueError(f"{'share_value=True' if share_value else 'edge_mode=key_value'} "
                              f"makes one tensor serve the keys and the values, which need "
@@ -645,7 +723,8 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
                          value_dropout=value_dropout, residual=residual, beta=beta,
                          kv_heads=kv_heads, qk_norm=qk_norm, scale=scale, gate=gate,
                          qk_norm_after_rotary=qk_norm_after_rotary, v_norm=v_norm,
-                         out_norm=out_norm, aggr="add", node_dim=0)
+                         out_norm=out_norm, differential=differential,
+                         lambda_init=lambda_init, aggr="add", node_dim=0)
         if self.kv_heads != self.heads and attention == "additive":
             raise ValueError(f"kv_heads={self.kv_heads} (grouped keys and values) needs the dot "
                              f"or gatv2 score; the additive score's key term is one number per "
@@ -705,9 +784,10 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
                 raise ValueError(DENSE_REFUSES_SOFTCAP)
         self.softcap = softcap
         check_flag(sinks, "sinks")
-        # one learned logit per head, one more score of every target's softmax whose value is
-        # 0 (GPT-OSS's attention sinks)
-        self.sinks = torch.nn.Parameter(torch.empty(self.heads)) if sinks else None
+        # one learned logit per head (per head of each map: differential), one more score of
+        # every target's softmax whose value is 0 (GPT-OSS's attention sinks)
+        self.sinks = (torch.nn.Parameter(torch.empty((2 if self.differential else 1)
+                                                     * self.heads)) if sinks else None)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -808,8 +888,9 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         score_channels = self.score_channels  # (1: additive)
         if q is None:  # x = (x_src, None): the additive score without its target term
             q = k.new_zeros(N_dst, H * score_channels)
-        q = q.view(N_dst, H, score_channels)  # (N_dst, H, C) or (N_dst, H, 1)
-        k = k.view(N_src, self.kv_heads, score_channels)  # (N_src, H_kv, C) or (N_src, H, 1)
+        maps = 2 if self.differential else 1  # (differential: heads of map 1, then map 2)
+        q = q.view(N_dst, maps * H, score_channels)  # (N_dst, H, C) or (N_dst, H, 1)
+        k = k.view(N_src, maps * self.kv_heads, score_channels)  # (N_src, H_kv, C) or (.., 1)
         v = v.view(N_src, self.kv_heads, C)  # (N_src, H_kv, C): shared by H / H_kv heads
         if self.v_norm is not None:
             v = self.v_norm(v)
@@ -836,14 +917,20 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
                 old_loops, float("-inf")).unsqueeze(-1)  # (E', 1)
             bias = mask.expand(-1, H).contiguous() if bias is None else bias + mask  # (E', H)
         # edge_index was checked above and q, k, v are built to match it: skip the re-check.
-        result = edge_attention_unchecked(q, k, v, edge_index, scale=self.scale, bias=bias,
-                                          dropout_p=self.dropout, training=self.training,
-                                          return_attention=return_attention_weights or hooks,
-                                          backend=self.backend, score=self.attention,
-                                          negative_slope=self.negative_slope, att=self.att,
-                                          edge_key=edge_key, edge_value=edge_value,
-                                          edge_weight=edge_weight, softcap=self.softcap,
-                                          sinks=self.sinks)
+        def attend(q: Tensor, k: Tensor, sinks: Tensor | None):
+            return edge_attention_unchecked(q, k, v, edge_index, scale=self.scale, bias=bias,
+                                            dropout_p=self.dropout, training=self.training,
+                                            return_attention=return_attention_weights or hooks,
+                                            backend=self.backend, score=self.attention,
+                                            negative_slope=self.negative_slope, att=self.att,
+                                            edge_key=edge_key, edge_value=edge_value,
+                                            edge_weight=edge_weight, softcap=self.softcap,
+                                            sinks=sinks)
+        if self.differential:
+            result = self._differential_maps(attend, q, k,
+                                             weights=return_attention_weights or hooks)
+        else:
+            result = attend(q, k, self.sinks)
         if hooks:
             self._call_message_hooks(edge_index, result[1])
             result = result if return_attention_weights else result[0]
@@ -1340,11 +1427,13 @@ class DenseSelfAttention(_SelfAttentionBase):
                  softcap: float | None = None, sinks: bool = False,
                  gate: str | None = None, qk_norm_after_rotary: bool = False,
                  v_norm: bool = False, share_value: bool = False,
-                 score_channels: int | None = None, out_norm: str | None = None) -> None:
+                 score_channels: int | None = None, out_norm: str | None = None,
+                 differential: bool = False, lambda_init: float | None = None) -> None:
         if isinstance(in_channels, (tuple, list)):
             raise ValueError(f"in_channels must be one integer for DenseSelfAttention (queries, "
                              f"keys and values come from one x), got {in_channels!r}")
-        qk = _score_channels(score_channels, out_channels)
+        _check_differential(differential, dropout, share_value)
+        qk = _score_channels(score_channels, out_channels, differential)
         if qk != out_channels and share_value:
             raise ValueError(f"share_value=True makes one tensor serve the keys and the values, "
                              f"which needs score_channels = out_channels, got "
@@ -1353,14 +1442,16 @@ class DenseSelfAttention(_SelfAttentionBase):
                          score_channels=qk, value_dropout=value_dropout,
                          residual=residual, beta=beta, kv_heads=kv_heads, qk_norm=qk_norm,
                          scale=scale, gate=gate, qk_norm_after_rotary=qk_norm_after_rotary,
-                         v_norm=v_norm, out_norm=out_norm)
+                         v_norm=v_norm, out_norm=out_norm, differential=differential,
+                         lambda_init=lambda_init)
         self.share_value = check_flag(share_value, "share_value")
         if self.share_value:
             self.lin_v = self.lin_k  # one module: its product serves k_j and v_j
         self.rotary = _check_rotary(rotary, self.score_channels)
         self.softcap = None if softcap is None else check_softcap(softcap, "dot")
-        self.sinks = (torch.nn.Parameter(torch.empty(self.heads)) if check_flag(sinks, "sinks")
-                      else None)
+        self.sinks = (torch.nn.Parameter(torch.empty((2 if self.differential else 1)
+                                                     * self.heads))
+                      if check_flag(sinks, "sinks") else None)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -1403,8 +1494,9 @@ class DenseSelfAttention(_SelfAttentionBase):
                              f"got {list(x.shape)}")
         check_weight_dtype(x, self.lin_q, "x")
         q, k, v = self._project(x, x)
-        q = q.unflatten(-1, (H, self.score_channels))  # (B, L, H, C_qk)
-        k = k.unflatten(-1, (self.kv_heads, self.score_channels))
+        maps = 2 if self.differential else 1  # (differential: heads of map 1, then map 2)
+        q = q.unflatten(-1, (maps * H, self.score_channels))  # (B, L, H, C_qk)
+        k = k.unflatten(-1, (maps * self.kv_heads, self.score_channels))
         v = v.unflatten(-1, (self.kv_heads, C))  # (B, L, H_kv, C)
         if self.v_norm is not None:
             v = self.v_norm(v)
@@ -1425,11 +1517,15 @@ class DenseSelfAttention(_SelfAttentionBase):
         if self.qk_norm_after_rotary:  # (HunYuan's order)
             q, k = self._normalize_qk(q, k)
         # (B, L, H_kv, C): dense_attention shares each kv head among its query heads
-        result = dense_attention(q, k, v, mask, is_causal=is_causal, scale=self.scale,
-                                 dropout_p=self.dropout,
-                                 training=self.training,
-                                 return_attention=return_attention_weights, batch=batch,
-                                 attn_bias=attn_bias, softcap=self.softcap, sinks=self.sinks)
+        def attend(q: Tensor, k: Tensor, sinks: Tensor | None):
+            return dense_attention(q, k, v, mask, is_causal=is_causal, scale=self.scale,
+                                   dropout_p=self.dropout, training=self.training,
+                                   return_attention=return_attention_weights, batch=batch,
+                                   attn_bias=attn_bias, softcap=self.softcap, sinks=sinks)
+        if self.differential:
+            result = self._differential_maps(attend, q, k, weights=return_attention_weights)
+        else:
+            result = attend(q, k, self.sinks)
         if return_attention_weights:
             out, weights = result
             return self._merge_heads(out, x), weights

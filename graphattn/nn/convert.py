@@ -411,7 +411,9 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
     queries and keys with each head's gains as ``qk_norm="layer_per_head"``, TimesFM 2.5's
     learned scale of each query channel after its QK-norm (``softplus(scaling) log2(e) /
     sqrt(head_dim)``) folded into ``q_norm``'s gains with ``scale=1``, BitNet's RMS norm of
-    the merged heads before ``o_proj`` (``attn_sub_norm``) as ``out_norm="rms"``, a projection
+    the merged heads before ``o_proj`` (``attn_sub_norm``) as ``out_norm="rms"``, DiffLlama's
+    differential attention as ``differential=True`` (its heads h and h + H/2 the two maps of
+    one head, its value heads g and g + H_kv/2 one value), a projection
     without a bias beside biased ones (Voxtral Realtime's ``k_proj``) as a bias of 0 that is
     frozen (``requires_grad=False``: the layer trains the parameters the attention has),
     and where the config has one rotary embedding per kind of layer (Gemma 3's and
@@ -647,21 +649,25 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
     sinks = getattr(attention, "sinks", None)  # GPT-OSS's logit per head
     if not (isinstance(sinks, Tensor) and tuple(sinks.shape) == (heads,)):
         sinks = None
+    options = dict(dropout=dropout, bias=bias, rotary=rotary, kv_heads=kv_heads,
+                   qk_norm=qk_norm, scale=scale, softcap=softcap, sinks=sinks is not None,
+                   gate=gate, v_norm=v_norm is not None, share_value=share_value,
+                   score_channels=head_dim, out_norm=None if out_norm is None else "rms")
+    differential = _differential(attention, head_dim, heads, kv_heads)  # DiffLlama's, or None
+    layer_heads, layer_v_dim = heads, v_dim
+    if differential is not None:  # head h and head h + heads/2 are one head's two maps
+        if gate is not None or share_value:
+            raise NotImplementedError(f"{type(attention).__name__}'s differential attention "
+                                      f"beside an output gate or values from k_proj")
+        layer_heads, layer_v_dim = heads // 2, 2 * v_dim
+        options.update(kv_heads=kv_heads // 2, differential=True,
+                       lambda_init=differential[0])
+        lins[2] = _paired_values(v_proj, kv_heads, v_dim)
     if dense:
-        layer = DenseSelfAttention(hidden, v_dim, heads, dropout=dropout, bias=bias,
-                                   rotary=rotary, kv_heads=kv_heads, qk_norm=qk_norm,
-                                   scale=scale, softcap=softcap, sinks=sinks is not None,
-                                   gate=gate, v_norm=v_norm is not None,
-                                   share_value=share_value, score_channels=head_dim,
-                                   out_norm=None if out_norm is None else "rms")
+        layer = DenseSelfAttention(hidden, layer_v_dim, layer_heads, **options)
     else:
-        layer = GraphSelfAttention(hidden, v_dim, heads, dropout=dropout, bias=bias,
-                                   add_self_loops=False, backend=backend, rotary=rotary,
-                                   kv_heads=kv_heads, qk_norm=qk_norm, scale=scale,
-                                   softcap=softcap, sinks=sinks is not None, gate=gate,
-                                   share_value=share_value, v_norm=v_norm is not None,
-                                   score_channels=head_dim,
-                                   out_norm=None if out_norm is None else "rms")
+        layer = GraphSelfAttention(hidden, layer_v_dim, layer_heads, add_self_loops=False,
+                                   backend=backend, **options)
     if o_proj.out_features != heads * v_dim:  # e.g. Qwen3-0.6B: 16 x 128 -> 1024
         layer.lin_out = torch.nn.Linear(heads * v_dim, o_proj.out_features, bias=bias)
     layer = layer.to(device=o_proj.weight.device, dtype=o_proj.weight.dtype)
@@ -695,6 +701,13 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
         if out_norm is not None:
             layer.o_norm.weight.copy_(out_norm[0])
             layer.o_norm.eps = out_norm[1]
+        if differential is not None:
+            for ours, theirs in zip((layer.lambda_q1, layer.lambda_k1, layer.lambda_q2,
+                                     layer.lambda_k2), differential[1], strict=True):
+                ours.copy_(theirs)
+            layer.diff_norm.weight.fill_(1.0)  # (DiffLlama's norm has no gains: frozen at 1)
+            layer.diff_norm.weight.requires_grad_(False)
+            layer.diff_norm.eps = differential[2]
         if v_scale != 1.0:  # MiMo-V2's factor on the values, folded into their projection
             layer.lin_v.weight.mul_(v_scale)
             if layer.lin_v.bias is not None:
@@ -940,6 +953,48 @@ def _qk_norms(attention: Module, head_dim: int, heads: int, kv_heads: int,
                 f"{kv_heads * head_dim}); got {name} {_described(module)}")
         norms.append((*gains_eps, None))
     return kind, tuple(norms)
+
+
+def _differential(attention: Module, head_dim: int, heads: int, kv_heads: int,
+                  ) -> tuple[float, tuple[Tensor, ...], float | None] | None:
+    """DiffLlama's differential attention, its heads h and h + heads/2 the two maps of one
+    head: ``lambda_init``, the vectors ``lambda_q1, lambda_k1, lambda_q2, lambda_k2`` and the
+    epsilon of its RMS norm of each head's difference (``groupnorm``, without gains); ``None``
+    without; refused by name when it is built otherwise."""
+    names = ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")
+    lambdas = [getattr(attention, name, None) for name in names]
+    if all(lam is None for lam in lambdas):
+        return None
+    lambda_init = getattr(attention, "lambda_init", None)
+    norm = getattr(attention, "groupnorm", None)
+    if not (all(isinstance(lam, Tensor) and tuple(lam.shape) == (head_dim,) for lam in lambdas)
+            and isinstance(lambda_init, (int, float)) and isinstance(norm, torch.nn.RMSNorm)
+            and norm.weight is None and tuple(norm.normalized_shape) == (2 * head_dim,)
+            and heads % 2 == 0 and kv_heads % 2 == 0):
+        raise NotImplementedError(
+            f"from_llama converts a differential attention as DiffLlama's: lambda_q1, "
+            f"lambda_k1, lambda_q2, lambda_k2 of head_dim = {head_dim} channels, a number "
+            f"lambda_init, a groupnorm RMSNorm over 2 * head_dim channels without gains, and "
+            f"even numbers of heads and key heads; got {type(attention).__name__} with "
+            f"{heads} heads and {kv_heads} key heads")
+    eps = norm.eps
+    return (float(lambda_init), tuple(lam.detach() for lam in lambdas),
+            None if eps is None else float(eps))
+
+
+def _paired_values(v_proj: torch.nn.Linear, kv_heads: int, head_dim: int) -> torch.nn.Linear:
+    """DiffLlama's values as the differential layer's: each of its first ``kv_heads / 2``
+    value heads beside the head ``kv_heads / 2`` after it, one value of ``2 head_dim``
+    channels (the rows of ``v_proj`` reordered)."""
+    lin = torch.nn.Linear(v_proj.in_features, v_proj.out_features, bias=v_proj.bias is not None,
+                          device=v_proj.weight.device, dtype=v_proj.weight.dtype)
+    with torch.no_grad():
+        lin.weight.copy_(v_proj.weight.view(2, kv_heads // 2, head_dim, -1).transpose(0, 1)
+                         .reshape(v_proj.weight.shape))
+        if lin.bias is not None:
+            lin.bias.copy_(v_proj.bias.view(2, kv_heads // 2, head_dim).transpose(0, 1)
+                           .flatten())
+    return lin
 
 
 def _described(module: Module | None) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -289,6 +290,10 @@ class GraphTransformer(torch.nn.Module):
         out_norm (str, optional): ``"rms"`` or ``"layer"``: every attention layer normalises
             its merged heads' output before its output projection (see
             :class:`GraphSelfAttention`). (default: ``None``)
+        differential (bool, optional): differential attention in every layer (see
+            :class:`GraphSelfAttention`), with the Differential Transformer's
+            :math:`\lambda_{init} = 0.8 - 0.6 e^{-0.3 l}` at layer :math:`l = 0, 1, \ldots`;
+            it needs ``dropout=0`` or ``attention_dropout=0``. (default: ``False``)
         softcap (float, optional): every attention layer soft-caps its dot or gatv2 scores
             at :math:`c \tanh(s / c)` (see :class:`GraphSelfAttention`). (default: ``None``)
         sinks (bool, optional): every attention layer has a learned sink logit per head in
@@ -331,7 +336,7 @@ class GraphTransformer(torch.nn.Module):
                  softcap: float | None = None, sinks: bool = False,
                  gate: str | None = None, score_channels: int | None = None,
                  v_norm: bool = False, qk_norm_after_rotary: bool = False,
-                 out_norm: str | None = None) -> None:
+                 out_norm: str | None = None, differential: bool = False) -> None:
         super().__init__()
         _check_single_input(in_channels, "GraphTransformer")
         in_channels = check_in_channels(in_channels)
@@ -364,8 +369,10 @@ class GraphTransformer(torch.nn.Module):
                                softcap=softcap, sinks=sinks, gate=gate,
                                score_channels=score_channels, v_norm=v_norm,
                                qk_norm_after_rotary=qk_norm_after_rotary,
-                               out_norm=out_norm)
-            for _ in range(num_layers))
+                               out_norm=out_norm, differential=differential,
+                               lambda_init=(0.8 - 0.6 * math.exp(-0.3 * layer)
+                                            if differential else None))
+            for layer in range(num_layers))
         self.ffn_norms = torch.nn.ModuleList(LayerNorm(D) for _ in range(num_layers))
         self.ffns = torch.nn.ModuleList(
             torch.nn.Sequential(Linear(D, ffn_ratio * D), torch.nn.GELU(),

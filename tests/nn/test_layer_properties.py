@@ -159,6 +159,8 @@ def rotary_cases(draw):
                    gate=draw(st.sampled_from([None, "elementwise", "headwise"])),
                    out_norm=draw(st.sampled_from([None, "rms", "layer"])))
     options["qk_norm_after_rotary"] = options["qk_norm"] is not None and draw(st.booleans())
+    options["differential"] = draw(st.booleans())
+    dim = 4 if options["differential"] else dim  # (its maps' queries and keys: 4 channels)
     rope = dict(axes=axes, interleaved=draw(st.booleans()), base=draw(st.sampled_from(
         [10.0, 10000.0])))
     seed = draw(st.integers(0, 2**16))
@@ -204,8 +206,9 @@ def dense_pair_cases(draw):
         qk_norm=qk_norm, qk_norm_after_rotary=qk_norm is not None and draw(st.booleans()),
         sinks=draw(st.booleans()), gate=draw(st.sampled_from([None, "elementwise", "headwise"])),
         scale=draw(st.sampled_from([None, 0.3])), softcap=draw(st.sampled_from([None, 2.0])),
-        v_norm=draw(st.booleans()), share_value=draw(st.booleans()),
+        v_norm=draw(st.booleans()), differential=draw(st.booleans()),
         out_norm=draw(st.sampled_from([None, "rms", "layer"])))
+    options["share_value"] = not options["differential"] and draw(st.booleans())
     backend = draw(st.sampled_from(["cpu", "reference"] if options["softcap"] else
                                    ["cpu", "reference", "dense"]))
     return (heads, draw(st.sampled_from([4, 8])), options, draw(st.booleans()),
@@ -225,7 +228,7 @@ def test_dense_layer_is_the_graph_layer_on_its_graph(case, how):
         how = "mask"  # (the dense layer refuses a soft cap with batch, by name)
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
-    rope = pe.RotaryPE(channels) if rotary else None
+    rope = pe.RotaryPE(channels // (2 if options["differential"] else 1)) if rotary else None
     graph_layer = GraphSelfAttention(F_SRC, channels, heads, add_self_loops=False, rotary=rope,
                                      backend=backend, **options).double()
     dense_layer = DenseSelfAttention(F_SRC, channels, heads, rotary=rope, **options).double()
