@@ -181,7 +181,8 @@ class CharModel(torch.nn.Module):
     def __init__(self, vocab_size: int, graph: str, positions: Tensor, *,
                  hidden: int, heads: int, layers: int, dropout: float,
                  qk_norm: str | None = None, softcap: float | None = None,
-                 sinks: bool = False, gate: str | None = None) -> None:
+                 sinks: bool = False, gate: str | None = None,
+                 differential: bool = False) -> None:
         super().__init__()
         self.vocab_size, self.graph, self.heads = vocab_size, graph, heads
         self.relative = relative_part(graph)
@@ -192,10 +193,11 @@ class CharModel(torch.nn.Module):
                                      pe_channels=0 if self.relative else positions.size(1),
                                      dropout=dropout, attention_dropout=0.0,
                                      add_self_loops=self.relative is None,
-                                     rotary=(pe.RotaryPE(hidden // heads)
+                                     rotary=(pe.RotaryPE(hidden // heads
+                                                         // (2 if differential else 1))
                                              if self.relative == "rope" else None),
                                      qk_norm=qk_norm, softcap=softcap, sinks=sinks,
-                                     gate=gate)
+                                     gate=gate, differential=differential)
         self.t5 = (pe.RelativePositionBias(heads, 32, 128, bidirectional=False)
                    if self.relative == "t5" else None)
         self._batch_graphs: dict[tuple[int, int], tuple[Tensor, Tensor | None]] = {}
@@ -545,6 +547,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="normalise each head's queries and keys (QK-norm; _per_head: "
                              "with each head's own gains), or all heads' together "
                              "(_across_heads)")
+    parser.add_argument("--differential", action="store_true",
+                        help="differential attention in every block: two score maps per head, "
+                             "attending with their difference (GraphSelfAttention("
+                             "differential=True))")
     parser.add_argument("--sinks", action="store_true",
                         help="a learned sink logit per head in every block's softmax, as "
                              "GPT-OSS has (GraphSelfAttention(sinks=True))")
@@ -624,7 +630,8 @@ def main(argv: list[str] | None = None) -> dict:
         model = CharModel(len(corpus.vocab), name, positions, hidden=args.hidden,
                           heads=args.heads, layers=args.layers, dropout=args.dropout,
                           qk_norm=args.qk_norm, softcap=args.softcap,
-                          sinks=args.sinks, gate=args.gate).to(args.device)
+                          sinks=args.sinks, gate=args.gate,
+                          differential=args.differential).to(args.device)
         result = train(model, corpus, val, steps=args.steps, batch_size=args.batch_size,
                        length=L, lr=args.lr, eval_every=args.eval_every, seed=args.seed,
                        desc=name, progress=not args.no_progress)

@@ -246,6 +246,18 @@ def test_gates_reach_every_block(example, corpus, gate):
     assert example["parse_args"]([]).gate is None
 
 
+def test_differential_attention_reaches_every_block(example, corpus):
+    # with RoPE on each map's 4 query and key channels (half of a head's 8)
+    model = example["CharModel"](len(corpus.vocab), "causal+rope", torch.randn(8, 4),
+                                 hidden=16, heads=2, layers=2, dropout=0.0, differential=True)
+    assert [(attn.differential, attn.rotary.dim) for attn in model.body.attns] == [
+        (True, 4), (True, 4)]
+    x = torch.randint(0, len(corpus.vocab), (2, 8))
+    assert torch.isfinite(model(x)).all()
+    assert example["parse_args"](["--differential"]).differential
+    assert not example["parse_args"]([]).differential
+
+
 def test_short_training_learns_and_reports(example, corpus, capsys):
     out = example["main"](["--graphs", "window4+alibi,window0", "--steps", "200",
                            "--eval-every", "100", "--extrapolate", "2", "--no-plot", *SMALL])

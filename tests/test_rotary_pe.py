@@ -501,7 +501,7 @@ def hf_attention(family: str, kv_heads: int, layer_idx: int = 0, **config):
               "hunyuan_v1_dense": "HunYuanDenseV1", "modernbert": "ModernBert",
               "modernbert_decoder": "ModernBertDecoder",
               "voxtral_realtime": "VoxtralRealtime", "chameleon": "Chameleon",
-              "timesfm2_5": "TimesFm2_5"}[family]
+              "timesfm2_5": "TimesFm2_5", "dory": "Dory"}[family]
     config = getattr(transformers, f"{prefix}TextConfig" if family in (
         "gemma3", "voxtral_realtime") else f"{prefix}Config")(
         hidden_size=32, num_attention_heads=4, num_key_value_heads=kv_heads,
@@ -1153,6 +1153,31 @@ def test_from_llama_converts_chameleon_s_gains_of_each_head(dense, kv_heads):
     for ours, theirs in ((layer.q_norm, attention.q_norm), (layer.k_norm, attention.k_norm)):
         assert_close(ours.weight.grad, theirs.weight.grad)
         assert_close(ours.bias.grad, theirs.bias.grad)
+
+
+@pytest.mark.parametrize("dense", [False, True], ids=["graph", "dense"])
+def test_from_llama_converts_dory_s_unit_norm_heads(dense):
+    # Dory (nGPT's attention): queries and keys projected onto the unit sphere (an RMS norm
+    # with gains 1/sqrt(8) and epsilon / 8), each rotated query scaled per head and channel by
+    # (sqk * sqk_scale) ** 2 (folded into q_norm's gains, each head its own), a gate of
+    # sigmoid(gate_proj(x) * (s_gate * s_gate_scale) ** 2) (folded into lin_gate) and the
+    # merged heads projected onto the unit sphere before o_proj (out_norm="rms")
+    from graphattn.nn import from_llama
+
+    attention, rotary = hf_attention("dory", 2, head_dim=8)
+    gen = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for param in (attention.sqk, attention.s_gate):
+            param.mul_(1.0 + 0.3 * torch.randn(param.shape, generator=gen))
+    layer = from_llama(attention, dense=dense, backend="cpu")
+    assert (layer.qk_norm, layer.qk_norm_after_rotary, layer.gate, layer.out_norm) == (
+        "rms_per_head", True, "elementwise", "rms")
+    assert layer.q_norm.weight.shape == (4, 8) and layer.o_norm.eps == pytest.approx(1e-6 / 32)
+    check_causal(attention, rotary, layer, dense, length=12, seed=49)
+    with torch.no_grad():
+        attention.sqk.mul_(1.5)  # another query scale: the conversion no longer matches
+    with pytest.raises(AssertionError):
+        check_causal(attention, rotary, layer, dense, length=12, seed=49)
 
 
 @pytest.mark.parametrize("dense", [False, True], ids=["graph", "dense"])

@@ -636,6 +636,22 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             BitNet's ``attn_sub_norm`` does) or ``"layer"`` (``torch.nn.LayerNorm``, the
             sub-LayerNorm of Magneto), :math:`\epsilon = 10^{-6}`. It keeps the output
             projection's input at unit scale whatever the values' scale. (default: ``None``)
+        differential (bool, optional): differential attention (the Differential
+            Transformer's): each head has two score maps over the same edges and values,
+            with queries and keys of their own (``lin_q`` gives :math:`2 H C_{qk}` channels,
+            map 1's heads first, ``lin_k`` :math:`2 H_{kv} C_{qk}`), and attends with their
+            difference, :math:`o_h = (1 - \lambda_{init})\, \mathrm{RMSNorm}\big(
+            \sum_j (\alpha^1_{ij} - \lambda \alpha^2_{ij}) v_j\big)` with
+            :math:`\lambda = e^{\lambda_{q1} \cdot \lambda_{k1}} - e^{\lambda_{q2}
+            \cdot \lambda_{k2}} + \lambda_{init}` (learned vectors ``lambda_q1`` ...
+            of :math:`C_{qk}` channels, :math:`\mathcal{N}(0, 0.1^2)` at first) and an
+            RMS norm of each head's C channels with gains (``diff_norm``). ``score_channels``
+            defaults to :math:`C / 2`; ``sinks`` are each map's own; the returned weights
+            are :math:`\alpha^1 - \lambda \alpha^2`. The dot score, without attention
+            dropout, and with edge features as a score bias only. (default: ``False``)
+        lambda_init (float, optional): :math:`\lambda_{init}` of ``differential=True``
+            (the Differential Transformer's :math:`0.8 - 0.6 e^{-0.3 l}` at layer l tends to
+            it). (default: ``None``: 0.8)
 
     Shapes:
         - **input:** x ``(|V|, F)`` or ``((|V_src|, F_src), (|V_dst|, F_dst))`` (or
@@ -1404,6 +1420,9 @@ class DenseSelfAttention(_SelfAttentionBase):
             (default: ``None``, the values')
         out_norm (str, optional): ``"rms"`` or ``"layer"``: normalise the merged heads' output
             before ``lin_out``, as :class:`GraphSelfAttention`'s. (default: ``None``)
+        differential (bool, optional): differential attention, as
+            :class:`GraphSelfAttention`'s (without attention dropout). (default: ``False``)
+        lambda_init (float, optional): its :math:`\lambda_{init}`. (default: ``None``: 0.8)
 
     Shapes:
         - **input:** x ``(L, F)`` or ``(B, L, F)``, mask bool ``(L, L)`` or ``(B, L, L)``,

@@ -413,7 +413,11 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
     sqrt(head_dim)``) folded into ``q_norm``'s gains with ``scale=1``, BitNet's RMS norm of
     the merged heads before ``o_proj`` (``attn_sub_norm``) as ``out_norm="rms"``, DiffLlama's
     differential attention as ``differential=True`` (its heads h and h + H/2 the two maps of
-    one head, its value heads g and g + H_kv/2 one value), a projection
+    one head, its value heads g and g + H_kv/2 one value), Dory's (nGPT's) projections onto
+    the unit sphere of its queries, keys and merged heads (``x / sqrt(sum(x ** 2) + eps)``:
+    RMS norms of gains ``1 / sqrt(width)``) with its scale of each rotated query channel
+    (``sqk``) folded into ``q_norm``'s gains of each head and the one inside its output gate
+    (``s_gate``) into ``lin_gate``'s rows, a projection
     without a bias beside biased ones (Voxtral Realtime's ``k_proj``) as a bias of 0 that is
     frozen (``requires_grad=False``: the layer trains the parameters the attention has),
     and where the config has one rotary embedding per kind of layer (Gemma 3's and
@@ -568,16 +572,8 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
     if rope_type == "proportional":  # every channel, with frequencies of 0 past the factor's
         factor = 1.0
     rope_args = _rope_arguments(config, rope, rope_type, layer_type)
-    scaling = getattr(attention, "scaling", head_dim ** -0.5)
-    query_gains = None  # a learned scale of each query channel, after the QK-norm
-    if isinstance(scaling, Tensor) and tuple(scaling.shape) == (head_dim,) and (
-            _qk_norms(attention, head_dim, heads, kv_heads) is not None):
-        # TimesFM 2.5's, softplus(scaling) log2(e) / sqrt(head_dim) on the normalised
-        # queries in place of the scale: folded into the query norm's gains, scale 1 (the
-        # check refuses another form)
-        query_gains = torch.nn.functional.softplus(scaling.detach()) * (
-            1.442695041 / math.sqrt(head_dim))
-        scaling = 1.0
+    # a learned scale of each query channel after the QK-norm, folded into its gains
+    query_gains, scaling = _query_gains(attention, heads, head_dim, kv_heads)
     if not isinstance(scaling, (int, float)):
         raise NotImplementedError(
             f"{type(attention).__name__}'s score scale is a {type(scaling).__name__}, not a "
@@ -605,6 +601,20 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
                 f"attention computes something besides them, which from_llama does not "
                 f"convert")
     qk_norm, norms = _qk_norms(attention, head_dim, heads, kv_heads) or (None, None)
+    if query_gains is not None and query_gains.dim() == 2 and qk_norm in ("rms", "layer"):
+        # gains of each head's channel (Dory's) on norms whose gains the heads share: each
+        # head its own, as they were
+        qk_norm += "_per_head"
+        norms = tuple((gains.expand(count, head_dim).clone(), eps,
+                       None if shift is None else shift.expand(count, head_dim).clone())
+                      for (gains, eps, shift), count in zip(norms, (heads, kv_heads),
+                                                            strict=True))
+    gate_scale = getattr(attention, "s_gate", None)  # Dory's factor inside the output gate
+    if isinstance(gate_scale, Tensor) and gate_lin is not None and tuple(gate_scale.shape) == (
+            gate_lin.out_features,):
+        gate_scale = (gate_scale.detach() * getattr(attention, "s_gate_scale", 1.0)).square()
+    else:
+        gate_scale = None
     # the layer's projections all have biases or none: with one of the attention's biased
     # (Voxtral Realtime's and Whisper's k_proj has no bias beside biased q_proj and v_proj),
     # each bias the attention has not is 0 and frozen, so the layer trains the parameters the
@@ -689,11 +699,16 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
             norm.eps = eps
             if shift is not None:  # a LayerNorm's bias
                 norm.bias.copy_(shift)
-        if query_gains is not None:  # each head's channels: [c], [H, c] or [H * c] gains
-            tiled = query_gains.repeat(layer.q_norm.weight.numel() // head_dim)
+        if query_gains is not None:  # onto [c], [H, c] or [H * c] gains
             for param in (layer.q_norm.weight, getattr(layer.q_norm, "bias", None)):
                 if param is not None:  # (a LayerNorm's bias too)
-                    param.mul_(tiled.view_as(param))
+                    gains = (query_gains if query_gains.numel() == param.numel()
+                             else query_gains.expand(heads, head_dim))
+                    param.mul_(gains.reshape(param.shape))
+        if gate_scale is not None:  # sigmoid(gate_proj(x) * s): s folded into its rows
+            layer.lin_gate.weight.mul_(gate_scale[:, None])
+            if layer.lin_gate.bias is not None:
+                layer.lin_gate.bias.mul_(gate_scale)
         if sinks is not None:
             layer.sinks.copy_(sinks)
         if v_norm is not None:
@@ -1007,11 +1022,16 @@ def _described(module: Module | None) -> str:
 def _rms_norm(module: Module | None, width: int, like: Tensor) -> tuple[Tensor, float] | None:
     """The gains and epsilon of ``module``, an RMSNorm over ``width`` channels (its
     ``weight``, or 1 without one: NanoChat's), or ``None`` when it computes something else
-    (or is ``None``); ``like``: the device and dtype of gains of 1."""
+    (or is ``None``); ``like``: the device and dtype of gains of 1. A projection onto the unit
+    sphere without gains, ``x / sqrt(sum(x ** 2) + eps)`` (Dory's, nGPT's), is the RMSNorm of
+    gains ``1 / sqrt(width)`` and epsilon ``eps / width``."""
     if module is None:
         return None
     weight = getattr(module, "weight", None)
     eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
+    if weight is None and isinstance(eps, (int, float)) and _unit_norm(module, width, eps):
+        return (torch.full((width,), width ** -0.5, device=like.device, dtype=torch.float32),
+                eps / width)
     if weight is None:
         weight = torch.ones(width, device=like.device, dtype=like.dtype)
     if not (isinstance(weight, Tensor) and tuple(weight.shape) == (width,)
@@ -1019,6 +1039,40 @@ def _rms_norm(module: Module | None, width: int, like: Tensor) -> tuple[Tensor, 
         return None
     gains = _rms_gains(module, weight.detach(), float(eps))
     return None if gains is None else (gains, float(eps))
+
+
+def _query_gains(attention: Module, heads: int, head_dim: int, kv_heads: int,
+                 ) -> tuple[Tensor | None, object]:
+    """A learned scale of each query channel after the attention's QK-norm (and rotation), to
+    fold into the query norm's gains, and the score scale left: TimesFM 2.5's
+    ``softplus(scaling) log2(e) / sqrt(head_dim)`` (``[head_dim]``) in place of the scale,
+    which is then 1, or Dory's ``(sqk * sqk_scale) ** 2`` of each head's channel (``[heads,
+    head_dim]``) beside it. ``(None, attention.scaling)`` without; the check refuses another
+    form."""
+    scaling = getattr(attention, "scaling", head_dim ** -0.5)
+    if _qk_norms(attention, head_dim, heads, kv_heads) is None:
+        return None, scaling
+    if isinstance(scaling, Tensor) and tuple(scaling.shape) == (head_dim,):
+        return (torch.nn.functional.softplus(scaling.detach())
+                * (1.442695041 / math.sqrt(head_dim))), 1.0
+    sqk = getattr(attention, "sqk", None)
+    if isinstance(sqk, Tensor) and tuple(sqk.shape) == (heads * head_dim,):
+        factor = getattr(attention, "sqk_scale", 1.0)
+        return (sqk.detach() * factor).square().view(heads, head_dim), scaling
+    return None, scaling
+
+
+def _unit_norm(module: Module, width: int, eps: float) -> bool:
+    """Whether ``module`` computes ``x / sqrt(sum(x ** 2) + eps)`` over ``width`` channels, run
+    on a few random rows."""
+    like = next(iter(module.parameters()), None)
+    probe = torch.randn(4, width, generator=torch.Generator().manual_seed(0))
+    if like is not None:
+        probe = probe.to(device=like.device)
+    with torch.no_grad():
+        out = module(probe).float()
+    unit = probe * torch.rsqrt(probe.pow(2).sum(-1, keepdim=True) + eps)
+    return out.shape == unit.shape and torch.allclose(out, unit, rtol=2e-2, atol=2e-3)
 
 
 def _rms_gains(module: Module, weight: Tensor, eps: float) -> Tensor | None:
