@@ -293,7 +293,7 @@ class GraphTransformer(torch.nn.Module):
         differential (bool, optional): differential attention in every layer (see
             :class:`GraphSelfAttention`), with the Differential Transformer's
             :math:`\lambda_{init} = 0.8 - 0.6 e^{-0.3 l}` at layer :math:`l = 0, 1, \ldots`;
-            it needs ``dropout=0`` or ``attention_dropout=0``. (default: ``False``)
+            it needs ``attention_dropout=0``. (default: ``False``)
         softcap (float, optional): every attention layer soft-caps its dot or gatv2 scores
             at :math:`c \tanh(s / c)` (see :class:`GraphSelfAttention`). (default: ``None``)
         sinks (bool, optional): every attention layer has a learned sink logit per head in
@@ -354,6 +354,11 @@ class GraphTransformer(torch.nn.Module):
         check_dropout(dropout)
         attention_dropout = dropout if attention_dropout is None else attention_dropout
         check_dropout(attention_dropout, "attention_dropout")
+        if differential is True and attention_dropout:
+            raise ValueError(f"differential=True takes no dropout of the attention weights "
+                             f"(the two maps could not share it): give attention_dropout=0 "
+                             f"(it defaults to dropout), got attention_dropout="
+                             f"{attention_dropout}")
         self.pe_channels = pe_channels
         self.edge_dim = edge_dim
         self.dropout = float(dropout)

@@ -112,6 +112,10 @@ def test_graph_transformer_schedules_lambda_init_by_depth():
         [0.8 - 0.6 * math.exp(-0.3 * layer) for layer in range(3)])
     x, edge_index = torch.randn(7, 8), torch.randint(0, 7, (2, 20))
     assert model(x, edge_index).shape == (7, 3)
+    with pytest.raises(ValueError, match="give attention_dropout=0 \\(it defaults to dropout\\), "
+                       "got attention_dropout=0.5"):
+        GraphTransformer(8, 16, 3, differential=True)
+    assert GraphTransformer(8, 16, 3, differential=True, attention_dropout=0.0).dropout == 0.5
 
 
 @pytest.mark.parametrize("kwargs, match", [
