@@ -71,6 +71,30 @@ def test_differential_attention_is_the_difference_of_two_maps(backend, kv_heads,
                 if p is layer.lambda_q2).abs().sum() > 0
 
 
+def test_differential_attention_on_the_triton_kernels(triton_interpreter):
+    # the two maps on the fused kernels (Triton's interpreter), each with its sinks: outputs,
+    # weights and every gradient as the reference backend's, in fp32
+    torch.manual_seed(3)
+    layer = GraphSelfAttention(16, 8, heads=2, kv_heads=1, differential=True, sinks=True,
+                               add_self_loops=False, backend="reference")
+    torch.nn.init.normal_(layer.sinks)
+    x = torch.randn(12, 16, requires_grad=True)
+    edge_index = graphs.random_graph(12, 3, self_loops=True)
+    params = [x] + list(layer.parameters())
+    results = []
+    for backend in ("reference", "triton"):
+        layer.backend = backend
+        out, (_, alpha) = layer(x, edge_index, return_attention_weights=True)
+        loss = out.square().sum() + (alpha * torch.linspace(-1, 1, alpha.numel()).view_as(
+            alpha)).sum()
+        results.append((out, alpha, torch.autograd.grad(loss, params)))
+    (out, alpha, grads), (got_out, got_alpha, got_grads) = results
+    assert_close(got_out, out, atol=1e-5, rtol=1e-4)
+    assert_close(got_alpha, alpha, atol=1e-5, rtol=1e-4)
+    for got, want in zip(got_grads, grads, strict=True):
+        assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize("kv_heads", [2, 1])
 def test_differential_graph_and_dense_layers_agree(kv_heads):
     torch.manual_seed(1)
