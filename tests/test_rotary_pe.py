@@ -1174,6 +1174,8 @@ def test_from_llama_converts_dory_s_unit_norm_heads(dense):
         "rms_per_head", True, "elementwise", "rms")
     assert layer.q_norm.weight.shape == (4, 8) and layer.o_norm.eps == pytest.approx(1e-6 / 32)
     check_causal(attention, rotary, layer, dense, length=12, seed=49)
+    unchecked = from_llama(attention, dense=dense, backend="cpu", check=False)
+    check_causal(attention, rotary, unchecked, dense, length=12, seed=49)  # (the same order)
     with torch.no_grad():
         attention.sqk.mul_(1.5)  # another query scale: the conversion no longer matches
     with pytest.raises(AssertionError):
@@ -1209,6 +1211,8 @@ def test_from_llama_converts_timesfm_s_learned_scale_of_each_query_channel(dense
     layer = from_llama(attention, dense=dense, backend="cpu")
     assert layer.scale == 1.0 and layer.qk_norm_after_rotary
     check_causal(attention, rotary, layer, dense, length=12, seed=46)
+    unchecked = from_llama(attention, dense=dense, backend="cpu", check=False)
+    check_causal(attention, rotary, unchecked, dense, length=12, seed=46)  # (the same order)
     with torch.no_grad():
         attention.scaling.add_(1.0)  # another scale: the conversion no longer matches
     with pytest.raises(AssertionError):

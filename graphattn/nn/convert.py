@@ -660,7 +660,8 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
     if not (isinstance(sinks, Tensor) and tuple(sinks.shape) == (heads,)):
         sinks = None
     options = dict(dropout=dropout, bias=bias, rotary=rotary, kv_heads=kv_heads,
-                   qk_norm=qk_norm, scale=scale, softcap=softcap, sinks=sinks is not None,
+                   qk_norm=qk_norm, qk_norm_after_rotary=query_gains is not None,
+                   scale=scale, softcap=softcap, sinks=sinks is not None,
                    gate=gate, v_norm=v_norm is not None, share_value=share_value,
                    score_channels=head_dim, out_norm=None if out_norm is None else "rms")
     differential = _differential(attention, head_dim, heads, kv_heads)  # DiffLlama's, or None
@@ -804,8 +805,11 @@ def _check_conversion(attention: Module, layer: GraphSelfAttention | DenseSelfAt
             f"from_llama could not run {name} to check the conversion "
             f"({type(error).__name__}: {error}); {escape}") from error
     errors = []
-    # the normalisation of the queries and keys before the rotation, else after (HunYuan's)
-    placements = (False, True) if layer.qk_norm is not None else (False,)
+    # the normalisation of the queries and keys where the conversion put it (before the
+    # rotation, or after it where gains act on the rotated queries), else on the other side
+    # (HunYuan's after)
+    first = layer.qk_norm_after_rotary
+    placements = (first, not first) if layer.qk_norm is not None else (first,)
     for after, rotary in ((after, rotary) for after in placements for rotary in rotaries):
         layer.rotary, layer.qk_norm_after_rotary = rotary, after
         got = _layer_output(layer, x, pos)
@@ -818,7 +822,7 @@ def _check_conversion(attention: Module, layer: GraphSelfAttention | DenseSelfAt
         f"{_CHECK_TOLERANCE:g} passes), with the rotary embedding's channels paired as in "
         f"LLaMA or as in GPT-J, turned the other way, or no rotation (and its queries' and "
         f"keys' normalisation before or after it). It computes something from_llama does not "
-        f"convert (two softmaxes, a normalisation of the output, ...); {escape}")
+        f"convert (in code the converter does not read); {escape}")
 
 
 def _attention_output(attention: Module, layer_type: str | None, x: Tensor,
