@@ -740,18 +740,6 @@ def test_from_llama_refuses_gemma4_layers_that_share_keys_and_values():
         from_llama(attention)
 
 
-def test_from_llama_refuses_modernbert_dropping_its_output():
-    from graphattn.nn import from_llama
-
-    attention, _ = hf_attention("modernbert", 4, 0)
-    attention.out_drop = torch.nn.Dropout(0.1)  # (what attention_dropout=0.1 gives it)
-    with pytest.raises(NotImplementedError, match="ModernBertAttention drops its output in "
-                       "training \\(out_drop, p=0.1\\)"):
-        from_llama(attention)
-    attention.out_drop = torch.nn.Identity()
-    assert from_llama(attention).rotary.base == 160000.0
-
-
 @pytest.mark.parametrize("make, error, match", [
     (lambda: torch.nn.Linear(4, 4), TypeError, "LLaMA-family self-attention"),
     (lambda: _with_rope(hf_attention("llama", 4)[0], rope_type="made_up", rope_theta=1e4),
@@ -1238,19 +1226,31 @@ def test_from_llama_converts_a_key_projection_without_a_bias(dense):
     assert_close(layer.lin_k.weight.grad, attention.k_proj.weight.grad)
 
 
-def test_from_llama_refuses_a_dropout_of_the_output():
-    # Seed-OSS drops its attention's output in training (residual_dropout, 0.1 by default):
-    # refused by name; with it set to 0, converted, and the same in training mode
+@pytest.mark.parametrize("family", ["seed_oss", "modernbert"])
+def test_from_llama_converts_a_dropout_of_the_output(family):
+    # Seed-OSS drops its attention's output in training (residual_dropout, 0.1 by default),
+    # ModernBERT by out_drop (of p = attention_dropout): out_dropout of that p. In eval mode
+    # nothing changes (the check passes); in training the layer's output is its eval output
+    # with about a tenth of the entries zeroed and the others scaled by 1 / 0.9
     from graphattn.nn import from_llama
 
-    attention, rotary = hf_attention("seed_oss", 2, head_dim=8)
-    assert attention.training and attention.residual_dropout == 0.1
-    with pytest.raises(NotImplementedError, match="SeedOssAttention drops its output in "
-                       "training \\(residual_dropout=0.1\\)"):
-        from_llama(attention)
-    attention.residual_dropout = 0.0
-    check_causal(attention, rotary, from_llama(attention, backend="cpu"), dense=False,
-                 length=12, seed=33)
+    attention, rotary = hf_attention(family, 2 if family == "seed_oss" else 4, head_dim=8)
+    if family == "modernbert":
+        attention.out_drop = torch.nn.Dropout(0.1)  # (what attention_dropout=0.1 gives it)
+    assert attention.training
+    layer = from_llama(attention, backend="cpu")
+    assert layer.out_dropout == pytest.approx(0.1) and "out_dropout=0.1" in repr(layer)
+    x, graph, pos = torch.randn(40, 32), graphs.causal_graph(40), torch.arange(40)
+    want = layer.eval()(x, graph, pos=pos)
+    torch.manual_seed(0)
+    got = layer.train()(x, graph, pos=pos)
+    kept = got != 0
+    assert 0.8 < kept.float().mean() < 0.97
+    assert_close(got[kept], want[kept] / 0.9)
+    if family == "seed_oss":  # with the dropout at 0, the same in training mode too
+        attention.residual_dropout = 0.0
+        check_causal(attention, rotary, from_llama(attention, backend="cpu"), dense=False,
+                     length=12, seed=33)
 
 
 def test_from_llama_refuses_what_its_check_cannot_run():
@@ -1316,7 +1316,7 @@ def test_from_llama_converts_exactly_or_refuses_every_model():
                                 intermediate_size=64)
             config._attn_implementation = "eager"
             torch.manual_seed(0)
-            attention = cls(config, layer_idx=0)
+            attention = cls(config, layer_idx=0).eval()  # (dropouts: tested apart)
             for lin in (getattr(attention, name, None) for name in ("q_proj", "k_proj",
                                                                      "v_proj", "o_proj")):
                 if isinstance(lin, torch.nn.Linear) and lin.bias is not None:

@@ -128,7 +128,8 @@ class _SelfAttentionBase(torch.nn.Module):
                  scale: float | None = None, gate: str | None = None,
                  qk_norm_after_rotary: bool = False, v_norm: bool = False,
                  out_norm: str | None = None, differential: bool = False,
-                 lambda_init: float | None = None, **kwargs) -> None:
+                 lambda_init: float | None = None, out_dropout: float = 0.0,
+                 **kwargs) -> None:
         super().__init__(**kwargs)
         concat, bias, out_proj, residual, beta = (
             check_flag(value, name) for value, name in ((concat, "concat"), (bias, "bias"),
@@ -142,6 +143,7 @@ class _SelfAttentionBase(torch.nn.Module):
         out_channels = check_positive(out_channels, "out_channels")
         check_dropout(dropout)
         check_dropout(value_dropout, "value_dropout")
+        check_dropout(out_dropout, "out_dropout")
         in_channels = check_in_channels(in_channels)
         score_channels = check_positive(score_channels, "score_channels")
         in_src, in_dst = (in_channels if isinstance(in_channels, (tuple, list))
@@ -154,6 +156,7 @@ class _SelfAttentionBase(torch.nn.Module):
         self.concat = concat
         self.dropout = float(dropout)
         self.value_dropout = float(value_dropout)
+        self.out_dropout = float(out_dropout)
         H, C = heads, out_channels
         # differential=True: two maps, each head's two queries and keys (map-major: lin_q
         # gives [2, H, C_qk], lin_k [2, H_kv, C_qk]), one value
@@ -385,7 +388,7 @@ class _SelfAttentionBase(torch.nn.Module):
     def _merge_heads(self, out: Tensor, x_dst: Tensor | None) -> Tensor:
         """``[..., H, C]`` times ``sigmoid(lin_gate(x_dst))`` with ``gate``, then ``[...,
         H*C]`` (concat) or ``[..., C]`` (mean), normalised by ``o_norm`` with ``out_norm``,
-        then ``lin_out``, plus ``res(x_dst)`` with
+        then ``lin_out`` and dropout (``out_dropout``), plus ``res(x_dst)`` with
         ``residual=True`` (gated by ``lin_beta`` with ``beta=True``; left out without
         ``x_dst``, as ``GATConv`` leaves it out), plus ``out_bias``."""
         if self.lin_gate is not None:  # (x_dst is there: the forwards refuse a gate without)
@@ -395,6 +398,7 @@ class _SelfAttentionBase(torch.nn.Module):
         out = out.flatten(-2) if self.concat else out.mean(dim=-2)  # (..., D)
         out = out if self.o_norm is None else self.o_norm(out)
         out = out if self.lin_out is None else self.lin_out(out)
+        out = dropout(out, self.out_dropout, self.training)
         if self.res is not None and x_dst is not None:
             skip = self.res(x_dst)  # (..., D)
             if self.lin_beta is None:
@@ -423,6 +427,7 @@ class _SelfAttentionBase(torch.nn.Module):
         extra += "" if self.lin_q.bias is not None else ", bias=False"
         extra += "" if self.lin_out is not None else ", out_proj=False"
         extra += f", value_dropout={self.value_dropout}" if self.value_dropout else ""
+        extra += f", out_dropout={self.out_dropout}" if self.out_dropout else ""
         extra += ", residual=True" if self.residual else ""
         extra += ", beta=True" if self.beta else ""
         extra += "" if self.kv_heads == self.heads else f", kv_heads={self.kv_heads}"
@@ -652,6 +657,9 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         lambda_init (float, optional): :math:`\lambda_{init}` of ``differential=True``
             (the Differential Transformer's :math:`0.8 - 0.6 e^{-0.3 l}` at layer l tends to
             it). (default: ``None``: 0.8)
+        out_dropout (float, optional): dropout on the layer's output after ``lin_out``
+            (before the residual), as Seed-OSS's ``residual_dropout`` and ModernBERT's
+            ``out_drop`` drop their attention's. (default: ``0.0``)
 
     Shapes:
         - **input:** x ``(|V|, F)`` or ``((|V_src|, F_src), (|V_dst|, F_dst))`` (or
@@ -697,7 +705,8 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
                  sinks: bool = False, gate: str | None = None,
                  qk_norm_after_rotary: bool = False, v_norm: bool = False,
                  score_channels: int | None = None, out_norm: str | None = None,
-                 differential: bool = False, lambda_init: float | None = None) -> None:
+                 differential: bool = False, lambda_init: float | None = None,
+                 out_dropout: float = 0.0) -> None:
         if attention not in SCORES:
             raise ValueError(f"attention must be one of {SCORES}, got {attention!r}")
         add_self_loops, share_weights, share_value, out_bias = (
@@ -740,7 +749,8 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
                          kv_heads=kv_heads, qk_norm=qk_norm, scale=scale, gate=gate,
                          qk_norm_after_rotary=qk_norm_after_rotary, v_norm=v_norm,
                          out_norm=out_norm, differential=differential,
-                         lambda_init=lambda_init, aggr="add", node_dim=0)
+                         lambda_init=lambda_init, out_dropout=out_dropout, aggr="add",
+                         node_dim=0)
         if self.kv_heads != self.heads and attention == "additive":
             raise ValueError(f"kv_heads={self.kv_heads} (grouped keys and values) needs the dot "
                              f"or gatv2 score; the additive score's key term is one number per "
@@ -1423,6 +1433,8 @@ class DenseSelfAttention(_SelfAttentionBase):
         differential (bool, optional): differential attention, as
             :class:`GraphSelfAttention`'s (without attention dropout). (default: ``False``)
         lambda_init (float, optional): its :math:`\lambda_{init}`. (default: ``None``: 0.8)
+        out_dropout (float, optional): dropout on the output after ``lin_out``, as
+            :class:`GraphSelfAttention`'s. (default: ``0.0``)
 
     Shapes:
         - **input:** x ``(L, F)`` or ``(B, L, F)``, mask bool ``(L, L)`` or ``(B, L, L)``,
@@ -1447,7 +1459,8 @@ class DenseSelfAttention(_SelfAttentionBase):
                  gate: str | None = None, qk_norm_after_rotary: bool = False,
                  v_norm: bool = False, share_value: bool = False,
                  score_channels: int | None = None, out_norm: str | None = None,
-                 differential: bool = False, lambda_init: float | None = None) -> None:
+                 differential: bool = False, lambda_init: float | None = None,
+                 out_dropout: float = 0.0) -> None:
         if isinstance(in_channels, (tuple, list)):
             raise ValueError(f"in_channels must be one integer for DenseSelfAttention (queries, "
                              f"keys and values come from one x), got {in_channels!r}")
@@ -1462,7 +1475,7 @@ class DenseSelfAttention(_SelfAttentionBase):
                          residual=residual, beta=beta, kv_heads=kv_heads, qk_norm=qk_norm,
                          scale=scale, gate=gate, qk_norm_after_rotary=qk_norm_after_rotary,
                          v_norm=v_norm, out_norm=out_norm, differential=differential,
-                         lambda_init=lambda_init)
+                         lambda_init=lambda_init, out_dropout=out_dropout)
         self.share_value = check_flag(share_value, "share_value")
         if self.share_value:
             self.lin_v = self.lin_k  # one module: its product serves k_j and v_j

@@ -411,7 +411,9 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
     queries and keys with each head's gains as ``qk_norm="layer_per_head"``, TimesFM 2.5's
     learned scale of each query channel after its QK-norm (``softplus(scaling) log2(e) /
     sqrt(head_dim)``) folded into ``q_norm``'s gains with ``scale=1``, BitNet's RMS norm of
-    the merged heads before ``o_proj`` (``attn_sub_norm``) as ``out_norm="rms"``, DiffLlama's
+    the merged heads before ``o_proj`` (``attn_sub_norm``) as ``out_norm="rms"``, Seed-OSS's
+    and ModernBERT's dropout of the output (``residual_dropout``, ``out_drop``) as
+    ``out_dropout``, DiffLlama's
     differential attention as ``differential=True`` (its heads h and h + H/2 the two maps of
     one head, its value heads g and g + H_kv/2 one value), Dory's (nGPT's) projections onto
     the unit sphere of its queries, keys and merged heads (``x / sqrt(sum(x ** 2) + eps)``:
@@ -630,20 +632,13 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
             f"layers without RoPE), which the layers do not; the factor is 1 below position "
             f"floor_scale - 1 = {attention.floor_scale - 1}: set "
             f"attention.attn_temperature_tuning = False to convert it as it computes there")
-    residual_dropout = getattr(attention, "residual_dropout", 0.0)
-    if isinstance(residual_dropout, (int, float)) and residual_dropout > 0:  # Seed-OSS's
-        raise NotImplementedError(
-            f"{type(attention).__name__} drops its output in training (residual_dropout="
-            f"{residual_dropout}), which the layers do not: set attention.residual_dropout = "
-            f"0.0 before converting it (nothing changes in eval mode), or drop the layer's "
-            f"output in the model")
-    out_drop = getattr(attention, "out_drop", None)  # ModernBERT's, of p = attention_dropout
-    if isinstance(out_drop, torch.nn.Dropout) and out_drop.p > 0:
-        raise NotImplementedError(
-            f"{type(attention).__name__} drops its output in training (out_drop, p="
-            f"{out_drop.p}), which the layers do not: set attention.out_drop = "
-            f"torch.nn.Identity() before converting it (nothing changes in eval mode), or "
-            f"drop the layer's output in the model")
+    # a dropout of the attention's output after o_proj: Seed-OSS's residual_dropout,
+    # ModernBERT's out_drop (of p = attention_dropout)
+    out_dropout = getattr(attention, "residual_dropout", 0.0)
+    out_drop = getattr(attention, "out_drop", None)
+    if isinstance(out_drop, torch.nn.Dropout):
+        out_dropout = out_drop.p
+    out_dropout = float(out_dropout) if isinstance(out_dropout, (int, float)) else 0.0
     v_norm = _v_norm_eps(attention, v_dim)  # Gemma 4's RMS norm of the values, or None
     out_norm = _out_norm(attention, heads * v_dim)  # BitNet's norm before o_proj, or None
     v_scale = getattr(attention, "v_scale", 1.0)  # MiMo-V2's factor on the values
@@ -663,6 +658,7 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
                    qk_norm=qk_norm, qk_norm_after_rotary=query_gains is not None,
                    scale=scale, softcap=softcap, sinks=sinks is not None,
                    gate=gate, v_norm=v_norm is not None, share_value=share_value,
+                   out_dropout=out_dropout,
                    score_channels=head_dim, out_norm=None if out_norm is None else "rms")
     differential = _differential(attention, head_dim, heads, kv_heads)  # DiffLlama's, or None
     layer_heads, layer_v_dim = heads, v_dim

@@ -1,5 +1,6 @@
 """The layers' ``out_norm=``: each node's merged heads' output normalised (RMS or layer norm,
-with learned gains) before the output projection, as BitNet's ``attn_sub_norm``.
+with learned gains) before the output projection, as BitNet's ``attn_sub_norm``; and
+``out_dropout=``, a dropout of the output after the projection, before the residual.
 
 Checked against the formula written out here (the reference operator's output, merged, then
 normalised with the gains), with ``concat`` on and off, a gate and a residual; the graph
@@ -114,3 +115,26 @@ def test_out_norm_errors_and_reset():
     layer.reset_parameters()
     assert_close(layer.o_norm.weight.detach(), torch.ones(8))
     assert_close(layer.o_norm.bias.detach(), torch.zeros(8))
+
+
+@pytest.mark.parametrize("dense", [False, True], ids=["graph", "dense"])
+def test_out_dropout_drops_the_projected_output_before_the_residual(dense):
+    # in training each entry of lin_out's output is zeroed or scaled by 1 / (1 - p), and the
+    # residual added after it is kept whole; in eval mode nothing is dropped
+    torch.manual_seed(4)
+    kwargs = dict(heads=2, residual=True, out_dropout=0.5)
+    layer = (DenseSelfAttention(16, 8, **kwargs) if dense
+             else GraphSelfAttention(16, 8, add_self_loops=False, backend="cpu", **kwargs))
+    assert "out_dropout=0.5" in repr(layer)
+    x, graph = torch.randn(30, 16), graphs.causal_graph(30)
+    run = (lambda: layer(x, is_causal=True)) if dense else (lambda: layer(x, graph))
+    layer.eval()
+    want, skip = run(), layer.res(x)
+    assert_close(run(), want)  # (nothing dropped)
+    layer.train()
+    got = run() - skip
+    kept = got != 0
+    assert 0.35 < kept.float().mean() < 0.65
+    assert_close(got[kept], 2 * (want - skip)[kept])
+    with pytest.raises(ValueError, match="out_dropout"):
+        GraphSelfAttention(8, 4, out_dropout=1.5)
