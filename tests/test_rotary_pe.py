@@ -501,7 +501,7 @@ def hf_attention(family: str, kv_heads: int, layer_idx: int = 0, **config):
               "hunyuan_v1_dense": "HunYuanDenseV1", "modernbert": "ModernBert",
               "modernbert_decoder": "ModernBertDecoder",
               "voxtral_realtime": "VoxtralRealtime", "chameleon": "Chameleon",
-              "timesfm2_5": "TimesFm2_5", "dory": "Dory"}[family]
+              "timesfm2_5": "TimesFm2_5", "dory": "Dory", "minicpm5_moe": "MiniCPM5Moe"}[family]
     config = getattr(transformers, f"{prefix}TextConfig" if family in (
         "gemma3", "voxtral_realtime") else f"{prefix}Config")(
         hidden_size=32, num_attention_heads=4, num_key_value_heads=kv_heads,
@@ -1091,11 +1091,12 @@ def test_from_llama_converts_diffllama(dense, kv_heads):
     ("afmoe", {}),  # a gate_proj
     ("hrm_text", {}),
     ("beam", dict(attention_bias=True)),  # a gate_proj and a bias per head (gate_bias)
+    ("minicpm5_moe", dict(attention_bias=True)),  # Qwen3-Next's layout, named q_gate_proj
 ])
 @pytest.mark.parametrize("dense", [False, True], ids=["graph", "dense"])
 def test_from_llama_converts_gated_attention(family, config, dense):
-    # Qwen3-Next, AFMoE, HRM and Beam multiply each channel of each head's output by a
-    # sigmoid gate of the token's features before o_proj: gate="elementwise"
+    # Qwen3-Next, MiniCPM5-MoE, AFMoE, HRM and Beam multiply each channel of each head's
+    # output by a sigmoid gate of the token's features before o_proj: gate="elementwise"
     from graphattn.nn import from_llama
 
     attention, rotary = hf_attention(family, 2, head_dim=8, **config)
@@ -1104,9 +1105,10 @@ def test_from_llama_converts_gated_attention(family, config, dense):
     layer = from_llama(attention, dense=dense, backend="cpu")
     assert layer.gate == "elementwise" and layer.lin_gate.out_features == 32
     check_causal(attention, rotary, layer, dense, length=12, seed=42)
-    if family == "qwen3_next":  # the gate rows of head 1 of q_proj: rows 24..31
-        assert_close(layer.lin_gate.weight.grad[8:16], attention.q_proj.weight.grad[24:32])
-        assert_close(layer.lin_gate.bias.grad[8:16], attention.q_proj.bias.grad[24:32])
+    if family in ("qwen3_next", "minicpm5_moe"):  # the gate rows of head 1: rows 24..31
+        fused = getattr(attention, "q_proj", None) or attention.q_gate_proj
+        assert_close(layer.lin_gate.weight.grad[8:16], fused.weight.grad[24:32])
+        assert_close(layer.lin_gate.bias.grad[8:16], fused.bias.grad[24:32])
     else:
         assert_close(layer.lin_gate.weight.grad, attention.gate_proj.weight.grad)
 

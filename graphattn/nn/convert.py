@@ -398,10 +398,11 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
     ``scale``, Gemma 2's soft cap of the scores (``attn_logit_softcapping``) as ``softcap``,
     GPT-OSS's sink logit per head (``sinks``) as ``sinks=True``, a sigmoid gate of each
     head's output (Qwen3-Next's, the second half of each head's rows of a ``q_proj`` of twice
-    the width; AFMoE's, Beam's and HRM's ``gate_proj``, with Beam's ``gate_bias`` per head)
-    as ``gate="elementwise"``, HunYuan's normalisation of the rotated queries and keys
-    (``query_layernorm``, ``key_layernorm``) as ``qk_norm_after_rotary=True`` (found by the
-    check below, which tries both orders), Gemma 4's RMS normalisation of the values without
+    the width, and MiniCPM5-MoE's, so laid out in its ``q_gate_proj``; AFMoE's, Beam's and
+    HRM's ``gate_proj``, with Beam's ``gate_bias`` per head) as ``gate="elementwise"``,
+    HunYuan's normalisation of the rotated queries and keys (``query_layernorm``,
+    ``key_layernorm``) as ``qk_norm_after_rotary=True`` (found by the check below, which
+    tries both orders), Gemma 4's RMS normalisation of the values without
     gains (``v_norm``) as ``v_norm=True``, the values of its global layers taken from
     ``k_proj`` (``attention_k_eq_v``; no ``v_proj``) as ``share_value=True``, and its
     "proportional" RoPE (a fraction of the planes turn, the others have frequency 0) as
@@ -503,6 +504,8 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
     """
     config = getattr(attention, "config", None)
     lins = [getattr(attention, name, None) for name in ("q_proj", "k_proj", "v_proj", "o_proj")]
+    if lins[0] is None:  # MiniCPM5-MoE's: each head's query, then its gate, as Qwen3-Next's
+        lins[0] = getattr(attention, "q_gate_proj", None)
     if lins[3] is None:  # GPT-NeoX's, Phi's and Persimmon's output projection; LFM2's;
         lins[3] = next((lin for lin in (getattr(attention, name, None)  # ModernBERT's
                                         for name in ("dense", "out_proj", "Wo"))
