@@ -21,16 +21,19 @@ from graphattn.functional import edge_attention
 from graphattn.nn import DenseSelfAttention, GraphSelfAttention, GraphTransformer
 
 
-def _written_out(layer: GraphSelfAttention, x: torch.Tensor, edge_index: torch.Tensor):
-    """The layer's output and weights from its parameters: two reference attentions, their
-    difference with lambda, each head's RMS norm with its gains, times 1 - lambda_init."""
+def _written_out(layer: GraphSelfAttention, x: torch.Tensor, edge_index: torch.Tensor,
+                 edge_attr: torch.Tensor | None = None):
+    """The layer's output and weights from its parameters: two reference attentions (the edge
+    features' score bias in both), their difference with lambda, each head's RMS norm with
+    its gains, times 1 - lambda_init."""
     H, kv, c, C = layer.heads, layer.kv_heads, layer.score_channels, layer.out_channels
     q = layer.lin_q(x).view(-1, 2, H, c)  # map-major: map 1's heads, then map 2's
     k = layer.lin_k(x).view(-1, 2, kv, c)
     v = layer.lin_v(x).view(-1, kv, C)
     sinks = [None, None] if layer.sinks is None else list(layer.sinks.view(2, H))
+    bias = None if edge_attr is None else layer.lin_edge(edge_attr)  # (E, H)
     (o1, a1), (o2, a2) = (edge_attention(q[:, m], k[:, m], v, edge_index, backend="reference",
-                                         sinks=sinks[m], return_attention=True)
+                                         sinks=sinks[m], bias=bias, return_attention=True)
                           for m in range(2))
     lam = (torch.exp((layer.lambda_q1 * layer.lambda_k1).sum())
            - torch.exp((layer.lambda_q2 * layer.lambda_k2).sum()) + layer.lambda_init)
@@ -41,13 +44,14 @@ def _written_out(layer: GraphSelfAttention, x: torch.Tensor, edge_index: torch.T
 
 
 @pytest.mark.parametrize("backend", ["reference", "cpu", "auto"])
-@pytest.mark.parametrize("kv_heads, sinks", [(4, False), (2, True)])
-def test_differential_attention_is_the_difference_of_two_maps(backend, kv_heads, sinks):
+@pytest.mark.parametrize("kv_heads, sinks, edge_dim", [(4, False, None), (2, True, 3)])
+def test_differential_attention_is_the_difference_of_two_maps(backend, kv_heads, sinks,
+                                                             edge_dim):
     gen = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
     layer = GraphSelfAttention(12, 8, heads=4, kv_heads=kv_heads, add_self_loops=False,
                                differential=True, lambda_init=0.3, sinks=sinks,
-                               backend=backend).double()
+                               edge_dim=edge_dim, backend=backend).double()
     assert layer.score_channels == 4 and layer.lin_q.out_features == 2 * 4 * 4
     assert layer.lin_k.out_features == 2 * kv_heads * 4 and layer.lin_v.out_features == kv_heads * 8
     with torch.no_grad():
@@ -58,8 +62,10 @@ def test_differential_attention_is_the_difference_of_two_maps(backend, kv_heads,
             layer.sinks.normal_(generator=gen)
     x = torch.randn(9, 12, dtype=torch.float64, generator=gen, requires_grad=True)
     edge_index = graphs.random_graph(9, 3, self_loops=True)
-    out, (_, alpha) = layer(x, edge_index, return_attention_weights=True)
-    want, want_alpha = _written_out(layer, x, edge_index)
+    edge_attr = (None if edge_dim is None else torch.randn(
+        edge_index.size(1), edge_dim, dtype=torch.float64, generator=gen))
+    out, (_, alpha) = layer(x, edge_index, edge_attr, return_attention_weights=True)
+    want, want_alpha = _written_out(layer, x, edge_index, edge_attr)
     assert_close(out, want)
     assert_close(alpha, want_alpha)
     params = [x] + [p for p in layer.parameters() if p.requires_grad]
