@@ -501,7 +501,8 @@ def hf_attention(family: str, kv_heads: int, layer_idx: int = 0, **config):
               "hunyuan_v1_dense": "HunYuanDenseV1", "modernbert": "ModernBert",
               "modernbert_decoder": "ModernBertDecoder",
               "voxtral_realtime": "VoxtralRealtime", "chameleon": "Chameleon",
-              "timesfm2_5": "TimesFm2_5", "dory": "Dory", "minicpm5_moe": "MiniCPM5Moe"}[family]
+              "timesfm2_5": "TimesFm2_5", "dory": "Dory", "minicpm5_moe": "MiniCPM5Moe",
+              "jetmoe": "JetMoe", "hy_v4": "HYV4"}[family]
     config = getattr(transformers, f"{prefix}TextConfig" if family in (
         "gemma3", "voxtral_realtime") else f"{prefix}Config")(
         hidden_size=32, num_attention_heads=4, num_key_value_heads=kv_heads,
@@ -1253,6 +1254,20 @@ def test_from_llama_converts_a_dropout_of_the_output(family):
         attention.residual_dropout = 0.0
         check_causal(attention, rotary, from_llama(attention, backend="cpu"), dense=False,
                      length=12, seed=33)
+
+
+@pytest.mark.parametrize("family, match", [
+    ("jetmoe", "JetMoeAttention routes each token's queries and outputs through experts"),
+    ("hy_v4", "HYV4Attention is a multi-head latent attention"),
+])
+def test_from_llama_refuses_attention_experts_and_latent_attention(family, match):
+    # the attentions of the sweep it still refuses, each saying what it has that the layers
+    # have not: JetMoE's mixture of attention heads, HunYuan V4's latent keys and values
+    from graphattn.nn import from_llama
+
+    attention, _ = hf_attention(family, 2, head_dim=8, num_hidden_layers=2)
+    with pytest.raises(NotImplementedError, match=match):
+        from_llama(attention)
 
 
 def test_from_llama_refuses_what_its_check_cannot_run():

@@ -446,7 +446,8 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
     attend both ways) are the attention on ``graphs.complete_graph(L)`` (global layers) and on
     ``graphs.window_graph(L, config.sliding_window)`` (local ones). Gemma 4's layers that
     reuse an earlier layer's keys and values (KV sharing: no ``k_proj`` of their own) are
-    refused by name. No self-loops are added. The dense
+    refused by name, as are JetMoE's mixture of attention heads (``experts``) and multi-head
+    latent attention (HunYuan V4's ``kv_a_proj_with_mqa``). No self-loops are added. The dense
     layer takes ``x [B, L, D]`` with ``is_causal=True`` (``pos`` defaults to ``0 .. L-1``).
 
     Args:
@@ -530,6 +531,18 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
     per_head_qkv = config is not None and isinstance(fused, torch.nn.Linear) and lins[0] is None
     if per_head_qkv:
         lins[:3] = _split_per_head_qkv(fused, config)  # GPT-NeoX's, each head's q, k, v
+    name = type(attention).__name__
+    if config is not None and isinstance(getattr(attention, "experts", None), Module):
+        raise NotImplementedError(  # JetMoE's mixture of attention heads
+            f"{name} routes each token's queries and outputs through experts it picks per token "
+            f"(experts: {type(attention.experts).__name__}): a layer of one query and output "
+            f"projection cannot hold them, so from_llama does not convert it")
+    if config is not None and isinstance(getattr(attention, "kv_a_proj_with_mqa", None),
+                                         torch.nn.Linear):
+        raise NotImplementedError(  # HunYuan V4's and DeepSeek's multi-head latent attention
+            f"{name} is a multi-head latent attention (its keys and values come from a "
+            f"compressed latent, kv_a_proj_with_mqa, with a rotated part shared by the heads), "
+            f"which from_llama does not convert")
     if config is None or not all(isinstance(lin, torch.nn.Linear) for lin in lins):
         raise TypeError(f"attention must be a LLaMA-family self-attention with q_proj, k_proj, "
                         f"v_proj (or one qkv_proj or query_key_value) and o_proj (or dense) "
