@@ -1,7 +1,9 @@
 """Narrow scoring heads on CPU: a ``GraphSelfAttention`` layer whose queries and keys have
 ``score_channels`` channels per head beside values of ``out_channels``, against the same layer
-with queries and keys as wide as the values (the default); and differential attention
-(``differential=True``), two maps of ``score_channels`` each over the same values.
+with queries and keys as wide as the values (the default); differential attention
+(``differential=True``), two maps of ``score_channels`` each over the same values; and
+multi-head latent attention (``q_rank``, ``kv_rank``, ``shared_key_channels``), the first
+width's queries, keys and values through narrow latents.
 
 The scores cost ``E H C_qk`` multiply-adds and the weighted sums ``E H C``, so a layer that
 scores on fewer channels than it carries spends less on its edges; the projections and the
@@ -10,7 +12,9 @@ output projection cost the same for the values. On a random graph of ``--nodes``
 ``--channels`` value channels (default 4 x 32), the ``cpu`` backend, fp32: a layer's forward
 under ``torch.no_grad`` and a training step's forward+backward (projections included), for
 each width of ``--widths`` (default 32, 16 and 8) and a differential layer of each width of
-``--differential`` (default 16: as many query and key channels as the first width's),
+``--differential`` (default 16: as many query and key channels as the first width's), a
+latent layer of each rank r of ``--latent`` (default 32: ``kv_rank=r``, ``q_rank=2r``, a
+quarter of the first width's key channels shared by the heads, as DeepSeek-V3 has a third),
 interleaved (the order rotates every round) after warm-up, medians; and the peak memory of
 one forward+backward call, as ``sparse_vs_dense.py`` measures it.
 
@@ -49,6 +53,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--differential", type=lambda s: [int(x) for x in s.split(",") if x],
                         default=[16], help="score channels per map of the differential "
                         "layers (default: 16; '' for none)")
+    parser.add_argument("--latent", type=lambda s: [int(x) for x in s.split(",") if x],
+                        default=[32], help="kv_rank of the latent layers, with q_rank twice "
+                        "it (default: 32; '' for none)")
     parser.add_argument("--rounds", type=int, default=10, help="timed rounds (default: 10)")
     parser.add_argument("--warmup", type=int, default=2, help="rounds before timing")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
@@ -58,9 +65,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("nodes", "degree", "heads", "channels", "rounds", "warmup", "threads"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
-    if not args.widths or min(args.widths + args.differential) < 1:
-        parser.error(f"--widths and --differential must be channel counts >= 1, got "
-                     f"{args.widths} and {args.differential}")
+    if not args.widths or min(args.widths + args.differential + args.latent) < 1:
+        parser.error(f"--widths, --differential and --latent must be channel counts >= 1, "
+                     f"got {args.widths}, {args.differential} and {args.latent}")
     return args
 
 
@@ -74,20 +81,27 @@ def calls(args: argparse.Namespace, backward: bool) -> dict[str, Callable[[], No
     edge_index = torch.stack([torch.randint(0, args.nodes, targets.shape, generator=gen),
                               targets])
     ways = {}
-    for width, differential in ([(w, False) for w in args.widths]
-                                + [(w, True) for w in args.differential]):
+    first = args.widths[0]
+    shared = first // 4
+    for way, options in ([(f"C_qk = {w}", dict(score_channels=w)) for w in args.widths]
+                         + [(f"differential, 2 x C_qk = 2 x {w}",
+                             dict(score_channels=w, differential=True))
+                            for w in args.differential]
+                         + [(f"latent, C_qk = {first}: kv_rank {r}, q_rank {2 * r}, "
+                             f"{shared} shared", dict(score_channels=first, kv_rank=r,
+                                                      q_rank=2 * r,
+                                                      shared_key_channels=shared))
+                            for r in args.latent]):
         torch.manual_seed(args.seed)
-        layer = GraphSelfAttention(features, args.channels, args.heads, score_channels=width,
-                                   add_self_loops=False, backend="cpu",
-                                   differential=differential)
+        layer = GraphSelfAttention(features, args.channels, args.heads, add_self_loops=False,
+                                   backend="cpu", **options)
 
         def run(layer: GraphSelfAttention = layer) -> None:
             with torch.set_grad_enabled(backward):
                 out = layer(x, edge_index)
                 if backward:
                     torch.autograd.grad(out.square().sum(), [x, *layer.parameters()])
-        ways[f"differential, 2 x C_qk = 2 x {width}" if differential
-             else f"C_qk = {width}"] = run
+        ways[way] = run
     return ways
 
 
@@ -117,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
                  for way, ms in medians.items()]
     note = ("Each step is one interleaved run; ratios are to the first width, queries and keys "
             "as wide as the values (the layers' default). The layer includes its projections "
-            "and output projection."
+            "and output projection; the latent layer's are its low-rank ones, its edges cost "
+            "what the first width's cost."
             + (f" ({memory.reason})" if memory.reason else ""))
     print(write_table("score_channels_cpu", "Narrow scoring heads on CPU: GraphSelfAttention "
                       "with queries and keys narrower than its values", header, note, rows,

@@ -941,7 +941,8 @@ def test_score_channels_benchmark_runs_every_width(tmp_path):
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "score_channels_cpu.py"
     done = subprocess.run([sys.executable, str(path), "--nodes", "300", "--degree", "3",
                            "--heads", "2", "--channels", "5", "--widths", "5,3",
-                           "--differential", "2", "--rounds", "1", "--warmup", "1",
+                           "--differential", "2", "--latent", "3", "--rounds", "1",
+                           "--warmup", "1",
                            "--out", str(out)],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -949,8 +950,9 @@ def test_score_channels_benchmark_runs_every_width(tmp_path):
         rows = list(csv.DictReader(f))
     assert [(r["step"], r["score channels"]) for r in rows] == [
         (step, way) for step in ("forward", "forward+backward")
-        for way in ("C_qk = 5", "C_qk = 3", "differential, 2 x C_qk = 2 x 2")]
-    _assert_ratios_to_the_first_way(rows, 3, "ratio to the first")
+        for way in ("C_qk = 5", "C_qk = 3", "differential, 2 x C_qk = 2 x 2",
+                    "latent, C_qk = 5: kv_rank 3, q_rank 6, 1 shared")]
+    _assert_ratios_to_the_first_way(rows, 4, "ratio to the first")
     for row in rows:  # a peak for forward+backward only, where Linux tells it
         assert (row["peak MiB (fwd+bwd)"] != "") == (row["step"] == "forward+backward"
                                                      and sys.platform == "linux")

@@ -591,6 +591,28 @@ def test_weights_of_a_layer_with_sinks_compile(differential):
         assert_close(twin_param.grad, param.grad, **COMPILED)
 
 
+def test_a_layer_with_latent_projections_compiles():
+    """Multi-head latent attention (q_rank, kv_rank, shared rotary key channels), compiled in
+    the default mode: outputs and every gradient are eager's (lin_v reads lin_k's parameters,
+    the copy's in the copy)."""
+    from graphattn.pe import RotaryPE
+
+    torch.manual_seed(0)
+    layer = GraphSelfAttention(16, 8, heads=2, q_rank=6, kv_rank=5, shared_key_channels=2,
+                               score_channels=6, rotary=RotaryPE(2), backend="cpu")
+    twin = copy.deepcopy(layer)
+    x, edge_index = torch.randn(60, 16), _graph()
+    pos = torch.arange(60)
+    outs = []
+    for model in (torch.compile(twin, backend="aot_eager"), layer):
+        out = model(x, edge_index, pos=pos)
+        out.square().sum().backward()
+        outs.append(out.detach())
+    assert_close(outs[0], outs[1], **COMPILED)
+    for param, twin_param in zip(layer.parameters(), twin.parameters(), strict=True):
+        assert_close(twin_param.grad, param.grad, **COMPILED)
+
+
 def test_a_graph_break_inside_the_cpu_backend_falls_back_to_eager(monkeypatch):
     """Where dynamo cuts a graph inside the cpu backend (here: the sinks' gradient taking each
     edge's target from repeat_interleave without its output size, as it once did), the rest

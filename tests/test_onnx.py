@@ -31,6 +31,8 @@ MODELS = {
                                                      qk_norm="layer_across_heads"),
     "layer-norms-differential": lambda: GraphSelfAttention(8, 4, heads=2, qk_norm="rms_per_head",
                                                            out_norm="layer", differential=True),
+    "layer-latent": lambda: GraphSelfAttention(8, 4, heads=2, q_rank=3, kv_rank=3,
+                                               shared_key_channels=1),
     "GAT": lambda: GAT(8, 3, hidden_channels=4, heads=2),
     "GraphTransformer": lambda: GraphTransformer(8, 8, 3, heads=2),
 }

@@ -68,10 +68,12 @@ def run_llama(attention, rotary, x: torch.Tensor, position_ids: torch.Tensor,
                                                                    None)  # (OLMo 3's)
     if layer_type is None and getattr(attention.config, "layer_types", None):  # (Mellum's)
         layer_type = attention.config.layer_types[attention.layer_idx]
-    per_kind = isinstance(attention.config.rope_parameters.get(layer_type), dict)
+    rope = getattr(attention.config, "rope_parameters", None) or {}  # (Kimi Linear: none)
+    per_kind = isinstance(rope.get(layer_type), dict)
     kinds = {"layer_type": layer_type} if per_kind else {}
-    out = attention(x, position_embeddings=rotary(x, position_ids, **kinds),
-                    attention_mask=mask)[0]
+    # (an attention without a rotation, Kimi Linear's latent one, takes no cosines and sines)
+    cos_sin = {} if rotary is None else {"position_embeddings": rotary(x, position_ids, **kinds)}
+    out = attention(x, attention_mask=mask, **cos_sin)[0]
     (out * w).sum().backward()
     return out.detach(), x.grad
 
@@ -502,28 +504,34 @@ def hf_attention(family: str, kv_heads: int, layer_idx: int = 0, **config):
               "modernbert_decoder": "ModernBertDecoder",
               "voxtral_realtime": "VoxtralRealtime", "chameleon": "Chameleon",
               "timesfm2_5": "TimesFm2_5", "dory": "Dory", "minicpm5_moe": "MiniCPM5Moe",
-              "jetmoe": "JetMoe", "hy_v4": "HYV4"}[family]
+              "jetmoe": "JetMoe", "hy_v4": "HYV4", "deepseek_v2": "DeepseekV2",
+              "deepseek_v3": "DeepseekV3", "deepseek_v32": "DeepseekV32",
+              "minicpm3": "MiniCPM3", "kimi_linear": "KimiLinear",
+              "longcat_flash": "LongcatFlash", "bailing_hybrid": "BailingHybrid",
+              "mistral4": "Mistral4"}[family]
     config = getattr(transformers, f"{prefix}TextConfig" if family in (
         "gemma3", "voxtral_realtime") else f"{prefix}Config")(
         hidden_size=32, num_attention_heads=4, num_key_value_heads=kv_heads,
         attention_dropout=0.0, **config)
     config._attn_implementation = "eager"
     torch.manual_seed(0)
-    attention = getattr(module, f"{prefix}Attention")(config, layer_idx=layer_idx)
+    attention = (getattr(module, f"{prefix}Attention", None)  # (LongCat-Flash's: ...MLA)
+                 or getattr(module, f"{prefix}MLA"))(config, layer_idx=layer_idx)
     for name in ("q_proj", "k_proj", "v_proj", "qkv_proj", "query_key_value", "Wqkv",
                  "o_proj", "dense", "Wo"):
         lin = getattr(attention, name, None)  # (Phi-3 has one qkv_proj, GPT-NeoX another)
         if lin is not None and lin.bias is not None:  # not 0, so that a lost one would show
             torch.nn.init.normal_(lin.bias)
     for name in ("q_norm", "k_norm", "q_layernorm", "k_layernorm", "query_layernorm",
-                 "key_layernorm"):
+                 "key_layernorm", "q_a_layernorm", "kv_a_layernorm"):
         norm = getattr(attention, name, None)
         if getattr(norm, "weight", None) is not None:  # Qwen3's gains, away from their initial
             # 1 for the same reason (NanoChat's norms have none)
             torch.nn.init.normal_(norm.weight, 1.0, 0.5)
         if getattr(norm, "bias", None) is not None:  # Phi's LayerNorms, away from 0
             torch.nn.init.normal_(norm.bias, 0.0, 0.5)
-    return attention, getattr(module, f"{prefix}RotaryEmbedding")(config)
+    rotary = getattr(module, f"{prefix}RotaryEmbedding", None)  # (Kimi Linear's MLA: none)
+    return attention, None if rotary is None else rotary(config)
 
 
 @pytest.mark.parametrize("family, kv_heads, config", [
@@ -1256,16 +1264,71 @@ def test_from_llama_converts_a_dropout_of_the_output(family):
                      length=12, seed=33)
 
 
-@pytest.mark.parametrize("family, match", [
-    ("jetmoe", "JetMoeAttention routes each token's queries and outputs through experts"),
-    ("hy_v4", "HYV4Attention is a multi-head latent attention"),
+# a small multi-head latent attention: queries through a rank-16 bottleneck, keys and values
+# from a latent of 12 channels, each head's key 8 channels of its own and 4 rotated ones that
+# all heads share, values of 6 channels
+MLA = dict(q_lora_rank=16, kv_lora_rank=12, qk_rope_head_dim=4, qk_nope_head_dim=8,
+           v_head_dim=6, head_dim=4, num_hidden_layers=2)
+YARN = dict(max_position_embeddings=64, rope_parameters=dict(
+    rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=16,
+    beta_fast=32.0, beta_slow=1.0, mscale=1.0, mscale_all_dim=0.7))
+
+
+@pytest.mark.parametrize("family, config", [
+    ("deepseek_v3", {}),
+    ("deepseek_v3", dict(q_lora_rank=None, rope_interleave=False, attention_bias=True)),
+    ("deepseek_v3", YARN),
+    ("deepseek_v2", {}),
+    ("minicpm3", {}),
+    ("kimi_linear", {}),
+    ("longcat_flash", {}),
+    ("bailing_hybrid", {}),
+], ids=["deepseek_v3", "v3-q_proj-rotate_half-biases", "v3-yarn", "deepseek_v2", "minicpm3",
+        "kimi_linear-nope", "longcat_flash-factors", "bailing_hybrid-gate"])
+@pytest.mark.parametrize("dense", [False, True], ids=["graph", "dense"])
+def test_from_llama_converts_multi_head_latent_attention(family, config, dense):
+    # DeepSeek-V2's MLA and the models built on it: q_rank (or q_proj), kv_rank, the rotary
+    # key channels shared by the heads; DeepSeek's interleaved rotation or rotate-half, YaRN
+    # (its frequencies, factor on the cosines and sines and score scale), Kimi Linear's
+    # latent attention without a rotation, LongCat-Flash's factors on the query and the
+    # latent (folded into q_b_proj and the latent's gains) and Bailing's sigmoid gate of
+    # each head
+    from graphattn.nn import LatentKeysValues, from_llama
+
+    attention, rotary = hf_attention(family, 4, **{**MLA, **config})
+    layer = from_llama(attention, dense=dense, backend="cpu")
+    assert isinstance(layer.lin_k, LatentKeysValues)
+    assert (layer.kv_rank, layer.shared_key_channels, layer.score_channels,
+            layer.out_channels) == (12, 4, 12, 6)
+    assert layer.q_rank == config.get("q_lora_rank", 16)
+    assert (layer.rotary is None) == (family == "kimi_linear")
+    assert (layer.gate == "headwise") == (family == "bailing_hybrid")
+    check_causal(attention, rotary, layer, dense, length=40 if config is YARN else 20,
+                 seed=50)
+    assert_close(layer.lin_k.down.weight.grad, attention.kv_a_proj_with_mqa.weight.grad)
+    assert_close(layer.lin_k.up.weight.grad, attention.kv_b_proj.weight.grad)
+    assert_close(layer.lin_out.weight.grad, attention.o_proj.weight.grad)
+
+
+@pytest.mark.parametrize("family, config, match", [
+    ("jetmoe", dict(head_dim=8), "JetMoeAttention routes each token's queries and outputs "
+                                 "through experts"),
+    ("hy_v4", dict(head_dim=8), "HYV4Attention is a multi-head latent attention whose indexer "
+                                "picks the keys of each query"),
+    ("deepseek_v32", MLA, "DeepseekV32Attention is a multi-head latent attention whose "
+                          "indexer picks the keys of each query"),
+    ("mistral4", {**MLA, "head_dim": 12}, "Mistral4Attention scales its queries by 1 \\+ "
+                                          "beta log"),
 ])
-def test_from_llama_refuses_attention_experts_and_latent_attention(family, match):
-    # the attentions of the sweep it still refuses, each saying what it has that the layers
-    # have not: JetMoE's mixture of attention heads, HunYuan V4's latent keys and values
+def test_from_llama_refuses_attention_experts_and_latent_attention_with_an_indexer(
+        family, config, match):
+    # the attentions it refuses, each saying what it has that the layers have not: JetMoE's
+    # mixture of attention heads; DeepSeek's sparse attention, whose indexer picks a graph
+    # per call (HunYuan V4's, DeepSeek-V3.2's); Mistral 4's query scale by position
     from graphattn.nn import from_llama
 
-    attention, _ = hf_attention(family, 2, head_dim=8, num_hidden_layers=2)
+    attention, _ = hf_attention(family, 4 if family == "mistral4" else 2,
+                                **{"num_hidden_layers": 2, **config})
     with pytest.raises(NotImplementedError, match=match):
         from_llama(attention)
 
@@ -1308,6 +1371,28 @@ def _every_rotary_attention():
                 yield module, value
 
 
+def _sweep_attention(cls, config_cls, rotary_cls, extra: dict):
+    """``cls`` built from the sweep's small config (with ``extra``) and its rotary embedding,
+    after one run of the attention (which raises where the config or call does not fit)."""
+    config = config_cls(**{"hidden_size": 32, "num_attention_heads": 4,
+                           "num_key_value_heads": 2, "head_dim": 8, "num_hidden_layers": 2,
+                           "attention_dropout": 0.0, "intermediate_size": 64, **extra})
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    attention = cls(config, layer_idx=0).eval()  # (dropouts: tested apart)
+    for lin in (getattr(attention, name, None) for name in ("q_proj", "k_proj", "v_proj",
+                                                             "o_proj")):
+        if isinstance(lin, torch.nn.Linear) and lin.bias is not None:
+            torch.nn.init.normal_(lin.bias)
+    for name in ("sinks", "scaling"):  # (GPT-OSS's sinks, TimesFM 2.5's scale: made by
+        if isinstance(getattr(attention, name, None), torch.Tensor):  # torch.empty, any value)
+            torch.nn.init.normal_(getattr(attention, name))
+    rotary = rotary_cls(config)
+    x = torch.randn(1, 16, 32)
+    run_llama(attention, rotary, x, torch.arange(16)[None], x)
+    return attention, rotary
+
+
 def test_from_llama_converts_exactly_or_refuses_every_model():
     # Every transformers attention built like LLaMA that runs from a small config: its
     # conversion computes what it computes (outputs and the input's gradient on 16
@@ -1327,24 +1412,14 @@ def test_from_llama_converts_exactly_or_refuses_every_model():
                     if name.endswith("RotaryEmbedding") and name.startswith(prefix)]
         if config_cls is None or len(rotaries) != 1:
             continue
-        try:
-            config = config_cls(hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
-                                head_dim=8, num_hidden_layers=2, attention_dropout=0.0,
-                                intermediate_size=64)
-            config._attn_implementation = "eager"
-            torch.manual_seed(0)
-            attention = cls(config, layer_idx=0).eval()  # (dropouts: tested apart)
-            for lin in (getattr(attention, name, None) for name in ("q_proj", "k_proj",
-                                                                     "v_proj", "o_proj")):
-                if isinstance(lin, torch.nn.Linear) and lin.bias is not None:
-                    torch.nn.init.normal_(lin.bias)
-            for name in ("sinks", "scaling"):  # (GPT-OSS's sinks, TimesFM 2.5's scale: made
-                if isinstance(getattr(attention, name, None), torch.Tensor):  # by torch.empty,
-                    torch.nn.init.normal_(getattr(attention, name))  # any value)
-            rotary = rotaries[0](config)
-            x = torch.randn(1, 16, 32)
-            run_llama(attention, rotary, x, torch.arange(16)[None], x)
-        except Exception:  # this generic config or call does not fit the model
+        attention = rotary = None
+        for extra in ({}, {**MLA, "num_key_value_heads": 4}):  # (a latent attention's sizes)
+            try:
+                attention, rotary = _sweep_attention(cls, config_cls, rotaries[0], extra)
+                break
+            except Exception:  # this generic config or call does not fit the model
+                continue
+        if attention is None:
             continue
         try:
             layer = from_llama(attention, backend="reference")

@@ -19,6 +19,7 @@ from graphattn._checks import (
     check_flag,
     check_float_dtype,
     check_in_channels,
+    check_non_negative,
     check_positive,
     check_same_device,
     check_tensors,
@@ -39,6 +40,7 @@ from graphattn.functional.attention import (
 from graphattn.functional.dropout import dropout
 from graphattn.functional.sparse_linear import sparse_linear
 from graphattn.graphs import SPARSE_LAYOUTS, _sparse_adjacency_and_values, from_sparse_adjacency
+from graphattn.nn.latent import LatentKeysValues, LatentValues, LowRankLinear, input_module
 from graphattn.pe import RotaryPE
 
 
@@ -111,7 +113,55 @@ def _check_differential(differential: bool, dropout: float, share_value: bool, *
                 f"maps could not share); got {what}")
 
 
-def _glorot(lin: Linear) -> None:
+def _check_latent(q_rank: int | None, kv_rank: int | None, shared_key_channels: int,
+                  score_channels: int, in_channels: int | tuple[int, int],
+                  differential: bool) -> tuple[int | None, int | None, int]:
+    """``q_rank``, ``kv_rank`` and ``shared_key_channels`` checked; raise where they do not
+    fit the layer's other options."""
+    q_rank = None if q_rank is None else check_positive(q_rank, "q_rank")
+    kv_rank = None if kv_rank is None else check_positive(kv_rank, "kv_rank")
+    shared = check_non_negative(shared_key_channels, "shared_key_channels")
+    if shared and kv_rank is None:
+        raise ValueError(f"shared_key_channels={shared_key_channels!r} shares key channels "
+                         f"among the heads of latent keys and needs kv_rank")
+    if kv_rank is not None and shared >= score_channels:
+        raise ValueError(f"shared_key_channels must be below the keys' score_channels = "
+                         f"{score_channels} (the others come from the latent), got "
+                         f"{shared_key_channels!r}")
+    if q_rank is None and kv_rank is None:
+        return None, None, 0
+    name = "q_rank" if q_rank is not None else "kv_rank"
+    if differential:
+        raise ValueError(f"{name} (latent projections) and differential=True do not combine: "
+                         f"the two maps would each need latents of their own")
+    widths = in_channels if isinstance(in_channels, (tuple, list)) else (in_channels,)
+    if -1 in widths:
+        raise ValueError(f"{name} (latent projections) needs the input features' count, got "
+                         f"in_channels={in_channels!r}")
+    return q_rank, kv_rank, shared
+
+
+def _check_latent_options(q_rank: int | None, kv_rank: int | None, *, attention: str = "dot",
+                          share_value: bool = False, share_weights: bool = False) -> None:
+    """Raise where latent projections (``q_rank``, ``kv_rank``) meet options they do not
+    combine with: another score than the dot product, keys that are the queries' projection
+    (``share_weights``) or values that are the keys' (``share_value``)."""
+    if q_rank is None and kv_rank is None:
+        return
+    name = "q_rank" if q_rank is not None else "kv_rank"
+    if attention != "dot":
+        raise ValueError(f"{name} (latent projections) needs the dot score, got "
+                         f"attention={attention!r}")
+    for flag, what in ((share_weights, "share_weights"), (share_value, "share_value")):
+        if flag is True:
+            raise ValueError(f"{name} (latent projections) and {what}=True do not combine: "
+                             f"{what} makes one Linear serve two projections")
+
+
+def _glorot(lin: torch.nn.Module) -> None:
+    if not isinstance(lin, Linear):  # (the latent projections: each product on its own)
+        lin.reset_parameters()
+        return
     torch.nn.init.xavier_uniform_(lin.weight)
     if lin.bias is not None:
         torch.nn.init.zeros_(lin.bias)
@@ -129,7 +179,8 @@ class _SelfAttentionBase(torch.nn.Module):
                  qk_norm_after_rotary: bool = False, v_norm: bool = False,
                  out_norm: str | None = None, differential: bool = False,
                  lambda_init: float | None = None, out_dropout: float = 0.0,
-                 **kwargs) -> None:
+                 q_rank: int | None = None, kv_rank: int | None = None,
+                 shared_key_channels: int = 0, **kwargs) -> None:
         super().__init__(**kwargs)
         concat, bias, out_proj, residual, beta = (
             check_flag(value, name) for value, name in ((concat, "concat"), (bias, "bias"),
@@ -162,9 +213,20 @@ class _SelfAttentionBase(torch.nn.Module):
         # gives [2, H, C_qk], lin_k [2, H_kv, C_qk]), one value
         self.differential = check_flag(differential, "differential")
         maps = 2 if self.differential else 1
-        self.lin_q = _linear(in_dst, maps * H * score_channels, bias)
-        self.lin_k = _linear(in_src, maps * kv_heads * score_channels, bias)
-        self.lin_v = _linear(in_src, kv_heads * C, bias)
+        # q_rank, kv_rank: the queries, the keys and values through normalised latents
+        # (multi-head latent attention, graphattn.nn.latent)
+        self.q_rank, self.kv_rank, self.shared_key_channels = _check_latent(
+            q_rank, kv_rank, shared_key_channels, score_channels, in_channels,
+            self.differential)
+        self.lin_q = (_linear(in_dst, maps * H * score_channels, bias) if q_rank is None
+                      else LowRankLinear(in_dst, self.q_rank, H * score_channels, bias=bias))
+        if kv_rank is None:
+            self.lin_k = _linear(in_src, maps * kv_heads * score_channels, bias)
+            self.lin_v = _linear(in_src, kv_heads * C, bias)
+        else:
+            self.lin_k = LatentKeysValues(in_src, self.kv_rank, kv_heads, score_channels, C,
+                                          self.shared_key_channels, bias=bias)
+            self.lin_v = LatentValues(self.lin_k)  # (lin_k's parameters, registered once)
         out_dim = H * C if concat else C
         self.lin_out = Linear(out_dim, out_dim, bias=bias) if out_proj else None
         self.residual = bool(residual)
@@ -299,6 +361,15 @@ class _SelfAttentionBase(torch.nn.Module):
         """
         lins = (self.lin_q, self.lin_k, self.lin_v)
         drop = self.training and self.value_dropout > 0.0
+        if self.q_rank is not None or self.kv_rank is not None:  # each module's own forward
+            q = None if x_dst is None else self.lin_q(x_dst)
+            k, v = (self.lin_k.keys_values(x_src) if self.kv_rank is not None
+                    else (self.lin_k(x_src), self.lin_v(x_src)))
+            if drop:
+                b = self.lin_v.bias
+                v = dropout(v if b is None else v - b, self.value_dropout, self.training)
+                v = v if b is None else v + b
+            return q, k, v
         if x_src.layout == torch.strided and not all(_plain_linear(lin) for lin in lins):
             q = None if x_dst is None else self.lin_q(x_dst)
             k = self.lin_k(x_src)
@@ -418,16 +489,20 @@ class _SelfAttentionBase(torch.nn.Module):
         if x.size(-1) != lin.in_features:
             raise ValueError(f"{name} must have F = in_channels = {lin.in_features} features, "
                              f"got {list(x.shape)}")
-        check_weight_dtype(x, lin, name)
+        check_weight_dtype(x, input_module(lin), name)
 
     def _repr_args(self) -> str:
         """The constructor's arguments, those away from their defaults after ``heads``."""
         extra = "" if self.concat else ", concat=False"
         extra += f", dropout={self.dropout}" if self.dropout else ""
-        extra += "" if self.lin_q.bias is not None else ", bias=False"
+        extra += "" if input_module(self.lin_q).bias is not None else ", bias=False"
         extra += "" if self.lin_out is not None else ", out_proj=False"
         extra += f", value_dropout={self.value_dropout}" if self.value_dropout else ""
         extra += f", out_dropout={self.out_dropout}" if self.out_dropout else ""
+        extra += "" if self.q_rank is None else f", q_rank={self.q_rank}"
+        extra += "" if self.kv_rank is None else f", kv_rank={self.kv_rank}"
+        if self.shared_key_channels:
+            extra += f", shared_key_channels={self.shared_key_channels}"
         extra += ", residual=True" if self.residual else ""
         extra += ", beta=True" if self.beta else ""
         extra += "" if self.kv_heads == self.heads else f", kv_heads={self.kv_heads}"
@@ -660,6 +735,22 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         out_dropout (float, optional): dropout on the layer's output after ``lin_out``
             (before the residual), as Seed-OSS's ``residual_dropout`` and ModernBERT's
             ``out_drop`` drop their attention's. (default: ``0.0``)
+        q_rank (int, optional): the queries through a normalised bottleneck of ``q_rank``
+            channels, :math:`q_i = W^{Qb}\, \mathrm{RMSNorm}(W^{Qa} x_i)`: ``lin_q`` is a
+            :class:`~graphattn.nn.LowRankLinear` (DeepSeek-V2's compressed queries). The dot
+            score only. (default: ``None``)
+        kv_rank (int, optional): multi-head latent attention (DeepSeek-V2's MLA): each
+            source's keys and values come from one latent of ``kv_rank`` channels,
+            :math:`c_j = \mathrm{RMSNorm}(W^{KVa} x_j)`, :math:`k_{j,h} = [W^{KR} x_j;
+            W^{Kb}_h c_j]`, :math:`v_{j,h} = W^{Vb}_h c_j`. ``lin_k`` is a
+            :class:`~graphattn.nn.LatentKeysValues`, which computes both, and ``lin_v`` a
+            :class:`~graphattn.nn.LatentValues` that reads its parameters (they are in the
+            ``state_dict`` once, under ``lin_k``). The dot score only, without
+            ``share_weights`` or ``share_value``. (default: ``None``)
+        shared_key_channels (int, optional): with ``kv_rank``, the first S of each key's
+            :math:`C_{qk}` channels, :math:`W^{KR} x_j`, are one projection shared by every
+            head; with ``rotary=RotaryPE(S)`` they are MLA's decoupled rotary key, the only
+            channels that turn. (default: ``0``)
 
     Shapes:
         - **input:** x ``(|V|, F)`` or ``((|V_src|, F_src), (|V_dst|, F_dst))`` (or
@@ -706,7 +797,8 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
                  qk_norm_after_rotary: bool = False, v_norm: bool = False,
                  score_channels: int | None = None, out_norm: str | None = None,
                  differential: bool = False, lambda_init: float | None = None,
-                 out_dropout: float = 0.0) -> None:
+                 out_dropout: float = 0.0, q_rank: int | None = None,
+                 kv_rank: int | None = None, shared_key_channels: int = 0) -> None:
         if attention not in SCORES:
             raise ValueError(f"attention must be one of {SCORES}, got {attention!r}")
         add_self_loops, share_weights, share_value, out_bias = (
@@ -737,6 +829,8 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
                              f"score's are one number per head")
         _check_differential(differential, dropout, share_value,
                             attention=attention, edge_mode=edge_mode)
+        _check_latent_options(q_rank, kv_rank, attention=attention, share_value=share_value,
+                              share_weights=share_weights)
         qk = _score_channels(score_channels, out_channels, differential)
         if qk != out_channels and (share_value or edge_mode == "key_value"):
             raise ValueError(f"{'share_value=True' if share_value else 'edge_mode=key_value'} "
@@ -749,8 +843,9 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
                          kv_heads=kv_heads, qk_norm=qk_norm, scale=scale, gate=gate,
                          qk_norm_after_rotary=qk_norm_after_rotary, v_norm=v_norm,
                          out_norm=out_norm, differential=differential,
-                         lambda_init=lambda_init, out_dropout=out_dropout, aggr="add",
-                         node_dim=0)
+                         lambda_init=lambda_init, out_dropout=out_dropout, q_rank=q_rank,
+                         kv_rank=kv_rank, shared_key_channels=shared_key_channels,
+                         aggr="add", node_dim=0)
         if self.kv_heads != self.heads and attention == "additive":
             raise ValueError(f"kv_heads={self.kv_heads} (grouped keys and values) needs the dot "
                              f"or gatv2 score; the additive score's key term is one number per "
@@ -1435,6 +1530,12 @@ class DenseSelfAttention(_SelfAttentionBase):
         lambda_init (float, optional): its :math:`\lambda_{init}`. (default: ``None``: 0.8)
         out_dropout (float, optional): dropout on the output after ``lin_out``, as
             :class:`GraphSelfAttention`'s. (default: ``0.0``)
+        q_rank (int, optional): the queries through a normalised bottleneck, as
+            :class:`GraphSelfAttention`'s. (default: ``None``)
+        kv_rank (int, optional): keys and values from a latent (multi-head latent
+            attention), as :class:`GraphSelfAttention`'s. (default: ``None``)
+        shared_key_channels (int, optional): key channels shared by every head, with
+            ``kv_rank``, as :class:`GraphSelfAttention`'s. (default: ``0``)
 
     Shapes:
         - **input:** x ``(L, F)`` or ``(B, L, F)``, mask bool ``(L, L)`` or ``(B, L, L)``,
@@ -1460,11 +1561,13 @@ class DenseSelfAttention(_SelfAttentionBase):
                  v_norm: bool = False, share_value: bool = False,
                  score_channels: int | None = None, out_norm: str | None = None,
                  differential: bool = False, lambda_init: float | None = None,
-                 out_dropout: float = 0.0) -> None:
+                 out_dropout: float = 0.0, q_rank: int | None = None,
+                 kv_rank: int | None = None, shared_key_channels: int = 0) -> None:
         if isinstance(in_channels, (tuple, list)):
             raise ValueError(f"in_channels must be one integer for DenseSelfAttention (queries, "
                              f"keys and values come from one x), got {in_channels!r}")
         _check_differential(differential, dropout, share_value)
+        _check_latent_options(q_rank, kv_rank, share_value=share_value)
         qk = _score_channels(score_channels, out_channels, differential)
         if qk != out_channels and share_value:
             raise ValueError(f"share_value=True makes one tensor serve the keys and the values, "
@@ -1475,7 +1578,8 @@ class DenseSelfAttention(_SelfAttentionBase):
                          residual=residual, beta=beta, kv_heads=kv_heads, qk_norm=qk_norm,
                          scale=scale, gate=gate, qk_norm_after_rotary=qk_norm_after_rotary,
                          v_norm=v_norm, out_norm=out_norm, differential=differential,
-                         lambda_init=lambda_init, out_dropout=out_dropout)
+                         lambda_init=lambda_init, out_dropout=out_dropout, q_rank=q_rank,
+                         kv_rank=kv_rank, shared_key_channels=shared_key_channels)
         self.share_value = check_flag(share_value, "share_value")
         if self.share_value:
             self.lin_v = self.lin_k  # one module: its product serves k_j and v_j
@@ -1524,7 +1628,7 @@ class DenseSelfAttention(_SelfAttentionBase):
         if x.size(-1) != self.lin_q.in_features:
             raise ValueError(f"x must have F = in_channels = {self.lin_q.in_features} features, "
                              f"got {list(x.shape)}")
-        check_weight_dtype(x, self.lin_q, "x")
+        check_weight_dtype(x, input_module(self.lin_q), "x")
         q, k, v = self._project(x, x)
         maps = 2 if self.differential else 1  # (differential: heads of map 1, then map 2)
         q = q.unflatten(-1, (maps * H, self.score_channels))  # (B, L, H, C_qk)

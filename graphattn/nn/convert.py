@@ -446,9 +446,21 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
     attend both ways) are the attention on ``graphs.complete_graph(L)`` (global layers) and on
     ``graphs.window_graph(L, config.sliding_window)`` (local ones). Gemma 4's layers that
     reuse an earlier layer's keys and values (KV sharing: no ``k_proj`` of their own) are
-    refused by name, as are JetMoE's mixture of attention heads (``experts``) and multi-head
-    latent attention (HunYuan V4's ``kv_a_proj_with_mqa``). No self-loops are added. The dense
-    layer takes ``x [B, L, D]`` with ``is_causal=True`` (``pos`` defaults to ``0 .. L-1``).
+    refused by name, as are JetMoE's mixture of attention heads (``experts``). No self-loops
+    are added. The dense layer takes ``x [B, L, D]`` with ``is_causal=True`` (``pos``
+    defaults to ``0 .. L-1``).
+
+    A multi-head latent attention (DeepSeek-V2's and V3's, with ``kv_a_proj_with_mqa``,
+    ``kv_a_layernorm`` and ``kv_b_proj``, and ``q_a_proj``, ``q_a_layernorm`` and
+    ``q_b_proj`` or a ``q_proj``) becomes a layer with ``q_rank``, ``kv_rank`` and
+    ``shared_key_channels=qk_rope_head_dim`` (:mod:`graphattn.nn.latent`), ``score_channels
+    = qk_nope_head_dim + qk_rope_head_dim`` and ``out_channels=v_head_dim``, each head's query
+    and key channels reordered with the rotary ones first (where ``RotaryPE`` turns them);
+    LongCat-Flash's factors on the queries and the latent are folded into ``q_b_proj`` and the
+    latent's gains, Bailing's sigmoid gate of each head (``g_proj``) becomes ``gate=
+    "headwise"``, and Kimi Linear's, which turns nothing, has ``rotary=None``. One whose
+    indexer picks each query's keys (DeepSeek's sparse attention: DeepSeek-V3.2's, HunYuan
+    V4's) is refused by name, as is Mistral 4's scale of its queries by position.
 
     Args:
         attention (torch.nn.Module): a module with ``q_proj``, ``k_proj``, ``v_proj`` and
@@ -538,11 +550,9 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
             f"(experts: {type(attention.experts).__name__}): a layer of one query and output "
             f"projection cannot hold them, so from_llama does not convert it")
     if config is not None and isinstance(getattr(attention, "kv_a_proj_with_mqa", None),
-                                         torch.nn.Linear):
-        raise NotImplementedError(  # HunYuan V4's and DeepSeek's multi-head latent attention
-            f"{name} is a multi-head latent attention (its keys and values come from a "
-            f"compressed latent, kv_a_proj_with_mqa, with a rotated part shared by the heads), "
-            f"which from_llama does not convert")
+                                         torch.nn.Linear):  # DeepSeek's multi-head latent
+        return _from_latent_attention(attention, config, dense=dense, backend=backend,
+                                      check=check)
     if config is None or not all(isinstance(lin, torch.nn.Linear) for lin in lins):
         raise TypeError(f"attention must be a LLaMA-family self-attention with q_proj, k_proj, "
                         f"v_proj (or one qkv_proj or query_key_value) and o_proj (or dense) "
@@ -567,29 +577,7 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
         kv_heads = own  # a module that reads no key head count from its config (ModernBERT's
         # decoder, given a config that holds one)
     hidden = q_proj.in_features
-    rope = dict(getattr(config, "rope_parameters", None) or {})
-    # the kind of layer, where the config has one rotary embedding per kind (Gemma 3's
-    # layer_type, OLMo 3's attention_type: "sliding_attention" or "full_attention"; else the
-    # config's layer_types at the attention's layer_idx)
-    layer_type = getattr(attention, "layer_type", None) or getattr(attention, "attention_type",
-                                                                   None)
-    layer_types, layer_idx = getattr(config, "layer_types", None), getattr(attention,
-                                                                          "layer_idx", None)
-    if layer_type is None and isinstance(layer_idx, int) and isinstance(layer_types, list) and (
-            0 <= layer_idx < len(layer_types)):
-        layer_type = layer_types[layer_idx]
-    if isinstance(rope.get(layer_type), dict):
-        rope = dict(rope[layer_type])
-    else:
-        layer_type = None
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    base = rope.get("rope_theta", getattr(config, "rope_theta", None))
-    if base is None:
-        raise ValueError("the attention's config gives no rope_theta for its rotary embedding")
-    factor = rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
-    if rope_type == "proportional":  # every channel, with frequencies of 0 past the factor's
-        factor = 1.0
-    rope_args = _rope_arguments(config, rope, rope_type, layer_type)
+    layer_type, base, factor, rope_args = _rotary_settings(attention, config)
     # a learned scale of each query channel after the QK-norm, folded into its gains
     query_gains, scaling = _query_gains(attention, heads, head_dim, kv_heads)
     if not isinstance(scaling, (int, float)):
@@ -755,6 +743,157 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
     return layer
 
 
+def _rotary_settings(attention: Module, config) -> tuple[str | None, float, float, dict]:
+    """The kind of layer whose rotary embedding the attention takes (``None`` where the
+    config has one for all), its base, the fraction of each head's channels it turns and
+    ``RotaryPE``'s other arguments."""
+    rope = dict(getattr(config, "rope_parameters", None) or {})
+    # the kind of layer, where the config has one rotary embedding per kind (Gemma 3's
+    # layer_type, OLMo 3's attention_type: "sliding_attention" or "full_attention"; else the
+    # config's layer_types at the attention's layer_idx)
+    layer_type = getattr(attention, "layer_type", None) or getattr(attention, "attention_type",
+                                                                   None)
+    layer_types, layer_idx = getattr(config, "layer_types", None), getattr(attention,
+                                                                          "layer_idx", None)
+    if layer_type is None and isinstance(layer_idx, int) and isinstance(layer_types, list) and (
+            0 <= layer_idx < len(layer_types)):
+        layer_type = layer_types[layer_idx]
+    if isinstance(rope.get(layer_type), dict):
+        rope = dict(rope[layer_type])
+    else:
+        layer_type = None
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    base = rope.get("rope_theta", getattr(config, "rope_theta", None))
+    if base is None:
+        raise ValueError("the attention's config gives no rope_theta for its rotary embedding")
+    factor = rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
+    if rope_type == "proportional":  # every channel, with frequencies of 0 past the factor's
+        factor = 1.0
+    return layer_type, float(base), factor, _rope_arguments(config, rope, rope_type, layer_type)
+
+
+def _from_latent_attention(attention: Module, config, *, dense: bool, backend: str,
+                           check: bool) -> GraphSelfAttention | DenseSelfAttention:
+    """:func:`from_llama` of a multi-head latent attention (DeepSeek-V2's and V3's MLA):
+    ``q_proj`` or ``q_a_proj``, ``q_a_layernorm``, ``q_b_proj`` (``q_rank``);
+    ``kv_a_proj_with_mqa``, ``kv_a_layernorm``, ``kv_b_proj`` (``kv_rank``, with the rotary key
+    channels shared by the heads: ``shared_key_channels``); ``o_proj``. Each head's query
+    and key channels are reordered rotary channels first, where ``RotaryPE`` turns them."""
+    name = type(attention).__name__
+    if isinstance(getattr(attention, "indexer", None), Module):
+        raise NotImplementedError(
+            f"{name} is a multi-head latent attention whose indexer picks the keys of each "
+            f"query (DeepSeek's sparse attention: the top-k keys of a learned score, "
+            f"{type(attention.indexer).__name__}), a graph it chooses per call: from_llama "
+            f"converts the latent attention without an indexer")
+    heads = config.num_attention_heads
+    nope, rot, v_dim = (getattr(attention, key, getattr(config, key, None)) for key in (
+        "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"))
+    q_rank, kv_rank = (getattr(attention, key, getattr(config, key, None))
+                       for key in ("q_lora_rank", "kv_lora_rank"))
+    kv_a, kv_norm, kv_b = (getattr(attention, key, None) for key in (
+        "kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj"))
+    q_parts = ([getattr(attention, "q_proj", None)] if q_rank is None else
+               [getattr(attention, key, None) for key in ("q_a_proj", "q_a_layernorm",
+                                                          "q_b_proj")])
+    o_proj = getattr(attention, "o_proj", None)
+    lins = [*q_parts[::2], kv_a, kv_b, o_proj]  # (the Linear modules)
+    dims = (nope, rot, v_dim, kv_rank) + (() if q_rank is None else (q_rank,))
+    C_qk = (nope + rot) if all(isinstance(d, int) for d in dims) else None
+    if not (C_qk and all(isinstance(lin, torch.nn.Linear) for lin in lins)
+            and kv_a.out_features == kv_rank + rot and kv_b.in_features == kv_rank
+            and kv_b.out_features == heads * (nope + v_dim) and kv_b.bias is None
+            and q_parts[-1].out_features == heads * C_qk and o_proj.in_features == heads * v_dim
+            and (q_rank is None or (q_parts[0].out_features == q_rank
+                                    and q_parts[2].bias is None))):
+        raise NotImplementedError(
+            f"{name} is not built as DeepSeek's multi-head latent attention: from_llama "
+            f"converts q_proj (or q_a_proj, q_a_layernorm and q_b_proj without a bias) of "
+            f"heads x (qk_nope_head_dim + qk_rope_head_dim) outputs, kv_a_proj_with_mqa of "
+            f"kv_lora_rank + qk_rope_head_dim, kv_a_layernorm, kv_b_proj without a bias of "
+            f"heads x (qk_nope_head_dim + v_head_dim) and o_proj of heads x v_head_dim inputs")
+    like = kv_a.weight
+    norms = [_rms_norm(norm, width, like) for norm, width in (
+        (kv_norm, kv_rank), *(() if q_rank is None else ((q_parts[1], q_rank),)))]
+    if any(norm is None for norm in norms):
+        raise NotImplementedError(
+            f"from_llama converts the latent attention's kv_a_layernorm and q_a_layernorm as "
+            f"RMSNorms over the latent's channels, g * x / sqrt(mean(x ** 2) + eps); got "
+            f"{_described(kv_norm)} and {_described(q_parts[1] if q_rank else None)}")
+    rope = getattr(config, "rope_parameters", None) or {}
+    if rope.get("llama_4_scaling_beta"):  # Mistral 4's
+        raise NotImplementedError(
+            f"{name} scales its queries by 1 + beta log(1 + floor(p / "
+            f"original_max_position_embeddings)) at position p (llama_4_scaling_beta = "
+            f"{rope['llama_4_scaling_beta']}), which the layers do not; the factor is 1 below "
+            f"position {rope.get('original_max_position_embeddings')}")
+    rotary = rope_args = layer_type = None  # (Kimi Linear's latent attention turns nothing)
+    if rope.get("rope_theta", getattr(config, "rope_theta", None)) is not None:
+        layer_type, base, _, rope_args = _rotary_settings(attention, config)
+        rotary = RotaryPE(rot, base=base, interleaved=bool(getattr(config, "rope_interleave",
+                                                                    False)), **rope_args)
+    # LongCat-Flash's factors on the queries and on the normalised latent, folded into q_b_proj
+    # and the latent's gains
+    q_factor, kv_factor = (getattr(attention, key, 1.0) for key in ("mla_scale_q_lora",
+                                                                    "mla_scale_kv_lora"))
+    gate_proj = getattr(attention, "g_proj", None)  # Bailing's sigmoid gate of each head
+    gate_proj = (gate_proj if isinstance(gate_proj, torch.nn.Linear)
+                 and gate_proj.out_features == heads else None)
+    scaling = getattr(attention, "scaling", C_qk ** -0.5)
+    if not all(isinstance(f, (int, float)) for f in (q_factor, kv_factor, scaling)):
+        raise NotImplementedError(f"{name}'s scaling, mla_scale_q_lora and mla_scale_kv_lora "
+                                  f"must be numbers for from_llama to fold them in")
+    bias = any(lin.bias is not None for lin in lins + [gate_proj] if lin is not None)
+    scaling = float(scaling)
+    options = dict(dropout=float(getattr(config, "attention_dropout", 0.0) or 0.0), bias=bias,
+                   rotary=rotary, score_channels=C_qk, q_rank=q_rank, kv_rank=kv_rank,
+                   shared_key_channels=rot, gate=None if gate_proj is None else "headwise",
+                   scale=None if math.isclose(scaling, C_qk ** -0.5, rel_tol=1e-12) else scaling)
+    hidden = kv_a.in_features
+    layer = (DenseSelfAttention(hidden, v_dim, heads, **options) if dense else
+             GraphSelfAttention(hidden, v_dim, heads, add_self_loops=False, backend=backend,
+                                **options))
+    if o_proj.out_features != heads * v_dim:
+        layer.lin_out = torch.nn.Linear(heads * v_dim, o_proj.out_features, bias=bias)
+    layer = layer.to(device=like.device, dtype=like.dtype)
+    layer.train(attention.training)
+    # each head's query rows [nope; rotary] as [rotary; nope], where RotaryPE turns them
+    order = torch.cat([torch.arange(nope, C_qk), torch.arange(nope)])
+    order = (order + C_qk * torch.arange(heads)[:, None]).flatten().to(like.device)
+    lin_q, lin_k = layer.lin_q, layer.lin_k
+    pairs = [(lin_k.down, kv_a, None), (lin_k.up, kv_b, None), (layer.lin_out, o_proj, None),
+             (layer.lin_gate, gate_proj, None)]
+    pairs += ([(lin_q, q_parts[0], order)] if q_rank is None else
+              [(lin_q.down, q_parts[0], None), (lin_q.up, q_parts[2], order)])
+    with torch.no_grad():
+        for ours, theirs, rows in pairs:
+            if theirs is None:  # (no gate)
+                continue
+            ours.weight.copy_(theirs.weight if rows is None else theirs.weight[rows])
+            if ours.bias is not None and theirs.bias is not None:
+                ours.bias.copy_(theirs.bias if rows is None else theirs.bias[rows])
+            elif ours.bias is not None:  # a bias the attention has not: 0, frozen
+                ours.bias.zero_()
+                ours.bias.requires_grad_(False)
+        for norm, (gains, eps) in zip((lin_k.norm, getattr(lin_q, "norm", None)), norms,
+                                      strict=False):
+            norm.weight.copy_(gains)
+            norm.eps = eps
+        lin_k.norm.weight.mul_(kv_factor)
+        for param in (getattr(lin_q, "up", lin_q).weight, getattr(lin_q, "up", lin_q).bias):
+            if param is not None:
+                param.mul_(q_factor)
+    if check_flag(check, "check"):
+        rotations = [None]
+        if rotary is not None:
+            other = RotaryPE(rot, base=base, interleaved=not rotary.interleaved, **rope_args)
+            turned_back = _turned_back(rotary)
+            rotations = [rotary, other] + ([turned_back] if turned_back is not None else [None])
+        _check_conversion(attention, layer, layer_type, tuple(
+            None if rotation is None else rotation.to(like.device) for rotation in rotations))
+    return layer
+
+
 def _output_gate(attention: Module, q_proj: torch.nn.Linear, heads: int, head_dim: int,
                  ) -> tuple[str | None, torch.nn.Linear | None, torch.nn.Linear]:
     """The attention's sigmoid gate of its output as the layers' ``gate``, the projection that
@@ -844,18 +983,23 @@ def _attention_output(attention: Module, layer_type: str | None, x: Tensor,
     sines of its model's rotary embedding module. ``[1, L, D_out]``."""
     hf = copy.deepcopy(attention).float().cpu().eval()
     hf.config._attn_implementation = "eager"  # (the copy's config)
-    embedding = _family_rotary_embedding(hf)
+    parameters = inspect.signature(hf.forward).parameters
+    try:
+        embedding = _family_rotary_embedding(hf)
+    except LookupError:  # (an attention that takes no cosines and sines, Kimi Linear's, has
+        if "position_embeddings" in parameters:  # none beside it)
+            raise
+        embedding = None
     L = x.size(1)
     mask = torch.full((L, L), float("-inf")).triu(1)[None, None]  # (1, 1, L, L)
-    kinds = ({"layer_type": layer_type}
-             if "layer_type" in inspect.signature(embedding.forward).parameters else {})
+    kinds = ({"layer_type": layer_type} if embedding is not None and "layer_type" in
+             inspect.signature(embedding.forward).parameters else {})
     # (Gemma 4's forward takes the keys and values its layers share: none here)
-    shared = ({"shared_kv_states": {}}
-              if "shared_kv_states" in inspect.signature(hf.forward).parameters else {})
+    shared = {"shared_kv_states": {}} if "shared_kv_states" in parameters else {}
     with torch.no_grad():
-        cos_sin = embedding(x, pos[None], **kinds)
-        return hf(x, position_embeddings=cos_sin, attention_mask=mask,
-                  position_ids=pos[None], **shared)[0]
+        if embedding is not None:
+            shared["position_embeddings"] = embedding(x, pos[None], **kinds)
+        return hf(x, attention_mask=mask, position_ids=pos[None], **shared)[0]
 
 
 def _layer_output(layer: GraphSelfAttention | DenseSelfAttention, x: Tensor,

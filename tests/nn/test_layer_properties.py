@@ -142,8 +142,8 @@ def test_layer_built_on_the_meta_device_materialises(fill_value):
 def rotary_cases(draw):
     """Graphs as ``layer_cases`` draws them, for a dot-score layer with a rotary embedding
     (one or two position axes, rotate-half or interleaved, all or part of the channels),
-    grouped key/value heads, QK-norm (before or after the rotation), sinks and an output
-    gate."""
+    grouped key/value heads, QK-norm (before or after the rotation), sinks, an output
+    gate and latent queries, keys and values."""
     bipartite = draw(st.booleans())
     n_src = draw(st.integers(0, 6))
     n_dst = draw(st.integers(0, 6)) if bipartite else n_src
@@ -161,6 +161,9 @@ def rotary_cases(draw):
     options["qk_norm_after_rotary"] = options["qk_norm"] is not None and draw(st.booleans())
     options["differential"] = draw(st.booleans())
     dim = 4 if options["differential"] else dim  # (its maps' queries and keys: 4 channels)
+    if not options["differential"] and draw(st.booleans()):  # multi-head latent attention
+        options.update(q_rank=draw(st.sampled_from([None, 5])), kv_rank=3,
+                       shared_key_channels=draw(st.sampled_from([0, 2, 4])))
     rope = dict(axes=axes, interleaved=draw(st.booleans()), base=draw(st.sampled_from(
         [10.0, 10000.0])))
     seed = draw(st.integers(0, 2**16))
@@ -194,7 +197,7 @@ def test_rotary_grouped_layers_agree_on_every_cpu_backend(case):
 def dense_pair_cases(draw):
     """Options both layers take (grouped heads, QK-norm before or after a rotation, sinks,
     gates, a scale, a soft cap, residuals, values' RMS norm, values from the keys'
-    projection), a length of 0 to 7, and the
+    projection, latent projections), a length of 0 to 7, and the
     backend of the graph layer."""
     heads, kv_heads = draw(st.sampled_from([(1, 1), (2, 2), (2, 1), (4, 2)]))
     residual = draw(st.booleans())
@@ -209,6 +212,9 @@ def dense_pair_cases(draw):
         v_norm=draw(st.booleans()), differential=draw(st.booleans()),
         out_norm=draw(st.sampled_from([None, "rms", "layer"])))
     options["share_value"] = not options["differential"] and draw(st.booleans())
+    if not (options["differential"] or options["share_value"]) and draw(st.booleans()):
+        options.update(q_rank=draw(st.sampled_from([None, 5])), kv_rank=3,  # (latent ones)
+                       shared_key_channels=draw(st.sampled_from([0, 2])))
     backend = draw(st.sampled_from(["cpu", "reference"] if options["softcap"] else
                                    ["cpu", "reference", "dense"]))
     return (heads, draw(st.sampled_from([4, 8])), options, draw(st.booleans()),
