@@ -6,7 +6,8 @@ attention, a window graph truncated attention, a grid graph image attention with
 convolution-sized receptive field. Sparse transformers combine such patterns: :func:`union` of a
 window and :func:`global_token_graph` is Longformer's attention, with :func:`random_graph` added
 BigBird's; :func:`head_patterns` gives each head a pattern of its own (a window in some,
-:func:`strided_graph` in others: the Sparse Transformer's). :func:`locality_order` and
+:func:`strided_graph` in others: the Sparse Transformer's); :func:`top_k_edges` keeps each
+target's best edges by a learned score (DeepSeek's sparse attention). :func:`locality_order` and
 :func:`permute_nodes` renumber a graph so that the sparse kernels read nearby rows.
 
 All builders return ``edge_index`` ``[2, E]`` int64 with row 0 the source j and row 1 the
@@ -507,6 +508,93 @@ def head_patterns(edge_indices: Sequence[Tensor], num_nodes: int, *,
         raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
     bias = torch.zeros(on.shape, dtype=dtype, device=on.device).masked_fill_(~on, float("-inf"))
     return edge_index, bias
+
+
+def top_k_edges(edge_index: Tensor, scores: Tensor, k: int, num_targets: int) -> Tensor:
+    r"""The positions of each target's ``k`` in-edges of highest score (all of them where it
+    has at most ``k``): the subgraph a learned score picks, as DeepSeek's sparse attention
+    keeps each query's top-k keys by its indexer's score
+    (:class:`graphattn.nn.LightningIndexer`).
+
+    .. math::
+        \mathcal{E}_k = \{\, (j \to i) \in \mathcal{E} :
+        \lvert \{ (j' \to i) \in \mathcal{E} : s_{j'i} > s_{ji} \} \rvert < k \,\}
+
+    Ties go to the edge that comes first in ``edge_index``, and a NaN score ranks below every
+    other. ``edge_index[:, top_k_edges(...)]`` is the subgraph; the same positions pick its
+    edge features or score bias.
+
+    Args:
+        edge_index (Tensor): ``[2, E]`` integer, the candidate edges ``j -> i``.
+        scores (Tensor): ``[E]`` real, each edge's score.
+        k (int): edges kept per target, > 0.
+        num_targets (int): number of targets N (above every id in ``edge_index[1]``).
+
+    Shapes:
+        - **input:** edge_index ``(2, E)``, scores ``(E)``
+        - **output:** ``(E_k)`` int64, the kept positions in increasing order (the edges keep
+          their order)
+    """
+    k = check_positive(k, "k")
+    num_targets = check_non_negative(num_targets, "num_targets")
+    check_tensors(edge_index=edge_index, scores=scores)
+    if scores.dim() != 1 or scores.size(0) != edge_index.size(-1) or \
+            not scores.is_floating_point():
+        raise ValueError(f"scores must be a real tensor [E] = [{edge_index.size(-1)}], one per "
+                         f"edge, got {scores.dtype} {list(scores.shape)}")
+    check_edge_index(edge_index, num_src=torch.iinfo(torch.int64).max, num_dst=num_targets)
+    check_same_device(edge_index=edge_index, scores=scores)
+    return _top_k_positions(edge_index, scores, k)
+
+
+def _top_k_positions(edge_index: Tensor, scores: Tensor, k: int, *,
+                     cpu_rows: bool = True) -> Tensor:
+    """:func:`top_k_edges` of checked inputs.
+
+    On the CPU one kernel partitions each target's scores (``cpu_rows``). Otherwise each
+    target's edges are laid out in a row of its scores (padded with -inf to the largest
+    in-degree) and ``torch.topk`` finds each row's k-th best score t_i; the edges above t_i are
+    kept, and of those equal to it the first ones in edge order, as many as fill k. Where the
+    rows would hold more than four times the edges, two stable sorts (by score, then by
+    target) rank the edges instead. All three keep the same edges.
+    """
+    E, device = scores.numel(), scores.device
+    ranked = torch.nan_to_num(scores.detach(), nan=-torch.inf)  # (E,)
+    target = edge_index[1].long()
+    order = None  # edges grouped by target, each target's in edge order
+    if E and bool((target[1:] < target[:-1]).any()):
+        order = torch.argsort(target, stable=True)
+        target, ranked = target[order], ranked[order]
+    counts = torch.bincount(target) if E else target.new_zeros(0)  # (N,)
+    widest = int(counts.max()) if E else 0
+    if widest <= k:
+        return torch.arange(E, device=device)
+    if host_readable(ranked) and cpu_rows:  # one CPU kernel: a partition of each row
+        rowptr = torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])
+        kept = torch.nonzero(cpu.top_k_rows(rowptr, ranked.contiguous(), k)).squeeze(1)
+        if order is None:  # (in increasing order already)
+            return kept
+    elif counts.numel() * widest > max(4 * E, 1 << 20):  # (a hub: rows mostly padding)
+        by_score = torch.argsort(ranked, descending=True, stable=True)  # (E,)
+        by_target = by_score[torch.argsort(target[by_score], stable=True)]
+        sorted_target = target[by_target]
+        rank = (torch.arange(E, device=device)
+                - torch.searchsorted(sorted_target, sorted_target))  # (E,) within target
+        kept = by_target[rank < k]
+    else:
+        first = torch.cumsum(counts, 0) - counts  # (N,) each target's first edge
+        slot = torch.arange(E, device=device) - first[target]  # (E,) within its target
+        rows = ranked.new_full((counts.numel(), widest), -torch.inf)
+        rows[target, slot] = ranked
+        kth = rows.topk(k, dim=1).values[:, -1][target]  # (E,) the k-th best of its target
+        above = ranked > kth
+        tied = torch.nonzero(ranked == kth).squeeze(1)  # (T,) in order, grouped by target
+        room = k - torch.bincount(target[above], minlength=counts.numel())  # (N,)
+        tied_target = target[tied]
+        rank = (torch.arange(tied.numel(), device=device)
+                - torch.searchsorted(tied_target, tied_target))  # (T,) among its ties
+        kept = torch.cat([torch.nonzero(above).squeeze(1), tied[rank < room[tied_target]]])
+    return (kept if order is None else order[kept]).sort().values
 
 
 def union(edge_indices: Sequence[Tensor], num_nodes: int) -> Tensor:

@@ -82,6 +82,16 @@ TOL = {
 }
 
 
+def randomized(module: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """``module`` with every parameter drawn at random, N(0, 0.5^2) (gains and biases away
+    from their 1s and 0s, so that a lost one shows)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * 0.5)
+    return module
+
+
 def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype | None = None,
                  **overrides) -> None:
     """``torch.testing.assert_close`` with the project's tolerance for ``dtype``."""

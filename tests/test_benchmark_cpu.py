@@ -959,6 +959,38 @@ def test_score_channels_benchmark_runs_every_width(tmp_path):
     assert "command: `python benchmarks/score_channels_cpu.py --nodes 300" in out.read_text()
 
 
+def test_indexer_benchmark_runs_every_way(tmp_path):
+    """In a process of its own: one warm-up and one timed round of both steps at two short
+    lengths, the full and the indexed layer (and the indexer alone, forward), the edges each
+    attends over, the ratios against the full graph, and the peak memory of forward+backward
+    on Linux."""
+    import subprocess
+
+    out = tmp_path / "table.md"
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "indexer_cpu.py"
+    done = subprocess.run([sys.executable, str(path), "--lengths", "24,40", "--heads", "2",
+                           "--channels", "4", "--indexer-heads", "2", "--indexer-channels",
+                           "4", "--top-k", "5", "--rounds", "1", "--warmup", "1",
+                           "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    with open(out.with_suffix(".csv")) as f:
+        rows = list(csv.DictReader(f))
+    ways = ["full causal graph", "indexed, top 5", "the indexer alone (scores, choice)"]
+    assert [(r["L"], r["step"], r["way"]) for r in rows] == [
+        (L, step, way) for L in ("24", "40") for step in ("forward", "forward+backward")
+        for way in (ways if step == "forward" else ways[:2])]
+    for row in rows:
+        L = int(row["L"])
+        assert int(row["causal edges"]) == L * (L + 1) // 2
+        if row["way"] == "indexed, top 5":
+            assert int(row["edges attended"]) == sum(min(5, i + 1) for i in range(L))
+        assert (row["peak MiB (fwd+bwd)"] != "") == (row["step"] == "forward+backward"
+                                                     and sys.platform == "linux")
+    assert all(r["ratio to the full graph"] == "1.00" for r in rows
+               if r["way"] == "full causal graph")
+    assert "command: `python benchmarks/indexer_cpu.py --lengths 24,40" in out.read_text()
+
+
 def test_grouped_query_benchmark_runs_every_way(tmp_path):
     """In a process of its own: one warm-up and one timed round of each step on short
     sequences, both ways for each operator, the ratios against the repeated keys, and the

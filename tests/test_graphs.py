@@ -857,6 +857,76 @@ def test_random_graph_draws_each_source_equally_often(degree):
         assert (pairs[i][mine] - pair_expected).abs().max() < 5 * pair_expected ** 0.5 + 1
 
 
+def test_top_k_edges_keeps_each_target_s_best_edges():
+    # each target's k in-edges of highest score, against a sort of each target's edges by
+    # hand; ties go to the edge listed first, NaN ranks last, a target with at most k edges
+    # keeps them all; the positions come in increasing order
+    gen = torch.Generator().manual_seed(0)
+    edge_index = graphs.random_graph(30, 6, generator=gen)
+    edge_index = edge_index[:, torch.randperm(edge_index.size(1), generator=gen)]
+    scores = torch.randn(edge_index.size(1), generator=gen).round(decimals=1)  # (ties)
+    scores[::7] = float("nan")
+    keep = graphs.top_k_edges(edge_index, scores, 4, 30)
+    assert torch.equal(keep, keep.sort().values)
+    want = []
+    for i in range(30):
+        mine = torch.nonzero(edge_index[1] == i).squeeze(1).tolist()
+        ranked = sorted(mine, key=lambda e: (-(scores[e].item() if scores[e] == scores[e]
+                                               else float("-inf")), e))
+        want += ranked[:4]
+    assert keep.tolist() == sorted(want)
+    # (the CPU kernel above; the rows of scores through torch.topk, as on a GPU, below)
+    assert torch.equal(graphs._top_k_positions(edge_index, scores, 4, cpu_rows=False), keep)
+    assert torch.equal(graphs.top_k_edges(edge_index, scores, 100, 30),
+                       torch.arange(edge_index.size(1)))
+    empty = torch.empty(2, 0, dtype=torch.long)
+    assert graphs.top_k_edges(empty, torch.empty(0), 3, 0).shape == (0,)
+
+
+def test_top_k_edges_of_a_hub_ranks_by_sorting_and_keeps_the_same_edges():
+    # a hub of 1,500 in-edges among 2,000 nodes: off the CPU kernel the rows of scores would
+    # be mostly padding, so two sorts rank the edges; they keep what the CPU kernel keeps, and
+    # what the rows keep on the same edges without the hub
+    gen = torch.Generator().manual_seed(1)
+    n = 2000
+    spokes = torch.stack([torch.arange(1, 1501), torch.zeros(1500, dtype=torch.long)])
+    ring = torch.stack([torch.arange(n), (torch.arange(n) + 1) % n])
+    extra = torch.stack([torch.randint(0, n, (3000,), generator=gen),
+                         torch.randint(0, n, (3000,), generator=gen)])
+    edge_index = torch.cat([extra, spokes, ring], dim=1)
+    scores = torch.randint(0, 5, (edge_index.size(1),), generator=gen).float()  # (ties)
+    keep = graphs._top_k_positions(edge_index, scores, 3, cpu_rows=False)
+    assert torch.equal(graphs.top_k_edges(edge_index, scores, 3, n), keep)
+    ranked = sorted(range(edge_index.size(1)), key=lambda e: (edge_index[1, e].item(),
+                                                              -scores[e].item(), e))
+    seen, want = {}, []
+    for e in ranked:
+        t = edge_index[1, e].item()
+        seen[t] = seen.get(t, 0) + 1
+        if seen[t] <= 3:
+            want.append(e)
+    assert keep.tolist() == sorted(want)
+    no_hub = edge_index[1] != 0  # (the rest, through the rows of scores)
+    positions = torch.nonzero(no_hub).squeeze(1)
+    rows = graphs._top_k_positions(edge_index[:, no_hub], scores[no_hub], 3, cpu_rows=False)
+    assert positions[rows].tolist() == [e for e in keep.tolist() if no_hub[e]]
+
+
+@pytest.mark.parametrize("kwargs, match, error", [
+    (dict(k=0), "k must be a positive integer, got 0", ValueError),
+    (dict(scores=torch.zeros(3)), "scores must be a real tensor \\[E\\] = \\[4\\], one per "
+                                  "edge, got torch.float32 \\[3\\]", ValueError),
+    (dict(scores=torch.zeros(4, dtype=torch.long)), "scores must be a real tensor", ValueError),
+    (dict(num_targets=2), "edge_index\\[1\\] \\(targets\\) must be < the number of target "
+                          "nodes 2, got a maximum of 3", ValueError),
+])
+def test_top_k_edges_refusals(kwargs, match, error):
+    args = dict(edge_index=torch.tensor([[0, 1, 2, 3], [1, 2, 3, 3]]), scores=torch.zeros(4),
+                k=2, num_targets=4)
+    with pytest.raises(error, match=match):
+        graphs.top_k_edges(**{**args, **kwargs})
+
+
 def test_union_against_sets():
     a = torch.tensor([[0, 2, 2, 1], [1, 0, 0, 3]])
     b = torch.tensor([[3, 0], [3, 1]], dtype=torch.int32)

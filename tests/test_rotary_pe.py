@@ -508,7 +508,7 @@ def hf_attention(family: str, kv_heads: int, layer_idx: int = 0, **config):
               "deepseek_v3": "DeepseekV3", "deepseek_v32": "DeepseekV32",
               "minicpm3": "MiniCPM3", "kimi_linear": "KimiLinear",
               "longcat_flash": "LongcatFlash", "bailing_hybrid": "BailingHybrid",
-              "mistral4": "Mistral4"}[family]
+              "mistral4": "Mistral4", "glm_moe_dsa": "GlmMoeDsa"}[family]
     config = getattr(transformers, f"{prefix}TextConfig" if family in (
         "gemma3", "voxtral_realtime") else f"{prefix}Config")(
         hidden_size=32, num_attention_heads=4, num_key_value_heads=kv_heads,
@@ -1310,25 +1310,73 @@ def test_from_llama_converts_multi_head_latent_attention(family, config, dense):
     assert_close(layer.lin_out.weight.grad, attention.o_proj.weight.grad)
 
 
+# DeepSeek's sparse attention: each token keeps the 5 keys its indexer scores highest, of
+# up to 20 here (16 indexer heads, so that a score of exactly 0, where every head's ReLU is 0,
+# and with it a tie that torch.topk breaks its own way, is unlikely)
+DSA = dict(MLA, index_topk=5, index_n_heads=16, index_head_dim=8)
+
+
+@pytest.mark.parametrize("family", ["deepseek_v32", "glm_moe_dsa", "hy_v4"])
+def test_from_llama_converts_deepseek_sparse_attention(family):
+    # the latent attention over the subgraph of the causal graph that its indexer picks
+    # (GraphSelfAttention(indexer=LightningIndexer(...))): the indexer's rotation is
+    # DeepSeek-V3.2's rotate-half on its first channels, GLM-MoE-DSA's interleaved, HunYuan
+    # V4's interleaved on its last channels (reordered first); HunYuan V4 also has a gate of
+    # each channel and a sink per head. Outputs and gradients on 20 tokens; the check itself
+    # keeps 4 keys per token, whatever the model's index_topk
+    from graphattn import graphs
+    from graphattn.nn import LightningIndexer, from_llama
+
+    attention, rotary = hf_attention(family, 4, **DSA)
+    if family == "hy_v4":
+        torch.nn.init.normal_(attention.sinks)  # (made by torch.empty)
+    layer = from_llama(attention, backend="cpu")
+    indexer = layer.indexer
+    assert isinstance(indexer, LightningIndexer) and indexer.top_k == 5
+    assert indexer.rotary.interleaved == (family != "deepseek_v32")
+    wk = attention.indexer.wk.weight
+    assert torch.equal(indexer.lin_k.weight, torch.cat([wk[4:], wk[:4]]) if family == "hy_v4"
+                       else wk)
+    assert (layer.sinks is not None, layer.gate) == (
+        (True, "elementwise") if family == "hy_v4" else (False, None))
+    check_causal(attention, rotary, layer, dense=False, length=20, seed=51)
+    assert indexer.lin_q.weight.grad is None  # (the choice of edges takes no gradient)
+    _, (edges, _) = layer(torch.randn(20, 32), graphs.causal_graph(20), pos=torch.arange(20),
+                          return_attention_weights=True)
+    assert torch.equal(torch.bincount(edges[1]), torch.arange(1, 21).clamp(max=5))
+    with pytest.raises(NotImplementedError, match="the dense layer does not"):
+        from_llama(attention, dense=True)
+
+
+def test_from_llama_picks_the_indexer_s_rotation_with_few_keys_kept():
+    # a model keeping more keys than the check has tokens: the check keeps 4 per token, so
+    # that the indexer's rotation is found (GLM-MoE-DSA's interleaved one) and the model's
+    # index_topk is the layer's again afterwards
+    from graphattn.nn import from_llama
+
+    attention, _ = hf_attention("glm_moe_dsa", 4, **{**DSA, "index_topk": 64})
+    layer = from_llama(attention)
+    assert layer.indexer.rotary.interleaved and layer.indexer.top_k == 64
+    assert attention.indexer.index_topk == 64
+
+
 @pytest.mark.parametrize("family, config, match", [
     ("jetmoe", dict(head_dim=8), "JetMoeAttention routes each token's queries and outputs "
                                  "through experts"),
-    ("hy_v4", dict(head_dim=8), "HYV4Attention is a multi-head latent attention whose indexer "
-                                "picks the keys of each query"),
-    ("deepseek_v32", MLA, "DeepseekV32Attention is a multi-head latent attention whose "
-                          "indexer picks the keys of each query"),
     ("mistral4", {**MLA, "head_dim": 12}, "Mistral4Attention scales its queries by 1 \\+ "
                                           "beta log"),
+    ("hy_v4", {**DSA, "num_hidden_layers": 4, "layer_idx": 2},
+     "HYV4Attention \\(layer 2\\) has no indexer of its own"),
 ])
-def test_from_llama_refuses_attention_experts_and_latent_attention_with_an_indexer(
-        family, config, match):
+def test_from_llama_refuses_attention_experts_and_what_it_does_not_hold(family, config, match):
     # the attentions it refuses, each saying what it has that the layers have not: JetMoE's
-    # mixture of attention heads; DeepSeek's sparse attention, whose indexer picks a graph
-    # per call (HunYuan V4's, DeepSeek-V3.2's); Mistral 4's query scale by position
+    # mixture of attention heads; Mistral 4's query scale by position; HunYuan V4's layers
+    # that attend over the keys an earlier layer's indexer picked
     from graphattn.nn import from_llama
 
-    attention, _ = hf_attention(family, 4 if family == "mistral4" else 2,
-                                **{"num_hidden_layers": 2, **config})
+    config = {"num_hidden_layers": 2, **config}
+    layer_idx = config.pop("layer_idx", 0)
+    attention, _ = hf_attention(family, 4 if family != "jetmoe" else 2, layer_idx, **config)
     with pytest.raises(NotImplementedError, match=match):
         from_llama(attention)
 

@@ -403,6 +403,37 @@ def batch_complete_edges(batch: Tensor, members: Tensor, first: Tensor, sizes: T
                                                   sizes.numpy(), self_loops))
 
 
+def top_k_rows(rowptr: Tensor, scores: Tensor, k: int) -> Tensor:
+    """Which edges of each row ``rowptr[i]:rowptr[i + 1]`` of ``scores`` (CPU ``[E]``, the
+    edges grouped by target, no NaN) are among its ``k`` highest, ties to the first in order:
+    ``[E]`` bool, in one pass over each row after a partition of it. See
+    :func:`graphattn.graphs.top_k_edges`."""
+    return torch.from_numpy(_top_k_rows(rowptr.numpy(), scores.detach().numpy(), k))
+
+
+@_jit()
+def _top_k_rows(rowptr, scores, k):
+    """See :func:`top_k_rows`."""
+    keep = np.zeros(scores.shape[0], dtype=np.bool_)
+    for i in range(rowptr.shape[0] - 1):
+        start, stop = rowptr[i], rowptr[i + 1]
+        if stop - start <= k:
+            keep[start:stop] = True
+            continue
+        kth = -np.partition(-scores[start:stop], k - 1)[k - 1]  # the k-th highest
+        room = k
+        for e in range(start, stop):
+            if scores[e] > kth:
+                room -= 1
+        for e in range(start, stop):
+            if scores[e] > kth:
+                keep[e] = True
+            elif scores[e] == kth and room > 0:
+                keep[e] = True
+                room -= 1
+    return keep
+
+
 @_jit()
 def _one_loop_per_node(src, dst, num_nodes, keep_if_looped):
     """The edges that are not self-loops, then the loops, their positions, and ``False``

@@ -39,7 +39,13 @@ from graphattn.functional.attention import (
 )
 from graphattn.functional.dropout import dropout
 from graphattn.functional.sparse_linear import sparse_linear
-from graphattn.graphs import SPARSE_LAYOUTS, _sparse_adjacency_and_values, from_sparse_adjacency
+from graphattn.graphs import (
+    SPARSE_LAYOUTS,
+    _sparse_adjacency_and_values,
+    _top_k_positions,
+    from_sparse_adjacency,
+)
+from graphattn.nn.indexer import LightningIndexer
 from graphattn.nn.latent import LatentKeysValues, LatentValues, LowRankLinear, input_module
 from graphattn.pe import RotaryPE
 
@@ -798,7 +804,8 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
                  score_channels: int | None = None, out_norm: str | None = None,
                  differential: bool = False, lambda_init: float | None = None,
                  out_dropout: float = 0.0, q_rank: int | None = None,
-                 kv_rank: int | None = None, shared_key_channels: int = 0) -> None:
+                 kv_rank: int | None = None, shared_key_channels: int = 0,
+                 indexer: LightningIndexer | None = None) -> None:
         if attention not in SCORES:
             raise ValueError(f"attention must be one of {SCORES}, got {attention!r}")
         add_self_loops, share_weights, share_value, out_bias = (
@@ -909,10 +916,37 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         # every target's softmax whose value is 0 (GPT-OSS's attention sinks)
         self.sinks = (torch.nn.Parameter(torch.empty((2 if self.differential else 1)
                                                      * self.heads)) if sinks else None)
+        self.indexer = self._check_indexer(indexer)
         self.reset_parameters()
+
+    def _check_indexer(self, indexer: LightningIndexer | None) -> LightningIndexer | None:
+        """``indexer``, checked against the layer's inputs: its features' width, its queries'
+        (the layer's query latent with ``q_rank``), and positions from the layer's
+        ``rotary``."""
+        if indexer is None:
+            return None
+        if not isinstance(indexer, LightningIndexer):
+            raise TypeError(f"indexer must be a graphattn.nn.LightningIndexer or None, got "
+                            f"{type(indexer).__name__}")
+        widths = (self.in_channels if isinstance(self.in_channels, (tuple, list))
+                  else (self.in_channels,))
+        if any(width != indexer.in_channels for width in widths):
+            raise ValueError(f"indexer.in_channels must be the features' width, "
+                             f"in_channels={self.in_channels!r}, got {indexer.in_channels}")
+        queries = self.q_rank if self.q_rank is not None else widths[-1]
+        if indexer.query_channels != queries:
+            what = "query latent (q_rank)" if self.q_rank else "targets' features"
+            raise ValueError(f"indexer.query_channels must be {queries}, the width of the "
+                             f"layer's {what}, got {indexer.query_channels}")
+        if indexer.rotary is not None and self.rotary is None:
+            raise ValueError("the indexer has a rotary embedding, which takes the positions "
+                             "the layer's rotary takes: give the layer rotary= too")
+        return indexer
 
     def reset_parameters(self) -> None:
         super().reset_parameters()
+        if getattr(self, "indexer", None) is not None:
+            self.indexer.reset_parameters()
         if self.out_bias is not None:
             torch.nn.init.zeros_(self.out_bias)
         if getattr(self, "sinks", None) is not None:
@@ -1005,6 +1039,13 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
                 trace_key=(id(self) >> 4) % 2**31 if torch.compiler.is_compiling() else 0,
                 keep_if_looped=not (return_attention_weights or hooks or self.explain))
 
+        if self.indexer is not None:  # each target's top_k edges by the indexer's score
+            keep = self._indexed(x_src, x_dst, edge_index, pos_src, pos_dst, old_loops)
+            edge_index = edge_index[:, keep]
+            edge_attr = None if edge_attr is None else edge_attr[keep]
+            attn_bias = None if attn_bias is None else attn_bias[keep]
+            old_loops = None if old_loops is None else old_loops[keep]
+
         q, k, v = self._project(x_src, x_dst)
         score_channels = self.score_channels  # (1: additive)
         if q is None:  # x = (x_src, None): the additive score without its target term
@@ -1063,6 +1104,25 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
                 return self._merge_heads(out, x_dst), (adj, alpha)  # alpha in entries' order
             return self._merge_heads(out, x_dst), (edge_index, alpha)
         return self._merge_heads(result, x_dst)  # (N_dst, H*C) or (N_dst, C)
+
+    def _indexed(self, x_src: Tensor, x_dst: Tensor | None, edge_index: Tensor,
+                 pos_src: Tensor | None, pos_dst: Tensor | None,
+                 old_loops: Tensor | None) -> Tensor:
+        """The positions in ``edge_index`` of each target's ``indexer.top_k`` edges of highest
+        score (the given self-loops that ``old_loops`` flags rank last)."""
+        if x_dst is None:
+            raise ValueError("x_dst is None, but the indexer weighs its heads by the targets' "
+                             "features: give x = (x_src, x_dst)")
+        if self.explain:
+            raise NotImplementedError("explain=True with an indexer: the explanation mask is "
+                                      "one value per given edge, and the indexer keeps some")
+        u = self.lin_q.latent(x_dst) if self.q_rank is not None else x_dst
+        with torch.no_grad():
+            scores = self.indexer(u, x_src, x_dst, edge_index, pos_src=pos_src,
+                                  pos_dst=pos_dst)
+        if old_loops is not None:
+            scores = scores.masked_fill(old_loops, float("-inf"))
+        return _top_k_positions(edge_index, scores, self.indexer.top_k)
 
     def _check_without_targets(self, size: tuple[int | None, int | None] | None) -> None:
         """Raise unless ``x = (x_src, None)`` has a meaning for this layer and ``size``, as
@@ -1238,6 +1298,8 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             extra += f", softcap={self.softcap:g}"
         if self.sinks is not None:
             extra += ", sinks=True"
+        if self.indexer is not None:
+            extra += f", indexer=LightningIndexer({self.indexer.extra_repr()})"
         if self.edge_dim is not None:
             extra += f", edge_dim={self.edge_dim}"
             extra += "" if self.edge_mode == "bias" else f", edge_mode={self.edge_mode!r}"

@@ -65,6 +65,7 @@ from torch.nn.parameter import UninitializedParameter
 from graphattn._checks import check_flag
 from graphattn.graphs import causal_graph
 from graphattn.nn.attention import _UNCALLED_HOOKS, DenseSelfAttention, GraphSelfAttention
+from graphattn.nn.indexer import LightningIndexer
 from graphattn.pe import RotaryPE
 
 CONVERTIBLE = ("GATConv", "GATv2Conv", "TransformerConv")
@@ -459,8 +460,12 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
     LongCat-Flash's factors on the queries and the latent are folded into ``q_b_proj`` and the
     latent's gains, Bailing's sigmoid gate of each head (``g_proj``) becomes ``gate=
     "headwise"``, and Kimi Linear's, which turns nothing, has ``rotary=None``. One whose
-    indexer picks each query's keys (DeepSeek's sparse attention: DeepSeek-V3.2's, HunYuan
-    V4's) is refused by name, as is Mistral 4's scale of its queries by position.
+    indexer picks each query's keys (DeepSeek's sparse attention: DeepSeek-V3.2's,
+    GLM-MoE-DSA's, HunYuan V4's) gets ``indexer=``
+    :class:`~graphattn.nn.LightningIndexer`, its rotation found by the check (which keeps 4
+    keys per token, so that the indexer's choice is checked too), and the graph layer only.
+    Refused by name: HunYuan V4's layers that reuse an earlier layer's choice of keys, and
+    Mistral 4's scale of its queries by position.
 
     Args:
         attention (torch.nn.Module): a module with ``q_proj``, ``k_proj``, ``v_proj`` and
@@ -743,6 +748,10 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
     return layer
 
 
+class _NoRotation(ValueError):
+    """A config without a rotary embedding (no ``rope_theta``)."""
+
+
 def _rotary_settings(attention: Module, config) -> tuple[str | None, float, float, dict]:
     """The kind of layer whose rotary embedding the attention takes (``None`` where the
     config has one for all), its base, the fraction of each head's channels it turns and
@@ -765,7 +774,7 @@ def _rotary_settings(attention: Module, config) -> tuple[str | None, float, floa
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     base = rope.get("rope_theta", getattr(config, "rope_theta", None))
     if base is None:
-        raise ValueError("the attention's config gives no rope_theta for its rotary embedding")
+        raise _NoRotation("the attention's config gives no rope_theta for its rotary embedding")
     factor = rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
     if rope_type == "proportional":  # every channel, with frequencies of 0 past the factor's
         factor = 1.0
@@ -780,12 +789,20 @@ def _from_latent_attention(attention: Module, config, *, dense: bool, backend: s
     channels shared by the heads: ``shared_key_channels``); ``o_proj``. Each head's query
     and key channels are reordered rotary channels first, where ``RotaryPE`` turns them."""
     name = type(attention).__name__
-    if isinstance(getattr(attention, "indexer", None), Module):
+    hf_indexer = getattr(attention, "indexer", False)
+    if hf_indexer is None:  # (HunYuan V4's "shared" layers)
         raise NotImplementedError(
-            f"{name} is a multi-head latent attention whose indexer picks the keys of each "
-            f"query (DeepSeek's sparse attention: the top-k keys of a learned score, "
-            f"{type(attention.indexer).__name__}), a graph it chooses per call: from_llama "
-            f"converts the latent attention without an indexer")
+            f"{name} (layer {getattr(attention, 'layer_idx', '?')}) has no indexer of its own "
+            f"and attends over the keys an earlier layer's indexer picked: a layer converted "
+            f"alone would have no graph to attend over; from_llama converts the layers with an "
+            f"indexer (their graph then serves the others: GraphSelfAttention(indexer=) "
+            f"returns it with return_attention_weights=True)")
+    if isinstance(hf_indexer, Module) and dense:
+        raise NotImplementedError(
+            f"{name}'s indexer picks the keys of each query (DeepSeek's sparse attention: the "
+            f"top-k keys of a learned score, {type(hf_indexer).__name__}), a graph it chooses "
+            f"per call: GraphSelfAttention(indexer=) attends over it, the dense layer does "
+            f"not; from_llama(..., dense=False) converts it")
     heads = config.num_attention_heads
     nope, rot, v_dim = (getattr(attention, key, getattr(config, key, None)) for key in (
         "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"))
@@ -827,29 +844,42 @@ def _from_latent_attention(attention: Module, config, *, dense: bool, backend: s
             f"original_max_position_embeddings)) at position p (llama_4_scaling_beta = "
             f"{rope['llama_4_scaling_beta']}), which the layers do not; the factor is 1 below "
             f"position {rope.get('original_max_position_embeddings')}")
-    rotary = rope_args = layer_type = None  # (Kimi Linear's latent attention turns nothing)
-    if rope.get("rope_theta", getattr(config, "rope_theta", None)) is not None:
+    try:
         layer_type, base, _, rope_args = _rotary_settings(attention, config)
         rotary = RotaryPE(rot, base=base, interleaved=bool(getattr(config, "rope_interleave",
                                                                     False)), **rope_args)
+    except _NoRotation:  # (Kimi Linear's latent attention turns nothing)
+        rotary = rope_args = layer_type = None
     # LongCat-Flash's factors on the queries and on the normalised latent, folded into q_b_proj
     # and the latent's gains
     q_factor, kv_factor = (getattr(attention, key, 1.0) for key in ("mla_scale_q_lora",
                                                                     "mla_scale_kv_lora"))
-    gate_proj = getattr(attention, "g_proj", None)  # Bailing's sigmoid gate of each head
-    gate_proj = (gate_proj if isinstance(gate_proj, torch.nn.Linear)
-                 and gate_proj.out_features == heads else None)
+    # a sigmoid gate of each head's output (Bailing's g_proj) or of each of its channels
+    gate_proj = next((lin for lin in (getattr(attention, key, None) for key in (
+        "g_proj", "gate_proj", "q_gate_proj")) if isinstance(lin, torch.nn.Linear)
+        and lin.out_features in (heads, heads * v_dim)), None)
     scaling = getattr(attention, "scaling", C_qk ** -0.5)
     if not all(isinstance(f, (int, float)) for f in (q_factor, kv_factor, scaling)):
         raise NotImplementedError(f"{name}'s scaling, mla_scale_q_lora and mla_scale_kv_lora "
                                   f"must be numbers for from_llama to fold them in")
     bias = any(lin.bias is not None for lin in lins + [gate_proj] if lin is not None)
     scaling = float(scaling)
+    sinks = getattr(attention, "sinks", None)  # (HunYuan V4's logit per head, GPT-OSS's)
+    sinks = sinks if isinstance(sinks, Tensor) and tuple(sinks.shape) == (heads,) else None
     options = dict(dropout=float(getattr(config, "attention_dropout", 0.0) or 0.0), bias=bias,
                    rotary=rotary, score_channels=C_qk, q_rank=q_rank, kv_rank=kv_rank,
-                   shared_key_channels=rot, gate=None if gate_proj is None else "headwise",
+                   shared_key_channels=rot, sinks=sinks is not None,
+                   gate=None if gate_proj is None else (
+                       "headwise" if gate_proj.out_features == heads else "elementwise"),
                    scale=None if math.isclose(scaling, C_qk ** -0.5, rel_tol=1e-12) else scaling)
     hidden = kv_a.in_features
+    if isinstance(hf_indexer, Module):
+        if rotary is None:
+            raise NotImplementedError(f"{name} has an indexer but its config gives no rotary "
+                                      f"embedding (rope_theta), which from_llama does not "
+                                      f"convert")
+        options["indexer"] = _lightning_indexer(hf_indexer, name, hidden, q_rank, RotaryPE(
+            rot, base=base, **rope_args))
     layer = (DenseSelfAttention(hidden, v_dim, heads, **options) if dense else
              GraphSelfAttention(hidden, v_dim, heads, add_self_loops=False, backend=backend,
                                 **options))
@@ -875,6 +905,10 @@ def _from_latent_attention(attention: Module, config, *, dense: bool, backend: s
             elif ours.bias is not None:  # a bias the attention has not: 0, frozen
                 ours.bias.zero_()
                 ours.bias.requires_grad_(False)
+        if sinks is not None:
+            layer.sinks.copy_(sinks)
+        if isinstance(hf_indexer, Module):
+            _load_indexer(layer.indexer, hf_indexer, rotated_last=False)
         for norm, (gains, eps) in zip((lin_k.norm, getattr(lin_q, "norm", None)), norms,
                                       strict=False):
             norm.weight.copy_(gains)
@@ -885,13 +919,76 @@ def _from_latent_attention(attention: Module, config, *, dense: bool, backend: s
                 param.mul_(q_factor)
     if check_flag(check, "check"):
         rotations = [None]
-        if rotary is not None:
+        if rotary is not None:  # (and none, except where an indexer needs the positions)
             other = RotaryPE(rot, base=base, interleaved=not rotary.interleaved, **rope_args)
             turned_back = _turned_back(rotary)
-            rotations = [rotary, other] + ([turned_back] if turned_back is not None else [None])
-        _check_conversion(attention, layer, layer_type, tuple(
-            None if rotation is None else rotation.to(like.device) for rotation in rotations))
+            rotations = [rotary, other] + ([turned_back] if turned_back is not None else []) + (
+                [] if isinstance(hf_indexer, Module) else [None])
+        rotations = tuple(None if rotation is None else rotation.to(like.device)
+                          for rotation in rotations)
+        if not isinstance(hf_indexer, Module):
+            _check_conversion(attention, layer, layer_type, rotations)
+            return layer
+        # the indexer's rotation as LLaMA pairs channels (DeepSeek-V3.2's) or as GPT-J does
+        # (GLM-MoE-DSA's), on its first channels or its last (HunYuan V4's); checked with both
+        # keeping the top _CHECK_TOP_K keys of the check's tokens, so that the choice matters
+        top_k, hf_top_k = layer.indexer.top_k, hf_indexer.index_topk
+        layer.indexer.top_k = hf_indexer.index_topk = min(top_k, _CHECK_TOP_K)
+        try:
+            for interleaved, last in ((False, False), (True, False), (False, True),
+                                      (True, True)):
+                layer.indexer.rotary = RotaryPE(rot, base=base, interleaved=interleaved,
+                                                **rope_args).to(like.device)
+                _load_indexer(layer.indexer, hf_indexer, rotated_last=last)
+                try:
+                    _check_conversion(attention, layer, layer_type, rotations)
+                    return layer
+                except NotImplementedError as error:
+                    failure = error
+            raise failure
+        finally:
+            layer.indexer.top_k, hf_indexer.index_topk = top_k, hf_top_k
     return layer
+
+
+def _load_indexer(ours: LightningIndexer, theirs: Module, *, rotated_last: bool) -> None:
+    """Copy the weights of DeepSeek-V3.2's indexer ``theirs`` into ``ours``; with
+    ``rotated_last`` its rotated channels are the last of each query and of the key, and come
+    first in ours (where ``RotaryPE`` turns them)."""
+    D, R = ours.channels, ours.rotary.dim
+    order = (torch.cat([torch.arange(D - R, D), torch.arange(D - R)]) if rotated_last
+             else torch.arange(D)).to(ours.lin_k.weight.device)
+    with torch.no_grad():
+        ours.lin_q.weight.copy_(theirs.wq_b.weight.view(ours.heads, D, -1)[:, order].flatten(0, 1))
+        ours.lin_k.weight.copy_(theirs.wk.weight[order])
+        ours.k_norm.weight.copy_(theirs.k_norm.weight[order])
+        ours.k_norm.bias.copy_(theirs.k_norm.bias[order])
+        ours.k_norm.eps = theirs.k_norm.eps
+        ours.lin_w.weight.copy_(theirs.weights_proj.weight)
+
+
+def _lightning_indexer(indexer: Module, name: str, hidden: int, q_rank: int | None,
+                       rotary: RotaryPE) -> LightningIndexer:
+    """A :class:`LightningIndexer` shaped as DeepSeek-V3.2's indexer ``indexer`` (``wq_b`` from
+    the query latent, ``wk``, ``k_norm``, ``weights_proj``, ``index_topk``; its rotation
+    rotate-half, on the first channels): its weights are copied in by the caller. Refused by
+    name where it is built otherwise (the check refuses what computes otherwise)."""
+    parts = [getattr(indexer, key, None) for key in ("wq_b", "wk", "weights_proj")]
+    k_norm = getattr(indexer, "k_norm", None)
+    heads, dim, top_k = (getattr(indexer, key, None) for key in ("n_heads", "head_dim",
+                                                               "index_topk"))
+    if not (all(isinstance(lin, torch.nn.Linear) and lin.bias is None for lin in parts)
+            and isinstance(k_norm, torch.nn.LayerNorm) and k_norm.bias is not None
+            and all(isinstance(n, int) and n > 0 for n in (heads, dim, top_k))
+            and parts[0].in_features == (q_rank or hidden)
+            and parts[0].out_features == heads * dim and parts[1].out_features == dim
+            and tuple(k_norm.normalized_shape) == (dim,) and parts[2].out_features == heads
+            and math.isclose(getattr(indexer, "softmax_scale", dim ** -0.5), dim ** -0.5)):
+        raise NotImplementedError(
+            f"{name}'s indexer ({type(indexer).__name__}) is not built as DeepSeek-V3.2's, "
+            f"which from_llama converts: wq_b from the query latent, wk, a LayerNorm k_norm "
+            f"and weights_proj without biases, n_heads, head_dim and index_topk")
+    return LightningIndexer(hidden, heads, dim, top_k, query_channels=q_rank, rotary=rotary)
 
 
 def _output_gate(attention: Module, q_proj: torch.nn.Linear, heads: int, head_dim: int,
@@ -936,6 +1033,7 @@ def _turned_back(rotary: RotaryPE) -> RotaryPE | None:
 # a rotation turn too, within the trained length of any model
 _CHECK_POSITIONS = (0, 1, 2, 4, 7, 12, 20, 33, 54, 88, 143, 232)
 _CHECK_TOLERANCE = 1e-3  # of the largest output; the converted features differ by 1e-1 and more
+_CHECK_TOP_K = 4  # the keys an indexer keeps per token in the check (of up to 12)
 
 
 def _check_conversion(attention: Module, layer: GraphSelfAttention | DenseSelfAttention,

@@ -84,9 +84,13 @@ class LowRankLinear(torch.nn.Module):
         _glorot(self.up)
         self.norm.reset_parameters()
 
+    def latent(self, x: Tensor) -> Tensor:
+        """The normalised bottleneck ``norm(down(x))`` ``[..., rank]``."""
+        return self.norm(_down(x, self.down))
+
     def forward(self, x: Tensor) -> Tensor:
         """``up(norm(down(x)))``; see the class docstring for shapes."""
-        return self.up(self.norm(_down(x, self.down)))
+        return self.up(self.latent(x))
 
     def extra_repr(self) -> str:
         return f"{self.in_features} -> {self.rank} -> {self.out_features}"

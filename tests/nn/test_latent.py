@@ -14,7 +14,7 @@ import copy
 
 import pytest
 import torch
-from conftest import assert_close
+from conftest import assert_close, randomized
 
 from graphattn import graphs
 from graphattn.functional import edge_attention
@@ -32,17 +32,8 @@ def _rms(x: torch.Tensor, gains: torch.Tensor, eps: float) -> torch.Tensor:
     return gains * x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)
 
 
-def _randomized(module: torch.nn.Module, seed: int) -> torch.nn.Module:
-    """``module`` with every parameter drawn at random (gains and biases away from 1 and 0)."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * 0.5)
-    return module
-
-
 def test_low_rank_linear_is_its_formula():
-    lin = _randomized(LowRankLinear(7, 3, 10, eps=1e-5).double(), 0)
+    lin = randomized(LowRankLinear(7, 3, 10, eps=1e-5).double(), 0)
     x = torch.randn(4, 5, 7, dtype=torch.float64)
     a = x @ lin.down.weight.T + lin.down.bias
     assert_close(lin(x), _rms(a, lin.norm.weight, 1e-5) @ lin.up.weight.T)
@@ -56,7 +47,7 @@ def test_low_rank_linear_is_its_formula():
 @pytest.mark.parametrize("shared", [0, 2])
 def test_latent_keys_values_are_their_formula(shared):
     H, C_k, C_v, r = 3, 5, 4, 6
-    kv = _randomized(LatentKeysValues(7, r, H, C_k, C_v, shared).double(), 1)
+    kv = randomized(LatentKeysValues(7, r, H, C_k, C_v, shared).double(), 1)
     x = torch.randn(9, 7, dtype=torch.float64)
     a = x @ kv.down.weight.T + kv.down.bias  # (N, r + S): [latent; shared]
     c = _rms(a[:, :r], kv.norm.weight, 1e-6)
@@ -98,7 +89,7 @@ def test_graph_layer_with_latent_projections_is_the_attention_written_out(backen
     layer = GraphSelfAttention(12, 6, heads=3, q_rank=5, kv_rank=4, shared_key_channels=2,
                                score_channels=8, rotary=RotaryPE(2), add_self_loops=False,
                                backend=backend).double()
-    _randomized(layer, 2)
+    randomized(layer, 2)
     L = 11
     x = torch.randn(L, 12, dtype=torch.float64)
     graph, pos = graphs.window_graph(L, 3, causal=True), torch.arange(L)
@@ -120,7 +111,7 @@ def test_graph_layer_with_latent_projections_is_the_attention_written_out(backen
 def test_latent_parameters_are_in_the_state_dict_once_and_load_into_the_dense_layer():
     options = dict(heads=2, q_rank=5, kv_rank=3, shared_key_channels=2, score_channels=6,
                    rotary=RotaryPE(2))
-    graph_layer = _randomized(GraphSelfAttention(8, 4, add_self_loops=False, **options)
+    graph_layer = randomized(GraphSelfAttention(8, 4, add_self_loops=False, **options)
                               .double(), 3)
     keys = list(graph_layer.state_dict())
     assert keys == ["lin_q.down.weight", "lin_q.down.bias", "lin_q.norm.weight",
@@ -157,7 +148,7 @@ def test_a_copy_reads_its_own_latent():
 
 def test_sparse_features_project_as_dense_ones():
     torch.manual_seed(4)
-    layer = _randomized(GraphSelfAttention(9, 4, heads=2, q_rank=4, kv_rank=3,
+    layer = randomized(GraphSelfAttention(9, 4, heads=2, q_rank=4, kv_rank=3,
                                            shared_key_channels=1, score_channels=5)
                         .double(), 4)
     x = torch.randn(6, 9, dtype=torch.float64) * (torch.rand(6, 9) < 0.4)

@@ -1,0 +1,143 @@
+r"""A learned sparse graph: each target keeps the ``top_k`` in-edges a small scoring network
+ranks highest (DeepSeek's sparse attention, DSA).
+
+DeepSeek-V3.2 (DeepSeek-AI, 2025, "DeepSeek-V3.2: Pushing the Frontier of Open Large Language
+Models") attends each query to the 2048 keys that its "lightning indexer" scores highest, out
+of all the keys before it. In graph terms that is attention over a subgraph of the causal
+graph, chosen per call: :class:`LightningIndexer` scores the edges of any candidate graph and
+:func:`graphattn.graphs.top_k_edges` keeps each target's best, which
+``GraphSelfAttention(..., indexer=LightningIndexer(...))`` then attends over.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torch.nn import Linear
+
+from graphattn._checks import check_positive
+from graphattn.pe import RotaryPE
+
+# edges scored per chunk: the [chunk, H_I, D] products stay below this many numbers
+_CHUNK_NUMBERS = 1 << 22
+
+
+def _all_pair_scores(q: Tensor, k: Tensor, w: Tensor) -> Tensor:
+    """The indexer's score of every pair ``[N_dst, N_src]`` from its scaled queries ``[N_dst,
+    H_I, D]``, keys ``[N_src, D]`` and head weights ``[N_dst, H_I]``: matrix products by blocks
+    of targets, each ``[rows, H_I, N_src]`` below ``_CHUNK_NUMBERS`` numbers. A graph of half
+    the pairs or more takes these (no larger than twice its edges) instead of one dot product
+    per edge gathered by index."""
+    n_dst, H, _ = q.shape
+    out = q.new_empty(n_dst, k.size(0))
+    rows = max(1, _CHUNK_NUMBERS // max(1, H * k.size(0)))
+    for start in range(0, n_dst, rows):
+        heads = torch.matmul(q[start:start + rows], k.T).relu_()  # (rows, H_I, N_src)
+        out[start:start + rows] = torch.einsum("rhs,rh->rs", heads, w[start:start + rows])
+    return out
+
+
+class LightningIndexer(torch.nn.Module):
+    r"""The score of each edge :math:`j \to i` of a candidate graph by a small multi-head
+    scoring network, DeepSeek-V3.2's lightning indexer:
+
+    .. math::
+        s_{ji} = \sum_{h=1}^{H_I} w_{ih}\, \mathrm{ReLU}\big(\tau\, q_{ih} \cdot k_j\big),
+        \qquad q_{ih} = R(p_i)\, W^{Q}_h u_i, \quad k_j = R(p_j)\,
+        \mathrm{LayerNorm}(W^{K} x_j), \quad w_i = H_I^{-1/2}\, W^{w} x_i
+
+    with :math:`\tau = D^{-1/2}`, one key per source shared by the :math:`H_I` heads, and
+    ``rotary`` R turning the first channels of queries and keys by the targets' and sources'
+    positions. :math:`u_i` is the target's features, or the query latent of the layer that
+    holds the indexer (:class:`~graphattn.nn.LowRankLinear`'s normalised bottleneck, as
+    DeepSeek shares its query compression with the indexer). A layer with
+    ``indexer=`` keeps each target's ``top_k`` edges of highest score
+    (:func:`graphattn.graphs.top_k_edges`) and attends over them.
+
+    The choice of edges is not differentiable, and the scores are computed without gradients:
+    the indexer is trained apart (DeepSeek trains it to match the attention's weights by a
+    KL divergence), or converted from a trained model (:func:`graphattn.nn.from_llama`).
+    Scoring costs :math:`E H_I D` multiply-adds, by chunks of edges; on a graph of half the
+    pairs or more (a causal or complete graph), every pair's score by matrix products.
+
+    Args:
+        in_channels (int): features F of the sources and targets (keys and head weights).
+        heads (int): scoring heads :math:`H_I`.
+        channels (int): channels D of each query and of the key.
+        top_k (int): edges kept per target.
+        query_channels (int, optional): width of :math:`u_i`, when it is not the targets'
+            features (a layer's ``q_rank``). (default: ``None``: ``in_channels``)
+        rotary (RotaryPE, optional): the rotation of the first ``rotary.dim`` channels.
+            (default: ``None``)
+
+    Modules: ``lin_q`` ``Linear(query_channels, H_I D, bias=False)``, ``lin_k`` ``Linear(F, D,
+    bias=False)``, ``k_norm`` ``LayerNorm(D)``, ``lin_w`` ``Linear(F, H_I, bias=False)``.
+
+    Shapes:
+        - **input:** queries' features u ``(|V_dst|, query_channels)``, x_src
+          ``(|V_src|, F)``, x_dst ``(|V_dst|, F)``, edge_index ``(2, |E|)``, positions
+          ``(|V|)`` or ``(|V|, A)``
+        - **output:** scores ``(|E|)``, float32 at least
+    """
+
+    def __init__(self, in_channels: int, heads: int, channels: int, top_k: int, *,
+                 query_channels: int | None = None, rotary: RotaryPE | None = None) -> None:
+        super().__init__()
+        self.in_channels = check_positive(in_channels, "in_channels")
+        self.heads = check_positive(heads, "heads")
+        self.channels = check_positive(channels, "channels")
+        self.top_k = check_positive(top_k, "top_k")
+        self.query_channels = (self.in_channels if query_channels is None
+                               else check_positive(query_channels, "query_channels"))
+        if rotary is not None and not isinstance(rotary, RotaryPE):
+            raise TypeError(f"rotary must be a graphattn.pe.RotaryPE or None, got "
+                            f"{type(rotary).__name__}")
+        if rotary is not None and rotary.dim > self.channels:
+            raise ValueError(f"rotary turns {rotary.dim} channels, more than the indexer's "
+                             f"channels = {self.channels}")
+        self.rotary = rotary
+        self.lin_q = Linear(self.query_channels, self.heads * self.channels, bias=False)
+        self.lin_k = Linear(self.in_channels, self.channels, bias=False)
+        self.k_norm = torch.nn.LayerNorm(self.channels, eps=1e-6)
+        self.lin_w = Linear(self.in_channels, self.heads, bias=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Glorot-uniform weights; the key norm's gains 1 and bias 0."""
+        for lin in (self.lin_q, self.lin_k, self.lin_w):
+            torch.nn.init.xavier_uniform_(lin.weight)
+        self.k_norm.reset_parameters()
+
+    @torch.no_grad()
+    def forward(self, u: Tensor, x_src: Tensor, x_dst: Tensor, edge_index: Tensor, *,
+                pos_src: Tensor | None = None, pos_dst: Tensor | None = None) -> Tensor:
+        """The score of each edge of ``edge_index`` (checked by the layer that calls it);
+        see the class docstring for the formula and shapes."""
+        H, D = self.heads, self.channels
+        dtype = torch.promote_types(x_src.dtype, torch.float32)
+        q = self.lin_q(u).view(-1, H, D)  # (N_dst, H_I, D)
+        k = self.k_norm(self.lin_k(x_src)).view(-1, 1, D)  # (N_src, 1, D)
+        if self.rotary is not None:
+            if pos_src is None or pos_dst is None:
+                raise ValueError("the indexer has a rotary embedding and needs the positions "
+                                 "(the layer's pos)")
+            q, k = self.rotary.rotate_pair(q, k, pos_dst, pos_src)
+        q, k = q.to(dtype) * D ** -0.5, k.to(dtype).squeeze(1)  # (N_dst, H_I, D), (N_src, D)
+        w = self.lin_w(x_dst).to(dtype) * H ** -0.5  # (N_dst, H_I)
+        src, dst = edge_index.long()
+        n_dst, n_src = q.size(0), k.size(0)
+        if 2 * src.numel() >= n_dst * n_src:  # half the pairs or more: all pairs, by products
+            return _all_pair_scores(q, k, w)[dst, src]
+        scores = torch.empty(src.numel(), dtype=dtype, device=q.device)
+        step = max(1, _CHUNK_NUMBERS // (H * D))
+        for start in range(0, src.numel(), step):  # (E / step chunks of [step, H_I, D])
+            j, i = src[start:start + step], dst[start:start + step]
+            heads = torch.einsum("ehd,ed->eh", q[i], k[j]).relu_()  # (chunk, H_I)
+            scores[start:start + step] = (heads * w[i]).sum(-1)
+        return scores
+
+    def extra_repr(self) -> str:
+        extra = "" if self.query_channels == self.in_channels else \
+            f", query_channels={self.query_channels}"
+        return (f"{self.in_channels}, heads={self.heads}, channels={self.channels}, "
+                f"top_k={self.top_k}{extra}")
