@@ -40,7 +40,7 @@ def test_indexer_scores_are_its_formula(pattern, monkeypatch):
 
     monkeypatch.setattr(module, "_CHUNK_NUMBERS", 3 * 6 * 3)  # (3 heads x 6 channels x 3)
     indexer = randomized(LightningIndexer(10, 3, 6, 4, query_channels=5,
-                                           rotary=RotaryPE(4)).double(), 0)
+                                          rotary=RotaryPE(4)).double(), 0)
     L = 9
     u, x = torch.randn(L, 5, dtype=torch.float64), torch.randn(L, 10, dtype=torch.float64)
     pos = torch.arange(L) * 3

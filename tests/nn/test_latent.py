@@ -112,7 +112,7 @@ def test_latent_parameters_are_in_the_state_dict_once_and_load_into_the_dense_la
     options = dict(heads=2, q_rank=5, kv_rank=3, shared_key_channels=2, score_channels=6,
                    rotary=RotaryPE(2))
     graph_layer = randomized(GraphSelfAttention(8, 4, add_self_loops=False, **options)
-                              .double(), 3)
+                             .double(), 3)
     keys = list(graph_layer.state_dict())
     assert keys == ["lin_q.down.weight", "lin_q.down.bias", "lin_q.norm.weight",
                     "lin_q.up.weight", "lin_k.down.weight", "lin_k.down.bias",
@@ -149,8 +149,8 @@ def test_a_copy_reads_its_own_latent():
 def test_sparse_features_project_as_dense_ones():
     torch.manual_seed(4)
     layer = randomized(GraphSelfAttention(9, 4, heads=2, q_rank=4, kv_rank=3,
-                                           shared_key_channels=1, score_channels=5)
-                        .double(), 4)
+                                          shared_key_channels=1, score_channels=5)
+                       .double(), 4)
     x = torch.randn(6, 9, dtype=torch.float64) * (torch.rand(6, 9) < 0.4)
     graph = graphs.random_graph(6, 2, generator=torch.Generator().manual_seed(0))
     assert_close(layer(x.to_sparse_csr(), graph), layer(x, graph))
