@@ -1105,6 +1105,34 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             return self._merge_heads(out, x_dst), (edge_index, alpha)
         return self._merge_heads(result, x_dst)  # (N_dst, H*C) or (N_dst, C)
 
+    def indexer_loss(self, x: Tensor | tuple[Tensor, Tensor], edge_index: Tensor,
+                     alpha: Tensor, *, pos: Tensor | tuple[Tensor, Tensor] | None = None,
+                     reduction: str = "mean") -> Tensor:
+        """The training loss of the layer's ``indexer`` (:meth:`LightningIndexer.loss
+        <graphattn.nn.LightningIndexer.loss>`) on the edges ``edge_index`` and weights
+        ``alpha`` ``[E, H]`` that a call with ``return_attention_weights=True`` returned, with
+        the inputs ``x`` and ``pos`` of that call: the KL divergence from the attention's
+        weights to the softmax of the indexer's scores, whose gradient reaches the indexer
+        alone. On the chosen edges it is DeepSeek's sparse stage; with an indexer whose
+        ``top_k`` reaches every target's in-degree (all edges kept), its dense warm-up.
+
+        .. code-block:: python
+
+            out, (edges, alpha) = layer(x, graph, pos=pos, return_attention_weights=True)
+            loss = task_loss(out) + layer.indexer_loss(x, edges, alpha, pos=pos)
+        """
+        if self.indexer is None:
+            raise ValueError("indexer_loss needs a layer with an indexer, got indexer=None")
+        x_src, x_dst = x if isinstance(x, (tuple, list)) else (x, x)
+        if x_dst is None:
+            raise ValueError("x_dst is None, but the indexer weighs its heads by the targets' "
+                             "features: give x = (x_src, x_dst)")
+        check_edge_index(edge_index, num_src=x_src.size(0), num_dst=x_dst.size(0))
+        pos_src, pos_dst = self._rotary_positions(pos, x_src, x_dst)
+        u = self.lin_q.latent(x_dst) if self.q_rank is not None else x_dst
+        return self.indexer.loss(u, x_src, x_dst, edge_index, alpha, pos_src=pos_src,
+                                 pos_dst=pos_dst, reduction=reduction)
+
     def _indexed(self, x_src: Tensor, x_dst: Tensor | None, edge_index: Tensor,
                  pos_src: Tensor | None, pos_dst: Tensor | None,
                  old_loops: Tensor | None) -> Tensor:

@@ -32,7 +32,7 @@ def _all_pair_scores(q: Tensor, k: Tensor, w: Tensor) -> Tensor:
     out = q.new_empty(n_dst, k.size(0))
     rows = max(1, _CHUNK_NUMBERS // max(1, H * k.size(0)))
     for start in range(0, n_dst, rows):
-        heads = torch.matmul(q[start:start + rows], k.T).relu_()  # (rows, H_I, N_src)
+        heads = torch.matmul(q[start:start + rows], k.T).relu()  # (rows, H_I, N_src)
         out[start:start + rows] = torch.einsum("rhs,rh->rs", heads, w[start:start + rows])
     return out
 
@@ -55,8 +55,9 @@ class LightningIndexer(torch.nn.Module):
     (:func:`graphattn.graphs.top_k_edges`) and attends over them.
 
     The choice of edges is not differentiable, and the scores are computed without gradients:
-    the indexer is trained apart (DeepSeek trains it to match the attention's weights by a
-    KL divergence), or converted from a trained model (:func:`graphattn.nn.from_llama`).
+    the indexer is trained apart, to match the attention's weights by a KL divergence
+    (:meth:`loss`, as DeepSeek trains it), or converted from a trained model
+    (:func:`graphattn.nn.from_llama`).
     Scoring costs :math:`E H_I D` multiply-adds, by chunks of edges; on a graph of half the
     pairs or more (a causal or complete graph), every pair's score by matrix products.
 
@@ -108,11 +109,70 @@ class LightningIndexer(torch.nn.Module):
             torch.nn.init.xavier_uniform_(lin.weight)
         self.k_norm.reset_parameters()
 
-    @torch.no_grad()
     def forward(self, u: Tensor, x_src: Tensor, x_dst: Tensor, edge_index: Tensor, *,
                 pos_src: Tensor | None = None, pos_dst: Tensor | None = None) -> Tensor:
-        """The score of each edge of ``edge_index`` (checked by the layer that calls it);
-        see the class docstring for the formula and shapes."""
+        """The score of each edge of ``edge_index`` (checked by the layer that calls it),
+        without gradients; see the class docstring for the formula and shapes."""
+        with torch.no_grad():
+            return self._scores(u, x_src, x_dst, edge_index, pos_src, pos_dst)
+
+    def loss(self, u: Tensor, x_src: Tensor, x_dst: Tensor, edge_index: Tensor,
+             alpha: Tensor, *, pos_src: Tensor | None = None, pos_dst: Tensor | None = None,
+             reduction: str = "mean") -> Tensor:
+        r"""The indexer's training loss, DeepSeek-V3.2's: the KL divergence from the
+        attention's weights, summed over its heads and normalised over each target's edges,
+        to the softmax of the indexer's scores over the same edges,
+
+        .. math::
+            \mathcal{L} = \sum_i \mathrm{KL}\big(p_{i,:} \,\|\,
+            \operatorname{softmax}_j(s_{ji})\big), \qquad
+            p_{ij} = \frac{\sum_h \alpha_{ij}^h}{\sum_{j'} \sum_h \alpha_{ij'}^h}
+
+        over the edges of ``edge_index``: all the candidate edges with a dense attention's
+        weights (DeepSeek's dense warm-up), or the chosen ones with the sparse layer's (its
+        sparse stage: the edges and weights ``return_attention_weights=True`` gives). Every
+        input is detached, so the gradient reaches the indexer's parameters alone, as
+        DeepSeek trains the indexer apart from the model. Targets whose weights sum to 0 (no
+        edge) count for nothing.
+
+        Args:
+            u, x_src, x_dst, edge_index, pos_src, pos_dst: as :meth:`forward` takes them.
+            alpha (Tensor): ``[E, H]`` (or ``[E]``) the attention's weights on those edges.
+            reduction (str, optional): ``"mean"`` over the targets with edges, or ``"sum"``.
+                (default: ``"mean"``)
+
+        Returns:
+            Tensor: the loss, a scalar of float32 at least.
+        """
+        if reduction not in ("mean", "sum"):
+            raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
+        if alpha.dim() not in (1, 2) or alpha.size(0) != edge_index.size(1):
+            raise ValueError(f"alpha must have shape [E, H] or [E] with E = "
+                             f"{edge_index.size(1)}, got {list(alpha.shape)}")
+        detached = [None if t is None else t.detach() for t in (u, x_src, x_dst, pos_src,
+                                                                pos_dst)]
+        scores = self._scores(detached[0], detached[1], detached[2], edge_index, detached[3],
+                              detached[4])  # (E,)
+        dst = edge_index[1].long()
+        n = detached[2].size(0)
+        weight = alpha.detach().to(scores.dtype)
+        weight = weight.sum(-1) if weight.dim() == 2 else weight  # (E,)
+        total = weight.new_zeros(n).index_add_(0, dst, weight)  # (N_dst,)
+        p = weight / total[dst].clamp_min(torch.finfo(weight.dtype).tiny)  # (E,)
+        top = scores.detach().new_full((n,), -torch.inf).scatter_reduce_(
+            0, dst, scores.detach(), "amax", include_self=True)  # (N_dst,)
+        shifted = scores - top[dst]
+        exp = shifted.exp()
+        log_norm = exp.new_zeros(n).index_add_(0, dst, exp).log()  # (N_dst,)
+        log_q = shifted - log_norm[dst]  # (E,) log softmax over each target's edges
+        terms = torch.where(p > 0, p * (p.clamp_min(torch.finfo(p.dtype).tiny).log() - log_q),
+                            torch.zeros_like(p))
+        loss = terms.sum()
+        return loss / (total > 0).sum().clamp_min(1) if reduction == "mean" else loss
+
+    def _scores(self, u: Tensor, x_src: Tensor, x_dst: Tensor, edge_index: Tensor,
+                pos_src: Tensor | None, pos_dst: Tensor | None) -> Tensor:
+        """:meth:`forward`'s scores, through autograd when it records."""
         H, D = self.heads, self.channels
         dtype = torch.promote_types(x_src.dtype, torch.float32)
         q = self.lin_q(u).view(-1, H, D)  # (N_dst, H_I, D)
@@ -132,7 +192,7 @@ class LightningIndexer(torch.nn.Module):
         step = max(1, _CHUNK_NUMBERS // (H * D))
         for start in range(0, src.numel(), step):  # (E / step chunks of [step, H_I, D])
             j, i = src[start:start + step], dst[start:start + step]
-            heads = torch.einsum("ehd,ed->eh", q[i], k[j]).relu_()  # (chunk, H_I)
+            heads = torch.einsum("ehd,ed->eh", q[i], k[j]).relu()  # (chunk, H_I)
             scores[start:start + step] = (heads * w[i]).sum(-1)
         return scores
 

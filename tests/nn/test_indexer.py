@@ -139,3 +139,76 @@ def test_an_indexer_needs_the_targets_features():
     with pytest.raises(ValueError, match="x_dst is None, but the indexer weighs its heads by the "
                                          "targets' features"):
         layer((torch.randn(5, 8), None), graphs.random_graph(5, 2), size=(5, 5))
+
+
+def test_indexer_loss_is_the_kl_divergence_written_out():
+    # KL(p_i || softmax(s_i)) per target over its edges, p the heads' weights summed and
+    # normalised; mean over the targets with edges, or their sum; the gradient reaches the
+    # indexer's parameters alone
+    torch.manual_seed(2)
+    indexer = randomized(LightningIndexer(8, 3, 4, 2, rotary=RotaryPE(2)).double(), 3)
+    layer = GraphSelfAttention(8, 4, heads=2, rotary=RotaryPE(4), add_self_loops=False,
+                               indexer=indexer).double()
+    L = 10
+    x = torch.randn(L, 8, dtype=torch.float64, requires_grad=True)
+    graph = graphs.window_graph(L, 2, causal=True)[:, 1:]  # (target 0 without an edge)
+    pos = torch.arange(L)
+    alpha = torch.rand(graph.size(1), 2, dtype=torch.float64, requires_grad=True)
+    loss = layer.indexer_loss(x, graph, alpha, pos=pos)
+    scores = _dense_scores(indexer, x.detach(), x.detach(), pos)
+    want = []
+    for i in range(1, L):
+        mine = graph[1] == i
+        p = alpha.detach()[mine].sum(-1)
+        p = p / p.sum()
+        log_q = torch.log_softmax(scores[i, graph[0, mine]], dim=0)
+        want.append((p * (p.log() - log_q)).sum())
+    assert_close(loss, torch.stack(want).mean())
+    assert_close(layer.indexer_loss(x, graph, alpha, pos=pos, reduction="sum"),
+                 torch.stack(want).sum())
+    loss.backward()
+    assert x.grad is None and alpha.grad is None
+    assert all(p.grad is not None for p in indexer.parameters())
+    assert all(p.grad is None for name, p in layer.named_parameters()
+               if not name.startswith("indexer."))
+
+
+def test_training_the_indexer_on_the_attention_s_weights_picks_the_attention_s_edges():
+    # DeepSeek's dense warm-up: the layer attends over every causal edge (top_k = L), and the
+    # indexer learns the attention's weights by the loss: the loss falls, and the edges it
+    # would keep (its top 4) come to hold more of the attention's weight than at first
+    torch.manual_seed(3)
+    L = 24
+    indexer = LightningIndexer(16, 4, 8, L, rotary=RotaryPE(4))
+    layer = GraphSelfAttention(16, 8, heads=2, rotary=RotaryPE(8), add_self_loops=False,
+                               indexer=indexer)
+    x, graph, pos = torch.randn(L, 16), graphs.causal_graph(L), torch.arange(L)
+    with torch.no_grad():
+        _, (edges, alpha) = layer(x, graph, pos=pos, return_attention_weights=True)
+
+    def weight_kept() -> float:  # the attention's weight on the indexer's top 4 per target
+        keep = graphs.top_k_edges(edges, indexer(x, x, x, edges, pos_src=pos, pos_dst=pos),
+                                  4, L)
+        return alpha[keep].sum().item() / alpha.sum().item()
+
+    first, kept_first = layer.indexer_loss(x, edges, alpha, pos=pos).item(), weight_kept()
+    optimizer = torch.optim.Adam(indexer.parameters(), lr=1e-2)
+    for _ in range(150):
+        optimizer.zero_grad()
+        layer.indexer_loss(x, edges, alpha, pos=pos).backward()
+        optimizer.step()
+    last = layer.indexer_loss(x, edges, alpha, pos=pos).item()
+    assert last < 0.5 * first
+    assert weight_kept() > kept_first + 0.1
+
+
+def test_indexer_loss_refusals():
+    layer = GraphSelfAttention(8, 4, heads=2, indexer=LightningIndexer(8, 2, 4, 2))
+    x, graph = torch.randn(5, 8), graphs.complete_graph(5)
+    with pytest.raises(ValueError, match="reduction must be 'mean' or 'sum', got 'max'"):
+        layer.indexer_loss(x, graph, torch.rand(25, 2), reduction="max")
+    with pytest.raises(ValueError, match="alpha must have shape \\[E, H\\] or \\[E\\] with "
+                                         "E = 25, got \\[24, 2\\]"):
+        layer.indexer_loss(x, graph, torch.rand(24, 2))
+    with pytest.raises(ValueError, match="indexer_loss needs a layer with an indexer"):
+        GraphSelfAttention(8, 4).indexer_loss(x, graph, torch.rand(25))
