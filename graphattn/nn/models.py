@@ -294,6 +294,14 @@ class GraphTransformer(torch.nn.Module):
             :class:`GraphSelfAttention`), with the Differential Transformer's
             :math:`\lambda_{init} = 0.8 - 0.6 e^{-0.3 l}` at layer :math:`l = 0, 1, \ldots`;
             it needs ``attention_dropout=0``. (default: ``False``)
+        q_rank (int, optional): every attention layer's queries through a normalised
+            bottleneck of ``q_rank`` channels (see :class:`GraphSelfAttention`).
+            (default: ``None``)
+        kv_rank (int, optional): every attention layer's keys and values from a latent of
+            ``kv_rank`` channels, multi-head latent attention (see
+            :class:`GraphSelfAttention`). (default: ``None``)
+        shared_key_channels (int, optional): with ``kv_rank``, the key channels every head
+            shares (with ``rotary``, the rotated ones). (default: ``0``)
         softcap (float, optional): every attention layer soft-caps its dot or gatv2 scores
             at :math:`c \tanh(s / c)` (see :class:`GraphSelfAttention`). (default: ``None``)
         sinks (bool, optional): every attention layer has a learned sink logit per head in
@@ -336,7 +344,9 @@ class GraphTransformer(torch.nn.Module):
                  softcap: float | None = None, sinks: bool = False,
                  gate: str | None = None, score_channels: int | None = None,
                  v_norm: bool = False, qk_norm_after_rotary: bool = False,
-                 out_norm: str | None = None, differential: bool = False) -> None:
+                 out_norm: str | None = None, differential: bool = False,
+                 q_rank: int | None = None, kv_rank: int | None = None,
+                 shared_key_channels: int = 0) -> None:
         super().__init__()
         _check_single_input(in_channels, "GraphTransformer")
         in_channels = check_in_channels(in_channels)
@@ -376,7 +386,9 @@ class GraphTransformer(torch.nn.Module):
                                qk_norm_after_rotary=qk_norm_after_rotary,
                                out_norm=out_norm, differential=differential,
                                lambda_init=(0.8 - 0.6 * math.exp(-0.3 * layer)
-                                            if differential else None))
+                                            if differential else None),
+                               q_rank=q_rank, kv_rank=kv_rank,
+                               shared_key_channels=shared_key_channels)
             for layer in range(num_layers))
         self.ffn_norms = torch.nn.ModuleList(LayerNorm(D) for _ in range(num_layers))
         self.ffns = torch.nn.ModuleList(

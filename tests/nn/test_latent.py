@@ -202,3 +202,19 @@ def test_latent_projections_need_the_input_width():
         DenseSelfAttention(8, 4, q_rank=3, share_value=True)
     with pytest.raises(TypeError, match="source must be a LatentKeysValues, got Linear"):
         LatentValues(torch.nn.Linear(2, 2))
+
+
+def test_graph_transformer_gives_every_block_latent_projections():
+    # q_rank, kv_rank and shared_key_channels reach every attention layer, with RoPE on the
+    # shared key channels; the model trains (every latent parameter gets a gradient)
+    from graphattn.nn import GraphTransformer
+
+    model = GraphTransformer(8, 16, 3, num_layers=2, heads=2, q_rank=6, kv_rank=5,
+                             shared_key_channels=2, rotary=RotaryPE(2), dropout=0.0,
+                             add_self_loops=False)
+    assert all((a.q_rank, a.kv_rank, a.shared_key_channels) == (6, 5, 2) for a in model.attns)
+    assert all(isinstance(a.lin_k, LatentKeysValues) for a in model.attns)
+    L = 9
+    out = model(torch.randn(L, 8), graphs.causal_graph(L), pos=torch.arange(L))
+    out.square().sum().backward()
+    assert all(p.grad is not None for a in model.attns for p in a.lin_k.parameters())
