@@ -1344,8 +1344,8 @@ def test_from_llama_converts_deepseek_sparse_attention(family):
     _, (edges, _) = layer(torch.randn(20, 32), graphs.causal_graph(20), pos=torch.arange(20),
                           return_attention_weights=True)
     assert torch.equal(torch.bincount(edges[1]), torch.arange(1, 21).clamp(max=5))
-    with pytest.raises(NotImplementedError, match="the dense layer does not"):
-        from_llama(attention, dense=True)
+    dense = from_llama(attention, dense=True)  # (each query's top 5 keys as a mask)
+    check_causal(attention, rotary, dense, dense=True, length=20, seed=51)
 
 
 def test_from_llama_picks_the_indexer_s_rotation_with_few_keys_kept():

@@ -45,7 +45,7 @@ from graphattn.graphs import (
     _top_k_positions,
     from_sparse_adjacency,
 )
-from graphattn.nn.indexer import LightningIndexer
+from graphattn.nn.indexer import LightningIndexer, top_k_mask
 from graphattn.nn.latent import LatentKeysValues, LatentValues, LowRankLinear, input_module
 from graphattn.pe import RotaryPE
 
@@ -293,6 +293,30 @@ class _SelfAttentionBase(torch.nn.Module):
             if self.differential else (None,) * 4)
         self.diff_norm = torch.nn.RMSNorm(C, eps=1e-5) if self.differential else None
         self.out_bias: torch.nn.Parameter | None = None  # GraphSelfAttention(out_bias=True)
+
+    def _check_indexer(self, indexer: LightningIndexer | None) -> LightningIndexer | None:
+        """``indexer``, checked against the layer's inputs: its features' width, its queries'
+        (the layer's query latent with ``q_rank``), and positions from the layer's
+        ``rotary``."""
+        if indexer is None:
+            return None
+        if not isinstance(indexer, LightningIndexer):
+            raise TypeError(f"indexer must be a graphattn.nn.LightningIndexer or None, got "
+                            f"{type(indexer).__name__}")
+        widths = (self.in_channels if isinstance(self.in_channels, (tuple, list))
+                  else (self.in_channels,))
+        if any(width != indexer.in_channels for width in widths):
+            raise ValueError(f"indexer.in_channels must be the features' width, "
+                             f"in_channels={self.in_channels!r}, got {indexer.in_channels}")
+        queries = self.q_rank if self.q_rank is not None else widths[-1]
+        if indexer.query_channels != queries:
+            what = "query latent (q_rank)" if self.q_rank else "targets' features"
+            raise ValueError(f"indexer.query_channels must be {queries}, the width of the "
+                             f"layer's {what}, got {indexer.query_channels}")
+        if indexer.rotary is not None and self.rotary is None:
+            raise ValueError("the indexer has a rotary embedding, which takes the positions "
+                             "the layer's rotary takes: give the layer rotary= too")
+        return indexer
 
     def __prepare_scriptable__(self):
         # torch.jit.script calls this on every submodule before compiling it: refuse here, by
@@ -757,6 +781,13 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             :math:`C_{qk}` channels, :math:`W^{KR} x_j`, are one projection shared by every
             head; with ``rotary=RotaryPE(S)`` they are MLA's decoupled rotary key, the only
             channels that turn. (default: ``0``)
+        indexer (LightningIndexer, optional): a learned sparse graph: the layer attends over
+            each target's ``indexer.top_k`` edges (of those given, self-loops included)
+            that the indexer scores highest (:class:`~graphattn.nn.LightningIndexer`,
+            DeepSeek's sparse attention; :func:`graphattn.graphs.top_k_edges`), their edge
+            features and ``attn_bias`` along; ``return_attention_weights=True`` returns the
+            edges kept. The choice takes no gradient; :meth:`indexer_loss` trains the
+            indexer. (default: ``None``)
 
     Shapes:
         - **input:** x ``(|V|, F)`` or ``((|V_src|, F_src), (|V_dst|, F_dst))`` (or
@@ -918,30 +949,6 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
                                                      * self.heads)) if sinks else None)
         self.indexer = self._check_indexer(indexer)
         self.reset_parameters()
-
-    def _check_indexer(self, indexer: LightningIndexer | None) -> LightningIndexer | None:
-        """``indexer``, checked against the layer's inputs: its features' width, its queries'
-        (the layer's query latent with ``q_rank``), and positions from the layer's
-        ``rotary``."""
-        if indexer is None:
-            return None
-        if not isinstance(indexer, LightningIndexer):
-            raise TypeError(f"indexer must be a graphattn.nn.LightningIndexer or None, got "
-                            f"{type(indexer).__name__}")
-        widths = (self.in_channels if isinstance(self.in_channels, (tuple, list))
-                  else (self.in_channels,))
-        if any(width != indexer.in_channels for width in widths):
-            raise ValueError(f"indexer.in_channels must be the features' width, "
-                             f"in_channels={self.in_channels!r}, got {indexer.in_channels}")
-        queries = self.q_rank if self.q_rank is not None else widths[-1]
-        if indexer.query_channels != queries:
-            what = "query latent (q_rank)" if self.q_rank else "targets' features"
-            raise ValueError(f"indexer.query_channels must be {queries}, the width of the "
-                             f"layer's {what}, got {indexer.query_channels}")
-        if indexer.rotary is not None and self.rotary is None:
-            raise ValueError("the indexer has a rotary embedding, which takes the positions "
-                             "the layer's rotary takes: give the layer rotary= too")
-        return indexer
 
     def reset_parameters(self) -> None:
         super().reset_parameters()
@@ -1626,6 +1633,10 @@ class DenseSelfAttention(_SelfAttentionBase):
             attention), as :class:`GraphSelfAttention`'s. (default: ``None``)
         shared_key_channels (int, optional): key channels shared by every head, with
             ``kv_rank``, as :class:`GraphSelfAttention`'s. (default: ``0``)
+        indexer (LightningIndexer, optional): each query attends to the ``top_k`` keys of
+            those the mask allows that the indexer scores highest (DeepSeek's sparse
+            attention), the keys :class:`GraphSelfAttention`'s indexer keeps on the mask's
+            graph; not with ``batch``. (default: ``None``)
 
     Shapes:
         - **input:** x ``(L, F)`` or ``(B, L, F)``, mask bool ``(L, L)`` or ``(B, L, L)``,
@@ -1652,7 +1663,8 @@ class DenseSelfAttention(_SelfAttentionBase):
                  score_channels: int | None = None, out_norm: str | None = None,
                  differential: bool = False, lambda_init: float | None = None,
                  out_dropout: float = 0.0, q_rank: int | None = None,
-                 kv_rank: int | None = None, shared_key_channels: int = 0) -> None:
+                 kv_rank: int | None = None, shared_key_channels: int = 0,
+                 indexer: LightningIndexer | None = None) -> None:
         if isinstance(in_channels, (tuple, list)):
             raise ValueError(f"in_channels must be one integer for DenseSelfAttention (queries, "
                              f"keys and values come from one x), got {in_channels!r}")
@@ -1678,12 +1690,15 @@ class DenseSelfAttention(_SelfAttentionBase):
         self.sinks = (torch.nn.Parameter(torch.empty((2 if self.differential else 1)
                                                      * self.heads))
                       if check_flag(sinks, "sinks") else None)
+        self.indexer = self._check_indexer(indexer)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         super().reset_parameters()
         if getattr(self, "sinks", None) is not None:
             torch.nn.init.zeros_(self.sinks)
+        if getattr(self, "indexer", None) is not None:
+            self.indexer.reset_parameters()
 
     def forward(self, x: Tensor, mask: Tensor | None = None, is_causal: bool = False,
                 return_attention_weights: bool = False, *, batch: Tensor | None = None,
@@ -1742,6 +1757,9 @@ class DenseSelfAttention(_SelfAttentionBase):
                              "through a rotary embedding, rotary=graphattn.pe.RotaryPE(...)")
         if self.qk_norm_after_rotary:  # (HunYuan's order)
             q, k = self._normalize_qk(q, k)
+        if self.indexer is not None:  # each query's top_k keys by the indexer's score
+            mask = self._indexed_mask(x, mask, is_causal, batch, pos)
+            is_causal = False
         # (B, L, H_kv, C): dense_attention shares each kv head among its query heads
         def attend(q: Tensor, k: Tensor, sinks: Tensor | None):
             return dense_attention(q, k, v, mask, is_causal=is_causal, scale=self.scale,
@@ -1757,9 +1775,29 @@ class DenseSelfAttention(_SelfAttentionBase):
             return self._merge_heads(out, x), weights
         return self._merge_heads(result, x)
 
+    def _indexed_mask(self, x: Tensor, mask: Tensor | None, is_causal: bool,
+                      batch: Tensor | None, pos: Tensor | None) -> Tensor:
+        """The mask of each query's ``indexer.top_k`` allowed keys of highest score (those
+        ``mask`` and ``is_causal`` allow), ties to the first key: ``[..., L, L]`` bool."""
+        if batch is not None:
+            raise ValueError("an indexer with batch= is not supported: give the graphs one "
+                             "by one, or GraphSelfAttention(indexer=) on "
+                             "graphs.batch_complete_graph(batch)")
+        L = x.size(-2)
+        u = self.lin_q.latent(x) if self.q_rank is not None else x
+        scores = self.indexer.dense_scores(u, x, pos)  # (..., L, L)
+        allowed = torch.ones(L, L, dtype=torch.bool, device=x.device)
+        if is_causal:
+            allowed = allowed.tril()
+        if mask is not None:
+            allowed = allowed & mask
+        return top_k_mask(scores, allowed.expand(scores.shape), self.indexer.top_k)
+
     def __repr__(self) -> str:
         extra = ", share_value=True" if self.share_value else ""
         extra += "" if self.rotary is None else f", rotary={self.rotary!r}"
         extra += "" if self.softcap is None else f", softcap={self.softcap:g}"
         extra += "" if self.sinks is None else ", sinks=True"
+        if self.indexer is not None:
+            extra += f", indexer=LightningIndexer({self.indexer.extra_repr()})"
         return f"{self.__class__.__name__}({self._repr_args()}{extra})"

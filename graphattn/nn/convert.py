@@ -463,7 +463,7 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
     indexer picks each query's keys (DeepSeek's sparse attention: DeepSeek-V3.2's,
     GLM-MoE-DSA's, HunYuan V4's) gets ``indexer=``
     :class:`~graphattn.nn.LightningIndexer`, its rotation found by the check (which keeps 4
-    keys per token, so that the indexer's choice is checked too), and the graph layer only.
+    keys per token, so that the indexer's choice is checked too).
     Refused by name: HunYuan V4's layers that reuse an earlier layer's choice of keys, and
     Mistral 4's scale of its queries by position.
 
@@ -797,12 +797,6 @@ def _from_latent_attention(attention: Module, config, *, dense: bool, backend: s
             f"alone would have no graph to attend over; from_llama converts the layers with an "
             f"indexer (their graph then serves the others: GraphSelfAttention(indexer=) "
             f"returns it with return_attention_weights=True)")
-    if isinstance(hf_indexer, Module) and dense:
-        raise NotImplementedError(
-            f"{name}'s indexer picks the keys of each query (DeepSeek's sparse attention: the "
-            f"top-k keys of a learned score, {type(hf_indexer).__name__}), a graph it chooses "
-            f"per call: GraphSelfAttention(indexer=) attends over it, the dense layer does "
-            f"not; from_llama(..., dense=False) converts it")
     heads = config.num_attention_heads
     nope, rot, v_dim = (getattr(attention, key, getattr(config, key, None)) for key in (
         "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"))

@@ -170,20 +170,41 @@ class LightningIndexer(torch.nn.Module):
         loss = terms.sum()
         return loss / (total > 0).sum().clamp_min(1) if reduction == "mean" else loss
 
-    def _scores(self, u: Tensor, x_src: Tensor, x_dst: Tensor, edge_index: Tensor,
-                pos_src: Tensor | None, pos_dst: Tensor | None) -> Tensor:
-        """:meth:`forward`'s scores, through autograd when it records."""
+    def dense_scores(self, u: Tensor, x: Tensor, pos: Tensor | None = None) -> Tensor:
+        """The score of every pair of a sequence (or of each of a batch of them), without
+        gradients: ``u [..., L, query_channels]``, ``x [..., L, F]``, ``pos [..., L]`` ->
+        ``[..., L, L]`` (target i, source j), as :class:`~graphattn.nn.DenseSelfAttention`
+        takes them."""
+        with torch.no_grad():
+            q, k, w = self._projected(u, x, x, pos, pos)  # (..., L, H_I, D), (..., L, D), ..
+            lead, L = q.shape[:-3], q.size(-3)
+            q, k, w = q.reshape(-1, L, *q.shape[-2:]), k.reshape(-1, L, k.size(-1)), \
+                w.reshape(-1, L, w.size(-1))
+            out = torch.stack([_all_pair_scores(q[b], k[b], w[b]) for b in range(q.size(0))])
+            return out.view(*lead, L, L)
+
+    def _projected(self, u: Tensor, x_src: Tensor, x_dst: Tensor, pos_src: Tensor | None,
+                   pos_dst: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+        """The scaled queries ``[..., N_dst, H_I, D]``, keys ``[..., N_src, D]`` and head
+        weights ``[..., N_dst, H_I]``, float32 at least."""
         H, D = self.heads, self.channels
         dtype = torch.promote_types(x_src.dtype, torch.float32)
-        q = self.lin_q(u).view(-1, H, D)  # (N_dst, H_I, D)
-        k = self.k_norm(self.lin_k(x_src)).view(-1, 1, D)  # (N_src, 1, D)
+        q = self.lin_q(u).unflatten(-1, (H, D))  # (..., N_dst, H_I, D)
+        k = self.k_norm(self.lin_k(x_src)).unsqueeze(-2)  # (..., N_src, 1, D)
         if self.rotary is not None:
             if pos_src is None or pos_dst is None:
                 raise ValueError("the indexer has a rotary embedding and needs the positions "
                                  "(the layer's pos)")
             q, k = self.rotary.rotate_pair(q, k, pos_dst, pos_src)
-        q, k = q.to(dtype) * D ** -0.5, k.to(dtype).squeeze(1)  # (N_dst, H_I, D), (N_src, D)
-        w = self.lin_w(x_dst).to(dtype) * H ** -0.5  # (N_dst, H_I)
+        w = self.lin_w(x_dst).to(dtype) * H ** -0.5  # (..., N_dst, H_I)
+        return q.to(dtype) * D ** -0.5, k.to(dtype).squeeze(-2), w
+
+    def _scores(self, u: Tensor, x_src: Tensor, x_dst: Tensor, edge_index: Tensor,
+                pos_src: Tensor | None, pos_dst: Tensor | None) -> Tensor:
+        """:meth:`forward`'s scores, through autograd when it records."""
+        H, D = self.heads, self.channels
+        q, k, w = self._projected(u, x_src, x_dst, pos_src, pos_dst)
+        dtype = q.dtype
         src, dst = edge_index.long()
         n_dst, n_src = q.size(0), k.size(0)
         if 2 * src.numel() >= n_dst * n_src:  # half the pairs or more: all pairs, by products
@@ -201,3 +222,16 @@ class LightningIndexer(torch.nn.Module):
             f", query_channels={self.query_channels}"
         return (f"{self.in_channels}, heads={self.heads}, channels={self.channels}, "
                 f"top_k={self.top_k}{extra}")
+
+
+def top_k_mask(scores: Tensor, allowed: Tensor, k: int) -> Tensor:
+    """Each row's ``k`` allowed entries of highest score (all of them where a row allows at
+    most ``k``), ties to the first in the row, NaN ranked last: ``[..., L_q, L_k]`` bool, the
+    dense form of :func:`graphattn.graphs.top_k_edges` on the graph of ``allowed`` (whose
+    edges come by target, then source)."""
+    ranked = torch.nan_to_num(scores, nan=-torch.inf).masked_fill(~allowed, -torch.inf)
+    kth = ranked.topk(min(k, ranked.size(-1)), dim=-1).values[..., -1:]  # (..., L_q, 1)
+    above = allowed & (ranked > kth)
+    tied = allowed & (ranked == kth)
+    room = k - above.sum(-1, keepdim=True)  # (..., L_q, 1)
+    return above | (tied & (tied.cumsum(-1) <= room))

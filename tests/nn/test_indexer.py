@@ -212,3 +212,64 @@ def test_indexer_loss_refusals():
         layer.indexer_loss(x, graph, torch.rand(24, 2))
     with pytest.raises(ValueError, match="indexer_loss needs a layer with an indexer"):
         GraphSelfAttention(8, 4).indexer_loss(x, graph, torch.rand(25))
+
+
+def test_the_dense_choice_is_the_graph_choice():
+    # top_k_mask on a random mask keeps what top_k_edges keeps on the mask's graph, with ties
+    # (scores rounded) and NaN among the scores
+    from graphattn.nn.indexer import top_k_mask
+
+    gen = torch.Generator().manual_seed(4)
+    mask = torch.rand(3, 15, 15, generator=gen) < 0.6
+    scores = (torch.randn(3, 15, 15, generator=gen) * 2).round()
+    scores[:, :, ::5] = float("nan")
+    kept = top_k_mask(scores, mask, 4)
+    for b in range(3):
+        graph = graphs.from_dense_mask(mask[b])  # (by target, then source)
+        keep = graphs.top_k_edges(graph, scores[b][graph[1], graph[0]], 4, 15)
+        assert torch.equal(graphs.to_dense_mask(graph[:, keep], 15), kept[b])
+
+
+@pytest.mark.parametrize("how", ["causal", "mask", "batch-of-sequences"])
+def test_the_dense_layer_with_an_indexer_is_the_graph_layer(how):
+    # DenseSelfAttention(indexer=) with the graph layer's state_dict: each query's top 3 keys
+    # of those the mask allows, by the same indexer: outputs and every gradient
+    from graphattn.nn import DenseSelfAttention
+
+    torch.manual_seed(5)
+    L = 12
+    options = dict(heads=2, q_rank=5, kv_rank=4, shared_key_channels=2, score_channels=6,
+                   rotary=RotaryPE(2))
+    make = lambda: LightningIndexer(8, 3, 4, 3, query_channels=5, rotary=RotaryPE(2))  # noqa: E731
+    graph_layer = randomized(GraphSelfAttention(8, 4, add_self_loops=False, indexer=make(),
+                                                **options).double(), 6)
+    dense_layer = DenseSelfAttention(8, 4, indexer=make(), **options).double()
+    dense_layer.load_state_dict(graph_layer.state_dict())
+    gen = torch.Generator().manual_seed(7)
+    B = 2 if how == "batch-of-sequences" else 1
+    x = torch.randn(B, L, 8, generator=gen, dtype=torch.float64)
+    masks = torch.rand(B, L, L, generator=gen) < 0.5
+    if how == "causal":
+        masks = torch.ones(B, L, L, dtype=torch.bool).tril()
+    results = []
+    for layer in (graph_layer, dense_layer):
+        layer.zero_grad()
+        x_in = x.clone().requires_grad_(True)
+        if layer is graph_layer:
+            out = torch.stack([layer(x_in[b], graphs.from_dense_mask(masks[b]),
+                                     pos=torch.arange(L)) for b in range(B)])
+        else:
+            out = (layer(x_in, is_causal=True) if how == "causal"
+                   else layer(x_in, masks if B > 1 else masks[0]))
+        (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)).sum().backward()
+        results.append((out.detach(), x_in.grad, [p.grad for name, p in
+                                                  layer.named_parameters()
+                                                  if not name.startswith("indexer.")]))
+    (out, grad, params), (want, want_grad, want_params) = results
+    assert_close(out.view_as(want), want)
+    assert_close(grad, want_grad)
+    for ours, theirs in zip(params, want_params, strict=True):
+        assert_close(ours, theirs)
+    assert "indexer=LightningIndexer(8, heads=3" in repr(dense_layer)
+    with pytest.raises(ValueError, match="an indexer with batch= is not supported"):
+        dense_layer(x[0], batch=torch.zeros(L, dtype=torch.long), pos=torch.arange(L))
