@@ -11,6 +11,8 @@ graph, chosen per call: :class:`LightningIndexer` scores the edges of any candid
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 from torch.nn import Linear
@@ -178,9 +180,10 @@ class LightningIndexer(torch.nn.Module):
         with torch.no_grad():
             q, k, w = self._projected(u, x, x, pos, pos)  # (..., L, H_I, D), (..., L, D), ..
             lead, L = q.shape[:-3], q.size(-3)
-            q, k, w = q.reshape(-1, L, *q.shape[-2:]), k.reshape(-1, L, k.size(-1)), \
-                w.reshape(-1, L, w.size(-1))
-            out = torch.stack([_all_pair_scores(q[b], k[b], w[b]) for b in range(q.size(0))])
+            out = q.new_zeros(math.prod(lead), L, L)
+            q, k, w = (t.reshape(out.size(0), L, *t.shape[len(lead) + 1:]) for t in (q, k, w))
+            for b in range(out.size(0)):
+                out[b] = _all_pair_scores(q[b], k[b], w[b])
             return out.view(*lead, L, L)
 
     def _projected(self, u: Tensor, x_src: Tensor, x_dst: Tensor, pos_src: Tensor | None,

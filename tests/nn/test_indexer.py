@@ -273,3 +273,15 @@ def test_the_dense_layer_with_an_indexer_is_the_graph_layer(how):
     assert "indexer=LightningIndexer(8, heads=3" in repr(dense_layer)
     with pytest.raises(ValueError, match="an indexer with batch= is not supported"):
         dense_layer(x[0], batch=torch.zeros(L, dtype=torch.long), pos=torch.arange(L))
+
+
+def test_an_indexer_on_no_tokens():
+    # (found by the dense-pair property test: the dense scores of an empty sequence failed to
+    # reshape) both layers give empty outputs on 0 tokens
+    from graphattn.nn import DenseSelfAttention
+
+    dense = DenseSelfAttention(8, 4, heads=2, indexer=LightningIndexer(8, 2, 4, 3))
+    assert dense(torch.randn(0, 8), is_causal=True).shape == (0, 8)
+    assert dense(torch.randn(2, 0, 8)).shape == (2, 0, 8)
+    graph = GraphSelfAttention(8, 4, heads=2, indexer=LightningIndexer(8, 2, 4, 3))
+    assert graph(torch.randn(0, 8), torch.empty(2, 0, dtype=torch.long)).shape == (0, 8)

@@ -197,8 +197,8 @@ def test_rotary_grouped_layers_agree_on_every_cpu_backend(case):
 def dense_pair_cases(draw):
     """Options both layers take (grouped heads, QK-norm before or after a rotation, sinks,
     gates, a scale, a soft cap, residuals, values' RMS norm, values from the keys'
-    projection, latent projections), a length of 0 to 7, and the
-    backend of the graph layer."""
+    projection, latent projections, an indexer keeping 1 or 3 keys per query), a length of 0
+    to 7, and the backend of the graph layer."""
     heads, kv_heads = draw(st.sampled_from([(1, 1), (2, 2), (2, 1), (4, 2)]))
     residual = draw(st.booleans())
     qk_norm = draw(st.sampled_from([None, "rms", "layer", "rms_per_head", "layer_per_head",
@@ -217,6 +217,7 @@ def dense_pair_cases(draw):
                        shared_key_channels=draw(st.sampled_from([0, 2])))
     backend = draw(st.sampled_from(["cpu", "reference"] if options["softcap"] else
                                    ["cpu", "reference", "dense"]))
+    options["indexer"] = draw(st.sampled_from([None, 1, 3]))  # (its top_k: made in the test)
     return (heads, draw(st.sampled_from([4, 8])), options, draw(st.booleans()),
             draw(st.integers(0, 7)), draw(st.integers(0, 2**16)), backend)
 
@@ -228,13 +229,19 @@ def test_dense_layer_is_the_graph_layer_on_its_graph(case, how):
     under a random mask or per graph of a batch, computes what the graph layer computes on
     the graph of those pairs: outputs, the input's gradient and every parameter's gradient."""
     from graphattn import graphs, pe
+    from graphattn.nn import LightningIndexer
 
     heads, channels, options, rotary, L, seed, backend = case
-    if how == "batch" and options["softcap"] is not None:
-        how = "mask"  # (the dense layer refuses a soft cap with batch, by name)
+    options = dict(options)
+    if how == "batch" and (options["softcap"] is not None or options["indexer"]):
+        how = "mask"  # (the dense layer refuses a soft cap or an indexer with batch, by name)
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     rope = pe.RotaryPE(channels // (2 if options["differential"] else 1)) if rotary else None
+    if options["indexer"]:  # one module in both layers (its state_dict entries the same)
+        options["indexer"] = LightningIndexer(
+            F_SRC, 2, 4, options["indexer"], query_channels=options.get("q_rank") or F_SRC,
+            rotary=pe.RotaryPE(2) if rotary else None).double()
     graph_layer = GraphSelfAttention(F_SRC, channels, heads, add_self_loops=False, rotary=rope,
                                      backend=backend, **options).double()
     dense_layer = DenseSelfAttention(F_SRC, channels, heads, rotary=rope, **options).double()
