@@ -19,6 +19,7 @@ import pytest
 import torch
 from conftest import assert_close, random_graph
 
+from graphattn import graphs
 from graphattn.functional import cpu, dense_attention, edge_attention
 from graphattn.functional import triton_kernels as tk
 from graphattn.functional.attention import reference_edge_attention
@@ -611,6 +612,34 @@ def test_a_layer_with_latent_projections_compiles():
     assert_close(outs[0], outs[1], **COMPILED)
     for param, twin_param in zip(layer.parameters(), twin.parameters(), strict=True):
         assert_close(twin_param.grad, param.grad, **COMPILED)
+
+
+@pytest.mark.parametrize("dense", [False, True], ids=["graph", "dense"])
+def test_a_layer_with_an_indexer_compiles(dense):
+    """A learned sparse graph (each query's top 4 keys by a LightningIndexer), compiled in the
+    default mode: the choice of edges has sizes that depend on the data, where dynamo cuts
+    the graph and runs eagerly; outputs and every gradient are eager's."""
+    from graphattn.nn import LightningIndexer
+    from graphattn.pe import RotaryPE
+
+    torch.manual_seed(0)
+    indexer = LightningIndexer(16, 2, 8, 4, rotary=RotaryPE(4))
+    layer = (DenseSelfAttention(16, 8, heads=2, rotary=RotaryPE(8), indexer=indexer) if dense
+             else GraphSelfAttention(16, 8, heads=2, rotary=RotaryPE(8), indexer=indexer,
+                                     add_self_loops=False, backend="cpu"))
+    twin = copy.deepcopy(layer)
+    L = 20
+    x, graph, pos = torch.randn(L, 16), graphs.causal_graph(L), torch.arange(L)
+    outs = []
+    for model in (torch.compile(twin, backend="aot_eager"), layer):
+        out = model(x, is_causal=True) if dense else model(x, graph, pos=pos)
+        out.square().sum().backward()
+        outs.append(out.detach())
+    assert_close(outs[0], outs[1], **COMPILED)
+    for param, twin_param in zip(layer.parameters(), twin.parameters(), strict=True):
+        assert (param.grad is None) == (twin_param.grad is None)  # (the indexer's: none)
+        if param.grad is not None:
+            assert_close(twin_param.grad, param.grad, **COMPILED)
 
 
 def test_a_graph_break_inside_the_cpu_backend_falls_back_to_eager(monkeypatch):
