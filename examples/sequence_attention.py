@@ -32,6 +32,13 @@ character attending to
 - ``window32+rope``: the window of 32 with RoPE, whose every score is at an offset of 0 to 32,
   on sequences of any length.
 
+A ``+topK`` part (not among the default runs) gives every block a learned sparse graph: a
+``graphattn.nn.LightningIndexer`` picks each character's K edges of highest score among the
+graph's (DeepSeek's sparse attention, ``GraphTransformer(indexer_top_k=K)``), trained with the
+model by the indexer's loss (the KL divergence from the attention's weights, which reaches
+the indexers alone), so that ``causal+top32+rope`` attends to 32 characters of its past that
+it learns to pick, where ``window32+rope`` takes the last 32.
+
 The text is the Python documentation's topic pages that ship with CPython
 (``pydoc_data.topics``, about 465,000 characters, here in the order of their names): the first
 90% trains, the last 10% validates. A step draws ``--batch-size`` sequences of ``--length``
@@ -99,6 +106,19 @@ def relative_part(name: str) -> str | None:
     return found[0] if found else None
 
 
+def top_k_part(part: str) -> int | None:
+    """K of a ``topK`` part of a run's name (each character's K edges of highest score by a
+    learned indexer), else ``None``."""
+    return int(part[3:]) if part.startswith("top") and part[3:].isdigit() and int(
+        part[3:]) > 0 else None
+
+
+def indexer_top_k(name: str) -> int | None:
+    """K of the run named ``name``'s ``+topK`` part, or ``None`` without one."""
+    found = [top_k_part(part) for part in name.split("+") if top_k_part(part) is not None]
+    return found[0] if found else None
+
+
 def uses_alibi(name: str) -> bool:
     """Whether the run named ``name`` encodes positions by ALiBi's bias (its ``+alibi``
     part) instead of sinusoids."""
@@ -113,7 +133,7 @@ def sequence_graph(name: str, length: int) -> Tensor:
     relative_part(name)
     parts = []
     for part in name.split("+"):
-        if part in RELATIVE:
+        if part in RELATIVE or top_k_part(part) is not None:
             continue
         if part == "causal":
             parts.append(graphs.causal_graph(length))
@@ -197,7 +217,9 @@ class CharModel(torch.nn.Module):
                                                          // (2 if differential else 1))
                                              if self.relative == "rope" else None),
                                      qk_norm=qk_norm, softcap=softcap, sinks=sinks,
-                                     gate=gate, differential=differential)
+                                     gate=gate, differential=differential,
+                                     indexer_top_k=indexer_top_k(graph))
+        self.indexer_loss: Tensor | None = None  # (the last training call's, with +topK)
         self.t5 = (pe.RelativePositionBias(heads, 32, 128, bidirectional=False)
                    if self.relative == "t5" else None)
         self._batch_graphs: dict[tuple[int, int], tuple[Tensor, Tensor | None]] = {}
@@ -225,7 +247,14 @@ class CharModel(torch.nn.Module):
         x = F.one_hot(chars.reshape(B * L), self.vocab_size).float()  # (B * L, V)
         if self.relative == "rope":  # each character's position in its sequence
             pos = torch.arange(L, device=chars.device).repeat(B)  # (B * L,)
+            if self.training and self.body.attns[0].indexer is not None:
+                out, self.indexer_loss = self.body(x, edge_index, pos=pos,
+                                                   return_indexer_loss=True)
+                return out.view(B, L, -1)
             return self.body(x, edge_index, pos=pos).view(B, L, -1)  # (B, L, V)
+        if self.body.attns[0].indexer is not None:
+            raise ValueError(f"a +topK run needs +rope (its indexer turns by the positions "
+                             f"RoPE takes), got {self.graph!r}")
         if self.relative:
             if self.t5 is not None:  # learned: one sequence's bias, for each sequence
                 bias = self.t5(bias).repeat(B, 1)  # (B E, H)
@@ -327,6 +356,8 @@ def train(model: CharModel, corpus: Corpus, val: tuple[Tensor, Tensor], *, steps
         start = time.perf_counter()
         optimizer.zero_grad()
         loss = F.cross_entropy(model(inputs).flatten(0, 1), targets.flatten())
+        if model.indexer_loss is not None:  # (+topK: it trains the indexers alone)
+            loss = loss + model.indexer_loss
         loss.backward()
         optimizer.step()
         scheduler.step()

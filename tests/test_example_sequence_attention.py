@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from graphattn import pe
+from graphattn import graphs, pe
 
 pytest.importorskip("pydoc_data.topics", reason="the example's text is CPython's pydoc_data "
                                                 "(absent from some stripped installs)")
@@ -256,6 +256,30 @@ def test_differential_attention_reaches_every_block(example, corpus):
     assert torch.isfinite(model(x)).all()
     assert example["parse_args"](["--differential"]).differential
     assert not example["parse_args"]([]).differential
+
+
+def test_a_learned_sparse_graph_trains_its_indexers(example, corpus):
+    # +top4: every block attends over each character's 4 edges of highest score by its own
+    # indexer; in training the model keeps the indexers' loss for the step to add, and a few
+    # steps of training move the indexers (their loss's gradient) and the rest (the task's)
+    assert example["indexer_top_k"]("causal+top4+rope") == 4
+    assert example["indexer_top_k"]("causal+rope") is None
+    assert torch.equal(example["sequence_graph"]("causal+top4+rope", 6),
+                       graphs.causal_graph(6))
+    model = example["CharModel"](len(corpus.vocab), "causal+top4+rope", torch.randn(8, 4),
+                                 hidden=16, heads=2, layers=2, dropout=0.0)
+    assert [attn.indexer.top_k for attn in model.body.attns] == [4, 4]
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    val = tuple(t[:4] for t in example["windows"](corpus.val, torch.arange(0, 400, 100), 8))
+    example["train"](model, corpus, val, steps=3, batch_size=2, length=8, lr=1e-2,
+                     eval_every=3, seed=0, desc="top4", progress=False)
+    assert model.indexer_loss is not None and model.indexer_loss.item() > 0
+    assert all(not torch.equal(p, before[name]) for name, p in model.named_parameters())
+    model.eval()
+    assert torch.isfinite(model(torch.randint(0, len(corpus.vocab), (2, 8)))).all()
+    with pytest.raises(ValueError, match="a \\+topK run needs \\+rope"):
+        example["CharModel"](len(corpus.vocab), "causal+top4", torch.randn(8, 4), hidden=16,
+                             heads=2, layers=1, dropout=0.0)(torch.zeros(1, 8, dtype=torch.long))
 
 
 def test_short_training_learns_and_reports(example, corpus, capsys):

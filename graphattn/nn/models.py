@@ -21,6 +21,7 @@ from graphattn._checks import (
 from graphattn.functional.dropout import dropout
 from graphattn.functional.sparse_linear import sparse_linear
 from graphattn.nn.attention import GraphSelfAttention
+from graphattn.nn.indexer import LightningIndexer
 from graphattn.pe import RotaryPE
 
 ConvFactory = Callable[..., torch.nn.Module]
@@ -225,6 +226,29 @@ class GAT(torch.nn.Module):
         return out, [first, second]
 
 
+def _block_indexer(width: int, heads: int, top_k: int | None, indexer_heads: int,
+                   channels: int | None, q_rank: int | None,
+                   rotary: RotaryPE | None) -> LightningIndexer | None:
+    """The :class:`LightningIndexer` of a block of ``GraphTransformer(indexer_top_k=)``, or
+    ``None`` without: its rotation turns half its channels (a multiple of ``2 * axes``, at
+    least one plane per axis) with ``rotary``'s base and axes."""
+    if top_k is None:
+        return None
+    channels = width // heads if channels is None else check_positive(channels,
+                                                                       "indexer_channels")
+    turned = None
+    if rotary is not None:
+        plane = 2 * rotary.axes
+        dim = max(plane, channels // 2 // plane * plane)
+        if dim > channels:
+            raise ValueError(f"indexer_channels must hold one rotated plane per axis, "
+                             f"{plane}, got {channels}")
+        turned = RotaryPE(dim, axes=rotary.axes, base=rotary.base)
+    return LightningIndexer(width, check_positive(indexer_heads, "indexer_heads"), channels,
+                            check_positive(top_k, "indexer_top_k"), query_channels=q_rank,
+                            rotary=turned)
+
+
 class GraphTransformer(torch.nn.Module):
     r"""A pre-norm transformer encoder whose attention runs over the edges of a graph.
 
@@ -302,6 +326,16 @@ class GraphTransformer(torch.nn.Module):
             :class:`GraphSelfAttention`). (default: ``None``)
         shared_key_channels (int, optional): with ``kv_rank``, the key channels every head
             shares (with ``rotary``, the rotated ones). (default: ``0``)
+        indexer_top_k (int, optional): a learned sparse graph in every block: a
+            :class:`LightningIndexer` of ``indexer_heads`` heads of ``indexer_channels``
+            channels (with ``rotary``, a rotation of the same kind on half of them) picks
+            each target's ``indexer_top_k`` edges of the graph given, and the block attends
+            over them (DeepSeek's sparse attention; see :class:`GraphSelfAttention`).
+            ``forward(..., return_indexer_loss=True)`` gives the loss that trains the
+            indexers. (default: ``None``)
+        indexer_heads (int, optional): the indexers' heads. (default: ``4``)
+        indexer_channels (int, optional): the indexers' channels per head.
+            (default: ``None``: the attention's, ``hidden_channels / heads``)
         softcap (float, optional): every attention layer soft-caps its dot or gatv2 scores
             at :math:`c \tanh(s / c)` (see :class:`GraphSelfAttention`). (default: ``None``)
         sinks (bool, optional): every attention layer has a learned sink logit per head in
@@ -346,7 +380,8 @@ class GraphTransformer(torch.nn.Module):
                  v_norm: bool = False, qk_norm_after_rotary: bool = False,
                  out_norm: str | None = None, differential: bool = False,
                  q_rank: int | None = None, kv_rank: int | None = None,
-                 shared_key_channels: int = 0) -> None:
+                 shared_key_channels: int = 0, indexer_top_k: int | None = None,
+                 indexer_heads: int = 4, indexer_channels: int | None = None) -> None:
         super().__init__()
         _check_single_input(in_channels, "GraphTransformer")
         in_channels = check_in_channels(in_channels)
@@ -388,7 +423,9 @@ class GraphTransformer(torch.nn.Module):
                                lambda_init=(0.8 - 0.6 * math.exp(-0.3 * layer)
                                             if differential else None),
                                q_rank=q_rank, kv_rank=kv_rank,
-                               shared_key_channels=shared_key_channels)
+                               shared_key_channels=shared_key_channels,
+                               indexer=_block_indexer(D, heads, indexer_top_k, indexer_heads,
+                                                      indexer_channels, q_rank, rotary))
             for layer in range(num_layers))
         self.ffn_norms = torch.nn.ModuleList(LayerNorm(D) for _ in range(num_layers))
         self.ffns = torch.nn.ModuleList(
@@ -405,6 +442,7 @@ class GraphTransformer(torch.nn.Module):
     def forward(self, x: Tensor, edge_index: Tensor, pe: Tensor | None = None,
                 edge_attr: Tensor | None = None, return_attention_weights: bool = False,
                 *, attn_bias: Tensor | None = None, pos: Tensor | None = None,
+                return_indexer_loss: bool = False,
                 ) -> Tensor | tuple[Tensor, list[tuple[Tensor, Tensor]]]:
         """Outputs of every node, with ``attn_bias`` added to every block's scores and the
         queries and keys rotated by ``pos`` (with ``rotary``); see the class docstring for
@@ -412,8 +450,15 @@ class GraphTransformer(torch.nn.Module):
         ``return_attention_weights=True`` also each block's attention weights, first block
         first: a list of ``(edge_index, alpha)`` as :class:`GraphSelfAttention` returns them
         (self-loops included; for a sparse ``adj_t``, the adjacency of each block's edges and
-        their ``alpha``)."""
+        their ``alpha``). With ``return_indexer_loss=True`` (a model with
+        ``indexer_top_k``) also, last, the sum over the blocks of
+        :meth:`GraphSelfAttention.indexer_loss` on the edges each block chose: add it to the
+        training loss to train the indexers, whose gradient it alone reaches (DeepSeek's
+        sparse stage)."""
         _check_not_fx_traced(x, self)
+        if return_indexer_loss and self.attns[0].indexer is None:
+            raise ValueError("return_indexer_loss=True needs a model with indexers: "
+                             "GraphTransformer(..., indexer_top_k=K)")
         if not isinstance(x, Tensor) or x.dim() != 2:
             shape = list(x.shape) if isinstance(x, Tensor) else type(x).__name__
             raise ValueError(f"x must have shape [N, F], got {shape}")
@@ -441,18 +486,24 @@ class GraphTransformer(torch.nn.Module):
             h = sparse_linear(x, self.lin_in.weight, self.lin_in.bias)  # (N, D)
         if self.lin_pe is not None:
             h = h + self.lin_pe(pe.to(h.dtype))  # (N, D)
-        weights = []
+        weights, indexer_loss = [], None
         for attn_norm, attn, ffn_norm, ffn in zip(self.attn_norms, self.attns, self.ffn_norms,
                                                   self.ffns, strict=True):
-            if return_attention_weights:
-                a, edges_alpha = attn(attn_norm(h), edge_index, edge_attr,
+            if return_attention_weights or return_indexer_loss:
+                hn = attn_norm(h)  # (N, D)
+                a, edges_alpha = attn(hn, edge_index, edge_attr,
                                       return_attention_weights=True, attn_bias=attn_bias,
                                       pos=pos)  # (N, D), ((2, E'), (E', H))
                 weights.append(edges_alpha)
+                if return_indexer_loss:
+                    loss = attn.indexer_loss(hn, *edges_alpha, pos=pos)
+                    indexer_loss = loss if indexer_loss is None else indexer_loss + loss
             else:
                 a = attn(attn_norm(h), edge_index, edge_attr, attn_bias=attn_bias,
                          pos=pos)  # (N, D)
             h = h + dropout(a, self.dropout, self.training)
             h = h + dropout(ffn(ffn_norm(h)), self.dropout, self.training)
         out = self.lin_out(self.norm_out(h))  # (N, out_channels)
-        return (out, weights) if return_attention_weights else out
+        result = (out, weights) if return_attention_weights else (out,)
+        result += (indexer_loss,) if return_indexer_loss else ()
+        return result if len(result) > 1 else out

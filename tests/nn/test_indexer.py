@@ -285,3 +285,39 @@ def test_an_indexer_on_no_tokens():
     assert dense(torch.randn(2, 0, 8)).shape == (2, 0, 8)
     graph = GraphSelfAttention(8, 4, heads=2, indexer=LightningIndexer(8, 2, 4, 3))
     assert graph(torch.randn(0, 8), torch.empty(2, 0, dtype=torch.long)).shape == (0, 8)
+
+
+def test_graph_transformer_with_indexers_and_their_loss():
+    # every block attends over each target's top 3 edges by its own indexer (rotating half
+    # its channels, as the model's RoPE does); return_indexer_loss gives the sum of the
+    # blocks' indexer losses, recomputed here from each block's input, and its gradient
+    # reaches the indexers alone
+    from graphattn.nn import GraphTransformer
+
+    torch.manual_seed(8)
+    model = GraphTransformer(8, 16, 3, num_layers=2, heads=2, rotary=RotaryPE(8),
+                             add_self_loops=False, dropout=0.0, indexer_top_k=3,
+                             indexer_heads=2, indexer_channels=6)
+    assert all((a.indexer.top_k, a.indexer.heads, a.indexer.channels, a.indexer.rotary.dim)
+               == (3, 2, 6, 2) for a in model.attns)
+    L = 10
+    x, graph, pos = torch.randn(L, 8), graphs.causal_graph(L), torch.arange(L)
+    inputs = []
+    hooks = [a.register_forward_pre_hook(lambda m, args: inputs.append(args[0].detach()))
+             for a in model.attns]
+    out, weights, loss = model(x, graph, pos=pos, return_attention_weights=True,
+                               return_indexer_loss=True)
+    for hook in hooks:
+        hook.remove()
+    assert_close(out, model(x, graph, pos=pos))
+    want = sum(a.indexer_loss(h, edges, alpha, pos=pos)
+               for a, h, (edges, alpha) in zip(model.attns, inputs, weights, strict=True))
+    assert_close(loss, want)
+    assert all(torch.equal(torch.bincount(edges[1]), torch.arange(1, L + 1).clamp(max=3))
+               for edges, _ in weights)
+    loss.backward()
+    for name, p in model.named_parameters():
+        assert (p.grad is not None) == (".indexer." in name), name
+    with pytest.raises(ValueError, match="return_indexer_loss=True needs a model with "
+                                         "indexers"):
+        GraphTransformer(8, 16, 3)(x, graph, return_indexer_loss=True)
