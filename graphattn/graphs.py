@@ -551,7 +551,7 @@ def _top_k_positions(edge_index: Tensor, scores: Tensor, k: int, *,
                      cpu_rows: bool = True) -> Tensor:
     """:func:`top_k_edges` of checked inputs.
 
-    On the CPU one kernel partitions each target's scores (``cpu_rows``). Otherwise each
+    On the CPU one kernel selects in each target's scores (``cpu_rows``). Otherwise each
     target's edges are laid out in a row of its scores (padded with -inf to the largest
     in-degree) and ``torch.topk`` finds each row's k-th best score t_i; the edges above t_i are
     kept, and of those equal to it the first ones in edge order, as many as fill k. Where the
@@ -559,7 +559,11 @@ def _top_k_positions(edge_index: Tensor, scores: Tensor, k: int, *,
     target) rank the edges instead. All three keep the same edges.
     """
     E, device = scores.numel(), scores.device
-    ranked = torch.nan_to_num(scores.detach(), nan=-torch.inf)  # (E,)
+    cpu_rows = cpu_rows and host_readable(scores)
+    if cpu_rows:  # (the kernel ranks NaN with -inf; float32 holds every half value exactly)
+        ranked = scores.detach().to(torch.promote_types(scores.dtype, torch.float32))
+    else:
+        ranked = torch.nan_to_num(scores.detach(), nan=-torch.inf)  # (E,)
     target = edge_index[1].long()
     order = None  # edges grouped by target, each target's in edge order
     if E and bool((target[1:] < target[:-1]).any()):
@@ -569,9 +573,9 @@ def _top_k_positions(edge_index: Tensor, scores: Tensor, k: int, *,
     widest = int(counts.max()) if E else 0
     if widest <= k:
         return torch.arange(E, device=device)
-    if host_readable(ranked) and cpu_rows:  # one CPU kernel: a partition of each row
+    if cpu_rows:  # one CPU kernel: a selection in each row
         rowptr = torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])
-        kept = torch.nonzero(cpu.top_k_rows(rowptr, ranked.contiguous(), k)).squeeze(1)
+        kept = cpu.top_k_rows(rowptr, ranked.contiguous(), k)
         if order is None:  # (in increasing order already)
             return kept
     elif counts.numel() * widest > max(4 * E, 1 << 20):  # (a hub: rows mostly padding)

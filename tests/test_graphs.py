@@ -883,6 +883,38 @@ def test_top_k_edges_keeps_each_target_s_best_edges():
     assert graphs.top_k_edges(empty, torch.empty(0), 3, 0).shape == (0,)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16,
+                                   torch.bfloat16])
+def test_top_k_edges_of_long_rows_with_ties_on_several_threads(dtype):
+    # 120 targets of 40 to 700 shuffled in-edges (enough edges that the CPU kernel's rows are
+    # split among threads): scores drawn from few values (long runs of ties, the k-th among
+    # them), sorted runs, NaN, -inf and both zeros; the kernel (which selects in each row)
+    # keeps what a sort of each target's edges by hand keeps, and what torch.topk's rows keep
+    gen = torch.Generator().manual_seed(2)
+    degrees = torch.randint(40, 700, (120,), generator=gen)
+    target = torch.repeat_interleave(torch.arange(120), degrees)
+    edge_index = torch.stack([torch.randint(0, 120, target.shape, generator=gen), target])
+    edge_index = edge_index[:, torch.randperm(target.numel(), generator=gen)]
+    assert edge_index.size(1) > 2**15  # (cpu.MIN_PARALLEL_WORK)
+    scores = torch.randint(-3, 4, target.shape, generator=gen).to(dtype) / 2
+    scores[:3000] = torch.linspace(-1, 1, 3000).to(dtype)  # (runs in order)
+    scores[3000:3200] = -0.0
+    scores[3200::97], scores[3300::89] = float("nan"), float("-inf")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        keep = graphs.top_k_edges(edge_index, scores, 37, 120)
+    finally:
+        torch.set_num_threads(threads)
+    ranked = torch.nan_to_num(scores.double(), nan=-torch.inf)
+    order = np.lexsort((np.arange(target.numel()), -ranked.numpy(), edge_index[1].numpy()))
+    first = torch.cumsum(degrees, 0) - degrees
+    rank = np.empty_like(order)
+    rank[order] = np.arange(order.size) - first[edge_index[1]][order].numpy()
+    assert keep.tolist() == np.nonzero(rank < 37)[0].tolist()
+    assert torch.equal(graphs._top_k_positions(edge_index, scores, 37, cpu_rows=False), keep)
+
+
 def test_top_k_edges_of_a_hub_ranks_by_sorting_and_keeps_the_same_edges():
     # a hub of 1,500 in-edges among 2,000 nodes: off the CPU kernel the rows of scores would
     # be mostly padding, so two sorts rank the edges; they keep what the CPU kernel keeps, and

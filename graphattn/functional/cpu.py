@@ -109,20 +109,24 @@ SUM_BLOCK = 128
 CACHE_LINE = 64  # bytes
 
 
-def _jit(inline: str = "never", error_model: str = "python"):
+def _jit(inline: str = "never", error_model: str = "python", reassociate: bool = False):
     """``numba.njit`` with an on-disk cache, or without one when no cache directory is writable.
 
     numba caches next to this file, else in the user's cache directory; when neither can be
     written (a read-only install and no writable home) the kernels compile in each process.
     ``error_model="numpy"``: a division by zero gives inf or NaN instead of raising, so that
-    a loop that divides has no branch out of it and can vectorise.
+    a loop that divides has no branch out of it and can vectorise. ``reassociate``: LLVM may
+    reorder float sums (and fuse multiply-adds), so that a dot product vectorises; NaN and
+    inf keep their meaning.
     """
+    options = dict(nogil=True, inline=inline, error_model=error_model,
+                   fastmath={"reassoc", "contract"} if reassociate else False)
+
     def wrap(fn):
         try:
-            return numba.njit(cache=True, nogil=True, inline=inline,
-                              error_model=error_model)(fn)
+            return numba.njit(cache=True, **options)(fn)
         except RuntimeError:
-            return numba.njit(nogil=True, inline=inline, error_model=error_model)(fn)
+            return numba.njit(**options)(fn)
     return wrap
 
 
@@ -404,34 +408,114 @@ def batch_complete_edges(batch: Tensor, members: Tensor, first: Tensor, sizes: T
 
 
 def top_k_rows(rowptr: Tensor, scores: Tensor, k: int) -> Tensor:
-    """Which edges of each row ``rowptr[i]:rowptr[i + 1]`` of ``scores`` (CPU ``[E]``, the
-    edges grouped by target, no NaN) are among its ``k`` highest, ties to the first in order:
-    ``[E]`` bool, in one pass over each row after a partition of it. See
-    :func:`graphattn.graphs.top_k_edges`."""
-    return torch.from_numpy(_top_k_rows(rowptr.numpy(), scores.detach().numpy(), k))
+    """The positions of the edges of each row ``rowptr[i]:rowptr[i + 1]`` of ``scores`` (CPU
+    ``[E]`` float32 or float64, the edges grouped by target) that are among its ``k`` highest,
+    ties to the first in order, NaN ranked with -inf: ``[sum_i min(deg_i, k)]`` int64, in
+    increasing order. Each row is one selection in a buffer and two passes over it, the rows
+    split among torch's threads. See :func:`graphattn.graphs.top_k_edges`."""
+    ptr = rowptr.numpy()
+    kept = np.minimum(np.diff(ptr), k)  # (N,) edges each row keeps
+    out_ptr = np.zeros(ptr.shape[0], dtype=np.int64)
+    np.cumsum(kept, out=out_ptr[1:])
+    out = np.empty(out_ptr[-1], dtype=np.int64)
+    _run_rows(_top_k_rows, ptr, ptr, scores.detach().numpy(), k, out_ptr, out)
+    return torch.from_numpy(out)
 
 
 @_jit()
-def _top_k_rows(rowptr, scores, k):
-    """See :func:`top_k_rows`."""
-    keep = np.zeros(scores.shape[0], dtype=np.bool_)
-    for i in range(rowptr.shape[0] - 1):
-        start, stop = rowptr[i], rowptr[i + 1]
+def _kth_highest(buf, n, k):
+    """The ``k``-th highest of ``buf[:n]`` (no NaN), by a quickselect that reorders ``buf``:
+    Hoare partitions around a median of three, which split runs of equal values evenly."""
+    lo, hi, target = 0, n - 1, k - 1
+    while lo < hi:
+        a, b, c = buf[lo], buf[(lo + hi) >> 1], buf[hi]
+        pivot = max(min(a, b), min(max(a, b), c))  # the median of the three
+        i, j = lo, hi
+        while i <= j:  # descending: [lo, j] >= pivot, [i, hi] <= pivot
+            while buf[i] > pivot:
+                i += 1
+            while buf[j] < pivot:
+                j -= 1
+            if i <= j:
+                buf[i], buf[j] = buf[j], buf[i]
+                i += 1
+                j -= 1
+        if target <= j:
+            hi = j
+        elif target >= i:
+            lo = i
+        else:  # (between the two parts: equal to the pivot)
+            return buf[target]
+    return buf[target]
+
+
+@_jit()
+def _top_k_rows(ptr, scores, k, out_ptr, out, first, last):
+    """See :func:`top_k_rows`; rows ``first`` to ``last - 1``."""
+    widest = 0
+    for i in range(first, last):
+        widest = max(widest, ptr[i + 1] - ptr[i])
+    buf = np.empty(widest, dtype=scores.dtype)
+    low = -np.inf
+    for i in range(first, last):
+        start, stop, p = ptr[i], ptr[i + 1], out_ptr[i]
         if stop - start <= k:
-            keep[start:stop] = True
+            for e in range(start, stop):
+                out[p] = e
+                p += 1
             continue
-        kth = -np.partition(-scores[start:stop], k - 1)[k - 1]  # the k-th highest
-        room = k
+        for e in range(start, stop):
+            value = scores[e]
+            buf[e - start] = value if value == value else low
+        kth = _kth_highest(buf, stop - start, k)
+        room = k  # how many equal to kth are kept: k less those above it
         for e in range(start, stop):
             if scores[e] > kth:
                 room -= 1
         for e in range(start, stop):
-            if scores[e] > kth:
-                keep[e] = True
-            elif scores[e] == kth and room > 0:
-                keep[e] = True
+            value = scores[e]
+            if value != value:
+                value = low
+            if value > kth:
+                out[p] = e
+                p += 1
+            elif value == kth and room > 0:
+                out[p] = e
+                p += 1
                 room -= 1
-    return keep
+    return out
+
+
+def indexer_scores(q: Tensor, k: Tensor, w: Tensor, rowptr: Tensor, src: Tensor) -> Tensor:
+    r"""A lightning indexer's score of each edge of a graph grouped by target (CSR ``rowptr``
+    ``[N_dst + 1]``, sources ``src`` ``[E]``), :math:`s_e = \sum_h w_{ih}\,
+    \mathrm{ReLU}(q_{ih} \cdot k_j)`, from its scaled queries ``q [N_dst, H_I, D]``, keys ``k
+    [N_src, D]`` and head weights ``w [N_dst, H_I]`` (CPU, float32 or float64, one dtype):
+    ``[E]``, the rows split among torch's threads. Each target's queries stay in cache while
+    its edges' keys stream past; nothing of size ``[E, H_I]`` is made. See
+    :class:`graphattn.nn.LightningIndexer`."""
+    ptr = rowptr.numpy()
+    scores = np.empty(src.shape[0], dtype=_np(q).dtype)
+    _run_rows(_indexer_scores, ptr, _np(q.contiguous()), _np(k.contiguous()),
+              _np(w.contiguous()), ptr, src.numpy(), scores)
+    return torch.from_numpy(scores)
+
+
+@_jit(reassociate=True)
+def _indexer_scores(q, k, w, ptr, src, scores, first, last):
+    """See :func:`indexer_scores`; targets ``first`` to ``last - 1``."""
+    heads, channels = q.shape[1], q.shape[2]
+    zero = scores.dtype.type(0)
+    for i in range(first, last):
+        for e in range(ptr[i], ptr[i + 1]):
+            j = src[e]
+            total = zero
+            for h in range(heads):
+                dot = zero
+                for c in range(channels):
+                    dot += q[i, h, c] * k[j, c]
+                total += w[i, h] * max(dot, zero)  # (no branch: the signs come at random)
+            scores[e] = total
 
 
 @_jit()

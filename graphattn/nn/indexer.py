@@ -18,6 +18,8 @@ from torch import Tensor
 from torch.nn import Linear
 
 from graphattn._checks import check_positive
+from graphattn.functional import cpu
+from graphattn.functional._transforms import host_readable, needs_grad
 from graphattn.pe import RotaryPE
 
 # edges scored per chunk: the [chunk, H_I, D] products stay below this many numbers
@@ -37,6 +39,21 @@ def _all_pair_scores(q: Tensor, k: Tensor, w: Tensor) -> Tensor:
         heads = torch.matmul(q[start:start + rows], k.T).relu()  # (rows, H_I, N_src)
         out[start:start + rows] = torch.einsum("rhs,rh->rs", heads, w[start:start + rows])
     return out
+
+
+def _cpu_scores(q: Tensor, k: Tensor, w: Tensor, src: Tensor, dst: Tensor) -> Tensor:
+    """The indexer's score ``[E]`` of each edge ``src -> dst`` from its scaled queries ``[N_dst,
+    H_I, D]``, keys ``[N_src, D]`` and head weights ``[N_dst, H_I]`` on the CPU: the edges
+    grouped by target (a stable sort, where they are not), one kernel over the targets'
+    rows."""
+    order = None
+    if src.numel() and bool((dst[1:] < dst[:-1]).any()):
+        order = torch.argsort(dst, stable=True)
+        src, dst = src[order], dst[order]
+    rowptr = dst.new_zeros(q.size(0) + 1)
+    torch.cumsum(torch.bincount(dst, minlength=q.size(0)), 0, out=rowptr[1:])
+    scores = cpu.indexer_scores(q, k, w, rowptr, src.contiguous())  # (E,) by target
+    return scores if order is None else torch.empty_like(scores).index_copy_(0, order, scores)
 
 
 class LightningIndexer(torch.nn.Module):
@@ -60,8 +77,10 @@ class LightningIndexer(torch.nn.Module):
     the indexer is trained apart, to match the attention's weights by a KL divergence
     (:meth:`loss`, as DeepSeek trains it), or converted from a trained model
     (:func:`graphattn.nn.from_llama`).
-    Scoring costs :math:`E H_I D` multiply-adds, by chunks of edges; on a graph of half the
-    pairs or more (a causal or complete graph), every pair's score by matrix products.
+    Scoring costs :math:`E H_I D` multiply-adds. On the CPU one kernel computes them target by
+    target, with nothing of size :math:`E \times H_I`; elsewhere, and for :meth:`loss`, which
+    differentiates them, by chunks of edges, or, on a graph of half the pairs or more (a
+    causal or complete graph), every pair's score by matrix products.
 
     Args:
         in_channels (int): features F of the sources and targets (keys and head weights).
@@ -210,6 +229,9 @@ class LightningIndexer(torch.nn.Module):
         dtype = q.dtype
         src, dst = edge_index.long()
         n_dst, n_src = q.size(0), k.size(0)
+        if host_readable(q) and dtype in (torch.float32, torch.float64) and \
+                not needs_grad(q, k, w):  # one CPU kernel, by target
+            return _cpu_scores(q, k, w, src, dst)
         if 2 * src.numel() >= n_dst * n_src:  # half the pairs or more: all pairs, by products
             return _all_pair_scores(q, k, w)[dst, src]
         scores = torch.empty(src.numel(), dtype=dtype, device=q.device)

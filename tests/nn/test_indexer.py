@@ -31,11 +31,14 @@ def _dense_scores(indexer: LightningIndexer, u, x, pos) -> torch.Tensor:
     return (dots.relu() * w[:, None, :]).sum(-1)
 
 
+@pytest.mark.parametrize("route", ["cpu kernel", "torch ops"])
 @pytest.mark.parametrize("pattern", ["causal", "window", "complete-shuffled"])
-def test_indexer_scores_are_its_formula(pattern, monkeypatch):
-    # on a causal or complete graph (half the pairs or more: every pair's score by matrix
-    # products, here in blocks of 2 targets) and on a window (one dot product per edge, in
-    # chunks of 3 edges)
+def test_indexer_scores_are_its_formula(pattern, route, monkeypatch):
+    # the CPU kernel (the forward's on CPU tensors: edges grouped by target, sorted into
+    # groups where they are not), and the torch ops that run elsewhere and when autograd
+    # records (the loss's): on a causal or complete graph (half the pairs or more: every
+    # pair's score by matrix products, here in blocks of 2 targets) and on a window (one dot
+    # product per edge, in chunks of 3 edges)
     from graphattn.nn import indexer as module
 
     monkeypatch.setattr(module, "_CHUNK_NUMBERS", 3 * 6 * 3)  # (3 heads x 6 channels x 3)
@@ -46,10 +49,14 @@ def test_indexer_scores_are_its_formula(pattern, monkeypatch):
     pos = torch.arange(L) * 3
     graph = {"causal": graphs.causal_graph(L), "window": graphs.window_graph(L, 1),
              "complete-shuffled": graphs.complete_graph(L)[:, torch.randperm(L * L)]}[pattern]
-    got = indexer(u, x, x, graph, pos_src=pos, pos_dst=pos)
+    if route == "cpu kernel":
+        got = indexer(u, x, x, graph, pos_src=pos, pos_dst=pos)
+        assert not got.requires_grad  # (the choice of edges takes no gradient)
+    else:  # (the parameters require grad)
+        got = indexer._scores(u, x, x, graph, pos, pos)
+        assert got.requires_grad
     want = _dense_scores(indexer, u, x, pos)[graph[1], graph[0]]
     assert_close(got, want)
-    assert not got.requires_grad  # (the choice of edges takes no gradient)
 
 
 @pytest.mark.parametrize("backend", ["reference", "cpu"])
