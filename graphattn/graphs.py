@@ -560,7 +560,7 @@ def _top_k_positions(edge_index: Tensor, scores: Tensor, k: int, *,
     """
     E, device = scores.numel(), scores.device
     cpu_rows = cpu_rows and host_readable(scores)
-    if cpu_rows:  # (the kernel ranks NaN with -inf; float32 holds every half value exactly)
+    if cpu_rows:  # (the kernel ranks NaN last; float32 holds every half value exactly)
         ranked = scores.detach().to(torch.promote_types(scores.dtype, torch.float32))
     else:
         ranked = torch.nan_to_num(scores.detach(), nan=-torch.inf)  # (E,)
@@ -569,12 +569,14 @@ def _top_k_positions(edge_index: Tensor, scores: Tensor, k: int, *,
     if E and bool((target[1:] < target[:-1]).any()):
         order = torch.argsort(target, stable=True)
         target, ranked = target[order], ranked[order]
-    counts = torch.bincount(target) if E else target.new_zeros(0)  # (N,)
+    # (N + 1,) each target's first edge: N binary searches in the sorted targets
+    rowptr = torch.searchsorted(target, torch.arange(int(target[-1]) + 2 if E else 1,
+                                                     device=device))
+    counts = rowptr.diff()  # (N,)
     widest = int(counts.max()) if E else 0
     if widest <= k:
         return torch.arange(E, device=device)
     if cpu_rows:  # one CPU kernel: a selection in each row
-        rowptr = torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])
         kept = cpu.top_k_rows(rowptr, ranked.contiguous(), k)
         if order is None:  # (in increasing order already)
             return kept
@@ -586,8 +588,7 @@ def _top_k_positions(edge_index: Tensor, scores: Tensor, k: int, *,
                 - torch.searchsorted(sorted_target, sorted_target))  # (E,) within target
         kept = by_target[rank < k]
     else:
-        first = torch.cumsum(counts, 0) - counts  # (N,) each target's first edge
-        slot = torch.arange(E, device=device) - first[target]  # (E,) within its target
+        slot = torch.arange(E, device=device) - rowptr[target]  # (E,) within its target
         rows = ranked.new_full((counts.numel(), widest), -torch.inf)
         rows[target, slot] = ranked
         kth = rows.topk(k, dim=1).values[:, -1][target]  # (E,) the k-th best of its target

@@ -883,36 +883,54 @@ def test_top_k_edges_keeps_each_target_s_best_edges():
     assert graphs.top_k_edges(empty, torch.empty(0), 3, 0).shape == (0,)
 
 
+@pytest.mark.parametrize("k", [37, 1500])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16,
                                    torch.bfloat16])
-def test_top_k_edges_of_long_rows_with_ties_on_several_threads(dtype):
-    # 120 targets of 40 to 700 shuffled in-edges (enough edges that the CPU kernel's rows are
-    # split among threads): scores drawn from few values (long runs of ties, the k-th among
-    # them), sorted runs, NaN, -inf and both zeros; the kernel (which selects in each row)
-    # keeps what a sort of each target's edges by hand keeps, and what torch.topk's rows keep
+def test_top_k_edges_of_long_rows_with_ties_on_several_threads(dtype, k):
+    # 60 targets of 40 to 2,500 shuffled in-edges (enough edges that the CPU kernel's rows are
+    # split among threads; rows of 1,024 or more are bucketed by value before the selection):
+    # scores drawn from few values (long runs of ties, the k-th among them, positive or
+    # negative), sorted runs, float64 values that round to one float32, NaN (below -inf),
+    # -inf and both zeros; the kernel keeps what a sort of each target's edges by hand keeps,
+    # and what torch.topk's rows keep
     gen = torch.Generator().manual_seed(2)
-    degrees = torch.randint(40, 700, (120,), generator=gen)
-    target = torch.repeat_interleave(torch.arange(120), degrees)
-    edge_index = torch.stack([torch.randint(0, 120, target.shape, generator=gen), target])
+    degrees = torch.randint(40, 2500, (60,), generator=gen)
+    target = torch.repeat_interleave(torch.arange(60), degrees)
+    edge_index = torch.stack([torch.randint(0, 60, target.shape, generator=gen), target])
     edge_index = edge_index[:, torch.randperm(target.numel(), generator=gen)]
     assert edge_index.size(1) > 2**15  # (cpu.MIN_PARALLEL_WORK)
-    scores = torch.randint(-3, 4, target.shape, generator=gen).to(dtype) / 2
-    scores[:3000] = torch.linspace(-1, 1, 3000).to(dtype)  # (runs in order)
-    scores[3000:3200] = -0.0
-    scores[3200::97], scores[3300::89] = float("nan"), float("-inf")
+    scores = torch.randint(-3, 4, target.shape, generator=gen).double() / 2
+    scores[:3000] = torch.linspace(-1, 1, 3000)  # (runs in order)
+    scores[3000:4000] = 0.5 + torch.arange(1000) * 1e-12  # (one float32)
+    scores[4000:4200] = -0.0
+    scores = scores.to(dtype)
+    scores[4200::97], scores[4300::89] = float("nan"), float("-inf")
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        keep = graphs.top_k_edges(edge_index, scores, 37, 120)
+        keep = graphs.top_k_edges(edge_index, scores, k, 60)
     finally:
         torch.set_num_threads(threads)
-    ranked = torch.nan_to_num(scores.double(), nan=-torch.inf)
-    order = np.lexsort((np.arange(target.numel()), -ranked.numpy(), edge_index[1].numpy()))
+    nan = torch.isnan(scores)  # (below -inf)
+    ranked = scores.double().masked_fill(nan, 0)
+    order = np.lexsort((np.arange(target.numel()), -ranked.numpy(), nan.numpy(),
+                        edge_index[1].numpy()))
     first = torch.cumsum(degrees, 0) - degrees
     rank = np.empty_like(order)
     rank[order] = np.arange(order.size) - first[edge_index[1]][order].numpy()
-    assert keep.tolist() == np.nonzero(rank < 37)[0].tolist()
-    assert torch.equal(graphs._top_k_positions(edge_index, scores, 37, cpu_rows=False), keep)
+    assert keep.tolist() == np.nonzero(rank < k)[0].tolist()
+    assert torch.equal(graphs._top_k_positions(edge_index, scores, k, cpu_rows=False), keep)
+
+
+def test_top_k_edges_of_a_long_row_whose_k_best_fill_their_buckets():
+    # one target of 3,000 in-edges whose 100 best scores are alone in the highest buckets of
+    # value (the CPU kernel counts by buckets before it selects): exactly those are kept
+    gen = torch.Generator().manual_seed(3)
+    scores = torch.rand(3000, generator=gen)  # (in [0, 1))
+    best = torch.randperm(3000, generator=gen)[:100]
+    scores[best] = 8 + torch.rand(100, generator=gen)
+    edge_index = torch.stack([torch.arange(3000), torch.zeros(3000, dtype=torch.long)])
+    assert graphs.top_k_edges(edge_index, scores, 100, 1).tolist() == best.sort().values.tolist()
 
 
 def test_top_k_edges_of_a_hub_ranks_by_sorting_and_keeps_the_same_edges():

@@ -410,8 +410,9 @@ def batch_complete_edges(batch: Tensor, members: Tensor, first: Tensor, sizes: T
 def top_k_rows(rowptr: Tensor, scores: Tensor, k: int) -> Tensor:
     """The positions of the edges of each row ``rowptr[i]:rowptr[i + 1]`` of ``scores`` (CPU
     ``[E]`` float32 or float64, the edges grouped by target) that are among its ``k`` highest,
-    ties to the first in order, NaN ranked with -inf: ``[sum_i min(deg_i, k)]`` int64, in
-    increasing order. Each row is one selection in a buffer and two passes over it, the rows
+    ties to the first in order, NaN ranked below -inf: ``[sum_i min(deg_i, k)]`` int64, in
+    increasing order. Each row is copied to a buffer, its k-th highest selected there
+    (after a count by buckets of value, for long rows), then kept by two passes; the rows are
     split among torch's threads. See :func:`graphattn.graphs.top_k_edges`."""
     ptr = rowptr.numpy()
     kept = np.minimum(np.diff(ptr), k)  # (N,) edges each row keeps
@@ -449,6 +450,43 @@ def _kth_highest(buf, n, k):
     return buf[target]
 
 
+# rows at least this long are cut into 2^11 buckets of value first (their float32 bits' top
+# 11: sign, exponent, 2 bits of mantissa), and only the k-th's bucket is selected in
+_BUCKETED_ROWS = 1024
+
+
+@_jit(inline="always")
+def _bucket(bits):
+    """The bucket of a float32 of ``bits`` (uint32), in the order of the values: the top 11
+    bits of the bits with the sign bit flipped, and every bit flipped for negatives."""
+    flip = (bits >> np.uint32(31)) * np.uint32(0x7FFFFFFF) | np.uint32(0x80000000)
+    return (bits ^ flip) >> np.uint32(21)
+
+
+@_jit()
+def _bucketed_kth(buf, rounded, bits, counts, n, k):
+    """The ``k``-th highest of ``buf[:n]`` (no NaN): a count of the values of each bucket of
+    their float32 roundings (``rounded``, whose ``bits`` are a view of it), then a selection
+    among the values of the bucket that holds the k-th alone, moved to the front of ``buf``.
+    Rounding keeps the order (a < b gives round(a) <= round(b)), so the buckets above the k-th's
+    hold values above every value of its bucket."""
+    for t in range(n):
+        rounded[t] = buf[t]
+    counts[:] = 0
+    for t in range(n):
+        counts[_bucket(bits[t])] += 1
+    b, above = counts.shape[0] - 1, 0  # the highest bucket with k values at or above it
+    while above + counts[b] < k:
+        above += counts[b]
+        b -= 1
+    size = 0
+    for t in range(n):  # (size <= t: the front of buf is read before it is written)
+        if _bucket(bits[t]) == b:
+            buf[size] = buf[t]
+            size += 1
+    return _kth_highest(buf, size, k - above)
+
+
 @_jit()
 def _top_k_rows(ptr, scores, k, out_ptr, out, first, last):
     """See :func:`top_k_rows`; rows ``first`` to ``last - 1``."""
@@ -456,26 +494,38 @@ def _top_k_rows(ptr, scores, k, out_ptr, out, first, last):
     for i in range(first, last):
         widest = max(widest, ptr[i + 1] - ptr[i])
     buf = np.empty(widest, dtype=scores.dtype)
-    low = -np.inf
+    rounded = np.empty(widest if widest >= _BUCKETED_ROWS else 0, dtype=np.float32)
+    counts = np.zeros(1 << 11, dtype=np.int32)
     for i in range(first, last):
         start, stop, p = ptr[i], ptr[i + 1], out_ptr[i]
-        if stop - start <= k:
-            for e in range(start, stop):
-                out[p] = e
-                p += 1
-            continue
+        size = 0  # the row's scores that are not NaN, into buf
         for e in range(start, stop):
             value = scores[e]
-            buf[e - start] = value if value == value else low
-        kth = _kth_highest(buf, stop - start, k)
+            if value == value:
+                buf[size] = value
+                size += 1
+        if size <= k:  # all of them, and the first NaN to fill k
+            room = k - size
+            for e in range(start, stop):
+                value = scores[e]
+                if value == value:
+                    out[p] = e
+                    p += 1
+                elif room > 0:
+                    out[p] = e
+                    p += 1
+                    room -= 1
+            continue
+        if size >= _BUCKETED_ROWS:
+            kth = _bucketed_kth(buf, rounded, rounded.view(np.uint32), counts, size, k)
+        else:
+            kth = _kth_highest(buf, size, k)
         room = k  # how many equal to kth are kept: k less those above it
         for e in range(start, stop):
             if scores[e] > kth:
                 room -= 1
-        for e in range(start, stop):
+        for e in range(start, stop):  # (a NaN compares false)
             value = scores[e]
-            if value != value:
-                value = low
             if value > kth:
                 out[p] = e
                 p += 1

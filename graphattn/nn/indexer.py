@@ -50,8 +50,7 @@ def _cpu_scores(q: Tensor, k: Tensor, w: Tensor, src: Tensor, dst: Tensor) -> Te
     if src.numel() and bool((dst[1:] < dst[:-1]).any()):
         order = torch.argsort(dst, stable=True)
         src, dst = src[order], dst[order]
-    rowptr = dst.new_zeros(q.size(0) + 1)
-    torch.cumsum(torch.bincount(dst, minlength=q.size(0)), 0, out=rowptr[1:])
+    rowptr = torch.searchsorted(dst, torch.arange(q.size(0) + 1))  # (N_dst + 1,)
     scores = cpu.indexer_scores(q, k, w, rowptr, src.contiguous())  # (E,) by target
     return scores if order is None else torch.empty_like(scores).index_copy_(0, order, scores)
 
