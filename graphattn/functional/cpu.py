@@ -551,21 +551,44 @@ def indexer_scores(q: Tensor, k: Tensor, w: Tensor, rowptr: Tensor, src: Tensor)
     return torch.from_numpy(scores)
 
 
+@_jit(inline="always", reassociate=True)
+def _indexer_score(q, k, w, i, j, zero):
+    """The indexer's score of the pair ``j -> i`` (see :func:`indexer_scores`)."""
+    total = zero
+    for h in range(q.shape[1]):
+        dot = zero
+        for c in range(q.shape[2]):
+            dot += q[i, h, c] * k[j, c]
+        total += w[i, h] * max(dot, zero)  # (no branch: the signs come at random)
+    return total
+
+
 @_jit(reassociate=True)
 def _indexer_scores(q, k, w, ptr, src, scores, first, last):
     """See :func:`indexer_scores`; targets ``first`` to ``last - 1``."""
-    heads, channels = q.shape[1], q.shape[2]
     zero = scores.dtype.type(0)
     for i in range(first, last):
         for e in range(ptr[i], ptr[i + 1]):
-            j = src[e]
-            total = zero
-            for h in range(heads):
-                dot = zero
-                for c in range(channels):
-                    dot += q[i, h, c] * k[j, c]
-                total += w[i, h] * max(dot, zero)  # (no branch: the signs come at random)
-            scores[e] = total
+            scores[e] = _indexer_score(q, k, w, i, src[e], zero)
+
+
+def indexer_dense_scores(q: Tensor, k: Tensor, w: Tensor) -> Tensor:
+    """The lightning indexer's score of every pair, ``[N_dst, N_src]`` (target i, source j),
+    from the inputs :func:`indexer_scores` takes, the targets split among torch's threads."""
+    out = np.empty((q.shape[0], k.shape[0]), dtype=_np(q).dtype)
+    ptr = np.arange(q.shape[0] + 1, dtype=np.int64) * k.shape[0]  # (the work of each row)
+    _run_rows(_indexer_dense_scores, ptr, _np(q.contiguous()), _np(k.contiguous()),
+              _np(w.contiguous()), out)
+    return torch.from_numpy(out)
+
+
+@_jit(reassociate=True)
+def _indexer_dense_scores(q, k, w, out, first, last):
+    """See :func:`indexer_dense_scores`; targets ``first`` to ``last - 1``."""
+    zero = out.dtype.type(0)
+    for i in range(first, last):
+        for j in range(k.shape[0]):
+            out[i, j] = _indexer_score(q, k, w, i, j, zero)
 
 
 @_jit()

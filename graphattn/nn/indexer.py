@@ -24,6 +24,9 @@ from graphattn.pe import RotaryPE
 
 # edges scored per chunk: the [chunk, H_I, D] products stay below this many numbers
 _CHUNK_NUMBERS = 1 << 22
+# the scores a CPU kernel computes (one kernel by target; off the CPU and when autograd
+# records, torch's ops)
+_KERNEL_DTYPES = (torch.float32, torch.float64)
 
 
 def _all_pair_scores(q: Tensor, k: Tensor, w: Tensor) -> Tensor:
@@ -200,8 +203,10 @@ class LightningIndexer(torch.nn.Module):
             lead, L = q.shape[:-3], q.size(-3)
             out = q.new_zeros(math.prod(lead), L, L)
             q, k, w = (t.reshape(out.size(0), L, *t.shape[len(lead) + 1:]) for t in (q, k, w))
+            kernel = host_readable(q) and q.dtype in _KERNEL_DTYPES  # (a CPU kernel)
             for b in range(out.size(0)):
-                out[b] = _all_pair_scores(q[b], k[b], w[b])
+                out[b] = (cpu.indexer_dense_scores if kernel else _all_pair_scores)(
+                    q[b], k[b], w[b])
             return out.view(*lead, L, L)
 
     def _projected(self, u: Tensor, x_src: Tensor, x_dst: Tensor, pos_src: Tensor | None,
@@ -228,8 +233,7 @@ class LightningIndexer(torch.nn.Module):
         dtype = q.dtype
         src, dst = edge_index.long()
         n_dst, n_src = q.size(0), k.size(0)
-        if host_readable(q) and dtype in (torch.float32, torch.float64) and \
-                not needs_grad(q, k, w):  # one CPU kernel, by target
+        if host_readable(q) and dtype in _KERNEL_DTYPES and not needs_grad(q, k, w):
             return _cpu_scores(q, k, w, src, dst)
         if 2 * src.numel() >= n_dst * n_src:  # half the pairs or more: all pairs, by products
             return _all_pair_scores(q, k, w)[dst, src]

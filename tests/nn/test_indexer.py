@@ -59,6 +59,25 @@ def test_indexer_scores_are_its_formula(pattern, route, monkeypatch):
     assert_close(got, want)
 
 
+@pytest.mark.parametrize("route", ["cpu kernel", "torch ops"])
+def test_indexer_dense_scores_are_its_formula(route, monkeypatch):
+    # every pair's score of each of a batch of sequences (the dense layer's), by the CPU
+    # kernel or by matrix products in blocks of 2 targets (off the CPU)
+    from graphattn.nn import indexer as module
+
+    monkeypatch.setattr(module, "_CHUNK_NUMBERS", 3 * 6 * 2)
+    if route == "torch ops":
+        monkeypatch.setattr(module, "_KERNEL_DTYPES", ())
+    indexer = randomized(LightningIndexer(10, 3, 6, 4, query_channels=5,
+                                          rotary=RotaryPE(4)).double(), 5)
+    u, x = torch.randn(2, 7, 5, dtype=torch.float64), torch.randn(2, 7, 10, dtype=torch.float64)
+    pos = torch.arange(7) * 2
+    got = indexer.dense_scores(u, x, pos)
+    assert got.shape == (2, 7, 7) and not got.requires_grad
+    for b in range(2):
+        assert_close(got[b], _dense_scores(indexer, u[b], x[b], pos))
+
+
 @pytest.mark.parametrize("backend", ["reference", "cpu"])
 def test_the_layer_attends_over_the_top_k_edges_of_the_indexer(backend):
     # the layer with an indexer on a causal window is the layer without it on the subgraph of
