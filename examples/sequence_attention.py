@@ -56,7 +56,7 @@ offsets past L are new to the model, as the sinusoids are. A ``+rope`` run is th
 those sequences again with its rotations stretched to them, with no retraining, in three ways
 (``RESCALINGS``): position interpolation (every frequency divided by ``--extrapolate``), dynamic
 NTK-aware scaling (``pe.RotaryPE(..., ntk_factor=, original_length=)``) and YaRN
-(``pe.RotaryPE.yarn``).
+(``pe.RotaryPE.yarn``); with ``+topK`` the indexers' rotations are stretched alike.
 
 It prints the final validation bits per character of each graph, the scores a sequence
 computes (its edges E against L^2 for unmasked dense attention) and the median time of a
@@ -302,16 +302,17 @@ def rescaled_bpc(model: CharModel, longer: tuple[Tensor, Tensor], batch_size: in
                  length: int, factor: int) -> dict[str, float]:
     """The validation bits per character of a ``+rope`` model on the sequences ``longer``,
     ``factor`` times its training ``length``, with its rotations stretched by each of
-    ``RESCALINGS`` in turn (the model's own are put back after)."""
+    ``RESCALINGS`` in turn: the attentions' and, with ``+topK``, their indexers' (which turn
+    fewer channels), each of its own width. The model's own are put back after."""
     layers = [m for m in model.modules() if isinstance(getattr(m, "rotary", None), pe.RotaryPE)]
     trained = [m.rotary for m in layers]
     bpc = {}
     try:
         for name in RESCALINGS:
-            rotary = rescaled_rotary(name, trained[0].dim, length, factor).to(
-                model.positions.device)
-            for m in layers:
-                m.rotary = rotary
+            stretched = {dim: rescaled_rotary(name, dim, length, factor).to(
+                model.positions.device) for dim in {r.dim for r in trained}}
+            for m, rotary in zip(layers, trained, strict=True):
+                m.rotary = stretched[rotary.dim]
             bpc[name] = validation_bpc(model, *longer, batch_size)
     finally:
         for m, rotary in zip(layers, trained, strict=True):

@@ -208,6 +208,30 @@ def test_rope_runs_are_measured_with_stretched_rotations(example, corpus, capsys
     assert "| causal+rope | " in printed.split("RoPE on sequences")[1]
 
 
+def test_the_indexers_rotations_are_stretched_too(example, corpus):
+    """With ``+topK`` the indexers turn half the channels the attentions turn; each rotation
+    is stretched at its own width (the bits the model gives with those set by hand), and put
+    back after."""
+    L = 8
+    model = example["CharModel"](len(corpus.vocab), "causal+top4+rope", torch.randn(L, 4),
+                                 hidden=16, heads=2, layers=2, dropout=0.0)
+    indexers = [attn.indexer for attn in model.body.attns]
+    assert {attn.rotary.dim for attn in model.body.attns} == {8}
+    assert {indexer.rotary.dim for indexer in indexers} == {4}
+    own = [indexer.rotary for indexer in indexers]
+    longer = example["windows"](corpus.val, torch.tensor([0, 50, 100]), 3 * L)
+    bpc = example["rescaled_bpc"](model, longer, 2, L, 3)
+    assert [indexer.rotary for indexer in indexers] == own
+    for attn in model.body.attns:
+        attn.rotary = example["rescaled_rotary"]("interpolation", 8, L, 3)
+    attention_only = example["validation_bpc"](model, *longer, 2)
+    for indexer in indexers:
+        indexer.rotary = example["rescaled_rotary"]("interpolation", 4, L, 3)
+    both = example["validation_bpc"](model, *longer, 2)
+    assert both == pytest.approx(bpc["interpolation"], rel=1e-6)
+    assert attention_only != pytest.approx(both, rel=1e-6)  # (the indexers' choice moved)
+
+
 def test_qk_norm_reaches_every_block(example, corpus):
     model = example["CharModel"](len(corpus.vocab), "causal+rope", torch.randn(8, 4),
                                  hidden=16, heads=2, layers=2, dropout=0.0, qk_norm="rms")
