@@ -100,6 +100,15 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtyp
     torch.testing.assert_close(actual, expected.to(actual.device, actual.dtype), **tol)
 
 
+def assert_close_to_scale(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    """:func:`assert_close` with the absolute tolerance times the largest magnitude of
+    ``expected`` (at least 1): for the gradient of a weight, a sum over every node whose
+    rounding follows its largest entries, so that its small entries differ by more than their
+    own size allows (on CPUs whose kernels sum in another order)."""
+    scale = max(1.0, expected.abs().max().item())
+    assert_close(actual, expected, atol=TOL[expected.dtype]["atol"] * scale)
+
+
 @dataclass(frozen=True)
 class GraphCase:
     """A small named graph: ``edge_index`` with ``num_src`` sources and ``num_dst`` targets."""

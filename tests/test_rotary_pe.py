@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import assert_close, dense_mask
+from conftest import assert_close, assert_close_to_scale, dense_mask
 
 from graphattn import graphs, pe
 from graphattn.nn import DenseSelfAttention, GraphSelfAttention
@@ -677,7 +677,7 @@ def test_from_llama_converts_gemma4(layer_idx, k_eq_v, dense):
     forward = attention.forward
     attention.forward = lambda *args, **kwargs: forward(*args, shared_kv_states={}, **kwargs)
     check_causal(attention, rotary, layer, dense, length=14, seed=36)
-    assert_close(layer.lin_k.weight.grad, attention.k_proj.weight.grad)
+    assert_close_to_scale(layer.lin_k.weight.grad, attention.k_proj.weight.grad)  # (up to 12)
     assert_close(layer.q_norm.weight.grad, attention.q_norm.weight.grad)
 
 
