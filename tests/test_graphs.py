@@ -886,7 +886,7 @@ def test_top_k_edges_keeps_each_target_s_best_edges():
 @pytest.mark.parametrize("k", [37, 1500])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16,
                                    torch.bfloat16])
-def test_top_k_edges_of_long_rows_with_ties_on_several_threads(dtype, k):
+def test_top_k_edges_of_long_rows_with_ties_on_several_threads(dtype, k, two_threads):
     # 60 targets of 40 to 2,500 shuffled in-edges (enough edges that the CPU kernel's rows are
     # split among threads; rows of 1,024 or more are bucketed by value before the selection):
     # scores drawn from few values (long runs of ties, the k-th among them, positive or
@@ -905,12 +905,7 @@ def test_top_k_edges_of_long_rows_with_ties_on_several_threads(dtype, k):
     scores[4000:4200] = -0.0
     scores = scores.to(dtype)
     scores[4200::97], scores[4300::89] = float("nan"), float("-inf")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        keep = graphs.top_k_edges(edge_index, scores, k, 60)
-    finally:
-        torch.set_num_threads(threads)
+    keep = graphs.top_k_edges(edge_index, scores, k, 60)
     nan = torch.isnan(scores)  # (below -inf)
     ranked = scores.double().masked_fill(nan, 0)
     order = np.lexsort((np.arange(target.numel()), -ranked.numpy(), nan.numpy(),

@@ -572,6 +572,48 @@ def _indexer_scores(q, k, w, ptr, src, scores, first, last):
             scores[e] = _indexer_score(q, k, w, i, src[e], zero)
 
 
+def indexer_score_grads(grad: Tensor, q: Tensor, k: Tensor, w: Tensor, rowptr: Tensor,
+                        src: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    r"""The gradients of :func:`indexer_scores` from ``grad`` ``[E]``, its scores' gradient:
+    ``dq [N_dst, H_I, D]``, ``dk [N_src, D]`` and ``dw [N_dst, H_I]``, with
+    :math:`\partial s_e / \partial q_{ih} = w_{ih} [q_{ih} \cdot k_j > 0]\, k_j`,
+    :math:`\partial s_e / \partial w_{ih} = \mathrm{ReLU}(q_{ih} \cdot k_j)` and
+    :math:`\partial s_e / \partial k_j = \sum_h w_{ih} [q_{ih} \cdot k_j > 0]\, q_{ih}`.
+    One pass over the targets' rows (the dot products computed again) gives dq and dw and each
+    edge's term of dk ``[E, D]``, which are summed by source after it, in edge order: the
+    result does not depend on the number of threads."""
+    ptr = rowptr.numpy()
+    dtype = _np(q).dtype
+    dq, dw = np.zeros(q.shape, dtype=dtype), np.zeros(w.shape, dtype=dtype)
+    dk_edges = np.empty((src.shape[0], k.shape[1]), dtype=dtype)
+    _run_rows(_indexer_score_grads, ptr, _np(grad.contiguous()), _np(q.contiguous()),
+              _np(k.contiguous()), _np(w.contiguous()), ptr, src.numpy(), dq, dw, dk_edges)
+    dk = torch.zeros(k.shape, dtype=q.dtype).index_add_(0, src, torch.from_numpy(dk_edges))
+    return torch.from_numpy(dq), dk, torch.from_numpy(dw)
+
+
+@_jit(reassociate=True)
+def _indexer_score_grads(grad, q, k, w, ptr, src, dq, dw, dk_edges, first, last):
+    """See :func:`indexer_score_grads`; targets ``first`` to ``last - 1``."""
+    heads, channels = q.shape[1], q.shape[2]
+    zero = dq.dtype.type(0)
+    for i in range(first, last):
+        for e in range(ptr[i], ptr[i + 1]):
+            j = src[e]
+            for c in range(channels):
+                dk_edges[e, c] = zero
+            for h in range(heads):
+                dot = zero
+                for c in range(channels):
+                    dot += q[i, h, c] * k[j, c]
+                if dot > 0:
+                    dw[i, h] += grad[e] * dot
+                    scale = grad[e] * w[i, h]
+                    for c in range(channels):
+                        dq[i, h, c] += scale * k[j, c]
+                        dk_edges[e, c] += scale * q[i, h, c]
+
+
 def indexer_dense_scores(q: Tensor, k: Tensor, w: Tensor) -> Tensor:
     """The lightning indexer's score of every pair, ``[N_dst, N_src]`` (target i, source j),
     from the inputs :func:`indexer_scores` takes, the targets split among torch's threads."""

@@ -19,7 +19,7 @@ from torch.nn import Linear
 
 from graphattn._checks import check_positive
 from graphattn.functional import cpu
-from graphattn.functional._transforms import host_readable, needs_grad
+from graphattn.functional._transforms import host_readable, needs_grad, plain_ops_only
 from graphattn.pe import RotaryPE
 
 # edges scored per chunk: the [chunk, H_I, D] products stay below this many numbers
@@ -44,18 +44,42 @@ def _all_pair_scores(q: Tensor, k: Tensor, w: Tensor) -> Tensor:
     return out
 
 
+class _CPUScores(torch.autograd.Function):
+    """The CPU kernels' scores of edges grouped by target (``rowptr``, ``src``), differentiable
+    in the queries, keys and head weights (for :meth:`LightningIndexer.loss`)."""
+
+    @staticmethod
+    def forward(q: Tensor, k: Tensor, w: Tensor, rowptr: Tensor, src: Tensor) -> Tensor:
+        return cpu.indexer_scores(q, k, w, rowptr, src)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        ctx.save_for_backward(*inputs)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
+        q, k, w, rowptr, src = ctx.saved_tensors
+        return (*cpu.indexer_score_grads(grad, q, k, w, rowptr, src), None, None)
+
+
 def _cpu_scores(q: Tensor, k: Tensor, w: Tensor, src: Tensor, dst: Tensor) -> Tensor:
     """The indexer's score ``[E]`` of each edge ``src -> dst`` from its scaled queries ``[N_dst,
     H_I, D]``, keys ``[N_src, D]`` and head weights ``[N_dst, H_I]`` on the CPU: the edges
-    grouped by target (a stable sort, where they are not), one kernel over the targets'
-    rows."""
+    grouped by target (a stable sort, where they are not), one kernel over the targets' rows
+    (and one for the gradients, when autograd records)."""
     order = None
     if src.numel() and bool((dst[1:] < dst[:-1]).any()):
         order = torch.argsort(dst, stable=True)
         src, dst = src[order], dst[order]
     rowptr = torch.searchsorted(dst, torch.arange(q.size(0) + 1))  # (N_dst + 1,)
-    scores = cpu.indexer_scores(q, k, w, rowptr, src.contiguous())  # (E,) by target
-    return scores if order is None else torch.empty_like(scores).index_copy_(0, order, scores)
+    src = src.contiguous()
+    if needs_grad(q, k, w):
+        scores = _CPUScores.apply(q, k, w, rowptr, src)  # (E,) by target
+    else:
+        scores = cpu.indexer_scores(q, k, w, rowptr, src)
+    if order is None:
+        return scores
+    return torch.empty_like(scores).index_copy(0, order, scores)
 
 
 class LightningIndexer(torch.nn.Module):
@@ -80,8 +104,8 @@ class LightningIndexer(torch.nn.Module):
     (:meth:`loss`, as DeepSeek trains it), or converted from a trained model
     (:func:`graphattn.nn.from_llama`).
     Scoring costs :math:`E H_I D` multiply-adds. On the CPU one kernel computes them target by
-    target, with nothing of size :math:`E \times H_I`; elsewhere, and for :meth:`loss`, which
-    differentiates them, by chunks of edges, or, on a graph of half the pairs or more (a
+    target, with nothing of size :math:`E \times H_I` (and another their gradients, for
+    :meth:`loss`); elsewhere, by chunks of edges, or, on a graph of half the pairs or more (a
     causal or complete graph), every pair's score by matrix products.
 
     Args:
@@ -233,7 +257,7 @@ class LightningIndexer(torch.nn.Module):
         dtype = q.dtype
         src, dst = edge_index.long()
         n_dst, n_src = q.size(0), k.size(0)
-        if host_readable(q) and dtype in _KERNEL_DTYPES and not needs_grad(q, k, w):
+        if host_readable(q) and dtype in _KERNEL_DTYPES and not plain_ops_only(q, k, w):
             return _cpu_scores(q, k, w, src, dst)
         if 2 * src.numel() >= n_dst * n_src:  # half the pairs or more: all pairs, by products
             return _all_pair_scores(q, k, w)[dst, src]

@@ -34,14 +34,16 @@ def _dense_scores(indexer: LightningIndexer, u, x, pos) -> torch.Tensor:
 @pytest.mark.parametrize("route", ["cpu kernel", "torch ops"])
 @pytest.mark.parametrize("pattern", ["causal", "window", "complete-shuffled"])
 def test_indexer_scores_are_its_formula(pattern, route, monkeypatch):
-    # the CPU kernel (the forward's on CPU tensors: edges grouped by target, sorted into
-    # groups where they are not), and the torch ops that run elsewhere and when autograd
-    # records (the loss's): on a causal or complete graph (half the pairs or more: every
-    # pair's score by matrix products, here in blocks of 2 targets) and on a window (one dot
-    # product per edge, in chunks of 3 edges)
+    # the CPU kernel (on CPU tensors: edges grouped by target, sorted into groups where they
+    # are not), and the torch ops that run elsewhere: on a causal or complete graph (half the
+    # pairs or more: every pair's score by matrix products, here in blocks of 2 targets) and
+    # on a window (one dot product per edge, in chunks of 3 edges); both with and without
+    # autograd recording, the scores and the parameters' gradients against the formula's
     from graphattn.nn import indexer as module
 
     monkeypatch.setattr(module, "_CHUNK_NUMBERS", 3 * 6 * 3)  # (3 heads x 6 channels x 3)
+    if route == "torch ops":
+        monkeypatch.setattr(module, "_KERNEL_DTYPES", ())
     indexer = randomized(LightningIndexer(10, 3, 6, 4, query_channels=5,
                                           rotary=RotaryPE(4)).double(), 0)
     L = 9
@@ -49,14 +51,28 @@ def test_indexer_scores_are_its_formula(pattern, route, monkeypatch):
     pos = torch.arange(L) * 3
     graph = {"causal": graphs.causal_graph(L), "window": graphs.window_graph(L, 1),
              "complete-shuffled": graphs.complete_graph(L)[:, torch.randperm(L * L)]}[pattern]
-    if route == "cpu kernel":
-        got = indexer(u, x, x, graph, pos_src=pos, pos_dst=pos)
-        assert not got.requires_grad  # (the choice of edges takes no gradient)
-    else:  # (the parameters require grad)
-        got = indexer._scores(u, x, x, graph, pos, pos)
-        assert got.requires_grad
+    got = indexer(u, x, x, graph, pos_src=pos, pos_dst=pos)
+    assert not got.requires_grad  # (the choice of edges takes no gradient)
     want = _dense_scores(indexer, u, x, pos)[graph[1], graph[0]]
     assert_close(got, want)
+    weights = torch.randn(graph.size(1), dtype=torch.float64)
+    grads = []
+    for scores in (indexer._scores(u, x, x, graph, pos, pos), want):  # (the loss's way)
+        grads.append(torch.autograd.grad((scores * weights).sum(), list(indexer.parameters())))
+    for grad, want_grad in zip(*grads, strict=True):
+        assert_close(grad, want_grad)
+
+
+def test_the_cpu_kernels_gradients_pass_gradcheck():
+    # the CPU kernels' scores of a shuffled multigraph (sorted by target inside) against
+    # finite differences, in the queries, keys and head weights
+    from graphattn.nn.indexer import _cpu_scores
+
+    gen = torch.Generator().manual_seed(6)
+    edges = torch.randint(0, 5, (2, 30), generator=gen)
+    q, k, w = (torch.randn(shape, generator=gen, dtype=torch.float64, requires_grad=True)
+               for shape in ((5, 3, 4), (5, 4), (5, 3)))
+    assert torch.autograd.gradcheck(lambda *t: _cpu_scores(*t, *edges), (q, k, w))
 
 
 @pytest.mark.parametrize("route", ["cpu kernel", "torch ops"])
