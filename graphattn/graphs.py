@@ -554,21 +554,25 @@ def _top_k_positions(edge_index: Tensor, scores: Tensor, k: int, *,
     On the CPU one kernel selects in each target's scores (``cpu_rows``). Otherwise each
     target's edges are laid out in a row of its scores (padded with -inf to the largest
     in-degree) and ``torch.topk`` finds each row's k-th best score t_i; the edges above t_i are
-    kept, and of those equal to it the first ones in edge order, as many as fill k. Where the
-    rows would hold more than four times the edges, two stable sorts (by score, then by
-    target) rank the edges instead. All three keep the same edges.
+    kept, and of those equal to it the first ones in edge order (NaN after -inf), as many as
+    fill k. Where the rows would hold more than four times the edges, two stable sorts (by
+    score, then by target) rank the edges instead. All three keep the same edges.
     """
     E, device = scores.numel(), scores.device
     cpu_rows = cpu_rows and host_readable(scores)
+    nan = None  # (E,) where the scores are NaN, off the CPU kernel where any is
     if cpu_rows:  # (the kernel ranks NaN last; float32 holds every half value exactly)
         ranked = scores.detach().to(torch.promote_types(scores.dtype, torch.float32))
-    else:
-        ranked = torch.nan_to_num(scores.detach(), nan=-torch.inf)  # (E,)
+    else:  # (NaN as -inf, and below it where they tie: ``nan`` orders the ties)
+        nan = torch.isnan(scores.detach())
+        nan = nan if bool(nan.any()) else None
+        ranked = scores.detach() if nan is None else scores.detach().masked_fill(nan, -torch.inf)
     target = edge_index[1].long()
     order = None  # edges grouped by target, each target's in edge order
     if E and bool((target[1:] < target[:-1]).any()):
         order = torch.argsort(target, stable=True)
         target, ranked = target[order], ranked[order]
+        nan = None if nan is None else nan[order]
     # (N + 1,) each target's first edge: N binary searches in the sorted targets
     rowptr = torch.searchsorted(target, torch.arange(int(target[-1]) + 2 if E else 1,
                                                      device=device))
@@ -581,7 +585,9 @@ def _top_k_positions(edge_index: Tensor, scores: Tensor, k: int, *,
         if order is None:  # (in increasing order already)
             return kept
     elif counts.numel() * widest > max(4 * E, 1 << 20):  # (a hub: rows mostly padding)
-        by_score = torch.argsort(ranked, descending=True, stable=True)  # (E,)
+        first = (torch.arange(E, device=device) if nan is None
+                 else torch.argsort(nan.byte(), stable=True))  # (E,) each NaN after the rest
+        by_score = first[torch.argsort(ranked[first], descending=True, stable=True)]  # (E,)
         by_target = by_score[torch.argsort(target[by_score], stable=True)]
         sorted_target = target[by_target]
         rank = (torch.arange(E, device=device)
@@ -594,6 +600,8 @@ def _top_k_positions(edge_index: Tensor, scores: Tensor, k: int, *,
         kth = rows.topk(k, dim=1).values[:, -1][target]  # (E,) the k-th best of its target
         above = ranked > kth
         tied = torch.nonzero(ranked == kth).squeeze(1)  # (T,) in order, grouped by target
+        if nan is not None:  # (a target's NaN after its -inf)
+            tied = tied[torch.argsort(2 * target[tied] + nan[tied], stable=True)]
         room = k - torch.bincount(target[above], minlength=counts.numel())  # (N,)
         tied_target = target[tied]
         rank = (torch.arange(tied.numel(), device=device)

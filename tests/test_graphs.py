@@ -917,6 +917,39 @@ def test_top_k_edges_of_long_rows_with_ties_on_several_threads(dtype, k, two_thr
     assert torch.equal(graphs._top_k_positions(edge_index, scores, k, cpu_rows=False), keep)
 
 
+def _top_k_by_hand(edge_index, scores, k):
+    # each target's k best edges by a sort on (target, NaN last, score descending, position)
+    nan = torch.isnan(scores)
+    order = np.lexsort((np.arange(scores.numel()), -scores.double().masked_fill(nan, 0).numpy(),
+                        nan.numpy(), edge_index[1].numpy()))
+    target = edge_index[1].numpy()[order]
+    first = np.searchsorted(target, target)  # (each target's first place in the order)
+    return sorted(order[np.arange(order.size) - first < k].tolist())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16,
+                                   torch.bfloat16])
+def test_top_k_edges_ranks_infinities_above_the_extreme_finite_scores(dtype):
+    # +inf above the largest finite score, -inf below the lowest and NaN below -inf, as every
+    # k cuts through them, on each of the three ways to rank: the CPU kernel, the rows of
+    # scores through torch.topk, and the sorts for a hub (one target of 1,200 in-edges among
+    # 1,001), against a sort by hand
+    finfo = torch.finfo(dtype)
+    values = torch.tensor([finfo.max, float("inf"), float("nan"), float("-inf"), finfo.min,
+                           0.0, -0.0, float("nan"), finfo.max, float("-inf")], dtype=dtype)
+    gen = torch.Generator().manual_seed(4)
+    small = torch.stack([torch.randperm(40, generator=gen), torch.arange(40) % 4])  # (4 x 10)
+    hub = torch.stack([torch.arange(1200) % 1001, torch.zeros(1200, dtype=torch.long)])
+    spokes = torch.stack([torch.arange(1000), torch.arange(1, 1001)])
+    for edge_index in small, torch.cat([hub, spokes], dim=1):
+        scores = values[torch.randint(0, values.numel(), (edge_index.size(1),), generator=gen)]
+        for k in range(1, 12):
+            want = _top_k_by_hand(edge_index, scores, k)
+            assert graphs.top_k_edges(edge_index, scores, k, 1001).tolist() == want, k
+            rows = graphs._top_k_positions(edge_index, scores, k, cpu_rows=False)
+            assert rows.tolist() == want, k
+
+
 def test_top_k_edges_of_a_long_row_whose_k_best_fill_their_buckets():
     # one target of 3,000 in-edges whose 100 best scores are alone in the highest buckets of
     # value (the CPU kernel counts by buckets before it selects): exactly those are kept

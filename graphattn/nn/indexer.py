@@ -281,9 +281,12 @@ def top_k_mask(scores: Tensor, allowed: Tensor, k: int) -> Tensor:
     most ``k``), ties to the first in the row, NaN ranked last: ``[..., L_q, L_k]`` bool, the
     dense form of :func:`graphattn.graphs.top_k_edges` on the graph of ``allowed`` (whose
     edges come by target, then source)."""
-    ranked = torch.nan_to_num(scores, nan=-torch.inf).masked_fill(~allowed, -torch.inf)
+    nan = torch.isnan(scores)
+    ranked = scores.masked_fill(nan | ~allowed, -torch.inf)
     kth = ranked.topk(min(k, ranked.size(-1)), dim=-1).values[..., -1:]  # (..., L_q, 1)
     above = allowed & (ranked > kth)
-    tied = allowed & (ranked == kth)
+    tied = allowed & (ranked == kth) & ~nan
     room = k - above.sum(-1, keepdim=True)  # (..., L_q, 1)
-    return above | (tied & (tied.cumsum(-1) <= room))
+    last = allowed & nan & (kth == -torch.inf)  # (tied too, after the rest of the ties)
+    room_last = room - tied.sum(-1, keepdim=True)
+    return above | (tied & (tied.cumsum(-1) <= room)) | (last & (last.cumsum(-1) <= room_last))

@@ -256,19 +256,26 @@ def test_indexer_loss_refusals():
         GraphSelfAttention(8, 4).indexer_loss(x, graph, torch.rand(25))
 
 
-def test_the_dense_choice_is_the_graph_choice():
+@pytest.mark.parametrize("k", [1, 4, 7])
+@pytest.mark.parametrize("extremes", [False, True])
+def test_the_dense_choice_is_the_graph_choice(extremes, k):
     # top_k_mask on a random mask keeps what top_k_edges keeps on the mask's graph, with ties
-    # (scores rounded) and NaN among the scores
+    # (scores rounded) and NaN among the scores, or scores drawn from the extremes (+inf above
+    # the largest finite, -inf below the lowest, NaN below -inf, both zeros)
     from graphattn.nn.indexer import top_k_mask
 
     gen = torch.Generator().manual_seed(4)
     mask = torch.rand(3, 15, 15, generator=gen) < 0.6
     scores = (torch.randn(3, 15, 15, generator=gen) * 2).round()
     scores[:, :, ::5] = float("nan")
-    kept = top_k_mask(scores, mask, 4)
+    if extremes:
+        big = torch.finfo(scores.dtype).max
+        values = torch.tensor([big, float("inf"), float("nan"), -float("inf"), -big, 0.0, -0.0])
+        scores = values[torch.randint(0, 7, scores.shape, generator=gen)]
+    kept = top_k_mask(scores, mask, k)
     for b in range(3):
         graph = graphs.from_dense_mask(mask[b])  # (by target, then source)
-        keep = graphs.top_k_edges(graph, scores[b][graph[1], graph[0]], 4, 15)
+        keep = graphs.top_k_edges(graph, scores[b][graph[1], graph[0]], k, 15)
         assert torch.equal(graphs.to_dense_mask(graph[:, keep], 15), kept[b])
 
 
