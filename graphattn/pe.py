@@ -1849,22 +1849,26 @@ def grid_positions(height: int, width: int) -> Tensor:
 
 def relative_offsets(positions: Tensor, edge_index: Tensor) -> Tensor:
     r"""The offset :math:`p_i - p_j` of each edge :math:`j \to i`, from integer node
-    positions: a sequence's signed relative position i - j (``positions`` the arange, ``d =
-    1``), a pixel's (rows, columns) offset on a grid (:func:`grid_positions`), a voxel's in 3-D.
+    positions: a sequence's signed relative position i - j (``positions`` the arange: one
+    coordinate, ``d = 1``), a pixel's (rows, columns) offset on a grid
+    (:func:`grid_positions`), a voxel's in 3-D.
 
     Args:
-        positions (Tensor): ``[N, d]`` integer coordinates of the nodes.
+        positions (Tensor): ``[N, d]`` integer coordinates of the nodes, or ``[N]`` for one
+            coordinate (as ``[N, 1]``).
         edge_index (Tensor): ``[2, E]`` integer, ids below N.
 
     Shapes:
-        - **input:** positions ``(N, d)``, edge_index ``(2, E)``
-        - **output:** ``(E, d)`` int64 on the device of ``positions``
+        - **input:** positions ``(N, d)`` or ``(N)``, edge_index ``(2, E)``
+        - **output:** ``(E, d)`` int64 on the device of ``positions`` (``(E, 1)`` for
+          positions ``(N)``, as :class:`OffsetBias` with ``dims=1`` takes them)
     """
     check_tensors(positions=positions)
-    if positions.dim() != 2 or positions.is_floating_point() or positions.is_complex() \
-            or positions.dtype == torch.bool:
-        raise ValueError(f"positions must be an integer [N, d] tensor, got "
+    if positions.dim() not in (1, 2) or positions.is_floating_point() \
+            or positions.is_complex() or positions.dtype == torch.bool:
+        raise ValueError(f"positions must be an integer [N, d] or [N] tensor, got "
                          f"{positions.dtype} {list(positions.shape)}")
+    positions = positions.unsqueeze(1) if positions.dim() == 1 else positions  # (N, d)
     N = positions.size(0)
     check_edge_index(edge_index, num_src=N, num_dst=N)
     src, dst = edge_index.to(positions.device).long()

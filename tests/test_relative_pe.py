@@ -407,6 +407,8 @@ def test_grid_positions_and_offsets_follow_grid_graph():
     causal = graphs.causal_graph(9)
     rel = pe.relative_offsets(torch.arange(9).unsqueeze(1), causal)
     assert torch.equal(rel[:, 0], causal[1] - causal[0])
+    # one coordinate may come as [N]: the same offsets, [E, 1], as OffsetBias(dims=1) takes
+    assert torch.equal(pe.relative_offsets(torch.arange(9, dtype=torch.int32), causal), rel)
 
 
 def test_offset_bias_is_swins_relative_position_bias():
@@ -463,7 +465,10 @@ def test_offset_bias_on_the_grid_graph_equals_the_dense_layer(backend):
 
 @pytest.mark.parametrize("call, error, match", [
     (lambda: pe.relative_offsets(torch.zeros(4, 2), graphs.chain_graph(4)), ValueError,
-     r"positions must be an integer \[N, d\] tensor, got torch.float32 \[4, 2\]"),
+     r"positions must be an integer \[N, d\] or \[N\] tensor, got torch.float32 \[4, 2\]"),
+    (lambda: pe.relative_offsets(torch.zeros(4, 1, 1, dtype=torch.long), graphs.chain_graph(4)),
+     ValueError, r"positions must be an integer \[N, d\] or \[N\] tensor, got torch.int64 "
+                 r"\[4, 1, 1\]"),
     (lambda: pe.relative_offsets(torch.zeros(3, 2, dtype=torch.long), graphs.chain_graph(4)),
      ValueError, "3"),
     (lambda: pe.grid_positions(-1, 3), ValueError, "height must be a non-negative integer"),
