@@ -520,8 +520,8 @@ def top_k_edges(edge_index: Tensor, scores: Tensor, k: int, num_targets: int) ->
         \mathcal{E}_k = \{\, (j \to i) \in \mathcal{E} :
         \lvert \{ (j' \to i) \in \mathcal{E} : s_{j'i} > s_{ji} \} \rvert < k \,\}
 
-    Ties go to the edge that comes first in ``edge_index``, and a NaN score ranks below every
-    other. ``edge_index[:, top_k_edges(...)]`` is the subgraph; the same positions pick its
+    Ties go to the edge that comes first in ``edge_index``; +inf ranks above every finite
+    score, -inf below, and a NaN score below every other, on every device. ``edge_index[:, top_k_edges(...)]`` is the subgraph; the same positions pick its
     edge features or score bias.
 
     Args:
