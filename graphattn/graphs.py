@@ -521,8 +521,9 @@ def top_k_edges(edge_index: Tensor, scores: Tensor, k: int, num_targets: int) ->
         \lvert \{ (j' \to i) \in \mathcal{E} : s_{j'i} > s_{ji} \} \rvert < k \,\}
 
     Ties go to the edge that comes first in ``edge_index``; +inf ranks above every finite
-    score, -inf below, and a NaN score below every other, on every device. ``edge_index[:, top_k_edges(...)]`` is the subgraph; the same positions pick its
-    edge features or score bias.
+    score, -inf below, and a NaN score below every other, on every device.
+    ``edge_index[:, top_k_edges(...)]`` is the subgraph; the same positions pick its edge
+    features or score bias.
 
     Args:
         edge_index (Tensor): ``[2, E]`` integer, the candidate edges ``j -> i``.

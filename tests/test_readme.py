@@ -2,6 +2,7 @@
 benchmarks' README they lead to hold what they promise."""
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,35 @@ def test_package_exposes_its_modules():
     for name in ("datasets", "functional", "graphs", "nn", "pe"):
         assert hasattr(graphattn, name), name
     assert callable(graphattn.datasets.load_planetoid)
+    assert {"datasets", "functional", "graphs", "nn", "pe"} <= set(dir(graphattn))
+    with pytest.raises(AttributeError, match="module 'graphattn' has no attribute 'layers'"):
+        graphattn.layers  # noqa: B018
+
+
+OPERATOR_ALONE = """
+import sys
+import torch
+import graphattn
+from graphattn import graphs
+from graphattn.functional import edge_attention
+edge_index = graphs.causal_graph(6)
+q, k, v = (torch.randn(6, 2, 4) for _ in range(3))
+out = edge_attention(q, k, v, edge_index, backend="reference")
+print(tuple(out.shape), "torch_geometric" in sys.modules)
+print(graphattn.nn.GraphSelfAttention.__name__, "torch_geometric" in sys.modules)
+"""
+
+
+def test_the_operator_and_the_graphs_load_without_torch_geometric():
+    """``graphattn.functional`` and ``graphattn.graphs`` import without torch_geometric (the
+    subpackages load on first use), and ``graphattn.nn`` loads it when first asked for. In a
+    fresh process: this one has imported everything."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-c", OPERATOR_ALONE], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == ["(6, 2, 4) False", "GraphSelfAttention True"]
 
 
 @pytest.mark.parametrize("page", [README, BENCHMARKS_README], ids=["README", "benchmarks"])
