@@ -2408,3 +2408,55 @@ class RotaryPE(torch.nn.Module):
         extra += "" if self.long_frequencies is None else ", long_frequencies=[...]"
         extra += "" if self._ntk is None else f", original_length={self.original_length}"
         return extra + (", interleaved=True" if self.interleaved else "")
+
+
+class QueryTemperature(torch.nn.Module):
+    r"""A factor on each query by its position, which grows with the log of the context:
+
+    .. math::
+        t(p) = 1 + \beta \ln\!\left(1 + \left\lfloor \frac{p + o}{L} \right\rfloor\right)
+
+    so that a query at position :math:`p` scores :math:`t(p)\, q_i \cdot k_j` (a sharper
+    softmax far into a long context, where more keys compete). It is 1 below position
+    :math:`L - o` (and before :math:`-o`, where the floor would be negative). Llama 4's
+    attention temperature tuning (its layers without RoPE: ``beta=attn_scale,
+    length=floor_scale, offset=1``) and Mistral 4's (``beta=llama_4_scaling_beta,
+    length=original_max_position_embeddings``) are this factor; :func:`graphattn.nn.from_llama`
+    reads both.
+
+    Give it to :class:`~graphattn.nn.GraphSelfAttention` (or
+    :class:`~graphattn.nn.DenseSelfAttention`) as ``query_temperature=``, and the positions to
+    each call as ``pos=``: the layer multiplies each target's queries by :math:`t` of its
+    position after their normalisation and rotation, on every backend. It has no parameters.
+
+    Args:
+        beta (float): :math:`\beta`, finite.
+        length (float): :math:`L`, > 0: the positions of one step of the floor.
+        offset (float, optional): :math:`o`, finite. (default: ``0.0``)
+
+    Shapes:
+        - **input:** pos ``(..., N)``, integer or real
+        - **output:** ``(..., N)`` float32 factors
+    """
+
+    def __init__(self, beta: float, length: float, *, offset: float = 0.0) -> None:
+        super().__init__()
+        check_finite(beta, "beta")
+        check_finite(length, "length")
+        check_finite(offset, "offset")
+        if length <= 0:
+            raise ValueError(f"length must be > 0, got {length!r}")
+        self.beta, self.length, self.offset = float(beta), float(length), float(offset)
+
+    def forward(self, pos: Tensor) -> Tensor:
+        """The factors :math:`t(p)` of the positions ``pos``, float32 of ``pos``'s shape."""
+        check_tensors(pos=pos)
+        if pos.is_complex() or pos.dtype == torch.bool:
+            raise TypeError(f"pos must be integer or real, got {pos.dtype}")
+        # (positions before -o take the first step's factor, 1, not log(0) or a NaN)
+        steps = torch.floor((pos.to(torch.float32) + self.offset) / self.length).clamp_min(0)
+        return 1.0 + self.beta * torch.log1p(steps)
+
+    def extra_repr(self) -> str:
+        extra = f"beta={self.beta:g}, length={self.length:g}"
+        return extra + ("" if self.offset == 0.0 else f", offset={self.offset:g}")

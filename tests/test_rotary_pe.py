@@ -12,6 +12,9 @@ complete and grid graphs equals the dense layer with the same rotation.
 
 from __future__ import annotations
 
+import inspect
+import math
+
 import pytest
 import torch
 from conftest import assert_close, assert_close_to_scale, dense_mask
@@ -73,6 +76,8 @@ def run_llama(attention, rotary, x: torch.Tensor, position_ids: torch.Tensor,
     kinds = {"layer_type": layer_type} if per_kind else {}
     # (an attention without a rotation, Kimi Linear's latent one, takes no cosines and sines)
     cos_sin = {} if rotary is None else {"position_embeddings": rotary(x, position_ids, **kinds)}
+    if "position_ids" in inspect.signature(attention.forward).parameters:  # (Mistral 4's)
+        cos_sin["position_ids"] = position_ids
     out = attention(x, attention_mask=mask, **cos_sin)[0]
     (out * w).sum().backward()
     return out.detach(), x.grad
@@ -561,7 +566,8 @@ def check_causal(attention, rotary, layer, dense: bool, length: int, seed: int,
     w = torch.randn(1, length, 32, generator=gen)
     want, want_grad = run_llama(attention, rotary, x, torch.arange(length)[None], w)
     x_in = x.clone().requires_grad_(True)
-    positions = {} if layer.rotary is None else {"pos": torch.arange(length)}  # (NoPE: none)
+    positions = ({} if layer.rotary is None and layer.query_temperature is None
+                 else {"pos": torch.arange(length)})  # (NoPE: none)
     out = (layer(x_in, is_causal=True) if dense
            else layer(x_in[0], graphs.causal_graph(length), **positions)[None])
     (out * w).sum().backward()
@@ -997,20 +1003,53 @@ def test_from_llama_converts_llama4_and_its_chunked_attention():
     assert_close(x_in.grad, want_grad[0])
 
 
-def test_from_llama_refuses_llama4_temperature_tuning_unless_turned_off():
-    # Llama 4's layers without RoPE scale their queries by a factor of the position, 1 below
-    # position floor_scale - 1: refused by name, converted once the user turns it off (and
-    # then exact at positions below floor_scale - 1, as on the check)
+def check_without_temperature(attention, rotary, layer, dense: bool, length: int) -> None:
+    """The conversion of an attention with a query temperature, checked, and the same layer
+    without it, which must then differ from the attention."""
+    check_causal(attention, rotary, layer, dense=dense, length=length, seed=41)
+    layer.query_temperature = None
+    with pytest.raises(AssertionError, match="not close"):
+        check_causal(attention, rotary, layer, dense=dense, length=length, seed=41)
+
+
+@pytest.mark.parametrize("dense", [False, True], ids=["graph", "dense"])
+def test_from_llama_converts_llama4_temperature_tuning(dense):
+    # Llama 4's layers without RoPE scale their queries by 1 + attn_scale log1p(floor((p + 1)
+    # / floor_scale)): query_temperature, offset 1. floor_scale 3 instead of 8192, so that the
+    # 14 positions take five steps of the floor
     from graphattn.nn import from_llama
 
     attention, rotary = llama4_attention(3)
     assert not attention.use_rope and attention.attn_temperature_tuning
-    with pytest.raises(NotImplementedError, match="attn_temperature_tuning = False"):
-        from_llama(attention)
-    attention.attn_temperature_tuning = False
-    layer = from_llama(attention, dense=True)
+    attention.floor_scale = 3
+    layer = from_llama(attention, dense=dense)
     assert layer.rotary is None
-    check_causal(attention, rotary, layer, dense=True, length=12, seed=41)
+    temperature = layer.query_temperature
+    assert (temperature.beta, temperature.length, temperature.offset) == (
+        attention.attn_scale, 3.0, 1.0)
+    check_without_temperature(attention, rotary, layer, dense, length=14)
+
+
+def test_query_temperature_is_mistral4_s_factor_and_refuses_what_it_cannot_take():
+    # against Mistral 4's own function at positions 0 .. 99 (Llama 4's, inside its forward, is
+    # checked through the conversion above); by hand at steps of the floor; 1 before -offset
+    mistral4 = transformers_module("mistral4.modeling_mistral4")
+    pos = torch.arange(100)
+    want = mistral4.get_llama_4_attn_scale(pos[None], 0.4, 16)[0, 0, :, 0]
+    assert_close(pe.QueryTemperature(0.4, 16)(pos), want)
+    got = pe.QueryTemperature(2.0, 4, offset=1)(torch.tensor([-9, -1, 2, 3, 10, 11]))
+    assert_close(got, torch.tensor([1.0, 1.0, 1.0, 1 + 2 * math.log(2), 1 + 2 * math.log(3),
+                                    1 + 2 * math.log(4)]))
+    assert repr(pe.QueryTemperature(0.1, 8192, offset=1)) == (
+        "QueryTemperature(beta=0.1, length=8192, offset=1)")
+    for kwargs, error, match in (
+            (dict(beta=float("nan"), length=4), ValueError, "beta must be a finite number"),
+            (dict(beta=1.0, length=0), ValueError, "length must be > 0, got 0"),
+            (dict(beta=1.0, length=4, offset="1"), ValueError, "offset must be a finite")):
+        with pytest.raises(error, match=match):
+            pe.QueryTemperature(**kwargs)
+    with pytest.raises(TypeError, match="pos must be integer or real, got torch.bool"):
+        pe.QueryTemperature(1.0, 4)(torch.ones(3, dtype=torch.bool))
 
 
 @pytest.mark.parametrize("layer_idx", [0, 1], ids=["sliding", "full"])
@@ -1363,14 +1402,12 @@ def test_from_llama_picks_the_indexer_s_rotation_with_few_keys_kept():
 @pytest.mark.parametrize("family, config, match", [
     ("jetmoe", dict(head_dim=8), "JetMoeAttention routes each token's queries and outputs "
                                  "through experts"),
-    ("mistral4", {**MLA, "head_dim": 12}, "Mistral4Attention scales its queries by 1 \\+ "
-                                          "beta log"),
     ("hy_v4", {**DSA, "num_hidden_layers": 4, "layer_idx": 2},
      "HYV4Attention \\(layer 2\\) has no indexer of its own"),
 ])
 def test_from_llama_refuses_attention_experts_and_what_it_does_not_hold(family, config, match):
     # the attentions it refuses, each saying what it has that the layers have not: JetMoE's
-    # mixture of attention heads; Mistral 4's query scale by position; HunYuan V4's layers
+    # mixture of attention heads; HunYuan V4's layers
     # that attend over the keys an earlier layer's indexer picked
     from graphattn.nn import from_llama
 
@@ -1930,3 +1967,97 @@ def test_a_sliding_window_of_w_is_the_window_graph_of_radius_w_minus_1():
         want = attention(x, position_embeddings=rotary(x, pos, layer_type="sliding_attention"),
                          attention_mask=bias)[0]
         assert_close(layer(x[0], window, pos=pos[0]), want[0])
+
+
+MISTRAL4 = {**MLA, "head_dim": 12, "rope_parameters": dict(
+    rope_type="yarn", rope_theta=10000.0, partial_rotary_factor=1 / 3, factor=4.0,
+    beta_fast=32.0, beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0, llama_4_scaling_beta=0.4,
+    original_max_position_embeddings=3)}
+
+
+@pytest.mark.parametrize("dense", [False, True], ids=["graph", "dense"])
+def test_from_llama_converts_mistral4_query_scale(dense):
+    # Mistral 4's latent attention scales its queries by 1 + beta log(1 + floor(p /
+    # original_max_position_embeddings)): query_temperature (original_max_position_embeddings
+    # 3, so that the 14 positions take five steps)
+    from graphattn.nn import from_llama
+
+    attention, rotary = hf_attention("mistral4", 4, **MISTRAL4)
+    layer = from_llama(attention, dense=dense)
+    temperature = layer.query_temperature
+    assert (temperature.beta, temperature.length, temperature.offset) == (0.4, 3.0, 0.0)
+    check_without_temperature(attention, rotary, layer, dense, length=14)
+
+
+@pytest.mark.parametrize("rotary", [None, 8], ids=["no-rotary", "rotary"])
+def test_query_temperature_on_the_graph_is_the_dense_layer_s(rotary):
+    # the graph layer on the causal graph and its dense twin with is_causal, at positions
+    # from 5: outputs and gradients
+    temperature = pe.QueryTemperature(0.7, 3, offset=1)
+    torch.manual_seed(0)
+    rotation = None if rotary is None else pe.RotaryPE(rotary)
+    graph = GraphSelfAttention(16, 8, heads=2, kv_heads=1, rotary=rotation, backend="cpu",
+                               query_temperature=temperature, add_self_loops=False)
+    dense = DenseSelfAttention(16, 8, heads=2, kv_heads=1, rotary=rotation,
+                               query_temperature=temperature)
+    dense.load_state_dict(graph.state_dict())
+    assert "query_temperature=QueryTemperature(beta=0.7, length=3, offset=1)" in repr(graph)
+    assert "query_temperature=QueryTemperature(beta=0.7, length=3, offset=1)" in repr(dense)
+    x = torch.randn(12, 16, generator=torch.Generator().manual_seed(1))
+    pos = torch.arange(5, 17)
+    outs, grads = [], []
+    for call in (lambda x: graph(x, graphs.causal_graph(12), pos=pos),
+                 lambda x: dense(x, is_causal=True, pos=pos)):
+        x_in = x.clone().requires_grad_(True)
+        out = call(x_in)
+        out.square().sum().backward()
+        outs.append(out.detach())
+        grads.append(x_in.grad)
+    assert_close(*outs)
+    assert_close(*grads)
+
+
+def test_query_temperature_multiplies_the_queries():
+    # with bias-free projections, the factor on the targets' queries is the factor on their
+    # features: the layer with it on (x_src, x_dst) is the layer without it on (x_src,
+    # t * x_dst), given the targets' positions
+    temperature = pe.QueryTemperature(1.5, 2)
+    torch.manual_seed(0)
+    layer = GraphSelfAttention(16, 8, heads=2, bias=False, add_self_loops=False,
+                               query_temperature=temperature, backend="reference")
+    gen = torch.Generator().manual_seed(2)
+    x_src, x_dst = torch.randn(7, 16, generator=gen), torch.randn(9, 16, generator=gen)
+    pos_src, pos_dst = torch.arange(7), torch.arange(3, 12)
+    edge_index = torch.stack([torch.randint(0, 7, (30,), generator=gen),
+                              torch.randint(0, 9, (30,), generator=gen)])
+    got = layer((x_src, x_dst), edge_index, pos=(pos_src, pos_dst))
+    layer.query_temperature = None
+    want = layer((x_src, x_dst * temperature(pos_dst)[:, None]), edge_index)
+    assert_close(got, want)
+    assert not torch.allclose(got, layer((x_src, x_dst), edge_index))
+
+
+def test_query_temperature_is_refused_where_it_does_not_apply():
+    temperature = pe.QueryTemperature(1.0, 4)
+    with pytest.raises(ValueError, match="query_temperature scales the queries of the dot "
+                                         "score, .*got attention='additive'"):
+        GraphSelfAttention(16, 8, attention="additive", query_temperature=temperature)
+    for cls in (GraphSelfAttention, DenseSelfAttention):
+        with pytest.raises(ValueError, match="query_temperature takes one position per node, "
+                                             "and rotary's have axes=2"):
+            cls(16, 8, rotary=pe.RotaryPE(8, axes=2), query_temperature=temperature)
+        with pytest.raises(TypeError, match="query_temperature must be a graphattn.pe."
+                                            "QueryTemperature or None, got float"):
+            cls(16, 8, query_temperature=1.5)
+    layer = GraphSelfAttention(16, 8, query_temperature=temperature)
+    with pytest.raises(ValueError, match="the layer has a query_temperature and needs the "
+                                         "nodes' positions"):
+        layer(torch.randn(5, 16), graphs.causal_graph(5))
+    dense = DenseSelfAttention(16, 8, query_temperature=temperature)
+    with pytest.raises(ValueError, match="query_temperature takes one position per row of x: "
+                                         "pos must have shape \\[5\\] \\(or \\[L\\]\\), got "
+                                         "\\[4\\]"):
+        dense(torch.randn(5, 16), pos=torch.arange(4))
+    with pytest.raises(ValueError, match="with batch, a layer with rotary or "
+                                         "query_temperature needs pos"):
+        dense(torch.randn(5, 16), batch=torch.zeros(5, dtype=torch.long))

@@ -47,7 +47,7 @@ from graphattn.graphs import (
 )
 from graphattn.nn.indexer import LightningIndexer, top_k_mask
 from graphattn.nn.latent import LatentKeysValues, LatentValues, LowRankLinear, input_module
-from graphattn.pe import RotaryPE
+from graphattn.pe import QueryTemperature, RotaryPE
 
 
 def _stacks(x: Tensor, widths: list[int]) -> bool:
@@ -84,6 +84,21 @@ def _check_rotary(rotary: RotaryPE | None, channels: int) -> RotaryPE | None:
                          f"{channels} channels each head's queries and keys have "
                          f"(score_channels, else out_channels)")
     return rotary
+
+
+def _check_query_temperature(temperature: QueryTemperature | None,
+                             rotary: RotaryPE | None) -> QueryTemperature | None:
+    """``temperature`` unless it is neither ``None`` nor a ``QueryTemperature``, or the
+    positions of ``rotary`` have more than one coordinate."""
+    if temperature is None:
+        return None
+    if not isinstance(temperature, QueryTemperature):
+        raise TypeError(f"query_temperature must be a graphattn.pe.QueryTemperature or None, "
+                        f"got {type(temperature).__name__}")
+    if rotary is not None and rotary.axes != 1:
+        raise ValueError(f"query_temperature takes one position per node, and rotary's have "
+                         f"axes={rotary.axes} coordinates")
+    return temperature
 
 
 def _score_channels(score_channels: int | None, out_channels: int,
@@ -788,6 +803,10 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             features and ``attn_bias`` along; ``return_attention_weights=True`` returns the
             edges kept. The choice takes no gradient; :meth:`indexer_loss` trains the
             indexer. (default: ``None``)
+        query_temperature (graphattn.pe.QueryTemperature, optional): multiply each target's
+            queries by :math:`t(p_i)` of its position (the forward's ``pos``), after their
+            normalisation and rotation: Llama 4's and Mistral 4's sharper softmax far into a
+            long context. The dot score only. (default: ``None``)
 
     Shapes:
         - **input:** x ``(|V|, F)`` or ``((|V_src|, F_src), (|V_dst|, F_dst))`` (or
@@ -836,7 +855,8 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
                  differential: bool = False, lambda_init: float | None = None,
                  out_dropout: float = 0.0, q_rank: int | None = None,
                  kv_rank: int | None = None, shared_key_channels: int = 0,
-                 indexer: LightningIndexer | None = None) -> None:
+                 indexer: LightningIndexer | None = None,
+                 query_temperature: QueryTemperature | None = None) -> None:
         if attention not in SCORES:
             raise ValueError(f"attention must be one of {SCORES}, got {attention!r}")
         add_self_loops, share_weights, share_value, out_bias = (
@@ -937,6 +957,10 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             raise ValueError(f"rotary needs the dot score, where rotated queries and keys "
                              f"score by their relative position; got attention={attention!r}")
         self.rotary = _check_rotary(rotary, self.score_channels)
+        if query_temperature is not None and attention != "dot":
+            raise ValueError(f"query_temperature scales the queries of the dot score, "
+                             f"t(p_i) q_i . k_j; got attention={attention!r}")
+        self.query_temperature = _check_query_temperature(query_temperature, self.rotary)
         if softcap is not None:
             softcap = check_softcap(softcap, attention, score_name="attention")
             if backend == "dense":
@@ -985,10 +1009,11 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         (:func:`~graphattn.graphs.head_patterns`). It needs ``add_self_loops=False``: put the
         self-loops wanted into the graph, with their bias.
 
-        ``pos`` are the nodes' positions for ``rotary`` (:class:`graphattn.pe.RotaryPE`),
-        ``[N]`` or ``[N, A]``, integer or real; ``(pos_src, pos_dst)`` for a bipartite ``x``.
-        The queries turn by the targets' positions and the keys by the sources', so that
-        each score depends on :math:`p_i - p_j`. A layer with ``rotary`` needs them.
+        ``pos`` are the nodes' positions for ``rotary`` (:class:`graphattn.pe.RotaryPE`) and
+        ``query_temperature``, ``[N]`` or ``[N, A]``, integer or real; ``(pos_src, pos_dst)``
+        for a bipartite ``x``. The queries turn by the targets' positions and the keys by the
+        sources', so that each score depends on :math:`p_i - p_j`. A layer with either needs
+        them.
         """
         H, C = self.heads, self.out_channels
         if isinstance(x, (tuple, list)):
@@ -1069,6 +1094,8 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             q, k = self.rotary.rotate_pair(q, k, pos_dst, pos_src)
         if self.qk_norm_after_rotary:  # (HunYuan's order)
             q, k = self._normalize_qk(q, k)
+        if self.query_temperature is not None:  # t(p_i) q_i
+            q = q * self.query_temperature(pos_dst).to(q.dtype)[:, None, None]
         if self.attention == "additive":
             q, k = q.squeeze(-1), k.squeeze(-1)  # (N, H)
         bias = edge_key = edge_value = None
@@ -1247,17 +1274,19 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
 
     def _rotary_positions(self, pos: Tensor | tuple[Tensor, Tensor] | None, x_src: Tensor,
                           x_dst: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
-        """``(pos_src, pos_dst)`` for ``rotary`` from the forward's ``pos``; ``(None, None)``
-        without ``rotary``, which then refuses ``pos``."""
-        if self.rotary is None:
+        """``(pos_src, pos_dst)`` for ``rotary`` and ``query_temperature`` from the forward's
+        ``pos``; ``(None, None)`` without either, which then refuses ``pos``."""
+        if self.rotary is None and self.query_temperature is None:
             if pos is not None:
                 raise ValueError("pos was given but the layer has rotary=None: positions enter "
-                                 "through a rotary embedding, rotary=graphattn.pe.RotaryPE(...)")
+                                 "through a rotary embedding, rotary=graphattn.pe.RotaryPE(...)"
+                                 " (or a query_temperature)")
             return None, None
         if pos is None:
-            raise ValueError("the layer has a rotary embedding and needs the nodes' positions: "
-                             "pass pos=[N] (or [N, A]; a pair (pos_src, pos_dst) for "
-                             "bipartite x), e.g. pos=torch.arange(N) for a sequence")
+            what = "a rotary embedding" if self.rotary is not None else "a query_temperature"
+            raise ValueError(f"the layer has {what} and needs the nodes' positions: "
+                             f"pass pos=[N] (or [N, A]; a pair (pos_src, pos_dst) for "
+                             f"bipartite x), e.g. pos=torch.arange(N) for a sequence")
         if isinstance(pos, (tuple, list)):
             if len(pos) != 2:
                 raise ValueError(f"pos as a pair must be (pos_src, pos_dst), got {len(pos)} "
@@ -1271,13 +1300,13 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         for name, p, x in (("pos_src", pos_src, x_src), ("pos_dst", pos_dst, x_dst)):
             check_tensors(**{name: p})
             check_same_device(x=x, **{name: p})
-            axes = self.rotary.axes
+            axes = 1 if self.rotary is None else self.rotary.axes
             if tuple(p.shape) not in ((x.size(0),), (x.size(0), axes)):
                 shape = f"[{x.size(0)}]" if axes == 1 else f"[{x.size(0)}, {axes}]"
                 raise ValueError(f"{'pos' if pos_src is pos_dst else name} must have shape "
                                  f"{shape} (a position per node, with axes={axes} "
                                  f"coordinates), got {list(p.shape)}")
-        if self.rotary.axes == 1:  # [N, 1] -> [N]
+        if self.rotary is None or self.rotary.axes == 1:  # [N, 1] -> [N]
             pos_src = pos_src.view(-1)
             pos_dst = pos_src if pos_dst is pos else pos_dst.view(-1)
         return pos_src, pos_dst
@@ -1329,6 +1358,8 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             extra += ", out_bias=True"
         if self.rotary is not None:
             extra += f", rotary={self.rotary!r}"
+        if self.query_temperature is not None:
+            extra += f", query_temperature={self.query_temperature!r}"
         if self.softcap is not None:
             extra += f", softcap={self.softcap:g}"
         if self.sinks is not None:
@@ -1637,6 +1668,9 @@ class DenseSelfAttention(_SelfAttentionBase):
             those the mask allows that the indexer scores highest (DeepSeek's sparse
             attention), the keys :class:`GraphSelfAttention`'s indexer keeps on the mask's
             graph; not with ``batch``. (default: ``None``)
+        query_temperature (graphattn.pe.QueryTemperature, optional): multiply each query by
+            :math:`t(p)` of its position (the forward's ``pos``, by default ``0 .. L-1``),
+            as :class:`GraphSelfAttention` does. (default: ``None``)
 
     Shapes:
         - **input:** x ``(L, F)`` or ``(B, L, F)``, mask bool ``(L, L)`` or ``(B, L, L)``,
@@ -1664,7 +1698,8 @@ class DenseSelfAttention(_SelfAttentionBase):
                  differential: bool = False, lambda_init: float | None = None,
                  out_dropout: float = 0.0, q_rank: int | None = None,
                  kv_rank: int | None = None, shared_key_channels: int = 0,
-                 indexer: LightningIndexer | None = None) -> None:
+                 indexer: LightningIndexer | None = None,
+                 query_temperature: QueryTemperature | None = None) -> None:
         if isinstance(in_channels, (tuple, list)):
             raise ValueError(f"in_channels must be one integer for DenseSelfAttention (queries, "
                              f"keys and values come from one x), got {in_channels!r}")
@@ -1686,6 +1721,7 @@ class DenseSelfAttention(_SelfAttentionBase):
         if self.share_value:
             self.lin_v = self.lin_k  # one module: its product serves k_j and v_j
         self.rotary = _check_rotary(rotary, self.score_channels)
+        self.query_temperature = _check_query_temperature(query_temperature, self.rotary)
         self.softcap = None if softcap is None else check_softcap(softcap, "dot")
         self.sinks = (torch.nn.Parameter(torch.empty((2 if self.differential else 1)
                                                      * self.heads))
@@ -1708,10 +1744,10 @@ class DenseSelfAttention(_SelfAttentionBase):
         each node's own graph), with ``attn_bias`` added to the scores; see the class
         docstring for shapes.
 
-        ``pos`` are the positions for ``rotary`` (:class:`graphattn.pe.RotaryPE`), ``[L]`` or
-        ``[B, L]`` (``[L, A]`` or ``[B, L, A]`` with A coordinates); without them a layer
-        with ``rotary`` takes ``0 .. L-1``, except with ``batch``, where each node needs its
-        own (``[N]`` or ``[N, A]``).
+        ``pos`` are the positions for ``rotary`` (:class:`graphattn.pe.RotaryPE`) and
+        ``query_temperature``, ``[L]`` or ``[B, L]`` (``[L, A]`` or ``[B, L, A]`` with A
+        coordinates); without them a layer with either takes ``0 .. L-1``, except with
+        ``batch``, where each node needs its own (``[N]`` or ``[N, A]``).
         """
         H, C = self.heads, self.out_channels
         if not isinstance(x, Tensor) or x.dim() not in (2, 3):
@@ -1743,20 +1779,31 @@ class DenseSelfAttention(_SelfAttentionBase):
             v = self.v_norm(v)
         if not self.qk_norm_after_rotary:
             q, k = self._normalize_qk(q, k)
-        if self.rotary is not None:
+        if self.rotary is not None or self.query_temperature is not None:
             if pos is None and batch is not None:
-                raise ValueError("with batch, a layer with rotary needs pos=[N] (or [N, A]): "
-                                 "the position of each node in its own graph")
+                raise ValueError("with batch, a layer with rotary or query_temperature needs "
+                                 "pos=[N] (or [N, A]): the position of each node in its own "
+                                 "graph")
             if pos is None:
                 pos = torch.arange(x.size(-2), device=x.device)
             check_tensors(pos=pos)
             check_same_device(x=x, pos=pos)
-            q, k = self.rotary.rotate_pair(q, k, pos, pos)
         elif pos is not None:
             raise ValueError("pos was given but the layer has rotary=None: positions enter "
-                             "through a rotary embedding, rotary=graphattn.pe.RotaryPE(...)")
+                             "through a rotary embedding, rotary=graphattn.pe.RotaryPE(...)"
+                             " (or a query_temperature)")
+        if self.rotary is not None:
+            q, k = self.rotary.rotate_pair(q, k, pos, pos)
         if self.qk_norm_after_rotary:  # (HunYuan's order)
             q, k = self._normalize_qk(q, k)
+        if self.query_temperature is not None:  # t(p_i) q_i
+            p = (pos.squeeze(-1) if pos.dim() >= 2 and pos.size(-1) == 1
+                 and pos.size(-2) == x.size(-2) else pos)  # ([L, 1] -> [L])
+            if tuple(p.shape) not in (tuple(x.shape[:-1]), tuple(x.shape[-2:-1])):
+                raise ValueError(f"query_temperature takes one position per row of x: pos "
+                                 f"must have shape {list(x.shape[:-1])} (or [L]), got "
+                                 f"{list(pos.shape)}")
+            q = q * self.query_temperature(p).to(q.dtype)[..., None, None]
         if self.indexer is not None:  # each query's top_k keys by the indexer's score
             mask = self._indexed_mask(x, mask, is_causal, batch, pos)
             is_causal = False
@@ -1796,6 +1843,8 @@ class DenseSelfAttention(_SelfAttentionBase):
     def __repr__(self) -> str:
         extra = ", share_value=True" if self.share_value else ""
         extra += "" if self.rotary is None else f", rotary={self.rotary!r}"
+        extra += ("" if self.query_temperature is None
+                  else f", query_temperature={self.query_temperature!r}")
         extra += "" if self.softcap is None else f", softcap={self.softcap:g}"
         extra += "" if self.sinks is None else ", sinks=True"
         if self.indexer is not None:

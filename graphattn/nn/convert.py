@@ -66,7 +66,7 @@ from graphattn._checks import check_flag
 from graphattn.graphs import causal_graph
 from graphattn.nn.attention import _UNCALLED_HOOKS, DenseSelfAttention, GraphSelfAttention
 from graphattn.nn.indexer import LightningIndexer
-from graphattn.pe import RotaryPE
+from graphattn.pe import QueryTemperature, RotaryPE
 
 CONVERTIBLE = ("GATConv", "GATv2Conv", "TransformerConv")
 """The names of the PyG layers :func:`from_pyg` converts."""
@@ -633,14 +633,11 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
     bias = gate_bias is not None or any(lin is not None and lin.bias is not None
                                         for lin in (*lins, gate_lin))
     dropout = float(getattr(config, "attention_dropout", 0.0) or 0.0)
+    temperature = None
     if getattr(attention, "attn_temperature_tuning", False) and not getattr(
             attention, "use_rope", True):  # Llama 4's layers without RoPE
-        raise NotImplementedError(
-            f"{type(attention).__name__} scales its queries by log1p(floor((p + 1) / "
-            f"floor_scale)) * attn_scale + 1 at position p (attn_temperature_tuning, its "
-            f"layers without RoPE), which the layers do not; the factor is 1 below position "
-            f"floor_scale - 1 = {attention.floor_scale - 1}: set "
-            f"attention.attn_temperature_tuning = False to convert it as it computes there")
+        # log1p(floor((p + 1) / floor_scale)) * attn_scale + 1 at position p
+        temperature = QueryTemperature(attention.attn_scale, attention.floor_scale, offset=1)
     # a dropout of the attention's output after o_proj: Seed-OSS's residual_dropout,
     # ModernBERT's out_drop (of p = attention_dropout)
     out_dropout = getattr(attention, "residual_dropout", 0.0)
@@ -667,7 +664,7 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
                    qk_norm=qk_norm, qk_norm_after_rotary=query_gains is not None,
                    scale=scale, softcap=softcap, sinks=sinks is not None,
                    gate=gate, v_norm=v_norm is not None, share_value=share_value,
-                   out_dropout=out_dropout,
+                   out_dropout=out_dropout, query_temperature=temperature,
                    score_channels=head_dim, out_norm=None if out_norm is None else "rms")
     differential = _differential(attention, head_dim, heads, kv_heads)  # DiffLlama's, or None
     layer_heads, layer_v_dim = heads, v_dim
@@ -832,12 +829,10 @@ def _from_latent_attention(attention: Module, config, *, dense: bool, backend: s
             f"RMSNorms over the latent's channels, g * x / sqrt(mean(x ** 2) + eps); got "
             f"{_described(kv_norm)} and {_described(q_parts[1] if q_rank else None)}")
     rope = getattr(config, "rope_parameters", None) or {}
-    if rope.get("llama_4_scaling_beta"):  # Mistral 4's
-        raise NotImplementedError(
-            f"{name} scales its queries by 1 + beta log(1 + floor(p / "
-            f"original_max_position_embeddings)) at position p (llama_4_scaling_beta = "
-            f"{rope['llama_4_scaling_beta']}), which the layers do not; the factor is 1 below "
-            f"position {rope.get('original_max_position_embeddings')}")
+    temperature = None
+    if rope.get("llama_4_scaling_beta"):  # Mistral 4's: 1 + beta log(1 + floor(p / L0))
+        temperature = QueryTemperature(rope["llama_4_scaling_beta"],
+                                       rope["original_max_position_embeddings"])
     try:
         layer_type, base, _, rope_args = _rotary_settings(attention, config)
         rotary = RotaryPE(rot, base=base, interleaved=bool(getattr(config, "rope_interleave",
@@ -863,7 +858,7 @@ def _from_latent_attention(attention: Module, config, *, dense: bool, backend: s
     options = dict(dropout=float(getattr(config, "attention_dropout", 0.0) or 0.0), bias=bias,
                    rotary=rotary, score_channels=C_qk, q_rank=q_rank, kv_rank=kv_rank,
                    shared_key_channels=rot, sinks=sinks is not None,
-                   gate=None if gate_proj is None else (
+                   query_temperature=temperature, gate=None if gate_proj is None else (
                        "headwise" if gate_proj.out_features == heads else "elementwise"),
                    scale=None if math.isclose(scaling, C_qk ** -0.5, rel_tol=1e-12) else scaling)
     hidden = kv_a.in_features
@@ -1040,6 +1035,9 @@ def _check_conversion(attention: Module, layer: GraphSelfAttention | DenseSelfAt
     escape = "from_llama(..., check=False) converts it unchecked"
     L = len(_CHECK_POSITIONS)
     pos = torch.tensor(_CHECK_POSITIONS)
+    if getattr(attention, "attn_temperature_tuning", False) and not getattr(
+            attention, "use_rope", True):  # Llama 4's layers without RoPE take the
+        pos = torch.arange(L)  # temperature's positions from the tokens, not position_ids
     x = torch.randn(1, L, layer.lin_q.in_features, generator=torch.Generator().manual_seed(0))
     try:
         want = _attention_output(attention, layer_type, x, pos)
@@ -1100,7 +1098,8 @@ def _layer_output(layer: GraphSelfAttention | DenseSelfAttention, x: Tensor,
     ``is_causal``): a copy in float32 on the CPU, in eval mode, the graph layer on the
     ``reference`` backend. ``[1, L, D_out]``."""
     ours = copy.deepcopy(layer).float().cpu().eval()
-    positions = {} if ours.rotary is None else {"pos": pos}
+    positions = ({} if ours.rotary is None and ours.query_temperature is None
+                 else {"pos": pos})
     with torch.no_grad():
         if isinstance(ours, DenseSelfAttention):
             return ours(x, is_causal=True, **positions)
