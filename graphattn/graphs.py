@@ -231,6 +231,7 @@ def chunked_graph(n: int, size: int, causal: bool = True) -> Tensor:
     n = check_non_negative(n, "n")
     size = check_positive(size, "size")
     causal = check_flag(causal, "causal")
+    size = min(size, max(n, 1))  # (a chunk longer than the sequence: build no more than it)
     full, rest = divmod(n, size)
     block = causal_graph if causal else complete_graph
     parts = [repeat_graph(block(size), size, full)]

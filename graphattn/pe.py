@@ -1461,6 +1461,9 @@ def alibi_bias(distance: Tensor, heads: int, *, dtype: torch.dtype | None = None
     """
     _check_distance(distance)
     dtype = torch.get_default_dtype() if dtype is None else dtype
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating torch.dtype (the bias holds -inf and the "
+                        f"slopes' fractions), got {dtype!r}")
     slopes = alibi_slopes(heads).to(distance.device)  # (H,) float64
     bias = -slopes * distance.unsqueeze(-1).to(torch.float64)  # (..., H)
     return bias.masked_fill(distance.unsqueeze(-1) < 0, float("-inf")).to(dtype)
@@ -1715,9 +1718,10 @@ class DistanceBias(torch.nn.Module):
         """The bias ``(..., H)`` of each distance ``(...)``; see the class docstring."""
         _check_distance(distance)
         if self.num_buckets is None:
-            far = self.max_distance + 1
+            far = self.max_distance + 1  # (int64: it may not fit the distances' dtype)
+            distance = distance.long()
             bucket = torch.where((distance < 0) | (distance > self.max_distance), far,
-                                 distance).long()
+                                 distance)
         else:
             bucket = relative_position_bucket(distance, bidirectional=False,
                                               num_buckets=self.num_buckets,
@@ -1872,7 +1876,8 @@ def relative_offsets(positions: Tensor, edge_index: Tensor) -> Tensor:
     N = positions.size(0)
     check_edge_index(edge_index, num_src=N, num_dst=N)
     src, dst = edge_index.to(positions.device).long()
-    return (positions[dst] - positions[src]).long()
+    positions = positions.long()  # (before the difference: uint8's 0 - 5 would be 251)
+    return positions[dst] - positions[src]
 
 
 class OffsetBias(torch.nn.Module):
@@ -2346,6 +2351,9 @@ class RotaryPE(torch.nn.Module):
             raise ValueError(f"factor must be a number >= 1, got {factor!r}")
         original_length = check_positive(original_length, "original_length")
         _check_base(base)
+        if base == 1:
+            raise ValueError("yarn needs base > 1: its ramp runs from the fast planes to the "
+                             "slow ones, and with base=1 every plane turns at one frequency")
         check_finite(beta_fast, "beta_fast")
         check_finite(beta_slow, "beta_slow")
         if not 0 < beta_slow <= beta_fast:

@@ -66,6 +66,9 @@ def test_chunked_graph(n, size):
 def test_chunked_graph_special_cases_and_errors():
     assert_edges_equal(graphs.chunked_graph(9, 9), graphs.causal_graph(9))
     assert_edges_equal(graphs.chunked_graph(9, 100, causal=False), graphs.complete_graph(9))
+    # a chunk longer than the sequence builds no more than the sequence (2^40 edges else)
+    assert_edges_equal(graphs.chunked_graph(10, 2**20), graphs.causal_graph(10))
+    assert_edges_equal(graphs.chunked_graph(0, 2**20), graphs.causal_graph(0))
     assert_edges_equal(graphs.chunked_graph(8, 4),
                        graphs.repeat_graph(graphs.causal_graph(4), 4, 2))
     with pytest.raises(ValueError, match="size"):

@@ -168,6 +168,9 @@ def test_alibi_bias_values():
                              [[-math.inf, -math.inf], [-1 / 16, -1 / 256]]])
     assert torch.equal(bias, expected)
     assert pe.alibi_bias(distance, 2, dtype=torch.bfloat16).dtype == torch.bfloat16
+    with pytest.raises(TypeError, match="dtype must be a floating torch.dtype .*got "
+                                        "torch.int64"):
+        pe.alibi_bias(distance, 2, dtype=torch.int64)
 
 
 def alibi_causal_attention(q, k, v):
@@ -259,6 +262,10 @@ def test_distance_bias_buckets():
     bucket = torch.tensor([[0, 1, 2], [3, 4, 4], [4, 2, 0]])
     assert torch.equal(spatial(distance), spatial.weight[bucket])
     assert spatial(distance.int()).shape == (3, 3, 2)
+    # distances of a dtype too narrow for max_distance + 1, the far bucket's
+    wide = pe.DistanceBias(1, 200)
+    narrow = torch.tensor([-1, 5, 127], dtype=torch.int8)
+    assert torch.equal(wide(narrow), wide(narrow.long()))
     assert repr(spatial) == "DistanceBias(heads=2, max_distance=3)"
     spatial.reset_parameters()
     assert torch.equal(spatial.weight, torch.zeros(5, 2))
@@ -409,6 +416,14 @@ def test_grid_positions_and_offsets_follow_grid_graph():
     assert torch.equal(rel[:, 0], causal[1] - causal[0])
     # one coordinate may come as [N]: the same offsets, [E, 1], as OffsetBias(dims=1) takes
     assert torch.equal(pe.relative_offsets(torch.arange(9, dtype=torch.int32), causal), rel)
+    # narrow integer positions: the difference in int64 (uint8's 0 - 5 is not 251, int8's
+    # 100 - (-100) not -56)
+    for dtype, low, high in ((torch.uint8, 0, 255), (torch.int8, -128, 127),
+                             (torch.int16, -2**15, 2**15 - 1), (torch.int32, -2**31, 2**31 - 1)):
+        values, edges = [low, high, 0], graphs.complete_graph(3)
+        offsets = pe.relative_offsets(torch.tensor(values, dtype=dtype), edges)
+        want = [values[i] - values[j] for j, i in edges.t().tolist()]  # p_i - p_j of j -> i
+        assert offsets[:, 0].tolist() == want, dtype
 
 
 def test_offset_bias_is_swins_relative_position_bias():

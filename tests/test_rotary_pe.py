@@ -1896,6 +1896,7 @@ def test_long_context_arguments_are_checked(kwargs, error, match):
     (dict(original_length=-3), "original_length must be a positive integer"),
     (dict(beta_fast=1.0, beta_slow=2.0), "0 < beta_slow <= beta_fast"),
     (dict(base=-1.0), "base must be a positive number"),
+    (dict(base=1.0), "yarn needs base > 1"),
 ])
 def test_yarn_arguments_are_checked(kwargs, match):
     args = dict(factor=4.0, original_length=64) | kwargs
