@@ -20,6 +20,7 @@ from graphattn._checks import (
     check_batch,
     check_dropout,
     check_edge_index,
+    check_flag,
     check_float_dtype,
     check_non_negative,
     check_same_device,
@@ -907,6 +908,7 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
                                    attn_bias=attn_bias, softcap=softcap, sinks=sinks)
     check_tensors(q=q, k=k, v=v)
     check_same_device(q=q, k=k, v=v, mask=mask, attn_bias=attn_bias, sinks=sinks)
+    is_causal = check_flag(is_causal, "is_causal")
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() < 3:
             raise ValueError(f"{name} must have shape [..., L, H, C], got {list(t.shape)}")

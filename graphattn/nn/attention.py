@@ -1143,8 +1143,9 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
                      alpha: Tensor, *, pos: Tensor | tuple[Tensor, Tensor] | None = None,
                      reduction: str = "mean") -> Tensor:
         """The training loss of the layer's ``indexer`` (:meth:`LightningIndexer.loss
-        <graphattn.nn.LightningIndexer.loss>`) on the edges ``edge_index`` and weights
-        ``alpha`` ``[E, H]`` that a call with ``return_attention_weights=True`` returned, with
+        <graphattn.nn.LightningIndexer.loss>`) on the edges ``edge_index`` (or the sparse
+        adjacency a call on one returned) and weights ``alpha`` ``[E, H]`` that a call with
+        ``return_attention_weights=True`` returned, with
         the inputs ``x`` and ``pos`` of that call: the KL divergence from the attention's
         weights to the softmax of the indexer's scores, whose gradient reaches the indexer
         alone. On the chosen edges it is DeepSeek's sparse stage; with an indexer whose
@@ -1161,6 +1162,9 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         if x_dst is None:
             raise ValueError("x_dst is None, but the indexer weighs its heads by the targets' "
                              "features: give x = (x_src, x_dst)")
+        if isinstance(edge_index, Tensor) and edge_index.layout in SPARSE_LAYOUTS:
+            # the sparse adjacency a call on one returned, alpha in its entries' order
+            edge_index = from_sparse_adjacency(edge_index)
         check_edge_index(edge_index, num_src=x_src.size(0), num_dst=x_dst.size(0))
         pos_src, pos_dst = self._rotary_positions(pos, x_src, x_dst)
         u = self.lin_q.latent(x_dst) if self.q_rank is not None else x_dst
@@ -1595,7 +1599,10 @@ class DenseSelfAttention(_SelfAttentionBase):
     ``state_dict`` loads across the two, and with ``mask = graphs.to_dense_mask(edge_index, L)``
     both compute the same function over the same edges: ``GraphSelfAttention`` adds a
     self-loop per node by default, so build it with ``add_self_loops=False`` or set the
-    mask's diagonal. A fully masked query row gets 0 before ``lin_out``. The score bias
+    mask's diagonal (with an ``indexer``, ``add_self_loops=False``: the loops the graph layer
+    adds come after the given edges, and the indexer's ties go to the edge listed first,
+    where this layer's go to the lower key position). A fully masked query row gets 0 before
+    ``lin_out``. The score bias
     :math:`B` (``attn_bias``) is the dense form of ``GraphSelfAttention``'s ``attn_bias``:
     Graphormer's spatial encoding is ``attn_bias=spatial(hop_distance(edge_index,
     N)).movedim(-1, 0)`` with ``spatial = graphattn.pe.DistanceBias(H, D)``, ALiBi is

@@ -334,9 +334,6 @@ def from_mha(mha: torch.nn.MultiheadAttention, *, dense: bool = False,
         dense (bool, optional): return a ``DenseSelfAttention``. (default: ``False``)
         backend (str, optional): the ``GraphSelfAttention``'s ``backend``.
             (default: ``"auto"``)
-        check (bool, optional): run the attention and the converted layer on a probe before
-            returning it, and refuse a conversion that does not compute what the attention
-            computes (see below). ``False`` returns the layer unchecked. (default: ``True``)
 
     Returns:
         GraphSelfAttention or DenseSelfAttention: on ``mha``'s device, in its dtype and

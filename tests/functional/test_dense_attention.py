@@ -767,3 +767,15 @@ def test_batch_errors_quote_the_shapes_given():
     q, k = torch.randn(2, 4, 2, 3), torch.randn(4, 2, 3)
     with pytest.raises(ValueError, match=r"got q \[2, 4, 2, 3\], k \[4, 2, 3\], v \[4, 2, 3\]"):
         dense_attention(q, k, k, batch=torch.zeros(4, dtype=torch.long))
+
+
+def test_is_causal_must_be_a_bool():
+    # an int (or a tensor) would reach SDPA, whose error names none of graphattn's arguments
+    from graphattn.nn import DenseSelfAttention
+
+    q = torch.randn(5, 2, 4)
+    for value in (1, "True", torch.tensor(True)):
+        with pytest.raises(TypeError, match="is_causal must be a bool, got"):
+            dense_attention(q, q, q, is_causal=value)
+    with pytest.raises(TypeError, match="is_causal must be a bool, got 1"):
+        DenseSelfAttention(8, 4)(torch.randn(5, 8), is_causal=1)

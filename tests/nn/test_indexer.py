@@ -370,3 +370,13 @@ def test_graph_transformer_with_indexers_and_their_loss():
     with pytest.raises(ValueError, match="return_indexer_loss=True needs a model with "
                                          "indexers"):
         GraphTransformer(8, 16, 3)(x, graph, return_indexer_loss=True)
+    # the graph as a sparse adjacency: the weights come back as one, and the loss is the same
+    for layout in (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc):
+        adj_t = graphs.to_sparse_adjacency(graph, L, L, layout=layout)
+        _, sparse_weights, sparse_loss = model(x, adj_t, pos=pos, return_attention_weights=True,
+                                               return_indexer_loss=True)
+        assert_close(sparse_loss, loss)
+        assert sparse_weights[0][0].layout == layout
+        attn = model.attns[0]
+        assert_close(attn.indexer_loss(inputs[0], *sparse_weights[0], pos=pos),
+                     attn.indexer_loss(inputs[0], *weights[0], pos=pos))
