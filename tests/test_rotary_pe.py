@@ -2062,3 +2062,23 @@ def test_query_temperature_is_refused_where_it_does_not_apply():
     with pytest.raises(ValueError, match="with batch, a layer with rotary or "
                                          "query_temperature needs pos"):
         dense(torch.randn(5, 16), batch=torch.zeros(5, dtype=torch.long))
+
+
+def test_from_llama_converts_moshi_and_refuses_its_weights_per_codebook():
+    # Moshi's projections hold their Linear in a wrapper (MoshiLinear), read through it; its
+    # depth decoder's hold a weight per codebook (use_flexible_linear), refused by name
+    import transformers
+
+    from graphattn.nn import from_llama
+
+    moshi = transformers_module("moshi.modeling_moshi")
+    attention, rotary = _sweep_attention(moshi.MoshiAttention, transformers.MoshiConfig,
+                                         moshi.MoshiRotaryEmbedding, {})
+    assert type(attention.q_proj).__name__ == "MoshiLinear"
+    layer = from_llama(attention)
+    assert torch.equal(layer.lin_q.weight, attention.q_proj.linear.weight)
+    check_causal(attention, rotary, layer, dense=False, length=16, seed=33)
+    flexible = moshi.MoshiAttention(attention.config, layer_idx=0, use_flexible_linear=True)
+    with pytest.raises(NotImplementedError, match="MoshiAttention's projections hold a weight "
+                                                  "per codebook \\(MoshiFlexibleLinear\\)"):
+        from_llama(flexible)

@@ -521,6 +521,15 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
     lins = [getattr(attention, name, None) for name in ("q_proj", "k_proj", "v_proj", "o_proj")]
     if lins[0] is None:  # MiniCPM5-MoE's: each head's query, then its gate, as Qwen3-Next's
         lins[0] = getattr(attention, "q_gate_proj", None)
+    for i, lin in enumerate(lins):  # Moshi's (and Kyutai's speech-to-text) Linear in a
+        inner = getattr(lin, "linear", None)  # wrapper, or a weight per codebook, which one
+        if isinstance(inner, torch.nn.Linear) and not isinstance(lin, torch.nn.Linear):
+            lins[i] = inner
+        elif isinstance(inner, Module) and getattr(lin, "use_flexible_linear", False):
+            raise NotImplementedError(  # Linear cannot hold (Moshi's depth decoder's)
+                f"{type(attention).__name__}'s projections hold a weight per codebook "
+                f"({type(inner).__name__}), one for each position of its sequences: a layer "
+                f"of one query, key, value and output projection cannot hold them")
     if lins[3] is None:  # GPT-NeoX's, Phi's and Persimmon's output projection; LFM2's;
         lins[3] = next((lin for lin in (getattr(attention, name, None)  # ModernBERT's
                                         for name in ("dense", "out_proj", "Wo"))
