@@ -462,7 +462,8 @@ def laplacian_pe(edge_index: Tensor, num_nodes: int, k: int, *, pad: bool = Fals
     if solver not in SOLVERS:
         raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}")
     check_edge_index(edge_index, num_src=num_nodes, num_dst=num_nodes)
-    weight = None if edge_weight is None else _edge_weights(edge_weight, edge_index.size(1))
+    weight = None if edge_weight is None else _edge_weights(edge_weight, edge_index.size(1),
+                                                            edge_index, num_nodes)
     adj = _adjacency(edge_index, num_nodes, weight)
     deg = np.asarray(adj.sum(axis=1)).ravel()  # (N,)
     active = deg > 0
@@ -893,7 +894,8 @@ def random_walk_pe(edge_index: Tensor, num_nodes: int, k: int, *,
     k = check_positive(k, "k")
     check_edge_index(edge_index, num_src=num_nodes, num_dst=num_nodes)
     src, dst = edge_index.long().cpu().numpy()
-    weight = np.ones(src.size) if edge_weight is None else _edge_weights(edge_weight, src.size)
+    weight = (np.ones(src.size) if edge_weight is None
+              else _edge_weights(edge_weight, src.size, edge_index, num_nodes))
     adj = sp.csr_matrix((weight, (src, dst)), shape=(num_nodes, num_nodes))
     adj.eliminate_zeros()  # every entry left has a weight > 0, so its row a degree > 0
     out_deg = np.asarray(adj.sum(axis=1)).ravel()  # (N,)
@@ -908,11 +910,14 @@ def random_walk_pe(edge_index: Tensor, num_nodes: int, k: int, *,
                                             dtype=torch.get_default_dtype())
 
 
-def _edge_weights(edge_weight: Tensor, num_edges: int) -> np.ndarray:
+def _edge_weights(edge_weight: Tensor, num_edges: int,
+                  edge_index: Tensor | None = None, num_nodes: int = 0) -> np.ndarray:
     """``edge_weight`` as float64 numpy ``[E]``, checked (a floating-point tensor of shape
-    ``[E]`` whose entries are finite and non-negative) and divided by its largest entry:
-    neither encoding sees a common factor, and weights near the ends of the float range
-    would make degrees or their inverses overflow."""
+    ``[E]`` whose entries are finite and non-negative) and, given the graph, divided by the
+    largest entry of its connected component: neither encoding sees a factor common to a
+    component, and weights near the ends of the float range would make degrees or their
+    inverses overflow. (By the largest of all, a component of weights 1e-30 beside one of
+    1e300 would round to 0, and lose its edges.)"""
     if not isinstance(edge_weight, Tensor) or not edge_weight.is_floating_point():
         what = edge_weight.dtype if isinstance(edge_weight, Tensor) else type(edge_weight).__name__
         raise TypeError(f"edge_weight must be a floating-point tensor, got {what}")
@@ -924,8 +929,17 @@ def _edge_weights(edge_weight: Tensor, num_edges: int) -> np.ndarray:
     if bad.any():
         raise ValueError(f"edge_weight must be finite and non-negative, got "
                          f"{float(weight[bad][0])} at edge {int(np.flatnonzero(bad)[0])}")
-    largest = weight.max(initial=0.0)
-    return weight / largest if largest > 0 else weight
+    if edge_index is None:
+        return weight
+    src, dst = edge_index.long().cpu().numpy()
+    kept = weight > 0  # (a weight of 0 is no edge)
+    structure = sp.csr_matrix((np.ones(int(kept.sum())), (src[kept], dst[kept])),
+                              shape=(num_nodes, num_nodes))
+    _, labels = connected_components(structure, directed=False)  # (N,)
+    largest = np.zeros(labels.max(initial=-1) + 1)
+    np.maximum.at(largest, labels[src], weight)  # each component's largest weight
+    scale = largest[labels[src]]  # (E,)
+    return np.divide(weight, scale, out=np.zeros_like(weight), where=scale > 0)
 
 
 def _return_probabilities(walk: sp.csr_matrix, k: int,

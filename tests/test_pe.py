@@ -1318,3 +1318,25 @@ def test_pe_checks_kept_by_mutation_testing():
     for encode in (pe.laplacian_pe, pe.random_walk_pe):
         assert_close(encode(edge_index, 3, 1, edge_weight=weight.clone().requires_grad_()),
                      encode(edge_index, 3, 1, edge_weight=weight))
+
+
+def test_weights_far_apart_in_two_components_keep_both():
+    # both encodings are blind to a factor on one component's weights: two components of
+    # weights 1e300 and 1e-30 (scaled by the largest of all, the second would round to 0 and
+    # lose its edges) encode as with weights 1, and random weights with a factor per
+    # component as without the factors
+    pair = torch.tensor([[0, 1, 2, 3], [1, 0, 3, 2]])
+    far = torch.tensor([1e300, 1e300, 1e-30, 1e-30], dtype=torch.float64)
+    assert torch.equal(pe.random_walk_pe(pair, 4, 3, edge_weight=far),
+                       pe.random_walk_pe(pair, 4, 3))
+    _, values = pe.laplacian_pe(pair, 4, 2, edge_weight=far, pad=True, return_eigenvalues=True)
+    assert_close(values, torch.tensor([2.0, 2.0], dtype=values.dtype))
+    gen = torch.Generator().manual_seed(3)
+    chain = graphs.chain_graph(6)
+    edges = torch.cat([chain, chain + 6], dim=1)  # two chains of 6 nodes
+    weight = torch.rand(edges.size(1), generator=gen, dtype=torch.float64) + 0.5
+    factor = torch.where(edges[0] < 6, torch.tensor(1e200, dtype=torch.float64),
+                         torch.tensor(1e-200, dtype=torch.float64))
+    for encode in (lambda w: pe.random_walk_pe(edges, 12, 4, edge_weight=w),
+                   lambda w: pe.laplacian_pe(edges, 12, 3, edge_weight=w).abs()):
+        assert_close(encode(weight * factor), encode(weight))
