@@ -460,9 +460,11 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
     indexer picks each query's keys (DeepSeek's sparse attention: DeepSeek-V3.2's,
     GLM-MoE-DSA's, HunYuan V4's) gets ``indexer=``
     :class:`~graphattn.nn.LightningIndexer`, its rotation found by the check (which keeps 4
-    keys per token, so that the indexer's choice is checked too).
-    Refused by name: HunYuan V4's layers that reuse an earlier layer's choice of keys, and
-    Mistral 4's scale of its queries by position.
+    keys per token, so that the indexer's choice is checked too). Mistral 4's scale of its
+    queries by position (``llama_4_scaling_beta``), as Llama 4's in its layers without RoPE
+    (``attn_temperature_tuning``), becomes ``query_temperature=``
+    :class:`~graphattn.pe.QueryTemperature`: call the layer with ``pos``. Refused by name:
+    HunYuan V4's layers that reuse an earlier layer's choice of keys.
 
     Args:
         attention (torch.nn.Module): a module with ``q_proj``, ``k_proj``, ``v_proj`` and
