@@ -1954,6 +1954,7 @@ class OffsetBias(torch.nn.Module):
             raise ValueError(f"offset must have shape [..., d] = [..., {self.dims}], got "
                              f"{list(offset.shape)}")
         side = 2 * self.radius + 1
+        offset = offset.long()  # (int8's abs(-128) is -128)
         inside = (offset.abs() <= self.radius).all(dim=-1)  # (...,)
         index = torch.zeros(offset.shape[:-1], dtype=torch.long, device=offset.device)
         for k in range(self.dims):

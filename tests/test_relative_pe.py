@@ -449,6 +449,9 @@ def test_offset_bias_is_swins_relative_position_bias():
         t5.weight.copy_(torch.arange(16.0).view(8, 2))
     assert torch.equal(t5(torch.tensor([[-3], [0], [2], [4], [-9]])),
                        t5.weight[[0, 3, 5, 7, 7]])
+    # int8's -128, whose abs wraps to -128 in int8: the far row too
+    assert torch.equal(t5(torch.tensor([[-128], [127], [-3]], dtype=torch.int8)),
+                       t5.weight[[7, 7, 0]])
     assert repr(t5) == "OffsetBias(heads=2, radius=3, dims=1)"
 
 
