@@ -160,11 +160,13 @@ def _sdpa_with_sinks(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None,
     The queries of head h gain a channel holding :math:`\varsigma_h / \text{scale}` (two in
     half precision, where it is split into a high and a low part so that its sum keeps fp32's
     precision), the keys a channel of 0, and the sink's key is 0 but in that channel, where it
-    holds 1: its score is then :math:`\varsigma_h` for every query, and the other scores are
-    unchanged. The sink's key is the same for every head, so grouped keys and values (fewer
-    heads than q) stay grouped, one sink key per kv head. A sink of :math:`-\infty` (none) is
-    held as the dtype's lowest number divided by the scale, whose product with the other
-    keys' 0 is 0. The sink's value is 0; where v has the channels of q and k, it gains
+    holds 1 (in fp16 256, the queries' channel then 256 times smaller, so that sinks up to
+    1.7e7 times the scale fit): its score is then :math:`\varsigma_h` for every query, and
+    the other scores are unchanged. The sink's key is the same for every head, so grouped keys
+    and values (fewer heads than q) stay grouped, one sink key per kv head. A sink of
+    :math:`-\infty` (none) is held as the dtype's lowest number (the highest, with a negative
+    scale), whose product with the other keys' 0 is 0 and whose score is hugely negative. The
+    sink's value is 0; where v has the channels of q and k, it gains
     zero channels too, as SDPA's flash kernels take one channel count for all three (without
     them SDPA took its math path: on 16 causal sequences of 256, 4 heads of 16 channels,
     forward+backward took 2.1x the time of the call without sinks, and 1.2x with them). The
@@ -179,8 +181,13 @@ def _sdpa_with_sinks(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None,
         return _explicit_attention(q, k, v, attn_mask, dropout_p, is_causal, scale, sinks)
     lead, (H, L_q, C), (H_kv, L_k) = q.shape[:-3], q.shape[-3:], k.shape[-3:-1]
     work = torch.float64 if q.dtype == torch.float64 else torch.float32
-    # finite, so that 0 times it is 0 in every other key's score; -inf (no sink) the lowest
-    sink = (sinks.to(work) / scale).clamp(min=torch.finfo(q.dtype).min)  # (H,)
+    # fp16's channel holds sink / scale / 256 and the sink's key 256, so that a sink up to
+    # 1.7e7 times the scale fits (65504 times it without)
+    factor = SINK_KEY_FP16 if q.dtype == torch.float16 else 1.0
+    # finite, so that 0 times it is 0 in every other key's score: -inf (no sink) the lowest
+    # number, or with a negative scale the highest, either way a score of -huge
+    lowest = torch.finfo(q.dtype).min
+    sink = (sinks.to(work) / (scale * factor)).clamp(min=lowest, max=-lowest)  # (H,)
     if q.dtype in (torch.float16, torch.bfloat16):  # high and low parts, summed in fp32
         high = sink.to(q.dtype)
         parts = torch.stack([high, (sink - high.float()).to(q.dtype)], dim=-1)  # (H, 2)
@@ -189,7 +196,8 @@ def _sdpa_with_sinks(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None,
     extra = parts.size(-1)
     q = torch.cat([q, parts.view(H, 1, extra).expand(*lead, H, L_q, extra)], dim=-1)
     q = torch.cat([q.new_zeros(*lead, H, 1, C + extra), q], dim=-2)  # (..., H, 1 + L_q, C + x)
-    sink_key = torch.cat([k.new_zeros(C), k.new_ones(extra)])  # (C + x,): one for every head
+    sink_key = torch.cat([k.new_zeros(C), k.new_full((extra,), factor)])  # (C + x,): for
+    # every head
     k = torch.cat([k, k.new_zeros(*lead, H_kv, L_k, extra)], dim=-1)
     k = torch.cat([sink_key.expand(*lead, H_kv, 1, C + extra), k], dim=-2)  # (.., 1 + L_k, .)
     C_v = v.size(-1)
@@ -204,6 +212,11 @@ def _sdpa_with_sinks(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None,
     out = sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
                scale=scale)
     return out[..., 1:, :C_v]  # (..., H, L_q, C_v)
+
+
+# The sink's key channel in fp16 (a power of two: exact), and its query channel the sink over
+# the scale and this
+SINK_KEY_FP16 = 256.0
 
 
 # torch's private operators of SDPA's CPU flash kernel, forward and backward (a torch without
@@ -611,9 +624,12 @@ def dense_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
     r"""Edge attention computed as dense masked attention over ``[H, N_dst, N_src]`` scores.
 
     Computes exactly what :func:`~graphattn.functional.attention.reference_edge_attention`
-    computes. Edges of one (target i, source j) pair enter as one dense entry with the summed
-    weight of its edges: with per-edge scores :math:`t_e` (the bias :math:`b_e` for ``"dot"``,
-    the whole score for ``"additive"`` and ``"gatv2"``, computed per edge)
+    computes, for finite inputs: a NaN or an infinity in ``q``, ``k``, ``v`` or ``bias``
+    reaches every target here (a weight of 0 times it is NaN in the product with the values),
+    where the sparse backends keep it to the targets whose edges read it. Edges of one
+    (target i, source j) pair enter as one dense entry with the summed weight of its edges:
+    with per-edge scores :math:`t_e` (the bias :math:`b_e` for ``"dot"``, the whole score for
+    ``"additive"`` and ``"gatv2"``, computed per edge)
 
     .. math::
         L_{ij} = \text{scale} \cdot q_i \cdot k_j + \log \sum_{e : j \to i} e^{t_e}, \qquad

@@ -268,6 +268,39 @@ def test_dense_attention_scale_of_zero():
         assert_close(a, b)
 
 
+def test_sdpa_sinks_at_the_ends_of_the_range():
+    """The sink rides in a query channel as sink / scale: with a negative scale a sink of -inf
+    (none) once made every score NaN (inf times the other keys' 0), and in fp16 a sink past
+    65504 times the scale overflowed (NaN gradients) or was clamped (a wrong score, and a
+    -inf sink that took the weight from scores below -65504 times the scale). SDPA's path
+    against the explicit softmax (return_attention=True), outputs and gradients."""
+    gen = torch.Generator().manual_seed(0)
+
+    def both(q, k, v, sinks, **kwargs):
+        results = []
+        for weights in (False, True):
+            leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, sinks)]
+            out = dense_attention(*leaves[:3], sinks=leaves[3], return_attention=weights,
+                                  **kwargs)
+            out = out[0] if weights else out
+            results.append((out.detach(), *torch.autograd.grad(out.float().sum(), leaves)))
+        return results
+
+    q, k, v = (torch.randn(4, 2, 8, generator=gen) for _ in range(3))
+    got, want = both(q, k, v, torch.tensor([float("-inf"), 0.0]), scale=-0.5)
+    for a, b in zip(got, want, strict=True):
+        assert_close(a, b)
+    assert got[0].abs().amax() > 0  # (the head of no sink once came out 0)
+    q, k, v = (torch.randn(1, 4, 1, 8, generator=gen).half() for _ in range(3))
+    got, want = both(q, k, v, torch.tensor([100.0]).half(), scale=1e-3)  # sink / scale 1e5
+    for a, b in zip(got, want, strict=True):
+        assert not a.isnan().any()
+        assert_close(a, b)
+    bias = torch.full((1, 1, 4, 4), -30000.0).half()  # scores below -65504 times the scale
+    no_sink = dense_attention(q, k, v, attn_bias=bias, sinks=torch.tensor([float("-inf")]).half())
+    assert_close(no_sink, dense_attention(q, k, v, attn_bias=bias))
+
+
 @pytest.mark.parametrize("mask_shape", [(0, 0), (0, 3), (1, 3)],
                          ids=["no-keys", "rows", "broadcast-row"])
 def test_dense_attention_with_sinks_and_no_queries(mask_shape):
