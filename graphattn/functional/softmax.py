@@ -48,8 +48,11 @@ def scatter_softmax(src: Tensor, index: Tensor, num_segments: int | None = None)
     if index.dim() != 1 or index.numel() != src.size(0):
         raise ValueError(f"index must have shape [E] = [{src.size(0)}] to match src, "
                          f"got {list(index.shape)}")
-    if index.dtype.is_floating_point or index.dtype == torch.bool or index.is_complex():
-        raise TypeError(f"index must have an integer dtype, got {index.dtype}")
+    if (index.dtype.is_floating_point or index.dtype == torch.bool or index.is_complex()
+            or index.dtype in (torch.uint16, torch.uint32, torch.uint64)):
+        # (torch's uint16, uint32 and uint64 lack the reductions the range check takes)
+        raise TypeError(f"index must have an integer dtype (int8 to int64, or uint8), got "
+                        f"{index.dtype}")
     check_float_dtype(src=src)
     if torch.compiler.is_compiling():
         if num_segments is None:

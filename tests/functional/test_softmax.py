@@ -130,10 +130,14 @@ def test_errors():
         scatter_softmax(torch.zeros(2, 2, 2), torch.zeros(2, dtype=torch.long))
     with pytest.raises(ValueError, match=r"index must have shape \[E\] = \[3\].*got \[2\]"):
         scatter_softmax(torch.zeros(3), torch.zeros(2, dtype=torch.long))
-    with pytest.raises(TypeError, match="index must have an integer dtype, got torch.float32"):
-        scatter_softmax(torch.zeros(3), torch.zeros(3))
-    with pytest.raises(TypeError, match="index must have an integer dtype, got torch.bool"):
-        scatter_softmax(torch.zeros(3), torch.zeros(3, dtype=torch.bool))
+    for dtype in (torch.float32, torch.bool, torch.uint16, torch.uint32, torch.uint64):
+        # (torch's uint16 to uint64 lack the range check's reductions: once a raw error)
+        with pytest.raises(TypeError, match=f"index must have an integer dtype \\(int8 to "
+                                            f"int64, or uint8\\), got {dtype}"):
+            scatter_softmax(torch.zeros(3), torch.zeros(3, dtype=dtype))
+    for dtype in (torch.uint8, torch.int8, torch.int16, torch.int32):  # read as int64's
+        assert torch.equal(scatter_softmax(torch.arange(3.0), torch.tensor([0, 1, 1], dtype=dtype)),
+                           scatter_softmax(torch.arange(3.0), torch.tensor([0, 1, 1])))
     index = torch.tensor([0, 1, 1])
     with pytest.raises(TypeError, match="src must have a floating-point dtype, got torch.int64"):
         scatter_softmax(torch.zeros(3, dtype=torch.long), index)
