@@ -397,7 +397,7 @@ def test_rotary_repr_and_state_dict():
         pos=(torch.zeros(3, 2), torch.zeros(2, 3))), ValueError, "pos_dst must have shape"),
     (lambda: DenseSelfAttention(8, 4, rotary=pe.RotaryPE(4))(
         torch.randn(5, 8), batch=torch.zeros(5, dtype=torch.long)), ValueError,
-     "with batch, a layer with rotary needs pos"),
+     "with batch, a layer with rotary or query_temperature needs pos"),
     (lambda: DenseSelfAttention(8, 4)(torch.randn(5, 8), pos=torch.arange(5)), ValueError,
      "rotary=None"),
     (lambda: GraphSelfAttention(8, 4, heads=4, kv_heads=3), ValueError,
