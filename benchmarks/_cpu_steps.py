@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from _machine import cpu_name
 from tqdm import tqdm
 
+from graphattn.datasets import NAMES, MissingFilesError, load_planetoid
 from graphattn.nn import GAT, GraphTransformer
 
 
@@ -41,14 +42,29 @@ def step_parser(description: str, out: Path, warmup: int) -> argparse.ArgumentPa
     return parser
 
 
-def parse_step_args(parser: argparse.ArgumentParser, argv: list[str] | None
+def parse_step_args(parser: argparse.ArgumentParser, argv: list[str] | None, *,
+                    allow_none: bool = True, structure_only: bool = False,
                     ) -> argparse.Namespace:
-    """``parser``'s arguments, refusing a count below 1; ``datasets`` split into a list."""
+    """``parser``'s arguments, refusing a count below 1; ``datasets`` split into a list, each
+    a Planetoid name whose files load (``structure_only``: the graph alone) as the script
+    will load them, and ``none`` refused unless ``allow_none`` (the script has more to
+    time)."""
     args = parser.parse_args(argv)
     for name in ("rounds", "warmup", "threads"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if args.datasets == "none" and not allow_none:
+        parser.error("--datasets none leaves this benchmark nothing to measure: name a "
+                     "dataset")
     args.datasets = [] if args.datasets == "none" else args.datasets.split(",")
+    for name in args.datasets:
+        if name.lower() not in NAMES:
+            parser.error(f"--datasets: {name!r} is not one of {', '.join(NAMES.values())} "
+                         f"(or 'none')")
+        try:  # (downloads what is missing, where it can)
+            load_planetoid(name, root=args.root, structure_only=structure_only)
+        except MissingFilesError as error:
+            parser.error(f"--datasets {name}: {error}")
     return args
 
 

@@ -21,9 +21,11 @@ def write_table(name: str, title: str, header: list[str], note: str, rows: list[
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
+    def cells(values) -> str:  # (a | inside a cell, as in "max |out difference|", escaped)
+        return "| " + " | ".join(str(v).replace("|", "\\|") for v in values) + " |"
     lines = [f"# {title}\n", *(f"{h}  " for h in header), "", note, "",
-             "| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
-    lines += ["| " + " | ".join(str(v) for v in row.values()) + " |" for row in rows]
+             cells(rows[0]), "|" + "---|" * len(rows[0])]
+    lines += [cells(row.values()) for row in rows]
     text = "\n".join(lines) + "\n"
     out.write_text(text)
     return text

@@ -288,6 +288,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.repeats = 3 if args.quick else 15
     if args.backend is None:
         args.backend = "triton" if args.device.type == "cuda" else "cpu"
+    sparse_backends = ("reference", "cpu", "triton", "dense", "auto")
+    if args.backend not in sparse_backends:
+        parser.error(f"--backend must be one of {', '.join(sparse_backends)}, got "
+                     f"{args.backend!r}")
     if args.repeats < 1:
         parser.error(f"--repeats must be at least 1 (a median), got {args.repeats}")
     if args.warmup < 0:

@@ -66,7 +66,7 @@ def inference(model: torch.nn.Module, x, edge_index):
 
 def main(argv: list[str] | None = None) -> None:
     parser = step_parser(__doc__.split("\n\n")[0], RESULTS / "convert_pyg.md", warmup=5)
-    args = parse_step_args(parser, argv)
+    args = parse_step_args(parser, argv, allow_none=False)
     header = cpu_header("convert_pyg.py", argv, args.threads,
                         f"median over {args.rounds} interleaved rounds after {args.warmup} "
                         f"warm-up rounds")

@@ -49,9 +49,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="comma-separated channel counts per head (default: 7,8,64)")
     parser.add_argument("--scores", default="dot,additive",
                         help="comma-separated scores (default: dot,additive)")
-    args = parse_step_args(parser, argv)
-    args.channels = [int(c) for c in args.channels.split(",")]
+    args = parse_step_args(parser, argv, allow_none=False)
+    try:
+        args.channels = [int(c) for c in args.channels.split(",")]
+    except ValueError:
+        parser.error(f"--channels must be comma-separated integers, got {args.channels!r}")
+    if min(args.channels) < 1:
+        parser.error(f"--channels must be >= 1, got {min(args.channels)}")
     args.scores = args.scores.split(",")
+    unknown = [score for score in args.scores if score not in ("dot", "additive", "gatv2")]
+    if unknown:
+        parser.error(f"--scores must name dot, additive or gatv2, got {unknown[0]!r}")
     return args
 
 

@@ -200,8 +200,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="table path (default: results/llama_window.md; _quick with "
                              "--quick)")
     args = parser.parse_args(argv)
-    args.lengths = [int(v) for v in (args.lengths or ("64,256" if args.quick
-                                                      else "1024,4096,8192,16384")).split(",")]
+    lengths = args.lengths or ("64,256" if args.quick else "1024,4096,8192,16384")
+    try:
+        args.lengths = [int(v) for v in lengths.split(",")]
+    except ValueError:
+        parser.error(f"--lengths must be comma-separated integers, got {lengths!r}")
     args.radius = args.radius if args.radius is not None else (16 if args.quick else 256)
     args.hidden = args.hidden if args.hidden is not None else (64 if args.quick else 512)
     args.repeats = args.repeats if args.repeats is not None else (2 if args.quick else 7)

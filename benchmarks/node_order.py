@@ -76,7 +76,7 @@ def parse_args(argv: list[str] | None = None):
     parser.add_argument("--no-plot", action="store_true", help="no figure (.png beside --out)")
     parser.add_argument("--replot", type=Path, default=None, metavar="CSV",
                         help="draw the figure of a table this script wrote, and stop")
-    args = parse_step_args(parser, argv)
+    args = parse_step_args(parser, argv, structure_only=True)
     if args.replot is not None:
         return parser, args
     args.synthetic = [] if args.synthetic == "none" else args.synthetic.split(",")

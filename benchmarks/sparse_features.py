@@ -58,7 +58,7 @@ MODELS = ("GAT", "GraphTransformer")
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = step_parser(__doc__.split("\n\n")[0], RESULTS / "sparse_features.md", warmup=5)
-    return parse_step_args(parser, argv)
+    return parse_step_args(parser, argv, allow_none=False)
 
 
 def training_steps(data, seed: int, model: str = "GAT") -> dict[str, Callable[[], None]]:

@@ -303,6 +303,8 @@ def main() -> None:
     parser.add_argument("--layer", help=argparse.SUPPRESS)
     parser.add_argument("--num-edges", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.edge_dim < 0:
+        parser.error(f"--edge-dim must be >= 0 (0: no edge features), got {args.edge_dim}")
 
     if args.worker is not None:
         case = CASES.get(args.case)

@@ -130,7 +130,10 @@ def sequence_graph(name: str, length: int) -> Tensor:
     ``windowR`` (look back R), ``globalP`` (every P-th position global, causal), or the union
     of such parts joined by ``+`` (an ``alibi``, ``t5`` or ``rope`` part adds no edge: see
     :func:`relative_part`)."""
-    relative_part(name)
+    relative = relative_part(name)
+    if indexer_top_k(name) is not None and relative != "rope":
+        raise ValueError(f"a +topK run needs +rope (its indexer turns by the positions RoPE "
+                         f"takes), got {name!r}")
     parts = []
     for part in name.split("+"):
         if part in RELATIVE or top_k_part(part) is not None:

@@ -357,6 +357,8 @@ def test_figure_is_written(example, tmp_path, capsys):
     (["--graphs", "alibi"], "must name edges besides alibi"),
     (["--graphs", "t5"], "must name edges besides t5"),
     (["--graphs", "causal+t5+alibi"], "may name one relative encoding"),
+    (["--graphs", "window8,causal+top4"], "--graphs: a +topK run needs +rope"),  # (before
+    # the first graph trains)
     (["--extrapolate", "0"],
                                                                 "--extrapolate"),
     (["--device", "mps"], "--device mps is not usable here"),
