@@ -30,6 +30,8 @@ from torch import Tensor
 from torch_geometric.data import Data
 from tqdm.auto import tqdm
 
+from graphattn._checks import check_flag
+
 PLANETOID_URL = "https://github.com/kimiyoung/planetoid/raw/master/data"
 """Where missing raw files are downloaded from (the URL ``torch_geometric`` uses)."""
 
@@ -112,6 +114,9 @@ def canonical_name(name: str) -> str:
 
 def raw_dir(name: str, root: str | os.PathLike | None = None) -> Path:
     """``<root>/<Name>/raw``, the folder that holds the raw files of dataset ``name``."""
+    if root is not None and not isinstance(root, (str, os.PathLike)):
+        raise TypeError(f"root must be a path (a str or os.PathLike) or None, got {root!r} "
+                        f"(a {type(root).__name__})")
     base = Path(root).expanduser() if root is not None else default_root()
     return base / canonical_name(name) / "raw"
 
@@ -487,6 +492,9 @@ def load_planetoid(name: str, root: str | os.PathLike | None = None, *,
         (torch.Size([2708, 1433]), torch.Size([2, 10556]), 140)
     """
     name = canonical_name(name)
+    structure_only = check_flag(structure_only, "structure_only")
+    download = check_flag(download, "download")
+    progress = check_flag(progress, "progress")
     if transform is not None and not callable(transform):
         raise TypeError(f"transform must be callable (Data -> Data), got "
                         f"{type(transform).__name__}")

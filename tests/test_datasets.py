@@ -163,6 +163,18 @@ def test_transform_is_applied_to_the_loaded_graph():
         load_planetoid("Cora", root, transform="AddLaplacianPE")
 
 
+def test_root_and_flags_are_checked_by_name(tmp_path):
+    """root=3 failed inside pathlib ("expected str, bytes or os.PathLike object"), and
+    download="no" downloaded."""
+    with pytest.raises(TypeError, match=r"root must be a path \(a str or os.PathLike\) or None, "
+                                        r"got 3 \(a int\)"):
+        load_planetoid("Cora", 3)
+    for flag in ("download", "progress", "structure_only"):
+        with pytest.raises(TypeError, match=rf"{flag} must be a bool, got 'no' \(a str\)"):
+            load_planetoid("Cora", tmp_path, **{flag: "no"})
+    assert not any(tmp_path.iterdir())  # refused before anything was written
+
+
 def test_unknown_name_lists_known_ones(tmp_path):
     with pytest.raises(ValueError, match=r"name must be one of \['Cora', 'CiteSeer', 'PubMed'\]"
                                          r".*got 'Reddit'"):

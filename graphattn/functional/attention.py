@@ -599,6 +599,8 @@ def edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
     """
     _check_attention_inputs(q, k, v, edge_index, bias, score, att, edge_key, edge_value, sinks)
     check_dropout(dropout_p, "dropout_p")
+    training = check_flag(training, "training")
+    return_attention = check_flag(return_attention, "return_attention")
     negative_slope = score_factor(negative_slope, "negative_slope", q, k, v)
     if scale is not None:
         scale = score_factor(scale, "scale", q, k, v)
@@ -909,6 +911,8 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
     check_tensors(q=q, k=k, v=v)
     check_same_device(q=q, k=k, v=v, mask=mask, attn_bias=attn_bias, sinks=sinks)
     is_causal = check_flag(is_causal, "is_causal")
+    training = check_flag(training, "training")
+    return_attention = check_flag(return_attention, "return_attention")
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() < 3:
             raise ValueError(f"{name} must have shape [..., L, H, C], got {list(t.shape)}")

@@ -36,7 +36,7 @@ import struct
 import torch
 from torch import Tensor
 
-from graphattn._checks import check_dropout, check_float_dtype
+from graphattn._checks import check_dropout, check_flag, check_float_dtype
 from graphattn.functional import cpu
 
 # the dtypes of the seeded masks (the kept multiplier is held in fp32)
@@ -210,7 +210,7 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
         - **output:** ``(*)``
     """
     check_dropout(p, "p")
-    if not training or p == 0.0:
+    if not check_flag(training, "training") or p == 0.0:
         return x
     check_float_dtype(x=x)  # the mask, 0 or 1 / (1 - p), takes x's dtype
     return x * dropout_mask(tuple(x.shape), p, device=x.device, dtype=x.dtype)

@@ -1034,6 +1034,9 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             raise TypeError(f"return_attention_weights must be a bool, got "
                             f"{return_attention_weights!r}: pass GATConv's size by keyword, "
                             f"size={tuple(return_attention_weights)!r}")
+        # None: PyG's default for "no weights"
+        return_attention_weights = return_attention_weights is not None and check_flag(
+            return_attention_weights, "return_attention_weights")
         self._infer_in_channels(x_src, x_dst)
         self._check_features(x_src, self.lin_k, "x" if x_src is x_dst else "x_src")
         if x_dst is not None:
@@ -1681,7 +1684,7 @@ class DenseSelfAttention(_SelfAttentionBase):
 
     Shapes:
         - **input:** x ``(L, F)`` or ``(B, L, F)``, mask bool ``(L, L)`` or ``(B, L, L)``,
-          attn_bias float ``(H, L, L)`` or ``(B, H, L, L)`` (H may be 1),
+          attn_bias ``(H, L, L)`` or ``(B, H, L, L)`` in the dtype of x (H may be 1),
           or mask ``(B, 1, L)`` to mask keys alone (``to_dense_batch``'s node mask, unsqueezed:
           see :func:`graphattn.graphs.batch_complete_graph`); or x ``(N, F)`` with batch
           ``(N)``, the graph of each node as in PyG's ``Batch``: global attention inside each
@@ -1757,6 +1760,8 @@ class DenseSelfAttention(_SelfAttentionBase):
         ``batch``, where each node needs its own (``[N]`` or ``[N, A]``).
         """
         H, C = self.heads, self.out_channels
+        return_attention_weights = return_attention_weights is not None and check_flag(
+            return_attention_weights, "return_attention_weights")
         if not isinstance(x, Tensor) or x.dim() not in (2, 3):
             shape = list(x.shape) if isinstance(x, Tensor) else type(x).__name__
             raise ValueError(f"x must have shape [L, F] or [B, L, F], got {shape}")
@@ -1777,6 +1782,10 @@ class DenseSelfAttention(_SelfAttentionBase):
             raise ValueError(f"x must have F = in_channels = {self.lin_q.in_features} features, "
                              f"got {list(x.shape)}")
         check_weight_dtype(x, input_module(self.lin_q), "x")
+        if (isinstance(attn_bias, Tensor) and attn_bias.is_floating_point()
+                and attn_bias.dtype != x.dtype):  # as GraphSelfAttention refuses it
+            raise TypeError(f"attn_bias must have the dtype of the features, {x.dtype}, got "
+                            f"{attn_bias.dtype}")
         q, k, v = self._project(x, x)
         maps = 2 if self.differential else 1  # (differential: heads of map 1, then map 2)
         q = q.unflatten(-1, (maps * H, self.score_channels))  # (B, L, H, C_qk)

@@ -12,6 +12,7 @@ from torch.nn import LayerNorm, LazyLinear, Linear
 
 from graphattn._checks import (
     check_dropout,
+    check_flag,
     check_float_dtype,
     check_in_channels,
     check_non_negative,
@@ -211,6 +212,8 @@ class GAT(torch.nn.Module):
         alpha), (edge_index, beta)]``, as each layer returns them (for PyG layers passed as
         ``conv``, those that take the flag)."""
         _check_not_fx_traced(x, self)
+        return_attention_weights = return_attention_weights is not None and check_flag(
+            return_attention_weights, "return_attention_weights")
         if not isinstance(x, Tensor) or x.dim() != 2:  # (a pair (x_src, x_dst) included)
             shape = list(x.shape) if isinstance(x, Tensor) else type(x).__name__
             raise ValueError(f"x must have shape [N, F], got {shape}")
@@ -456,6 +459,9 @@ class GraphTransformer(torch.nn.Module):
         training loss to train the indexers, whose gradient it alone reaches (DeepSeek's
         sparse stage)."""
         _check_not_fx_traced(x, self)
+        return_attention_weights = return_attention_weights is not None and check_flag(
+            return_attention_weights, "return_attention_weights")
+        return_indexer_loss = check_flag(return_indexer_loss, "return_indexer_loss")
         if return_indexer_loss and self.attns[0].indexer is None:
             raise ValueError("return_indexer_loss=True needs a model with indexers: "
                              "GraphTransformer(..., indexer_top_k=K)")

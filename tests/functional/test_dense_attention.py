@@ -2,6 +2,7 @@ import math
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 import torch.autograd.forward_ad as fwAD
@@ -779,3 +780,22 @@ def test_is_causal_must_be_a_bool():
             dense_attention(q, q, q, is_causal=value)
     with pytest.raises(TypeError, match="is_causal must be a bool, got 1"):
         DenseSelfAttention(8, 4)(torch.randn(5, 8), is_causal=1)
+
+
+def test_training_and_return_attention_must_be_bools():
+    """training="False" was read by its truth value: dropout applied where the caller asked for
+    none; return_attention="no" returned a pair."""
+    from graphattn.functional import dropout
+
+    q = torch.randn(5, 2, 4)
+    edge_index = torch.tensor([[0, 1, 2], [1, 2, 0]])
+    for flag in ("training", "return_attention"):
+        with pytest.raises(TypeError, match=rf"{flag} must be a bool, got 'False' \(a str\)"):
+            dense_attention(q, q, q, **{flag: "False"})
+        with pytest.raises(TypeError, match=rf"{flag} must be a bool, got None"):
+            edge_attention(q, q, q, edge_index, **{flag: None})
+    with pytest.raises(TypeError, match=r"training must be a bool, got 'False'"):
+        dropout(q, 0.5, training="False")
+    out, alpha = edge_attention(q, q, q, edge_index, training=np.bool_(False),
+                                return_attention=np.bool_(True), dropout_p=0.5)
+    assert torch.equal(out, edge_attention(q, q, q, edge_index, training=False))

@@ -7,12 +7,13 @@ import torch
 import torch.autograd.forward_ad as fwAD
 import torch.nn.functional as F
 from conftest import GRAPHS, assert_agrees_with_pyg, assert_close, dense_mask, random_graph
+from torch import Tensor
 from torch_geometric.nn import TransformerConv
 
 from graphattn import graphs
 from graphattn.functional import dropout_mask, edge_attention, edge_terms
 from graphattn.graphs import to_sparse_adjacency
-from graphattn.nn import DenseSelfAttention, GraphSelfAttention
+from graphattn.nn import GAT, DenseSelfAttention, GraphSelfAttention, GraphTransformer
 from graphattn.nn import attention as attention_module
 
 
@@ -1476,3 +1477,30 @@ def test_scale_replaces_the_score_multiplier(backend, attention):
     assert "scale=0.7" in repr(layer)
     with pytest.raises(ValueError, match="scale must be a finite number, got nan"):
         GraphSelfAttention(6, 4, scale=float("nan"))
+
+
+def test_forward_flags_must_be_bools():
+    """return_attention_weights="no" returned the weights; None is PyG's "no weights"."""
+    x = torch.randn(5, 8)
+    edge_index = torch.tensor([[0, 1, 2], [1, 2, 0]])
+    graph_layer, dense_layer = GraphSelfAttention(8, 4, heads=2), DenseSelfAttention(8, 4)
+    model = GraphTransformer(8, 8, 3, num_layers=1, heads=2).eval()
+    for call in (lambda flag: graph_layer(x, edge_index, return_attention_weights=flag),
+                 lambda flag: dense_layer(x, return_attention_weights=flag),
+                 lambda flag: model(x, edge_index, return_attention_weights=flag),
+                 lambda flag: GAT(8, 3, heads=2).eval()(x, edge_index,
+                                                  return_attention_weights=flag)):
+        with pytest.raises(TypeError, match=r"return_attention_weights must be a bool, got "
+                                            r"'no' \(a str\)"):
+            call("no")
+        assert isinstance(call(None), Tensor)
+    with pytest.raises(TypeError, match=r"return_indexer_loss must be a bool, got 1"):
+        model(x, edge_index, return_indexer_loss=1)
+
+
+def test_dense_layer_refuses_an_attn_bias_of_another_dtype():
+    """As GraphSelfAttention does: an fp64 bias beside fp32 features was cast silently."""
+    layer = DenseSelfAttention(8, 4, heads=2)
+    with pytest.raises(TypeError, match=r"attn_bias must have the dtype of the features, "
+                                        r"torch.float32, got torch.float64"):
+        layer(torch.randn(5, 8), attn_bias=torch.zeros(2, 5, 5, dtype=torch.float64))
