@@ -234,11 +234,14 @@ def _block_indexer(width: int, heads: int, top_k: int | None, indexer_heads: int
                    rotary: RotaryPE | None) -> LightningIndexer | None:
     """The :class:`LightningIndexer` of a block of ``GraphTransformer(indexer_top_k=)``, or
     ``None`` without: its rotation turns half its channels (a multiple of ``2 * axes``, at
-    least one plane per axis) with ``rotary``'s base and axes."""
+    least one plane per axis) with ``rotary``'s base and axes. The indexer's sizes are
+    checked with or without one."""
+    indexer_heads = check_positive(indexer_heads, "indexer_heads")
+    if channels is not None:
+        channels = check_positive(channels, "indexer_channels")
     if top_k is None:
         return None
-    channels = width // heads if channels is None else check_positive(channels,
-                                                                       "indexer_channels")
+    channels = width // heads if channels is None else channels
     turned = None
     if rotary is not None:
         plane = 2 * rotary.axes
@@ -247,7 +250,7 @@ def _block_indexer(width: int, heads: int, top_k: int | None, indexer_heads: int
             raise ValueError(f"indexer_channels must hold one rotated plane per axis, "
                              f"{plane}, got {channels}")
         turned = RotaryPE(dim, axes=rotary.axes, base=rotary.base)
-    return LightningIndexer(width, check_positive(indexer_heads, "indexer_heads"), channels,
+    return LightningIndexer(width, indexer_heads, channels,
                             check_positive(top_k, "indexer_top_k"), query_channels=q_rank,
                             rotary=turned)
 

@@ -15,7 +15,7 @@ import torch
 from conftest import assert_close, randomized
 
 from graphattn import graphs
-from graphattn.nn import GraphSelfAttention, LightningIndexer
+from graphattn.nn import GraphSelfAttention, GraphTransformer, LightningIndexer
 from graphattn.pe import RotaryPE
 
 
@@ -169,6 +169,11 @@ def test_an_indexer_without_a_query_latent_reads_the_targets_features():
      ValueError),
     (lambda: LightningIndexer(8, 2, 4, 2, rotary=RotaryPE(6)),
      "rotary turns 6 channels, more than the indexer's channels = 4", ValueError),
+    # checked with or without indexer_top_k: a typo would otherwise wait for the day it is set
+    (lambda: GraphTransformer(8, 8, 3, indexer_heads=0),
+     "indexer_heads must be a positive integer, got 0", ValueError),
+    (lambda: GraphTransformer(8, 8, 3, indexer_channels=-4),
+     "indexer_channels must be a positive integer, got -4", ValueError),
 ])
 def test_indexer_refusals(make, match, error):
     with pytest.raises(error, match=match):
@@ -341,8 +346,6 @@ def test_graph_transformer_with_indexers_and_their_loss():
     # its channels, as the model's RoPE does); return_indexer_loss gives the sum of the
     # blocks' indexer losses, recomputed here from each block's input, and its gradient
     # reaches the indexers alone
-    from graphattn.nn import GraphTransformer
-
     torch.manual_seed(8)
     model = GraphTransformer(8, 16, 3, num_layers=2, heads=2, rotary=RotaryPE(8),
                              add_self_loops=False, dropout=0.0, indexer_top_k=3,
