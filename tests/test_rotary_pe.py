@@ -576,6 +576,22 @@ def check_causal(attention, rotary, layer, dense: bool, length: int, seed: int,
     return x, want
 
 
+def test_from_llama_carries_a_frozen_attention():
+    """A frozen attention converted to a layer whose parameters all trained; partly frozen
+    weights are warned about."""
+    from graphattn.nn import from_llama
+
+    attention, _ = hf_attention("llama", 2)
+    attention.requires_grad_(False)
+    assert not any(p.requires_grad for p in from_llama(attention).parameters())
+    attention.requires_grad_(True)
+    assert all(p.requires_grad for p in from_llama(attention).parameters())
+    attention.q_proj.requires_grad_(False)
+    with pytest.warns(UserWarning, match=r"attention \(LlamaAttention\) has some parameters "
+                                         r"frozen"):
+        from_llama(attention, dense=True)
+
+
 def test_from_llama_on_a_window_is_the_attention_with_a_window_mask():
     # the converted layer on a causal window graph: Hugging Face's attention with that mask
     from graphattn.nn import from_llama

@@ -6,6 +6,9 @@ Both share one projection base, so their parameters have the same names and shap
 
 from __future__ import annotations
 
+import numbers
+
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -13,6 +16,7 @@ from torch.nn import LazyLinear, Linear
 from torch_geometric.nn import MessagePassing
 
 from graphattn._checks import (
+    as_integer,
     check_dropout,
     check_edge_index,
     check_finite,
@@ -258,7 +262,7 @@ class _SelfAttentionBase(torch.nn.Module):
         self.beta = bool(beta)
         # the gate's weights w: beta_i = sigmoid(w . [o_i, r_i, o_i - r_i])
         self.lin_beta = Linear(3 * out_dim, 1, bias=False) if beta else None
-        if qk_norm is not None and qk_norm not in QK_NORMS:
+        if qk_norm is not None and (not isinstance(qk_norm, str) or qk_norm not in QK_NORMS):
             raise ValueError(f"qk_norm must be None or one of {list(QK_NORMS)}, got "
                              f"{qk_norm!r}")
         if qk_norm is not None and score_channels == 1:
@@ -290,7 +294,7 @@ class _SelfAttentionBase(torch.nn.Module):
         # the gate of each head's output (of each of its channels), from the target's features
         self.lin_gate = (None if gate is None
                          else _linear(in_dst, H * C if gate == "elementwise" else H, bias))
-        if out_norm is not None and out_norm not in OUT_NORMS:
+        if out_norm is not None and (not isinstance(out_norm, str) or out_norm not in OUT_NORMS):
             raise ValueError(f"out_norm must be None or one of {list(OUT_NORMS)}, got "
                              f"{out_norm!r}")
         self.out_norm = out_norm
@@ -912,7 +916,8 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             edge_dim = check_positive(edge_dim, "edge_dim")
         check_finite(negative_slope, "negative_slope")
         self.negative_slope = float(negative_slope)
-        if isinstance(fill_value, str) and fill_value not in FILL_REDUCTIONS:
+        if (isinstance(fill_value, str) and fill_value not in FILL_REDUCTIONS) or not isinstance(
+                fill_value, (str, numbers.Real, Tensor, np.ndarray, list, tuple)):
             raise ValueError(f"fill_value must be a number, a tensor or one of "
                              f"{list(FILL_REDUCTIONS)}, got {fill_value!r}")
         # on the CPU, not the default device: under `with torch.device("meta")` a meta tensor
@@ -1027,7 +1032,7 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             check_tensors(x=x)
             x_src = x_dst = x
         if size is not None:
-            _check_size(size, x_src, x_dst)
+            size = _check_size(size, x_src, x_dst)
         if x_dst is None:
             self._check_without_targets(size)
         if isinstance(return_attention_weights, (tuple, list)):  # GATConv's size, by position
@@ -1161,6 +1166,11 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         """
         if self.indexer is None:
             raise ValueError("indexer_loss needs a layer with an indexer, got indexer=None")
+        if self.differential:
+            raise ValueError("indexer_loss needs attention weights that are a distribution "
+                             "over each target's edges; a differential layer's are signed "
+                             "(alpha_1 - lambda alpha_2): train its indexer against a "
+                             "layer with differential=False")
         x_src, x_dst = x if isinstance(x, (tuple, list)) else (x, x)
         if x_dst is None:
             raise ValueError("x_dst is None, but the indexer weighs its heads by the targets' "
@@ -1384,16 +1394,23 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
 
 
 def _check_size(size: tuple[int | None, int | None], x_src: Tensor,
-                x_dst: Tensor | None) -> None:
-    """Raise unless ``size`` is a pair ``(N_src, N_dst)`` that agrees with the features'
-    rows (``None`` for either count, or ``x_dst=None`` for ``N_dst``, leaves it unchecked)."""
+                x_dst: Tensor | None) -> tuple[int | None, int | None]:
+    """``size`` as a pair of Python ints (or ``None``); raise unless it is a pair ``(N_src,
+    N_dst)`` of non-negative integers that agrees with the features' rows (``None`` for
+    either count, or ``x_dst=None`` for ``N_dst``, leaves it unchecked)."""
     if not isinstance(size, (tuple, list)) or len(size) != 2:
         raise ValueError(f"size must be a pair (N_src, N_dst), got {size!r}")
-    for name, given, rows in (("N_src", size[0], x_src.size(0)),
-                              ("N_dst", size[1], None if x_dst is None else x_dst.size(0))):
-        if given is not None and rows is not None and int(given) != rows:
-            raise ValueError(f"size = {tuple(size)!r} gives {name} = {given}, but the features "
+    counts = tuple(None if given is None else as_integer(given) for given in size)
+    for name, given, count in zip(("N_src", "N_dst"), size, counts, strict=True):
+        if given is not None and (count is None or count < 0):
+            raise ValueError(f"size must be a pair (N_src, N_dst) of non-negative integers or "
+                             f"None, got {name} = {given!r}")
+    for name, count, rows in (("N_src", counts[0], x_src.size(0)),
+                              ("N_dst", counts[1], None if x_dst is None else x_dst.size(0))):
+        if count is not None and rows is not None and count != rows:
+            raise ValueError(f"size = {tuple(size)!r} gives {name} = {count}, but the features "
                              f"have {rows} rows")
+    return counts
 
 
 def _targets_without_features(N_src: int, edge_index: Tensor, sparse: bool,

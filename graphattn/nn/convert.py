@@ -202,30 +202,37 @@ def from_pyg(conv: Module, *, backend: str = "auto") -> GraphSelfAttention:
     return layer
 
 
-def _carry_state(layer: GraphSelfAttention, conv: Module) -> None:
-    """What the weights do not hold: a frozen ``conv`` gives a frozen layer; partly frozen
-    weights (which the folded GAT projections cannot split) and hooks, which do not carry
-    over, are warned about."""
-    trainable = {p.requires_grad for p in conv.parameters()}
-    if trainable == {False}:
-        layer.requires_grad_(False)
-    elif trainable == {False, True}:
-        warnings.warn(f"conv ({type(conv).__name__}) has some parameters frozen "
-                      f"(requires_grad=False): the converted layer's parameters all require "
-                      f"gradients; freeze those you want frozen again", stacklevel=3)
-    hooks = [name for name in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
+def _carry_state(layer: Module, conv: Module, name: str = "conv",
+                 pairs: list[tuple[Tensor | None, Tensor | None]] | None = None) -> None:
+    """What the weights do not hold. ``pairs`` (the layer's parameter, the one it was copied
+    from): each takes its source's ``requires_grad``. Without them, a frozen ``conv`` gives a
+    frozen layer, and partly frozen weights (which folded projections cannot split) are
+    warned about. Hooks, which do not carry over, are warned about. ``name``: the
+    argument's name in the warnings."""
+    kind = type(conv).__name__
+    if pairs is not None:
+        for ours, theirs in pairs:
+            if ours is not None and theirs is not None:
+                ours.requires_grad_(theirs.requires_grad)
+    else:
+        trainable = {p.requires_grad for p in conv.parameters()}
+        if trainable == {False}:
+            layer.requires_grad_(False)
+        elif trainable == {False, True}:
+            warnings.warn(f"{name} ({kind}) has some parameters frozen (requires_grad=False): "
+                          f"the converted layer's parameters all require gradients; freeze "
+                          f"those you want frozen again", stacklevel=3)
+    hooks = [hook for hook in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
                                "_backward_pre_hooks", "_message_forward_hooks")
-             if getattr(conv, name, None)]
-    uncalled = [name for name in _UNCALLED_HOOKS if getattr(conv, name, None)]
+             if getattr(conv, hook, None)]
+    uncalled = [hook for hook in _UNCALLED_HOOKS if getattr(conv, hook, None)]
     if hooks:
-        warnings.warn(f"conv ({type(conv).__name__}) has hooks ({', '.join(hooks)}) that the "
-                      f"converted layer does not have: register them on it again",
-                      stacklevel=3)
+        warnings.warn(f"{name} ({kind}) has hooks ({', '.join(hooks)}) that the converted "
+                      f"layer does not have: register them on it again", stacklevel=3)
     if uncalled:
-        warnings.warn(f"conv ({type(conv).__name__}) has hooks ({', '.join(uncalled)}) that "
-                      f"the converted layer has no step for (it runs no propagate, aggregate "
-                      f"or edge_update, and builds no messages): they are not carried over",
-                      stacklevel=3)
+        warnings.warn(f"{name} ({kind}) has hooks ({', '.join(uncalled)}) that the converted "
+                      f"layer has no step for (it runs no propagate, aggregate or edge_update, "
+                      f"and builds no messages): they are not carried over", stacklevel=3)
 
 
 def _in_channels(conv: Module, kind: str) -> int | tuple[int, int]:
@@ -337,7 +344,8 @@ def from_mha(mha: torch.nn.MultiheadAttention, *, dense: bool = False,
 
     Returns:
         GraphSelfAttention or DenseSelfAttention: on ``mha``'s device, in its dtype and
-        training mode (its attention dropout included).
+        training mode (its attention dropout included), each parameter frozen where the one
+        it was copied from is (``requires_grad=False``).
     """
     if not isinstance(mha, torch.nn.MultiheadAttention):
         raise TypeError(f"mha must be a torch.nn.MultiheadAttention, got {type(mha).__name__}")
@@ -373,6 +381,12 @@ def from_mha(mha: torch.nn.MultiheadAttention, *, dense: bool = False,
         layer.lin_out.weight.copy_(mha.out_proj.weight)
         if bias:
             layer.lin_out.bias.copy_(mha.out_proj.bias)
+    in_bias = mha.in_proj_bias
+    _carry_state(layer, mha, "mha", [
+        *zip((layer.lin_q.weight, layer.lin_k.weight, layer.lin_v.weight), weights,
+             strict=True),
+        *((lin.bias, in_bias) for lin in (layer.lin_q, layer.lin_k, layer.lin_v)),
+        (layer.lin_out.weight, mha.out_proj.weight), (layer.lin_out.bias, mha.out_proj.bias)])
     return layer
 
 
@@ -501,7 +515,9 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
 
     Returns:
         GraphSelfAttention or DenseSelfAttention: on the attention's device, in its dtype and
-        training mode (its attention dropout included).
+        training mode (its attention dropout included); frozen when the attention is (every
+        parameter with ``requires_grad=False``); partly frozen weights, which the folded
+        projections cannot always split, do not carry over: a warning says so.
 
     The attention's class does not say all it computes: models built like LLaMA differ in
     module-level functions (how the rotation pairs channels) and in steps inside ``forward``
@@ -750,6 +766,7 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
         rotations = [rotary, interleaved] + ([turned_back] if turned_back is not None else [])
         _check_conversion(attention, layer, layer_type, tuple(
             rotation.to(o_proj.weight.device) for rotation in rotations) + (None,))
+    _carry_state(layer, attention, "attention")
     return layer
 
 

@@ -184,7 +184,8 @@ class LightningIndexer(torch.nn.Module):
 
         Args:
             u, x_src, x_dst, edge_index, pos_src, pos_dst: as :meth:`forward` takes them.
-            alpha (Tensor): ``[E, H]`` (or ``[E]``) the attention's weights on those edges.
+            alpha (Tensor): ``[E, H]`` (or ``[E]``) the attention's weights on those edges,
+                non-negative.
             reduction (str, optional): ``"mean"`` over the targets with edges, or ``"sum"``.
                 (default: ``"mean"``)
 

@@ -422,6 +422,9 @@ def test_errors_name_the_argument_and_value():
     with pytest.raises(ValueError, match=r"fill_value must be a number, a tensor or one of "
                                          r"\['mean', 'add', 'max', 'min', 'mul'\], got 'sum'"):
         GraphSelfAttention(4, 2, edge_dim=3, fill_value="sum")
+    with pytest.raises(ValueError, match=r"fill_value must be a number, a tensor or one of "
+                                         r"\['mean', 'add', 'max', 'min', 'mul'\], got None"):
+        GraphSelfAttention(4, 2, edge_dim=3, fill_value=None)  # (torch's error named nothing)
     with pytest.raises(ValueError, match=r"fill_value as a tensor must hold 1 or edge_dim = 3 "
                                          r"values, got shape \[2\]"):
         GraphSelfAttention(4, 2, edge_dim=3, fill_value=torch.ones(2))

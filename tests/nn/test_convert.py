@@ -3,6 +3,7 @@ what they computed."""
 
 import warnings
 
+import numpy as np
 import pytest
 import torch
 from conftest import GRAPHS, assert_agrees_with_pyg, assert_close
@@ -251,6 +252,15 @@ def test_a_converted_gatconv_takes_its_size_argument():
         layer(x, edge_index, size=(6, 5))
     with pytest.raises(ValueError, match=r"size must be a pair \(N_src, N_dst\), got 6"):
         layer(x, edge_index, size=6)
+    # a count that is no integer was truncated (size=(6, 4.9) passed; with x_dst=None, 3.7
+    # targets were 3)
+    for size, name in [((6, 4.9), "N_dst = 4.9"), ((6.0, 4), "N_src = 6.0"),
+                       ((6, -1), "N_dst = -1"), (("6", 4), "N_src = '6'")]:
+        with pytest.raises(ValueError, match=rf"size must be a pair \(N_src, N_dst\) of "
+                                             rf"non-negative integers or None, got {name}"):
+            layer(x, edge_index, size=size)
+    assert_close(layer(x, edge_index, size=(np.int64(6), torch.tensor(4))),
+                 conv(x, edge_index, size=(6, 4)))
     with pytest.raises(TypeError, match=r"return_attention_weights must be a bool, got \(6, 4\)"
                                         r": pass GATConv's size by keyword, size=\(6, 4\)"):
         layer(x, edge_index, None, (6, 4))
@@ -572,6 +582,30 @@ def test_a_frozen_layer_converts_frozen_and_what_does_not_carry_over_is_warned_a
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         from_pyg(GATv2Conv(F_SRC, C))  # nothing to warn about
+
+
+@pytest.mark.parametrize("dense", [False, True], ids=["graph", "dense"])
+def test_from_mha_carries_each_parameters_requires_grad(dense):
+    """A frozen MultiheadAttention converted to a layer whose parameters all trained; the
+    projections map one to one, so partly frozen weights carry over too."""
+    mha = torch.nn.MultiheadAttention(8, 2).requires_grad_(False)
+    assert not any(p.requires_grad for p in from_mha(mha, dense=dense).parameters())
+    mha = torch.nn.MultiheadAttention(8, 2)
+    mha.in_proj_weight.requires_grad_(False)  # the projections frozen, their biases and the
+    layer = from_mha(mha, dense=dense)  # output projection trained
+    trained = {name for name, p in layer.named_parameters() if p.requires_grad}
+    assert trained == {"lin_q.bias", "lin_k.bias", "lin_v.bias", "lin_out.weight",
+                       "lin_out.bias"}
+    mha = torch.nn.MultiheadAttention(8, 2, kdim=4, vdim=4)
+    mha.k_proj_weight.requires_grad_(False)
+    if not dense:
+        layer = from_mha(mha)
+        assert [name for name, p in layer.named_parameters() if not p.requires_grad] == [
+            "lin_k.weight"]
+    mha = torch.nn.MultiheadAttention(8, 2)
+    mha.register_forward_hook(lambda module, inputs, output: None)
+    with pytest.warns(UserWarning, match=r"mha \(MultiheadAttention\) has hooks"):
+        from_mha(mha, dense=dense)
 
 
 def test_a_gatconv_without_edge_dim_drops_edge_attr_as_gatconv_does():

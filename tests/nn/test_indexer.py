@@ -259,6 +259,18 @@ def test_indexer_loss_refusals():
         layer.indexer_loss(x, graph, torch.rand(24, 2))
     with pytest.raises(ValueError, match="indexer_loss needs a layer with an indexer"):
         GraphSelfAttention(8, 4).indexer_loss(x, graph, torch.rand(25))
+    # a differential layer's weights alpha_1 - lambda alpha_2 are signed: no distribution to
+    # fit (the loss dropped the negative ones and fit rows summing past 1)
+    differential = GraphSelfAttention(8, 4, heads=2, differential=True,
+                                      indexer=LightningIndexer(8, 2, 4, 2))
+    _, (edges, alpha) = differential(x, graph, return_attention_weights=True)
+    assert (alpha < 0).any()
+    with pytest.raises(ValueError, match="a differential layer's are signed"):
+        differential.indexer_loss(x, edges, alpha)
+    model = GraphTransformer(8, 8, 3, num_layers=1, heads=2, differential=True,
+                             indexer_top_k=2, dropout=0.0)
+    with pytest.raises(ValueError, match="a differential layer's are signed"):
+        model(x, graph, return_indexer_loss=True)
 
 
 @pytest.mark.parametrize("k", [1, 4, 7])

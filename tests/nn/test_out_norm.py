@@ -108,6 +108,8 @@ def test_out_norm_errors_and_reset():
         GraphSelfAttention(8, 4, out_norm="l2")
     with pytest.raises(ValueError, match="out_norm must be None or one of"):
         DenseSelfAttention(8, 4, out_norm=True)
+    with pytest.raises(ValueError, match=r"out_norm must be None or one of .*got \['rms'\]"):
+        DenseSelfAttention(8, 4, out_norm=["rms"])  # (a list was looked up in a dict)
     layer = GraphSelfAttention(8, 4, heads=2, out_norm="layer")
     with torch.no_grad():
         layer.o_norm.weight.fill_(3.0)

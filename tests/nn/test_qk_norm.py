@@ -143,6 +143,7 @@ def test_models_state_and_repr():
     (dict(qk_norm="l2"), r"qk_norm must be None or one of \['rms', 'layer', 'rms_per_head', "
      r"'layer_per_head', 'rms_across_heads', 'layer_across_heads'\], got 'l2'"),
     (dict(qk_norm=True), "qk_norm must be None or one of"),
+    (dict(qk_norm=["rms"]), r"qk_norm must be None or one of .*got \['rms'\]"),
     (dict(qk_norm="rms", attention="additive"), "needs the dot or gatv2 score"),
     (dict(qk_norm="rms_across_heads", attention="additive"), "needs the dot or gatv2 score"),
     (dict(qk_norm_after_rotary=True), "qk_norm_after_rotary=True places the normalisation "
