@@ -971,7 +971,10 @@ def _dense_blocks(q: Tensor, k: Tensor, v: Tensor, src: Tensor, dst: Tensor, blo
         return out.masked_fill(dead.unsqueeze(-1), 0.0).transpose(1, 2).reshape(
             B * n_dst, *out.shape[1::2]).contiguous()
 
-    explicit = score != "dot" or need_alpha or dropout_mask is not None
+    # SDPA takes a float mask in q's dtype: scores of fp32 beside half-precision inputs (an
+    # edge key's term, formed in fp32) take the explicit softmax, which adds them in fp32
+    explicit = (score != "dot" or need_alpha or dropout_mask is not None
+                or (T is not None and T.dtype != q.dtype))
     if not explicit:
         attn_mask = None  # the complete graph; the causal one: SDPA skips the masked half
         if T is not None:  # (B, H|1, N, N), which may be a view of the caller's bias

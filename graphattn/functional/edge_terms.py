@@ -34,30 +34,40 @@ def _chunks(num_edges: int) -> list[slice]:
     return [slice(a, a + EDGE_CHUNK) for a in range(0, num_edges, EDGE_CHUNK)]
 
 
+def score_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype scores are formed in: fp32 for half precision, as every backend forms them."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
 class TargetDot(torch.autograd.Function):
-    """``b_e = q_i . w_e`` per head for each edge e = (j -> i), ``[E, H]``, in chunks of edges;
-    backward keeps q and w, never the gathered rows ``q_i`` ``[E, H, C]``."""
+    """``b_e = q_i . w_e`` per head for each edge e = (j -> i), ``[E, H]``, in chunks of edges,
+    formed and returned in fp32 for half precision (a score; ``q_i . w_e`` past 65504 would be
+    inf in fp16); backward keeps q and w, never the gathered rows ``q_i`` ``[E, H, C]``, and
+    sums dq in that dtype too."""
 
     @staticmethod
     def forward(ctx, q: Tensor, w: Tensor, dst: Tensor) -> Tensor:
         ctx.save_for_backward(q, w, dst)
-        out = w.new_empty(w.shape[:2])  # (E, H)
+        work = score_dtype(torch.promote_types(q.dtype, w.dtype))
+        out = w.new_empty(w.shape[:2], dtype=work)  # (E, H)
         for s in _chunks(w.size(0)):
-            out[s] = (q.index_select(0, dst[s]) * w[s]).sum(dim=-1)
+            out[s] = (q.index_select(0, dst[s]).to(work) * w[s].to(work)).sum(dim=-1)
         return out
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
         q, w, dst = ctx.saved_tensors
-        grad_q = torch.zeros_like(q) if ctx.needs_input_grad[0] else None  # (N_dst, H, C)
+        work = grad.dtype
+        grad_q = (torch.zeros_like(q, dtype=work) if ctx.needs_input_grad[0]
+                  else None)  # (N_dst, H, C)
         grad_w = torch.empty_like(w) if ctx.needs_input_grad[1] else None  # (E, H, C)
         for s in _chunks(w.size(0)):
             g = grad[s].unsqueeze(-1)  # (chunk, H, 1)
             if grad_q is not None:
-                grad_q.index_add_(0, dst[s], g * w[s])
+                grad_q.index_add_(0, dst[s], g * w[s].to(work))
             if grad_w is not None:
-                grad_w[s] = g * q.index_select(0, dst[s])
-        return grad_q, grad_w, None
+                grad_w[s] = g * q.index_select(0, dst[s]).to(work)
+        return None if grad_q is None else grad_q.to(q.dtype), grad_w, None
 
 
 class WeightedEdgeSum(torch.autograd.Function):
@@ -114,8 +124,9 @@ def fold_edge_terms(attend, q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor,
     # Functions: plain ops there, which hold [E, H, C] gathers
     plain = plain_ops_only(q, k, v, bias, edge_key, edge_value, dropout_mask,
                            options.get("att"))
-    if edge_key is not None:
-        key_bias = ((q.index_select(0, dst) * edge_key).sum(dim=-1) if plain
+    if edge_key is not None:  # a score: fp32 for half precision, as the backends form them
+        work = score_dtype(torch.promote_types(q.dtype, edge_key.dtype))
+        key_bias = ((q.index_select(0, dst).to(work) * edge_key.to(work)).sum(dim=-1) if plain
                     else TargetDot.apply(q, edge_key, dst)) * scale  # (E, H)
         bias = key_bias if bias is None else bias + key_bias
     out, alpha = attend(q, k, v, edge_index, scale=scale, bias=bias, dropout_mask=dropout_mask,

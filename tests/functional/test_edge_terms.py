@@ -221,3 +221,54 @@ def test_gatv2_key_term_in_the_source_pass_of_constant_channels():
         return_attention=True, **options), inputs) for backend in ("cpu", "reference")]
     for actual, truth in zip(*results, strict=True):
         assert_close(actual, truth)
+
+
+@pytest.mark.parametrize("weights", [False, True], ids=["out", "out-and-weights"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_a_key_term_in_half_precision_is_scored_in_fp32_on_every_backend(dtype, weights):
+    """The dense backend formed the key term q_i . ek_e in the inputs' dtype, and SDPA took it
+    in a float mask of that dtype: rounded to bf16, scores near 36 moved by up to 0.125, and
+    the output was off by 20x the reference's error. Every backend's output and gradients are
+    as close to the float64 truth as the reference's."""
+    C, E = 64, 8
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(1, 2, C, generator=gen, dtype=torch.float64) * 3
+    k = torch.zeros(E, 2, C, dtype=torch.float64)
+    v = torch.randn(E, 2, C, generator=gen, dtype=torch.float64)
+    ek = 0.5 * q + 0.3 * torch.randn(E, 2, C, generator=gen, dtype=torch.float64)  # scores ~36
+    edge_index = torch.stack([torch.arange(E), torch.zeros(E, dtype=torch.long)])
+    weight = torch.randn(1, 2, C, generator=gen, dtype=torch.float64)
+
+    def run(backend, precision):
+        leaves = [t.to(precision).requires_grad_() for t in (q, k, v, ek)]
+        result = edge_attention(*leaves[:3], edge_index, edge_key=leaves[3], backend=backend,
+                                return_attention=weights)
+        out = result[0] if weights else result
+        grads = torch.autograd.grad((out.double() * weight).sum(), leaves)
+        return [out.double(), *(g.double() for g in grads)]
+
+    truth = run("reference", torch.float64)
+    reference = run("reference", dtype)
+    for backend in ("cpu", "dense", "auto"):
+        got = run(backend, dtype)
+        for name, g, r, t in zip(("out", "dq", "dk", "dv", "dek"), got, reference, truth,
+                                 strict=True):
+            error, bound = (g - t).abs().max(), (r - t).abs().max()
+            assert error <= 3 * bound, (backend, name, error.item(), bound.item())
+
+
+@pytest.mark.parametrize("backend", ["cpu", "dense", "auto"])
+def test_a_key_term_past_fp16s_range_before_the_scale_is_no_nan(backend):
+    """q_i . ek_e = 102400 is inf in fp16, but the scaled score 12800 is not: the dense backend
+    made the row NaN; every backend gives the weights 1 and 0, and v_0."""
+    C = 64
+    q = torch.full((1, 1, C), 40.0, dtype=torch.float16)
+    k = torch.zeros(2, 1, C, dtype=torch.float16)
+    v = torch.stack([torch.full((1, C), 1.0), torch.full((1, C), 2.0)]).half()
+    ek = torch.stack([torch.full((1, C), 40.0), torch.full((1, C), -40.0)]).half()
+    edge_index = torch.tensor([[0, 1], [0, 0]])
+    out, alpha = edge_attention(q, k, v, edge_index, edge_key=ek, backend=backend,
+                                return_attention=True)
+    assert torch.equal(alpha, torch.tensor([[1.0], [0.0]], dtype=alpha.dtype))
+    assert torch.equal(out, v[:1])
+    assert torch.equal(edge_attention(q, k, v, edge_index, edge_key=ek, backend=backend), v[:1])
