@@ -307,6 +307,10 @@ def select_backend(q: Tensor, edge_index: Tensor, num_src: int | None = None, *,
     if not isinstance(q, Tensor) or q.dim() not in (2, 3):
         shape = list(q.shape) if isinstance(q, Tensor) else type(q).__name__
         raise ValueError(f"q must have shape [N_dst, H, C] or [N_dst, H], got {shape}")
+    check_float_dtype(q=q)
+    needs_weights = check_flag(needs_weights, "needs_weights")
+    if softcap is not None:
+        check_softcap(softcap, score, q)
     if num_src is not None:
         num_src = check_non_negative(num_src, "num_src")
     check_edge_index(edge_index, num_src=q.size(0) if num_src is None else num_src,
@@ -836,9 +840,9 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
     ``edge_attention(q, k, v, edge_index)`` for a graph without multi-edges.
     A query row with no allowed key gets exactly 0, and what no query reads (the q of such a
     row, the k and v of a key no row may attend to) reaches no output and no gradient, NaN or
-    inf included. q, k and v of different floating dtypes are cast to the one torch's
-    arithmetic promotes them to, and under ``torch.autocast`` to its dtype, as in
-    :func:`edge_attention`.
+    inf included. q, k, v, ``attn_bias`` and ``sinks`` of different floating dtypes are cast
+    to the one torch's arithmetic promotes them to, and under ``torch.autocast`` to its dtype,
+    as in :func:`edge_attention`.
 
     Args:
         q (Tensor): ``[..., L_q, H, C]``.
@@ -902,7 +906,7 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
     """
     autocast = _autocast_device(q, k, v)
     if autocast is not None:  # inputs in autocast's dtype, and no autocast inside
-        q, k, v, sinks = _autocast_inputs(q, k, v, sinks)
+        q, k, v, sinks, attn_bias = _autocast_inputs(q, k, v, sinks, attn_bias)
         with torch.autocast(autocast, enabled=False):
             return dense_attention(q, k, v, mask, is_causal=is_causal, scale=scale,
                                    dropout_p=dropout_p, training=training,
@@ -938,7 +942,11 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
     if sinks is not None and tuple(sinks.shape) != (q.size(-2),):
         raise ValueError(f"sinks must have shape [H] = [{q.size(-2)}], one score per head, "
                          f"got {list(sinks.shape)}")
-    q, k, v = _common_dtype(q, k, v)  # mixed dtypes promoted, as in edge_attention
+    # mixed dtypes promoted, as in edge_attention (a bias that is no float is refused below)
+    float_bias = (attn_bias if isinstance(attn_bias, Tensor) and attn_bias.is_floating_point()
+                  else None)
+    q, k, v, sinks, float_bias = _common_dtype(q, k, v, sinks, float_bias)
+    attn_bias = attn_bias if float_bias is None else float_bias
     if not q.shape[:-3] == k.shape[:-3] == v.shape[:-3]:
         # SDPA broadcasts q against k but not v: each input gets the common leading dims
         q, k, v = (t.expand(*lead, *t.shape[-3:]) for t in (q, k, v))

@@ -36,7 +36,13 @@ import struct
 import torch
 from torch import Tensor
 
-from graphattn._checks import check_dropout, check_flag, check_float_dtype
+from graphattn._checks import (
+    as_integer,
+    check_dropout,
+    check_flag,
+    check_float_dtype,
+    check_tensors,
+)
 from graphattn.functional import cpu
 
 # the dtypes of the seeded masks (the kept multiplier is held in fp32)
@@ -54,14 +60,22 @@ def dropout_mask(shape: int | tuple[int, ...], p: float, *,
     draws, so the same ``torch.manual_seed`` gives the same mask; elsewhere the mask is
     ``torch.rand(shape) >= p``.
 
+    In fp16 and bf16 the kept value :math:`1 / (1 - p)` is rounded to the dtype (bf16 keeps
+    1.109375 for p = 0.1), so there :math:`\mathbb{E}[m]` is 1 to within the dtype's
+    precision. (``edge_attention`` on fp32 inputs draws the multiplier in fp32.)
+
     Args:
-        shape (int or tuple): shape of the mask.
+        shape (int or tuple): shape of the mask: non-negative sizes.
         p (float): drop probability, in ``[0, 1)``.
         device (torch.device, optional): where to draw it. (default: the current default)
-        dtype (torch.dtype, optional): its dtype. (default: ``torch.float32``)
+        dtype (torch.dtype, optional): its dtype, a floating one. (default: ``torch.float32``)
     """
     check_dropout(p, "p")
-    if p > 0.0 and dtype.is_floating_point and 1.0 / (1.0 - p) > torch.finfo(dtype).max:
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
+    if not _traced():  # (tracers' sizes may be symbolic)
+        shape = _mask_shape(shape)
+    if p > 0.0 and 1.0 / (1.0 - p) > torch.finfo(dtype).max:
         raise ValueError(f"a dropout probability of {p!r} keeps entries as 1 / (1 - p) = "
                          f"{1.0 / (1.0 - p):.6g}, past the largest {dtype} "
                          f"({torch.finfo(dtype).max:.6g}): the mask would hold inf; use a "
@@ -86,6 +100,21 @@ def dropout_mask(shape: int | tuple[int, ...], p: float, *,
     # in place would be unbatched, which vmap refuses (the same numbers as uniform_())
     keep = torch.rand(shape, device=device, dtype=torch.float32).ge(p)
     return keep.to(dtype).mul_(1.0 / (1.0 - p))
+
+
+def _mask_shape(shape: object) -> tuple[int, ...]:
+    """``shape`` (an integer, or a sequence of them) as a tuple of non-negative ints; raise,
+    naming it, otherwise."""
+    if as_integer(shape) is not None and not (isinstance(shape, Tensor) and shape.dim() > 0):
+        shape = (shape,)  # an int, a numpy integer or a 0-d tensor
+    try:
+        sizes = tuple(as_integer(size) for size in shape)
+    except TypeError:
+        sizes = (None,)
+    if any(size is None or size < 0 for size in sizes):
+        raise ValueError(f"shape must be a non-negative integer or a sequence of them, got "
+                         f"{shape!r}")
+    return sizes
 
 
 # the schema written out: older torch versions do not infer it from every annotation
@@ -210,7 +239,8 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
         - **output:** ``(*)``
     """
     check_dropout(p, "p")
+    check_tensors(x=x)
     if not check_flag(training, "training") or p == 0.0:
-        return x
+        return x  # (x itself, whatever its dtype, as F.dropout returns it)
     check_float_dtype(x=x)  # the mask, 0 or 1 / (1 - p), takes x's dtype
     return x * dropout_mask(tuple(x.shape), p, device=x.device, dtype=x.dtype)

@@ -510,6 +510,15 @@ def test_block_size_is_that_of_an_average_pair():
      r"edge_index\[0\] \(sources\) must be < the number of source nodes 5, got a maximum of 7"),
     (lambda q, ei: select_backend(q, ei, num_src=-1), ValueError,
      r"num_src must be a non-negative integer, got -1"),
+    # a truthy string flipped the answer; a cap or q that edge_attention refuses got one
+    (lambda q, ei: select_backend(q, ei, needs_weights="no"), TypeError,
+     r"needs_weights must be a bool, got 'no' \(a str\)"),
+    (lambda q, ei: select_backend(q, ei, softcap=-1.0), ValueError,
+     r"softcap must be positive"),
+    (lambda q, ei: select_backend(q, ei, score="additive", softcap=30.0), ValueError,
+     r"softcap caps the dot and gatv2 scores"),
+    (lambda q, ei: select_backend(q.long(), ei), TypeError,
+     r"q must have a floating-point dtype, got torch.int64"),
 ])
 def test_select_backend_checks_its_arguments(call, error, match):
     """As edge_attention does: a wrong score or graph must not get an answer."""

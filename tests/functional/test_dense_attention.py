@@ -799,3 +799,24 @@ def test_training_and_return_attention_must_be_bools():
     out, alpha = edge_attention(q, q, q, edge_index, training=np.bool_(False),
                                 return_attention=np.bool_(True), dropout_p=0.5)
     assert torch.equal(out, edge_attention(q, q, q, edge_index, training=False))
+
+
+def test_a_wider_bias_or_sinks_promotes_as_in_edge_attention():
+    """fp64 sinks or attn_bias beside fp32 q, k, v: edge_attention promotes to fp64, and
+    dense_attention cast them down to fp32. Both promote now; under autocast every input takes
+    autocast's dtype."""
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(5, 2, 4, generator=gen) for _ in range(3))
+    sinks = torch.randn(2, generator=gen, dtype=torch.float64)
+    bias = torch.randn(2, 5, 5, generator=gen, dtype=torch.float64)
+    edge_index = graphs.complete_graph(5)
+    edge_bias = bias[:, edge_index[1], edge_index[0]].t()  # (E, H): target i, source j
+    for options, edge_options in ((dict(sinks=sinks), dict(sinks=sinks)),
+                                  (dict(attn_bias=bias), dict(bias=edge_bias))):
+        got = dense_attention(q, k, v, **options)
+        want = edge_attention(q, k, v, edge_index, backend="reference", **edge_options)
+        assert got.dtype == want.dtype == torch.float64
+        torch.testing.assert_close(got, want)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert dense_attention(q, k, v, **{name: t.float() for name, t in
+                                               options.items()}).dtype == torch.bfloat16

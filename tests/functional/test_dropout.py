@@ -1,5 +1,6 @@
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -253,8 +254,31 @@ def test_dropout_of_a_tensor_traces_with_torch_jit_trace():
 def test_shape_may_be_an_int():
     torch.manual_seed(11)
     mask = dropout_mask(40, 0.5)
+    for size in (np.int64(40), torch.tensor(40), (torch.tensor(40),)):
+        torch.manual_seed(11)
+        assert torch.equal(mask, dropout_mask(size, 0.5))
     torch.manual_seed(11)
     assert mask.shape == (40,) and torch.equal(mask, dropout_mask((40,), 0.5))
+
+
+@pytest.mark.parametrize("call, error, match", [
+    # each failed inside torch or Python ("'numpy.int64' object is not iterable" before numpy
+    # integers were taken, "negative dimension", "result type Float can't be cast", an
+    # AttributeError) or returned a complex mask
+    (lambda: dropout_mask((-1, 3), 0.5), ValueError,
+     r"shape must be a non-negative integer or a sequence of them, got \(-1, 3\)"),
+    (lambda: dropout_mask(2.5, 0.5), ValueError, r"shape must be .*got 2.5"),
+    (lambda: dropout_mask(3, 0.5, dtype=torch.int64), TypeError,
+     r"dtype must be a floating-point torch.dtype, got torch.int64"),
+    (lambda: dropout_mask(3, 0.5, dtype="float32"), TypeError,
+     r"dtype must be a floating-point torch.dtype, got 'float32'"),
+    (lambda: dropout_mask(3, 0.5, dtype=torch.complex64), TypeError,
+     r"dtype must be a floating-point torch.dtype, got torch.complex64"),
+    (lambda: dropout([1.0, 2.0], 0.5), TypeError, r"x must be a torch.Tensor, got list"),
+])
+def test_mask_arguments_are_refused_by_name(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
 
 
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
