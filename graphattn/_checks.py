@@ -161,6 +161,13 @@ def dense_graph_ids(batch: Tensor) -> Tensor:
     return batch
 
 
+def check_generator(generator: object, name: str = "generator") -> None:
+    """Raise unless ``generator`` is ``None`` or a ``torch.Generator``; the message names it."""
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"{name} must be a torch.Generator or None, got {generator!r} (a "
+                        f"{type(generator).__name__})")
+
+
 def check_flag(value: object, name: str) -> bool:
     """``value`` as a bool; raise unless it is one (a Python or numpy bool): a string such as
     ``"False"`` or a None would otherwise be read by its truth value."""

@@ -32,6 +32,7 @@ from graphattn._checks import (
     check_batch,
     check_edge_index,
     check_flag,
+    check_generator,
     check_non_negative,
     check_positive,
     check_same_device,
@@ -408,6 +409,7 @@ def random_graph(n: int, degree: int, *, self_loops: bool = False,
     n = check_non_negative(n, "n")
     degree = check_non_negative(degree, "degree")
     self_loops = check_flag(self_loops, "self_loops")
+    check_generator(generator)
     choices = n if self_loops else max(n - 1, 0)  # the sources a target can draw
     if degree > choices:
         raise ValueError(f"degree must be at most {choices} (the {'' if self_loops else 'other '}"
@@ -540,11 +542,11 @@ def top_k_edges(edge_index: Tensor, scores: Tensor, k: int, num_targets: int) ->
     k = check_positive(k, "k")
     num_targets = check_non_negative(num_targets, "num_targets")
     check_tensors(edge_index=edge_index, scores=scores)
+    check_edge_index(edge_index, num_src=torch.iinfo(torch.int64).max, num_dst=num_targets)
     if scores.dim() != 1 or scores.size(0) != edge_index.size(-1) or \
             not scores.is_floating_point():
         raise ValueError(f"scores must be a real tensor [E] = [{edge_index.size(-1)}], one per "
                          f"edge, got {scores.dtype} {list(scores.shape)}")
-    check_edge_index(edge_index, num_src=torch.iinfo(torch.int64).max, num_dst=num_targets)
     check_same_device(edge_index=edge_index, scores=scores)
     return _top_k_positions(edge_index, scores, k)
 
@@ -747,8 +749,13 @@ def to_sparse_adjacency(edge_index: Tensor, num_src: int, num_dst: int,
 
     The inverse of :func:`from_sparse_adjacency`. Entries are sorted by target, then source
     (CSC: by source, then target); multi-edges stay separate entries, and a COO result is
-    marked coalesced exactly when there are none. The tensors are built valid by construction,
-    so torch's invariant checks are skipped.
+    marked coalesced exactly when there are none. Built sorted, so torch's invariant checks
+    are skipped. A multigraph's CSR or CSC tensor repeats a column within a row, which torch's
+    compressed layouts do not allow (``torch.sparse.check_sparse_tensor_invariants`` refuses
+    it): graphattn's layers and :func:`from_sparse_adjacency` read it edge by edge, but
+    torch's own operations on it (products, the gradient of its ``values()``) can be wrong.
+    For those, take ``layout=torch.sparse_coo``, which may hold repeated entries (marked
+    uncoalesced), or ``.coalesce()`` it to sum them.
 
     Args:
         edge_index (Tensor): ``[2, E]`` integer, row 0 the sources, row 1 the targets.

@@ -82,6 +82,7 @@ from graphattn._checks import (
     check_edge_index,
     check_finite,
     check_flag,
+    check_generator,
     check_non_negative,
     check_positive,
     check_tensors,
@@ -321,8 +322,8 @@ class LearnablePE(torch.nn.Module):
                                  f"{x.size(-2) - 1})")
             positions = torch.arange(x.size(-2), device=x.device)
         _check_positions(positions, x.size(-2), integer=True)
-        if positions.numel() and (int(positions.min()) < 0
-                                    or int(positions.max()) >= self.max_len):
+        if positions.numel() and _values_checkable() and (
+                int(positions.min()) < 0 or int(positions.max()) >= self.max_len):
             lo, hi = int(positions.min()), int(positions.max())
             raise IndexError(f"positions must lie in [0, max_len) = [0, {self.max_len}), "
                              f"got values in [{lo}, {hi}]")
@@ -459,11 +460,13 @@ def laplacian_pe(edge_index: Tensor, num_nodes: int, k: int, *, pad: bool = Fals
     pad = check_flag(pad, "pad")
     random_sign_flip = check_flag(random_sign_flip, "random_sign_flip")
     return_eigenvalues = check_flag(return_eigenvalues, "return_eigenvalues")
+    check_generator(generator)
     if solver not in SOLVERS:
         raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}")
     check_edge_index(edge_index, num_src=num_nodes, num_dst=num_nodes)
     weight = None if edge_weight is None else _edge_weights(edge_weight, edge_index.size(1),
-                                                            edge_index, num_nodes)
+                                                            edge_index, num_nodes,
+                                                            self_loops=False)
     adj = _adjacency(edge_index, num_nodes, weight)
     deg = np.asarray(adj.sum(axis=1)).ravel()  # (N,)
     active = deg > 0
@@ -911,13 +914,15 @@ def random_walk_pe(edge_index: Tensor, num_nodes: int, k: int, *,
 
 
 def _edge_weights(edge_weight: Tensor, num_edges: int,
-                  edge_index: Tensor | None = None, num_nodes: int = 0) -> np.ndarray:
+                  edge_index: Tensor | None = None, num_nodes: int = 0,
+                  self_loops: bool = True) -> np.ndarray:
     """``edge_weight`` as float64 numpy ``[E]``, checked (a floating-point tensor of shape
     ``[E]`` whose entries are finite and non-negative) and, given the graph, divided by the
     largest entry of its connected component: neither encoding sees a factor common to a
     component, and weights near the ends of the float range would make degrees or their
     inverses overflow. (By the largest of all, a component of weights 1e-30 beside one of
-    1e300 would round to 0, and lose its edges.)"""
+    1e300 would round to 0, and lose its edges.) ``self_loops=False``: the encoding drops
+    the self-loops, whose weights are then 0 and set no component's largest."""
     if not isinstance(edge_weight, Tensor) or not edge_weight.is_floating_point():
         what = edge_weight.dtype if isinstance(edge_weight, Tensor) else type(edge_weight).__name__
         raise TypeError(f"edge_weight must be a floating-point tensor, got {what}")
@@ -937,6 +942,8 @@ def _edge_weights(edge_weight: Tensor, num_edges: int,
                               shape=(num_nodes, num_nodes))
     _, labels = connected_components(structure, directed=False)  # (N,)
     largest = np.zeros(labels.max(initial=-1) + 1)
+    if not self_loops:
+        weight = np.where(src != dst, weight, 0.0)  # (dropped by the encoding)
     np.maximum.at(largest, labels[src], weight)  # each component's largest weight
     scale = largest[labels[src]]  # (E,)
     return np.divide(weight, scale, out=np.zeros_like(weight), where=scale > 0)
@@ -1093,6 +1100,16 @@ def _edge_weight_of(data: Data, edge_index: Tensor) -> Tensor | None:
     return data.edge_weight
 
 
+def _check_attr_name(attr_name: str | None) -> str | None:
+    """``attr_name`` of a node encoding: ``None``, or a str that PyG's batching leaves as it
+    is (a name with "index" in it is offset by the node count, and "batch" is taken)."""
+    if attr_name is not None and (not isinstance(attr_name, str) or "index" in attr_name
+                                  or "batch" in attr_name):
+        raise ValueError(f"attr_name must be None or a str without 'index' or 'batch', which "
+                         f"would make PyG offset the encoding in a batch, got {attr_name!r}")
+    return attr_name
+
+
 def _add_node_attr(data: Data, value: Tensor, attr_name: str | None) -> Data:
     """Store ``value`` as ``data[attr_name]``, or concatenate it to ``data.x`` when ``None``."""
     if attr_name is not None:
@@ -1117,7 +1134,8 @@ class AddLaplacianPE(BaseTransform):
         k (int): number of eigenvectors.
         attr_name (str, optional): attribute to store the ``[N, k]`` encoding in; ``None``
             concatenates it to ``data.x`` (in ``x``'s dtype if that is floating-point, else
-            ``x`` is converted to the encoding's). (default: ``"laplacian_pe"``)
+            ``x`` is converted to the encoding's); a name must contain neither ``index``
+            nor ``batch``, which PyG would offset. (default: ``"laplacian_pe"``)
         pad (bool, optional): zero columns for graphs with too few eigenvectors.
             (default: ``False``)
         random_sign_flip (bool, optional): flip signs at random on every call (use as a
@@ -1137,7 +1155,7 @@ class AddLaplacianPE(BaseTransform):
         if solver not in SOLVERS:
             raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}")
         self.k = k
-        self.attr_name = attr_name
+        self.attr_name = _check_attr_name(attr_name)
         self.pad = check_flag(pad, "pad")
         self.random_sign_flip = check_flag(random_sign_flip, "random_sign_flip")
         self.solver = solver
@@ -1176,7 +1194,8 @@ class AddRandomWalkPE(BaseTransform):
         k (int): number of walk lengths.
         attr_name (str, optional): attribute to store the ``[N, k]`` encoding in; ``None``
             concatenates it to ``data.x`` (in ``x``'s dtype if that is floating-point, else
-            ``x`` is converted to the encoding's). (default: ``"random_walk_pe"``)
+            ``x`` is converted to the encoding's); a name must contain neither ``index``
+            nor ``batch``, which PyG would offset. (default: ``"random_walk_pe"``)
 
     Shapes:
         - **input:** ``Data`` with ``edge_index (2, E)`` (none: no edges), ``num_nodes`` N and
@@ -1187,7 +1206,7 @@ class AddRandomWalkPE(BaseTransform):
     def __init__(self, k: int, attr_name: str | None = "random_walk_pe") -> None:
         k = check_positive(k, "k")
         self.k = k
-        self.attr_name = attr_name
+        self.attr_name = _check_attr_name(attr_name)
 
     def forward(self, data: Data) -> Data:
         edge_index, num_nodes = _graph_of(data, "AddRandomWalkPE")
@@ -1316,7 +1335,10 @@ def hop_distance(edge_index: Tensor, num_nodes: int, pairs: Tensor | None = None
         if pairs.dim() != 2 or pairs.size(0) != 2:
             raise ValueError(f"pairs must have shape [2, P] (sources, targets), got "
                              f"{list(pairs.shape)}")
-        check_edge_index(pairs, num_src=num_nodes, num_dst=num_nodes)
+        try:
+            check_edge_index(pairs, num_src=num_nodes, num_dst=num_nodes)
+        except (TypeError, ValueError) as error:  # (its message says edge_index)
+            raise type(error)(f"pairs: {error}") from None
         device = pairs.device
         pair_src, pair_dst = pairs.long().cpu().numpy()
     else:
@@ -1435,12 +1457,19 @@ def alibi_slopes(heads: int) -> Tensor:
     return torch.cat([slopes, between[:heads - lower]])
 
 
+def _values_checkable() -> bool:
+    """Whether a check may read a tensor's values: not under ``torch.compile`` (a graph break
+    per call) or ``torch.func``'s transforms (whose tensors have no single value: ``vmap``
+    refuses ``.item()``)."""
+    return not torch.compiler.is_compiling() and not torch._C._are_functorch_transforms_active()
+
+
 def _check_distance(distance: Tensor) -> None:
     check_tensors(distance=distance)
     if distance.is_floating_point() or distance.is_complex() or distance.dtype == torch.bool:
         raise TypeError(f"distance must be an integer tensor (hop_distance's), got "
                         f"{distance.dtype}")
-    if distance.numel() and not torch.compiler.is_compiling():
+    if distance.numel() and _values_checkable():
         lowest = int(distance.min())
         if lowest < -1:
             raise ValueError(f"distance must be >= 0, or -1 for pairs no path joins, got "
@@ -1501,7 +1530,9 @@ class _TableRows(torch.autograd.Function):
     accumulating scatter into those few rows, is several times slower on CPU
     (``index_add_``, ``scatter_add_`` and ``embedding``'s backward take as long; a 10 x 4
     table and 1,048,576 lookups on 2 cores: forward+backward 8.2 ms against 64 ms, the
-    forward 3.9 ms of it). The sums are taken in float64."""
+    forward 3.9 ms of it). The sums are taken in float64. With ``create_graph=True`` (a
+    Hessian, a meta-learning step) the backward is ``index_add``, which autograd
+    differentiates again."""
 
     @staticmethod
     def forward(weight: Tensor, index: Tensor) -> Tensor:
@@ -1514,9 +1545,11 @@ class _TableRows(torch.autograd.Function):
         ctx.rows = weight.size(0)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
         (index,) = ctx.saved_tensors  # (...,) into a (rows, H) table
+        if torch.is_grad_enabled():  # create_graph=True: a backward that is differentiable
+            return grad.new_zeros(ctx.rows, grad.size(-1)).index_add(
+                0, index.reshape(-1), grad.reshape(-1, grad.size(-1))), None
         rows = grad.reshape(-1, grad.size(-1))  # (P, H), strided as it comes
         if rows.dtype not in (torch.float32, torch.float64):
             rows = rows.float()  # numpy has no bfloat16
@@ -2162,7 +2195,7 @@ def _rotary_angles(pos: Tensor, x: Tensor, dim: int, axes: int, base: float,
         pos = pos.unsqueeze(-2)  # (..., N, 1, A): broadcast over the heads
     else:
         pos = pos.unsqueeze(-1).unsqueeze(-1)  # (..., N, 1, 1)
-    fits = pos.dim() <= x.dim() and pos.size(-3) == x.size(-3)
+    fits = 3 <= pos.dim() <= x.dim() and pos.size(-3) == x.size(-3)
     try:  # the dimensions before N broadcast against those of x
         fits = fits and torch.broadcast_shapes(pos.shape[:-3], x.shape[:-3]) == x.shape[:-3]
     except RuntimeError:

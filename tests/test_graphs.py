@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from graphattn import graphs
+from graphattn import graphs, pe
 
 
 def brute_force(n: int, allowed) -> torch.Tensor:
@@ -226,6 +226,17 @@ def test_batch_complete_graph_errors(batch, error, match):
 ])
 def test_builder_errors(call, match):
     with pytest.raises(ValueError, match=match):
+        call()
+
+
+@pytest.mark.parametrize("call", [lambda: graphs.random_graph(5, 2, generator=5),
+                                  lambda: pe.laplacian_pe(graphs.chain_graph(4), 4, 2,
+                                                          generator="x")],
+                         ids=["random_graph", "laplacian_pe"])
+def test_a_generator_that_is_not_one_is_refused_by_name(call):
+    """It failed in torch.randint ("received an invalid combination of arguments"), or, without
+    random_sign_flip, was taken without a word."""
+    with pytest.raises(TypeError, match=r"generator must be a torch.Generator or None, got "):
         call()
 
 
@@ -1000,6 +1011,9 @@ def test_top_k_edges_of_a_hub_ranks_by_sorting_and_keeps_the_same_edges():
     (dict(scores=torch.zeros(4, dtype=torch.long)), "scores must be a real tensor", ValueError),
     (dict(num_targets=2), "edge_index\\[1\\] \\(targets\\) must be < the number of target "
                           "nodes 2, got a maximum of 3", ValueError),
+    # (checked after scores, a 0-d edge_index failed in torch: "Dimension specified as -1")
+    (dict(edge_index=torch.tensor(0), scores=torch.zeros(3)),
+     "edge_index must have shape \\[2, E\\], got \\[\\]", ValueError),
 ])
 def test_top_k_edges_refusals(kwargs, match, error):
     args = dict(edge_index=torch.tensor([[0, 1, 2, 3], [1, 2, 3, 3]]), scores=torch.zeros(4),

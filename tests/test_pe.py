@@ -1037,6 +1037,17 @@ def test_transforms_store_encodings():
     assert_close(no_x.x, pe.random_walk_pe(edge_index, n, 2))
 
 
+@pytest.mark.parametrize("make", [pe.AddLaplacianPE, pe.AddRandomWalkPE])
+@pytest.mark.parametrize("attr_name", ["rw_index", "batch_pe", 5, ["pe"]])
+def test_transforms_refuse_a_name_that_pyg_batching_would_change(make, attr_name):
+    """A name with "index" in it made PyG's Batch offset the encoding by the node count (two
+    graphs' [3, 2] encodings became [3, 4], offset by 3); a name that is no str became a key
+    of the Data. Refused by name, as AddHopDistance refuses them."""
+    with pytest.raises(ValueError, match=r"attr_name must be None or a str without 'index' or "
+                                         r"'batch'"):
+        make(2, attr_name=attr_name)
+
+
 @pytest.mark.parametrize("transform", [pe.AddLaplacianPE(2, attr_name=None),
                                        pe.AddRandomWalkPE(2, attr_name=None)],
                          ids=["laplacian", "random-walk"])
@@ -1318,6 +1329,22 @@ def test_pe_checks_kept_by_mutation_testing():
     for encode in (pe.laplacian_pe, pe.random_walk_pe):
         assert_close(encode(edge_index, 3, 1, edge_weight=weight.clone().requires_grad_()),
                      encode(edge_index, 3, 1, edge_weight=weight))
+
+
+def test_a_self_loops_weight_leaves_the_laplacian_encoding_alone():
+    """laplacian_pe drops self-loops, but a heavy self-loop's weight set its component's
+    largest weight, by which every weight is divided: a chain of weights 1e-30 beside a loop of
+    1e300 fell apart into isolated nodes (and was refused). Now the loop changes nothing, as
+    without weights."""
+    chain = graphs.chain_graph(4)
+    weight = torch.full((chain.size(1),), 1e-30, dtype=torch.float64)
+    looped = torch.cat([chain, torch.tensor([[0], [0]])], dim=1)
+    heavy = torch.cat([weight, torch.tensor([1e300], dtype=torch.float64)])
+    want, want_values = pe.laplacian_pe(chain, 4, 3, edge_weight=weight,
+                                        return_eigenvalues=True)
+    got, got_values = pe.laplacian_pe(looped, 4, 3, edge_weight=heavy, return_eigenvalues=True)
+    assert_close(got_values, want_values)
+    assert_close(got.abs(), want.abs())
 
 
 def test_weights_far_apart_in_two_components_keep_both():

@@ -403,6 +403,9 @@ def test_rotary_repr_and_state_dict():
     (lambda: GraphSelfAttention(8, 4, heads=4, kv_heads=3), ValueError,
      "kv_heads must divide heads = 4"),
     (lambda: GraphSelfAttention(8, 4, heads=4, kv_heads=0), ValueError, "kv_heads"),
+    # one position as a 0-d tensor failed in torch ("Dimension out of range ... got -3")
+    (lambda: pe.apply_rotary(torch.randn(1, 2, 8), torch.tensor(5)), ValueError,
+     r"pos must give a position to each of the N = 1 rows of x \[1, 2, 8\].*got \[\]"),
     (lambda: GraphSelfAttention(8, 4, heads=4, kv_heads=2, attention="additive"), ValueError,
      "needs the dot or gatv2 score"),
     (lambda: GraphSelfAttention(8, 4, heads=4, kv_heads=2, share_weights=True), ValueError,
