@@ -68,6 +68,8 @@ def sparse_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tens
     ``torch.func``'s transforms, the weight's gradient
     :math:`(x^\top \, \partial L / \partial y)^\top` takes x's transpose from a counting sort
     of its entries, in one pass, where ``F.linear`` sorts them (see the module docstring).
+    A CSR x in fp16 or bf16 on CPU, for which torch has no product, is multiplied in fp32
+    and the result rounded to its dtype.
     Everything else, and every other layout, goes to ``F.linear``. Both compute the same
     values: the sums of each product run over the same entries, in the same order.
     ``torch.compile`` does not trace sparse tensors: in a compiled model this function runs
@@ -82,6 +84,14 @@ def sparse_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tens
         - **input:** x ``(N, F)``, weight ``(D, F)``, bias ``(D)``
         - **output:** ``(N, D)``
     """
+    if (x.layout == torch.sparse_csr and x.device.type == "cpu" and x.dim() == 2
+            and x.dtype in (torch.float16, torch.bfloat16) and x.dtype == weight.dtype
+            and not x.requires_grad):
+        # torch's CSR product has no half-precision kernel on CPU: the product in fp32
+        wide = torch.sparse_csr_tensor(x.crow_indices(), x.col_indices(), x.values().float(),
+                                       x.shape, check_invariants=False)
+        return sparse_linear(wide, weight.float(),
+                             None if bias is None else bias.float()).to(x.dtype)
     if (x.layout != torch.sparse_csr or x.device.type != "cpu" or x.dim() != 2
             or x.requires_grad or x.dtype != weight.dtype or plain_ops_only(weight, bias)):
         return F.linear(x, weight, bias)

@@ -17,6 +17,7 @@ from graphattn._checks import (
     check_in_channels,
     check_non_negative,
     check_positive,
+    check_tensors,
     check_weight_dtype,
 )
 from graphattn.functional.dropout import dropout
@@ -410,6 +411,11 @@ class GraphTransformer(torch.nn.Module):
                              f"(the two maps could not share it): give attention_dropout=0 "
                              f"(it defaults to dropout), got attention_dropout="
                              f"{attention_dropout}")
+        if differential is True and indexer_top_k is not None:
+            raise ValueError("differential=True with indexer_top_k: the indexers train on the "
+                             "attention's weights as a distribution over each target's edges "
+                             "(return_indexer_loss), and a differential block's are signed "
+                             "(alpha_1 - lambda alpha_2)")
         self.pe_channels = pe_channels
         self.edge_dim = edge_dim
         self.dropout = float(dropout)
@@ -481,6 +487,8 @@ class GraphTransformer(torch.nn.Module):
                              f"(pass it by keyword, edge_attr=...; the third positional "
                              f"argument is pe)")
         if self.pe_channels > 0:
+            if pe is not None:
+                check_tensors(pe=pe)
             if pe is None or pe.dim() != 2 or tuple(pe.shape) != (x.size(0), self.pe_channels):
                 got = None if pe is None else list(pe.shape)
                 raise ValueError(f"pe must have shape [N, pe_channels] = "

@@ -117,3 +117,22 @@ def test_inference_skips_the_transpose(transposes):
     frozen = sparse_linear(x, weight.detach(), torch.zeros(2, requires_grad=True))
     frozen.sum().backward()
     assert transposes == []
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_half_precision_csr_features_are_multiplied_in_fp32(dtype):
+    """torch has no CSR product in half precision on CPU ("addmm_out_sparse_csr_impl_mkl" not
+    implemented for 'BFloat16'): a bf16 model failed on the sparse features it took in fp32.
+    The product runs in fp32, rounded to the dtype: the fp32 product of the same values,
+    rounded, and its gradients."""
+    x = bag_of_words(12, 9).to(dtype)
+    weight = torch.randn(5, 9, generator=torch.Generator().manual_seed(1)).to(dtype)
+    bias = torch.randn(5, generator=torch.Generator().manual_seed(2)).to(dtype)
+    grad = torch.randn(12, 5, generator=torch.Generator().manual_seed(3)).to(dtype)
+    got = _out_and_grads(x.to_sparse_csr(), weight.requires_grad_(), bias.requires_grad_(),
+                         grad, sparse_linear)
+    wide = [t.float().detach().requires_grad_() for t in (weight, bias)]
+    want = _out_and_grads(x.float(), *wide, grad.float(), F.linear)
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == dtype
+        assert torch.equal(g, w.to(dtype))

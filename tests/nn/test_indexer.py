@@ -267,10 +267,11 @@ def test_indexer_loss_refusals():
     assert (alpha < 0).any()
     with pytest.raises(ValueError, match="a differential layer's are signed"):
         differential.indexer_loss(x, edges, alpha)
-    model = GraphTransformer(8, 8, 3, num_layers=1, heads=2, differential=True,
-                             indexer_top_k=2, dropout=0.0)
-    with pytest.raises(ValueError, match="a differential layer's are signed"):
-        model(x, graph, return_indexer_loss=True)
+    # a model of such blocks could never train its indexers: refused as it is built
+    with pytest.raises(ValueError, match="differential=True with indexer_top_k: .* a "
+                                         "differential block's are signed"):
+        GraphTransformer(8, 8, 3, num_layers=1, heads=2, differential=True, indexer_top_k=2,
+                         dropout=0.0)
 
 
 @pytest.mark.parametrize("k", [1, 4, 7])

@@ -303,6 +303,8 @@ def test_graph_transformer_pe_checks_and_gradients():
         model(x, ei)
     with pytest.raises(ValueError, match=r"got \[10, 4\]"):
         model(x, ei, torch.randn(10, 4))
+    with pytest.raises(TypeError, match=r"pe must be a torch.Tensor, got list"):
+        model(x, ei, torch.randn(10, 3).tolist())  # ("'list' object has no attribute 'dim'")
     model(x, ei, torch.randn(10, 3)).sum().backward()
     assert model.lin_pe.weight.grad.abs().sum() > 0
     one = GraphTransformer(6, 8, 2, heads=2, pe_channels=1)  # a single encoding channel
