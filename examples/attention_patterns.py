@@ -131,6 +131,9 @@ def main() -> None:
         grid_side(args.length)
     except ValueError as error:
         parser.error(str(error))
+    if any(p.exists() and not p.is_dir() for p in (args.out, *args.out.parents)):
+        parser.error(f"--out must be a folder (it gets the heatmaps), got {str(args.out)!r}, "
+                     f"a file")
 
     torch.manual_seed(args.seed)
     L, F = args.length, args.features

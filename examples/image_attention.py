@@ -98,7 +98,11 @@ def pixel_graph(name: str) -> Tensor:
     """The edges j -> i among the 64 pixels of one image (pixel ``(r, c)`` is ``r * 8 + c``);
     a ``+offset`` or ``+rope`` suffix changes the positions, not the graph
     (:func:`uses_offsets`, :func:`uses_rope`)."""
-    name = name.removesuffix("+offset").removesuffix("+rope").removesuffix("+laprope")
+    name, *suffixes = name.split("+")
+    if len(suffixes) > 1 or suffixes and suffixes[0] not in ("offset", "rope", "laprope"):
+        raise ValueError(f"graph must be one of {', '.join(GRAPHS)} (or gridR for a radius R), "
+                         f"with at most one of +offset, +rope or +laprope, got "
+                         f"{'+'.join([name, *suffixes])!r}")
     if name == "complete":
         return graphs.complete_graph(PIXELS)
     if name.startswith("grid") and name[4:].isdigit():
@@ -370,12 +374,12 @@ def check_training_args(parser: argparse.ArgumentParser, args: argparse.Namespac
                      f"{str(error).splitlines()[0].split('. ')[0]}")
     if not 0 <= args.dropout < 1:
         parser.error(f"--dropout must be in [0, 1), got {args.dropout}")
-    if not args.lr > 0:
-        parser.error(f"--lr must be > 0, got {args.lr}")
-    if not args.weight_decay >= 0:
-        parser.error(f"--weight-decay must be >= 0, got {args.weight_decay}")
-    if not args.table_lr > 0:
-        parser.error(f"--table-lr must be > 0, got {args.table_lr}")
+    if not (args.lr > 0 and math.isfinite(args.lr)):
+        parser.error(f"--lr must be a finite number > 0, got {args.lr}")
+    if not (args.weight_decay >= 0 and math.isfinite(args.weight_decay)):
+        parser.error(f"--weight-decay must be a finite number >= 0, got {args.weight_decay}")
+    if not (args.table_lr > 0 and math.isfinite(args.table_lr)):
+        parser.error(f"--table-lr must be a finite number > 0, got {args.table_lr}")
     if not (args.rope_base > 0 and math.isfinite(args.rope_base)):
         parser.error(f"--rope-base must be a positive number, got {args.rope_base}")
 
@@ -433,6 +437,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.hidden % args.heads != 0:
         parser.error(f"--hidden must be divisible by --heads, got {args.hidden} and "
                      f"{args.heads}")
+    rope = [name for name in args.graphs if uses_rope(name)]
+    if rope and (args.hidden // args.heads) % 4:
+        parser.error(f"--hidden / --heads = {args.hidden // args.heads} channels per head, but "
+                     f"the 2-D rotary embedding of {', '.join(rope)} turns them in planes of "
+                     f"4 (2 per axis): give a multiple of 4")
+    out = Path(args.out)
+    if any(p.exists() and not p.is_dir() for p in (out, *out.parents)):
+        parser.error(f"--out must be a folder (it gets the figure), got {args.out!r}, a file")
     if not all(0 <= p < SIDE for p in args.pixel):
         parser.error(f"--pixel must be a row and a column in 0..{SIDE - 1}, got {args.pixel}")
     if args.pe >= PIXELS:

@@ -294,8 +294,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if not args.lr > 0:
         parser.error(f"--lr must be > 0, got {args.lr}")
     for key in ("lr", "weight_decay"):
-        if not getattr(args, key) >= 0:
-            parser.error(f"--{key.replace('_', '-')} must be >= 0, got {getattr(args, key)}")
+        if not 0 <= getattr(args, key) < float("inf"):
+            parser.error(f"--{key.replace('_', '-')} must be a finite number >= 0, got "
+                         f"{getattr(args, key)}")
     if args.model == "transformer" and args.hidden % args.heads != 0:
         parser.error(f"--hidden must be divisible by --heads for the transformer, got "
                      f"--hidden {args.hidden} and --heads {args.heads}")

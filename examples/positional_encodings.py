@@ -237,6 +237,8 @@ def main(argv: list[str] | None = None) -> dict:
     if not 1 <= args.pairs <= most:
         parser.error(f"--pairs must be in [1, {most}] for --length {args.length}, "
                      f"got {args.pairs}")
+    if any(p.exists() and not p.is_dir() for p in (args.out, *args.out.parents)):
+        parser.error(f"--out must be a folder (it gets the figure), got {str(args.out)!r}, a file")
     default = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)  # laplacian_pe computes and returns in it
     try:

@@ -554,8 +554,8 @@ def check_training_args(parser: argparse.ArgumentParser, args: argparse.Namespac
                      f"{str(error).splitlines()[0].split('. ')[0]}")
     if not 0 <= args.dropout < 1:
         parser.error(f"--dropout must be in [0, 1), got {args.dropout}")
-    if not args.lr > 0:
-        parser.error(f"--lr must be > 0, got {args.lr}")
+    if not (args.lr > 0 and math.isfinite(args.lr)):
+        parser.error(f"--lr must be a finite number > 0, got {args.lr}")
     if args.softcap is not None and not 0 < args.softcap < float("inf"):
         parser.error(f"--softcap must be a positive number, got {args.softcap}")
 
@@ -626,6 +626,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.hidden % args.heads != 0:
         parser.error(f"--hidden must be divisible by --heads, got {args.hidden} and "
                      f"{args.heads}")
+    width = args.hidden // args.heads  # each head's channels (with --differential, 2 maps')
+    if args.differential and width % 2:
+        parser.error(f"--differential splits each head's channels into two maps: --hidden / "
+                     f"--heads must be even, got {width}")
+    if args.differential and any(indexer_top_k(name) is not None for name in args.graphs):
+        parser.error("--differential with a +topK graph: the indexers train on the attention "
+                     "weights as a distribution, and differential attention's are signed")
+    rope = [name for name in args.graphs if relative_part(name) == "rope"]
+    if rope and (width // (2 if args.differential else 1)) % 2:
+        parser.error(f"the rotary embedding of {', '.join(rope)} turns channel pairs: each "
+                     f"head's {'map' if args.differential else 'channels'} "
+                     f"({width // (2 if args.differential else 1)}) must be even")
+    out = Path(args.out)
+    if any(p.exists() and not p.is_dir() for p in (out, *out.parents)):
+        parser.error(f"--out must be a folder (it gets the figure), got {args.out!r}, a file")
     if args.length < 2:
         parser.error(f"--length must be at least 2, got {args.length}")
     if args.timing_rounds < 0:
@@ -649,6 +664,13 @@ def main(argv: list[str] | None = None) -> dict:
                          f"in the {corpus.val.numel()} validation characters")
     val = tuple(t.to(args.device) for t in windows(corpus.val,
                                                    torch.arange(args.val_sequences) * spacing, L))
+    if L + 1 >= corpus.train.numel():
+        raise SystemExit(f"--length {L} does not fit in the {corpus.train.numel()} training "
+                         f"characters")
+    if args.extrapolate * L + 1 > corpus.val.numel():
+        raise SystemExit(f"--extrapolate {args.extrapolate} times --length {L} does not fit in "
+                         f"the {corpus.val.numel()} validation characters: give a smaller "
+                         f"--extrapolate (1 skips it) or --length")
     longer = None
     if args.extrapolate > 1:  # the same starts, sequences K times as long
         K = args.extrapolate

@@ -55,6 +55,7 @@ def test_odd_or_zero_features_are_refused_by_flag_name(monkeypatch, capsys, feat
     (["--channels", "0"], "--channels must be at least 1, got 0"),
     (["--radius", "-1"], "--radius must be at least 0, got -1"),
     (["--backend", "foo"], "argument --backend: invalid choice: 'foo'"),
+    (["--out", __file__], "--out must be a folder (it gets the heatmaps)"),
 ])
 def test_bad_flag_values_are_refused_by_flag_name(monkeypatch, capsys, argv, message):
     # These ended in a traceback from torch ("negative dimension -4") or from a constructor

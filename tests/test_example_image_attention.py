@@ -113,7 +113,15 @@ def test_figure_is_written(example, tmp_path, capsys):
     (["--epochs", "0"], "--epochs"), (["--pe", "64"], "--pe"),
     (["--device", "nonsense"], "--device"), (["--dropout", "1"], "--dropout"),
     (["--lr", "0"], "--lr"), (["--weight-decay", "-1"], "--weight-decay"),
-    (["--table-lr", "0"], "--table-lr must be > 0, got 0.0"),
+    (["--table-lr", "0"], "--table-lr must be a finite number > 0, got 0.0"),
+    (["--lr", "inf"], "--lr must be a finite number > 0, got inf"),
+    (["--weight-decay", "inf"], "--weight-decay must be a finite number >= 0, got inf"),
+    # a head of 6 channels reached RotaryPE(6, axes=2) after the first graphs had trained
+    (["--hidden", "24", "--heads", "4"], "6 channels per head, but the 2-D rotary embedding"),
+    # a second position suffix was dropped without a word
+    (["--graphs", "complete+rope+offset"], "with at most one of +offset, +rope or +laprope"),
+    (["--graphs", "grid1+laprope+rope"], "with at most one of +offset, +rope or +laprope"),
+    (["--out", __file__], "--out must be a folder (it gets the figure)"),
     (["--rope-base", "-2"], "--rope-base must be a positive number, got -2.0"),
     (["--graphs", ","], "--graphs must name at least one"),
     (["--graphs", "grid1,grid1"], "--graphs must name each graph once"),

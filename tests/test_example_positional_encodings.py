@@ -51,7 +51,8 @@ def test_figure_is_written(example, tmp_path, capsys):
     assert (tmp_path / "positional_encodings.png").stat().st_size > 10_000
 
 
-@pytest.mark.parametrize("argv", [["--length", "4"], ["--pairs", "0"], ["--pairs", "32"]])
+@pytest.mark.parametrize("argv", [["--length", "4"], ["--pairs", "0"], ["--pairs", "32"],
+                                  ["--out", __file__]])  # (a file: after all the work)
 def test_bad_sizes_are_refused_by_name(example, argv, capsys):
     with pytest.raises(SystemExit):
         example["main"](argv + ["--no-plot"])

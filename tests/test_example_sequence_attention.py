@@ -365,8 +365,25 @@ def test_figure_is_written(example, tmp_path, capsys):
     (["--qk-norm", "l2"], "--qk-norm"),
     (["--softcap", "0"], "--softcap must be a positive number, got 0.0"),
     (["--softcap", "inf"], "--softcap must be a positive number, got inf"),
+    (["--lr", "inf"], "--lr must be a finite number > 0, got inf"),
+    # each failed in a constructor once the graph's run began, after others had trained
+    (["--hidden", "12", "--heads", "4", "--graphs", "window8,causal+rope"],
+     "the rotary embedding of causal+rope turns channel pairs"),
+    (["--differential", "--hidden", "12", "--heads", "4"], "--differential splits each head"),
+    (["--differential", "--graphs", "window8,causal+top4+rope"],
+     "--differential with a +topK graph"),
+    (["--out", __file__], "--out must be a folder (it gets the figure)"),
 ])
 def test_bad_arguments_are_refused_by_name(example, argv, name, capsys):
     with pytest.raises(SystemExit):
         example["main"](argv + ["--no-plot"])
     assert name in capsys.readouterr().err
+
+
+def test_sequences_longer_than_the_text_are_refused_by_name(example):
+    """--extrapolate 4 with --length 12000 ran past the 46,513 validation characters
+    (IndexError in windows) once the first graph had trained."""
+    with pytest.raises(SystemExit, match=r"--extrapolate 4 times --length 12000 does not fit "
+                                         r"in the \d+ validation characters"):
+        example["main"](["--length", "12000", "--extrapolate", "4", "--val-sequences", "1",
+                         "--no-plot"])

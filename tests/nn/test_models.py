@@ -556,7 +556,9 @@ def test_example_exits_with_the_loader_message(tmp_path):
     (["--layers", "3"], r"--layers is an option of --model transformer, got --model gat"),
     (["--model", "transformer", "--out-heads", "2"],
      r"--out-heads is an option of --model gat, got --model transformer"),
-    (["--weight-decay", "nan"], r"--weight-decay must be >= 0, got nan"),
+    (["--weight-decay", "nan"], r"--weight-decay must be a finite number >= 0, got nan"),
+    (["--weight-decay", "inf"], r"--weight-decay must be a finite number >= 0, got inf"),
+    (["--lr", "inf"], r"--lr must be a finite number >= 0, got inf"),  # (NaN at epoch 2)
     (["--model", "transformer", "--heads", "3"],
      r"--hidden must be divisible by --heads .*got --hidden 64 and --heads 3"),
     (["--out", __file__], r"--out must be a folder .*, a file"),  # before any training
