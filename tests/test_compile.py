@@ -263,6 +263,24 @@ def test_stacked_copies_of_a_layer_compile_with_inductor():
     _assert_compiles_like_eager(model, inputs, backend="inductor")
 
 
+def test_layers_of_one_configuration_share_their_compiled_graph():
+    """Each layer keyed its self-loop removal by its id(), which dynamo guards: every new layer
+    compiled again, and the ninth, past dynamo's recompile limit, failed under fullgraph=True
+    (an ensemble, a model per seed or fold). The key is a buffer now, an input of the graph."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    x, edge_index = torch.randn(20, 16), random_graph(20, 80, seed=3)
+    for seed in range(10):
+        torch.manual_seed(seed)
+        layer = GraphSelfAttention(16, 8, heads=2)
+        got = torch.compile(layer, backend="eager", fullgraph=True)(x, edge_index)
+        assert_close(got, layer(x, edge_index))
+    assert counters["stats"]["unique_graphs"] == 1
+    torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("attention", ["dot", "additive"])
 def test_graph_transformer_compiles(attention):
     torch.manual_seed(0)

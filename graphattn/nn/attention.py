@@ -933,6 +933,10 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             raise ValueError(f"fill_value as a tensor must hold 1 or edge_dim = {edge_dim} "
                              f"values, got shape {list(fill_value.shape)}")
         self.fill_value = fill_value
+        # under torch.compile, the key add_remaining_self_loops compares node ids XOR with: a
+        # tensor of each layer's own, so that two layers' loop removals trace apart, and an
+        # input of the graph (not a constant), so that every layer shares one compiled graph
+        self.register_buffer("_trace_key", torch.zeros((), dtype=torch.long), persistent=False)
         self.share_weights = bool(share_weights)
         if share_weights:
             if isinstance(in_channels, (tuple, list)) and in_channels[0] != in_channels[1]:
@@ -1076,7 +1080,7 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         elif self.add_self_loops:
             edge_index, edge_attr = add_remaining_self_loops(
                 edge_index, edge_attr, min(N_src, N_dst), fill_value=self.fill_value,
-                trace_key=(id(self) >> 4) % 2**31 if torch.compiler.is_compiling() else 0,
+                trace_key=self._trace_key if torch.compiler.is_compiling() else None,
                 keep_if_looped=not (return_attention_weights or hooks or self.explain))
 
         if self.indexer is not None:  # each target's top_k edges by the indexer's score
@@ -1483,7 +1487,7 @@ FILL_REDUCTIONS = {"mean": "mean", "add": "sum", "max": "amax", "min": "amin", "
 
 def add_remaining_self_loops(edge_index: Tensor, edge_attr: Tensor | None, num_nodes: int,
                              *, fill_value: float | Tensor | str = "mean",
-                             trace_key: int = 0, keep_if_looped: bool = False,
+                             trace_key: Tensor | None = None, keep_if_looped: bool = False,
                              ) -> tuple[Tensor, Tensor | None]:
     """Replace all self-loops by exactly one loop ``i -> i`` for each ``i < num_nodes``.
 
@@ -1504,16 +1508,20 @@ def add_remaining_self_loops(edge_index: Tensor, edge_attr: Tensor | None, num_n
     which the dense backend recognises it. Calls that return the attention weights leave it
     off, so that the edges come in PyG's order.
 
-    ``trace_key`` changes nothing in the result. Under ``torch.compile`` each layer passes a key
-    from its ``id()`` (below 2**31, for int32 ids too): the node ids are compared XOR the key,
-    so that two layers dropping the self-loops of one ``edge_index`` trace to two different
-    computations. Merged into one, their data-dependent edge count breaks the inductor backend
-    of torch 2.13 (``AssertionError: u1 not in {u0: ...}``).
+    ``trace_key`` (a 0-d integer tensor) changes nothing in the result. Under
+    ``torch.compile`` each layer passes a buffer of its own: the node ids are compared XOR the
+    key, so that two layers dropping the self-loops of one ``edge_index`` trace to two
+    different computations. Merged into one, their data-dependent edge count breaks the
+    inductor backend of torch 2.13 (``AssertionError: u1 not in {u0: ...}``). A buffer is an
+    input of the compiled graph, so layers of one configuration share their compiled code (a
+    key from each layer's ``id()`` compiled every layer anew, and a ninth one hit dynamo's
+    recompile limit).
     """
     if torch.compiler.is_compiling():
         src, dst = edge_index  # (E,), (E,)
-        if trace_key:
-            src, dst = src ^ trace_key, dst ^ trace_key
+        if trace_key is not None:
+            key = trace_key.to(src.dtype)
+            src, dst = src ^ key, dst ^ key
         keep = src != dst  # (E,)
         edge_index = edge_index[:, keep]  # (2, E_kept)
         loops = torch.arange(num_nodes, device=edge_index.device, dtype=edge_index.dtype)
