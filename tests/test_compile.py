@@ -263,6 +263,18 @@ def test_stacked_copies_of_a_layer_compile_with_inductor():
     _assert_compiles_like_eager(model, inputs, backend="inductor")
 
 
+def test_a_lazy_graph_transformer_compiles_in_the_default_mode():
+    """GraphTransformer(-1, ...) failed its first compiled call (SpeculationLogDivergence: the
+    first trace sized its input projection, and the restarted one found a Linear)."""
+    torch.manual_seed(0)
+    model = GraphTransformer(-1, 8, 3).eval()
+    x, edge_index = torch.randn(20, 16), random_graph(20, 80, seed=4)
+    got = torch.compile(model, backend="eager")(x, edge_index)
+    assert model.lin_in.weight.shape == (8, 16)
+    assert_close(got, model(x, edge_index))
+    torch._dynamo.reset()
+
+
 def test_layers_of_one_configuration_share_their_compiled_graph():
     """Each layer keyed its self-loop removal by its id(), which dynamo guards: every new layer
     compiled again, and the ninth, past dynamo's recompile limit, failed under fullgraph=True

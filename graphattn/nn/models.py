@@ -230,6 +230,12 @@ class GAT(torch.nn.Module):
         return out, [first, second]
 
 
+@torch.compiler.disable  # eager: under torch.compile, the first trace sized the module
+def _size_lazy(lin: LazyLinear, x: Tensor) -> None:  # and the restarted one found a Linear
+    """Size the lazy ``lin`` by ``x``'s width, with an empty batch through its own hook."""
+    lin(torch.empty(0, x.size(1), dtype=lin.weight.dtype, device=x.device))
+
+
 def _block_indexer(width: int, heads: int, top_k: int | None, indexer_heads: int,
                    channels: int | None, q_rank: int | None,
                    rotary: RotaryPE | None) -> LightningIndexer | None:
@@ -478,6 +484,8 @@ class GraphTransformer(torch.nn.Module):
             shape = list(x.shape) if isinstance(x, Tensor) else type(x).__name__
             raise ValueError(f"x must have shape [N, F], got {shape}")
         check_float_dtype(x=x)
+        if isinstance(self.lin_in, LazyLinear):
+            _size_lazy(self.lin_in, x)
         check_weight_dtype(x, self.lin_in, "x")
         if not isinstance(self.lin_in, LazyLinear) and x.size(1) != self.lin_in.in_features:
             raise ValueError(f"x must have F = in_channels = {self.lin_in.in_features} "
