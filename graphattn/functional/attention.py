@@ -750,7 +750,7 @@ def edge_attention_unchecked(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor
             check_cpu_inputs(q, k, v, edge_index)
         else:
             check_triton_inputs(q, k, v, score=score, bias=bias, att=att, edge_key=edge_key,
-                                edge_value=edge_value)
+                                edge_value=edge_value, sinks=sinks)
             triton_dtypes = (v.dtype, functools.reduce(torch.promote_types, [
                 t.dtype for t in (q, k, bias, att, edge_key, sinks) if t is not None]))
         backend = "reference"

@@ -880,7 +880,7 @@ def _or(tensor: Tensor | None, placeholder: Tensor) -> Tensor:
 
 def check_triton_inputs(q: Tensor, k: Tensor, v: Tensor, *, score: str, bias: Tensor | None,
                         att: Tensor | None, edge_key: Tensor | None,
-                        edge_value: Tensor | None) -> None:
+                        edge_value: Tensor | None, sinks: Tensor | None = None) -> None:
     """Raise what :func:`triton_edge_attention` raises for inputs its kernels cannot take (see
     its Raises); also checked where the triton backend gives way to the reference path
     (under ``torch.func``), so that it refuses the same inputs there."""
@@ -888,7 +888,7 @@ def check_triton_inputs(q: Tensor, k: Tensor, v: Tensor, *, score: str, bias: Te
         raise ImportError(f"backend='triton' needs the optional package triton, which is not "
                           f"installed: {INSTALL_HINT}")
     for name, t in (("q", q), ("k", k), ("v", v), ("bias", bias), ("att", att),
-                    ("edge_key", edge_key), ("edge_value", edge_value)):
+                    ("edge_key", edge_key), ("edge_value", edge_value), ("sinks", sinks)):
         if t is not None and t.dtype not in DTYPES:
             raise TypeError(f"backend='triton' supports float32, float16 and bfloat16 inputs, "
                             f"got {name} of dtype {t.dtype}")
@@ -976,7 +976,7 @@ def triton_edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *
             edge_key comes with the additive score.
     """
     check_triton_inputs(q, k, v, score=score, bias=bias, att=att, edge_key=edge_key,
-                        edge_value=edge_value)
+                        edge_value=edge_value, sinks=sinks)
     value_is_key = edge_key is not None and edge_value is edge_key
     q, k, v, att, bias, dropout_mask, edge_index, edge_key, edge_value = (
         None if t is None else t.contiguous()

@@ -695,6 +695,15 @@ def test_clear_error_for_float64(interpreter, route):
         _call_through(route, lambda q: edge_attention(
             q, inputs["k"], inputs["v"], torch.tensor([[0], [1]], device=DEVICE),
             backend="triton"), inputs["q"])
+    # float64 sinks beside fp32 inputs: the kernels read them as fp32 (1e39 became inf, and
+    # the rows NaN)
+    single = on_device(attention_inputs(3, 3, 1, 1, 8))
+    sinks = torch.tensor([1e39], dtype=torch.float64, device=DEVICE)
+    with pytest.raises(TypeError, match="float32, float16 and bfloat16 inputs, got sinks of "
+                                        "dtype torch.float64"):
+        _call_through(route, lambda q: edge_attention(
+            q, single["k"], single["v"], torch.tensor([[0], [1]], device=DEVICE), sinks=sinks,
+            backend="triton"), single["q"])
 
 
 @pytest.mark.parametrize("heads,channels,score_channels,expected", [
