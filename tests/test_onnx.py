@@ -102,3 +102,25 @@ def test_onnx_export_of_rotary_grouped_layer_runs_on_other_graphs(tmp_path):
         with torch.no_grad():
             assert_close(torch.from_numpy(out), module(x, edge_index, pos), atol=1e-5,
                          rtol=1e-4)
+
+
+@pytest.mark.parametrize("shape", [(12, 8), (2, 12, 8)], ids=["unbatched", "batched"])
+def test_onnx_export_of_the_dense_twin_runs(shape, tmp_path):
+    """DenseSelfAttention on [L, F] failed to export ("only 4D query, key, and value are
+    supported" in ONNX's attention); [B, L, F] exported. Both run in onnxruntime as eager
+    computes them, on sequences of other lengths."""
+    from torch.export import Dim
+
+    from graphattn.nn import DenseSelfAttention
+
+    torch.manual_seed(0)
+    module = DenseSelfAttention(8, 4, heads=2).eval()
+    path = tmp_path / "dense.onnx"
+    torch.onnx.export(module, (torch.randn(*shape),), path, dynamo=True, input_names=["x"],
+                      output_names=["out"], dynamic_shapes=({len(shape) - 2: Dim("L")},))
+    session = onnxruntime.InferenceSession(str(path))
+    for length in (12, 30, 5):
+        x = torch.randn(*shape[:-2], length, 8)
+        (out,) = session.run(None, {"x": x.numpy()})
+        with torch.no_grad():
+            assert_close(torch.from_numpy(out), module(x), atol=1e-5, rtol=1e-4)

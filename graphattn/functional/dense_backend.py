@@ -29,7 +29,12 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from graphattn._checks import host_list
 from graphattn.functional import cpu
-from graphattn.functional._transforms import apply_function, host_readable, plain_ops_only
+from graphattn.functional._transforms import (
+    apply_function,
+    host_readable,
+    onnx_exporting,
+    plain_ops_only,
+)
 from graphattn.functional.dropout import dropout_mask
 from graphattn.functional.reference import reference_edge_attention, repeat_kv_heads
 
@@ -83,6 +88,9 @@ def sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
         # path, which every transform differentiates and batches. _fused_sdp_choice has no
         # batching rule, the flash kernel no forward AD, and _FusedSDPA's backward cannot
         # differentiate inputs whose transform has exited (vjp's, by the time its vjp_fn runs).
+        if q.dim() == 3 and onnx_exporting():  # ONNX's attention takes 4-D inputs only
+            mask = attn_mask[None] if attn_mask is not None and attn_mask.dim() == 3 else attn_mask
+            return sdpa(q[None], k[None], v[None], mask, dropout_p, is_causal, scale)[0]
         with sdpa_kernel(SDPBackend.MATH):
             return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, **options)
     tensors = (q, k, v, attn_mask)
