@@ -42,8 +42,12 @@ def check_edge_index(edge_index: Tensor, num_src: int, num_dst: int) -> None:
         # checks become asserts inside it, and their messages cannot quote the bad value. Nor
         # the node counts: formatting a traced size into a string would fix it to the value
         # traced, and every other graph size would compile again.
-        src_max, dst_max = edge_index.amax(dim=1)
-        torch._assert_async(edge_index.min() >= 0, "edge_index must hold node ids >= 0")
+        # (a column of -1 for the maxima and of 0 for the minimum: a program exported with a
+        # dynamic edge count also takes a graph without edges, whose reductions are empty)
+        pad = edge_index.new_zeros(2, 1)
+        src_max, dst_max = torch.cat([edge_index, pad - 1], dim=1).amax(dim=1)
+        torch._assert_async(torch.cat([edge_index, pad], dim=1).min() >= 0,
+                            "edge_index must hold node ids >= 0")
         torch._assert_async(src_max < num_src, "edge_index[0] (sources) must be < the "
                                                "number of source nodes")
         torch._assert_async(dst_max < num_dst, "edge_index[1] (targets) must be < the "

@@ -837,6 +837,21 @@ def test_export_with_dynamic_sizes_runs_on_other_graphs(model):
             assert_close(program.module()(x, edge_index), module(x, edge_index))
 
 
+@pytest.mark.parametrize("model", ["layer", "GAT"])
+def test_an_exported_program_takes_a_graph_without_edges(model):
+    """The node-id checks reduced over the edges (amax of an empty dimension): a program
+    exported with a dynamic edge count failed on a graph without edges, which eager takes."""
+    from torch.export import Dim, export
+
+    torch.manual_seed(0)
+    module = (GraphSelfAttention(16, 8, heads=2) if model == "layer" else GAT(16, 3)).eval()
+    program = export(module, (torch.randn(12, 16), torch.randint(0, 12, (2, 40))),
+                     dynamic_shapes=({0: Dim("N")}, {1: Dim("E")}))
+    x, no_edges = torch.randn(5, 16), torch.empty(2, 0, dtype=torch.long)
+    with torch.no_grad():
+        assert_close(program.module()(x, no_edges), module(x, no_edges))
+
+
 class _Positional(torch.nn.Module):
     """``layer(x, edge_index, pos=pos)``, or with ``edge_index=None`` the dense
     ``layer(x, is_causal=True)``, as a module of plain positional tensors for export."""
