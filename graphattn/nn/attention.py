@@ -559,7 +559,9 @@ class _SelfAttentionBase(torch.nn.Module):
         extra += ", qk_norm_after_rotary=True" if self.qk_norm_after_rotary else ""
         extra += "" if self.v_norm is None else ", v_norm=True"
         default = self.out_channels // 2 if self.differential else self.out_channels
-        if self.score_channels not in (1, default):  # (1: the additive score's)
+        if getattr(self, "attention", "dot") == "additive":
+            default = 1  # the additive score's one number per head
+        if self.score_channels != default:
             extra += f", score_channels={self.score_channels}"
         extra += "" if self.scale is None else f", scale={self.scale:g}"
         extra += "" if self.gate is None else f", gate={self.gate!r}"

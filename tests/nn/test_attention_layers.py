@@ -330,6 +330,11 @@ def test_repr_and_reset_parameters():
     assert repr(eval(text, {"GraphSelfAttention": GraphSelfAttention})) == text
     assert repr(GraphSelfAttention(4, 3, edge_dim=2, fill_value=[1.0, 2.0])).endswith(
         "edge_dim=2, fill_value=[1.0, 2.0])")
+    # one score channel is the additive score's own width, but a choice of a dot layer's
+    for cls in (GraphSelfAttention, DenseSelfAttention):
+        text = f"{cls.__name__}(6, 4, heads=2, score_channels=1)"
+        rebuilt = eval(text, {cls.__name__: cls})
+        assert repr(rebuilt) == text and rebuilt.lin_q.weight.shape == (2, 6)
     with torch.no_grad():
         layer.lin_q.bias.fill_(3.0)
     layer.reset_parameters()
