@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from _machine import cpu_name
 from tqdm import tqdm
 
-from graphattn.datasets import NAMES, MissingFilesError, load_planetoid
+from graphattn.datasets import NAMES, ChecksumError, MissingFilesError, load_planetoid
 from graphattn.nn import GAT, GraphTransformer
 
 
@@ -63,7 +63,7 @@ def parse_step_args(parser: argparse.ArgumentParser, argv: list[str] | None, *,
                          f"(or 'none')")
         try:  # (downloads what is missing, where it can)
             load_planetoid(name, root=args.root, structure_only=structure_only)
-        except MissingFilesError as error:
+        except (MissingFilesError, ChecksumError) as error:
             parser.error(f"--datasets {name}: {error}")
     return args
 

@@ -48,7 +48,7 @@ from torch_geometric.utils import to_dense_batch
 from tqdm import tqdm
 
 from graphattn import graphs
-from graphattn.functional import dense_attention, edge_attention
+from graphattn.functional import dense_attention, edge_attention, select_backend
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROUTES = ("sparse", "auto", "padded", "loop", "grouped")
@@ -122,6 +122,16 @@ def grouped_scores(sizes: list[int]) -> int:
     return sum(len(group) * max(group) ** 2 for group in groups.values())
 
 
+def auto_picks(q: Tensor, batch: Tensor) -> dict[str, str]:
+    """The backend ``backend="auto"`` takes on the batch's graph, for a forward alone and for
+    a forward+backward (q needing its gradient)."""
+    edge_index = graphs.batch_complete_graph(batch)
+    with torch.no_grad():
+        forward = select_backend(q, edge_index)
+    return {"forward": forward,
+            "forward+backward": select_backend(q.detach().requires_grad_(), edge_index)}
+
+
 def timed(fn: Callable[[], object], device: torch.device) -> float:
     """Wall time of ``fn()``, the device's queued work included."""
     start = time.perf_counter()
@@ -162,10 +172,12 @@ def measure(case: Batch, heads: int, channels: int, repeats: int, warmup: int,
                     times[name, kind].append(t)
     n_max = max(case.sizes)
     exact = sum(n * n for n in case.sizes)
-    # auto on CPU runs the graph's blocks (one per graph) as dense blocks grouped as grouped
-    # pads them; elsewhere it takes the sparse kernels
-    scores = {"sparse": exact, "auto": grouped_scores(case.sizes) if device.type == "cpu"
-              else exact, "padded": len(case.sizes) * n_max * n_max, "loop": exact,
+    # auto picks by the graph's density and size: the dense backend runs the graph's blocks
+    # (one per graph) grouped as grouped pads them; the sparse kernels score each edge once
+    picks = auto_picks(q, batch)
+    scores = {"sparse": exact, "auto": grouped_scores(case.sizes)
+              if picks["forward+backward"] == "dense" else exact,
+              "padded": len(case.sizes) * n_max * n_max, "loop": exact,
               "grouped": grouped_scores(case.sizes)}
     rows = []
     for name in fns:
@@ -173,6 +185,8 @@ def measure(case: Batch, heads: int, channels: int, repeats: int, warmup: int,
         fwd_bwd = statistics.median(times[name, "fwd_bwd"]) * 1e3
         rows.append({"batch": case.name, "graphs": len(case.sizes), "nodes": N,
                      "n_max": n_max, "route": name, "scores_per_head": scores[name],
+                     "auto_forward": picks["forward"],
+                     "auto_forward_backward": picks["forward+backward"],
                      "fwd_ms": fwd, "fwd_bwd_ms": fwd_bwd,
                      "max_abs_diff": float((outs[name] - outs["sparse"]).abs().max())})
     for row in rows:
@@ -195,8 +209,10 @@ def write_table(rows: list[dict[str, object]], args: argparse.Namespace, command
         "- routes, each from the batch vector and q, k, v `[N, H, C]` to out `[N, H, C]`: "
         f"`sparse` = `edge_attention(backend=\"{args.backend}\")` on "
         "`graphs.batch_complete_graph(batch)` "
-        "(graph built in the call); `auto` = the same with `backend=\"auto\"` (on CPU: the "
-        "dense backend on the graph's blocks, grouped by size); `padded` = `to_dense_batch`, "
+        "(graph built in the call); `auto` = the same with `backend=\"auto\"`, which takes "
+        "the dense backend (the graph's blocks, grouped by size) or the sparse kernels "
+        f"({auto_line(rows)}); its scores per head are those of its forward+backward pick; "
+        "`padded` = `to_dense_batch`, "
         "`dense_attention` with the node mask as key mask (SDPA), real rows taken out; "
         "`loop` = `dense_attention` per graph; "
         "`grouped` = `dense_attention(batch=batch)`, one padded call per size group",
@@ -219,6 +235,13 @@ def write_table(rows: list[dict[str, object]], args: argparse.Namespace, command
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
+
+
+def auto_line(rows: list[dict[str, object]]) -> str:
+    """What ``auto`` picked on each batch, forward / forward+backward."""
+    picks = {r["batch"]: f"{r['auto_forward']} / {r['auto_forward_backward']}" for r in rows}
+    return "picks, forward / forward+backward: " + "; ".join(
+        f"{batch} {pick}" for batch, pick in picks.items())
 
 
 def device_line(device: torch.device) -> str:
@@ -296,6 +319,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--repeats must be at least 1 (a median), got {args.repeats}")
     if args.warmup < 0:
         parser.error(f"--warmup must be >= 0, got {args.warmup}")
+    if args.heads < 1 or args.channels < 1:
+        parser.error(f"--heads and --channels must be positive, got {args.heads} and "
+                     f"{args.channels}")
     if args.output is None:  # a GPU run does not overwrite the CPU table
         suffix = ("_quick" if args.quick else "") + ("_gpu" if args.device.type == "cuda" else "")
         args.output = RESULTS / f"batched_global{suffix}.md"

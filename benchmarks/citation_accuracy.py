@@ -48,7 +48,7 @@ from node_classification import (  # noqa: E402
     train_node_classifier,
 )
 
-from graphattn.datasets import MissingFilesError, load_planetoid  # noqa: E402
+from graphattn.datasets import ChecksumError, MissingFilesError, load_planetoid  # noqa: E402
 from graphattn.nn import GAT  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
@@ -305,6 +305,8 @@ def main() -> None:
             skipped[dataset] = str(err)
             print(f"skipping {dataset}: {err}")
             continue
+        except ChecksumError as err:  # a corrupt file is not skipped: it is named
+            raise SystemExit(f"{dataset}: {err}; no results written") from None
         jobs += [Job(dataset, model, seed, args.epochs, args.patience, args.root, args.stop_on)
                  for seed in range(args.seed, args.seed + args.seeds) for model in args.models]
     if not jobs:

@@ -151,6 +151,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--repeats must be at least 1 (a median), got {args.repeats}")
     if args.warmup < 0:
         parser.error(f"--warmup must be >= 0, got {args.warmup}")
+    if args.heads < 1 or args.channels < 1:
+        parser.error(f"--heads and --channels must be positive, got {args.heads} and "
+                     f"{args.channels}")
     if not 0.0 < args.dropout < 1.0:
         parser.error(f"--dropout must be in (0, 1), got {args.dropout}")
     if args.output is None:

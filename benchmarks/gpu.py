@@ -210,6 +210,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("heads", "channels", "repeats"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if args.replot:  # the table read here: a missing or foreign file is the parser's error
+        table = Path(args.replot)
+        if not table.is_file():
+            parser.error(f"--replot: no such file {args.replot!r}")
+        try:
+            args.replot_table = read_markdown(table.read_text())
+        except (ValueError, UnicodeDecodeError) as error:
+            parser.error(f"--replot: {args.replot!r} is not a table this script wrote: {error}")
     return args
 
 
@@ -1307,9 +1315,8 @@ def environment(args: argparse.Namespace, peak: float | None, peak_source: str,
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.replot:
-        table = Path(args.replot)
-        header, results = read_markdown(table.read_text())
-        plot(results, table.with_suffix(".png"), header)
+        header, results = args.replot_table
+        plot(results, Path(args.replot).with_suffix(".png"), header)
         return 0
     if not torch.cuda.is_available():
         print("benchmarks/gpu.py needs a CUDA GPU (torch.cuda.is_available() is False); "

@@ -305,6 +305,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.edge_dim < 0:
         parser.error(f"--edge-dim must be >= 0 (0: no edge features), got {args.edge_dim}")
+    for name in ("repeats", "memory_limit"):
+        if not getattr(args, name) > 0:  # (NaN too)
+            parser.error(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
+    if any(edges < 1 for edges in args.probe_edges):
+        parser.error(f"--probe-edges must be positive edge counts, got {args.probe_edges}")
 
     if args.worker is not None:
         case = CASES.get(args.case)

@@ -150,7 +150,21 @@ def download_file(url: str, path: str | os.PathLike, sha256: str, *, progress: b
         urllib.error.URLError, OSError: the download failed or ended early.
     """
     path = Path(path)
+    created = [folder for folder in path.parents if not folder.exists()]  # innermost first
     path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        _download_to(url, path, sha256, progress, timeout)
+    except BaseException:  # a failed download leaves no empty folders behind (a mistyped root)
+        for folder in created:
+            try:
+                folder.rmdir()  # only while empty
+            except OSError:
+                break
+        raise
+
+
+def _download_to(url: str, path: Path, sha256: str, progress: bool, timeout: float) -> None:
+    """:func:`download_file` into the existing folder of ``path``."""
     # Not tempfile.mkstemp: its mode 0600 would stay on the renamed file, unreadable to others in
     # a shared data root. open(..., "x") creates the file with the umask's mode, never reusing one.
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.part")

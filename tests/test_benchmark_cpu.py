@@ -18,6 +18,9 @@ import torch
 from conftest import assert_close, needs_triton, random_graph
 from torch_geometric.data import Data
 
+from graphattn import graphs
+from graphattn.functional import select_backend
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import _child  # noqa: E402
 import _report  # noqa: E402
@@ -197,8 +200,12 @@ def test_batched_global_routes_agree_and_fill_the_table(tmp_path):
     for n in sizes:
         groups.setdefault(math.ceil(math.log2(n)), []).append(n)
     grouped = sum(len(g) * max(g) ** 2 for g in groups.values())
+    # auto scores as the backend it takes for a forward+backward on this graph
+    batch = batched_global.batches(quick=True)[0].batch
+    pick = select_backend(torch.zeros(batch.numel(), 4, 16, requires_grad=True),
+                          graphs.batch_complete_graph(batch))
     expected = {"sparse": sum(n * n for n in sizes), "loop": sum(n * n for n in sizes),
-                "auto": grouped,
+                "auto": grouped if pick == "dense" else sum(n * n for n in sizes),
                 "padded": len(sizes) * max(sizes) ** 2,
                 "grouped": sum(len(g) * max(g) ** 2 for g in groups.values())}
     for r in rows:
@@ -207,6 +214,8 @@ def test_batched_global_routes_agree_and_fill_the_table(tmp_path):
         assert int(r["scores_per_head"]) == expected[r["route"]], r["route"]
     assert float(rows[0]["fwd_vs_sparse"]) == 1.0
     assert "| tiny-8x3-9 | 8 |" in out.read_text()
+    assert {r["auto_forward_backward"] for r in rows} == {pick}
+    assert f"tiny-8x3-9 {rows[0]['auto_forward']} / {pick}" in out.read_text()
 
 
 def test_batched_global_plot_names_the_device_it_ran_on(monkeypatch, tmp_path):
@@ -309,6 +318,44 @@ def test_citation_validation_grid_refuses_what_it_cannot_run_before_training(mon
     with pytest.raises(SystemExit):
         grid.main()
     assert "CiteSeer: missing ind.citeseer.x" in capsys.readouterr().err
+
+
+def test_citation_validation_grid_lead_of_runs_all_alike():
+    """The lead is in standard errors of the paper setting's mean; where its runs all agree
+    (no spread: two seeds can), a lead is infinite and no lead is 0, not a ZeroDivisionError
+    after the whole grid ran."""
+    import citation_validation_grid as grid
+
+    assert grid.lead_in_standard_errors(82.0, [80.0, 81.0, 82.0]) == pytest.approx(
+        1.0 / (1.0 / 3 ** 0.5))
+    assert grid.lead_in_standard_errors(81.0, [80.0, 80.0]) == math.inf
+    assert grid.lead_in_standard_errors(80.0, [80.0, 80.0]) == 0.0
+
+
+def test_a_corrupt_dataset_file_ends_the_run_by_name(monkeypatch, capsys):
+    """A raw file whose checksum differs stops the benchmarks with its message, as a missing
+    one does: not with a traceback (and citation_accuracy does not skip it, as it skips a
+    dataset without files)."""
+    import citation_validation_grid as grid
+
+    from graphattn.datasets import ChecksumError
+
+    def corrupt(name, root=None, **kwargs):
+        raise ChecksumError(f"{name}: ind.cora.y has SHA-256 00, expected 11")
+
+    for module in (grid, citation_accuracy, sparse_vs_dense):
+        monkeypatch.setattr(module, "load_planetoid", corrupt)
+    monkeypatch.setattr(sys, "argv", ["citation_validation_grid.py", "--datasets", "Cora"])
+    with pytest.raises(SystemExit):
+        grid.main()
+    assert "ind.cora.y has SHA-256 00" in capsys.readouterr().err
+    monkeypatch.setattr(sys, "argv", ["citation_accuracy.py", "--datasets", "Cora"])
+    with pytest.raises(SystemExit, match="ind.cora.y has SHA-256 00.*no results written"):
+        citation_accuracy.main()
+    args = argparse.Namespace(quick=True, patterns=False, seed=0, data_root=None,
+                              download=False)
+    with pytest.raises(SystemExit, match="Cora: Cora: ind.cora.y has SHA-256 00"):
+        sparse_vs_dense.sweep_points(args)
 
 
 def test_call_in_child_reports_each_way_a_call_ends():

@@ -196,7 +196,8 @@ def test_offline_and_missing_names_files_source_and_folder(tmp_path, offline):
         assert f"https://github.com/kimiyoung/planetoid/raw/master/data/ind.cora.{part}" in msg
     assert len(offline) == 1  # gives up after the first failed download
     assert "structure_only" not in msg  # it would not help: structure files are missing too
-    assert not list(folder.glob("*")), "no partial files may be left behind"
+    # no partial file, and no folder made for the download: a mistyped root leaves no trace
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_download_false_never_touches_the_network(tmp_path, offline):
@@ -280,7 +281,7 @@ def test_download_cut_short_is_a_failed_download(tmp_path, monkeypatch, cut):
     with pytest.raises(MissingFilesError, match=r"download failed: .*ind\.cora\.x") as info:
         load_planetoid("Cora", tmp_path, progress=False)
     assert "put them into" in str(info.value)
-    assert not list((tmp_path / "Cora" / "raw").iterdir()), "no partial files may be left behind"
+    assert list(tmp_path.iterdir()) == [], "no partial files or new folders may be left behind"
 
 
 def test_malformed_http_response_is_a_failed_download(tmp_path, monkeypatch):
@@ -291,7 +292,27 @@ def test_malformed_http_response_is_a_failed_download(tmp_path, monkeypatch):
     monkeypatch.setattr(ds, "urlopen", garbage)
     with pytest.raises(MissingFilesError, match=r"download failed: .*ind\.cora\.x: BadStatusLine"):
         load_planetoid("Cora", tmp_path, progress=False)
-    assert not list((tmp_path / "Cora" / "raw").iterdir()), "no partial files may be left behind"
+    assert list(tmp_path.iterdir()) == [], "no partial files or new folders may be left behind"
+
+
+def test_failed_download_keeps_the_folders_that_were_there(tmp_path, monkeypatch):
+    """Folders the download made are removed when it fails, innermost first; those that were
+    there before, and any that holds a file, stay."""
+    def offline(url, timeout=None):
+        raise URLError("offline")
+
+    monkeypatch.setattr(ds, "urlopen", offline)
+    (tmp_path / "Cora").mkdir()
+    with pytest.raises(URLError):
+        ds.download_file("https://example/x", tmp_path / "Cora" / "raw" / "deep" / "x", "0" * 64,
+                         progress=False)
+    assert [p.name for p in tmp_path.rglob("*")] == ["Cora"]
+    (tmp_path / "Cora" / "raw").mkdir()
+    (tmp_path / "Cora" / "raw" / "ind.cora.y").write_bytes(b"y")
+    with pytest.raises(URLError):
+        ds.download_file("https://example/x", tmp_path / "Cora" / "raw" / "x", "0" * 64,
+                         progress=False)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["Cora", "ind.cora.y", "raw"]
 
 
 def test_root_expands_the_home_folder(tmp_path, monkeypatch, offline):
