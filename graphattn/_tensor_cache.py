@@ -78,7 +78,7 @@ def clear_graph_caches() -> None:
     """Drop every value kept from a graph's tensors.
 
     That is the CSR orderings of the ``triton`` backend, the bounds that the edge-index check
-    read back, and the graphs with self-loops of
+    read back, the int64 copies of int32 graphs, and the graphs with self-loops of
     :class:`~graphattn.nn.GraphSelfAttention` (CUDA tensors only). Their memory is freed, and
     the tensors lose the weak references their entries held, which
     ``torch.utils.swap_tensors`` refuses. The next call on a graph computes them again. Call

@@ -501,8 +501,10 @@ def laplacian_pe(edge_index: Tensor, num_nodes: int, k: int, *, pad: bool = Fals
     eigenvalues = torch.zeros(k, dtype=torch.float64)
     eigenvalues[:n_eig] = torch.from_numpy(vals)
     if random_sign_flip:
-        signs = torch.randint(0, 2, (k,), generator=generator) * 2 - 1  # (k,) in {-1, 1}
-        pe = pe * signs
+        # drawn where the generator draws (a CUDA generator beside a CUDA edge_index)
+        where = "cpu" if generator is None else generator.device
+        signs = torch.randint(0, 2, (k,), generator=generator, device=where) * 2 - 1  # (k,)
+        pe = pe * signs.cpu()
     pe.masked_fill_(pe == 0, 0.0)  # a flipped column's zeros (isolated nodes, padding) were -0.0
     dtype, device = torch.get_default_dtype(), edge_index.device
     pe = pe.to(device=device, dtype=dtype)
@@ -1720,9 +1722,11 @@ class DistanceBias(torch.nn.Module):
     one-sided buckets (:func:`relative_position_bucket` with ``bidirectional=False``): 0 ..
     ⌊B/2⌋ - 1 exact, then log-spaced, and D or more the last; on the causal graph with chain
     distances that is T5's decoder bias, and on a graph it reaches far pairs with few
-    parameters. Pairs that no path joins (distance -1) have a bucket of their own, the last
-    row. The biases start at 0 (plain attention; :class:`OffsetBias` says how fast they
-    learn). The output goes to ``attn_bias`` of
+    parameters. Pairs that no path joins (distance -1) take the last row: a row of their own
+    with ``num_buckets``; without, the row D + 1 of the pairs farther apart than D (which
+    :func:`hop_distance` with ``max_distance=D`` reports as -1 too). The biases start at 0
+    (plain attention; :class:`OffsetBias` says how fast they learn). The output goes to
+    ``attn_bias`` of
     :class:`~graphattn.nn.GraphSelfAttention` (distances of its edges) or of
     :class:`~graphattn.nn.DenseSelfAttention` (an ``(N, N)`` distance matrix, heads moved in
     front).
@@ -2026,8 +2030,9 @@ def apply_rotary(x: Tensor, pos: Tensor, *, dim: int | None = None, axes: int = 
     consecutive groups of ``dim / A``, and group a is the one-axis embedding of coordinate a,
     with its own frequencies :math:`\text{base}^{-2m/(d/A)}` (axial RoPE). The score then
     depends on the offset :math:`p_i - p_j` along every axis. Positions may be integer or
-    real; the angles are computed in float32 (float64 for a float64 ``x``), as Hugging Face
-    computes them, and rounded to the dtype of ``x``.
+    real; the angles are computed in float32, as Hugging Face computes them (in float64 for
+    a float64 ``x``, where Hugging Face stays in float32: its angles then differ from these by
+    their float32 rounding), and rounded to the dtype of ``x``.
 
     Args:
         x (Tensor): queries or keys ``[..., N, H, C]``.

@@ -706,6 +706,19 @@ def test_laplacian_pe_random_sign_flip():
     assert seen == {-1.0, 1.0}
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: the signs "
+                    "drawn by a CUDA generator beside a CUDA edge_index")
+def test_laplacian_pe_random_sign_flip_with_a_cuda_generator():
+    """The signs are drawn on the generator's device (a CPU draw refused a CUDA generator)."""
+    edge_index, n = well_separated_graph(30)
+    base = pe.laplacian_pe(edge_index, n, 4)
+    flipped = pe.laplacian_pe(edge_index.cuda(), n, 4, random_sign_flip=True,
+                              generator=torch.Generator("cuda").manual_seed(0))
+    assert flipped.is_cuda
+    signs = (flipped.cpu() * base).sum(dim=0).sign()
+    assert_close(flipped.cpu(), base * signs)
+
+
 def test_laplacian_pe_random_sign_flip_draws_a_sign_per_column():
     """Each column gets its own sign: with 4 columns the 8 seeds show more than the two
     patterns (all kept, all flipped) that one shared sign would give."""

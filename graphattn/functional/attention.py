@@ -28,6 +28,7 @@ from graphattn._checks import (
     dense_graph_ids,
     score_factor,
 )
+from graphattn._tensor_cache import TensorCache
 from graphattn.functional._transforms import onnx_exporting, plain_ops_only
 from graphattn.functional.cpu import check_cpu_inputs, cpu_edge_attention
 from graphattn.functional.dense_backend import (
@@ -177,6 +178,20 @@ def explicit_min_density(num_dst: int, num_src: int, *, training: bool) -> float
         training (bool): forward+backward (``True``) or forward only (``False``).
     """
     return _interpolate(EXPLICIT_CROSSOVER_CPU, math.sqrt(num_dst * num_src), training)
+
+
+# The int64 copy of an int32 edge_index, kept (on CUDA) while the graph lives unmodified: the
+# triton backend's CSR orderings are kept per edge_index tensor, and a copy made at each call
+# would be a new graph to them, sorted again at every step.
+_INT64_IDS: TensorCache[Tensor] = TensorCache(max_entries=8)
+
+
+def int64_ids(edge_index: Tensor) -> Tensor:
+    """``edge_index`` as int64: itself, or its int64 copy (kept while an int32 one lives
+    unmodified, where the graph caches keep values)."""
+    if edge_index.dtype == torch.int64:
+        return edge_index
+    return _INT64_IDS.get(edge_index, None, edge_index.long)
 
 
 def select_backend(q: Tensor, edge_index: Tensor, num_src: int | None = None, *,
@@ -779,15 +794,16 @@ def edge_attention_unchecked(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor
         options["softcap"] = float(softcap)
     if sinks is not None:
         options["sinks"] = sinks
+    ids = int64_ids(edge_index)
     if edge_key is None and edge_value is None:
         if layout is not None and backend == "dense":
             options["layout"] = layout  # found once, by the rule
-        out, alpha = BACKENDS[backend](q, k, v, edge_index.long(), **options)
+        out, alpha = BACKENDS[backend](q, k, v, ids, **options)
     elif backend in NATIVE_EDGE_TERMS:
-        out, alpha = BACKENDS[backend](q, k, v, edge_index.long(), edge_key=edge_key,
+        out, alpha = BACKENDS[backend](q, k, v, ids, edge_key=edge_key,
                                        edge_value=edge_value, **options)
     else:
-        out, alpha = fold_edge_terms(BACKENDS[backend], q, k, v, edge_index.long(),
+        out, alpha = fold_edge_terms(BACKENDS[backend], q, k, v, ids,
                                      edge_key=edge_key, edge_value=edge_value, **options)
     if triton_dtypes is not None:
         out, alpha = out.to(triton_dtypes[0]), alpha if alpha is None else alpha.to(

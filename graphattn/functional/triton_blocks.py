@@ -245,7 +245,7 @@ def block_forward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None,
     ``[N_dst, H, 2]`` in fp32, and with ``num_scores`` = E the scores ``[E, H]`` (fp32, in
     ``edge_index`` order; the layout must have ids), else ``None``; ``sinks`` ``[H]``: see
     :mod:`graphattn.functional.sinks`."""
-    from graphattn.functional.triton_kernels import kernels
+    from graphattn.functional.triton_kernels import kernels, on_device_of
 
     n_dst, n_src, heads = q.size(0), k.size(0), q.size(1)
     out = torch.empty(n_dst, heads, v.size(2), device=v.device, dtype=out_dtype)
@@ -254,13 +254,15 @@ def block_forward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None,
               torch.empty(num_scores, heads, device=v.device, dtype=torch.float32))
     if n_dst == 0 or heads == 0:
         return out, lse, scores
-    kernels().block_forward_kernel[((layout.ptr.numel() - 1) * heads,)](
-        q, k, v, q if bias is None else bias, q if dropout_mask is None else dropout_mask,
-        layout.ptr, layout.col, layout.bits,
-        layout.col if layout.ids is None else layout.ids, out, lse,
-        lse if scores is None else scores, n_dst, n_src, scale,
-        lse if sinks is None else sinks.float().contiguous(), NEED_SCORES=scores is not None,
-        HAS_SINKS=sinks is not None, **_launch_options(q, v, layout, bias, dropout_mask))
+    with on_device_of(q):
+        kernels().block_forward_kernel[((layout.ptr.numel() - 1) * heads,)](
+            q, k, v, q if bias is None else bias, q if dropout_mask is None else dropout_mask,
+            layout.ptr, layout.col, layout.bits,
+            layout.col if layout.ids is None else layout.ids, out, lse,
+            lse if scores is None else scores, n_dst, n_src, scale,
+            lse if sinks is None else sinks.float().contiguous(),
+            NEED_SCORES=scores is not None, HAS_SINKS=sinks is not None,
+            **_launch_options(q, v, layout, bias, dropout_mask))
     return out, lse, scores
 
 
@@ -269,7 +271,7 @@ def block_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, bias: Tensor |
                    lse: Tensor, scale: float,
                    need_dbias: bool) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """Launch the two backward kernels: dq, dk, dv and d bias (when ``need_dbias``)."""
-    from graphattn.functional.triton_kernels import kernels
+    from graphattn.functional.triton_kernels import kernels, on_device_of
 
     n_dst, n_src, heads = q.size(0), k.size(0), q.size(1)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
@@ -281,15 +283,16 @@ def block_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, bias: Tensor |
     ids = layout.col if layout.ids is None else layout.ids
     per_edge = (q if bias is None else bias, q if dropout_mask is None else dropout_mask)
     module = kernels()
-    if n_dst > 0:
-        module.block_backward_target_kernel[((layout.ptr.numel() - 1) * heads,)](
-            q, k, v, *per_edge, layout.ptr, layout.col, layout.bits, ids, dout, lse,
-            delta, dq, lse if dbias is None else dbias, n_dst, n_src, scale,
-            NEED_DBIAS=need_dbias, **options)
-    if n_src > 0:
-        module.block_backward_source_kernel[((layout.tptr.numel() - 1) * heads,)](
-            q, k, v, *per_edge, layout.tptr, layout.tpair, layout.row, layout.bits,
-            ids, dout, lse, delta, dk, dv, n_dst, n_src, scale, **options)
+    with on_device_of(q):
+        if n_dst > 0:
+            module.block_backward_target_kernel[((layout.ptr.numel() - 1) * heads,)](
+                q, k, v, *per_edge, layout.ptr, layout.col, layout.bits, ids, dout, lse,
+                delta, dq, lse if dbias is None else dbias, n_dst, n_src, scale,
+                NEED_DBIAS=need_dbias, **options)
+        if n_src > 0:
+            module.block_backward_source_kernel[((layout.tptr.numel() - 1) * heads,)](
+                q, k, v, *per_edge, layout.tptr, layout.tpair, layout.row, layout.bits,
+                ids, dout, lse, delta, dk, dv, n_dst, n_src, scale, **options)
     return dq, dk, dv, dbias
 
 

@@ -477,6 +477,14 @@ ROW_BLOCK_KERNELS = {"forward_kernel": "forward_rows_kernel",
                      "backward_source_kernel": "backward_source_rows_kernel"}
 
 
+def on_device_of(tensor: Tensor) -> contextlib.AbstractContextManager:
+    """The context of a Triton launch on ``tensor``'s device. Triton launches on the current
+    CUDA device, on its current stream: inputs on another GPU (``cuda:1`` while ``cuda:0`` is
+    current) make theirs the current device for the launch. Nothing on CPU (the
+    interpreter)."""
+    return torch.cuda.device(tensor.device) if tensor.is_cuda else contextlib.nullcontext()
+
+
 def _launch_over_rows(name: str, csr: CSR, cfg: LaunchConfig, heads: int, before: tuple,
                       after: tuple, **flags) -> None:
     """Launch the pass ``name`` (a kernel of :func:`kernels`) over the rows of ``csr``, its
@@ -501,9 +509,10 @@ def _launch_over_rows(name: str, csr: CSR, cfg: LaunchConfig, heads: int, before
     sums = SUM_STEPS if num_edges >= HUB_EDGES else 0
 
     def launch(kernel, programs: int, max_degree: int, **variant) -> None:
-        kernel[(programs, head_blocks)](*before, csr.ptr, csr.other, csr.edge_id, csr.order,
-                                        num_rows, max_degree, *after, **tiles, **variant,
-                                        **flags)
+        with on_device_of(csr.ptr):
+            kernel[(programs, head_blocks)](*before, csr.ptr, csr.other, csr.edge_id,
+                                            csr.order, num_rows, max_degree, *after, **tiles,
+                                            **variant, **flags)
 
     one_row = getattr(module, name)
     if cfg.block_n == 1:
@@ -554,8 +563,9 @@ def write_seeded_mask(parameters: Tensor, shape: tuple[int, ...], dtype: torch.d
     out = torch.empty(shape, dtype=dtype, device=parameters.device)
     n = out.numel()
     if n > 0:
-        kernels().seeded_mask_kernel[(-(-n // SEEDED_MASK_BLOCK),)](
-            parameters, out, n, BLOCK=SEEDED_MASK_BLOCK)
+        with on_device_of(out):
+            kernels().seeded_mask_kernel[(-(-n // SEEDED_MASK_BLOCK),)](
+                parameters, out, n, BLOCK=SEEDED_MASK_BLOCK)
     return out
 
 

@@ -12,6 +12,7 @@ the compiled kernels instead (the reference backend then runs on the GPU too).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -478,6 +479,34 @@ def test_csr_is_built_once_per_unmodified_graph(interpreter, monkeypatch, compil
     ei[1] = ei[1].flip(0)  # the same tensor, other targets
     check_against_reference(inputs, ei)
     assert sorted(builds) == sorted(per_step * (3 if compiled else 2))
+
+
+@needs_triton
+def test_csr_is_built_once_per_unmodified_int32_graph(interpreter, monkeypatch):
+    """An int32 edge_index reaches the backends as int64: a copy made at every call was a new
+    graph to the CSR cache, sorted again at every training step. The copy is kept while the
+    int32 graph lives unmodified (CUDA; "cpu" added here runs the same code)."""
+    monkeypatch.setattr(_tensor_cache, "CACHED_DEVICE_TYPES", {"cuda", "cpu"})
+    monkeypatch.setattr(tk, "_CSR_CACHE", TensorCache(max_entries=8))
+    monkeypatch.setattr(attention, "_INT64_IDS", TensorCache(max_entries=8))
+    builds = []
+    build_csr = tk.build_csr
+    monkeypatch.setattr(tk, "build_csr", lambda *args: builds.append(args[2]) or build_csr(*args))
+    ei = random_graph(7, 20, seed=3, num_dst=7).to(DEVICE, torch.int32)
+    inputs = on_device(attention_inputs(7, 7, 20, 2, 8, bias=False))
+    want = edge_attention(inputs["q"], inputs["k"], inputs["v"], ei.long(), backend="reference")
+    for _ in range(3):
+        out = edge_attention(inputs["q"], inputs["k"], inputs["v"], ei, backend="triton")
+        out.sum().backward()
+        assert_close(out, want)
+    assert sorted(builds) == [7, 7]  # once by target, once by source
+    assert attention.int64_ids(ei) is attention.int64_ids(ei)
+    assert attention.int64_ids(ei).dtype == torch.int64
+    ei[0] = ei[0].flip(0)  # changed in place: another graph, sorted again
+    out = edge_attention(inputs["q"], inputs["k"], inputs["v"], ei, backend="triton")
+    assert_close(out, edge_attention(inputs["q"], inputs["k"], inputs["v"], ei.long(),
+                                     backend="reference"))
+    assert len(builds) == 3
 
 
 @needs_triton
@@ -1153,3 +1182,76 @@ def test_strided_and_expanded_inputs(interpreter, score):
         results.append((out, alpha, *grads))
     for got, want in zip(*results, strict=True):
         assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@needs_triton
+def test_every_launch_runs_on_the_device_of_its_inputs(interpreter, monkeypatch):
+    """Triton launches on the current CUDA device, on its stream: inputs on ``cuda:1`` while
+    ``cuda:0`` is current failed (or raced another device's work). Every launch of the CSR
+    kernels (one-row, row-block and hub launches), the block-sparse kernels and the seeded
+    mask runs inside ``on_device_of`` a tensor on the inputs' device."""
+    module, guards, launches, sums = tk.kernels(), [], [], []
+
+    @contextlib.contextmanager
+    def on_device_of(tensor):
+        guards.append(tensor.device)
+        try:
+            yield
+        finally:
+            guards.pop()
+
+    class Launches:
+        def __getattr__(self, name):
+            kernel = getattr(module, name)
+
+            class Grid:
+                def __getitem__(self, grid):
+                    def launch(*args, **kwargs):
+                        launches.append((name, list(guards)))
+                        sums.append(kwargs.get("SUM_STEPS", 0))
+                        return kernel[grid](*args, **kwargs)
+                    return launch
+            return Grid()
+
+    monkeypatch.setattr(tk, "kernels", Launches)
+    monkeypatch.setattr(tk, "on_device_of", on_device_of)
+    monkeypatch.setattr(tk, "HUB_EDGES", 1)  # the hub launch too, on a small graph
+    monkeypatch.setattr(tk, "SUM_STEPS", 1)
+    # every edge once (the block-sparse kernels take no repeated edge), node 0 a hub
+    ei = torch.cat([random_graph(12, 40, seed=3), torch.stack(
+        [torch.arange(12), torch.zeros(12, dtype=torch.long)])], 1).unique(dim=1).to(DEVICE)
+    inputs = on_device(attention_inputs(12, 12, ei.size(1), 2, 8))
+    for tiles in ({"block_e": 4}, {"block_n": 4, "heavy_degree": 8}, {"block_sparse": 32}):
+        with tk.launch_tiles(**tiles):
+            out, _ = tk.triton_edge_attention(
+                inputs["q"], inputs["k"], inputs["v"], ei, scale=0.5, bias=inputs["bias"],
+                dropout_mask=None, score="dot", negative_slope=0.2, need_alpha=False)
+            out.sum().backward()
+    tk.write_seeded_mask(seeded_mask_parameters(0.3, device=DEVICE), (40, 2), torch.float32)
+    names = {name for name, _ in launches}
+    assert {"forward_kernel", "backward_target_kernel", "backward_source_kernel",
+            "block_forward_kernel", "block_backward_target_kernel",
+            "block_backward_source_kernel", "seeded_mask_kernel"} <= names, names
+    assert any(name in tk.ROW_BLOCK_KERNELS.values() for name in names), names
+    assert max(sums) > 0  # the hub launch: rows of more than one block of block_e edges
+    assert all(where == [DEVICE] for _, where in launches), launches
+
+
+@needs_triton
+@pytest.mark.skipif(torch.cuda.device_count() < 2,
+                    reason="needs two CUDA devices: the inputs on the second, the first current")
+def test_inputs_on_another_gpu_than_the_current_one():
+    ei = random_graph(30, 120, seed=2).to("cuda:1")
+    inputs = {n: None if t is None else t.to("cuda:1").requires_grad_()
+              for n, t in attention_inputs(30, 30, 120, 2, 8).items()}
+    results = []
+    for backend in (tk.triton_edge_attention, reference_edge_attention):
+        with torch.cuda.device(0):
+            out, _ = backend(inputs["q"], inputs["k"], inputs["v"], ei, scale=0.5,
+                             bias=inputs["bias"], dropout_mask=None, score="dot",
+                             negative_slope=0.2, need_alpha=False)
+            grads = torch.autograd.grad(out.square().sum(), [inputs["q"], inputs["k"],
+                                                             inputs["v"], inputs["bias"]])
+        results.append((out, *grads))
+    for got, want in zip(*results, strict=True):
+        assert_close(got, want)
