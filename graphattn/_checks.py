@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from graphattn._tensor_cache import TensorCache
+from graphattn._tensor_cache import TensorCache, capturing_cuda_graph
 
 # The bounds of recently checked edge_index tensors (graphattn._tensor_cache): on CUDA, reading
 # them back is a host synchronisation, which an unchanged graph needs only once.
@@ -37,11 +37,12 @@ def check_edge_index(edge_index: Tensor, num_src: int, num_dst: int) -> None:
                         f"got {edge_index.dtype}")
     if edge_index.numel() == 0:
         return
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or capturing_cuda_graph():
         # Traced by torch.compile: the node ids are not known until the graph runs, so the
         # checks become asserts inside it, and their messages cannot quote the bad value. Nor
         # the node counts: formatting a traced size into a string would fix it to the value
-        # traced, and every other graph size would compile again.
+        # traced, and every other graph size would compile again. Captured into a CUDA graph:
+        # a read back to the host is not allowed there, and the asserts run at every replay.
         # (a column of -1 for the maxima and of 0 for the minimum: a program exported with a
         # dynamic edge count also takes a graph without edges, whose reductions are empty)
         pad = edge_index.new_zeros(2, 1)

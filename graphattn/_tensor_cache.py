@@ -51,7 +51,7 @@ def _value_versions(value: object) -> tuple[int, ...]:
     return tuple(t._version for t in items if isinstance(t, Tensor))
 
 
-def _capturing_cuda_graph() -> bool:
+def capturing_cuda_graph() -> bool:
     """Whether the current CUDA stream is capturing a CUDA graph."""
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
@@ -68,7 +68,7 @@ def cacheable(tensor: Tensor) -> bool:
     """
     return (type(tensor) is Tensor and tensor.device.type in CACHED_DEVICE_TYPES
             and not torch.compiler.is_compiling() and not tensor.is_inference()
-            and not _capturing_cuda_graph())
+            and not capturing_cuda_graph())
 
 
 _CACHES: weakref.WeakSet[TensorCache] = weakref.WeakSet()  # every TensorCache, for clearing

@@ -241,3 +241,21 @@ def test_clearing_the_caches_lets_swap_tensors_take_a_kept_graph(cache_on_cpu):
     clear_graph_caches()
     torch.utils.swap_tensors(edge_index, other)
     assert edge_index.tolist() == [[1, 2, 0], [0, 1, 2]]
+
+
+def test_edge_index_check_reads_nothing_back_while_a_cuda_graph_is_captured(monkeypatch):
+    """A read back to the host is not allowed while a CUDA graph is captured: there the check
+    is the asserts of torch.compile's trace, recorded and run at each replay (as here, on CPU,
+    at once), and the bounds are neither read nor kept."""
+    monkeypatch.setattr(_checks, "capturing_cuda_graph", lambda: True)
+    monkeypatch.setattr(_tensor_cache, "capturing_cuda_graph", lambda: True)
+
+    def no_read_back(values):
+        raise AssertionError("read back to the host during capture")
+
+    monkeypatch.setattr(_checks, "host_list", no_read_back)
+    check_edge_index(torch.tensor([[0, 2, 1], [1, 0, 2]]), 3, 3)
+    for bad, sizes in (([[0, -1], [1, 0]], (3, 3)), ([[0, 3], [1, 0]], (3, 3)),
+                       ([[0, 1], [1, 2]], (3, 2))):
+        with pytest.raises(RuntimeError, match="edge_index"):
+            check_edge_index(torch.tensor(bad), *sizes)
