@@ -743,6 +743,17 @@ def test_block_diagonal_sweep_fills_its_table_and_replots(tmp_path):
     assert out.with_suffix(".png").stat().st_size > 0
 
 
+def test_block_diagonal_times_each_window_graph_once(tmp_path):
+    """Blocks of 16 round the densities 0.03, 0.06 and 0.12 to one window radius (0): that
+    graph is timed once, not three times as three points of the sweep."""
+    out = tmp_path / "blocks.md"
+    block_diagonal.main(["--sizes", "16", "--nodes", "64", "--rounds", "1", "--warmup", "0",
+                         "--no-plot", "--out", str(out)])
+    with out.with_suffix(".csv").open() as f:
+        window = [(r["phase"], r["edges"]) for r in csv.DictReader(f) if r["pattern"] == "window"]
+    assert len(window) == len(set(window)) == 2 * 3, window  # radii 0, 2 and 4, two phases
+
+
 def test_block_diagonal_refuses_a_size_that_does_not_divide_the_nodes(capsys):
     with pytest.raises(SystemExit):
         block_diagonal.main(["--nodes", "100", "--sizes", "64"])
