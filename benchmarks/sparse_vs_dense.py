@@ -500,13 +500,16 @@ def run_point(point: Point, methods: list[Method], args, memory: PeakMemory,
             r += 1
         for m in fast:
             rows[m.name][phase] = rows[m.name][phase][1:]  # drop the warm-up
+        for m in timed:
+            rows[m.name][f"{phase}_once"] = m not in fast  # its warm-up call alone
 
     out = []
     for m in methods:
         row = dict(graph=point.name, family=point.family, N=point.num_nodes, E=point.num_edges,
                    density=point.density, method=m.name, fwd_ms=math.nan, fwd_bwd_ms=math.nan,
                    fwd_min_ms=math.nan, fwd_bwd_min_ms=math.nan, fwd_mib=math.nan,
-                   fwd_bwd_mib=math.nan, fwd_reps=0, fwd_bwd_reps=0,
+                   fwd_bwd_mib=math.nan, fwd_reps=0, fwd_bwd_reps=0, fwd_once=False,
+                   fwd_bwd_once=False,
                    auto_fwd=m.extra.get("auto_fwd", ""),
                    auto_fwd_bwd=m.extra.get("auto_fwd_bwd", ""), blocks=m.extra.get("blocks", ""),
                    skipped=m.skip or (f"backward: {m.skip_bwd}" if m.skip_bwd else ""))
@@ -517,6 +520,7 @@ def run_point(point: Point, methods: list[Method], args, memory: PeakMemory,
                     row[f"{phase}_ms"] = statistics.median(r[phase]) * 1e3
                     row[f"{phase}_min_ms"] = min(r[phase]) * 1e3
                     row[f"{phase}_reps"] = len(r[phase])
+                    row[f"{phase}_once"] = r.get(f"{phase}_once", False)
             row["fwd_mib"], row["fwd_bwd_mib"] = r["fwd_mib"], r["fwd_bwd_mib"]
         out.append(row)
     return out
@@ -595,7 +599,7 @@ def write_markdown(rows, header, notes, summary, path: Path) -> None:
                 cell = fmt(x, 0 if "mib" in key else 1)
                 if "ms" in key and x == best:
                     cell = f"**{cell}**"
-                if "ms" in key and m in rs and rs[m][f"{phase}_reps"] == 1:
+                if "ms" in key and m in rs and rs[m][f"{phase}_once"]:
                     cell += "¹"
                 cells.append(cell)
             lines.append(f"| {g} | {first['N']} | {first['E']} | {first['density']:.2e} | "

@@ -69,6 +69,26 @@ def test_sparse_vs_dense_flex_backward_is_skipped_when_it_works():
         assert row["skipped"].startswith("backward: "), row["skipped"]
 
 
+def test_sparse_vs_dense_marks_only_the_methods_left_unrepeated(tmp_path):
+    """A method more than --slow-factor times slower than the fastest keeps its warm-up call
+    alone, and its cell says so (¹); with --repeats 1 a repeated method also has one timed
+    call, and is not marked."""
+    args = argparse.Namespace(repeats=1, slow_factor=5.0, min_repeat_s=0.0, min_time_s=0.0,
+                              max_repeats=1)
+
+    def sleeper(seconds):
+        return lambda: time.sleep(seconds)
+
+    methods = [sparse_vs_dense.Method("fast", sleeper(0.002), sleeper(0.002)),
+               sparse_vs_dense.Method("slow", sleeper(0.05), sleeper(0.05))]
+    point = sparse_vs_dense.Point("er", "tiny", 4, torch.tensor([[0, 1], [1, 0]]))
+    rows = sparse_vs_dense.run_point(point, methods, args, sparse_vs_dense.PeakMemory(), 0)
+    by = {row["method"]: row for row in rows}
+    assert by["fast"]["fwd_reps"] == by["slow"]["fwd_reps"] == 1
+    assert not by["fast"]["fwd_once"] and not by["fast"]["fwd_bwd_once"]
+    assert by["slow"]["fwd_once"] and by["slow"]["fwd_bwd_once"]
+
+
 def test_citation_accuracy_row_of_a_run_diverged_at_its_first_epoch(monkeypatch):
     """The training loop stops at a non-finite loss, before any epoch is timed: the row's
     median epoch time is NaN, as summarise makes it (statistics.median raised on the empty
