@@ -81,7 +81,8 @@ timeout $(limit $(($(left) > 240 ? 150 : $(left) - 60))) env GRAPHATTN_TRITON_DE
   "$PY" -m pytest -q -n 8 -p no:cacheprovider tests/functional/test_triton_kernels.py \
   tests/functional/test_triton_blocks.py tests/functional/test_softcap.py \
   tests/functional/test_softmax_sinks.py::test_triton_backend_matches_the_reference \
-  tests/test_pe.py::test_laplacian_pe_random_sign_flip_with_a_cuda_generator -k "not compile_for_sm90" \
+  tests/test_pe.py::test_laplacian_pe_random_sign_flip_with_a_cuda_generator \
+  tests/test_tensor_cache.py::test_values_are_kept_per_cuda_stream -k "not compile_for_sm90" \
   2>&1 | tee -a "$LOG" | tail -25
 
 if [ "$(left)" -gt 90 ]; then

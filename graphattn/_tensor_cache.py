@@ -15,6 +15,8 @@ their tensors without a version bump). After such a write into an ``edge_index``
 have seen, call :func:`clear_graph_caches`, or pass a new tensor. The entry is dropped when its
 tensor is freed.
 
+Values are kept per CUDA stream: work on a side stream derives its own.
+
 An entry holds a weak reference to its tensor, and ``torch.utils.swap_tensors`` refuses a tensor
 that has one: ``load_state_dict`` and ``module.to()`` swap a model's buffers under
 ``torch.__future__.set_swap_module_params_on_conversion(True)``, so with that setting, call
@@ -49,6 +51,14 @@ def _value_versions(value: object) -> tuple[int, ...]:
     """The version counters of the tensors in ``value`` (a tuple, or an object's attributes)."""
     items = value if isinstance(value, (tuple, list)) else getattr(value, "__dict__", {}).values()
     return tuple(t._version for t in items if isinstance(t, Tensor))
+
+
+def _stream(tensor: Tensor) -> int | None:
+    """The CUDA stream a value derived from ``tensor`` is computed on now (``None`` off CUDA).
+    Each stream keeps its own values: a value made on one stream and read on another would
+    need an event to wait for it, and the allocator would hand its memory back to the first
+    stream when the cache drops it, while the other's kernels may still read it."""
+    return torch.cuda.current_stream(tensor.device).cuda_stream if tensor.is_cuda else None
 
 
 def capturing_cuda_graph() -> bool:
@@ -120,7 +130,7 @@ class TensorCache(Generic[T]):
         :func:`cacheable` allows)."""
         if not cacheable(tensor):
             return compute()
-        key = (id(tensor), extra)
+        key = (id(tensor), extra, _stream(tensor))
         fingerprint = _fingerprint(tensor)
         with self._lock:
             entry = self._entries.get(key)

@@ -259,3 +259,24 @@ def test_edge_index_check_reads_nothing_back_while_a_cuda_graph_is_captured(monk
                        ([[0, 1], [1, 2]], (3, 2))):
         with pytest.raises(RuntimeError, match="edge_index"):
             check_edge_index(torch.tensor(bad), *sizes)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: its streams")
+def test_values_are_kept_per_cuda_stream():
+    """A value made on one stream is not served on another (it would be read there before
+    its kernels finished, and its memory freed to the first stream while the other reads)."""
+    cache, calls = TensorCache(max_entries=4), []
+    t = torch.arange(6, device="cuda")
+
+    def compute():
+        calls.append(torch.cuda.current_stream().cuda_stream)
+        return (t * 2,)
+
+    first = cache.get(t, None, compute)
+    assert cache.get(t, None, compute) is first and len(calls) == 1
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        other = cache.get(t, None, compute)
+        assert other is not first and cache.get(t, None, compute) is other
+    assert calls == [torch.cuda.current_stream().cuda_stream, side.cuda_stream]
+    assert cache.get(t, None, compute) is first
