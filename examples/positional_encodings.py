@@ -158,7 +158,7 @@ def plot(n: int, pairs: int, cycle_enc: torch.Tensor, path_enc: torch.Tensor,
     ax.set_xlabel("position t")
     ax.legend(fontsize=8)
     ax = axes[0, 1]
-    for m in range(1, 4):
+    for m in range(1, min(3, path_enc.size(1)) + 1):  # --pairs 1: the path's two only
         ax.plot(t.numpy(), path_enc[:, m - 1].numpy(), lw=2, alpha=0.6, label=f"u_{m}")
         sign = 1.0 if float(path_enc[:, m - 1] @ path_closed[:, m - 1]) >= 0 else -1.0
         ax.plot(t.numpy(), (sign * path_closed[:, m - 1]).numpy(), "k:", lw=1)

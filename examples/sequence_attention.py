@@ -306,12 +306,15 @@ def rescaled_bpc(model: CharModel, longer: tuple[Tensor, Tensor], batch_size: in
     """The validation bits per character of a ``+rope`` model on the sequences ``longer``,
     ``factor`` times its training ``length``, with its rotations stretched by each of
     ``RESCALINGS`` in turn: the attentions' and, with ``+topK``, their indexers' (which turn
-    fewer channels), each of its own width. The model's own are put back after."""
+    fewer channels), each of its own width. The model's own are put back after. NTK is
+    left out where a rotation turns only 2 channels (one plane), which it cannot rescale."""
     layers = [m for m in model.modules() if isinstance(getattr(m, "rotary", None), pe.RotaryPE)]
     trained = [m.rotary for m in layers]
     bpc = {}
     try:
         for name in RESCALINGS:
+            if name == "NTK" and min(r.dim // r.axes for r in trained) <= 2:
+                continue  # its exponent g / (g - 2) needs more than 2 channels a plane group
             stretched = {dim: rescaled_rotary(name, dim, length, factor).to(
                 model.positions.device) for dim in {r.dim for r in trained}}
             for m, rotary in zip(layers, trained, strict=True):
@@ -469,7 +472,10 @@ def format_rescaled(results: list[RunResult], length: int, extrapolate: int) -> 
     for r in results:
         if r.rescaled_bpc:
             lines.append(f"| {r.graph} | {r.val_bpc[-1]:.3f} | {r.longer_bpc:.3f} | "
-                         + " | ".join(f"{r.rescaled_bpc[w]:.3f}" for w in ways) + " |")
+                         + " | ".join(f"{r.rescaled_bpc[w]:.3f}" if w in r.rescaled_bpc
+                                      else "n/a" for w in ways) + " |")
+    if any(w not in r.rescaled_bpc for r in results if r.rescaled_bpc for w in ways):
+        lines.append("n/a: NTK scaling needs more than 2 rotated channels (one plane)")
     return "\n".join(lines)
 
 

@@ -49,6 +49,9 @@ def test_figure_is_written(example, tmp_path, capsys):
     pytest.importorskip("matplotlib", reason="the example's figure needs the 'plot' extra")
     example["main"](["--length", "24", "--pairs", "2", "--out", str(tmp_path)])
     assert (tmp_path / "positional_encodings.png").stat().st_size > 10_000
+    # one pair: the path has two eigenvectors to draw, not three
+    example["main"](["--length", "8", "--pairs", "1", "--out", str(tmp_path / "one")])
+    assert (tmp_path / "one" / "positional_encodings.png").stat().st_size > 10_000
 
 
 @pytest.mark.parametrize("argv", [["--length", "4"], ["--pairs", "0"], ["--pairs", "32"],

@@ -208,6 +208,19 @@ def test_rope_runs_are_measured_with_stretched_rotations(example, corpus, capsys
     assert "| causal+rope | " in printed.split("RoPE on sequences")[1]
 
 
+def test_rotations_of_one_plane_are_stretched_without_ntk(example, corpus, capsys):
+    """NTK scaling needs more than one plane (2 channels) a rotation: a run whose heads (or
+    indexers) turn 2 channels reads the other stretchings and says n/a for NTK, where it
+    failed after its training."""
+    out = example["main"](["--graphs", "causal+rope", "--steps", "2", "--eval-every", "1",
+                           "--extrapolate", "2", "--no-plot", *SMALL, "--hidden", "8",
+                           "--heads", "4"])  # (the last --hidden and --heads count)
+    rope, = out["results"]
+    assert list(rope.rescaled_bpc) == ["interpolation", "YaRN"]
+    table = capsys.readouterr().out.split("RoPE on sequences")[1]
+    assert "| n/a |" in table and "n/a: NTK scaling needs more than 2 rotated channels" in table
+
+
 def test_the_indexers_rotations_are_stretched_too(example, corpus):
     """With ``+topK`` the indexers turn half the channels the attentions turn; each rotation
     is stretched at its own width (the bits the model gives with those set by hand), and put
