@@ -30,7 +30,7 @@ from graphattn._checks import (
     check_weight_dtype,
     finite_float,
 )
-from graphattn._tensor_cache import TensorCache, cacheable
+from graphattn._tensor_cache import TensorCache, cacheable, capturing_cuda_graph
 from graphattn.functional import cpu
 from graphattn.functional._transforms import host_readable
 from graphattn.functional.attention import (
@@ -645,9 +645,10 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             (default: ``True``)
         add_self_loops (bool, optional): give every target exactly one self-loop (existing ones
             are replaced, with their features; for bipartite inputs the first
-            ``min(N_src, N_dst)`` nodes). In ``torch.compile``'s default mode the existing ones
-            stay in place with a score of -inf, so that the edge count does not depend on the
-            data (README, torch.compile). (default: ``True``)
+            ``min(N_src, N_dst)`` nodes). In ``torch.compile``'s default mode, and while a
+            CUDA graph is captured, the existing ones stay in place with a score of -inf, so
+            that the edge count does not depend on the data (README, torch.compile).
+            (default: ``True``)
         edge_dim (int, optional): edge feature size; ``edge_attr`` then enters as
             ``edge_mode`` says. A call without ``edge_attr`` leaves the edge term out, as
             ``GATConv`` does (``TransformerConv`` refuses it). (default: ``None``)
@@ -1080,6 +1081,8 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             edge_index, edge_attr, old_loops = _self_loops_masking_old_ones(
                 edge_index, edge_attr, min(N_src, N_dst), fill_value=self.fill_value)
         elif self.add_self_loops:
+            if capturing_cuda_graph():
+                self._refuse_capture_dropping_loops(return_attention_weights or hooks)
             edge_index, edge_attr = add_remaining_self_loops(
                 edge_index, edge_attr, min(N_src, N_dst), fill_value=self.fill_value,
                 trace_key=self._trace_key if torch.compiler.is_compiling() else None,
@@ -1262,14 +1265,32 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         with a score of -inf (:func:`_self_loops_masking_old_ones`) instead of dropping them.
 
         Only while ``torch.compile`` traces without data-dependent sizes (its default mode;
-        ``fullgraph=True`` traces them from torch 2.10), where dropping them would cut the graph.
-        Not when the weights are returned or an explanation mask is set (both list the edges
-        attended over), nor for the additive score with ``negative_slope=0``, where a score of
-        -inf becomes 0 * -inf = NaN.
+        ``fullgraph=True`` traces them from torch 2.10), where dropping them would cut the graph,
+        and while a CUDA graph is captured, where counting them would read back to the host,
+        which capture forbids. Not when the weights are returned or an explanation mask is set
+        (both list the edges attended over), nor for the additive score with
+        ``negative_slope=0``, where a score of -inf becomes 0 * -inf = NaN.
         """
-        return (torch.compiler.is_compiling() and not _traces_dynamic_sizes()
-                and not (returns_weights or self.explain)
-                and (self.attention != "additive" or self.negative_slope > 0))
+        if returns_weights or self.explain:
+            return False
+        if self.attention == "additive" and self.negative_slope <= 0:
+            return False
+        if torch.compiler.is_compiling():
+            return not _traces_dynamic_sizes()
+        return capturing_cuda_graph()
+
+    def _refuse_capture_dropping_loops(self, returns_weights: bool) -> None:
+        """Refuse a call captured into a CUDA graph that has to drop the given self-loops (see
+        :meth:`_masks_old_loops`): their count is read back to the host, which capture
+        forbids."""
+        why = ("return_attention_weights=True (or a message hook)" if returns_weights
+               else "an explanation mask" if self.explain
+               else f"attention='additive' and negative_slope={self.negative_slope}")
+        raise RuntimeError(f"{self.__class__.__name__} cannot be captured into a CUDA graph "
+                           f"with add_self_loops=True and {why}: it then drops the given "
+                           f"self-loops, whose count is read back to the host, which capture "
+                           f"forbids. Give it a graph with one self-loop per node and "
+                           f"add_self_loops=False")
 
     def _explain_mask(self, edge_index: Tensor, num_loops: int) -> Tensor:
         """The explanation mask that PyG's ``Explainer`` set (``_edge_mask``, one value per edge

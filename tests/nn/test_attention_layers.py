@@ -938,6 +938,86 @@ def test_self_loops_with_the_given_ones_flagged_are_the_replaced_graph(graph_cas
     assert torch.equal(attr[:E], edge_attr)
 
 
+def _simulate_cuda_graph_capture(monkeypatch):
+    """What a CUDA graph's capture changes, on CPU: the capture flag set, and no step that
+    reads back to the host (dropping the given self-loops counts them; the node-id check
+    reads its bounds)."""
+    from graphattn import _checks, _tensor_cache
+
+    for module in (attention_module, _checks, _tensor_cache):
+        monkeypatch.setattr(module, "capturing_cuda_graph", lambda: True)
+
+    def no_read_back(*args, **kwargs):
+        raise AssertionError("read back to the host during capture")
+
+    monkeypatch.setattr(attention_module, "add_remaining_self_loops", no_read_back)
+    monkeypatch.setattr(_checks, "host_list", no_read_back)
+
+
+@pytest.mark.parametrize("attention", ["dot", "additive", "gatv2"])
+def test_layer_under_cuda_graph_capture_masks_the_given_self_loops(attention, monkeypatch):
+    """Captured, the layer leaves the given self-loops in place with weight 0 (nothing read
+    back), and computes what it computes eagerly, where it drops them: outputs and gradients."""
+    torch.manual_seed(0)
+    layer = GraphSelfAttention(6, 4, heads=2, edge_dim=3, attention=attention)
+    x = torch.randn(7, 6, requires_grad=True)
+    # self-loops (one doubled), multi-edges and an isolated node (6)
+    edge_index = torch.tensor([[0, 1, 1, 2, 3, 3, 5, 4, 0],
+                               [0, 1, 1, 0, 2, 2, 4, 5, 3]])
+    edge_attr = torch.randn(edge_index.size(1), 3)
+    runs = []
+    for captured in (False, True):
+        with monkeypatch.context() as patch:
+            if captured:
+                _simulate_cuda_graph_capture(patch)
+            out = layer(x, edge_index, edge_attr)
+            runs.append((out, *torch.autograd.grad(out.square().sum(), [x, *layer.parameters()])))
+    for eager, captured in zip(*runs, strict=True):
+        assert_close(captured, eager)
+
+
+@pytest.mark.parametrize("case", ["weights", "additive_slope_0"])
+def test_layer_under_cuda_graph_capture_refuses_dropping_the_given_self_loops(case, monkeypatch):
+    _simulate_cuda_graph_capture(monkeypatch)
+    x, edge_index = torch.randn(4, 6), torch.tensor([[0, 1, 2], [1, 1, 3]])
+    if case == "weights":
+        layer, kwargs, why = GraphSelfAttention(6, 4), {"return_attention_weights": True}, \
+            r"return_attention_weights=True \(or a message hook\)"
+    else:
+        layer, kwargs, why = GraphSelfAttention(6, 4, attention="additive", negative_slope=0.0), \
+            {}, "attention='additive' and negative_slope=0.0"
+    with pytest.raises(RuntimeError, match=rf"GraphSelfAttention cannot be captured into a CUDA "
+                                           rf"graph with add_self_loops=True and {why}: .* "
+                                           rf"add_self_loops=False"):
+        layer(x, edge_index, **kwargs)
+    # without the added loops nothing is dropped, and the weights come back
+    layer.add_self_loops = False
+    layer(x, edge_index, **kwargs)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: CUDA graphs")
+def test_layer_captured_in_a_cuda_graph_replays_on_new_features():
+    torch.manual_seed(0)
+    layer = GraphSelfAttention(6, 4, heads=2, edge_dim=3).cuda().eval()
+    edge_index = torch.cat([random_graph(30, 120, seed=3), torch.arange(5).expand(2, -1)],
+                           dim=1).cuda()  # with self-loops to replace
+    edge_attr = torch.randn(edge_index.size(1), 3, device="cuda")
+    x = torch.randn(30, 6, device="cuda")
+    with torch.no_grad():
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up: the kernels compiled before capture
+            layer(x, edge_index, edge_attr)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = layer(x, edge_index, edge_attr)
+        for seed in range(2):
+            x.copy_(torch.randn(30, 6, generator=torch.Generator().manual_seed(seed)))
+            graph.replay()
+            assert_close(out, layer(x, edge_index, edge_attr))
+
+
 def test_lazy_in_channels_errors():
     for bad in (0, -2, 2.5, (3, 0), (1, 2, 3)):
         with pytest.raises(ValueError, match=r"in_channels must be a positive integer, or -1 "
