@@ -231,6 +231,13 @@ def score_factor(value: float | Tensor, name: str, *tensors: Tensor) -> float:
     return value
 
 
+def exact_repr(value: float) -> str:
+    """``value`` for a ``repr``: short (``%g``) where that reads back as the same float, else
+    every digit, so that a module rebuilt from its repr computes the same."""
+    short = f"{value:g}"
+    return short if float(short) == value else repr(float(value))
+
+
 def finite_float(value: float | Tensor, name: str) -> float:
     """``value`` as a Python float: a real number or a one-element tensor that needs no
     gradient, finite. A tensor that requires grad is refused: the float would drop its

@@ -86,6 +86,7 @@ from graphattn._checks import (
     check_non_negative,
     check_positive,
     check_tensors,
+    exact_repr,
 )
 from graphattn.functional._transforms import (
     apply_function,
@@ -2464,8 +2465,8 @@ class RotaryPE(torch.nn.Module):
         extra += "" if self.base == 10000.0 else f", base={self.base}"
         extra += "" if self.frequencies is None else ", frequencies=[...]"
         extra += "" if self.attention_factor == 1.0 else (
-            f", attention_factor={self.attention_factor:g}")
-        extra += "" if self.ntk_factor is None else f", ntk_factor={self.ntk_factor:g}"
+            f", attention_factor={exact_repr(self.attention_factor)}")
+        extra += "" if self.ntk_factor is None else f", ntk_factor={exact_repr(self.ntk_factor)}"
         extra += "" if self.long_frequencies is None else ", long_frequencies=[...]"
         extra += "" if self._ntk is None else f", original_length={self.original_length}"
         return extra + (", interleaved=True" if self.interleaved else "")
@@ -2519,5 +2520,5 @@ class QueryTemperature(torch.nn.Module):
         return 1.0 + self.beta * torch.log1p(steps)
 
     def extra_repr(self) -> str:
-        extra = f"beta={self.beta:g}, length={self.length:g}"
-        return extra + ("" if self.offset == 0.0 else f", offset={self.offset:g}")
+        extra = f"beta={exact_repr(self.beta)}, length={exact_repr(self.length)}"
+        return extra + ("" if self.offset == 0.0 else f", offset={exact_repr(self.offset)}")

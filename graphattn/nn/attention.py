@@ -28,6 +28,7 @@ from graphattn._checks import (
     check_same_device,
     check_tensors,
     check_weight_dtype,
+    exact_repr,
     finite_float,
 )
 from graphattn._tensor_cache import TensorCache, cacheable, capturing_cuda_graph
@@ -563,12 +564,13 @@ class _SelfAttentionBase(torch.nn.Module):
             default = 1  # the additive score's one number per head
         if self.score_channels != default:
             extra += f", score_channels={self.score_channels}"
-        extra += "" if self.scale is None else f", scale={self.scale:g}"
+        extra += "" if self.scale is None else f", scale={exact_repr(self.scale)}"
         extra += "" if self.gate is None else f", gate={self.gate!r}"
         extra += "" if self.out_norm is None else f", out_norm={self.out_norm!r}"
         if self.differential:
             extra += ", differential=True"
-            extra += "" if self.lambda_init == 0.8 else f", lambda_init={self.lambda_init:g}"
+            if self.lambda_init != 0.8:
+                extra += f", lambda_init={exact_repr(self.lambda_init)}"
         return f"{self.in_channels}, {self.out_channels}, heads={self.heads}{extra}"
 
 
@@ -925,15 +927,19 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
                              f"{list(FILL_REDUCTIONS)}, got {fill_value!r}")
         # on the CPU, not the default device: under `with torch.device("meta")` a meta tensor
         # could not be checked (the fill moves to edge_attr's device when it is used)
-        if isinstance(fill_value, (list, tuple)):
-            fill_value = torch.tensor(fill_value, dtype=torch.get_default_dtype(), device="cpu")
+        if isinstance(fill_value, numbers.Real) and not isinstance(fill_value, (int, float)):
+            fill_value = float(fill_value)  # a numpy scalar, as a number its repr can rebuild
+        if isinstance(fill_value, (list, tuple, np.ndarray)):
+            fill_value = torch.tensor(np.asarray(fill_value, dtype=np.float64),
+                                      dtype=torch.get_default_dtype(), device="cpu")
         if not isinstance(fill_value, str) and not (
                 isinstance(fill_value, Tensor) and fill_value.is_meta) and not torch.isfinite(
                 torch.as_tensor(fill_value, dtype=torch.float64, device="cpu")).all():
             raise ValueError(f"fill_value must be finite, got {fill_value!r}")
         if (isinstance(fill_value, Tensor) and edge_dim is not None
                 and fill_value.numel() not in (1, edge_dim)):
-            raise ValueError(f"fill_value as a tensor must hold 1 or edge_dim = {edge_dim} "
+            raise ValueError(f"fill_value as a tensor (or list or array) must hold 1 or "
+                             f"edge_dim = {edge_dim} "
                              f"values, got shape {list(fill_value.shape)}")
         self.fill_value = fill_value
         # under torch.compile, the key add_remaining_self_loops compares node ids XOR with: a
@@ -1405,11 +1411,11 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         if self.query_temperature is not None:
             extra += f", query_temperature={self.query_temperature!r}"
         if self.softcap is not None:
-            extra += f", softcap={self.softcap:g}"
+            extra += f", softcap={exact_repr(self.softcap)}"
         if self.sinks is not None:
             extra += ", sinks=True"
         if self.indexer is not None:
-            extra += f", indexer=LightningIndexer({self.indexer.extra_repr()})"
+            extra += f", indexer={self.indexer.inline_repr()}"
         if self.edge_dim is not None:
             extra += f", edge_dim={self.edge_dim}"
             extra += "" if self.edge_mode == "bias" else f", edge_mode={self.edge_mode!r}"
@@ -1909,8 +1915,8 @@ class DenseSelfAttention(_SelfAttentionBase):
         extra += "" if self.rotary is None else f", rotary={self.rotary!r}"
         extra += ("" if self.query_temperature is None
                   else f", query_temperature={self.query_temperature!r}")
-        extra += "" if self.softcap is None else f", softcap={self.softcap:g}"
+        extra += "" if self.softcap is None else f", softcap={exact_repr(self.softcap)}"
         extra += "" if self.sinks is None else ", sinks=True"
         if self.indexer is not None:
-            extra += f", indexer=LightningIndexer({self.indexer.extra_repr()})"
+            extra += f", indexer={self.indexer.inline_repr()}"
         return f"{self.__class__.__name__}({self._repr_args()}{extra})"

@@ -270,6 +270,12 @@ class LightningIndexer(torch.nn.Module):
             scores[start:start + step] = (heads * w[i]).sum(-1)
         return scores
 
+    def inline_repr(self) -> str:
+        """The indexer as the call that builds it, its ``rotary`` included (for the repr of a
+        layer that holds it)."""
+        extra = "" if self.rotary is None else f", rotary={self.rotary!r}"
+        return f"{self.__class__.__name__}({self.extra_repr()}{extra})"
+
     def extra_repr(self) -> str:
         extra = "" if self.query_channels == self.in_channels else \
             f", query_channels={self.query_channels}"

@@ -298,6 +298,48 @@ def test_out_proj_false_and_mean_heads_shapes():
     assert out.shape == (4, 5)
 
 
+@pytest.mark.parametrize("cls", ["GraphSelfAttention", "DenseSelfAttention"])
+def test_repr_rebuilds_a_layer_that_computes_the_same(cls):
+    """Evaluated, the repr builds a layer whose output, with the same state, is the same bit for
+    bit: floats keep every digit they need (not 6 significant ones) and the indexer its
+    rotary embedding."""
+    from graphattn.nn import LightningIndexer
+    from graphattn.pe import QueryTemperature, RotaryPE
+
+    names = {"GraphSelfAttention": GraphSelfAttention, "DenseSelfAttention": DenseSelfAttention,
+             "LightningIndexer": LightningIndexer, "RotaryPE": RotaryPE,
+             "QueryTemperature": QueryTemperature}
+    rotary = RotaryPE(4, attention_factor=1 / 0.9, ntk_factor=1.3, original_length=8)
+    layers = [
+        names[cls](8, 4, heads=2, scale=1 / 3 ** 0.5, softcap=30.123456, differential=True,
+                   lambda_init=0.3123456),
+        names[cls](8, 4, heads=2, rotary=rotary, query_temperature=QueryTemperature(
+            beta=1 / 3, length=3.3, offset=0.1 / 3),
+            indexer=LightningIndexer(8, 2, 4, 3, rotary=RotaryPE(2, base=77.7)),
+            **({"add_self_loops": False} if cls == "GraphSelfAttention" else {})),
+    ]
+    if cls == "GraphSelfAttention":
+        layers.append(GraphSelfAttention(8, 4, edge_dim=3, fill_value=np.array([0.1, 0.2, 1 / 3]),
+                                         add_self_loops=True))
+        layers.append(GraphSelfAttention(8, 4, edge_dim=3, fill_value=np.float32(0.25)))
+    gen = torch.Generator().manual_seed(0)
+    x, pos = torch.randn(6, 8, generator=gen), torch.arange(6.0) * 1.7
+    edge_index = graphs.complete_graph(6)
+    for layer in layers:
+        torch.manual_seed(1)
+        layer.reset_parameters()
+        rebuilt = eval(repr(layer), names)
+        assert repr(rebuilt) == repr(layer)
+        rebuilt.load_state_dict(layer.state_dict())
+        if cls == "GraphSelfAttention":
+            edge_attr = torch.randn(edge_index.size(1), 3, generator=gen)
+            args = (x, edge_index) + ((edge_attr,) if layer.edge_dim else ())
+        else:
+            args = (x,)
+        kwargs = {"pos": pos} if layer.rotary is not None else {}
+        assert torch.equal(rebuilt(*args, **kwargs), layer(*args, **kwargs)), repr(layer)
+
+
 def test_number_of_nodes_comes_from_x():
     layer = GraphSelfAttention(3, 2, add_self_loops=False)
     out = layer(torch.randn(10, 3), torch.tensor([[0, 1], [1, 0]]))
@@ -430,12 +472,13 @@ def test_errors_name_the_argument_and_value():
     with pytest.raises(ValueError, match=r"fill_value must be a number, a tensor or one of "
                                          r"\['mean', 'add', 'max', 'min', 'mul'\], got None"):
         GraphSelfAttention(4, 2, edge_dim=3, fill_value=None)  # (torch's error named nothing)
-    with pytest.raises(ValueError, match=r"fill_value as a tensor must hold 1 or edge_dim = 3 "
-                                         r"values, got shape \[2\]"):
+    with pytest.raises(ValueError, match=r"fill_value as a tensor \(or list or array\) must "
+                                         r"hold 1 or edge_dim = 3 values, got shape \[2\]"):
         GraphSelfAttention(4, 2, edge_dim=3, fill_value=torch.ones(2))
-    with pytest.raises(ValueError, match=r"fill_value as a tensor must hold 1 or edge_dim = 3 "
-                                         r"values, got shape \[2\]"):
-        GraphSelfAttention(4, 2, edge_dim=3, fill_value=[1.0, 2.0])  # a list, as a tensor
+    for values in ([1.0, 2.0], np.array([1.0, 2.0])):  # as a tensor
+        with pytest.raises(ValueError, match=r"fill_value as a tensor \(or list or array\) must "
+                                             r"hold 1 or edge_dim = 3 values, got shape \[2\]"):
+            GraphSelfAttention(4, 2, edge_dim=3, fill_value=values)
     for bad in (float("nan"), torch.tensor([0.0, float("inf"), 1.0])):
         with pytest.raises(ValueError, match="fill_value must be finite, got"):
             GraphSelfAttention(4, 2, edge_dim=3, fill_value=bad)
