@@ -1358,14 +1358,16 @@ def _forward_kernel(fixed_score: int, fixed_bias: bool, fixed_ek: bool, fixed_ev
             top[:] = -np.inf
             _target_scores(q, k, att, bias, ek, rowptr, perm, src, i, H, Cq, scale, slope, score,
                            has_bias, has_ek, cap, has_cap, scores, top, scores, False)
-            if has_sinks:
+            degree = stop - start
+            # a row without edges leaves its sinks out: nothing to weigh, and its output is 0
+            # even beside a sink of +inf or NaN (whose term would make the row's total NaN)
+            if has_sinks and degree > 0:
                 for h in range(H):
                     top[h] = max(top[h], sinks[h])
             for h in range(H):  # a row whose scores are all -inf gets weights exp(-inf) = 0
                 if top[h] == -np.inf:
                     top[h] = np.inf
             total[:] = 0
-            degree = stop - start
             for p in range(degree):  # the scores become exp(s - max)
                 for h in range(H):
                     scores[p, h] -= top[h]
@@ -1378,7 +1380,7 @@ def _forward_kernel(fixed_score: int, fixed_bias: bool, fixed_ek: bool, fixed_ev
                         total[h] += scores[p, h]
             else:
                 _long_row_total(scores, degree, part, total_blocks, total)
-            if has_sinks:
+            if has_sinks and degree > 0:
                 for h in range(H):
                     total[h] += np.exp(sinks[h] - top[h])
             acc[:] = 0

@@ -148,14 +148,19 @@ def _explicit_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | Non
     return (P * dropout_mask(P.shape, dropout_p, device=P.device, dtype=P.dtype)) @ v
 
 
-def softmax_with_sinks(scores: Tensor, sinks: Tensor | None) -> Tensor:
+def softmax_with_sinks(scores: Tensor, sinks: Tensor | None,
+                       shift: Tensor | None = None) -> Tensor:
     r"""The softmax of each row of ``(..., H, L_q, L_k)`` scores, in fp32 for half precision;
     with ``sinks`` ``[H]``, of the row and one more score :math:`\varsigma_h`, whose weight is
-    then dropped: the row's weights sum to :math:`1 - \pi`."""
+    then dropped: the row's weights sum to :math:`1 - \pi`. ``shift`` ``(..., H, L_q, 1)``:
+    what was subtracted from each row's scores, subtracted from its sink too."""
     dtype = _softmax_dtype(scores.dtype)
     if sinks is None:
         return torch.softmax(scores, dim=-1, dtype=dtype)
-    column = sinks.to(scores.dtype).view(-1, 1, 1).expand(*scores.shape[:-1], 1)
+    column = sinks.to(scores.dtype).view(-1, 1, 1)
+    if shift is not None:
+        column = column - shift.to(scores.dtype)
+    column = column.expand(*scores.shape[:-1], 1)
     return torch.softmax(torch.cat([scores, column], dim=-1), dim=-1, dtype=dtype)[..., :-1]
 
 
@@ -425,8 +430,8 @@ def scatter_add_rows(src: Tensor, index: Tensor, num_rows: int) -> Tensor:
 
 
 def _pair_log_weights(t: Tensor | None, pair: Tensor | None, mask: Tensor, simple: bool,
-                      dtype: torch.dtype, in_place: bool = False, shift_rows: bool = True,
-                      ) -> tuple[Tensor | None, Tensor | None]:
+                      dtype: torch.dtype, in_place: bool = False,
+                      ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
     """Sum the per-edge log-weights ``t`` of each (target, source) pair in log space.
 
     ``mask`` is the ``[B, N_dst, N_src]`` bool mask of the graph's blocks and ``pair`` ``[E]``
@@ -435,25 +440,26 @@ def _pair_log_weights(t: Tensor | None, pair: Tensor | None, mask: Tensor, simpl
     target row, which the softmax over the row does not see (``-inf`` where no edge lies;
     ``None`` when the graph is simple and ``t`` is ``None``, i.e. all zeros on the mask) and
     ``r [E, H]``, each edge's share ``exp(t_e) / sum_{e' in p} exp(t_e')`` of its pair
-    (``None`` when every share is 1). ``in_place``: edge e is pair e (a complete graph's
-    edges in target-major order). Without ``shift_rows`` (a softmax with sinks, whose scores
-    are not shifted with the row), the multigraph's ``T_p`` is the log-sum-exp itself.
+    (``None`` when every share is 1), and the shift ``[B, H, N_dst, 1]`` subtracted from each
+    target row (``None`` where nothing was: no ``t``, or a simple graph, whose ``T`` is ``t``),
+    which a softmax with sinks subtracts from their scores too. ``in_place``: edge e is pair
+    e (a complete graph's edges in target-major order).
     """
     flat = mask.view(-1)  # (P,)
     B, n_dst, n_src = mask.shape
     if t is None:
         if simple:
-            return None, None
+            return None, None, None
         count = scatter_add_rows(torch.ones(pair.numel(), dtype=dtype, device=pair.device),
                                  pair, flat.numel())  # (P,)
         T = count.log().view(B, 1, n_dst, n_src)  # log(0) = -inf off the graph
         r = (1.0 / count[pair]).unsqueeze(-1)  # (E, 1)
-        return T, r
+        return T, r, None
     heads = t.size(1)
     if simple:  # one row written per edge, in place (pairs first: see below)
         T = (t if in_place else t.new_full((flat.numel(), heads), float("-inf")).index_copy_(
             0, pair, t))  # (P, H)
-        return T.view(B, n_dst, n_src, heads).permute(0, 3, 1, 2).contiguous(), None
+        return T.view(B, n_dst, n_src, heads).permute(0, 3, 1, 2).contiguous(), None, None
     # logsumexp per pair: shift by the pair maximum (no gradient flows through a shift). Pairs
     # come first, [P, H]: gathers and scatters of whole rows. (Under torch.compile on CPU, the
     # gradient of a gather along dim 1 of [H, P] was compiled into a scatter that wrote out of
@@ -470,7 +476,7 @@ def _pair_log_weights(t: Tensor | None, pair: Tensor | None, mask: Tensor, simpl
         # softmax as it is): log(edge count) would round away next to a score of 1e9 or more
         # 0 for a pair without a live edge (-inf) or a +inf/NaN score (its row is NaN anyway);
         # a difference of finite scores that overflows stays -inf: its weight underflows to 0
-        relative = rows - top if shift_rows else rows.clone()
+        relative = rows - top
         shift = torch.where(torch.isneginf(rows), 0.0, relative.nan_to_num_(
             0.0, 0.0, float("-inf"))).view(flat.numel(), heads)  # (P, H)
         m = m.masked_fill_(torch.isinf(m), 0.0)  # (P, H); off the graph, or -inf scores only
@@ -482,7 +488,8 @@ def _pair_log_weights(t: Tensor | None, pair: Tensor | None, mask: Tensor, simpl
     safe_total = torch.where(live, total, 1.0)
     T = torch.where(live, safe_total.log() + shift, t.new_tensor(float("-inf")))  # (P, H)
     r = w / gather_rows(safe_total, pair)  # (E, H)
-    return T.view(B, n_dst, n_src, heads).permute(0, 3, 1, 2).contiguous(), r
+    return (T.view(B, n_dst, n_src, heads).permute(0, 3, 1, 2).contiguous(), r,
+            top.permute(0, 3, 1, 2))  # (B, H, N_dst, N_src), (E, H), (B, H, N_dst, 1)
 
 
 # A graph that no edge crosses between ranges of its nodes (a batch of sequences, images or
@@ -967,8 +974,8 @@ def _dense_blocks(q: Tensor, k: Tensor, v: Tensor, src: Tensor, dst: Tensor, blo
         if bias is not None:
             t = t + bias
         t = F.leaky_relu(t, negative_slope) * scale
-    T, share = _pair_log_weights(t, pair, mask, simple, v.dtype, in_place,
-                                 shift_rows=sinks is None)  # (B, H or 1, N_dst, N_src)
+    # (B, H or 1, N_dst, N_src), (E, H), (B, H, N_dst, 1)
+    T, share, shift = _pair_log_weights(t, pair, mask, simple, v.dtype, in_place)
     # rows that get 0: no in-edge, or (with per-edge scores) every in-edge scoring -inf (a
     # NaN score counts as live: its row is NaN, as in the reference)
     # (amax: one pass over T, where == and all() take two and a bool tensor)
@@ -981,8 +988,10 @@ def _dense_blocks(q: Tensor, k: Tensor, v: Tensor, src: Tensor, dst: Tensor, blo
 
     # SDPA takes a float mask in q's dtype: scores of fp32 beside half-precision inputs (an
     # edge key's term, formed in fp32) take the explicit softmax, which adds them in fp32
+    # (and sinks beside a multigraph's T shifted per row: SDPA takes one sink per head)
     explicit = (score != "dot" or need_alpha or dropout_mask is not None
-                or (T is not None and T.dtype != q.dtype))
+                or (T is not None and T.dtype != q.dtype)
+                or (sinks is not None and shift is not None))
     if not explicit:
         attn_mask = None  # the complete graph; the causal one: SDPA skips the masked half
         if T is not None:  # (B, H|1, N, N), which may be a view of the caller's bias
@@ -1018,7 +1027,7 @@ def _dense_blocks(q: Tensor, k: Tensor, v: Tensor, src: Tensor, dst: Tensor, blo
         L = T  # (B, H, N_dst, N_src)
     if rows_dead:
         L = L.masked_fill(dead.unsqueeze(-1), 0.0)
-    P = softmax_with_sinks(L, sinks).to(v.dtype)
+    P = softmax_with_sinks(L, sinks, shift).to(v.dtype)
     if rows_dead:
         P = P.masked_fill(dead.unsqueeze(-1), 0.0)  # (B, H, N_dst, N_src)
     heads = P.size(1)

@@ -102,13 +102,23 @@ def _kind(module: Module) -> str | None:
 
 
 def _check_convertible(conv: Module, kind: str) -> None:
+    from torch_geometric.nn.aggr import SumAggregation
+
     # TransformerConv builds lin_skip without root_weight too, and never sizes it then
     unread = (set(conv.lin_skip.parameters())
               if kind == "TransformerConv" and not conv.root_weight else set())
-    if any(isinstance(p, UninitializedParameter) for p in conv.parameters() if p not in unread):
+    lazy = {p for p in conv.parameters()
+            if isinstance(p, UninitializedParameter) and p not in unread}
+    lin_edge = getattr(conv, "lin_edge", None)
+    if lazy and lin_edge is not None and lazy <= set(lin_edge.parameters()):
+        raise ValueError(f"conv is a {kind} with a lazy edge projection (edge_dim=-1) whose "
+                         f"weights do not exist yet: run one forward with edge_attr through "
+                         f"it before converting it")
+    if lazy:
         raise ValueError(f"conv is a lazy {kind} (in_channels=-1) whose weights do not exist "
                          f"yet: run one forward through it before converting it")
-    if conv.aggr not in ("add", "sum"):
+    # (an Aggregation module given as aggr is kept as its repr, 'SumAggregation()')
+    if conv.aggr not in ("add", "sum") and type(conv.aggr_module) is not SumAggregation:
         raise ValueError(f"conv must aggregate with aggr='add' (the weighted sum of attention), "
                          f"got aggr={conv.aggr!r}")
     if conv.flow != "source_to_target":
@@ -130,7 +140,7 @@ def from_pyg(conv: Module, *, backend: str = "auto") -> GraphSelfAttention:
 
     Args:
         conv (torch.nn.Module): a ``torch_geometric.nn.GATConv``, ``GATv2Conv`` or
-            ``TransformerConv`` (with ``aggr="add"``, PyG's default).
+            ``TransformerConv`` (with ``aggr="add"``, PyG's default, or ``SumAggregation()``).
         backend (str, optional): the new layer's ``backend``. (default: ``"auto"``)
 
     Returns:
@@ -157,7 +167,8 @@ def from_pyg(conv: Module, *, backend: str = "auto") -> GraphSelfAttention:
 
     def new_layer(**options) -> GraphSelfAttention:  # in conv's dtype before the weights come
         layer = GraphSelfAttention(_in_channels(conv, kind), C, heads=H, concat=conv.concat,
-                                   dropout=conv.dropout, out_proj=False, edge_dim=conv.edge_dim,
+                                   dropout=conv.dropout, out_proj=False,
+                                   edge_dim=_edge_dim(conv),
                                    backend=backend, **options)
         return layer.to(device=reference.device, dtype=reference.dtype).train(conv.training)
 
@@ -245,9 +256,18 @@ def _in_channels(conv: Module, kind: str) -> int | tuple[int, int]:
         src, dst = conv.lin_l, conv.lin_r
     else:
         src, dst = conv.lin_key, conv.lin_query
-    if isinstance(conv.in_channels, int):
+    if isinstance(conv.in_channels, int) and src.weight.size(1) == dst.weight.size(1):
         return src.weight.size(1)
+    # (a lazy layer first called on sources and targets of two widths sized each side to its own)
     return src.weight.size(1), dst.weight.size(1)
+
+
+def _edge_dim(conv: Module) -> int | None:
+    """``conv``'s ``edge_dim`` as its edge projection has it: a lazy one (``-1``, sized by the
+    first call with ``edge_attr``) keeps ``-1`` there."""
+    if conv.edge_dim is None or conv.edge_dim > 0:
+        return conv.edge_dim
+    return conv.lin_edge.weight.size(1)
 
 
 def _shared_lin(conv: Module) -> Module | None:

@@ -204,7 +204,8 @@ def test_dense_backend_matches_the_reference(graph, need_alpha, dtype):
     """Every route of the dense backend, through SDPA (the sinks as one more key, whose score
     is the sink; in half precision in two parts) and through the explicit softmax (one more
     column), with a bias on the graphs with repeated edges (whose log-sum-exp per pair is
-    then not shifted by its row's maximum): outputs, weights and every gradient."""
+    shifted by its row's maximum, and the sink with it): outputs, weights and every
+    gradient."""
     edge_index = GRAPHS[graph]()
     n = int(edge_index.max()) + 1
     gen = torch.Generator().manual_seed(3)
@@ -229,6 +230,40 @@ def test_dense_backend_matches_the_reference(graph, need_alpha, dtype):
         results.append([out, *torch.autograd.grad(loss, list(inputs.values()))])
     for a, b in zip(results[1], results[0], strict=True):
         assert_close(a, b)
+
+
+@pytest.mark.parametrize("need_alpha", [False, True], ids=["out", "weights"])
+@pytest.mark.parametrize("dtype, level", [(torch.bfloat16, 300.0), (torch.float16, 3000.0),
+                                          (torch.float32, 1e9)])
+def test_dense_backend_counts_repeated_edges_beside_a_large_bias_and_sink(dtype, level,
+                                                                          need_alpha):
+    """Every score equals the sink, far from 0: the edge 0 -> 0 twice, 1 -> 0 and the sink
+    weigh 1/4 each. The log-sum-exp of the doubled pair, log 2 + level, rounds to the level in
+    the bias's dtype; it is taken relative to its row's maximum, and the sink with it."""
+    edge_index = torch.tensor([[0, 0, 1], [0, 0, 0]])
+    q = k = torch.zeros(2, 1, 4, dtype=dtype)
+    v = torch.tensor([[1.0] * 4, [0.0] * 4], dtype=dtype).unsqueeze(1)
+    bias, sinks = torch.full((3, 1), level, dtype=dtype), torch.tensor([level], dtype=dtype)
+    for backend in ("reference", "dense"):
+        result = edge_attention(q, k, v, edge_index, bias=bias, sinks=sinks, backend=backend,
+                                return_attention=need_alpha)
+        out, alpha = result if need_alpha else (result, None)
+        assert out[0, 0].tolist() == [0.5] * 4 and (out[1] == 0).all(), backend
+        assert alpha is None or alpha[:, 0].tolist() == [0.25] * 3, backend
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu", "triton", "dense"])
+def test_a_target_without_edges_gets_0_beside_any_sink(backend, request):
+    """0 on a row without edges, whatever its head's sink: +inf and NaN too (the cpu kernel
+    added the sink's term exp(inf - inf) = NaN to the row's total)."""
+    if backend == "triton":
+        request.getfixturevalue("triton_interpreter")
+    q, k, v = (torch.randn(3, 3, 4, generator=torch.Generator().manual_seed(i))
+               for i in range(3))
+    edge_index = torch.tensor([[0, 1], [0, 0]])  # targets 1 and 2 without edges
+    sinks = torch.tensor([float("inf"), float("nan"), 2.0])
+    out = edge_attention(q, k, v, edge_index, sinks=sinks, backend=backend)
+    assert (out[1:] == 0).all()
 
 
 @pytest.mark.parametrize("score", ["additive", "gatv2"])

@@ -185,6 +185,53 @@ def test_a_lazy_transformer_conv_without_root_weight_converts_after_one_call():
     assert_close(from_pyg(conv)(x, edge_index), expected)
 
 
+@pytest.mark.parametrize("cls", [TransformerConv, GATv2Conv])
+def test_a_lazy_layer_first_called_on_two_widths_converts(cls):
+    """``in_channels=-1`` (one number) called first on sources and targets of two widths:
+    PyG sizes each side's projection to its own width, and so does the converted layer."""
+    gen = torch.Generator().manual_seed(0)
+    conv = cls(-1, C, heads=2).to(DTYPE).eval()
+    x = (torch.randn(7, F_SRC, generator=gen, dtype=DTYPE),
+         torch.randn(6, F_DST, generator=gen, dtype=DTYPE))
+    edge_index = torch.tensor([[0, 3, 6, 2, 5], [0, 1, 1, 4, 5]])
+    expected = conv(x, edge_index)
+    layer = from_pyg(conv)
+    assert layer.in_channels == (F_SRC, F_DST)
+    assert_close(layer(x, edge_index), expected)
+
+
+@pytest.mark.parametrize("cls", [GATConv, GATv2Conv, TransformerConv])
+def test_a_lazy_edge_projection_converts_after_a_call_with_edge_features(cls):
+    """``edge_dim=-1``: PyG sizes ``lin_edge`` at the first call with ``edge_attr``; before it,
+    the refusal names the edge projection (not in_channels, which is set)."""
+    gen = torch.Generator().manual_seed(0)
+    conv = cls(F_SRC, C, heads=2, edge_dim=-1).to(DTYPE).eval()
+    x = torch.randn(5, F_SRC, generator=gen, dtype=DTYPE)
+    edge_index = torch.tensor([[0, 1, 2, 3, 4], [1, 2, 3, 4, 0]])
+    edge_attr = torch.randn(5, D, generator=gen, dtype=DTYPE)
+    with pytest.raises(ValueError, match=rf"conv is a {cls.__name__} with a lazy edge "
+                                         rf"projection \(edge_dim=-1\) whose weights do not "
+                                         rf"exist yet: run one forward with edge_attr"):
+        from_pyg(conv)
+    expected = conv(x, edge_index, edge_attr)
+    layer = from_pyg(conv)
+    assert layer.edge_dim == D
+    assert_close(layer(x, edge_index, edge_attr), expected)
+
+
+def test_a_sum_aggregation_module_converts():
+    """``aggr=SumAggregation()`` is kept as its repr, ``'SumAggregation()'``: the sum all the
+    same."""
+    from torch_geometric.nn.aggr import MeanAggregation, SumAggregation
+
+    conv = TransformerConv(F_SRC, C, heads=2, aggr=SumAggregation()).to(DTYPE).eval()
+    x = torch.randn(5, F_SRC, dtype=DTYPE)
+    edge_index = torch.tensor([[0, 1, 2, 3, 4, 0], [1, 2, 3, 4, 0, 2]])
+    assert_close(from_pyg(conv)(x, edge_index), conv(x, edge_index))
+    with pytest.raises(ValueError, match=r"aggr='MeanAggregation\(\)'"):
+        from_pyg(TransformerConv(F_SRC, C, aggr=MeanAggregation()))
+
+
 def test_convert_pyg_after_to_hetero_with_lazy_layers():
     """A heterogeneous model from ``to_hetero`` with lazy bipartite layers (``(-1, -1)``, whose
     ``in_channels`` stays -1 after their first call): converted, the same outputs."""
