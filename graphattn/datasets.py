@@ -223,7 +223,10 @@ def ensure_raw_files(name: str, root: str | os.PathLike | None = None,
         ChecksumError: a file's SHA-256 differs from :data:`SHA256`.
     """
     name = canonical_name(name)
-    if isinstance(parts, str) or not all(part in PARTS for part in parts):
+    download = check_flag(download, "download")
+    progress = check_flag(progress, "progress")
+    if (isinstance(parts, str) or not isinstance(parts, (tuple, list))
+            or not all(part in PARTS for part in parts)):
         raise ValueError(f"parts must be a sequence of names from {PARTS}, got {parts!r}")
     folder = raw_dir(name, root)
     paths = {part: folder / f"ind.{name.lower()}.{part}" for part in parts}

@@ -17,6 +17,7 @@ target i (node i attends to node j), sorted by target and then by source, so
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import overload
 
@@ -614,6 +615,10 @@ def _top_k_positions(edge_index: Tensor, scores: Tensor, k: int, *,
     return (kept if order is None else order[kept]).sort().values
 
 
+# the most nodes whose pairs (i, j) have keys i * N + j < N^2 that int64 holds
+MAX_KEYED_NODES = math.isqrt(torch.iinfo(torch.int64).max)
+
+
 def union(edge_indices: Sequence[Tensor], num_nodes: int) -> Tensor:
     r"""The union of graphs on the same nodes: each edge of any of them once.
 
@@ -628,7 +633,8 @@ def union(edge_indices: Sequence[Tensor], num_nodes: int) -> Tensor:
     Args:
         edge_indices (list of Tensor): ``[2, E_m]`` integer graphs, ids below ``num_nodes``,
             on one device.
-        num_nodes (int): number of nodes N.
+        num_nodes (int): number of nodes N, at most 3,037,000,499 (each pair is keyed by
+            :math:`i N + j`, which must fit in int64).
 
     Shapes:
         - **input:** edge_indices ``(2, E_m)`` each
@@ -636,6 +642,9 @@ def union(edge_indices: Sequence[Tensor], num_nodes: int) -> Tensor:
           device of the inputs (CPU for none)
     """
     num_nodes = check_non_negative(num_nodes, "num_nodes")
+    if num_nodes > MAX_KEYED_NODES:
+        raise ValueError(f"num_nodes must be at most {MAX_KEYED_NODES:,} (each pair is keyed "
+                         f"by target * num_nodes + source, in int64), got {num_nodes:,}")
     if isinstance(edge_indices, Tensor) or not isinstance(edge_indices, Sequence):
         raise TypeError(f"edge_indices must be a sequence of [2, E] tensors, got "
                         f"{type(edge_indices).__name__}")

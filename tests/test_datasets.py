@@ -218,12 +218,19 @@ def test_pubmed_without_allx_raises_clear_error(tmp_path, offline):
     assert f"load_planetoid('PubMed', root={str(tmp_path)!r}, structure_only=True)" in msg
 
 
-@pytest.mark.parametrize("parts", ["graph", ("graph", "features")])
+@pytest.mark.parametrize("parts", ["graph", ("graph", "features"), None])
 def test_ensure_raw_files_refuses_unknown_parts(tmp_path, parts):
     """A str was split into letters (ind.cora.g, ind.cora.r, ... missing); an unknown part was
     a bare KeyError."""
     with pytest.raises(ValueError, match=r"parts must be a sequence of names from \("):
         ds.ensure_raw_files("Cora", tmp_path, parts, download=False)
+
+
+@pytest.mark.parametrize("flag", ["download", "progress"])
+def test_ensure_raw_files_refuses_flags_that_are_no_bools(tmp_path, flag, offline):
+    """download="False" was read by its truth value, and fetched the files."""
+    with pytest.raises(TypeError, match=rf"{flag} must be a bool, got 'False' \(a str\)"):
+        ds.ensure_raw_files("Cora", tmp_path, ("y",), **{flag: "False"})
 
 
 def test_pubmed_structure_only(tmp_path, offline):

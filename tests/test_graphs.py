@@ -1033,6 +1033,20 @@ def test_union_against_sets():
     assert graphs.union([torch.empty(2, 0, dtype=torch.long)], 0).shape == (2, 0)
 
 
+def test_union_keys_fit_int64_or_are_refused():
+    """Pairs are keyed target * N + source in int64: up to N = isqrt(2^63 - 1) the ids come
+    back as given; past it the call is refused (the keys overflowed into wrong, even negative
+    ids)."""
+    top = graphs.MAX_KEYED_NODES
+    assert top ** 2 <= torch.iinfo(torch.int64).max < (top + 1) ** 2
+    edges = torch.tensor([[top - 1, 1, top - 1], [top - 1, top - 1, 0]])
+    assert graphs.union([edges], top).tolist() == [[top - 1, 1, top - 1], [0, top - 1, top - 1]]
+    for call in (lambda: graphs.union([edges], top + 1),
+                 lambda: graphs.head_patterns([edges], 10**10)):
+        with pytest.raises(ValueError, match=r"num_nodes must be at most 3,037,000,499 .*, got "):
+            call()
+
+
 def test_longformer_and_bigbird_are_unions():
     n = 16
     window, glob = graphs.window_graph(n, 2), graphs.global_token_graph(n, [0, 9])

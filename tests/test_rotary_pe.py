@@ -579,20 +579,27 @@ def check_causal(attention, rotary, layer, dense: bool, length: int, seed: int,
     return x, want
 
 
-def test_from_llama_carries_a_frozen_attention():
-    """A frozen attention converted to a layer whose parameters all trained; partly frozen
-    weights are warned about."""
+@pytest.mark.parametrize("family", ["llama", "deepseek_v3"], ids=["llama", "latent"])
+def test_from_llama_carries_a_frozen_attention(family):
+    """A frozen attention converted to a frozen layer, a trainable one to a trainable layer;
+    partly frozen weights and hooks are warned about (the latent attention's conversion,
+    a path of its own, carried none of it)."""
     from graphattn.nn import from_llama
 
-    attention, _ = hf_attention("llama", 2)
+    attention, _ = (hf_attention(family, 4, **MLA) if family == "deepseek_v3"
+                    else hf_attention(family, 2))
+    name = type(attention).__name__
     attention.requires_grad_(False)
     assert not any(p.requires_grad for p in from_llama(attention).parameters())
     attention.requires_grad_(True)
     assert all(p.requires_grad for p in from_llama(attention).parameters())
-    attention.q_proj.requires_grad_(False)
-    with pytest.warns(UserWarning, match=r"attention \(LlamaAttention\) has some parameters "
-                                         r"frozen"):
+    attention.o_proj.requires_grad_(False)
+    with pytest.warns(UserWarning, match=rf"attention \({name}\) has some parameters frozen"):
         from_llama(attention, dense=True)
+    attention.requires_grad_(True)
+    attention.register_forward_hook(lambda *args: None)
+    with pytest.warns(UserWarning, match=rf"attention \({name}\) has hooks \(_forward_hooks\)"):
+        from_llama(attention)
 
 
 def test_from_llama_on_a_window_is_the_attention_with_a_window_mask():

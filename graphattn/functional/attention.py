@@ -1003,7 +1003,8 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
 
     empty_rows = None  # (..., H or 1, L_q): the rows of a head without any key
     if attn_bias is not None:
-        allowed = attn_bias > float("-inf")  # (..., H or 1, L_q, L_k)
+        # (a NaN is no mask: it makes its row NaN, as in edge_attention)
+        allowed = ~torch.isneginf(attn_bias)  # (..., H or 1, L_q, L_k)
         if mask is not None:
             allowed = allowed & mask.unsqueeze(-3)
         empty_rows = ~allowed.any(dim=-1)
@@ -1021,6 +1022,10 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
         # its softmax is NaN) with its query 0, and keys and values that no row reads are 0
         q = q.masked_fill(empty_rows.transpose(-1, -2).unsqueeze(-1), 0.0)
         k, v = (t.masked_fill(unread.transpose(-1, -2).unsqueeze(-1), 0.0) for t in (k, v))
+    elif is_causal and L_k > L_q:
+        # causal from the top left: the keys past the last query's position are read by none
+        past = (torch.arange(L_k, device=q.device) >= L_q).view(L_k, 1, 1)  # (L_k, 1, 1)
+        k, v = (t.masked_fill(past, 0.0) for t in (k, v))
     qh, kh, vh = (t.transpose(-3, -2) for t in (q, k, v))  # (..., H, L, C)
 
     weights = None

@@ -80,6 +80,8 @@ def sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
     that carry a forward-mode tangent (``torch.autograd.forward_ad``).
     """
     if sinks is not None:
+        if dropout_p > 0 and q.device.type == "cpu":  # graphattn's mask, of the weights' shape
+            return _explicit_attention(q, k, v, attn_mask, dropout_p, is_causal, scale, sinks)
         return _sdpa_with_sinks(q, k, v, attn_mask, dropout_p, is_causal, scale, sinks)
     gqa = {"enable_gqa": True} if k.size(-3) != q.size(-3) else {}  # (grouped k, v)
     options = {"dropout_p": dropout_p, "is_causal": is_causal, "scale": scale, **gqa}

@@ -922,15 +922,29 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         check_finite(negative_slope, "negative_slope")
         self.negative_slope = float(negative_slope)
         if (isinstance(fill_value, str) and fill_value not in FILL_REDUCTIONS) or not isinstance(
-                fill_value, (str, numbers.Real, Tensor, np.ndarray, list, tuple)):
+                fill_value, (str, numbers.Real, Tensor, np.ndarray, list, tuple)) or isinstance(
+                fill_value, (bool, np.bool_)):
             raise ValueError(f"fill_value must be a number, a tensor or one of "
                              f"{list(FILL_REDUCTIONS)}, got {fill_value!r}")
+        given = fill_value  # (for the messages)
+        if isinstance(fill_value, (list, tuple)):
+            try:
+                fill_value = np.asarray(fill_value)
+            except ValueError:  # ragged
+                raise ValueError(f"fill_value as a list must hold numbers, got "
+                                 f"{fill_value!r}") from None
+        kind = (fill_value.dtype.kind if isinstance(fill_value, np.ndarray)
+                else "f" if not isinstance(fill_value, Tensor) or fill_value.is_floating_point()
+                else "b" if fill_value.dtype == torch.bool
+                else "c" if fill_value.is_complex() else "i")
+        if kind not in "iuf":  # bool, complex (whose imaginary part would be dropped), text
+            raise ValueError(f"fill_value must hold real numbers, got {given!r}")
         # on the CPU, not the default device: under `with torch.device("meta")` a meta tensor
         # could not be checked (the fill moves to edge_attr's device when it is used)
         if isinstance(fill_value, numbers.Real) and not isinstance(fill_value, (int, float)):
             fill_value = float(fill_value)  # a numpy scalar, as a number its repr can rebuild
-        if isinstance(fill_value, (list, tuple, np.ndarray)):
-            fill_value = torch.tensor(np.asarray(fill_value, dtype=np.float64),
+        if isinstance(fill_value, np.ndarray):
+            fill_value = torch.tensor(fill_value.astype(np.float64),
                                       dtype=torch.get_default_dtype(), device="cpu")
         if not isinstance(fill_value, str) and not (
                 isinstance(fill_value, Tensor) and fill_value.is_meta) and not torch.isfinite(

@@ -63,6 +63,7 @@ from torch.nn import Module
 from torch.nn.parameter import UninitializedParameter
 
 from graphattn._checks import check_flag
+from graphattn.functional.attention import BACKENDS
 from graphattn.graphs import causal_graph
 from graphattn.nn.attention import _UNCALLED_HOOKS, DenseSelfAttention, GraphSelfAttention
 from graphattn.nn.indexer import LightningIndexer
@@ -321,6 +322,9 @@ def convert_pyg(module: Module, *, backend: str = "auto") -> Module:
         torch.nn.Module: ``module`` with its layers replaced, or the converted layer when
         ``module`` itself is one.
     """
+    if not isinstance(module, Module):
+        raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+    _check_layer_kind(False, backend)  # (checked where no layer is converted, too)
     if _kind(module) is not None:
         return from_pyg(module, backend=backend)
     converted: dict[int, Module] = {}
@@ -359,8 +363,8 @@ def from_mha(mha: torch.nn.MultiheadAttention, *, dense: bool = False,
         mha (torch.nn.MultiheadAttention): without ``add_bias_kv`` and ``add_zero_attn``, and
             with its keys and values of one size (``kdim == vdim``).
         dense (bool, optional): return a ``DenseSelfAttention``. (default: ``False``)
-        backend (str, optional): the ``GraphSelfAttention``'s ``backend``.
-            (default: ``"auto"``)
+        backend (str, optional): the ``GraphSelfAttention``'s ``backend`` (unused with
+            ``dense=True``). (default: ``"auto"``)
 
     Returns:
         GraphSelfAttention or DenseSelfAttention: on ``mha``'s device, in its dtype and
@@ -369,6 +373,7 @@ def from_mha(mha: torch.nn.MultiheadAttention, *, dense: bool = False,
     """
     if not isinstance(mha, torch.nn.MultiheadAttention):
         raise TypeError(f"mha must be a torch.nn.MultiheadAttention, got {type(mha).__name__}")
+    _check_layer_kind(dense, backend)
     if mha.bias_k is not None or mha.add_zero_attn:
         raise ValueError(f"mha must have add_bias_kv=False and add_zero_attn=False (they attend "
                          f"to keys that are no node), got add_bias_kv={mha.bias_k is not None}, "
@@ -408,6 +413,14 @@ def from_mha(mha: torch.nn.MultiheadAttention, *, dense: bool = False,
         *((lin.bias, in_bias) for lin in (layer.lin_q, layer.lin_k, layer.lin_v)),
         (layer.lin_out.weight, mha.out_proj.weight), (layer.lin_out.bias, mha.out_proj.bias)])
     return layer
+
+
+def _check_layer_kind(dense: bool, backend: str) -> None:
+    """The checks of a converter's ``dense`` and ``backend`` (whose name is checked with
+    ``dense=True`` too, where the layer made takes none)."""
+    check_flag(dense, "dense")
+    if not isinstance(backend, str) or (backend != "auto" and backend not in BACKENDS):
+        raise ValueError(f"backend must be 'auto' or one of {list(BACKENDS)}, got {backend!r}")
 
 
 def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
@@ -527,8 +540,8 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
             those names, ``qk_norm="rms"``; a soft cap on the scores
             (``attn_logit_softcapping``, Gemma 2's) becomes ``softcap``.
         dense (bool, optional): return a ``DenseSelfAttention``. (default: ``False``)
-        backend (str, optional): the ``GraphSelfAttention``'s ``backend``.
-            (default: ``"auto"``)
+        backend (str, optional): the ``GraphSelfAttention``'s ``backend`` (unused with
+            ``dense=True``). (default: ``"auto"``)
         check (bool, optional): run the attention and the converted layer on a probe before
             returning it, and refuse a conversion that does not compute what the attention
             computes (see below). ``False`` returns the layer unchecked. (default: ``True``)
@@ -555,6 +568,7 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
     (``NotImplementedError``), with the difference, where it would otherwise compute
     something else without a word.
     """
+    _check_layer_kind(dense, backend)
     config = getattr(attention, "config", None)
     lins = [getattr(attention, name, None) for name in ("q_proj", "k_proj", "v_proj", "o_proj")]
     if lins[0] is None:  # MiniCPM5-MoE's: each head's query, then its gate, as Qwen3-Next's
@@ -600,8 +614,10 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
             f"projection cannot hold them, so from_llama does not convert it")
     if config is not None and isinstance(getattr(attention, "kv_a_proj_with_mqa", None),
                                          torch.nn.Linear):  # DeepSeek's multi-head latent
-        return _from_latent_attention(attention, config, dense=dense, backend=backend,
-                                      check=check)
+        layer = _from_latent_attention(attention, config, dense=dense, backend=backend,
+                                       check=check)
+        _carry_state(layer, attention, "attention")
+        return layer
     if config is None or not all(isinstance(lin, torch.nn.Linear) for lin in lins):
         raise TypeError(f"attention must be a LLaMA-family self-attention with q_proj, k_proj, "
                         f"v_proj (or one qkv_proj or query_key_value) and o_proj (or dense) "

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 from torch.nn import Linear
 
-from graphattn._checks import check_positive
+from graphattn._checks import check_edge_index, check_positive, check_tensors
 from graphattn.functional import cpu
 from graphattn.functional._transforms import host_readable, needs_grad, plain_ops_only
 from graphattn.pe import RotaryPE
@@ -158,8 +158,9 @@ class LightningIndexer(torch.nn.Module):
 
     def forward(self, u: Tensor, x_src: Tensor, x_dst: Tensor, edge_index: Tensor, *,
                 pos_src: Tensor | None = None, pos_dst: Tensor | None = None) -> Tensor:
-        """The score of each edge of ``edge_index`` (checked by the layer that calls it),
-        without gradients; see the class docstring for the formula and shapes."""
+        """The score of each edge of ``edge_index``, without gradients; see the class
+        docstring for the formula and shapes."""
+        check_edge_index(edge_index, num_src=x_src.size(0), num_dst=x_dst.size(0))
         with torch.no_grad():
             return self._scores(u, x_src, x_dst, edge_index, pos_src, pos_dst)
 
@@ -194,6 +195,8 @@ class LightningIndexer(torch.nn.Module):
         """
         if reduction not in ("mean", "sum"):
             raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
+        check_edge_index(edge_index, num_src=x_src.size(0), num_dst=x_dst.size(0))
+        check_tensors(alpha=alpha)
         if alpha.dim() not in (1, 2) or alpha.size(0) != edge_index.size(1):
             raise ValueError(f"alpha must have shape [E, H] or [E] with E = "
                              f"{edge_index.size(1)}, got {list(alpha.shape)}")

@@ -496,6 +496,67 @@ def test_dropout_on_cpu_is_graphattns_mask_on_the_weights(return_attention, mask
         assert_close(g, r)
 
 
+@pytest.mark.parametrize("is_causal", [False, True], ids=["", "causal"])
+def test_dropout_with_sinks_on_cpu_is_graphattns_mask_on_the_weights(is_causal):
+    """With sinks too, dropout on CPU multiplies the weights [..., H, L_q, L_k] by the
+    dropout_mask of their shape, whether the weights are returned or not (the sinks' padded
+    SDPA drew a mask of its own shape, [H, 1 + L_q, 1 + L_k])."""
+    from graphattn.functional import dropout_mask
+
+    q, k, v = qkv(3, L=7, S=7, seed=4)
+    sinks = torch.tensor([0.5, -1.0])
+    results = []
+    for return_attention in (False, True):
+        torch.manual_seed(11)
+        results.append(dense_attention(q, k, v, is_causal=is_causal, dropout_p=0.4,
+                                       sinks=sinks, return_attention=return_attention))
+    (out, (out_w, weights)) = results
+    torch.manual_seed(11)
+    M = dropout_mask(weights.shape, 0.4)
+    assert_close(out, out_w)
+    assert_close(out, torch.einsum("...hij,...jhc->...ihc", weights * M, v))
+
+
+@pytest.mark.parametrize("return_attention", [False, True], ids=["sdpa", "weights"])
+@pytest.mark.parametrize("sinks", [False, True], ids=["", "sinks"])
+def test_causal_keys_past_the_last_query_reach_nothing(return_attention, sinks):
+    """is_causal with L_q < L_k (from the top left): the keys past the last query are read by
+    none, so what they hold, NaN and inf included, reaches no output and no gradient."""
+    q, k, v = qkv(L=3, S=5, seed=2)
+    extra = {"sinks": torch.tensor([0.5, -1.0])} if sinks else {}
+    clean = dense_attention(q, k, v, is_causal=True, return_attention=return_attention, **extra)
+    k_bad, v_bad = k.detach().clone(), v.detach().clone()
+    k_bad[3], v_bad[4] = float("inf"), float("nan")
+    k_bad.requires_grad_(), v_bad.requires_grad_()
+    got = dense_attention(q, k_bad, v_bad, is_causal=True, return_attention=return_attention,
+                          **extra)
+    out, out_clean = (got[0], clean[0]) if return_attention else (got, clean)
+    assert_close(out, out_clean)
+    if return_attention:
+        assert_close(got[1], clean[1])
+    grads = torch.autograd.grad(out.sum(), (q, k_bad, v_bad))
+    want = torch.autograd.grad(out_clean.sum(), (q, k, v))
+    for g, r in zip(grads, want, strict=True):
+        assert_close(g, r)
+    assert (grads[1][3:] == 0).all() and (grads[2][3:] == 0).all()
+
+
+@pytest.mark.parametrize("return_attention", [False, True], ids=["sdpa", "weights"])
+def test_a_nan_in_attn_bias_is_no_mask(return_attention):
+    """A NaN bias makes its row NaN, as edge_attention's bias does on the same pairs; it is no
+    -inf (the pair was left out, silently)."""
+    q, k, v = qkv(L=3, S=3, seed=1)
+    bias = torch.zeros(2, 3, 3)
+    bias[0, 0, 1] = float("nan")
+    result = dense_attention(q, k, v, attn_bias=bias, return_attention=return_attention)
+    out = result[0] if return_attention else result
+    edges = graphs.complete_graph(3)
+    want = edge_attention(q, k, v, edges, bias=bias[:, edges[1], edges[0]].t())
+    assert out[0, 0].isnan().all() and want[0, 0].isnan().all()
+    assert_close(out[1:], want[1:])
+    assert_close(out[0, 1], want[0, 1])
+
+
 def test_dropout_on_cpu_is_differentiable_twice():
     """The explicit path with dropout (plain torch ops) passes gradcheck and gradgradcheck in
     fp64, the mask drawn again from the same seed at each evaluation."""

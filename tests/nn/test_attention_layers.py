@@ -479,6 +479,16 @@ def test_errors_name_the_argument_and_value():
         with pytest.raises(ValueError, match=r"fill_value as a tensor \(or list or array\) must "
                                              r"hold 1 or edge_dim = 3 values, got shape \[2\]"):
             GraphSelfAttention(4, 2, edge_dim=3, fill_value=values)
+    for bad in (np.array([1 + 5j, 2.0, 3.0]), torch.tensor([True, False, True]),
+                torch.tensor([1 + 1j]), ["a", "b", "c"]):  # (the imaginary part was dropped)
+        with pytest.raises(ValueError, match=r"fill_value must hold real numbers, got "):
+            GraphSelfAttention(4, 2, edge_dim=3, fill_value=bad)
+    with pytest.raises(ValueError, match=r"fill_value must be a number, a tensor or one of "
+                                         r"\['mean', 'add', 'max', 'min', 'mul'\], got True"):
+        GraphSelfAttention(4, 2, edge_dim=3, fill_value=True)
+    with pytest.raises(ValueError, match=r"fill_value as a list must hold numbers, got "
+                                         r"\[\[1\], \[2, 3\]\]"):
+        GraphSelfAttention(4, 2, edge_dim=3, fill_value=[[1], [2, 3]])
     for bad in (float("nan"), torch.tensor([0.0, float("inf"), 1.0])):
         with pytest.raises(ValueError, match="fill_value must be finite, got"):
             GraphSelfAttention(4, 2, edge_dim=3, fill_value=bad)

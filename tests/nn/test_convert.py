@@ -10,7 +10,14 @@ from conftest import GRAPHS, assert_agrees_with_pyg, assert_close
 from torch_geometric.nn import GATConv, GATv2Conv, TransformerConv
 
 from graphattn import graphs
-from graphattn.nn import DenseSelfAttention, GraphSelfAttention, convert_pyg, from_mha, from_pyg
+from graphattn.nn import (
+    DenseSelfAttention,
+    GraphSelfAttention,
+    convert_pyg,
+    from_llama,
+    from_mha,
+    from_pyg,
+)
 
 DTYPE = torch.float64
 F_SRC, F_DST, C, D = 5, 4, 6, 3  # source and target features, channels, edge features
@@ -161,6 +168,10 @@ def test_convert_pyg_keeps_a_shared_layer_shared_and_converts_a_layer_itself():
     assert isinstance(convert_pyg(make_conv("gat", bipartite=False)), GraphSelfAttention)
     linear = torch.nn.Linear(2, 2)
     assert convert_pyg(linear) is linear  # nothing to convert
+    with pytest.raises(TypeError, match="module must be a torch.nn.Module, got NoneType"):
+        convert_pyg(None)
+    with pytest.raises(ValueError, match=r"backend must be 'auto' or one of .* got 'bogus'"):
+        convert_pyg(linear, backend="bogus")  # (nothing to convert, but a wrong name)
 
 
 def test_refusals_name_the_problem():
@@ -604,6 +615,13 @@ def test_from_mha_refusals_name_the_option():
         from_mha(torch.nn.MultiheadAttention(8, 2, kdim=4, vdim=6))
     with pytest.raises(ValueError, match="dense=True needs kdim = embed_dim"):
         from_mha(torch.nn.MultiheadAttention(8, 2, kdim=4, vdim=4), dense=True)
+    with pytest.raises(TypeError, match=r"dense must be a bool, got 'False' \(a str\)"):
+        from_mha(torch.nn.MultiheadAttention(8, 2), dense="False")  # truthy: dense before
+    for dense in (False, True):  # (with dense=True the name is checked, and unused)
+        with pytest.raises(ValueError, match=r"backend must be 'auto' or one of .* got 'bogus'"):
+            from_mha(torch.nn.MultiheadAttention(8, 2), dense=dense, backend="bogus")
+    with pytest.raises(TypeError, match=r"dense must be a bool, got 1 \(a int\)"):
+        from_llama(torch.nn.Linear(2, 2), dense=1)
 
 
 def test_a_frozen_layer_converts_frozen_and_what_does_not_carry_over_is_warned_about():

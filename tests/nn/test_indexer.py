@@ -249,6 +249,28 @@ def test_training_the_indexer_on_the_attention_s_weights_picks_the_attention_s_e
     assert weight_kept() > kept_first + 0.1
 
 
+def test_indexer_called_directly_checks_its_graph():
+    """The indexer is public: called on its own, its edge_index is checked as the layer checks
+    it (an id past the nodes read memory out of bounds in the cpu kernel, and came back as a
+    score)."""
+    indexer, x = LightningIndexer(6, 2, 4, top_k=2), torch.randn(4, 6)
+    for call in (lambda ei: indexer(x, x, x, ei),
+                 lambda ei: indexer.loss(x, x, x, ei, torch.rand(ei.size(1), 2))):
+        with pytest.raises(ValueError, match=r"edge_index\[0\] \(sources\) must be < the "
+                                             r"number of source nodes 4, got a maximum of 1000"):
+            call(torch.tensor([[1000], [0]]))
+        with pytest.raises(ValueError, match=r"edge_index\[1\] \(targets\) must be < the "
+                                             r"number of target nodes 4, got a maximum of 9"):
+            call(torch.tensor([[0], [9]]))
+        with pytest.raises(ValueError, match=r"edge_index must hold node ids >= 0, got a "
+                                             r"minimum of -5"):
+            call(torch.tensor([[-5], [0]]))
+        with pytest.raises(TypeError, match=r"edge_index must have an integer dtype"):
+            call(torch.tensor([[0.0, 1.0], [1.0, 0.0]]))
+    with pytest.raises(TypeError, match=r"alpha must be a torch.Tensor, got list"):
+        indexer.loss(x, x, x, graphs.complete_graph(4), [0.1] * 16)
+
+
 def test_indexer_loss_refusals():
     layer = GraphSelfAttention(8, 4, heads=2, indexer=LightningIndexer(8, 2, 4, 2))
     x, graph = torch.randn(5, 8), graphs.complete_graph(5)
