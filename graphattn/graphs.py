@@ -853,6 +853,9 @@ def from_networkx(G: nx.Graph, edge_attrs: Sequence[str] | None = None,
         raise TypeError(f"edge_attrs must be a list of attribute names, got the string "
                         f"{edge_attrs!r}; pass [{edge_attrs!r}]")
     index = {node: i for i, node in enumerate(G.nodes)}
+    if edge_attrs is not None and not (isinstance(edge_attrs, Sequence)
+                                       and all(isinstance(n, str) for n in edge_attrs)):
+        raise TypeError(f"edge_attrs must be a list of attribute names, got {edge_attrs!r}")
     names = list(edge_attrs) if edge_attrs is not None else []
     src: list[int] = []
     dst: list[int] = []

@@ -2413,6 +2413,9 @@ class RotaryPE(torch.nn.Module):
         if not 0 < beta_slow <= beta_fast:
             raise ValueError(f"beta_fast and beta_slow must satisfy 0 < beta_slow <= "
                              f"beta_fast, got beta_fast={beta_fast!r}, beta_slow={beta_slow!r}")
+        if dim % (2 * axes):  # (as RotaryPE refuses it, before the frequencies are made)
+            raise ValueError(f"dim must be a multiple of 2 * axes = {2 * axes} (a plane of two "
+                             f"channels per frequency and axis), got dim={dim}")
         group = dim // axes
         if attention_factor is None:
             attention_factor = 0.1 * math.log(factor) + 1.0

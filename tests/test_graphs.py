@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import networkx as nx
 import numpy as np
 import pytest
@@ -408,6 +410,10 @@ def test_from_networkx_refuses_a_single_attribute_name_as_string():
     with pytest.raises(TypeError, match=r"edge_attrs must be a list of attribute names, got the "
                                         r"string 'weight'; pass \['weight'\]"):
         graphs.from_networkx(G, edge_attrs="weight")
+    for bad in (5, [1]):  # ('int' object is not iterable; a KeyError of the number)
+        with pytest.raises(TypeError, match=rf"edge_attrs must be a list of attribute names, "
+                                            rf"got {re.escape(repr(bad))}"):
+            graphs.from_networkx(G, edge_attrs=bad)
 
 
 def test_to_networkx():

@@ -1923,11 +1923,13 @@ def test_long_context_arguments_are_checked(kwargs, error, match):
     (dict(beta_fast=1.0, beta_slow=2.0), "0 < beta_slow <= beta_fast"),
     (dict(base=-1.0), "base must be a positive number"),
     (dict(base=1.0), "yarn needs base > 1"),
+    (dict(dim=7), r"dim must be a multiple of 2 \* axes = 2 .*, got dim=7"),  # (a size clash)
+    (dict(dim=6, axes=2), r"dim must be a multiple of 2 \* axes = 4 .*, got dim=6"),
 ])
 def test_yarn_arguments_are_checked(kwargs, match):
-    args = dict(factor=4.0, original_length=64) | kwargs
+    args = dict(dim=8, factor=4.0, original_length=64) | kwargs
     with pytest.raises(ValueError, match=match):
-        pe.RotaryPE.yarn(8, **args)
+        pe.RotaryPE.yarn(**args)
 
 
 def test_frequencies_keep_their_dtype_when_the_model_is_cast_to_bf16():

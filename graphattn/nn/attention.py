@@ -30,6 +30,7 @@ from graphattn._checks import (
     check_weight_dtype,
     exact_repr,
     finite_float,
+    score_factor,
 )
 from graphattn._tensor_cache import TensorCache, cacheable, capturing_cuda_graph
 from graphattn.functional import cpu
@@ -1116,6 +1117,8 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             old_loops = None if old_loops is None else old_loops[keep]
 
         q, k, v = self._project(x_src, x_dst)
+        if self.scale is not None:  # finite in the dtype of these inputs' scores, too
+            score_factor(self.scale, "scale", q, k)
         score_channels = self.score_channels  # (1: additive)
         if q is None:  # x = (x_src, None): the additive score without its target term
             q = k.new_zeros(N_dst, H * score_channels)

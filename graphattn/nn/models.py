@@ -186,6 +186,9 @@ class GAT(torch.nn.Module):
         check_dropout(attention_dropout, "attention_dropout")
         value_dropout = dropout if value_dropout is None else value_dropout
         check_dropout(value_dropout, "value_dropout")
+        if conv is not None and not callable(conv):
+            raise TypeError(f"conv must be a callable that builds a layer (a class such as "
+                            f"GraphSelfAttention or PyG's GATConv), got {conv!r}")
         if conv is None:
             def conv(i: int, o: int, **kwargs) -> GraphSelfAttention:
                 layer = GraphSelfAttention(i, o, **kwargs, out_proj=False, out_bias=True,

@@ -1071,6 +1071,18 @@ def test_layer_captured_in_a_cuda_graph_replays_on_new_features():
             assert_close(out, layer(x, edge_index, edge_attr))
 
 
+def test_a_scale_past_the_scores_dtype_is_refused_at_the_call():
+    """scale=1e39 is finite in float64 but inf in float32, where the scores of fp32 (and half)
+    inputs are computed: refused by name there, as edge_attention refuses it (it gave NaN),
+    and taken by a float64 layer."""
+    edge_index = torch.tensor([[0, 1], [1, 2]])
+    layer = GraphSelfAttention(4, 2, scale=1e39)
+    with pytest.raises(ValueError, match=r"scale must be finite in torch.float32, the dtype the "
+                                         r"scores of these inputs are computed in, got 1e\+39"):
+        layer(torch.randn(3, 4), edge_index)
+    assert layer.double()(torch.randn(3, 4, dtype=torch.float64), edge_index).isfinite().all()
+
+
 def test_lazy_in_channels_errors():
     for bad in (0, -2, 2.5, (3, 0), (1, 2, 3)):
         with pytest.raises(ValueError, match=r"in_channels must be a positive integer, or -1 "

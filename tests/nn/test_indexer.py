@@ -135,8 +135,8 @@ def test_the_layer_attends_over_the_top_k_edges_of_the_indexer(backend):
     for ours, theirs in zip(params, want_params, strict=True):
         assert_close(ours, theirs)
     assert all(p.grad is None for p in indexer.parameters())
-    assert "indexer=LightningIndexer(8, heads=4, channels=6, top_k=3, query_channels=5)" in \
-        repr(layer)
+    assert ("indexer=LightningIndexer(8, heads=4, channels=6, top_k=3, query_channels=5, "
+            "rotary=RotaryPE(2))") in repr(layer)
 
 
 def test_an_indexer_without_a_query_latent_reads_the_targets_features():

@@ -627,6 +627,11 @@ def test_models_refuse_a_pair_of_in_channels():
         GraphTransformer((5, 5), 8, 3)
 
 
+def test_gat_refuses_a_conv_that_builds_nothing():
+    with pytest.raises(TypeError, match=r"conv must be a callable that builds a layer .*, got 5"):
+        GAT(6, 3, conv=5)  # ('int' object is not callable)
+
+
 def test_gat_reset_parameters_redraws_both_layers():
     """Every projection of both layers is drawn again: Glorot weights, zero biases."""
     model = GAT(8, 16, hidden_channels=3, heads=4)
