@@ -699,6 +699,9 @@ def from_dense_mask(mask: Tensor) -> Tensor:
         raise TypeError(f"mask must be a torch.Tensor, got {type(mask).__name__}")
     if mask.dtype != torch.bool:
         raise TypeError(f"mask must be a bool tensor, got {mask.dtype}")
+    if mask.layout != torch.strided:
+        raise TypeError(f"mask must be a dense (strided) tensor, got layout {mask.layout}; a "
+                        f"sparse adjacency converts with from_sparse_adjacency")
     if mask.dim() != 2 or mask.size(0) != mask.size(1):
         raise ValueError(f"mask must be square, [N, N], got {list(mask.shape)}")
     dst, src = mask.nonzero().t()  # row-major: sorted by target, then source
@@ -802,6 +805,7 @@ def _sparse_adjacency_and_values(edge_index: Tensor, num_src: int, num_dst: int,
     if values.dim() == 0 or values.size(0) != src.numel():
         raise ValueError(f"values must have one row per edge, [E, *] = [{src.numel()}, *], "
                          f"got {list(values.shape)}")
+    check_same_device(edge_index=edge_index, values=values)
     size = (num_dst, num_src, *values.shape[1:])
     major, minor, num_major = (src, dst, num_src) if layout == torch.sparse_csc else (dst, src,
                                                                                       num_dst)

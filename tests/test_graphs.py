@@ -313,6 +313,9 @@ def test_from_dense_mask_round_trip():
 
 
 def test_from_dense_mask_errors():
+    with pytest.raises(TypeError, match=r"mask must be a dense \(strided\) tensor, got layout "
+                                        r"torch.sparse_coo; .* from_sparse_adjacency"):
+        graphs.from_dense_mask(torch.eye(2, dtype=torch.bool).to_sparse())
     with pytest.raises(ValueError, match=r"mask must be square, \[N, N\], got \[3, 4\]"):
         graphs.from_dense_mask(torch.ones(3, 4, dtype=torch.bool))
     with pytest.raises(ValueError, match=r"mask must be square, \[N, N\], got \[2, 2, 2\]"):
@@ -556,6 +559,8 @@ def test_sparse_adjacency_errors():
         graphs.to_sparse_adjacency(ei, 3, 3, torch.tensor(2.0))  # 0-d: no rows at all
     with pytest.raises(TypeError, match="values must be a torch.Tensor, got list"):
         graphs.to_sparse_adjacency(ei, 3, 3, [1.0, 2.0])
+    with pytest.raises(ValueError, match="one device, got edge_index on cpu, values on meta"):
+        graphs.to_sparse_adjacency(ei, 3, 3, torch.ones(ei.size(1), device="meta"))
     with pytest.raises(ValueError, match="layout must be one of.*got torch.strided"):
         graphs.to_sparse_adjacency(ei, 3, 3, layout=torch.strided)
     with pytest.raises(ValueError, match="targets.*< the number of target nodes 2"):

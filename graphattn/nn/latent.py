@@ -23,13 +23,21 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.nn import Linear
+from torch.nn.parameter import UninitializedParameter
 
-from graphattn._checks import check_non_negative, check_positive
+from graphattn._checks import check_float_dtype, check_non_negative, check_positive, check_tensors
 from graphattn.functional.sparse_linear import sparse_linear
 
 
 def _down(x: Tensor, lin: Linear) -> Tensor:
-    """``lin(x)`` for dense or sparse (CSR, COO) features ``x [N, F]``."""
+    """``lin(x)`` for dense or sparse (CSR, COO) features ``x [N, F]``, checked by name (the
+    modules are public; a layer has checked its own inputs already)."""
+    check_tensors(x=x)
+    if not isinstance(lin.weight, UninitializedParameter) and (
+            x.dim() == 0 or x.size(-1) != lin.in_features):
+        raise ValueError(f"x must have F = in_features = {lin.in_features} features in its "
+                         f"last dimension, got {list(x.shape)}")
+    check_float_dtype(x=x)
     if x.layout == torch.strided:
         return lin(x)
     return sparse_linear(x, lin.weight, lin.bias)

@@ -194,6 +194,20 @@ def test_latent_refusals(kwargs, match):
         GraphSelfAttention(8, 4, heads=2, **kwargs)
 
 
+def test_latent_modules_called_on_their_own_check_their_input():
+    """The modules are public: wrong features are refused by name (a bare "mat1 and mat2
+    shapes cannot be multiplied" before)."""
+    for module in (LowRankLinear(6, 2, 3), LatentKeysValues(6, 2, 2, 3, 4)):
+        with pytest.raises(ValueError, match=r"x must have F = in_features = 6 features in its "
+                                             r"last dimension, got \[4, 5\]"):
+            module(torch.randn(4, 5))
+        with pytest.raises(TypeError, match=r"x must have a floating-point dtype, got "
+                                            r"torch.int64"):
+            module(torch.ones(4, 6, dtype=torch.long))
+        with pytest.raises(TypeError, match=r"x must be a torch.Tensor, got list"):
+            module([[0.0] * 6])
+
+
 def test_latent_projections_need_the_input_width():
     with pytest.raises(ValueError, match="kv_rank .* needs the input features' count, got "
                                          "in_channels=-1"):
