@@ -602,6 +602,19 @@ def test_from_llama_carries_a_frozen_attention(family):
         from_llama(attention)
 
 
+def test_from_llama_refuses_a_config_without_a_rotary_embedding_by_name():
+    """A config without rope_theta (Jamba's attention has none): refused as from_llama refuses
+    what it does not convert (it raised the private exception that marks the latent
+    attentions without a rotation)."""
+    from graphattn.nn import from_llama
+
+    attention, _ = hf_attention("llama", 2)
+    attention.config.rope_parameters = {"rope_type": "default"}
+    with pytest.raises(NotImplementedError, match=r"the config of LlamaAttention gives no "
+                                                  r"rope_theta \(nor rope_parameters"):
+        from_llama(attention)
+
+
 def test_from_llama_on_a_window_is_the_attention_with_a_window_mask():
     # the converted layer on a causal window graph: Hugging Face's attention with that mask
     from graphattn.nn import from_llama

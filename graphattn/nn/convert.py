@@ -642,7 +642,13 @@ def from_llama(attention: Module, *, dense: bool = False, backend: str = "auto",
         kv_heads = own  # a module that reads no key head count from its config (ModernBERT's
         # decoder, given a config that holds one)
     hidden = q_proj.in_features
-    layer_type, base, factor, rope_args = _rotary_settings(attention, config)
+    try:
+        layer_type, base, factor, rope_args = _rotary_settings(attention, config)
+    except _NoRotation:
+        raise NotImplementedError(
+            f"from_llama converts the attentions of the LLaMA family, which turn their queries "
+            f"and keys by a rotary embedding: the config of {name} gives no rope_theta (nor "
+            f"rope_parameters['rope_theta'])") from None
     # a learned scale of each query channel after the QK-norm, folded into its gains
     query_gains, scaling = _query_gains(attention, heads, head_dim, kv_heads)
     if not isinstance(scaling, (int, float)):
