@@ -68,8 +68,9 @@ def sparse_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tens
     ``torch.func``'s transforms, the weight's gradient
     :math:`(x^\top \, \partial L / \partial y)^\top` takes x's transpose from a counting sort
     of its entries, in one pass, where ``F.linear`` sorts them (see the module docstring).
-    A CSR x in fp16 or bf16 on CPU, for which torch has no product, is multiplied in fp32
-    and the result rounded to its dtype.
+    A CSR or CSC x in fp16 or bf16 on CPU, for which torch has no product, is multiplied in
+    fp32 and the result rounded to its dtype; so is a sparse x on CPU under
+    ``torch.autocast``, whose result comes in autocast's dtype, as a dense x's would.
     Everything else, and every other layout, goes to ``F.linear``. Both compute the same
     values: the sums of each product run over the same entries, in the same order.
     ``torch.compile`` does not trace sparse tensors: in a compiled model this function runs
@@ -84,15 +85,28 @@ def sparse_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tens
         - **input:** x ``(N, F)``, weight ``(D, F)``, bias ``(D)``
         - **output:** ``(N, D)``
     """
-    if (x.layout == torch.sparse_csr and x.device.type == "cpu" and x.dim() == 2
+    cpu = x.device.type == "cpu"
+    if (x.layout != torch.strided and cpu and torch.is_autocast_enabled("cpu")
+            and x.dtype != torch.float64):
+        # autocast would multiply in its dtype, where torch has no CSR or CSC product on CPU:
+        # the product in x's dtype (or fp32), the result in autocast's, as F.linear's
+        with torch.autocast("cpu", enabled=False):
+            wide = torch.promote_types(x.dtype, torch.float32)
+            out = sparse_linear(x if x.dtype == wide else x.to(wide), weight.to(wide),
+                                None if bias is None else bias.to(wide))
+        return out.to(torch.get_autocast_dtype("cpu"))
+    if (x.layout in (torch.sparse_csr, torch.sparse_csc) and cpu and x.dim() == 2
             and x.dtype in (torch.float16, torch.bfloat16) and x.dtype == weight.dtype
             and not x.requires_grad):
-        # torch's CSR product has no half-precision kernel on CPU: the product in fp32
-        wide = torch.sparse_csr_tensor(x.crow_indices(), x.col_indices(), x.values().float(),
-                                       x.shape, check_invariants=False)
+        # torch's CSR and CSC products have no half-precision kernel on CPU: in fp32
+        csr = x.layout == torch.sparse_csr
+        build = torch.sparse_csr_tensor if csr else torch.sparse_csc_tensor
+        wide = build(*((x.crow_indices(), x.col_indices()) if csr
+                       else (x.ccol_indices(), x.row_indices())), x.values().float(), x.shape,
+                     check_invariants=False)
         return sparse_linear(wide, weight.float(),
                              None if bias is None else bias.float()).to(x.dtype)
-    if (x.layout != torch.sparse_csr or x.device.type != "cpu" or x.dim() != 2
+    if (x.layout != torch.sparse_csr or not cpu or x.dim() != 2
             or x.requires_grad or x.dtype != weight.dtype or plain_ops_only(weight, bias)):
         return F.linear(x, weight, bias)
     return apply_function(_CSRLinear, x.crow_indices(), x.col_indices(), x.values(), x.size(1),

@@ -119,8 +119,9 @@ def test_inference_skips_the_transpose(transposes):
     assert transposes == []
 
 
+@pytest.mark.parametrize("layout", [torch.sparse_csr, torch.sparse_csc], ids=["csr", "csc"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-def test_half_precision_csr_features_are_multiplied_in_fp32(dtype):
+def test_half_precision_csr_features_are_multiplied_in_fp32(dtype, layout):
     """torch has no CSR product in half precision on CPU ("addmm_out_sparse_csr_impl_mkl" not
     implemented for 'BFloat16'): a bf16 model failed on the sparse features it took in fp32.
     The product runs in fp32, rounded to the dtype: the fp32 product of the same values,
@@ -129,10 +130,41 @@ def test_half_precision_csr_features_are_multiplied_in_fp32(dtype):
     weight = torch.randn(5, 9, generator=torch.Generator().manual_seed(1)).to(dtype)
     bias = torch.randn(5, generator=torch.Generator().manual_seed(2)).to(dtype)
     grad = torch.randn(12, 5, generator=torch.Generator().manual_seed(3)).to(dtype)
-    got = _out_and_grads(x.to_sparse_csr(), weight.requires_grad_(), bias.requires_grad_(),
-                         grad, sparse_linear)
+    sparse = x.to_sparse_csr() if layout == torch.sparse_csr else x.to_sparse_csc()
+    got = _out_and_grads(sparse, weight.requires_grad_(), bias.requires_grad_(), grad,
+                         sparse_linear)
     wide = [t.float().detach().requires_grad_() for t in (weight, bias)]
     want = _out_and_grads(x.float(), *wide, grad.float(), F.linear)
     for g, w in zip(got, want, strict=True):
         assert g.dtype == dtype
         assert torch.equal(g, w.to(dtype))
+
+
+@pytest.mark.parametrize("layout", [torch.sparse_csr, torch.sparse_csc, torch.sparse_coo],
+                         ids=["csr", "csc", "coo"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_sparse_features_under_autocast_are_multiplied_in_fp32(dtype, layout):
+    """Under torch.autocast on CPU, fp32 sparse features and weights: the product in fp32 (torch
+    has none in half precision for CSR and CSC), the result in autocast's dtype, as F.linear
+    gives it for the dense features; the weight's gradient in fp32, as autocast's are."""
+    x = bag_of_words(12, 9)
+    sparse = {torch.sparse_csr: x.to_sparse_csr, torch.sparse_csc: x.to_sparse_csc,
+              torch.sparse_coo: x.to_sparse}[layout]()
+    weight = torch.randn(5, 9, generator=torch.Generator().manual_seed(1))
+    bias = torch.randn(5, generator=torch.Generator().manual_seed(2))
+    grad = torch.randn(12, 5, generator=torch.Generator().manual_seed(3))
+    results = []
+    for features, linear in ((sparse, sparse_linear), (x, F.linear)):
+        with torch.autocast("cpu", dtype=dtype):
+            out = linear(features, *(t.detach().requires_grad_() for t in (weight, bias)))
+        results.append(out)
+    got, dense = results
+    assert got.dtype == dense.dtype == dtype
+    assert torch.equal(got, F.linear(x, weight, bias).to(dtype))  # rounded once
+    assert torch.allclose(got.float(), dense.float(), rtol=2e-2, atol=2e-2)
+    w = weight.detach().requires_grad_()
+    with torch.autocast("cpu", dtype=dtype):  # (the backward outside, as torch advises)
+        loss = (sparse_linear(sparse, w, bias) * grad).sum()
+    loss.backward()
+    assert w.grad.dtype == torch.float32
+    assert torch.allclose(w.grad, (grad.t() @ x), rtol=1e-2, atol=1e-2)

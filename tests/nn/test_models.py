@@ -627,6 +627,30 @@ def test_models_refuse_a_pair_of_in_channels():
         GraphTransformer((5, 5), 8, 3)
 
 
+@pytest.mark.parametrize("model", ["GAT", "GraphTransformer"])
+def test_sparse_features_under_autocast(model):
+    """fp32 sparse CSR features into an fp32 model under torch.autocast: the first projection
+    multiplies them in fp32 (torch has no bf16 CSR product on CPU, and the call failed), and
+    the model computes what it computes on the dense features there; training steps run."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(12, 10, generator=gen) * (torch.rand(12, 10, generator=gen) < 0.3)
+    edge_index = torch.randint(0, 12, (2, 40), generator=gen)
+    torch.manual_seed(0)
+    net = (GAT(10, 3, hidden_channels=4, heads=2) if model == "GAT"
+           else GraphTransformer(10, 8, 3, heads=2)).eval()
+    outs = []
+    for features in (x.to_sparse_csr(), x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            outs.append(net(features, edge_index))
+    assert_close(outs[0].float(), outs[1].float(), atol=3e-2, rtol=3e-2)
+    net.train()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = net(x.to_sparse_csr(), edge_index).float().square().mean()
+    loss.backward()
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 and p.grad.isfinite().all()
+               for p in net.parameters() if p.requires_grad)
+
+
 def test_gat_refuses_a_conv_that_builds_nothing():
     with pytest.raises(TypeError, match=r"conv must be a callable that builds a layer .*, got 5"):
         GAT(6, 3, conv=5)  # ('int' object is not callable)
