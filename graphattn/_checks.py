@@ -114,6 +114,25 @@ def check_float_dtype(**tensors: Tensor | None) -> None:
             raise TypeError(f"{name} must have a floating-point dtype, got {t.dtype}")
 
 
+def autocasting(x: Tensor) -> bool:
+    """Whether ``torch.autocast`` is on for ``x``'s device (which then casts the floating
+    inputs of the ops it covers, float64 aside, to its dtype)."""
+    return (torch.amp.is_autocast_available(x.device.type)
+            and torch.is_autocast_enabled(x.device.type))
+
+
+def check_bias_dtype(bias: Tensor, x: Tensor, name: str = "attn_bias") -> None:
+    """Raise unless the floating score bias ``bias`` has the dtype of the features ``x``; under
+    ``torch.autocast``, which casts both to its dtype, unless one is float64 (which it
+    leaves)."""
+    if bias.dtype == x.dtype:
+        return
+    if (bias.is_floating_point() and torch.float64 not in (bias.dtype, x.dtype)
+            and autocasting(x)):
+        return
+    raise TypeError(f"{name} must have the dtype of the features, {x.dtype}, got {bias.dtype}")
+
+
 def check_weight_dtype(x: Tensor, module: torch.nn.Module, name: str) -> None:
     """Raise unless ``x`` has the dtype of ``module.weight``, which computes on it: float64
     features read from numpy into an fp32 layer, say. Under ``torch.autocast`` for ``x``'s
@@ -126,8 +145,7 @@ def check_weight_dtype(x: Tensor, module: torch.nn.Module, name: str) -> None:
             or isinstance(weight, torch.nn.parameter.UninitializedTensorMixin)
             or x.dtype == weight.dtype):
         return
-    if (x.dtype != torch.float64 and torch.amp.is_autocast_available(x.device.type)
-            and torch.is_autocast_enabled(x.device.type)):
+    if x.dtype != torch.float64 and autocasting(x):
         return
     raise TypeError(f"{name} must have the dtype of the layer's weights, {weight.dtype}, got "
                     f"{x.dtype}: cast {name} with .to({weight.dtype}), or the layer with "

@@ -17,6 +17,7 @@ from torch_geometric.nn import MessagePassing
 
 from graphattn._checks import (
     as_integer,
+    check_bias_dtype,
     check_dropout,
     check_edge_index,
     check_finite,
@@ -1391,9 +1392,7 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         if tuple(attn_bias.shape) != (num_edges, self.heads):
             raise ValueError(f"attn_bias must have shape [E, H] = [{num_edges}, {self.heads}], "
                              f"got {list(attn_bias.shape)}")
-        if attn_bias.dtype != x.dtype:
-            raise TypeError(f"attn_bias must have the dtype of the features, {x.dtype}, got "
-                            f"{attn_bias.dtype}")
+        check_bias_dtype(attn_bias, x)
         check_same_device(x=x, attn_bias=attn_bias)
 
     def _check_edge_attr(self, edge_attr: Tensor | None, num_edges: int) -> Tensor | None:
@@ -1853,10 +1852,8 @@ class DenseSelfAttention(_SelfAttentionBase):
             raise ValueError(f"x must have F = in_channels = {self.lin_q.in_features} features, "
                              f"got {list(x.shape)}")
         check_weight_dtype(x, input_module(self.lin_q), "x")
-        if (isinstance(attn_bias, Tensor) and attn_bias.is_floating_point()
-                and attn_bias.dtype != x.dtype):  # as GraphSelfAttention refuses it
-            raise TypeError(f"attn_bias must have the dtype of the features, {x.dtype}, got "
-                            f"{attn_bias.dtype}")
+        if isinstance(attn_bias, Tensor) and attn_bias.is_floating_point():
+            check_bias_dtype(attn_bias, x)  # as GraphSelfAttention refuses it
         q, k, v = self._project(x, x)
         maps = 2 if self.differential else 1  # (differential: heads of map 1, then map 2)
         q = q.unflatten(-1, (maps * H, self.score_channels))  # (B, L, H, C_qk)

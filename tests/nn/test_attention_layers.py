@@ -1651,6 +1651,38 @@ def test_forward_flags_must_be_bools():
         model(x, edge_index, return_indexer_loss=1)
 
 
+@pytest.mark.parametrize("cls", ["GraphSelfAttention", "DenseSelfAttention"])
+def test_attn_bias_of_another_dtype_under_autocast(cls):
+    """Under torch.autocast, which casts features and bias to its dtype, a bf16 bias (a Linear's
+    output there) beside fp32 features is taken, as it is by edge_attention, and so is the
+    bf16 output of one layer beside the fp32 bias it shares with the next; float64, which
+    autocast leaves, is still refused."""
+    torch.manual_seed(0)
+    if cls == "GraphSelfAttention":
+        layers = [GraphSelfAttention(8, 4, heads=2, add_self_loops=False) for _ in range(2)]
+        edge_index = graphs.complete_graph(5)
+        bias = torch.randn(edge_index.size(1), 2)
+
+        def call(layer, x, attn_bias):
+            return layer(x, edge_index, attn_bias=attn_bias)
+    else:
+        layers = [DenseSelfAttention(8, 4, heads=2) for _ in range(2)]
+        bias = torch.randn(2, 5, 5)
+
+        def call(layer, x, attn_bias):
+            return layer(x, attn_bias=attn_bias)
+    x = torch.randn(5, 8)
+    want = call(layers[1], call(layers[0], x, bias), bias)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        hidden = call(layers[0], x, bias.bfloat16())  # fp32 features, bf16 bias
+        out = call(layers[1], hidden, bias)  # bf16 features, fp32 bias
+        assert hidden.dtype == out.dtype == torch.bfloat16
+        with pytest.raises(TypeError, match=r"attn_bias must have the dtype of the features, "
+                                            r"torch.float32, got torch.float64"):
+            call(layers[0], x, bias.double())
+    assert_close(out.float(), want, atol=5e-2, rtol=5e-2)
+
+
 def test_dense_layer_refuses_an_attn_bias_of_another_dtype():
     """As GraphSelfAttention does: an fp64 bias beside fp32 features was cast silently."""
     layer = DenseSelfAttention(8, 4, heads=2)
