@@ -187,8 +187,13 @@ _INT64_IDS: TensorCache[Tensor] = TensorCache(max_entries=8)
 
 
 def int64_ids(edge_index: Tensor) -> Tensor:
-    """``edge_index`` as int64: itself, or its int64 copy (kept while an int32 one lives
-    unmodified, where the graph caches keep values)."""
+    """``edge_index`` as a plain int64 tensor: itself, or its int64 copy (kept while an int32
+    one lives unmodified, where the graph caches keep values). PyG's ``EdgeIndex`` comes as
+    the tensor it wraps: its own data pointer is none (0), and the ``triton`` kernels read
+    through pointers."""
+    if (type(edge_index) is not Tensor and callable(getattr(edge_index, "as_tensor", None))
+            and not torch.compiler.is_compiling()):
+        edge_index = edge_index.as_tensor()
     if edge_index.dtype == torch.int64:
         return edge_index
     return _INT64_IDS.get(edge_index, None, edge_index.long)

@@ -1647,7 +1647,9 @@ def _loop_attr(edge_attr: Tensor, dst: Tensor, num_nodes: int,
         return fill.reshape(-1).expand(num_nodes, D)  # (N, D_e)
     # bipartite: loops only on the first num_nodes targets; the edges into the others go to a
     # spare row, dropped at the end (no data-dependent selection, so no host synchronisation)
-    row = dst.clamp(max=num_nodes)  # (E_kept,)
+    # int64: the backward of scatter_reduce gathers at the expanded index, which torch 2.13
+    # reads wrongly on CPU when it is int32 (an int32 edge_index's gradients were wrong)
+    row = dst.long().clamp(max=num_nodes)  # (E_kept,)
     if fill_value == "mean":
         total = edge_attr.new_zeros(num_nodes + 1, D).index_add_(0, row, edge_attr)
         count = torch.zeros(num_nodes + 1, dtype=torch.long, device=row.device).index_add_(

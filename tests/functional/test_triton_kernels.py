@@ -482,6 +482,34 @@ def test_csr_is_built_once_per_unmodified_graph(interpreter, monkeypatch, compil
 
 
 @needs_triton
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_pyg_edge_index_reaches_the_kernels_as_its_data(triton_device, dtype):
+    """PyG's EdgeIndex wraps its data: its own data pointer is 0, and the kernels read the
+    graph through pointers ("Attempted to access the data pointer on an invalid python
+    storage" in the interpreter). The layer and the operator take it as the plain tensor it
+    wraps: the same outputs and gradients."""
+    from torch_geometric import EdgeIndex
+
+    from graphattn.nn import GraphSelfAttention
+
+    ei = random_graph(9, 30, seed=4).to(triton_device, dtype)
+    wrapped = EdgeIndex(ei, sparse_size=(9, 9))
+    q, k, v = (torch.randn(9, 2, 4, device=triton_device) for _ in range(3))
+    want = edge_attention(q, k, v, ei, backend="triton")
+    got = edge_attention(q, k, v, wrapped, backend="triton")
+    assert_close(got, want)
+    layer = GraphSelfAttention(6, 4, heads=2, add_self_loops=False, backend="triton").to(
+        triton_device)
+    x = torch.randn(9, 6, device=triton_device, requires_grad=True)
+    results = []
+    for graph in (ei, wrapped):
+        out = layer(x, graph)
+        results.append((out, *torch.autograd.grad(out.square().sum(), [x, *layer.parameters()])))
+    for a, b in zip(*results, strict=True):
+        assert_close(a, b)
+
+
+@needs_triton
 def test_csr_is_built_once_per_unmodified_int32_graph(interpreter, monkeypatch):
     """An int32 edge_index reaches the backends as int64: a copy made at every call was a new
     graph to the CSR cache, sorted again at every training step. The copy is kept while the

@@ -1083,6 +1083,25 @@ def test_a_scale_past_the_scores_dtype_is_refused_at_the_call():
     assert layer.double()(torch.randn(3, 4, dtype=torch.float64), edge_index).isfinite().all()
 
 
+@pytest.mark.parametrize("fill_value", ["mean", "add", "max", "min", "mul"])
+def test_int32_edge_index_gives_the_gradients_of_int64(fill_value):
+    """The added loops' features reduce the in-edges' by fill_value: with an int32 graph their
+    scatter index was int32, and the backward of scatter_reduce in torch 2.13 gathers an
+    expanded int32 index wrongly on CPU (edge_attr's gradient off, NaN for max and min)."""
+    torch.manual_seed(0)
+    layer = GraphSelfAttention(4, 3, heads=2, edge_dim=2, fill_value=fill_value)
+    x = torch.randn(6, 4)
+    edge_index = torch.tensor([[0, 1, 2, 3, 4, 5, 1, 2], [1, 2, 3, 4, 5, 0, 0, 0]])
+    edge_attr = torch.randn(8, 2, generator=torch.Generator().manual_seed(1))
+    results = []
+    for ids in (edge_index, edge_index.int()):
+        attr = edge_attr.clone().requires_grad_()
+        out = layer(x, ids, attr)
+        results.append((out, torch.autograd.grad(out.square().sum(), attr)[0]))
+    for a, b in zip(*results, strict=True):
+        assert_close(a, b)
+
+
 def test_lazy_in_channels_errors():
     for bad in (0, -2, 2.5, (3, 0), (1, 2, 3)):
         with pytest.raises(ValueError, match=r"in_channels must be a positive integer, or -1 "
