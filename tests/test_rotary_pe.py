@@ -1910,6 +1910,17 @@ def test_from_llama_takes_dynamic_ntk_scaling(length):
     assert torch.allclose(plain, want[0], atol=1e-4) == (length <= 16)
 
 
+def test_from_llama_names_a_dynamic_factor_below_1_by_its_config_key():
+    """RotaryPE refused it by its own argument, ntk_factor, which the caller never gave."""
+    from graphattn.nn import from_llama
+
+    rope = dict(rope_type="dynamic", rope_theta=10000.0, factor=0.5)
+    attention, _ = hf_attention("llama", 2, rope_parameters=rope, max_position_embeddings=16)
+    with pytest.raises(ValueError, match=r"the config's rope factor must be >= 1, got "
+                                         r"rope_parameters\['factor'\]=0.5"):
+        from_llama(attention)
+
+
 @pytest.mark.parametrize("kwargs, error, match", [
     (dict(attention_factor=0.0), ValueError, "attention_factor must be a positive number"),
     (dict(attention_factor=float("inf")), ValueError, "attention_factor must be a finite"),

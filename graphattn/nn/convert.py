@@ -1459,6 +1459,10 @@ def _rope_arguments(config, rope: dict, rope_type: str, layer_type: str | None) 
     if rope_type == "default":
         return {}
     if rope_type == "dynamic":
+        if not float(rope["factor"]) >= 1:  # (RotaryPE would name its own ntk_factor)
+            raise ValueError(f"dynamic NTK scaling stretches the rotations past the trained "
+                             f"length by a factor >= 1: the config's rope factor must be >= 1, "
+                             f"got rope_parameters['factor']={rope['factor']!r}")
         return {"ntk_factor": float(rope["factor"]),
                 "original_length": int(config.max_position_embeddings)}
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
