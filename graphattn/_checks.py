@@ -28,6 +28,10 @@ def check_edge_index(edge_index: Tensor, num_src: int, num_dst: int) -> None:
     ``graphattn._tensor_cache``): checking the same graph again costs no synchronisation.
     """
     check_tensors(edge_index=edge_index)
+    if edge_index.layout != torch.strided:  # (the layers convert COO, CSR and CSC before)
+        raise TypeError(f"edge_index must be a dense [2, E] tensor (or, for the layers, a "
+                        f"sparse adjacency in COO, CSR or CSC layout), got layout "
+                        f"{edge_index.layout}")
     if edge_index.dim() != 2 or edge_index.size(0) != 2:
         raise ValueError(f"edge_index must have shape [2, E], got {list(edge_index.shape)}")
     # int64 or int32 only: a narrower dtype cannot hold the ids of the self-loops a layer adds

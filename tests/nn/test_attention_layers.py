@@ -451,6 +451,9 @@ def test_errors_name_the_argument_and_value():
         layer(torch.randn(2, 5), edge_index)
     with pytest.raises(ValueError, match=r"edge_index must have shape \[2, E\], got \[1, 2\]"):
         layer(torch.randn(2, 4), edge_index[:1])
+    with pytest.raises(TypeError, match=r"sparse adjacency in COO, CSR or CSC layout\), got "
+                                        r"layout torch.sparse_bsr"):  # (not its [2, E] shape)
+        layer(torch.randn(2, 4), torch.eye(2).to_sparse_bsr((1, 1)))
     with pytest.raises(ValueError, match="edge_index.*< the number of target nodes 2.*2"):
         layer(torch.randn(2, 4), torch.tensor([[0], [2]]))
     with pytest.raises(ValueError, match="all inputs must be on one device"):
