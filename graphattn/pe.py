@@ -1121,6 +1121,10 @@ def _add_node_attr(data: Data, value: Tensor, attr_name: str | None) -> Data:
         data.x = value
     else:
         x = data.x.view(-1, 1) if data.x.dim() == 1 else data.x
+        if x.size(0) != value.size(0):
+            raise ValueError(f"data.x has {x.size(0)} rows, but the encoding has one per node: "
+                             f"{value.size(0)} (data.num_nodes); pass an attr_name to store it "
+                             f"apart, or give x one row per node")
         # Integer (or bool) features, e.g. atom types, would truncate the encoding to 0: the
         # concatenation takes the encoding's float dtype then.
         dtype = x.dtype if x.is_floating_point() else value.dtype

@@ -1076,6 +1076,17 @@ def test_transforms_concatenate_to_integer_x_without_truncation(transform):
     assert half.x.dtype == torch.float16  # floating features keep their dtype
 
 
+@pytest.mark.parametrize("transform", [pe.AddLaplacianPE(2, attr_name=None),
+                                       pe.AddRandomWalkPE(2, attr_name=None)],
+                         ids=["laplacian", "random-walk"])
+def test_transforms_refuse_an_x_of_other_rows_by_name(transform):
+    """num_nodes = 4 but x has 3 rows: the encoding cannot be concatenated to x, and the
+    error names x, both counts and the way out."""
+    data = Data(x=torch.randn(3, 2), edge_index=graphs.chain_graph(4), num_nodes=4)
+    with pytest.raises(ValueError, match=r"data.x has 3 rows.*4 \(data.num_nodes\).*attr_name"):
+        transform(data)
+
+
 def test_transform_padding_sign_flips_and_repr():
     data = Data(edge_index=graphs.chain_graph(3), num_nodes=3)
     with pytest.raises(ValueError, match=r"pass pad=True"):
