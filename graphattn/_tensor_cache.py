@@ -70,15 +70,17 @@ def cacheable(tensor: Tensor) -> bool:
     """Whether :class:`TensorCache` keys on ``tensor``: a plain tensor on a device type of
     ``CACHED_DEVICE_TYPES`` (CUDA), outside tracing and CUDA graph capture.
 
-    Not while ``torch.compile`` traces (fake tensors), not for inference tensors (they have no
-    version counter) and not for tensor subclasses. Not while a CUDA graph is captured either: a
+    Not while ``torch.compile`` traces (fake tensors), not under ``torch.func``'s transforms
+    (``grad``, ``vmap``... wrap every tensor argument, the graph included, in a tensor without
+    storage), not for inference tensors (they have no version counter) and not for tensor
+    subclasses. Not while a CUDA graph is captured either: a
     replay runs the recorded kernels only, so a value served from the cache at capture would
     stay in the graph after its tensor's contents change (``static.copy_(new)`` between
     replays), where what is computed at capture is recorded and recomputed at every replay.
     """
     return (type(tensor) is Tensor and tensor.device.type in CACHED_DEVICE_TYPES
             and not torch.compiler.is_compiling() and not tensor.is_inference()
-            and not capturing_cuda_graph())
+            and not capturing_cuda_graph() and not torch._C._are_functorch_transforms_active())
 
 
 _CACHES: weakref.WeakSet[TensorCache] = weakref.WeakSet()  # every TensorCache, for clearing

@@ -14,6 +14,7 @@ import torch
 from graphattn import _checks, _tensor_cache
 from graphattn._checks import check_edge_index
 from graphattn._tensor_cache import TensorCache, clear_graph_caches
+from graphattn.functional import edge_attention
 from graphattn.nn import GraphSelfAttention
 
 
@@ -280,3 +281,62 @@ def test_values_are_kept_per_cuda_stream():
         assert other is not first and cache.get(t, None, compute) is other
     assert calls == [torch.cuda.current_stream().cuda_stream, side.cuda_stream]
     assert cache.get(t, None, compute) is first
+
+
+@pytest.mark.parametrize("write", ["setitem", "add_", "copy_"])
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64], ids=["int32", "int64"])
+def test_write_through_an_edge_index_wrapper_is_seen(cache_on_cpu, write, dtype):
+    """PyG's ``EdgeIndex`` writes into the tensor it wraps without bumping that tensor's
+    version counter (only its own moves), and the caches key on the wrapped tensor: the int64
+    copy of an int32 graph, and the graph with self-loops of a layer, must be derived again."""
+    EdgeIndex = pytest.importorskip("torch_geometric").EdgeIndex
+    torch.manual_seed(0)
+    n = 6
+    q, k, v = torch.randn(3, n, 2, 4).unbind(0)
+    ring = torch.tensor([[0, 1, 2, 3, 4, 5], [1, 2, 3, 4, 5, 0]], dtype=dtype)
+    ei = EdgeIndex(ring.clone(), sparse_size=(n, n))
+    layer = GraphSelfAttention(4, 3, heads=2, backend="reference")
+    x = torch.randn(n, 4)
+    edge_attention(q, k, v, ei, backend="reference")  # what the first calls derive is kept
+    layer(x, ei)
+    changed = ring.clone()
+    changed[1, 0] = 3  # the edge 0 -> 1 becomes 0 -> 3: node 1 keeps no in-edge
+    if write == "setitem":
+        ei[1, 0] = 3
+    elif write == "add_":
+        ei.add_(changed - ring)
+    else:
+        ei.copy_(changed)
+    assert torch.equal(ei.as_tensor(), changed)
+    assert torch.equal(edge_attention(q, k, v, ei, backend="reference"),
+                       edge_attention(q, k, v, changed, backend="reference"))
+    assert torch.equal(edge_attention(q, k, v, ei, backend="reference")[1], torch.zeros(2, 4))
+    assert torch.equal(layer(x, ei), layer(x, changed))
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu", "dense"])
+def test_torch_func_transforms_take_the_graph_as_an_argument(cache_on_cpu, backend):
+    """``torch.func.grad(loss)(params, x, edge_index)``: the transforms wrap the graph too, in
+    a tensor without storage, which the caches must not take as a key."""
+    torch.manual_seed(0)
+    layer = GraphSelfAttention(5, 3, heads=2, backend=backend)
+    x = torch.randn(6, 5, dtype=torch.float64)
+    layer.double()
+    params = {name: p.detach() for name, p in layer.named_parameters()}
+    edge_index = torch.tensor([[0, 1, 2, 3, 4, 5, 0], [1, 2, 3, 4, 5, 0, 3]])
+
+    def loss(params, x, edge_index):
+        return torch.func.functional_call(layer, params, (x, edge_index)).square().sum()
+
+    grads = torch.func.grad(loss)(params, x, edge_index)
+    layer.zero_grad()
+    loss(dict(layer.named_parameters()), x, edge_index).backward()
+    for name, p in layer.named_parameters():
+        torch.testing.assert_close(grads[name], p.grad)
+    batched = torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0, None))(
+        params, torch.stack([x, 2 * x]), edge_index)
+    torch.testing.assert_close({name: g[0] for name, g in batched.items()}, grads)
+    q = torch.randn(6, 2, 4, dtype=torch.float64)
+    jac = torch.func.jacrev(lambda q, e: edge_attention(q, q, q, e, backend=backend))(
+        q, edge_index)
+    assert jac.shape == (6, 2, 4, 6, 2, 4) and torch.isfinite(jac).all()

@@ -186,6 +186,19 @@ def explicit_min_density(num_dst: int, num_src: int, *, training: bool) -> float
 _INT64_IDS: TensorCache[Tensor] = TensorCache(max_entries=8)
 
 
+def _unwrapped(edge_index: Tensor) -> Tensor:
+    """The tensor a wrapper such as PyG's ``EdgeIndex`` holds (``as_tensor()``), with its
+    version counter bumped when the wrapper's has moved since the last call: a write through
+    the wrapper (``ei[1, 0] = 3``, ``ei.add_(1)``) changes the tensor it wraps without counting
+    there, and the graph caches key on that tensor."""
+    inner = edge_index.as_tensor()
+    version = edge_index._version
+    if getattr(edge_index, "_graphattn_version", version) != version and not inner.is_inference():
+        torch.autograd.graph.increment_version(inner)
+    edge_index._graphattn_version = version
+    return inner
+
+
 def int64_ids(edge_index: Tensor) -> Tensor:
     """``edge_index`` as a plain int64 tensor: itself, or its int64 copy (kept while an int32
     one lives unmodified, where the graph caches keep values). PyG's ``EdgeIndex`` comes as
@@ -193,7 +206,7 @@ def int64_ids(edge_index: Tensor) -> Tensor:
     through pointers."""
     if (type(edge_index) is not Tensor and callable(getattr(edge_index, "as_tensor", None))
             and not torch.compiler.is_compiling()):
-        edge_index = edge_index.as_tensor()
+        edge_index = _unwrapped(edge_index)
     if edge_index.dtype == torch.int64:
         return edge_index
     return _INT64_IDS.get(edge_index, None, edge_index.long)

@@ -510,6 +510,24 @@ def test_pyg_edge_index_reaches_the_kernels_as_its_data(triton_device, dtype):
 
 
 @needs_triton
+def test_write_through_an_edge_index_wrapper_sorts_the_graph_again(interpreter, monkeypatch):
+    """A write into PyG's ``EdgeIndex`` does not bump the version counter of the tensor it
+    wraps, which the CSR cache keys on: the kernels ran on the graph before the write."""
+    from torch_geometric import EdgeIndex
+
+    monkeypatch.setattr(_tensor_cache, "CACHED_DEVICE_TYPES", {"cuda", "cpu"})
+    monkeypatch.setattr(tk, "_CSR_CACHE", TensorCache(max_entries=8))
+    ei = random_graph(7, 20, seed=3, num_dst=7).to(DEVICE)
+    wrapped = EdgeIndex(ei.clone(), sparse_size=(7, 7))
+    inputs = on_device(attention_inputs(7, 7, 20, 2, 8, bias=False))
+    q, k, v = inputs["q"], inputs["k"], inputs["v"]
+    edge_attention(q, k, v, wrapped, backend="triton")
+    wrapped[0] = wrapped[0].flip(0)  # other sources for the same targets
+    assert_close(edge_attention(q, k, v, wrapped, backend="triton"),
+                 edge_attention(q, k, v, wrapped.as_tensor().clone(), backend="reference"))
+
+
+@needs_triton
 def test_csr_is_built_once_per_unmodified_int32_graph(interpreter, monkeypatch):
     """An int32 edge_index reaches the backends as int64: a copy made at every call was a new
     graph to the CSR cache, sorted again at every training step. The copy is kept while the
