@@ -567,13 +567,16 @@ def test_fullgraph_compiles_without_the_flag_on_every_torch(default_mode):
     _assert_compiles_like_eager(GAT(16, 5), inputs, backend="aot_eager")
 
 
-@pytest.mark.parametrize("case", ["weights", "hook", "additive-slope-0"])
+@pytest.mark.parametrize("case", ["weights", "hook", "additive-slope-0", "additive-scale-0",
+                                  "additive-scale-negative"])
 def test_default_mode_drops_the_given_loops_where_a_masked_edge_would_show(default_mode, case):
     """Returned weights and message hooks list the edges attended over, as eager does; the
-    additive score with ``negative_slope=0`` would turn -inf into 0 * -inf = NaN. These calls
-    drop the given loops, as eager does, and dynamo cuts the graph there."""
+    additive score with ``negative_slope=0`` or ``scale=0`` would turn -inf into
+    0 * -inf = NaN, and with a negative scale into +inf. These calls drop the given loops, as
+    eager does, and dynamo cuts the graph there."""
     torch.manual_seed(0)
-    layer = GraphSelfAttention(16, 8, heads=2, attention="additive",
+    scale = {"additive-scale-0": 0.0, "additive-scale-negative": -0.5}.get(case)
+    layer = GraphSelfAttention(16, 8, heads=2, attention="additive", scale=scale,
                                negative_slope=0.0 if case == "additive-slope-0" else 0.2).eval()
     seen = []
     if case == "hook":

@@ -1018,6 +1018,10 @@ def _dense_blocks(q: Tensor, k: Tensor, v: Tensor, src: Tensor, dst: Tensor, blo
     if rows_dead and host_readable(dead) and not bool(dead.any()):
         rows_dead = False
     if score == "dot":
+        # grouped k, v (fewer heads than q) come this far where the explicit softmax is found
+        # here (fp32 scores beside half inputs, sinks beside a multigraph's shift): every query
+        # head's copy
+        kh, vh = repeat_kv_heads(qh.size(1), kh, vh, dim=1)  # (B, H, N_src, C)
         L = scaled_scores(qh, kh, scale)
         # -inf off the graph before T is added: a pair without an edge whose product overflowed
         # to +inf (fp16) would make inf + T = inf - inf = NaN in its target row

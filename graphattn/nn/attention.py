@@ -1293,11 +1293,13 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         and while a CUDA graph is captured, where counting them would read back to the host,
         which capture forbids. Not when the weights are returned or an explanation mask is set
         (both list the edges attended over), nor for the additive score with
-        ``negative_slope=0``, where a score of -inf becomes 0 * -inf = NaN.
+        ``negative_slope=0`` or ``scale <= 0``, whose bias of -inf sits inside the LeakyReLU:
+        it becomes 0 * -inf = NaN, or with a negative scale +inf, all of its row's weight.
         """
         if returns_weights or self.explain:
             return False
-        if self.attention == "additive" and self.negative_slope <= 0:
+        if self.attention == "additive" and (self.negative_slope <= 0 or (
+                self.scale is not None and self.scale <= 0)):
             return False
         if torch.compiler.is_compiling():
             return not _traces_dynamic_sizes()
@@ -1309,7 +1311,9 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         forbids."""
         why = ("return_attention_weights=True (or a message hook)" if returns_weights
                else "an explanation mask" if self.explain
-               else f"attention='additive' and negative_slope={self.negative_slope}")
+               else f"attention='additive' and negative_slope={self.negative_slope}"
+               if self.negative_slope <= 0
+               else f"attention='additive' and scale={self.scale}")
         raise RuntimeError(f"{self.__class__.__name__} cannot be captured into a CUDA graph "
                            f"with add_self_loops=True and {why}: it then drops the given "
                            f"self-loops, whose count is read back to the host, which capture "

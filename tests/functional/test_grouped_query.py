@@ -184,6 +184,7 @@ EDGE_CASES = {
     "weights": {"return_attention": True},
     "dropout": {"dropout_p": 0.4},
     "sinks": {"sinks": True},
+    "sinks+bias": {"sinks": True, "bias": True},  # with repeated edges: the explicit softmax
     "edge terms": {"edge_key": True, "edge_value": True},
     "softcap": {"softcap": 3.0},
     "gatv2": {"score": "gatv2"},

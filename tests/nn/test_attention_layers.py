@@ -1032,16 +1032,19 @@ def test_layer_under_cuda_graph_capture_masks_the_given_self_loops(attention, mo
         assert_close(captured, eager)
 
 
-@pytest.mark.parametrize("case", ["weights", "additive_slope_0"])
+@pytest.mark.parametrize("case", ["weights", "additive_slope_0", "additive_scale_negative"])
 def test_layer_under_cuda_graph_capture_refuses_dropping_the_given_self_loops(case, monkeypatch):
     _simulate_cuda_graph_capture(monkeypatch)
     x, edge_index = torch.randn(4, 6), torch.tensor([[0, 1, 2], [1, 1, 3]])
     if case == "weights":
         layer, kwargs, why = GraphSelfAttention(6, 4), {"return_attention_weights": True}, \
             r"return_attention_weights=True \(or a message hook\)"
-    else:
+    elif case == "additive_slope_0":
         layer, kwargs, why = GraphSelfAttention(6, 4, attention="additive", negative_slope=0.0), \
             {}, "attention='additive' and negative_slope=0.0"
+    else:
+        layer, kwargs, why = GraphSelfAttention(6, 4, attention="additive", scale=-0.5), \
+            {}, "attention='additive' and scale=-0.5"
     with pytest.raises(RuntimeError, match=rf"GraphSelfAttention cannot be captured into a CUDA "
                                            rf"graph with add_self_loops=True and {why}: .* "
                                            rf"add_self_loops=False"):
