@@ -9,7 +9,9 @@ An entry is valid while its tensor is the same object with the same storage, sha
 and the same version counter, which every in-place operation bumps (also through views), and
 while the tensors of the kept value are unmodified too (a caller may have handed one out).
 Writes that torch does not see are not detected: through ``.data``, through memory shared with
-numpy or DLPack, through ``untyped_storage()``, by a custom kernel, or by ``torch.distributed``
+numpy or DLPack, through ``untyped_storage()``, through another tensor made to alias its
+memory with ``set_`` (``alias.set_(edge_index)``: the two do not share a version counter), by a
+custom kernel, or by ``torch.distributed``
 (``broadcast``, ``recv``, ``all_gather`` into a tensor, DDP's buffer sync: the collectives fill
 their tensors without a version bump). After such a write into an ``edge_index`` the caches
 have seen, call :func:`clear_graph_caches`, or pass a new tensor. The entry is dropped when its

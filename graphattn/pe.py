@@ -2347,11 +2347,19 @@ class RotaryPE(torch.nn.Module):
                              else frequencies.detach().clone(), persistent=False)
         self.attention_factor = _check_attention_factor(attention_factor)
         _check_frequencies(long_frequencies, dim // self.axes // 2, "long_frequencies")
-        self._ntk = _check_ntk(ntk_factor, original_length, frequencies, dim // self.axes,
-                               long_frequencies)
-        self.ntk_factor, self.original_length = self._ntk or (None, None)
+        ntk = _check_ntk(ntk_factor, original_length, frequencies, dim // self.axes,
+                         long_frequencies)
+        self.ntk_factor, self.original_length = ntk or (None, None)
         self.register_buffer("long_frequencies", None if long_frequencies is None
                              else long_frequencies.detach().clone(), persistent=False)
+
+    @property
+    def _ntk(self) -> tuple[float | None, int] | None:
+        """``(ntk_factor, original_length)`` for frequencies that depend on a call's largest
+        position, or ``None``: read from the attributes at each call, so that setting them
+        after construction takes effect (and is checked as the constructor checks them)."""
+        return _check_ntk(self.ntk_factor, self.original_length, self.frequencies,
+                          self.dim // self.axes, self.long_frequencies)
 
     def _apply(self, fn, recurse: bool = True) -> RotaryPE:
         # the frequencies follow the module's device but keep their dtype: a model cast to

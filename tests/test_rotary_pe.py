@@ -1857,6 +1857,22 @@ def test_dynamic_ntk_grows_the_base_past_the_trained_length(length):
     assert repr(dynamic) == "RotaryPE(8, base=100.0, ntk_factor=2, original_length=16)"
 
 
+def test_dynamic_ntk_set_after_construction_takes_effect():
+    """``ntk_factor`` and ``original_length`` are attributes, as ``base`` is: set on a built
+    RotaryPE they act as they do given to the constructor, and are checked as it checks them."""
+    gen = torch.Generator().manual_seed(33)
+    x = torch.randn(40, 2, 8, dtype=torch.float64, generator=gen)
+    pos = torch.arange(40)
+    rotary = pe.RotaryPE(8, ntk_factor=2.0, original_length=16)
+    rotary.ntk_factor = 8.0
+    assert torch.equal(rotary(x, pos), pe.RotaryPE(8, ntk_factor=8.0, original_length=16)(x, pos))
+    rotary.original_length = 32
+    assert torch.equal(rotary(x, pos), pe.RotaryPE(8, ntk_factor=8.0, original_length=32)(x, pos))
+    rotary.ntk_factor = 0.5
+    with pytest.raises(ValueError, match=r"ntk_factor must be a number >= 1, got 0.5"):
+        rotary(x, pos)
+
+
 def test_dynamic_ntk_axial_and_in_the_layer():
     # 2-D positions: each axis' group grows its base by the largest coordinate of either
     # axis; the layer's shared angles (rotate_pair) give what rotating q and k apart gives

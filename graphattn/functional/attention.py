@@ -180,9 +180,10 @@ def explicit_min_density(num_dst: int, num_src: int, *, training: bool) -> float
     return _interpolate(EXPLICIT_CROSSOVER_CPU, math.sqrt(num_dst * num_src), training)
 
 
-# The int64 copy of an int32 edge_index, kept (on CUDA) while the graph lives unmodified: the
-# triton backend's CSR orderings are kept per edge_index tensor, and a copy made at each call
-# would be a new graph to them, sorted again at every step.
+# The contiguous int64 copy of an int32 or strided edge_index (an [E, 2] table transposed),
+# kept (on CUDA) while the graph lives unmodified: the triton backend's CSR orderings are kept
+# per edge_index tensor, and a copy made at each call would be a new graph to them, sorted
+# again at every step.
 _INT64_IDS: TensorCache[Tensor] = TensorCache(max_entries=8)
 
 
@@ -200,16 +201,17 @@ def _unwrapped(edge_index: Tensor) -> Tensor:
 
 
 def int64_ids(edge_index: Tensor) -> Tensor:
-    """``edge_index`` as a plain int64 tensor: itself, or its int64 copy (kept while an int32
-    one lives unmodified, where the graph caches keep values). PyG's ``EdgeIndex`` comes as
+    """``edge_index`` as a plain contiguous int64 tensor: itself, or its contiguous int64 copy
+    (kept while an int32 or strided one lives unmodified, where the graph caches keep values).
+    PyG's ``EdgeIndex`` comes as
     the tensor it wraps: its own data pointer is none (0), and the ``triton`` kernels read
     through pointers."""
     if (type(edge_index) is not Tensor and callable(getattr(edge_index, "as_tensor", None))
             and not torch.compiler.is_compiling()):
         edge_index = _unwrapped(edge_index)
-    if edge_index.dtype == torch.int64:
+    if edge_index.dtype == torch.int64 and edge_index.is_contiguous():
         return edge_index
-    return _INT64_IDS.get(edge_index, None, edge_index.long)
+    return _INT64_IDS.get(edge_index, None, lambda: edge_index.long().contiguous())
 
 
 def select_backend(q: Tensor, edge_index: Tensor, num_src: int | None = None, *,

@@ -556,6 +556,31 @@ def test_csr_is_built_once_per_unmodified_int32_graph(interpreter, monkeypatch):
 
 
 @needs_triton
+def test_csr_is_built_once_per_unmodified_strided_graph(interpreter, monkeypatch):
+    """An [E, 2] table transposed is a strided int64 edge_index: its contiguous copy, made at
+    every call, was a new graph to the CSR cache. The copy is kept as an int32 graph's is."""
+    monkeypatch.setattr(_tensor_cache, "CACHED_DEVICE_TYPES", {"cuda", "cpu"})
+    monkeypatch.setattr(tk, "_CSR_CACHE", TensorCache(max_entries=8))
+    monkeypatch.setattr(attention, "_INT64_IDS", TensorCache(max_entries=8))
+    builds = []
+    build_csr = tk.build_csr
+    monkeypatch.setattr(tk, "build_csr", lambda *args: builds.append(args[2]) or build_csr(*args))
+    table = random_graph(7, 20, seed=3, num_dst=7).to(DEVICE).t().contiguous()  # [E, 2]
+    ei = table.t()
+    assert not ei.is_contiguous()
+    inputs = on_device(attention_inputs(7, 7, 20, 2, 8, bias=False))
+    q, k, v = inputs["q"], inputs["k"], inputs["v"]
+    want = edge_attention(q, k, v, ei.contiguous(), backend="reference")
+    for _ in range(3):
+        assert_close(edge_attention(q, k, v, ei, backend="triton"), want)
+    assert builds == [7]
+    table[:, 0] = table[:, 0].flip(0)  # changed in place through the table: sorted again
+    assert_close(edge_attention(q, k, v, ei, backend="triton"),
+                 edge_attention(q, k, v, ei.contiguous(), backend="reference"))
+    assert builds == [7, 7]
+
+
+@needs_triton
 def test_compiled_graph_reusing_a_buffer_for_another_edge_index(interpreter, monkeypatch):
     # Inductor gives a dead intermediate's buffer to a later one ("buf22 = buf8; del buf8  #
     # reuse"): the same tensor object, rewritten by its kernels without a version bump. Two
