@@ -79,6 +79,11 @@ def sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
     transforms SDPA runs its math path, which they all differentiate and batch; so do inputs
     that carry a forward-mode tangent (``torch.autograd.forward_ad``).
     """
+    if is_causal and scale is not None and scale < 0 and attn_mask is None:
+        # torch's CPU flash kernel gives NaN in causal rows under a negative scale: the same
+        # pattern as a mask, which it reads right (SDPA's is_causal: row i reads keys <= i)
+        attn_mask = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool, device=q.device).tril()
+        is_causal = False
     if sinks is not None:
         if dropout_p > 0 and q.device.type == "cpu":  # graphattn's mask, of the weights' shape
             return _explicit_attention(q, k, v, attn_mask, dropout_p, is_causal, scale, sinks)
@@ -179,8 +184,10 @@ def _sdpa_with_sinks(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None,
     1.7e7 times the scale fit): its score is then :math:`\varsigma_h` for every query, and
     the other scores are unchanged. The sink's key is the same for every head, so grouped keys
     and values (fewer heads than q) stay grouped, one sink key per kv head. A sink of
-    :math:`-\infty` (none) is held as the dtype's lowest number (the highest, with a negative
-    scale), whose product with the other keys' 0 is 0 and whose score is hugely negative. The
+    :math:`-\infty` (none) is held as nearly the dtype's lowest number over
+    :math:`\max(1, \sqrt{|\text{scale}|})` (the highest, with a negative scale: finite after
+    SDPA's math path multiplies q by :math:`\sqrt{\text{scale}}`), whose product with the other
+    keys' 0 is 0 and whose score is hugely negative. The
     sink's value is 0; where v has the channels of q and k, it gains
     zero channels too, as SDPA's flash kernels take one channel count for all three (without
     them SDPA took its math path: on 16 causal sequences of 256, 4 heads of 16 channels,
@@ -199,10 +206,11 @@ def _sdpa_with_sinks(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None,
     # fp16's channel holds sink / scale / 256 and the sink's key 256, so that a sink up to
     # 1.7e7 times the scale fits (65504 times it without)
     factor = SINK_KEY_FP16 if q.dtype == torch.float16 else 1.0
-    # finite, so that 0 times it is 0 in every other key's score: -inf (no sink) the lowest
-    # number, or with a negative scale the highest, either way a score of -huge
-    lowest = torch.finfo(q.dtype).min
-    sink = (sinks.to(work) / (scale * factor)).clamp(min=lowest, max=-lowest)  # (H,)
+    # finite, so that 0 times it is 0 in every other key's score, also where SDPA's math path
+    # has multiplied q by sqrt(scale) first: -inf (no sink) the lowest number over that, or
+    # with a negative scale the highest, either way a score of -huge
+    bound = torch.finfo(q.dtype).max * (1 - 2**-8) / max(1.0, math.sqrt(abs(scale)))
+    sink = (sinks.to(work) / (scale * factor)).clamp(min=-bound, max=bound)  # (H,)
     if q.dtype in (torch.float16, torch.bfloat16):  # high and low parts, summed in fp32
         high = sink.to(q.dtype)
         parts = torch.stack([high, (sink - high.float()).to(q.dtype)], dim=-1)  # (H, 2)

@@ -881,3 +881,29 @@ def test_a_wider_bias_or_sinks_promotes_as_in_edge_attention():
         with torch.autocast("cpu", dtype=torch.bfloat16):
             assert dense_attention(q, k, v, **{name: t.float() for name, t in
                                                options.items()}).dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("scale", [-1.0, -0.01])
+@pytest.mark.parametrize("sinks", [False, True])
+def test_causal_attention_under_a_negative_scale(scale, sinks):
+    """torch's CPU flash kernel gives NaN in causal rows under a negative scale (with a mask of
+    the same pattern it does not): dense_attention(is_causal=True) and the dense backend on a
+    causal graph against the formula, outputs and gradients."""
+    q, k, v = qkv(L=6, S=6)
+    sink = torch.tensor([0.3, -0.7]) if sinks else None
+    mask = torch.ones(6, 6, dtype=torch.bool).tril()
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    got = dense_attention(*leaves, is_causal=True, scale=scale, sinks=sink)
+    grads = torch.autograd.grad(got.square().sum(), leaves)
+    want_leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    want = edge_attention(*want_leaves, graphs.causal_graph(6), scale=scale, sinks=sink,
+                          backend="reference")
+    want_grads = torch.autograd.grad(want.square().sum(), want_leaves)
+    assert not got.isnan().any()
+    assert_close(got, want)
+    for a, b in zip(grads, want_grads, strict=True):
+        assert_close(a, b)
+    if not sinks:
+        assert_close(got, explicit_attention(q, k, v, mask, scale)[0])
+    assert_close(edge_attention(q, k, v, graphs.causal_graph(6), scale=scale, sinks=sink,
+                                backend="dense"), want)

@@ -336,6 +336,25 @@ def test_sdpa_sinks_at_the_ends_of_the_range():
     assert_close(no_sink, dense_attention(q, k, v, attn_bias=bias))
 
 
+@pytest.mark.parametrize("scale", [5.0, 1e4])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
+def test_a_sink_of_minus_inf_is_no_sink_past_a_scale_of_1(dtype, scale):
+    """v of other channels than q and k sends SDPA down its math path, which multiplies q by
+    sqrt(scale) before the product: the channel that held -inf's stand-in, the dtype's lowest
+    number, overflowed to -inf there, and -inf times the other keys' 0 made the head NaN. The
+    head of a -inf sink is the head without sinks, on the dense backend and dense_attention."""
+    gen = torch.Generator().manual_seed(3)
+    q, k = (torch.randn(6, 2, 4, generator=gen).div(scale ** 0.5).to(dtype) for _ in range(2))
+    v = torch.randn(6, 2, 3, generator=gen).to(dtype)
+    sinks = torch.tensor([float("-inf"), 0.5], dtype=dtype)
+    edge_index = graphs.complete_graph(6)
+    got = edge_attention(q, k, v, edge_index, scale=scale, sinks=sinks, backend="dense")
+    want = edge_attention(q, k, v, edge_index, scale=scale, backend="dense")
+    assert not got.isnan().any()
+    assert_close(got[:, 0], want[:, 0])
+    assert_close(dense_attention(q, k, v, scale=scale, sinks=sinks), got)
+
+
 @pytest.mark.parametrize("mask_shape", [(0, 0), (0, 3), (1, 3)],
                          ids=["no-keys", "rows", "broadcast-row"])
 def test_dense_attention_with_sinks_and_no_queries(mask_shape):
