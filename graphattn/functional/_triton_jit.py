@@ -147,11 +147,18 @@ def _leaky_relu_grad(z, slope):
 
 @triton.jit
 def _tanh(x):
-    """tanh in fp32 as ``sign(x) (1 - e) / (1 + e)``, ``e = exp(-2 |x|)`` (no overflow; Triton
-    has no tanh of its own that its interpreter runs too)."""
-    e = tl.exp(-2.0 * tl.abs(x))
+    """tanh in fp32 (Triton has no tanh of its own that its interpreter runs too), in Cephes'
+    arithmetic, as the ``cpu`` kernels compute it: for ``|x| >= 0.625``
+    ``sign(x) (1 - e) / (1 + e)``, ``e = exp(-2 |x|)`` (no overflow); below, where 1 - e
+    cancels (all of tanh lost for ``|x| < 3e-8``: a soft cap far above the scores then flattened
+    them to 0), ``x + x^3 P(x^2)``, P of degree 4."""
+    a = tl.abs(x)
+    e = tl.exp(-2.0 * a)
     t = (1.0 - e) / (1.0 + e)
-    return tl.where(x < 0, -t, t)
+    z = x * x
+    small = (((((-5.70498872745e-3 * z + 2.06390887954e-2) * z - 5.37397155531e-2) * z
+               + 1.33314422036e-1) * z - 3.33332819422e-1) * z * x + x)
+    return tl.where(a < 0.625, small, tl.where(x < 0, -t, t))
 
 
 @triton.jit

@@ -96,6 +96,20 @@ def test_triton_backend_matches_the_reference(triton_device, monkeypatch, tiles,
         assert_close(a, b)
 
 
+@pytest.mark.parametrize("cap", [1e4, 1e8, 1e30])
+@pytest.mark.parametrize("score", ["dot", "gatv2"])
+def test_triton_cap_far_above_the_scores_is_no_cap(triton_device, score, cap):
+    """tanh(s / c) for |s / c| small: as (1 - e) / (1 + e) with e = exp(-2 |s / c|), 1 - e
+    cancelled, and a cap of 1e30 made every score 0 (uniform weights). Outputs, weights and
+    gradients are those without a cap."""
+    inputs, edge_index = _inputs(score, dtype=torch.float32, n=8, num_edges=30,
+                                 device=triton_device)
+    want = outputs_and_grads("reference", inputs, edge_index, score=score)
+    got = outputs_and_grads("triton", inputs, edge_index, score=score, softcap=cap)
+    for a, b in zip(got, want, strict=True):
+        assert_close(a, b)
+
+
 @pytest.mark.parametrize("backend", ["reference", "cpu"])
 def test_gradients_match_finite_differences(backend):
     inputs, edge_index = _inputs("gatv2", n=5, heads=1, channels=3, num_edges=10)
