@@ -100,6 +100,15 @@ def check_tensors(**tensors: object) -> None:
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}{hint}")
 
 
+def check_strided(**tensors: Tensor | None) -> None:
+    """Raise unless each given tensor (``None``: an optional argument not given) is dense, of
+    torch's strided layout; the message names it and its layout."""
+    for name, t in tensors.items():
+        if t is not None and t.layout != torch.strided:
+            raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}: "
+                            f"convert it with {name}.to_dense()")
+
+
 def check_same_device(**tensors: Tensor | None) -> None:
     """Raise if the given tensors are not all tensors on one device (``None`` stands for an
     optional argument not given); the message names each."""

@@ -24,6 +24,7 @@ from graphattn._checks import (
     check_float_dtype,
     check_non_negative,
     check_same_device,
+    check_strided,
     check_tensors,
     dense_graph_ids,
     score_factor,
@@ -412,6 +413,8 @@ def _check_attention_inputs(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor,
     check_tensors(q=q, k=k, v=v, edge_index=edge_index)
     check_same_device(q=q, k=k, v=v, edge_index=edge_index, bias=bias, att=att,
                       edge_key=edge_key, edge_value=edge_value, sinks=sinks)
+    check_strided(q=q, k=k, v=v, bias=bias, att=att, edge_key=edge_key, edge_value=edge_value,
+                  sinks=sinks)
     if v.dim() != 3:
         raise ValueError(f"v must have shape [N_src, H, C], got {list(v.shape)}")
     n_src, kv_heads, _ = v.shape
@@ -950,6 +953,7 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
                                    attn_bias=attn_bias, softcap=softcap, sinks=sinks)
     check_tensors(q=q, k=k, v=v)
     check_same_device(q=q, k=k, v=v, mask=mask, attn_bias=attn_bias, sinks=sinks)
+    check_strided(q=q, k=k, v=v, mask=mask, attn_bias=attn_bias, sinks=sinks)
     is_causal = check_flag(is_causal, "is_causal")
     training = check_flag(training, "training")
     return_attention = check_flag(return_attention, "return_attention")

@@ -700,3 +700,23 @@ def test_in_place_edit_of_the_output_before_backward(backend):
                               (q, k, v))
     for a, b in zip(got, expected, strict=True):
         assert_close(a, b)
+
+
+@pytest.mark.parametrize("name", ["q", "k", "v", "bias", "sinks"])
+def test_sparse_features_are_refused_by_name(name):
+    """A sparse q, k, v or optional input reached a raw error deep inside each backend
+    (NotImplementedError, "unsupported memory format"); it is refused by name and layout, by
+    edge_attention and dense_attention alike."""
+    from graphattn.functional import dense_attention
+
+    q, k, v = torch.randn(3, 4, 2, 3).unbind(0)
+    edge_index = torch.tensor([[0, 1, 2], [1, 2, 3]])
+    inputs = dict(q=q, k=k, v=v, bias=torch.randn(3, 2), sinks=torch.randn(2))
+    inputs[name] = inputs[name].to_sparse()
+    match = rf"{name} must be a dense \(strided\) tensor, got layout torch.sparse_coo"
+    for backend in ("reference", "cpu", "dense", "auto"):
+        with pytest.raises(TypeError, match=match):
+            edge_attention(**inputs, edge_index=edge_index, backend=backend)
+    if name != "bias":
+        with pytest.raises(TypeError, match=match):
+            dense_attention(**{key: inputs[key] for key in ("q", "k", "v", "sinks")})
