@@ -554,7 +554,10 @@ def edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
     gets 0). The weights returned are the edges'; they sum to less than 1. The ``"cpu"`` and
     ``"triton"`` kernels start each row's softmax at the sink
     (:mod:`graphattn.functional.sinks`); ``"dense"`` gives SDPA one more key, whose score is
-    the sink.
+    the sink. SDPA reads the sink over the scale from a query channel of q's dtype: in fp16
+    a finite sink is held to at most about :math:`1.7 \cdot 10^7 \cdot \text{scale}` there
+    (:math:`65504 \cdot 256 \cdot \text{scale}`, over :math:`\sqrt{\text{scale}}` past a
+    scale of 1), beyond which the weights differ from the other backends'; ``-inf`` means no sink.
 
     Per-edge terms enter the key and the value of each edge e = (j -> i), as PyG's
     ``TransformerConv(edge_dim=...)`` and ``GATv2Conv(edge_dim=...)`` add their projected edge
