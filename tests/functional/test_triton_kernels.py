@@ -527,17 +527,25 @@ def test_write_through_an_edge_index_wrapper_sorts_the_graph_again(interpreter, 
                  edge_attention(q, k, v, wrapped.as_tensor().clone(), backend="reference"))
 
 
-@needs_triton
-def test_csr_is_built_once_per_unmodified_int32_graph(interpreter, monkeypatch):
-    """An int32 edge_index reaches the backends as int64: a copy made at every call was a new
-    graph to the CSR cache, sorted again at every training step. The copy is kept while the
-    int32 graph lives unmodified (CUDA; "cpu" added here runs the same code)."""
+@pytest.fixture
+def csr_builds(monkeypatch):
+    """The node counts of the CSR orderings built from now on, with the caches on for CPU
+    tensors too ("cpu" added runs CUDA's code) and empty."""
     monkeypatch.setattr(_tensor_cache, "CACHED_DEVICE_TYPES", {"cuda", "cpu"})
     monkeypatch.setattr(tk, "_CSR_CACHE", TensorCache(max_entries=8))
     monkeypatch.setattr(attention, "_INT64_IDS", TensorCache(max_entries=8))
     builds = []
     build_csr = tk.build_csr
     monkeypatch.setattr(tk, "build_csr", lambda *args: builds.append(args[2]) or build_csr(*args))
+    return builds
+
+
+@needs_triton
+def test_csr_is_built_once_per_unmodified_int32_graph(interpreter, csr_builds):
+    """An int32 edge_index reaches the backends as int64: a copy made at every call was a new
+    graph to the CSR cache, sorted again at every training step. The copy is kept while the
+    int32 graph lives unmodified (CUDA; "cpu" added here runs the same code)."""
+    builds = csr_builds
     ei = random_graph(7, 20, seed=3, num_dst=7).to(DEVICE, torch.int32)
     inputs = on_device(attention_inputs(7, 7, 20, 2, 8, bias=False))
     want = edge_attention(inputs["q"], inputs["k"], inputs["v"], ei.long(), backend="reference")
@@ -556,15 +564,10 @@ def test_csr_is_built_once_per_unmodified_int32_graph(interpreter, monkeypatch):
 
 
 @needs_triton
-def test_csr_is_built_once_per_unmodified_strided_graph(interpreter, monkeypatch):
+def test_csr_is_built_once_per_unmodified_strided_graph(interpreter, csr_builds):
     """An [E, 2] table transposed is a strided int64 edge_index: its contiguous copy, made at
     every call, was a new graph to the CSR cache. The copy is kept as an int32 graph's is."""
-    monkeypatch.setattr(_tensor_cache, "CACHED_DEVICE_TYPES", {"cuda", "cpu"})
-    monkeypatch.setattr(tk, "_CSR_CACHE", TensorCache(max_entries=8))
-    monkeypatch.setattr(attention, "_INT64_IDS", TensorCache(max_entries=8))
-    builds = []
-    build_csr = tk.build_csr
-    monkeypatch.setattr(tk, "build_csr", lambda *args: builds.append(args[2]) or build_csr(*args))
+    builds = csr_builds
     table = random_graph(7, 20, seed=3, num_dst=7).to(DEVICE).t().contiguous()  # [E, 2]
     ei = table.t()
     assert not ei.is_contiguous()
