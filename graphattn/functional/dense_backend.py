@@ -79,11 +79,10 @@ def sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
     transforms SDPA runs its math path, which they all differentiate and batch; so do inputs
     that carry a forward-mode tangent (``torch.autograd.forward_ad``).
     """
-    if is_causal and scale is not None and scale < 0 and attn_mask is None:
+    if is_causal and scale is not None and scale < 0:
         # torch's CPU flash kernel gives NaN in causal rows under a negative scale: the same
-        # pattern as a mask, which it reads right (SDPA's is_causal: row i reads keys <= i)
-        attn_mask = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool, device=q.device).tril()
-        is_causal = False
+        # scores as -q under -scale, which it reads right (no [L, L] mask made)
+        q, scale = -q, -scale
     if sinks is not None:
         if dropout_p > 0 and q.device.type == "cpu":  # graphattn's mask, of the weights' shape
             return _explicit_attention(q, k, v, attn_mask, dropout_p, is_causal, scale, sinks)
