@@ -813,7 +813,8 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
             DeepSeek's sparse attention; :func:`graphattn.graphs.top_k_edges`), their edge
             features and ``attn_bias`` along; ``return_attention_weights=True`` returns the
             edges kept. The choice takes no gradient; :meth:`indexer_loss` trains the
-            indexer. (default: ``None``)
+            indexer. The indexer keeps the weights it comes with (a trained one stays
+            trained); :meth:`reset_parameters` re-initialises it. (default: ``None``)
         query_temperature (graphattn.pe.QueryTemperature, optional): multiply each target's
             queries by :math:`t(p_i)` of its position (the forward's ``pos``), after their
             normalisation and rotation: Llama 4's and Mistral 4's sharper softmax far into a
@@ -1005,8 +1006,10 @@ class GraphSelfAttention(_SelfAttentionBase, MessagePassing):
         # every target's softmax whose value is 0 (GPT-OSS's attention sinks)
         self.sinks = (torch.nn.Parameter(torch.empty((2 if self.differential else 1)
                                                      * self.heads)) if sinks else None)
-        self.indexer = self._check_indexer(indexer)
         self.reset_parameters()
+        # after the reset: an indexer given keeps its weights (its constructor initialised a
+        # fresh one); reset_parameters() re-initialises it with the layer's own
+        self.indexer = self._check_indexer(indexer)
 
     def reset_parameters(self) -> None:
         super().reset_parameters()
@@ -1753,7 +1756,8 @@ class DenseSelfAttention(_SelfAttentionBase):
         indexer (LightningIndexer, optional): each query attends to the ``top_k`` keys of
             those the mask allows that the indexer scores highest (DeepSeek's sparse
             attention), the keys :class:`GraphSelfAttention`'s indexer keeps on the mask's
-            graph; not with ``batch``. (default: ``None``)
+            graph; not with ``batch``. It keeps the weights it comes with, as in
+            :class:`GraphSelfAttention`. (default: ``None``)
         query_temperature (graphattn.pe.QueryTemperature, optional): multiply each query by
             :math:`t(p)` of its position (the forward's ``pos``, by default ``0 .. L-1``),
             as :class:`GraphSelfAttention` does. (default: ``None``)
@@ -1812,8 +1816,10 @@ class DenseSelfAttention(_SelfAttentionBase):
         self.sinks = (torch.nn.Parameter(torch.empty((2 if self.differential else 1)
                                                      * self.heads))
                       if check_flag(sinks, "sinks") else None)
-        self.indexer = self._check_indexer(indexer)
         self.reset_parameters()
+        # after the reset: an indexer given keeps its weights (its constructor initialised a
+        # fresh one); reset_parameters() re-initialises it with the layer's own
+        self.indexer = self._check_indexer(indexer)
 
     def reset_parameters(self) -> None:
         super().reset_parameters()

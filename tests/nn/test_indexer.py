@@ -15,7 +15,8 @@ import torch
 from conftest import assert_close, randomized
 
 from graphattn import graphs
-from graphattn.nn import GraphSelfAttention, GraphTransformer, LightningIndexer
+from graphattn.nn import (DenseSelfAttention, GraphSelfAttention, GraphTransformer,
+                          LightningIndexer)
 from graphattn.pe import RotaryPE
 
 
@@ -178,6 +179,21 @@ def test_an_indexer_without_a_query_latent_reads_the_targets_features():
 def test_indexer_refusals(make, match, error):
     with pytest.raises(error, match=match):
         make()
+
+
+@pytest.mark.parametrize("layer", [GraphSelfAttention, DenseSelfAttention])
+def test_a_given_indexer_keeps_its_weights_until_the_layer_is_reset(layer):
+    # a trained indexer handed to a new layer stays trained (its constructor initialised it
+    # once; the layer's reset in its own constructor overwrote the weights);
+    # reset_parameters() then re-initialises it with the layer
+    indexer = randomized(LightningIndexer(10, 3, 8, 4), 7)
+    trained = {name: p.clone() for name, p in indexer.state_dict().items()}
+    model = layer(10, 4, heads=2, indexer=indexer)
+    assert model.indexer is indexer
+    for name, p in indexer.state_dict().items():
+        assert torch.equal(p, trained[name]), name
+    model.reset_parameters()
+    assert not torch.equal(indexer.lin_q.weight, trained["lin_q.weight"])
 
 
 def test_an_indexer_needs_the_targets_features():
