@@ -15,8 +15,7 @@ import torch
 from conftest import assert_close, randomized
 
 from graphattn import graphs
-from graphattn.nn import (DenseSelfAttention, GraphSelfAttention, GraphTransformer,
-                          LightningIndexer)
+from graphattn.nn import DenseSelfAttention, GraphSelfAttention, GraphTransformer, LightningIndexer
 from graphattn.pe import RotaryPE
 
 
