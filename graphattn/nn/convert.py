@@ -206,8 +206,10 @@ def from_pyg(conv: Module, *, backend: str = "auto") -> GraphSelfAttention:
                 _copy_gatv2(layer, conv)
             if layer.res is not None:
                 layer.res.weight.copy_(conv.res.weight)
-                if layer.res.bias is not None:  # PyG's residual has no bias
-                    layer.res.bias.zero_()
+                # PyG's residual has no bias; GATv2Conv's projections do, and the layer gives
+                # its residual one with them: removed, not zeroed, or it would train beside
+                # out_bias (one gradient twice over) and the parameters would not be PyG's
+                layer.res.register_parameter("bias", None)
             if out_bias is not None:
                 layer.out_bias.copy_(out_bias)  # (H * C,) or (C,), as the output
     _carry_state(layer, conv)

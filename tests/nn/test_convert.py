@@ -731,3 +731,32 @@ def test_converted_layers_have_pyg_s_parameters_shared_and_without_bias():
     transformer = TransformerConv(4, 3, heads=2, bias=False)
     layer = from_pyg(transformer)
     assert layer.lin_q.bias is None and count(layer) == count(transformer)
+
+
+@pytest.mark.parametrize("name", [name for name in CONVS if not name.startswith("gat-")
+                                  and name != "gat"])
+def test_converted_gatv2_and_transformer_layers_train_as_pyg_s(name):
+    """GATv2Conv's and TransformerConv's parameters are the converted layer's, one for one:
+    three SGD steps on the same loss keep the two equal. GATv2Conv(residual=True) gave the
+    layer's residual a bias of its own (zeroed at conversion, then trained beside out_bias,
+    which takes the same gradient), and the two drifted apart."""
+    case = GRAPHS[0]
+    conv = make_conv(name, bipartite=False)
+    layer = from_pyg(conv)
+    x, edge_attr = inputs(case, CONVS[name][1].get("edge_dim"))
+    extra = () if edge_attr is None else (edge_attr,)
+    with torch.no_grad():
+        target = torch.randn_like(conv(x, case.edge_index, *extra))
+    outputs, trained = [], []
+    for module in (conv, layer):
+        module.train()
+        optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
+        for _ in range(3):
+            optimizer.zero_grad()
+            ((module(x, case.edge_index, *extra) - target) ** 2).mean().backward()
+            optimizer.step()
+        outputs.append(module.eval()(x, case.edge_index, *extra))
+        # (TransformerConv(root_weight=False) keeps a lin_skip it never uses: no gradient)
+        trained.append(sum(p.numel() for p in module.parameters() if p.grad is not None))
+    assert trained[0] == trained[1]
+    assert_close(*outputs)
