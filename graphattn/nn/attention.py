@@ -78,6 +78,18 @@ def _plain_linear(lin: torch.nn.Module) -> bool:
     return type(lin) is Linear and not (lin._forward_hooks or lin._forward_pre_hooks)
 
 
+def _module_forward(lin: torch.nn.Module, x: Tensor) -> Tensor:
+    """``lin(x)``, its hooks included. A sparse x on the CPU under ``torch.autocast`` goes
+    through it with autocast off (torch has no half-precision CSR or CSC product there) and
+    the result comes in autocast's dtype, as :func:`sparse_linear` gives it."""
+    if (x.layout == torch.strided or x.device.type != "cpu" or x.dtype == torch.float64
+            or not torch.is_autocast_enabled("cpu")):
+        return lin(x)
+    with torch.autocast("cpu", enabled=False):
+        out = lin(x)
+    return out.to(torch.get_autocast_dtype("cpu"))
+
+
 def _check_rotary(rotary: RotaryPE | None, channels: int) -> RotaryPE | None:
     """``rotary`` unless it is neither ``None`` nor a ``RotaryPE`` that fits queries and keys
     of ``channels`` channels per head."""
@@ -407,9 +419,9 @@ class _SelfAttentionBase(torch.nn.Module):
         Parameters stay three ``Linear`` modules either way. With ``share_value`` the keys'
         product serves the values (stacked with the queries' by the same rule). A projection
         that is not a plain ``Linear`` (one with forward hooks, a parametrization such as
-        ``weight_norm``, a quantized or other subclass) makes dense features go through each
-        module's own forward instead, so that what it adds runs; sparse features always take
-        the stacked product of the weights.
+        ``weight_norm``, a quantized or other subclass) makes the features, dense or sparse,
+        go through each module's own forward instead, so that what it adds runs (the forward
+        pre-hooks of ``torch.nn.utils.spectral_norm`` and ``prune`` compute the weight).
         """
         lins = (self.lin_q, self.lin_k, self.lin_v)
         drop = self.training and self.value_dropout > 0.0
@@ -422,10 +434,10 @@ class _SelfAttentionBase(torch.nn.Module):
                 v = dropout(v if b is None else v - b, self.value_dropout, self.training)
                 v = v if b is None else v + b
             return q, k, v
-        if x_src.layout == torch.strided and not all(_plain_linear(lin) for lin in lins):
-            q = None if x_dst is None else self.lin_q(x_dst)
-            k = self.lin_k(x_src)
-            v = k if self.lin_v is self.lin_k else self.lin_v(x_src)
+        if not all(_plain_linear(lin) for lin in lins):
+            q = None if x_dst is None else _module_forward(self.lin_q, x_dst)
+            k = _module_forward(self.lin_k, x_src)
+            v = k if self.lin_v is self.lin_k else _module_forward(self.lin_v, x_src)
             if drop:  # on W^V x_j, not on the bias
                 b = self.lin_v.bias
                 v = dropout(v if b is None else v - b, self.value_dropout, self.training)

@@ -22,7 +22,7 @@ from graphattn._checks import (
 )
 from graphattn.functional.dropout import dropout
 from graphattn.functional.sparse_linear import sparse_linear
-from graphattn.nn.attention import GraphSelfAttention
+from graphattn.nn.attention import GraphSelfAttention, _module_forward, _plain_linear
 from graphattn.nn.indexer import LightningIndexer
 from graphattn.pe import RotaryPE
 
@@ -508,8 +508,9 @@ class GraphTransformer(torch.nn.Module):
             raise ValueError("pe was given but the model has pe_channels=0; construct it with "
                              "pe_channels=<size of the encodings>")
         x = feature_dropout(x, self.dropout, self.training)
-        if x.layout == torch.strided or isinstance(self.lin_in, LazyLinear):
-            h = self.lin_in(x)  # (N, D)
+        if x.layout == torch.strided or not _plain_linear(self.lin_in):
+            h = _module_forward(self.lin_in, x)  # (N, D): also a lazy one's first call, and
+            # one with hooks
         else:  # sparse features: the weight's gradient without torch's sort of x's entries
             h = sparse_linear(x, self.lin_in.weight, self.lin_in.bias)  # (N, D)
         if self.lin_pe is not None:

@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.autograd.forward_ad as fwAD
 import torch.nn.functional as F
+import torch.nn.utils.prune
 from conftest import GRAPHS, assert_agrees_with_pyg, assert_close, dense_mask, random_graph
 from torch import Tensor
 from torch_geometric.nn import TransformerConv
@@ -1490,6 +1491,59 @@ def test_projections_run_their_modules_hooks_and_parametrizations(options):
         torch.nn.utils.weight_norm(old_hook.lin_k)  # the deprecated pre-hook form
     for _ in range(2):
         old_hook(x, edge_index).square().sum().backward()
+
+
+SPARSE_LAYOUTS = {"csr": torch.Tensor.to_sparse_csr, "csc": torch.Tensor.to_sparse_csc,
+                  "coo": torch.Tensor.to_sparse}
+
+
+@pytest.mark.parametrize("model", ["layer", "graph-transformer"])
+@pytest.mark.parametrize("layout", list(SPARSE_LAYOUTS))
+def test_sparse_features_run_the_projections_hooks_as_dense_ones(model, layout):
+    """Sparse features took the stacked product of the weights even where a projection had
+    hooks: torch.nn.utils.spectral_norm's pre-hook never ran (outputs 10 apart from the dense
+    features', no gradient to weight_orig), nor a forward hook, and prune's weight went stale
+    (the second step's backward failed). They now run each module's forward, as dense ones,
+    under CPU autocast too."""
+    torch.manual_seed(0)
+    if model == "layer":
+        plain = GraphSelfAttention(300, 4, heads=2)
+        hooked_names = ("lin_q", "lin_k")
+    else:  # (in eval mode: sparse features drop their stored values, dense ones every entry)
+        plain = GraphTransformer(300, 8, 3, heads=2, num_layers=1).eval()
+        hooked_names = ("lin_in",)
+    x = torch.randn(12, 300) * (torch.rand(12, 300) < 0.05)
+    edge_index = random_graph(12, 40, seed=1)
+    results = []
+    for features in (x, SPARSE_LAYOUTS[layout](x)):
+        module, calls = copy.deepcopy(plain), []
+        torch.manual_seed(2)  # (spectral_norm draws its first power-iteration vector)
+        torch.nn.utils.spectral_norm(getattr(module, hooked_names[0]))
+        getattr(module, hooked_names[-1]).register_forward_hook(
+            lambda m, i, o, calls=calls: calls.append(len(calls)))
+        torch.manual_seed(1)
+        out = module(features, edge_index)
+        out.square().sum().backward()
+        assert calls == [0]
+        results.append((out, getattr(module, hooked_names[0]).weight_orig.grad))
+    for got, want in zip(*results, strict=True):
+        assert_close(got, want)
+    pruned = copy.deepcopy(plain).train()  # prune computes the weight in a pre-hook
+    torch.nn.utils.prune.l1_unstructured(getattr(pruned, hooked_names[0]), "weight", 0.5)
+    optimizer = torch.optim.SGD(pruned.parameters(), lr=0.1)
+    for _ in range(2):
+        optimizer.zero_grad()
+        pruned(SPARSE_LAYOUTS[layout](x), edge_index).square().sum().backward()
+        optimizer.step()
+    # under CPU autocast the hooked module multiplies sparse features in fp32 (torch has no
+    # bf16 CSR or CSC product there), as the plain module's stacked product does
+    hooked = copy.deepcopy(plain).eval()
+    getattr(hooked, hooked_names[0]).register_forward_hook(lambda m, i, o: None)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = hooked(SPARSE_LAYOUTS[layout](x), edge_index)
+        want = plain.eval()(SPARSE_LAYOUTS[layout](x), edge_index)
+    assert got.dtype == want.dtype == torch.bfloat16
+    assert_close(got, want)
 
 
 class DoublingLinear(torch.nn.Linear):
