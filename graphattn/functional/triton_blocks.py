@@ -217,10 +217,11 @@ def _warps(dtype: torch.dtype, precision: str, seeded_dropout: bool = False) -> 
     (drawn in registers, a 64-bit hash per entry of a tile): with bf16 tiles of 64 x 64 the
     source pass needs 255 registers and spills 44 bytes a thread on 4 warps, 254 and no spill
     on 8 (compiled as ``benchmarks/triton_resources.py --blocks`` compiles them)."""
-    from graphattn.functional.triton_kernels import _TILES
+    from graphattn.functional import triton_kernels
 
-    if "num_warps" in _TILES:
-        return _TILES["num_warps"]
+    open_tiles = triton_kernels._TILES  # one snapshot: launch_tiles replaces it whole
+    if "num_warps" in open_tiles:
+        return open_tiles["num_warps"]
     return 8 if (dtype == torch.float32 and precision == "ieee") or seeded_dropout else 4
 
 

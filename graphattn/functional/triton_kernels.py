@@ -137,6 +137,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -246,8 +247,9 @@ def launch_config(heads: int, channels: int, score_channels: int | None = None) 
     tile = block_e * block_h * widest
     cfg = LaunchConfig(block_e=block_e, block_h=block_h, block_c=block_c,
                        num_warps=max(1, min(4, tile // 512)), block_ck=block_ck)
-    if _TILES:  # inside launch_tiles
-        tiles = {name: value for name, value in _TILES.items() if name != "block_sparse"}
+    open_tiles = _TILES  # one snapshot (launch_tiles on another thread replaces it whole)
+    if open_tiles:  # inside launch_tiles
+        tiles = {name: value for name, value in open_tiles.items() if name != "block_sparse"}
         if "block_h" in tiles:
             tiles["block_h"] = min(tiles["block_h"], _next_power_of_2(heads))
         cfg = replace(cfg, **tiles)
@@ -259,6 +261,7 @@ def launch_config(heads: int, channels: int, score_channels: int | None = None) 
 
 _TILES: dict[str, int] = {}  # what launch_tiles sets: LaunchConfig fields and block_sparse
 _OPEN_TILES: list[dict[str, int]] = []  # the settings of each open launch_tiles, in entry order
+_TILES_LOCK = threading.Lock()  # held while a launch_tiles block opens or closes
 _WARPS = (1, 2, 4, 8, 16)
 _POWERS_OF_2 = ("block_e", "block_h", "block_n")
 
@@ -326,23 +329,31 @@ def launch_tiles(*, block_e: int | None = None, block_h: int | None = None,
         raise RuntimeError("launch_tiles must be entered outside the function that "
                            "torch.compile compiles, not inside it")
     entry = {name: value for name, value in tiles.items() if value is not None}
-    _OPEN_TILES.append(entry)
-    _apply_open_tiles()
+    with _TILES_LOCK:
+        _OPEN_TILES.append(entry)
+        _apply_open_tiles()
     try:
         yield
     finally:
         # this block's own entry, found by identity: blocks that threads open and close out of
         # order leave what the still open ones set (restoring a saved copy left a closed
-        # block's tiles in force for good)
-        del _OPEN_TILES[next(i for i, e in enumerate(_OPEN_TILES) if e is entry)]
-        _apply_open_tiles()
+        # block's tiles in force for good). Under the lock: two threads closing at once
+        # deleted each other's entries by a stale position, and left theirs in force.
+        with _TILES_LOCK:
+            _OPEN_TILES[:] = [open_entry for open_entry in _OPEN_TILES
+                              if open_entry is not entry]
+            _apply_open_tiles()
 
 
 def _apply_open_tiles() -> None:
-    """``_TILES``: the settings of the open ``launch_tiles`` blocks, later ones on top."""
-    _TILES.clear()
+    """``_TILES``: the settings of the open ``launch_tiles`` blocks, later ones on top; a new
+    dict, not the old one cleared and refilled, so that a launch on another thread reads either
+    settings whole (it read an empty dict in between, and the defaults)."""
+    global _TILES
+    tiles: dict[str, int] = {}
     for entry in _OPEN_TILES:
-        _TILES.update(entry)
+        tiles.update(entry)
+    _TILES = tiles
 
 
 def _score_channels(q: Tensor, score: str) -> int:

@@ -877,6 +877,46 @@ def test_launch_tiles_nest_and_restore():
     assert tk.launch_config(4, 32) == default
 
 
+def test_launch_tiles_blocks_of_many_threads_leave_nothing_and_tear_no_reads():
+    """Threads opening and closing blocks of their own at once (the setting is process-wide):
+    two closing together deleted each other's entries by a stale position, raised, and left
+    their tiles in force for good (launch_config(2, 8) then gave block_e=4 outside any
+    block); a launch while another thread's block opened or closed read the settings
+    half-rebuilt (block_e=32 inside launch_tiles(block_e=4), or "dictionary changed size")."""
+    import threading
+
+    errors, seen, stop = [], set(), threading.Event()
+
+    def churn(block_e):
+        try:
+            while not stop.is_set():
+                with tk.launch_tiles(block_e=block_e, num_warps=None if block_e else 2):
+                    pass
+        except BaseException as error:  # noqa: BLE001 (any error of a thread fails the test)
+            errors.append(error)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch between the steps of a block's entry and exit
+    try:
+        with tk.launch_tiles(block_e=4):
+            threads = [threading.Thread(target=churn, args=(block_e,))
+                       for block_e in (None, 1, 2, 8, 16)]
+            for thread in threads:
+                thread.start()
+            for _ in range(20000):
+                seen.add(tk.launch_config(2, 8).block_e)
+            stop.set()
+            for thread in threads:
+                thread.join(timeout=60)
+    finally:
+        stop.set()
+        sys.setswitchinterval(interval)
+    assert not errors, errors[:3]
+    assert tk._OPEN_TILES == [] and tk._TILES == {}
+    assert tk.launch_config(2, 8) == tk.launch_config(2, 8, 8)
+    assert seen <= {1, 2, 4, 8, 16}  # never the default 32: the reader's own block is open
+
+
 def test_launch_tiles_blocks_closed_out_of_order_leave_the_open_ones():
     """Two threads: A opens, B opens, A closes, B closes. B restored the tiles it saw on entry,
     A's, which then stayed in force for every later launch of the process."""
