@@ -53,7 +53,10 @@ class _CSRLinear(torch.autograd.Function):
             values_t = torch.empty_like(values).index_put_((position,), values)  # x^T's
             x_t = torch.sparse_csr_tensor(colptr, row, values_t, (ctx.num_cols, crow.numel() - 1),
                                           check_invariants=False)
-            grad_weight = (x_t @ grad).t().contiguous()  # (D, F)
+            # in x's dtype, as the forward's product, also when backward is called inside
+            # torch.autocast (which would cast it to half precision, which has no CSR product)
+            with torch.autocast("cpu", enabled=False):
+                grad_weight = (x_t @ grad.to(values.dtype)).t().contiguous()  # (D, F)
         if ctx.has_bias and ctx.needs_input_grad[5]:
             grad_bias = grad.sum(0)  # (D,)
         return None, None, None, None, grad_weight, grad_bias
@@ -70,7 +73,8 @@ def sparse_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tens
     of its entries, in one pass, where ``F.linear`` sorts them (see the module docstring).
     A CSR or CSC x in fp16 or bf16 on CPU, for which torch has no product, is multiplied in
     fp32 and the result rounded to its dtype; so is a sparse x on CPU under
-    ``torch.autocast``, whose result comes in autocast's dtype, as a dense x's would.
+    ``torch.autocast``, whose result comes in autocast's dtype, as a dense x's would (a CSC x
+    as CSR there, so that a backward called inside autocast also finds a product).
     Everything else, and every other layout, goes to ``F.linear``. Both compute the same
     values: the sums of each product run over the same entries, in the same order.
     ``torch.compile`` does not trace sparse tensors: in a compiled model this function runs
@@ -90,6 +94,10 @@ def sparse_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tens
             and x.dtype != torch.float64):
         # autocast would multiply in its dtype, where torch has no CSR or CSC product on CPU:
         # the product in x's dtype (or fp32), the result in autocast's, as F.linear's
+        if x.layout == torch.sparse_csc and x.dim() == 2 and not x.requires_grad:
+            # as CSR, whose weight gradient is computed with autocast off (F.linear's, called
+            # inside autocast, would be cast to half precision, which has no CSC product)
+            x = x.to_sparse_csr()
         with torch.autocast("cpu", enabled=False):
             wide = torch.promote_types(x.dtype, torch.float32)
             out = sparse_linear(x if x.dtype == wide else x.to(wide), weight.to(wide),

@@ -79,11 +79,16 @@ def _plain_linear(lin: torch.nn.Module) -> bool:
 
 
 def _module_forward(lin: torch.nn.Module, x: Tensor) -> Tensor:
-    """``lin(x)``, its hooks included. A sparse x on the CPU under ``torch.autocast`` goes
-    through it with autocast off (torch has no half-precision CSR or CSC product there) and
-    the result comes in autocast's dtype, as :func:`sparse_linear` gives it."""
-    if (x.layout == torch.strided or x.device.type != "cpu" or x.dtype == torch.float64
-            or not torch.is_autocast_enabled("cpu")):
+    """``lin(x)``, its hooks included. torch has no half-precision CSR or CSC product on the
+    CPU: a CSR or CSC x in fp16 or bf16 there goes through ``lin`` dense, and a sparse x
+    under ``torch.autocast`` goes through it with autocast off, the result in autocast's
+    dtype, as :func:`sparse_linear` gives it."""
+    if x.layout == torch.strided or x.device.type != "cpu":
+        return lin(x)
+    if (x.layout in (torch.sparse_csr, torch.sparse_csc)
+            and x.dtype in (torch.float16, torch.bfloat16)):
+        return lin(x.to_dense())
+    if x.dtype == torch.float64 or not torch.is_autocast_enabled("cpu"):
         return lin(x)
     with torch.autocast("cpu", enabled=False):
         out = lin(x)

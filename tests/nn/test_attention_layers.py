@@ -1546,6 +1546,36 @@ def test_sparse_features_run_the_projections_hooks_as_dense_ones(model, layout):
     assert_close(got, want)
 
 
+@pytest.mark.parametrize("layout", list(SPARSE_LAYOUTS))
+def test_sparse_features_in_half_precision_and_backward_inside_autocast(layout):
+    """torch has no half-precision CSR or CSC product on the CPU. A hooked projection (its own
+    forward) on CSR or CSC features of a bf16 model failed with torch's error, where a plain
+    one multiplies in fp32; it now goes dense. A backward called inside CPU autocast failed
+    for CSR and CSC features: the weight gradient's product was cast to bf16 too."""
+    torch.manual_seed(0)
+    x = torch.randn(12, 300) * (torch.rand(12, 300) < 0.05)
+    edge_index = random_graph(12, 40, seed=1)
+    plain = GraphSelfAttention(300, 4, heads=2).to(torch.bfloat16)
+    hooked = copy.deepcopy(plain)
+    hooked.lin_q.register_forward_hook(lambda m, i, o: None)
+    x16 = x.to(torch.bfloat16)
+    for module in (plain, hooked):
+        got = module(SPARSE_LAYOUTS[layout](x16), edge_index)
+        got.float().square().sum().backward()
+        want = copy.deepcopy(module)(x16, edge_index)
+        assert got.dtype == torch.bfloat16
+        assert_close(got, want)
+        assert module.lin_q.weight.grad is not None
+    grads = []
+    for features in (x, SPARSE_LAYOUTS[layout](x)):
+        module = GraphSelfAttention(300, 4, heads=2)
+        module.load_state_dict(plain.float().state_dict())
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            module(features, edge_index).float().square().sum().backward()
+        grads.append(module.lin_k.weight.grad)
+    assert_close(grads[1], grads[0], atol=0.05, rtol=0.05)  # bf16 products against fp32
+
+
 class DoublingLinear(torch.nn.Linear):
     """A ``Linear`` subclass whose forward is its own: ``2 (W x + b)``."""
 
