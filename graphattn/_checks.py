@@ -246,7 +246,7 @@ def check_non_negative(value: int, name: str) -> int:
 def check_finite(value: float, name: str) -> None:
     """Raise unless ``value`` is a finite real number (numpy scalars included)."""
     if (isinstance(value, bool) or not isinstance(value, numbers.Real)
-            or not math.isfinite(value)):
+            or not -math.inf < value < math.inf):  # (no graph break on a SymFloat)
         raise ValueError(f"{name} must be a finite number, got {value!r}")
 
 

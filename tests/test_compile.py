@@ -242,6 +242,23 @@ def test_node_id_checks_run_inside_the_compiled_graph():
         compiled(q, q, q, torch.tensor([[0, 1, 2], [1, 5, 3]]))
 
 
+@pytest.mark.parametrize("backend", ["cpu", "reference"])
+def test_a_scale_that_changes_between_calls_compiles_without_a_graph_break(backend):
+    """A second call with another Python-float scale or softcap makes dynamo trace them as
+    symbolic floats, on which the finiteness check's ``math.isfinite`` broke the graph
+    (``fullgraph=True`` failed). It is now a comparison, which dynamo traces."""
+    def attend(q, k, v, edge_index, scale, softcap):
+        return edge_attention(q, k, v, edge_index, scale=scale, softcap=softcap,
+                              backend=backend)
+
+    compiled = torch.compile(attend, backend="eager", fullgraph=True)
+    q, k, v = torch.randn(3, 6, 2, 4).unbind(0)
+    edge_index = random_graph(6, 15, seed=0)
+    for scale, softcap in [(0.5, 10.0), (0.25, 20.0), (0.75, 5.0)]:
+        assert_close(compiled(q, k, v, edge_index, scale, softcap),
+                     attend(q, k, v, edge_index, scale, softcap))
+
+
 @needs_cxx
 def test_gat_compiles_with_inductor():
     """With ``fallback_random`` (README, torch.compile), training steps draw eager's masks."""
