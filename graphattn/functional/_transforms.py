@@ -84,3 +84,13 @@ def needs_grad(*tensors: Tensor | None) -> bool:
     """Whether autograd would record an operation on ``tensors``: grad mode is on and one of
     them requires grad. When not, a fused backend calls its forward without its Function."""
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def saveable(*tensors: Tensor | None) -> tuple[Tensor | None, ...]:
+    """``tensors`` for ``ctx.save_for_backward``, with a copy of each inference tensor (one
+    made under ``torch.inference_mode``, as frozen features or a graph built there can be),
+    which autograd refuses to save; the others as they are (and all of them in a graph that
+    ``torch.compile`` traces, where there is no inference tensor)."""
+    if torch.compiler.is_compiling():
+        return tensors
+    return tuple(t.clone() if t is not None and t.is_inference() else t for t in tensors)

@@ -211,6 +211,11 @@ def int64_ids(edge_index: Tensor) -> Tensor:
             and not torch.compiler.is_compiling()):
         edge_index = _unwrapped(edge_index)
     if edge_index.dtype == torch.int64 and edge_index.is_contiguous():
+        if (not torch.compiler.is_compiling() and edge_index.is_inference()
+                and torch.is_grad_enabled() and not torch.is_inference_mode_enabled()):
+            # made under torch.inference_mode: a copy, which autograd can save (the reference
+            # path's index_select saves the ids)
+            return edge_index.clone()
         return edge_index
     return _INT64_IDS.get(edge_index, None, lambda: edge_index.long().contiguous())
 

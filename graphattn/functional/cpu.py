@@ -91,7 +91,7 @@ from numba.core.errors import TypingError
 from numba.extending import intrinsic, overload
 from torch import Tensor
 
-from graphattn.functional._transforms import apply_function, needs_grad, plain_ops_only
+from graphattn.functional._transforms import apply_function, needs_grad, plain_ops_only, saveable
 from graphattn.functional.reference import reference_edge_attention, reference_grads
 from graphattn.functional.sinks import sink_grad
 
@@ -1990,8 +1990,8 @@ def _setup_context(ctx, inputs, output) -> None:
     out, alpha, lse, rowptr, perm, src = output
     # the weights, for the sinks' gradient when they get one of their own
     weights = alpha if sinks is not None and need_alpha else None
-    ctx.save_for_backward(q, k, v, att, bias, dropout_mask, edge_key, edge_value, out, lse,
-                          rowptr, perm, src, sinks, weights)
+    ctx.save_for_backward(*saveable(q, k, v, att, bias, dropout_mask, edge_key, edge_value),
+                          out, lse, rowptr, perm, src, *saveable(sinks), weights)
     ctx.set_materialize_grads(False)  # an unused alpha gets no gradient pass
     ctx.options = (scale, negative_slope, softcap, score)
     ctx.value_is_key = value_is_key

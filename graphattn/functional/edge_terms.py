@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from graphattn.functional._transforms import plain_ops_only
+from graphattn.functional._transforms import plain_ops_only, saveable
 
 # Edges per step of TargetDot and WeightedEdgeSum: their [chunk, H, C] temporaries stay small.
 EDGE_CHUNK = 1 << 16
@@ -47,7 +47,7 @@ class TargetDot(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q: Tensor, w: Tensor, dst: Tensor) -> Tensor:
-        ctx.save_for_backward(q, w, dst)
+        ctx.save_for_backward(*saveable(q, w, dst))
         work = score_dtype(torch.promote_types(q.dtype, w.dtype))
         out = w.new_empty(w.shape[:2], dtype=work)  # (E, H)
         for s in _chunks(w.size(0)):
@@ -76,7 +76,7 @@ class WeightedEdgeSum(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, weight: Tensor, w: Tensor, dst: Tensor, num_dst: int) -> Tensor:
-        ctx.save_for_backward(weight, w, dst)
+        ctx.save_for_backward(*saveable(weight, w, dst))
         out = w.new_zeros(num_dst, *w.shape[1:])  # (N_dst, H, C)
         for s in _chunks(w.size(0)):
             out.index_add_(0, dst[s], weight[s].unsqueeze(-1) * w[s])

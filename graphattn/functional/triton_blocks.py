@@ -74,7 +74,7 @@ import torch
 from torch import Tensor
 
 from graphattn._tensor_cache import TensorCache
-from graphattn.functional._transforms import plain_ops_only
+from graphattn.functional._transforms import plain_ops_only, saveable
 from graphattn.functional.dropout import mask_tensor
 from graphattn.functional.reference import reference_grads
 from graphattn.functional.sinks import sink_grad
@@ -351,8 +351,8 @@ class BlockSparseAttention(torch.autograd.Function):
                                            sinks=sinks)
         alpha = _alpha(q, k, bias, scores, lse, edge_index, sinks)
         weights = alpha if sinks is not None and need_alpha else None  # for d sinks
-        ctx.save_for_backward(q, k, v, bias, dropout_mask, edge_index, out32, lse, sinks,
-                              weights)
+        ctx.save_for_backward(*saveable(q, k, v, bias, dropout_mask, edge_index), out32, lse,
+                              *saveable(sinks), weights)
         ctx.layout, ctx.scale = layout, scale
         ctx.set_materialize_grads(False)
         ctx.mark_non_differentiable(lse)
@@ -481,7 +481,8 @@ def _block_setup_context(ctx, inputs, output) -> None:
     q, k, v, bias, dropout_mask, edge_index, scale, block, need_alpha, sinks = inputs
     out32, alpha, lse = output
     weights = alpha if sinks is not None and need_alpha else None  # for d sinks
-    ctx.save_for_backward(q, k, v, bias, dropout_mask, edge_index, out32, lse, sinks, weights)
+    ctx.save_for_backward(*saveable(q, k, v, bias, dropout_mask, edge_index), out32, lse,
+                          *saveable(sinks), weights)
     ctx.options = (scale, block)
     ctx.set_materialize_grads(False)
     ctx.mark_non_differentiable(lse)

@@ -147,7 +147,7 @@ import torch
 from torch import Tensor
 
 from graphattn._tensor_cache import TensorCache
-from graphattn.functional._transforms import apply_function, needs_grad, plain_ops_only
+from graphattn.functional._transforms import apply_function, needs_grad, plain_ops_only, saveable
 from graphattn.functional.dropout import mask_tensor
 from graphattn.functional.reference import reference_grads
 from graphattn.functional.sinks import sink_grad
@@ -746,8 +746,9 @@ class FusedEdgeAttention(torch.autograd.Function):
         out32, alpha, lse, rowptr, col, eid, order = output
         # the weights, for the sinks' gradient when they get one of their own
         weights = alpha if sinks is not None and need_alpha else None
-        ctx.save_for_backward(q, k, v, att, bias, dropout_mask, edge_index, out32, lse, rowptr,
-                              col, eid, order, edge_key, edge_value, sinks, weights)
+        ctx.save_for_backward(*saveable(q, k, v, att, bias, dropout_mask, edge_index), out32,
+                              lse, rowptr, col, eid, order,
+                              *saveable(edge_key, edge_value, sinks), weights)
         ctx.options = (scale, negative_slope, score)
         ctx.softcap = softcap
         ctx.value_is_key = edge_key is not None and edge_value is edge_key
@@ -858,8 +859,8 @@ def _setup_context(ctx, inputs, output) -> None:
      edge_key, edge_value, softcap, sinks) = inputs
     out32, alpha, lse = output
     weights = alpha if sinks is not None and need_alpha else None  # for the sinks' gradient
-    ctx.save_for_backward(q, k, v, att, bias, dropout_mask, edge_index, out32, lse, edge_key,
-                          edge_value, sinks, weights)
+    ctx.save_for_backward(*saveable(q, k, v, att, bias, dropout_mask, edge_index), out32, lse,
+                          *saveable(edge_key, edge_value, sinks), weights)
     ctx.options = (scale, negative_slope, score)
     ctx.softcap = softcap
     ctx.value_is_key = edge_key is not None and edge_value is edge_key

@@ -19,7 +19,7 @@ from torch.nn import Linear
 
 from graphattn._checks import check_edge_index, check_positive, check_tensors
 from graphattn.functional import cpu
-from graphattn.functional._transforms import host_readable, needs_grad, plain_ops_only
+from graphattn.functional._transforms import host_readable, needs_grad, plain_ops_only, saveable
 from graphattn.pe import RotaryPE
 
 # edges scored per chunk: the [chunk, H_I, D] products stay below this many numbers
@@ -54,7 +54,7 @@ class _CPUScores(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
-        ctx.save_for_backward(*inputs)
+        ctx.save_for_backward(*saveable(*inputs))
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:

@@ -9,6 +9,7 @@ from conftest import (
     attention_inputs,
     check_nan_score_pattern,
     dense_mask,
+    needs_triton,
     random_graph,
 )
 
@@ -720,3 +721,32 @@ def test_sparse_features_are_refused_by_name(name):
     if name != "bias":
         with pytest.raises(TypeError, match=match):
             dense_attention(**{key: inputs[key] for key in ("q", "k", "v", "sinks")})
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])
+@pytest.mark.parametrize("backend", [*CPU_BACKENDS, pytest.param("triton", marks=needs_triton)])
+def test_a_graph_and_features_made_under_inference_mode_train(request, backend, index_dtype):
+    """A graph or frozen features made under ``torch.inference_mode`` (in preprocessing), then
+    used in a training step: the ``reference`` and ``triton`` paths saved the int64 edge_index
+    for backward, the ``cpu`` and ``triton`` kernels q, k and v (a learnable bias's and the
+    sinks' gradients need them), and autograd refuses to save an inference tensor. Whether
+    training failed hung on the backend, and so on the graph's density under ``"auto"``."""
+    if backend == "triton":
+        request.getfixturevalue("triton_interpreter")
+    graph = random_graph(9, 30, seed=2).to(index_dtype)
+    q, k, v = qkv(9, 9)
+    bias = torch.randn(30, 2, requires_grad=True)
+    sinks = torch.randn(2, requires_grad=True)
+    with torch.inference_mode():
+        frozen = [t.clone() for t in (graph, q, k, v)]
+    assert all(t.is_inference() for t in frozen)
+    results = []
+    for edge_index, *features in ((graph, q, k, v), frozen):
+        out = edge_attention(*features, edge_index, bias=bias, sinks=sinks, backend=backend)
+        results.append([out, *torch.autograd.grad(out.square().sum(), (bias, sinks))])
+        query = features[0].clone().requires_grad_()  # a grad for q, the graph frozen or not
+        out = edge_attention(query, *features[1:], edge_index, backend=backend)
+        results[-1] += [out, torch.autograd.grad(out.square().sum(), query)[0]]
+    for got, want in zip(*results, strict=True):
+        assert_close(got, want)
+
