@@ -60,8 +60,16 @@ def check_edge_index(edge_index: Tensor, num_src: int, num_dst: int) -> None:
         return
     # one read back to the host (on CUDA, one synchronisation) for the three bounds; on CUDA
     # kept for as long as this edge_index lives unmodified
-    lo, src_max, dst_max = _EDGE_INDEX_BOUNDS.get(edge_index, None,
-                                                  lambda: _edge_index_bounds(edge_index))
+    try:
+        lo, src_max, dst_max = _EDGE_INDEX_BOUNDS.get(edge_index, None,
+                                                      lambda: _edge_index_bounds(edge_index))
+    except RuntimeError as error:  # (torch's own message speaks of .item())
+        if not torch._C._are_functorch_transforms_active() or "vmap" not in str(error):
+            raise
+        raise ValueError("edge_index is batched by torch.func.vmap, and its node ids cannot "
+                         "be read there: vmap over the features of one graph, or batch the "
+                         "graphs as one graph without edges between them "
+                         "(graphattn.graphs.repeat_graph, or PyG's Batch)") from error
     if lo < 0:
         raise ValueError(f"edge_index must hold node ids >= 0, got a minimum of {lo}")
     if src_max >= num_src:

@@ -750,3 +750,22 @@ def test_a_graph_and_features_made_under_inference_mode_train(request, backend, 
     for got, want in zip(*results, strict=True):
         assert_close(got, want)
 
+
+
+@pytest.mark.parametrize("backend", [*CPU_BACKENDS, "auto"])
+def test_vmap_over_edge_index_names_it_and_the_ways_to_batch(backend):
+    """torch.func.vmap over a batch of graphs failed inside the node-id check with torch's
+    "calling .item()" error; it now says that edge_index is batched and how to batch graphs.
+    vmap over the features of one graph works (compared with a loop)."""
+    q, k, v = torch.randn(3, 3, 7, 2, 4).unbind(0)
+    edge_index = random_graph(7, 12, seed=0)
+    graphs = torch.stack([edge_index, edge_index.flip(0), edge_index])
+
+    def attend(q, k, v, edge_index):
+        return edge_attention(q, k, v, edge_index, backend=backend)
+
+    with pytest.raises(ValueError, match=r"edge_index is batched by torch.func.vmap.*"
+                                         r"graphattn.graphs.repeat_graph"):
+        torch.func.vmap(attend)(q, k, v, graphs)
+    assert_close(torch.func.vmap(attend, in_dims=(0, 0, 0, None))(q, k, v, edge_index),
+                 torch.stack([attend(*inputs, edge_index) for inputs in zip(q, k, v, strict=True)]))
