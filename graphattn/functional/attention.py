@@ -562,7 +562,8 @@ def edge_attention(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *,
     the sink. SDPA reads the sink over the scale from a query channel of q's dtype: in fp16
     a finite sink is held to at most about :math:`1.7 \cdot 10^7 \cdot \text{scale}` there
     (:math:`65504 \cdot 256 \cdot \text{scale}`, over :math:`\sqrt{\text{scale}}` past a
-    scale of 1), beyond which the weights differ from the other backends'; ``-inf`` means no sink.
+    scale of 1), beyond which the weights differ from the other backends'; ``-inf`` means no
+    sink, and ``+inf`` takes all the weight: that head's outputs are 0.
 
     Per-edge terms enter the key and the value of each edge e = (j -> i), as PyG's
     ``TransformerConv(edge_dim=...)`` and ``GATv2Conv(edge_dim=...)`` add their projected edge
@@ -823,8 +824,8 @@ def edge_attention_unchecked(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor
                    negative_slope=float(negative_slope), need_alpha=return_attention, att=att)
     if softcap is not None:
         options["softcap"] = float(softcap)
-    if sinks is not None:
-        options["sinks"] = sinks
+    if sinks is not None:  # a sink of +inf takes all of its rows' weight, as in "dense"'s SDPA
+        options["sinks"] = sinks.clamp(max=torch.finfo(sinks.dtype).max)
     ids = int64_ids(edge_index)
     if edge_key is None and edge_value is None:
         if layout is not None and backend == "dense":

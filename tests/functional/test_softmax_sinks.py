@@ -142,6 +142,24 @@ def test_a_sink_of_minus_inf_is_no_sink(backend, request):
     assert got[-1][0] == 0 and got[-1][1] != 0
 
 
+@pytest.mark.parametrize("backend", ["reference", "cpu", "triton", "dense"])
+def test_a_sink_of_plus_inf_takes_all_the_weight(backend, request):
+    """A sink of +inf takes all of its head's weight: outputs and weights 0 in that head,
+    gradients finite, the other head as with a finite sink. Only ``"dense"`` (SDPA) gave
+    this; the kernels and the reference gave NaN (exp(inf - inf) at the row's maximum)."""
+    if backend == "triton":
+        request.getfixturevalue("triton_interpreter")
+    inputs, edge_index = _inputs("dot", dtype=torch.float32, n=8, num_edges=30)
+    inputs["sinks"] = torch.tensor([float("inf"), 0.5]).requires_grad_()
+    got = outputs_and_grads(backend, inputs, edge_index, score="dot")
+    want = outputs_and_grads("reference", {**inputs, "sinks": torch.tensor(
+        [1e30, 0.5]).requires_grad_()}, edge_index, score="dot")  # a sink past every score
+    assert (got[0][:, 0] == 0).all() and (got[1][:, 0] == 0).all()
+    assert all(t.isfinite().all() for t in got)
+    for a, b in zip(got, want, strict=True):
+        assert_close(a, b)
+
+
 @pytest.mark.parametrize("backend", ["reference", "cpu"])
 def test_gradients_match_finite_differences(backend):
     inputs, edge_index = _inputs("gatv2", n=5, heads=1, channels=3, num_edges=10)
