@@ -18,6 +18,7 @@ target i (node i attends to node j), sorted by target and then by source, so
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from typing import overload
 
@@ -817,9 +818,13 @@ def _sparse_adjacency_and_values(edge_index: Tensor, num_src: int, num_dst: int,
                                        check_invariants=False), values
     ptr = torch.zeros(num_major + 1, dtype=torch.long, device=edge_index.device)
     ptr[1:] = torch.bincount(major, minlength=num_major).cumsum(0)
-    if layout == torch.sparse_csr:
-        return torch.sparse_csr_tensor(ptr, minor, values, size, check_invariants=False), values
-    return torch.sparse_csc_tensor(ptr, minor, values, size, check_invariants=False), values
+    build = torch.sparse_csr_tensor if layout == torch.sparse_csr else torch.sparse_csc_tensor
+    with warnings.catch_warnings():
+        # torch's notice that CSR and CSC are in beta, printed once, at the first one built:
+        # blamed on this line, where the user of this function has nothing to act on
+        warnings.filterwarnings("ignore", message="Sparse CS[RC] tensor support is in beta",
+                                category=UserWarning)
+        return build(ptr, minor, values, size, check_invariants=False), values
 
 
 @overload

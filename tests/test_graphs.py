@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import warnings
 
 import networkx as nx
 import numpy as np
@@ -489,6 +490,27 @@ def test_sparse_adjacency_round_trip(graph_case, layout):
     expected = torch.zeros(n_dst, n_src, dtype=torch.bool)
     expected[ei[1], ei[0]] = True
     assert torch.equal(adj.to_dense().sum(-1) > 0, expected)  # every values row sums above 0
+
+
+def test_sparse_adjacency_keeps_torchs_beta_notice_to_itself():
+    """torch prints, once per process, that CSR and CSC tensors are in beta, at the first one
+    built: README's first example printed it, blamed on graphattn/graphs.py, with nothing for
+    the user to act on. to_sparse_adjacency now builds its CSR and CSC without it; a CSR the
+    user builds still gets torch's notice (``set_warn_always`` shows it every time)."""
+    edge_index = torch.tensor([[0, 1, 2], [1, 2, 0]])
+    before = torch.is_warn_always_enabled()
+    torch.set_warn_always(True)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for layout in (torch.sparse_csr, torch.sparse_csc):
+                graphs.to_sparse_adjacency(edge_index, 3, 3, layout=layout)
+            assert [str(w.message) for w in caught] == []
+            torch.sparse_csr_tensor(torch.tensor([0, 1]), torch.tensor([0]), torch.ones(1),
+                                    check_invariants=False)
+        assert ["in beta" in str(w.message) for w in caught] == [True]
+    finally:
+        torch.set_warn_always(before)
 
 
 @pytest.mark.parametrize("layout", graphs.SPARSE_LAYOUTS, ids=str)

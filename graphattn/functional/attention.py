@@ -780,7 +780,8 @@ def edge_attention_unchecked(q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor
     if backend == "dense" and torch.jit.is_tracing():
         raise ValueError("backend='dense' reads the graph's structure as it runs, which "
                          "torch.jit.trace cannot record: trace with backend='auto' or 'cpu' "
-                         "(the sparse kernels' operator), or use torch.compile")
+                         "(the sparse kernels' operator), or use torch.export.export or "
+                         "torch.compile")
     if k.size(1) != q.size(1) and not (backend == "dense" and edge_key is None
                                        and edge_value is None):
         # grouped keys and values: the dense backend hands them to SDPA as they are (which

@@ -363,7 +363,7 @@ class _SelfAttentionBase(torch.nn.Module):
         raise RuntimeError(
             f"torch.jit.script does not compile {type(self).__name__}: graphattn's layers are "
             "written for torch.compile and torch.export, not TorchScript. Use "
-            "torch.export.export (node and edge counts can be dynamic) or torch.jit.trace")
+            "torch.export.export (node and edge counts can be dynamic) or torch.compile")
 
     def reset_parameters(self) -> None:
         """Glorot-uniform weights (each projection on its own) and zero biases.
@@ -1636,7 +1636,7 @@ def _self_loops_masking_old_ones(edge_index: Tensor, edge_attr: Tensor | None, n
     return new_index, torch.cat([edge_attr, loop_attr], dim=0), flagged
 
 
-@torch._dynamo.assume_constant_result
+@torch.compiler.assume_constant_result
 def _traces_dynamic_sizes() -> bool:
     """Whether the running ``torch.compile`` trace takes operators whose output size depends on
     the data (``fullgraph=True`` from torch 2.10, or ``capture_dynamic_output_shape_ops``),

@@ -151,6 +151,13 @@ def from_pyg(conv: Module, *, backend: str = "auto") -> GraphSelfAttention:
         ``GAT`` model passes it to every layer); a ``GraphSelfAttention`` built without
         ``edge_dim`` refuses it.
     """
+    return _from_pyg(conv, backend, "conv")
+
+
+def _from_pyg(conv: Module, backend: str, name: str) -> GraphSelfAttention:
+    """:func:`from_pyg`, called from a public function of this module (whose caller the
+    warnings point at), ``name`` for ``conv`` in the warnings (a submodule's qualified name
+    from :func:`convert_pyg`)."""
     kind = _kind(conv)
     if kind is None:
         bases = [(name, cls) for name, cls in _pyg_convs().items() if isinstance(conv, cls)]
@@ -212,17 +219,19 @@ def from_pyg(conv: Module, *, backend: str = "auto") -> GraphSelfAttention:
                 layer.res.register_parameter("bias", None)
             if out_bias is not None:
                 layer.out_bias.copy_(out_bias)  # (H * C,) or (C,), as the output
-    _carry_state(layer, conv)
+    _carry_state(layer, conv, name, stacklevel=4)
     return layer
 
 
 def _carry_state(layer: Module, conv: Module, name: str = "conv",
-                 pairs: list[tuple[Tensor | None, Tensor | None]] | None = None) -> None:
+                 pairs: list[tuple[Tensor | None, Tensor | None]] | None = None, *,
+                 stacklevel: int = 3) -> None:
     """What the weights do not hold. ``pairs`` (the layer's parameter, the one it was copied
     from): each takes its source's ``requires_grad``. Without them, a frozen ``conv`` gives a
     frozen layer, and partly frozen weights (which folded projections cannot split) are
     warned about. Hooks, which do not carry over, are warned about. ``name``: the
-    argument's name in the warnings."""
+    argument's name in the warnings; ``stacklevel``: theirs, counted from here (3: the
+    caller of the public function that called this one)."""
     kind = type(conv).__name__
     if pairs is not None:
         for ours, theirs in pairs:
@@ -235,18 +244,20 @@ def _carry_state(layer: Module, conv: Module, name: str = "conv",
         elif trainable == {False, True}:
             warnings.warn(f"{name} ({kind}) has some parameters frozen (requires_grad=False): "
                           f"the converted layer's parameters all require gradients; freeze "
-                          f"those you want frozen again", stacklevel=3)
+                          f"those you want frozen again", stacklevel=stacklevel)
     hooks = [hook for hook in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
                                "_backward_pre_hooks", "_message_forward_hooks")
              if getattr(conv, hook, None)]
     uncalled = [hook for hook in _UNCALLED_HOOKS if getattr(conv, hook, None)]
     if hooks:
         warnings.warn(f"{name} ({kind}) has hooks ({', '.join(hooks)}) that the converted "
-                      f"layer does not have: register them on it again", stacklevel=3)
+                      f"layer does not have: register them on it again",
+                      stacklevel=stacklevel)
     if uncalled:
         warnings.warn(f"{name} ({kind}) has hooks ({', '.join(uncalled)}) that the converted "
                       f"layer has no step for (it runs no propagate, aggregate or edge_update, "
-                      f"and builds no messages): they are not carried over", stacklevel=3)
+                      f"and builds no messages): they are not carried over",
+                      stacklevel=stacklevel)
 
 
 def _in_channels(conv: Module, kind: str) -> int | tuple[int, int]:
@@ -328,15 +339,16 @@ def convert_pyg(module: Module, *, backend: str = "auto") -> Module:
         raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
     _check_layer_kind(False, backend)  # (checked where no layer is converted, too)
     if _kind(module) is not None:
-        return from_pyg(module, backend=backend)
+        return _from_pyg(module, backend, "module")
     converted: dict[int, Module] = {}
-    for parent in list(module.modules()):
+    for prefix, parent in list(module.named_modules()):
         # _modules, not named_children(): a layer held twice by one parent (a ModuleList
         # [conv, conv], or self.a = self.b = conv) is listed once there
         for name, child in list(parent._modules.items()):
             if child is not None and _kind(child) is not None:
-                if id(child) not in converted:
-                    converted[id(child)] = from_pyg(child, backend=backend)
+                if id(child) not in converted:  # (the warnings name it, e.g. "convs.0")
+                    converted[id(child)] = _from_pyg(child, backend,
+                                                     f"{prefix}.{name}" if prefix else name)
                 setattr(parent, name, converted[id(child)])
     return module
 

@@ -649,6 +649,28 @@ def test_a_frozen_layer_converts_frozen_and_what_does_not_carry_over_is_warned_a
         from_pyg(GATv2Conv(F_SRC, C))  # nothing to warn about
 
 
+def test_conversion_warnings_name_each_layer_and_point_at_the_callers_line():
+    """convert_pyg's warnings pointed at graphattn's own line (convert.py), where Python's
+    default filter shows a warning once: of a model's three hooked layers, and of every model
+    converted after it, one warning was seen, and it said "conv". Each now names its layer
+    ("convs.0") and points at the line that called convert_pyg or from_pyg."""
+    def hooked_model():
+        model = torch.nn.Module()
+        model.convs = torch.nn.ModuleList(GATConv(F_SRC, C) for _ in range(3))
+        for conv in model.convs:
+            conv.register_forward_pre_hook(lambda module, inputs: None)
+        return model
+
+    for convert, names in ((convert_pyg, ["convs.0", "convs.1", "convs.2"]),
+                           (lambda model: from_pyg(model.convs[1]), ["conv"]),
+                           (lambda model: convert_pyg(model.convs[2]), ["module"])):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            convert(hooked_model())
+        assert [str(w.message).split(" ")[0] for w in caught] == names
+        assert {w.filename for w in caught} == {__file__}
+
+
 @pytest.mark.parametrize("dense", [False, True], ids=["graph", "dense"])
 def test_from_mha_carries_each_parameters_requires_grad(dense):
     """A frozen MultiheadAttention converted to a layer whose parameters all trained; the
