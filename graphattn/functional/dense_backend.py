@@ -950,8 +950,17 @@ def _dense_blocks(q: Tensor, k: Tensor, v: Tensor, src: Tensor, dst: Tensor, blo
     # The complete and the causal graph run SDPA without a mask (and have no empty row).
     complete = simple and num_edges == B * n_dst * n_src
     causal = causal and not complete
-    empty_rows = (mask.new_zeros(B, 1, n_dst) if complete or causal
-                  else ~mask.any(dim=-1).unsqueeze(1))  # (B, 1, N_dst)
+    # Targets without an in-edge, and (below) sources that no edge reads: counted over the
+    # edges, O(E), where torch.compile does not trace (bincount's size depends on the values);
+    # the O(N^2) reductions of the mask took 2.0 and 1.1 ms at 1024 nodes and density 0.25,
+    # the counts 0.2 ms each
+    counts = host_readable(src) and host_readable(dst)
+    if complete or causal:
+        empty_rows = mask.new_zeros(B, 1, n_dst)  # (B, 1, N_dst)
+    elif counts:
+        empty_rows = (torch.bincount(dst, minlength=B * n_dst) == 0).view(B, 1, n_dst)
+    else:
+        empty_rows = ~mask.any(dim=-1).unsqueeze(1)
 
     def heads_first(x: Tensor, n: int) -> Tensor:  # (B * n, H, C) -> (B, H, n, C)
         return x.view(B, n, *x.shape[1:]).transpose(1, 2)
@@ -964,7 +973,8 @@ def _dense_blocks(q: Tensor, k: Tensor, v: Tensor, src: Tensor, dst: Tensor, blo
         # with weight 0, and 0 * inf or 0 * NaN is NaN: its rows are zeroed, so that what it
         # holds reaches no output and no gradient, as in the sparse backends; so are the query
         # rows of targets without an in-edge.
-        unread = ~mask.any(dim=1).view(B, 1, n_src, 1)
+        unread = ((torch.bincount(src, minlength=B * n_src) == 0) if counts
+                  else ~mask.any(dim=1)).view(B, 1, n_src, 1)
         vh = vh.masked_fill(unread, 0.0)
         if score == "dot":
             kh = kh.masked_fill(unread, 0.0)
